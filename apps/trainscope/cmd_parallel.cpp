@@ -1,0 +1,7 @@
+// Commands of the 'parallel' group. (Placeholder until that group lands.)
+#include "apps/trainscope/commands.h"
+
+namespace ts::cli {
+int cmdLayout(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
+int cmdSchedule(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
+}  // namespace ts::cli

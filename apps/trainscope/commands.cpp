@@ -1,0 +1,98 @@
+// Argument parsing and the command table.
+#include "apps/trainscope/commands.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace ts::cli {
+
+bool isSwitchFlag(const std::string& flag) {
+    static const char* kSwitches[] = {"--json", "--all", "--stdio", "--follow", "--quiet",
+                                      "--no-trace", "--force", "--rebuild", "--verbose",
+                                      "--in-process", "--fused", "--unfused"};
+    return std::any_of(std::begin(kSwitches), std::end(kSwitches),
+                       [&](const char* s) { return flag == s; });
+}
+
+Args::Args(std::string command, std::vector<std::string> raw)
+    : m_command(std::move(command)), m_raw(std::move(raw)) {
+    for (size_t i = 0; i < m_raw.size(); ++i) {
+        const std::string& a = m_raw[i];
+        if (a.rfind("--", 0) == 0 && a.size() > 2) {
+            auto eq = a.find('=');
+            if (eq != std::string::npos) {
+                m_flags.emplace_back(a.substr(0, eq), a.substr(eq + 1));
+            } else if (isSwitchFlag(a) || i + 1 >= m_raw.size()) {
+                m_flags.emplace_back(a, "");
+            } else {
+                m_flags.emplace_back(a, m_raw[++i]);
+            }
+        } else {
+            m_positional.push_back(a);
+        }
+    }
+}
+
+bool Args::has(const std::string& flag) const {
+    return std::any_of(m_flags.begin(), m_flags.end(), [&](auto& f) { return f.first == flag; });
+}
+
+std::optional<std::string> Args::value(const std::string& flag) const {
+    for (auto it = m_flags.rbegin(); it != m_flags.rend(); ++it)
+        if (it->first == flag) return it->second;
+    return std::nullopt;
+}
+
+std::vector<std::string> Args::values(const std::string& flag) const {
+    std::vector<std::string> out;
+    for (auto& f : m_flags)
+        if (f.first == flag) out.push_back(f.second);
+    return out;
+}
+
+std::vector<std::string> Args::unknownFlags(const std::vector<std::string>& known) const {
+    std::vector<std::string> out;
+    for (auto& f : m_flags)
+        if (std::find(known.begin(), known.end(), f.first) == known.end()) out.push_back(f.first);
+    return out;
+}
+
+int fail(int code, const std::string& message) {
+    std::fprintf(stderr, "trainscope: error: %s\n", message.c_str());
+    return code;
+}
+
+const std::vector<Command>& commands() {
+    static const std::vector<Command> kCommands = {
+        {"demo", "demo [--steps N]",
+         "train the tiny example model on this node and print where the step time goes", cmdDemo},
+        {"run", "run CONFIG.yaml [--steps N] [--world-size N] [--json] [--workspace DIR] [--name NAME] [--node ssh://HOST|tcp://HOST:PORT]",
+         "train a model with the config's layout and knobs; stores the run in the workspace", cmdRun},
+        {"knobs", "knobs [--json] [--group GROUP]",
+         "list every tunable knob: type, default, group, Megatron-LM flag, Bridge path, help", cmdKnobs},
+        {"validate", "validate CONFIG.yaml [CONFIG.yaml ...]",
+         "check configs against the knob registry; one message per problem (exit 2 if any)", cmdValidate},
+        {"layout", "layout CONFIG.yaml [--world-size N] [--json]",
+         "print which global rank has which tp/cp/ep/dp/pp coordinates and its process groups", cmdLayout},
+        {"schedule", "schedule --pp P [--vpp V] --microbatches M [--rank R] [--json]",
+         "print the pipeline op order per rank (Megatron-Core 1F1B / interleaved 1F1B)", cmdSchedule},
+        {"analyze", "analyze RUN [--json] [--step N]",
+         "explain a run's steps: bubbles, exposed communication, overlap, kernels, memory, MFU", cmdAnalyze},
+        {"import", "import FILE [FILE ...] [--out RUN.sqlite] [--workspace DIR]",
+         "import an Nsight Systems SQLite export or PyTorch/Kineto JSON trace as a run", cmdImport},
+        {"export-trace", "export-trace RUN --chrome OUT.json",
+         "write a run's trace as Chrome/Perfetto trace JSON", cmdExportTrace},
+        {"runs", "runs [list|show RUN|name RUN NAME|tag RUN TAG|delete RUN|reindex] [--workspace DIR] [--json]",
+         "list and manage the runs in the workspace", cmdRuns},
+        {"compare", "compare RUN_A RUN_B [--all] [--json]",
+         "A/B: knobs that differ, then metric deltas with the sign that matters", cmdCompare},
+        {"export", "export RUN --format yaml|megatron-args|bridge-overrides [--out FILE]",
+         "export a run's config for a headless rerun, Megatron-LM or Megatron-Bridge", cmdExport},
+        {"agent", "agent --stdio | --listen HOST:PORT --token-file FILE",
+         "serve this node over JSON-RPC 2.0 (used by the GUI and by --node)", cmdAgent},
+        {"version", "version", "print version and build configuration", cmdVersion},
+    };
+    return kCommands;
+}
+
+}  // namespace ts::cli

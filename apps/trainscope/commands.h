@@ -1,0 +1,62 @@
+// The trainscope command table. Each command group lives in its own file (cmd_*.cpp) and
+// exposes `int cmdX(const Args&)`; main.cpp only dispatches. Exit codes: 0 ok, 1 run failed,
+// 2 bad usage / invalid config, 3 not found.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ts::cli {
+
+// Minimal argument view: positional args and --flags (--key value / --key=value / --switch).
+class Args {
+public:
+    Args(std::string command, std::vector<std::string> raw);
+    const std::string& command() const { return m_command; }
+    const std::vector<std::string>& positional() const { return m_positional; }
+    bool has(const std::string& flag) const;                        // "--json"
+    std::optional<std::string> value(const std::string& flag) const;  // "--steps" -> "10"
+    std::vector<std::string> values(const std::string& flag) const; // repeated flags
+    // Flags that no command lookup asked about (for "unknown option" errors).
+    std::vector<std::string> unknownFlags(const std::vector<std::string>& known) const;
+    const std::vector<std::string>& raw() const { return m_raw; }
+
+private:
+    std::string m_command;
+    std::vector<std::string> m_raw;
+    std::vector<std::string> m_positional;
+    std::vector<std::pair<std::string, std::string>> m_flags;  // name -> value ("" for switch)
+};
+
+// Switch flags (take no value); every other --flag consumes the next argument as its value.
+bool isSwitchFlag(const std::string& flag);
+
+struct Command {
+    const char* name;
+    const char* usage;    // "run CONFIG.yaml [--steps N] [--json]"
+    const char* summary;  // one line for `trainscope --help`
+    int (*fn)(const Args&);
+};
+const std::vector<Command>& commands();
+
+// Prints "trainscope: error: ..." to stderr, returns code.
+int fail(int code, const std::string& message);
+
+// Command groups.
+int cmdKnobs(const Args&);
+int cmdValidate(const Args&);
+int cmdVersion(const Args&);
+int cmdRun(const Args&);
+int cmdDemo(const Args&);
+int cmdLayout(const Args&);
+int cmdSchedule(const Args&);
+int cmdAnalyze(const Args&);
+int cmdImport(const Args&);
+int cmdExportTrace(const Args&);
+int cmdRuns(const Args&);
+int cmdAgent(const Args&);
+int cmdCompare(const Args&);
+int cmdExport(const Args&);
+
+}  // namespace ts::cli

@@ -1,0 +1,51 @@
+// trainscope: command-line entry point. Dispatches to the command table (commands.h).
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "apps/trainscope/commands.h"
+
+namespace {
+
+void printHelp() {
+    std::printf(
+        "trainscope - a workbench for tuning distributed LLM training\n"
+        "\n"
+        "Usage: trainscope COMMAND [ARGS...]\n"
+        "       trainscope COMMAND --help\n"
+        "\n"
+        "Commands:\n");
+    for (const auto& c : ts::cli::commands()) std::printf("  %-14s %s\n", c.name, c.summary);
+    std::printf(
+        "\n"
+        "Configs are YAML files whose keys are Megatron-LM knob names (see `trainscope knobs`);\n"
+        "examples live in resources/examples/. Exit codes: 0 ok, 1 run failed, 2 bad usage or\n"
+        "invalid config, 3 not found.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+        !std::strcmp(argv[1], "help")) {
+        printHelp();
+        return argc < 2 ? 2 : 0;
+    }
+    if (!std::strcmp(argv[1], "--version")) argv[1] = const_cast<char*>("version");
+    const std::string name = argv[1];
+    for (const auto& c : ts::cli::commands()) {
+        if (name != c.name) continue;
+        std::vector<std::string> rest(argv + 2, argv + argc);
+        for (const auto& a : rest) {
+            if (a == "--help" || a == "-h") {
+                std::printf("Usage: trainscope %s\n\n%s\n", c.usage, c.summary);
+                return 0;
+            }
+        }
+        return c.fn(ts::cli::Args(name, rest));
+    }
+    std::fprintf(stderr, "trainscope: error: unknown command '%s'; run `trainscope --help`\n",
+                 name.c_str());
+    return 2;
+}

@@ -1,0 +1,126 @@
+// The device cut (DESIGN.md "Engine / Backends"), shaped so CUDA and NCCL fit unchanged:
+//   Backend -> Device -> Stream (ordered async work, record/wait Event) -> Buffer (tracked).
+// CPU backend: each rank is a virtual device; every Stream is a worker thread executing its
+// queue in order, so compute/communication overlap is real. CUDA backend: Stream wraps a
+// cudaStream_t and submit() runs the launcher immediately on the calling thread (it enqueues
+// kernels on native()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/recorder.h"
+#include "common/status.h"
+
+namespace ts::engine {
+
+using trace::MemCategory;
+
+enum class DType : uint8_t { F32 = 0, BF16, F16, FP8E4M3, FP8E5M2, I32, I64, U8 };
+size_t dtypeSize(DType t);
+const char* dtypeName(DType t);
+
+enum class BackendKind : uint8_t { Cpu = 0, Cuda };
+const char* backendName(BackendKind k);
+
+// Memory accounting per category; current and peak bytes (peak since last resetPeak()).
+struct MemoryStats {
+    int64_t current[size_t(MemCategory::Count)] = {};
+    int64_t peak[size_t(MemCategory::Count)] = {};
+    int64_t currentTotal = 0;
+    int64_t peakTotal = 0;
+};
+
+class Device;
+
+// Owns device memory. Freed (and un-accounted) on destruction.
+class Buffer {
+public:
+    virtual ~Buffer() = default;
+    virtual void* data() = 0;
+    virtual const void* data() const = 0;
+    virtual size_t bytes() const = 0;
+    virtual MemCategory category() const = 0;
+    virtual Device& device() = 0;
+    template <typename T> T* as() { return static_cast<T*>(data()); }
+    template <typename T> const T* as() const { return static_cast<const T*>(data()); }
+};
+
+// What the trace needs to know about a unit of work submitted to a stream.
+struct OpDesc {
+    const char* name = "";          // kernel/collective name, e.g. "linear_fc1.fwd"
+    trace::Category category = trace::Category::Other;
+    double flops = 0;
+    uint64_t bytes = 0;
+    const char* group = nullptr;    // process-group name for comm ops
+    int32_t step = -1, microbatch = -1, chunk = -1, layer = -1;
+};
+
+class Event {
+public:
+    virtual ~Event() = default;
+    virtual bool query() = 0;          // completed?
+    virtual void synchronize() = 0;    // host waits
+};
+
+class Stream {
+public:
+    virtual ~Stream() = default;
+    // Enqueue work. CPU: fn runs later on this stream's thread, in submission order.
+    // CUDA: fn runs now on the caller's thread and must only enqueue on native().
+    // A failing fn returns a non-ok Status: the stream becomes failed, later work is skipped,
+    // and synchronize() returns that Status.
+    virtual void submit(const OpDesc& desc, std::function<Status()> fn) = 0;
+    virtual void record(Event& e) = 0;     // e completes when all work submitted so far did
+    virtual void wait(Event& e) = 0;       // work submitted after this waits for e
+    virtual Status synchronize() = 0;      // host waits for all submitted work
+    virtual void* native() = 0;            // cudaStream_t on CUDA, nullptr on CPU
+    virtual trace::TrackKind kind() const = 0;
+    virtual const std::string& name() const = 0;
+};
+
+struct DeviceInfo {
+    BackendKind backend = BackendKind::Cpu;
+    int index = 0;               // device index within the process
+    std::string name;            // "cpu:0 (virtual)", "NVIDIA H100 80GB HBM3"
+    int64_t memoryTotal = 0;     // bytes (CPU: physical RAM / devices)
+    int64_t memoryFree = 0;
+    double peakTflopsFp32 = 0;   // for MFU; 0 = unknown
+    double peakTflopsBf16 = 0;
+};
+
+class Device {
+public:
+    virtual ~Device() = default;
+    virtual const DeviceInfo& info() const = 0;
+    // Allocation with accounting. Memory is zero-initialized on the CPU backend.
+    virtual Result<std::unique_ptr<Buffer>> allocate(size_t bytes, MemCategory cat) = 0;
+    virtual std::unique_ptr<Stream> createStream(trace::TrackKind kind, const std::string& name) = 0;
+    virtual std::unique_ptr<Event> createEvent() = 0;
+    virtual MemoryStats memoryStats() const = 0;
+    virtual void resetPeak() = 0;
+    // Memory limit for this device (bytes, 0 = none); allocate() fails with OutOfMemory past it.
+    virtual void setMemoryLimit(int64_t bytes) = 0;
+    virtual bool supports(const std::string& op) const = 0;
+    // Trace identity: global rank this device serves, recorder (may be null).
+    virtual void setTrace(trace::Recorder* rec, int rank) = 0;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual BackendKind kind() const = 0;
+    virtual int deviceCount() const = 0;
+    virtual Device& device(int index) = 0;
+};
+
+// CPU backend with `virtualDevices` ranks (each a virtual device).
+std::unique_ptr<Backend> makeCpuBackend(int virtualDevices);
+// CUDA backend; Unsupported when not built with CUDA or no device is visible.
+Result<std::unique_ptr<Backend>> makeCudaBackend();
+
+}  // namespace ts::engine

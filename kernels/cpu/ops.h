@@ -1,0 +1,187 @@
+// CPU kernels: the numerical reference (oracle) for every backend. Plain functions over
+// contiguous row-major float arrays; no engine types. Each op has a forward and a backward.
+// Activations are sequence-first as in Megatron: a token index is t = s_idx * b + b_idx and a
+// [T, C] array is [s, b, C] flattened (T = s*b). Backward functions that produce parameter
+// gradients ACCUMULATE into them (+=), so the caller zeroes grads once per step; gradients
+// w.r.t. activations are OVERWRITTEN unless the comment says otherwise.
+// Threading: GEMMs use OpenBLAS (threads set with setNumThreads); other loops are
+// single-threaded per call unless noted (ranks are parallel on their own threads).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ts::kernels::cpu {
+
+// --- runtime ---------------------------------------------------------------------------
+// Threads used by GEMM (OpenBLAS) for calls made from now on; 0 = library default.
+void setNumThreads(int n);
+int numThreads();
+
+// --- GEMM -------------------------------------------------------------------------------
+// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, row-major, leading dims in elements.
+void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+// Strided-batched GEMM: for i < batch: C_i = alpha op(A_i) op(B_i) + beta C_i,
+// X_i = X + i*strideX.
+void gemmStridedBatched(bool transA, bool transB, int M, int N, int K, float alpha,
+                        const float* A, int lda, int64_t strideA, const float* B, int ldb,
+                        int64_t strideB, float beta, float* C, int ldc, int64_t strideC,
+                        int batch);
+
+// --- Linear (y = x W^T + b), Megatron's weight layout W[out, in] --------------------------
+// x: [T, in], W: [out, in], b: [out] or null, y: [T, out]
+void linearForward(const float* x, const float* W, const float* b, float* y, int T, int in,
+                   int out);
+// dx: [T, in] (overwritten; may be null to skip dgrad)
+// dW: [out, in] (+=; may be null), db: [out] (+=; may be null)
+void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
+                    float* db, int T, int in, int out);
+
+// --- Embedding (vocab-parallel aware) ---------------------------------------------------
+// table: [vocabEnd - vocabStart, C] holds rows [vocabStart, vocabEnd) of the full table.
+// Tokens outside the range produce zero rows (summed across TP ranks by the caller).
+// ids: [T], out: [T, C] (overwritten). Returns the number of ids that are < 0 or >= vocabSize
+// (the caller turns that into an error; such rows are zero).
+int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
+                     int vocabStart, int vocabEnd, int vocabSize);
+// dtable (+=) rows of owned tokens.
+void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
+                       int vocabStart, int vocabEnd);
+
+// --- Norms ------------------------------------------------------------------------------
+// x, y: [T, C]; w, b: [C]; mean, rstd: [T] saved for backward. b may be null (no bias).
+void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
+                      float* rstd, int T, int C, float eps);
+// dx (overwritten), dw (+=), db (+=, may be null)
+void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
+                       const float* rstd, float* dx, float* dw, float* db, int T, int C);
+// "persist_layer_norm"/fused LN: one pass over the row (Welford), same results to ~1e-6.
+void layerNormForwardFused(const float* x, const float* w, const float* b, float* y,
+                           float* mean, float* rstd, int T, int C, float eps);
+void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,
+                            const float* rstd, float* dx, float* dw, float* db, int T, int C);
+// RMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). rstd: [T]
+void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
+                    float eps);
+void rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd,
+                     float* dx, float* dw, int T, int C);
+
+// --- Rotary position embedding (rotate-half / GPT-NeoX style, as Megatron's default) -----
+// x: [s, b, n, d] in place; rotary dim = d (full head dim), inv_freq_i = theta^(-2i/d).
+// position of row s_idx is posOffset + s_idx (posOffset for sequence/context shards).
+// Unfused: builds cos/sin tables and applies them in separate passes (as the PyTorch
+// reference); fused: one pass computing the rotation in place ("apply_rope_fusion").
+void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset);
+void ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int posOffset);
+// Backward = rotation by -angle, in place on dx.
+void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset);
+
+// --- Core attention (causal, GQA) -------------------------------------------------------
+struct AttnDims {
+    int s = 0;    // sequence length (local, full sequence for the attention itself)
+    int b = 0;    // micro batch
+    int nq = 0;   // query heads (local to the TP rank)
+    int nkv = 0;  // key/value heads (query groups), nq % nkv == 0
+    int d = 0;    // head dim
+    float scale = 0;  // softmax scale, usually 1/sqrt(d)
+};
+// q: [s, b, nq, d], k, v: [s, b, nkv, d]; probs: [b, nq, s, s] (saved for backward, causal
+// upper triangle is 0); out: [s, b, nq, d].
+// fusedSoftmax=false: scores = scale*QK^T, then mask, then softmax as separate passes;
+// true: "masked_softmax_fusion" scale+causal-mask+softmax in one pass per row.
+void attentionForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                      float* probs, float* out, bool fusedSoftmax);
+// dq: [s,b,nq,d], dk, dv: [s,b,nkv,d] all overwritten. scratch: at least s*s floats.
+void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                       const float* probs, const float* dout, float* dq, float* dk, float* dv,
+                       float* scratch);
+size_t attentionProbsSize(const AttnDims& dims);  // elements of probs
+
+// --- Activations ------------------------------------------------------------------------
+// Tanh-approximate GeLU (Megatron's bias_gelu): y = gelu(x + b). x, y: [T, C], b: [C]|null
+void biasGeluForward(const float* x, const float* b, float* y, int T, int C);
+// Unfused: bias-add pass then gelu pass (needs y as scratch for x+b).
+void biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C);
+// dx = dy * gelu'(x + b) (overwritten), db (+=, may be null)
+void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx, float* db,
+                      int T, int C);
+// SwiGLU: x: [T, 2F] laid out per row as [gate(F) | up(F)], y: [T, F] = silu(gate) * up.
+void swigluForward(const float* x, float* y, int T, int F);
+void swigluBackward(const float* dy, const float* x, float* dx, int T, int F);
+
+// --- Dropout / residual -----------------------------------------------------------------
+// Counter-based RNG: the mask element i of a call is a pure function of (seed, offset + i),
+// so recompute reproduces it. keep prob = 1-p, kept values scaled by 1/(1-p).
+// mask: [n] bytes (1 keep, 0 drop) written when non-null.
+void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+                    uint64_t offset);
+void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p);
+// out = residual + dropout(x + b); b: [C]|null, x/residual/out: [T, C]; mask: [T*C]|null.
+// Fused: one pass ("bias_dropout_fusion"); Unfused: bias add, dropout, add as three passes.
+void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
+                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
+void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
+                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
+// dx = dropout'(dout) (overwritten), db += sum_t dx (may be null). dresidual = dout (caller).
+void biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db, int T,
+                            int C, float p);
+
+// --- Elementwise helpers ----------------------------------------------------------------
+void add(const float* a, const float* b, float* y, int64_t n);          // y = a + b
+void addInPlace(float* y, const float* x, int64_t n);                  // y += x
+void scale(float* y, float alpha, int64_t n);                          // y *= alpha
+void addBias(float* y, const float* b, int T, int C);                  // y[t,:] += b
+void biasGradAccumulate(const float* dy, float* db, int T, int C);     // db += sum_t dy
+double sumSquares(const float* x, int64_t n);                          // in double
+bool allFinite(const float* x, int64_t n);
+
+// --- Cross entropy (vocab-parallel aware) ------------------------------------------------
+// Logits [T, Vl] hold vocab columns [vStart, vStart+Vl) of the full vocab. The vocab-parallel
+// path (Megatron cross_entropy.py) is three stages with an all-reduce after each, done by the
+// caller: 1) rowMax -> all-reduce MAX; 2) targetLogit & sumExp (given the global max)
+// -> all-reduce SUM each; 3) loss = log(sumExp) - targetLogit.
+void crossEntropyRowMax(const float* logits, float* rowMax, int T, int Vl);
+// targetLogit[t] = logits[t, target - vStart] - rowMax[t] if owned else 0;
+// sumExp[t] = sum_j exp(logits[t,j] - rowMax[t]).
+void crossEntropyStats(const float* logits, const int32_t* targets, const float* rowMax,
+                       float* targetLogit, float* sumExp, int T, int Vl, int vStart);
+// loss[t] = log(sumExp[t]) - targetLogit[t]
+void crossEntropyLoss(const float* targetLogit, const float* sumExp, float* loss, int T);
+// dlogits[t,j] = (softmax_j - [j == target]) * dloss[t], softmax from rowMax/sumExp.
+// May run in place (dlogits == logits).
+void crossEntropyBackward(const float* logits, const int32_t* targets, const float* rowMax,
+                          const float* sumExp, const float* dloss, float* dlogits, int T, int Vl,
+                          int vStart);
+// Unfused single-partition reference: materializes softmax probs [T, V] (probs buffer) and
+// loss from them (what a naive framework does).
+void crossEntropyForwardUnfused(const float* logits, const int32_t* targets, float* probs,
+                                float* loss, int T, int V);
+void crossEntropyBackwardUnfused(const float* probs, const int32_t* targets, const float* dloss,
+                                 float* dlogits, int T, int V);
+// Fused ("cross_entropy_loss_fusion"), single partition: loss and dlogits (in place over
+// logits, scaled by dloss[t]) in two passes over each row, no probs buffer.
+void crossEntropyFused(float* logitsInGradOut, const int32_t* targets, const float* dloss,
+                       float* loss, int T, int V);
+
+// --- Optimizer --------------------------------------------------------------------------
+struct AdamParams {
+    float lr = 1e-3f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weightDecay = 0.0f;  // decoupled (AdamW), applied as p -= lr*wd*p
+    int64_t step = 1;          // 1-based, for bias correction
+};
+// PyTorch AdamW semantics (torch.optim.AdamW, amsgrad=False).
+void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
+               const AdamParams& hp);
+
+// --- bf16 -------------------------------------------------------------------------------
+// Round-to-nearest-even fp32 -> bf16 (NaN preserved), and back.
+void floatToBf16(const float* x, uint16_t* y, int64_t n);
+void bf16ToFloat(const uint16_t* x, float* y, int64_t n);
+// Round fp32 values through bf16 in place (emulates bf16 storage of an fp32 buffer).
+void roundToBf16(float* x, int64_t n);
+
+}  // namespace ts::kernels::cpu

@@ -1,0 +1,188 @@
+// Analyses over a run's trace: the functions that explain a step. Every definition is stated
+// next to its function and in docs/profiler.md; they follow Holistic Trace Analysis (HTA)
+// where HTA defines the metric. All analyses stream slices ordered by (track, ts) and work
+// on merged interval lists in C++ (no SQL self-joins), so a 10M-slice trace takes seconds.
+//
+// Slice classes (by Category, only slices on device-stream tracks, i.e. not HostThread):
+//   communication = Collective | P2P
+//   non-compute   = Memcpy | Memset
+//   compute       = every other kernel category (Gemm ... Optimizer, Other)
+//   Range / Launch slices are never kernels.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/recorder.h"
+#include "common/status.h"
+#include "profiler/store.h"
+
+namespace ts::profiler {
+
+// ---- interval algebra (half-open [start, end) in ns). Exposed for tests and other analyses.
+struct Interval {
+    int64_t start = 0, end = 0;
+    bool operator==(const Interval&) const = default;
+};
+using IntervalSet = std::vector<Interval>;  // sorted, disjoint, non-empty intervals
+// Sorts and merges overlapping or touching intervals; drops empty ones.
+IntervalSet mergeIntervals(std::vector<Interval> intervals);
+int64_t totalLength(const IntervalSet& a);
+IntervalSet intersectSets(const IntervalSet& a, const IntervalSet& b);
+IntervalSet subtractSets(const IntervalSet& a, const IntervalSet& b);  // a \ b
+IntervalSet clipSet(const IntervalSet& a, int64_t from, int64_t to);
+
+enum class KernelClass { NotKernel, Compute, Communication, NonCompute };
+KernelClass classify(trace::Category c);
+
+// ---- HTA comm/compute overlap (per rank):
+//   overlap = |union(compute) ∩ union(comm)| / |union(comm)| * 100, intervals merged across
+//   all of the rank's device streams. pct = 0 when the rank has no communication.
+struct OverlapResult {
+    double commNs = 0, overlappedNs = 0, pct = 0;
+};
+Result<OverlapResult> commComputeOverlap(TraceStore& store, int rank);
+
+// ---- HTA temporal breakdown (per rank), as HTA's get_temporal_breakdown computes it:
+//   window  = [first device-kernel start, last device-kernel end] of the rank; when the rank
+//             has host "ProfilerStep#N" ranges (imported PyTorch traces) the kernels of the
+//             last profiler step are dropped first (HTA drops the last step).
+//   compute = union of compute-kernel time; non-compute = union of (comm + memcpy/memset)
+//   time minus what compute already covers; idle = window - compute - non-compute.
+//   Percentages are of the window. See docs/profiler.md for the exact HTA correspondence.
+struct TemporalBreakdown {
+    double idleNs = 0, computeNs = 0, nonComputeNs = 0;
+    double idlePct = 0, computePct = 0, nonComputePct = 0;
+    double kernelTimeNs = 0;  // window length (HTA's "kernel_time")
+};
+Result<TemporalBreakdown> temporalBreakdown(TraceStore& store, int rank);
+
+// ---- HTA idle time breakdown (per rank, per stream, summed over the rank's streams):
+//   each gap between consecutive kernels on a stream is
+//   host_wait   if the next kernel's host launch (matched by correlation) ended after the gap began
+//               (the GPU waited for the CPU to launch),
+//   kernel_wait if the gap is shorter than kernelWaitThresholdNs (HTA default 30 us) — short
+//               back-to-back launch overhead,
+//   other       otherwise (waiting on events, synchronization, other streams).
+struct IdleBreakdown {
+    double hostWaitNs = 0, kernelWaitNs = 0, otherNs = 0;
+    double idleNs() const { return hostWaitNs + kernelWaitNs + otherNs; }
+};
+Result<IdleBreakdown> idleBreakdown(TraceStore& store, int rank, int64_t fromNs = INT64_MIN,
+                                    int64_t toNs = INT64_MAX, int64_t kernelWaitThresholdNs = 30000);
+
+// ---- steps: "step N" Range slices on each rank's host track (imported traces:
+// "ProfilerStep#N"). One window per (step, rank).
+struct StepWindow {
+    int step = 0;
+    int rank = 0;
+    int64_t startNs = 0, endNs = 0;
+    double durNs() const { return double(endNs - startNs); }
+};
+Result<std::vector<StepWindow>> stepWindows(TraceStore& store);
+
+// ---- pipeline bubble of a rank inside a step:
+//   bubble = time inside [step.start, step.end) not covered by any slice on the rank's compute
+//   stream track(s); fraction = bubble / step time; theory = (p-1)/(v*m) from metadata
+//   "pp", "vpp" (default 1), "num_microbatches" (0 when unknown or p == 1).
+struct BubbleResult {
+    double stepNs = 0, bubbleNs = 0, fraction = 0, theory = 0;
+};
+Result<BubbleResult> pipelineBubble(TraceStore& store, const StepWindow& window);
+
+// ---- communication per kind and group inside a window, split by whether compute on the
+// same rank covers it: overlapped = |comm_g ∩ union(compute)|, exposed = |comm_g| - overlapped
+// (comm_g = union of the group's slices; a slice's kind is its name, group its Slice.group).
+struct CommGroupStat {
+    std::string group;  // "tp", "dp", "pp", ... ("" unknown)
+    std::string kind;   // slice name, e.g. "all_reduce", "send"
+    int64_t count = 0;
+    uint64_t bytes = 0;
+    double totalNs = 0, overlappedNs = 0, exposedNs = 0;
+};
+Result<std::vector<CommGroupStat>> commBreakdown(TraceStore& store, int rank, int64_t fromNs = INT64_MIN,
+                                                 int64_t toNs = INT64_MAX);
+
+// ---- kernels: total time by name and by category (device-stream kernels only).
+struct KernelStat {
+    std::string name, category;
+    int64_t count = 0;
+    double totalNs = 0, maxNs = 0;
+    double flops = 0;
+};
+struct KernelBreakdown {
+    std::vector<KernelStat> topKernels;   // by total time, at most topN, then "other"
+    std::vector<KernelStat> byCategory;   // name = category
+    double totalNs = 0;
+};
+Result<KernelBreakdown> kernelBreakdown(TraceStore& store, int rank, int topN = 10,
+                                        int64_t fromNs = INT64_MIN, int64_t toNs = INT64_MAX);
+
+// ---- memory: counters named "memory.<category>" per rank. Peak per category, peak of the sum
+// of all categories, and a series downsampled to at most maxPoints buckets keeping each
+// bucket's maximum (so peaks survive downsampling).
+struct MemoryPoint {
+    int64_t tsNs = 0;
+    double totalBytes = 0;
+};
+struct MemorySummary {
+    int rank = 0;
+    std::map<std::string, double> peakBytesByCategory;
+    double peakTotalBytes = 0;
+    std::vector<MemoryPoint> series;
+};
+Result<MemorySummary> memorySummary(TraceStore& store, int rank, size_t maxPoints = 200);
+// Downsampling used above; exposed for tests. Points must be sorted by ts.
+std::vector<MemoryPoint> downsampleKeepPeaks(const std::vector<MemoryPoint>& points, size_t maxPoints);
+
+// ---- peak FLOPS table: JSON {"devices": {"<device name>": {"<dtype>": tflops, ...}}}.
+struct PeakFlopsTable {
+    std::map<std::string, std::map<std::string, double>> tflops;  // device -> dtype -> TFLOP/s
+    // Exact name, else the longest table key contained in deviceName (case-insensitive).
+    std::optional<double> lookup(const std::string& deviceName, const std::string& dtype) const;
+};
+Result<PeakFlopsTable> loadPeakFlopsTable(const std::string& path);
+// resources/peak_flops.json of the source tree (TS_SOURCE_DIR), or "" when not found.
+std::string defaultPeakFlopsTablePath();
+
+// ---- critical path of one step across ranks (documented approximation, docs/profiler.md):
+// nodes = compute and communication slices of the step; edges = stream order on each track,
+// and for communication slices sharing a correlation id (or for p2p send/recv pairs matched by
+// (group, microbatch, chunk)) an edge from the earlier-starting to the later-ending partner.
+// Longest path by slice duration (gaps are not counted).
+struct CriticalPathEntry {
+    int rank = 0;
+    std::string track, name, category;
+    int64_t startNs = 0, durNs = 0;
+};
+struct CriticalPath {
+    double lengthNs = 0;                     // sum of durations on the path
+    std::map<std::string, double> nsByCategory;
+    std::vector<CriticalPathEntry> path;      // in time order (may be truncated to maxEntries)
+};
+Result<CriticalPath> criticalPath(TraceStore& store, int step, size_t maxEntries = 64);
+
+// ---- the whole report (what `trainscope analyze --json` prints; keys in docs/profiler.md).
+struct AnalyzeOptions {
+    int step = -1;                 // -1: every step
+    int topKernels = 10;
+    size_t memoryPoints = 200;
+    std::string peakFlopsTable;    // "" = defaultPeakFlopsTablePath()
+    std::string deviceName;        // "" = metadata "device_name", else "cpu"
+    std::string dtype;             // "" = metadata "dtype", else "fp32"
+    bool criticalPath = true;
+};
+Result<nlohmann::json> analyzeRun(TraceStore& store, const AnalyzeOptions& options);
+// Human-readable rendering of analyzeRun's document (each definition printed once).
+std::string formatAnalysisText(const nlohmann::json& report);
+
+// ---- export: Chrome / Perfetto trace JSON (pid = rank, tid = track id, "X" slices,
+// "C" counters, flow arrows "s"/"f" for correlation ids linking launches to executions).
+Status exportChromeTrace(TraceStore& store, const std::string& outPath);
+
+}  // namespace ts::profiler

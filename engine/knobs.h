@@ -24,8 +24,14 @@ struct KnobDef {
     std::string group;         // "model", "parallel", "batch", "dp_comm", "tp_pp_comm", "fusion",
                                // "precision", "recompute", "moe", "misc", "run"
     std::vector<std::string> allowed;  // Enum values ("" = off where allowed)
-    std::string megatronFlag;  // "--overlap-grad-reduce" ("" when Megatron has none)
+    // Megatron-LM flag. Value knobs: "--tensor-model-parallel-size". Bool knobs: the flag that
+    // sets it true ("--overlap-grad-reduce"); megatronFalseFlag the one that sets it false
+    // ("--no-masked-softmax-fusion"). Empty when Megatron has none in that direction (which
+    // also tells Megatron's default: only a false-flag means Megatron defaults to true).
+    std::string megatronFlag;
+    std::string megatronFalseFlag;
     std::string bridgePath;    // Megatron-Bridge override path ("" when none)
+    bool bridgeNegate = false; // Bridge field is the negation (untie_* vs share_*)
     std::string help;          // one line
     std::string rules;         // human text of requires/excludes, e.g. "requires use_distributed_optimizer"
     bool engineSupported = true;  // false: accepted and exported, not yet executed by our engine
@@ -66,6 +72,10 @@ LoadedConfig loadConfigFile(const std::string& path);
 std::vector<ConfigIssue> validateConfig(const Config& c);
 // Joins issues into one Status (InvalidArgument) or ok.
 Status issuesToStatus(const std::vector<ConfigIssue>& issues);
+
+// Knobs set to a non-default value that the engine accepts (and exports) but does not execute
+// yet, e.g. "context_parallel_size=2 (context parallelism is not implemented yet)".
+std::vector<std::string> unsupportedKnobs(const Config& c);
 
 // "key=value" override (value parsed as YAML scalar); used by CLI flags and sweeps.
 Status applyOverride(Config& c, const std::string& keyEqualsValue);

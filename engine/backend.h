@@ -93,6 +93,15 @@ struct DeviceInfo {
     double peakTflopsBf16 = 0;
 };
 
+// Where a device's trace goes (see setTrace). `generation` is unique per setTrace() call in
+// the process, so caches keyed by it never confuse two recorders that share an address.
+struct TraceTarget {
+    trace::Recorder* recorder = nullptr;
+    int rank = 0;
+    int device = 0;
+    uint64_t generation = 0;
+};
+
 class Device {
 public:
     virtual ~Device() = default;
@@ -108,6 +117,8 @@ public:
     virtual bool supports(const std::string& op) const = 0;
     // Trace identity: global rank this device serves, recorder (may be null).
     virtual void setTrace(trace::Recorder* rec, int rank) = 0;
+    // The current trace target (recorder null = tracing off). Used by RangeScope.
+    virtual TraceTarget traceTarget() const { return {}; }
 };
 
 class Backend {

@@ -3,4 +3,5 @@
 
 namespace ts::cli {
 int cmdRun(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
+int cmdDemo(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
 }  // namespace ts::cli

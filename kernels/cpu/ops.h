@@ -17,6 +17,9 @@ namespace ts::kernels::cpu {
 // Threads used by GEMM (OpenBLAS) for calls made from now on; 0 = library default.
 void setNumThreads(int n);
 int numThreads();
+// Times square n x n sgemm with `threads` OpenBLAS threads for about `seconds` and returns the
+// best GFLOP/s seen (2n^3 flops per call). Restores the previous thread count afterwards.
+double measureSgemmPeakGflops(int threads, int n = 1024, double seconds = 0.5);
 
 // --- GEMM -------------------------------------------------------------------------------
 // C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, row-major, leading dims in elements.
@@ -117,6 +120,9 @@ void swigluBackward(const float* dy, const float* x, float* dx, int T, int F);
 void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
                     uint64_t offset);
 void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p);
+// Regenerates the mask dropoutForward(.., p, seed, offset) writes, without touching data
+// (recompute of a slice, or a caller that skipped storing the mask).
+void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset);
 // out = residual + dropout(x + b); b: [C]|null, x/residual/out: [T, C]; mask: [T*C]|null.
 // Fused: one pass ("bias_dropout_fusion"); Unfused: bias add, dropout, add as three passes.
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
@@ -135,6 +141,9 @@ void addBias(float* y, const float* b, int T, int C);                  // y[t,:]
 void biasGradAccumulate(const float* dy, float* db, int T, int C);     // db += sum_t dy
 double sumSquares(const float* x, int64_t n);                          // in double
 bool allFinite(const float* x, int64_t n);
+// Number of ids outside [0, vocabSize) (token ids / CE targets); the caller turns it into an
+// error. The CE functions treat such a target as "not owned" (no target term).
+int countInvalidIds(const int32_t* ids, int T, int vocabSize);
 
 // --- Cross entropy (vocab-parallel aware) ------------------------------------------------
 // Logits [T, Vl] hold vocab columns [vStart, vStart+Vl) of the full vocab. The vocab-parallel
@@ -160,7 +169,8 @@ void crossEntropyForwardUnfused(const float* logits, const int32_t* targets, flo
 void crossEntropyBackwardUnfused(const float* probs, const int32_t* targets, const float* dloss,
                                  float* dlogits, int T, int V);
 // Fused ("cross_entropy_loss_fusion"), single partition: loss and dlogits (in place over
-// logits, scaled by dloss[t]) in two passes over each row, no probs buffer.
+// logits, scaled by dloss[t]), no probs buffer: max, exp+sum and scale sweep each row while
+// it is in cache, so memory sees the logits once (read) plus once (write).
 void crossEntropyFused(float* logitsInGradOut, const int32_t* targets, const float* dloss,
                        float* loss, int T, int V);
 

@@ -1,0 +1,88 @@
+// Bias + tanh-GeLU (Megatron bias_gelu, fused and unfused) and SwiGLU, forward and backward.
+// gelu(u) = 0.5 u (1 + tanh(k0 u (1 + k1 u^2))), k0 = sqrt(2/pi), k1 = 0.044715.
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace ts::kernels::cpu {
+
+namespace {
+
+constexpr float kK0 = 0.79788456080286535588f;  // sqrt(2/pi)
+constexpr float kK1 = 0.044715f;
+
+inline float gelu(float u) {
+    const float t = detail::tanhApprox(kK0 * u * (1.0f + kK1 * u * u));
+    return 0.5f * u * (1.0f + t);
+}
+
+// d gelu / du = 0.5 u (1 - t^2) k0 (1 + 3 k1 u^2) + 0.5 (1 + t)
+inline float geluGrad(float u) {
+    const float t = detail::tanhApprox(kK0 * u * (1.0f + kK1 * u * u));
+    return 0.5f * u * (1.0f - t * t) * (kK0 + 3.0f * kK0 * kK1 * u * u) + 0.5f * (1.0f + t);
+}
+
+}  // namespace
+
+void biasGeluForward(const float* x, const float* b, float* y, int T, int C) {
+    for (int t = 0; t < T; ++t) {
+        const int64_t off = static_cast<int64_t>(t) * C;
+        if (b)
+            for (int c = 0; c < C; ++c) y[off + c] = gelu(x[off + c] + b[c]);
+        else
+            for (int c = 0; c < C; ++c) y[off + c] = gelu(x[off + c]);
+    }
+}
+
+void biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C) {
+    const int64_t n = static_cast<int64_t>(T) * C;
+    if (b) {
+        for (int t = 0; t < T; ++t)
+            for (int c = 0; c < C; ++c)
+                y[static_cast<int64_t>(t) * C + c] = x[static_cast<int64_t>(t) * C + c] + b[c];
+        for (int64_t i = 0; i < n; ++i) y[i] = gelu(y[i]);
+    } else {
+        for (int64_t i = 0; i < n; ++i) y[i] = gelu(x[i]);
+    }
+}
+
+void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx, float* db,
+                      int T, int C) {
+    for (int t = 0; t < T; ++t) {
+        const int64_t off = static_cast<int64_t>(t) * C;
+        if (b)
+            for (int c = 0; c < C; ++c) dx[off + c] = dy[off + c] * geluGrad(x[off + c] + b[c]);
+        else
+            for (int c = 0; c < C; ++c) dx[off + c] = dy[off + c] * geluGrad(x[off + c]);
+        if (db)
+            for (int c = 0; c < C; ++c) db[c] += dx[off + c];
+    }
+}
+
+// y = silu(gate) * up, silu(g) = g * sigmoid(g)
+void swigluForward(const float* x, float* y, int T, int F) {
+    for (int t = 0; t < T; ++t) {
+        const float* gate = x + static_cast<int64_t>(t) * 2 * F;
+        const float* up = gate + F;
+        float* yr = y + static_cast<int64_t>(t) * F;
+        for (int f = 0; f < F; ++f) yr[f] = gate[f] * detail::sigmoidApprox(gate[f]) * up[f];
+    }
+}
+
+// dgate = dy * up * sig * (1 + g (1 - sig)), dup = dy * silu(g)
+void swigluBackward(const float* dy, const float* x, float* dx, int T, int F) {
+    for (int t = 0; t < T; ++t) {
+        const float* gate = x + static_cast<int64_t>(t) * 2 * F;
+        const float* up = gate + F;
+        const float* dyr = dy + static_cast<int64_t>(t) * F;
+        float* dgate = dx + static_cast<int64_t>(t) * 2 * F;
+        float* dup = dgate + F;
+        for (int f = 0; f < F; ++f) {
+            const float g = gate[f];
+            const float sg = detail::sigmoidApprox(g);
+            dgate[f] = dyr[f] * up[f] * sg * (1.0f + g * (1.0f - sg));
+            dup[f] = dyr[f] * g * sg;
+        }
+    }
+}
+
+}  // namespace ts::kernels::cpu

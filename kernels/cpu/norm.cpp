@@ -1,0 +1,226 @@
+// LayerNorm (unfused two-pass and fused one-pass Welford) and RMSNorm, forward and backward.
+// x, y: [T, C] rows; statistics per row in float (C is at most a few thousand here).
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_math.h"
+
+#include <cmath>
+
+namespace ts::kernels::cpu {
+
+using detail::kLanes;
+
+namespace {
+
+// y = (x - mean) * rstd * w (+ b)
+inline void normalizeRow(const float* x, const float* w, const float* b, float* y, float mean,
+                         float rstd, int C) {
+    if (b) {
+        for (int c = 0; c < C; ++c) y[c] = (x[c] - mean) * rstd * w[c] + b[c];
+    } else {
+        for (int c = 0; c < C; ++c) y[c] = (x[c] - mean) * rstd * w[c];
+    }
+}
+
+// Welford over one row with kLanes lane-wise accumulators (all lanes see the same count, so
+// the 1/count is one scalar per step), merged with Chan et al.'s pairwise formula.
+inline void welfordRow(const float* x, int C, float& meanOut, float& varOut) {
+    float mean[kLanes] = {};
+    float m2[kLanes] = {};
+    int j = 0;
+    int k = 0;  // samples per lane so far
+    for (; j + kLanes <= C; j += kLanes) {
+        ++k;
+        const float inv = 1.0f / static_cast<float>(k);
+        for (int l = 0; l < kLanes; ++l) {
+            const float delta = x[j + l] - mean[l];
+            mean[l] += delta * inv;
+            m2[l] += delta * (x[j + l] - mean[l]);
+        }
+    }
+    // Merge lanes (each with k samples), then the tail one sample at a time.
+    float n = 0.0f, mu = 0.0f, M2 = 0.0f;
+    if (k > 0) {
+        n = static_cast<float>(k);
+        mu = mean[0];
+        M2 = m2[0];
+        for (int l = 1; l < kLanes; ++l) {
+            const float nb = static_cast<float>(k);
+            const float nab = n + nb;
+            const float delta = mean[l] - mu;
+            mu += delta * (nb / nab);
+            M2 += m2[l] + delta * delta * (n * nb / nab);
+            n = nab;
+        }
+    }
+    for (; j < C; ++j) {
+        n += 1.0f;
+        const float delta = x[j] - mu;
+        mu += delta / n;
+        M2 += delta * (x[j] - mu);
+    }
+    meanOut = mu;
+    varOut = M2 / static_cast<float>(C);
+}
+
+}  // namespace
+
+void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
+                      float* rstd, int T, int C, float eps) {
+    // Textbook: mean pass, variance pass (biased, like torch), normalize pass.
+    for (int t = 0; t < T; ++t) {
+        const float* xr = x + static_cast<int64_t>(t) * C;
+        const float mu = detail::sumLanes(xr, C) / static_cast<float>(C);
+        float acc[kLanes] = {};
+        int j = 0;
+        for (; j + kLanes <= C; j += kLanes)
+            for (int l = 0; l < kLanes; ++l) {
+                const float d = xr[j + l] - mu;
+                acc[l] += d * d;
+            }
+        float var = 0.0f;
+        for (; j < C; ++j) var += (xr[j] - mu) * (xr[j] - mu);
+        for (int l = 0; l < kLanes; ++l) var += acc[l];
+        var /= static_cast<float>(C);
+        const float rs = 1.0f / std::sqrt(var + eps);
+        mean[t] = mu;
+        rstd[t] = rs;
+        normalizeRow(xr, w, b, y + static_cast<int64_t>(t) * C, mu, rs, C);
+    }
+}
+
+void layerNormForwardFused(const float* x, const float* w, const float* b, float* y,
+                           float* mean, float* rstd, int T, int C, float eps) {
+    for (int t = 0; t < T; ++t) {
+        const float* xr = x + static_cast<int64_t>(t) * C;
+        float mu, var;
+        welfordRow(xr, C, mu, var);
+        const float rs = 1.0f / std::sqrt(var + eps);
+        mean[t] = mu;
+        rstd[t] = rs;
+        normalizeRow(xr, w, b, y + static_cast<int64_t>(t) * C, mu, rs, C);
+    }
+}
+
+// Backward with xhat = (x - mean) * rstd, g = dy * w:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw += dy * xhat,  db += dy.
+void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
+                       const float* rstd, float* dx, float* dw, float* db, int T, int C) {
+    // Unfused: one pass per reduction, then dx, then the parameter grads (as separate kernels
+    // of a naive framework would).
+    const float invC = 1.0f / static_cast<float>(C);
+    for (int t = 0; t < T; ++t) {
+        const int64_t off = static_cast<int64_t>(t) * C;
+        const float* dyr = dy + off;
+        const float* xr = x + off;
+        float* dxr = dx + off;
+        const float mu = mean[t], rs = rstd[t];
+        const float meanG = detail::dotLanes(dyr, w, C) * invC;
+        float acc[kLanes] = {};
+        int j = 0;
+        for (; j + kLanes <= C; j += kLanes)
+            for (int l = 0; l < kLanes; ++l)
+                acc[l] += dyr[j + l] * w[j + l] * ((xr[j + l] - mu) * rs);
+        float sgx = 0.0f;
+        for (; j < C; ++j) sgx += dyr[j] * w[j] * ((xr[j] - mu) * rs);
+        for (int l = 0; l < kLanes; ++l) sgx += acc[l];
+        const float meanGX = sgx * invC;
+        for (int c = 0; c < C; ++c) {
+            const float xhat = (xr[c] - mu) * rs;
+            dxr[c] = rs * (dyr[c] * w[c] - meanG - xhat * meanGX);
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+        const int64_t off = static_cast<int64_t>(t) * C;
+        const float mu = mean[t], rs = rstd[t];
+        for (int c = 0; c < C; ++c) dw[c] += dy[off + c] * ((x[off + c] - mu) * rs);
+    }
+    if (db) biasGradAccumulate(dy, db, T, C);
+}
+
+void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,
+                            const float* rstd, float* dx, float* dw, float* db, int T, int C) {
+    // Fused: both reductions and the dw/db accumulation in one pass over the row, then dx.
+    const float invC = 1.0f / static_cast<float>(C);
+    for (int t = 0; t < T; ++t) {
+        const int64_t off = static_cast<int64_t>(t) * C;
+        const float* dyr = dy + off;
+        const float* xr = x + off;
+        float* dxr = dx + off;
+        const float mu = mean[t], rs = rstd[t];
+        float accG[kLanes] = {};
+        float accGX[kLanes] = {};
+        int j = 0;
+        for (; j + kLanes <= C; j += kLanes)
+            for (int l = 0; l < kLanes; ++l) {
+                const int c = j + l;
+                const float xhat = (xr[c] - mu) * rs;
+                const float g = dyr[c] * w[c];
+                accG[l] += g;
+                accGX[l] += g * xhat;
+                dw[c] += dyr[c] * xhat;
+            }
+        float sg = 0.0f, sgx = 0.0f;
+        for (; j < C; ++j) {
+            const float xhat = (xr[j] - mu) * rs;
+            const float g = dyr[j] * w[j];
+            sg += g;
+            sgx += g * xhat;
+            dw[j] += dyr[j] * xhat;
+        }
+        for (int l = 0; l < kLanes; ++l) {
+            sg += accG[l];
+            sgx += accGX[l];
+        }
+        if (db)
+            for (int c = 0; c < C; ++c) db[c] += dyr[c];
+        const float meanG = sg * invC, meanGX = sgx * invC;
+        for (int c = 0; c < C; ++c) {
+            const float xhat = (xr[c] - mu) * rs;
+            dxr[c] = rs * (dyr[c] * w[c] - meanG - xhat * meanGX);
+        }
+    }
+}
+
+void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
+                    float eps) {
+    for (int t = 0; t < T; ++t) {
+        const int64_t off = static_cast<int64_t>(t) * C;
+        const float* xr = x + off;
+        const float ms = detail::dotLanes(xr, xr, C) / static_cast<float>(C);
+        const float rs = 1.0f / std::sqrt(ms + eps);
+        rstd[t] = rs;
+        float* yr = y + off;
+        for (int c = 0; c < C; ++c) yr[c] = xr[c] * rs * w[c];
+    }
+}
+
+// dx = rstd * (g - x * rstd^2 * mean(g * x)), g = dy * w;  dw += dy * x * rstd.
+void rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd,
+                     float* dx, float* dw, int T, int C) {
+    const float invC = 1.0f / static_cast<float>(C);
+    for (int t = 0; t < T; ++t) {
+        const int64_t off = static_cast<int64_t>(t) * C;
+        const float* dyr = dy + off;
+        const float* xr = x + off;
+        float* dxr = dx + off;
+        const float rs = rstd[t];
+        float acc[kLanes] = {};
+        int j = 0;
+        for (; j + kLanes <= C; j += kLanes)
+            for (int l = 0; l < kLanes; ++l) {
+                const int c = j + l;
+                acc[l] += dyr[c] * w[c] * xr[c];
+                dw[c] += dyr[c] * xr[c] * rs;
+            }
+        float sgx = 0.0f;
+        for (; j < C; ++j) {
+            sgx += dyr[j] * w[j] * xr[j];
+            dw[j] += dyr[j] * xr[j] * rs;
+        }
+        for (int l = 0; l < kLanes; ++l) sgx += acc[l];
+        const float k = rs * rs * sgx * invC;
+        for (int c = 0; c < C; ++c) dxr[c] = rs * (dyr[c] * w[c] - xr[c] * k);
+    }
+}
+
+}  // namespace ts::kernels::cpu

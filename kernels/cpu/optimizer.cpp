@@ -1,0 +1,42 @@
+// AdamW, exactly torch.optim.AdamW's single-tensor path (amsgrad=False, maximize=False):
+//   p *= 1 - lr*wd;  m = lerp(m, g, 1-beta1);  v = beta2 v + (1-beta2) g^2;
+//   p += -(lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc_i = 1 - beta_i^step.
+// Scalars are formed in double (Python floats in torch) and applied in float like torch's
+// CPU kernels do.
+#include "kernels/cpu/ops.h"
+
+#include <cmath>
+
+namespace ts::kernels::cpu {
+
+void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
+               const AdamParams& hp) {
+    const double lr = hp.lr, b1 = hp.beta1, b2 = hp.beta2;
+    const double step = static_cast<double>(hp.step < 1 ? 1 : hp.step);
+    const float decay = static_cast<float>(1.0 - lr * static_cast<double>(hp.weightDecay));
+    const double bc1 = 1.0 - std::pow(b1, step);
+    const double bc2 = 1.0 - std::pow(b2, step);
+    const float negStep = static_cast<float>(-(lr / bc1));
+    const float bc2Sqrt = static_cast<float>(std::sqrt(bc2));
+    const float w = static_cast<float>(1.0 - b1);  // lerp weight
+    const float oneMinusB2 = static_cast<float>(1.0 - b2);
+    const float beta2 = hp.beta2;
+    const float eps = hp.eps;
+    const bool decayOn = hp.weightDecay != 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        float p = param[i];
+        if (decayOn) p *= decay;
+        const float g = grad[i];
+        // torch lerp: weight < 0.5 ? a + w (b - a) : b - (b - a)(1 - w)
+        float mi = m[i];
+        mi = w < 0.5f ? mi + w * (g - mi) : g - (g - mi) * (1.0f - w);
+        const float vi = v[i] * beta2 + g * g * oneMinusB2;
+        const float denom = std::sqrt(vi) / bc2Sqrt + eps;
+        p = p + negStep * mi / denom;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = p;
+    }
+}
+
+}  // namespace ts::kernels::cpu

@@ -1,0 +1,213 @@
+// GEMM (all transpose combos, leading dims, alpha/beta, strided batch), linear forward/backward,
+// embedding and elementwise helpers against naive references and finite differences.
+#include "kernel_test_util.h"
+#include "kernels/cpu/ops.h"
+
+#include <thread>
+
+namespace ts::kernels::cpu {
+namespace {
+
+using testing::randomVector;
+
+// Naive row-major reference in double.
+std::vector<double> refGemm(bool tA, bool tB, int M, int N, int K, double alpha,
+                            const std::vector<float>& A, int lda, const std::vector<float>& B,
+                            int ldb, double beta, const std::vector<float>& C, int ldc) {
+    std::vector<double> out(C.begin(), C.end());
+    for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+            double acc = 0;
+            for (int p = 0; p < K; ++p) {
+                const double a = tA ? A[static_cast<size_t>(p) * lda + i] : A[static_cast<size_t>(i) * lda + p];
+                const double b = tB ? B[static_cast<size_t>(j) * ldb + p] : B[static_cast<size_t>(p) * ldb + j];
+                acc += a * b;
+            }
+            out[static_cast<size_t>(i) * ldc + j] = alpha * acc + beta * C[static_cast<size_t>(i) * ldc + j];
+        }
+    return out;
+}
+
+TEST(KernelsGemm, AllTransposeCombosWithLeadingDimsMatchNaive) {
+    const int M = 13, N = 17, K = 11;
+    for (int combo = 0; combo < 4; ++combo) {
+        const bool tA = combo & 1, tB = combo & 2;
+        // padded leading dims: 3 extra columns in every stored matrix
+        const int lda = (tA ? M : K) + 3, ldb = (tB ? K : N) + 3, ldc = N + 3;
+        const auto A = randomVector(static_cast<size_t>(tA ? K : M) * lda, 1 + combo);
+        const auto B = randomVector(static_cast<size_t>(tB ? N : K) * ldb, 11 + combo);
+        auto C = randomVector(static_cast<size_t>(M) * ldc, 21 + combo);
+        const auto want = refGemm(tA, tB, M, N, K, 0.7, A, lda, B, ldb, -0.3, C, ldc);
+        gemm(tA, tB, M, N, K, 0.7f, A.data(), lda, B.data(), ldb, -0.3f, C.data(), ldc);
+        testing::expectClose(C, want, 1e-5, 1e-5, tA ? (tB ? "TT" : "TN") : (tB ? "NT" : "NN"));
+    }
+}
+
+TEST(KernelsGemm, BetaZeroIgnoresGarbageInC) {
+    const int M = 5, N = 6, K = 4;
+    const auto A = randomVector(M * K, 3), B = randomVector(K * N, 4);
+    std::vector<float> C(M * N, std::numeric_limits<float>::quiet_NaN());
+    gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    const auto want = refGemm(false, false, M, N, K, 1.0, A, K, B, N, 0.0,
+                              std::vector<float>(M * N, 0.0f), N);
+    testing::expectClose(C, want, 1e-5, 1e-6, "C");
+}
+
+TEST(KernelsGemm, StridedBatchedMatchesPerBatchNaive) {
+    const int M = 4, N = 5, K = 3, batch = 3;
+    const int64_t sA = M * K + 2, sB = N * K + 1, sC = M * N + 4;  // gaps between matrices
+    const auto A = randomVector(sA * batch, 5), B = randomVector(sB * batch, 6);
+    auto C = randomVector(sC * batch, 7);
+    const auto C0 = C;
+    gemmStridedBatched(false, true, M, N, K, 1.5f, A.data(), K, sA, B.data(), K, sB, 0.5f,
+                       C.data(), N, sC, batch);
+    for (int i = 0; i < batch; ++i) {
+        std::vector<float> a(A.begin() + i * sA, A.begin() + i * sA + M * K);
+        std::vector<float> b(B.begin() + i * sB, B.begin() + i * sB + N * K);
+        std::vector<float> c0(C0.begin() + i * sC, C0.begin() + i * sC + M * N);
+        std::vector<float> c(C.begin() + i * sC, C.begin() + i * sC + M * N);
+        testing::expectClose(c, refGemm(false, true, M, N, K, 1.5, a, K, b, K, 0.5, c0, N), 1e-5,
+                             1e-6, "batch");
+        // the gap after each C matrix is untouched
+        for (int64_t g = M * N; g < sC; ++g) EXPECT_EQ(C[i * sC + g], C0[i * sC + g]);
+    }
+}
+
+TEST(KernelsGemm, ConcurrentSingleThreadedCallsAreCorrect) {
+    // Rank threads call sgemm at the same time with OpenBLAS in 1-thread mode.
+    const int previous = numThreads();
+    setNumThreads(1);
+    EXPECT_EQ(numThreads(), 1);
+    const int n = 96;
+    const auto A = randomVector(n * n, 8), B = randomVector(n * n, 9);
+    const auto want = refGemm(false, false, n, n, n, 1.0, A, n, B, n, 0.0,
+                              std::vector<float>(n * n, 0.0f), n);
+    std::vector<std::vector<float>> results(4, std::vector<float>(n * n));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r)
+        threads.emplace_back([&, r] {
+            for (int rep = 0; rep < 20; ++rep)
+                gemm(false, false, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f,
+                     results[r].data(), n);
+        });
+    for (auto& t : threads) t.join();
+    for (auto& res : results) testing::expectClose(res, want, 1e-5, 1e-5, "thread result");
+    setNumThreads(previous);
+}
+
+TEST(KernelsGemm, MeasuredPeakIsPositiveAndRestoresThreads) {
+    const int previous = numThreads();
+    const double gflops = measureSgemmPeakGflops(1, 128, 0.01);
+    EXPECT_GT(gflops, 0.05);   // anything that runs at all
+    EXPECT_LT(gflops, 1e5);    // and is not a division by a zero-ish time
+    EXPECT_EQ(numThreads(), previous);
+}
+
+TEST(KernelsLinear, ForwardMatchesNaiveWithAndWithoutBias) {
+    const int T = 7, in = 9, out = 5;
+    const auto x = randomVector(T * in, 10), W = randomVector(out * in, 11),
+               b = randomVector(out, 12);
+    for (bool withBias : {true, false}) {
+        std::vector<float> y(T * out, 123.0f);  // garbage must be overwritten
+        linearForward(x.data(), W.data(), withBias ? b.data() : nullptr, y.data(), T, in, out);
+        std::vector<double> want(T * out);
+        for (int t = 0; t < T; ++t)
+            for (int o = 0; o < out; ++o) {
+                double acc = withBias ? b[o] : 0.0;
+                for (int i = 0; i < in; ++i) acc += static_cast<double>(x[t * in + i]) * W[o * in + i];
+                want[t * out + o] = acc;
+            }
+        testing::expectClose(y, want, 1e-5, 1e-6, withBias ? "y(bias)" : "y");
+    }
+}
+
+TEST(KernelsLinear, BackwardMatchesFiniteDifferencesAndAccumulates) {
+    const int T = 6, in = 5, out = 4;
+    auto x = randomVector(T * in, 13), W = randomVector(out * in, 14), b = randomVector(out, 15);
+    const auto r = randomVector(T * out, 16);  // loss = sum(r * y)
+    auto loss = [&] {
+        std::vector<float> y(T * out);
+        linearForward(x.data(), W.data(), b.data(), y.data(), T, in, out);
+        return testing::dotD(r, y);
+    };
+    std::vector<float> dx(T * in), dW(out * in, 0.0f), db(out, 0.0f);
+    linearBackward(r.data(), x.data(), W.data(), dx.data(), dW.data(), db.data(), T, in, out);
+    testing::checkGradient(x, dx, loss, testing::allIndices(x.size()), 1e-2, 1e-3, "dx");
+    testing::checkGradient(W, dW, loss, testing::allIndices(W.size()), 1e-2, 1e-3, "dW");
+    testing::checkGradient(b, db, loss, testing::allIndices(b.size()), 1e-2, 1e-3, "db");
+    // a second backward accumulates dW/db (+=) and leaves dx overwritten
+    std::vector<float> dx2(T * in, 99.0f), dW2 = dW, db2 = db;
+    linearBackward(r.data(), x.data(), W.data(), dx2.data(), dW2.data(), db2.data(), T, in, out);
+    testing::expectClose(dx2, dx, 1e-6, 0, "dx overwritten");
+    for (size_t i = 0; i < dW.size(); ++i) EXPECT_NEAR(dW2[i], 2 * dW[i], 1e-5);
+    for (size_t i = 0; i < db.size(); ++i) EXPECT_NEAR(db2[i], 2 * db[i], 1e-5);
+    // null dx / dW / db are skipped
+    linearBackward(r.data(), x.data(), W.data(), nullptr, nullptr, nullptr, T, in, out);
+}
+
+TEST(KernelsEmbedding, VocabPartitionsSumToFullLookupAndCountInvalid) {
+    const int V = 10, C = 3, T = 6;
+    const auto table = randomVector(V * C, 17);
+    const std::vector<int32_t> ids = {0, 9, 4, 5, -1, 10};
+    std::vector<float> full(T * C), part0(T * C), part1(T * C);
+    EXPECT_EQ(embeddingForward(ids.data(), table.data(), full.data(), T, C, 0, V, V), 2);
+    embeddingForward(ids.data(), table.data(), part0.data(), T, C, 0, 5, V);
+    embeddingForward(ids.data(), table.data() + 5 * C, part1.data(), T, C, 5, 10, V);
+    for (int t = 0; t < T; ++t)
+        for (int c = 0; c < C; ++c) {
+            const bool valid = ids[t] >= 0 && ids[t] < V;
+            const float want = valid ? table[ids[t] * C + c] : 0.0f;
+            EXPECT_EQ(full[t * C + c], want);
+            EXPECT_EQ(part0[t * C + c] + part1[t * C + c], want);
+        }
+    EXPECT_EQ(countInvalidIds(ids.data(), T, V), 2);
+}
+
+TEST(KernelsEmbedding, BackwardScatterAddsOwnedRows) {
+    const int C = 2, T = 5;  // vocab of 6, this rank owns rows [1, 4)
+    const std::vector<int32_t> ids = {1, 3, 1, 5, 2};
+    const auto dout = randomVector(T * C, 18);
+    std::vector<float> dt(3 * C, 1.0f);  // owns rows [1, 4), starts at 1 to check +=
+    embeddingBackward(ids.data(), dout.data(), dt.data(), T, C, 1, 4);
+    std::vector<double> want(3 * C, 1.0);
+    for (int t = 0; t < T; ++t)
+        if (ids[t] >= 1 && ids[t] < 4)
+            for (int c = 0; c < C; ++c) want[(ids[t] - 1) * C + c] += dout[t * C + c];
+    testing::expectClose(dt, want, 1e-6, 1e-7, "dtable");
+}
+
+TEST(KernelsElementwise, HelpersMatchScalarLoops) {
+    const int T = 5, C = 7;
+    const int64_t n = T * C;
+    const auto a = randomVector(n, 19), b = randomVector(n, 20), bias = randomVector(C, 21);
+    std::vector<float> y(n);
+    add(a.data(), b.data(), y.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], a[i] + b[i]);
+    addInPlace(y.data(), a.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], (a[i] + b[i]) + a[i]);
+    scale(y.data(), 0.5f, n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], ((a[i] + b[i]) + a[i]) * 0.5f);
+    std::vector<float> z = a;
+    addBias(z.data(), bias.data(), T, C);
+    std::vector<float> db(C, 0.0f);
+    biasGradAccumulate(a.data(), db.data(), T, C);
+    for (int t = 0; t < T; ++t)
+        for (int c = 0; c < C; ++c) EXPECT_EQ(z[t * C + c], a[t * C + c] + bias[c]);
+    for (int c = 0; c < C; ++c) {
+        double s = 0;
+        for (int t = 0; t < T; ++t) s += a[t * C + c];
+        EXPECT_NEAR(db[c], s, 1e-5);
+    }
+    double ss = 0;
+    for (float v : a) ss += static_cast<double>(v) * v;
+    EXPECT_NEAR(sumSquares(a.data(), n), ss, 1e-12 * ss + 1e-12);
+    EXPECT_TRUE(allFinite(a.data(), n));
+    auto bad = a;
+    bad[n - 1] = std::numeric_limits<float>::infinity();
+    EXPECT_FALSE(allFinite(bad.data(), n));
+    bad[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_FALSE(allFinite(bad.data(), n));
+}
+
+}  // namespace
+}  // namespace ts::kernels::cpu

@@ -81,6 +81,9 @@ std::vector<std::string> unsupportedKnobs(const Config& c);
 Status applyOverride(Config& c, const std::string& keyEqualsValue);
 
 // Serialization. onlyNonDefault=false writes every knob, grouped with comments.
+// Markdown reference of every knob (docs/knobs.md is this text).
+std::string knobsMarkdown();
+
 std::string configToYaml(const Config& c, bool onlyNonDefault = false);
 nlohmann::json configToJson(const Config& c);
 Result<Config> configFromJson(const nlohmann::json& j);

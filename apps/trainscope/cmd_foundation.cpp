@@ -32,8 +32,12 @@ std::string typeText(const KnobDef& k) {
 }  // namespace
 
 int cmdKnobs(const Args& a) {
-    if (auto bad = a.unknownFlags({"--json", "--group"}); !bad.empty())
+    if (auto bad = a.unknownFlags({"--json", "--group", "--markdown"}); !bad.empty())
         return fail(2, "unknown option " + bad[0] + " for `knobs`; see `trainscope knobs --help`");
+    if (a.has("--markdown")) {
+        std::printf("%s", engine::knobsMarkdown().c_str());
+        return 0;
+    }
     const auto group = a.value("--group");
     const auto& reg = engine::knobRegistry();
     if (a.has("--json")) {

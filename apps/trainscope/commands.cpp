@@ -9,7 +9,7 @@ namespace ts::cli {
 bool isSwitchFlag(const std::string& flag) {
     static const char* kSwitches[] = {"--json", "--all", "--stdio", "--follow", "--quiet",
                                       "--no-trace", "--force", "--rebuild", "--verbose",
-                                      "--in-process", "--fused", "--unfused"};
+                                      "--in-process", "--fused", "--unfused", "--markdown"};
     return std::any_of(std::begin(kSwitches), std::end(kSwitches),
                        [&](const char* s) { return flag == s; });
 }
@@ -68,7 +68,7 @@ const std::vector<Command>& commands() {
          "train the tiny example model on this node and print where the step time goes", cmdDemo},
         {"run", "run CONFIG.yaml [--steps N] [--world-size N] [--json] [--workspace DIR] [--name NAME] [--node ssh://HOST|tcp://HOST:PORT]",
          "train a model with the config's layout and knobs; stores the run in the workspace", cmdRun},
-        {"knobs", "knobs [--json] [--group GROUP]",
+        {"knobs", "knobs [--json | --markdown] [--group GROUP]",
          "list every tunable knob: type, default, group, Megatron-LM flag, Bridge path, help", cmdKnobs},
         {"validate", "validate CONFIG.yaml [CONFIG.yaml ...]",
          "check configs against the knob registry; one message per problem (exit 2 if any)", cmdValidate},

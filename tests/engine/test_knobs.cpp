@@ -249,3 +249,14 @@ TEST(Knobs, UnsupportedKnobsAreReported) {
 
 }  // namespace
 }  // namespace ts::engine
+
+namespace ts::engine {
+namespace {
+TEST(Knobs, DocsAreGeneratedFromTheRegistry) {
+    std::ifstream in(std::string(TS_SOURCE_DIR) + "/docs/knobs.md");
+    ASSERT_TRUE(in.good()) << "docs/knobs.md missing: run `trainscope knobs --markdown > docs/knobs.md`";
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, knobsMarkdown()) << "docs/knobs.md is stale: run `trainscope knobs --markdown > docs/knobs.md`";
+}
+}  // namespace
+}  // namespace ts::engine

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job: install what is missing, build, and open the workbench on the local node.
+# Until the Qt workbench lands this runs the headless demo (a real training run on the CPU
+# backend with a trace, then the analysis of where the step time went).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/build.sh" release
+bin="$root/build/release/apps/trainscope"
+if [ -x "$root/build/release/gui/trainscope-gui" ] && { [ -n "${DISPLAY:-}" ] || [ -n "${WAYLAND_DISPLAY:-}" ]; }; then
+  exec "$root/build/release/gui/trainscope-gui" "$@"
+fi
+exec "$bin" demo "$@"

@@ -33,6 +33,16 @@ struct CommStats {
     uint64_t bytesReceived = 0;
 };
 
+// nccl-tests accounting (doc/PERFORMANCE.md of nccl-tests): for a collective of `size` bytes
+// (the "size" column: allReduce/broadcast: count*elemSize; reduceScatter: recvCount*n*elemSize;
+// allGather: sendCount*n*elemSize; allToAll: total bytes sent by one rank),
+//   algBw = size / time,   busBw = algBw * busBwFactor,
+// with busBwFactor = 2(n-1)/n (allReduce), (n-1)/n (reduceScatter, allGather, allToAll),
+// 1 (broadcast, sendRecv). busBw is what each rank's link carries in a ring implementation.
+enum class CollectiveKind : uint8_t { AllReduce = 0, ReduceScatter, AllGather, Broadcast, AllToAll, SendRecv };
+const char* collectiveName(CollectiveKind k);  // "all_reduce", "reduce_scatter", ...
+double busBwFactor(CollectiveKind k, int groupSize);
+
 class Communicator {
 public:
     virtual ~Communicator() = default;

@@ -1,0 +1,176 @@
+// Kernel-name recognition: NCCL spellings across versions and the category table.
+// Expected values are written from NCCL's naming schemes (src/device/generate.py and the
+// older NCCL_KERN_NAME macros), not from the parser's output.
+#include <gtest/gtest.h>
+
+#include "profiler/import/kernel_names.h"
+#include "profiler/import/kineto_import.h"
+#include "profiler/import/nsys_import.h"
+#include "profiler/import/staging.h"
+
+namespace ts::profiler::import {
+namespace {
+
+using trace::Category;
+
+struct NcclCase {
+    const char* name;
+    const char* op;
+    const char* algorithm;
+    const char* protocol;
+    const char* redOp;
+    const char* dataType;
+    Category category;
+};
+
+TEST(ImportNames, NcclSpellingsAcrossVersions) {
+    const NcclCase cases[] = {
+        // NCCL 2.9 - 2.18: ncclKernel_<coll>_<algo>_<proto>_<redop>_<C type>(args)
+        {"ncclKernel_AllReduce_RING_LL_Sum_float", "AllReduce", "RING", "LL", "Sum", "f32", Category::Collective},
+        {"ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "AllReduce", "RING", "LL", "Sum", "f32", Category::Collective},
+        {"ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "SendRecv", "RING",
+         "SIMPLE", "Sum", "i8", Category::P2P},
+        {"ncclKernel_ReduceScatter_RING_LL128_Sum_half", "ReduceScatter", "RING", "LL128", "Sum", "f16",
+         Category::Collective},
+        {"ncclKernel_AllGather_RING_LL_Sum_int8_t", "AllGather", "RING", "LL", "Sum", "i8", Category::Collective},
+        {"ncclKernel_AllReduce_TREE_LL128_Sum___nv_bfloat16", "AllReduce", "TREE", "LL128", "Sum", "bf16",
+         Category::Collective},
+        {"ncclKernel_AllReduce_COLLNET_DIRECT_SIMPLE_Sum_uint8_t", "AllReduce", "COLLNET_DIRECT", "SIMPLE", "Sum", "u8",
+         Category::Collective},
+        {"ncclKernel_Broadcast_RING_LL_Sum_int8_t", "Broadcast", "RING", "LL", "Sum", "i8", Category::Collective},
+        {"ncclKernel_Reduce_RING_LL_Max_double", "Reduce", "RING", "LL", "Max", "f64", Category::Collective},
+        // NCCL >= 2.19: ncclDevKernel_<coll>_<redop>_<type>_<algo>_<proto>
+        {"ncclDevKernel_AllReduce_Sum_f32_RING_LL", "AllReduce", "RING", "LL", "Sum", "f32", Category::Collective},
+        {"ncclDevKernel_AllReduce_Sum_bf16_NVLS_TREE_SIMPLE(ncclDevKernelArgsStorage<4096ul>)", "AllReduce",
+         "NVLS_TREE", "SIMPLE", "Sum", "bf16", Category::Collective},
+        {"ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "ReduceScatter", "RING",
+         "LL", "Sum", "bf16", Category::Collective},
+        {"ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "AllGather", "RING", "LL", "", "",
+         Category::Collective},
+        {"ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "SendRecv", "", "", "", "", Category::P2P},
+        {"ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "Generic", "", "", "", "", Category::Collective},
+        {"ncclDevKernel_AllReduce_PreMulSum_f16_RING_LL128", "AllReduce", "RING", "LL128", "PreMulSum", "f16",
+         Category::Collective},
+        // NCCL <= 2.8: nccl<Coll><Algo><Proto>Kernel_<redop>_<short type>
+        {"ncclAllReduceRingLLKernel_sum_f32", "AllReduce", "RING", "LL", "Sum", "f32", Category::Collective},
+        {"ncclAllReduceTreeLL128Kernel_sum_f16", "AllReduce", "TREE", "LL128", "Sum", "f16", Category::Collective},
+        {"ncclReduceScatterRingLLKernel_sum_bf16", "ReduceScatter", "RING", "LL", "Sum", "bf16", Category::Collective},
+        {"ncclBroadcastRingLLKernel_copy_i8", "Broadcast", "RING", "LL", "", "i8", Category::Collective},
+        {"ncclSendRecvKernel_copy_i8", "SendRecv", "", "", "", "i8", Category::P2P},
+        {"ncclAllGatherRingLLKernel_copy_u8", "AllGather", "RING", "LL", "", "u8", Category::Collective},
+        {"ncclAllReduceCollNetKernel_max_f64", "AllReduce", "COLLNET", "", "Max", "f64", Category::Collective},
+    };
+    for (const auto& c : cases) {
+        SCOPED_TRACE(c.name);
+        NcclKernelInfo info = parseNcclKernel(c.name);
+        EXPECT_TRUE(info.isNccl);
+        EXPECT_EQ(info.op, c.op);
+        EXPECT_EQ(info.algorithm, c.algorithm);
+        EXPECT_EQ(info.protocol, c.protocol);
+        EXPECT_EQ(info.redOp, c.redOp);
+        EXPECT_EQ(info.dataType, c.dataType);
+        EXPECT_EQ(classifyKernel(c.name), c.category);
+    }
+}
+
+TEST(ImportNames, NonNcclKernelsAreNotCommunication) {
+    for (const char* name : {"void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>(Params)",
+                             "Memcpy DtoD (Device -> Device)", "saxpy", "my_nccl_like_kernel"}) {
+        SCOPED_TRACE(name);
+        EXPECT_FALSE(parseNcclKernel(name).isNccl);
+        Category c = classifyKernel(name);
+        EXPECT_NE(c, Category::Collective);
+        EXPECT_NE(c, Category::P2P);
+    }
+}
+
+TEST(ImportNames, CategoryTable) {
+    const std::pair<const char*, Category> cases[] = {
+        {"void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)",
+         Category::Gemm},
+        {"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", Category::Gemm},
+        {"ampere_sgemm_128x64_tn", Category::Gemm},
+        {"volta_fp16_s884gemm_fp16_128x128_ldg8_f2f_nn", Category::Gemm},
+        {"void gemv2T_kernel_val<int, int, float, float, float, 128, 16, 4, 4, false, false>(...)", Category::Gemm},
+        {"void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >(Flash_fwd_params)", Category::Attention},
+        {"cutlass::device_kernel<flash::FlashAttnFwdSm90<...> >", Category::Attention},
+        {"fmha_cutlassF_f16_aligned_64x64_rf_sm80", Category::Attention},
+        {"void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, false, false>(...)",
+         Category::Attention},
+        {"void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(...)",
+         Category::Loss},
+        {"void at::native::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>(...)", Category::Loss},
+        {"void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(...)", Category::Norm},
+        {"void rms_norm_kernel<c10::BFloat16>(...)", Category::Norm},
+        {"void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(...)",
+         Category::Elementwise},
+        {"void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<double>, ...>(...)",
+         Category::Elementwise},
+        {"void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ...> >(...)", Category::Elementwise},
+        {"void at::native::(anonymous namespace)::embedding_backward_feature_kernel<float, float, long>(...)",
+         Category::Embedding},
+        {"void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>, ...>(...)", Category::Optimizer},
+        {"Memcpy HtoD (Pinned -> Device)", Category::Memcpy},
+        {"Memset (Device)", Category::Memset},
+        {"par_ranged2d_kernel", Category::Other},
+        {"saxpy", Category::Other},
+    };
+    for (const auto& [name, category] : cases) {
+        SCOPED_TRACE(name);
+        EXPECT_EQ(classifyKernel(name), category);
+    }
+}
+
+TEST(ImportNames, DtypeSizes) {
+    EXPECT_EQ(dtypeBytes("Float"), 4);
+    EXPECT_EQ(dtypeBytes("c10::BFloat16"), 2);
+    EXPECT_EQ(dtypeBytes("bf16"), 2);
+    EXPECT_EQ(dtypeBytes("Half"), 2);
+    EXPECT_EQ(dtypeBytes("Long"), 8);
+    EXPECT_EQ(dtypeBytes("Byte"), 1);
+    EXPECT_EQ(dtypeBytes("complex"), 0);
+}
+
+TEST(ImportNames, StepNames) {
+    EXPECT_EQ(parseStepName("ProfilerStep#1009"), 1009);
+    EXPECT_EQ(parseStepName("step 7"), 7);
+    EXPECT_EQ(parseStepName("iteration 12"), 12);
+    EXPECT_EQ(parseStepName("ProfilerStep#"), std::nullopt);
+    EXPECT_EQ(parseStepName("ProfilerStep#12a"), std::nullopt);
+    EXPECT_EQ(parseStepName("forward"), std::nullopt);
+    EXPECT_EQ(parseStepName("stepper 3"), std::nullopt);
+}
+
+TEST(ImportNames, ApiVersionSuffix) {
+    EXPECT_EQ(stripApiVersion("cudaLaunchKernel_v7000"), "cudaLaunchKernel");
+    EXPECT_EQ(stripApiVersion("cudaMemcpy_v3020"), "cudaMemcpy");
+    EXPECT_EQ(stripApiVersion("cudaLaunchKernel"), "cudaLaunchKernel");
+    EXPECT_EQ(stripApiVersion("cuda_vX"), "cuda_vX");
+}
+
+TEST(ImportNames, MicrosecondTextToNanoseconds) {
+    int64_t ns = 0;
+    ASSERT_TRUE(microsTextToNs("1.5", ns));
+    EXPECT_EQ(ns, 1500);
+    // An epoch-sized value keeps every digit (a double would lose ~128 ns here).
+    ASSERT_TRUE(microsTextToNs("1661203462598738.123", ns));
+    EXPECT_EQ(ns, 1661203462598738123LL);
+    ASSERT_TRUE(microsTextToNs("1661203462598738", ns));
+    EXPECT_EQ(ns, 1661203462598738000LL);
+    ASSERT_TRUE(microsTextToNs("1.2e3", ns));
+    EXPECT_EQ(ns, 1200000);
+    ASSERT_TRUE(microsTextToNs("1.6612034625987381E+15", ns));
+    EXPECT_EQ(ns, 1661203462598738100LL);
+    ASSERT_TRUE(microsTextToNs("-2.5", ns));
+    EXPECT_EQ(ns, -2500);
+    ASSERT_TRUE(microsTextToNs("0.0005", ns));  // 0.5 ns rounds half away from zero
+    EXPECT_EQ(ns, 1);
+    ASSERT_TRUE(microsTextToNs("0.00049", ns));
+    EXPECT_EQ(ns, 0);
+    EXPECT_FALSE(microsTextToNs("abc", ns));
+    EXPECT_FALSE(microsTextToNs("1e30", ns));
+    EXPECT_FALSE(microsTextToNs("12x", ns));
+}
+
+}  // namespace
+}  // namespace ts::profiler::import

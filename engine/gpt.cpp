@@ -1,0 +1,838 @@
+// GPT decoder with explicit per-layer forward/backward on the compute stream.
+// Shapes below are local to the TP rank: nq = heads/t, ng = groups/t, F = ffn/t, Vl = V/t.
+#include "engine/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/backend_trace.h"
+#include "engine/communicator.h"
+#include "kernels/cpu/ops.h"
+
+namespace ts::engine {
+
+namespace k = ts::kernels::cpu;
+using trace::Category;
+
+struct GptModel::LayerActs {
+    TensorPtr x;                    // layer input (residual stream) [T, h]
+    TensorPtr mean1, rstd1, a1;     // input_layernorm stats [T], output [T, h]
+    TensorPtr q, k, v;              // after RoPE: [T, nq, d], [T, ng, d], [T, ng, d]
+    TensorPtr probs;                // [b, nq, s, s]; null under selective recompute
+    TensorPtr ctx;                  // core attention output [T, nq*d]
+    TensorPtr mask1;                // dropout mask after linear_proj [T*h] (p > 0)
+    TensorPtr x2;                   // residual after attention [T, h]
+    TensorPtr mean2, rstd2, a2;     // pre_mlp_layernorm
+    TensorPtr fc1;                  // linear_fc1 output [T, F or 2F] (SwiGLU: bias included)
+    TensorPtr act;                  // activation output [T, F]
+    TensorPtr mask2;                // dropout mask after linear_fc2
+};
+
+struct GptModel::MbState {
+    std::shared_ptr<const Microbatch> data;
+    std::vector<LayerActs> layers;
+    TensorPtr hidden;               // current residual stream [T, h]
+    TensorPtr embMask;              // embedding dropout mask
+    TensorPtr xL, meanf, rstdf, xf; // final norm input/stats/output
+    TensorPtr logits;               // [T, Vl]; fused CE: holds dlogits after forward
+    TensorPtr ceProbs;              // unfused CE: softmax [T, V]
+    TensorPtr rowMax, sumExp;       // vocab-parallel CE stats [T]
+    TensorPtr dloss;                // [T] gradient seed per token
+    bool backwardDone = false;
+};
+
+GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o, Device& dev,
+                   Stream& compute, const ParallelContext& ctx)
+    : m_cfg(cfg), m_d(d), m_o(o), m_ctx(ctx), m_exec(dev, compute),
+      m_logits(std::make_shared<std::map<int, std::vector<float>>>()),
+      m_losses(std::make_shared<std::map<int, std::pair<double, double>>>()) {}
+
+GptModel::~GptModel() { (void)m_exec.synchronize(); }
+
+Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& dev, Stream& compute,
+                                                   const ParallelContext& ctxIn) {
+    TS_ASSIGN_OR_RETURN(ModelDims d, modelDimsFromConfig(cfg));
+    ParallelContext ctx = ctxIn;
+    if (ctx.layerEnd < 0) ctx.layerEnd = d.layers;
+    if (ctx.layerBegin < 0 || ctx.layerBegin > ctx.layerEnd || ctx.layerEnd > d.layers)
+        return Status::invalid("layer range [" + std::to_string(ctx.layerBegin) + ", " +
+                               std::to_string(ctx.layerEnd) + ") does not fit num_layers=" +
+                               std::to_string(d.layers));
+    if (ctx.tpSize < 1 || ctx.tpRank < 0 || ctx.tpRank >= ctx.tpSize)
+        return Status::invalid("bad tensor-parallel rank/size in ParallelContext");
+    if (ctx.tpSize > 1 && (!ctx.tp || ctx.tp->size() != ctx.tpSize))
+        return Status::invalid("tensor parallel size > 1 needs a TP communicator of that size");
+    if (d.heads % ctx.tpSize || d.groups % ctx.tpSize || d.ffn % ctx.tpSize || d.paddedVocab % ctx.tpSize)
+        return Status::invalid("tensor_model_parallel_size=" + std::to_string(ctx.tpSize) +
+                               " must divide heads, query groups, ffn_hidden_size and the padded vocab");
+    const ModelOptions o = modelOptionsFromConfig(cfg);
+    if (!o.recomputeGranularity.empty() && o.recomputeGranularity != "selective" &&
+        o.recomputeGranularity != "full")
+        return Status::invalid("recompute_granularity must be '', selective or full");
+    if (o.recomputeGranularity == "full") {
+        if (o.recomputeMethod != "uniform" && o.recomputeMethod != "block")
+            return Status::invalid("recompute_granularity=full needs recompute_method uniform or block");
+        if (o.recomputeNumLayers < 1)
+            return Status::invalid("recompute_granularity=full needs recompute_num_layers >= 1");
+    }
+    std::unique_ptr<GptModel> m(new GptModel(cfg, d, o, dev, compute, ctx));
+    TS_RETURN_IF_ERROR(m->registerParams());
+    TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16));
+    m->initWeights();
+    return m;
+}
+
+Status GptModel::registerParams() {
+    const int t = m_ctx.tpSize;
+    const int h = m_d.hidden, d = m_d.headDim;
+    m_nqL = m_d.heads / t;
+    m_ngL = m_d.groups / t;
+    m_ffnL = m_d.ffn / t;
+    m_vocabL = m_d.paddedVocab / t;
+    m_vocabStart = m_ctx.tpRank * m_vocabL;
+    const int64_t qkvFull = int64_t(m_d.heads + 2 * m_d.groups) * d;
+    const int64_t fc1Full = int64_t(m_d.swiglu ? 2 : 1) * m_d.ffn;
+
+    auto add = [&](std::string name, std::vector<int64_t> full, ShardKind kind, int stride = 1) {
+        ParamInfo p;
+        p.fullShape = full;
+        p.shape = full;
+        if (kind == ShardKind::ColumnParallel || kind == ShardKind::VocabParallel) p.shape[0] /= t;
+        if (kind == ShardKind::RowParallel) p.shape[1] /= t;
+        p.shard = t > 1 ? kind : ShardKind::Replicated;
+        if (t == 1 && kind != ShardKind::Replicated) p.shard = kind;  // keep the role for docs/DP
+        p.noWeightDecay = full.size() == 1;
+        p.partitionStride = stride;
+        p.name = std::move(name);
+        return m_params.add(std::move(p));
+    };
+    const bool ln = !m_d.rmsNorm;
+    if (m_ctx.firstStage)
+        m_embW = add("embedding.word_embeddings.weight", {m_d.paddedVocab, h}, ShardKind::VocabParallel);
+    for (int gl = m_ctx.layerBegin; gl < m_ctx.layerEnd; ++gl) {
+        const std::string pre = "decoder.layers." + std::to_string(gl) + ".";
+        LayerParams P;
+        P.ln1w = add(pre + "input_layernorm.weight", {h}, ShardKind::Replicated);
+        if (ln) P.ln1b = add(pre + "input_layernorm.bias", {h}, ShardKind::Replicated);
+        P.qkvW = add(pre + "self_attention.linear_qkv.weight", {qkvFull, h}, ShardKind::ColumnParallel);
+        if (m_d.bias) P.qkvB = add(pre + "self_attention.linear_qkv.bias", {qkvFull}, ShardKind::ColumnParallel);
+        P.projW = add(pre + "self_attention.linear_proj.weight", {h, int64_t(m_d.heads) * d}, ShardKind::RowParallel);
+        if (m_d.bias) P.projB = add(pre + "self_attention.linear_proj.bias", {h}, ShardKind::Replicated);
+        P.ln2w = add(pre + "pre_mlp_layernorm.weight", {h}, ShardKind::Replicated);
+        if (ln) P.ln2b = add(pre + "pre_mlp_layernorm.bias", {h}, ShardKind::Replicated);
+        const int stride = m_d.swiglu ? 2 : 1;
+        P.fc1W = add(pre + "mlp.linear_fc1.weight", {fc1Full, h}, ShardKind::ColumnParallel, stride);
+        if (m_d.bias) P.fc1B = add(pre + "mlp.linear_fc1.bias", {fc1Full}, ShardKind::ColumnParallel, stride);
+        P.fc2W = add(pre + "mlp.linear_fc2.weight", {h, m_d.ffn}, ShardKind::RowParallel);
+        if (m_d.bias) P.fc2B = add(pre + "mlp.linear_fc2.bias", {h}, ShardKind::Replicated);
+        m_layers.push_back(P);
+    }
+    if (m_ctx.lastStage) {
+        m_lnfW = add("decoder.final_layernorm.weight", {h}, ShardKind::Replicated);
+        if (ln) m_lnfB = add("decoder.final_layernorm.bias", {h}, ShardKind::Replicated);
+        if (!m_d.tied) {
+            m_outW = add("output_layer.weight", {m_d.paddedVocab, h}, ShardKind::VocabParallel);
+        } else if (m_embW >= 0) {
+            m_outW = m_embW;  // same tensor, one main grad
+        } else {
+            // Tied but embedding on another pp stage: Megatron keeps a copy on the last stage
+            // whose grad is all-reduced with the embedding's (embedding group).
+            m_outW = add("output_layer.weight", {m_d.paddedVocab, h}, ShardKind::VocabParallel);
+            ParamInfo& pi = const_cast<ParamInfo&>(m_params.info(m_outW));
+            pi.sharedEmbedding = true;
+        }
+        if (m_embW >= 0 && m_d.tied) const_cast<ParamInfo&>(m_params.info(m_embW)).sharedEmbedding = true;
+    }
+    return Status::ok();
+}
+
+void GptModel::initWeights() {
+    const int t = m_ctx.tpSize, r = m_ctx.tpRank;
+    const float stdOut = m_o.initStd / std::sqrt(2.0f * float(m_d.layers));
+    for (int i = 0; i < m_params.count(); ++i) {
+        const ParamInfo& p = m_params.info(i);
+        float* dst = m_params.mainParam(i);
+        if (p.fullShape.size() == 1) {
+            const bool isNormWeight = p.name.find("layernorm.weight") != std::string::npos;
+            std::fill(dst, dst + p.numel, isNormWeight ? 1.f : 0.f);
+            continue;
+        }
+        const bool scaled = p.name.find("linear_proj.weight") != std::string::npos ||
+                            p.name.find("linear_fc2.weight") != std::string::npos;
+        // Tied copy on the last stage is initialized as the embedding (Megatron copies it).
+        const std::string key = p.sharedEmbedding ? "embedding.word_embeddings.weight" : p.name;
+        const int64_t R = p.fullShape[0], C = p.fullShape[1];
+        std::vector<float> full(size_t(R * C));
+        fillNormal(full.data(), R * C, scaled ? stdOut : m_o.initStd, hashCombine(m_o.seed, hashString(key)));
+        if (t == 1) {
+            std::memcpy(dst, full.data(), full.size() * sizeof(float));
+        } else if (p.shard == ShardKind::RowParallel) {
+            const int64_t cl = C / t;
+            for (int64_t row = 0; row < R; ++row)
+                std::memcpy(dst + row * cl, full.data() + row * C + r * cl, size_t(cl) * sizeof(float));
+        } else {
+            // Column / vocab parallel: row blocks; stride 2 -> [gate_r ; up_r].
+            const int64_t half = R / p.partitionStride, rl = half / t;
+            for (int s = 0; s < p.partitionStride; ++s)
+                std::memcpy(dst + s * rl * C, full.data() + (s * half + r * rl) * C,
+                            size_t(rl * C) * sizeof(float));
+        }
+    }
+    m_params.syncModelParams();
+}
+
+void GptModel::beginStep(int step, int numMicrobatches) {
+    m_step = step;
+    m_numMicrobatches = std::max(1, numMicrobatches);
+    m_exec.setStep(step);
+}
+
+int GptModel::recomputeGroupStart(int li) const {
+    if (m_o.recomputeGranularity != "full") return -1;
+    const int n = std::max(1, m_o.recomputeNumLayers);
+    if (m_o.recomputeMethod == "uniform") return (li / n) * n;
+    if (m_o.recomputeMethod == "block") return li < n ? li : -1;
+    return -1;
+}
+
+int GptModel::recomputeGroupEnd(int li) const {
+    const int g0 = recomputeGroupStart(li);
+    if (g0 < 0) return -1;
+    if (m_o.recomputeMethod == "block") return li + 1;
+    return std::min(localLayers(), g0 + std::max(1, m_o.recomputeNumLayers));
+}
+
+void GptModel::tpAllReduce(const TensorPtr& t, int64_t n) {
+    if (m_ctx.tp && m_ctx.tpSize > 1)
+        m_ctx.tp->allReduce(m_exec.stream(), t->data(), t->data(), size_t(n), DType::F32, ReduceOp::Sum);
+}
+
+void GptModel::roundBf16(const TensorPtr& t, int64_t n) {
+    if (!m_o.bf16) return;
+    m_exec.op("bf16_round", Category::Elementwise, 0, uint64_t(n) * 8, [t, n] { k::roundToBf16(fp(t), n); });
+}
+
+void GptModel::normForward(const char* name, int wIdx, int bIdx, TensorPtr x, TensorPtr y,
+                           TensorPtr mean, TensorPtr rstd, int T) {
+    const float* W = m_params.modelParam(wIdx);
+    const float* B = bIdx >= 0 ? m_params.modelParam(bIdx) : nullptr;
+    const int C = m_d.hidden;
+    const float eps = m_d.normEps;
+    const bool rms = m_d.rmsNorm, fused = m_o.fusedLayerNorm, bf = m_o.bf16;
+    m_exec.op(name, Category::Norm, 8.0 * T * C, uint64_t(T) * C * 8, [=] {
+        if (rms) k::rmsNormForward(fp(x), W, fp(y), fp(rstd), T, C, eps);
+        else if (fused) k::layerNormForwardFused(fp(x), W, B, fp(y), fp(mean), fp(rstd), T, C, eps);
+        else k::layerNormForward(fp(x), W, B, fp(y), fp(mean), fp(rstd), T, C, eps);
+        if (bf) k::roundToBf16(fp(y), int64_t(T) * C);
+    });
+}
+
+void GptModel::normBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, TensorPtr x,
+                            TensorPtr mean, TensorPtr rstd, TensorPtr dx, int T) {
+    const float* W = m_params.modelParam(wIdx);
+    float* dW = m_params.mainGrad(wIdx);
+    float* dB = bIdx >= 0 ? m_params.mainGrad(bIdx) : nullptr;
+    const int C = m_d.hidden;
+    const bool rms = m_d.rmsNorm, fused = m_o.fusedLayerNorm;
+    m_exec.op(name, Category::Norm, 12.0 * T * C, uint64_t(T) * C * 12, [=] {
+        if (rms) k::rmsNormBackward(fp(dy), fp(x), W, fp(rstd), fp(dx), dW, T, C);
+        else if (fused) k::layerNormBackwardFused(fp(dy), fp(x), W, fp(mean), fp(rstd), fp(dx), dW, dB, T, C);
+        else k::layerNormBackward(fp(dy), fp(x), W, fp(mean), fp(rstd), fp(dx), dW, dB, T, C);
+    });
+}
+
+Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, TensorPtr x,
+                                TensorPtr dx, int T, int in, int out) {
+    const float* W = m_params.modelParam(wIdx);
+    float* G = m_params.mainGrad(wIdx);
+    float* GB = bIdx >= 0 ? m_params.mainGrad(bIdx) : nullptr;
+    const double flops = (dx ? 4.0 : 2.0) * double(T) * in * out;
+    const uint64_t bytes = uint64_t(4) * (uint64_t(T) * (in + out) + uint64_t(in) * out);
+    const bool bf = m_o.bf16;
+    if (m_o.gradAccumFusion) {
+        // wgrad GEMM accumulates straight into the fp32 main grad.
+        m_exec.op(name, Category::Gemm, flops, bytes, [=] {
+            k::linearBackward(fp(dy), fp(x), W, fp(dx), G, GB, T, in, out);
+            if (bf && dx) k::roundToBf16(fp(dx), int64_t(T) * in);
+        });
+        return Status::ok();
+    }
+    // Unfused: wgrad into a temporary (in the model's precision), then added to the main grad.
+    const int64_t n = int64_t(out) * in;
+    TS_ASSIGN_OR_RETURN(TensorPtr tmp, m_exec.alloc(n, MemCategory::Workspace));
+    m_exec.op(name, Category::Gemm, flops, bytes, [=] {
+        std::fill(fp(tmp), fp(tmp) + n, 0.f);
+        k::linearBackward(fp(dy), fp(x), W, fp(dx), fp(tmp), GB, T, in, out);
+        if (bf && dx) k::roundToBf16(fp(dx), int64_t(T) * in);
+    });
+    m_exec.op("wgrad_accumulate", Category::Elementwise, double(n), uint64_t(n) * 12, [=] {
+        if (bf) k::roundToBf16(fp(tmp), n);
+        k::addInPlace(G, fp(tmp), n);
+    });
+    return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------
+Status GptModel::layerForward(MbState& st, int li, bool keep) {
+    LayerActs& A = st.layers[size_t(li)];
+    const LayerParams& P = m_layers[size_t(li)];
+    const int gl = m_ctx.layerBegin + li;
+    m_exec.setLayer(gl);
+    RangeScope range(m_exec.device(), range::kLayer, {m_step, m_exec.microbatch(), m_ctx.vppChunk, gl});
+    const int s = m_d.seq, b = m_d.microBatch, T = s * b, h = m_d.hidden, d = m_d.headDim;
+    const int nq = m_nqL, ng = m_ngL, F = m_ffnL, F1 = m_d.swiglu ? 2 * F : F;
+    const int qkvOut = (nq + 2 * ng) * d;
+    const int64_t Th = int64_t(T) * h;
+    const bool bf = m_o.bf16;
+    const float p = m_o.hiddenDropout;
+    const bool rms = m_d.rmsNorm;
+    auto alloc = [&](int64_t n) { return m_exec.alloc(n); };
+
+    A.x = st.hidden;
+    TS_ASSIGN_OR_RETURN(A.a1, alloc(Th));
+    if (!rms) { TS_ASSIGN_OR_RETURN(A.mean1, alloc(T)); }
+    TS_ASSIGN_OR_RETURN(A.rstd1, alloc(T));
+    normForward("input_layernorm.fwd", P.ln1w, P.ln1b, A.x, A.a1, A.mean1, A.rstd1, T);
+
+    // linear_qkv (column parallel; bias sharded with the rows)
+    TS_ASSIGN_OR_RETURN(TensorPtr qkv, alloc(int64_t(T) * qkvOut));
+    {
+        const float* W = m_params.modelParam(P.qkvW);
+        const float* B = P.qkvB >= 0 ? m_params.modelParam(P.qkvB) : nullptr;
+        TensorPtr a1 = A.a1;
+        m_exec.op("linear_qkv.fwd", Category::Gemm, 2.0 * T * h * qkvOut,
+                  uint64_t(4) * (uint64_t(T) * (h + qkvOut) + uint64_t(h) * qkvOut), [=] {
+                      k::linearForward(fp(a1), W, B, fp(qkv), T, h, qkvOut);
+                      if (bf) k::roundToBf16(fp(qkv), int64_t(T) * qkvOut);
+                  });
+    }
+    TS_ASSIGN_OR_RETURN(A.q, alloc(int64_t(T) * nq * d));
+    TS_ASSIGN_OR_RETURN(A.k, alloc(int64_t(T) * ng * d));
+    TS_ASSIGN_OR_RETURN(A.v, alloc(int64_t(T) * ng * d));
+    {
+        TensorPtr q = A.q, kk = A.k, v = A.v;
+        const bool rope = m_d.rope, fusedRope = m_o.fusedRope;
+        const float theta = m_d.ropeTheta;
+        m_exec.op("qkv_split", Category::Elementwise, 0, uint64_t(T) * qkvOut * 8,
+                  [=] { splitQkv(fp(qkv), fp(q), fp(kk), fp(v), T, nq, ng, d); });
+        if (rope) {
+            m_exec.op("rope.fwd", Category::Elementwise, 6.0 * T * (nq + ng) * d,
+                      uint64_t(T) * (nq + ng) * d * 8, [=] {
+                          if (fusedRope) {
+                              k::ropeForwardFused(fp(q), s, b, nq, d, theta, 0);
+                              k::ropeForwardFused(fp(kk), s, b, ng, d, theta, 0);
+                          } else {
+                              k::ropeForward(fp(q), s, b, nq, d, theta, 0);
+                              k::ropeForward(fp(kk), s, b, ng, d, theta, 0);
+                          }
+                          if (bf) {
+                              k::roundToBf16(fp(q), int64_t(T) * nq * d);
+                              k::roundToBf16(fp(kk), int64_t(T) * ng * d);
+                          }
+                      });
+        }
+    }
+    // core attention
+    k::AttnDims ad{s, b, nq, ng, d, 1.0f / std::sqrt(float(d))};
+    TS_ASSIGN_OR_RETURN(TensorPtr probs, alloc(int64_t(k::attentionProbsSize(ad))));
+    TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
+    {
+        TensorPtr q = A.q, kk = A.k, v = A.v, ctx = A.ctx;
+        const bool fs = m_o.fusedSoftmax;
+        m_exec.op("core_attention.fwd", Category::Attention, 4.0 * b * nq * double(s) * s * d,
+                  uint64_t(4) * (uint64_t(T) * (2 * nq + 2 * ng) * d + k::attentionProbsSize(ad)), [=] {
+                      k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctx), fs);
+                      if (bf) k::roundToBf16(fp(ctx), int64_t(T) * nq * d);
+                  });
+    }
+    const bool selective = m_o.recomputeGranularity == "selective";
+    if (!selective) A.probs = probs;
+    probs.reset();
+
+    // linear_proj (row parallel, bias after the reduction) + bias-dropout-add
+    TS_ASSIGN_OR_RETURN(TensorPtr proj, alloc(Th));
+    {
+        const float* W = m_params.modelParam(P.projW);
+        TensorPtr ctx = A.ctx;
+        const int in = nq * d;
+        m_exec.op("linear_proj.fwd", Category::Gemm, 2.0 * T * in * h,
+                  uint64_t(4) * (uint64_t(T) * (in + h) + uint64_t(in) * h),
+                  [=] { k::linearForward(fp(ctx), W, nullptr, fp(proj), T, in, h); });
+    }
+    tpAllReduce(proj, Th);
+    TS_ASSIGN_OR_RETURN(A.x2, alloc(Th));
+    if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask1, m_exec.alloc(Th, MemCategory::Activations, 1)); }
+    {
+        const float* B = P.projB >= 0 ? m_params.modelParam(P.projB) : nullptr;
+        TensorPtr x = A.x, x2 = A.x2, mask = A.mask1;
+        const uint64_t seed = dropoutSeed(m_o.seed, m_step, m_exec.microbatch(), gl, 1);
+        const bool fused = m_o.fusedBiasDropout;
+        m_exec.op("bias_dropout_add.attn", Category::Elementwise, 3.0 * Th, uint64_t(Th) * 16, [=] {
+            uint8_t* mk = mask ? mask->as<uint8_t>() : nullptr;
+            if (fused) k::biasDropoutAddFused(fp(proj), B, fp(x), fp(x2), mk, T, h, p, seed, 0);
+            else k::biasDropoutAddUnfused(fp(proj), B, fp(x), fp(x2), mk, T, h, p, seed, 0);
+            if (bf) k::roundToBf16(fp(x2), Th);
+        });
+    }
+    proj.reset();
+
+    // MLP
+    TS_ASSIGN_OR_RETURN(A.a2, alloc(Th));
+    if (!rms) { TS_ASSIGN_OR_RETURN(A.mean2, alloc(T)); }
+    TS_ASSIGN_OR_RETURN(A.rstd2, alloc(T));
+    normForward("pre_mlp_layernorm.fwd", P.ln2w, P.ln2b, A.x2, A.a2, A.mean2, A.rstd2, T);
+    TS_ASSIGN_OR_RETURN(A.fc1, alloc(int64_t(T) * F1));
+    TS_ASSIGN_OR_RETURN(A.act, alloc(int64_t(T) * F));
+    {
+        const float* W = m_params.modelParam(P.fc1W);
+        const float* B = P.fc1B >= 0 ? m_params.modelParam(P.fc1B) : nullptr;
+        TensorPtr a2 = A.a2, fc1 = A.fc1, act = A.act;
+        const bool swiglu = m_d.swiglu, fusedAct = m_o.fusedBiasAct;
+        m_exec.op("linear_fc1.fwd", Category::Gemm, 2.0 * T * h * F1,
+                  uint64_t(4) * (uint64_t(T) * (h + F1) + uint64_t(h) * F1), [=] {
+                      k::linearForward(fp(a2), W, nullptr, fp(fc1), T, h, F1);
+                      if (bf) k::roundToBf16(fp(fc1), int64_t(T) * F1);
+                  });
+        m_exec.op(swiglu ? "bias_swiglu.fwd" : "bias_gelu.fwd", Category::Elementwise, 10.0 * T * F,
+                  uint64_t(T) * (F1 + F) * 4, [=] {
+                      if (swiglu) {
+                          if (B) k::addBias(fp(fc1), B, T, F1);  // saved fc1 includes the bias
+                          k::swigluForward(fp(fc1), fp(act), T, F);
+                      } else if (fusedAct) {
+                          k::biasGeluForward(fp(fc1), B, fp(act), T, F);
+                      } else {
+                          k::biasGeluForwardUnfused(fp(fc1), B, fp(act), T, F);
+                      }
+                      if (bf) k::roundToBf16(fp(act), int64_t(T) * F);
+                  });
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr fc2, alloc(Th));
+    {
+        const float* W = m_params.modelParam(P.fc2W);
+        TensorPtr act = A.act;
+        m_exec.op("linear_fc2.fwd", Category::Gemm, 2.0 * T * F * h,
+                  uint64_t(4) * (uint64_t(T) * (F + h) + uint64_t(F) * h),
+                  [=] { k::linearForward(fp(act), W, nullptr, fp(fc2), T, F, h); });
+    }
+    tpAllReduce(fc2, Th);
+    TS_ASSIGN_OR_RETURN(TensorPtr out, alloc(Th));
+    if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask2, m_exec.alloc(Th, MemCategory::Activations, 1)); }
+    {
+        const float* B = P.fc2B >= 0 ? m_params.modelParam(P.fc2B) : nullptr;
+        TensorPtr x2 = A.x2, mask = A.mask2;
+        const uint64_t seed = dropoutSeed(m_o.seed, m_step, m_exec.microbatch(), gl, 2);
+        const bool fused = m_o.fusedBiasDropout;
+        m_exec.op("bias_dropout_add.mlp", Category::Elementwise, 3.0 * Th, uint64_t(Th) * 16, [=] {
+            uint8_t* mk = mask ? mask->as<uint8_t>() : nullptr;
+            if (fused) k::biasDropoutAddFused(fp(fc2), B, fp(x2), fp(out), mk, T, h, p, seed, 0);
+            else k::biasDropoutAddUnfused(fp(fc2), B, fp(x2), fp(out), mk, T, h, p, seed, 0);
+            if (bf) k::roundToBf16(fp(out), Th);
+        });
+    }
+    st.hidden = out;
+    if (!keep) {
+        TensorPtr x = A.x;
+        A = LayerActs{};
+        if (recomputeGroupStart(li) == li) A.x = x;  // checkpoint: the group input only
+    }
+    return Status::ok();
+}
+
+Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* dxOut) {
+    LayerActs& A = st.layers[size_t(li)];
+    const LayerParams& P = m_layers[size_t(li)];
+    const int gl = m_ctx.layerBegin + li;
+    m_exec.setLayer(gl);
+    RangeScope range(m_exec.device(), range::kLayer, {m_step, m_exec.microbatch(), m_ctx.vppChunk, gl});
+    const int s = m_d.seq, b = m_d.microBatch, T = s * b, h = m_d.hidden, d = m_d.headDim;
+    const int nq = m_nqL, ng = m_ngL, F = m_ffnL, F1 = m_d.swiglu ? 2 * F : F;
+    const int qkvOut = (nq + 2 * ng) * d;
+    const int64_t Th = int64_t(T) * h;
+    const float p = m_o.hiddenDropout;
+    const bool bf = m_o.bf16;
+    auto alloc = [&](int64_t n) { return m_exec.alloc(n); };
+    if (!A.a1) return Status::internal("layer " + std::to_string(gl) + " backward without saved activations");
+
+    // bias-dropout-add (mlp): d(fc2 out) = dropout'(dout); residual grad passes through.
+    TS_ASSIGN_OR_RETURN(TensorPtr dfc2, alloc(Th));
+    {
+        float* GB = P.fc2B >= 0 ? m_params.mainGrad(P.fc2B) : nullptr;
+        TensorPtr mask = A.mask2;
+        m_exec.op("bias_dropout_add.mlp.bwd", Category::Elementwise, 2.0 * Th, uint64_t(Th) * 8, [=] {
+            k::biasDropoutAddBackward(fp(dout), mask ? mask->as<uint8_t>() : nullptr, fp(dfc2), GB, T, h, p);
+        });
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr dact, alloc(int64_t(T) * F));
+    TS_RETURN_IF_ERROR(linearBackward("linear_fc2.bwd", P.fc2W, -1, dfc2, A.act, dact, T, F, h));
+    dfc2.reset();
+    TS_ASSIGN_OR_RETURN(TensorPtr dfc1, alloc(int64_t(T) * F1));
+    {
+        float* GB = P.fc1B >= 0 ? m_params.mainGrad(P.fc1B) : nullptr;
+        const float* B = P.fc1B >= 0 ? m_params.modelParam(P.fc1B) : nullptr;
+        TensorPtr fc1 = A.fc1;
+        const bool swiglu = m_d.swiglu;
+        m_exec.op(swiglu ? "bias_swiglu.bwd" : "bias_gelu.bwd", Category::Elementwise, 16.0 * T * F,
+                  uint64_t(T) * (2 * F1 + F) * 4, [=] {
+                      if (swiglu) {
+                          k::swigluBackward(fp(dact), fp(fc1), fp(dfc1), T, F);
+                          if (GB) k::biasGradAccumulate(fp(dfc1), GB, T, F1);
+                      } else {
+                          k::biasGeluBackward(fp(dact), fp(fc1), B, fp(dfc1), GB, T, F);
+                      }
+                      if (bf) k::roundToBf16(fp(dfc1), int64_t(T) * F1);
+                  });
+    }
+    dact.reset();
+    TS_ASSIGN_OR_RETURN(TensorPtr da2, alloc(Th));
+    TS_RETURN_IF_ERROR(linearBackward("linear_fc1.bwd", P.fc1W, -1, dfc1, A.a2, da2, T, h, F1));
+    dfc1.reset();
+    tpAllReduce(da2, Th);
+    TS_ASSIGN_OR_RETURN(TensorPtr dx2, alloc(Th));
+    normBackward("pre_mlp_layernorm.bwd", P.ln2w, P.ln2b, da2, A.x2, A.mean2, A.rstd2, dx2, T);
+    da2.reset();
+    m_exec.op("residual_grad_add", Category::Elementwise, double(Th), uint64_t(Th) * 12,
+              [=] { k::addInPlace(fp(dx2), fp(dout), Th); });
+
+    // attention block
+    TS_ASSIGN_OR_RETURN(TensorPtr dproj, alloc(Th));
+    {
+        float* GB = P.projB >= 0 ? m_params.mainGrad(P.projB) : nullptr;
+        TensorPtr mask = A.mask1;
+        m_exec.op("bias_dropout_add.attn.bwd", Category::Elementwise, 2.0 * Th, uint64_t(Th) * 8, [=] {
+            k::biasDropoutAddBackward(fp(dx2), mask ? mask->as<uint8_t>() : nullptr, fp(dproj), GB, T, h, p);
+        });
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr dctx, alloc(int64_t(T) * nq * d));
+    TS_RETURN_IF_ERROR(linearBackward("linear_proj.bwd", P.projW, -1, dproj, A.ctx, dctx, T, nq * d, h));
+    dproj.reset();
+
+    k::AttnDims ad{s, b, nq, ng, d, 1.0f / std::sqrt(float(d))};
+    TensorPtr probs = A.probs;
+    TensorPtr q = A.q, kk = A.k, v = A.v;
+    if (!probs) {
+        // Selective recompute: redo QK^T/softmax (the "5as/h" activations were not kept).
+        TS_ASSIGN_OR_RETURN(probs, alloc(int64_t(k::attentionProbsSize(ad))));
+        TS_ASSIGN_OR_RETURN(TensorPtr ctxTmp, alloc(int64_t(T) * nq * d));
+        const bool fs = m_o.fusedSoftmax;
+        m_exec.op("core_attention.recompute", Category::Attention, 4.0 * b * nq * double(s) * s * d,
+                  uint64_t(4) * k::attentionProbsSize(ad),
+                  [=] { k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctxTmp), fs); });
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr dq, alloc(int64_t(T) * nq * d));
+    TS_ASSIGN_OR_RETURN(TensorPtr dk, alloc(int64_t(T) * ng * d));
+    TS_ASSIGN_OR_RETURN(TensorPtr dv, alloc(int64_t(T) * ng * d));
+    TS_ASSIGN_OR_RETURN(TensorPtr scratch, m_exec.alloc(int64_t(s) * s, MemCategory::Workspace));
+    m_exec.op("core_attention.bwd", Category::Attention, 8.0 * b * nq * double(s) * s * d,
+              uint64_t(8) * k::attentionProbsSize(ad), [=] {
+                  k::attentionBackward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(dctx), fp(dq), fp(dk), fp(dv),
+                                       fp(scratch));
+              });
+    probs.reset();
+    scratch.reset();
+    dctx.reset();
+    if (m_d.rope) {
+        const float theta = m_d.ropeTheta;
+        m_exec.op("rope.bwd", Category::Elementwise, 6.0 * T * (nq + ng) * d, uint64_t(T) * (nq + ng) * d * 8, [=] {
+            k::ropeBackward(fp(dq), s, b, nq, d, theta, 0);
+            k::ropeBackward(fp(dk), s, b, ng, d, theta, 0);
+        });
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr dqkv, alloc(int64_t(T) * qkvOut));
+    m_exec.op("qkv_merge", Category::Elementwise, 0, uint64_t(T) * qkvOut * 8, [=] {
+        mergeQkv(fp(dq), fp(dk), fp(dv), fp(dqkv), T, nq, ng, d);
+        if (bf) k::roundToBf16(fp(dqkv), int64_t(T) * qkvOut);
+    });
+    dq.reset(); dk.reset(); dv.reset();
+    TS_ASSIGN_OR_RETURN(TensorPtr da1, alloc(Th));
+    TS_RETURN_IF_ERROR(linearBackward("linear_qkv.bwd", P.qkvW, P.qkvB, dqkv, A.a1, da1, T, h, qkvOut));
+    dqkv.reset();
+    tpAllReduce(da1, Th);
+    TS_ASSIGN_OR_RETURN(TensorPtr dx, alloc(Th));
+    normBackward("input_layernorm.bwd", P.ln1w, P.ln1b, da1, A.x, A.mean1, A.rstd1, dx, T);
+    m_exec.op("residual_grad_add", Category::Elementwise, double(Th), uint64_t(Th) * 12, [=] {
+        k::addInPlace(fp(dx), fp(dx2), Th);
+        if (bf) k::roundToBf16(fp(dx), Th);
+    });
+    *dxOut = dx;
+    return Status::ok();
+}
+
+Status GptModel::finalForward(MbState& st) {
+    m_exec.setLayer(-1);
+    const int T = m_d.seq * m_d.microBatch, h = m_d.hidden, Vl = m_vocabL;
+    const int64_t Th = int64_t(T) * h, TV = int64_t(T) * Vl;
+    const bool bf = m_o.bf16;
+    st.xL = st.hidden;
+    TS_ASSIGN_OR_RETURN(st.xf, m_exec.alloc(Th));
+    if (!m_d.rmsNorm) { TS_ASSIGN_OR_RETURN(st.meanf, m_exec.alloc(T)); }
+    TS_ASSIGN_OR_RETURN(st.rstdf, m_exec.alloc(T));
+    normForward("final_layernorm.fwd", m_lnfW, m_lnfB, st.xL, st.xf, st.meanf, st.rstdf, T);
+    TS_ASSIGN_OR_RETURN(st.logits, m_exec.alloc(TV));
+    {
+        const float* W = m_params.modelParam(m_outW);
+        TensorPtr xf = st.xf, logits = st.logits;
+        m_exec.op("output_layer.fwd", Category::Gemm, 2.0 * T * h * Vl,
+                  uint64_t(4) * (uint64_t(T) * (h + Vl) + uint64_t(h) * Vl), [=] {
+                      k::linearForward(fp(xf), W, nullptr, fp(logits), T, h, Vl);
+                      if (bf) k::roundToBf16(fp(logits), TV);
+                  });
+        if (m_captureLogits) {
+            auto store = m_logits;
+            const int mb = m_exec.microbatch();
+            m_exec.op("capture_logits", Category::Memcpy, 0, uint64_t(TV) * 4,
+                      [=] { (*store)[mb].assign(fp(logits), fp(logits) + TV); });
+        }
+    }
+    // Gradient seed per token: mask / (num_tokens * num_microbatches) (Megatron §1.1).
+    TS_ASSIGN_OR_RETURN(st.dloss, m_exec.alloc(T));
+    TS_ASSIGN_OR_RETURN(TensorPtr loss, m_exec.alloc(T));
+    auto data = st.data;
+    TensorPtr dloss = st.dloss;
+    const int m = m_numMicrobatches;
+    m_exec.op("loss_scale", Category::Loss, double(T), uint64_t(T) * 8, [=] {
+        double tokens = 0;
+        for (int t = 0; t < T; ++t) tokens += data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)];
+        const double denom = std::max(tokens, 1.0) * m;
+        for (int t = 0; t < T; ++t)
+            fp(dloss)[t] = float((data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)]) / denom);
+    });
+    TensorPtr logits = st.logits;
+    if (m_ctx.tpSize > 1) {
+        // Vocab-parallel cross entropy: 3 all-reduces of [T] (REFERENCE.md §2.6).
+        TS_ASSIGN_OR_RETURN(st.rowMax, m_exec.alloc(T));
+        TS_ASSIGN_OR_RETURN(st.sumExp, m_exec.alloc(T));
+        TS_ASSIGN_OR_RETURN(TensorPtr target, m_exec.alloc(T));
+        TensorPtr rowMax = st.rowMax, sumExp = st.sumExp;
+        const int vStart = m_vocabStart;
+        m_exec.op("cross_entropy.max", Category::Loss, double(TV), uint64_t(TV) * 4,
+                  [=] { k::crossEntropyRowMax(fp(logits), fp(rowMax), T, Vl); });
+        m_ctx.tp->allReduce(m_exec.stream(), rowMax->data(), rowMax->data(), size_t(T), DType::F32, ReduceOp::Max);
+        m_exec.op("cross_entropy.stats", Category::Loss, 3.0 * TV, uint64_t(TV) * 4, [=] {
+            k::crossEntropyStats(fp(logits), data->labels.data(), fp(rowMax), fp(target), fp(sumExp), T, Vl, vStart);
+        });
+        m_ctx.tp->allReduce(m_exec.stream(), target->data(), target->data(), size_t(T), DType::F32, ReduceOp::Sum);
+        m_ctx.tp->allReduce(m_exec.stream(), sumExp->data(), sumExp->data(), size_t(T), DType::F32, ReduceOp::Sum);
+        m_exec.op("cross_entropy.loss", Category::Loss, double(T), uint64_t(T) * 12, [=] {
+            k::crossEntropyLoss(fp(target), fp(sumExp), fp(loss), T);
+        });
+    } else if (m_o.fusedCrossEntropy) {
+        // Loss and dlogits in one sweep; the logits buffer now holds the gradient.
+        const int V = Vl;
+        m_exec.op("cross_entropy.fused", Category::Loss, 5.0 * TV, uint64_t(TV) * 8, [=] {
+            k::crossEntropyFused(fp(logits), data->labels.data(), fp(dloss), fp(loss), T, V);
+        });
+    } else {
+        TS_ASSIGN_OR_RETURN(st.ceProbs, m_exec.alloc(TV));
+        TensorPtr probs = st.ceProbs;
+        const int V = Vl;
+        m_exec.op("cross_entropy.fwd", Category::Loss, 4.0 * TV, uint64_t(TV) * 8, [=] {
+            k::crossEntropyForwardUnfused(fp(logits), data->labels.data(), fp(probs), fp(loss), T, V);
+        });
+        st.logits.reset();  // the naive path keeps probs, not logits
+    }
+    auto losses = m_losses;
+    const int mb = m_exec.microbatch();
+    m_exec.op("loss_reduce", Category::Loss, double(T), uint64_t(T) * 8, [=] {
+        double sum = 0, tokens = 0;
+        for (int t = 0; t < T; ++t) {
+            const double w = data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)];
+            sum += w * double(fp(loss)[t]);
+            tokens += w;
+        }
+        (*losses)[mb] = {sum, tokens};
+    });
+    return Status::ok();
+}
+
+Status GptModel::finalBackward(MbState& st, TensorPtr* dhidden) {
+    m_exec.setLayer(-1);
+    const int T = m_d.seq * m_d.microBatch, h = m_d.hidden, Vl = m_vocabL;
+    const int64_t Th = int64_t(T) * h, TV = int64_t(T) * Vl;
+    auto data = st.data;
+    TensorPtr dloss = st.dloss;
+    TensorPtr dlogits;
+    if (m_ctx.tpSize > 1) {
+        dlogits = st.logits;
+        TensorPtr rowMax = st.rowMax, sumExp = st.sumExp;
+        const int vStart = m_vocabStart;
+        m_exec.op("cross_entropy.bwd", Category::Loss, 4.0 * TV, uint64_t(TV) * 8, [=] {
+            k::crossEntropyBackward(fp(dlogits), data->labels.data(), fp(rowMax), fp(sumExp), fp(dloss), fp(dlogits), T, Vl,
+                                    vStart);
+        });
+    } else if (m_o.fusedCrossEntropy) {
+        dlogits = st.logits;  // already the gradient
+    } else {
+        TS_ASSIGN_OR_RETURN(dlogits, m_exec.alloc(TV));
+        TensorPtr probs = st.ceProbs;
+        m_exec.op("cross_entropy.bwd", Category::Loss, 2.0 * TV, uint64_t(TV) * 8, [=] {
+            k::crossEntropyBackwardUnfused(fp(probs), data->labels.data(), fp(dloss), fp(dlogits), T, Vl);
+        });
+        st.ceProbs.reset();
+    }
+    if (m_o.bf16) roundBf16(dlogits, TV);
+    st.logits.reset();
+    TS_ASSIGN_OR_RETURN(TensorPtr dxf, m_exec.alloc(Th));
+    TS_RETURN_IF_ERROR(linearBackward("output_layer.bwd", m_outW, -1, dlogits, st.xf, dxf, T, h, Vl));
+    dlogits.reset();
+    tpAllReduce(dxf, Th);
+    TS_ASSIGN_OR_RETURN(TensorPtr dh, m_exec.alloc(Th));
+    normBackward("final_layernorm.bwd", m_lnfW, m_lnfB, dxf, st.xL, st.meanf, st.rstdf, dh, T);
+    st.xf.reset(); st.xL.reset(); st.meanf.reset(); st.rstdf.reset(); st.dloss.reset();
+    *dhidden = dh;
+    return Status::ok();
+}
+
+Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorPtr input, TensorPtr output) {
+    const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
+    const int64_t Th = int64_t(T) * h;
+    if (m_mbs.count(mb)) return Status::internal("microbatch " + std::to_string(mb) + " is already in flight");
+    if (m_ctx.firstStage || m_ctx.lastStage) {
+        if (!data) return Status::invalid("microbatch data missing");
+        if (m_ctx.firstStage && data->tokens.size() != size_t(T))
+            return Status::invalid("microbatch has " + std::to_string(data->tokens.size()) +
+                                   " tokens, the model expects seq_length*micro_batch_size=" + std::to_string(T));
+        if (m_ctx.lastStage && data->labels.size() != size_t(T))
+            return Status::invalid("microbatch has " + std::to_string(data->labels.size()) + " labels, expected " +
+                                   std::to_string(T));
+        if (!data->lossMask.empty() && data->lossMask.size() != size_t(T))
+            return Status::invalid("loss mask size does not match the microbatch");
+        if (m_ctx.firstStage) {
+            if (int bad = k::countInvalidIds(data->tokens.data(), T, m_d.vocab))
+                return Status::invalid(std::to_string(bad) + " token ids are outside [0, vocab_size=" +
+                                       std::to_string(m_d.vocab) + "); check the tokenizer/vocab_size");
+        }
+        if (m_ctx.lastStage) {
+            if (int bad = k::countInvalidIds(data->labels.data(), T, m_d.vocab))
+                return Status::invalid(std::to_string(bad) + " labels are outside [0, vocab_size=" +
+                                       std::to_string(m_d.vocab) + ")");
+        }
+    }
+    if (!m_ctx.firstStage && (!input || input->bytes() < size_t(Th) * 4))
+        return Status::invalid("non-first pipeline stage needs an input tensor of [s*b, h]");
+    if (!m_ctx.lastStage && (!output || output->bytes() < size_t(Th) * 4))
+        return Status::invalid("non-last pipeline stage needs an output tensor of [s*b, h]");
+
+    m_exec.setMicrobatch(mb);
+    RangeScope range(m_exec.device(), range::kForward, {m_step, mb, m_ctx.vppChunk, -1});
+    auto st = std::make_unique<MbState>();
+    st->data = data;
+    st->layers.resize(m_layers.size());
+    const bool bf = m_o.bf16;
+    if (m_ctx.firstStage) {
+        m_exec.setLayer(-1);
+        TS_ASSIGN_OR_RETURN(TensorPtr emb, m_exec.alloc(Th));
+        const float* E = m_params.modelParam(m_embW);
+        const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL, V = m_d.paddedVocab;
+        m_exec.op("embedding.fwd", Category::Embedding, 0, uint64_t(Th) * 8, [=] {
+            k::embeddingForward(data->tokens.data(), E, fp(emb), T, h, vStart, vEnd, V);
+        });
+        tpAllReduce(emb, Th);
+        const float p = m_o.hiddenDropout;
+        if (p > 0) {
+            TS_ASSIGN_OR_RETURN(TensorPtr dropped, m_exec.alloc(Th));
+            TS_ASSIGN_OR_RETURN(st->embMask, m_exec.alloc(Th, MemCategory::Activations, 1));
+            TensorPtr mask = st->embMask;
+            const uint64_t seed = dropoutSeed(m_o.seed, m_step, mb, -1, 0);
+            m_exec.op("embedding_dropout", Category::Elementwise, double(Th), uint64_t(Th) * 9, [=] {
+                k::dropoutForward(fp(emb), fp(dropped), mask->as<uint8_t>(), Th, p, seed, 0);
+                if (bf) k::roundToBf16(fp(dropped), Th);
+            });
+            emb = dropped;
+        } else if (bf) {
+            roundBf16(emb, Th);
+        }
+        st->hidden = emb;
+    } else {
+        st->hidden = input;
+    }
+    for (int li = 0; li < localLayers(); ++li) {
+        const bool keep = recomputeGroupStart(li) < 0;
+        TS_RETURN_IF_ERROR(layerForward(*st, li, keep));
+        m_exec.throttle();
+    }
+    if (m_ctx.lastStage) {
+        TS_RETURN_IF_ERROR(finalForward(*st));
+    } else {
+        TensorPtr hid = st->hidden;
+        m_exec.op("stage_output_copy", Category::Memcpy, 0, uint64_t(Th) * 8,
+                  [=] { std::memcpy(output->data(), hid->data(), size_t(Th) * sizeof(float)); });
+    }
+    st->hidden.reset();
+    m_mbs[mb] = std::move(st);
+    return Status::ok();
+}
+
+Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
+    auto it = m_mbs.find(mb);
+    if (it == m_mbs.end()) return Status::internal("backward of microbatch " + std::to_string(mb) + " without forward");
+    const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
+    const int64_t Th = int64_t(T) * h;
+    if (!m_ctx.lastStage && (!gradOutput || gradOutput->bytes() < size_t(Th) * 4))
+        return Status::invalid("non-last pipeline stage needs the output gradient [s*b, h]");
+    if (!m_ctx.firstStage && (!gradInput || gradInput->bytes() < size_t(Th) * 4))
+        return Status::invalid("non-first pipeline stage needs a gradInput tensor of [s*b, h]");
+    std::unique_ptr<MbState> st = std::move(it->second);
+    m_mbs.erase(it);
+    m_exec.setMicrobatch(mb);
+    RangeScope range(m_exec.device(), range::kBackward, {m_step, mb, m_ctx.vppChunk, -1});
+
+    TensorPtr dh;
+    if (m_ctx.lastStage) TS_RETURN_IF_ERROR(finalBackward(*st, &dh));
+    else dh = gradOutput;
+    for (int li = localLayers() - 1; li >= 0; --li) {
+        const int g0 = recomputeGroupStart(li);
+        if (g0 >= 0 && li == recomputeGroupEnd(li) - 1) {
+            // Full recompute: rerun the group's forward from its checkpointed input (same
+            // dropout seeds, same kernels -> bit-identical activations), keeping everything.
+            st->hidden = st->layers[size_t(g0)].x;
+            for (int j = g0; j <= li; ++j) TS_RETURN_IF_ERROR(layerForward(*st, j, true));
+            st->hidden.reset();
+        }
+        TensorPtr dx;
+        TS_RETURN_IF_ERROR(layerBackward(*st, li, dh, &dx));
+        st->layers[size_t(li)] = LayerActs{};
+        dh = dx;
+        m_exec.throttle();
+    }
+    if (m_ctx.firstStage) {
+        m_exec.setLayer(-1);
+        const float p = m_o.hiddenDropout;
+        TensorPtr demb = dh;
+        if (p > 0) {
+            TS_ASSIGN_OR_RETURN(demb, m_exec.alloc(Th));
+            TensorPtr mask = st->embMask, src = dh;
+            m_exec.op("embedding_dropout.bwd", Category::Elementwise, double(Th), uint64_t(Th) * 9,
+                      [=] { k::dropoutBackward(fp(src), mask->as<uint8_t>(), fp(demb), Th, p); });
+        }
+        float* G = m_params.mainGrad(m_embW);
+        auto data = st->data;
+        const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL;
+        m_exec.op("embedding.bwd", Category::Embedding, double(Th), uint64_t(Th) * 8,
+                  [=] { k::embeddingBackward(data->tokens.data(), fp(demb), G, T, h, vStart, vEnd); });
+    } else {
+        TensorPtr src = dh;
+        m_exec.op("stage_grad_copy", Category::Memcpy, 0, uint64_t(Th) * 8,
+                  [=] { std::memcpy(gradInput->data(), src->data(), size_t(Th) * sizeof(float)); });
+    }
+    return Status::ok();
+}
+
+double GptModel::microbatchLoss(int mb) const {
+    auto it = m_losses->find(mb);
+    if (it == m_losses->end() || it->second.second <= 0) return std::nan("");
+    return it->second.first / it->second.second;
+}
+
+const std::vector<float>& GptModel::capturedLogits(int mb) const {
+    static const std::vector<float> empty;
+    auto it = m_logits->find(mb);
+    return it == m_logits->end() ? empty : it->second;
+}
+
+void GptModel::clearCaptured() {
+    m_logits->clear();
+    m_losses->clear();
+}
+
+}  // namespace ts::engine

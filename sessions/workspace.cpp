@@ -1,0 +1,499 @@
+// Workspace of runs: run files under runs/, an index.sqlite cache rebuilt from them.
+#include "sessions/workspace.h"
+
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <random>
+
+#include "engine/knobs.h"
+#include "profiler/store.h"
+
+namespace ts::sessions {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kIndexVersion = 1;
+
+// Owning handle of one index connection (opened per operation so that several processes can
+// share a workspace; SQLite locks the file).
+struct Db {
+    sqlite3* db = nullptr;
+    ~Db() { if (db) sqlite3_close(db); }
+};
+
+Status sqlError(sqlite3* db, const std::string& what) {
+    return Status::io(what + ": " + (db ? sqlite3_errmsg(db) : "out of memory"));
+}
+
+Status execSql(sqlite3* db, const std::string& sql) {
+    char* err = nullptr;
+    if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+        std::string msg = err ? err : "unknown error";
+        sqlite3_free(err);
+        return Status::io("workspace index: " + msg);
+    }
+    return Status::ok();
+}
+
+int64_t fileMtimeNs(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return -1;
+    return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+// A run file changes through its WAL before the main file is checkpointed.
+int64_t runMtimeNs(const std::string& path) {
+    int64_t a = fileMtimeNs(path);
+    if (a < 0) return -1;
+    return std::max({a, fileMtimeNs(path + "-wal"), int64_t(0)});
+}
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string columnText(sqlite3_stmt* st, int i) {
+    const unsigned char* t = sqlite3_column_text(st, i);
+    return t ? reinterpret_cast<const char*>(t) : "";
+}
+
+std::vector<std::string> parseTags(const std::string& text) {
+    std::vector<std::string> out;
+    json j = json::parse(text, nullptr, false);
+    if (j.is_array())
+        for (auto& e : j)
+            if (e.is_string()) out.push_back(e.get<std::string>());
+    return out;
+}
+
+std::string slug(const std::string& name) {
+    std::string out;
+    for (char c : name) {
+        if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') out += c;
+        else if (!out.empty() && out.back() != '-') out += '-';
+        if (out.size() >= 24) break;
+    }
+    while (!out.empty() && out.back() == '-') out.pop_back();
+    return out;
+}
+
+Result<Db> openIndex(const std::string& path) {
+    Db d;
+    if (sqlite3_open_v2(path.c_str(), &d.db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) != SQLITE_OK)
+        return sqlError(d.db, "cannot open workspace index " + path);
+    sqlite3_busy_timeout(d.db, 10000);
+    return d;
+}
+
+RunSummary rowToSummary(sqlite3_stmt* st) {
+    RunSummary s;
+    int i = 0;
+    s.id = columnText(st, i++);
+    s.path = columnText(st, i++);
+    s.name = columnText(st, i++);
+    s.createdAt = columnText(st, i++);
+    s.finishedAt = columnText(st, i++);
+    s.node = columnText(st, i++);
+    s.layout = columnText(st, i++);
+    s.keyKnobs = columnText(st, i++);
+    s.stepTimeS = sqlite3_column_double(st, i++);
+    s.tokensPerS = sqlite3_column_double(st, i++);
+    s.mfu = sqlite3_column_double(st, i++);
+    s.peakMemoryBytes = sqlite3_column_int64(st, i++);
+    s.steps = sqlite3_column_int(st, i++);
+    s.lastLoss = sqlite3_column_double(st, i++);
+    s.status = columnText(st, i++);
+    s.statusReason = columnText(st, i++);
+    s.tags = parseTags(columnText(st, i++));
+    return s;
+}
+
+constexpr const char* kSelectColumns =
+    "id, path, name, created_at, finished_at, node, layout, key_knobs, step_time_s, tokens_per_s, "
+    "mfu, peak_memory_bytes, steps, last_loss, status, status_reason, tags, mtime_ns";
+
+}  // namespace
+
+// ---- free helpers -------------------------------------------------------------------------
+
+json RunSummary::toJson() const {
+    return {{"id", id}, {"name", name}, {"created_at", createdAt}, {"finished_at", finishedAt},
+            {"node", node}, {"layout", layout}, {"key_knobs", keyKnobs},
+            {"step_time_s", stepTimeS}, {"tokens_per_s", tokensPerS}, {"mfu", mfu},
+            {"peak_memory_bytes", peakMemoryBytes}, {"steps", steps}, {"last_loss", lastLoss},
+            {"status", status}, {"status_reason", statusReason}, {"tags", tags}, {"path", path}};
+}
+
+std::string isoTimeUtcNow() {
+    std::time_t t = std::time(nullptr);
+    std::tm tm {};
+    gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+std::string makeRunId(const std::string& name) {
+    auto now = std::chrono::system_clock::now();
+    std::time_t t = std::chrono::system_clock::to_time_t(now);
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+    std::tm tm {};
+    gmtime_r(&t, &tm);
+    char buf[40];
+    std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%S", &tm);
+    // Millisecond digits keep ids from one second in creation order; the random suffix keeps
+    // ids from several processes apart.
+    static thread_local std::mt19937_64 rng(std::random_device{}() ^ uint64_t(::getpid()) << 32);
+    char suffix[16];
+    std::snprintf(suffix, sizeof suffix, "%03dZ-%06x", int(ms), unsigned(rng() & 0xFFFFFF));
+    std::string id = std::string(buf) + suffix;
+    std::string s = slug(name);
+    if (!s.empty()) id += "-" + s;
+    return id;
+}
+
+std::string keyKnobsOfConfig(const json& configJson) {
+    if (!configJson.is_object()) return "";
+    auto cfg = engine::configFromJson(configJson);
+    if (!cfg) return "";
+    static const char* kGroups[] = {"dp_comm", "tp_pp_comm", "fusion", "precision", "recompute", "moe", "misc"};
+    const engine::Config defaults;
+    std::string out;
+    for (const auto& k : engine::knobRegistry()) {
+        if (std::find(std::begin(kGroups), std::end(kGroups), k.group) == std::end(kGroups)) continue;
+        json v = k.get(*cfg), d = k.get(defaults);
+        if (v == d) continue;
+        if (!out.empty()) out += ' ';
+        if (v.is_boolean()) out += v.get<bool>() ? k.name : k.name + "=false";
+        else out += k.name + "=" + engine::knobValueText(k, *cfg);
+    }
+    return out;
+}
+
+Result<RunSummary> summarizeRunFile(const std::string& runFilePath) {
+    std::error_code ec;
+    std::string path = fs::absolute(runFilePath, ec).lexically_normal().string();
+    if (!fs::is_regular_file(path, ec)) return Status::notFound("run file " + path + " does not exist");
+    auto store = profiler::TraceStore::open(path, /*readOnly=*/true);
+    if (!store) return store.status().withContext("reading run file " + path);
+    RunSummary s;
+    s.path = path;
+    s.id = fs::path(path).stem().string();
+    s.status = "unknown";
+    auto info = (*store)->runInfo();
+    if (info) {
+        const auto& r = *info;
+        if (!r.id.empty()) s.id = r.id;
+        s.name = r.name;
+        s.createdAt = r.createdAt;
+        s.finishedAt = r.finishedAt;
+        s.node = r.node.empty() ? r.host : r.node;
+        s.layout = r.layout;
+        s.status = r.status.empty() ? "unknown" : r.status;
+        s.statusReason = r.statusReason;
+        s.tags = parseTags(r.tagsJson);
+        s.keyKnobs = keyKnobsOfConfig(json::parse(r.configJson, nullptr, false));
+    } else if (info.status().code() != ErrorCode::NotFound) {
+        return info.status().withContext("reading run file " + path);
+    }
+    auto steps = (*store)->stepMetrics();
+    if (steps && !steps->empty()) {
+        const auto& v = *steps;
+        // The first step carries warm-up (allocation, first-touch); leave it out when others exist.
+        size_t from = v.size() > 1 ? 1 : 0;
+        std::vector<double> times, tokens, tflops;
+        for (size_t i = from; i < v.size(); ++i) {
+            times.push_back(v[i].stepTimeS);
+            tokens.push_back(v[i].tokensPerS);
+            tflops.push_back(v[i].modelTflops);
+        }
+        for (const auto& m : v) s.peakMemoryBytes = std::max(s.peakMemoryBytes, m.peakMemoryBytes);
+        s.stepTimeS = median(times);
+        s.tokensPerS = median(tokens);
+        s.steps = int(v.size());
+        s.lastLoss = v.back().loss;
+    }
+    // MFU: the run writes metadata "mfu" (achieved model TFLOP/s over the peak of its devices)
+    // when it knows its devices' peak; otherwise it stays unknown (0).
+    auto mfu = (*store)->metadata("mfu");
+    if (mfu && mfu->has_value()) s.mfu = std::atof((*mfu)->c_str());
+    return s;
+}
+
+// ---- Workspace ------------------------------------------------------------------------------
+
+Workspace::Workspace(Workspace&& o) noexcept : m_dir(std::move(o.m_dir)), m_mutex(std::move(o.m_mutex)) {}
+Workspace& Workspace::operator=(Workspace&& o) noexcept {
+    m_dir = std::move(o.m_dir);
+    m_mutex = std::move(o.m_mutex);
+    return *this;
+}
+
+std::string Workspace::defaultDir() {
+    if (const char* w = std::getenv("TRAINSCOPE_WORKSPACE"); w && *w) return w;
+    if (const char* x = std::getenv("XDG_DATA_HOME"); x && *x) return std::string(x) + "/trainscope";
+    if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/share/trainscope";
+    return ".trainscope";
+}
+
+Result<Workspace> Workspace::open(const std::string& dirIn) {
+    std::string dir = dirIn.empty() ? defaultDir() : dirIn;
+    std::error_code ec;
+    fs::path abs = fs::absolute(dir, ec).lexically_normal();
+    if (ec) return Status::io("workspace " + dir + ": " + ec.message());
+    Workspace w;
+    w.m_dir = abs.string();
+    while (w.m_dir.size() > 1 && w.m_dir.back() == '/') w.m_dir.pop_back();
+    for (const auto& sub : {w.runsDir(), w.tmpDir()}) {
+        fs::create_directories(sub, ec);
+        if (ec) return Status::io("cannot create workspace folder " + sub + ": " + ec.message() +
+                                  " (set --workspace DIR or TRAINSCOPE_WORKSPACE)");
+    }
+    TS_RETURN_IF_ERROR(w.ensureIndex());
+    return w;
+}
+
+Status Workspace::ensureIndex() {
+    TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
+    sqlite3_stmt* st = nullptr;
+    int version = 0;
+    if (sqlite3_prepare_v2(d.db, "PRAGMA user_version", -1, &st, nullptr) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        version = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    if (version == kIndexVersion) return Status::ok();
+    // Unknown or older index: it is only a cache, so recreate it (rows come back on listRuns).
+    TS_RETURN_IF_ERROR(execSql(d.db,
+        "BEGIN IMMEDIATE;"
+        "DROP TABLE IF EXISTS runs;"
+        "CREATE TABLE runs(id TEXT PRIMARY KEY, path TEXT UNIQUE NOT NULL, name TEXT, "
+        " created_at TEXT, finished_at TEXT, node TEXT, layout TEXT, key_knobs TEXT, "
+        " step_time_s REAL, tokens_per_s REAL, mfu REAL, peak_memory_bytes INTEGER, steps INTEGER, "
+        " last_loss REAL, status TEXT, status_reason TEXT, tags TEXT, mtime_ns INTEGER);"
+        "PRAGMA user_version=" + std::to_string(kIndexVersion) + ";"
+        "COMMIT;"));
+    return Status::ok();
+}
+
+Result<std::string> Workspace::newRunFile(const std::string& name) {
+    std::error_code ec;
+    for (int attempt = 0; attempt < 16; ++attempt) {
+        std::string path = runsDir() + "/" + makeRunId(name) + ".sqlite";
+        if (!fs::exists(path, ec)) return path;
+    }
+    return Status::internal("could not find an unused run id in " + runsDir());
+}
+
+Status Workspace::upsert(const RunSummary& s, int64_t mtimeNs) {
+    TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
+    std::lock_guard lock(*m_mutex);
+    // A file re-read under a new id replaces the old row of the same path.
+    sqlite3_stmt* del = nullptr;
+    sqlite3_prepare_v2(d.db, "DELETE FROM runs WHERE path = ?1 AND id != ?2", -1, &del, nullptr);
+    sqlite3_bind_text(del, 1, s.path.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(del, 2, s.id.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_step(del);
+    sqlite3_finalize(del);
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(d.db,
+            "INSERT OR REPLACE INTO runs(id, path, name, created_at, finished_at, node, layout, key_knobs, "
+            "step_time_s, tokens_per_s, mfu, peak_memory_bytes, steps, last_loss, status, status_reason, "
+            "tags, mtime_ns) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18)",
+            -1, &st, nullptr) != SQLITE_OK)
+        return sqlError(d.db, "workspace index");
+    int i = 1;
+    auto text = [&](const std::string& v) { sqlite3_bind_text(st, i++, v.c_str(), -1, SQLITE_TRANSIENT); };
+    text(s.id); text(s.path); text(s.name); text(s.createdAt); text(s.finishedAt); text(s.node);
+    text(s.layout); text(s.keyKnobs);
+    sqlite3_bind_double(st, i++, s.stepTimeS);
+    sqlite3_bind_double(st, i++, s.tokensPerS);
+    sqlite3_bind_double(st, i++, s.mfu);
+    sqlite3_bind_int64(st, i++, s.peakMemoryBytes);
+    sqlite3_bind_int(st, i++, s.steps);
+    sqlite3_bind_double(st, i++, s.lastLoss);
+    text(s.status); text(s.statusReason); text(json(s.tags).dump());
+    sqlite3_bind_int64(st, i++, mtimeNs);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) return sqlError(d.db, "writing the workspace index");
+    return Status::ok();
+}
+
+Status Workspace::indexRun(const std::string& runFilePath) {
+    int64_t mtime = runMtimeNs(runFilePath);
+    TS_ASSIGN_OR_RETURN(RunSummary s, summarizeRunFile(runFilePath));
+    return upsert(s, mtime);
+}
+
+Result<std::vector<RunSummary>> Workspace::listRuns() {
+    std::vector<std::pair<RunSummary, int64_t>> rows;
+    {
+        TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
+        sqlite3_stmt* st = nullptr;
+        std::string sql = std::string("SELECT ") + kSelectColumns + " FROM runs";
+        if (sqlite3_prepare_v2(d.db, sql.c_str(), -1, &st, nullptr) != SQLITE_OK)
+            return sqlError(d.db, "reading the workspace index");
+        while (sqlite3_step(st) == SQLITE_ROW) rows.emplace_back(rowToSummary(st), sqlite3_column_int64(st, 17));
+        sqlite3_finalize(st);
+    }
+    std::vector<RunSummary> out;
+    std::vector<std::string> known;
+    for (auto& [s, mtime] : rows) {
+        known.push_back(s.path);
+        int64_t now = runMtimeNs(s.path);
+        if (now < 0) {
+            // The run file is gone: drop the row.
+            TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
+            sqlite3_stmt* del = nullptr;
+            sqlite3_prepare_v2(d.db, "DELETE FROM runs WHERE path = ?1", -1, &del, nullptr);
+            sqlite3_bind_text(del, 1, s.path.c_str(), -1, SQLITE_TRANSIENT);
+            sqlite3_step(del);
+            sqlite3_finalize(del);
+            continue;
+        }
+        if (now != mtime) {
+            auto fresh = summarizeRunFile(s.path);
+            if (fresh) {
+                (void)upsert(*fresh, now);
+                out.push_back(std::move(*fresh));
+                continue;
+            }
+        }
+        out.push_back(std::move(s));
+    }
+    // Run files nobody indexed yet (a run written by another process, a copied file).
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(runsDir(), ec)) {
+        if (e.path().extension() != ".sqlite") continue;
+        std::string p = fs::absolute(e.path(), ec).lexically_normal().string();
+        if (std::find(known.begin(), known.end(), p) != known.end()) continue;
+        int64_t mtime = runMtimeNs(p);
+        auto s = summarizeRunFile(p);
+        if (!s) continue;  // not (yet) a readable run file
+        (void)upsert(*s, mtime);
+        out.push_back(std::move(*s));
+    }
+    std::sort(out.begin(), out.end(), [](const RunSummary& a, const RunSummary& b) {
+        return std::tie(a.createdAt, a.id) < std::tie(b.createdAt, b.id);
+    });
+    return out;
+}
+
+Result<RunSummary> Workspace::findRun(const std::string& key) {
+    if (key.empty()) return Status::invalid("no run given (use an id, a name, a path or 'latest')");
+    std::error_code ec;
+    const bool looksLikePath = key.find('/') != std::string::npos || key.ends_with(".sqlite");
+    if (looksLikePath && fs::is_regular_file(key, ec)) {
+        std::string abs = fs::absolute(key, ec).lexically_normal().string();
+        return summarizeRunFile(abs);
+    }
+    TS_ASSIGN_OR_RETURN(auto runs, listRuns());
+    if (runs.empty()) return Status::notFound("no runs in workspace " + m_dir);
+    if (key == "latest" || key == "last") return runs.back();
+    for (const auto& r : runs)
+        if (r.id == key) return r;
+    for (auto it = runs.rbegin(); it != runs.rend(); ++it)
+        if (it->name == key) return *it;  // newest run of that name
+    std::vector<const RunSummary*> prefix;
+    for (const auto& r : runs)
+        if (r.id.rfind(key, 0) == 0) prefix.push_back(&r);
+    if (prefix.size() == 1) return *prefix.front();
+    if (prefix.size() > 1)
+        return Status::invalid("'" + key + "' matches " + std::to_string(prefix.size()) +
+                               " runs (" + prefix[0]->id + ", " + prefix[1]->id + ", ...); give more of the id");
+    if (looksLikePath) return Status::notFound("run file " + key + " does not exist");
+    return Status::notFound("no run with id or name '" + key + "' in workspace " + m_dir +
+                            " (see `trainscope runs list`)");
+}
+
+Result<std::string> Workspace::resolveRun(const std::string& key) {
+    TS_ASSIGN_OR_RETURN(RunSummary s, findRun(key));
+    return s.path;
+}
+
+Status Workspace::updateRunInfoInFile(const std::string& path, const std::string* newName,
+                                      const std::string* addTag, const std::string* removeTag) {
+    TS_ASSIGN_OR_RETURN(auto store, profiler::TraceStore::open(path, /*readOnly=*/false));
+    profiler::RunInfo info;
+    auto cur = store->runInfo();
+    if (cur) {
+        info = *cur;
+    } else if (cur.status().code() == ErrorCode::NotFound) {
+        info.id = fs::path(path).stem().string();
+        info.status = "unknown";
+    } else {
+        return cur.status();
+    }
+    if (newName) info.name = *newName;
+    std::vector<std::string> tags = parseTags(info.tagsJson);
+    if (addTag && std::find(tags.begin(), tags.end(), *addTag) == tags.end()) tags.push_back(*addTag);
+    if (removeTag) tags.erase(std::remove(tags.begin(), tags.end(), *removeTag), tags.end());
+    info.tagsJson = json(tags).dump();
+    TS_RETURN_IF_ERROR(store->setRunInfo(info));
+    store.reset();
+    return indexRun(path);
+}
+
+Status Workspace::rename(const std::string& run, const std::string& newName) {
+    TS_ASSIGN_OR_RETURN(std::string path, resolveRun(run));
+    return updateRunInfoInFile(path, &newName, nullptr, nullptr);
+}
+
+Status Workspace::tag(const std::string& run, const std::string& t) {
+    if (t.empty()) return Status::invalid("empty tag");
+    TS_ASSIGN_OR_RETURN(std::string path, resolveRun(run));
+    return updateRunInfoInFile(path, nullptr, &t, nullptr);
+}
+
+Status Workspace::untag(const std::string& run, const std::string& t) {
+    TS_ASSIGN_OR_RETURN(std::string path, resolveRun(run));
+    return updateRunInfoInFile(path, nullptr, nullptr, &t);
+}
+
+Status Workspace::remove(const std::string& run) {
+    TS_ASSIGN_OR_RETURN(std::string path, resolveRun(run));
+    std::error_code ec;
+    for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(path + suffix, ec);
+    if (fs::exists(path)) return Status::io("could not delete " + path);
+    TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
+    sqlite3_stmt* del = nullptr;
+    sqlite3_prepare_v2(d.db, "DELETE FROM runs WHERE path = ?1", -1, &del, nullptr);
+    sqlite3_bind_text(del, 1, path.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_step(del);
+    sqlite3_finalize(del);
+    return Status::ok();
+}
+
+Status Workspace::rebuildIndex() {
+    {
+        TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
+        TS_RETURN_IF_ERROR(execSql(d.db, "DELETE FROM runs"));
+    }
+    std::error_code ec;
+    int ok = 0, bad = 0;
+    std::string firstError;
+    for (const auto& e : fs::directory_iterator(runsDir(), ec)) {
+        if (e.path().extension() != ".sqlite") continue;
+        Status s = indexRun(e.path().string());
+        if (s) ++ok;
+        else if (++bad == 1) firstError = s.toString();
+    }
+    if (ok == 0 && bad > 0)
+        return Status::io("no readable run file in " + runsDir() + " (first error: " + firstError + ")");
+    return Status::ok();
+}
+
+}  // namespace ts::sessions

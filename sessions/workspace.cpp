@@ -28,6 +28,14 @@ constexpr int kIndexVersion = 1;
 // share a workspace; SQLite locks the file).
 struct Db {
     sqlite3* db = nullptr;
+    Db() = default;
+    Db(Db&& o) noexcept : db(o.db) { o.db = nullptr; }
+    Db& operator=(Db&& o) noexcept {
+        std::swap(db, o.db);
+        return *this;
+    }
+    Db(const Db&) = delete;
+    Db& operator=(const Db&) = delete;
     ~Db() { if (db) sqlite3_close(db); }
 };
 

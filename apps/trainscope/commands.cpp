@@ -9,7 +9,8 @@ namespace ts::cli {
 bool isSwitchFlag(const std::string& flag) {
     static const char* kSwitches[] = {"--json", "--all", "--stdio", "--follow", "--quiet",
                                       "--no-trace", "--force", "--rebuild", "--verbose",
-                                      "--in-process", "--fused", "--unfused", "--markdown"};
+                                      "--in-process", "--fused", "--unfused", "--markdown",
+                                      "--drop-last-step"};
     return std::any_of(std::begin(kSwitches), std::end(kSwitches),
                        [&](const char* s) { return flag == s; });
 }
@@ -78,7 +79,7 @@ const std::vector<Command>& commands() {
          "print the pipeline op order per rank (Megatron-Core 1F1B / interleaved 1F1B)", cmdSchedule},
         {"analyze", "analyze RUN [--json] [--step N]",
          "explain a run's steps: bubbles, exposed communication, overlap, kernels, memory, MFU", cmdAnalyze},
-        {"import", "import FILE [FILE ...] [--out RUN.sqlite] [--workspace DIR]",
+        {"import", "import FILE [FILE ...] [--out RUN.sqlite] [--workspace DIR] [--name NAME] [--drop-last-step] [--json]",
          "import an Nsight Systems SQLite export or PyTorch/Kineto JSON trace as a run", cmdImport},
         {"export-trace", "export-trace RUN --chrome OUT.json",
          "write a run's trace as Chrome/Perfetto trace JSON", cmdExportTrace},

@@ -117,6 +117,9 @@ public:
     Status putString(uint32_t id, std::string_view text);
     Status putTrack(uint32_t id, const trace::TrackDesc& desc);
     Status putSlice(const trace::Slice& s);
+    // Bulk insert (multi-row statements): the fast path. Rows sorted by (track, startNs) insert
+    // fastest because the table is clustered on that key.
+    Status putSlices(const trace::Slice* slices, size_t count);
     Status putCounter(const trace::Counter& c);
 
     // ---- trace rows (reader side)
@@ -147,6 +150,7 @@ private:
     std::string m_path;
     bool m_readOnly = true;
     bool m_inBatch = false;
+    int64_t m_nextSliceId = 1;  // slice ids are assigned here, unique within the file
     std::unique_ptr<Statements> m_stmts;
 };
 

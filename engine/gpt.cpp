@@ -786,7 +786,10 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
             // Full recompute: rerun the group's forward from its checkpointed input (same
             // dropout seeds, same kernels -> bit-identical activations), keeping everything.
             st->hidden = st->layers[size_t(g0)].x;
-            for (int j = g0; j <= li; ++j) TS_RETURN_IF_ERROR(layerForward(*st, j, true));
+            for (int j = g0; j <= li; ++j) {
+                TS_RETURN_IF_ERROR(layerForward(*st, j, true));
+                m_exec.throttle();
+            }
             st->hidden.reset();
         }
         TensorPtr dx;

@@ -4,7 +4,7 @@
 //
 // Lifetime rule: every op lambda captures the TensorPtr(s) it touches BY VALUE, so a buffer
 // lives until the last op using it has executed; the host drops its references as soon as it
-// has enqueued the last use. The host is throttled to stay at most a couple of layers ahead of
+// has enqueued the last use. The host is throttled to stay at most one layer ahead of
 // the stream so that the tracked peak memory is that of the real execution order.
 #pragma once
 
@@ -48,7 +48,7 @@ public:
                   std::function<Status()> fn);
     Status synchronize();
     // Records an event and waits (host) for the one recorded `depth` throttle points ago.
-    void throttle(size_t depth = 2);
+    void throttle(size_t depth = 1);
     void clearThrottle() { m_events.clear(); }
 
 private:

@@ -1,7 +1,176 @@
-// Commands of the 'parallel' group. (Placeholder until that group lands.)
+// Commands of the 'parallel' group: `layout` (which global rank has which tp/cp/dp/pp and
+// expert coordinates, and its process groups) and `schedule` (the pipeline op order per rank).
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
 #include "apps/trainscope/commands.h"
+#include "engine/knobs.h"
+#include "engine/layout.h"
+#include "engine/schedule.h"
 
 namespace ts::cli {
-int cmdLayout(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
-int cmdSchedule(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
+
+using nlohmann::json;
+
+namespace {
+
+std::optional<int> intFlag(const Args& a, const std::string& flag, std::string& error) {
+    auto v = a.value(flag);
+    if (!v) return std::nullopt;
+    try {
+        size_t used = 0;
+        const int x = std::stoi(*v, &used);
+        if (used != v->size()) throw std::invalid_argument(*v);
+        return x;
+    } catch (const std::exception&) {
+        error = flag + " expects an integer, got '" + *v + "'";
+        return std::nullopt;
+    }
+}
+
+std::string listText(const std::vector<int>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s + "]";
+}
+
+// Groups shown per rank (the rest are available with --json).
+const char* kShownGroups[] = {"tp", "cp", "dp", "pp", "dp-cp", "embd", "ep", "edp"};
+
+}  // namespace
+
+int cmdLayout(const Args& a) {
+    if (a.positional().size() != 1) return fail(2, "usage: trainscope layout CONFIG.yaml [--world-size N] [--json]");
+    if (auto bad = a.unknownFlags({"--json", "--world-size"}); !bad.empty())
+        return fail(2, "unknown option " + bad[0] + " for `layout`");
+    std::string err;
+    const auto worldFlag = intFlag(a, "--world-size", err);
+    if (!err.empty()) return fail(2, err);
+
+    auto loaded = engine::loadConfigFile(a.positional()[0]);
+    if (loaded.ok() && worldFlag) {
+        loaded.config.world_size = *worldFlag;
+        loaded.issues = engine::validateConfig(loaded.config);
+    }
+    if (!loaded.ok()) {
+        for (const auto& i : loaded.issues) std::fprintf(stderr, "%s\n", i.toString().c_str());
+        return fail(2, a.positional()[0] + ": invalid config (" + std::to_string(loaded.issues.size()) + " problem" +
+                           (loaded.issues.size() == 1 ? "" : "s") + ")");
+    }
+    const engine::Config& c = loaded.config;
+    engine::ParallelSizes sizes;
+    sizes.tp = c.tensor_model_parallel_size;
+    sizes.cp = c.context_parallel_size;
+    sizes.pp = c.pipeline_model_parallel_size;
+    sizes.dp = c.data_parallel_size;
+    sizes.ep = c.expert_model_parallel_size;
+    sizes.etp = c.expert_tensor_parallel_size;
+    sizes.world = c.world_size;
+    auto layout = engine::ParallelLayout::create(sizes);
+    if (!layout.isOk()) return fail(2, layout.status().message());
+    const auto& l = layout.value();
+    const auto& s = l.sizes();
+
+    if (a.has("--json")) {
+        json j;
+        j["sizes"] = {{"world", s.world}, {"tp", s.tp}, {"cp", s.cp}, {"dp", s.dp}, {"pp", s.pp},
+                      {"vpp", c.virtual_pipeline_model_parallel_size}, {"ep", s.ep}, {"etp", s.etp},
+                      {"edp", l.expertDataParallelSize()}};
+        j["order"] = "tp-cp-ep-dp-pp";
+        json ranks = json::array();
+        for (int r = 0; r < l.worldSize(); ++r) {
+            const auto rc = l.coordsOf(r);
+            json groups = json::object();
+            for (const auto& name : engine::ParallelLayout::groupNames()) groups[name] = l.groupRanks(name, r);
+            ranks.push_back({{"rank", r}, {"tp", rc.tp}, {"cp", rc.cp}, {"dp", rc.dp}, {"pp", rc.pp},
+                             {"ep", rc.ep}, {"etp", rc.etp}, {"edp", rc.edp}, {"groups", groups}});
+        }
+        j["ranks"] = ranks;
+        json all = json::object();
+        for (const auto& name : engine::ParallelLayout::groupNames()) all[name] = l.allGroups(name);
+        j["groups"] = all;
+        std::printf("%s\n", j.dump(2).c_str());
+        return 0;
+    }
+    std::printf("world %d = tp %d x cp %d x dp %d x pp %d (rank order tp-cp-ep-dp-pp)", s.world, s.tp, s.cp, s.dp,
+                s.pp);
+    if (c.virtual_pipeline_model_parallel_size > 1) std::printf(", vpp %d", c.virtual_pipeline_model_parallel_size);
+    std::printf("\nexperts: etp %d x ep %d x edp %d x pp %d\n\n", s.etp, s.ep, l.expertDataParallelSize(), s.pp);
+    std::printf("%5s %3s %3s %3s %3s  %3s %3s %3s  %s\n", "rank", "tp", "cp", "dp", "pp", "ep", "etp", "edp", "groups");
+    for (int r = 0; r < l.worldSize(); ++r) {
+        const auto rc = l.coordsOf(r);
+        std::string groups;
+        for (const char* name : kShownGroups) {
+            const auto members = l.groupRanks(name, r);
+            if (members.empty()) continue;
+            groups += std::string(groups.empty() ? "" : " ") + name + "=" + listText(members);
+        }
+        std::printf("%5d %3d %3d %3d %3d  %3d %3d %3d  %s\n", r, rc.tp, rc.cp, rc.dp, rc.pp, rc.ep, rc.etp, rc.edp,
+                    groups.c_str());
+    }
+    return 0;
+}
+
+int cmdSchedule(const Args& a) {
+    const char* usage =
+        "usage: trainscope schedule --pp P [--vpp V] --microbatches M [--rank R] [--group-size G] [--verbose] [--json]";
+    if (auto bad = a.unknownFlags({"--pp", "--vpp", "--microbatches", "--rank", "--json", "--group-size", "--verbose"});
+        !bad.empty())
+        return fail(2, "unknown option " + bad[0] + " for `schedule`; " + usage);
+    std::string err;
+    const auto pp = intFlag(a, "--pp", err);
+    const auto vpp = intFlag(a, "--vpp", err);
+    const auto m = intFlag(a, "--microbatches", err);
+    const auto rank = intFlag(a, "--rank", err);
+    const auto g = intFlag(a, "--group-size", err);
+    if (!err.empty()) return fail(2, err);
+    if (!pp || !m) return fail(2, usage);
+
+    engine::ScheduleParams base;
+    base.pp = *pp;
+    base.vpp = vpp.value_or(1);
+    base.microbatches = *m;
+    base.microbatchGroupSize = g.value_or(0);
+    std::vector<int> ranks;
+    if (rank) ranks.push_back(*rank);
+    else
+        for (int r = 0; r < std::max(1, *pp); ++r) ranks.push_back(r);
+
+    json out = json::array();
+    for (int r : ranks) {
+        engine::ScheduleParams p = base;
+        p.rank = r;
+        auto s = engine::buildSchedule(p);
+        if (!s.isOk()) return fail(2, s.status().message());
+        if (a.has("--json")) {
+            json ops = json::array();
+            for (const auto& op : s->ops) {
+                json o = {{"op", engine::pipeOpKindName(op.kind)}, {"text", op.text()}};
+                if (op.isCompute()) {
+                    o["microbatch"] = op.microbatch;
+                    o["chunk"] = op.chunk;
+                    o["virtual_microbatch"] = op.virtualMicrobatch;
+                    if (op.kind == engine::PipeOpKind::Backward) o["grad_sync"] = op.gradSync;
+                } else {
+                    auto ref = [](const engine::TensorRef& t) {
+                        return t.valid() ? json{{"microbatch", t.microbatch}, {"chunk", t.chunk}} : json(nullptr);
+                    };
+                    o["send_forward"] = ref(op.sendForward);
+                    o["recv_forward"] = ref(op.recvForward);
+                    o["send_backward"] = ref(op.sendBackward);
+                    o["recv_backward"] = ref(op.recvBackward);
+                }
+                ops.push_back(o);
+            }
+            out.push_back({{"rank", r}, {"schedule", s->name}, {"warmup", s->warmup}, {"steady", s->remaining},
+                           {"total", s->total}, {"order", s->text(false)}, {"ops", ops}});
+        } else {
+            std::printf("rank %d (%s, warmup %d, steady %d): %s\n", r, s->name.c_str(), s->warmup, s->remaining,
+                        s->text(a.has("--verbose")).c_str());
+        }
+    }
+    if (a.has("--json")) std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+}
+
 }  // namespace ts::cli

@@ -1,0 +1,422 @@
+// Workspace (index rebuilt from run files, resolve/rename/tag/delete), compare, export.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "engine/knobs.h"
+#include "profiler/store.h"
+#include "sessions/compare.h"
+#include "sessions/export.h"
+#include "sessions/workspace.h"
+
+using namespace ts::sessions;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+    std::string path;
+    TempDir() {
+        char tmpl[] = "/tmp/ts_ws_test_XXXXXX";
+        path = ::mkdtemp(tmpl);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+};
+
+// Writes a run file the way a run does: run info with the config, then step metrics.
+void writeRun(const std::string& path, const std::string& id, const ts::engine::Config& cfg,
+              const std::vector<double>& stepTimes, const std::string& status = "completed",
+              const std::string& createdAt = "2025-01-01T00:00:00Z", double lossStart = 8.0) {
+    auto store = ts::profiler::TraceStore::create(path);
+    ASSERT_TRUE(store.isOk()) << store.status().toString();
+    ts::profiler::RunInfo info;
+    info.id = id;
+    info.name = cfg.name;
+    info.status = status;
+    info.createdAt = createdAt;
+    info.node = "testnode";
+    info.layout = "tp1 pp1 dp1";
+    info.configJson = ts::engine::configToJson(cfg).dump();
+    ASSERT_TRUE((*store)->setRunInfo(info).isOk());
+    int step = 1;
+    for (double t : stepTimes) {
+        ts::profiler::StepMetrics m;
+        m.step = step;
+        m.loss = lossStart - 0.5 * step;
+        m.stepTimeS = t;
+        m.tokensPerS = 1000.0 / t;
+        m.modelTflops = 2.0 / t;
+        m.peakMemoryBytes = 1000 * step;
+        ASSERT_TRUE((*store)->appendStepMetrics(m).isOk());
+        ++step;
+    }
+}
+
+std::string runPath(Workspace& ws, const std::string& id) { return ws.runsDir() + "/" + id + ".sqlite"; }
+
+}  // namespace
+
+TEST(Workspace, DefaultDirFollowsEnvironmentPrecedence) {
+    const char* keep[] = {"TRAINSCOPE_WORKSPACE", "XDG_DATA_HOME", "HOME"};
+    std::vector<std::pair<std::string, std::string>> saved;
+    for (auto k : keep) saved.emplace_back(k, std::getenv(k) ? std::getenv(k) : "");
+    ::unsetenv("TRAINSCOPE_WORKSPACE");
+    ::setenv("XDG_DATA_HOME", "/x/data", 1);
+    ::setenv("HOME", "/home/u", 1);
+    EXPECT_EQ(Workspace::defaultDir(), "/x/data/trainscope");
+    ::unsetenv("XDG_DATA_HOME");
+    EXPECT_EQ(Workspace::defaultDir(), "/home/u/.local/share/trainscope");
+    ::setenv("TRAINSCOPE_WORKSPACE", "/w", 1);
+    EXPECT_EQ(Workspace::defaultDir(), "/w");
+    for (auto& [k, v] : saved) {
+        if (v.empty()) ::unsetenv(k.c_str());
+        else ::setenv(k.c_str(), v.c_str(), 1);
+    }
+}
+
+TEST(Workspace, RunIdsAreUniqueAndSortByCreationTime) {
+    TempDir d;
+    auto ws = Workspace::open(d.path);
+    ASSERT_TRUE(ws.isOk()) << ws.status().toString();
+    std::vector<std::string> ids;
+    for (int i = 0; i < 5; ++i) {
+        auto p = ws->newRunFile(i % 2 ? "my run/with:odd chars" : "");
+        ASSERT_TRUE(p.isOk());
+        EXPECT_EQ(fs::path(*p).parent_path().string(), ws->runsDir());
+        EXPECT_EQ(fs::path(*p).extension(), ".sqlite");
+        ids.push_back(fs::path(*p).stem().string());
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+    auto sorted = ids;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, ids);
+    EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end());
+    EXPECT_NE(ids[1].find("my-run-with-odd-chars"), std::string::npos) << ids[1];
+}
+
+TEST(Workspace, SummaryIndexAndRebuildFromRunFiles) {
+    TempDir d;
+    auto ws = Workspace::open(d.path);
+    ASSERT_TRUE(ws.isOk());
+    ts::engine::Config cfg;
+    cfg.name = "baseline";
+    cfg.overlap_grad_reduce = true;
+    cfg.bf16 = true;
+    cfg.masked_softmax_fusion = false;
+    // Step 1 is warm-up and left out: median of {0.5, 0.6, 0.4} = 0.5.
+    writeRun(runPath(*ws, "r1"), "r1", cfg, {1.0, 0.5, 0.6, 0.4});
+    ASSERT_TRUE(ws->indexRun(runPath(*ws, "r1")).isOk());
+    auto list = ws->listRuns();
+    ASSERT_TRUE(list.isOk()) << list.status().toString();
+    ASSERT_EQ(list->size(), 1u);
+    const RunSummary& s = list->front();
+    EXPECT_EQ(s.id, "r1");
+    EXPECT_EQ(s.name, "baseline");
+    EXPECT_EQ(s.status, "completed");
+    EXPECT_EQ(s.node, "testnode");
+    EXPECT_EQ(s.layout, "tp1 pp1 dp1");
+    EXPECT_DOUBLE_EQ(s.stepTimeS, 0.5);
+    EXPECT_DOUBLE_EQ(s.tokensPerS, 2000.0);
+    EXPECT_EQ(s.peakMemoryBytes, 4000);
+    EXPECT_EQ(s.steps, 4);
+    EXPECT_DOUBLE_EQ(s.lastLoss, 8.0 - 0.5 * 4);
+    EXPECT_EQ(s.keyKnobs, "overlap_grad_reduce masked_softmax_fusion=false bf16");
+
+    // Name and tag live in the run file: deleting the index and rebuilding keeps them.
+    ASSERT_TRUE(ws->rename("r1", "tuned").isOk());
+    ASSERT_TRUE(ws->tag("tuned", "keep").isOk());
+    ASSERT_TRUE(ws->tag("r1", "keep").isOk());  // idempotent
+    ASSERT_TRUE(ws->tag("r1", "ab").isOk());
+    ASSERT_TRUE(ws->untag("r1", "ab").isOk());
+    fs::remove(ws->indexPath());
+    auto ws2 = Workspace::open(d.path);
+    ASSERT_TRUE(ws2.isOk());
+    ASSERT_TRUE(ws2->rebuildIndex().isOk());
+    auto again = ws2->findRun("r1");
+    ASSERT_TRUE(again.isOk()) << again.status().toString();
+    EXPECT_EQ(again->name, "tuned");
+    EXPECT_EQ(again->tags, std::vector<std::string>{"keep"});
+    EXPECT_DOUBLE_EQ(again->stepTimeS, 0.5);
+}
+
+TEST(Workspace, ResolveByIdPrefixNameLatestAndPath) {
+    TempDir d;
+    auto ws = Workspace::open(d.path);
+    ASSERT_TRUE(ws.isOk());
+    ts::engine::Config cfg;
+    cfg.name = "same";
+    writeRun(runPath(*ws, "20250101T000000000Z-aaaaaa"), "20250101T000000000Z-aaaaaa", cfg, {1}, "completed",
+             "2025-01-01T00:00:00Z");
+    writeRun(runPath(*ws, "20250102T000000000Z-bbbbbb"), "20250102T000000000Z-bbbbbb", cfg, {1}, "failed",
+             "2025-01-02T00:00:00Z");
+    // Not indexed yet: listRuns finds files nobody indexed.
+    auto list = ws->listRuns();
+    ASSERT_TRUE(list.isOk());
+    ASSERT_EQ(list->size(), 2u);
+    EXPECT_EQ(list->front().id, "20250101T000000000Z-aaaaaa");  // oldest first
+
+    EXPECT_EQ(*ws->resolveRun("20250101T000000000Z-aaaaaa"), runPath(*ws, "20250101T000000000Z-aaaaaa"));
+    EXPECT_EQ(*ws->resolveRun("20250102"), runPath(*ws, "20250102T000000000Z-bbbbbb"));
+    EXPECT_EQ(*ws->resolveRun("same"), runPath(*ws, "20250102T000000000Z-bbbbbb"));  // newest of that name
+    EXPECT_EQ(*ws->resolveRun("latest"), runPath(*ws, "20250102T000000000Z-bbbbbb"));
+    EXPECT_EQ(*ws->resolveRun(runPath(*ws, "20250101T000000000Z-aaaaaa")), runPath(*ws, "20250101T000000000Z-aaaaaa"));
+    auto amb = ws->resolveRun("2025");
+    ASSERT_FALSE(amb.isOk());
+    EXPECT_NE(amb.status().message().find("matches 2 runs"), std::string::npos);
+    auto none = ws->resolveRun("nothing-like-this");
+    ASSERT_FALSE(none.isOk());
+    EXPECT_EQ(none.status().code(), ts::ErrorCode::NotFound);
+
+    // Delete: file and row go.
+    ASSERT_TRUE(ws->remove("20250101").isOk());
+    EXPECT_FALSE(fs::exists(runPath(*ws, "20250101T000000000Z-aaaaaa")));
+    list = ws->listRuns();
+    ASSERT_TRUE(list.isOk());
+    ASSERT_EQ(list->size(), 1u);
+    // A file removed behind the index's back disappears from the list too.
+    fs::remove(runPath(*ws, "20250102T000000000Z-bbbbbb"));
+    list = ws->listRuns();
+    ASSERT_TRUE(list.isOk());
+    EXPECT_TRUE(list->empty());
+}
+
+TEST(Workspace, GarbageFileInRunsFolderDoesNotBreakListing) {
+    TempDir d;
+    auto ws = Workspace::open(d.path);
+    ASSERT_TRUE(ws.isOk());
+    std::ofstream(ws->runsDir() + "/junk.sqlite") << "this is not a database";
+    writeRun(runPath(*ws, "good"), "good", ts::engine::Config{}, {1, 1});
+    auto list = ws->listRuns();
+    ASSERT_TRUE(list.isOk()) << list.status().toString();
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ(list->front().id, "good");
+    EXPECT_TRUE(ws->rebuildIndex().isOk());
+}
+
+TEST(Compare, KnobDiffsAndMetricDeltasWithTheSignThatMatters) {
+    TempDir d;
+    auto ws = Workspace::open(d.path);
+    ASSERT_TRUE(ws.isOk());
+    ts::engine::Config a, b;
+    b.overlap_grad_reduce = true;
+    writeRun(runPath(*ws, "a"), "a", a, {1.0, 0.5, 0.5, 0.5});
+    writeRun(runPath(*ws, "b"), "b", b, {1.0, 0.4, 0.4, 0.4}, "completed", "2025-01-01T00:00:00Z", 8.1);
+    CompareOptions o;
+    o.traceAnalyzer = [](const std::string& path) -> ts::Result<json> {
+        bool isA = fs::path(path).stem() == "a";
+        return json{{"bubble_fraction", {{"0", isA ? 0.30 : 0.20}, {"1", 0.1}}},
+                    {"exposed_comm_s", {{"dp", isA ? 0.010 : 0.002}}},
+                    {"peak_memory_bytes_by_rank", {{"0", 100}, {"1", 100}}}};
+    };
+    auto c = compareRuns(runPath(*ws, "a"), runPath(*ws, "b"), o);
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    ASSERT_EQ(c->knobs.size(), 1u);
+    EXPECT_EQ(c->knobs[0].knob, "overlap_grad_reduce");
+    EXPECT_EQ(c->knobs[0].a, "false");
+    EXPECT_EQ(c->knobs[0].b, "true");
+    auto find = [&](const std::string& name, const std::string& scope) -> const MetricDelta* {
+        for (const auto& m : c->metrics)
+            if (m.name == name && m.scope == scope) return &m;
+        return nullptr;
+    };
+    const MetricDelta* st = find("step_time_s", "");
+    ASSERT_NE(st, nullptr);
+    EXPECT_NEAR(st->delta, -0.1, 1e-12);
+    EXPECT_NEAR(st->relative, -0.2, 1e-12);
+    EXPECT_EQ(st->better, "B");  // lower step time is better
+    const MetricDelta* tp = find("tokens_per_s", "");
+    ASSERT_NE(tp, nullptr);
+    EXPECT_NEAR(tp->a, 2000, 1e-9);
+    EXPECT_NEAR(tp->b, 2500, 1e-9);
+    EXPECT_EQ(tp->better, "B");  // higher throughput is better
+    const MetricDelta* loss = find("loss", "step 4");
+    ASSERT_NE(loss, nullptr);
+    EXPECT_EQ(loss->better, "A");  // B's loss is 0.1 higher
+    const MetricDelta* bubble = find("bubble_fraction", "stage 0");
+    ASSERT_NE(bubble, nullptr);
+    EXPECT_EQ(bubble->better, "B");
+    EXPECT_EQ(find("bubble_fraction", "stage 1"), nullptr);  // equal: left out
+    EXPECT_EQ(find("peak_memory_bytes", "rank 0"), nullptr);
+    ASSERT_NE(find("exposed_comm_s", "group dp"), nullptr);
+    EXPECT_EQ(find("peak_memory_bytes", ""), nullptr);  // same peaks
+
+    // --all shows every knob and the equal metrics.
+    o.all = true;
+    auto all = compareRuns(runPath(*ws, "a"), runPath(*ws, "b"), o);
+    ASSERT_TRUE(all.isOk());
+    EXPECT_EQ(all->knobs.size(), ts::engine::knobRegistry().size());
+    bool sawEqual = false;
+    for (const auto& m : all->metrics) sawEqual |= m.better == "=";
+    EXPECT_TRUE(sawEqual);
+    json j = c->toJson();
+    EXPECT_EQ(j["knobs"].size(), 1u);
+    EXPECT_FALSE(c->toText().empty());
+}
+
+TEST(Compare, DeltaDirection) {
+    EXPECT_EQ(makeDelta("x", "", "", 10, 9, true, 0.01).better, "B");
+    EXPECT_EQ(makeDelta("x", "", "", 10, 9, false, 0.01).better, "A");
+    EXPECT_EQ(makeDelta("x", "", "", 10, 10.05, true, 0.01).better, "=");
+    EXPECT_EQ(makeDelta("x", "", "", 0, 1, true, 0.01).better, "A");
+}
+
+// ---- export ---------------------------------------------------------------------------------
+
+namespace {
+
+ts::engine::Config tunedConfig() {
+    ts::engine::Config c;
+    c.num_layers = 8;
+    c.hidden_size = 512;
+    c.num_attention_heads = 8;
+    c.num_query_groups = 2;
+    c.seq_length = 256;
+    c.swiglu = true;
+    c.tensor_model_parallel_size = 2;
+    c.overlap_grad_reduce = true;
+    c.use_distributed_optimizer = true;
+    c.masked_softmax_fusion = false;
+    c.bias_activation_fusion = false;
+    c.bf16 = true;
+    c.recompute_granularity = "selective";
+    c.recompute_modules = {"core_attn", "mlp"};
+    c.lr = 1.5e-4;
+    c.data_path = "synthetic";
+    c.name = "tuned run: #1";
+    c.untie_embeddings_and_output_weights = false;
+    return c;
+}
+
+bool hasPair(const std::vector<std::string>& args, const std::string& flag, const std::string& value) {
+    for (size_t i = 0; i + 1 < args.size(); ++i)
+        if (args[i] == flag && args[i + 1] == value) return true;
+    return false;
+}
+bool hasFlag(const std::vector<std::string>& args, const std::string& flag) {
+    return std::find(args.begin(), args.end(), flag) != args.end();
+}
+
+}  // namespace
+
+TEST(Export, YamlRoundTripGivesTheIdenticalConfig) {
+    std::vector<ts::engine::Config> configs = {ts::engine::Config{}, tunedConfig()};
+    ts::engine::Config odd;
+    odd.norm_epsilon = 1e-6;
+    odd.rotary_base = 500000;
+    odd.adam_eps = 1e-8;
+    odd.bf16 = true;
+    odd.fp8 = "hybrid";
+    odd.fp8_recipe = "tensorwise";
+    odd.recompute_modules = {};
+    odd.name = "quotes ' and \" and: colons";
+    odd.bucket_size = 40000000;
+    configs.push_back(odd);
+    for (const auto& c : configs) {
+        ExportResult r = exportConfig(c, ExportFormat::Yaml);
+        auto loaded = ts::engine::parseConfigYaml(r.text, "exported.yaml");
+        for (const auto& i : loaded.issues) ADD_FAILURE() << i.toString() << "\n" << r.text;
+        EXPECT_EQ(ts::engine::configToJson(loaded.config), ts::engine::configToJson(c)) << r.text;
+    }
+}
+
+TEST(Export, MegatronArgumentsMatchMegatronSpellings) {
+    // Expected flags derived from Megatron-LM megatron/training/arguments.py: store_true flags
+    // for features Megatron defaults off, --no-* (store_false) for those it defaults on,
+    // --no-bias-swiglu-fusion (dest bias_swiglu_fusion) when the MLP is SwiGLU.
+    auto c = tunedConfig();
+    std::vector<std::string> notes;
+    auto args = megatronArgs(c, &notes);
+    EXPECT_TRUE(hasPair(args, "--num-layers", "8"));
+    EXPECT_TRUE(hasPair(args, "--hidden-size", "512"));
+    EXPECT_TRUE(hasPair(args, "--num-attention-heads", "8"));
+    EXPECT_TRUE(hasPair(args, "--num-query-groups", "2"));
+    EXPECT_TRUE(hasFlag(args, "--group-query-attention"));
+    EXPECT_TRUE(hasPair(args, "--seq-length", "256"));
+    EXPECT_TRUE(hasPair(args, "--max-position-embeddings", "256"));
+    EXPECT_TRUE(hasPair(args, "--tensor-model-parallel-size", "2"));
+    EXPECT_TRUE(hasPair(args, "--global-batch-size", "8"));  // 8 micro x dp 1 x 1 microbatch
+    EXPECT_TRUE(hasPair(args, "--recompute-granularity", "selective"));
+    EXPECT_TRUE(hasPair(args, "--lr", "0.00015"));
+    EXPECT_TRUE(hasFlag(args, "--swiglu"));
+    EXPECT_TRUE(hasFlag(args, "--overlap-grad-reduce"));
+    EXPECT_TRUE(hasFlag(args, "--use-distributed-optimizer"));
+    EXPECT_TRUE(hasFlag(args, "--no-masked-softmax-fusion"));
+    EXPECT_TRUE(hasFlag(args, "--no-bias-swiglu-fusion"));
+    EXPECT_FALSE(hasFlag(args, "--no-bias-gelu-fusion"));
+    EXPECT_TRUE(hasFlag(args, "--bf16"));
+    EXPECT_TRUE(hasFlag(args, "--mock-data"));
+    // Megatron defaults overlap_p2p_comm to true; ours is false, so it must be turned off.
+    EXPECT_TRUE(hasFlag(args, "--no-overlap-p2p-communication"));
+    // Defaults that match Megatron's leave no flag; derived/unset values are left out.
+    EXPECT_FALSE(hasFlag(args, "--no-bias-dropout-fusion"));
+    EXPECT_FALSE(hasFlag(args, "--untie-embeddings-and-output-weights"));
+    EXPECT_FALSE(hasFlag(args, "--ffn-hidden-size"));
+    EXPECT_FALSE(hasFlag(args, "--num-virtual-stages-per-pipeline-rank"));
+    EXPECT_FALSE(hasFlag(args, "--fp8-recipe"));
+    EXPECT_FALSE(hasFlag(args, "--moe-router-topk"));
+    EXPECT_FALSE(hasFlag(args, "--ddp-bucket-size"));
+    // The list knob is one flag followed by its values.
+    auto it = std::find(args.begin(), args.end(), "--recompute-modules");
+    ASSERT_NE(it, args.end());
+    ASSERT_LT(size_t(it - args.begin()) + 2, args.size());
+    EXPECT_EQ(*(it + 1), "core_attn");
+    EXPECT_EQ(*(it + 2), "mlp");
+    // Every token is a flag or follows one; no flag appears twice.
+    std::vector<std::string> flags;
+    for (const auto& a : args)
+        if (a.rfind("--", 0) == 0) flags.push_back(a);
+    auto sorted = flags;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+    EXPECT_EQ(args.front().rfind("--", 0), 0u);
+    // The run name has no Megatron flag: a note says so.
+    bool nameNote = false;
+    for (const auto& n : notes) nameNote |= n.rfind("name=", 0) == 0;
+    EXPECT_TRUE(nameNote);
+
+    // Exact text for a small config (single line, shell-quoted where needed).
+    ts::engine::Config small;
+    small.data_path = "/data/my corpus_text_document";
+    auto text = exportConfig(small, ExportFormat::MegatronArgs).text;
+    EXPECT_NE(text.find("--data-path '/data/my corpus_text_document'"), std::string::npos) << text;
+    EXPECT_NE(text.find("--num-layers 4 --hidden-size 256 "), std::string::npos) << text;
+}
+
+TEST(Export, BridgeOverrides) {
+    auto c = tunedConfig();
+    auto ov = bridgeOverrides(c);
+    auto has = [&](const std::string& s) { return std::find(ov.begin(), ov.end(), s) != ov.end(); };
+    EXPECT_TRUE(has("model.tensor_model_parallel_size=2"));
+    EXPECT_TRUE(has("ddp.overlap_grad_reduce=true"));
+    EXPECT_TRUE(has("model.masked_softmax_fusion=false"));
+    EXPECT_TRUE(has("model.gated_linear_unit=true"));
+    // untie=false <=> share_embeddings_and_output_weights=true (negated field).
+    EXPECT_TRUE(has("model.share_embeddings_and_output_weights=true"));
+    EXPECT_TRUE(has("model.recompute_modules=[core_attn,mlp]"));
+    EXPECT_TRUE(has("optimizer.lr=0.00015"));
+    EXPECT_TRUE(has("train.global_batch_size=8"));
+    EXPECT_TRUE(has("model.recompute_granularity=selective"));
+    for (const auto& o : ov) EXPECT_NE(o.find('='), std::string::npos);
+}
+
+TEST(Export, ConfigOfRunFile) {
+    TempDir d;
+    auto c = tunedConfig();
+    writeRun(d.path + "/r.sqlite", "r", c, {1});
+    auto back = configOfRunFile(d.path + "/r.sqlite");
+    ASSERT_TRUE(back.isOk()) << back.status().toString();
+    EXPECT_EQ(ts::engine::configToJson(*back), ts::engine::configToJson(c));
+    EXPECT_FALSE(parseExportFormat("toml").isOk());
+    EXPECT_EQ(*parseExportFormat("megatron-args"), ExportFormat::MegatronArgs);
+}

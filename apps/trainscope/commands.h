@@ -58,5 +58,8 @@ int cmdRuns(const Args&);
 int cmdAgent(const Args&);
 int cmdCompare(const Args&);
 int cmdExport(const Args&);
+// `run CONFIG --node URL`: runs through the agent on that node and stores the run in the local
+// workspace (cmd_sessions.cpp). cmdRun calls it when --node is given.
+int cmdRunOnNode(const Args&);
 
 }  // namespace ts::cli

@@ -1,9 +1,11 @@
 // Dropout with a counter-based RNG and the (fused / unfused) bias-dropout-add.
-// Element i of a call keeps iff hash(seed, offset + i) >= p * 2^32, where hash is the
-// splitmix64 output number (offset + i) of a stream keyed by splitmix64(seed): any slice of a
-// mask can be regenerated alone (recompute, sequence shards) and no result depends on threads.
+// Element e = offset + i of a stream keeps iff its 32-bit uniform u_e >= p * 2^32, where
+// u_{2k} and u_{2k+1} are the high and low halves of splitmix64 output number k of a stream
+// keyed by splitmix64(seed). So any slice of a mask can be regenerated alone (recompute,
+// sequence shards), nothing depends on thread count, and one 64-bit hash serves two elements.
 #include "kernels/cpu/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -21,24 +23,37 @@ constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 
 inline uint64_t streamKey(uint64_t seed) { return mix64(seed + kGolden); }
 
-// Keep threshold on the top 32 bits of the hash: P(drop) = threshold / 2^32.
+// P(drop) = threshold / 2^32.
 inline uint64_t dropThreshold(float p) {
     if (!(p > 0.0f)) return 0;
     if (p >= 1.0f) return uint64_t{1} << 32;
     return static_cast<uint64_t>(std::llround(static_cast<double>(p) * 4294967296.0));
 }
 
-inline uint8_t keepBit(uint64_t key, uint64_t counter, uint64_t threshold) {
-    return (mix64(key + counter * kGolden) >> 32) >= threshold ? 1 : 0;
+inline float keepScale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+
+// mask[i] = keep bit of stream element start + i, for i < n.
+void keepBits(uint8_t* mask, int64_t n, uint64_t key, uint64_t start, uint64_t thr) {
+    int64_t i = 0;
+    if (n > 0 && (start & 1)) {  // odd start: low half of pair start/2
+        mask[0] = (mix64(key + (start >> 1) * kGolden) & 0xFFFFFFFFull) >= thr;
+        i = 1;
+    }
+    uint64_t pair = (start + static_cast<uint64_t>(i)) >> 1;
+    for (; i + 2 <= n; i += 2, ++pair) {
+        const uint64_t h = mix64(key + pair * kGolden);
+        mask[i] = (h >> 32) >= thr;
+        mask[i + 1] = (h & 0xFFFFFFFFull) >= thr;
+    }
+    if (i < n) mask[i] = (mix64(key + pair * kGolden) >> 32) >= thr;
 }
 
-inline float keepScale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+constexpr int64_t kChunk = 2048;  // mask scratch when the caller does not keep the mask
 
 }  // namespace
 
 void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset) {
-    const uint64_t key = streamKey(seed), thr = dropThreshold(p);
-    for (int64_t i = 0; i < n; ++i) mask[i] = keepBit(key, offset + static_cast<uint64_t>(i), thr);
+    keepBits(mask, n, streamKey(seed), offset, dropThreshold(p));
 }
 
 void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
@@ -50,10 +65,12 @@ void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p,
     }
     const uint64_t key = streamKey(seed), thr = dropThreshold(p);
     const float sc = keepScale(p);
-    for (int64_t i = 0; i < n; ++i) {
-        const uint8_t keep = keepBit(key, offset + static_cast<uint64_t>(i), thr);
-        if (mask) mask[i] = keep;
-        y[i] = keep ? x[i] * sc : 0.0f;
+    uint8_t local[kChunk];
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+        const int64_t len = std::min(kChunk, n - c0);
+        uint8_t* m = mask ? mask + c0 : local;
+        keepBits(m, len, key, offset + static_cast<uint64_t>(c0), thr);
+        for (int64_t i = 0; i < len; ++i) y[c0 + i] = m[i] ? x[c0 + i] * sc : 0.0f;
     }
 }
 
@@ -69,18 +86,36 @@ void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n,
 
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
                          uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset) {
-    const bool drop = p > 0.0f;
+    if (!(p > 0.0f)) {
+        for (int t = 0; t < T; ++t) {
+            const int64_t off = static_cast<int64_t>(t) * C;
+            if (b)
+                for (int c = 0; c < C; ++c) out[off + c] = residual[off + c] + (x[off + c] + b[c]);
+            else
+                for (int c = 0; c < C; ++c) out[off + c] = residual[off + c] + x[off + c];
+        }
+        if (mask) std::memset(mask, 1, static_cast<size_t>(T) * C);
+        return;
+    }
     const uint64_t key = streamKey(seed), thr = dropThreshold(p);
     const float sc = keepScale(p);
+    uint8_t local[kChunk];
     for (int t = 0; t < T; ++t) {
         const int64_t off = static_cast<int64_t>(t) * C;
-        for (int c = 0; c < C; ++c) {
-            const int64_t i = off + c;
-            const float u = b ? x[i] + b[c] : x[i];
-            uint8_t keep = 1;
-            if (drop) keep = keepBit(key, offset + static_cast<uint64_t>(i), thr);
-            if (mask) mask[i] = keep;
-            out[i] = residual[i] + (drop ? (keep ? u * sc : 0.0f) : u);
+        for (int c0 = 0; c0 < C; c0 += static_cast<int>(kChunk)) {
+            const int len = static_cast<int>(std::min<int64_t>(kChunk, C - c0));
+            const int64_t base = off + c0;
+            uint8_t* m = mask ? mask + base : local;
+            keepBits(m, len, key, offset + static_cast<uint64_t>(base), thr);
+            const float* xb = x + base;
+            const float* rb = residual + base;
+            float* ob = out + base;
+            if (b) {
+                const float* bb = b + c0;
+                for (int c = 0; c < len; ++c) ob[c] = rb[c] + (m[c] ? (xb[c] + bb[c]) * sc : 0.0f);
+            } else {
+                for (int c = 0; c < len; ++c) ob[c] = rb[c] + (m[c] ? xb[c] * sc : 0.0f);
+            }
         }
     }
 }

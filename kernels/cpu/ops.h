@@ -59,7 +59,8 @@ void layerNormForward(const float* x, const float* w, const float* b, float* y, 
 // dx (overwritten), dw (+=), db (+=, may be null)
 void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
                        const float* rstd, float* dx, float* dw, float* db, int T, int C);
-// "persist_layer_norm"/fused LN: one pass over the row (Welford), same results to ~1e-6.
+// "persist_layer_norm"/fused LN: one statistics pass over the row (shifted sums),
+// same results as the unfused path to ~1e-6.
 void layerNormForwardFused(const float* x, const float* w, const float* b, float* y,
                            float* mean, float* rstd, int T, int C, float eps);
 void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,

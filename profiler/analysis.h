@@ -64,7 +64,7 @@ Result<TemporalBreakdown> temporalBreakdown(TraceStore& store, int rank);
 
 // ---- HTA idle time breakdown (per rank, per stream, summed over the rank's streams):
 //   each gap between consecutive kernels on a stream is
-//   host_wait   if the next kernel's host launch (matched by correlation) ended after the gap began
+//   host_wait   if the next kernel's host launch (matched by correlation) started after the gap began
 //               (the GPU waited for the CPU to launch),
 //   kernel_wait if the gap is shorter than kernelWaitThresholdNs (HTA default 30 us) — short
 //               back-to-back launch overhead,
@@ -154,14 +154,15 @@ std::string defaultPeakFlopsTablePath();
 // nodes = compute and communication slices of the step; edges = stream order on each track,
 // and for communication slices sharing a correlation id (or for p2p send/recv pairs matched by
 // (group, microbatch, chunk)) an edge from the earlier-starting to the later-ending partner.
-// Longest path by slice duration (gaps are not counted).
+// Length = wall time covered by the path: each slice adds the part of it after its predecessor
+// on the path ended (gaps are not counted), so length <= step time.
 struct CriticalPathEntry {
     int rank = 0;
     std::string track, name, category;
     int64_t startNs = 0, durNs = 0;
 };
 struct CriticalPath {
-    double lengthNs = 0;                     // sum of durations on the path
+    double lengthNs = 0;                     // wall time covered by the path (see above)
     std::map<std::string, double> nsByCategory;
     std::vector<CriticalPathEntry> path;      // in time order (may be truncated to maxEntries)
 };

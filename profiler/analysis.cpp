@@ -1,0 +1,586 @@
+// The per-rank analyses: HTA overlap and temporal/idle breakdown, steps, pipeline bubbles,
+// communication split into overlapped/exposed, kernel breakdown, memory, critical path.
+// Definitions: analysis.h and docs/profiler.md. Every function works on one rank's slices
+// loaded once in (track, ts) order (loadRank) and on merged interval sets.
+#include "profiler/analysis.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "profiler/analysis_internal.h"
+
+namespace ts::profiler {
+namespace detail {
+
+namespace {
+bool startsWith(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+bool isProfilerStep(const std::string& name) { return name.find("ProfilerStep") != std::string::npos; }
+
+// "step 12" / "step" / "ProfilerStep#12" -> step number (fallback when Slice.step is unset).
+std::optional<int> stepNumber(const std::string& name, int32_t sliceStep) {
+    bool isStep = name == "step" || startsWith(name, "step ") || startsWith(name, "ProfilerStep#");
+    if (!isStep) return std::nullopt;
+    if (sliceStep >= 0) return sliceStep;
+    size_t pos = name.find_first_of("0123456789");
+    if (pos == std::string::npos) return std::nullopt;
+    int v = 0;
+    auto r = std::from_chars(name.data() + pos, name.data() + name.size(), v);
+    if (r.ec != std::errc()) return std::nullopt;
+    return v;
+}
+
+const std::string& str(const std::vector<std::string>& strings, uint32_t id) {
+    static const std::string empty;
+    return id < strings.size() ? strings[id] : empty;
+}
+}  // namespace
+
+Result<RankData> loadRank(TraceStore& store, int rank) {
+    RankData d;
+    d.rank = rank;
+    TS_ASSIGN_OR_RETURN(auto all, store.tracks());
+    std::unordered_map<uint32_t, trace::TrackKind> kindOf;
+    for (auto& t : all)
+        if (t.rank == rank) {
+            kindOf[t.id] = t.kind;
+            d.tracks.push_back(t);
+        }
+    if (d.tracks.empty()) return Status::notFound("the trace has no tracks for rank " + std::to_string(rank));
+    SliceFilter f;
+    f.rank = rank;
+    TS_RETURN_IF_ERROR(store.forEachSlice(f, [&](const trace::Slice& s) {
+        trace::TrackKind k = kindOf[s.track];
+        if (k == trace::TrackKind::HostThread) {
+            d.host.push_back({s.startNs, s.startNs + s.durNs, s.name, s.category, s.step, s.correlation});
+            return true;
+        }
+        if (k == trace::TrackKind::Compute) d.computeStreamBusy.push_back({s.startNs, s.startNs + s.durNs});
+        if (classify(s.category) == KernelClass::NotKernel) return true;
+        Kernel kn;
+        kn.start = s.startNs;
+        kn.end = s.startNs + s.durNs;
+        kn.track = s.track;
+        kn.name = s.name;
+        kn.group = s.group;
+        kn.category = s.category;
+        kn.microbatch = s.microbatch;
+        kn.chunk = s.chunk;
+        kn.correlation = s.correlation;
+        kn.bytes = s.bytes;
+        kn.flops = s.flops;
+        d.kernels.push_back(kn);
+        return true;
+    }));
+    return d;
+}
+
+Result<bool> importerDroppedLastStep(TraceStore& store) {
+    TS_ASSIGN_OR_RETURN(auto flag, store.metadata("import.dropped_last_step"));
+    if (flag && (*flag == "1" || *flag == "true")) return true;
+    TS_ASSIGN_OR_RETURN(auto st, store.stats());
+    auto it = st.find("import.dropped_last_step_slices");
+    return it != st.end() && it->second > 0;
+}
+
+std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, bool importerDropped) {
+    if (importerDropped) return d.kernels;
+    std::unordered_set<uint32_t> stepNames;
+    int64_t lastStart = INT64_MIN, lastEnd = INT64_MIN;
+    for (const auto& h : d.host) {
+        if (!isProfilerStep(str(strings, h.name))) continue;
+        stepNames.insert(h.name);
+        lastStart = std::max(lastStart, h.start);
+        lastEnd = std::max(lastEnd, h.end);
+    }
+    if (stepNames.empty()) return d.kernels;  // native trace: nothing to drop
+    // HTA: with one profiler step it keeps that step (host events starting by its end).
+    bool includeLast = stepNames.size() == 1;
+    std::unordered_set<uint64_t> kept;
+    for (const auto& h : d.host) {
+        if (h.correlation == 0) continue;
+        if (includeLast ? h.start <= lastEnd : h.start < lastStart) kept.insert(h.correlation);
+    }
+    std::vector<Kernel> out;
+    out.reserve(d.kernels.size());
+    for (const auto& k : d.kernels)
+        if (k.correlation != 0 && kept.count(k.correlation)) out.push_back(k);
+    return out;
+}
+
+IntervalSet classSet(const std::vector<Kernel>& ks, KernelClass cls, int64_t from, int64_t to) {
+    std::vector<Interval> v;
+    for (const auto& k : ks)
+        if (classify(k.category) == cls && k.end > from && k.start < to)
+            v.push_back({std::max(k.start, from), std::min(k.end, to)});
+    return mergeIntervals(std::move(v));
+}
+
+IntervalSet allKernelSet(const std::vector<Kernel>& ks, int64_t from, int64_t to) {
+    std::vector<Interval> v;
+    for (const auto& k : ks)
+        if (k.end > from && k.start < to) v.push_back({std::max(k.start, from), std::min(k.end, to)});
+    return mergeIntervals(std::move(v));
+}
+
+OverlapResult overlapOf(const std::vector<Kernel>& ks, int64_t from, int64_t to) {
+    IntervalSet comp = classSet(ks, KernelClass::Compute, from, to);
+    IntervalSet comm = classSet(ks, KernelClass::Communication, from, to);
+    OverlapResult r;
+    r.commNs = double(totalLength(comm));
+    r.overlappedNs = double(totalLength(intersectSets(comp, comm)));
+    r.pct = r.commNs > 0 ? 100.0 * r.overlappedNs / r.commNs : 0.0;
+    return r;
+}
+
+TemporalBreakdown temporalOf(const std::vector<Kernel>& ks) {
+    TemporalBreakdown t;
+    IntervalSet all = allKernelSet(ks);
+    if (all.empty()) return t;
+    double window = double(all.back().end - all.front().start);
+    double busy = double(totalLength(all));
+    t.kernelTimeNs = window;
+    t.computeNs = double(totalLength(classSet(ks, KernelClass::Compute)));
+    t.idleNs = window - busy;
+    t.nonComputeNs = busy - t.computeNs;
+    if (window > 0) {
+        t.idlePct = 100.0 * t.idleNs / window;
+        t.computePct = 100.0 * t.computeNs / window;
+        t.nonComputePct = 100.0 * t.nonComputeNs / window;
+    }
+    return t;
+}
+
+IdleBreakdown idleOf(const RankData& d, const std::vector<Kernel>& ks, int64_t from, int64_t to,
+                     int64_t thresholdNs) {
+    std::unordered_map<uint64_t, int64_t> launchStart;
+    for (const auto& h : d.host)
+        if (h.correlation != 0) launchStart.emplace(h.correlation, h.start);
+    IdleBreakdown r;
+    // ks is sorted by (track, start): each stream's kernels are consecutive.
+    for (size_t i = 1; i < ks.size(); ++i) {
+        const Kernel& prev = ks[i - 1];
+        const Kernel& k = ks[i];
+        if (prev.track != k.track || k.start < from || k.start >= to) continue;
+        double gap = double(k.start - prev.end);
+        if (gap <= 0) continue;
+        auto it = k.correlation ? launchStart.find(k.correlation) : launchStart.end();
+        if (it != launchStart.end() && it->second > prev.end) r.hostWaitNs += gap;
+        else if (gap < double(thresholdNs)) r.kernelWaitNs += gap;
+        else r.otherNs += gap;
+    }
+    return r;
+}
+
+std::vector<CommGroupStat> commOf(const RankData& d, const std::vector<std::string>& strings, int64_t from,
+                                  int64_t to) {
+    IntervalSet comp = classSet(d.kernels, KernelClass::Compute, from, to);
+    std::map<std::pair<std::string, std::string>, std::pair<CommGroupStat, std::vector<Interval>>> groups;
+    for (const auto& k : d.kernels) {
+        if (classify(k.category) != KernelClass::Communication || k.end <= from || k.start >= to) continue;
+        auto& [st, iv] = groups[{str(strings, k.group), str(strings, k.name)}];
+        st.count += 1;
+        st.bytes += k.bytes;
+        iv.push_back({std::max(k.start, from), std::min(k.end, to)});
+    }
+    std::vector<CommGroupStat> out;
+    for (auto& [key, val] : groups) {
+        auto& [st, iv] = val;
+        st.group = key.first;
+        st.kind = key.second;
+        IntervalSet u = mergeIntervals(std::move(iv));
+        st.totalNs = double(totalLength(u));
+        st.overlappedNs = double(totalLength(intersectSets(u, comp)));
+        st.exposedNs = st.totalNs - st.overlappedNs;
+        out.push_back(st);
+    }
+    return out;
+}
+
+KernelBreakdown kernelsOf(const RankData& d, const std::vector<std::string>& strings, int topN, int64_t from,
+                          int64_t to) {
+    std::unordered_map<uint32_t, KernelStat> byName;
+    std::map<std::string, KernelStat> byCat;
+    KernelBreakdown r;
+    for (const auto& k : d.kernels) {
+        if (k.start < from || k.start >= to) continue;
+        double dur = double(k.end - k.start);
+        auto& s = byName[k.name];
+        s.count += 1;
+        s.totalNs += dur;
+        s.maxNs = std::max(s.maxNs, dur);
+        s.flops += k.flops;
+        s.category = trace::categoryName(k.category);
+        auto& c = byCat[trace::categoryName(k.category)];
+        c.count += 1;
+        c.totalNs += dur;
+        c.maxNs = std::max(c.maxNs, dur);
+        c.flops += k.flops;
+        r.totalNs += dur;
+    }
+    for (auto& [id, s] : byName) {
+        s.name = str(strings, id);
+        r.topKernels.push_back(s);
+    }
+    std::sort(r.topKernels.begin(), r.topKernels.end(), [](const KernelStat& a, const KernelStat& b) {
+        return a.totalNs != b.totalNs ? a.totalNs > b.totalNs : a.name < b.name;
+    });
+    if (topN >= 0 && r.topKernels.size() > size_t(topN)) {
+        KernelStat other;
+        other.name = "other";
+        other.category = "mixed";
+        for (size_t i = size_t(topN); i < r.topKernels.size(); ++i) {
+            other.count += r.topKernels[i].count;
+            other.totalNs += r.topKernels[i].totalNs;
+            other.maxNs = std::max(other.maxNs, r.topKernels[i].maxNs);
+            other.flops += r.topKernels[i].flops;
+        }
+        r.topKernels.resize(size_t(topN));
+        r.topKernels.push_back(other);
+    }
+    for (auto& [name, c] : byCat) {
+        c.name = name;
+        c.category = name;
+        r.byCategory.push_back(c);
+    }
+    std::sort(r.byCategory.begin(), r.byCategory.end(),
+              [](const KernelStat& a, const KernelStat& b) { return a.totalNs > b.totalNs; });
+    return r;
+}
+
+std::vector<StepWindow> stepsOf(const RankData& d, const std::vector<std::string>& strings) {
+    std::vector<StepWindow> out;
+    for (const auto& h : d.host) {
+        if (h.category != trace::Category::Range) continue;
+        auto n = stepNumber(str(strings, h.name), h.step);
+        if (!n) continue;
+        out.push_back({*n, d.rank, h.start, h.end});
+    }
+    std::sort(out.begin(), out.end(), [](const StepWindow& a, const StepWindow& b) { return a.step < b.step; });
+    // Nested ranges with the same step number (e.g. "step 3" inside "ProfilerStep#3"): keep the outer.
+    std::vector<StepWindow> dedup;
+    for (const auto& w : out) {
+        if (!dedup.empty() && dedup.back().step == w.step) {
+            dedup.back().startNs = std::min(dedup.back().startNs, w.startNs);
+            dedup.back().endNs = std::max(dedup.back().endNs, w.endNs);
+        } else {
+            dedup.push_back(w);
+        }
+    }
+    return dedup;
+}
+
+double bubbleTheory(const std::map<std::string, std::string>& meta) {
+    auto num = [&](const char* key, double def) {
+        auto it = meta.find(key);
+        if (it == meta.end()) return def;
+        try {
+            return std::stod(it->second);
+        } catch (...) {
+            return def;
+        }
+    };
+    double p = num("pp", 1), v = std::max(1.0, num("vpp", 1)), m = num("num_microbatches", 0);
+    if (p <= 1 || m <= 0) return 0.0;
+    return (p - 1) / (v * m);
+}
+
+BubbleResult bubbleOf(const RankData& d, const StepWindow& w, double theory) {
+    BubbleResult r;
+    r.stepNs = w.durNs();
+    std::vector<Interval> v;
+    for (const auto& i : d.computeStreamBusy)
+        if (i.end > w.startNs && i.start < w.endNs) v.push_back({std::max(i.start, w.startNs), std::min(i.end, w.endNs)});
+    r.bubbleNs = r.stepNs - double(totalLength(mergeIntervals(std::move(v))));
+    r.fraction = r.stepNs > 0 ? r.bubbleNs / r.stepNs : 0;
+    r.theory = theory;
+    return r;
+}
+
+// ---- critical path ------------------------------------------------------------------------
+CriticalPath criticalPathOf(const std::vector<const RankData*>& ranks, const std::vector<std::string>& strings,
+                            const std::vector<StepWindow>& windows, size_t maxEntries) {
+    struct Node {
+        const Kernel* k;
+        int rank;
+    };
+    std::vector<Node> nodes;
+    // Per track: node indices in start order.
+    std::unordered_map<uint64_t, std::vector<size_t>> byTrack;
+    for (const RankData* d : ranks) {
+        auto w = std::find_if(windows.begin(), windows.end(), [&](const StepWindow& x) { return x.rank == d->rank; });
+        if (w == windows.end()) continue;
+        for (const auto& k : d->kernels) {
+            if (k.start < w->startNs || k.start >= w->endNs) continue;
+            byTrack[k.track].push_back(nodes.size());
+            nodes.push_back({&k, d->rank});
+        }
+    }
+    CriticalPath cp;
+    if (nodes.empty()) return cp;
+    const size_t n = nodes.size();
+    std::vector<std::vector<size_t>> preds(n);
+    std::vector<size_t> prevOnTrack(n, SIZE_MAX);
+    for (auto& [t, idx] : byTrack)
+        for (size_t i = 1; i < idx.size(); ++i) {
+            prevOnTrack[idx[i]] = idx[i - 1];
+            preds[idx[i]].push_back(idx[i - 1]);
+        }
+    // Cross-stream waits on a rank: v waited for the latest kernel u on another stream of the
+    // same rank that ended while v's stream was idle just before v (prev end <= u.end <= v.start).
+    std::unordered_map<int, std::vector<uint64_t>> tracksOfRank;
+    for (auto& [t, idx] : byTrack) tracksOfRank[nodes[idx[0]].rank].push_back(t);
+    for (size_t v = 0; v < n; ++v) {
+        const Kernel& kv = *nodes[v].k;
+        int64_t idleFrom = prevOnTrack[v] == SIZE_MAX ? INT64_MIN : nodes[prevOnTrack[v]].k->end;
+        for (uint64_t t : tracksOfRank[nodes[v].rank]) {
+            if (t == kv.track) continue;
+            const auto& idx = byTrack[t];
+            // Last kernel on t starting before v; walk back over a few to find one that ended in time.
+            auto it = std::upper_bound(idx.begin(), idx.end(), kv.start,
+                                       [&](int64_t ts, size_t i) { return ts < nodes[i].k->start; });
+            for (int steps = 0; it != idx.begin() && steps < 4; ++steps) {
+                --it;
+                const Kernel& ku = *nodes[*it].k;
+                if (ku.end <= kv.start && ku.end >= idleFrom) {
+                    preds[v].push_back(*it);
+                    break;
+                }
+                if (ku.end < idleFrom) break;
+            }
+        }
+    }
+    // Cross-rank communication edges. Collectives: the k-th (group, name) collective of each rank
+    // in the step is one operation; it cannot finish before every participant arrived, so each
+    // participant's stream predecessor precedes it. P2P: the k-th "recv" with (group, microbatch,
+    // chunk) matches the k-th "send" with the same key on another rank.
+    std::map<std::tuple<uint32_t, uint32_t, int>, std::vector<size_t>> collectives;
+    std::map<std::tuple<uint32_t, int32_t, int32_t, int>, std::vector<size_t>> sends, recvs;
+    {
+        std::map<std::tuple<int, uint32_t, uint32_t>, int> collCount;
+        std::map<std::tuple<int, bool, uint32_t, int32_t, int32_t>, int> p2pCount;
+        std::vector<size_t> order(n);
+        for (size_t i = 0; i < n; ++i) order[i] = i;
+        std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return nodes[a].k->start < nodes[b].k->start; });
+        for (size_t i : order) {
+            const Kernel& k = *nodes[i].k;
+            if (k.category == trace::Category::Collective) {
+                int c = collCount[{nodes[i].rank, k.group, k.name}]++;
+                collectives[{k.group, k.name, c}].push_back(i);
+            } else if (k.category == trace::Category::P2P) {
+                const std::string& nm = str(strings, k.name);
+                bool isRecv = nm.find("recv") != std::string::npos;
+                bool isSend = nm.find("send") != std::string::npos;
+                if (isRecv == isSend) continue;  // batched send+recv or unknown: no edge
+                int c = p2pCount[{nodes[i].rank, isRecv, k.group, k.microbatch, k.chunk}]++;
+                (isRecv ? recvs : sends)[{k.group, k.microbatch, k.chunk, c}].push_back(i);
+            }
+        }
+    }
+    for (auto& [key, members] : collectives)
+        for (size_t v : members)
+            for (size_t u : members)
+                if (u != v && prevOnTrack[u] != SIZE_MAX) preds[v].push_back(prevOnTrack[u]);
+    for (auto& [key, rs] : recvs) {
+        auto it = sends.find(key);
+        if (it == sends.end()) continue;
+        for (size_t v : rs)
+            for (size_t u : it->second) {
+                if (nodes[u].rank == nodes[v].rank) continue;
+                preds[v].push_back(u);
+                if (prevOnTrack[u] != SIZE_MAX) preds[v].push_back(prevOnTrack[u]);
+            }
+    }
+    // Longest path; edges only go forward in (end, start, index) order, which makes the graph a DAG.
+    std::vector<size_t> topo(n);
+    for (size_t i = 0; i < n; ++i) topo[i] = i;
+    auto before = [&](size_t a, size_t b) {
+        const Kernel &ka = *nodes[a].k, &kb = *nodes[b].k;
+        if (ka.end != kb.end) return ka.end < kb.end;
+        if (ka.start != kb.start) return ka.start < kb.start;
+        return a < b;
+    };
+    std::sort(topo.begin(), topo.end(), before);
+    std::vector<size_t> pos(n);
+    for (size_t i = 0; i < n; ++i) pos[topo[i]] = i;
+    std::vector<double> best(n, 0);
+    std::vector<size_t> from(n, SIZE_MAX);
+    size_t argmax = topo[0];
+    // Path length counts wall time, not summed durations: v adds only the part of it after its
+    // predecessor ended (a recv that waited for the send adds the transfer tail, not the wait),
+    // so the length is at most the step time and equals it when the path has no gaps.
+    auto gain = [&](size_t u, size_t v) {
+        const Kernel& kv = *nodes[v].k;
+        return double(kv.end - std::max(kv.start, u == SIZE_MAX ? kv.start : nodes[u].k->end));
+    };
+    std::vector<double> own(n, 0);
+    for (size_t v : topo) {
+        best[v] = gain(SIZE_MAX, v);
+        own[v] = best[v];
+        for (size_t u : preds[v])
+            // >=: on a tie prefer the explanation with a predecessor (a recv that waited is
+            // explained by its send, not by its own start).
+            if (pos[u] < pos[v] && best[u] + gain(u, v) >= best[v]) {
+                best[v] = best[u] + gain(u, v);
+                own[v] = gain(u, v);
+                from[v] = u;
+            }
+        if (best[v] > best[argmax]) argmax = v;
+    }
+    cp.lengthNs = best[argmax];
+    std::vector<size_t> chain;
+    for (size_t v = argmax; v != SIZE_MAX; v = from[v]) chain.push_back(v);
+    std::reverse(chain.begin(), chain.end());
+    std::unordered_map<uint32_t, std::string> trackName;
+    for (const RankData* d : ranks)
+        for (const auto& t : d->tracks) trackName[t.id] = t.name;
+    for (size_t v : chain) cp.nsByCategory[trace::categoryName(nodes[v].k->category)] += own[v];
+    // Keep the first and last entries when truncating (where the path starts and ends).
+    for (size_t i = 0; i < chain.size(); ++i) {
+        if (chain.size() > maxEntries && i >= maxEntries / 2 && i < chain.size() - maxEntries / 2) continue;
+        const Kernel& k = *nodes[chain[i]].k;
+        cp.path.push_back({nodes[chain[i]].rank, trackName[k.track], str(strings, k.name),
+                           trace::categoryName(k.category), k.start, k.end - k.start});
+    }
+    return cp;
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+// ---- public wrappers ------------------------------------------------------------------------
+
+Result<OverlapResult> commComputeOverlap(TraceStore& store, int rank) {
+    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
+    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
+    TS_ASSIGN_OR_RETURN(bool dropped, importerDroppedLastStep(store));
+    return overlapOf(htaKernels(d, strings, dropped));
+}
+
+Result<TemporalBreakdown> temporalBreakdown(TraceStore& store, int rank) {
+    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
+    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
+    TS_ASSIGN_OR_RETURN(bool dropped, importerDroppedLastStep(store));
+    return temporalOf(htaKernels(d, strings, dropped));
+}
+
+Result<IdleBreakdown> idleBreakdown(TraceStore& store, int rank, int64_t fromNs, int64_t toNs,
+                                    int64_t kernelWaitThresholdNs) {
+    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
+    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
+    TS_ASSIGN_OR_RETURN(bool dropped, importerDroppedLastStep(store));
+    return idleOf(d, htaKernels(d, strings, dropped), fromNs, toNs, kernelWaitThresholdNs);
+}
+
+Result<std::vector<StepWindow>> stepWindows(TraceStore& store) {
+    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
+    TS_ASSIGN_OR_RETURN(auto ranks, store.ranks());
+    std::vector<StepWindow> out;
+    for (int r : ranks) {
+        TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, r));
+        auto w = stepsOf(d, strings);
+        out.insert(out.end(), w.begin(), w.end());
+    }
+    std::sort(out.begin(), out.end(), [](const StepWindow& a, const StepWindow& b) {
+        return a.step != b.step ? a.step < b.step : a.rank < b.rank;
+    });
+    return out;
+}
+
+Result<BubbleResult> pipelineBubble(TraceStore& store, const StepWindow& window) {
+    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, window.rank));
+    TS_ASSIGN_OR_RETURN(auto meta, store.allMetadata());
+    return bubbleOf(d, window, bubbleTheory(meta));
+}
+
+Result<std::vector<CommGroupStat>> commBreakdown(TraceStore& store, int rank, int64_t fromNs, int64_t toNs) {
+    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
+    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
+    return commOf(d, strings, fromNs, toNs);
+}
+
+Result<KernelBreakdown> kernelBreakdown(TraceStore& store, int rank, int topN, int64_t fromNs, int64_t toNs) {
+    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
+    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
+    return kernelsOf(d, strings, topN, fromNs, toNs);
+}
+
+std::vector<MemoryPoint> downsampleKeepPeaks(const std::vector<MemoryPoint>& points, size_t maxPoints) {
+    if (maxPoints == 0 || points.size() <= maxPoints) return points;
+    // Equal-time buckets over [first, last]; each non-empty bucket keeps its maximum point, so
+    // the global peak always survives. Result has at most maxPoints points.
+    std::vector<MemoryPoint> out;
+    int64_t t0 = points.front().tsNs, t1 = points.back().tsNs;
+    double width = double(t1 - t0 + 1) / double(maxPoints);
+    size_t i = 0;
+    for (size_t b = 0; b < maxPoints && i < points.size(); ++b) {
+        int64_t bucketEnd = t0 + int64_t(std::ceil(width * double(b + 1)));
+        if (b + 1 == maxPoints) bucketEnd = INT64_MAX;
+        const MemoryPoint* best = nullptr;
+        for (; i < points.size() && points[i].tsNs < bucketEnd; ++i)
+            if (!best || points[i].totalBytes > best->totalBytes) best = &points[i];
+        if (best) out.push_back(*best);
+    }
+    return out;
+}
+
+Result<MemorySummary> memorySummary(TraceStore& store, int rank, size_t maxPoints) {
+    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
+    TS_ASSIGN_OR_RETURN(auto cs, store.counters(rank));
+    MemorySummary m;
+    m.rank = rank;
+    // Counters are levels (bytes currently held), per category; total(t) = sum of the latest
+    // value of every category at t.
+    struct Ev {
+        int64_t ts;
+        std::string cat;
+        double v;
+    };
+    std::vector<Ev> evs;
+    for (const auto& c : cs) {
+        const std::string& n = str(strings, c.name);
+        if (!startsWith(n, "memory.")) continue;
+        std::string cat = n.substr(7);
+        evs.push_back({c.tsNs, cat, c.value});
+        double& pk = m.peakBytesByCategory[cat];
+        pk = std::max(pk, c.value);
+    }
+    std::stable_sort(evs.begin(), evs.end(), [](const Ev& a, const Ev& b) { return a.ts < b.ts; });
+    std::map<std::string, double> cur;
+    double total = 0;
+    std::vector<MemoryPoint> pts;
+    for (size_t i = 0; i < evs.size(); ++i) {
+        total += evs[i].v - cur[evs[i].cat];
+        cur[evs[i].cat] = evs[i].v;
+        // One point per timestamp (after all updates at that time).
+        if (i + 1 == evs.size() || evs[i + 1].ts != evs[i].ts) {
+            pts.push_back({evs[i].ts, total});
+            m.peakTotalBytes = std::max(m.peakTotalBytes, total);
+        }
+    }
+    m.series = downsampleKeepPeaks(pts, maxPoints);
+    return m;
+}
+
+Result<CriticalPath> criticalPath(TraceStore& store, int step, size_t maxEntries) {
+    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
+    TS_ASSIGN_OR_RETURN(auto ranks, store.ranks());
+    std::vector<RankData> data;
+    std::vector<StepWindow> windows;
+    for (int r : ranks) {
+        TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, r));
+        for (const auto& w : stepsOf(d, strings))
+            if (w.step == step) windows.push_back(w);
+        data.push_back(std::move(d));
+    }
+    if (windows.empty()) return Status::notFound("no rank has a 'step " + std::to_string(step) + "' range");
+    std::vector<const RankData*> ptrs;
+    for (auto& d : data) ptrs.push_back(&d);
+    return criticalPathOf(ptrs, strings, windows, maxEntries);
+}
+
+}  // namespace ts::profiler

@@ -1,0 +1,66 @@
+// Internal to the profiler analyses: one rank's trace loaded once into compact arrays, so the
+// report computes every per-step metric from memory instead of re-querying SQLite.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "profiler/analysis.h"
+
+namespace ts::profiler::detail {
+
+// A device-stream kernel (anything on a non-host track that is not a Range/Launch slice).
+struct Kernel {
+    int64_t start = 0, end = 0;
+    uint32_t track = 0, name = 0, group = 0;
+    trace::Category category = trace::Category::Other;
+    int32_t microbatch = -1, chunk = -1;
+    uint64_t correlation = 0, bytes = 0;
+    double flops = 0;
+};
+
+struct HostSlice {
+    int64_t start = 0, end = 0;
+    uint32_t name = 0;
+    trace::Category category = trace::Category::Other;
+    int32_t step = -1;
+    uint64_t correlation = 0;
+};
+
+struct RankData {
+    int rank = 0;
+    std::vector<TrackRow> tracks;      // this rank's tracks
+    std::vector<Kernel> kernels;       // sorted by (track, start)
+    std::vector<HostSlice> host;       // host-track slices, sorted by (track, start)
+    std::vector<Interval> computeStreamBusy;  // raw slices of Compute-kind tracks (for bubbles)
+    bool htaFiltered = false;          // the HTA last-profiler-step filter was applied
+};
+
+Result<RankData> loadRank(TraceStore& store, int rank);
+// HTA's trace filter (hta/common/trace.py _filter_irrelevant_gpu_kernels): when the rank has
+// "ProfilerStep" ranges, keep only kernels whose correlation id matches a host slice that
+// started before the last ProfilerStep started (or, with a single step, ended by its end).
+// Skipped when the importer already did it (metadata "import.dropped_last_step" = "1" or
+// stats "import.dropped_last_step_slices" > 0). Returns the kernels HTA's numbers use.
+std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, bool importerDropped);
+Result<bool> importerDroppedLastStep(TraceStore& store);
+
+IntervalSet classSet(const std::vector<Kernel>& ks, KernelClass cls, int64_t from = INT64_MIN,
+                     int64_t to = INT64_MAX);
+IntervalSet allKernelSet(const std::vector<Kernel>& ks, int64_t from = INT64_MIN, int64_t to = INT64_MAX);
+
+OverlapResult overlapOf(const std::vector<Kernel>& ks, int64_t from = INT64_MIN, int64_t to = INT64_MAX);
+TemporalBreakdown temporalOf(const std::vector<Kernel>& ks);
+IdleBreakdown idleOf(const RankData& d, const std::vector<Kernel>& ks, int64_t from, int64_t to, int64_t thresholdNs);
+std::vector<CommGroupStat> commOf(const RankData& d, const std::vector<std::string>& strings, int64_t from, int64_t to);
+KernelBreakdown kernelsOf(const RankData& d, const std::vector<std::string>& strings, int topN, int64_t from,
+                          int64_t to);
+std::vector<StepWindow> stepsOf(const RankData& d, const std::vector<std::string>& strings);
+double bubbleTheory(const std::map<std::string, std::string>& meta);
+BubbleResult bubbleOf(const RankData& d, const StepWindow& w, double theory);
+CriticalPath criticalPathOf(const std::vector<const RankData*>& ranks, const std::vector<std::string>& strings,
+                            const std::vector<StepWindow>& windows, size_t maxEntries);
+
+}  // namespace ts::profiler::detail

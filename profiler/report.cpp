@@ -1,0 +1,410 @@
+// analyzeRun: the `trainscope analyze` document (JSON keys name metric and unit; list in
+// docs/profiler.md) and its text rendering. Loads each rank once, then computes every per-step
+// metric from memory.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "profiler/analysis.h"
+#include "profiler/analysis_internal.h"
+
+namespace ts::profiler {
+
+using nlohmann::json;
+using namespace detail;
+
+namespace {
+
+// One line per metric, printed once in the text report and stored under "definitions".
+const std::pair<const char*, const char*> kDefinitions[] = {
+    {"step_time_s", "duration of the rank's 'step N' range on its host track"},
+    {"bubble_s", "time inside the step not covered by any slice on the rank's compute stream"},
+    {"bubble_fraction", "bubble_s / step_time_s"},
+    {"bubble_fraction_theory", "(p-1)/(v*m) from run metadata pp, vpp, num_microbatches"},
+    {"comm_s", "union of the rank's communication kernels (Collective|P2P) inside the step"},
+    {"overlapped_comm_s", "communication time covered by compute kernels on any stream of the same rank"},
+    {"exposed_comm_s", "comm_s - overlapped_comm_s (communication no compute hid)"},
+    {"comm_comp_overlap_pct", "HTA: |compute ∩ comm| / |comm| * 100, kernels merged across the rank's streams"},
+    {"idle_pct/compute_pct/non_compute_pct",
+     "HTA temporal breakdown over [first, last] device kernel of the rank; non-compute = comm + memcpy/memset not under compute"},
+    {"host_wait_s/kernel_wait_s/other_wait_s",
+     "HTA idle breakdown of gaps between kernels on a stream: launch came after the gap began / gap < 30 us / other"},
+    {"model_tflops", "model FLOPs per step / step time (max over ranks) / 1e12, whole job"},
+    {"mfu", "model_tflops / world size / peak TFLOP/s of one device"},
+    {"peak_memory_bytes", "max over time of the sum of the rank's memory.<category> counters"},
+    {"critical_path", "longest chain of kernels (stream order, cross-stream waits, matched collectives and send->recv) in the step"},
+};
+
+double num(const std::map<std::string, std::string>& meta, const std::string& key, double def) {
+    auto it = meta.find(key);
+    if (it == meta.end()) return def;
+    try {
+        return std::stod(it->second);
+    } catch (...) {
+        return def;
+    }
+}
+
+double r6(double v) { return std::round(v * 1e6) / 1e6; }
+double sec(double ns) { return ns * 1e-9; }
+
+}  // namespace
+
+// ---- peak FLOPS table ----------------------------------------------------------------------
+
+std::optional<double> PeakFlopsTable::lookup(const std::string& deviceName, const std::string& dtype) const {
+    auto lower = [](std::string s) {
+        for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+        return s;
+    };
+    std::string dev = lower(deviceName), dt = lower(dtype);
+    const std::map<std::string, double>* best = nullptr;
+    size_t bestLen = 0;
+    for (const auto& [name, row] : tflops) {
+        std::string n = lower(name);
+        if (n == dev) {
+            best = &row;
+            break;
+        }
+        if (!n.empty() && dev.find(n) != std::string::npos && n.size() > bestLen) {
+            best = &row;
+            bestLen = n.size();
+        }
+    }
+    if (!best) return std::nullopt;
+    for (const auto& [k, v] : *best)
+        if (lower(k) == dt) return v;
+    return std::nullopt;
+}
+
+Result<PeakFlopsTable> loadPeakFlopsTable(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return Status::notFound("peak FLOPS table '" + path + "' cannot be read");
+    json j = json::parse(in, nullptr, false, true);
+    if (j.is_discarded() || !j.is_object() || !j.contains("devices") || !j["devices"].is_object())
+        return Status::invalid("peak FLOPS table '" + path +
+                               "' must be JSON {\"devices\": {\"<device>\": {\"<dtype>\": tflops}}}");
+    PeakFlopsTable t;
+    for (auto& [dev, row] : j["devices"].items()) {
+        if (!row.is_object()) return Status::invalid("peak FLOPS table '" + path + "': entry '" + dev + "' is not an object");
+        for (auto& [dtype, v] : row.items()) {
+            if (!v.is_number())
+                return Status::invalid("peak FLOPS table '" + path + "': " + dev + "." + dtype + " is not a number");
+            t.tflops[dev][dtype] = v.get<double>();
+        }
+    }
+    return t;
+}
+
+std::string defaultPeakFlopsTablePath() {
+#ifdef TS_SOURCE_DIR
+    std::string p = std::string(TS_SOURCE_DIR) + "/resources/peak_flops.json";
+    if (std::filesystem::exists(p)) return p;
+#endif
+    for (const char* rel : {"resources/peak_flops.json", "../resources/peak_flops.json", "../share/trainscope/peak_flops.json"})
+        if (std::filesystem::exists(rel)) return rel;
+    return "";
+}
+
+// ---- analyzeRun ----------------------------------------------------------------------------
+
+Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
+    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
+    TS_ASSIGN_OR_RETURN(auto meta, store.allMetadata());
+    TS_ASSIGN_OR_RETURN(auto rankIds, store.ranks());
+    TS_ASSIGN_OR_RETURN(bool importerDropped, importerDroppedLastStep(store));
+    if (rankIds.empty()) return Status::notFound("run file '" + store.path() + "' holds no trace (no tracks)");
+
+    json doc;
+    doc["schema"] = "trainscope.analyze/1";
+    if (auto ri = store.runInfo()) {
+        doc["run"] = {{"id", ri->id}, {"name", ri->name}, {"status", ri->status}, {"layout", ri->layout},
+                      {"source", ri->source}};
+    } else {
+        doc["run"] = json::object();
+    }
+    doc["run"]["file"] = store.path();
+    json defs = json::object();
+    for (auto& [k, v] : kDefinitions) defs[k] = v;
+    doc["definitions"] = defs;
+
+    const int world = int(rankIds.size());
+    const int pp = std::max(1, int(num(meta, "pp", 1)));
+    const int perStage = world % pp == 0 ? world / pp : world;
+    const double theory = bubbleTheory(meta);
+
+    std::vector<RankData> data;
+    data.reserve(rankIds.size());
+    json ranksJ = json::array();
+    std::map<int, std::vector<StepWindow>> windowsByStep;
+    for (int r : rankIds) {
+        TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, r));
+        std::vector<Kernel> hta = htaKernels(d, strings, importerDropped);
+        OverlapResult ov = overlapOf(hta);
+        TemporalBreakdown tb = temporalOf(hta);
+        IdleBreakdown idle = idleOf(d, hta, INT64_MIN, INT64_MAX, 30000);
+        json rj;
+        rj["rank"] = r;
+        rj["pp_stage"] = r / perStage;
+        rj["comm_comp_overlap_pct"] = r6(ov.pct);
+        rj["comm_s"] = r6(sec(ov.commNs));
+        rj["temporal_breakdown"] = {{"kernel_time_s", r6(sec(tb.kernelTimeNs))}, {"idle_s", r6(sec(tb.idleNs))},
+                                    {"compute_s", r6(sec(tb.computeNs))}, {"non_compute_s", r6(sec(tb.nonComputeNs))},
+                                    {"idle_pct", r6(tb.idlePct)}, {"compute_pct", r6(tb.computePct)},
+                                    {"non_compute_pct", r6(tb.nonComputePct)}};
+        rj["idle_breakdown"] = {{"host_wait_s", r6(sec(idle.hostWaitNs))}, {"kernel_wait_s", r6(sec(idle.kernelWaitNs))},
+                                {"other_wait_s", r6(sec(idle.otherNs))}};
+        int64_t from = INT64_MIN, to = INT64_MAX;
+        auto windows = stepsOf(d, strings);
+        if (opt.step >= 0) {
+            auto w = std::find_if(windows.begin(), windows.end(), [&](const StepWindow& x) { return x.step == opt.step; });
+            if (w != windows.end()) {
+                from = w->startNs;
+                to = w->endNs;
+            }
+        }
+        KernelBreakdown kb = kernelsOf(d, strings, opt.topKernels, from, to);
+        json top = json::array(), cats = json::array();
+        for (auto& k : kb.topKernels)
+            top.push_back({{"name", k.name}, {"category", k.category}, {"count", k.count}, {"total_s", r6(sec(k.totalNs))},
+                           {"max_s", r6(sec(k.maxNs))}, {"pct", kb.totalNs > 0 ? r6(100 * k.totalNs / kb.totalNs) : 0.0},
+                           {"flops", k.flops}});
+        for (auto& k : kb.byCategory)
+            cats.push_back({{"category", k.name}, {"count", k.count}, {"total_s", r6(sec(k.totalNs))},
+                            {"pct", kb.totalNs > 0 ? r6(100 * k.totalNs / kb.totalNs) : 0.0}});
+        rj["kernels"] = {{"total_s", r6(sec(kb.totalNs))}, {"top", top}, {"by_category", cats}};
+        TS_ASSIGN_OR_RETURN(MemorySummary mem, memorySummary(store, r, opt.memoryPoints));
+        json series = json::array();
+        for (auto& p : mem.series) series.push_back({p.tsNs, p.totalBytes});
+        rj["memory"] = {{"peak_memory_bytes", mem.peakTotalBytes},
+                        {"peak_bytes_by_category", mem.peakBytesByCategory},
+                        {"series_ts_ns_bytes", series}};
+        ranksJ.push_back(rj);
+        for (auto& w : windows)
+            if (opt.step < 0 || w.step == opt.step) windowsByStep[w.step].push_back(w);
+        data.push_back(std::move(d));
+    }
+    doc["ranks"] = ranksJ;
+    doc["world_size"] = world;
+    doc["pp"] = pp;
+
+    // MFU inputs.
+    std::string device = !opt.deviceName.empty() ? opt.deviceName : (meta.count("device_name") ? meta["device_name"] : "cpu");
+    std::string dtype = !opt.dtype.empty() ? opt.dtype : (meta.count("dtype") ? meta["dtype"] : "fp32");
+    std::optional<double> peak;
+    std::string peakSource;
+    std::string tablePath = opt.peakFlopsTable.empty() ? defaultPeakFlopsTablePath() : opt.peakFlopsTable;
+    if (!tablePath.empty()) {
+        auto table = loadPeakFlopsTable(tablePath);
+        if (!table && !opt.peakFlopsTable.empty()) return table.status();
+        if (table) {
+            peak = table->lookup(device, dtype);
+            if (peak) peakSource = tablePath;
+        }
+    }
+    if (!peak && meta.count("peak_tflops")) {
+        double v = num(meta, "peak_tflops", 0);
+        if (v > 0) {
+            peak = v;
+            peakSource = "metadata peak_tflops (measured by the engine)";
+        }
+    }
+    double modelFlops = num(meta, "model_flops_per_step", 0);
+    doc["mfu_inputs"] = {{"device", device}, {"dtype", dtype},
+                         {"peak_tflops_per_device", peak ? json(*peak) : json(nullptr)},
+                         {"peak_source", peakSource},
+                         {"model_flops_per_step", modelFlops > 0 ? json(modelFlops) : json(nullptr)},
+                         {"flops_formula", meta.count("flops_formula") ? meta["flops_formula"] : std::string()},
+                         {"flops_source", modelFlops > 0 ? "metadata model_flops_per_step" : "sum of slice flops in the step"}};
+
+    std::map<int, const RankData*> byRank;
+    for (auto& d : data) byRank[d.rank] = &d;
+    json stepsJ = json::array();
+    for (auto& [step, windows] : windowsByStep) {
+        json sj;
+        sj["step"] = step;
+        double stepNs = 0, sliceFlops = 0;
+        json rs = json::array();
+        std::map<int, std::pair<double, double>> stage;  // stage -> (sum bubble_s, sum fraction)
+        std::map<int, int> stageCount;
+        for (auto& w : windows) {
+            const RankData& d = *byRank[w.rank];
+            stepNs = std::max(stepNs, w.durNs());
+            BubbleResult b = bubbleOf(d, w, theory);
+            OverlapResult ov = overlapOf(d.kernels, w.startNs, w.endNs);
+            IntervalSet comp = classSet(d.kernels, KernelClass::Compute, w.startNs, w.endNs);
+            IntervalSet comm = classSet(d.kernels, KernelClass::Communication, w.startNs, w.endNs);
+            double exposed = double(totalLength(subtractSets(comm, comp)));
+            for (const auto& k : d.kernels)
+                if (k.start >= w.startNs && k.start < w.endNs) sliceFlops += k.flops;
+            json cj = json::array();
+            for (auto& c : commOf(d, strings, w.startNs, w.endNs))
+                cj.push_back({{"group", c.group}, {"kind", c.kind}, {"count", c.count}, {"bytes", c.bytes},
+                              {"comm_s", r6(sec(c.totalNs))}, {"overlapped_comm_s", r6(sec(c.overlappedNs))},
+                              {"exposed_comm_s", r6(sec(c.exposedNs))}});
+            int st = w.rank / perStage;
+            stage[st].first += sec(b.bubbleNs);
+            stage[st].second += b.fraction;
+            stageCount[st] += 1;
+            rs.push_back({{"rank", w.rank}, {"pp_stage", st}, {"step_time_s", r6(sec(b.stepNs))},
+                          {"bubble_s", r6(sec(b.bubbleNs))}, {"bubble_fraction", r6(b.fraction)},
+                          {"bubble_fraction_theory", r6(theory)}, {"comm_s", r6(sec(ov.commNs))},
+                          {"overlapped_comm_s", r6(sec(ov.overlappedNs))}, {"exposed_comm_s", r6(sec(exposed))},
+                          {"comm_comp_overlap_pct", r6(ov.pct)}, {"comm", cj}});
+        }
+        sj["step_time_s"] = r6(sec(stepNs));
+        sj["ranks"] = rs;
+        json stagesJ = json::array();
+        for (auto& [st, v] : stage)
+            stagesJ.push_back({{"pp_stage", st}, {"ranks", stageCount[st]}, {"bubble_s", r6(v.first / stageCount[st])},
+                               {"bubble_fraction", r6(v.second / stageCount[st])},
+                               {"bubble_fraction_theory", r6(theory)}});
+        sj["stages"] = stagesJ;
+        double flops = modelFlops > 0 ? modelFlops : sliceFlops;
+        double tflops = stepNs > 0 ? flops / sec(stepNs) / 1e12 : 0;
+        sj["model_flops"] = flops;
+        sj["model_tflops"] = r6(tflops);
+        sj["model_tflops_per_device"] = r6(tflops / world);
+        sj["mfu"] = peak && *peak > 0 ? json(r6(tflops / world / *peak)) : json(nullptr);
+        if (opt.criticalPath) {
+            std::vector<const RankData*> ptrs;
+            for (auto& d : data) ptrs.push_back(&d);
+            CriticalPath cp = criticalPathOf(ptrs, strings, windows, 32);
+            json path = json::array();
+            for (auto& e : cp.path)
+                path.push_back({{"rank", e.rank}, {"track", e.track}, {"name", e.name}, {"category", e.category},
+                                {"start_ns", e.startNs}, {"dur_s", r6(sec(double(e.durNs)))}});
+            json byCat = json::object();
+            for (auto& [c, v] : cp.nsByCategory) byCat[c] = r6(sec(v));
+            sj["critical_path"] = {{"length_s", r6(sec(cp.lengthNs))},
+                                   {"fraction_of_step", stepNs > 0 ? r6(cp.lengthNs / stepNs) : 0.0},
+                                   {"by_category_s", byCat}, {"path", path}};
+        }
+        stepsJ.push_back(sj);
+    }
+    if (opt.step >= 0 && stepsJ.empty())
+        return Status::notFound("step " + std::to_string(opt.step) + " is not in the trace of '" + store.path() + "'");
+    doc["steps"] = stepsJ;
+    if (auto st = store.stats()) doc["stats"] = *st;
+    return doc;
+}
+
+// ---- text rendering -------------------------------------------------------------------------
+
+namespace {
+std::string fmt(const char* f, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, f, v);
+    return buf;
+}
+std::string ms(const json& v) { return v.is_number() ? fmt("%.3f", v.get<double>() * 1e3) : "-"; }
+std::string pct(const json& v) { return v.is_number() ? fmt("%.2f", v.get<double>()) : "-"; }
+std::string bytesStr(double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        ++u;
+    }
+    return fmt("%.1f ", b) + units[u];
+}
+}  // namespace
+
+std::string formatAnalysisText(const json& doc) {
+    std::ostringstream o;
+    const json run = doc.value("run", json::object());
+    o << "run " << run.value("name", std::string()) << " (" << run.value("file", std::string()) << ")";
+    if (!run.value("layout", std::string()).empty()) o << "  layout " << run.value("layout", std::string());
+    o << "  world " << doc.value("world_size", 0) << "\n\n";
+
+    const json steps = doc.value("steps", json::array());
+    for (const auto& s : steps) {
+        o << "step " << s["step"].get<int>() << ": step time " << ms(s["step_time_s"]) << " ms";
+        o << ", model " << fmt("%.3f", s.value("model_tflops", 0.0)) << " TFLOP/s";
+        o << ", MFU " << (s["mfu"].is_number() ? fmt("%.2f %%", s["mfu"].get<double>() * 100) : std::string("- (no peak)"))
+          << "\n";
+        char line[256];
+        std::snprintf(line, sizeof line, "  %4s %5s %10s %10s %8s %8s %10s %10s %10s %8s\n", "rank", "stage", "step ms",
+                      "bubble ms", "bubble", "theory", "comm ms", "overlap ms", "exposed ms", "overlap%");
+        o << line;
+        for (const auto& r : s["ranks"]) {
+            std::snprintf(line, sizeof line, "  %4d %5d %10s %10s %8s %8s %10s %10s %10s %8s\n", r["rank"].get<int>(),
+                          r["pp_stage"].get<int>(), ms(r["step_time_s"]).c_str(), ms(r["bubble_s"]).c_str(),
+                          pct(json(r["bubble_fraction"].get<double>() * 100)).c_str(),
+                          pct(json(r["bubble_fraction_theory"].get<double>() * 100)).c_str(), ms(r["comm_s"]).c_str(),
+                          ms(r["overlapped_comm_s"]).c_str(), ms(r["exposed_comm_s"]).c_str(),
+                          pct(r["comm_comp_overlap_pct"]).c_str());
+            o << line;
+        }
+        bool anyComm = false;
+        for (const auto& r : s["ranks"])
+            for (const auto& c : r["comm"]) {
+                if (!anyComm) {
+                    std::snprintf(line, sizeof line, "  %4s %-8s %-22s %6s %12s %10s %10s %10s\n", "rank", "group",
+                                  "kind", "count", "bytes", "comm ms", "overlap ms", "exposed ms");
+                    o << "  communication per group and kind:\n" << line;
+                    anyComm = true;
+                }
+                std::snprintf(line, sizeof line, "  %4d %-8s %-22s %6lld %12s %10s %10s %10s\n", r["rank"].get<int>(),
+                              c["group"].get<std::string>().c_str(), c["kind"].get<std::string>().substr(0, 22).c_str(),
+                              (long long)c["count"].get<int64_t>(), bytesStr(c["bytes"].get<double>()).c_str(),
+                              ms(c["comm_s"]).c_str(), ms(c["overlapped_comm_s"]).c_str(), ms(c["exposed_comm_s"]).c_str());
+                o << line;
+            }
+        if (s.contains("critical_path")) {
+            const json& cp = s["critical_path"];
+            o << "  critical path " << ms(cp["length_s"]) << " ms (" << pct(json(cp["fraction_of_step"].get<double>() * 100))
+              << " % of step):";
+            for (auto& [c, v] : cp["by_category_s"].items()) o << " " << c << " " << ms(v);
+            o << "\n";
+        }
+        o << "\n";
+    }
+
+    o << "per rank (whole trace):\n";
+    char line[256];
+    std::snprintf(line, sizeof line, "  %4s %9s %7s %9s %12s %10s %10s %10s %12s\n", "rank", "overlap%", "idle%", "compute%",
+                  "non-compute%", "host wait", "kern wait", "other wait", "peak mem");
+    o << line;
+    const json ranks = doc.value("ranks", json::array());
+    for (const auto& r : ranks) {
+        const json& tb = r["temporal_breakdown"];
+        const json& ib = r["idle_breakdown"];
+        std::snprintf(line, sizeof line, "  %4d %9s %7s %9s %12s %10s %10s %10s %12s\n", r["rank"].get<int>(),
+                      pct(r["comm_comp_overlap_pct"]).c_str(), pct(tb["idle_pct"]).c_str(), pct(tb["compute_pct"]).c_str(),
+                      pct(tb["non_compute_pct"]).c_str(), (ms(ib["host_wait_s"]) + "ms").c_str(),
+                      (ms(ib["kernel_wait_s"]) + "ms").c_str(), (ms(ib["other_wait_s"]) + "ms").c_str(),
+                      bytesStr(r["memory"]["peak_memory_bytes"].get<double>()).c_str());
+        o << line;
+    }
+    o << "\nkernels (rank " << (doc["ranks"].empty() ? 0 : doc["ranks"][0]["rank"].get<int>()) << ", top by total time):\n";
+    if (!doc["ranks"].empty()) {
+        for (const auto& k : doc["ranks"][0]["kernels"]["top"]) {
+            std::snprintf(line, sizeof line, "  %-40s %-12s %8lld %10s ms %6s %%\n", k["name"].get<std::string>().substr(0, 40).c_str(),
+                          k["category"].get<std::string>().c_str(), (long long)k["count"].get<int64_t>(),
+                          ms(k["total_s"]).c_str(), pct(k["pct"]).c_str());
+            o << line;
+        }
+        o << "  by category:";
+        for (const auto& c : doc["ranks"][0]["kernels"]["by_category"])
+            o << " " << c["category"].get<std::string>() << " " << pct(c["pct"]) << "%";
+        o << "\n";
+    }
+    const json mi = doc.value("mfu_inputs", json::object());
+    o << "\nMFU inputs: device " << mi.value("device", std::string()) << ", dtype " << mi.value("dtype", std::string())
+      << ", peak " << (mi["peak_tflops_per_device"].is_number() ? fmt("%.2f", mi["peak_tflops_per_device"].get<double>()) : "-")
+      << " TFLOP/s (" << mi.value("peak_source", std::string("unknown")) << "), FLOPs from "
+      << mi.value("flops_source", std::string()) << "\n";
+    if (!mi.value("flops_formula", std::string()).empty()) o << "  formula: " << mi["flops_formula"].get<std::string>() << "\n";
+
+    o << "\ndefinitions:\n";
+    const json defs = doc.value("definitions", json::object());
+    for (auto& [k, v] : defs.items()) o << "  " << k << ": " << v.get<std::string>() << "\n";
+    return o.str();
+}
+
+}  // namespace ts::profiler

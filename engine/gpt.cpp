@@ -721,6 +721,7 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
     const bool bf = m_o.bf16;
     if (m_ctx.firstStage) {
         m_exec.setLayer(-1);
+        if (m_forwardPreHook) m_forwardPreHook({m_embW});
         TS_ASSIGN_OR_RETURN(TensorPtr emb, m_exec.alloc(Th));
         const float* E = m_params.modelParam(m_embW);
         const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL, V = m_d.paddedVocab;
@@ -748,10 +749,16 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
     }
     for (int li = 0; li < localLayers(); ++li) {
         const bool keep = recomputeGroupStart(li) < 0;
+        if (m_forwardPreHook) m_forwardPreHook(layerParamList(li));
         TS_RETURN_IF_ERROR(layerForward(*st, li, keep));
         m_exec.throttle();
     }
     if (m_ctx.lastStage) {
+        if (m_forwardPreHook) {
+            std::vector<int> ps{m_lnfW, m_outW};
+            if (m_lnfB >= 0) ps.push_back(m_lnfB);
+            m_forwardPreHook(ps);
+        }
         TS_RETURN_IF_ERROR(finalForward(*st));
     } else {
         TensorPtr hid = st->hidden;
@@ -778,8 +785,17 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
     RangeScope range(m_exec.device(), range::kBackward, {m_step, mb, m_ctx.vppChunk, -1});
 
     TensorPtr dh;
-    if (m_ctx.lastStage) TS_RETURN_IF_ERROR(finalBackward(*st, &dh));
-    else dh = gradOutput;
+    if (m_ctx.lastStage) {
+        TS_RETURN_IF_ERROR(finalBackward(*st, &dh));
+        if (m_gradReadyHook) {
+            std::vector<int> ps{m_lnfW};
+            if (m_lnfB >= 0) ps.push_back(m_lnfB);
+            if (m_outW != m_embW) ps.push_back(m_outW);  // tied on one stage: embedding.bwd adds more
+            m_gradReadyHook(ps);
+        }
+    } else {
+        dh = gradOutput;
+    }
     for (int li = localLayers() - 1; li >= 0; --li) {
         const int g0 = recomputeGroupStart(li);
         if (g0 >= 0 && li == recomputeGroupEnd(li) - 1) {
@@ -794,6 +810,7 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
         }
         TensorPtr dx;
         TS_RETURN_IF_ERROR(layerBackward(*st, li, dh, &dx));
+        if (m_gradReadyHook) m_gradReadyHook(layerParamList(li));
         st->layers[size_t(li)] = LayerActs{};
         dh = dx;
         m_exec.throttle();
@@ -813,12 +830,21 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
         const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL;
         m_exec.op("embedding.bwd", Category::Embedding, double(Th), uint64_t(Th) * 8,
                   [=] { k::embeddingBackward(data->tokens.data(), fp(demb), G, T, h, vStart, vEnd); });
+        if (m_gradReadyHook) m_gradReadyHook({m_embW});
     } else {
         TensorPtr src = dh;
         m_exec.op("stage_grad_copy", Category::Memcpy, 0, uint64_t(Th) * 8,
                   [=] { std::memcpy(gradInput->data(), src->data(), size_t(Th) * sizeof(float)); });
     }
     return Status::ok();
+}
+
+std::vector<int> GptModel::layerParamList(int li) const {
+    const LayerParams& P = m_layers[size_t(li)];
+    std::vector<int> out;
+    for (int i : {P.ln1w, P.ln1b, P.qkvW, P.qkvB, P.projW, P.projB, P.ln2w, P.ln2b, P.fc1W, P.fc1B, P.fc2W, P.fc2B})
+        if (i >= 0) out.push_back(i);
+    return out;
 }
 
 double GptModel::microbatchLoss(int mb) const {

@@ -12,6 +12,7 @@
 // num_microbatches, i.e. the gradient seed of each token is mask / (num_tokens * m).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -79,6 +80,15 @@ public:
     const std::vector<float>& capturedLogits(int mb) const;
     void clearCaptured();
 
+    // Data-parallel engine hooks (host side, called on the thread that enqueues; empty = off).
+    // gradReady(params): every op that accumulates into these params' main grads for the
+    //   current backward() has just been enqueued on the compute stream (per layer, then the
+    //   final norm/output layer, then the embedding; a param is reported once per backward).
+    // forwardPre(params): forward() is about to enqueue the first op reading these params.
+    using ParamHook = std::function<void(const std::vector<int>& params)>;
+    void setGradReadyHook(ParamHook hook) { m_gradReadyHook = std::move(hook); }
+    void setForwardPreHook(ParamHook hook) { m_forwardPreHook = std::move(hook); }
+
 private:
     struct LayerActs;
     struct MbState;
@@ -119,6 +129,8 @@ private:
     bool m_captureLogits = false;
     std::shared_ptr<std::map<int, std::vector<float>>> m_logits;
     std::shared_ptr<std::map<int, std::pair<double, double>>> m_losses;  // mb -> (sum, tokens)
+    ParamHook m_gradReadyHook, m_forwardPreHook;
+    std::vector<int> layerParamList(int li) const;
 };
 
 }  // namespace ts::engine

@@ -68,4 +68,41 @@ void ParamBuffer::syncModelParams() {
     kernels::cpu::roundToBf16(m_model->as<float>(), m_numel);
 }
 
+void ParamBuffer::syncModelParams(int64_t begin, int64_t end) {
+    if (!m_model || begin >= end) return;
+    std::memcpy(m_model->as<float>() + begin, m_main->as<float>() + begin, size_t(end - begin) * sizeof(float));
+    kernels::cpu::roundToBf16(m_model->as<float>() + begin, end - begin);
+}
+
+Status ParamBuffer::relayout(Device& dev, const std::vector<int64_t>& offsets, int64_t numel) {
+    if (!m_finalized) return Status::internal("ParamBuffer::relayout before finalize");
+    if (offsets.size() != m_params.size()) return Status::internal("ParamBuffer::relayout: one offset per param needed");
+    for (size_t i = 0; i < m_params.size(); ++i)
+        if (offsets[i] < 0 || offsets[i] + m_params[i].numel > numel)
+            return Status::internal("ParamBuffer::relayout: param '" + m_params[i].name + "' does not fit");
+    const size_t bytes = size_t(std::max<int64_t>(numel, 1)) * sizeof(float);
+    auto main = dev.allocate(bytes, MemCategory::Params);
+    if (!main) return main.status().withContext("allocating main params");
+    auto grad = dev.allocate(bytes, MemCategory::Grads);
+    if (!grad) return grad.status().withContext("allocating main grads");
+    std::unique_ptr<Buffer> model;
+    if (m_bf16) {
+        auto r = dev.allocate(bytes, MemCategory::Params);
+        if (!r) return r.status().withContext("allocating bf16 model params");
+        model = std::move(r).value();
+    }
+    std::memset(main.value()->data(), 0, bytes);
+    std::memset(grad.value()->data(), 0, bytes);
+    for (size_t i = 0; i < m_params.size(); ++i)
+        std::memcpy(main.value()->as<float>() + offsets[i], m_main->as<float>() + m_params[i].offset,
+                    size_t(m_params[i].numel) * sizeof(float));
+    m_main = std::move(main).value();
+    m_grad = std::move(grad).value();
+    m_model = std::move(model);
+    for (size_t i = 0; i < m_params.size(); ++i) m_params[i].offset = offsets[i];
+    m_numel = numel;
+    syncModelParams();
+    return Status::ok();
+}
+
 }  // namespace ts::engine

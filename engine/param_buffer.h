@@ -63,6 +63,14 @@ public:
     void zeroGrads();
     // Refreshes the bf16 model copy from the main params (no-op in fp32).
     void syncModelParams();
+    // Refreshes the bf16 model copy of elements [begin, end) of the buffer (no-op in fp32).
+    void syncModelParams(int64_t begin, int64_t end);
+
+    // Data-parallel engine hook: moves every param to `offsets[i]` (elements, registration
+    // index order) in buffers of `numel` elements (>= the unpadded size), e.g. Megatron's
+    // distributed-optimizer layout with padding. Keeps the main param values, zeroes grads and
+    // padding. Only after finalize() and while no work using the buffers is in flight.
+    Status relayout(Device& dev, const std::vector<int64_t>& offsets, int64_t numel);
 
 private:
     std::vector<ParamInfo> m_params;

@@ -1,0 +1,579 @@
+// Multi-rank training loop (see parallel_trainer.h).
+#include "engine/parallel_trainer.h"
+
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <thread>
+
+#include "common/clock.h"
+#include "engine/backend_trace.h"
+#include "engine/dist_optimizer.h"
+#include "engine/flops.h"
+#include "engine/knobs.h"
+#include "engine/pipeline_executor.h"
+#include "engine/schedule.h"
+#include "kernels/cpu/ops.h"
+
+namespace ts::engine {
+
+namespace {
+
+// One long-lived host thread per rank: jobs run in order on it.
+class RankWorker {
+public:
+    RankWorker() : m_thread([this] { loop(); }) {}
+    ~RankWorker() {
+        {
+            std::lock_guard<std::mutex> lock(m_mutex);
+            m_stop = true;
+        }
+        m_cv.notify_all();
+        m_thread.join();
+    }
+    std::future<Status> post(std::function<Status()> fn) {
+        std::packaged_task<Status()> task(std::move(fn));
+        auto f = task.get_future();
+        {
+            std::lock_guard<std::mutex> lock(m_mutex);
+            m_jobs.push_back(std::move(task));
+        }
+        m_cv.notify_all();
+        return f;
+    }
+
+private:
+    void loop() {
+        for (;;) {
+            std::packaged_task<Status()> job;
+            {
+                std::unique_lock<std::mutex> lock(m_mutex);
+                m_cv.wait(lock, [&] { return m_stop || !m_jobs.empty(); });
+                if (m_jobs.empty()) return;
+                job = std::move(m_jobs.front());
+                m_jobs.pop_front();
+            }
+            job();
+        }
+    }
+    std::mutex m_mutex;
+    std::condition_variable m_cv;
+    std::deque<std::packaged_task<Status()>> m_jobs;
+    bool m_stop = false;
+    std::thread m_thread;
+};
+
+std::string coordText(const RankCoords& c) {
+    return "rank " + std::to_string(c.global) + " (tp " + std::to_string(c.tp) + ", pp " + std::to_string(c.pp) +
+           ", dp " + std::to_string(c.dp) + ")";
+}
+
+}  // namespace
+
+// Declaration order = construction order; members are destroyed in reverse, so the worker
+// thread stops first, then models/optimizer (which drain the streams), then the
+// communicators, then the streams.
+struct ParallelTrainer::RankState {
+    int rank = 0;
+    RankCoords coords;
+    Device* dev = nullptr;
+    std::unique_ptr<Stream> compute, dpStream, p2p;
+    std::unique_ptr<Communicator> tpComm, ppComm, dpComm, embdComm, normComm;
+    std::vector<std::unique_ptr<GptModel>> models;
+    std::vector<std::unique_ptr<GradSync>> syncs;
+    std::unique_ptr<ShardedAdamW> opt;
+    std::unique_ptr<PipelineExecutor> pipe;
+    int embdChunk = -1, embdParam = -1;  // tied embedding / output copy synced over "embd"
+    std::vector<double> losses;          // last stage: per local microbatch
+    std::unique_ptr<RankWorker> worker;
+
+    ~RankState() {
+        worker.reset();
+        if (compute) (void)compute->synchronize();
+        if (dpStream) (void)dpStream->synchronize();
+        if (p2p) (void)p2p->synchronize();
+        pipe.reset();
+        opt.reset();
+        syncs.clear();
+        models.clear();
+    }
+};
+
+Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c, trace::Recorder* rec,
+                                                                 const ParallelTrainerOptions& opts) {
+    TS_RETURN_IF_ERROR(issuesToStatus(validateConfig(c)));
+    if (c.device_backend != "cpu")
+        return Status::unsupported("device_backend=" + c.device_backend +
+                                   ": the parallel engine runs on the CPU backend (virtual devices) only");
+    if (c.context_parallel_size > 1)
+        return Status::unsupported("context_parallel_size > 1 is not executed by the parallel engine yet");
+    if (c.num_moe_experts > 0) return Status::unsupported("MoE layers are not executed by the parallel engine yet");
+    if (c.sequence_parallel || c.tp_comm_overlap)
+        return Status::unsupported("sequence_parallel / tp_comm_overlap are not executed by the model yet");
+    if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
+    const DerivedSizes ds = deriveSizes(c);
+    ParallelSizes sizes;
+    sizes.tp = ds.tp;
+    sizes.cp = ds.cp;
+    sizes.pp = ds.pp;
+    sizes.dp = ds.dp;
+    sizes.world = ds.world;
+    TS_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::create(sizes));
+    if (ds.global_batch_size != c.micro_batch_size * ds.dp * ds.num_microbatches)
+        return Status::invalid("global_batch_size=" + std::to_string(ds.global_batch_size) +
+                               " must equal micro_batch_size * data_parallel_size * num_microbatches (" +
+                               std::to_string(c.micro_batch_size) + " * " + std::to_string(ds.dp) + " * " +
+                               std::to_string(ds.num_microbatches) + ")");
+    TS_ASSIGN_OR_RETURN(ModelDims dims, modelDimsFromConfig(c));
+    if (dims.layers % (ds.pp * ds.vpp) != 0)
+        return Status::invalid("num_layers=" + std::to_string(dims.layers) +
+                               " must be divisible by pipeline_model_parallel_size x "
+                               "virtual_pipeline_model_parallel_size = " + std::to_string(ds.pp * ds.vpp));
+
+    std::unique_ptr<ParallelTrainer> t(new ParallelTrainer());
+    t->m_cfg = c;
+    t->m_layout = layout;
+    t->m_rec = rec;
+    const int world = layout.worldSize();
+    t->m_backend = makeCpuBackend(world);
+    // OpenBLAS threads are process-global: with several rank threads, one GEMM thread each.
+    kernels::cpu::setNumThreads(world > 1 ? 1 : std::max(1, c.cpu_threads));
+    TS_ASSIGN_OR_RETURN(t->m_data, DataSource::open(c));
+    CommOptions copts;
+    copts.timeout = opts.commTimeout;
+    t->m_world = std::make_unique<CommWorld>(world, copts);
+    t->m_lr = LrSchedule::fromConfig(c);
+    t->m_numMicrobatches = ds.num_microbatches;
+    t->m_globalBatch = ds.global_batch_size;
+    t->m_flops = megatronFlopsPerIteration(FlopsInputs::fromConfig(c));
+
+    const bool dist = c.use_distributed_optimizer;
+    const bool tied = !c.untie_embeddings_and_output_weights;
+    const int v = ds.vpp;
+    for (int r = 0; r < world; ++r) {
+        auto R = std::make_unique<RankState>();
+        R->rank = r;
+        R->coords = layout.coordsOf(r);
+        R->dev = &t->m_backend->device(r);
+        if (rec) R->dev->setTrace(rec, r);
+        R->compute = R->dev->createStream(trace::TrackKind::Compute, "compute");
+        R->dpStream = R->dev->createStream(trace::TrackKind::Comm, "dp_comm");
+        R->p2p = R->dev->createStream(trace::TrackKind::P2P, "p2p");
+        auto join = [&](const std::string& name, std::unique_ptr<Communicator>& out) -> Status {
+            const std::vector<int> members = layout.groupRanks(name, r);
+            if (members.size() < 2) return Status::ok();
+            TS_ASSIGN_OR_RETURN(out, t->m_world->join(name, members, r));
+            return Status::ok();
+        };
+        TS_RETURN_IF_ERROR(join("tp", R->tpComm));
+        TS_RETURN_IF_ERROR(join("pp", R->ppComm));
+        TS_RETURN_IF_ERROR(join("dp", R->dpComm));
+        if (tied && ds.pp > 1) TS_RETURN_IF_ERROR(join("embd", R->embdComm));
+        // Grad-norm group: each param counted once. Without the distributed optimizer every DP
+        // replica holds the same grads (tp-pp covers the model); with it, DP ranks own
+        // disjoint shards (the whole world).
+        TS_RETURN_IF_ERROR(join(dist ? "world" : "tp-pp", R->normComm));
+
+        const int ppRank = R->coords.pp;
+        for (int ch = 0; ch < v; ++ch) {
+            ParallelContext ctx;
+            ctx.tpRank = R->coords.tp;
+            ctx.tpSize = ds.tp;
+            ctx.ppRank = ppRank;
+            ctx.ppSize = ds.pp;
+            ctx.vppChunk = ch;
+            ctx.vppSize = v;
+            ctx.dpRank = R->coords.dp;
+            ctx.dpSize = ds.dp;
+            ctx.tp = R->tpComm.get();
+            ctx.pp = R->ppComm.get();
+            ctx.dp = R->dpComm.get();
+            TS_ASSIGN_OR_RETURN(ctx.layerBegin, layerOffset(dims.layers, ds.pp, v, ppRank, ch));
+            ctx.layerEnd = ctx.layerBegin + dims.layers / (ds.pp * v);
+            ctx.firstStage = ppRank == 0 && ch == 0;
+            ctx.lastStage = ppRank == ds.pp - 1 && ch == v - 1;
+            auto model = GptModel::create(c, *R->dev, *R->compute, ctx);
+            if (!model) return model.status().withContext(coordText(R->coords) + " chunk " + std::to_string(ch));
+            GptModel& m = *model.value();
+            GradLayoutOptions lo;
+            lo.bucketSize = effectiveBucketSize(c, ds.dp, ppRank, ch);
+            lo.dp = ds.dp;
+            lo.distributedOptimizer = dist;
+            // Megatron marks the tied weight shared_embedding on BOTH ends of the pipeline (its
+            // own bucket, so the "embd" all-reduce after a reduce-scatter adds matching shards);
+            // GptModel flags the first stage's embedding only when it also holds the output.
+            std::vector<ParamInfo> infos = m.params().params();
+            if (tied && ctx.firstStage) {
+                const int e = m.params().find("embedding.word_embeddings.weight");
+                if (e >= 0) infos[size_t(e)].sharedEmbedding = true;
+            }
+            TS_ASSIGN_OR_RETURN(GradBufferLayout gl, computeGradBufferLayout(infos, lo));
+            bool same = gl.numel == m.params().numel();
+            for (int i = 0; same && i < m.params().count(); ++i) same = gl.paramOffset[size_t(i)] == m.params().info(i).offset;
+            if (!same) TS_RETURN_IF_ERROR(m.params().relayout(*R->dev, gl.paramOffset, gl.numel));
+            GradSyncOptions so;
+            so.dp = ds.dp;
+            so.dpRank = R->coords.dp;
+            so.overlapGradReduce = c.overlap_grad_reduce;
+            so.distributedOptimizer = dist;
+            so.overlapParamGather = c.overlap_param_gather;
+            so.averageInCollective = c.average_in_collective;
+            so.gradReduceInFp32 = c.grad_reduce_in_fp32;
+            auto sync = std::make_unique<GradSync>(m.params(), std::move(gl), so, *R->dev, *R->compute, *R->dpStream,
+                                                   R->dpComm.get());
+            GradSync* sp = sync.get();
+            if (c.overlap_grad_reduce) m.setGradReadyHook([sp](const std::vector<int>& ps) { sp->onGradsReady(ps); });
+            if (dist && c.overlap_param_gather)
+                m.setForwardPreHook([sp](const std::vector<int>& ps) { sp->onForwardPre(ps); });
+            if (R->embdComm) {
+                if (ctx.firstStage && m.params().find("embedding.word_embeddings.weight") >= 0) {
+                    R->embdChunk = ch;
+                    R->embdParam = m.params().find("embedding.word_embeddings.weight");
+                } else if (ctx.lastStage && m.params().find("output_layer.weight") >= 0) {
+                    R->embdChunk = ch;
+                    R->embdParam = m.params().find("output_layer.weight");
+                }
+            }
+            R->models.push_back(std::move(model).value());
+            R->syncs.push_back(std::move(sync));
+        }
+        if (R->embdComm && R->embdParam < 0)
+            return Status::internal(coordText(R->coords) + " is in the embedding group but holds no tied weight");
+
+        std::vector<OptimizerChunk> oc;
+        for (int ch = 0; ch < v; ++ch) {
+            OptimizerChunk o;
+            ParamBuffer& pb = R->models[size_t(ch)]->params();
+            o.params = &pb;
+            if (dist) {
+                for (const GradBucket& b : R->syncs[size_t(ch)]->layout().buckets) {
+                    auto [lo2, hi2] = shardOf(b, ds.dp, R->coords.dp);
+                    o.owned.push_back({lo2, hi2});
+                }
+            } else {
+                o.owned.push_back({0, pb.numel()});
+            }
+            o.countInNorm.assign(size_t(pb.count()), 1);
+            for (int i = 0; i < pb.count(); ++i) {
+                const ParamInfo& info = pb.info(i);
+                // The last stage's copy of the tied embedding duplicates the first stage's.
+                if (info.sharedEmbedding && info.name == "output_layer.weight") o.countInNorm[size_t(i)] = 0;
+                // TP-replicated params: identical on every tp rank, counted on tp rank 0.
+                if (info.shard == ShardKind::Replicated && R->coords.tp != 0) o.countInNorm[size_t(i)] = 0;
+            }
+            oc.push_back(std::move(o));
+        }
+        TS_ASSIGN_OR_RETURN(R->opt, ShardedAdamW::create(c, std::move(oc), *R->dev, R->normComm.get()));
+
+        ScheduleParams sp;
+        sp.pp = ds.pp;
+        sp.vpp = v;
+        sp.microbatches = ds.num_microbatches;
+        sp.rank = ppRank;
+        sp.overlapP2PComm = c.overlap_p2p_comm;
+        TS_ASSIGN_OR_RETURN(PipelineSchedule sched, buildSchedule(sp));
+        std::vector<PipelineExecutor::Chunk> chunks;
+        for (int ch = 0; ch < v; ++ch) chunks.push_back({R->models[size_t(ch)].get(), R->syncs[size_t(ch)].get()});
+        PipelineExecutorOptions po;
+        po.pp = ds.pp;
+        po.ppRank = ppRank;
+        po.batchP2P = c.batch_p2p_comm;
+        po.overlapP2P = c.overlap_p2p_comm;
+        R->pipe = std::make_unique<PipelineExecutor>(std::move(sched), std::move(chunks), *R->dev, *R->compute, *R->p2p,
+                                                     R->ppComm.get(), po);
+        R->worker = std::make_unique<RankWorker>();
+        t->m_ranks.push_back(std::move(R));
+    }
+    if (!c.load.empty())
+        return Status::unsupported("load: checkpoints of parallel runs are not supported yet (load='" + c.load + "')");
+    if (rec) {
+        const nlohmann::json meta = t->runMetadata();
+        for (auto it = meta.begin(); it != meta.end(); ++it)
+            rec->metadata(it.key(), it->is_string() ? it->get<std::string>() : it->dump());
+    }
+    return t;
+}
+
+ParallelTrainer::~ParallelTrainer() {
+    // Ranks before the world (communicators must not outlive it).
+    m_ranks.clear();
+}
+
+nlohmann::json ParallelTrainer::runMetadata() const {
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    nlohmann::json j;
+    j["model_flops_per_step"] = m_flops;
+    j["flops_formula"] = flopsFormulaText(FlopsInputs::fromConfig(m_cfg));
+    j["world"] = ds.world;
+    j["tp"] = ds.tp;
+    j["pp"] = ds.pp;
+    j["vpp"] = ds.vpp;
+    j["dp"] = ds.dp;
+    j["num_microbatches"] = ds.num_microbatches;
+    j["config"] = configToJson(m_cfg).dump();
+    j["peak_tflops"] = m_peakTflops;
+    j["data"] = m_data ? m_data->description() : std::string();
+    int64_t params = 0;
+    for (const auto& R : m_ranks) {
+        if (R->coords.dp != 0) continue;
+        for (const auto& m : R->models)
+            for (const ParamInfo& p : m->params().params())
+                if (!(p.sharedEmbedding && p.name == "output_layer.weight")) params += p.numel;
+    }
+    j["num_parameters"] = params;  // TP shards summed (= the unsharded count)
+    return j;
+}
+
+void ParallelTrainer::failRank(int rank, const Status& st) {
+    std::lock_guard<std::mutex> lock(m_errorMutex);
+    if (!m_firstError.isOk()) return;
+    m_firstError = st.withContext(coordText(m_ranks[size_t(rank)]->coords));
+    m_world->abort(Status(st.code() == ErrorCode::Cancelled ? ErrorCode::Cancelled : ErrorCode::CommError,
+                          coordText(m_ranks[size_t(rank)]->coords) + " stopped: " + st.message()));
+}
+
+void ParallelTrainer::injectFailure(int rank, int step, std::string opName) {
+    m_injectRank = rank;
+    m_injectStep = step;
+    m_injectOp = std::move(opName);
+}
+
+Status ParallelTrainer::rankStep(int rank, int it, const std::atomic<bool>* cancel) {
+    RankState& R = *m_ranks[size_t(rank)];
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    const int m = m_numMicrobatches;
+    const int dp = ds.dp, dpRank = R.coords.dp;
+    Exec& ex0 = R.models[0]->exec();
+    Status st;
+    {
+        RangeScope stepRange(*R.dev, range::kStep, {it, -1, -1, -1});
+        for (size_t ch = 0; ch < R.models.size(); ++ch) {
+            GptModel& model = *R.models[ch];
+            model.clearCaptured();
+            model.beginStep(it, m);
+            model.exec().setCancelFlag(cancel);
+            model.exec().setMicrobatch(-1);
+            model.exec().setLayer(-1);
+            ParamBuffer* pb = &model.params();
+            model.exec().op("zero_grad", trace::Category::Memset, 0, uint64_t(pb->numel()) * 4,
+                            [pb] { pb->zeroGrads(); });
+            R.syncs[ch]->beginStep(it);
+        }
+        if (rank == m_injectRank && it == m_injectStep) {
+            OpDesc d;
+            d.name = m_injectOp.c_str();
+            d.step = it;
+            const std::string name = m_injectOp;
+            R.compute->submit(d, [name] { return Status::internal("injected failure in '" + name + "'"); });
+        }
+        auto stop = [&]() -> Status {
+            if (cancel && cancel->load()) return Status::cancelled("cancelled at iteration " + std::to_string(it + 1));
+            Status a = m_world->abortStatus();
+            if (!a.isOk()) return a;
+            return Status::ok();
+        };
+        auto data = [&](int j) -> std::shared_ptr<const Microbatch> { return m_stepData[size_t(dpRank)][size_t(j)]; };
+        auto id = [&](int j) { return j * dp + dpRank; };
+        st = R.pipe->run(it, data, id, stop);
+        if (st.isOk()) {
+            for (auto& s : R.syncs) s->finishGradSync();
+            // finalize_model_grads: tied embedding grads summed between first and last stage,
+            // after the DP reduction (same DP stream, so in order after the buckets).
+            if (R.embdComm) {
+                auto e = R.dev->createEvent();
+                R.compute->record(*e);
+                R.dpStream->wait(*e);
+                ParamBuffer& pb = R.models[size_t(R.embdChunk)]->params();
+                float* g = pb.mainGrad(R.embdParam);
+                R.embdComm->allReduce(*R.dpStream, g, g, size_t(pb.info(R.embdParam).numel), DType::F32, ReduceOp::Sum);
+            }
+            auto gradsDone = R.dev->createEvent();
+            R.dpStream->record(*gradsDone);
+            R.compute->wait(*gradsDone);
+            {
+                RangeScope optRange(*R.dev, range::kOptimizer, {it, -1, -1, -1});
+                R.opt->enqueueStep(ex0, m_lr.lrAt(it), it + 1, !m_cfg.use_distributed_optimizer);
+                for (auto& s : R.syncs) s->startParamGather();
+            }
+        }
+        Status sc = R.compute->synchronize();
+        Status sp = R.p2p->synchronize();
+        // With overlap_param_gather the all-gathers keep running into the next forward.
+        Status sd = m_cfg.overlap_param_gather ? Status::ok() : R.dpStream->synchronize();
+        if (st.isOk()) st = sc;
+        if (st.isOk()) st = sp;
+        if (st.isOk()) st = sd;
+        for (auto& model : R.models) model->exec().clearThrottle();
+        R.pipe->endStep();
+    }
+    if (!st.isOk()) {
+        failRank(rank, st);
+        return st;
+    }
+    R.losses.clear();
+    GptModel& lastChunk = *R.models.back();
+    if (lastChunk.context().lastStage)
+        for (int j = 0; j < m; ++j) R.losses.push_back(lastChunk.microbatchLoss(j * dp + dpRank));
+    return Status::ok();
+}
+
+Status ParallelTrainer::step(StepProgress* out) {
+    {
+        std::lock_guard<std::mutex> lock(m_errorMutex);
+        if (!m_firstError.isOk())
+            return m_firstError.withContext("the parallel run already failed; create a new trainer");
+    }
+    const int it = m_iteration;
+    const int64_t t0 = monotonicNs();
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    const int b = m_cfg.micro_batch_size, dp = ds.dp, m = m_numMicrobatches;
+    // Data on the calling thread (DataSource is not thread-safe); see the header for the map.
+    m_stepData.assign(size_t(dp), {});
+    for (int d = 0; d < dp; ++d)
+        for (int j = 0; j < m; ++j)
+            m_stepData[size_t(d)].push_back(m_data->microbatch(m_samples + (int64_t(j) * dp + d) * b, b));
+    for (auto& R : m_ranks) R->dev->resetPeak();
+    std::vector<std::future<Status>> futures;
+    for (auto& R : m_ranks) {
+        const int r = R->rank;
+        futures.push_back(R->worker->post([this, r, it, cancel = m_cancel] { return rankStep(r, it, cancel); }));
+    }
+    for (auto& f : futures) (void)f.get();
+    {
+        std::lock_guard<std::mutex> lock(m_errorMutex);
+        if (!m_firstError.isOk()) return m_firstError;
+    }
+    double loss = 0;
+    int count = 0;
+    for (auto& R : m_ranks) {
+        if (R->coords.tp != 0) continue;
+        for (double l : R->losses) {
+            loss += l;
+            ++count;
+        }
+    }
+    if (count != dp * m)
+        return Status::internal("collected " + std::to_string(count) + " microbatch losses, expected " +
+                                std::to_string(dp * m));
+    loss /= count;
+    if (!std::isfinite(loss)) {
+        const Status st = Status::numerical("loss is " + std::to_string(loss) + " at iteration " + std::to_string(it + 1) +
+                                            "; lower lr or enable clip_grad");
+        std::lock_guard<std::mutex> lock(m_errorMutex);
+        m_firstError = st;
+        return st;
+    }
+    const double dt = double(monotonicNs() - t0) * 1e-9;
+    ++m_iteration;
+    m_samples += m_globalBatch;
+    if (out) {
+        out->step = m_iteration;
+        out->loss = loss;
+        out->stepTimeS = dt;
+        out->tokensPerS = double(m_globalBatch) * m_cfg.seq_length / std::max(dt, 1e-12);
+        out->modelTflops = m_flops / (std::max(dt, 1e-12) * 1e12 * double(worldSize()));
+        out->gradNorm = m_ranks[0]->opt->lastStep().gradNorm;
+        out->lr = m_ranks[0]->opt->lastStep().lr;
+        out->peakMemoryBytes = 0;
+        for (size_t cat = 0; cat < size_t(MemCategory::Count); ++cat) out->peakMemoryByCategory[cat] = 0;
+        // Most-loaded rank, as Megatron's memory report.
+        for (auto& R : m_ranks) {
+            const MemoryStats ms = R->dev->memoryStats();
+            out->peakMemoryBytes = std::max(out->peakMemoryBytes, ms.peakTotal);
+            for (size_t cat = 0; cat < size_t(MemCategory::Count); ++cat)
+                out->peakMemoryByCategory[cat] = std::max(out->peakMemoryByCategory[cat], ms.peak[cat]);
+        }
+    }
+    return Status::ok();
+}
+
+Status ParallelTrainer::train(int steps, const TrainerCallbacks& cb, const std::atomic<bool>* cancel) {
+    m_cancel = cancel;
+    const int target = steps < 0 ? m_cfg.train_iters : m_iteration + steps;
+    while (m_iteration < target) {
+        if (cancel && cancel->load()) return Status::cancelled("cancelled at iteration " + std::to_string(m_iteration + 1));
+        StepProgress p;
+        TS_RETURN_IF_ERROR(step(&p));
+        if (cb.onStep) cb.onStep(p);
+    }
+    TS_RETURN_IF_ERROR(synchronize());
+    if (!m_cfg.save.empty())
+        return Status::unsupported("save: checkpoints of parallel runs are not supported yet (save='" + m_cfg.save + "')");
+    return Status::ok();
+}
+
+Status ParallelTrainer::synchronize() {
+    Status first;
+    for (auto& R : m_ranks) {
+        for (Stream* s : {R->compute.get(), R->dpStream.get(), R->p2p.get()}) {
+            Status st = s->synchronize();
+            if (first.isOk() && !st.isOk()) first = st.withContext(coordText(R->coords));
+        }
+    }
+    std::lock_guard<std::mutex> lock(m_errorMutex);
+    return m_firstError.isOk() ? first : m_firstError;
+}
+
+Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(int dpRank) {
+    TS_RETURN_IF_ERROR(synchronize());
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    if (dpRank < 0 || dpRank >= ds.dp) return Status::invalid("dp rank " + std::to_string(dpRank) + " out of range");
+    std::map<std::string, std::vector<float>> out;
+    for (int pp = 0; pp < ds.pp; ++pp) {
+        for (int ch = 0; ch < ds.vpp; ++ch) {
+            const int r0 = m_layout.globalRank(0, 0, dpRank, pp);
+            ParamBuffer& p0 = m_ranks[size_t(r0)]->models[size_t(ch)]->params();
+            for (int i = 0; i < p0.count(); ++i) {
+                const ParamInfo& info = p0.info(i);
+                std::string name = info.name;
+                if (info.sharedEmbedding && name == "output_layer.weight") name += "[tied copy]";
+                int64_t full = 1;
+                for (int64_t d : info.fullShape) full *= d;
+                std::vector<float> v(static_cast<size_t>(full), 0.f);
+                for (int t = 0; t < ds.tp; ++t) {
+                    const int r = m_layout.globalRank(t, 0, dpRank, pp);
+                    ParamBuffer& pb = m_ranks[size_t(r)]->models[size_t(ch)]->params();
+                    const float* src = pb.mainParam(i);
+                    const ParamInfo& li = pb.info(i);
+                    if (ds.tp == 1 || info.shard == ShardKind::Replicated) {
+                        std::copy(src, src + li.numel, v.begin());
+                    } else if (info.shard == ShardKind::RowParallel) {
+                        const int64_t R = info.fullShape[0], C = info.fullShape[1], cl = C / ds.tp;
+                        for (int64_t row = 0; row < R; ++row)
+                            std::copy(src + row * cl, src + (row + 1) * cl, v.begin() + row * C + t * cl);
+                    } else {
+                        // Column / vocab parallel: row blocks; stride 2 -> [gate_t ; up_t].
+                        const int64_t R = info.fullShape[0];
+                        const int64_t C = info.fullShape.size() > 1 ? info.fullShape[1] : 1;
+                        const int64_t half = R / info.partitionStride, rl = half / ds.tp;
+                        for (int s = 0; s < info.partitionStride; ++s)
+                            std::copy(src + s * rl * C, src + (s + 1) * rl * C, v.begin() + (s * half + t * rl) * C);
+                    }
+                }
+                out[name] = std::move(v);
+            }
+        }
+    }
+    return out;
+}
+
+const GradSync& ParallelTrainer::gradSync(int rank, int chunk) const {
+    return *m_ranks.at(size_t(rank))->syncs.at(size_t(chunk));
+}
+
+int ParallelTrainer::numChunks() const { return m_ranks.empty() ? 0 : int(m_ranks[0]->models.size()); }
+
+int64_t ParallelTrainer::optimizerOwnedNumel(int rank) const { return m_ranks.at(size_t(rank))->opt->ownedNumel(); }
+
+int ParallelTrainer::bucketsLaunchedEarly() const {
+    int n = 0;
+    for (const auto& R : m_ranks)
+        for (const auto& s : R->syncs) n += s->bucketsLaunchedEarly();
+    return n;
+}
+
+MemoryStats ParallelTrainer::memoryStats(int rank) const { return m_ranks.at(size_t(rank))->dev->memoryStats(); }
+
+}  // namespace ts::engine

@@ -1,7 +1,396 @@
-// Commands of the 'run' group. (Placeholder until that group lands.)
+// Commands of the 'run' group: `trainscope run CONFIG.yaml` trains on this node's CPU backend
+// and writes a run file (SQLite, through profiler::CaptureRecorder) into the workspace;
+// `trainscope demo` trains resources/examples/tiny.yaml and prints where the step time went.
+//
+// `run --json` prints one JSON object per line on stdout: {"event":"start",...}, one
+// {"event":"step",...} per iteration and {"event":"end","status":"completed|failed|cancelled"}.
+// SIGINT/SIGTERM cancel cleanly (the run is marked cancelled, exit code 130).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
 #include "apps/trainscope/commands.h"
+#include "common/clock.h"
+#include "engine/knobs.h"
+#include "engine/trainer.h"
+#include "kernels/cpu/ops.h"
+#include "profiler/store.h"
+#include "sessions/workspace.h"
+
+#ifndef TS_SOURCE_DIR
+#define TS_SOURCE_DIR "."
+#endif
 
 namespace ts::cli {
-int cmdRun(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
-int cmdDemo(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::atomic<bool> g_cancel{false};
+
+extern "C" void onSignal(int) { g_cancel.store(true); }
+
+struct SignalGuard {
+    using Handler = void (*)(int);
+    Handler oldInt, oldTerm;
+    SignalGuard() {
+        g_cancel = false;
+        oldInt = std::signal(SIGINT, onSignal);
+        oldTerm = std::signal(SIGTERM, onSignal);
+    }
+    ~SignalGuard() {
+        std::signal(SIGINT, oldInt);
+        std::signal(SIGTERM, oldTerm);
+    }
+};
+
+std::string isoNow() {
+    const std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+std::string hostName() {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+    return buf;
+}
+
+std::string fmtBytes(int64_t b) {
+    char buf[32];
+    if (b >= (int64_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(1 << 30));
+    else if (b >= (int64_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(1 << 20));
+    else std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024.0);
+    return buf;
+}
+
+json stepJson(const engine::StepProgress& p) {
+    json mem = json::object();
+    for (size_t c = 0; c < size_t(engine::MemCategory::Count); ++c)
+        mem[trace::memCategoryName(engine::MemCategory(c))] = p.peakMemoryByCategory[c];
+    return {{"event", "step"},       {"step", p.step},
+            {"loss", p.loss},        {"step_time_s", p.stepTimeS},
+            {"tokens_per_s", p.tokensPerS}, {"model_tflops", p.modelTflops},
+            {"peak_memory_bytes", p.peakMemoryBytes}, {"peak_memory", mem},
+            {"grad_norm", p.gradNorm}, {"lr", p.lr}};
+}
+
+void progressBar(const engine::StepProgress& p, int total) {
+    const int width = 24;
+    const int filled = total > 0 ? std::min(width, p.step * width / total) : width;
+    std::string bar(size_t(filled), '#');
+    bar.resize(size_t(width), '.');
+    std::fprintf(stderr, "\r[%s] step %d/%d  loss %.4f  %.3f s/step  %.0f tok/s  %.4f TFLOP/s  peak %s   ",
+                 bar.c_str(), p.step, total, p.loss, p.stepTimeS, p.tokensPerS, p.modelTflops,
+                 fmtBytes(p.peakMemoryBytes).c_str());
+    std::fflush(stderr);
+}
+
+// Aggregates execution time per op name and category on the compute streams (for `demo`).
+class TimeSummaryRecorder : public trace::Recorder {
+public:
+    uint32_t track(const trace::TrackDesc& d) override {
+        std::lock_guard<std::mutex> l(m_mu);
+        m_kinds.push_back(d.kind);
+        return uint32_t(m_kinds.size());
+    }
+    uint32_t intern(std::string_view text) override {
+        std::lock_guard<std::mutex> l(m_mu);
+        auto it = m_ids.find(std::string(text));
+        if (it != m_ids.end()) return it->second;
+        m_names.emplace_back(text);
+        const uint32_t id = uint32_t(m_names.size());
+        m_ids.emplace(std::string(text), id);
+        return id;
+    }
+    void slice(const trace::Slice& s) override {
+        std::lock_guard<std::mutex> l(m_mu);
+        if (s.track == 0 || s.track > m_kinds.size() || m_kinds[s.track - 1] != trace::TrackKind::Compute) return;
+        if (s.category == trace::Category::Range || s.category == trace::Category::Launch) return;
+        const std::string name = s.name > 0 && s.name <= m_names.size() ? m_names[s.name - 1] : "?";
+        auto& e = m_byName[name];
+        e.ns += s.durNs;
+        e.flops += s.flops;
+        e.category = s.category;
+        m_byCat[s.category] += s.durNs;
+        m_total += s.durNs;
+    }
+    void counter(const trace::Counter&) override {}
+    void metadata(std::string_view, std::string_view) override {}
+    uint64_t nextCorrelation() override { return ++m_corr; }
+
+    void reset() {
+        std::lock_guard<std::mutex> l(m_mu);
+        m_byName.clear();
+        m_byCat.clear();
+        m_total = 0;
+    }
+    void print(int steps) const {
+        std::lock_guard<std::mutex> l(m_mu);
+        if (m_total <= 0) return;
+        std::printf("\nWhere the time went (compute stream, %d measured steps):\n", steps);
+        std::vector<std::pair<int64_t, trace::Category>> cats;
+        for (auto& [c, ns] : m_byCat) cats.push_back({ns, c});
+        std::sort(cats.rbegin(), cats.rend());
+        for (auto& [ns, c] : cats)
+            std::printf("  %-12s %8.1f ms/step  %5.1f%%\n", trace::categoryName(c), double(ns) / 1e6 / steps,
+                        100.0 * double(ns) / double(m_total));
+        std::vector<std::pair<int64_t, std::string>> ops;
+        for (auto& [n, e] : m_byName) ops.push_back({e.ns, n});
+        std::sort(ops.rbegin(), ops.rend());
+        std::printf("Top ops:\n");
+        for (size_t i = 0; i < ops.size() && i < 8; ++i) {
+            const auto& e = m_byName.at(ops[i].second);
+            const double gf = e.ns > 0 ? e.flops / double(e.ns) : 0;  // flops/ns = GFLOP/s
+            std::printf("  %-28s %8.1f ms/step  %5.1f%%", ops[i].second.c_str(), double(ops[i].first) / 1e6 / steps,
+                        100.0 * double(ops[i].first) / double(m_total));
+            if (gf > 0) std::printf("  %7.1f GFLOP/s", gf);
+            std::printf("\n");
+        }
+    }
+
+private:
+    struct Entry {
+        int64_t ns = 0;
+        double flops = 0;
+        trace::Category category = trace::Category::Other;
+    };
+    mutable std::mutex m_mu;
+    std::vector<trace::TrackKind> m_kinds;
+    std::vector<std::string> m_names;
+    std::map<std::string, uint32_t> m_ids;
+    std::map<std::string, Entry> m_byName;
+    std::map<trace::Category, int64_t> m_byCat;
+    int64_t m_total = 0;
+    std::atomic<uint64_t> m_corr{0};
+};
+
+Result<engine::Config> loadRunConfig(const std::string& path, const Args& a) {
+    const engine::LoadedConfig loaded = engine::loadConfigFile(path);
+    if (!loaded.ok()) return engine::issuesToStatus(loaded.issues);
+    engine::Config c = loaded.config;
+    for (const auto& kv : a.values("--set")) TS_RETURN_IF_ERROR(engine::applyOverride(c, kv));
+    if (auto steps = a.value("--steps")) {
+        try {
+            c.train_iters = std::stoi(*steps);
+        } catch (...) {
+            return Status::invalid("--steps needs a number (got '" + *steps + "')");
+        }
+        if (c.train_iters <= 0) return Status::invalid("--steps must be > 0");
+    }
+    if (auto w = a.value("--world-size")) {
+        try {
+            c.world_size = std::stoi(*w);
+        } catch (...) {
+            return Status::invalid("--world-size needs a number");
+        }
+    }
+    if (auto n = a.value("--name")) c.name = *n;
+    TS_RETURN_IF_ERROR(engine::issuesToStatus(engine::validateConfig(c)));
+    return c;
+}
+
+int exitCodeFor(const Status& s) {
+    if (s.code() == ErrorCode::InvalidArgument) return 2;
+    if (s.code() == ErrorCode::NotFound) return 3;
+    return 1;
+}
+
+}  // namespace
+
+int cmdRun(const Args& a) {
+    if (a.value("--node")) return cmdRunOnNode(a);
+    if (auto bad = a.unknownFlags({"--steps", "--json", "--run-file", "--workspace", "--name", "--set",
+                                   "--world-size", "--node", "--no-trace"});
+        !bad.empty())
+        return fail(2, "unknown option " + bad[0] + " for `run`; see `trainscope --help`");
+    if (a.positional().size() != 1)
+        return fail(2, "usage: trainscope run CONFIG.yaml [--steps N] [--json] [--run-file PATH] [--workspace DIR] "
+                       "[--name NAME] [--set key=value ...]");
+    auto cfg = loadRunConfig(a.positional()[0], a);
+    if (!cfg) return fail(exitCodeFor(cfg.status()), cfg.status().message());
+    engine::Config c = *cfg;
+    const bool jsonOut = a.has("--json");
+
+    // Run file: --run-file PATH, else a new file in the workspace.
+    std::string runFile;
+    std::optional<sessions::Workspace> ws;
+    if (auto rf = a.value("--run-file")) {
+        runFile = *rf;
+    } else {
+        auto w = sessions::Workspace::open(a.value("--workspace").value_or(""));
+        if (!w) return fail(1, w.status().message());
+        ws.emplace(std::move(*w));
+        auto p = ws->newRunFile(c.name);
+        if (!p) return fail(1, p.status().message());
+        runFile = *p;
+    }
+    auto recR = profiler::CaptureRecorder::create(runFile);
+    if (!recR) return fail(1, "cannot create run file " + runFile + ": " + recR.status().message());
+    std::unique_ptr<profiler::CaptureRecorder> rec = std::move(*recR);
+    profiler::RunInfo info;
+    info.id = fs::path(runFile).stem().string();
+    info.name = c.name.empty() ? info.id : c.name;
+    info.status = "running";
+    info.createdAt = isoNow();
+    info.node = "local";
+    info.host = hostName();
+    if (const char* u = std::getenv("USER")) info.user = u;
+    info.configJson = engine::configToJson(c).dump();
+    const engine::DerivedSizes ds = engine::deriveSizes(c);
+    info.layout = "tp" + std::to_string(ds.tp) + " pp" + std::to_string(ds.pp) + " dp" + std::to_string(ds.dp);
+    rec->setRunInfo(info);
+
+    auto finish = [&](const std::string& status, const std::string& reason) {
+        rec->setRunStatus(status, reason);
+        if (!reason.empty()) rec->appendLog(status == "completed" ? "info" : "error", reason);
+        (void)rec->close();
+        if (ws) (void)ws->indexRun(runFile);
+        if (jsonOut) {
+            std::printf("%s\n", json{{"event", "end"}, {"status", status}, {"reason", reason}, {"run_file", runFile}}
+                                    .dump()
+                                    .c_str());
+            std::fflush(stdout);
+        }
+    };
+
+    SignalGuard guard;
+    std::unique_ptr<engine::Backend> backend = engine::makeCpuBackend(1);
+    engine::Device& dev = backend->device(0);
+    if (c.profile && !a.has("--no-trace")) dev.setTrace(rec.get(), 0);
+    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+    const int threads = c.cpu_threads > 0 ? c.cpu_threads : kernels::cpu::numThreads();
+    const double peakGflops = kernels::cpu::measureSgemmPeakGflops(threads, 512, 0.2);
+    auto trainer = engine::Trainer::create(c, &dev, stream.get(), nullptr);
+    if (!trainer) {
+        finish("failed", trainer.status().message());
+        return fail(exitCodeFor(trainer.status()), trainer.status().message());
+    }
+    engine::Trainer& t = **trainer;
+    t.setPeakTflops(peakGflops / 1e3);
+    const json meta = t.runMetadata();
+    for (auto it = meta.begin(); it != meta.end(); ++it)
+        rec->metadata(it.key(), it->is_string() ? it->get<std::string>() : it->dump());
+    rec->appendLog("info", "data: " + t.data().description());
+    if (jsonOut) {
+        std::printf("%s\n", json{{"event", "start"},
+                                 {"run_file", runFile},
+                                 {"name", info.name},
+                                 {"steps", c.train_iters},
+                                 {"model_flops_per_step", t.modelFlopsPerStep()},
+                                 {"num_parameters", t.model().params().numel()},
+                                 {"data", t.data().description()}}
+                                .dump()
+                                .c_str());
+        std::fflush(stdout);
+    } else {
+        std::fprintf(stderr, "trainscope run: %s, %lld parameters, %s; run file %s\n", info.name.c_str(),
+                     (long long)t.model().params().numel(), t.data().description().c_str(), runFile.c_str());
+    }
+    engine::TrainerCallbacks cb;
+    cb.onStep = [&](const engine::StepProgress& p) {
+        profiler::StepMetrics m;
+        m.step = p.step;
+        m.loss = p.loss;
+        m.stepTimeS = p.stepTimeS;
+        m.tokensPerS = p.tokensPerS;
+        m.modelTflops = p.modelTflops;
+        m.gradNorm = p.gradNorm;
+        m.lr = p.lr;
+        m.peakMemoryBytes = p.peakMemoryBytes;
+        m.tsNs = monotonicNs();
+        rec->appendStepMetrics(m);
+        if (jsonOut) {
+            std::printf("%s\n", stepJson(p).dump().c_str());
+            std::fflush(stdout);
+        } else {
+            progressBar(p, c.train_iters);
+        }
+    };
+    cb.onLog = [&](const std::string& s) { rec->appendLog("info", s); };
+    const Status st = t.train(-1, cb, &g_cancel);
+    if (!jsonOut) std::fprintf(stderr, "\n");
+    dev.setTrace(nullptr, 0);
+    if (st.code() == ErrorCode::Cancelled) {
+        finish("cancelled", st.message());
+        if (!jsonOut) std::fprintf(stderr, "trainscope run: cancelled; run file %s\n", runFile.c_str());
+        return 130;
+    }
+    if (!st) {
+        finish("failed", st.message());
+        return fail(1, st.message());
+    }
+    finish("completed", "");
+    if (!jsonOut) std::fprintf(stderr, "trainscope run: completed %d steps; run file %s\n", t.iteration(), runFile.c_str());
+    return 0;
+}
+
+int cmdDemo(const Args& a) {
+    if (auto bad = a.unknownFlags({"--steps"}); !bad.empty())
+        return fail(2, "unknown option " + bad[0] + " for `demo`");
+    std::string path = std::string(TS_SOURCE_DIR) + "/resources/examples/tiny.yaml";
+    std::error_code ec;
+    if (!fs::exists(path, ec)) path = "resources/examples/tiny.yaml";
+    auto cfg = loadRunConfig(path, a);
+    if (!cfg) return fail(exitCodeFor(cfg.status()), cfg.status().message());
+    engine::Config c = *cfg;
+    if (!a.value("--steps")) c.train_iters = 20;
+    SignalGuard guard;
+    TimeSummaryRecorder summary;
+    std::unique_ptr<engine::Backend> backend = engine::makeCpuBackend(1);
+    engine::Device& dev = backend->device(0);
+    dev.setTrace(&summary, 0);
+    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+    auto trainer = engine::Trainer::create(c, &dev, stream.get(), nullptr);
+    if (!trainer) return fail(exitCodeFor(trainer.status()), trainer.status().message());
+    engine::Trainer& t = **trainer;
+    std::printf("trainscope demo: %s (%lld parameters), %d steps on the CPU backend\n", path.c_str(),
+                (long long)t.model().params().numel(), c.train_iters);
+    std::printf("data: %s\n", t.data().description().c_str());
+    double first = 0, last = 0, timeSum = 0, tflopsSum = 0;
+    int measured = 0;
+    engine::TrainerCallbacks cb;
+    cb.onStep = [&](const engine::StepProgress& p) {
+        if (p.step == 1) {
+            first = p.loss;
+            summary.reset();  // the first step includes one-time costs
+        } else {
+            timeSum += p.stepTimeS;
+            tflopsSum += p.modelTflops;
+            ++measured;
+        }
+        last = p.loss;
+        progressBar(p, c.train_iters);
+    };
+    const Status st = t.train(-1, cb, &g_cancel);
+    std::fprintf(stderr, "\n");
+    dev.setTrace(nullptr, 0);
+    if (!st && st.code() != ErrorCode::Cancelled) return fail(1, st.message());
+    std::printf("loss %.4f -> %.4f (ln(vocab) = %.4f)\n", first, last, std::log(double(c.vocab_size)));
+    if (measured > 0)
+        std::printf("mean step %.3f s, %.4f model TFLOP/s (%s)\n", timeSum / measured, tflopsSum / measured,
+                    "Megatron FLOPs formula");
+    summary.print(std::max(1, measured));
+    return st.code() == ErrorCode::Cancelled ? 130 : 0;
+}
+
 }  // namespace ts::cli

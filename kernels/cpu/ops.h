@@ -6,6 +6,10 @@
 // w.r.t. activations are OVERWRITTEN unless the comment says otherwise.
 // Threading: GEMMs use OpenBLAS (threads set with setNumThreads); other loops are
 // single-threaded per call unless noted (ranks are parallel on their own threads).
+// openblas_set_num_threads is process-global. Debian's libopenblas0-pthread serialises
+// concurrent *multithreaded* level-3 calls (one level3_lock in the threaded GEMM driver);
+// in 1-thread mode each call runs on its caller's thread without that lock, so an engine
+// that runs several rank threads should setNumThreads(1). See docs/kernels.md.
 #pragma once
 
 #include <cstddef>

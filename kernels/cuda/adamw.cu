@@ -1,0 +1,59 @@
+// AdamW step with torch.optim.AdamW semantics (see kernels/cpu/optimizer.cpp): scalars are
+// formed on the host in double and applied in float per element.
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+#include <cmath>
+
+namespace ts::kernels::cuda {
+
+namespace {
+
+struct AdamScalars {
+    float decay, negStep, bc2Sqrt, w, oneMinusB2, beta2, eps;
+    bool decayOn;
+};
+
+__global__ void adamwKernel(float* __restrict__ p, const float* __restrict__ g,
+                            float* __restrict__ m, float* __restrict__ v, int64_t n,
+                            AdamScalars s) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
+        float pi = p[i];
+        if (s.decayOn) pi *= s.decay;
+        const float gi = g[i];
+        float mi = m[i];
+        mi = s.w < 0.5f ? mi + s.w * (gi - mi) : gi - (gi - mi) * (1.0f - s.w);  // torch lerp
+        const float vi = v[i] * s.beta2 + gi * gi * s.oneMinusB2;
+        const float denom = sqrtf(vi) / s.bc2Sqrt + s.eps;
+        p[i] = pi + s.negStep * mi / denom;
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+}  // namespace
+
+Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
+                 const AdamParams& hp, void* stream) {
+    if (n < 0) return Status::invalid("adamwStep: negative element count");
+    if (n == 0) return Status::ok();
+    const double lr = hp.lr, b1 = hp.beta1, b2 = hp.beta2;
+    const double step = static_cast<double>(hp.step < 1 ? 1 : hp.step);
+    AdamScalars s;
+    s.decay = static_cast<float>(1.0 - lr * static_cast<double>(hp.weightDecay));
+    s.negStep = static_cast<float>(-(lr / (1.0 - std::pow(b1, step))));
+    s.bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, step)));
+    s.w = static_cast<float>(1.0 - b1);
+    s.oneMinusB2 = static_cast<float>(1.0 - b2);
+    s.beta2 = hp.beta2;
+    s.eps = hp.eps;
+    s.decayOn = hp.weightDecay != 0.0f;
+    constexpr int kThreads = 256;
+    adamwKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+        param, grad, m, v, n, s);
+    return detail::launchStatus("adamwStep launch");
+}
+
+}  // namespace ts::kernels::cuda

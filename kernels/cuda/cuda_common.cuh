@@ -1,0 +1,51 @@
+// Shared pieces of the .cu files: CUDA error -> ts::Status translation and warp reductions.
+#pragma once
+
+#include "common/status.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace ts::kernels::cuda::detail {
+
+inline Status fromCuda(cudaError_t err, const char* what) {
+    if (err == cudaSuccess) return Status::ok();
+    std::string msg = std::string(what) + ": " + cudaGetErrorName(err) + " (" +
+                      cudaGetErrorString(err) + ")";
+    switch (err) {
+        case cudaErrorMemoryAllocation:
+            return {ErrorCode::OutOfMemory, msg};
+        case cudaErrorNoDevice:
+        case cudaErrorInsufficientDriver:
+        case cudaErrorNoKernelImageForDevice:
+            return Status::unsupported(msg);
+        case cudaErrorInvalidValue:
+        case cudaErrorInvalidDevicePointer:
+            return Status::invalid(msg);
+        default:
+            return Status::internal(msg);
+    }
+}
+
+// After a <<<>>> launch: configuration errors show up here (execution errors come later).
+inline Status launchStatus(const char* what) { return fromCuda(cudaGetLastError(), what); }
+
+inline cudaStream_t asStream(void* s) { return static_cast<cudaStream_t>(s); }
+
+__device__ inline float warpSum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ inline float warpMax(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+inline int blocksFor(int64_t n, int threads, int cap = 65535 * 8) {
+    const int64_t b = (n + threads - 1) / threads;
+    return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+}  // namespace ts::kernels::cuda::detail

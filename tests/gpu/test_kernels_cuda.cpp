@@ -1,0 +1,175 @@
+// CUDA kernels vs the CPU oracle on random data: LayerNorm, bias-GeLU, AdamW, cross entropy
+// and the cuBLAS linear. Skips without a CUDA build or without a device.
+#include <gtest/gtest.h>
+
+#ifdef TS_HAVE_CUDA
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops_cuda.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace ts::kernels {
+namespace {
+
+#define TS_ASSERT_OK(expr)                                      \
+    do {                                                        \
+        const ::ts::Status s_ = (expr);                         \
+        ASSERT_TRUE(s_.isOk()) << #expr << ": " << s_.toString(); \
+    } while (0)
+
+std::vector<float> randomVec(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+// Device buffer that frees itself; upload/download by vector.
+template <typename T>
+struct DeviceVec {
+    T* ptr = nullptr;
+    size_t n = 0;
+    explicit DeviceVec(size_t count) : n(count) {
+        void* p = nullptr;
+        status = cuda::deviceAlloc(&p, sizeof(T) * (n ? n : 1));
+        ptr = static_cast<T*>(p);
+    }
+    explicit DeviceVec(const std::vector<T>& host) : DeviceVec(host.size()) {
+        if (status.isOk()) status = cuda::copyToDevice(ptr, host.data(), sizeof(T) * n);
+    }
+    ~DeviceVec() {
+        if (ptr) (void)cuda::deviceFree(ptr);
+    }
+    std::vector<T> download() const {
+        std::vector<T> h(n);
+        const Status s = cuda::copyToHost(h.data(), ptr, sizeof(T) * n);
+        EXPECT_TRUE(s.isOk()) << s.toString();
+        return h;
+    }
+    Status status;
+};
+
+void expectNear(const std::vector<float>& got, const std::vector<float>& want, double rtol,
+                double atol, const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+        if (!(std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i])) && ++bad <= 5)
+            ADD_FAILURE() << what << "[" << i << "] gpu " << got[i] << " cpu " << want[i];
+    EXPECT_EQ(bad, 0) << what;
+}
+
+class KernelsCuda : public ::testing::Test {
+protected:
+    void SetUp() override {
+        int count = 0;
+        const Status s = cuda::deviceCount(&count);
+        if (!s.isOk() || count == 0)
+            GTEST_SKIP() << "no CUDA device available (" << (s.isOk() ? "0 devices" : s.toString())
+                         << ")";
+        TS_ASSERT_OK(cuda::streamCreate(&m_stream));
+    }
+    void TearDown() override {
+        if (m_stream) (void)cuda::streamDestroy(m_stream);
+    }
+    void* m_stream = nullptr;
+};
+
+TEST_F(KernelsCuda, LayerNormForwardMatchesCpu) {
+    const int T = 67, C = 300;
+    const auto x = randomVec(T * C, 1, -3, 3), w = randomVec(C, 2), b = randomVec(C, 3);
+    for (bool bias : {true, false}) {
+        DeviceVec<float> dx(x), dw(w), db(b), dy(T * C), dm(T), dr(T);
+        TS_ASSERT_OK(dx.status);
+        TS_ASSERT_OK(cuda::layerNormForward(dx.ptr, dw.ptr, bias ? db.ptr : nullptr, dy.ptr, dm.ptr,
+                                            dr.ptr, T, C, 1e-5f, m_stream));
+        TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+        std::vector<float> y(T * C), mean(T), rstd(T);
+        cpu::layerNormForward(x.data(), w.data(), bias ? b.data() : nullptr, y.data(), mean.data(),
+                              rstd.data(), T, C, 1e-5f);
+        expectNear(dy.download(), y, 1e-4, 1e-5, "y");
+        expectNear(dm.download(), mean, 1e-4, 1e-6, "mean");
+        expectNear(dr.download(), rstd, 1e-4, 0, "rstd");
+    }
+}
+
+TEST_F(KernelsCuda, BiasGeluForwardMatchesCpu) {
+    const int T = 33, C = 1000;
+    const auto x = randomVec(T * C, 4, -6, 6), b = randomVec(C, 5);
+    DeviceVec<float> dx(x), db(b), dy(T * C);
+    TS_ASSERT_OK(cuda::biasGeluForward(dx.ptr, db.ptr, dy.ptr, T, C, m_stream));
+    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+    std::vector<float> y(T * C);
+    cpu::biasGeluForward(x.data(), b.data(), y.data(), T, C);
+    expectNear(dy.download(), y, 1e-5, 1e-6, "y");
+}
+
+TEST_F(KernelsCuda, AdamWThreeStepsMatchCpu) {
+    const int64_t n = 10007;
+    auto p = randomVec(n, 6);
+    std::vector<float> m(n, 0.f), v(n, 0.f);
+    DeviceVec<float> dp(p), dm(m), dv(v);
+    cpu::AdamParams hc;
+    cuda::AdamParams hg;
+    hc.lr = hg.lr = 1e-3f;
+    hc.beta2 = hg.beta2 = 0.95f;
+    hc.weightDecay = hg.weightDecay = 0.1f;
+    for (int step = 1; step <= 3; ++step) {
+        const auto g = randomVec(n, 10 + step, -2, 2);
+        DeviceVec<float> dg(g);
+        hc.step = hg.step = step;
+        TS_ASSERT_OK(cuda::adamwStep(dp.ptr, dg.ptr, dm.ptr, dv.ptr, n, hg, m_stream));
+        TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+        cpu::adamwStep(p.data(), g.data(), m.data(), v.data(), n, hc);
+    }
+    expectNear(dp.download(), p, 1e-6, 1e-7, "param");
+    expectNear(dm.download(), m, 1e-6, 1e-8, "exp_avg");
+    expectNear(dv.download(), v, 1e-6, 1e-10, "exp_avg_sq");
+}
+
+TEST_F(KernelsCuda, CrossEntropyForwardMatchesCpu) {
+    const int T = 45, V = 5000;
+    const auto logits = randomVec(static_cast<size_t>(T) * V, 7, -8, 8);
+    std::vector<int32_t> targets(T);
+    for (int t = 0; t < T; ++t) targets[t] = (t * 131) % V;
+    DeviceVec<float> dl(logits), dloss(T);
+    DeviceVec<int32_t> dt(targets);
+    TS_ASSERT_OK(cuda::crossEntropyForward(dl.ptr, dt.ptr, dloss.ptr, T, V, m_stream));
+    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+    std::vector<float> probs(logits.size()), loss(T);
+    cpu::crossEntropyForwardUnfused(logits.data(), targets.data(), probs.data(), loss.data(), T, V);
+    expectNear(dloss.download(), loss, 1e-5, 1e-5, "loss");
+}
+
+TEST_F(KernelsCuda, LinearForwardMatchesCpu) {
+    const int T = 70, in = 96, out = 130;
+    const auto x = randomVec(T * in, 8), W = randomVec(out * in, 9), b = randomVec(out, 10);
+    void* handle = nullptr;
+    TS_ASSERT_OK(cuda::cublasCreateHandle(&handle));
+    for (bool bias : {true, false}) {
+        DeviceVec<float> dx(x), dW(W), db(b), dy(T * out);
+        const Status s = cuda::linearForward(handle, dx.ptr, dW.ptr, bias ? db.ptr : nullptr,
+                                             dy.ptr, T, in, out, m_stream);
+        EXPECT_TRUE(s.isOk()) << s.toString();
+        TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+        std::vector<float> y(T * out);
+        cpu::linearForward(x.data(), W.data(), bias ? b.data() : nullptr, y.data(), T, in, out);
+        // cuBLAS may use TF32 only when asked; default SGEMM is full fp32
+        expectNear(dy.download(), y, 1e-4, 1e-4, "y");
+    }
+    EXPECT_FALSE(cuda::linearForward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 1, m_stream).isOk());
+    TS_ASSERT_OK(cuda::cublasDestroyHandle(handle));
+}
+
+}  // namespace
+}  // namespace ts::kernels
+
+#else  // !TS_HAVE_CUDA
+
+TEST(KernelsCuda, Skipped) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif

@@ -50,6 +50,9 @@ Result<ImportReport> importTraces(const std::vector<std::string>& paths, trace::
     for (auto& f : staged) finalizeStaged(f, options);
     ImportReport report;
     report.summary = emitStaged(staged, rec, report.stats);
+    // Tells the analyses that HTA's last-step filter was already applied (they must not
+    // apply it a second time).
+    if (options.dropLastProfilerStep) rec.metadata("import.dropped_last_step", "1");
     return report;
 }
 

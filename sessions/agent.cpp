@@ -829,7 +829,10 @@ void Agent::Impl::finalize(RunState& run, int waitStatus, const std::string& end
             if (const char* u = std::getenv("USER")) info.user = u;
             info.configJson = run.configJson.dump();
         }
-        if (info.status != status || info.statusReason != reason || info.finishedAt.empty()) {
+        // The run only knows it ran "local"ly; from the workspace's view it ran on this node.
+        const bool fixNode = info.node.empty() || info.node == "local";
+        if (fixNode) info.node = o.nodeName;
+        if (fixNode || info.status != status || info.statusReason != reason || info.finishedAt.empty()) {
             // Keep the child's own reason when it agrees on the outcome.
             if (info.status == status && !info.statusReason.empty() && status != "cancelled") reason = info.statusReason;
             info.status = status;

@@ -234,10 +234,20 @@ Result<RunSummary> summarizeRunFile(const std::string& runFilePath) {
         s.steps = int(v.size());
         s.lastLoss = v.back().loss;
     }
-    // MFU: the run writes metadata "mfu" (achieved model TFLOP/s over the peak of its devices)
-    // when it knows its devices' peak; otherwise it stays unknown (0).
+    // MFU = achieved model TFLOP/s per device / peak TFLOP/s per device. step_metrics'
+    // modelTflops is per device (Megatron's "TFLOP/s/GPU": F / (t * 1e12 * world)); the run
+    // writes its devices' peak as metadata "peak_tflops" when it knows it. A run (or importer)
+    // may instead write "mfu" directly. Unknown stays 0.
     auto mfu = (*store)->metadata("mfu");
-    if (mfu && mfu->has_value()) s.mfu = std::atof((*mfu)->c_str());
+    auto peak = (*store)->metadata("peak_tflops");
+    if (mfu && mfu->has_value()) {
+        s.mfu = std::atof((*mfu)->c_str());
+    } else if (peak && peak->has_value() && steps && !steps->empty()) {
+        const double p = std::atof((*peak)->c_str());
+        std::vector<double> tflops;
+        for (size_t i = steps->size() > 1 ? 1 : 0; i < steps->size(); ++i) tflops.push_back((*steps)[i].modelTflops);
+        if (p > 0) s.mfu = median(tflops) / p;
+    }
     return s;
 }
 

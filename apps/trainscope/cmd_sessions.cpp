@@ -1,9 +1,341 @@
-// Commands of the 'sessions' group. (Placeholder until that group lands.)
+// Commands of the 'sessions' group: runs (workspace), agent (node server), compare, export,
+// and `run --node` (through an agent). The work is in sessions/; this file parses arguments
+// and prints.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
 #include "apps/trainscope/commands.h"
+#include "engine/backend.h"
+#include "engine/knobs.h"
+#include "sessions/agent.h"
+#include "sessions/compare.h"
+#include "sessions/export.h"
+#include "sessions/node_client.h"
+#include "sessions/workspace.h"
+
+#ifndef TS_VERSION
+#define TS_VERSION "0.0.0"
+#endif
 
 namespace ts::cli {
-int cmdRuns(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
-int cmdAgent(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
-int cmdCompare(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
-int cmdExport(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
+
+using nlohmann::json;
+using sessions::RunSummary;
+using sessions::Workspace;
+
+namespace {
+
+int codeFor(const Status& s) {
+    switch (s.code()) {
+        case ErrorCode::NotFound: return 3;
+        case ErrorCode::InvalidArgument: return 2;
+        default: return 1;
+    }
+}
+
+int failStatus(const Status& s) { return fail(codeFor(s), s.message()); }
+
+int checkFlags(const Args& a, const std::vector<std::string>& known) {
+    auto unknown = a.unknownFlags(known);
+    if (unknown.empty()) return 0;
+    return fail(2, "unknown option " + unknown.front() + " for '" + a.command() + "' (see `trainscope " +
+                       a.command() + " --help`)");
+}
+
+std::string human(double bytes) {
+    const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (bytes >= 1024 && i < 4) { bytes /= 1024; ++i; }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, i ? "%.1f %s" : "%.0f %s", bytes, u[i]);
+    return buf;
+}
+
+std::string shortDate(const std::string& iso) {
+    // "2025-01-31T12:00:00Z" -> "2025-01-31 12:00"
+    if (iso.size() < 16) return iso;
+    return iso.substr(0, 10) + " " + iso.substr(11, 5);
+}
+
+void printRunsTable(const std::vector<RunSummary>& runs) {
+    std::printf("%-32s %-16s %-16s %-10s %-12s %10s %10s %6s %10s %-10s %s\n", "ID", "NAME", "DATE", "NODE",
+                "LAYOUT", "STEP", "TOK/S", "MFU", "PEAK MEM", "STATUS", "KEY KNOBS");
+    for (const auto& r : runs) {
+        char step[32], tok[32], mfu[16];
+        if (r.stepTimeS > 0) std::snprintf(step, sizeof step, "%.1f ms", r.stepTimeS * 1e3);
+        else std::snprintf(step, sizeof step, "-");
+        if (r.tokensPerS > 0) std::snprintf(tok, sizeof tok, "%.0f", r.tokensPerS);
+        else std::snprintf(tok, sizeof tok, "-");
+        if (r.mfu > 0) std::snprintf(mfu, sizeof mfu, "%.1f%%", r.mfu * 100);
+        else std::snprintf(mfu, sizeof mfu, "-");
+        std::string name = r.name.size() > 16 ? r.name.substr(0, 15) + "~" : r.name;
+        std::string node = r.node.size() > 10 ? r.node.substr(0, 9) + "~" : r.node;
+        std::printf("%-32s %-16s %-16s %-10s %-12s %10s %10s %6s %10s %-10s %s\n", r.id.c_str(), name.c_str(),
+                    shortDate(r.createdAt).c_str(), node.c_str(), r.layout.c_str(), step, tok, mfu,
+                    r.peakMemoryBytes > 0 ? human(double(r.peakMemoryBytes)).c_str() : "-", r.status.c_str(),
+                    r.keyKnobs.c_str());
+    }
+    if (runs.empty()) std::printf("(no runs yet: `trainscope run CONFIG.yaml` adds one)\n");
+}
+
+Result<std::string> readFile(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) return Status::notFound("cannot read " + path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// What `devices` answers on this node: the CUDA devices when this build and machine have
+// them, and always the CPU.
+json probeDevices() {
+    json cpu = sessions::probeCpuDevices();
+    json backends = json::array();
+    auto cuda = engine::makeCudaBackend();
+    if (cuda) {
+        json devs = json::array();
+        for (int i = 0; i < (*cuda)->deviceCount(); ++i) {
+            const auto& info = (*cuda)->device(i).info();
+            devs.push_back({{"index", i}, {"name", info.name}, {"memory_total_bytes", info.memoryTotal},
+                            {"memory_free_bytes", info.memoryFree}, {"peak_tflops_bf16", info.peakTflopsBf16}});
+        }
+        backends.push_back({{"backend", "cuda"}, {"count", devs.size()}, {"devices", devs}});
+    }
+    backends.push_back(cpu["backends"][0]);
+    json out = backends[0];
+    out["backends"] = backends;
+    if (!cuda) out["cuda"] = cuda.status().message();
+    return out;
+}
+
+}  // namespace
+
+// ---- runs --------------------------------------------------------------------------------
+
+int cmdRuns(const Args& a) {
+    if (int rc = checkFlags(a, {"--workspace", "--json"})) return rc;
+    const auto& pos = a.positional();
+    const std::string sub = pos.empty() ? "list" : pos[0];
+    auto need = [&](size_t n, const char* usage) -> bool {
+        if (pos.size() >= n) return true;
+        fail(2, std::string("usage: trainscope runs ") + usage);
+        return false;
+    };
+    auto ws = Workspace::open(a.value("--workspace").value_or(""));
+    if (!ws) return failStatus(ws.status());
+    const bool asJson = a.has("--json");
+    if (sub == "list" || sub == "ls") {
+        auto runs = ws->listRuns();
+        if (!runs) return failStatus(runs.status());
+        if (asJson) {
+            json out = json::array();
+            for (const auto& r : *runs) out.push_back(r.toJson());
+            std::printf("%s\n", out.dump(2).c_str());
+        } else {
+            printRunsTable(*runs);
+        }
+        return 0;
+    }
+    if (sub == "show") {
+        if (!need(2, "show RUN")) return 2;
+        auto r = ws->findRun(pos[1]);
+        if (!r) return failStatus(r.status());
+        if (asJson) {
+            std::printf("%s\n", r->toJson().dump(2).c_str());
+        } else {
+            json j = r->toJson();
+            for (auto& [k, v] : j.items()) std::printf("%-18s %s\n", k.c_str(), v.is_string() ? v.get<std::string>().c_str() : v.dump().c_str());
+        }
+        return 0;
+    }
+    Status s;
+    if (sub == "name" || sub == "rename") {
+        if (!need(3, "name RUN NAME")) return 2;
+        s = ws->rename(pos[1], pos[2]);
+    } else if (sub == "tag") {
+        if (!need(3, "tag RUN TAG")) return 2;
+        s = ws->tag(pos[1], pos[2]);
+    } else if (sub == "untag") {
+        if (!need(3, "untag RUN TAG")) return 2;
+        s = ws->untag(pos[1], pos[2]);
+    } else if (sub == "delete" || sub == "rm") {
+        if (!need(2, "delete RUN")) return 2;
+        s = ws->remove(pos[1]);
+    } else if (sub == "reindex") {
+        s = ws->rebuildIndex();
+    } else {
+        return fail(2, "unknown 'runs' subcommand '" + sub + "'; use list, show, name, tag, untag, delete or reindex");
+    }
+    if (!s) return failStatus(s);
+    return 0;
+}
+
+// ---- agent -------------------------------------------------------------------------------
+
+int cmdAgent(const Args& a) {
+    if (int rc = checkFlags(a, {"--stdio", "--listen", "--token-file", "--workspace", "--max-runs", "--node-name"}))
+        return rc;
+    sessions::AgentOptions o;
+    o.workspaceDir = a.value("--workspace").value_or("");
+    o.version = TS_VERSION;
+    o.devicesProvider = probeDevices;
+    if (auto n = a.value("--node-name")) o.nodeName = *n;
+    if (auto m = a.value("--max-runs")) {
+        try {
+            o.maxActiveRuns = std::stoi(*m);
+        } catch (...) {
+            return fail(2, "--max-runs needs a number");
+        }
+    }
+    if (a.has("--stdio") == a.value("--listen").has_value())
+        return fail(2, "give exactly one of --stdio or --listen HOST:PORT --token-file FILE");
+    if (a.has("--stdio")) {
+        // Protocol frames own stdout; anything else a library prints goes to stderr instead.
+        int protocolOut = ::dup(1);
+        if (protocolOut < 0 || ::dup2(2, 1) < 0) return fail(1, "cannot set up stdout for the protocol");
+        auto agent = sessions::Agent::create(o);
+        if (!agent) return failStatus(agent.status());
+        Status s = (*agent)->serve(0, protocolOut, /*requireAuth=*/false);
+        // The client went away (EOF) or asked to shut down: runs still going are finalised
+        // first so their run files say how they ended.
+        (*agent)->waitForRuns();
+        if (!s) return failStatus(s);
+        return 0;
+    }
+    auto tokenFile = a.value("--token-file");
+    if (!tokenFile) return fail(2, "--listen needs --token-file FILE (a secret the clients must send)");
+    auto token = sessions::readTokenFile(*tokenFile);
+    if (!token) return failStatus(token.status());
+    o.token = *token;
+    auto agent = sessions::Agent::create(o);
+    if (!agent) return failStatus(agent.status());
+    Status s = (*agent)->listen(*a.value("--listen"));
+    if (!s) return failStatus(s);
+    std::fprintf(stderr, "trainscope agent: listening on %s (port %d), workspace %s\n", a.value("--listen")->c_str(),
+                 (*agent)->boundPort(), Workspace::defaultDir().c_str());
+    std::fflush(stderr);
+    s = (*agent)->serveTcp();
+    (*agent)->waitForRuns();
+    if (!s) return failStatus(s);
+    return 0;
+}
+
+// ---- run --node ---------------------------------------------------------------------------
+
+int cmdRunOnNode(const Args& a) {
+    const auto& pos = a.positional();
+    if (pos.empty()) return fail(2, "usage: trainscope run CONFIG.yaml --node ssh://HOST|tcp://HOST:PORT|local");
+    auto text = readFile(pos[0]);
+    if (!text) return failStatus(text.status());
+    sessions::NodeRunRequest req;
+    req.nodeUrl = a.value("--node").value_or("local");
+    req.configYaml = *text;
+    req.overrides = a.values("--set");
+    req.name = a.value("--name").value_or("");
+    req.workspaceDir = a.value("--workspace").value_or("");
+    if (auto t = a.value("--token-file")) req.connect.tokenFile = *t;
+    if (auto st = a.value("--steps")) {
+        try {
+            req.steps = std::stoi(*st);
+        } catch (...) {
+            return fail(2, "--steps needs a number");
+        }
+    }
+    const bool asJson = a.has("--json");
+    auto onEvent = [&](const std::string& method, const json& p) {
+        if (asJson) {
+            if (method == "progress") {
+                json e = p;
+                e["event"] = "step";
+                std::printf("%s\n", e.dump().c_str());
+                std::fflush(stdout);
+            }
+            return;
+        }
+        if (method == "progress") {
+            std::printf("step %4d  loss %.4f  %.1f ms  %.0f tokens/s\n", p.value("step", 0), p.value("loss", 0.0),
+                        p.value("step_time_s", 0.0) * 1e3, p.value("tokens_per_s", 0.0));
+            std::fflush(stdout);
+        } else if (method == "run_log" && p.value("stream", "") == "stderr") {
+            std::fprintf(stderr, "[%s] %s\n", req.nodeUrl.c_str(), p.value("text", "").c_str());
+        }
+    };
+    if (asJson) std::printf("%s\n", json{{"event", "start"}, {"node", req.nodeUrl}}.dump().c_str());
+    auto r = sessions::runOnNode(req, onEvent);
+    if (!r) {
+        if (asJson)
+            std::printf("%s\n", json{{"event", "end"}, {"status", "failed"}, {"reason", r.status().message()}}.dump().c_str());
+        return failStatus(r.status());
+    }
+    if (asJson) {
+        std::printf("%s\n", json{{"event", "end"}, {"status", r->status}, {"reason", r->reason},
+                                 {"run_id", r->run.id}, {"run_file", r->run.path}}.dump().c_str());
+    } else {
+        std::printf("run %s %s on %s%s\nstored as %s\n", r->run.id.c_str(), r->status.c_str(), req.nodeUrl.c_str(),
+                    r->reason.empty() ? "" : (": " + r->reason).c_str(), r->run.path.c_str());
+    }
+    return r->status == "completed" ? 0 : 1;
+}
+
+// ---- compare -------------------------------------------------------------------------------
+
+int cmdCompare(const Args& a) {
+    if (int rc = checkFlags(a, {"--all", "--json", "--workspace"})) return rc;
+    if (a.positional().size() != 2) return fail(2, "usage: trainscope compare RUN_A RUN_B [--all] [--json]");
+    auto ws = Workspace::open(a.value("--workspace").value_or(""));
+    if (!ws) return failStatus(ws.status());
+    auto pa = ws->resolveRun(a.positional()[0]);
+    if (!pa) return failStatus(pa.status());
+    auto pb = ws->resolveRun(a.positional()[1]);
+    if (!pb) return failStatus(pb.status());
+    sessions::CompareOptions o;
+    o.all = a.has("--all");
+    auto c = sessions::compareRuns(*pa, *pb, o);
+    if (!c) return failStatus(c.status());
+    if (a.has("--json")) std::printf("%s\n", c->toJson().dump(2).c_str());
+    else std::fputs(c->toText().c_str(), stdout);
+    return 0;
+}
+
+// ---- export --------------------------------------------------------------------------------
+
+int cmdExport(const Args& a) {
+    if (int rc = checkFlags(a, {"--format", "--out", "--workspace"})) return rc;
+    if (a.positional().size() != 1)
+        return fail(2, "usage: trainscope export RUN --format yaml|megatron-args|bridge-overrides [--out FILE]");
+    auto format = sessions::parseExportFormat(a.value("--format").value_or("yaml"));
+    if (!format) return failStatus(format.status());
+    const std::string what = a.positional()[0];
+    engine::Config config;
+    if ((what.ends_with(".yaml") || what.ends_with(".yml")) && ::access(what.c_str(), R_OK) == 0) {
+        // A config file exports too (handy before any run exists).
+        auto loaded = engine::loadConfigFile(what);
+        if (!loaded.ok()) return failStatus(engine::issuesToStatus(loaded.issues));
+        config = loaded.config;
+    } else {
+        auto ws = Workspace::open(a.value("--workspace").value_or(""));
+        if (!ws) return failStatus(ws.status());
+        auto path = ws->resolveRun(what);
+        if (!path) return failStatus(path.status());
+        auto c = sessions::configOfRunFile(*path);
+        if (!c) return failStatus(c.status());
+        config = *c;
+    }
+    sessions::ExportResult r = sessions::exportConfig(config, *format);
+    for (const auto& n : r.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+    if (auto out = a.value("--out")) {
+        std::ofstream f(*out);
+        f << r.text;
+        if (!f) return fail(1, "cannot write " + *out);
+    } else {
+        std::fputs(r.text.c_str(), stdout);
+    }
+    return 0;
+}
+
 }  // namespace ts::cli

@@ -116,6 +116,12 @@ TEST(Workspace, SummaryIndexAndRebuildFromRunFiles) {
     cfg.masked_softmax_fusion = false;
     // Step 1 is warm-up and left out: median of {0.5, 0.6, 0.4} = 0.5.
     writeRun(runPath(*ws, "r1"), "r1", cfg, {1.0, 0.5, 0.6, 0.4});
+    {
+        // Per-device peak 8 TFLOP/s; model TFLOP/s per step = 2/t -> median {4, 3.33, 5} = 4.
+        auto st = ts::profiler::TraceStore::open(runPath(*ws, "r1"), false);
+        ASSERT_TRUE(st.isOk());
+        ASSERT_TRUE((*st)->setMetadata("peak_tflops", "8").isOk());
+    }
     ASSERT_TRUE(ws->indexRun(runPath(*ws, "r1")).isOk());
     auto list = ws->listRuns();
     ASSERT_TRUE(list.isOk()) << list.status().toString();
@@ -130,6 +136,7 @@ TEST(Workspace, SummaryIndexAndRebuildFromRunFiles) {
     EXPECT_DOUBLE_EQ(s.tokensPerS, 2000.0);
     EXPECT_EQ(s.peakMemoryBytes, 4000);
     EXPECT_EQ(s.steps, 4);
+    EXPECT_NEAR(s.mfu, 0.5, 1e-12);
     EXPECT_DOUBLE_EQ(s.lastLoss, 8.0 - 0.5 * 4);
     EXPECT_EQ(s.keyKnobs, "overlap_grad_reduce masked_softmax_fusion=false bf16");
 

@@ -90,7 +90,7 @@ namespace {
 using json = nlohmann::json;
 using trace::Category;
 
-// "stream 7 " -> 7 (older Kineto names GPU rows by text); 0 when there is no number.
+// "stream 7 " -> 7, "GPU 0" -> 0 (older Kineto names GPU rows by text); 0 when there is no number.
 int64_t trailingNumber(const std::string& text) {
     size_t end = text.find_last_of("0123456789");
     if (end == std::string::npos) return 0;
@@ -502,7 +502,7 @@ void KinetoSax::processEvent() {
     m_minTsNs = std::min(m_minTsNs, e.tsNs);
     const bool gpu = e.cat == "kernel" || e.cat == "gpu_memcpy" || e.cat == "gpu_memset" || e.stream >= 0;
     if (gpu) {
-        int64_t device = e.device >= 0 ? e.device : (e.pidIsText ? 0 : e.pid);
+        int64_t device = e.device >= 0 ? e.device : (e.pidIsText ? trailingNumber(e.pidText) : e.pid);
         int64_t stream = e.stream >= 0 ? e.stream : (e.tidIsText ? trailingNumber(e.tidText) : e.tid);
         s.track = gpuTrack(device, stream);
         s.name = out.strings.intern(e.name);

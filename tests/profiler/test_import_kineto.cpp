@@ -277,5 +277,31 @@ TEST(ImportKineto, BaseTimeAndDecimalTimestamps) {
     EXPECT_EQ(rec.trackOf(*gemm).streamIndex, 7);
 }
 
+
+TEST(ImportKineto, TextualGpuRowsAndArrayFormat) {
+    auto dir = testing::scratchDir("kineto_text_rows");
+    // Chrome "JSON Array Format" (no wrapping object) with GPU rows named by text, as older
+    // Kineto versions wrote them.
+    testing::writeFile(dir / "a.json", R"([
+      {"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "pid": "GPU 2", "tid": "stream 9 ", "ts": 50, "dur": 4},
+      {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 77, "tid": "main thread", "ts": 40, "dur": 12}
+    ])");
+    CollectingRecorder rec;
+    auto report = importTraces({(dir / "a.json").string()}, rec);
+    ASSERT_TRUE(report.isOk()) << report.status().toString();
+    ASSERT_EQ(rec.slices.size(), 2u);
+    int gpu = 0;
+    for (const auto& s : rec.slices) {
+        const auto& t = rec.trackOf(s);
+        if (t.kind == trace::TrackKind::HostThread) continue;
+        ++gpu;
+        EXPECT_EQ(t.device, 2);
+        EXPECT_EQ(t.streamIndex, 9);
+        EXPECT_EQ(s.category, Category::Gemm);
+        EXPECT_EQ(s.startNs, 10000);  // 10 us after the cpu_op, the earliest event
+    }
+    EXPECT_EQ(gpu, 1);
+}
+
 }  // namespace
 }  // namespace ts::profiler::import

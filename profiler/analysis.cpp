@@ -78,20 +78,28 @@ Result<RankData> loadRank(TraceStore& store, int rank) {
     return d;
 }
 
-Result<bool> importerDroppedLastStep(TraceStore& store) {
+Result<HtaContext> htaContext(TraceStore& store) {
+    HtaContext c;
     TS_ASSIGN_OR_RETURN(auto flag, store.metadata("import.dropped_last_step"));
-    if (flag && (*flag == "1" || *flag == "true")) return true;
     TS_ASSIGN_OR_RETURN(auto st, store.stats());
     auto it = st.find("import.dropped_last_step_slices");
-    return it != st.end() && it->second > 0;
+    c.importerDropped = (flag && (*flag == "1" || *flag == "true")) || (it != st.end() && it->second > 0);
+    TS_ASSIGN_OR_RETURN(auto source, store.metadata("import.source"));
+    c.imported = source.has_value();
+    return c;
 }
 
-std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, bool importerDropped) {
-    if (importerDropped) return d.kernels;
+std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, const HtaContext& ctx) {
+    if (ctx.importerDropped) return d.kernels;
     std::unordered_set<uint32_t> stepNames;
     int64_t lastStart = INT64_MIN, lastEnd = INT64_MIN;
     for (const auto& h : d.host) {
-        if (!isProfilerStep(str(strings, h.name))) continue;
+        // Profiler steps: "ProfilerStep#N" ranges, or in an imported trace the importer's
+        // "step N" ranges (it renames ProfilerStep#N). Native trainscope steps are never dropped.
+        const std::string& nm = str(strings, h.name);
+        bool profilerStep = isProfilerStep(nm) ||
+                            (ctx.imported && h.category == trace::Category::Range && stepNumber(nm, h.step));
+        if (!profilerStep) continue;
         stepNames.insert(h.name);
         lastStart = std::max(lastStart, h.start);
         lastEnd = std::max(lastEnd, h.end);
@@ -457,23 +465,23 @@ using namespace detail;
 Result<OverlapResult> commComputeOverlap(TraceStore& store, int rank) {
     TS_ASSIGN_OR_RETURN(auto strings, store.strings());
     TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
-    TS_ASSIGN_OR_RETURN(bool dropped, importerDroppedLastStep(store));
-    return overlapOf(htaKernels(d, strings, dropped));
+    TS_ASSIGN_OR_RETURN(HtaContext hta, htaContext(store));
+    return overlapOf(htaKernels(d, strings, hta));
 }
 
 Result<TemporalBreakdown> temporalBreakdown(TraceStore& store, int rank) {
     TS_ASSIGN_OR_RETURN(auto strings, store.strings());
     TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
-    TS_ASSIGN_OR_RETURN(bool dropped, importerDroppedLastStep(store));
-    return temporalOf(htaKernels(d, strings, dropped));
+    TS_ASSIGN_OR_RETURN(HtaContext hta, htaContext(store));
+    return temporalOf(htaKernels(d, strings, hta));
 }
 
 Result<IdleBreakdown> idleBreakdown(TraceStore& store, int rank, int64_t fromNs, int64_t toNs,
                                     int64_t kernelWaitThresholdNs) {
     TS_ASSIGN_OR_RETURN(auto strings, store.strings());
     TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
-    TS_ASSIGN_OR_RETURN(bool dropped, importerDroppedLastStep(store));
-    return idleOf(d, htaKernels(d, strings, dropped), fromNs, toNs, kernelWaitThresholdNs);
+    TS_ASSIGN_OR_RETURN(HtaContext hta, htaContext(store));
+    return idleOf(d, htaKernels(d, strings, hta), fromNs, toNs, kernelWaitThresholdNs);
 }
 
 Result<std::vector<StepWindow>> stepWindows(TraceStore& store) {

@@ -40,12 +40,16 @@ struct RankData {
 
 Result<RankData> loadRank(TraceStore& store, int rank);
 // HTA's trace filter (hta/common/trace.py _filter_irrelevant_gpu_kernels): when the rank has
-// "ProfilerStep" ranges, keep only kernels whose correlation id matches a host slice that
+// profiler steps ("ProfilerStep#N" ranges; in imported traces also "step N"), keep only kernels whose correlation id matches a host slice that
 // started before the last ProfilerStep started (or, with a single step, ended by its end).
 // Skipped when the importer already did it (metadata "import.dropped_last_step" = "1" or
 // stats "import.dropped_last_step_slices" > 0). Returns the kernels HTA's numbers use.
-std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, bool importerDropped);
-Result<bool> importerDroppedLastStep(TraceStore& store);
+struct HtaContext {
+    bool importerDropped = false;  // the importer already applied the filter
+    bool imported = false;         // metadata "import.source" present (nsys / Kineto trace)
+};
+std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, const HtaContext& ctx);
+Result<HtaContext> htaContext(TraceStore& store);
 
 IntervalSet classSet(const std::vector<Kernel>& ks, KernelClass cls, int64_t from = INT64_MIN,
                      int64_t to = INT64_MAX);

@@ -49,7 +49,8 @@ double num(const std::map<std::string, std::string>& meta, const std::string& ke
     }
 }
 
-double r6(double v) { return std::round(v * 1e6) / 1e6; }
+// Rounds to 1e-9: seconds keep ns resolution, fractions and percentages 9 decimals (short JSON).
+double rnd(double v) { return std::round(v * 1e9) / 1e9; }
 double sec(double ns) { return ns * 1e-9; }
 
 }  // namespace
@@ -116,7 +117,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     TS_ASSIGN_OR_RETURN(auto strings, store.strings());
     TS_ASSIGN_OR_RETURN(auto meta, store.allMetadata());
     TS_ASSIGN_OR_RETURN(auto rankIds, store.ranks());
-    TS_ASSIGN_OR_RETURN(bool importerDropped, importerDroppedLastStep(store));
+    TS_ASSIGN_OR_RETURN(HtaContext htaCtx, htaContext(store));
     if (rankIds.empty()) return Status::notFound("run file '" + store.path() + "' holds no trace (no tracks)");
 
     json doc;
@@ -143,21 +144,21 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     std::map<int, std::vector<StepWindow>> windowsByStep;
     for (int r : rankIds) {
         TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, r));
-        std::vector<Kernel> hta = htaKernels(d, strings, importerDropped);
+        std::vector<Kernel> hta = htaKernels(d, strings, htaCtx);
         OverlapResult ov = overlapOf(hta);
         TemporalBreakdown tb = temporalOf(hta);
         IdleBreakdown idle = idleOf(d, hta, INT64_MIN, INT64_MAX, 30000);
         json rj;
         rj["rank"] = r;
         rj["pp_stage"] = r / perStage;
-        rj["comm_comp_overlap_pct"] = r6(ov.pct);
-        rj["comm_s"] = r6(sec(ov.commNs));
-        rj["temporal_breakdown"] = {{"kernel_time_s", r6(sec(tb.kernelTimeNs))}, {"idle_s", r6(sec(tb.idleNs))},
-                                    {"compute_s", r6(sec(tb.computeNs))}, {"non_compute_s", r6(sec(tb.nonComputeNs))},
-                                    {"idle_pct", r6(tb.idlePct)}, {"compute_pct", r6(tb.computePct)},
-                                    {"non_compute_pct", r6(tb.nonComputePct)}};
-        rj["idle_breakdown"] = {{"host_wait_s", r6(sec(idle.hostWaitNs))}, {"kernel_wait_s", r6(sec(idle.kernelWaitNs))},
-                                {"other_wait_s", r6(sec(idle.otherNs))}};
+        rj["comm_comp_overlap_pct"] = rnd(ov.pct);
+        rj["comm_s"] = rnd(sec(ov.commNs));
+        rj["temporal_breakdown"] = {{"kernel_time_s", rnd(sec(tb.kernelTimeNs))}, {"idle_s", rnd(sec(tb.idleNs))},
+                                    {"compute_s", rnd(sec(tb.computeNs))}, {"non_compute_s", rnd(sec(tb.nonComputeNs))},
+                                    {"idle_pct", rnd(tb.idlePct)}, {"compute_pct", rnd(tb.computePct)},
+                                    {"non_compute_pct", rnd(tb.nonComputePct)}};
+        rj["idle_breakdown"] = {{"host_wait_s", rnd(sec(idle.hostWaitNs))}, {"kernel_wait_s", rnd(sec(idle.kernelWaitNs))},
+                                {"other_wait_s", rnd(sec(idle.otherNs))}};
         int64_t from = INT64_MIN, to = INT64_MAX;
         auto windows = stepsOf(d, strings);
         if (opt.step >= 0) {
@@ -170,13 +171,13 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         KernelBreakdown kb = kernelsOf(d, strings, opt.topKernels, from, to);
         json top = json::array(), cats = json::array();
         for (auto& k : kb.topKernels)
-            top.push_back({{"name", k.name}, {"category", k.category}, {"count", k.count}, {"total_s", r6(sec(k.totalNs))},
-                           {"max_s", r6(sec(k.maxNs))}, {"pct", kb.totalNs > 0 ? r6(100 * k.totalNs / kb.totalNs) : 0.0},
+            top.push_back({{"name", k.name}, {"category", k.category}, {"count", k.count}, {"total_s", rnd(sec(k.totalNs))},
+                           {"max_s", rnd(sec(k.maxNs))}, {"pct", kb.totalNs > 0 ? rnd(100 * k.totalNs / kb.totalNs) : 0.0},
                            {"flops", k.flops}});
         for (auto& k : kb.byCategory)
-            cats.push_back({{"category", k.name}, {"count", k.count}, {"total_s", r6(sec(k.totalNs))},
-                            {"pct", kb.totalNs > 0 ? r6(100 * k.totalNs / kb.totalNs) : 0.0}});
-        rj["kernels"] = {{"total_s", r6(sec(kb.totalNs))}, {"top", top}, {"by_category", cats}};
+            cats.push_back({{"category", k.name}, {"count", k.count}, {"total_s", rnd(sec(k.totalNs))},
+                            {"pct", kb.totalNs > 0 ? rnd(100 * k.totalNs / kb.totalNs) : 0.0}});
+        rj["kernels"] = {{"total_s", rnd(sec(kb.totalNs))}, {"top", top}, {"by_category", cats}};
         TS_ASSIGN_OR_RETURN(MemorySummary mem, memorySummary(store, r, opt.memoryPoints));
         json series = json::array();
         for (auto& p : mem.series) series.push_back({p.tsNs, p.totalBytes});
@@ -244,32 +245,32 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
             json cj = json::array();
             for (auto& c : commOf(d, strings, w.startNs, w.endNs))
                 cj.push_back({{"group", c.group}, {"kind", c.kind}, {"count", c.count}, {"bytes", c.bytes},
-                              {"comm_s", r6(sec(c.totalNs))}, {"overlapped_comm_s", r6(sec(c.overlappedNs))},
-                              {"exposed_comm_s", r6(sec(c.exposedNs))}});
+                              {"comm_s", rnd(sec(c.totalNs))}, {"overlapped_comm_s", rnd(sec(c.overlappedNs))},
+                              {"exposed_comm_s", rnd(sec(c.exposedNs))}});
             int st = w.rank / perStage;
             stage[st].first += sec(b.bubbleNs);
             stage[st].second += b.fraction;
             stageCount[st] += 1;
-            rs.push_back({{"rank", w.rank}, {"pp_stage", st}, {"step_time_s", r6(sec(b.stepNs))},
-                          {"bubble_s", r6(sec(b.bubbleNs))}, {"bubble_fraction", r6(b.fraction)},
-                          {"bubble_fraction_theory", r6(theory)}, {"comm_s", r6(sec(ov.commNs))},
-                          {"overlapped_comm_s", r6(sec(ov.overlappedNs))}, {"exposed_comm_s", r6(sec(exposed))},
-                          {"comm_comp_overlap_pct", r6(ov.pct)}, {"comm", cj}});
+            rs.push_back({{"rank", w.rank}, {"pp_stage", st}, {"step_time_s", rnd(sec(b.stepNs))},
+                          {"bubble_s", rnd(sec(b.bubbleNs))}, {"bubble_fraction", rnd(b.fraction)},
+                          {"bubble_fraction_theory", rnd(theory)}, {"comm_s", rnd(sec(ov.commNs))},
+                          {"overlapped_comm_s", rnd(sec(ov.overlappedNs))}, {"exposed_comm_s", rnd(sec(exposed))},
+                          {"comm_comp_overlap_pct", rnd(ov.pct)}, {"comm", cj}});
         }
-        sj["step_time_s"] = r6(sec(stepNs));
+        sj["step_time_s"] = rnd(sec(stepNs));
         sj["ranks"] = rs;
         json stagesJ = json::array();
         for (auto& [st, v] : stage)
-            stagesJ.push_back({{"pp_stage", st}, {"ranks", stageCount[st]}, {"bubble_s", r6(v.first / stageCount[st])},
-                               {"bubble_fraction", r6(v.second / stageCount[st])},
-                               {"bubble_fraction_theory", r6(theory)}});
+            stagesJ.push_back({{"pp_stage", st}, {"ranks", stageCount[st]}, {"bubble_s", rnd(v.first / stageCount[st])},
+                               {"bubble_fraction", rnd(v.second / stageCount[st])},
+                               {"bubble_fraction_theory", rnd(theory)}});
         sj["stages"] = stagesJ;
         double flops = modelFlops > 0 ? modelFlops : sliceFlops;
         double tflops = stepNs > 0 ? flops / sec(stepNs) / 1e12 : 0;
         sj["model_flops"] = flops;
-        sj["model_tflops"] = r6(tflops);
-        sj["model_tflops_per_device"] = r6(tflops / world);
-        sj["mfu"] = peak && *peak > 0 ? json(r6(tflops / world / *peak)) : json(nullptr);
+        sj["model_tflops"] = rnd(tflops);
+        sj["model_tflops_per_device"] = rnd(tflops / world);
+        sj["mfu"] = peak && *peak > 0 ? json(rnd(tflops / world / *peak)) : json(nullptr);
         if (opt.criticalPath) {
             std::vector<const RankData*> ptrs;
             for (auto& d : data) ptrs.push_back(&d);
@@ -277,11 +278,11 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
             json path = json::array();
             for (auto& e : cp.path)
                 path.push_back({{"rank", e.rank}, {"track", e.track}, {"name", e.name}, {"category", e.category},
-                                {"start_ns", e.startNs}, {"dur_s", r6(sec(double(e.durNs)))}});
+                                {"start_ns", e.startNs}, {"dur_s", rnd(sec(double(e.durNs)))}});
             json byCat = json::object();
-            for (auto& [c, v] : cp.nsByCategory) byCat[c] = r6(sec(v));
-            sj["critical_path"] = {{"length_s", r6(sec(cp.lengthNs))},
-                                   {"fraction_of_step", stepNs > 0 ? r6(cp.lengthNs / stepNs) : 0.0},
+            for (auto& [c, v] : cp.nsByCategory) byCat[c] = rnd(sec(v));
+            sj["critical_path"] = {{"length_s", rnd(sec(cp.lengthNs))},
+                                   {"fraction_of_step", stepNs > 0 ? rnd(cp.lengthNs / stepNs) : 0.0},
                                    {"by_category_s", byCat}, {"path", path}};
         }
         stepsJ.push_back(sj);

@@ -1,0 +1,167 @@
+// analyzeRun's document on a hand-built two-stage pipeline step (every number below is worked
+// out by hand in the comments), its text rendering, and the Chrome trace export.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "profiler/analysis.h"
+#include "tests/profiler/trace_builder.h"
+
+using namespace ts;
+using namespace ts::profiler;
+using ts::profiler::testing::TraceBuilder;
+using trace::Category;
+using trace::TrackKind;
+
+namespace {
+
+// Rank 0 (stage 0) and rank 1 (stage 1), one step [0, 1000) ns on both.
+//  rank 0: compute [0,400) gemm 1e6 flops, [600,800) gemm; dp all_reduce [700,900) (half under compute)
+//  rank 1: compute [200,600) attention, [800,1000) gemm; pp recv [100,200) (exposed)
+//  memory: rank 0 params 100 then activations 50 -> peak 150
+void buildPipeline(TraceBuilder& b) {
+    uint32_t h0 = b.track(0, TrackKind::HostThread), c0 = b.track(0, TrackKind::Compute), m0 = b.track(0, TrackKind::Comm);
+    uint32_t h1 = b.track(1, TrackKind::HostThread), c1 = b.track(1, TrackKind::Compute), p1 = b.track(1, TrackKind::P2P);
+    b.putStep(h0, 1, 0, 1000);
+    b.putStep(h1, 1, 0, 1000);
+    b.add(c0, Category::Gemm, 0, 400, "gemm").flops = 1e6;
+    b.put(c0, Category::Gemm, 600, 800, "gemm");
+    b.put(m0, Category::Collective, 700, 900, "all_reduce", "dp");
+    b.put(c1, Category::Attention, 200, 600, "flash_attn");
+    b.put(c1, Category::Gemm, 800, 1000, "gemm");
+    b.put(p1, Category::P2P, 100, 200, "recv_forward", "pp");
+    b.writer->counter({0, b.writer->intern("memory.params"), 0, 100});
+    b.writer->counter({0, b.writer->intern("memory.activations"), 10, 50});
+    b.writer->metadata("pp", "2");
+    b.writer->metadata("num_microbatches", "4");
+    b.writer->metadata("model_flops_per_step", "2000000");  // 2e6 FLOPs per 1 us step = 2 TFLOP/s
+    b.writer->metadata("peak_tflops", "4");
+    b.writer->metadata("flops_formula", "6*N*T (test)");
+}
+
+const nlohmann::json& rankOf(const nlohmann::json& step, int r) {
+    for (const auto& x : step["ranks"])
+        if (x["rank"] == r) return x;
+    throw std::runtime_error("rank missing");
+}
+
+}  // namespace
+
+TEST(Report, PipelineStepNumbersAndKeys) {
+    TraceBuilder b;
+    buildPipeline(b);
+    AnalyzeOptions opt;
+    opt.peakFlopsTable = "";
+    opt.deviceName = "cpu-test-device";  // not in the table -> metadata peak_tflops is used
+    auto doc = analyzeRun(b.done(), opt);
+    ASSERT_TRUE(doc.isOk()) << doc.status().toString();
+    const auto& d = *doc;
+    ASSERT_EQ(d["steps"].size(), 1u);
+    const auto& s = d["steps"][0];
+    EXPECT_EQ(s["step"], 1);
+    EXPECT_DOUBLE_EQ(s["step_time_s"].get<double>(), 1e-6);
+    const auto& r0 = rankOf(s, 0);
+    const auto& r1 = rankOf(s, 1);
+    // rank 0 compute covers 600 of 1000 -> bubble 400 ns, 0.4; theory (2-1)/(1*4) = 0.25
+    EXPECT_DOUBLE_EQ(r0["bubble_s"].get<double>(), 4e-7);
+    EXPECT_DOUBLE_EQ(r0["bubble_fraction"].get<double>(), 0.4);
+    EXPECT_DOUBLE_EQ(r0["bubble_fraction_theory"].get<double>(), 0.25);
+    EXPECT_EQ(r0["pp_stage"], 0);
+    EXPECT_EQ(r1["pp_stage"], 1);
+    // rank 0: dp all_reduce 200 ns, [700,800) under compute
+    EXPECT_DOUBLE_EQ(r0["comm_s"].get<double>(), 2e-7);
+    EXPECT_DOUBLE_EQ(r0["overlapped_comm_s"].get<double>(), 1e-7);
+    EXPECT_DOUBLE_EQ(r0["exposed_comm_s"].get<double>(), 1e-7);
+    EXPECT_DOUBLE_EQ(r0["comm_comp_overlap_pct"].get<double>(), 50.0);
+    ASSERT_EQ(r0["comm"].size(), 1u);
+    EXPECT_EQ(r0["comm"][0]["group"], "dp");
+    // rank 1: recv fully exposed; compute 600 -> bubble 0.4
+    EXPECT_DOUBLE_EQ(r1["exposed_comm_s"].get<double>(), 1e-7);
+    EXPECT_DOUBLE_EQ(r1["comm_comp_overlap_pct"].get<double>(), 0.0);
+    EXPECT_DOUBLE_EQ(r1["bubble_fraction"].get<double>(), 0.4);
+    ASSERT_EQ(s["stages"].size(), 2u);
+    // 2e6 FLOPs in 1e-6 s = 2 TFLOP/s for the job, 1 per device; peak 4 -> MFU 0.25
+    EXPECT_DOUBLE_EQ(s["model_tflops"].get<double>(), 2.0);
+    EXPECT_DOUBLE_EQ(s["model_tflops_per_device"].get<double>(), 1.0);
+    EXPECT_DOUBLE_EQ(s["mfu"].get<double>(), 0.25);
+    EXPECT_EQ(d["mfu_inputs"]["flops_formula"], "6*N*T (test)");
+    // Critical path covers the whole step: something runs on the chain from 0 to 1000.
+    EXPECT_GT(s["critical_path"]["length_s"].get<double>(), 0.0);
+    EXPECT_LE(s["critical_path"]["length_s"].get<double>(), 1e-6 + 1e-12);
+    // Per rank, whole trace: memory peak is the sum of categories.
+    EXPECT_DOUBLE_EQ(d["ranks"][0]["memory"]["peak_memory_bytes"].get<double>(), 150);
+    EXPECT_DOUBLE_EQ(d["ranks"][0]["memory"]["peak_bytes_by_category"]["params"].get<double>(), 100);
+    // HTA temporal breakdown of rank 0: window [0,900); busy [0,400)+[600,900) = 700; compute 600.
+    const auto& tb = d["ranks"][0]["temporal_breakdown"];
+    EXPECT_NEAR(tb["compute_pct"].get<double>(), 100.0 * 600 / 900, 1e-5);
+    EXPECT_NEAR(tb["non_compute_pct"].get<double>(), 100.0 * 100 / 900, 1e-5);
+    EXPECT_NEAR(tb["idle_pct"].get<double>(), 100.0 * 200 / 900, 1e-5);
+    for (const char* key : {"step_time_s", "bubble_fraction", "comm_comp_overlap_pct", "exposed_comm_s", "mfu",
+                            "peak_memory_bytes", "model_tflops"})
+        EXPECT_TRUE(d["definitions"].contains(key) || d["definitions"].dump().find(key) != std::string::npos) << key;
+
+    std::string text = formatAnalysisText(d);
+    EXPECT_NE(text.find("step 1: step time 0.001 ms"), std::string::npos) << text;
+    EXPECT_NE(text.find("definitions:"), std::string::npos);
+    EXPECT_NE(text.find("6*N*T (test)"), std::string::npos);
+
+    opt.step = 7;
+    EXPECT_EQ(analyzeRun(*b.store, opt).status().code(), ErrorCode::NotFound);
+}
+
+TEST(Report, PeakTableLookupAndErrors) {
+    std::string path = std::filesystem::temp_directory_path() / ("ts_peak_" + std::to_string(::getpid()) + ".json");
+    std::ofstream(path) << R"({"devices": {"H100": {"bf16": 989.4}, "NVIDIA H100 PCIe": {"bf16": 756}}})";
+    auto t = loadPeakFlopsTable(path);
+    ASSERT_TRUE(t.isOk()) << t.status().toString();
+    EXPECT_DOUBLE_EQ(*t->lookup("NVIDIA H100 80GB HBM3", "bf16"), 989.4);
+    EXPECT_DOUBLE_EQ(*t->lookup("nvidia h100 pcie", "BF16"), 756);  // longest contained key wins
+    EXPECT_FALSE(t->lookup("A100", "bf16").has_value());
+    std::ofstream(path) << R"({"devices": {"H100": {"bf16": "fast"}}})";
+    EXPECT_EQ(loadPeakFlopsTable(path).status().code(), ErrorCode::InvalidArgument);
+    EXPECT_EQ(loadPeakFlopsTable(path + ".missing").status().code(), ErrorCode::NotFound);
+    // The shipped table parses.
+    std::string shipped = std::string(TS_SOURCE_DIR) + "/resources/peak_flops.json";
+    auto s = loadPeakFlopsTable(shipped);
+    ASSERT_TRUE(s.isOk()) << s.status().toString();
+    EXPECT_TRUE(s->lookup("NVIDIA H100 80GB HBM3", "bf16").has_value());
+}
+
+TEST(ChromeExport, EventsMatchRows) {
+    TraceBuilder b;
+    buildPipeline(b);
+    uint32_t h0 = b.track(0, TrackKind::HostThread);
+    uint32_t c0 = b.track(0, TrackKind::Compute);
+    b.put(h0, Category::Launch, 5, 6, "launch", "", 42);
+    b.put(c0, Category::Gemm, 2000, 2100, "late \"quoted\" kernel", "", 42);
+    TraceStore& s = b.done();
+    std::string out = std::filesystem::temp_directory_path() / ("ts_chrome_" + std::to_string(::getpid()) + ".json");
+    ASSERT_TRUE(exportChromeTrace(s, out).isOk());
+    std::ifstream in(out);
+    auto j = nlohmann::json::parse(in);
+    int x = 0, c = 0, flowS = 0, flowF = 0;
+    bool sawQuoted = false;
+    for (const auto& e : j["traceEvents"]) {
+        std::string ph = e["ph"];
+        if (ph == "X") {
+            ++x;
+            if (e["name"] == "late \"quoted\" kernel") {
+                sawQuoted = true;
+                EXPECT_EQ(e["pid"], 0);
+                EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 2.0);  // us relative to the first event (t=0)
+                EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 0.1);
+                EXPECT_EQ(e["args"]["correlation"], 42);
+            }
+        }
+        if (ph == "C") ++c;
+        if (ph == "s") ++flowS;
+        if (ph == "f") ++flowF;
+    }
+    EXPECT_EQ(x, int(s.sliceCount().value()));
+    EXPECT_EQ(c, 2);
+    EXPECT_EQ(flowS, 1);
+    EXPECT_EQ(flowF, 1);
+    EXPECT_TRUE(sawQuoted);
+}

@@ -3,9 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
 
 #include "engine/knobs.h"
+#include "profiler/analysis.h"
 #include "profiler/store.h"
 
 namespace ts::sessions {
@@ -81,6 +85,50 @@ void addTraceMetrics(Comparison& c, const json& ta, const json& tb, const Compar
 }
 
 }  // namespace
+
+Result<json> analyzeTraceMetrics(const std::string& path) {
+    TS_ASSIGN_OR_RETURN(auto store, profiler::TraceStore::open(path, true));
+    TS_ASSIGN_OR_RETURN(auto windows, profiler::stepWindows(*store));
+    TS_ASSIGN_OR_RETURN(auto ranks, store->ranks());
+    json out = {{"bubble_fraction", json::object()}, {"exposed_comm_s", json::object()},
+                {"peak_memory_bytes_by_rank", json::object()}};
+    int firstStep = INT32_MAX, lastStep = INT32_MIN;
+    for (const auto& w : windows) {
+        firstStep = std::min(firstStep, w.step);
+        lastStep = std::max(lastStep, w.step);
+    }
+    const bool skipFirst = lastStep > firstStep;
+    int pp = 1;
+    auto ppText = store->metadata("pp");
+    if (ppText && ppText->has_value()) pp = std::max(1, std::atoi((*ppText)->c_str()));
+    const int nranks = std::max<int>(1, int(ranks.size()));
+    const int perStage = std::max(1, nranks / pp);
+    std::map<int, std::pair<double, int>> bubble;            // stage -> (sum, n)
+    std::map<std::string, double> exposed;                    // group -> ns summed
+    int windowsUsed = 0;
+    for (const auto& w : windows) {
+        if (skipFirst && w.step == firstStep) continue;
+        ++windowsUsed;
+        auto b = profiler::pipelineBubble(*store, w);
+        if (b) {
+            auto& acc = bubble[w.rank / perStage];
+            acc.first += b->fraction;
+            acc.second += 1;
+        }
+        auto comm = profiler::commBreakdown(*store, w.rank, w.startNs, w.endNs);
+        if (comm)
+            for (const auto& g : *comm) exposed[g.group.empty() ? "unknown" : g.group] += g.exposedNs;
+    }
+    for (auto& [stage, acc] : bubble)
+        if (acc.second > 0) out["bubble_fraction"][std::to_string(stage)] = acc.first / acc.second;
+    if (windowsUsed > 0)
+        for (auto& [g, ns] : exposed) out["exposed_comm_s"][g] = ns * 1e-9 / windowsUsed;
+    for (int r : ranks) {
+        auto mem = profiler::memorySummary(*store, r, 2);
+        if (mem && mem->peakTotalBytes > 0) out["peak_memory_bytes_by_rank"][std::to_string(r)] = mem->peakTotalBytes;
+    }
+    return out;
+}
 
 MetricDelta makeDelta(std::string name, std::string scope, std::string unit, double a, double b,
                       bool lowerIsBetter, double noiseThreshold) {

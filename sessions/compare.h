@@ -42,6 +42,15 @@ struct MetricDelta {
 //    "peak_memory_bytes_by_rank": {"0": 123, ...}}
 using TraceAnalyzer = std::function<Result<nlohmann::json>(const std::string& runFilePath)>;
 
+// The trace metrics above computed with the profiler's analyses (profiler/analysis.h) over
+// every step after the first (warm-up), when the run has more than one:
+//   bubble_fraction[stage]  mean pipelineBubble().fraction over the stage's ranks and steps;
+//                           stage = rank / (ranks / metadata "pp") (Megatron order, pp outermost)
+//   exposed_comm_s[group]   commBreakdown() exposed time, summed over the group's kinds, mean
+//                           per rank per step
+//   peak_memory_bytes_by_rank[rank]  memorySummary().peakTotalBytes
+Result<nlohmann::json> analyzeTraceMetrics(const std::string& runFilePath);
+
 struct CompareOptions {
     bool all = false;                 // include knobs/metrics that do not differ
     double noiseThreshold = 0.01;     // |relative| below this counts as "="

@@ -295,6 +295,7 @@ int cmdCompare(const Args& a) {
     if (!pb) return failStatus(pb.status());
     sessions::CompareOptions o;
     o.all = a.has("--all");
+    o.traceAnalyzer = sessions::analyzeTraceMetrics;
     auto c = sessions::compareRuns(*pa, *pb, o);
     if (!c) return failStatus(c.status());
     if (a.has("--json")) std::printf("%s\n", c->toJson().dump(2).c_str());

@@ -427,3 +427,65 @@ TEST(Export, ConfigOfRunFile) {
     EXPECT_FALSE(parseExportFormat("toml").isOk());
     EXPECT_EQ(*parseExportFormat("megatron-args"), ExportFormat::MegatronArgs);
 }
+
+// Trace metrics for compare from a hand-built two-stage trace; expected values worked out by
+// hand from the slice intervals below (not from the implementation).
+TEST(Compare, TraceMetricsFromProfilerAnalyses) {
+    TempDir d;
+    const std::string path = d.path + "/trace.sqlite";
+    {
+        auto store = ts::profiler::TraceStore::create(path);
+        ASSERT_TRUE(store.isOk()) << store.status().toString();
+        ts::profiler::TraceWriter w(**store);
+        w.metadata("pp", "2");
+        using ts::trace::Category;
+        using ts::trace::TrackKind;
+        const uint32_t dp = w.intern("dp");
+        for (int rank = 0; rank < 2; ++rank) {
+            uint32_t host = w.track({rank, rank, TrackKind::HostThread, 0, "host"});
+            uint32_t comp = w.track({rank, rank, TrackKind::Compute, 0, "compute"});
+            uint32_t comm = w.track({rank, rank, TrackKind::Comm, 0, "comm"});
+            auto slice = [&](uint32_t track, const char* name, Category cat, int64_t s, int64_t e, int step,
+                             uint32_t group = 0) {
+                ts::trace::Slice sl;
+                sl.track = track;
+                sl.name = w.intern(name);
+                sl.category = cat;
+                sl.startNs = s;
+                sl.durNs = e - s;
+                sl.step = step;
+                sl.group = group;
+                w.slice(sl);
+            };
+            // Step 1 (warm-up, ignored): fully busy.
+            slice(host, "step 1", Category::Range, 0, 100, 1);
+            slice(comp, "gemm", Category::Gemm, 0, 100, 1);
+            // Step 2: rank 0 computes [200,230) and [250,280), dp all-reduce [280,300) exposed 20 ns
+            // -> bubble 40/100; rank 1 computes [210,300), all-reduce [200,210) exposed 10 ns
+            // -> bubble 10/100.
+            slice(host, "step 2", Category::Range, 200, 300, 2);
+            if (rank == 0) {
+                slice(comp, "gemm", Category::Gemm, 200, 230, 2);
+                slice(comp, "gemm", Category::Gemm, 250, 280, 2);
+                slice(comm, "all_reduce", Category::Collective, 280, 300, 2, dp);
+            } else {
+                slice(comp, "gemm", Category::Gemm, 210, 300, 2);
+                slice(comm, "all_reduce", Category::Collective, 200, 210, 2, dp);
+            }
+            ts::trace::Counter c;
+            c.rank = rank;
+            c.name = w.intern("memory.params");
+            c.tsNs = 0;
+            c.value = 1000.0 * (rank + 1);
+            w.counter(c);
+        }
+        ASSERT_TRUE(w.finish().isOk());
+    }
+    auto m = analyzeTraceMetrics(path);
+    ASSERT_TRUE(m.isOk()) << m.status().toString();
+    EXPECT_NEAR((*m)["bubble_fraction"]["0"].get<double>(), 0.4, 1e-9) << m->dump();
+    EXPECT_NEAR((*m)["bubble_fraction"]["1"].get<double>(), 0.1, 1e-9) << m->dump();
+    EXPECT_NEAR((*m)["exposed_comm_s"]["dp"].get<double>(), 15e-9, 1e-15) << m->dump();  // (20+10)/2 windows
+    EXPECT_NEAR((*m)["peak_memory_bytes_by_rank"]["0"].get<double>(), 1000, 1e-9);
+    EXPECT_NEAR((*m)["peak_memory_bytes_by_rank"]["1"].get<double>(), 2000, 1e-9);
+}

@@ -137,6 +137,12 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     const int pp = std::max(1, int(num(meta, "pp", 1)));
     const int perStage = world % pp == 0 ? world / pp : world;
     const double theory = bubbleTheory(meta);
+    // Stage of a rank: its position among the trace's ranks / ranks per stage (Megatron order
+    // tp-cp-ep-dp-pp puts pp outermost). Positions, not ids: an imported single rank 3 is stage 0.
+    auto stageOf = [&](int rank) {
+        int pos = int(std::lower_bound(rankIds.begin(), rankIds.end(), rank) - rankIds.begin());
+        return pos / perStage;
+    };
 
     std::vector<RankData> data;
     data.reserve(rankIds.size());
@@ -150,7 +156,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         IdleBreakdown idle = idleOf(d, hta, INT64_MIN, INT64_MAX, 30000);
         json rj;
         rj["rank"] = r;
-        rj["pp_stage"] = r / perStage;
+        rj["pp_stage"] = stageOf(r);
         rj["comm_comp_overlap_pct"] = rnd(ov.pct);
         rj["comm_s"] = rnd(sec(ov.commNs));
         rj["temporal_breakdown"] = {{"kernel_time_s", rnd(sec(tb.kernelTimeNs))}, {"idle_s", rnd(sec(tb.idleNs))},
@@ -247,7 +253,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
                 cj.push_back({{"group", c.group}, {"kind", c.kind}, {"count", c.count}, {"bytes", c.bytes},
                               {"comm_s", rnd(sec(c.totalNs))}, {"overlapped_comm_s", rnd(sec(c.overlappedNs))},
                               {"exposed_comm_s", rnd(sec(c.exposedNs))}});
-            int st = w.rank / perStage;
+            int st = stageOf(w.rank);
             stage[st].first += sec(b.bubbleNs);
             stage[st].second += b.fraction;
             stageCount[st] += 1;
@@ -398,7 +404,7 @@ std::string formatAnalysisText(const json& doc) {
     const json mi = doc.value("mfu_inputs", json::object());
     o << "\nMFU inputs: device " << mi.value("device", std::string()) << ", dtype " << mi.value("dtype", std::string())
       << ", peak " << (mi["peak_tflops_per_device"].is_number() ? fmt("%.2f", mi["peak_tflops_per_device"].get<double>()) : "-")
-      << " TFLOP/s (" << mi.value("peak_source", std::string("unknown")) << "), FLOPs from "
+      << " TFLOP/s (" << (mi.value("peak_source", std::string()).empty() ? std::string("no table row for the device, no metadata peak_tflops") : mi.value("peak_source", std::string())) << "), FLOPs from "
       << mi.value("flops_source", std::string()) << "\n";
     if (!mi.value("flops_formula", std::string()).empty()) o << "  formula: " << mi["flops_formula"].get<std::string>() << "\n";
 

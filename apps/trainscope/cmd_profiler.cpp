@@ -2,6 +2,11 @@
 #include "apps/trainscope/commands.h"
 
 #include <cstdio>
+#include <filesystem>
+
+#include "profiler/analysis.h"
+#include "profiler/store.h"
+
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -11,7 +16,54 @@
 #include "sessions/workspace.h"
 
 namespace ts::cli {
-int cmdAnalyze(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
+// ---- analyze / export-trace (profiler/analysis.h; definitions in docs/profiler.md) -----------
+
+// RUN -> run file path. Today RUN must be a path; the sessions engineer replaces this with a
+// workspace lookup by run name or id (keep the signature: NotFound -> exit code 3).
+Result<std::string> resolveRunPath(const std::string& run) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(run, ec)) return run;
+    return Status::notFound("run '" + run + "' is not a run file (give the path of the run's .sqlite file)");
+}
+
+namespace {
+int exitCodeFor(const Status& s) {
+    switch (s.code()) {
+        case ErrorCode::NotFound: return 3;
+        case ErrorCode::InvalidArgument: return 2;
+        default: return 1;
+    }
+}
+}  // namespace
+
+// trainscope analyze RUN [--json] [--step N] [--top N] [--peak-flops TABLE.json] [--device NAME] [--dtype T]
+int cmdAnalyze(const Args& a) {
+    if (auto bad = a.unknownFlags({"--json", "--step", "--top", "--peak-flops", "--device", "--dtype"}); !bad.empty())
+        return fail(2, "unknown option " + bad[0] + " for `analyze`; usage: trainscope analyze RUN [--json] [--step N]");
+    if (a.positional().size() != 1) return fail(2, "usage: trainscope analyze RUN [--json] [--step N]");
+    profiler::AnalyzeOptions opt;
+    try {
+        if (auto v = a.value("--step")) opt.step = std::stoi(*v);
+        if (auto v = a.value("--top")) opt.topKernels = std::stoi(*v);
+    } catch (...) {
+        return fail(2, "--step and --top take a whole number");
+    }
+    opt.peakFlopsTable = a.value("--peak-flops").value_or("");
+    opt.deviceName = a.value("--device").value_or("");
+    opt.dtype = a.value("--dtype").value_or("");
+    auto path = resolveRunPath(a.positional()[0]);
+    if (!path) return fail(exitCodeFor(path.status()), path.status().message());
+    auto store = profiler::TraceStore::open(*path, true);
+    if (!store) return fail(exitCodeFor(store.status()), store.status().message());
+    auto doc = profiler::analyzeRun(**store, opt);
+    if (!doc) return fail(exitCodeFor(doc.status()), doc.status().message());
+    if (a.has("--json")) {
+        std::printf("%s\n", doc->dump(2).c_str());
+    } else {
+        std::fputs(profiler::formatAnalysisText(*doc).c_str(), stdout);
+    }
+    return 0;
+}
 
 // ---- import (profiler/import; docs/import.md) -----------------------------------------------
 // trainscope import FILE [FILE ...] [--out RUN.sqlite | --workspace DIR] [--name NAME]
@@ -78,5 +130,19 @@ int cmdImport(const Args& a) {
     return 0;
 }
 
-int cmdExportTrace(const Args& a) { return fail(2, "'" + a.command() + "' is not available in this build yet"); }
+// trainscope export-trace RUN --chrome OUT.json
+int cmdExportTrace(const Args& a) {
+    if (auto bad = a.unknownFlags({"--chrome"}); !bad.empty())
+        return fail(2, "unknown option " + bad[0] + " for `export-trace`; usage: trainscope export-trace RUN --chrome OUT.json");
+    auto out = a.value("--chrome");
+    if (a.positional().size() != 1 || !out || out->empty())
+        return fail(2, "usage: trainscope export-trace RUN --chrome OUT.json (open OUT.json in ui.perfetto.dev or chrome://tracing)");
+    auto path = resolveRunPath(a.positional()[0]);
+    if (!path) return fail(exitCodeFor(path.status()), path.status().message());
+    auto store = profiler::TraceStore::open(*path, true);
+    if (!store) return fail(exitCodeFor(store.status()), store.status().message());
+    if (Status s = profiler::exportChromeTrace(**store, *out); !s.isOk()) return fail(exitCodeFor(s), s.message());
+    std::printf("wrote %s\n", out->c_str());
+    return 0;
+}
 }  // namespace ts::cli

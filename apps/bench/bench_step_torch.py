@@ -96,23 +96,25 @@ def bench(name, threads, steps, warmup):
     no_decay = [p for p in model.parameters() if p.dim() == 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8)
-    times = []
+    times, cpu = [], []
     for i in range(warmup + steps):
         data = torch.randint(0, c["vocab"], (c["seq"] + 1, b))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         logits = model(data[:-1])
         loss = F.cross_entropy(logits.reshape(-1, c["vocab"]), data[1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if i >= warmup:
             times.append(dt)
+            cpu.append(dc)
     med = statistics.median(times)
     tokens = b * c["seq"]
     fl = megatron_flops(c, b)
-    return dict(config=name, threads=threads, median_step_s=med, min_step_s=min(times), tokens_per_s=tokens / med,
+    return dict(config=name, threads=threads, median_step_s=med, min_step_s=min(times),
+                median_cpu_s=statistics.median(cpu), tokens_per_s=tokens / med,
                 model_flops_per_step=fl, gflops=fl / med / 1e9, torch_version=torch.__version__)
 
 
@@ -124,13 +126,13 @@ def main():
     ap.add_argument("--configs", default="tiny,small")
     args = ap.parse_args()
     results = []
-    print("%-6s %-3s %12s %12s %12s" % ("config", "thr", "median_ms", "tokens/s", "GFLOP/s"))
+    print("%-6s %-3s %12s %12s %12s %12s" % ("config", "thr", "median_ms", "cpu_ms", "tokens/s", "GFLOP/s"))
     for t in [int(x) for x in args.threads.split(",")]:
         for name in args.configs.split(","):
             r = bench(name, t, args.steps, args.warmup)
             results.append(r)
-            print("%-6s %-3d %12.2f %12.0f %12.2f" % (name, t, r["median_step_s"] * 1e3, r["tokens_per_s"], r["gflops"]),
-                  flush=True)
+            print("%-6s %-3d %12.2f %12.2f %12.0f %12.2f" % (name, t, r["median_step_s"] * 1e3, r["median_cpu_s"] * 1e3,
+                                                          r["tokens_per_s"], r["gflops"]), flush=True)
     print(json.dumps({"bench": "bench_step_torch", "steps": args.steps, "results": results}))
 
 

@@ -160,6 +160,7 @@ Result<Comparison> compareRuns(const std::string& pathA, const std::string& path
             for (const auto& k : engine::knobRegistry()) {
                 json va = k.get(*ca), vb = k.get(*cb);
                 if (va == vb && !o.all) continue;
+                if (k.name == "name" && !o.all) continue;  // a label, not a tuning knob
                 c.knobs.push_back({k.name, k.group, engine::knobValueText(k, *ca), engine::knobValueText(k, *cb)});
             }
         } else {
@@ -243,7 +244,7 @@ std::string Comparison::toText() const {
     if (metrics.empty()) {
         line("metrics: no difference above noise");
     } else {
-        line("metrics (B vs A; the arrow points to the better run):");
+        line("metrics (B vs A, and which run is better):");
         for (const auto& m : metrics) {
             std::string name = m.name + (m.scope.empty() ? "" : " [" + m.scope + "]");
             char buf[512];

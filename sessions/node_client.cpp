@@ -418,6 +418,14 @@ Result<NodeRunResult> runOnNode(const NodeRunRequest& req,
     out.reason = sh.finishedParams.value("reason", std::string());
     std::string dest = ws.runsDir() + "/" + runId + ".sqlite";
     std::error_code ec;
+    if (client->helloResult().value("workspace", std::string()) == ws.dir() &&
+        started->value("run_file", std::string()) == dest) {
+        // The node shares our workspace (a local agent started with it): the run is already here.
+        client->close();
+        TS_RETURN_IF_ERROR(ws.indexRun(dest));
+        TS_ASSIGN_OR_RETURN(out.run, ws.findRun(dest));
+        return out;
+    }
     if (fs::exists(dest, ec)) {
         TS_ASSIGN_OR_RETURN(dest, ws.newRunFile(req.name));
     }

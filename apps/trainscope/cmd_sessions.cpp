@@ -239,6 +239,12 @@ int cmdRunOnNode(const Args& a) {
     req.name = a.value("--name").value_or("");
     req.workspaceDir = a.value("--workspace").value_or("");
     if (auto t = a.value("--token-file")) req.connect.tokenFile = *t;
+    if (req.nodeUrl == "local") {
+        // The local agent shares our workspace, so the run is stored once, in place.
+        auto ws = Workspace::open(req.workspaceDir);
+        if (!ws) return failStatus(ws.status());
+        req.connect.localAgentArgs = {"--workspace", ws->dir()};
+    }
     if (auto st = a.value("--steps")) {
         try {
             req.steps = std::stoi(*st);

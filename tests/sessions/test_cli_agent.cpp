@@ -326,3 +326,98 @@ TEST(CliAgent, SshLikeNodeAndTcpAgentProcessWithToken) {
     int st = agentProc->wait();
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << describeWaitStatus(st);
 }
+
+// ---- the same concurrency cases as test_agent.cpp, with real runs ---------------------------
+
+namespace {
+
+struct RealTcpAgent {
+    std::unique_ptr<Agent> agent;
+    std::thread loop;
+    std::string url;
+    explicit RealTcpAgent(const std::string& dir) {
+        AgentOptions o;
+        o.workspaceDir = dir + "/ws";
+        o.runnerCommand = {kBinary};
+        o.token = "tok";
+        o.cancelGraceMs = 2000;
+        auto a = Agent::create(o);
+        EXPECT_TRUE(a.isOk());
+        agent = std::move(*a);
+        EXPECT_TRUE(agent->listen("127.0.0.1:0").isOk());
+        url = "tcp://127.0.0.1:" + std::to_string(agent->boundPort());
+        loop = std::thread([this] { (void)agent->serveTcp(); });
+    }
+    ~RealTcpAgent() {
+        agent->requestShutdown();
+        loop.join();
+    }
+    std::unique_ptr<NodeClient> client(Events& ev) {
+        ConnectOptions co;
+        co.token = "tok";
+        auto c = NodeClient::connect(url, co);
+        EXPECT_TRUE(c.isOk()) << c.status().toString();
+        if (!c.isOk()) return nullptr;
+        (*c)->setNotificationHandler([&ev](const std::string& m, const json& p) { ev.add(m, p); });
+        return std::move(*c);
+    }
+};
+
+}  // namespace
+
+TEST(CliAgent, RealRunsTwoClientsCancelAndDisconnect) {
+    if (!haveBinary()) GTEST_SKIP() << kBinary << " not built";
+    TempDir d;
+    RealTcpAgent tcp(d.path);
+    Events ea, eb;
+    auto a = tcp.client(ea);
+    auto b = tcp.client(eb);
+    ASSERT_TRUE(a && b);
+
+    // Two clients at once, each gets only its own run's notifications.
+    auto ra = a->call("start_run", {{"yaml", kMicroYaml}, {"steps", 4}});
+    auto rb = b->call("start_run", {{"yaml", kMicroYaml}, {"steps", 3}});
+    ASSERT_TRUE(ra.isOk() && rb.isOk());
+    const std::string ida = (*ra)["run_id"], idb = (*rb)["run_id"];
+    json fa, fb;
+    ASSERT_TRUE(ea.waitFor("run_finished", ida, &fa));
+    ASSERT_TRUE(eb.waitFor("run_finished", idb, &fb));
+    EXPECT_EQ(fa["status"], "completed") << fa.dump();
+    EXPECT_EQ(fb["status"], "completed") << fb.dump();
+    EXPECT_EQ(lossesOf((*ra)["run_file"]).size(), 4u);
+    EXPECT_EQ(lossesOf((*rb)["run_file"]).size(), 3u);
+    EXPECT_FALSE(ea.waitFor("progress", idb, nullptr, 10));
+    EXPECT_FALSE(eb.waitFor("progress", ida, nullptr, 10));
+
+    // Cancel during a long run.
+    auto rc = a->call("start_run", {{"yaml", kMicroYaml}, {"steps", 1000000}});
+    ASSERT_TRUE(rc.isOk());
+    const std::string idc = (*rc)["run_id"];
+    ASSERT_TRUE(ea.waitFor("progress", idc, nullptr));
+    ASSERT_TRUE(a->call("cancel", {{"run_id", idc}}).isOk());
+    json fc;
+    ASSERT_TRUE(ea.waitFor("run_finished", idc, &fc, 20000));
+    EXPECT_EQ(fc["status"], "cancelled") << fc.dump();
+    auto store = ts::profiler::TraceStore::open((*rc)["run_file"], true);
+    ASSERT_TRUE(store.isOk());
+    auto info = (*store)->runInfo();
+    ASSERT_TRUE(info.isOk());
+    EXPECT_EQ(info->status, "cancelled");
+
+    // Client disconnects mid-run: the run completes and the other client sees it listed.
+    auto rd = a->call("start_run", {{"yaml", kMicroYaml}, {"steps", 200}});
+    ASSERT_TRUE(rd.isOk());
+    const std::string idd = (*rd)["run_id"];
+    ASSERT_TRUE(ea.waitFor("progress", idd, nullptr));
+    a->close();
+    std::string status;
+    for (int i = 0; i < 300 && status != "completed"; ++i) {
+        auto list = b->call("list_runs");
+        ASSERT_TRUE(list.isOk());
+        for (auto& r : (*list)["runs"])
+            if (r["id"] == idd) status = r["status"];
+        if (status != "completed") std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_EQ(status, "completed");
+    EXPECT_EQ(lossesOf((*rd)["run_file"]).size(), 200u);
+}

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <set>
@@ -427,6 +428,35 @@ TEST(ParallelTrainer, TraceHasCommGroupsAndRanges) {
     for (const char* r : {"step", "microbatch", "stage", "forward", "backward", "optimizer"})
         EXPECT_TRUE(ranges.count(r)) << r;
     EXPECT_EQ(ranksWithStep.size(), 4u);
+}
+
+// With overlap_grad_reduce the DP reductions are issued from inside backward: on every rank
+// the first "dp" collective is launched before the embedding backward (the last backward op);
+// without it, after.
+TEST(ParallelTrainer, OverlapIssuesReductionsDuringBackward) {
+    for (bool overlap : {true, false}) {
+        Config par = parallelConfig(tinyConfig(), {1, 1, 1, 2, 1});
+        par.overlap_grad_reduce = overlap;
+        par.bucket_size = 3000;
+        test::FakeRecorder rec;
+        {
+            auto t = ParallelTrainer::create(par, &rec);
+            ASSERT_TRUE(t.isOk()) << t.status().toString();
+            ASSERT_TRUE(t.value()->train(1).isOk());
+        }
+        for (int rank = 0; rank < 2; ++rank) {
+            uint64_t firstDp = UINT64_MAX, embBwd = 0;
+            for (const auto& s : rec.slices) {
+                if (s.category != trace::Category::Launch || rec.trackDesc(s.track).rank != rank) continue;
+                if (rec.str(s.group) == "dp" && rec.str(s.name) == "all_reduce") firstDp = std::min(firstDp, s.correlation);
+                if (rec.str(s.name) == "embedding.bwd") embBwd = s.correlation;
+            }
+            ASSERT_NE(firstDp, UINT64_MAX) << "rank " << rank << " launched no dp all_reduce";
+            ASSERT_NE(embBwd, 0u);
+            if (overlap) EXPECT_LT(firstDp, embBwd) << "rank " << rank;
+            else EXPECT_GT(firstDp, embBwd) << "rank " << rank;
+        }
+    }
 }
 
 // ---- errors --------------------------------------------------------------------------------

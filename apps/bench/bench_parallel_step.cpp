@@ -1,0 +1,176 @@
+// bench_parallel_step: step time of the tiny and small GPT configs (as bench_step: fp32, tied
+// embedding, GeLU 4h, synthetic data) with the same global batch of 16 sequences run as
+//   dp=1 on one device (1 and 2 GEMM threads), and
+//   dp=2 through the parallel engine (2 rank threads x 1 GEMM thread), overlap_grad_reduce
+//   off (one bucket reduced after backward) and on (buckets of ~1/4 of the grads launched
+//   from backward), without and with the distributed optimizer.
+// Prints median step time, tokens/s and the speed-up over dp=1 with 1 thread, then one JSON
+// line. On a 2-core machine dp=2 competes with itself for the cores: it shows the cost and
+// overlap of the DP machinery more than a scaling win.
+//
+// usage: bench_parallel_step [--steps N] [--warmup N] [--configs tiny,small]
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/parallel_trainer.h"
+#include "engine/trainer.h"
+#include "kernels/cpu/ops.h"
+
+namespace {
+
+using namespace ts::engine;
+
+Config benchConfig(const std::string& name) {
+    Config c;
+    if (name == "tiny") {
+        c.vocab_size = 4096;
+        c.seq_length = 128;
+        c.hidden_size = 256;
+        c.num_attention_heads = 4;
+        c.num_layers = 4;
+    } else {
+        c.vocab_size = 8192;
+        c.seq_length = 256;
+        c.hidden_size = 512;
+        c.num_attention_heads = 8;
+        c.num_layers = 6;
+    }
+    c.micro_batch_size = 8;
+    c.data_path = "synthetic";
+    c.lr = 1e-4;
+    c.train_iters = 1000000;
+    return c;
+}
+
+std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    while (start <= s.size()) {
+        const size_t e = s.find(',', start);
+        out.push_back(s.substr(start, e == std::string::npos ? std::string::npos : e - start));
+        if (e == std::string::npos) break;
+        start = e + 1;
+    }
+    return out;
+}
+
+struct Variant {
+    std::string label;
+    int dp = 1;
+    int threads = 1;  // dp = 1 only
+    bool overlap = false;
+    bool distOpt = false;
+};
+
+// Median / min step time over `steps` measured steps, or a negative value on error.
+template <typename T>
+bool timeSteps(T& trainer, int warmup, int steps, std::vector<double>& times) {
+    for (int s = 0; s < warmup + steps; ++s) {
+        StepProgress p;
+        const ts::Status st = trainer.step(&p);
+        if (!st) {
+            std::fprintf(stderr, "bench_parallel_step: %s\n", st.toString().c_str());
+            return false;
+        }
+        if (s >= warmup) times.push_back(p.stepTimeS);
+    }
+    std::sort(times.begin(), times.end());
+    return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int steps = 6, warmup = 2;
+    std::vector<std::string> configs = {"tiny", "small"};
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const std::string a = argv[i], v = argv[i + 1];
+        if (a == "--steps") steps = std::max(1, std::stoi(v));
+        else if (a == "--warmup") warmup = std::max(0, std::stoi(v));
+        else if (a == "--configs") configs = split(v);
+        else {
+            std::fprintf(stderr, "unknown option %s\n", a.c_str());
+            return 2;
+        }
+    }
+    const std::vector<Variant> variants = {
+        {"dp1 thr1", 1, 1, false, false},
+        {"dp1 thr2", 1, 2, false, false},
+        {"dp2 no-overlap", 2, 1, false, false},
+        {"dp2 overlap", 2, 1, true, false},
+        {"dp2 distopt no-overlap", 2, 1, false, true},
+        {"dp2 distopt overlap", 2, 1, true, true},
+    };
+    nlohmann::json results = nlohmann::json::array();
+    std::printf("%-6s %-24s %8s %12s %12s %12s %8s\n", "config", "variant", "buckets", "median_ms", "min_ms",
+                "tokens/s", "speedup");
+    for (const std::string& name : configs) {
+        double base = 0;
+        for (const Variant& v : variants) {
+            Config c = benchConfig(name);
+            const int globalSeqs = 16;
+            c.data_parallel_size = v.dp;
+            c.num_microbatches = globalSeqs / (c.micro_batch_size * v.dp);
+            c.global_batch_size = globalSeqs;
+            c.overlap_grad_reduce = v.overlap;
+            c.use_distributed_optimizer = v.distOpt;
+            std::vector<double> times;
+            int buckets = 1;
+            if (v.dp == 1) {
+                c.cpu_threads = v.threads;
+                auto t = Trainer::create(c);
+                if (!t) {
+                    std::fprintf(stderr, "bench_parallel_step: %s\n", t.status().toString().c_str());
+                    return 1;
+                }
+                ts::kernels::cpu::setNumThreads(v.threads);
+                if (!timeSteps(**t, warmup, steps, times)) return 1;
+            } else {
+                if (v.overlap) {
+                    // ~4 buckets: the grads of ~one layer each.
+                    auto probe = ParallelTrainer::create(c);
+                    if (!probe) {
+                        std::fprintf(stderr, "bench_parallel_step: %s\n", probe.status().toString().c_str());
+                        return 1;
+                    }
+                    c.bucket_size = std::max<int64_t>(1, (*probe)->gradSync(0, 0).layout().numel / 4);
+                }
+                auto t = ParallelTrainer::create(c);
+                if (!t) {
+                    std::fprintf(stderr, "bench_parallel_step: %s\n", t.status().toString().c_str());
+                    return 1;
+                }
+                buckets = int((*t)->gradSync(0, 0).layout().buckets.size());
+                if (!timeSteps(**t, warmup, steps, times)) return 1;
+            }
+            const double med = times[times.size() / 2];
+            if (base == 0) base = med;
+            const double tokens = double(globalSeqs) * c.seq_length;
+            std::printf("%-6s %-24s %8d %12.2f %12.2f %12.0f %7.2fx\n", name.c_str(), v.label.c_str(), buckets,
+                        med * 1e3, times.front() * 1e3, tokens / med, base / med);
+            std::fflush(stdout);
+            results.push_back({{"config", name},
+                               {"variant", v.label},
+                               {"dp", v.dp},
+                               {"gemm_threads_per_rank", v.dp == 1 ? v.threads : 1},
+                               {"overlap_grad_reduce", v.overlap},
+                               {"use_distributed_optimizer", v.distOpt},
+                               {"buckets", buckets},
+                               {"median_step_s", med},
+                               {"min_step_s", times.front()},
+                               {"tokens_per_s", tokens / med},
+                               {"speedup_vs_dp1_thr1", base / med}});
+        }
+    }
+    std::printf("%s\n",
+                nlohmann::json{{"bench", "bench_parallel_step"}, {"steps", steps}, {"global_batch_seqs", 16},
+                               {"results", results}}
+                    .dump()
+                    .c_str());
+    return 0;
+}

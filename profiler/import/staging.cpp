@@ -134,16 +134,23 @@ void assignSteps(StagedFile& f, const std::vector<StepRange>& steps) {
 
 void dropLastStep(StagedFile& f, const std::vector<StepRange>& steps) {
     if (steps.empty()) return;
-    int64_t lastStart = std::numeric_limits<int64_t>::min();
-    for (const auto& r : steps) lastStart = std::max(lastStart, r.start);
+    int64_t lastStart = std::numeric_limits<int64_t>::min(), lastEnd = lastStart;
+    std::set<int32_t> distinct;
+    for (const auto& r : steps) {
+        lastStart = std::max(lastStart, r.start);
+        lastEnd = std::max(lastEnd, r.end);
+        distinct.insert(r.step);
+    }
+    // HTA keeps the only step of a one-step trace: host ops starting by its end survive.
+    const bool onlyOneStep = distinct.size() == 1;
+    auto hostKept = [&](const trace::Slice& s) { return onlyOneStep ? s.startNs <= lastEnd : s.startNs < lastStart; };
     std::unordered_set<uint64_t> keptLaunches;
     for (const auto& s : f.slices)
-        if (!f.tracks[s.track].gpu && s.startNs < lastStart && s.correlation != 0)
-            keptLaunches.insert(s.correlation);
+        if (!f.tracks[s.track].gpu && s.correlation != 0 && hostKept(s)) keptLaunches.insert(s.correlation);
     size_t before = f.slices.size();
     std::erase_if(f.slices, [&](const trace::Slice& s) {
         if (f.tracks[s.track].gpu) return s.correlation == 0 || !keptLaunches.count(s.correlation);
-        return s.startNs >= lastStart;
+        return !hostKept(s);
     });
     f.stats.add("import.dropped_last_step_slices", static_cast<int64_t>(before - f.slices.size()));
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <unordered_map>
 
@@ -301,6 +302,45 @@ TEST(ImportKineto, TextualGpuRowsAndArrayFormat) {
         EXPECT_EQ(s.startNs, 10000);  // 10 us after the cpu_op, the earliest event
     }
     EXPECT_EQ(gpu, 1);
+}
+
+
+// HTA's loader filter: ops of the last ProfilerStep go, except in a one-step trace.
+TEST(ImportKineto, DropLastStepFollowsHtaRules) {
+    auto dir = testing::scratchDir("kineto_drop_last");
+    auto launch = [](int corr, int ts) {
+        return R"({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": )" +
+               std::to_string(ts) + R"(, "dur": 2, "args": {"correlation": )" + std::to_string(corr) + "}}," +
+               R"({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": )" + std::to_string(ts + 5) +
+               R"(, "dur": 3, "args": {"stream": 7, "correlation": )" + std::to_string(corr) + "}}";
+    };
+    auto step = [](int n, int ts) {
+        return R"({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#)" + std::to_string(n) +
+               R"(", "pid": 1, "tid": 1, "ts": )" + std::to_string(ts) + R"(, "dur": 100},)";
+    };
+    // Two steps [100, 200) and [200, 300): only the launch at 150 (and its kernel) stay.
+    testing::writeFile(dir / "two.json", "{\"traceEvents\": [" + step(1, 100) + step(2, 200) + launch(1, 150) + "," +
+                                             launch(2, 250) + "]}");
+    // One step [100, 200): everything launched by its end stays, later launches go.
+    testing::writeFile(dir / "one.json", "{\"traceEvents\": [" + step(1, 100) + launch(1, 50) + "," + launch(2, 150) +
+                                             "," + launch(3, 250) + "]}");
+    ImportOptions opt;
+    opt.dropLastProfilerStep = true;
+    auto kernelCorrelations = [&](const std::string& file) {
+        CollectingRecorder rec;
+        auto report = importTraces({(dir / file).string()}, rec, opt);
+        EXPECT_TRUE(report.isOk());
+        std::map<uint64_t, int64_t> launchStart;  // renumbered correlation -> launch start
+        for (const auto& s : rec.slices)
+            if (s.category == Category::Launch) launchStart[s.correlation] = s.startNs;
+        std::vector<int64_t> kept;  // launch start of each surviving kernel, relative to the first event
+        for (const auto& s : rec.slices)
+            if (rec.onDevice(s)) kept.push_back(launchStart.at(s.correlation));
+        std::sort(kept.begin(), kept.end());
+        return kept;
+    };
+    EXPECT_EQ(kernelCorrelations("two.json"), (std::vector<int64_t>{50000}));          // launch at 150 us
+    EXPECT_EQ(kernelCorrelations("one.json"), (std::vector<int64_t>{0, 100000}));      // launches at 50, 150 us
 }
 
 }  // namespace

@@ -45,10 +45,14 @@ struct GptModel::MbState {
 GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o, Device& dev,
                    Stream& compute, const ParallelContext& ctx)
     : m_cfg(cfg), m_d(d), m_o(o), m_ctx(ctx), m_exec(dev, compute),
+      m_sp(ctx.sequenceParallel && ctx.tpSize > 1),
       m_logits(std::make_shared<std::map<int, std::vector<float>>>()),
       m_losses(std::make_shared<std::map<int, std::pair<double, double>>>()) {}
 
-GptModel::~GptModel() { (void)m_exec.synchronize(); }
+GptModel::~GptModel() {
+    (void)m_exec.synchronize();
+    m_held.clear();
+}
 
 Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& dev, Stream& compute,
                                                    const ParallelContext& ctxIn) {
@@ -66,6 +70,9 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     if (d.heads % ctx.tpSize || d.groups % ctx.tpSize || d.ffn % ctx.tpSize || d.paddedVocab % ctx.tpSize)
         return Status::invalid("tensor_model_parallel_size=" + std::to_string(ctx.tpSize) +
                                " must divide heads, query groups, ffn_hidden_size and the padded vocab");
+    if (ctx.sequenceParallel && ctx.tpSize > 1 && d.seq % ctx.tpSize)
+        return Status::invalid("sequence_parallel: seq_length=" + std::to_string(d.seq) +
+                               " must be divisible by tensor_model_parallel_size=" + std::to_string(ctx.tpSize));
     const ModelOptions o = modelOptionsFromConfig(cfg);
     if (!o.recomputeGranularity.empty() && o.recomputeGranularity != "selective" &&
         o.recomputeGranularity != "full")
@@ -144,6 +151,12 @@ Status GptModel::registerParams() {
         }
         if (m_embW >= 0 && m_d.tied) const_cast<ParamInfo&>(m_params.info(m_embW)).sharedEmbedding = true;
     }
+    // With SP every TP-replicated param (norm weights/biases, the row-parallel output biases
+    // added after the reduce-scatter) sees only this rank's s/t tokens.
+    if (m_sp)
+        for (int i = 0; i < m_params.count(); ++i)
+            if (m_params.info(i).shard == ShardKind::Replicated)
+                const_cast<ParamInfo&>(m_params.info(i)).sequenceParallel = true;
     return Status::ok();
 }
 
@@ -185,7 +198,14 @@ void GptModel::initWeights() {
 void GptModel::beginStep(int step, int numMicrobatches) {
     m_step = step;
     m_numMicrobatches = std::max(1, numMicrobatches);
+    m_backwardsThisStep = 0;
+    while (!m_held.empty() && m_held.front().done->query()) m_held.pop_front();
     m_exec.setStep(step);
+}
+
+int GptModel::localTokens() const {
+    const int T = m_d.seq * m_d.microBatch;
+    return m_sp ? T / m_ctx.tpSize : T;
 }
 
 int GptModel::recomputeGroupStart(int li) const {
@@ -206,6 +226,61 @@ int GptModel::recomputeGroupEnd(int li) const {
 void GptModel::tpAllReduce(const TensorPtr& t, int64_t n) {
     if (m_ctx.tp && m_ctx.tpSize > 1)
         m_ctx.tp->allReduce(m_exec.stream(), t->data(), t->data(), size_t(n), DType::F32, ReduceOp::Sum);
+}
+
+Result<TensorPtr> GptModel::seqGather(const TensorPtr& local, int64_t n) {
+    TS_ASSIGN_OR_RETURN(TensorPtr full, m_exec.alloc(n * m_ctx.tpSize));
+    m_ctx.tp->allGather(m_exec.stream(), local->data(), full->data(), size_t(n), DType::F32);
+    holdUntilDone(local, full);
+    return full;
+}
+
+Result<TensorPtr> GptModel::seqReduceScatter(const TensorPtr& full, int64_t n) {
+    TS_ASSIGN_OR_RETURN(TensorPtr local, m_exec.alloc(n));
+    m_ctx.tp->reduceScatter(m_exec.stream(), full->data(), local->data(), size_t(n), DType::F32, ReduceOp::Sum);
+    holdUntilDone(full, local);
+    return local;
+}
+
+void GptModel::holdUntilDone(TensorPtr a, TensorPtr b) {
+    while (!m_held.empty() && m_held.front().done->query()) m_held.pop_front();
+    Held h{m_exec.device().createEvent(), std::move(a), std::move(b)};
+    m_exec.stream().record(*h.done);
+    m_held.push_back(std::move(h));
+}
+
+Status GptModel::syncSequenceParallelGrads(const std::vector<int>& params) {
+    if (!m_sp || !m_lastBackward) return Status::ok();
+    // Grads accumulate over the step's microbatches; the TP sum runs once, after the last one.
+    std::vector<std::pair<float*, int64_t>> grads;
+    int64_t n = 0;
+    for (int i : params) {
+        if (i < 0 || !m_params.info(i).sequenceParallel) continue;
+        grads.push_back({m_params.mainGrad(i), m_params.info(i).numel});
+        n += m_params.info(i).numel;
+    }
+    if (grads.empty()) return Status::ok();
+    // One coalesced all-reduce per call (pack -> all-reduce -> unpack), as Megatron flattens them.
+    TS_ASSIGN_OR_RETURN(TensorPtr pack, m_exec.alloc(n, MemCategory::CommBuffers));
+    m_exec.op("sp_grads.pack", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
+        float* dst = fp(pack);
+        for (const auto& [g, len] : grads) dst = std::copy(g, g + len, dst);
+    });
+    m_ctx.tp->allReduce(m_exec.stream(), pack->data(), pack->data(), size_t(n), DType::F32, ReduceOp::Sum);
+    m_exec.op("sp_grads.unpack", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
+        const float* src = fp(pack);
+        for (const auto& [g, len] : grads) {
+            std::copy(src, src + len, g);
+            src += len;
+        }
+    });
+    return Status::ok();
+}
+
+Status GptModel::gradsReady(const std::vector<int>& params) {
+    TS_RETURN_IF_ERROR(syncSequenceParallelGrads(params));
+    if (m_gradReadyHook) m_gradReadyHook(params);
+    return Status::ok();
 }
 
 void GptModel::roundBf16(const TensorPtr& t, int64_t n) {
@@ -283,30 +358,40 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     const int s = m_d.seq, b = m_d.microBatch, T = s * b, h = m_d.hidden, d = m_d.headDim;
     const int nq = m_nqL, ng = m_ngL, F = m_ffnL, F1 = m_d.swiglu ? 2 * F : F;
     const int qkvOut = (nq + 2 * ng) * d;
-    const int64_t Th = int64_t(T) * h;
+    // SP regions hold TL = T/t rows (this rank's s-shard); the TP region between the
+    // all-gather and the reduce-scatter holds all T rows. Without SP, TL = T.
+    const int TL = localTokens();
+    const int64_t Th = int64_t(T) * h, ThL = int64_t(TL) * h;
+    // Dropout mask elements are numbered as in the unsharded [T, h] tensor, so the SP masks
+    // are exactly the single-device mask's rows of this shard.
+    const uint64_t dropOffset = m_sp ? uint64_t(m_ctx.tpRank) * uint64_t(ThL) : 0;
     const bool bf = m_o.bf16;
     const float p = m_o.hiddenDropout;
     const bool rms = m_d.rmsNorm;
     auto alloc = [&](int64_t n) { return m_exec.alloc(n); };
 
     A.x = st.hidden;
-    TS_ASSIGN_OR_RETURN(A.a1, alloc(Th));
-    if (!rms) { TS_ASSIGN_OR_RETURN(A.mean1, alloc(T)); }
-    TS_ASSIGN_OR_RETURN(A.rstd1, alloc(T));
-    normForward("input_layernorm.fwd", P.ln1w, P.ln1b, A.x, A.a1, A.mean1, A.rstd1, T);
+    TS_ASSIGN_OR_RETURN(A.a1, alloc(ThL));
+    if (!rms) { TS_ASSIGN_OR_RETURN(A.mean1, alloc(TL)); }
+    TS_ASSIGN_OR_RETURN(A.rstd1, alloc(TL));
+    normForward("input_layernorm.fwd", P.ln1w, P.ln1b, A.x, A.a1, A.mean1, A.rstd1, TL);
+    // SP: only the local a1 [TL, h] is saved; the gathered [T, h] lives until the GEMM ran.
+    TensorPtr a1Full = A.a1;
+    if (m_sp) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
 
     // linear_qkv (column parallel; bias sharded with the rows)
     TS_ASSIGN_OR_RETURN(TensorPtr qkv, alloc(int64_t(T) * qkvOut));
     {
         const float* W = m_params.modelParam(P.qkvW);
         const float* B = P.qkvB >= 0 ? m_params.modelParam(P.qkvB) : nullptr;
-        TensorPtr a1 = A.a1;
+        TensorPtr a1 = a1Full;
         m_exec.op("linear_qkv.fwd", Category::Gemm, 2.0 * T * h * qkvOut,
                   uint64_t(4) * (uint64_t(T) * (h + qkvOut) + uint64_t(h) * qkvOut), [=] {
                       k::linearForward(fp(a1), W, B, fp(qkv), T, h, qkvOut);
                       if (bf) k::roundToBf16(fp(qkv), int64_t(T) * qkvOut);
                   });
     }
+    a1Full.reset();
     TS_ASSIGN_OR_RETURN(A.q, alloc(int64_t(T) * nq * d));
     TS_ASSIGN_OR_RETURN(A.k, alloc(int64_t(T) * ng * d));
     TS_ASSIGN_OR_RETURN(A.v, alloc(int64_t(T) * ng * d));
@@ -360,34 +445,37 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
                   uint64_t(4) * (uint64_t(T) * (in + h) + uint64_t(in) * h),
                   [=] { k::linearForward(fp(ctx), W, nullptr, fp(proj), T, in, h); });
     }
-    tpAllReduce(proj, Th);
-    TS_ASSIGN_OR_RETURN(A.x2, alloc(Th));
-    if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask1, m_exec.alloc(Th, MemCategory::Activations, 1)); }
+    if (m_sp) { TS_ASSIGN_OR_RETURN(proj, seqReduceScatter(proj, ThL)); }
+    else tpAllReduce(proj, Th);
+    TS_ASSIGN_OR_RETURN(A.x2, alloc(ThL));
+    if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask1, m_exec.alloc(ThL, MemCategory::Activations, 1)); }
     {
         const float* B = P.projB >= 0 ? m_params.modelParam(P.projB) : nullptr;
         TensorPtr x = A.x, x2 = A.x2, mask = A.mask1;
         const uint64_t seed = dropoutSeed(m_o.seed, m_step, m_exec.microbatch(), gl, 1);
         const bool fused = m_o.fusedBiasDropout;
-        m_exec.op("bias_dropout_add.attn", Category::Elementwise, 3.0 * Th, uint64_t(Th) * 16, [=] {
+        m_exec.op("bias_dropout_add.attn", Category::Elementwise, 3.0 * ThL, uint64_t(ThL) * 16, [=] {
             uint8_t* mk = mask ? mask->as<uint8_t>() : nullptr;
-            if (fused) k::biasDropoutAddFused(fp(proj), B, fp(x), fp(x2), mk, T, h, p, seed, 0);
-            else k::biasDropoutAddUnfused(fp(proj), B, fp(x), fp(x2), mk, T, h, p, seed, 0);
-            if (bf) k::roundToBf16(fp(x2), Th);
+            if (fused) k::biasDropoutAddFused(fp(proj), B, fp(x), fp(x2), mk, TL, h, p, seed, dropOffset);
+            else k::biasDropoutAddUnfused(fp(proj), B, fp(x), fp(x2), mk, TL, h, p, seed, dropOffset);
+            if (bf) k::roundToBf16(fp(x2), ThL);
         });
     }
     proj.reset();
 
     // MLP
-    TS_ASSIGN_OR_RETURN(A.a2, alloc(Th));
-    if (!rms) { TS_ASSIGN_OR_RETURN(A.mean2, alloc(T)); }
-    TS_ASSIGN_OR_RETURN(A.rstd2, alloc(T));
-    normForward("pre_mlp_layernorm.fwd", P.ln2w, P.ln2b, A.x2, A.a2, A.mean2, A.rstd2, T);
+    TS_ASSIGN_OR_RETURN(A.a2, alloc(ThL));
+    if (!rms) { TS_ASSIGN_OR_RETURN(A.mean2, alloc(TL)); }
+    TS_ASSIGN_OR_RETURN(A.rstd2, alloc(TL));
+    normForward("pre_mlp_layernorm.fwd", P.ln2w, P.ln2b, A.x2, A.a2, A.mean2, A.rstd2, TL);
+    TensorPtr a2Full = A.a2;
+    if (m_sp) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
     TS_ASSIGN_OR_RETURN(A.fc1, alloc(int64_t(T) * F1));
     TS_ASSIGN_OR_RETURN(A.act, alloc(int64_t(T) * F));
     {
         const float* W = m_params.modelParam(P.fc1W);
         const float* B = P.fc1B >= 0 ? m_params.modelParam(P.fc1B) : nullptr;
-        TensorPtr a2 = A.a2, fc1 = A.fc1, act = A.act;
+        TensorPtr a2 = a2Full, fc1 = A.fc1, act = A.act;
         const bool swiglu = m_d.swiglu, fusedAct = m_o.fusedBiasAct;
         m_exec.op("linear_fc1.fwd", Category::Gemm, 2.0 * T * h * F1,
                   uint64_t(4) * (uint64_t(T) * (h + F1) + uint64_t(h) * F1), [=] {
@@ -407,6 +495,7 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
                       if (bf) k::roundToBf16(fp(act), int64_t(T) * F);
                   });
     }
+    a2Full.reset();
     TS_ASSIGN_OR_RETURN(TensorPtr fc2, alloc(Th));
     {
         const float* W = m_params.modelParam(P.fc2W);
@@ -415,19 +504,20 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
                   uint64_t(4) * (uint64_t(T) * (F + h) + uint64_t(F) * h),
                   [=] { k::linearForward(fp(act), W, nullptr, fp(fc2), T, F, h); });
     }
-    tpAllReduce(fc2, Th);
-    TS_ASSIGN_OR_RETURN(TensorPtr out, alloc(Th));
-    if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask2, m_exec.alloc(Th, MemCategory::Activations, 1)); }
+    if (m_sp) { TS_ASSIGN_OR_RETURN(fc2, seqReduceScatter(fc2, ThL)); }
+    else tpAllReduce(fc2, Th);
+    TS_ASSIGN_OR_RETURN(TensorPtr out, alloc(ThL));
+    if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask2, m_exec.alloc(ThL, MemCategory::Activations, 1)); }
     {
         const float* B = P.fc2B >= 0 ? m_params.modelParam(P.fc2B) : nullptr;
         TensorPtr x2 = A.x2, mask = A.mask2;
         const uint64_t seed = dropoutSeed(m_o.seed, m_step, m_exec.microbatch(), gl, 2);
         const bool fused = m_o.fusedBiasDropout;
-        m_exec.op("bias_dropout_add.mlp", Category::Elementwise, 3.0 * Th, uint64_t(Th) * 16, [=] {
+        m_exec.op("bias_dropout_add.mlp", Category::Elementwise, 3.0 * ThL, uint64_t(ThL) * 16, [=] {
             uint8_t* mk = mask ? mask->as<uint8_t>() : nullptr;
-            if (fused) k::biasDropoutAddFused(fp(fc2), B, fp(x2), fp(out), mk, T, h, p, seed, 0);
-            else k::biasDropoutAddUnfused(fp(fc2), B, fp(x2), fp(out), mk, T, h, p, seed, 0);
-            if (bf) k::roundToBf16(fp(out), Th);
+            if (fused) k::biasDropoutAddFused(fp(fc2), B, fp(x2), fp(out), mk, TL, h, p, seed, dropOffset);
+            else k::biasDropoutAddUnfused(fp(fc2), B, fp(x2), fp(out), mk, TL, h, p, seed, dropOffset);
+            if (bf) k::roundToBf16(fp(out), ThL);
         });
     }
     st.hidden = out;
@@ -448,21 +538,24 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     const int s = m_d.seq, b = m_d.microBatch, T = s * b, h = m_d.hidden, d = m_d.headDim;
     const int nq = m_nqL, ng = m_ngL, F = m_ffnL, F1 = m_d.swiglu ? 2 * F : F;
     const int qkvOut = (nq + 2 * ng) * d;
-    const int64_t Th = int64_t(T) * h;
+    const int TL = localTokens();  // rows in SP regions (= T without SP)
+    const int64_t Th = int64_t(T) * h, ThL = int64_t(TL) * h;
     const float p = m_o.hiddenDropout;
     const bool bf = m_o.bf16;
     auto alloc = [&](int64_t n) { return m_exec.alloc(n); };
     if (!A.a1) return Status::internal("layer " + std::to_string(gl) + " backward without saved activations");
 
     // bias-dropout-add (mlp): d(fc2 out) = dropout'(dout); residual grad passes through.
-    TS_ASSIGN_OR_RETURN(TensorPtr dfc2, alloc(Th));
+    TS_ASSIGN_OR_RETURN(TensorPtr dfc2, alloc(ThL));
     {
         float* GB = P.fc2B >= 0 ? m_params.mainGrad(P.fc2B) : nullptr;
         TensorPtr mask = A.mask2;
-        m_exec.op("bias_dropout_add.mlp.bwd", Category::Elementwise, 2.0 * Th, uint64_t(Th) * 8, [=] {
-            k::biasDropoutAddBackward(fp(dout), mask ? mask->as<uint8_t>() : nullptr, fp(dfc2), GB, T, h, p);
+        m_exec.op("bias_dropout_add.mlp.bwd", Category::Elementwise, 2.0 * ThL, uint64_t(ThL) * 8, [=] {
+            k::biasDropoutAddBackward(fp(dout), mask ? mask->as<uint8_t>() : nullptr, fp(dfc2), GB, TL, h, p);
         });
     }
+    // SP: the backward of the forward reduce-scatter is an all-gather of dY along s.
+    if (m_sp) { TS_ASSIGN_OR_RETURN(dfc2, seqGather(dfc2, ThL)); }
     TS_ASSIGN_OR_RETURN(TensorPtr dact, alloc(int64_t(T) * F));
     TS_RETURN_IF_ERROR(linearBackward("linear_fc2.bwd", P.fc2W, -1, dfc2, A.act, dact, T, F, h));
     dfc2.reset();
@@ -484,25 +577,31 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
                   });
     }
     dact.reset();
+    // SP: re-gather the saved local input [TL, h] -> [T, h] for the wgrad (Korthikanti §4.2.2).
+    TensorPtr a2Full = A.a2;
+    if (m_sp) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
     TS_ASSIGN_OR_RETURN(TensorPtr da2, alloc(Th));
-    TS_RETURN_IF_ERROR(linearBackward("linear_fc1.bwd", P.fc1W, -1, dfc1, A.a2, da2, T, h, F1));
+    TS_RETURN_IF_ERROR(linearBackward("linear_fc1.bwd", P.fc1W, -1, dfc1, a2Full, da2, T, h, F1));
     dfc1.reset();
-    tpAllReduce(da2, Th);
-    TS_ASSIGN_OR_RETURN(TensorPtr dx2, alloc(Th));
-    normBackward("pre_mlp_layernorm.bwd", P.ln2w, P.ln2b, da2, A.x2, A.mean2, A.rstd2, dx2, T);
+    a2Full.reset();
+    if (m_sp) { TS_ASSIGN_OR_RETURN(da2, seqReduceScatter(da2, ThL)); }
+    else tpAllReduce(da2, Th);
+    TS_ASSIGN_OR_RETURN(TensorPtr dx2, alloc(ThL));
+    normBackward("pre_mlp_layernorm.bwd", P.ln2w, P.ln2b, da2, A.x2, A.mean2, A.rstd2, dx2, TL);
     da2.reset();
-    m_exec.op("residual_grad_add", Category::Elementwise, double(Th), uint64_t(Th) * 12,
-              [=] { k::addInPlace(fp(dx2), fp(dout), Th); });
+    m_exec.op("residual_grad_add", Category::Elementwise, double(ThL), uint64_t(ThL) * 12,
+              [=] { k::addInPlace(fp(dx2), fp(dout), ThL); });
 
     // attention block
-    TS_ASSIGN_OR_RETURN(TensorPtr dproj, alloc(Th));
+    TS_ASSIGN_OR_RETURN(TensorPtr dproj, alloc(ThL));
     {
         float* GB = P.projB >= 0 ? m_params.mainGrad(P.projB) : nullptr;
         TensorPtr mask = A.mask1;
-        m_exec.op("bias_dropout_add.attn.bwd", Category::Elementwise, 2.0 * Th, uint64_t(Th) * 8, [=] {
-            k::biasDropoutAddBackward(fp(dx2), mask ? mask->as<uint8_t>() : nullptr, fp(dproj), GB, T, h, p);
+        m_exec.op("bias_dropout_add.attn.bwd", Category::Elementwise, 2.0 * ThL, uint64_t(ThL) * 8, [=] {
+            k::biasDropoutAddBackward(fp(dx2), mask ? mask->as<uint8_t>() : nullptr, fp(dproj), GB, TL, h, p);
         });
     }
+    if (m_sp) { TS_ASSIGN_OR_RETURN(dproj, seqGather(dproj, ThL)); }
     TS_ASSIGN_OR_RETURN(TensorPtr dctx, alloc(int64_t(T) * nq * d));
     TS_RETURN_IF_ERROR(linearBackward("linear_proj.bwd", P.projW, -1, dproj, A.ctx, dctx, T, nq * d, h));
     dproj.reset();
@@ -544,15 +643,19 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
         if (bf) k::roundToBf16(fp(dqkv), int64_t(T) * qkvOut);
     });
     dq.reset(); dk.reset(); dv.reset();
+    TensorPtr a1Full = A.a1;
+    if (m_sp) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
     TS_ASSIGN_OR_RETURN(TensorPtr da1, alloc(Th));
-    TS_RETURN_IF_ERROR(linearBackward("linear_qkv.bwd", P.qkvW, P.qkvB, dqkv, A.a1, da1, T, h, qkvOut));
+    TS_RETURN_IF_ERROR(linearBackward("linear_qkv.bwd", P.qkvW, P.qkvB, dqkv, a1Full, da1, T, h, qkvOut));
     dqkv.reset();
-    tpAllReduce(da1, Th);
-    TS_ASSIGN_OR_RETURN(TensorPtr dx, alloc(Th));
-    normBackward("input_layernorm.bwd", P.ln1w, P.ln1b, da1, A.x, A.mean1, A.rstd1, dx, T);
-    m_exec.op("residual_grad_add", Category::Elementwise, double(Th), uint64_t(Th) * 12, [=] {
-        k::addInPlace(fp(dx), fp(dx2), Th);
-        if (bf) k::roundToBf16(fp(dx), Th);
+    a1Full.reset();
+    if (m_sp) { TS_ASSIGN_OR_RETURN(da1, seqReduceScatter(da1, ThL)); }
+    else tpAllReduce(da1, Th);
+    TS_ASSIGN_OR_RETURN(TensorPtr dx, alloc(ThL));
+    normBackward("input_layernorm.bwd", P.ln1w, P.ln1b, da1, A.x, A.mean1, A.rstd1, dx, TL);
+    m_exec.op("residual_grad_add", Category::Elementwise, double(ThL), uint64_t(ThL) * 12, [=] {
+        k::addInPlace(fp(dx), fp(dx2), ThL);
+        if (bf) k::roundToBf16(fp(dx), ThL);
     });
     *dxOut = dx;
     return Status::ok();
@@ -561,17 +664,20 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
 Status GptModel::finalForward(MbState& st) {
     m_exec.setLayer(-1);
     const int T = m_d.seq * m_d.microBatch, h = m_d.hidden, Vl = m_vocabL;
-    const int64_t Th = int64_t(T) * h, TV = int64_t(T) * Vl;
+    const int TL = localTokens();
+    const int64_t ThL = int64_t(TL) * h, TV = int64_t(T) * Vl;
     const bool bf = m_o.bf16;
     st.xL = st.hidden;
-    TS_ASSIGN_OR_RETURN(st.xf, m_exec.alloc(Th));
-    if (!m_d.rmsNorm) { TS_ASSIGN_OR_RETURN(st.meanf, m_exec.alloc(T)); }
-    TS_ASSIGN_OR_RETURN(st.rstdf, m_exec.alloc(T));
-    normForward("final_layernorm.fwd", m_lnfW, m_lnfB, st.xL, st.xf, st.meanf, st.rstdf, T);
+    TS_ASSIGN_OR_RETURN(st.xf, m_exec.alloc(ThL));
+    if (!m_d.rmsNorm) { TS_ASSIGN_OR_RETURN(st.meanf, m_exec.alloc(TL)); }
+    TS_ASSIGN_OR_RETURN(st.rstdf, m_exec.alloc(TL));
+    normForward("final_layernorm.fwd", m_lnfW, m_lnfB, st.xL, st.xf, st.meanf, st.rstdf, TL);
     TS_ASSIGN_OR_RETURN(st.logits, m_exec.alloc(TV));
     {
         const float* W = m_params.modelParam(m_outW);
+        // SP: the output layer is column parallel, its input is gathered along s.
         TensorPtr xf = st.xf, logits = st.logits;
+        if (m_sp) { TS_ASSIGN_OR_RETURN(xf, seqGather(st.xf, ThL)); }
         m_exec.op("output_layer.fwd", Category::Gemm, 2.0 * T * h * Vl,
                   uint64_t(4) * (uint64_t(T) * (h + Vl) + uint64_t(h) * Vl), [=] {
                       k::linearForward(fp(xf), W, nullptr, fp(logits), T, h, Vl);
@@ -648,7 +754,8 @@ Status GptModel::finalForward(MbState& st) {
 Status GptModel::finalBackward(MbState& st, TensorPtr* dhidden) {
     m_exec.setLayer(-1);
     const int T = m_d.seq * m_d.microBatch, h = m_d.hidden, Vl = m_vocabL;
-    const int64_t Th = int64_t(T) * h, TV = int64_t(T) * Vl;
+    const int TL = localTokens();
+    const int64_t Th = int64_t(T) * h, ThL = int64_t(TL) * h, TV = int64_t(T) * Vl;
     auto data = st.data;
     TensorPtr dloss = st.dloss;
     TensorPtr dlogits;
@@ -672,12 +779,16 @@ Status GptModel::finalBackward(MbState& st, TensorPtr* dhidden) {
     }
     if (m_o.bf16) roundBf16(dlogits, TV);
     st.logits.reset();
+    TensorPtr xfFull = st.xf;
+    if (m_sp) { TS_ASSIGN_OR_RETURN(xfFull, seqGather(st.xf, ThL)); }
     TS_ASSIGN_OR_RETURN(TensorPtr dxf, m_exec.alloc(Th));
-    TS_RETURN_IF_ERROR(linearBackward("output_layer.bwd", m_outW, -1, dlogits, st.xf, dxf, T, h, Vl));
+    TS_RETURN_IF_ERROR(linearBackward("output_layer.bwd", m_outW, -1, dlogits, xfFull, dxf, T, h, Vl));
     dlogits.reset();
-    tpAllReduce(dxf, Th);
-    TS_ASSIGN_OR_RETURN(TensorPtr dh, m_exec.alloc(Th));
-    normBackward("final_layernorm.bwd", m_lnfW, m_lnfB, dxf, st.xL, st.meanf, st.rstdf, dh, T);
+    xfFull.reset();
+    if (m_sp) { TS_ASSIGN_OR_RETURN(dxf, seqReduceScatter(dxf, ThL)); }
+    else tpAllReduce(dxf, Th);
+    TS_ASSIGN_OR_RETURN(TensorPtr dh, m_exec.alloc(ThL));
+    normBackward("final_layernorm.bwd", m_lnfW, m_lnfB, dxf, st.xL, st.meanf, st.rstdf, dh, TL);
     st.xf.reset(); st.xL.reset(); st.meanf.reset(); st.rstdf.reset(); st.dloss.reset();
     *dhidden = dh;
     return Status::ok();
@@ -685,7 +796,7 @@ Status GptModel::finalBackward(MbState& st, TensorPtr* dhidden) {
 
 Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorPtr input, TensorPtr output) {
     const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
-    const int64_t Th = int64_t(T) * h;
+    const int64_t Th = int64_t(T) * h, ThL = stageTensorElems();
     if (m_mbs.count(mb)) return Status::internal("microbatch " + std::to_string(mb) + " is already in flight");
     if (m_ctx.firstStage || m_ctx.lastStage) {
         if (!data) return Status::invalid("microbatch data missing");
@@ -708,10 +819,12 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
                                        std::to_string(m_d.vocab) + ")");
         }
     }
-    if (!m_ctx.firstStage && (!input || input->bytes() < size_t(Th) * 4))
-        return Status::invalid("non-first pipeline stage needs an input tensor of [s*b, h]");
-    if (!m_ctx.lastStage && (!output || output->bytes() < size_t(Th) * 4))
-        return Status::invalid("non-last pipeline stage needs an output tensor of [s*b, h]");
+    if (!m_ctx.firstStage && (!input || input->bytes() < size_t(ThL) * 4))
+        return Status::invalid("non-first pipeline stage needs an input tensor of [s*b, h] ([s/t*b, h] with "
+                               "sequence_parallel)");
+    if (!m_ctx.lastStage && (!output || output->bytes() < size_t(ThL) * 4))
+        return Status::invalid("non-last pipeline stage needs an output tensor of [s*b, h] ([s/t*b, h] with "
+                               "sequence_parallel)");
 
     m_exec.setMicrobatch(mb);
     RangeScope range(m_exec.device(), range::kForward, {m_step, mb, m_ctx.vppChunk, -1});
@@ -728,20 +841,24 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
         m_exec.op("embedding.fwd", Category::Embedding, 0, uint64_t(Th) * 8, [=] {
             k::embeddingForward(data->tokens.data(), E, fp(emb), T, h, vStart, vEnd, V);
         });
-        tpAllReduce(emb, Th);
+        // Partial vocab-parallel lookups: summed over TP (all-reduce), or with SP summed and
+        // split along s in one reduce-scatter (Megatron's reduce_scatter_embeddings).
+        if (m_sp) { TS_ASSIGN_OR_RETURN(emb, seqReduceScatter(emb, ThL)); }
+        else tpAllReduce(emb, Th);
         const float p = m_o.hiddenDropout;
+        const uint64_t dropOffset = m_sp ? uint64_t(m_ctx.tpRank) * uint64_t(ThL) : 0;
         if (p > 0) {
-            TS_ASSIGN_OR_RETURN(TensorPtr dropped, m_exec.alloc(Th));
-            TS_ASSIGN_OR_RETURN(st->embMask, m_exec.alloc(Th, MemCategory::Activations, 1));
+            TS_ASSIGN_OR_RETURN(TensorPtr dropped, m_exec.alloc(ThL));
+            TS_ASSIGN_OR_RETURN(st->embMask, m_exec.alloc(ThL, MemCategory::Activations, 1));
             TensorPtr mask = st->embMask;
             const uint64_t seed = dropoutSeed(m_o.seed, m_step, mb, -1, 0);
-            m_exec.op("embedding_dropout", Category::Elementwise, double(Th), uint64_t(Th) * 9, [=] {
-                k::dropoutForward(fp(emb), fp(dropped), mask->as<uint8_t>(), Th, p, seed, 0);
-                if (bf) k::roundToBf16(fp(dropped), Th);
+            m_exec.op("embedding_dropout", Category::Elementwise, double(ThL), uint64_t(ThL) * 9, [=] {
+                k::dropoutForward(fp(emb), fp(dropped), mask->as<uint8_t>(), ThL, p, seed, dropOffset);
+                if (bf) k::roundToBf16(fp(dropped), ThL);
             });
             emb = dropped;
         } else if (bf) {
-            roundBf16(emb, Th);
+            roundBf16(emb, ThL);
         }
         st->hidden = emb;
     } else {
@@ -762,8 +879,8 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
         TS_RETURN_IF_ERROR(finalForward(*st));
     } else {
         TensorPtr hid = st->hidden;
-        m_exec.op("stage_output_copy", Category::Memcpy, 0, uint64_t(Th) * 8,
-                  [=] { std::memcpy(output->data(), hid->data(), size_t(Th) * sizeof(float)); });
+        m_exec.op("stage_output_copy", Category::Memcpy, 0, uint64_t(ThL) * 8,
+                  [=] { std::memcpy(output->data(), hid->data(), size_t(ThL) * sizeof(float)); });
     }
     st->hidden.reset();
     m_mbs[mb] = std::move(st);
@@ -774,24 +891,27 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
     auto it = m_mbs.find(mb);
     if (it == m_mbs.end()) return Status::internal("backward of microbatch " + std::to_string(mb) + " without forward");
     const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
-    const int64_t Th = int64_t(T) * h;
-    if (!m_ctx.lastStage && (!gradOutput || gradOutput->bytes() < size_t(Th) * 4))
-        return Status::invalid("non-last pipeline stage needs the output gradient [s*b, h]");
-    if (!m_ctx.firstStage && (!gradInput || gradInput->bytes() < size_t(Th) * 4))
-        return Status::invalid("non-first pipeline stage needs a gradInput tensor of [s*b, h]");
+    const int64_t Th = int64_t(T) * h, ThL = stageTensorElems();
+    if (!m_ctx.lastStage && (!gradOutput || gradOutput->bytes() < size_t(ThL) * 4))
+        return Status::invalid("non-last pipeline stage needs the output gradient [s*b, h] ([s/t*b, h] with "
+                               "sequence_parallel)");
+    if (!m_ctx.firstStage && (!gradInput || gradInput->bytes() < size_t(ThL) * 4))
+        return Status::invalid("non-first pipeline stage needs a gradInput tensor of [s*b, h] ([s/t*b, h] with "
+                               "sequence_parallel)");
     std::unique_ptr<MbState> st = std::move(it->second);
     m_mbs.erase(it);
     m_exec.setMicrobatch(mb);
     RangeScope range(m_exec.device(), range::kBackward, {m_step, mb, m_ctx.vppChunk, -1});
+    m_lastBackward = ++m_backwardsThisStep == m_numMicrobatches;
 
     TensorPtr dh;
     if (m_ctx.lastStage) {
         TS_RETURN_IF_ERROR(finalBackward(*st, &dh));
-        if (m_gradReadyHook) {
+        {
             std::vector<int> ps{m_lnfW};
             if (m_lnfB >= 0) ps.push_back(m_lnfB);
             if (m_outW != m_embW) ps.push_back(m_outW);  // tied on one stage: embedding.bwd adds more
-            m_gradReadyHook(ps);
+            TS_RETURN_IF_ERROR(gradsReady(ps));
         }
     } else {
         dh = gradOutput;
@@ -810,7 +930,7 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
         }
         TensorPtr dx;
         TS_RETURN_IF_ERROR(layerBackward(*st, li, dh, &dx));
-        if (m_gradReadyHook) m_gradReadyHook(layerParamList(li));
+        TS_RETURN_IF_ERROR(gradsReady(layerParamList(li)));
         st->layers[size_t(li)] = LayerActs{};
         dh = dx;
         m_exec.throttle();
@@ -820,21 +940,23 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
         const float p = m_o.hiddenDropout;
         TensorPtr demb = dh;
         if (p > 0) {
-            TS_ASSIGN_OR_RETURN(demb, m_exec.alloc(Th));
+            TS_ASSIGN_OR_RETURN(demb, m_exec.alloc(ThL));
             TensorPtr mask = st->embMask, src = dh;
-            m_exec.op("embedding_dropout.bwd", Category::Elementwise, double(Th), uint64_t(Th) * 9,
-                      [=] { k::dropoutBackward(fp(src), mask->as<uint8_t>(), fp(demb), Th, p); });
+            m_exec.op("embedding_dropout.bwd", Category::Elementwise, double(ThL), uint64_t(ThL) * 9,
+                      [=] { k::dropoutBackward(fp(src), mask->as<uint8_t>(), fp(demb), ThL, p); });
         }
+        // SP: backward of the embedding's reduce-scatter = all-gather of the grad along s.
+        if (m_sp) { TS_ASSIGN_OR_RETURN(demb, seqGather(demb, ThL)); }
         float* G = m_params.mainGrad(m_embW);
         auto data = st->data;
         const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL;
         m_exec.op("embedding.bwd", Category::Embedding, double(Th), uint64_t(Th) * 8,
                   [=] { k::embeddingBackward(data->tokens.data(), fp(demb), G, T, h, vStart, vEnd); });
-        if (m_gradReadyHook) m_gradReadyHook({m_embW});
+        TS_RETURN_IF_ERROR(gradsReady({m_embW}));
     } else {
         TensorPtr src = dh;
-        m_exec.op("stage_grad_copy", Category::Memcpy, 0, uint64_t(Th) * 8,
-                  [=] { std::memcpy(gradInput->data(), src->data(), size_t(Th) * sizeof(float)); });
+        m_exec.op("stage_grad_copy", Category::Memcpy, 0, uint64_t(ThL) * 8,
+                  [=] { std::memcpy(gradInput->data(), src->data(), size_t(ThL) * sizeof(float)); });
     }
     return Status::ok();
 }

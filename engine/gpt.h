@@ -8,10 +8,19 @@
 // as soon as the work is enqueued. Losses are readable after Exec::synchronize().
 //
 // Layouts: activations are sequence-first [s, b, h] flattened to [T, h], T = s*b.
+// Sequence parallel (ctx.sequenceParallel, tp > 1; REFERENCE.md §2.3-2.5): in the SP regions
+// (norms, dropout, residual adds, stage inputs/outputs) each TP rank holds only its s-shard
+// [s/t, b, h] = rows [r*T/t, (r+1)*T/t) of [T, h]; an all-gather along s runs before each
+// column-parallel GEMM (QKV, fc1, output layer), a reduce-scatter after each row-parallel one
+// (proj, fc2) and after the embedding lookup. Backward re-gathers the saved local GEMM input
+// for the wgrad and reduce-scatters the dgrad. Norm weights/biases and the row-parallel
+// biases (ParamInfo.sequenceParallel) only see s/t tokens: their grads are summed over TP
+// in the last backward of the step, before the grad-ready hook hands them to DP.
 // Loss (REFERENCE.md §1.1): microbatch loss = sum(mask * token_loss) / num_tokens /
 // num_microbatches, i.e. the gradient seed of each token is mask / (num_tokens * m).
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -50,6 +59,11 @@ public:
     ParamBuffer& params() { return m_params; }
     Exec& exec() { return m_exec; }
     int localLayers() const { return int(m_layers.size()); }
+    bool sequenceParallel() const { return m_sp; }
+    // Rows of the residual stream this rank holds: T = s*b, or T/t with sequence parallel.
+    int localTokens() const;
+    // Elements of a pipeline stage's input/output activation (and its gradient): [s(/t), b, h].
+    int64_t stageTensorElems() const { return int64_t(localTokens()) * m_d.hidden; }
 
     // Deterministic init from options().seed: normal(0, init_method_std) for weights,
     // std/sqrt(2*num_layers) for linear_proj and linear_fc2 (Megatron's scaled init), zero
@@ -112,6 +126,17 @@ private:
     Status linearBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, TensorPtr x,
                           TensorPtr dx, int T, int in, int out);
     void tpAllReduce(const TensorPtr& t, int64_t n);
+    // Sequence-parallel collectives along s on the compute stream (group "tp"):
+    // gather: local [n] -> full [t*n]; reduce-scatter: full [t*n] (partial sums) -> local [n].
+    Result<TensorPtr> seqGather(const TensorPtr& local, int64_t n);
+    Result<TensorPtr> seqReduceScatter(const TensorPtr& full, int64_t n);
+    // Collectives get raw pointers: keeps both buffers alive until the stream passed the op.
+    void holdUntilDone(TensorPtr a, TensorPtr b);
+    // Sums the grads of the SP params among `params` over TP (one packed all-reduce), in the
+    // last backward of the step only (finalize_model_grads' _allreduce_non_tensor_model_parallel_grads).
+    Status syncSequenceParallelGrads(const std::vector<int>& params);
+    // Calls the grad-ready hook after summing the SP grads of `params` over TP.
+    Status gradsReady(const std::vector<int>& params);
     void roundBf16(const TensorPtr& t, int64_t n);
 
     Config m_cfg;
@@ -125,6 +150,14 @@ private:
     // local shapes
     int m_nqL = 0, m_ngL = 0, m_ffnL = 0, m_vocabL = 0, m_vocabStart = 0;
     int m_step = 0, m_numMicrobatches = 1;
+    bool m_sp = false;               // sequence parallel active (tp > 1)
+    int m_backwardsThisStep = 0;     // backward() calls since beginStep()
+    bool m_lastBackward = false;     // the backward being enqueued is the step's last
+    struct Held {
+        std::unique_ptr<Event> done;
+        TensorPtr a, b;
+    };
+    std::deque<Held> m_held;         // buffers of enqueued SP collectives, oldest first
     std::map<int, std::unique_ptr<MbState>> m_mbs;
     bool m_captureLogits = false;
     std::shared_ptr<std::map<int, std::vector<float>>> m_logits;

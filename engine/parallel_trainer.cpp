@@ -110,8 +110,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     if (c.context_parallel_size > 1)
         return Status::unsupported("context_parallel_size > 1 is not executed by the parallel engine yet");
     if (c.num_moe_experts > 0) return Status::unsupported("MoE layers are not executed by the parallel engine yet");
-    if (c.sequence_parallel || c.tp_comm_overlap)
-        return Status::unsupported("sequence_parallel / tp_comm_overlap are not executed by the model yet");
+    if (c.tp_comm_overlap)
+        return Status::unsupported("tp_comm_overlap is not executed by the model yet");
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
     const DerivedSizes ds = deriveSizes(c);
     ParallelSizes sizes;
@@ -187,6 +187,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             ctx.vppSize = v;
             ctx.dpRank = R->coords.dp;
             ctx.dpSize = ds.dp;
+            ctx.sequenceParallel = c.sequence_parallel;
             ctx.tp = R->tpComm.get();
             ctx.pp = R->ppComm.get();
             ctx.dp = R->dpComm.get();

@@ -16,8 +16,8 @@ PipelineExecutor::PipelineExecutor(PipelineSchedule schedule, std::vector<Chunk>
     : m_schedule(std::move(schedule)), m_chunks(std::move(chunks)), m_dev(dev), m_compute(compute), m_p2p(p2p),
       m_pp(ppComm), m_opts(opts) {
     if (!m_chunks.empty() && m_chunks[0].model) {
-        const ModelDims& d = m_chunks[0].model->dims();
-        m_tensorElems = int64_t(d.seq) * d.microBatch * d.hidden;
+        // [s, b, h], or [s/t, b, h] with sequence parallel (schedules.py tensor_shape).
+        m_tensorElems = m_chunks[0].model->stageTensorElems();
     }
 }
 

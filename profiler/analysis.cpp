@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <tuple>
 #include <cmath>
 #include <unordered_map>
 #include <unordered_set>
@@ -89,8 +90,10 @@ Result<HtaContext> htaContext(TraceStore& store) {
     return c;
 }
 
-std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, const HtaContext& ctx) {
-    if (ctx.importerDropped) return d.kernels;
+std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, const HtaContext& ctx,
+                               bool timeOrder) {
+    const std::vector<Kernel>& source = timeOrder && d.indexed ? d.byStart : d.kernels;
+    if (ctx.importerDropped) return source;
     std::unordered_set<uint32_t> stepNames;
     int64_t lastStart = INT64_MIN, lastEnd = INT64_MIN;
     for (const auto& h : d.host) {
@@ -104,7 +107,7 @@ std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>
         lastStart = std::max(lastStart, h.start);
         lastEnd = std::max(lastEnd, h.end);
     }
-    if (stepNames.empty()) return d.kernels;  // native trace: nothing to drop
+    if (stepNames.empty()) return source;  // native trace: nothing to drop
     // HTA: with one profiler step it keeps that step (host events starting by its end).
     bool includeLast = stepNames.size() == 1;
     std::unordered_set<uint64_t> kept;
@@ -113,8 +116,8 @@ std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>
         if (includeLast ? h.start <= lastEnd : h.start < lastStart) kept.insert(h.correlation);
     }
     std::vector<Kernel> out;
-    out.reserve(d.kernels.size());
-    for (const auto& k : d.kernels)
+    out.reserve(source.size());
+    for (const auto& k : source)
         if (k.correlation != 0 && kept.count(k.correlation)) out.push_back(k);
     return out;
 }
@@ -183,22 +186,49 @@ IdleBreakdown idleOf(const RankData& d, const std::vector<Kernel>& ks, int64_t f
     return r;
 }
 
+void indexRank(RankData& d) {
+    d.byStart = d.kernels;
+    // Total order (start, track, end) keeps results deterministic without a stable sort.
+    std::sort(d.byStart.begin(), d.byStart.end(), [](const Kernel& a, const Kernel& b) {
+        if (a.start != b.start) return a.start < b.start;
+        return a.track != b.track ? a.track < b.track : a.end < b.end;
+    });
+    d.maxKernelDur = 0;
+    for (const auto& k : d.kernels) d.maxKernelDur = std::max(d.maxKernelDur, k.end - k.start);
+    d.computeSet = classSet(d.byStart, KernelClass::Compute);
+    d.commSet = classSet(d.byStart, KernelClass::Communication);
+    d.computeStreamSet = mergeIntervals(d.computeStreamBusy);
+    d.indexed = true;
+}
+
+std::pair<const Kernel*, const Kernel*> kernelsNear(const RankData& d, int64_t from, int64_t to) {
+    auto byStartLess = [](const Kernel& k, int64_t t) { return k.start < t; };
+    int64_t lo = from == INT64_MIN ? INT64_MIN : from - d.maxKernelDur;
+    auto b = std::lower_bound(d.byStart.begin(), d.byStart.end(), lo, byStartLess);
+    auto e = std::lower_bound(b, d.byStart.end(), to, byStartLess);
+    const Kernel* base = d.byStart.data();
+    return {base + (b - d.byStart.begin()), base + (e - d.byStart.begin())};
+}
+
 std::vector<CommGroupStat> commOf(const RankData& d, const std::vector<std::string>& strings, int64_t from,
                                   int64_t to) {
-    IntervalSet comp = classSet(d.kernels, KernelClass::Compute, from, to);
-    std::map<std::pair<std::string, std::string>, std::pair<CommGroupStat, std::vector<Interval>>> groups;
-    for (const auto& k : d.kernels) {
-        if (classify(k.category) != KernelClass::Communication || k.end <= from || k.start >= to) continue;
-        auto& [st, iv] = groups[{str(strings, k.group), str(strings, k.name)}];
+    IntervalSet comp = d.indexed ? clipSet(d.computeSet, from, to) : classSet(d.kernels, KernelClass::Compute, from, to);
+    const Kernel *first = d.kernels.data(), *last = d.kernels.data() + d.kernels.size();
+    if (d.indexed) std::tie(first, last) = kernelsNear(d, from, to);
+    // Keyed by (group id, name id): no string building per kernel.
+    std::map<std::pair<uint32_t, uint32_t>, std::pair<CommGroupStat, std::vector<Interval>>> groups;
+    for (const Kernel* k = first; k != last; ++k) {
+        if (classify(k->category) != KernelClass::Communication || k->end <= from || k->start >= to) continue;
+        auto& [st, iv] = groups[{k->group, k->name}];
         st.count += 1;
-        st.bytes += k.bytes;
-        iv.push_back({std::max(k.start, from), std::min(k.end, to)});
+        st.bytes += k->bytes;
+        iv.push_back({std::max(k->start, from), std::min(k->end, to)});
     }
     std::vector<CommGroupStat> out;
     for (auto& [key, val] : groups) {
         auto& [st, iv] = val;
-        st.group = key.first;
-        st.kind = key.second;
+        st.group = str(strings, key.first);
+        st.kind = str(strings, key.second);
         IntervalSet u = mergeIntervals(std::move(iv));
         st.totalNs = double(totalLength(u));
         st.overlappedNs = double(totalLength(intersectSets(u, comp)));
@@ -299,6 +329,12 @@ double bubbleTheory(const std::map<std::string, std::string>& meta) {
 BubbleResult bubbleOf(const RankData& d, const StepWindow& w, double theory) {
     BubbleResult r;
     r.stepNs = w.durNs();
+    if (d.indexed) {
+        r.bubbleNs = r.stepNs - double(totalLength(clipSet(d.computeStreamSet, w.startNs, w.endNs)));
+        r.fraction = r.stepNs > 0 ? r.bubbleNs / r.stepNs : 0;
+        r.theory = theory;
+        return r;
+    }
     std::vector<Interval> v;
     for (const auto& i : d.computeStreamBusy)
         if (i.end > w.startNs && i.start < w.endNs) v.push_back({std::max(i.start, w.startNs), std::min(i.end, w.endNs)});
@@ -321,21 +357,26 @@ CriticalPath criticalPathOf(const std::vector<const RankData*>& ranks, const std
     for (const RankData* d : ranks) {
         auto w = std::find_if(windows.begin(), windows.end(), [&](const StepWindow& x) { return x.rank == d->rank; });
         if (w == windows.end()) continue;
-        for (const auto& k : d->kernels) {
-            if (k.start < w->startNs || k.start >= w->endNs) continue;
-            byTrack[k.track].push_back(nodes.size());
-            nodes.push_back({&k, d->rank});
+        const Kernel *first = d->kernels.data(), *last = d->kernels.data() + d->kernels.size();
+        if (d->indexed) std::tie(first, last) = kernelsNear(*d, w->startNs, w->endNs);
+        for (const Kernel* k = first; k != last; ++k) {
+            if (k->start < w->startNs || k->start >= w->endNs) continue;
+            byTrack[k->track].push_back(nodes.size());
+            nodes.push_back({k, d->rank});
         }
     }
     CriticalPath cp;
     if (nodes.empty()) return cp;
     const size_t n = nodes.size();
-    std::vector<std::vector<size_t>> preds(n);
+    // Edges (v <- u) collected flat, turned into CSR below (no per-node vectors: steps have ~1M kernels).
+    std::vector<std::pair<uint32_t, uint32_t>> edges;
+    edges.reserve(n * 2);
+    auto addEdge = [&](size_t v, size_t u) { edges.emplace_back(uint32_t(v), uint32_t(u)); };
     std::vector<size_t> prevOnTrack(n, SIZE_MAX);
     for (auto& [t, idx] : byTrack)
         for (size_t i = 1; i < idx.size(); ++i) {
             prevOnTrack[idx[i]] = idx[i - 1];
-            preds[idx[i]].push_back(idx[i - 1]);
+            addEdge(idx[i], idx[i - 1]);
         }
     // Cross-stream waits on a rank: v waited for the latest kernel u on another stream of the
     // same rank that ended while v's stream was idle just before v (prev end <= u.end <= v.start).
@@ -354,7 +395,7 @@ CriticalPath criticalPathOf(const std::vector<const RankData*>& ranks, const std
                 --it;
                 const Kernel& ku = *nodes[*it].k;
                 if (ku.end <= kv.start && ku.end >= idleFrom) {
-                    preds[v].push_back(*it);
+                    addEdge(v, *it);
                     break;
                 }
                 if (ku.end < idleFrom) break;
@@ -391,17 +432,25 @@ CriticalPath criticalPathOf(const std::vector<const RankData*>& ranks, const std
     for (auto& [key, members] : collectives)
         for (size_t v : members)
             for (size_t u : members)
-                if (u != v && prevOnTrack[u] != SIZE_MAX) preds[v].push_back(prevOnTrack[u]);
+                if (u != v && prevOnTrack[u] != SIZE_MAX) addEdge(v, prevOnTrack[u]);
     for (auto& [key, rs] : recvs) {
         auto it = sends.find(key);
         if (it == sends.end()) continue;
         for (size_t v : rs)
             for (size_t u : it->second) {
                 if (nodes[u].rank == nodes[v].rank) continue;
-                preds[v].push_back(u);
-                if (prevOnTrack[u] != SIZE_MAX) preds[v].push_back(prevOnTrack[u]);
+                addEdge(v, u);
+                if (prevOnTrack[u] != SIZE_MAX) addEdge(v, prevOnTrack[u]);
             }
     }
+    std::vector<uint32_t> predStart(n + 1, 0), preds(edges.size());
+    for (auto& e : edges) ++predStart[e.first + 1];
+    for (size_t i = 0; i < n; ++i) predStart[i + 1] += predStart[i];
+    {
+        std::vector<uint32_t> fill(predStart.begin(), predStart.end() - 1);
+        for (auto& e : edges) preds[fill[e.first]++] = e.second;
+    }
+    edges = {};
     // Longest path; edges only go forward in (end, start, index) order, which makes the graph a DAG.
     std::vector<size_t> topo(n);
     for (size_t i = 0; i < n; ++i) topo[i] = i;
@@ -428,10 +477,10 @@ CriticalPath criticalPathOf(const std::vector<const RankData*>& ranks, const std
     for (size_t v : topo) {
         best[v] = gain(SIZE_MAX, v);
         own[v] = best[v];
-        for (size_t u : preds[v])
+        for (uint32_t pi = predStart[v]; pi < predStart[v + 1]; ++pi)
             // >=: on a tie prefer the explanation with a predecessor (a recv that waited is
             // explained by its send, not by its own start).
-            if (pos[u] < pos[v] && best[u] + gain(u, v) >= best[v]) {
+            if (size_t u = preds[pi]; pos[u] < pos[v] && best[u] + gain(u, v) >= best[v]) {
                 best[v] = best[u] + gain(u, v);
                 own[v] = gain(u, v);
                 from[v] = u;

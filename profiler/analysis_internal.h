@@ -36,7 +36,17 @@ struct RankData {
     std::vector<HostSlice> host;       // host-track slices, sorted by (track, start)
     std::vector<Interval> computeStreamBusy;  // raw slices of Compute-kind tracks (for bubbles)
     bool htaFiltered = false;          // the HTA last-profiler-step filter was applied
+    // Built by indexRank(): kernels by start time and whole-trace merged sets, so per-step
+    // metrics binary-search and clip instead of rescanning every kernel of the rank.
+    bool indexed = false;
+    std::vector<Kernel> byStart;
+    int64_t maxKernelDur = 0;
+    IntervalSet computeSet, commSet, computeStreamSet;
 };
+
+void indexRank(RankData& d);
+// Kernels that may overlap [from, to) (start in [from - maxKernelDur, to)), by start; needs indexRank.
+std::pair<const Kernel*, const Kernel*> kernelsNear(const RankData& d, int64_t from, int64_t to);
 
 Result<RankData> loadRank(TraceStore& store, int rank);
 // HTA's trace filter (hta/common/trace.py _filter_irrelevant_gpu_kernels): when the rank has
@@ -48,7 +58,9 @@ struct HtaContext {
     bool importerDropped = false;  // the importer already applied the filter
     bool imported = false;         // metadata "import.source" present (nsys / Kineto trace)
 };
-std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, const HtaContext& ctx);
+// timeOrder: filter d.byStart (needs indexRank) instead of d.kernels ((track, start) order).
+std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, const HtaContext& ctx,
+                               bool timeOrder = false);
 Result<HtaContext> htaContext(TraceStore& store);
 
 IntervalSet classSet(const std::vector<Kernel>& ks, KernelClass cls, int64_t from = INT64_MIN,

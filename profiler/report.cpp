@@ -2,6 +2,9 @@
 // docs/profiler.md) and its text rendering. Loads each rank once, then computes every per-step
 // metric from memory.
 #include <algorithm>
+#include <atomic>
+#include <optional>
+#include <thread>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -148,12 +151,36 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     data.reserve(rankIds.size());
     json ranksJ = json::array();
     std::map<int, std::vector<StepWindow>> windowsByStep;
-    for (int r : rankIds) {
-        TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, r));
-        std::vector<Kernel> hta = htaKernels(d, strings, htaCtx);
-        OverlapResult ov = overlapOf(hta);
-        TemporalBreakdown tb = temporalOf(hta);
-        IdleBreakdown idle = idleOf(d, hta, INT64_MIN, INT64_MAX, 30000);
+    // Reading rows out of SQLite is most of the cost: a file-backed store is read by several
+    // threads, each with its own read-only connection (WAL readers never block each other).
+    std::vector<std::optional<Result<RankData>>> loaded(rankIds.size());
+    if (store.path() != ":memory:" && !store.path().empty() && rankIds.size() > 1) {
+        unsigned nThreads = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), unsigned(rankIds.size()));
+        std::atomic<size_t> next{0};
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < nThreads; ++t)
+            pool.emplace_back([&] {
+                auto conn = TraceStore::open(store.path(), true);
+                for (size_t i; (i = next.fetch_add(1)) < rankIds.size();)
+                    loaded[i] = conn ? loadRank(**conn, rankIds[i]) : Result<RankData>(conn.status());
+            });
+        for (auto& th : pool) th.join();
+    }
+    for (size_t ri = 0; ri < rankIds.size(); ++ri) {
+        const int r = rankIds[ri];
+        if (!loaded[ri]) loaded[ri] = loadRank(store, r);
+        if (!loaded[ri]->isOk()) return loaded[ri]->status();
+        RankData d = std::move(**loaded[ri]);
+        loaded[ri].reset();
+        indexRank(d);
+        OverlapResult ov;
+        TemporalBreakdown tb;
+        {
+            std::vector<Kernel> hta = htaKernels(d, strings, htaCtx, /*timeOrder=*/true);
+            ov = overlapOf(hta);
+            tb = temporalOf(hta);
+        }
+        IdleBreakdown idle = idleOf(d, htaKernels(d, strings, htaCtx), INT64_MIN, INT64_MAX, 30000);
         json rj;
         rj["rank"] = r;
         rj["pp_stage"] = stageOf(r);
@@ -242,12 +269,16 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
             const RankData& d = *byRank[w.rank];
             stepNs = std::max(stepNs, w.durNs());
             BubbleResult b = bubbleOf(d, w, theory);
-            OverlapResult ov = overlapOf(d.kernels, w.startNs, w.endNs);
-            IntervalSet comp = classSet(d.kernels, KernelClass::Compute, w.startNs, w.endNs);
-            IntervalSet comm = classSet(d.kernels, KernelClass::Communication, w.startNs, w.endNs);
+            IntervalSet comp = clipSet(d.computeSet, w.startNs, w.endNs);
+            IntervalSet comm = clipSet(d.commSet, w.startNs, w.endNs);
+            OverlapResult ov;  // HTA overlap inside the window (same as overlapOf on clipped kernels)
+            ov.commNs = double(totalLength(comm));
+            ov.overlappedNs = double(totalLength(intersectSets(comp, comm)));
+            ov.pct = ov.commNs > 0 ? 100.0 * ov.overlappedNs / ov.commNs : 0.0;
             double exposed = double(totalLength(subtractSets(comm, comp)));
-            for (const auto& k : d.kernels)
-                if (k.start >= w.startNs && k.start < w.endNs) sliceFlops += k.flops;
+            auto [kb, ke] = kernelsNear(d, w.startNs, w.endNs);
+            for (const Kernel* k = kb; k != ke; ++k)
+                if (k->start >= w.startNs && k->start < w.endNs) sliceFlops += k->flops;
             json cj = json::array();
             for (auto& c : commOf(d, strings, w.startNs, w.endNs))
                 cj.push_back({{"group", c.group}, {"kind", c.kind}, {"count", c.count}, {"bytes", c.bytes},

@@ -1,6 +1,6 @@
 // bench_analysis: time `analyze` (analyzeRun: every metric, every step, every rank, critical
 // path) on a synthetic pipeline-parallel trace of N slices written to a temporary run file.
-// Usage: bench_analysis [--slices N] [--ranks R] [--steps S] [--keep PATH]
+// Usage: bench_analysis [--slices N] [--ranks R] [--steps S] [--keep PATH (reused when it exists)]
 // Prints a table and one JSON line.
 #include <unistd.h>
 
@@ -44,12 +44,15 @@ int main(int argc, char** argv) {
     std::string path = keep.empty()
         ? (std::filesystem::temp_directory_path() / ("bench_analysis_" + std::to_string(::getpid()) + ".db")).string()
         : keep;
-    for (const char* suf : {"", "-wal", "-shm"}) std::filesystem::remove(path + suf);
+    // --keep PATH: an existing file is reused (time the analysis alone), a new one is kept.
+    bool reuse = !keep.empty() && std::filesystem::exists(path);
+    if (!reuse)
+        for (const char* suf : {"", "-wal", "-shm"}) std::filesystem::remove(path + suf);
 
     // Per rank per step: K microbatch kernels on compute, every 4th followed by a tp
     // all-reduce on comm (half overlapped), a p2p send per 16 kernels, and launches on host.
     double t0 = nowS();
-    {
+    if (!reuse) {
         auto store = TraceStore::create(path);
         if (!store) {
             std::fprintf(stderr, "bench_analysis: %s\n", store.status().toString().c_str());
@@ -166,7 +169,10 @@ int main(int argc, char** argv) {
         for (const char* suf : {"", "-wal", "-shm"}) std::filesystem::remove(path + suf);
 
     std::printf("bench_analysis: %lld slices, %d ranks, %d steps\n", (long long)slices, ranks, steps);
-    std::printf("  write trace (TraceWriter)   %8.2f s  (%.0f slices/s)\n", t1 - t0, double(slices) / (t1 - t0));
+    if (reuse)
+        std::printf("  write trace                 reused %s\n", path.c_str());
+    else
+        std::printf("  write trace (TraceWriter)   %8.2f s  (%.0f slices/s)\n", t1 - t0, double(slices) / (t1 - t0));
     std::printf("  analyzeRun                  %8.2f s wall, %.2f s CPU  (%.0f slices/s)\n", a1 - a0, c1 - c0,
                 double(slices) / (a1 - a0));
     std::printf("  report                      %8zu bytes of JSON\n", jsonBytes);

@@ -24,8 +24,10 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/trainscope/commands.h"
+#include "apps/trainscope/mpi_launch.h"
 #include "common/clock.h"
 #include "engine/knobs.h"
+#include "engine/parallel_trainer.h"
 #include "engine/trainer.h"
 #include "kernels/cpu/ops.h"
 #include "profiler/store.h"
@@ -230,6 +232,15 @@ int cmdRun(const Args& a) {
     if (!cfg) return fail(exitCodeFor(cfg.status()), cfg.status().message());
     engine::Config c = *cfg;
     const bool jsonOut = a.has("--json");
+    // Under mpirun: one rank per process; process 0 writes the run file and prints, the
+    // others only train (apps/trainscope/cmd_run_mpi.cpp). `mpi` outlives the trainer below.
+    auto mpiR = mpiLaunchFor(c);
+    if (!mpiR) return fail(exitCodeFor(mpiR.status()), mpiR.status().message());
+    MpiLaunch mpi = std::move(*mpiR);
+    if (mpi.active && mpi.process != 0) {
+        SignalGuard guard;
+        return runMpiFollower(c, mpi, &g_cancel);
+    }
 
     // Run file: --run-file PATH, else a new file in the workspace.
     std::string runFile;
@@ -274,37 +285,64 @@ int cmdRun(const Args& a) {
     };
 
     SignalGuard guard;
-    std::unique_ptr<engine::Backend> backend = engine::makeCpuBackend(1);
-    engine::Device& dev = backend->device(0);
-    if (c.profile && !a.has("--no-trace")) dev.setTrace(rec.get(), 0);
-    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
-    const int threads = c.cpu_threads > 0 ? c.cpu_threads : kernels::cpu::numThreads();
-    const double peakGflops = kernels::cpu::measureSgemmPeakGflops(threads, 512, 0.2);
-    auto trainer = engine::Trainer::create(c, &dev, stream.get(), nullptr);
-    if (!trainer) {
-        finish("failed", trainer.status().message());
-        return fail(exitCodeFor(trainer.status()), trainer.status().message());
+    // world > 1 runs on the parallel engine (one virtual CPU device per rank, all ranks traced
+    // into the same run file); world 1 on the single-device Trainer. Both are driven through
+    // the few calls below.
+    const bool traceOn = c.profile && !a.has("--no-trace");
+    std::unique_ptr<engine::Backend> backend;
+    std::unique_ptr<engine::Stream> stream;
+    std::unique_ptr<engine::Trainer> single;
+    std::unique_ptr<engine::ParallelTrainer> parallel;
+    engine::Device* dev = nullptr;
+    Status created;
+    if (ds.world > 1) {
+        auto p = engine::ParallelTrainer::create(c, traceOn ? rec.get() : nullptr, mpi.options);
+        if (p) parallel = std::move(*p);
+        else created = p.status();
+    } else {
+        backend = engine::makeCpuBackend(1);
+        dev = &backend->device(0);
+        if (traceOn) dev->setTrace(rec.get(), 0);
+        stream = dev->createStream(trace::TrackKind::Compute, "compute");
+        auto t = engine::Trainer::create(c, dev, stream.get(), nullptr);
+        if (t) single = std::move(*t);
+        else created = t.status();
     }
-    engine::Trainer& t = **trainer;
-    t.setPeakTflops(peakGflops / 1e3);
-    const json meta = t.runMetadata();
+    if (!created) {
+        if (dev) dev->setTrace(nullptr, 0);
+        finish("failed", created.message());
+        return fail(exitCodeFor(created), created.message());
+    }
+    // Peak of one device: the parallel engine runs one GEMM thread per rank.
+    const int threads = parallel ? 1 : (c.cpu_threads > 0 ? c.cpu_threads : kernels::cpu::numThreads());
+    const double peakGflops = kernels::cpu::measureSgemmPeakGflops(threads, 512, 0.2);
+    if (single) single->setPeakTflops(peakGflops / 1e3);
+    else parallel->setPeakTflops(peakGflops / 1e3);
+    const json meta = single ? single->runMetadata() : parallel->runMetadata();
     for (auto it = meta.begin(); it != meta.end(); ++it)
         rec->metadata(it.key(), it->is_string() ? it->get<std::string>() : it->dump());
-    rec->appendLog("info", "data: " + t.data().description());
+    const std::string dataText = single ? single->data().description() : meta.value("data", std::string());
+    const int64_t numParams = single ? single->model().params().numel() : meta.value("num_parameters", int64_t(0));
+    const double flopsPerStep = single ? single->modelFlopsPerStep() : parallel->modelFlopsPerStep();
+    rec->appendLog("info", "data: " + dataText);
+    if (mpi.active)
+        rec->appendLog("info", "mpirun: " + std::to_string(mpi.processes) +
+                                   " processes, one rank each; this run file holds rank 0's trace");
     if (jsonOut) {
         std::printf("%s\n", json{{"event", "start"},
                                  {"run_file", runFile},
                                  {"name", info.name},
                                  {"steps", c.train_iters},
-                                 {"model_flops_per_step", t.modelFlopsPerStep()},
-                                 {"num_parameters", t.model().params().numel()},
-                                 {"data", t.data().description()}}
+                                 {"world_size", ds.world},
+                                 {"model_flops_per_step", flopsPerStep},
+                                 {"num_parameters", numParams},
+                                 {"data", dataText}}
                                 .dump()
                                 .c_str());
         std::fflush(stdout);
     } else {
-        std::fprintf(stderr, "trainscope run: %s, %lld parameters, %s; run file %s\n", info.name.c_str(),
-                     (long long)t.model().params().numel(), t.data().description().c_str(), runFile.c_str());
+        std::fprintf(stderr, "trainscope run: %s, %lld parameters, %s, %s; run file %s\n", info.name.c_str(),
+                     (long long)numParams, info.layout.c_str(), dataText.c_str(), runFile.c_str());
     }
     engine::TrainerCallbacks cb;
     cb.onStep = [&](const engine::StepProgress& p) {
@@ -327,9 +365,13 @@ int cmdRun(const Args& a) {
         }
     };
     cb.onLog = [&](const std::string& s) { rec->appendLog("info", s); };
-    const Status st = t.train(-1, cb, &g_cancel);
+    const Status st = single ? single->train(-1, cb, &g_cancel) : parallel->train(-1, cb, &g_cancel);
+    const int iterations = single ? single->iteration() : parallel->iteration();
     if (!jsonOut) std::fprintf(stderr, "\n");
-    dev.setTrace(nullptr, 0);
+    // Every rank's streams are drained and detached before the recorder closes.
+    if (dev) dev->setTrace(nullptr, 0);
+    single.reset();
+    parallel.reset();
     if (st.code() == ErrorCode::Cancelled) {
         finish("cancelled", st.message());
         if (!jsonOut) std::fprintf(stderr, "trainscope run: cancelled; run file %s\n", runFile.c_str());
@@ -340,7 +382,7 @@ int cmdRun(const Args& a) {
         return fail(1, st.message());
     }
     finish("completed", "");
-    if (!jsonOut) std::fprintf(stderr, "trainscope run: completed %d steps; run file %s\n", t.iteration(), runFile.c_str());
+    if (!jsonOut) std::fprintf(stderr, "trainscope run: completed %d steps; run file %s\n", iterations, runFile.c_str());
     return 0;
 }
 

@@ -1,0 +1,189 @@
+// bench_trace_overhead: cost of full tracing (every kernel's launch + execution slice, ranges,
+// memory counters, all written to a SQLite run file by profiler::CaptureRecorder) on a
+// training step, for the tiny and small configs of bench_step (single device, fp32, 1 GEMM
+// thread). Two trainers with the same config step alternately (traced, untraced, traced, ...)
+// so machine-load drift hits both equally; reported are median wall and median process-CPU
+// time per step (CPU time includes the recorder's writer thread, flushed inside the traced
+// step's window, i.e. the whole cost of tracing) and the overhead in percent. Target (issue #5): <= 3 %.
+//
+// usage: bench_trace_overhead [--steps N] [--warmup N] [--configs tiny,small] [--threads T]
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+#include "engine/trainer.h"
+#include "kernels/cpu/ops.h"
+#include "profiler/store.h"
+
+namespace {
+
+using namespace ts;
+using namespace ts::engine;
+
+// Same shapes as bench_step's tiny/small.
+Config benchConfig(const std::string& name, int threads) {
+    Config c;
+    if (name == "tiny") {
+        c.vocab_size = 4096;
+        c.seq_length = 128;
+        c.hidden_size = 256;
+        c.num_attention_heads = 4;
+        c.num_layers = 4;
+    } else {
+        c.vocab_size = 8192;
+        c.seq_length = 256;
+        c.hidden_size = 512;
+        c.num_attention_heads = 8;
+        c.num_layers = 6;
+    }
+    c.micro_batch_size = 8;
+    c.data_path = "synthetic";
+    c.lr = 1e-4;
+    c.train_iters = 1000000;
+    c.cpu_threads = threads;
+    return c;
+}
+
+double cpuSeconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Side {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Stream> stream;
+    std::unique_ptr<Trainer> trainer;
+    std::vector<double> wall, cpu;
+};
+
+Status makeSide(const Config& c, trace::Recorder* rec, Side& s) {
+    s.backend = makeCpuBackend(1);
+    Device& dev = s.backend->device(0);
+    if (rec) dev.setTrace(rec, 0);
+    s.stream = dev.createStream(trace::TrackKind::Compute, "compute");
+    TS_ASSIGN_OR_RETURN(s.trainer, Trainer::create(c, &dev, s.stream.get(), rec));
+    return Status::ok();
+}
+
+// The traced side flushes the recorder inside its timed window, so the writer thread's
+// SQLite work is charged to the traced step and never to the untraced step that follows
+// (conservative for wall time: a real run overlaps the writing with the next step).
+Status timedStep(Side& s, profiler::CaptureRecorder* flushRec) {
+    const double c0 = cpuSeconds();
+    const int64_t t0 = monotonicNs();
+    TS_RETURN_IF_ERROR(s.trainer->step(nullptr));
+    if (flushRec) TS_RETURN_IF_ERROR(flushRec->flush());
+    s.wall.push_back(double(monotonicNs() - t0) * 1e-9);
+    s.cpu.push_back(cpuSeconds() - c0);
+    return Status::ok();
+}
+
+std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> out;
+    size_t p = 0;
+    while (p <= s.size()) {
+        const size_t q = s.find(',', p);
+        out.push_back(s.substr(p, q == std::string::npos ? std::string::npos : q - p));
+        if (q == std::string::npos) break;
+        p = q + 1;
+    }
+    return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int steps = 8, warmup = 1, threads = 1;
+    std::vector<std::string> configs = {"tiny", "small"};
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!std::strcmp(argv[i], "--steps")) steps = std::max(1, std::atoi(argv[i + 1]));
+        else if (!std::strcmp(argv[i], "--warmup")) warmup = std::max(0, std::atoi(argv[i + 1]));
+        else if (!std::strcmp(argv[i], "--threads")) threads = std::max(1, std::atoi(argv[i + 1]));
+        else if (!std::strcmp(argv[i], "--configs")) configs = split(argv[i + 1]);
+        else {
+            std::fprintf(stderr, "usage: bench_trace_overhead [--steps N] [--warmup N] [--configs tiny,small] [--threads T]\n");
+            return 2;
+        }
+    }
+    const std::string dir = std::filesystem::temp_directory_path().string();
+    nlohmann::json results = nlohmann::json::array();
+    std::printf("%-6s %12s %12s %9s %12s %12s %9s %10s\n", "config", "wall off(s)", "wall on(s)", "wall +%",
+                "cpu off(s)", "cpu on(s)", "cpu +%", "slices");
+    for (const std::string& name : configs) {
+        const Config c = benchConfig(name, threads);
+        const std::string runFile = dir + "/bench_trace_overhead_" + std::to_string(::getpid()) + "_" + name + ".sqlite";
+        std::filesystem::remove(runFile);
+        auto recR = profiler::CaptureRecorder::create(runFile);
+        if (!recR) {
+            std::fprintf(stderr, "bench_trace_overhead: %s\n", recR.status().message().c_str());
+            return 1;
+        }
+        std::unique_ptr<profiler::CaptureRecorder> rec = std::move(*recR);
+        Side off, on;
+        Status st = makeSide(c, nullptr, off);
+        if (st) st = makeSide(c, rec.get(), on);
+        for (int i = 0; st && i < warmup; ++i) {
+            st = off.trainer->step(nullptr);
+            if (st) st = on.trainer->step(nullptr);
+            if (st) st = rec->flush();
+        }
+        off.wall.clear();
+        on.wall.clear();
+        // Alternate which side goes first so neither always follows the other's cache state.
+        for (int i = 0; st && i < steps; ++i) {
+            Side& first = i % 2 ? on : off;
+            Side& second = i % 2 ? off : on;
+            st = timedStep(first, &first == &on ? rec.get() : nullptr);
+            if (st) st = timedStep(second, &second == &on ? rec.get() : nullptr);
+        }
+        if (!st) {
+            std::fprintf(stderr, "bench_trace_overhead: %s\n", st.message().c_str());
+            return 1;
+        }
+        (void)rec->flush();
+        on.backend->device(0).setTrace(nullptr, 0);
+        (void)rec->close();
+        int64_t slices = 0;
+        if (auto store = profiler::TraceStore::open(runFile))
+            if (auto n = (*store)->sliceCount()) slices = *n;
+        std::filesystem::remove(runFile);
+        std::filesystem::remove(runFile + "-wal");
+        std::filesystem::remove(runFile + "-shm");
+        const double wOff = median(off.wall), wOn = median(on.wall);
+        const double cOff = median(off.cpu), cOn = median(on.cpu);
+        const double wPct = 100.0 * (wOn - wOff) / wOff, cPct = 100.0 * (cOn - cOff) / cOff;
+        const double slicesPerStep = double(slices) / double(warmup + steps);
+        std::printf("%-6s %12.4f %12.4f %+8.2f%% %12.4f %12.4f %+8.2f%% %10.0f\n", name.c_str(), wOff, wOn, wPct, cOff,
+                    cOn, cPct, slicesPerStep);
+        results.push_back({{"config", name},
+                           {"threads", threads},
+                           {"steps", steps},
+                           {"wall_off_s", wOff},
+                           {"wall_on_s", wOn},
+                           {"wall_overhead_pct", wPct},
+                           {"cpu_off_s", cOff},
+                           {"cpu_on_s", cOn},
+                           {"cpu_overhead_pct", cPct},
+                           {"slices_per_step", slicesPerStep}});
+    }
+    std::printf("%s\n", nlohmann::json{{"bench", "bench_trace_overhead"}, {"results", results}}.dump().c_str());
+    return 0;
+}

@@ -323,7 +323,15 @@ double bubbleTheory(const std::map<std::string, std::string>& meta) {
     };
     double p = num("pp", 1), v = std::max(1.0, num("vpp", 1)), m = num("num_microbatches", 0);
     if (p <= 1 || m <= 0) return 0.0;
-    return (p - 1) / (v * m);
+    return (p - 1) / (v * m);  // t_pb / t_id
+}
+
+// ratio theory (p-1)/(vm) -> step-fraction theory (p-1)/(vm + p-1).
+static void setBubbleTheory(BubbleResult& r, double ratioTheory) {
+    r.ratioTheory = ratioTheory;
+    r.theory = ratioTheory > 0 ? ratioTheory / (1 + ratioTheory) : 0;
+    const double busy = r.stepNs - r.bubbleNs;
+    r.ratio = busy > 0 ? r.bubbleNs / busy : 0;
 }
 
 BubbleResult bubbleOf(const RankData& d, const StepWindow& w, double theory) {
@@ -332,7 +340,7 @@ BubbleResult bubbleOf(const RankData& d, const StepWindow& w, double theory) {
     if (d.indexed) {
         r.bubbleNs = r.stepNs - double(totalLength(clipSet(d.computeStreamSet, w.startNs, w.endNs)));
         r.fraction = r.stepNs > 0 ? r.bubbleNs / r.stepNs : 0;
-        r.theory = theory;
+        setBubbleTheory(r, theory);
         return r;
     }
     std::vector<Interval> v;
@@ -340,7 +348,7 @@ BubbleResult bubbleOf(const RankData& d, const StepWindow& w, double theory) {
         if (i.end > w.startNs && i.start < w.endNs) v.push_back({std::max(i.start, w.startNs), std::min(i.end, w.endNs)});
     r.bubbleNs = r.stepNs - double(totalLength(mergeIntervals(std::move(v))));
     r.fraction = r.stepNs > 0 ? r.bubbleNs / r.stepNs : 0;
-    r.theory = theory;
+    setBubbleTheory(r, theory);
     return r;
 }
 

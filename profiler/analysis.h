@@ -88,10 +88,14 @@ Result<std::vector<StepWindow>> stepWindows(TraceStore& store);
 
 // ---- pipeline bubble of a rank inside a step:
 //   bubble = time inside [step.start, step.end) not covered by any slice on the rank's compute
-//   stream track(s); fraction = bubble / step time; theory = (p-1)/(v*m) from metadata
-//   "pp", "vpp" (default 1), "num_microbatches" (0 when unknown or p == 1).
+//   stream track(s). Two normalisations, each with its theory from metadata "pp", "vpp"
+//   (default 1), "num_microbatches" (theories 0 when unknown or p == 1):
+//     fraction = bubble / step time,           theory      = (p-1) / (v*m + p-1)
+//     ratio    = bubble / (step time - bubble), ratioTheory = (p-1) / (v*m)
+//   ratio is the paper's t_pb / t_id (Narayanan et al. 2021 §2.2); fraction is the share of
+//   the step a user sees idle. A perfect 1F1B pipeline has fraction == theory.
 struct BubbleResult {
-    double stepNs = 0, bubbleNs = 0, fraction = 0, theory = 0;
+    double stepNs = 0, bubbleNs = 0, fraction = 0, theory = 0, ratio = 0, ratioTheory = 0;
 };
 Result<BubbleResult> pipelineBubble(TraceStore& store, const StepWindow& window);
 

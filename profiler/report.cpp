@@ -27,7 +27,9 @@ const std::pair<const char*, const char*> kDefinitions[] = {
     {"step_time_s", "duration of the rank's 'step N' range on its host track"},
     {"bubble_s", "time inside the step not covered by any slice on the rank's compute stream"},
     {"bubble_fraction", "bubble_s / step_time_s"},
-    {"bubble_fraction_theory", "(p-1)/(v*m) from run metadata pp, vpp, num_microbatches"},
+    {"bubble_fraction_theory", "(p-1)/(v*m + p-1): the step share a perfect (interleaved) 1F1B pipeline idles"},
+    {"bubble_ratio", "bubble_s / (step_time_s - bubble_s): Narayanan et al.'s t_pb/t_id"},
+    {"bubble_ratio_theory", "(p-1)/(v*m) from run metadata pp, vpp, num_microbatches"},
     {"comm_s", "union of the rank's communication kernels (Collective|P2P) inside the step"},
     {"overlapped_comm_s", "communication time covered by compute kernels on any stream of the same rank"},
     {"exposed_comm_s", "comm_s - overlapped_comm_s (communication no compute hid)"},
@@ -139,7 +141,8 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     const int world = int(rankIds.size());
     const int pp = std::max(1, int(num(meta, "pp", 1)));
     const int perStage = world % pp == 0 ? world / pp : world;
-    const double theory = bubbleTheory(meta);
+    const double theory = bubbleTheory(meta);  // (p-1)/(v*m), the ratio form
+    const double fractionTheory = theory > 0 ? theory / (1 + theory) : 0;
     // Stage of a rank: its position among the trace's ranks / ranks per stage (Megatron order
     // tp-cp-ep-dp-pp puts pp outermost). Positions, not ids: an imported single rank 3 is stage 0.
     auto stageOf = [&](int rank) {
@@ -265,6 +268,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         json rs = json::array();
         std::map<int, std::pair<double, double>> stage;  // stage -> (sum bubble_s, sum fraction)
         std::map<int, int> stageCount;
+        std::map<int, double> stageRatio;
         for (auto& w : windows) {
             const RankData& d = *byRank[w.rank];
             stepNs = std::max(stepNs, w.durNs());
@@ -287,10 +291,12 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
             int st = stageOf(w.rank);
             stage[st].first += sec(b.bubbleNs);
             stage[st].second += b.fraction;
+            stageRatio[st] += b.ratio;
             stageCount[st] += 1;
             rs.push_back({{"rank", w.rank}, {"pp_stage", st}, {"step_time_s", rnd(sec(b.stepNs))},
                           {"bubble_s", rnd(sec(b.bubbleNs))}, {"bubble_fraction", rnd(b.fraction)},
-                          {"bubble_fraction_theory", rnd(theory)}, {"comm_s", rnd(sec(ov.commNs))},
+                          {"bubble_fraction_theory", rnd(fractionTheory)}, {"bubble_ratio", rnd(b.ratio)},
+                          {"bubble_ratio_theory", rnd(theory)}, {"comm_s", rnd(sec(ov.commNs))},
                           {"overlapped_comm_s", rnd(sec(ov.overlappedNs))}, {"exposed_comm_s", rnd(sec(exposed))},
                           {"comm_comp_overlap_pct", rnd(ov.pct)}, {"comm", cj}});
         }
@@ -300,7 +306,9 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         for (auto& [st, v] : stage)
             stagesJ.push_back({{"pp_stage", st}, {"ranks", stageCount[st]}, {"bubble_s", rnd(v.first / stageCount[st])},
                                {"bubble_fraction", rnd(v.second / stageCount[st])},
-                               {"bubble_fraction_theory", rnd(theory)}});
+                               {"bubble_fraction_theory", rnd(fractionTheory)},
+                               {"bubble_ratio", rnd(stageRatio[st] / stageCount[st])},
+                               {"bubble_ratio_theory", rnd(theory)}});
         sj["stages"] = stagesJ;
         double flops = modelFlops > 0 ? modelFlops : sliceFlops;
         double tflops = stepNs > 0 ? flops / sec(stepNs) / 1e12 : 0;

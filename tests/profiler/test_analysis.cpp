@@ -176,9 +176,12 @@ TEST(Bubble, IdleComputeStreamInsideStepAgainstTheory) {
     // covered: [100,400) 300 + [600,700) 100 + [950,1000) 50 = 450 -> bubble 550
     EXPECT_DOUBLE_EQ(r->bubbleNs, 550);
     EXPECT_DOUBLE_EQ(r->fraction, 0.55);
-    EXPECT_DOUBLE_EQ(r->theory, 3.0 / 8.0);
+    EXPECT_DOUBLE_EQ(r->ratioTheory, 3.0 / 8.0);
+    EXPECT_DOUBLE_EQ(r->theory, 3.0 / 11.0);  // (p-1)/(vm+p-1)
+    EXPECT_DOUBLE_EQ(r->ratio, r->bubbleNs / (r->stepNs - r->bubbleNs));
     ASSERT_TRUE(s.setMetadata("vpp", "2").isOk());
-    EXPECT_DOUBLE_EQ(pipelineBubble(s, (*ws)[0])->theory, 3.0 / 16.0);
+    EXPECT_DOUBLE_EQ(pipelineBubble(s, (*ws)[0])->ratioTheory, 3.0 / 16.0);
+    EXPECT_DOUBLE_EQ(pipelineBubble(s, (*ws)[0])->theory, 3.0 / 19.0);
 }
 
 TEST(Comm, PerGroupOverlappedAndExposed) {

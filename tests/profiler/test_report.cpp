@@ -64,10 +64,13 @@ TEST(Report, PipelineStepNumbersAndKeys) {
     EXPECT_DOUBLE_EQ(s["step_time_s"].get<double>(), 1e-6);
     const auto& r0 = rankOf(s, 0);
     const auto& r1 = rankOf(s, 1);
-    // rank 0 compute covers 600 of 1000 -> bubble 400 ns, 0.4; theory (2-1)/(1*4) = 0.25
+    // rank 0 compute covers 600 of 1000 -> bubble 400 ns, 0.4 of the step, 400/600 of the busy
+    // time; theory (2-1)/(1*4 + 1) = 0.2 of the step, (2-1)/(1*4) = 0.25 as a ratio
     EXPECT_DOUBLE_EQ(r0["bubble_s"].get<double>(), 4e-7);
     EXPECT_DOUBLE_EQ(r0["bubble_fraction"].get<double>(), 0.4);
-    EXPECT_DOUBLE_EQ(r0["bubble_fraction_theory"].get<double>(), 0.25);
+    EXPECT_DOUBLE_EQ(r0["bubble_fraction_theory"].get<double>(), 0.2);
+    EXPECT_DOUBLE_EQ(r0["bubble_ratio_theory"].get<double>(), 0.25);
+    EXPECT_NEAR(r0["bubble_ratio"].get<double>(), 400.0 / 600.0, 1e-6);
     EXPECT_EQ(r0["pp_stage"], 0);
     EXPECT_EQ(r1["pp_stage"], 1);
     // rank 0: dp all_reduce 200 ns, [700,800) under compute

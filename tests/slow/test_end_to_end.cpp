@@ -189,7 +189,7 @@ TEST(EndToEnd, PipelineBubbleNearTheory) {
         EXPECT_LT(ratio, hi * theory) << what;
         for (const auto& s : measuredSteps(doc))
             for (const auto& stage : s.at("stages"))
-                EXPECT_NEAR(stage.at("bubble_fraction_theory").get<double>(), theory, 1e-9) << what;
+                EXPECT_NEAR(stage.at("bubble_ratio_theory").get<double>(), theory, 1e-9) << what;
         return ratio;
     };
     const double rPlain = check(plain, 4, 1, 8, 2.5, "pp4 m8");

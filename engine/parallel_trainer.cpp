@@ -137,7 +137,19 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     t->m_layout = layout;
     t->m_rec = rec;
     const int world = layout.worldSize();
-    t->m_backend = makeCpuBackend(world);
+    // Ranks of this process (all of them unless several processes share the world).
+    t->m_opts = opts;
+    std::vector<int>& local = t->m_opts.localRanks;
+    if (local.empty())
+        for (int r = 0; r < world; ++r) local.push_back(r);
+    for (size_t i = 0; i < local.size(); ++i)
+        if (local[i] < 0 || local[i] >= world || (i > 0 && local[i] <= local[i - 1]))
+            return Status::invalid("local ranks must be increasing global ranks below world_size=" +
+                                   std::to_string(world));
+    if (int(local.size()) != world && (!opts.makeGroup || !opts.gatherHost))
+        return Status::invalid("a process running " + std::to_string(local.size()) + " of " + std::to_string(world) +
+                               " ranks needs a group factory and a host gather (several processes)");
+    t->m_backend = makeCpuBackend(int(local.size()));
     // OpenBLAS threads are process-global: with several rank threads, one GEMM thread each.
     kernels::cpu::setNumThreads(world > 1 ? 1 : std::max(1, c.cpu_threads));
     TS_ASSIGN_OR_RETURN(t->m_data, DataSource::open(c));
@@ -152,11 +164,12 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     const bool dist = c.use_distributed_optimizer;
     const bool tied = !c.untie_embeddings_and_output_weights;
     const int v = ds.vpp;
-    for (int r = 0; r < world; ++r) {
+    for (size_t li = 0; li < local.size(); ++li) {
+        const int r = local[li];
         auto R = std::make_unique<RankState>();
         R->rank = r;
         R->coords = layout.coordsOf(r);
-        R->dev = &t->m_backend->device(r);
+        R->dev = &t->m_backend->device(int(li));
         if (rec) R->dev->setTrace(rec, r);
         R->compute = R->dev->createStream(trace::TrackKind::Compute, "compute");
         R->dpStream = R->dev->createStream(trace::TrackKind::Comm, "dp_comm");
@@ -164,6 +177,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         auto join = [&](const std::string& name, std::unique_ptr<Communicator>& out) -> Status {
             const std::vector<int> members = layout.groupRanks(name, r);
             if (members.size() < 2) return Status::ok();
+            if (opts.makeGroup) {
+                TS_ASSIGN_OR_RETURN(out, opts.makeGroup(name, members, r));
+                return Status::ok();
+            }
             TS_ASSIGN_OR_RETURN(out, t->m_world->join(name, members, r));
             return Status::ok();
         };
@@ -327,12 +344,19 @@ nlohmann::json ParallelTrainer::runMetadata() const {
     return j;
 }
 
-void ParallelTrainer::failRank(int rank, const Status& st) {
+void ParallelTrainer::failRank(int local, const Status& st) {
     std::lock_guard<std::mutex> lock(m_errorMutex);
     if (!m_firstError.isOk()) return;
-    m_firstError = st.withContext(coordText(m_ranks[size_t(rank)]->coords));
-    m_world->abort(Status(st.code() == ErrorCode::Cancelled ? ErrorCode::Cancelled : ErrorCode::CommError,
-                          coordText(m_ranks[size_t(rank)]->coords) + " stopped: " + st.message()));
+    m_firstError = st.withContext(coordText(m_ranks[size_t(local)]->coords));
+    const Status why(st.code() == ErrorCode::Cancelled ? ErrorCode::Cancelled : ErrorCode::CommError,
+                     coordText(m_ranks[size_t(local)]->coords) + " stopped: " + st.message());
+    m_world->abort(why);
+    // Factory-made (e.g. MPI) communicators are not part of m_world: abort this process's side;
+    // the other processes' ops fail by their deadlock guard (commTimeout).
+    if (m_opts.makeGroup)
+        for (auto& R : m_ranks)
+            for (Communicator* c : {R->tpComm.get(), R->ppComm.get(), R->dpComm.get(), R->embdComm.get(), R->normComm.get()})
+                if (c) c->abort(why);
 }
 
 void ParallelTrainer::injectFailure(int rank, int step, std::string opName) {
@@ -341,8 +365,8 @@ void ParallelTrainer::injectFailure(int rank, int step, std::string opName) {
     m_injectOp = std::move(opName);
 }
 
-Status ParallelTrainer::rankStep(int rank, int it, const std::atomic<bool>* cancel) {
-    RankState& R = *m_ranks[size_t(rank)];
+Status ParallelTrainer::rankStep(int local, int it, const std::atomic<bool>* cancel) {
+    RankState& R = *m_ranks[size_t(local)];
     const DerivedSizes ds = deriveSizes(m_cfg);
     const int m = m_numMicrobatches;
     const int dp = ds.dp, dpRank = R.coords.dp;
@@ -362,7 +386,7 @@ Status ParallelTrainer::rankStep(int rank, int it, const std::atomic<bool>* canc
                             [pb] { pb->zeroGrads(); });
             R.syncs[ch]->beginStep(it);
         }
-        if (rank == m_injectRank && it == m_injectStep) {
+        if (R.rank == m_injectRank && it == m_injectStep) {
             OpDesc d;
             d.name = m_injectOp.c_str();
             d.step = it;
@@ -410,7 +434,7 @@ Status ParallelTrainer::rankStep(int rank, int it, const std::atomic<bool>* canc
         R.pipe->endStep();
     }
     if (!st.isOk()) {
-        failRank(rank, st);
+        failRank(local, st);
         return st;
     }
     R.losses.clear();
@@ -437,21 +461,51 @@ Status ParallelTrainer::step(StepProgress* out) {
             m_stepData[size_t(d)].push_back(m_data->microbatch(m_samples + (int64_t(j) * dp + d) * b, b));
     for (auto& R : m_ranks) R->dev->resetPeak();
     std::vector<std::future<Status>> futures;
-    for (auto& R : m_ranks) {
-        const int r = R->rank;
-        futures.push_back(R->worker->post([this, r, it, cancel = m_cancel] { return rankStep(r, it, cancel); }));
-    }
+    for (size_t li = 0; li < m_ranks.size(); ++li)
+        futures.push_back(m_ranks[li]->worker->post([this, li, it, cancel = m_cancel] { return rankStep(int(li), it, cancel); }));
     for (auto& f : futures) (void)f.get();
+    // Per-rank host record: [failed, #losses, losses (m slots), peak total, peak per category].
+    // With several processes the records are exchanged (even after a failure, so that no
+    // process waits for one that already gave up); in one process they are just read.
+    const int nCat = int(MemCategory::Count);
+    const int recSize = 3 + m + nCat;
+    bool localFailed = false;
     {
         std::lock_guard<std::mutex> lock(m_errorMutex);
+        localFailed = !m_firstError.isOk();
+        if (localFailed && !m_opts.gatherHost) return m_firstError;
+    }
+    std::vector<double> mine, all;
+    for (auto& R : m_ranks) {
+        const MemoryStats ms = R->dev->memoryStats();
+        mine.push_back(localFailed ? 1.0 : 0.0);
+        mine.push_back(double(R->losses.size()));
+        for (int j = 0; j < m; ++j) mine.push_back(size_t(j) < R->losses.size() ? R->losses[size_t(j)] : 0.0);
+        mine.push_back(double(ms.peakTotal));
+        for (int cat = 0; cat < nCat; ++cat) mine.push_back(double(ms.peak[size_t(cat)]));
+    }
+    if (m_opts.gatherHost) {
+        Status g = m_opts.gatherHost(mine, recSize, all);
+        if (g.isOk() && all.size() != size_t(worldSize()) * size_t(recSize))
+            g = Status::internal("host gather returned " + std::to_string(all.size()) + " values, expected " +
+                                 std::to_string(size_t(worldSize()) * size_t(recSize)));
+        std::lock_guard<std::mutex> lock(m_errorMutex);
         if (!m_firstError.isOk()) return m_firstError;
+        if (!g.isOk()) return m_firstError = g.withContext("exchanging step results between processes");
+        for (int r = 0; r < worldSize(); ++r)
+            if (all[size_t(r) * size_t(recSize)] != 0.0)
+                return m_firstError = Status::comm("rank " + std::to_string(r) + " failed at iteration " +
+                                                   std::to_string(it + 1) + " (see its process's output)");
+    } else {
+        all = std::move(mine);  // every rank is local, in global rank order
     }
     double loss = 0;
     int count = 0;
-    for (auto& R : m_ranks) {
-        if (R->coords.tp != 0) continue;
-        for (double l : R->losses) {
-            loss += l;
+    for (int r = 0; r < worldSize(); ++r) {
+        if (m_layout.coordsOf(r).tp != 0) continue;
+        const double* rec = all.data() + size_t(r) * size_t(recSize);
+        for (int j = 0; j < int(rec[1]); ++j) {
+            loss += rec[2 + j];
             ++count;
         }
     }
@@ -480,11 +534,12 @@ Status ParallelTrainer::step(StepProgress* out) {
         out->peakMemoryBytes = 0;
         for (size_t cat = 0; cat < size_t(MemCategory::Count); ++cat) out->peakMemoryByCategory[cat] = 0;
         // Most-loaded rank, as Megatron's memory report.
-        for (auto& R : m_ranks) {
-            const MemoryStats ms = R->dev->memoryStats();
-            out->peakMemoryBytes = std::max(out->peakMemoryBytes, ms.peakTotal);
-            for (size_t cat = 0; cat < size_t(MemCategory::Count); ++cat)
-                out->peakMemoryByCategory[cat] = std::max(out->peakMemoryByCategory[cat], ms.peak[cat]);
+        for (int r = 0; r < worldSize(); ++r) {
+            const double* rec = all.data() + size_t(r) * size_t(recSize);
+            out->peakMemoryBytes = std::max(out->peakMemoryBytes, int64_t(rec[2 + m]));
+            for (size_t cat = 0; cat < size_t(nCat); ++cat)
+                out->peakMemoryByCategory[cat] =
+                    std::max(out->peakMemoryByCategory[cat], int64_t(rec[3 + m + int(cat)]));
         }
     }
     return Status::ok();
@@ -519,6 +574,9 @@ Status ParallelTrainer::synchronize() {
 
 Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(int dpRank) {
     TS_RETURN_IF_ERROR(synchronize());
+    if (int(m_ranks.size()) != worldSize())
+        return Status::unsupported("gatherParams needs every rank in this process (this one runs " +
+                                   std::to_string(m_ranks.size()) + " of " + std::to_string(worldSize()) + ")");
     const DerivedSizes ds = deriveSizes(m_cfg);
     if (dpRank < 0 || dpRank >= ds.dp) return Status::invalid("dp rank " + std::to_string(dpRank) + " out of range");
     std::map<std::string, std::vector<float>> out;

@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,8 +51,21 @@
 
 namespace ts::engine {
 
+// Several processes (`mpirun -np N trainscope run`): each process runs some of the global
+// ranks; a process group's communicator comes from the factory (e.g. MPI) instead of the
+// in-process CommWorld, and the per-rank host values the step reports (losses, peak memory)
+// reach every process through `gatherHost`. Defaults: all ranks in this process.
+using GroupFactory = std::function<Result<std::unique_ptr<Communicator>>(
+    const std::string& name, const std::vector<int>& members, int globalRank)>;
+// in: one record per local rank, in localRanks order, each of `recordSize` doubles;
+// out: one record per global rank (rank order), world * recordSize doubles.
+using HostGather = std::function<Status(const std::vector<double>& in, int recordSize, std::vector<double>& out)>;
+
 struct ParallelTrainerOptions {
     std::chrono::milliseconds commTimeout{60'000};  // deadlock guard of every collective/p2p op
+    std::vector<int> localRanks;  // global ranks run by this process; empty = all of them
+    GroupFactory makeGroup;       // null = in-process CommWorld::join
+    HostGather gatherHost;        // null = every rank is local (no exchange needed)
 };
 
 class ParallelTrainer {
@@ -99,8 +113,9 @@ public:
 
 private:
     ParallelTrainer() = default;
-    Status rankStep(int rank, int it, const std::atomic<bool>* cancel);
-    void failRank(int rank, const Status& st);
+    // `local` indexes m_ranks (this process's ranks); equals the global rank in one process.
+    Status rankStep(int local, int it, const std::atomic<bool>* cancel);
+    void failRank(int local, const Status& st);
 
     Config m_cfg;
     ParallelLayout m_layout;
@@ -122,6 +137,7 @@ private:
     const std::atomic<bool>* m_cancel = nullptr;
     int m_injectRank = -1, m_injectStep = -1;
     std::string m_injectOp;
+    ParallelTrainerOptions m_opts;  // localRanks completed (never empty after create)
 };
 
 }  // namespace ts::engine

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 TS_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git python3
   libsqlite3-dev zlib1g-dev nlohmann-json3-dev libyaml-cpp-dev
   libopenblas-dev libgtest-dev libgmock-dev
   openmpi-bin libopenmpi-dev

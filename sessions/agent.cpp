@@ -532,10 +532,17 @@ Reply Agent::Impl::listRuns() {
     json out = json::array();
     std::lock_guard lock(mu);
     std::vector<std::string> seen;
+    // A run counts as running until its outcome is recorded (run.status leaves "running"
+    // before run_finished is sent, so a client that lists runs on that notification sees it).
+    auto stillRunning = [](RunState& r) {
+        if (r.finished) return false;
+        std::lock_guard rl(r.mu);
+        return r.status == "running";
+    };
     for (const auto& s : *list) {
         json j = s.toJson();
         for (auto& [id, r] : runs) {
-            if (r->path != s.path || r->finished) continue;
+            if (r->path != s.path || !stillRunning(*r)) continue;
             std::lock_guard rl(r->mu);
             j["status"] = "running";
             j["progress"] = r->lastProgress;
@@ -545,7 +552,7 @@ Reply Agent::Impl::listRuns() {
         out.push_back(std::move(j));
     }
     for (auto& [id, r] : runs) {
-        if (r->finished || std::find(seen.begin(), seen.end(), r->path) != seen.end()) continue;
+        if (!stillRunning(*r) || std::find(seen.begin(), seen.end(), r->path) != seen.end()) continue;
         std::lock_guard rl(r->mu);
         out.push_back({{"id", r->id}, {"name", r->name}, {"status", "running"}, {"path", r->path},
                        {"created_at", r->createdAt}, {"progress", r->lastProgress}});

@@ -1,0 +1,123 @@
+// The `trainscope` command line as a user runs it: help, knobs, validate (exit codes and the
+// one-message-per-problem output with file:line), layout and schedule errors.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <sys/wait.h>
+
+#include "engine/knobs.h"
+
+namespace {
+
+struct Output {
+    int code = -1;
+    std::string text;  // stdout + stderr
+};
+
+Output run(const std::string& args) {
+    const std::string cmd = std::string(TS_BINARY_DIR) + "/apps/trainscope " + args + " 2>&1";
+    Output out;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return out;
+    std::array<char, 4096> buf{};
+    size_t n = 0;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.text.append(buf.data(), n);
+    const int status = pclose(p);
+    out.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return out;
+}
+
+const std::string kRoot = TS_SOURCE_DIR;
+
+TEST(Cli, HelpListsEveryCommand) {
+    Output o = run("--help");
+    EXPECT_EQ(o.code, 0);
+    for (const char* c : {"demo", "run", "knobs", "validate", "layout", "schedule", "analyze", "import",
+                          "export-trace", "runs", "compare", "export", "agent"})
+        EXPECT_NE(o.text.find(std::string("  ") + c + " "), std::string::npos) << c;
+    EXPECT_EQ(run("no-such-command").code, 2);
+}
+
+TEST(Cli, KnobsJsonHasEveryRegistryKnobWithFlags) {
+    Output o = run("knobs --json");
+    ASSERT_EQ(o.code, 0) << o.text;
+    auto j = nlohmann::json::parse(o.text);
+    ASSERT_EQ(j.size(), ts::engine::knobRegistry().size());
+    bool sawOverlap = false;
+    for (const auto& k : j) {
+        if (k["name"] == "overlap_grad_reduce") {
+            sawOverlap = true;
+            EXPECT_EQ(k["megatron_flag"], "--overlap-grad-reduce");
+            EXPECT_EQ(k["bridge_path"], "ddp.overlap_grad_reduce");
+        }
+    }
+    EXPECT_TRUE(sawOverlap);
+    Output table = run("knobs --group dp_comm");
+    EXPECT_EQ(table.code, 0);
+    EXPECT_NE(table.text.find("--ddp-bucket-size"), std::string::npos);
+}
+
+TEST(Cli, ValidateAcceptsEveryShippedExample) {
+    for (const char* f : {"tiny", "small", "tp2_sp", "pp2_1f1b", "pp4_interleaved", "dp2_overlap", "dp2_distopt",
+                          "llama_style", "bf16_recompute", "world8_3d"}) {
+        Output o = run("validate " + kRoot + "/resources/examples/" + f + ".yaml");
+        EXPECT_EQ(o.code, 0) << f << ": " << o.text;
+        EXPECT_NE(o.text.find(": ok ("), std::string::npos) << o.text;
+    }
+}
+
+TEST(Cli, ValidatePrintsOneMessagePerProblemWithFileAndLine) {
+    const std::string dir = kRoot + "/tests/data/configs/";
+    Output types = run("validate " + dir + "bad_types.yaml");
+    EXPECT_EQ(types.code, 2);
+    EXPECT_NE(types.text.find("bad_types.yaml:1: num_layers: expected an integer"), std::string::npos) << types.text;
+    EXPECT_NE(types.text.find("bad_types.yaml:2: sequence_parallel: expected true or false"), std::string::npos);
+    EXPECT_NE(types.text.find("bad_types.yaml:3: normalization: 'BatchNorm' is not one of: LayerNorm, RMSNorm"),
+              std::string::npos);
+    EXPECT_NE(types.text.find("3 problems"), std::string::npos);
+
+    Output unknown = run("validate " + dir + "bad_unknown_key.yaml");
+    EXPECT_EQ(unknown.code, 2);
+    EXPECT_NE(unknown.text.find(":2: unknown key 'overlap_grad_reduse'; did you mean 'overlap_grad_reduce'?"),
+              std::string::npos) << unknown.text;
+
+    Output tp = run("validate " + dir + "bad_tp_heads.yaml");
+    EXPECT_EQ(tp.code, 2);
+    EXPECT_NE(tp.text.find(":3: tensor_model_parallel_size: tensor_model_parallel_size=3 does not divide "
+                           "num_attention_heads=8"), std::string::npos) << tp.text;
+
+    Output inter = run("validate " + dir + "bad_interleave.yaml");
+    EXPECT_EQ(inter.code, 2);
+    EXPECT_NE(inter.text.find("num_microbatches (6) % pipeline_model_parallel_size (4) == 0"), std::string::npos);
+
+    Output json = run("validate --json " + dir + "bad_param_gather.yaml");
+    EXPECT_EQ(json.code, 2);
+    auto j = nlohmann::json::parse(json.text);
+    ASSERT_EQ(j.size(), 1u);
+    EXPECT_FALSE(j[0]["ok"].get<bool>());
+    EXPECT_EQ(j[0]["issues"].size(), 2u);
+
+    Output missing = run("validate " + dir + "does_not_exist.yaml");
+    EXPECT_EQ(missing.code, 2);
+    EXPECT_NE(missing.text.find("cannot open config file"), std::string::npos);
+}
+
+TEST(Cli, ValidateNamesKnobsTheEngineDoesNotExecuteYet) {
+    Output o = run("validate " + kRoot + "/tests/data/configs/note_cp.yaml");
+    EXPECT_EQ(o.code, 0) << o.text;
+    EXPECT_NE(o.text.find("note: context_parallel_size=2 is valid but not executed by the engine yet"),
+              std::string::npos) << o.text;
+}
+
+TEST(Cli, LayoutAndScheduleRejectBadInputWithExitTwo) {
+    EXPECT_EQ(run("schedule --pp 4 --vpp 2 --microbatches 6").code, 2);
+    Output ok = run("schedule --pp 2 --microbatches 4 --rank 0");
+    EXPECT_EQ(ok.code, 0) << ok.text;
+    EXPECT_NE(ok.text.find("F0"), std::string::npos) << ok.text;
+    EXPECT_EQ(run("layout " + kRoot + "/tests/data/configs/bad_world.yaml").code, 2);
+}
+
+}  // namespace

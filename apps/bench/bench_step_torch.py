@@ -6,6 +6,9 @@ achieved GFLOP/s (same Megatron FLOPs formula as the C++ bench), then one JSON l
 
 usage: /usr/bin/python3 apps/bench/bench_step_torch.py [--steps N] [--warmup N]
        [--threads 1,2] [--configs tiny,small]
+
+For a true 1-thread comparison run it with OMP_NUM_THREADS=1 (and --threads 1): torch 1.13's
+OpenMP pool otherwise keeps a second core busy after set_num_threads(1) (CPU time ~2x wall).
 """
 import argparse
 import json

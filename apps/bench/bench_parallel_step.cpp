@@ -19,45 +19,15 @@
 
 #include "engine/parallel_trainer.h"
 #include "engine/trainer.h"
+#include "apps/bench/bench_common.h"
 #include "kernels/cpu/ops.h"
 
 namespace {
 
+using ts::bench::benchConfig;
+using ts::bench::split;
+
 using namespace ts::engine;
-
-Config benchConfig(const std::string& name) {
-    Config c;
-    if (name == "tiny") {
-        c.vocab_size = 4096;
-        c.seq_length = 128;
-        c.hidden_size = 256;
-        c.num_attention_heads = 4;
-        c.num_layers = 4;
-    } else {
-        c.vocab_size = 8192;
-        c.seq_length = 256;
-        c.hidden_size = 512;
-        c.num_attention_heads = 8;
-        c.num_layers = 6;
-    }
-    c.micro_batch_size = 8;
-    c.data_path = "synthetic";
-    c.lr = 1e-4;
-    c.train_iters = 1000000;
-    return c;
-}
-
-std::vector<std::string> split(const std::string& s) {
-    std::vector<std::string> out;
-    size_t start = 0;
-    while (start <= s.size()) {
-        const size_t e = s.find(',', start);
-        out.push_back(s.substr(start, e == std::string::npos ? std::string::npos : e - start));
-        if (e == std::string::npos) break;
-        start = e + 1;
-    }
-    return out;
-}
 
 struct Variant {
     std::string label;

@@ -15,35 +15,15 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/trainer.h"
+#include "apps/bench/bench_common.h"
 #include "kernels/cpu/ops.h"
 
 namespace {
 
-using namespace ts::engine;
+using ts::bench::benchConfig;
+using ts::bench::split;
 
-Config benchConfig(const std::string& name) {
-    Config c;
-    if (name == "tiny") {
-        c.vocab_size = 4096;
-        c.seq_length = 128;
-        c.hidden_size = 256;
-        c.num_attention_heads = 4;
-        c.num_layers = 4;
-    } else {
-        c.vocab_size = 8192;
-        c.seq_length = 256;
-        c.hidden_size = 512;
-        c.num_attention_heads = 8;
-        c.num_layers = 6;
-    }
-    c.micro_batch_size = 8;
-    c.data_path = "synthetic";
-    c.swiglu = false;
-    c.untie_embeddings_and_output_weights = false;
-    c.lr = 1e-4;
-    c.train_iters = 1000000;
-    return c;
-}
+using namespace ts::engine;
 
 void setFused(Config& c, bool on) {
     c.masked_softmax_fusion = c.bias_activation_fusion = c.bias_dropout_fusion = on;
@@ -57,18 +37,6 @@ double cpuSeconds() {
     timespec ts{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-std::vector<std::string> split(const std::string& s) {
-    std::vector<std::string> out;
-    size_t start = 0;
-    while (start <= s.size()) {
-        const size_t e = s.find(',', start);
-        out.push_back(s.substr(start, e == std::string::npos ? std::string::npos : e - start));
-        if (e == std::string::npos) break;
-        start = e + 1;
-    }
-    return out;
 }
 
 }  // namespace

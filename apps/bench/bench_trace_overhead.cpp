@@ -22,37 +22,17 @@
 
 #include "common/clock.h"
 #include "engine/trainer.h"
+#include "apps/bench/bench_common.h"
 #include "kernels/cpu/ops.h"
 #include "profiler/store.h"
 
 namespace {
 
+using ts::bench::benchConfig;
+using ts::bench::split;
+
 using namespace ts;
 using namespace ts::engine;
-
-// Same shapes as bench_step's tiny/small.
-Config benchConfig(const std::string& name, int threads) {
-    Config c;
-    if (name == "tiny") {
-        c.vocab_size = 4096;
-        c.seq_length = 128;
-        c.hidden_size = 256;
-        c.num_attention_heads = 4;
-        c.num_layers = 4;
-    } else {
-        c.vocab_size = 8192;
-        c.seq_length = 256;
-        c.hidden_size = 512;
-        c.num_attention_heads = 8;
-        c.num_layers = 6;
-    }
-    c.micro_batch_size = 8;
-    c.data_path = "synthetic";
-    c.lr = 1e-4;
-    c.train_iters = 1000000;
-    c.cpu_threads = threads;
-    return c;
-}
 
 double cpuSeconds() {
     timespec ts{};
@@ -96,18 +76,6 @@ Status timedStep(Side& s, profiler::CaptureRecorder* flushRec) {
     return Status::ok();
 }
 
-std::vector<std::string> split(const std::string& s) {
-    std::vector<std::string> out;
-    size_t p = 0;
-    while (p <= s.size()) {
-        const size_t q = s.find(',', p);
-        out.push_back(s.substr(p, q == std::string::npos ? std::string::npos : q - p));
-        if (q == std::string::npos) break;
-        p = q + 1;
-    }
-    return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,7 +96,8 @@ int main(int argc, char** argv) {
     std::printf("%-6s %12s %12s %9s %12s %12s %9s %10s\n", "config", "wall off(s)", "wall on(s)", "wall +%",
                 "cpu off(s)", "cpu on(s)", "cpu +%", "slices");
     for (const std::string& name : configs) {
-        const Config c = benchConfig(name, threads);
+        Config c = benchConfig(name);
+        c.cpu_threads = threads;
         const std::string runFile = dir + "/bench_trace_overhead_" + std::to_string(::getpid()) + "_" + name + ".sqlite";
         std::filesystem::remove(runFile);
         auto recR = profiler::CaptureRecorder::create(runFile);

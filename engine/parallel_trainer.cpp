@@ -321,18 +321,10 @@ ParallelTrainer::~ParallelTrainer() {
 
 nlohmann::json ParallelTrainer::runMetadata() const {
     const DerivedSizes ds = deriveSizes(m_cfg);
-    nlohmann::json j;
-    j["model_flops_per_step"] = m_flops;
-    j["flops_formula"] = flopsFormulaText(FlopsInputs::fromConfig(m_cfg));
+    nlohmann::json j = baseRunMetadata(m_cfg, m_flops, m_peakTflops, m_data.get());
     j["world"] = ds.world;
     j["tp"] = ds.tp;
-    j["pp"] = ds.pp;
-    j["vpp"] = ds.vpp;
     j["dp"] = ds.dp;
-    j["num_microbatches"] = ds.num_microbatches;
-    j["config"] = configToJson(m_cfg).dump();
-    j["peak_tflops"] = m_peakTflops;
-    j["data"] = m_data ? m_data->description() : std::string();
     int64_t params = 0;
     for (const auto& R : m_ranks) {
         if (R->coords.dp != 0) continue;

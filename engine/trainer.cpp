@@ -61,17 +61,23 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, S
     return t;
 }
 
-nlohmann::json Trainer::runMetadata() const {
-    const DerivedSizes ds = deriveSizes(m_cfg);
+nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double peakTflops,
+                               const DataSource* data) {
+    const DerivedSizes ds = deriveSizes(c);
     nlohmann::json j;
-    j["model_flops_per_step"] = m_flops;
-    j["flops_formula"] = flopsFormulaText(FlopsInputs::fromConfig(m_cfg));
+    j["model_flops_per_step"] = modelFlopsPerStep;
+    j["flops_formula"] = flopsFormulaText(FlopsInputs::fromConfig(c));
     j["pp"] = ds.pp;
     j["vpp"] = ds.vpp;
     j["num_microbatches"] = ds.num_microbatches;
-    j["config"] = configToJson(m_cfg).dump();
-    j["peak_tflops"] = m_peakTflops;
-    j["data"] = m_data ? m_data->description() : std::string();
+    j["config"] = configToJson(c).dump();
+    j["peak_tflops"] = peakTflops;
+    j["data"] = data ? data->description() : std::string();
+    return j;
+}
+
+nlohmann::json Trainer::runMetadata() const {
+    nlohmann::json j = baseRunMetadata(m_cfg, m_flops, m_peakTflops, m_data.get());
     j["num_parameters"] = m_model ? m_model->params().numel() : 0;
     return j;
 }

@@ -38,6 +38,11 @@ struct TrainerCallbacks {
     std::function<void(const std::string&)> onLog;
 };
 
+// Run metadata every trainer writes for the profiler: model_flops_per_step, flops_formula, pp,
+// vpp, num_microbatches, config, peak_tflops, data. Trainers add their own keys.
+nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double peakTflops,
+                               const DataSource* data);
+
 class Trainer {
 public:
     // Uses `dev`/`compute` when given, else creates its own 1-device CPU backend. `rec` (may

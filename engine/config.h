@@ -59,6 +59,12 @@ struct Config {
 
     // --- tensor/pipeline communication ----------------------------------------------------
     bool tp_comm_overlap = false;
+    // Sub-knobs of tp_comm_overlap (Megatron's --disable-tp-comm-* / --tp-comm-overlap-rs-dgrad).
+    bool tp_comm_overlap_ag = true;
+    bool tp_comm_overlap_rs = true;
+    bool tp_comm_overlap_rs_dgrad = false;
+    bool tp_comm_bulk_dgrad = true;
+    bool tp_comm_bulk_wgrad = true;
     bool overlap_p2p_comm = false;
     bool batch_p2p_comm = true;
 

@@ -249,6 +249,69 @@ void GptModel::holdUntilDone(TensorPtr a, TensorPtr b) {
     m_held.push_back(std::move(h));
 }
 
+void GptModel::setTpCommOverlap(Stream& commStream, Communicator& comm) {
+    if (!m_sp || !m_cfg.tp_comm_overlap) return;
+    TpOverlapOptions o;
+    o.overlapAg = m_cfg.tp_comm_overlap_ag;
+    o.overlapRs = m_cfg.tp_comm_overlap_rs;
+    o.overlapRsDgrad = m_cfg.tp_comm_overlap_rs_dgrad;
+    // TE: pipelined RS of the dgrad replaces the bulk overlaps of that layer.
+    o.bulkDgrad = m_cfg.tp_comm_bulk_dgrad && !o.overlapRsDgrad;
+    o.bulkWgrad = m_cfg.tp_comm_bulk_wgrad && !o.overlapRsDgrad;
+    m_tpo = std::make_unique<TpOverlap>(m_exec, commStream, comm, o);
+}
+
+Status GptModel::rowParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,
+                                               TensorPtr dyLocal, TensorPtr x, TensorPtr dx, int T, int in,
+                                               int out) {
+    // dY [TL, out] is ring-gathered while the dgrad GEMM of the shards already here runs;
+    // the wgrad (a sum over all T rows) runs once on the gathered dY.
+    const float* W = m_params.modelParam(wIdx);
+    const bool bf = m_o.bf16;
+    auto dgrad = [=](const float* dy, float* dxr, int rows) {
+        k::linearBackward(dy, nullptr, W, dxr, nullptr, nullptr, rows, in, out);
+        if (bf) k::roundToBf16(dxr, int64_t(rows) * in);
+    };
+    TS_ASSIGN_OR_RETURN(TensorPtr dyFull,
+                        m_tpo->agGemm(dgradName, dyLocal, localTokens(), out, dx, in, 2.0 * in * out, dgrad));
+    return linearBackward(wgradName, wIdx, -1, dyFull, x, nullptr, T, in, out);
+}
+
+Result<TensorPtr> GptModel::columnParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,
+                                                             int bIdx, TensorPtr dy, TensorPtr xLocal, int T, int in,
+                                                             int out) {
+    // dy: [T, out] (TP region), xLocal: the saved s-shard [TL, in]. Returns dX's shard [TL, in].
+    const int TL = localTokens();
+    const int64_t n = int64_t(TL) * in;
+    const TpOverlapOptions& o = m_tpo->options();
+    const float* W = m_params.modelParam(wIdx);
+    const bool bf = m_o.bf16;
+    auto dgrad = [=](const float* dyr, float* dxr, int rows) {
+        k::linearBackward(dyr, nullptr, W, dxr, nullptr, nullptr, rows, in, out);
+        if (bf) k::roundToBf16(dxr, int64_t(rows) * in);
+    };
+    // Bulk dgrad: the re-gather of the saved input for the wgrad runs during the dgrad GEMM.
+    TpOverlap::Pending xFull, dxPending;
+    if (o.bulkDgrad) { TS_ASSIGN_OR_RETURN(xFull, m_tpo->gatherAsync(xLocal, n)); }
+    TensorPtr dxLocal;
+    if (o.overlapRsDgrad) {
+        TS_ASSIGN_OR_RETURN(dxLocal, m_tpo->gemmRs(dgradName, dy, TL, out, in, 2.0 * in * out, dgrad));
+    } else {
+        TS_ASSIGN_OR_RETURN(TensorPtr dxFull, m_exec.alloc(int64_t(T) * in));
+        m_exec.op(dgradName, Category::Gemm, 2.0 * T * in * out, uint64_t(4) * uint64_t(T) * (in + out),
+                  [=] { dgrad(fp(dy), fp(dxFull), T); });
+        // Bulk wgrad: the reduce-scatter of dX runs during the wgrad GEMM.
+        if (o.bulkWgrad) { TS_ASSIGN_OR_RETURN(dxPending, m_tpo->reduceScatterAsync(dxFull, n)); }
+        else { TS_ASSIGN_OR_RETURN(dxLocal, seqReduceScatter(dxFull, n)); }
+    }
+    TensorPtr x;
+    if (o.bulkDgrad) x = m_tpo->wait(xFull);
+    else { TS_ASSIGN_OR_RETURN(x, seqGather(xLocal, n)); }
+    TS_RETURN_IF_ERROR(linearBackward(wgradName, wIdx, bIdx, dy, x, nullptr, T, in, out));
+    if (dxPending.tensor) dxLocal = m_tpo->wait(dxPending);
+    return dxLocal;
+}
+
 Status GptModel::syncSequenceParallelGrads(const std::vector<int>& params) {
     if (!m_sp || !m_lastBackward) return Status::ok();
     // Grads accumulate over the step's microbatches; the TP sum runs once, after the last one.
@@ -376,20 +439,29 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     TS_ASSIGN_OR_RETURN(A.rstd1, alloc(TL));
     normForward("input_layernorm.fwd", P.ln1w, P.ln1b, A.x, A.a1, A.mean1, A.rstd1, TL);
     // SP: only the local a1 [TL, h] is saved; the gathered [T, h] lives until the GEMM ran.
+    // tp_comm_overlap_ag: the all-gather is pipelined with the GEMM shard by shard instead.
+    const bool agOverlap = m_tpo && m_tpo->options().overlapAg;
+    const bool rsOverlap = m_tpo && m_tpo->options().overlapRs;
     TensorPtr a1Full = A.a1;
-    if (m_sp) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
+    if (m_sp && !agOverlap) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
 
     // linear_qkv (column parallel; bias sharded with the rows)
     TS_ASSIGN_OR_RETURN(TensorPtr qkv, alloc(int64_t(T) * qkvOut));
     {
         const float* W = m_params.modelParam(P.qkvW);
         const float* B = P.qkvB >= 0 ? m_params.modelParam(P.qkvB) : nullptr;
-        TensorPtr a1 = a1Full;
-        m_exec.op("linear_qkv.fwd", Category::Gemm, 2.0 * T * h * qkvOut,
-                  uint64_t(4) * (uint64_t(T) * (h + qkvOut) + uint64_t(h) * qkvOut), [=] {
-                      k::linearForward(fp(a1), W, B, fp(qkv), T, h, qkvOut);
-                      if (bf) k::roundToBf16(fp(qkv), int64_t(T) * qkvOut);
-                  });
+        auto gemm = [=](const float* x, float* y, int rows) {
+            k::linearForward(x, W, B, y, rows, h, qkvOut);
+            if (bf) k::roundToBf16(y, int64_t(rows) * qkvOut);
+        };
+        if (agOverlap) {
+            TS_RETURN_IF_ERROR(m_tpo->agGemm("linear_qkv.fwd", A.a1, TL, h, qkv, qkvOut, 2.0 * h * qkvOut, gemm).status());
+        } else {
+            TensorPtr a1 = a1Full;
+            m_exec.op("linear_qkv.fwd", Category::Gemm, 2.0 * T * h * qkvOut,
+                      uint64_t(4) * (uint64_t(T) * (h + qkvOut) + uint64_t(h) * qkvOut),
+                      [=] { gemm(fp(a1), fp(qkv), T); });
+        }
     }
     a1Full.reset();
     TS_ASSIGN_OR_RETURN(A.q, alloc(int64_t(T) * nq * d));
@@ -436,17 +508,24 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     probs.reset();
 
     // linear_proj (row parallel, bias after the reduction) + bias-dropout-add
-    TS_ASSIGN_OR_RETURN(TensorPtr proj, alloc(Th));
+    TensorPtr proj;
     {
         const float* W = m_params.modelParam(P.projW);
         TensorPtr ctx = A.ctx;
         const int in = nq * d;
-        m_exec.op("linear_proj.fwd", Category::Gemm, 2.0 * T * in * h,
-                  uint64_t(4) * (uint64_t(T) * (in + h) + uint64_t(in) * h),
-                  [=] { k::linearForward(fp(ctx), W, nullptr, fp(proj), T, in, h); });
+        auto gemm = [=](const float* x, float* y, int rows) { k::linearForward(x, W, nullptr, y, rows, in, h); };
+        if (rsOverlap) {
+            // tp_comm_overlap_rs: chunk GEMMs pipelined with chunk reduce-scatters.
+            TS_ASSIGN_OR_RETURN(proj, m_tpo->gemmRs("linear_proj.fwd", ctx, TL, in, h, 2.0 * in * h, gemm));
+        } else {
+            TS_ASSIGN_OR_RETURN(proj, alloc(Th));
+            TensorPtr y = proj;
+            m_exec.op("linear_proj.fwd", Category::Gemm, 2.0 * T * in * h,
+                      uint64_t(4) * (uint64_t(T) * (in + h) + uint64_t(in) * h), [=] { gemm(fp(ctx), fp(y), T); });
+            if (m_sp) { TS_ASSIGN_OR_RETURN(proj, seqReduceScatter(proj, ThL)); }
+            else tpAllReduce(proj, Th);
+        }
     }
-    if (m_sp) { TS_ASSIGN_OR_RETURN(proj, seqReduceScatter(proj, ThL)); }
-    else tpAllReduce(proj, Th);
     TS_ASSIGN_OR_RETURN(A.x2, alloc(ThL));
     if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask1, m_exec.alloc(ThL, MemCategory::Activations, 1)); }
     {
@@ -469,7 +548,7 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     TS_ASSIGN_OR_RETURN(A.rstd2, alloc(TL));
     normForward("pre_mlp_layernorm.fwd", P.ln2w, P.ln2b, A.x2, A.a2, A.mean2, A.rstd2, TL);
     TensorPtr a2Full = A.a2;
-    if (m_sp) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
+    if (m_sp && !agOverlap) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
     TS_ASSIGN_OR_RETURN(A.fc1, alloc(int64_t(T) * F1));
     TS_ASSIGN_OR_RETURN(A.act, alloc(int64_t(T) * F));
     {
@@ -477,11 +556,16 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
         const float* B = P.fc1B >= 0 ? m_params.modelParam(P.fc1B) : nullptr;
         TensorPtr a2 = a2Full, fc1 = A.fc1, act = A.act;
         const bool swiglu = m_d.swiglu, fusedAct = m_o.fusedBiasAct;
-        m_exec.op("linear_fc1.fwd", Category::Gemm, 2.0 * T * h * F1,
-                  uint64_t(4) * (uint64_t(T) * (h + F1) + uint64_t(h) * F1), [=] {
-                      k::linearForward(fp(a2), W, nullptr, fp(fc1), T, h, F1);
-                      if (bf) k::roundToBf16(fp(fc1), int64_t(T) * F1);
-                  });
+        auto gemm = [=](const float* x, float* y, int rows) {
+            k::linearForward(x, W, nullptr, y, rows, h, F1);
+            if (bf) k::roundToBf16(y, int64_t(rows) * F1);
+        };
+        if (agOverlap) {
+            TS_RETURN_IF_ERROR(m_tpo->agGemm("linear_fc1.fwd", A.a2, TL, h, fc1, F1, 2.0 * h * F1, gemm).status());
+        } else {
+            m_exec.op("linear_fc1.fwd", Category::Gemm, 2.0 * T * h * F1,
+                      uint64_t(4) * (uint64_t(T) * (h + F1) + uint64_t(h) * F1), [=] { gemm(fp(a2), fp(fc1), T); });
+        }
         m_exec.op(swiglu ? "bias_swiglu.fwd" : "bias_gelu.fwd", Category::Elementwise, 10.0 * T * F,
                   uint64_t(T) * (F1 + F) * 4, [=] {
                       if (swiglu) {
@@ -496,16 +580,22 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
                   });
     }
     a2Full.reset();
-    TS_ASSIGN_OR_RETURN(TensorPtr fc2, alloc(Th));
+    TensorPtr fc2;
     {
         const float* W = m_params.modelParam(P.fc2W);
         TensorPtr act = A.act;
-        m_exec.op("linear_fc2.fwd", Category::Gemm, 2.0 * T * F * h,
-                  uint64_t(4) * (uint64_t(T) * (F + h) + uint64_t(F) * h),
-                  [=] { k::linearForward(fp(act), W, nullptr, fp(fc2), T, F, h); });
+        auto gemm = [=](const float* x, float* y, int rows) { k::linearForward(x, W, nullptr, y, rows, F, h); };
+        if (rsOverlap) {
+            TS_ASSIGN_OR_RETURN(fc2, m_tpo->gemmRs("linear_fc2.fwd", act, TL, F, h, 2.0 * F * h, gemm));
+        } else {
+            TS_ASSIGN_OR_RETURN(fc2, alloc(Th));
+            TensorPtr y = fc2;
+            m_exec.op("linear_fc2.fwd", Category::Gemm, 2.0 * T * F * h,
+                      uint64_t(4) * (uint64_t(T) * (F + h) + uint64_t(F) * h), [=] { gemm(fp(act), fp(y), T); });
+            if (m_sp) { TS_ASSIGN_OR_RETURN(fc2, seqReduceScatter(fc2, ThL)); }
+            else tpAllReduce(fc2, Th);
+        }
     }
-    if (m_sp) { TS_ASSIGN_OR_RETURN(fc2, seqReduceScatter(fc2, ThL)); }
-    else tpAllReduce(fc2, Th);
     TS_ASSIGN_OR_RETURN(TensorPtr out, alloc(ThL));
     if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask2, m_exec.alloc(ThL, MemCategory::Activations, 1)); }
     {
@@ -555,9 +645,15 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
         });
     }
     // SP: the backward of the forward reduce-scatter is an all-gather of dY along s.
-    if (m_sp) { TS_ASSIGN_OR_RETURN(dfc2, seqGather(dfc2, ThL)); }
+    const bool agOverlap = m_tpo && m_tpo->options().overlapAg;
     TS_ASSIGN_OR_RETURN(TensorPtr dact, alloc(int64_t(T) * F));
-    TS_RETURN_IF_ERROR(linearBackward("linear_fc2.bwd", P.fc2W, -1, dfc2, A.act, dact, T, F, h));
+    if (agOverlap) {
+        TS_RETURN_IF_ERROR(rowParallelBackwardOverlapped("linear_fc2.dgrad", "linear_fc2.wgrad", P.fc2W, dfc2, A.act,
+                                                         dact, T, F, h));
+    } else {
+        if (m_sp) { TS_ASSIGN_OR_RETURN(dfc2, seqGather(dfc2, ThL)); }
+        TS_RETURN_IF_ERROR(linearBackward("linear_fc2.bwd", P.fc2W, -1, dfc2, A.act, dact, T, F, h));
+    }
     dfc2.reset();
     TS_ASSIGN_OR_RETURN(TensorPtr dfc1, alloc(int64_t(T) * F1));
     {
@@ -578,14 +674,20 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     }
     dact.reset();
     // SP: re-gather the saved local input [TL, h] -> [T, h] for the wgrad (Korthikanti §4.2.2).
-    TensorPtr a2Full = A.a2;
-    if (m_sp) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
-    TS_ASSIGN_OR_RETURN(TensorPtr da2, alloc(Th));
-    TS_RETURN_IF_ERROR(linearBackward("linear_fc1.bwd", P.fc1W, -1, dfc1, a2Full, da2, T, h, F1));
+    TensorPtr da2;
+    if (m_tpo) {
+        TS_ASSIGN_OR_RETURN(da2, columnParallelBackwardOverlapped("linear_fc1.dgrad", "linear_fc1.wgrad", P.fc1W, -1,
+                                                                  dfc1, A.a2, T, h, F1));
+    } else {
+        TensorPtr a2Full = A.a2;
+        if (m_sp) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
+        TS_ASSIGN_OR_RETURN(da2, alloc(Th));
+        TS_RETURN_IF_ERROR(linearBackward("linear_fc1.bwd", P.fc1W, -1, dfc1, a2Full, da2, T, h, F1));
+        a2Full.reset();
+        if (m_sp) { TS_ASSIGN_OR_RETURN(da2, seqReduceScatter(da2, ThL)); }
+        else tpAllReduce(da2, Th);
+    }
     dfc1.reset();
-    a2Full.reset();
-    if (m_sp) { TS_ASSIGN_OR_RETURN(da2, seqReduceScatter(da2, ThL)); }
-    else tpAllReduce(da2, Th);
     TS_ASSIGN_OR_RETURN(TensorPtr dx2, alloc(ThL));
     normBackward("pre_mlp_layernorm.bwd", P.ln2w, P.ln2b, da2, A.x2, A.mean2, A.rstd2, dx2, TL);
     da2.reset();
@@ -601,9 +703,14 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
             k::biasDropoutAddBackward(fp(dx2), mask ? mask->as<uint8_t>() : nullptr, fp(dproj), GB, TL, h, p);
         });
     }
-    if (m_sp) { TS_ASSIGN_OR_RETURN(dproj, seqGather(dproj, ThL)); }
     TS_ASSIGN_OR_RETURN(TensorPtr dctx, alloc(int64_t(T) * nq * d));
-    TS_RETURN_IF_ERROR(linearBackward("linear_proj.bwd", P.projW, -1, dproj, A.ctx, dctx, T, nq * d, h));
+    if (agOverlap) {
+        TS_RETURN_IF_ERROR(rowParallelBackwardOverlapped("linear_proj.dgrad", "linear_proj.wgrad", P.projW, dproj,
+                                                         A.ctx, dctx, T, nq * d, h));
+    } else {
+        if (m_sp) { TS_ASSIGN_OR_RETURN(dproj, seqGather(dproj, ThL)); }
+        TS_RETURN_IF_ERROR(linearBackward("linear_proj.bwd", P.projW, -1, dproj, A.ctx, dctx, T, nq * d, h));
+    }
     dproj.reset();
 
     k::AttnDims ad{s, b, nq, ng, d, 1.0f / std::sqrt(float(d))};
@@ -643,14 +750,20 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
         if (bf) k::roundToBf16(fp(dqkv), int64_t(T) * qkvOut);
     });
     dq.reset(); dk.reset(); dv.reset();
-    TensorPtr a1Full = A.a1;
-    if (m_sp) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
-    TS_ASSIGN_OR_RETURN(TensorPtr da1, alloc(Th));
-    TS_RETURN_IF_ERROR(linearBackward("linear_qkv.bwd", P.qkvW, P.qkvB, dqkv, a1Full, da1, T, h, qkvOut));
+    TensorPtr da1;
+    if (m_tpo) {
+        TS_ASSIGN_OR_RETURN(da1, columnParallelBackwardOverlapped("linear_qkv.dgrad", "linear_qkv.wgrad", P.qkvW,
+                                                                  P.qkvB, dqkv, A.a1, T, h, qkvOut));
+    } else {
+        TensorPtr a1Full = A.a1;
+        if (m_sp) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
+        TS_ASSIGN_OR_RETURN(da1, alloc(Th));
+        TS_RETURN_IF_ERROR(linearBackward("linear_qkv.bwd", P.qkvW, P.qkvB, dqkv, a1Full, da1, T, h, qkvOut));
+        a1Full.reset();
+        if (m_sp) { TS_ASSIGN_OR_RETURN(da1, seqReduceScatter(da1, ThL)); }
+        else tpAllReduce(da1, Th);
+    }
     dqkv.reset();
-    a1Full.reset();
-    if (m_sp) { TS_ASSIGN_OR_RETURN(da1, seqReduceScatter(da1, ThL)); }
-    else tpAllReduce(da1, Th);
     TS_ASSIGN_OR_RETURN(TensorPtr dx, alloc(ThL));
     normBackward("input_layernorm.bwd", P.ln1w, P.ln1b, da1, A.x, A.mean1, A.rstd1, dx, TL);
     m_exec.op("residual_grad_add", Category::Elementwise, double(ThL), uint64_t(ThL) * 12, [=] {

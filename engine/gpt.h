@@ -16,6 +16,9 @@
 // for the wgrad and reduce-scatters the dgrad. Norm weights/biases and the row-parallel
 // biases (ParamInfo.sequenceParallel) only see s/t tokens: their grads are summed over TP
 // in the last backward of the step, before the grad-ready hook hands them to DP.
+// tp_comm_overlap (setTpCommOverlap, engine/tp_overlap.h): the SP collectives of the four
+// TP linears move to the rank's TP comm stream, split into chunks pipelined with the chunk
+// GEMMs (TE userbuffers semantics); the same math, the GEMMs split by rows.
 // Loss (REFERENCE.md §1.1): microbatch loss = sum(mask * token_loss) / num_tokens /
 // num_microbatches, i.e. the gradient seed of each token is mask / (num_tokens * m).
 #pragma once
@@ -30,6 +33,7 @@
 #include "engine/layers.h"
 #include "engine/model.h"
 #include "engine/param_buffer.h"
+#include "engine/tp_overlap.h"
 
 namespace ts::engine {
 
@@ -103,6 +107,13 @@ public:
     void setGradReadyHook(ParamHook hook) { m_gradReadyHook = std::move(hook); }
     void setForwardPreHook(ParamHook hook) { m_forwardPreHook = std::move(hook); }
 
+    // tp_comm_overlap: run the SP collectives of QKV/proj/fc1/fc2 on `commStream` with `comm`
+    // (a "tp" communicator used on that stream only), overlapped with the chunk GEMMs as the
+    // tp_comm_* sub-knobs of the config select. No-op unless sequence parallel is active and
+    // cfg.tp_comm_overlap is set. Call before the first forward.
+    void setTpCommOverlap(Stream& commStream, Communicator& comm);
+    bool tpCommOverlap() const { return m_tpo != nullptr; }
+
 private:
     struct LayerActs;
     struct MbState;
@@ -126,6 +137,15 @@ private:
     Status linearBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, TensorPtr x,
                           TensorPtr dx, int T, int in, int out);
     void tpAllReduce(const TensorPtr& t, int64_t n);
+    // tp_comm_overlap backward of a row-parallel linear (proj, fc2): dgrad pipelined with the
+    // ring all-gather of dyLocal [TL, out] into dx [T, in], then the wgrad on x [T, in].
+    Status rowParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx, TensorPtr dyLocal,
+                                         TensorPtr x, TensorPtr dx, int T, int in, int out);
+    // ... of a column-parallel one (QKV, fc1): dy [T, out], saved input shard xLocal [TL, in];
+    // bulk (or pipelined, tp_comm_overlap_rs_dgrad) overlap; returns the dX shard [TL, in].
+    Result<TensorPtr> columnParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,
+                                                       int bIdx, TensorPtr dy, TensorPtr xLocal, int T, int in,
+                                                       int out);
     // Sequence-parallel collectives along s on the compute stream (group "tp"):
     // gather: local [n] -> full [t*n]; reduce-scatter: full [t*n] (partial sums) -> local [n].
     Result<TensorPtr> seqGather(const TensorPtr& local, int64_t n);
@@ -158,6 +178,7 @@ private:
         TensorPtr a, b;
     };
     std::deque<Held> m_held;         // buffers of enqueued SP collectives, oldest first
+    std::unique_ptr<TpOverlap> m_tpo;  // tp_comm_overlap active (SP + knob + comm stream given)
     std::map<int, std::unique_ptr<MbState>> m_mbs;
     bool m_captureLogits = false;
     std::shared_ptr<std::map<int, std::vector<float>>> m_logits;

@@ -266,9 +266,32 @@ std::vector<KnobDef> buildRegistry() {
         "ddp.grad_reduce_in_fp32", "Accumulate and reduce gradients in fp32 (Megatron forces this for bf16 unless --grad-reduce-in-bf16).");
 
     r.group = "tp_pp_comm";
-    notInEngine(rules(r.b("tp_comm_overlap", &C::tp_comm_overlap, "--tp-comm-overlap", "", "model.tp_comm_overlap",
-                          "Overlap TP all-gather/reduce-scatter with the GEMMs by splitting them into chunks."),
-                      "requires sequence_parallel"));
+    rules(r.b("tp_comm_overlap", &C::tp_comm_overlap, "--tp-comm-overlap", "", "model.tp_comm_overlap",
+              "Overlap the sequence-parallel all-gathers/reduce-scatters of QKV, proj, fc1, fc2 with their GEMMs "
+              "(CPU backend: chunked collectives on the rank's tp_comm stream pipelined with chunk GEMMs, as TE "
+              "userbuffers; same math, GEMMs split by rows)."),
+          "requires sequence_parallel");
+    rules(r.b("tp_comm_overlap_ag", &C::tp_comm_overlap_ag, "", "--disable-tp-comm-overlap-ag", "model.tp_comm_overlap_ag",
+              "With tp_comm_overlap: ring-exchange all-gather pipelined with the GEMM shard by shard (fprop of "
+              "QKV/fc1, dgrad of proj/fc2)."),
+          "only used with tp_comm_overlap");
+    rules(r.b("tp_comm_overlap_rs", &C::tp_comm_overlap_rs, "", "--disable-tp-comm-overlap-rs", "model.tp_comm_overlap_rs",
+              "With tp_comm_overlap: proj/fc2 fprop GEMM split into 4 row chunks, each chunk's reduce-scatter "
+              "overlapping the next chunk's GEMM."),
+          "only used with tp_comm_overlap");
+    rules(r.b("tp_comm_overlap_rs_dgrad", &C::tp_comm_overlap_rs_dgrad, "--tp-comm-overlap-rs-dgrad", "",
+              "model.tp_comm_overlap_rs_dgrad",
+              "With tp_comm_overlap: QKV/fc1 dgrad GEMM pipelined with chunked reduce-scatters (replaces the bulk "
+              "dgrad/wgrad overlaps)."),
+          "only used with tp_comm_overlap");
+    rules(r.b("tp_comm_bulk_dgrad", &C::tp_comm_bulk_dgrad, "", "--disable-tp-comm-bulk-dgrad", "model.tp_comm_bulk_dgrad",
+              "With tp_comm_overlap: QKV/fc1 backward re-gathers the saved input on the tp_comm stream while the "
+              "dgrad GEMM runs."),
+          "only used with tp_comm_overlap");
+    rules(r.b("tp_comm_bulk_wgrad", &C::tp_comm_bulk_wgrad, "", "--disable-tp-comm-bulk-wgrad", "model.tp_comm_bulk_wgrad",
+              "With tp_comm_overlap: QKV/fc1 backward reduce-scatters the dgrad on the tp_comm stream while the "
+              "wgrad GEMM runs."),
+          "only used with tp_comm_overlap");
     rules(r.b("overlap_p2p_comm", &C::overlap_p2p_comm, "", "--no-overlap-p2p-communication", "model.overlap_p2p_comm",
               "Overlap pipeline send/recv with compute (interleaved schedule)."),
           "excludes batch_p2p_comm");

@@ -80,7 +80,9 @@ struct ParallelTrainer::RankState {
     RankCoords coords;
     Device* dev = nullptr;
     std::unique_ptr<Stream> compute, dpStream, p2p;
+    std::unique_ptr<Stream> tpStream;  // tp_comm_overlap: the SP collectives of the TP linears
     std::unique_ptr<Communicator> tpComm, ppComm, dpComm, embdComm, normComm;
+    std::unique_ptr<Communicator> tpOverlapComm;  // a second "tp" communicator, used on tpStream only
     std::vector<std::unique_ptr<GptModel>> models;
     std::vector<std::unique_ptr<GradSync>> syncs;
     std::unique_ptr<ShardedAdamW> opt;
@@ -94,6 +96,7 @@ struct ParallelTrainer::RankState {
         if (compute) (void)compute->synchronize();
         if (dpStream) (void)dpStream->synchronize();
         if (p2p) (void)p2p->synchronize();
+        if (tpStream) (void)tpStream->synchronize();
         pipe.reset();
         opt.reset();
         syncs.clear();
@@ -110,8 +113,6 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     if (c.context_parallel_size > 1)
         return Status::unsupported("context_parallel_size > 1 is not executed by the parallel engine yet");
     if (c.num_moe_experts > 0) return Status::unsupported("MoE layers are not executed by the parallel engine yet");
-    if (c.tp_comm_overlap)
-        return Status::unsupported("tp_comm_overlap is not executed by the model yet");
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
     const DerivedSizes ds = deriveSizes(c);
     ParallelSizes sizes;
@@ -174,6 +175,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         R->compute = R->dev->createStream(trace::TrackKind::Compute, "compute");
         R->dpStream = R->dev->createStream(trace::TrackKind::Comm, "dp_comm");
         R->p2p = R->dev->createStream(trace::TrackKind::P2P, "p2p");
+        const bool tpOverlap = c.tp_comm_overlap && c.sequence_parallel && ds.tp > 1;
+        if (tpOverlap) R->tpStream = R->dev->createStream(trace::TrackKind::Comm, "tp_comm");
         auto join = [&](const std::string& name, std::unique_ptr<Communicator>& out) -> Status {
             const std::vector<int> members = layout.groupRanks(name, r);
             if (members.size() < 2) return Status::ok();
@@ -185,6 +188,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             return Status::ok();
         };
         TS_RETURN_IF_ERROR(join("tp", R->tpComm));
+        if (tpOverlap) TS_RETURN_IF_ERROR(join("tp", R->tpOverlapComm));
         TS_RETURN_IF_ERROR(join("pp", R->ppComm));
         TS_RETURN_IF_ERROR(join("dp", R->dpComm));
         if (tied && ds.pp > 1) TS_RETURN_IF_ERROR(join("embd", R->embdComm));
@@ -215,6 +219,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             auto model = GptModel::create(c, *R->dev, *R->compute, ctx);
             if (!model) return model.status().withContext(coordText(R->coords) + " chunk " + std::to_string(ch));
             GptModel& m = *model.value();
+            if (R->tpStream && R->tpOverlapComm) m.setTpCommOverlap(*R->tpStream, *R->tpOverlapComm);
             GradLayoutOptions lo;
             lo.bucketSize = effectiveBucketSize(c, ds.dp, ppRank, ch);
             lo.dp = ds.dp;

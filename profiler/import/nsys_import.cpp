@@ -191,9 +191,15 @@ void NsysReader::loadMeta() {
             m_info["clock"] = "TARGET_INFO_SESSION_START_TIME.utcEpochNs + ts";
         }
     }
-    if (hasTable("TARGET_INFO_GPU")) {
+    // The GPU's product name (run metadata "device_name", used by MFU): TARGET_INFO_GPU in
+    // current exports, TARGET_INFO_CUDA_DEVICE in some older ones; lowest device id first.
+    const std::pair<const char*, const char*> deviceNameQueries[] = {
+        {"TARGET_INFO_GPU", "SELECT name FROM TARGET_INFO_GPU WHERE name IS NOT NULL AND name != '' ORDER BY id"},
+        {"TARGET_INFO_CUDA_DEVICE", "SELECT name FROM TARGET_INFO_CUDA_DEVICE WHERE name IS NOT NULL AND name != ''"}};
+    for (const auto& [table, sql] : deviceNameQueries) {
+        if (m_info.count("device_name") || !hasTable(table)) continue;
         Stmt st;
-        if (prepare("SELECT name FROM TARGET_INFO_GPU", st) && sqlite3_step(st.st) == SQLITE_ROW) {
+        if (prepare(sql, st) && sqlite3_step(st.st) == SQLITE_ROW) {
             auto* n = reinterpret_cast<const char*>(sqlite3_column_text(st.st, 0));
             if (n) m_info["device_name"] = n;
         }

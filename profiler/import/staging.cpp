@@ -332,6 +332,15 @@ EmitSummary emitStaged(std::vector<StagedFile>& files, trace::Recorder& rec, Imp
     rec.metadata("import.source", source);
     rec.metadata("import.files", fileList.dump());
     rec.metadata("import.time_origin_unix_ns", std::to_string(summary.originUnixNs));
+    // MFU looks the peak FLOPS up by metadata "device_name" (profiler/report.cpp); the first
+    // file that names its GPU gives it (a run is assumed to use one device type).
+    for (const auto& f : files) {
+        auto it = f.info.find("device_name");
+        if (it != f.info.end() && !it->second.empty()) {
+            rec.metadata("device_name", it->second);
+            break;
+        }
+    }
     return summary;
 }
 

@@ -33,6 +33,7 @@ struct MemoryStats {
     int64_t peak[size_t(MemCategory::Count)] = {};
     int64_t currentTotal = 0;
     int64_t peakTotal = 0;
+    int64_t cached = 0;  // freed blocks a caching allocator keeps for reuse (not in current)
 };
 
 class Device;
@@ -108,6 +109,10 @@ public:
     virtual const DeviceInfo& info() const = 0;
     // Allocation with accounting. Memory is zero-initialized on the CPU backend.
     virtual Result<std::unique_ptr<Buffer>> allocate(size_t bytes, MemCategory cat) = 0;
+    // Same accounting, contents unspecified: for buffers the first kernel fully overwrites.
+    virtual Result<std::unique_ptr<Buffer>> allocateUninitialized(size_t bytes, MemCategory cat) {
+        return allocate(bytes, cat);
+    }
     virtual std::unique_ptr<Stream> createStream(trace::TrackKind kind, const std::string& name) = 0;
     virtual std::unique_ptr<Event> createEvent() = 0;
     virtual MemoryStats memoryStats() const = 0;

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/clock.h"
@@ -72,13 +73,61 @@ struct TraceState {
 
 // ----- memory -------------------------------------------------------------------------------
 
+// Size class of a request: blocks are cached and reused per class. Up to 4 KiB classes are
+// 64-byte steps; above, 8 classes per power of two (at most 12.5% slack), so the per-step
+// allocations of a training loop (the same shapes every microbatch) hit exact classes.
+size_t sizeClass(size_t bytes) {
+    const size_t b = bytes == 0 ? 1 : bytes;
+    if (b <= 4096) return (b + 63) / 64 * 64;
+    int msb = 63;
+    while (!(b >> msb)) --msb;
+    const size_t step = size_t(1) << (msb - 3);
+    return (b + step - 1) / step * step;
+}
+
 // Shared by the device and its buffers (buffers free into it).
+// Caching allocator: a freed block goes to a free list of its size class (up to kCacheCap
+// bytes per device) and the next request of that class takes it, so the steady state of a
+// training loop does no malloc/free and no page faults. Accounting (stats) is exact live
+// bytes as requested; cached free blocks are counted only in `cachedBytes`.
 struct MemState {
+    static constexpr size_t kCacheCap = size_t(4) << 30;
+
     std::mutex mutex;
     MemoryStats stats;
     int64_t limit = 0;
     std::string deviceName;
     std::atomic<const TraceState*>* trace = nullptr;  // owned by the device
+    std::unordered_map<size_t, std::vector<void*>> freeBlocks;  // size class -> blocks
+    size_t cachedBytes = 0;
+
+    ~MemState() { releaseCache(); }
+
+    // Caller holds `mutex`. A cached block of class `cls`, or null.
+    void* takeCached(size_t cls) {
+        auto it = freeBlocks.find(cls);
+        if (it == freeBlocks.end() || it->second.empty()) return nullptr;
+        void* p = it->second.back();
+        it->second.pop_back();
+        cachedBytes -= cls;
+        return p;
+    }
+    // Caller holds `mutex`. Keeps the block for reuse, or frees it past the cap.
+    void giveBack(void* p, size_t cls) {
+        if (cachedBytes + cls > kCacheCap) {
+            std::free(p);
+            return;
+        }
+        freeBlocks[cls].push_back(p);
+        cachedBytes += cls;
+    }
+    // Caller holds `mutex` (or is the destructor).
+    void releaseCache() {
+        for (auto& [cls, blocks] : freeBlocks)
+            for (void* p : blocks) std::free(p);
+        freeBlocks.clear();
+        cachedBytes = 0;
+    }
 
     void reportCounter(MemCategory cat, int64_t value) {
         const TraceState* ts = trace ? trace->load(std::memory_order_acquire) : nullptr;
@@ -197,6 +246,14 @@ public:
     const DeviceInfo& info() const override { return m_info; }
 
     Result<std::unique_ptr<Buffer>> allocate(size_t bytes, MemCategory cat) override {
+        return allocateImpl(bytes, cat, true);
+    }
+
+    Result<std::unique_ptr<Buffer>> allocateUninitialized(size_t bytes, MemCategory cat) override {
+        return allocateImpl(bytes, cat, false);
+    }
+
+    Result<std::unique_ptr<Buffer>> allocateImpl(size_t bytes, MemCategory cat, bool zero) {
         if (cat == MemCategory::Count) return Status::invalid("allocate: MemCategory::Count is not a category");
         int64_t current = 0;
         {
@@ -227,9 +284,22 @@ public:
             if (st.currentTotal > st.peakTotal) st.peakTotal = st.currentTotal;
             current = st.current[i];
         }
-        // 64-byte alignment for vector kernels; aligned_alloc needs a multiple of the alignment.
-        const size_t rounded = ((bytes == 0 ? 1 : bytes) + 63) / 64 * 64;
-        void* p = std::aligned_alloc(64, rounded);
+        // 64-byte alignment for vector kernels; a size class is a multiple of 64 as
+        // aligned_alloc needs.
+        const size_t cls = sizeClass(bytes);
+        void* p = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(m_mem->mutex);
+            p = m_mem->takeCached(cls);
+        }
+        if (!p) p = std::aligned_alloc(64, cls);
+        if (!p) {  // host memory is short: drop the cache and try once more
+            {
+                std::lock_guard<std::mutex> lock(m_mem->mutex);
+                m_mem->releaseCache();
+            }
+            p = std::aligned_alloc(64, cls);
+        }
         if (!p) {
             std::lock_guard<std::mutex> lock(m_mem->mutex);
             m_mem->stats.current[size_t(cat)] -= int64_t(bytes);
@@ -238,7 +308,7 @@ public:
                                                       ": allocating " + formatBytes(int64_t(bytes)) +
                                                       " of " + trace::memCategoryName(cat) + " failed");
         }
-        std::memset(p, 0, rounded);
+        if (zero) std::memset(p, 0, cls);
         m_mem->reportCounter(cat, current);
         return std::unique_ptr<Buffer>(std::make_unique<CpuBuffer>(*this, m_mem, p, bytes, cat));
     }
@@ -256,7 +326,9 @@ public:
 
     MemoryStats memoryStats() const override {
         std::lock_guard<std::mutex> lock(m_mem->mutex);
-        return m_mem->stats;
+        MemoryStats st = m_mem->stats;
+        st.cached = int64_t(m_mem->cachedBytes);
+        return st;
     }
 
     void resetPeak() override {
@@ -313,8 +385,8 @@ CpuBuffer::~CpuBuffer() {
         m_mem->stats.currentTotal -= int64_t(m_bytes);
         current = m_mem->stats.current[size_t(m_cat)];
         m_mem->reportCounter(m_cat, current);
+        m_mem->giveBack(m_data, sizeClass(m_bytes));
     }
-    std::free(m_data);
 }
 
 Device& CpuBuffer::device() { return m_device; }

@@ -1,6 +1,8 @@
 // CPU backend: each rank is a virtual device; every Stream is a worker thread that runs its
 // queue in submission order, so compute/communication overlap between streams is real.
-// Memory comes from a tracked allocator (per-category current/peak bytes, optional limit).
+// Memory comes from a tracked caching allocator: per-category current/peak bytes of live
+// buffers (exactly what was asked for), optional limit; freed blocks are kept per size class
+// and reused (MemoryStats::cached). allocate() zeroes, allocateUninitialized() does not.
 //
 // Semantics beyond backend.h:
 // - An Event recorded on a failed stream completes, but carries the stream's error; a stream

@@ -411,6 +411,29 @@ Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr 
     return Status::ok();
 }
 
+namespace {
+// Exec::alloc without the zero fill, for buffers the producing op overwrites entirely.
+Result<TensorPtr> allocUninitialized(Exec& ex, int64_t elems,
+                                     MemCategory cat = MemCategory::Activations) {
+    auto r = ex.device().allocateUninitialized(size_t(std::max<int64_t>(elems, 1)) * sizeof(float), cat);
+    if (!r) return r.status();
+    return TensorPtr(std::move(r).value());
+}
+
+// Core-attention dims of global layer gl (nq, ng: this rank's heads). Attention-dropout masks
+// are keyed by (seed, step, microbatch, layer) and numbered over all heads, so TP ranks draw
+// the single-device mask of their heads and recompute/backward regenerate the forward's mask.
+k::AttnDims attnDims(const ModelDims& md, const ModelOptions& o, const ParallelContext& ctx, int nq,
+                     int ng, int step, int mb, int gl) {
+    k::AttnDims ad{md.seq, md.microBatch, nq, ng, md.headDim, 1.0f / std::sqrt(float(md.headDim))};
+    ad.dropout = o.attentionDropout;
+    ad.dropoutSeed = dropoutSeed(o.seed, step, mb, gl, 3);
+    ad.headOffset = ctx.tpRank * nq;
+    ad.nqTotal = md.heads;
+    return ad;
+}
+}  // namespace
+
 // ---------------------------------------------------------------------------------------
 Status GptModel::layerForward(MbState& st, int li, bool keep) {
     LayerActs& A = st.layers[size_t(li)];
@@ -431,7 +454,8 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     const bool bf = m_o.bf16;
     const float p = m_o.hiddenDropout;
     const bool rms = m_d.rmsNorm;
-    auto alloc = [&](int64_t n) { return m_exec.alloc(n); };
+    // Activations here are fully written by the op that produces them: skip zeroing.
+    auto alloc = [&](int64_t n) { return allocUninitialized(m_exec, n); };
 
     A.x = st.hidden;
     TS_ASSIGN_OR_RETURN(A.a1, alloc(ThL));
@@ -491,7 +515,7 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
         }
     }
     // core attention
-    k::AttnDims ad{s, b, nq, ng, d, 1.0f / std::sqrt(float(d))};
+    const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
     TS_ASSIGN_OR_RETURN(TensorPtr probs, alloc(int64_t(k::attentionProbsSize(ad))));
     TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
     {
@@ -632,7 +656,8 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     const int64_t Th = int64_t(T) * h, ThL = int64_t(TL) * h;
     const float p = m_o.hiddenDropout;
     const bool bf = m_o.bf16;
-    auto alloc = [&](int64_t n) { return m_exec.alloc(n); };
+    // Activations here are fully written by the op that produces them: skip zeroing.
+    auto alloc = [&](int64_t n) { return allocUninitialized(m_exec, n); };
     if (!A.a1) return Status::internal("layer " + std::to_string(gl) + " backward without saved activations");
 
     // bias-dropout-add (mlp): d(fc2 out) = dropout'(dout); residual grad passes through.
@@ -713,7 +738,8 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     }
     dproj.reset();
 
-    k::AttnDims ad{s, b, nq, ng, d, 1.0f / std::sqrt(float(d))};
+    // same dims (and so the same dropout mask) as the forward
+    const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
     TensorPtr probs = A.probs;
     TensorPtr q = A.q, kk = A.k, v = A.v;
     if (!probs) {
@@ -728,7 +754,8 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     TS_ASSIGN_OR_RETURN(TensorPtr dq, alloc(int64_t(T) * nq * d));
     TS_ASSIGN_OR_RETURN(TensorPtr dk, alloc(int64_t(T) * ng * d));
     TS_ASSIGN_OR_RETURN(TensorPtr dv, alloc(int64_t(T) * ng * d));
-    TS_ASSIGN_OR_RETURN(TensorPtr scratch, m_exec.alloc(int64_t(s) * s, MemCategory::Workspace));
+    TS_ASSIGN_OR_RETURN(TensorPtr scratch, allocUninitialized(m_exec, int64_t(k::attentionScratchSize(ad)),
+                                                              MemCategory::Workspace));
     m_exec.op("core_attention.bwd", Category::Attention, 8.0 * b * nq * double(s) * s * d,
               uint64_t(8) * k::attentionProbsSize(ad), [=] {
                   k::attentionBackward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(dctx), fp(dq), fp(dk), fp(dv),

@@ -50,8 +50,8 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
                                    " is not implemented by the engine; use rope or none");
     if (c.num_moe_experts > 0)
         return Status::unsupported("num_moe_experts > 0 (MoE) is not implemented by the engine yet");
-    if (c.attention_dropout != 0.0)
-        return Status::unsupported("attention_dropout > 0 is not implemented by the CPU kernels; set attention_dropout: 0");
+    if (c.attention_dropout < 0.0 || c.attention_dropout >= 1.0)
+        return bad("attention_dropout must be in [0, 1)");
     if (c.hidden_dropout < 0.0 || c.hidden_dropout >= 1.0)
         return bad("hidden_dropout must be in [0, 1)");
     const int tp = ds.tp;
@@ -77,6 +77,7 @@ ModelOptions modelOptionsFromConfig(const Config& c) {
     o.fusedLayerNorm = c.persist_layer_norm;
     o.bf16 = c.bf16;
     o.hiddenDropout = float(c.hidden_dropout);
+    o.attentionDropout = float(c.attention_dropout);
     o.initStd = float(c.init_method_std);
     o.seed = uint64_t(int64_t(c.seed));
     o.recomputeGranularity = c.recompute_granularity;

@@ -72,6 +72,7 @@ struct ModelOptions {
     bool fusedLayerNorm = true;      // persist_layer_norm
     bool bf16 = false;
     float hiddenDropout = 0.f;
+    float attentionDropout = 0.f;  // on the attention probabilities (after softmax)
     float initStd = 0.02f;
     uint64_t seed = 1234;
     // Recompute: "" | selective | full; method uniform | block; numLayers.

@@ -7,12 +7,18 @@
 // block i needs key columns [0, end of block i)), which roughly halves the GEMM work at long
 // sequences; the unfused path is the naive one (full square scores, then scale, mask, softmax
 // as separate passes) used to check the fused one and to measure what the fusion buys.
+//
+// Attention dropout (AttnDims::dropout > 0): probs keeps the undropped softmax P; .V uses
+// dropout(P). The mask is never stored: a pure function of (seed, element number), it is
+// regenerated row by row in backward (and by selective recompute), which costs one hash per
+// two elements instead of s*s bytes per head of activation memory.
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_math.h"
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace ts::kernels::cpu {
 
@@ -47,10 +53,37 @@ inline void causalSoftmaxRow(float* row, int r, int s) {
     std::fill(row + n, row + s, 0.0f);
 }
 
+inline float keepScale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+
+// First dropout-mask element of head (bi, h): masks are numbered over the full [b, nqTotal,
+// s, s] probabilities (see AttnDims), row r of the head starts at + r*s.
+inline uint64_t maskBase(const AttnDims& dm, int bi, int h) {
+    const int64_t nqTotal = dm.nqTotal > 0 ? dm.nqTotal : dm.nq;
+    return static_cast<uint64_t>(((bi * nqTotal + dm.headOffset + h) * dm.s) *
+                                 static_cast<int64_t>(dm.s));
+}
+
+// Per-thread scratch that only grows (kernels run on rank/stream threads).
+float* threadScratch(size_t n) {
+    thread_local std::vector<float> buf;
+    if (buf.size() < n) buf.resize(n);
+    return buf.data();
+}
+uint8_t* threadMaskRow(size_t n) {
+    thread_local std::vector<uint8_t> buf;
+    if (buf.size() < n) buf.resize(n);
+    return buf.data();
+}
+
 }  // namespace
 
 size_t attentionProbsSize(const AttnDims& dims) {
     return static_cast<size_t>(dims.b) * dims.nq * dims.s * dims.s;
+}
+
+size_t attentionScratchSize(const AttnDims& dims) {
+    const size_t ss = static_cast<size_t>(dims.s) * dims.s;
+    return dims.dropout > 0.0f ? 2 * ss : ss;
 }
 
 void attentionForward(const AttnDims& dims, const float* q, const float* k, const float* v,
@@ -60,6 +93,15 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
     const Views vw(dims);
     const int rep = dims.nq / dims.nkv;
     const int ldq = static_cast<int>(vw.ldq), ldk = static_cast<int>(vw.ldk);
+    const float p = dims.dropout;
+    const bool drop = p > 0.0f;
+    const float sc = keepScale(p);
+    const int64_t ss = static_cast<int64_t>(s) * s;
+    // dropped probabilities that feed .V: a row block (fused) or the whole head (unfused)
+    float* D = drop ? threadScratch(fusedSoftmax ? static_cast<size_t>(kBlock) * s
+                                                 : static_cast<size_t>(ss))
+                    : nullptr;
+    uint8_t* mrow = drop && fusedSoftmax ? threadMaskRow(static_cast<size_t>(s)) : nullptr;
     for (int bi = 0; bi < dims.b; ++bi) {
         for (int h = 0; h < dims.nq; ++h) {
             const int g = h / rep;
@@ -68,21 +110,33 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
             const float* V = v + vw.kOff(bi, g);
             float* O = out + vw.qOff(bi, h);
             float* P = vw.probs(probs, bi, h);  // [s, s]
+            const uint64_t base = drop ? maskBase(dims, bi, h) : 0;
             if (fusedSoftmax) {
                 for (int r0 = 0; r0 < s; r0 += kBlock) {
                     const int r1 = std::min(s, r0 + kBlock);
                     // P[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T
                     gemm(false, true, r1 - r0, r1, d, dims.scale, Q + r0 * vw.ldq, ldq, K, ldk,
                          0.0f, P + static_cast<int64_t>(r0) * s, s);
-                    for (int r = r0; r < r1; ++r)
-                        causalSoftmaxRow(P + static_cast<int64_t>(r) * s, r, s);
-                    // O[r0:r1] = P[r0:r1, 0:r1] V[0:r1]
-                    gemm(false, false, r1 - r0, d, r1, 1.0f, P + static_cast<int64_t>(r0) * s, s,
-                         V, ldk, 0.0f, O + r0 * vw.ldq, ldq);
+                    for (int r = r0; r < r1; ++r) {
+                        float* row = P + static_cast<int64_t>(r) * s;
+                        causalSoftmaxRow(row, r, s);
+                        if (!drop) continue;
+                        // dropout while the row is in cache; D keeps the block's columns
+                        // [0, r1) with the masked part zero for the GEMM below
+                        float* drow = D + static_cast<int64_t>(r - r0) * s;
+                        const int n = r + 1;
+                        dropoutMask(mrow, n, p, dims.dropoutSeed,
+                                    base + static_cast<uint64_t>(r) * s);
+                        for (int j = 0; j < n; ++j) drow[j] = mrow[j] ? row[j] * sc : 0.0f;
+                        std::fill(drow + n, drow + r1, 0.0f);
+                    }
+                    // O[r0:r1] = dropout(P)[r0:r1, 0:r1] V[0:r1]
+                    const float* A = drop ? D : P + static_cast<int64_t>(r0) * s;
+                    gemm(false, false, r1 - r0, d, r1, 1.0f, A, s, V, ldk, 0.0f,
+                         O + r0 * vw.ldq, ldq);
                 }
             } else {
                 gemm(false, true, s, s, d, 1.0f, Q, ldq, K, ldk, 0.0f, P, s);
-                const int64_t ss = static_cast<int64_t>(s) * s;
                 for (int64_t i = 0; i < ss; ++i) P[i] *= dims.scale;
                 const float ninf = -std::numeric_limits<float>::infinity();
                 for (int r = 0; r < s; ++r)
@@ -94,14 +148,16 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                     const float inv = 1.0f / sum;
                     for (int j = 0; j < s; ++j) row[j] *= inv;
                 }
-                gemm(false, false, s, d, s, 1.0f, P, s, V, ldk, 0.0f, O, ldq);
+                if (drop) dropoutForward(P, D, nullptr, ss, p, dims.dropoutSeed, base);
+                gemm(false, false, s, d, s, 1.0f, drop ? D : P, s, V, ldk, 0.0f, O, ldq);
             }
         }
     }
 }
 
-// With P the probs and dO the output grad of one head:
-//   dV += P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP));  dQ = scale dS K;
+// With P the probs, M the dropout keep mask (scaled: Md = M/(1-p), all ones without dropout),
+// Pd = P * Md and dO the output grad of one head:
+//   dV += Pd^T dO;  dP = (dO V^T) * Md;  dS = P * (dP - rowsum(P * dP));  dQ = scale dS K;
 //   dK += scale dS^T Q.  All restricted to the causal block-triangle.
 void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
@@ -111,7 +167,12 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
     const Views vw(dims);
     const int rep = dims.nq / dims.nkv;
     const int ldq = static_cast<int>(vw.ldq), ldk = static_cast<int>(vw.ldk);
-    float* dS = scratch;  // [s, s]
+    const float p = dims.dropout;
+    const bool drop = p > 0.0f;
+    const float sc = keepScale(p);
+    float* dS = scratch;                                             // [s, s]
+    float* Pd = drop ? scratch + static_cast<int64_t>(s) * s : nullptr;  // [s, s]
+    uint8_t* mrow = drop ? threadMaskRow(static_cast<size_t>(s)) : nullptr;
     for (int bi = 0; bi < dims.b; ++bi) {
         for (int h = 0; h < dims.nq; ++h) {
             const int g = h / rep;
@@ -125,12 +186,7 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
             float* dK = dk + vw.kOff(bi, g);
             float* dV = dv + vw.kOff(bi, g);
             const float* P = vw.probs(probs, bi, h);
-            for (int c0 = 0; c0 < s; c0 += kBlock) {
-                const int c1 = std::min(s, c0 + kBlock);
-                // dV[c0:c1] (+)= P[c0:s, c0:c1]^T dO[c0:s]  (rows above c0 are masked)
-                gemm(true, false, c1 - c0, d, s - c0, 1.0f, P + static_cast<int64_t>(c0) * s + c0,
-                     s, dO + c0 * vw.ldq, ldq, beta, dV + c0 * vw.ldk, ldk);
-            }
+            const uint64_t base = drop ? maskBase(dims, bi, h) : 0;
             for (int r0 = 0; r0 < s; r0 += kBlock) {
                 const int r1 = std::min(s, r0 + kBlock);
                 float* dSb = dS + static_cast<int64_t>(r0) * s;
@@ -141,6 +197,18 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                     const float* pr = P + static_cast<int64_t>(r) * s;
                     float* dr = dS + static_cast<int64_t>(r) * s;
                     const int n = r + 1;
+                    if (drop) {
+                        // regenerate the forward's mask row; Pd feeds the dV GEMM below
+                        dropoutMask(mrow, n, p, dims.dropoutSeed,
+                                    base + static_cast<uint64_t>(r) * s);
+                        float* pdr = Pd + static_cast<int64_t>(r) * s;
+                        for (int j = 0; j < n; ++j) {
+                            const float m = mrow[j] ? sc : 0.0f;
+                            dr[j] *= m;
+                            pdr[j] = pr[j] * m;
+                        }
+                        std::fill(pdr + n, pdr + r1, 0.0f);
+                    }
                     const float dot = detail::dotLanes(pr, dr, n);
                     for (int j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
                     // the GEMMs below read up to the block end: keep the masked part zero
@@ -150,8 +218,13 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                 gemm(false, false, r1 - r0, d, r1, dims.scale, dSb, s, K, ldk, 0.0f,
                      dQ + r0 * vw.ldq, ldq);
             }
+            const float* PV = drop ? Pd : P;
             for (int c0 = 0; c0 < s; c0 += kBlock) {
                 const int c1 = std::min(s, c0 + kBlock);
+                // dV[c0:c1] (+)= Pd[c0:s, c0:c1]^T dO[c0:s]  (rows above c0 are masked)
+                gemm(true, false, c1 - c0, d, s - c0, 1.0f,
+                     PV + static_cast<int64_t>(c0) * s + c0, s, dO + c0 * vw.ldq, ldq, beta,
+                     dV + c0 * vw.ldk, ldk);
                 // dK[c0:c1] (+)= scale dS[c0:s, c0:c1]^T Q[c0:s]
                 gemm(true, false, c1 - c0, d, s - c0, dims.scale,
                      dS + static_cast<int64_t>(c0) * s + c0, s, Q + c0 * vw.ldq, ldq, beta,

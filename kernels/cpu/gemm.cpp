@@ -66,29 +66,47 @@ void linearBackward(const float* dy, const float* x, const float* W, float* dx, 
 }
 
 double measureSgemmPeakGflops(int threads, int n, double seconds) {
+    // The peak is the best rate seen, so everything that can only make a call slower is
+    // excluded: an untimed warm-up (thread pool start, page faults of the operands, CPU
+    // frequency ramp), several sizes (with 2+ threads a 1024^3 call is short enough that
+    // fork/join overhead shows; 2048 amortizes it), best-of-N calls per size, and the
+    // time budget split so that every size gets at least 3 timed calls.
     if (n <= 0) n = 1024;
+    if (seconds <= 0) seconds = 0.01;
     const int previous = numThreads();
     setNumThreads(threads);
-    const size_t nn = static_cast<size_t>(n) * n;
+    std::vector<int> sizes = {n};
+    if (threads > 1 && n >= 512) sizes.push_back(2 * n);
+    const int nMax = *std::max_element(sizes.begin(), sizes.end());
+    const size_t nn = static_cast<size_t>(nMax) * nMax;
     std::vector<float> a(nn), b(nn), c(nn, 0.0f);
     for (size_t i = 0; i < nn; ++i) {
         a[i] = static_cast<float>((i * 7) % 13) * 0.01f;
         b[i] = static_cast<float>((i * 5) % 11) * 0.01f;
     }
-    const double flops = 2.0 * n * static_cast<double>(n) * n;
     using Clock = std::chrono::steady_clock;
-    gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+    auto since = [](Clock::time_point t) {
+        return std::chrono::duration<double>(Clock::now() - t).count();
+    };
     double best = 0.0;
-    const auto start = Clock::now();
-    int reps = 0;
-    do {
-        const auto t0 = Clock::now();
-        gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (dt > 0) best = std::max(best, flops / dt * 1e-9);
-        ++reps;
-    } while (reps < 3 ||
-             std::chrono::duration<double>(Clock::now() - start).count() < seconds);
+    for (const int m : sizes) {
+        const double flops = 2.0 * m * static_cast<double>(m) * m;
+        auto call = [&] {
+            gemm(false, false, m, m, m, 1.0f, a.data(), m, b.data(), m, 0.0f, c.data(), m);
+        };
+        const auto warm = Clock::now();
+        do call(); while (since(warm) < std::min(0.1, seconds * 0.2));
+        const double budget = seconds / static_cast<double>(sizes.size());
+        const auto start = Clock::now();
+        int reps = 0;
+        do {
+            const auto t0 = Clock::now();
+            call();
+            const double dt = since(t0);
+            if (dt > 0) best = std::max(best, flops / dt * 1e-9);
+            ++reps;
+        } while (reps < 3 || since(start) < budget);
+    }
     setNumThreads(previous);
     return best;
 }

@@ -21,8 +21,10 @@ namespace ts::kernels::cpu {
 // Threads used by GEMM (OpenBLAS) for calls made from now on; 0 = library default.
 void setNumThreads(int n);
 int numThreads();
-// Times square n x n sgemm with `threads` OpenBLAS threads for about `seconds` and returns the
-// best GFLOP/s seen (2n^3 flops per call). Restores the previous thread count afterwards.
+// Times square sgemm with `threads` OpenBLAS threads for about `seconds` (after an untimed
+// warm-up) and returns the best GFLOP/s of any single call (2m^3 flops per call). Sizes: n, and
+// also 2n when threads > 1 (multi-threaded calls need more work per call to reach the peak).
+// Restores the previous thread count afterwards.
 double measureSgemmPeakGflops(int threads, int n = 1024, double seconds = 0.5);
 
 // --- GEMM -------------------------------------------------------------------------------
@@ -93,18 +95,30 @@ struct AttnDims {
     int nkv = 0;  // key/value heads (query groups), nq % nkv == 0
     int d = 0;    // head dim
     float scale = 0;  // softmax scale, usually 1/sqrt(d)
+    // Attention dropout on the probabilities (after softmax, before .V), Megatron's
+    // attention_dropout. Keep element (bi, head, r, c) iff dropout-mask element
+    // ((bi*nqTotal + headOffset + head)*s + r)*s + c of stream `dropoutSeed` keeps (see
+    // dropoutMask), so a TP rank holding heads [headOffset, headOffset+nq) of nqTotal draws
+    // exactly the single-device mask of its heads. nqTotal = 0 means nq.
+    float dropout = 0;
+    uint64_t dropoutSeed = 0;
+    int headOffset = 0;
+    int nqTotal = 0;
 };
-// q: [s, b, nq, d], k, v: [s, b, nkv, d]; probs: [b, nq, s, s] (saved for backward, causal
-// upper triangle is 0); out: [s, b, nq, d].
-// fusedSoftmax=false: scores = scale*QK^T, then mask, then softmax as separate passes;
-// true: "masked_softmax_fusion" scale+causal-mask+softmax in one pass per row.
+// q: [s, b, nq, d], k, v: [s, b, nkv, d]; probs: [b, nq, s, s] (saved for backward: the
+// softmax BEFORE dropout, causal upper triangle is 0); out: [s, b, nq, d] = dropout(P) V.
+// fusedSoftmax=false: scores = scale*QK^T, then mask, then softmax, then dropout as separate
+// passes; true: "masked_softmax_fusion" scale+causal-mask+softmax(+dropout) in one pass per
+// row. With dropout the mask is not stored: backward regenerates it from dims.
 void attentionForward(const AttnDims& dims, const float* q, const float* k, const float* v,
                       float* probs, float* out, bool fusedSoftmax);
-// dq: [s,b,nq,d], dk, dv: [s,b,nkv,d] all overwritten. scratch: at least s*s floats.
+// dq: [s,b,nq,d], dk, dv: [s,b,nkv,d] all overwritten.
+// scratch: at least attentionScratchSize(dims) floats.
 void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
                        float* scratch);
-size_t attentionProbsSize(const AttnDims& dims);  // elements of probs
+size_t attentionProbsSize(const AttnDims& dims);    // elements of probs
+size_t attentionScratchSize(const AttnDims& dims);  // s*s, 2*s*s with dropout
 
 // --- Activations ------------------------------------------------------------------------
 // Tanh-approximate GeLU (Megatron's bias_gelu): y = gelu(x + b). x, y: [T, C], b: [C]|null

@@ -13,16 +13,9 @@ namespace k = ts::kernels::cpu;
 
 Result<std::unique_ptr<ShardedAdamW>> ShardedAdamW::create(const Config& c, std::vector<OptimizerChunk> chunks,
                                                            Device& dev, Communicator* normComm) {
-    if (c.lr < 0) return Status::invalid("lr must be >= 0");
-    if (c.adam_beta1 < 0 || c.adam_beta1 >= 1 || c.adam_beta2 < 0 || c.adam_beta2 >= 1)
-        return Status::invalid("adam_beta1 and adam_beta2 must be in [0, 1)");
-    if (c.clip_grad < 0) return Status::invalid("clip_grad must be >= 0 (0 disables clipping)");
+    TS_RETURN_IF_ERROR(validateAdamConfig(c));
     std::unique_ptr<ShardedAdamW> o(new ShardedAdamW());
-    o->m_beta1 = c.adam_beta1;
-    o->m_beta2 = c.adam_beta2;
-    o->m_eps = c.adam_eps;
-    o->m_wd = c.weight_decay;
-    o->m_clip = c.clip_grad;
+    o->m_hp = AdamHyper::fromConfig(c);
     o->m_normComm = normComm;
     int64_t state = 0;
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
@@ -60,6 +53,11 @@ Result<std::unique_ptr<ShardedAdamW>> ShardedAdamW::create(const Config& c, std:
     o->m_normBuf = std::move(nb).value();
     std::memset(o->m_m->data(), 0, bytes);
     std::memset(o->m_v->data(), 0, bytes);
+    for (const Piece& p : o->m_pieces) {
+        ParamBuffer* pb = chunks[size_t(p.chunk)].params;
+        o->m_segments.push_back({pb->mainParams() + p.begin, pb->mainGrads() + p.begin, o->m_m->as<float>() + p.state,
+                                 o->m_v->as<float>() + p.state, p.end - p.begin, p.noWeightDecay});
+    }
     o->m_chunks = std::move(chunks);
     return o;
 }
@@ -85,52 +83,22 @@ void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refres
             });
     if (reduce) m_normComm->allReduce(exec.stream(), normBuf, normBuf, 1, DType::F32, ReduceOp::Sum);
     auto info = m_info;
-    const double clip = m_clip;
+    const AdamHyper hp = m_hp;
+    const std::vector<AdamSegment>* segs = &m_segments;
     exec.opStatus("optimizer.clip", trace::Category::Optimizer, double(m_ownedNumel), uint64_t(m_ownedNumel) * 8,
                   [=]() -> Status {
                       const double sq = reduce ? double(normBuf[0]) : *localSq;
-                      const double norm = std::sqrt(sq);
-                      info->gradNorm = norm;
-                      info->lr = lr;
-                      info->clipped = false;
-                      if (!std::isfinite(norm))
-                          return Status::numerical("gradient norm is " + std::to_string(norm) + " at iteration " +
-                                                   std::to_string(iteration) + " (NaN/inf in the gradients)");
-                      if (clip > 0) {
-                          const double coef = clip / (norm + 1e-6);
-                          if (coef < 1.0) {
-                              for (const Piece& p : *pieces)
-                                  k::scale((*chunks)[size_t(p.chunk)].params->mainGrads() + p.begin, float(coef),
-                                           p.end - p.begin);
-                              info->clipped = true;
-                          }
-                      }
-                      return Status::ok();
+                      return clipSegmentGrads(sq, *segs, hp, lr, iteration, info.get());
                   });
-    k::AdamParams base;
-    base.lr = float(lr);
-    base.beta1 = float(m_beta1);
-    base.beta2 = float(m_beta2);
-    base.eps = float(m_eps);
-    base.step = m_steps;
-    float* mBuf = m_m->as<float>();
-    float* vBuf = m_v->as<float>();
-    const float wd = float(m_wd);
+    const int64_t step = m_steps;
     exec.op("optimizer.adamw", trace::Category::Optimizer, 12.0 * double(m_ownedNumel), uint64_t(m_ownedNumel) * 20,
             [=] {
-                for (const Piece& p : *pieces) {
-                    ParamBuffer* pb = (*chunks)[size_t(p.chunk)].params;
-                    k::AdamParams hp = base;
-                    hp.weightDecay = p.noWeightDecay ? 0.f : wd;
-                    k::adamwStep(pb->mainParams() + p.begin, pb->mainGrads() + p.begin, mBuf + p.state,
-                                 vBuf + p.state, p.end - p.begin, hp);
-                }
-                for (const OptimizerChunk& ch : *chunks) {
-                    if (!ch.params->bf16()) continue;
-                    if (refreshWholeModelCopy) ch.params->syncModelParams();
-                }
-                if (!refreshWholeModelCopy)
+                adamwSegments(*segs, hp, lr, step);
+                if (refreshWholeModelCopy) {
+                    for (const OptimizerChunk& ch : *chunks) ch.params->syncModelParams();
+                } else {
                     for (const Piece& p : *pieces) (*chunks)[size_t(p.chunk)].params->syncModelParams(p.begin, p.end);
+                }
             });
 }
 

@@ -51,8 +51,7 @@ public:
     // Elements with optimizer state on this rank (sum of owned ranges).
     int64_t ownedNumel() const { return m_ownedNumel; }
 
-private:
-    ShardedAdamW() = default;
+    // Checkpoint access (engine/parallel_trainer.cpp gathers/scatters these across DP).
     struct Piece {  // a param's slice inside an owned range
         int chunk = 0, param = 0;
         int64_t begin = 0, end = 0;  // buffer elements
@@ -60,12 +59,20 @@ private:
         bool noWeightDecay = false;
         bool inNorm = true;
     };
+    const std::vector<Piece>& pieces() const { return m_pieces; }
+    float* expAvg() { return m_m->as<float>(); }    // [ownedNumel]
+    float* expAvgSq() { return m_v->as<float>(); }  // [ownedNumel]
+    void setStepCount(int64_t n) { m_steps = n; }
+
+private:
+    ShardedAdamW() = default;
     std::vector<OptimizerChunk> m_chunks;
     std::vector<Piece> m_pieces;
+    std::vector<AdamSegment> m_segments;  // m_pieces as pointers (buffers are final after create)
     std::unique_ptr<Buffer> m_m, m_v, m_normBuf;
     Communicator* m_normComm = nullptr;
     int64_t m_ownedNumel = 0;
-    double m_beta1 = 0.9, m_beta2 = 0.999, m_eps = 1e-8, m_wd = 0.01, m_clip = 1.0;
+    AdamHyper m_hp;
     int64_t m_steps = 0;
     std::shared_ptr<OptimizerStepInfo> m_info = std::make_shared<OptimizerStepInfo>();
 };

@@ -32,19 +32,63 @@ LrSchedule LrSchedule::fromConfig(const Config& c) {
     return s;
 }
 
-Result<std::unique_ptr<AdamWOptimizer>> AdamWOptimizer::create(const Config& c, ParamBuffer& params, Device& dev) {
+AdamHyper AdamHyper::fromConfig(const Config& c) {
+    AdamHyper h;
+    h.beta1 = c.adam_beta1;
+    h.beta2 = c.adam_beta2;
+    h.eps = c.adam_eps;
+    h.weightDecay = c.weight_decay;
+    h.clipGrad = c.clip_grad;
+    return h;
+}
+
+Status validateAdamConfig(const Config& c) {
     if (c.lr < 0) return Status::invalid("lr must be >= 0");
     if (c.adam_beta1 < 0 || c.adam_beta1 >= 1 || c.adam_beta2 < 0 || c.adam_beta2 >= 1)
         return Status::invalid("adam_beta1 and adam_beta2 must be in [0, 1)");
     if (c.clip_grad < 0) return Status::invalid("clip_grad must be >= 0 (0 disables clipping)");
+    return Status::ok();
+}
+
+Status clipSegmentGrads(double sumSquares, const std::vector<AdamSegment>& segs, const AdamHyper& hp, double lr,
+                        int iteration, OptimizerStepInfo* info) {
+    const double norm = std::sqrt(sumSquares);
+    info->gradNorm = norm;
+    info->lr = lr;
+    info->clipped = false;
+    if (!std::isfinite(norm))
+        return Status::numerical("gradient norm is " + std::to_string(norm) + " at iteration " +
+                                 std::to_string(iteration) + " (NaN/inf in the gradients)");
+    if (hp.clipGrad > 0) {
+        const double coef = hp.clipGrad / (norm + 1e-6);
+        if (coef < 1.0) {
+            for (const AdamSegment& s : segs) k::scale(s.grad, float(coef), s.n);
+            info->clipped = true;
+        }
+    }
+    return Status::ok();
+}
+
+void adamwSegments(const std::vector<AdamSegment>& segs, const AdamHyper& hp, double lr, int64_t step) {
+    k::AdamParams base;
+    base.lr = float(lr);
+    base.beta1 = float(hp.beta1);
+    base.beta2 = float(hp.beta2);
+    base.eps = float(hp.eps);
+    base.step = step;
+    for (const AdamSegment& s : segs) {
+        k::AdamParams p = base;
+        p.weightDecay = s.noWeightDecay ? 0.f : float(hp.weightDecay);
+        k::adamwStep(s.param, s.grad, s.expAvg, s.expAvgSq, s.n, p);
+    }
+}
+
+Result<std::unique_ptr<AdamWOptimizer>> AdamWOptimizer::create(const Config& c, ParamBuffer& params, Device& dev) {
+    TS_RETURN_IF_ERROR(validateAdamConfig(c));
     if (c.lr_decay_style != "constant" && c.lr_decay_style != "linear" && c.lr_decay_style != "cosine")
         return Status::invalid("lr_decay_style must be constant, linear or cosine");
     std::unique_ptr<AdamWOptimizer> o(new AdamWOptimizer(params));
-    o->m_beta1 = c.adam_beta1;
-    o->m_beta2 = c.adam_beta2;
-    o->m_eps = c.adam_eps;
-    o->m_wd = c.weight_decay;
-    o->m_clip = c.clip_grad;
+    o->m_hp = AdamHyper::fromConfig(c);
     const size_t bytes = size_t(std::max<int64_t>(params.numel(), 1)) * sizeof(float);
     auto m = dev.allocate(bytes, MemCategory::OptimizerState);
     if (!m) return m.status().withContext("allocating Adam exp_avg");
@@ -61,43 +105,24 @@ void AdamWOptimizer::enqueueStep(Exec& exec, double lr, int iteration) {
     ++m_steps;
     const int64_t n = m_params.numel();
     float* grads = m_params.mainGrads();
+    // One segment per param (weight decay is per param); built now, as the buffers are final.
+    auto segs = std::make_shared<std::vector<AdamSegment>>();
+    for (int i = 0; i < m_params.count(); ++i) {
+        const ParamInfo& p = m_params.info(i);
+        segs->push_back({m_params.mainParam(i), m_params.mainGrad(i), expAvg() + p.offset, expAvgSq() + p.offset,
+                         p.numel, p.noWeightDecay});
+    }
     auto info = m_info;
-    const double clip = m_clip;
-    exec.setLayer(-1);
-    exec.opStatus("optimizer.grad_norm", trace::Category::Optimizer, 2.0 * double(n), uint64_t(n) * 4, [=]() -> Status {
-        const double norm = std::sqrt(k::sumSquares(grads, n));
-        info->gradNorm = norm;
-        info->lr = lr;
-        info->clipped = false;
-        if (!std::isfinite(norm))
-            return Status::numerical("gradient norm is " + std::to_string(norm) + " at iteration " +
-                                     std::to_string(iteration) + " (NaN/inf in the gradients)");
-        if (clip > 0) {
-            const double coef = clip / (norm + 1e-6);
-            if (coef < 1.0) {
-                k::scale(grads, float(coef), n);
-                info->clipped = true;
-            }
-        }
-        return Status::ok();
-    });
-    k::AdamParams base;
-    base.lr = float(lr);
-    base.beta1 = float(m_beta1);
-    base.beta2 = float(m_beta2);
-    base.eps = float(m_eps);
-    base.step = m_steps;
+    const AdamHyper hp = m_hp;
+    const int64_t step = m_steps;
     ParamBuffer* params = &m_params;
-    float* mBuf = expAvg();
-    float* vBuf = expAvgSq();
-    const float wd = float(m_wd);
+    exec.setLayer(-1);
+    // The norm is summed over the whole buffer in one pass (its summation order is part of
+    // the bit-exact contract of single-device runs).
+    exec.opStatus("optimizer.grad_norm", trace::Category::Optimizer, 2.0 * double(n), uint64_t(n) * 4,
+                  [=]() -> Status { return clipSegmentGrads(k::sumSquares(grads, n), *segs, hp, lr, iteration, info.get()); });
     exec.op("optimizer.adamw", trace::Category::Optimizer, 12.0 * double(n), uint64_t(n) * 20, [=] {
-        for (int i = 0; i < params->count(); ++i) {
-            const ParamInfo& p = params->info(i);
-            k::AdamParams hp = base;
-            hp.weightDecay = p.noWeightDecay ? 0.f : wd;
-            k::adamwStep(params->mainParam(i), params->mainGrad(i), mBuf + p.offset, vBuf + p.offset, p.numel, hp);
-        }
+        adamwSegments(*segs, hp, lr, step);
         params->syncModelParams();
     });
 }

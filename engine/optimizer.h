@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "engine/config.h"
@@ -35,6 +36,30 @@ struct OptimizerStepInfo {
     bool clipped = false;
 };
 
+// The host-side update both optimizers run (AdamWOptimizer on a whole buffer, ShardedAdamW
+// on the ranges a rank owns), so their numerics agree element by element.
+struct AdamSegment {  // one contiguous run of a param: n elements of each array
+    float* param = nullptr;
+    float* grad = nullptr;
+    float* expAvg = nullptr;
+    float* expAvgSq = nullptr;
+    int64_t n = 0;
+    bool noWeightDecay = false;
+};
+struct AdamHyper {
+    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.01, clipGrad = 1.0;
+    static AdamHyper fromConfig(const Config& c);
+};
+// Shared validation of the optimizer knobs (lr, betas, clip_grad).
+Status validateAdamConfig(const Config& c);
+// Megatron's clip_grad_norm_ from the (global) sum of squared grads: fills `info` (norm before
+// clipping, lr, clipped) and scales every segment's grads by clip / (norm + 1e-6) when that is
+// < 1. A non-finite norm returns NumericalError naming `iteration` and touches nothing.
+Status clipSegmentGrads(double sumSquares, const std::vector<AdamSegment>& segs, const AdamHyper& hp, double lr,
+                        int iteration, OptimizerStepInfo* info);
+// One AdamW step (kernels::cpu::adamwStep) on every segment; no weight decay on noWeightDecay.
+void adamwSegments(const std::vector<AdamSegment>& segs, const AdamHyper& hp, double lr, int64_t step);
+
 class AdamWOptimizer {
 public:
     // Allocates exp_avg / exp_avg_sq (OptimizerState) for `params`.
@@ -56,7 +81,7 @@ private:
     AdamWOptimizer(ParamBuffer& p) : m_params(p) {}
     ParamBuffer& m_params;
     std::unique_ptr<Buffer> m_m, m_v;
-    double m_beta1 = 0.9, m_beta2 = 0.999, m_eps = 1e-8, m_wd = 0.01, m_clip = 1.0;
+    AdamHyper m_hp;
     int64_t m_steps = 0;
     std::shared_ptr<OptimizerStepInfo> m_info = std::make_shared<OptimizerStepInfo>();
 };

@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "engine/backend_trace.h"
+#include "engine/checkpoint.h"
 #include "engine/dist_optimizer.h"
 #include "engine/flops.h"
 #include "engine/knobs.h"
@@ -309,8 +310,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         R->worker = std::make_unique<RankWorker>();
         t->m_ranks.push_back(std::move(R));
     }
-    if (!c.load.empty())
-        return Status::unsupported("load: checkpoints of parallel runs are not supported yet (load='" + c.load + "')");
+    if (!c.load.empty()) TS_RETURN_IF_ERROR(t->load(c.load));
+    if (!c.save.empty() && int(local.size()) != world)
+        return Status::unsupported("save: checkpoints of runs over several processes (mpirun) are not supported yet; "
+                                   "run the same layout in one process (trainscope run without mpirun) to save");
     if (rec) {
         const nlohmann::json meta = t->runMetadata();
         for (auto it = meta.begin(); it != meta.end(); ++it)
@@ -550,11 +553,10 @@ Status ParallelTrainer::train(int steps, const TrainerCallbacks& cb, const std::
         StepProgress p;
         TS_RETURN_IF_ERROR(step(&p));
         if (cb.onStep) cb.onStep(p);
+        TS_RETURN_IF_ERROR(saveCheckpointIfDue(m_cfg, m_iteration, false, [this](const std::string& d) { return save(d); }, cb));
     }
     TS_RETURN_IF_ERROR(synchronize());
-    if (!m_cfg.save.empty())
-        return Status::unsupported("save: checkpoints of parallel runs are not supported yet (save='" + m_cfg.save + "')");
-    return Status::ok();
+    return saveCheckpointIfDue(m_cfg, m_iteration, true, [this](const std::string& d) { return save(d); }, cb);
 }
 
 Status ParallelTrainer::synchronize() {
@@ -590,29 +592,178 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
                 std::vector<float> v(static_cast<size_t>(full), 0.f);
                 for (int t = 0; t < ds.tp; ++t) {
                     const int r = m_layout.globalRank(t, 0, dpRank, pp);
-                    ParamBuffer& pb = m_ranks[size_t(r)]->models[size_t(ch)]->params();
-                    const float* src = pb.mainParam(i);
-                    const ParamInfo& li = pb.info(i);
-                    if (ds.tp == 1 || info.shard == ShardKind::Replicated) {
-                        std::copy(src, src + li.numel, v.begin());
-                    } else if (info.shard == ShardKind::RowParallel) {
-                        const int64_t R = info.fullShape[0], C = info.fullShape[1], cl = C / ds.tp;
-                        for (int64_t row = 0; row < R; ++row)
-                            std::copy(src + row * cl, src + (row + 1) * cl, v.begin() + row * C + t * cl);
-                    } else {
-                        // Column / vocab parallel: row blocks; stride 2 -> [gate_t ; up_t].
-                        const int64_t R = info.fullShape[0];
-                        const int64_t C = info.fullShape.size() > 1 ? info.fullShape[1] : 1;
-                        const int64_t half = R / info.partitionStride, rl = half / ds.tp;
-                        for (int s = 0; s < info.partitionStride; ++s)
-                            std::copy(src + s * rl * C, src + (s + 1) * rl * C, v.begin() + (s * half + t * rl) * C);
-                    }
+                    copyShardToFull(info, ds.tp, t, m_ranks[size_t(r)]->models[size_t(ch)]->params().mainParam(i),
+                                    v.data());
                 }
                 out[name] = std::move(v);
             }
         }
     }
     return out;
+}
+
+namespace {
+
+// Where a param of the single-device model lives in the parallel run: pipeline stage, chunk
+// and index in that chunk's ParamBuffer (the same on every tp/dp rank of the stage).
+struct ParamHome {
+    int pp = 0, chunk = 0, index = 0;
+};
+
+bool isTiedCopy(const ParamInfo& p) { return p.sharedEmbedding && p.name == "output_layer.weight"; }
+
+}  // namespace
+
+// The single-device checkpoint of this run, as arrays to fill (save) or read into (load).
+struct CheckpointImage {
+    std::vector<ParamInfo> table;  // single-device param table (full shapes, offsets)
+    std::vector<ParamHome> homes;  // per table entry
+    int64_t numel = 0;
+    std::vector<float> params, expAvg, expAvgSq;  // [numel] each
+};
+
+// The single-device param table: registration order is the virtual stages in layer order
+// (chunk-major: stage s = chunk * pp + pp rank, REFERENCE.md §1.3) and GptModel's add order
+// inside each; the last stage's copy of a tied embedding is not a param of the single-device
+// model. Offsets in reverse registration order, as ParamBuffer::finalize lays them out.
+static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr<ParallelTrainer::RankState>>& ranks,
+                                               const ParallelLayout& layout, const DerivedSizes& ds, const char* what) {
+    if (int(ranks.size()) != layout.worldSize())
+        return Status::unsupported(std::string(what) +
+                                   ": checkpoints of runs over several processes (mpirun) are not supported yet; "
+                                   "run the layout in one process (trainscope run without mpirun)");
+    CheckpointImage img;
+    for (int s = 0; s < ds.pp * ds.vpp; ++s) {
+        const int ch = s / ds.pp, pp = s % ds.pp;
+        ParamBuffer& pb = ranks[size_t(layout.globalRank(0, 0, 0, pp))]->models[size_t(ch)]->params();
+        for (int i = 0; i < pb.count(); ++i) {
+            if (isTiedCopy(pb.info(i))) continue;
+            ParamInfo full = pb.info(i);
+            full.shape = full.fullShape;
+            full.numel = 1;
+            for (int64_t d : full.shape) full.numel *= d;
+            img.table.push_back(std::move(full));
+            img.homes.push_back({pp, ch, i});
+        }
+    }
+    for (size_t i = img.table.size(); i-- > 0;) {
+        img.table[i].offset = img.numel;
+        img.numel += img.table[i].numel;
+    }
+    const size_t total = static_cast<size_t>(img.numel);
+    img.params.assign(total, 0.f);
+    img.expAvg.assign(total, 0.f);
+    img.expAvgSq.assign(total, 0.f);
+    return img;
+}
+
+Status ParallelTrainer::save(const std::string& dir) {
+    TS_RETURN_IF_ERROR(synchronize());
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, "save"));
+    const std::vector<ParamInfo>& table = img.table;
+    const std::vector<ParamHome>& homes = img.homes;
+    float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
+    // Without the distributed optimizer every DP replica holds the same state: read dp 0.
+    const int dpReaders = m_cfg.use_distributed_optimizer ? ds.dp : 1;
+    for (int pp = 0; pp < ds.pp; ++pp) {
+        for (int t = 0; t < ds.tp; ++t) {
+            RankState& R0 = *m_ranks[size_t(m_layout.globalRank(t, 0, 0, pp))];
+            // Adam state of this (tp, pp) in chunk-buffer order, assembled from the DP shards:
+            // localM[ch]: [chunk buffer numel] (padding stays 0).
+            std::vector<std::vector<float>> localM(R0.models.size()), localV(R0.models.size());
+            for (size_t ch = 0; ch < R0.models.size(); ++ch) {
+                localM[ch].assign(size_t(R0.models[ch]->params().numel()), 0.f);
+                localV[ch].assign(size_t(R0.models[ch]->params().numel()), 0.f);
+            }
+            for (int d = 0; d < dpReaders; ++d) {
+                RankState& R = *m_ranks[size_t(m_layout.globalRank(t, 0, d, pp))];
+                const float* m = R.opt->expAvg();
+                const float* v = R.opt->expAvgSq();
+                for (const ShardedAdamW::Piece& pc : R.opt->pieces()) {
+                    std::copy(m + pc.state, m + pc.state + (pc.end - pc.begin), localM[size_t(pc.chunk)].begin() + pc.begin);
+                    std::copy(v + pc.state, v + pc.state + (pc.end - pc.begin), localV[size_t(pc.chunk)].begin() + pc.begin);
+                }
+            }
+            for (size_t k = 0; k < table.size(); ++k) {
+                if (homes[k].pp != pp) continue;
+                const int ch = homes[k].chunk, i = homes[k].index;
+                ParamBuffer& pb = R0.models[size_t(ch)]->params();
+                const ParamInfo& info = pb.info(i);
+                const int64_t off = table[k].offset;
+                copyShardToFull(info, ds.tp, t, pb.mainParam(i), P + off);
+                copyShardToFull(info, ds.tp, t, localM[size_t(ch)].data() + info.offset, M + off);
+                copyShardToFull(info, ds.tp, t, localV[size_t(ch)].data() + info.offset, V + off);
+            }
+        }
+    }
+    CheckpointState st;
+    st.iteration = m_iteration;
+    st.samplesConsumed = m_samples;
+    st.seed = m_cfg.seed;
+    st.adamSteps = m_ranks[0]->opt->stepCount();
+    st.config = configToJson(m_cfg);
+    st.layout = {{"world", ds.world},
+                 {"tensor_model_parallel_size", ds.tp},
+                 {"pipeline_model_parallel_size", ds.pp},
+                 {"virtual_pipeline_model_parallel_size", ds.vpp},
+                 {"data_parallel_size", ds.dp},
+                 {"sequence_parallel", m_cfg.sequence_parallel},
+                 {"use_distributed_optimizer", m_cfg.use_distributed_optimizer}};
+    return writeCheckpointFiles(dir, table, img.numel, P, M, V, st);
+}
+
+Status ParallelTrainer::load(const std::string& dir) {
+    TS_RETURN_IF_ERROR(synchronize());
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, "load"));
+    const float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
+    CheckpointState st;
+    TS_RETURN_IF_ERROR(readCheckpointFiles(dir, img.table, img.numel, img.params.data(), img.expAvg.data(),
+                                           img.expAvgSq.data(), &st));
+    if (st.seed != m_cfg.seed)
+        return Status::invalid("checkpoint '" + dir + "' was trained with seed " + std::to_string(st.seed) +
+                               ", the config has seed " + std::to_string(m_cfg.seed) + "; resume would not be exact");
+    std::map<std::string, int64_t> fullOffset;  // name -> offset in P/M/V
+    for (const ParamInfo& p : img.table) fullOffset[p.name] = p.offset;
+    const int64_t embOffset = fullOffset.count("embedding.word_embeddings.weight")
+                                  ? fullOffset["embedding.word_embeddings.weight"]
+                                  : -1;
+    // Every rank (all DP replicas) gets its TP shard of every param it holds; its optimizer
+    // gets the pieces it owns. The tied copy on the last stage is the embedding.
+    for (auto& Rp : m_ranks) {
+        RankState& R = *Rp;
+        const int t = R.coords.tp;
+        std::vector<std::vector<float>> localM(R.models.size()), localV(R.models.size());
+        for (size_t ch = 0; ch < R.models.size(); ++ch) {
+            ParamBuffer& pb = R.models[ch]->params();
+            localM[ch].assign(size_t(pb.numel()), 0.f);
+            localV[ch].assign(size_t(pb.numel()), 0.f);
+            for (int i = 0; i < pb.count(); ++i) {
+                const ParamInfo& info = pb.info(i);
+                const auto it = fullOffset.find(info.name);
+                const int64_t off = isTiedCopy(info) ? embOffset : (it == fullOffset.end() ? -1 : it->second);
+                if (off < 0)
+                    return Status::internal("checkpoint table has no '" + info.name + "' for " + coordText(R.coords));
+                copyFullToShard(info, ds.tp, t, P + off, pb.mainParam(i));
+                copyFullToShard(info, ds.tp, t, M + off, localM[ch].data() + info.offset);
+                copyFullToShard(info, ds.tp, t, V + off, localV[ch].data() + info.offset);
+            }
+            pb.syncModelParams();
+        }
+        float* m = R.opt->expAvg();
+        float* v = R.opt->expAvgSq();
+        for (const ShardedAdamW::Piece& pc : R.opt->pieces()) {
+            const auto& lm = localM[size_t(pc.chunk)];
+            const auto& lv = localV[size_t(pc.chunk)];
+            std::copy(lm.begin() + pc.begin, lm.begin() + pc.end, m + pc.state);
+            std::copy(lv.begin() + pc.begin, lv.begin() + pc.end, v + pc.state);
+        }
+        R.opt->setStepCount(st.adamSteps);
+    }
+    m_iteration = st.iteration;
+    m_samples = st.samplesConsumed;
+    return Status::ok();
 }
 
 const GradSync& ParallelTrainer::gradSync(int rank, int chunk) const {

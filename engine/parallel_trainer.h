@@ -76,9 +76,20 @@ public:
                                                            const ParallelTrainerOptions& opts = {});
     ~ParallelTrainer();
 
-    // Same contract as Trainer::train / Trainer::step.
+    // Same contract as Trainer::train / Trainer::step (train saves to `save` every
+    // save_interval iterations and at the end, as Trainer::train).
     Status train(int steps, const TrainerCallbacks& cb = {}, const std::atomic<bool>* cancel = nullptr);
     Status step(StepProgress* out);
+
+    // Checkpoints in the single-device format (engine/checkpoint.h): every param un-sharded
+    // over TP (GptModel's split), its fp32 main weight and Adam exp_avg/exp_avg_sq gathered
+    // over DP when use_distributed_optimizer shards them, plus iteration, samples consumed
+    // (data position) and seed (dropout RNG) and the saved-from layout. Load scatters a
+    // checkpoint of ANY layout (or of the single-device Trainer) of the same model; `load`
+    // in the config runs it from create(). Both need every rank in this process (not with
+    // several MPI processes: Unsupported).
+    Status save(const std::string& dir);
+    Status load(const std::string& dir);
 
     int iteration() const { return m_iteration; }
     int64_t samplesConsumed() const { return m_samples; }

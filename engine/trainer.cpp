@@ -149,15 +149,18 @@ Status Trainer::train(int steps, const TrainerCallbacks& cb, const std::atomic<b
         StepProgress p;
         TS_RETURN_IF_ERROR(step(&p));
         if (cb.onStep) cb.onStep(p);
-        if (!m_cfg.save.empty() && m_cfg.save_interval > 0 && m_iteration % m_cfg.save_interval == 0) {
-            TS_RETURN_IF_ERROR(save(m_cfg.save));
-            if (cb.onLog) cb.onLog("saved checkpoint at iteration " + std::to_string(m_iteration) + " to " + m_cfg.save);
-        }
+        TS_RETURN_IF_ERROR(saveCheckpointIfDue(m_cfg, m_iteration, false, [this](const std::string& d) { return save(d); }, cb));
     }
-    if (!m_cfg.save.empty() && (m_cfg.save_interval <= 0 || m_iteration % m_cfg.save_interval != 0)) {
-        TS_RETURN_IF_ERROR(save(m_cfg.save));
-        if (cb.onLog) cb.onLog("saved checkpoint at iteration " + std::to_string(m_iteration) + " to " + m_cfg.save);
-    }
+    return saveCheckpointIfDue(m_cfg, m_iteration, true, [this](const std::string& d) { return save(d); }, cb);
+}
+
+Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
+                           const std::function<Status(const std::string&)>& save, const TrainerCallbacks& cb) {
+    if (c.save.empty()) return Status::ok();
+    const bool onInterval = c.save_interval > 0 && iteration % c.save_interval == 0;
+    if (endOfTrain == onInterval) return Status::ok();
+    TS_RETURN_IF_ERROR(save(c.save));
+    if (cb.onLog) cb.onLog("saved checkpoint at iteration " + std::to_string(iteration) + " to " + c.save);
     return Status::ok();
 }
 

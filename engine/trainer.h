@@ -43,6 +43,12 @@ struct TrainerCallbacks {
 nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double peakTflops,
                                const DataSource* data);
 
+// The checkpoint rule of train() (Trainer and ParallelTrainer): after an iteration
+// (endOfTrain false) save to c.save when iteration % save_interval == 0; at the end of train()
+// (endOfTrain true) save unless that iteration was just saved. No-op when c.save is empty.
+Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
+                           const std::function<Status(const std::string&)>& save, const TrainerCallbacks& cb);
+
 class Trainer {
 public:
     // Uses `dev`/`compute` when given, else creates its own 1-device CPU backend. `rec` (may

@@ -136,8 +136,8 @@ Status CaptureRecorder::Impl::writeBatch() {
         if (st) st = store->putTrack(id, desc);
     for (auto& op : todo)
         if (st) st = op(*store);
-    // One sorted run per batch: the slices table is clustered on (track, ts), so sorted inserts
-    // touch each track's b-tree tail once instead of hopping between tracks.
+    // One putSlices per batch: it orders the rows by (track, ts) and packs each track's run into
+    // chunks, so a batch costs one SQLite row per chunk, not per slice.
     allSlices.clear();
     for (ThreadBuffer* b : bufs) {
         allSlices.insert(allSlices.end(), b->spareSlices.begin(), b->spareSlices.end());
@@ -148,9 +148,6 @@ Status CaptureRecorder::Impl::writeBatch() {
         nCounters += b->spareCounters.size();
     }
     nSlices = allSlices.size();
-    std::stable_sort(allSlices.begin(), allSlices.end(), [](const trace::Slice& a, const trace::Slice& b) {
-        return a.track != b.track ? a.track < b.track : a.startNs < b.startNs;
-    });
     if (st) st = store->putSlices(allSlices.data(), allSlices.size());
     if (st && dropped != droppedReported) {
         // Stats hold totals; add only what is new since the last batch.

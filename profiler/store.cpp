@@ -5,12 +5,14 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 
 #include "common/clock.h"
+#include "profiler/slice_codec.h"
 
 namespace ts::profiler {
 
@@ -136,9 +138,100 @@ Status migrateTo1(sqlite3* db) {
     return Status::ok();
 }
 
+// ---- packed slice chunks (schema v2; layout in slice_codec.h) --------------------------------
+// One row per chunk of <= codec::kMaxChunkSlices slices of one track in time order; the chunk's
+// slices have ids id .. id + n - 1. Index (track, ts_first): a track is read in time order by
+// walking its chunks; chunks whose time ranges overlap (a late-recorded enclosing range) are
+// merged on read (forEachSlice).
+const char* kSchemaV2 = R"sql(
+CREATE TABLE IF NOT EXISTS slice_chunks(id INTEGER PRIMARY KEY, track INTEGER NOT NULL, ts_first INTEGER NOT NULL,
+    ts_last INTEGER NOT NULL, n INTEGER NOT NULL, max_correlation INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS slice_chunks_track_ts ON slice_chunks(track, ts_first);
+)sql";
+
+const char* kInsertChunkSql =
+    "INSERT INTO slice_chunks(id, track, ts_first, ts_last, n, max_correlation, data) VALUES(?,?,?,?,?,?,?)";
+
+// Writes slices (sorted by (track, startNs)) as chunks; ids continue from nextId.
+Status writeChunks(sqlite3* db, sqlite3_stmt* ins, const trace::Slice* const* s, size_t n, int64_t& nextId,
+                   std::vector<uint8_t>& blob) {
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        uint64_t maxCorr = s[i]->correlation;
+        while (j < n && j - i < codec::kMaxChunkSlices && s[j]->track == s[i]->track && s[j]->startNs >= s[j - 1]->startNs) {
+            maxCorr = std::max(maxCorr, s[j]->correlation);
+            ++j;
+        }
+        blob.clear();
+        codec::encodeChunk(s + i, j - i, blob);
+        sqlite3_bind_int64(ins, 1, nextId);
+        sqlite3_bind_int64(ins, 2, s[i]->track);
+        sqlite3_bind_int64(ins, 3, s[i]->startNs);
+        sqlite3_bind_int64(ins, 4, s[j - 1]->startNs);
+        sqlite3_bind_int64(ins, 5, int64_t(j - i));
+        sqlite3_bind_int64(ins, 6, int64_t(maxCorr));
+        sqlite3_bind_blob(ins, 7, blob.data(), int(blob.size()), SQLITE_STATIC);
+        int rc = sqlite3_step(ins);
+        sqlite3_reset(ins);
+        if (rc != SQLITE_DONE) return sqlError(db, "writing slices");
+        nextId += int64_t(j - i);
+        i = j;
+    }
+    return Status::ok();
+}
+
+// 1 -> 2: slices move from one row per slice (v1 `slices`) into packed chunks. Rows are copied
+// in (track, ts, id) order, so the new ids keep the old order of slices with equal ts.
+Status migrateTo2(sqlite3* db) {
+    TS_RETURN_IF_ERROR(execSql(db, kSchemaV2));
+    if (!tableExists(db, "slices")) return Status::ok();
+    Stmt q, ins;
+    TS_RETURN_IF_ERROR(q.prepare(db,
+        "SELECT track, ts, dur, name, category, step, microbatch, chunk, layer, correlation, bytes, flops, grp, depth"
+        " FROM slices ORDER BY track, ts, id"));
+    TS_RETURN_IF_ERROR(ins.prepare(db, kInsertChunkSql));
+    std::vector<trace::Slice> rows;
+    std::vector<const trace::Slice*> ptrs;
+    std::vector<uint8_t> blob;
+    int64_t nextId = 1;
+    auto drain = [&]() -> Status {
+        ptrs.resize(rows.size());
+        for (size_t i = 0; i < rows.size(); ++i) ptrs[i] = &rows[i];
+        Status st = writeChunks(db, ins.s, ptrs.data(), ptrs.size(), nextId, blob);
+        rows.clear();
+        return st;
+    };
+    int rc;
+    while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
+        trace::Slice x;
+        x.track = uint32_t(sqlite3_column_int64(q.s, 0));
+        x.startNs = sqlite3_column_int64(q.s, 1);
+        x.durNs = sqlite3_column_int64(q.s, 2);
+        x.name = uint32_t(sqlite3_column_int64(q.s, 3));
+        int cat = sqlite3_column_int(q.s, 4);
+        x.category = (cat >= 0 && cat <= int(trace::Category::Other)) ? trace::Category(cat) : trace::Category::Other;
+        x.step = sqlite3_column_int(q.s, 5);
+        x.microbatch = sqlite3_column_int(q.s, 6);
+        x.chunk = sqlite3_column_int(q.s, 7);
+        x.layer = sqlite3_column_int(q.s, 8);
+        x.correlation = uint64_t(sqlite3_column_int64(q.s, 9));
+        x.bytes = uint64_t(sqlite3_column_int64(q.s, 10));
+        x.flops = sqlite3_column_double(q.s, 11);
+        x.group = uint32_t(sqlite3_column_int64(q.s, 12));
+        x.depth = sqlite3_column_int(q.s, 13);
+        if (rows.size() >= (size_t(1) << 16)) TS_RETURN_IF_ERROR(drain());  // bounded memory
+        rows.push_back(x);
+    }
+    if (rc != SQLITE_DONE) return sqlError(db, "reading v1 slices");
+    TS_RETURN_IF_ERROR(drain());
+    sqlite3_finalize(q.s);  // DROP TABLE needs no statement reading it
+    q.s = nullptr;
+    return execSql(db, "DROP TABLE slices");
+}
+
 using Migration = Status (*)(sqlite3*);
 // kMigrations[i] upgrades version i to i+1.
-const Migration kMigrations[] = {migrateTo1};
+const Migration kMigrations[] = {migrateTo1, migrateTo2};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion);
 
 Result<int> userVersion(sqlite3* db) {
@@ -183,12 +276,10 @@ Status migrateSchema(sqlite3* db) {
     return Status::ok();
 }
 
-// Rows per multi-row INSERT in putSlices(): amortizes statement overhead (~1.5x faster than
-// one row per statement); 32 * 15 parameters stays below SQLite's default parameter limit.
-constexpr int kSliceRowsPerStmt = 32;
-
 struct TraceStore::Statements {
-    Stmt slice, sliceMulti, counter, str, track, stat;
+    Stmt chunk, counter, str, track, stat;
+    std::vector<const trace::Slice*> order;  // putSlices scratch: rows in (track, ts) order
+    std::vector<uint8_t> blob;               // putSlices scratch: one encoded chunk
 };
 
 Result<std::unique_ptr<TraceStore>> TraceStore::create(const std::string& path) {
@@ -224,10 +315,14 @@ Result<std::unique_ptr<TraceStore>> TraceStore::open(const std::string& path, bo
     // Touch the schema: this is where a non-database file or a corrupt header is detected.
     TS_ASSIGN_OR_RETURN(int version, userVersion(store->m_db));
     if (readOnly) {
-        if (version != kSchemaVersion)
+        // Version 1 (one row per slice) is read as it is: migrating needs a writer.
+        if (version == 1) {
+            store->m_legacySlices = true;
+        } else if (version != kSchemaVersion) {
             return Status::unsupported("run file '" + path + "' has schema version " + std::to_string(version) +
-                                       " (this build reads " + std::to_string(kSchemaVersion) +
+                                       " (this build reads 1 and " + std::to_string(kSchemaVersion) +
                                        "); open it once for writing to migrate it");
+        }
     } else {
         TS_RETURN_IF_ERROR(migrateSchema(store->m_db));
         TS_RETURN_IF_ERROR(store->prepareWriteStatements());
@@ -247,15 +342,7 @@ Result<int> TraceStore::schemaVersion() { return userVersion(m_db); }
 
 Status TraceStore::prepareWriteStatements() {
     m_stmts = std::make_unique<Statements>();
-    TS_RETURN_IF_ERROR(m_stmts->slice.prepare(m_db,
-        "INSERT INTO slices(track, ts, id, dur, name, category, step, microbatch, chunk, layer, correlation,"
-        " bytes, flops, grp, depth) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
-    {
-        std::string sql = "INSERT INTO slices(track, ts, id, dur, name, category, step, microbatch, chunk, layer,"
-                          " correlation, bytes, flops, grp, depth) VALUES";
-        for (int r = 0; r < kSliceRowsPerStmt; ++r) sql += r ? ",(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)" : "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
-        TS_RETURN_IF_ERROR(m_stmts->sliceMulti.prepare(m_db, sql.c_str()));
-    }
+    TS_RETURN_IF_ERROR(m_stmts->chunk.prepare(m_db, kInsertChunkSql));
     TS_RETURN_IF_ERROR(m_stmts->counter.prepare(m_db, "INSERT INTO counters(rank, name, ts, value) VALUES(?,?,?,?)"));
     TS_RETURN_IF_ERROR(m_stmts->str.prepare(m_db, "INSERT OR REPLACE INTO strings(id, text) VALUES(?,?)"));
     TS_RETURN_IF_ERROR(m_stmts->track.prepare(m_db,
@@ -264,8 +351,8 @@ Status TraceStore::prepareWriteStatements() {
         "INSERT INTO stats(name, value) VALUES(?1, ?2) ON CONFLICT(name) DO UPDATE SET value = value + ?2"));
     // Slice ids continue after the largest one in the file (a reopened run keeps appending).
     Stmt q;
-    TS_RETURN_IF_ERROR(q.prepare(m_db, "SELECT coalesce(max(id), 0) FROM slices"));
-    if (sqlite3_step(q.s) == SQLITE_ROW) m_nextSliceId = sqlite3_column_int64(q.s, 0) + 1;
+    TS_RETURN_IF_ERROR(q.prepare(m_db, "SELECT id + n FROM slice_chunks ORDER BY id DESC LIMIT 1"));
+    if (sqlite3_step(q.s) == SQLITE_ROW) m_nextSliceId = sqlite3_column_int64(q.s, 0);
     return Status::ok();
 }
 
@@ -493,50 +580,14 @@ Status TraceStore::putTrack(uint32_t id, const trace::TrackDesc& d) {
     return Status::ok();
 }
 
-namespace {
-// Binds one slice row at parameter offset base (0-based row * 15).
-inline void bindSlice(sqlite3_stmt* s, int base, const trace::Slice& x, int64_t id) {
-    sqlite3_bind_int64(s, base + 1, x.track);
-    sqlite3_bind_int64(s, base + 2, x.startNs);
-    sqlite3_bind_int64(s, base + 3, id);
-    sqlite3_bind_int64(s, base + 4, x.durNs);
-    sqlite3_bind_int64(s, base + 5, x.name);
-    sqlite3_bind_int(s, base + 6, int(x.category));
-    sqlite3_bind_int(s, base + 7, x.step);
-    sqlite3_bind_int(s, base + 8, x.microbatch);
-    sqlite3_bind_int(s, base + 9, x.chunk);
-    sqlite3_bind_int(s, base + 10, x.layer);
-    sqlite3_bind_int64(s, base + 11, int64_t(x.correlation));
-    sqlite3_bind_int64(s, base + 12, int64_t(x.bytes));
-    sqlite3_bind_double(s, base + 13, x.flops);
-    sqlite3_bind_int64(s, base + 14, x.group);
-    sqlite3_bind_int(s, base + 15, x.depth);
-}
-}  // namespace
-
 Status TraceStore::putSlices(const trace::Slice* slices, size_t count) {
     if (!m_stmts) return Status::invalid("run file '" + m_path + "' is open read-only");
-    size_t i = 0;
-    sqlite3_stmt* multi = m_stmts->sliceMulti.s;
-    for (; i + kSliceRowsPerStmt <= count; i += kSliceRowsPerStmt) {
-        for (int r = 0; r < kSliceRowsPerStmt; ++r) bindSlice(multi, r * 15, slices[i + size_t(r)], m_nextSliceId++);
-        int rc = sqlite3_step(multi);
-        sqlite3_reset(multi);
-        if (rc != SQLITE_DONE) return sqlError(m_db, "writing slices");
-    }
-    for (; i < count; ++i) TS_RETURN_IF_ERROR(putSlice(slices[i]));
-    return Status::ok();
+    if (count == 0) return Status::ok();
+    codec::orderByTrackAndTs(slices, count, m_stmts->order);
+    return writeChunks(m_db, m_stmts->chunk.s, m_stmts->order.data(), count, m_nextSliceId, m_stmts->blob);
 }
 
-Status TraceStore::putSlice(const trace::Slice& x) {
-    if (!m_stmts) return Status::invalid("run file '" + m_path + "' is open read-only");
-    sqlite3_stmt* s = m_stmts->slice.s;
-    bindSlice(s, 0, x, m_nextSliceId++);
-    int rc = sqlite3_step(s);
-    sqlite3_reset(s);
-    if (rc != SQLITE_DONE) return sqlError(m_db, "writing a slice");
-    return Status::ok();
-}
+Status TraceStore::putSlice(const trace::Slice& x) { return putSlices(&x, 1); }
 
 Status TraceStore::putCounter(const trace::Counter& c) {
     if (!m_stmts) return Status::invalid("run file '" + m_path + "' is open read-only");
@@ -605,20 +656,13 @@ Result<uint32_t> TraceStore::stringId(std::string_view text) {
     return uint32_t(0);
 }
 
-Status TraceStore::forEachSlice(const SliceFilter& f, const std::function<bool(const trace::Slice&)>& fn) {
-    std::vector<uint32_t> trackIds;
-    if (f.track) {
-        trackIds.push_back(*f.track);
-    } else {
-        TS_ASSIGN_OR_RETURN(auto all, tracks());
-        for (auto& t : all) {
-            if (f.rank && t.rank != *f.rank) continue;
-            if (f.trackKind && t.kind != *f.trackKind) continue;
-            trackIds.push_back(t.id);
-        }
-    }
+namespace {
+using SliceFn = std::function<bool(const trace::Slice&)>;
+
+// Schema v1 files opened read-only: one row per slice, clustered on (track, ts, id).
+Status forEachLegacyRow(sqlite3* db, const std::vector<uint32_t>& trackIds, const SliceFilter& f, const SliceFn& fn) {
     Stmt q;
-    TS_RETURN_IF_ERROR(q.prepare(m_db,
+    TS_RETURN_IF_ERROR(q.prepare(db,
         "SELECT ts, dur, name, category, step, microbatch, chunk, layer, correlation, bytes, flops, grp, depth"
         " FROM slices WHERE track = ?1 AND ts >= ?2 AND ts < ?3 ORDER BY ts, id"));
     trace::Slice s;
@@ -645,17 +689,114 @@ Status TraceStore::forEachSlice(const SliceFilter& f, const std::function<bool(c
             s.depth = sqlite3_column_int(q.s, 12);
             if (!fn(s)) return Status::ok();
         }
-        if (rc != SQLITE_DONE) return sqlError(m_db, "reading slices");
+        if (rc != SQLITE_DONE) return sqlError(db, "reading slices");
         sqlite3_reset(q.s);
     }
     return Status::ok();
 }
 
+// Schema v2: each track's chunks in (ts_first, id) order. Chunks whose [ts_first, ts_last]
+// ranges overlap form a group whose slices are merged by (ts, id); a lone chunk is already in
+// order and is emitted as decoded.
+Status forEachChunkedSlice(sqlite3* db, const std::vector<uint32_t>& trackIds, const SliceFilter& f, const SliceFn& fn) {
+    Stmt q;
+    TS_RETURN_IF_ERROR(q.prepare(db,
+        "SELECT id, ts_first, ts_last, n, data FROM slice_chunks"
+        " WHERE track = ?1 AND ts_first < ?3 AND ts_last >= ?2 ORDER BY ts_first, id"));
+    std::vector<trace::Slice> buf;   // the current group's slices, chunk after chunk
+    std::vector<int64_t> ids;        // their ids (filled for groups of several chunks)
+    std::vector<uint32_t> perm;
+    bool stopped = false;
+    // Emits the group in (ts, id) order; returns false once fn asked to stop.
+    auto emit = [&](int chunks) {
+        if (chunks > 1) {
+            perm.resize(buf.size());
+            for (uint32_t i = 0; i < perm.size(); ++i) perm[i] = i;
+            std::sort(perm.begin(), perm.end(), [&](uint32_t a, uint32_t b) {
+                return buf[a].startNs != buf[b].startNs ? buf[a].startNs < buf[b].startNs : ids[a] < ids[b];
+            });
+            for (uint32_t i : perm) {
+                const trace::Slice& x = buf[i];
+                if (x.startNs >= f.fromNs && x.startNs < f.toNs && !fn(x)) return false;
+            }
+        } else {
+            for (const trace::Slice& x : buf)
+                if (x.startNs >= f.fromNs && x.startNs < f.toNs && !fn(x)) return false;
+        }
+        return true;
+    };
+    for (uint32_t track : trackIds) {
+        sqlite3_bind_int64(q.s, 1, track);
+        sqlite3_bind_int64(q.s, 2, f.fromNs);
+        sqlite3_bind_int64(q.s, 3, f.toNs);
+        buf.clear();
+        ids.clear();
+        int chunks = 0;
+        int64_t groupLast = INT64_MIN;
+        int rc;
+        while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
+            int64_t id = sqlite3_column_int64(q.s, 0);
+            int64_t tsFirst = sqlite3_column_int64(q.s, 1);
+            int64_t tsLast = sqlite3_column_int64(q.s, 2);
+            int64_t n = sqlite3_column_int64(q.s, 3);
+            const void* data = sqlite3_column_blob(q.s, 4);
+            size_t size = size_t(sqlite3_column_bytes(q.s, 4));
+            // Equal timestamps merge too: order among them is by id, across chunks.
+            if (chunks > 0 && tsFirst > groupLast) {
+                if (!emit(chunks)) {
+                    stopped = true;
+                    break;
+                }
+                buf.clear();
+                ids.clear();
+                chunks = 0;
+            }
+            if (n < 0 || !data ||
+                !codec::decodeChunk(static_cast<const uint8_t*>(data), size, size_t(n), track, tsFirst, buf))
+                return Status::io("slice chunk " + std::to_string(id) + " of track " + std::to_string(track) +
+                                  " is corrupt (run file damaged or written by an incompatible build)");
+            for (int64_t k = 0; k < n; ++k) ids.push_back(id + k);
+            groupLast = chunks == 0 ? tsLast : std::max(groupLast, tsLast);
+            ++chunks;
+        }
+        if (stopped) return Status::ok();
+        if (rc != SQLITE_DONE) return sqlError(db, "reading slices");
+        sqlite3_reset(q.s);
+        if (chunks > 0 && !emit(chunks)) return Status::ok();
+    }
+    return Status::ok();
+}
+}  // namespace
+
+Status TraceStore::forEachSlice(const SliceFilter& f, const std::function<bool(const trace::Slice&)>& fn) {
+    std::vector<uint32_t> trackIds;
+    if (f.track) {
+        trackIds.push_back(*f.track);
+    } else {
+        TS_ASSIGN_OR_RETURN(auto all, tracks());
+        for (auto& t : all) {
+            if (f.rank && t.rank != *f.rank) continue;
+            if (f.trackKind && t.kind != *f.trackKind) continue;
+            trackIds.push_back(t.id);
+        }
+    }
+    return m_legacySlices ? forEachLegacyRow(m_db, trackIds, f, fn) : forEachChunkedSlice(m_db, trackIds, f, fn);
+}
+
 Result<int64_t> TraceStore::sliceCount() {
     Stmt q;
-    TS_RETURN_IF_ERROR(q.prepare(m_db, "SELECT count(*) FROM slices"));
+    TS_RETURN_IF_ERROR(q.prepare(m_db, m_legacySlices ? "SELECT count(*) FROM slices"
+                                                      : "SELECT coalesce(sum(n), 0) FROM slice_chunks"));
     if (sqlite3_step(q.s) != SQLITE_ROW) return sqlError(m_db, "counting slices");
     return sqlite3_column_int64(q.s, 0);
+}
+
+Result<uint64_t> TraceStore::maxCorrelation() {
+    Stmt q;
+    TS_RETURN_IF_ERROR(q.prepare(m_db, m_legacySlices ? "SELECT coalesce(max(correlation), 0) FROM slices"
+                                                      : "SELECT coalesce(max(max_correlation), 0) FROM slice_chunks"));
+    if (sqlite3_step(q.s) != SQLITE_ROW) return sqlError(m_db, "reading the largest correlation id");
+    return uint64_t(sqlite3_column_int64(q.s, 0));
 }
 
 Result<std::vector<trace::Counter>> TraceStore::counters(int rank) {

@@ -26,9 +26,10 @@ struct sqlite3;
 namespace ts::profiler {
 
 // PRAGMA user_version of a file written by this build. Older files are migrated on open for
-// writing; opening read-only a file older than this reads it through compatibility views
-// only when the migration is additive (see store.cpp, kMigrations).
-inline constexpr int kSchemaVersion = 1;
+// writing (store.cpp, kMigrations). Opened read-only, a version 1 file (one row per slice) is
+// read in its own layout; version 0 must be opened for writing once.
+// v1: one `slices` row per slice. v2: slices packed in `slice_chunks` (slice_codec.h).
+inline constexpr int kSchemaVersion = 2;
 
 struct RunInfo {
     std::string id, name;
@@ -117,8 +118,8 @@ public:
     Status putString(uint32_t id, std::string_view text);
     Status putTrack(uint32_t id, const trace::TrackDesc& desc);
     Status putSlice(const trace::Slice& s);
-    // Bulk insert (multi-row statements): the fast path. Rows sorted by (track, startNs) insert
-    // fastest because the table is clustered on that key.
+    // Bulk insert: the fast path. Rows are ordered by (track, startNs) (stable) and packed into
+    // chunks of one track (slice_codec.h), one SQLite row per chunk: put a whole batch at once.
     Status putSlices(const trace::Slice* slices, size_t count);
     Status putCounter(const trace::Counter& c);
 
@@ -131,6 +132,8 @@ public:
     // Streams slices in (track, startNs) order; fn returns false to stop early.
     Status forEachSlice(const SliceFilter& filter, const std::function<bool(const trace::Slice&)>& fn);
     Result<int64_t> sliceCount();
+    // Largest correlation id of any slice (0 when none): importers continue after it.
+    Result<uint64_t> maxCorrelation();
     // Counters of a rank (all ranks if rank < 0), ordered by (rank, name, ts).
     Result<std::vector<trace::Counter>> counters(int rank = -1);
     // Distinct ranks that have at least one track, ascending.
@@ -150,6 +153,7 @@ private:
     std::string m_path;
     bool m_readOnly = true;
     bool m_inBatch = false;
+    bool m_legacySlices = false;  // a v1 file opened read-only: slices are rows of `slices`
     int64_t m_nextSliceId = 1;  // slice ids are assigned here, unique within the file
     std::unique_ptr<Statements> m_stmts;
 };

@@ -35,9 +35,7 @@ struct TraceWriter::Impl {
         if (++rowsInBatch >= batchRows) commit();
     }
     void commit() {
-        std::stable_sort(pendingSlices.begin(), pendingSlices.end(), [](const trace::Slice& a, const trace::Slice& b) {
-            return a.track != b.track ? a.track < b.track : a.startNs < b.startNs;
-        });
+        // putSlices orders the batch by (track, ts) itself.
         note(store.putSlices(pendingSlices.data(), pendingSlices.size()));
         pendingSlices.clear();
         note(store.commitBatch());
@@ -62,11 +60,7 @@ TraceWriter::TraceWriter(TraceStore& store, size_t batchRows) : m(std::make_uniq
     } else {
         m->note(trs.status());
     }
-    sqlite3_stmt* q = nullptr;
-    if (sqlite3_prepare_v2(store.db(), "SELECT coalesce(max(correlation), 0) FROM slices", -1, &q, nullptr) == SQLITE_OK &&
-        sqlite3_step(q) == SQLITE_ROW)
-        m->nextCorrelation = uint64_t(sqlite3_column_int64(q, 0)) + 1;
-    sqlite3_finalize(q);
+    if (auto maxCorr = store.maxCorrelation()) m->nextCorrelation = *maxCorr + 1;
 }
 
 TraceWriter::~TraceWriter() { (void)flush(); }

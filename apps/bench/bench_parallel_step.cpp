@@ -7,10 +7,13 @@
 // Prints median step time, tokens/s and the speed-up over dp=1 with 1 thread, then one JSON
 // line. On a 2-core machine dp=2 competes with itself for the cores: it shows the cost and
 // overlap of the DP machinery more than a scaling win.
+// --tp-overlap 1 instead runs tp=2 with sequence_parallel, tp_comm_overlap off and on (the
+// speed-up column is then relative to overlap off).
 //
-// usage: bench_parallel_step [--steps N] [--warmup N] [--configs tiny,small]
+// usage: bench_parallel_step [--steps N] [--warmup N] [--configs tiny,small] [--tp-overlap 0|1]
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +38,8 @@ struct Variant {
     int threads = 1;  // dp = 1 only
     bool overlap = false;
     bool distOpt = false;
+    int tp = 1;
+    bool tpCommOverlap = false;
 };
 
 // Median / min step time over `steps` measured steps, or a negative value on error.
@@ -58,17 +63,19 @@ bool timeSteps(T& trainer, int warmup, int steps, std::vector<double>& times) {
 int main(int argc, char** argv) {
     int steps = 6, warmup = 2;
     std::vector<std::string> configs = {"tiny", "small"};
+    bool tpOverlapMode = false;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
         if (a == "--steps") steps = std::max(1, std::stoi(v));
         else if (a == "--warmup") warmup = std::max(0, std::stoi(v));
         else if (a == "--configs") configs = split(v);
+        else if (a == "--tp-overlap") tpOverlapMode = v != "0";
         else {
             std::fprintf(stderr, "unknown option %s\n", a.c_str());
             return 2;
         }
     }
-    const std::vector<Variant> variants = {
+    std::vector<Variant> variants = {
         {"dp1 thr1", 1, 1, false, false},
         {"dp1 thr2", 1, 2, false, false},
         {"dp2 no-overlap", 2, 1, false, false},
@@ -76,6 +83,11 @@ int main(int argc, char** argv) {
         {"dp2 distopt no-overlap", 2, 1, false, true},
         {"dp2 distopt overlap", 2, 1, true, true},
     };
+    if (tpOverlapMode)
+        variants = {
+            {"tp2 sp", 1, 1, false, false, 2, false},
+            {"tp2 sp tp_comm_overlap", 1, 1, false, false, 2, true},
+        };
     nlohmann::json results = nlohmann::json::array();
     std::printf("%-6s %-24s %8s %12s %12s %12s %8s\n", "config", "variant", "buckets", "median_ms", "min_ms",
                 "tokens/s", "speedup");
@@ -89,9 +101,12 @@ int main(int argc, char** argv) {
             c.global_batch_size = globalSeqs;
             c.overlap_grad_reduce = v.overlap;
             c.use_distributed_optimizer = v.distOpt;
+            c.tensor_model_parallel_size = v.tp;
+            c.sequence_parallel = v.tp > 1;
+            c.tp_comm_overlap = v.tpCommOverlap;
             std::vector<double> times;
             int buckets = 1;
-            if (v.dp == 1) {
+            if (v.dp == 1 && v.tp == 1) {
                 c.cpu_threads = v.threads;
                 auto t = Trainer::create(c);
                 if (!t) {
@@ -127,19 +142,26 @@ int main(int argc, char** argv) {
             results.push_back({{"config", name},
                                {"variant", v.label},
                                {"dp", v.dp},
-                               {"gemm_threads_per_rank", v.dp == 1 ? v.threads : 1},
+                               {"tp", v.tp},
+                               {"sequence_parallel", v.tp > 1},
+                               {"tp_comm_overlap", v.tpCommOverlap},
+                               {"gemm_threads_per_rank", v.dp == 1 && v.tp == 1 ? v.threads : 1},
                                {"overlap_grad_reduce", v.overlap},
                                {"use_distributed_optimizer", v.distOpt},
                                {"buckets", buckets},
                                {"median_step_s", med},
                                {"min_step_s", times.front()},
                                {"tokens_per_s", tokens / med},
-                               {"speedup_vs_dp1_thr1", base / med}});
+                               {tpOverlapMode ? "speedup_vs_tp_comm_overlap_off" : "speedup_vs_dp1_thr1", base / med}});
         }
     }
+    // The machine may be shared: the 1-minute load average says how much the numbers mean.
+    double load[1] = {-1};
+    if (getloadavg(load, 1) != 1) load[0] = -1;
+    std::printf("load average (1 min): %.2f\n", load[0]);
     std::printf("%s\n",
                 nlohmann::json{{"bench", "bench_parallel_step"}, {"steps", steps}, {"global_batch_seqs", 16},
-                               {"results", results}}
+                               {"load_avg_1min", load[0]}, {"results", results}}
                     .dump()
                     .c_str());
     return 0;

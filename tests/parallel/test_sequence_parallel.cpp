@@ -17,128 +17,21 @@
 #include "engine/parallel_trainer.h"
 #include "engine/trainer.h"
 #include "fake_recorder.h"
+#include "parallel_test_util.h"
 
 using namespace ts;
 using namespace ts::engine;
 
 namespace {
 
-// The brief's tiny model: 2 layers, hidden 32, 4 heads, seq 16, vocab 64, micro-batch 2.
-Config tinySpConfig() {
-    Config c;
-    c.num_layers = 2;
-    c.hidden_size = 32;
-    c.num_attention_heads = 4;
-    c.seq_length = 16;
-    c.vocab_size = 64;
-    c.make_vocab_size_divisible_by = 64;
-    c.micro_batch_size = 2;
-    c.data_path = "synthetic";
-    c.lr = 1e-3;
-    c.lr_warmup_iters = 0;
-    c.clip_grad = 1.0;
-    c.train_iters = 3;
-    c.seed = 1234;
-    c.cpu_threads = 1;  // same GEMM summation order as the parallel ranks
-    // See test_parallel_trainer.cpp: eps = 1e-6 keeps Adam's update of grads that are zero in
-    // exact arithmetic (key bias) from amplifying fp32 rounding noise to a full lr step.
-    c.adam_eps = 1e-6;
-    return c;
-}
-
-struct SpLayout {
-    int tp = 2, pp = 1, vpp = 1, dp = 1, m = 2;
-};
-
-Config spConfig(Config c, const SpLayout& L) {
-    c.tensor_model_parallel_size = L.tp;
-    c.pipeline_model_parallel_size = L.pp;
-    c.virtual_pipeline_model_parallel_size = L.vpp;
-    c.data_parallel_size = L.dp;
-    c.num_microbatches = L.m;
-    c.global_batch_size = c.micro_batch_size * L.dp * L.m;
-    c.sequence_parallel = true;
-    if (L.pp * L.vpp > c.num_layers) c.num_layers = L.pp * L.vpp;
-    return c;
-}
-
-// One device, same model (vocab padded as Megatron pads it for tp) and same global batch.
-Config singleDevice(const Config& par) {
-    const DerivedSizes ds = deriveSizes(par);
-    Config c = par;
-    c.tensor_model_parallel_size = c.pipeline_model_parallel_size = c.virtual_pipeline_model_parallel_size = 1;
-    c.data_parallel_size = 1;
-    c.world_size = 0;
-    c.sequence_parallel = false;
-    c.make_vocab_size_divisible_by = par.make_vocab_size_divisible_by * ds.tp;
-    c.num_microbatches = ds.dp * ds.num_microbatches;
-    c.global_batch_size = c.micro_batch_size * c.num_microbatches;
-    c.overlap_grad_reduce = c.overlap_param_gather = c.use_distributed_optimizer = false;
-    c.average_in_collective = false;
-    c.bucket_size = 0;
-    return c;
-}
-
-struct SpRun {
-    std::vector<double> losses, gradNorms;
-    std::map<std::string, std::vector<float>> params;
-};
-
-SpRun runSingle(const Config& c, int steps) {
-    SpRun out;
-    auto t = Trainer::create(c);
-    EXPECT_TRUE(t.isOk()) << t.status().toString();
-    if (!t.isOk()) return out;
-    for (int s = 0; s < steps; ++s) {
-        StepProgress p;
-        Status st = t.value()->step(&p);
-        EXPECT_TRUE(st.isOk()) << st.toString();
-        out.losses.push_back(p.loss);
-        out.gradNorms.push_back(p.gradNorm);
-    }
-    ParamBuffer& pb = t.value()->model().params();
-    for (int i = 0; i < pb.count(); ++i)
-        out.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
-    return out;
-}
-
-Result<SpRun> runParallel(const Config& c, int steps, trace::Recorder* rec = nullptr) {
-    TS_ASSIGN_OR_RETURN(auto t, ParallelTrainer::create(c, rec));
-    SpRun out;
-    for (int s = 0; s < steps; ++s) {
-        StepProgress p;
-        TS_RETURN_IF_ERROR(t->step(&p));
-        out.losses.push_back(p.loss);
-        out.gradNorms.push_back(p.gradNorm);
-    }
-    TS_ASSIGN_OR_RETURN(out.params, t->gatherParams(0));
-    return out;
-}
-
-double relError(const std::vector<float>& a, const std::vector<float>& ref) {
-    double err = 0, norm = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        const double d = double(a[i]) - double(ref[i]);
-        err += d * d;
-        norm += double(ref[i]) * double(ref[i]);
-    }
-    return std::sqrt(err / std::max(norm, 1e-60));
-}
-
-void expectSame(const SpRun& par, const SpRun& ref, double tol, const std::string& what) {
-    ASSERT_EQ(par.losses.size(), ref.losses.size()) << what;
-    for (size_t s = 0; s < ref.losses.size(); ++s) {
-        EXPECT_NEAR(par.losses[s], ref.losses[s], tol * std::fabs(ref.losses[s])) << what << " loss, step " << s + 1;
-        EXPECT_NEAR(par.gradNorms[s], ref.gradNorms[s], tol * ref.gradNorms[s]) << what << " grad norm, step " << s + 1;
-    }
-    EXPECT_LT(ref.losses.back(), ref.losses.front()) << what << ": the reference did not train";
-    for (const auto& [name, w] : ref.params) {
-        auto it = par.params.find(name);
-        ASSERT_NE(it, par.params.end()) << what << ": no '" << name << "' in the parallel run";
-        ASSERT_EQ(it->second.size(), w.size()) << what << " " << name;
-        EXPECT_LE(relError(it->second, w), tol) << what << ": weights of " << name;
-    }
-}
+using ts::test::expectSame;
+using ts::test::runParallel;
+using ts::test::runSingle;
+using ts::test::singleDevice;
+using ts::test::SpLayout;
+using ts::test::spConfig;
+using ts::test::SpRun;
+using ts::test::tinySpConfig;
 
 struct SpCase {
     const char* name;

@@ -52,7 +52,6 @@ Config tinyConfig() {
 Config resumeConfig() {
     Config c = tinyConfig();
     c.hidden_dropout = 0.1;
-    c.attention_dropout = 0.1;
     c.lr_warmup_iters = 2;
     c.lr_decay_style = "cosine";
     c.min_lr = 1e-4;

@@ -23,10 +23,13 @@
 #include "sessions/node_client.h"
 #include "sessions/process.h"
 #include "sessions/workspace.h"
+#include "session_test_util.h"
 
 using namespace ts::sessions;
 using nlohmann::json;
 namespace fs = std::filesystem;
+using ts::sessions::testutil::TempDir;
+using ts::sessions::testutil::Events;
 
 namespace {
 
@@ -59,18 +62,6 @@ done
 if [ "$mode" = fail ]; then echo "{\"event\":\"end\",\"status\":\"failed\",\"reason\":\"loss is NaN at step 3\"}"; exit 1; fi
 echo "{\"event\":\"end\",\"status\":\"completed\"}"
 )SH";
-
-struct TempDir {
-    std::string path;
-    TempDir() {
-        char tmpl[] = "/tmp/ts_agent_test_XXXXXX";
-        path = ::mkdtemp(tmpl);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 std::string writeFakeRunner(const std::string& dir) {
     std::string p = dir + "/fake_run.sh";
@@ -144,35 +135,6 @@ std::unique_ptr<Agent> makeAgent(const TempDir& dir, const std::string& mode, st
     return std::move(*a);
 }
 
-// Collects notifications of a NodeClient, waits for a run's end.
-struct Events {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<std::pair<std::string, json>> all;
-    void add(const std::string& m, const json& p) {
-        std::lock_guard l(mu);
-        all.emplace_back(m, p);
-        cv.notify_all();
-    }
-    bool waitFor(const std::string& method, const std::string& runId, json* out, int timeoutMs = 20000) {
-        std::unique_lock l(mu);
-        return cv.wait_for(l, std::chrono::milliseconds(timeoutMs), [&] {
-            for (auto& [m, p] : all)
-                if (m == method && p.value("run_id", "") == runId) {
-                    if (out) *out = p;
-                    return true;
-                }
-            return false;
-        });
-    }
-    int count(const std::string& method, const std::string& runId) {
-        std::lock_guard l(mu);
-        int n = 0;
-        for (auto& [m, p] : all) n += (m == method && p.value("run_id", "") == runId);
-        return n;
-    }
-};
-
 struct TcpAgent {
     std::unique_ptr<Agent> agent;
     std::thread loop;
@@ -199,7 +161,7 @@ ConnectOptions withToken(const std::string& t) {
 }  // namespace
 
 TEST(Agent, MalformedRequestsGetSpecErrorCodesAndAgentSurvives) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     auto agent = makeAgent(dir, "ok");
     RawConn c(*agent, /*requireAuth=*/false);
 
@@ -248,7 +210,7 @@ TEST(Agent, MalformedRequestsGetSpecErrorCodesAndAgentSurvives) {
 }
 
 TEST(Agent, OversizeMessageIsRejectedAndConnectionContinues) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     auto agent = makeAgent(dir, "ok", "", /*maxBytes=*/4096);
     RawConn c(*agent, false);
     json big = rpc::makeRequest(1, "validate", {{"yaml", std::string(100000, '#')}});
@@ -261,7 +223,7 @@ TEST(Agent, OversizeMessageIsRejectedAndConnectionContinues) {
 }
 
 TEST(Agent, ValidateReportsIssues) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     auto agent = makeAgent(dir, "ok");
     RawConn c(*agent, false);
     json r = c.call(1, "validate", {{"yaml", kTinyYaml}});
@@ -272,7 +234,7 @@ TEST(Agent, ValidateReportsIssues) {
 }
 
 TEST(Agent, TcpRefusesMissingOrWrongTokenAndAcceptsTheRightOne) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     {
         auto noToken = makeAgent(dir, "ok", "");
         EXPECT_FALSE(noToken->listen("127.0.0.1:0").isOk());  // never listen without a token
@@ -316,7 +278,7 @@ TEST(Agent, TcpRefusesMissingOrWrongTokenAndAcceptsTheRightOne) {
 }
 
 TEST(Agent, RunCompletesStreamsProgressAndCanBeFetched) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     TcpAgent tcp(dir, "ok", "tok");
     auto client = NodeClient::connect(tcp.url, withToken("tok"));
     ASSERT_TRUE(client.isOk()) << client.status().toString();
@@ -357,7 +319,7 @@ TEST(Agent, RunCompletesStreamsProgressAndCanBeFetched) {
 }
 
 TEST(Agent, ChildKilledMidRunLeavesReadableRunFileMarkedFailed) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     TcpAgent tcp(dir, "crash", "tok");
     auto client = NodeClient::connect(tcp.url, withToken("tok"));
     ASSERT_TRUE(client.isOk());
@@ -393,7 +355,7 @@ TEST(Agent, ChildKilledMidRunLeavesReadableRunFileMarkedFailed) {
 }
 
 TEST(Agent, RunReportingFailureKeepsItsReason) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     TcpAgent tcp(dir, "fail", "tok");
     auto client = NodeClient::connect(tcp.url, withToken("tok"));
     ASSERT_TRUE(client.isOk());
@@ -408,7 +370,7 @@ TEST(Agent, RunReportingFailureKeepsItsReason) {
 }
 
 TEST(Agent, CancelDuringRun) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     TcpAgent tcp(dir, "slow", "tok");
     auto client = NodeClient::connect(tcp.url, withToken("tok"));
     ASSERT_TRUE(client.isOk());
@@ -437,7 +399,7 @@ TEST(Agent, CancelDuringRun) {
 }
 
 TEST(Agent, TwoClientsAtOnceEachSeeOnlyTheirRun) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     TcpAgent tcp(dir, "ok", "tok");
     auto a = NodeClient::connect(tcp.url, withToken("tok"));
     auto b = NodeClient::connect(tcp.url, withToken("tok"));
@@ -464,7 +426,7 @@ TEST(Agent, TwoClientsAtOnceEachSeeOnlyTheirRun) {
 }
 
 TEST(Agent, ClientDisconnectMidRunRunFinishesAndIsListed) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     TcpAgent tcp(dir, "slow", "tok");
     std::string id;
     {
@@ -493,7 +455,7 @@ TEST(Agent, ClientDisconnectMidRunRunFinishesAndIsListed) {
 }
 
 TEST(Agent, ShutdownCancelsRunsAndStopsServing) {
-    TempDir dir;
+    TempDir dir("ts_agent_test");
     TcpAgent tcp(dir, "slow", "tok");
     auto a = NodeClient::connect(tcp.url, withToken("tok"));
     ASSERT_TRUE(a.isOk());

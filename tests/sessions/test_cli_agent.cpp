@@ -26,10 +26,13 @@
 #include "sessions/node_client.h"
 #include "sessions/process.h"
 #include "sessions/workspace.h"
+#include "session_test_util.h"
 
 using namespace ts::sessions;
 using nlohmann::json;
 namespace fs = std::filesystem;
+using ts::sessions::testutil::TempDir;
+using ts::sessions::testutil::Events;
 
 namespace {
 
@@ -39,18 +42,6 @@ const std::string kBinary = std::string(TS_BINARY_DIR) + "/apps/trainscope";
 constexpr const char* kMicroYaml =
     "name: micro\nnum_layers: 2\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\n"
     "vocab_size: 256\nmicro_batch_size: 2\ndata_path: synthetic\ntrain_iters: 3\n";
-
-struct TempDir {
-    std::string path;
-    TempDir() {
-        char tmpl[] = "/tmp/ts_cli_agent_XXXXXX";
-        path = ::mkdtemp(tmpl);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 bool haveBinary() { return ::access(kBinary.c_str(), X_OK) == 0; }
 
@@ -71,28 +62,6 @@ int runCli(const std::vector<std::string>& args, std::string* out = nullptr) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-struct Events {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<std::pair<std::string, json>> all;
-    void add(const std::string& m, const json& p) {
-        std::lock_guard l(mu);
-        all.emplace_back(m, p);
-        cv.notify_all();
-    }
-    bool waitFor(const std::string& method, const std::string& runId, json* out, int timeoutMs = 60000) {
-        std::unique_lock l(mu);
-        return cv.wait_for(l, std::chrono::milliseconds(timeoutMs), [&] {
-            for (auto& [m, p] : all)
-                if (m == method && p.value("run_id", "") == runId) {
-                    if (out) *out = p;
-                    return true;
-                }
-            return false;
-        });
-    }
-};
-
 std::vector<double> lossesOf(const std::string& runFile) {
     std::vector<double> out;
     auto store = ts::profiler::TraceStore::open(runFile, true);
@@ -107,7 +76,7 @@ std::vector<double> lossesOf(const std::string& runFile) {
 
 TEST(CliAgent, LocalStdioNodeRunsRealTrainingAndStoresTheRunLocally) {
     if (!haveBinary()) GTEST_SKIP() << kBinary << " not built";
-    TempDir d;
+    TempDir d("ts_cli_agent");
     NodeRunRequest req;
     req.nodeUrl = "local";
     req.configYaml = kMicroYaml;
@@ -172,7 +141,7 @@ TEST(CliAgent, LocalStdioNodeRunsRealTrainingAndStoresTheRunLocally) {
 
 TEST(CliAgent, RealRunKilledWithSigkillIsMarkedFailedAndAgentSurvives) {
     if (!haveBinary()) GTEST_SKIP() << kBinary << " not built";
-    TempDir d;
+    TempDir d("ts_cli_agent");
     AgentOptions o;
     o.workspaceDir = d.path + "/ws";
     o.runnerCommand = {kBinary};
@@ -262,7 +231,7 @@ TEST(CliAgent, RealRunKilledWithSigkillIsMarkedFailedAndAgentSurvives) {
 
 TEST(CliAgent, SshLikeNodeAndTcpAgentProcessWithToken) {
     if (!haveBinary()) GTEST_SKIP() << kBinary << " not built";
-    TempDir d;
+    TempDir d("ts_cli_agent");
     // "ssh HOST COMMAND" stand-in: runs COMMAND locally with sh.
     const std::string fakeSsh = d.path + "/fake_ssh.sh";
     std::ofstream(fakeSsh) << "#!/bin/sh\nhost=$1; shift\nexec sh -c \"$*\"\n";
@@ -367,7 +336,7 @@ struct RealTcpAgent {
 
 TEST(CliAgent, RealRunsTwoClientsCancelAndDisconnect) {
     if (!haveBinary()) GTEST_SKIP() << kBinary << " not built";
-    TempDir d;
+    TempDir d("ts_cli_agent");
     RealTcpAgent tcp(d.path);
     Events ea, eb;
     auto a = tcp.client(ea);

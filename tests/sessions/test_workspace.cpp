@@ -15,24 +15,14 @@
 #include "sessions/compare.h"
 #include "sessions/export.h"
 #include "sessions/workspace.h"
+#include "session_test_util.h"
 
 using namespace ts::sessions;
 using nlohmann::json;
 namespace fs = std::filesystem;
+using ts::sessions::testutil::TempDir;
 
 namespace {
-
-struct TempDir {
-    std::string path;
-    TempDir() {
-        char tmpl[] = "/tmp/ts_ws_test_XXXXXX";
-        path = ::mkdtemp(tmpl);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 // Writes a run file the way a run does: run info with the config, then step metrics.
 void writeRun(const std::string& path, const std::string& id, const ts::engine::Config& cfg,
@@ -86,7 +76,7 @@ TEST(Workspace, DefaultDirFollowsEnvironmentPrecedence) {
 }
 
 TEST(Workspace, RunIdsAreUniqueAndSortByCreationTime) {
-    TempDir d;
+    TempDir d("ts_ws_test");
     auto ws = Workspace::open(d.path);
     ASSERT_TRUE(ws.isOk()) << ws.status().toString();
     std::vector<std::string> ids;
@@ -106,7 +96,7 @@ TEST(Workspace, RunIdsAreUniqueAndSortByCreationTime) {
 }
 
 TEST(Workspace, SummaryIndexAndRebuildFromRunFiles) {
-    TempDir d;
+    TempDir d("ts_ws_test");
     auto ws = Workspace::open(d.path);
     ASSERT_TRUE(ws.isOk());
     ts::engine::Config cfg;
@@ -158,7 +148,7 @@ TEST(Workspace, SummaryIndexAndRebuildFromRunFiles) {
 }
 
 TEST(Workspace, ResolveByIdPrefixNameLatestAndPath) {
-    TempDir d;
+    TempDir d("ts_ws_test");
     auto ws = Workspace::open(d.path);
     ASSERT_TRUE(ws.isOk());
     ts::engine::Config cfg;
@@ -199,7 +189,7 @@ TEST(Workspace, ResolveByIdPrefixNameLatestAndPath) {
 }
 
 TEST(Workspace, GarbageFileInRunsFolderDoesNotBreakListing) {
-    TempDir d;
+    TempDir d("ts_ws_test");
     auto ws = Workspace::open(d.path);
     ASSERT_TRUE(ws.isOk());
     std::ofstream(ws->runsDir() + "/junk.sqlite") << "this is not a database";
@@ -212,7 +202,7 @@ TEST(Workspace, GarbageFileInRunsFolderDoesNotBreakListing) {
 }
 
 TEST(Compare, KnobDiffsAndMetricDeltasWithTheSignThatMatters) {
-    TempDir d;
+    TempDir d("ts_ws_test");
     auto ws = Workspace::open(d.path);
     ASSERT_TRUE(ws.isOk());
     ts::engine::Config a, b;
@@ -418,7 +408,7 @@ TEST(Export, BridgeOverrides) {
 }
 
 TEST(Export, ConfigOfRunFile) {
-    TempDir d;
+    TempDir d("ts_ws_test");
     auto c = tunedConfig();
     writeRun(d.path + "/r.sqlite", "r", c, {1});
     auto back = configOfRunFile(d.path + "/r.sqlite");
@@ -431,7 +421,7 @@ TEST(Export, ConfigOfRunFile) {
 // Trace metrics for compare from a hand-built two-stage trace; expected values worked out by
 // hand from the slice intervals below (not from the implementation).
 TEST(Compare, TraceMetricsFromProfilerAnalyses) {
-    TempDir d;
+    TempDir d("ts_ws_test");
     const std::string path = d.path + "/trace.sqlite";
     {
         auto store = ts::profiler::TraceStore::create(path);

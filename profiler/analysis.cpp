@@ -51,10 +51,21 @@ Result<RankData> loadRank(TraceStore& store, int rank) {
             d.tracks.push_back(t);
         }
     if (d.tracks.empty()) return Status::notFound("the trace has no tracks for rank " + std::to_string(rank));
+    // Reserve once (the count includes host slices: an upper bound): growing by doubling would
+    // copy and page-fault the largest arrays several times.
+    TS_ASSIGN_OR_RETURN(int64_t count, store.sliceCount(rank));
+    d.kernels.reserve(size_t(count));
     SliceFilter f;
     f.rank = rank;
+    uint32_t lastTrack = 0;
+    trace::TrackKind lastKind = trace::TrackKind::HostThread;
     TS_RETURN_IF_ERROR(store.forEachSlice(f, [&](const trace::Slice& s) {
-        trace::TrackKind k = kindOf[s.track];
+        // Slices come track by track: one map lookup per track, not per slice.
+        if (s.track != lastTrack || lastTrack == 0) {
+            lastTrack = s.track;
+            lastKind = kindOf[s.track];
+        }
+        trace::TrackKind k = lastKind;
         if (k == trace::TrackKind::HostThread) {
             d.host.push_back({s.startNs, s.startNs + s.durNs, s.name, s.category, s.step, s.correlation});
             return true;
@@ -92,6 +103,13 @@ Result<HtaContext> htaContext(TraceStore& store) {
 
 std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, const HtaContext& ctx,
                                bool timeOrder) {
+    std::vector<Kernel> storage;
+    const std::vector<Kernel>& r = htaKernelsRef(d, strings, ctx, timeOrder, storage);
+    return &r == &storage ? std::move(storage) : r;
+}
+
+const std::vector<Kernel>& htaKernelsRef(const RankData& d, const std::vector<std::string>& strings,
+                                         const HtaContext& ctx, bool timeOrder, std::vector<Kernel>& storage) {
     const std::vector<Kernel>& source = timeOrder && d.indexed ? d.byStart : d.kernels;
     if (ctx.importerDropped) return source;
     std::unordered_set<uint32_t> stepNames;
@@ -115,11 +133,10 @@ std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>
         if (h.correlation == 0) continue;
         if (includeLast ? h.start <= lastEnd : h.start < lastStart) kept.insert(h.correlation);
     }
-    std::vector<Kernel> out;
-    out.reserve(source.size());
+    storage.clear();
     for (const auto& k : source)
-        if (k.correlation != 0 && kept.count(k.correlation)) out.push_back(k);
-    return out;
+        if (k.correlation != 0 && kept.count(k.correlation)) storage.push_back(k);
+    return storage;
 }
 
 IntervalSet classSet(const std::vector<Kernel>& ks, KernelClass cls, int64_t from, int64_t to) {
@@ -187,12 +204,46 @@ IdleBreakdown idleOf(const RankData& d, const std::vector<Kernel>& ks, int64_t f
 }
 
 void indexRank(RankData& d) {
-    d.byStart = d.kernels;
     // Total order (start, track, end) keeps results deterministic without a stable sort.
-    std::sort(d.byStart.begin(), d.byStart.end(), [](const Kernel& a, const Kernel& b) {
+    auto less = [](const Kernel& a, const Kernel& b) {
         if (a.start != b.start) return a.start < b.start;
         return a.track != b.track ? a.track < b.track : a.end < b.end;
-    });
+    };
+    // d.kernels comes track by track, each track in time order (the store's read order): one
+    // k-way merge of those runs straight into byStart (O(n log tracks), no scratch copies of
+    // the rank's kernels); a run out of order is sorted in a copy first.
+    std::vector<std::pair<const Kernel*, const Kernel*>> runs;  // [begin, end) per run
+    std::vector<std::vector<Kernel>> sortedRuns;
+    const Kernel* base = d.kernels.data();
+    for (size_t i = 0, n = d.kernels.size(); i < n;) {
+        size_t j = i + 1;
+        while (j < n && d.kernels[j].track == d.kernels[i].track) ++j;
+        if (std::is_sorted(base + i, base + j, less)) {
+            runs.emplace_back(base + i, base + j);
+        } else {
+            sortedRuns.emplace_back(base + i, base + j);
+            std::sort(sortedRuns.back().begin(), sortedRuns.back().end(), less);
+        }
+        i = j;
+    }
+    for (const auto& r : sortedRuns) runs.emplace_back(r.data(), r.data() + r.size());
+    d.byStart.clear();
+    d.byStart.reserve(d.kernels.size());
+    // Heap of run heads; "greater" makes it a min-heap.
+    auto greater = [&](const std::pair<const Kernel*, const Kernel*>& a, const std::pair<const Kernel*, const Kernel*>& b) {
+        return less(*b.first, *a.first);
+    };
+    std::make_heap(runs.begin(), runs.end(), greater);
+    while (!runs.empty()) {
+        std::pop_heap(runs.begin(), runs.end(), greater);
+        auto& r = runs.back();
+        d.byStart.push_back(*r.first);
+        if (++r.first == r.second) {
+            runs.pop_back();
+        } else {
+            std::push_heap(runs.begin(), runs.end(), greater);
+        }
+    }
     d.maxKernelDur = 0;
     for (const auto& k : d.kernels) d.maxKernelDur = std::max(d.maxKernelDur, k.end - k.start);
     d.computeSet = classSet(d.byStart, KernelClass::Compute);
@@ -355,84 +406,123 @@ BubbleResult bubbleOf(const RankData& d, const StepWindow& w, double theory) {
 // ---- critical path ------------------------------------------------------------------------
 CriticalPath criticalPathOf(const std::vector<const RankData*>& ranks, const std::vector<std::string>& strings,
                             const std::vector<StepWindow>& windows, size_t maxEntries) {
-    struct Node {
-        const Kernel* k;
-        int rank;
-    };
-    std::vector<Node> nodes;
-    // Per track: node indices in start order.
-    std::unordered_map<uint64_t, std::vector<size_t>> byTrack;
+    // Node i: kernel k[i] of rank rk[i]; st/en copied into flat arrays (the loops below touch
+    // them millions of times). Nodes of one rank are contiguous and in start order (byStart).
+    std::vector<const Kernel*> kn;
+    std::vector<int> rk;
+    std::vector<int64_t> st, en;
+    std::vector<uint32_t> slotOfNode;
+    // Track -> slot. The unordered_map's iteration order (same key insertion sequence as a map
+    // of track -> node list) fixes the order of cross-stream edges, hence tie-breaks below.
+    std::unordered_map<uint64_t, uint32_t> slotOf;
+    std::vector<std::vector<uint32_t>> bySlot;  // slot -> node indices in start order
+    std::vector<std::pair<size_t, size_t>> rankRange;  // per rank: [first node, last node)
+    // Ranks not run through indexRank() get a start-ordered copy here (the cursor walk below
+    // needs each rank's nodes in start order).
+    std::vector<RankData> indexedCopies;
+    indexedCopies.reserve(ranks.size());
     for (const RankData* d : ranks) {
         auto w = std::find_if(windows.begin(), windows.end(), [&](const StepWindow& x) { return x.rank == d->rank; });
         if (w == windows.end()) continue;
-        const Kernel *first = d->kernels.data(), *last = d->kernels.data() + d->kernels.size();
-        if (d->indexed) std::tie(first, last) = kernelsNear(*d, w->startNs, w->endNs);
+        if (!d->indexed) {
+            RankData copy;
+            copy.rank = d->rank;
+            copy.kernels = d->kernels;
+            indexRank(copy);
+            indexedCopies.push_back(std::move(copy));
+            d = &indexedCopies.back();
+        }
+        auto [first, last] = kernelsNear(*d, w->startNs, w->endNs);
+        size_t begin = kn.size();
         for (const Kernel* k = first; k != last; ++k) {
             if (k->start < w->startNs || k->start >= w->endNs) continue;
-            byTrack[k->track].push_back(nodes.size());
-            nodes.push_back({k, d->rank});
+            auto [it, fresh] = slotOf.try_emplace(k->track, uint32_t(bySlot.size()));
+            if (fresh) bySlot.emplace_back();
+            bySlot[it->second].push_back(uint32_t(kn.size()));
+            slotOfNode.push_back(it->second);
+            kn.push_back(k);
+            rk.push_back(d->rank);
+            st.push_back(k->start);
+            en.push_back(k->end);
         }
+        if (kn.size() > begin) rankRange.emplace_back(begin, kn.size());
     }
     CriticalPath cp;
-    if (nodes.empty()) return cp;
-    const size_t n = nodes.size();
+    if (kn.empty()) return cp;
+    const size_t n = kn.size();
     // Edges (v <- u) collected flat, turned into CSR below (no per-node vectors: steps have ~1M kernels).
     std::vector<std::pair<uint32_t, uint32_t>> edges;
     edges.reserve(n * 2);
     auto addEdge = [&](size_t v, size_t u) { edges.emplace_back(uint32_t(v), uint32_t(u)); };
     std::vector<size_t> prevOnTrack(n, SIZE_MAX);
-    for (auto& [t, idx] : byTrack)
-        for (size_t i = 1; i < idx.size(); ++i) {
-            prevOnTrack[idx[i]] = idx[i - 1];
-            addEdge(idx[i], idx[i - 1]);
-        }
+    for (const auto& idx : bySlot)
+        for (size_t i = 1; i < idx.size(); ++i) prevOnTrack[idx[i]] = idx[i - 1];
+    // Slots of each rank in the map's iteration order.
+    std::unordered_map<int, std::vector<uint32_t>> slotsOfRank;
+    for (auto& [t, slot] : slotOf) slotsOfRank[rk[bySlot[slot][0]]].push_back(slot);
     // Cross-stream waits on a rank: v waited for the latest kernel u on another stream of the
     // same rank that ended while v's stream was idle just before v (prev end <= u.end <= v.start).
-    std::unordered_map<int, std::vector<uint64_t>> tracksOfRank;
-    for (auto& [t, idx] : byTrack) tracksOfRank[nodes[idx[0]].rank].push_back(t);
-    for (size_t v = 0; v < n; ++v) {
-        const Kernel& kv = *nodes[v].k;
-        int64_t idleFrom = prevOnTrack[v] == SIZE_MAX ? INT64_MIN : nodes[prevOnTrack[v]].k->end;
-        for (uint64_t t : tracksOfRank[nodes[v].rank]) {
-            if (t == kv.track) continue;
-            const auto& idx = byTrack[t];
-            // Last kernel on t starting before v; walk back over a few to find one that ended in time.
-            auto it = std::upper_bound(idx.begin(), idx.end(), kv.start,
-                                       [&](int64_t ts, size_t i) { return ts < nodes[i].k->start; });
-            for (int steps = 0; it != idx.begin() && steps < 4; ++steps) {
-                --it;
-                const Kernel& ku = *nodes[*it].k;
-                if (ku.end <= kv.start && ku.end >= idleFrom) {
-                    addEdge(v, *it);
-                    break;
+    // Nodes of a rank come in start order, so "last kernel on t starting at or before v" is a
+    // cursor that only moves forward.
+    std::vector<size_t> cursor(bySlot.size(), 0);
+    for (auto [begin, end] : rankRange) {
+        const std::vector<uint32_t>& slots = slotsOfRank[rk[begin]];
+        for (uint32_t s : slots) cursor[s] = 0;
+        for (size_t v = begin; v < end; ++v) {
+            if (prevOnTrack[v] != SIZE_MAX) addEdge(v, prevOnTrack[v]);
+            const int64_t vs = st[v];
+            int64_t idleFrom = prevOnTrack[v] == SIZE_MAX ? INT64_MIN : en[prevOnTrack[v]];
+            for (uint32_t s : slots) {
+                const auto& idx = bySlot[s];
+                size_t& c = cursor[s];
+                while (c < idx.size() && st[idx[c]] <= vs) ++c;
+                if (s == slotOfNode[v]) continue;
+                // Last kernel on t starting before v; walk back over a few to find one that ended in time.
+                size_t it = c;
+                for (int steps = 0; it != 0 && steps < 4; ++steps) {
+                    --it;
+                    const int64_t ue = en[idx[it]];
+                    if (ue <= vs && ue >= idleFrom) {
+                        addEdge(v, idx[it]);
+                        break;
+                    }
+                    if (ue < idleFrom) break;
                 }
-                if (ku.end < idleFrom) break;
             }
         }
     }
     // Cross-rank communication edges. Collectives: the k-th (group, name) collective of each rank
     // in the step is one operation; it cannot finish before every participant arrived, so each
     // participant's stream predecessor precedes it. P2P: the k-th "recv" with (group, microbatch,
-    // chunk) matches the k-th "send" with the same key on another rank.
+    // chunk) matches the k-th "send" with the same key on another rank. Members are taken in
+    // start order (ties: rank order, then a rank's byStart order).
     std::map<std::tuple<uint32_t, uint32_t, int>, std::vector<size_t>> collectives;
     std::map<std::tuple<uint32_t, int32_t, int32_t, int>, std::vector<size_t>> sends, recvs;
     {
+        std::vector<std::pair<int64_t, uint32_t>> commOrder;  // (start, node) of comm nodes
+        for (size_t i = 0; i < n; ++i)
+            if (kn[i]->category == trace::Category::Collective || kn[i]->category == trace::Category::P2P)
+                commOrder.emplace_back(st[i], uint32_t(i));
+        std::sort(commOrder.begin(), commOrder.end());
         std::map<std::tuple<int, uint32_t, uint32_t>, int> collCount;
         std::map<std::tuple<int, bool, uint32_t, int32_t, int32_t>, int> p2pCount;
-        std::vector<size_t> order(n);
-        for (size_t i = 0; i < n; ++i) order[i] = i;
-        std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return nodes[a].k->start < nodes[b].k->start; });
-        for (size_t i : order) {
-            const Kernel& k = *nodes[i].k;
+        std::unordered_map<uint32_t, int> p2pDir;  // name id -> 1 recv, 2 send, 0 neither/both
+        for (auto [s0, i] : commOrder) {
+            const Kernel& k = *kn[i];
             if (k.category == trace::Category::Collective) {
-                int c = collCount[{nodes[i].rank, k.group, k.name}]++;
+                int c = collCount[{rk[i], k.group, k.name}]++;
                 collectives[{k.group, k.name, c}].push_back(i);
-            } else if (k.category == trace::Category::P2P) {
-                const std::string& nm = str(strings, k.name);
-                bool isRecv = nm.find("recv") != std::string::npos;
-                bool isSend = nm.find("send") != std::string::npos;
-                if (isRecv == isSend) continue;  // batched send+recv or unknown: no edge
-                int c = p2pCount[{nodes[i].rank, isRecv, k.group, k.microbatch, k.chunk}]++;
+            } else {
+                auto [dit, fresh] = p2pDir.try_emplace(k.name, 0);
+                if (fresh) {
+                    const std::string& nm = str(strings, k.name);
+                    bool isRecv = nm.find("recv") != std::string::npos;
+                    bool isSend = nm.find("send") != std::string::npos;
+                    dit->second = isRecv == isSend ? 0 : isRecv ? 1 : 2;
+                }
+                if (dit->second == 0) continue;  // batched send+recv or unknown: no edge
+                bool isRecv = dit->second == 1;
+                int c = p2pCount[{rk[i], isRecv, k.group, k.microbatch, k.chunk}]++;
                 (isRecv ? recvs : sends)[{k.group, k.microbatch, k.chunk, c}].push_back(i);
             }
         }
@@ -446,11 +536,12 @@ CriticalPath criticalPathOf(const std::vector<const RankData*>& ranks, const std
         if (it == sends.end()) continue;
         for (size_t v : rs)
             for (size_t u : it->second) {
-                if (nodes[u].rank == nodes[v].rank) continue;
+                if (rk[u] == rk[v]) continue;
                 addEdge(v, u);
                 if (prevOnTrack[u] != SIZE_MAX) addEdge(v, prevOnTrack[u]);
             }
     }
+    // CSR keeping each node's edges in the order they were added (the order decides ties).
     std::vector<uint32_t> predStart(n + 1, 0), preds(edges.size());
     for (auto& e : edges) ++predStart[e.first + 1];
     for (size_t i = 0; i < n; ++i) predStart[i + 1] += predStart[i];
@@ -460,27 +551,46 @@ CriticalPath criticalPathOf(const std::vector<const RankData*>& ranks, const std
     }
     edges = {};
     // Longest path; edges only go forward in (end, start, index) order, which makes the graph a DAG.
-    std::vector<size_t> topo(n);
-    for (size_t i = 0; i < n; ++i) topo[i] = i;
-    auto before = [&](size_t a, size_t b) {
-        const Kernel &ka = *nodes[a].k, &kb = *nodes[b].k;
-        if (ka.end != kb.end) return ka.end < kb.end;
-        if (ka.start != kb.start) return ka.start < kb.start;
-        return a < b;
-    };
-    std::sort(topo.begin(), topo.end(), before);
-    std::vector<size_t> pos(n);
-    for (size_t i = 0; i < n; ++i) pos[topo[i]] = i;
+    // Each track's nodes are in start order and, on a stream, usually in end order too: merge
+    // those runs with a heap (O(n log tracks)); fall back to one sort when a run is not ordered.
+    using Key = std::tuple<int64_t, int64_t, uint32_t>;  // (end, start, node)
+    std::vector<uint32_t> topo(n), pos(n);
+    bool runsOrdered = true;
+    for (const auto& idx : bySlot)
+        for (size_t i = 1; i < idx.size() && runsOrdered; ++i)
+            runsOrdered = Key{en[idx[i - 1]], st[idx[i - 1]], idx[i - 1]} < Key{en[idx[i]], st[idx[i]], idx[i]};
+    if (runsOrdered) {
+        std::vector<std::pair<Key, uint32_t>> heap;  // (head key, slot)
+        std::vector<size_t> head(bySlot.size(), 0);
+        for (uint32_t sl = 0; sl < bySlot.size(); ++sl)
+            if (!bySlot[sl].empty()) heap.push_back({Key{en[bySlot[sl][0]], st[bySlot[sl][0]], bySlot[sl][0]}, sl});
+        auto greater = [](const std::pair<Key, uint32_t>& a, const std::pair<Key, uint32_t>& b) { return a.first > b.first; };
+        std::make_heap(heap.begin(), heap.end(), greater);
+        for (size_t i = 0; i < n; ++i) {
+            std::pop_heap(heap.begin(), heap.end(), greater);
+            auto [key, sl] = heap.back();
+            heap.pop_back();
+            topo[i] = std::get<2>(key);
+            if (++head[sl] < bySlot[sl].size()) {
+                uint32_t u = bySlot[sl][head[sl]];
+                heap.push_back({Key{en[u], st[u], u}, sl});
+                std::push_heap(heap.begin(), heap.end(), greater);
+            }
+        }
+    } else {
+        std::vector<Key> keyed(n);
+        for (size_t i = 0; i < n; ++i) keyed[i] = {en[i], st[i], uint32_t(i)};
+        std::sort(keyed.begin(), keyed.end());
+        for (size_t i = 0; i < n; ++i) topo[i] = std::get<2>(keyed[i]);
+    }
+    for (size_t i = 0; i < n; ++i) pos[topo[i]] = uint32_t(i);
     std::vector<double> best(n, 0);
     std::vector<size_t> from(n, SIZE_MAX);
     size_t argmax = topo[0];
     // Path length counts wall time, not summed durations: v adds only the part of it after its
     // predecessor ended (a recv that waited for the send adds the transfer tail, not the wait),
     // so the length is at most the step time and equals it when the path has no gaps.
-    auto gain = [&](size_t u, size_t v) {
-        const Kernel& kv = *nodes[v].k;
-        return double(kv.end - std::max(kv.start, u == SIZE_MAX ? kv.start : nodes[u].k->end));
-    };
+    auto gain = [&](size_t u, size_t v) { return double(en[v] - std::max(st[v], u == SIZE_MAX ? st[v] : en[u])); };
     std::vector<double> own(n, 0);
     for (size_t v : topo) {
         best[v] = gain(SIZE_MAX, v);
@@ -502,13 +612,13 @@ CriticalPath criticalPathOf(const std::vector<const RankData*>& ranks, const std
     std::unordered_map<uint32_t, std::string> trackName;
     for (const RankData* d : ranks)
         for (const auto& t : d->tracks) trackName[t.id] = t.name;
-    for (size_t v : chain) cp.nsByCategory[trace::categoryName(nodes[v].k->category)] += own[v];
+    for (size_t v : chain) cp.nsByCategory[trace::categoryName(kn[v]->category)] += own[v];
     // Keep the first and last entries when truncating (where the path starts and ends).
     for (size_t i = 0; i < chain.size(); ++i) {
         if (chain.size() > maxEntries && i >= maxEntries / 2 && i < chain.size() - maxEntries / 2) continue;
-        const Kernel& k = *nodes[chain[i]].k;
-        cp.path.push_back({nodes[chain[i]].rank, trackName[k.track], str(strings, k.name),
-                           trace::categoryName(k.category), k.start, k.end - k.start});
+        const Kernel& k = *kn[chain[i]];
+        cp.path.push_back({rk[chain[i]], trackName[k.track], str(strings, k.name), trace::categoryName(k.category),
+                           k.start, k.end - k.start});
     }
     return cp;
 }

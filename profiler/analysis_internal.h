@@ -61,6 +61,9 @@ struct HtaContext {
 // timeOrder: filter d.byStart (needs indexRank) instead of d.kernels ((track, start) order).
 std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, const HtaContext& ctx,
                                bool timeOrder = false);
+// Same without copying: returns the rank's own vector when nothing is filtered, else storage.
+const std::vector<Kernel>& htaKernelsRef(const RankData& d, const std::vector<std::string>& strings,
+                                         const HtaContext& ctx, bool timeOrder, std::vector<Kernel>& storage);
 Result<HtaContext> htaContext(TraceStore& store);
 
 IntervalSet classSet(const std::vector<Kernel>& ks, KernelClass cls, int64_t from = INT64_MIN,

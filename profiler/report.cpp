@@ -178,12 +178,16 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         indexRank(d);
         OverlapResult ov;
         TemporalBreakdown tb;
+        IdleBreakdown idle;
         {
-            std::vector<Kernel> hta = htaKernels(d, strings, htaCtx, /*timeOrder=*/true);
+            // References, not copies: a native trace keeps every kernel (no HTA filter).
+            std::vector<Kernel> storage;
+            const std::vector<Kernel>& hta = htaKernelsRef(d, strings, htaCtx, /*timeOrder=*/true, storage);
             ov = overlapOf(hta);
             tb = temporalOf(hta);
+            idle = idleOf(d, htaKernelsRef(d, strings, htaCtx, /*timeOrder=*/false, storage), INT64_MIN, INT64_MAX,
+                          30000);
         }
-        IdleBreakdown idle = idleOf(d, htaKernels(d, strings, htaCtx), INT64_MIN, INT64_MAX, 30000);
         json rj;
         rj["rank"] = r;
         rj["pp_stage"] = stageOf(r);
@@ -223,6 +227,10 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         ranksJ.push_back(rj);
         for (auto& w : windows)
             if (opt.step < 0 || w.step == opt.step) windowsByStep[w.step].push_back(w);
+        // The per-step metrics below read only the indexed views (byStart, merged sets): drop
+        // the (track, ts)-ordered copies now, which halves the peak memory of a large trace.
+        d.kernels = {};
+        d.computeStreamBusy = {};
         data.push_back(std::move(d));
     }
     doc["ranks"] = ranksJ;
@@ -260,7 +268,28 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
 
     std::map<int, const RankData*> byRank;
     for (auto& d : data) byRank[d.rank] = &d;
+    // Critical paths of the steps are independent: computed up front on a few threads (the
+    // per-step JSON below is cheap), in the steps' order.
+    std::vector<CriticalPath> paths(windowsByStep.size());
+    if (opt.criticalPath && !windowsByStep.empty()) {
+        std::vector<const std::vector<StepWindow>*> stepWindowsList;
+        for (auto& [step, windows] : windowsByStep) stepWindowsList.push_back(&windows);
+        std::vector<const RankData*> ptrs;
+        for (auto& d : data) ptrs.push_back(&d);
+        std::atomic<size_t> next{0};
+        auto work = [&] {
+            for (size_t i; (i = next.fetch_add(1)) < stepWindowsList.size();)
+                paths[i] = criticalPathOf(ptrs, strings, *stepWindowsList[i], 32);
+        };
+        unsigned nThreads = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()),
+                                               unsigned(stepWindowsList.size()));
+        std::vector<std::thread> pool;
+        for (unsigned t = 1; t < nThreads; ++t) pool.emplace_back(work);
+        work();
+        for (auto& th : pool) th.join();
+    }
     json stepsJ = json::array();
+    size_t stepIndex = 0;
     for (auto& [step, windows] : windowsByStep) {
         json sj;
         sj["step"] = step;
@@ -317,9 +346,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         sj["model_tflops_per_device"] = rnd(tflops / world);
         sj["mfu"] = peak && *peak > 0 ? json(rnd(tflops / world / *peak)) : json(nullptr);
         if (opt.criticalPath) {
-            std::vector<const RankData*> ptrs;
-            for (auto& d : data) ptrs.push_back(&d);
-            CriticalPath cp = criticalPathOf(ptrs, strings, windows, 32);
+            const CriticalPath& cp = paths[stepIndex];
             json path = json::array();
             for (auto& e : cp.path)
                 path.push_back({{"rank", e.rank}, {"track", e.track}, {"name", e.name}, {"category", e.category},
@@ -331,6 +358,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
                                    {"by_category_s", byCat}, {"path", path}};
         }
         stepsJ.push_back(sj);
+        ++stepIndex;
     }
     if (opt.step >= 0 && stepsJ.empty())
         return Status::notFound("step " + std::to_string(opt.step) + " is not in the trace of '" + store.path() + "'");

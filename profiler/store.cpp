@@ -791,6 +791,16 @@ Result<int64_t> TraceStore::sliceCount() {
     return sqlite3_column_int64(q.s, 0);
 }
 
+Result<int64_t> TraceStore::sliceCount(int rank) {
+    Stmt q;
+    TS_RETURN_IF_ERROR(q.prepare(m_db, m_legacySlices
+        ? "SELECT count(*) FROM slices WHERE track IN (SELECT id FROM tracks WHERE rank = ?)"
+        : "SELECT coalesce(sum(n), 0) FROM slice_chunks WHERE track IN (SELECT id FROM tracks WHERE rank = ?)"));
+    sqlite3_bind_int(q.s, 1, rank);
+    if (sqlite3_step(q.s) != SQLITE_ROW) return sqlError(m_db, "counting a rank's slices");
+    return sqlite3_column_int64(q.s, 0);
+}
+
 Result<uint64_t> TraceStore::maxCorrelation() {
     Stmt q;
     TS_RETURN_IF_ERROR(q.prepare(m_db, m_legacySlices ? "SELECT coalesce(max(correlation), 0) FROM slices"

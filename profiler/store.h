@@ -132,6 +132,7 @@ public:
     // Streams slices in (track, startNs) order; fn returns false to stop early.
     Status forEachSlice(const SliceFilter& filter, const std::function<bool(const trace::Slice&)>& fn);
     Result<int64_t> sliceCount();
+    Result<int64_t> sliceCount(int rank);  // slices on the rank's tracks
     // Largest correlation id of any slice (0 when none): importers continue after it.
     Result<uint64_t> maxCorrelation();
     // Counters of a rank (all ranks if rank < 0), ordered by (rank, name, ts).

@@ -756,10 +756,11 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     TS_ASSIGN_OR_RETURN(TensorPtr dv, alloc(int64_t(T) * ng * d));
     TS_ASSIGN_OR_RETURN(TensorPtr scratch, allocUninitialized(m_exec, int64_t(k::attentionScratchSize(ad)),
                                                               MemCategory::Workspace));
+    const bool fusedSoftmax = m_o.fusedSoftmax;
     m_exec.op("core_attention.bwd", Category::Attention, 8.0 * b * nq * double(s) * s * d,
               uint64_t(8) * k::attentionProbsSize(ad), [=] {
                   k::attentionBackward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(dctx), fp(dq), fp(dk), fp(dv),
-                                       fp(scratch));
+                                       fp(scratch), fusedSoftmax);
               });
     probs.reset();
     scratch.reset();

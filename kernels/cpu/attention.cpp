@@ -6,7 +6,8 @@
 // Causality: the fused path only computes the lower block-triangle (rows in blocks of kBlock,
 // block i needs key columns [0, end of block i)), which roughly halves the GEMM work at long
 // sequences; the unfused path is the naive one (full square scores, then scale, mask, softmax
-// as separate passes) used to check the fused one and to measure what the fusion buys.
+// as separate passes; its backward full-square too) used to check the fused one and to
+// measure what the fusion buys.
 //
 // Attention dropout (AttnDims::dropout > 0): probs keeps the undropped softmax P; .V uses
 // dropout(P). The mask is never stored: a pure function of (seed, element number), it is
@@ -159,9 +160,49 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
 // Pd = P * Md and dO the output grad of one head:
 //   dV += Pd^T dO;  dP = (dO V^T) * Md;  dS = P * (dP - rowsum(P * dP));  dQ = scale dS K;
 //   dK += scale dS^T Q.  All restricted to the causal block-triangle.
+namespace {
+
+// The naive backward of one head, mirroring the unfused forward: full-square GEMMs (the
+// masked upper triangle of P is 0, so its products vanish), dropout and the softmax
+// backward as whole-head passes.
+void attentionBackwardHeadUnfused(const AttnDims& dims, const float* Q, const float* K,
+                                  const float* V, const float* P, const float* dO, float* dQ,
+                                  float* dK, float* dV, float beta, float* dS, float* Pd,
+                                  uint64_t base, int ldq, int ldk) {
+    const int s = dims.s, d = dims.d;
+    const int64_t ss = static_cast<int64_t>(s) * s;
+    const float p = dims.dropout;
+    const bool drop = p > 0.0f;
+    const float* PV = P;
+    if (drop) {
+        dropoutForward(P, Pd, nullptr, ss, p, dims.dropoutSeed, base);  // Pd = dropout(P)
+        PV = Pd;
+    }
+    // dV (+)= Pd^T dO
+    gemm(true, false, s, d, s, 1.0f, PV, s, dO, ldq, beta, dV, ldk);
+    // dPd = dO V^T; dP = dropout'(dPd) with the same mask
+    gemm(false, true, s, s, d, 1.0f, dO, ldq, V, ldk, 0.0f, dS, s);
+    if (drop) {
+        uint8_t* mask = threadMaskRow(static_cast<size_t>(ss));
+        dropoutMask(mask, ss, p, dims.dropoutSeed, base);
+        dropoutBackward(dS, mask, dS, ss, p);
+    }
+    // softmax backward: dS = P * (dP - rowsum(P * dP)) over whole rows
+    for (int r = 0; r < s; ++r) {
+        const float* pr = P + static_cast<int64_t>(r) * s;
+        float* dr = dS + static_cast<int64_t>(r) * s;
+        const float dot = detail::dotLanes(pr, dr, s);
+        for (int j = 0; j < s; ++j) dr[j] = pr[j] * (dr[j] - dot);
+    }
+    gemm(false, false, s, d, s, dims.scale, dS, s, K, ldk, 0.0f, dQ, ldq);
+    gemm(true, false, s, d, s, dims.scale, dS, s, Q, ldq, beta, dK, ldk);
+}
+
+}  // namespace
+
 void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
-                       float* scratch) {
+                       float* scratch, bool fusedSoftmax) {
     const int s = dims.s, d = dims.d;
     if (s <= 0 || dims.b <= 0 || dims.nq <= 0 || dims.nkv <= 0 || d <= 0) return;
     const Views vw(dims);
@@ -187,6 +228,11 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
             float* dV = dv + vw.kOff(bi, g);
             const float* P = vw.probs(probs, bi, h);
             const uint64_t base = drop ? maskBase(dims, bi, h) : 0;
+            if (!fusedSoftmax) {
+                attentionBackwardHeadUnfused(dims, Q, K, V, P, dO, dQ, dK, dV, beta, dS, Pd, base,
+                                             ldq, ldk);
+                continue;
+            }
             for (int r0 = 0; r0 < s; r0 += kBlock) {
                 const int r1 = std::min(s, r0 + kBlock);
                 float* dSb = dS + static_cast<int64_t>(r0) * s;

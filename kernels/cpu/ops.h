@@ -114,9 +114,12 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                       float* probs, float* out, bool fusedSoftmax);
 // dq: [s,b,nq,d], dk, dv: [s,b,nkv,d] all overwritten.
 // scratch: at least attentionScratchSize(dims) floats.
+// fusedSoftmax=true: every GEMM restricted to the causal block-triangle, the softmax (and
+// dropout) backward fused per row; false: the naive path matching the unfused forward (full
+// s x s GEMMs, dropout and softmax backward as separate passes over the whole head).
 void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
-                       float* scratch);
+                       float* scratch, bool fusedSoftmax = true);
 size_t attentionProbsSize(const AttnDims& dims);    // elements of probs
 size_t attentionScratchSize(const AttnDims& dims);  // s*s, 2*s*s with dropout
 

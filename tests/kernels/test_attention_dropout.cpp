@@ -140,6 +140,33 @@ TEST(KernelsAttentionDropout, KeepRateAndScale) {
     }
 }
 
+// The naive (unfused) backward — full-square GEMMs, whole-head dropout and softmax passes —
+// agrees with the causal block-triangle one, with and without dropout.
+TEST(KernelsAttentionDropout, UnfusedBackwardEqualsFusedBackward) {
+    for (float p : {0.0f, 0.2f}) {
+        const AttnDims dm = dims(130, 2, 4, 2, 8, p, 17);  // 3 causal blocks, GQA
+        const auto q = randomVector(qSize(dm), 80, -2, 2);
+        const auto k = randomVector(kSize(dm), 81, -2, 2);
+        const auto v = randomVector(kSize(dm), 82);
+        const auto dout = randomVector(q.size(), 83);
+        std::vector<float> probs(attentionProbsSize(dm)), out(q.size());
+        attentionForward(dm, q.data(), k.data(), v.data(), probs.data(), out.data(), true);
+        std::vector<float> g[2][3];
+        for (int f = 0; f < 2; ++f) {
+            g[f][0].assign(q.size(), 9.f);
+            g[f][1].assign(k.size(), 9.f);
+            g[f][2].assign(v.size(), 9.f);
+            std::vector<float> scratch(attentionScratchSize(dm), 4.f);
+            attentionBackward(dm, q.data(), k.data(), v.data(), probs.data(), dout.data(),
+                              g[f][0].data(), g[f][1].data(), g[f][2].data(), scratch.data(),
+                              f == 1);
+        }
+        testing::expectClose(g[0][0], g[1][0], 1e-4, 1e-6, "dq");
+        testing::expectClose(g[0][1], g[1][1], 1e-4, 1e-6, "dk");
+        testing::expectClose(g[0][2], g[1][2], 1e-4, 1e-6, "dv");
+    }
+}
+
 // Tensor parallelism: a rank holding heads [2, 4) of 4 (headOffset 2, nqTotal 4) draws the same
 // mask for them as the single device holding all 4.
 TEST(KernelsAttentionDropout, HeadSliceDrawsSingleDeviceMask) {
@@ -196,7 +223,7 @@ TEST(KernelsAttentionDropout, BackwardMatchesFiniteDifferences) {
         ASSERT_EQ(attentionScratchSize(dm), 2 * size_t(dm.s) * dm.s);
         std::vector<float> scratch(attentionScratchSize(dm), 3.f);  // garbage is overwritten
         attentionBackward(dm, q.data(), k.data(), v.data(), probs.data(), r.data(), dq.data(),
-                          dk.data(), dv.data(), scratch.data());
+                          dk.data(), dv.data(), scratch.data(), fused);
         auto idx = [&](size_t n, uint32_t seed) {
             auto v2 = testing::sampleIndices(n, 300, seed);
             v2.push_back(0);

@@ -138,6 +138,25 @@ Status migrateTo1(sqlite3* db) {
     return Status::ok();
 }
 
+// The v1 row columns ts, dur, name, category, step, microbatch, chunk, layer, correlation,
+// bytes, flops, grp, depth, read from column c on (v1 files: migration 2 and read-only reads).
+void readV1SliceColumns(sqlite3_stmt* q, int c, trace::Slice& x) {
+    x.startNs = sqlite3_column_int64(q, c);
+    x.durNs = sqlite3_column_int64(q, c + 1);
+    x.name = uint32_t(sqlite3_column_int64(q, c + 2));
+    int cat = sqlite3_column_int(q, c + 3);
+    x.category = (cat >= 0 && cat <= int(trace::Category::Other)) ? trace::Category(cat) : trace::Category::Other;
+    x.step = sqlite3_column_int(q, c + 4);
+    x.microbatch = sqlite3_column_int(q, c + 5);
+    x.chunk = sqlite3_column_int(q, c + 6);
+    x.layer = sqlite3_column_int(q, c + 7);
+    x.correlation = uint64_t(sqlite3_column_int64(q, c + 8));
+    x.bytes = uint64_t(sqlite3_column_int64(q, c + 9));
+    x.flops = sqlite3_column_double(q, c + 10);
+    x.group = uint32_t(sqlite3_column_int64(q, c + 11));
+    x.depth = sqlite3_column_int(q, c + 12);
+}
+
 // ---- packed slice chunks (schema v2; layout in slice_codec.h) --------------------------------
 // One row per chunk of <= codec::kMaxChunkSlices slices of one track in time order; the chunk's
 // slices have ids id .. id + n - 1. Index (track, ts_first): a track is read in time order by
@@ -205,20 +224,7 @@ Status migrateTo2(sqlite3* db) {
     while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
         trace::Slice x;
         x.track = uint32_t(sqlite3_column_int64(q.s, 0));
-        x.startNs = sqlite3_column_int64(q.s, 1);
-        x.durNs = sqlite3_column_int64(q.s, 2);
-        x.name = uint32_t(sqlite3_column_int64(q.s, 3));
-        int cat = sqlite3_column_int(q.s, 4);
-        x.category = (cat >= 0 && cat <= int(trace::Category::Other)) ? trace::Category(cat) : trace::Category::Other;
-        x.step = sqlite3_column_int(q.s, 5);
-        x.microbatch = sqlite3_column_int(q.s, 6);
-        x.chunk = sqlite3_column_int(q.s, 7);
-        x.layer = sqlite3_column_int(q.s, 8);
-        x.correlation = uint64_t(sqlite3_column_int64(q.s, 9));
-        x.bytes = uint64_t(sqlite3_column_int64(q.s, 10));
-        x.flops = sqlite3_column_double(q.s, 11);
-        x.group = uint32_t(sqlite3_column_int64(q.s, 12));
-        x.depth = sqlite3_column_int(q.s, 13);
+        readV1SliceColumns(q.s, 1, x);
         if (rows.size() >= (size_t(1) << 16)) TS_RETURN_IF_ERROR(drain());  // bounded memory
         rows.push_back(x);
     }
@@ -673,20 +679,7 @@ Status forEachLegacyRow(sqlite3* db, const std::vector<uint32_t>& trackIds, cons
         s.track = track;
         int rc;
         while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
-            s.startNs = sqlite3_column_int64(q.s, 0);
-            s.durNs = sqlite3_column_int64(q.s, 1);
-            s.name = uint32_t(sqlite3_column_int64(q.s, 2));
-            int cat = sqlite3_column_int(q.s, 3);
-            s.category = (cat >= 0 && cat <= int(trace::Category::Other)) ? trace::Category(cat) : trace::Category::Other;
-            s.step = sqlite3_column_int(q.s, 4);
-            s.microbatch = sqlite3_column_int(q.s, 5);
-            s.chunk = sqlite3_column_int(q.s, 6);
-            s.layer = sqlite3_column_int(q.s, 7);
-            s.correlation = uint64_t(sqlite3_column_int64(q.s, 8));
-            s.bytes = uint64_t(sqlite3_column_int64(q.s, 9));
-            s.flops = sqlite3_column_double(q.s, 10);
-            s.group = uint32_t(sqlite3_column_int64(q.s, 11));
-            s.depth = sqlite3_column_int(q.s, 12);
+            readV1SliceColumns(q.s, 0, s);
             if (!fn(s)) return Status::ok();
         }
         if (rc != SQLITE_DONE) return sqlError(db, "reading slices");

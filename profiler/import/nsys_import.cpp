@@ -83,6 +83,10 @@ private:
     uint32_t gpuTrack(Process& p, int64_t device, int64_t stream);
     uint32_t hostTrack(Process& p, int64_t globalTid);
     bool readSpan(sqlite3_stmt* st, int startCol, int endCol, int64_t& start, int64_t& end, const char* table);
+    // A device activity row whose first columns are start, end, deviceId, streamId,
+    // correlationId, globalPid (kernels, memcpy, memset): its process and a slice with span,
+    // stream track and correlation set. False when the span is unusable (readSpan counts it).
+    bool deviceSlice(sqlite3_stmt* st, const char* table, Process*& p, trace::Slice& s);
     void readRuntime();
     void readKernels();
     void readMemcpy();
@@ -353,6 +357,20 @@ void NsysReader::readRuntime() {
     }
 }
 
+bool NsysReader::deviceSlice(sqlite3_stmt* st, const char* table, Process*& p, trace::Slice& s) {
+    int64_t start = 0, end = 0;
+    if (!readSpan(st, 0, 1, start, end, table)) return false;
+    int64_t pid = sqlite3_column_type(st, 5) == SQLITE_INTEGER ? pidOf(sqlite3_column_int64(st, 5))
+                                                                : (m_processes.empty() ? 0 : m_processes.begin()->first);
+    p = &process(pid);
+    s.track = gpuTrack(*p, sqlite3_column_int64(st, 2), sqlite3_column_int64(st, 3));
+    s.startNs = start;
+    s.durNs = end - start;
+    int64_t corr = sqlite3_column_int64(st, 4);
+    s.correlation = corr > 0 ? static_cast<uint64_t>(corr) : 0;
+    return true;
+}
+
 void NsysReader::readKernels() {
     const char* table = "CUPTI_ACTIVITY_KIND_KERNEL";
     if (!hasTable(table)) return;
@@ -362,22 +380,14 @@ void NsysReader::readKernels() {
     Stmt st;
     if (!sql || !prepare(*sql, st)) return;
     while (sqlite3_step(st.st) == SQLITE_ROW) {
-        int64_t start = 0, end = 0;
-        if (!readSpan(st.st, 0, 1, start, end, table)) continue;
-        int64_t pid = sqlite3_column_type(st.st, 5) == SQLITE_INTEGER ? pidOf(sqlite3_column_int64(st.st, 5))
-                                                                       : (m_processes.empty() ? 0 : m_processes.begin()->first);
-        Process& p = process(pid);
+        Process* p = nullptr;
+        trace::Slice s;
+        if (!deviceSlice(st.st, table, p, s)) continue;
         int nameCol = sqlite3_column_type(st.st, 6) != SQLITE_NULL ? 6 : 7;
         const std::string& name = str(st.st, nameCol);
-        trace::Slice s;
-        s.track = gpuTrack(p, sqlite3_column_int64(st.st, 2), sqlite3_column_int64(st.st, 3));
-        s.name = p.file.strings.intern(name);
+        s.name = p->file.strings.intern(name);
         s.category = classifyKernel(name);
-        s.startNs = start;
-        s.durNs = end - start;
-        int64_t corr = sqlite3_column_int64(st.st, 4);
-        s.correlation = corr > 0 ? static_cast<uint64_t>(corr) : 0;
-        p.file.slices.push_back(s);
+        p->file.slices.push_back(s);
     }
 }
 
@@ -392,23 +402,15 @@ void NsysReader::readMemcpy() {
     static const char* kKinds[] = {"Memcpy Unknown", "Memcpy HtoD", "Memcpy DtoH", "Memcpy HtoA", "Memcpy AtoH", "Memcpy AtoA",
                                    "Memcpy AtoD",    "Memcpy DtoA", "Memcpy DtoD", "Memcpy HtoH", "Memcpy PtoP"};
     while (sqlite3_step(st.st) == SQLITE_ROW) {
-        int64_t start = 0, end = 0;
-        if (!readSpan(st.st, 0, 1, start, end, table)) continue;
-        int64_t pid = sqlite3_column_type(st.st, 5) == SQLITE_INTEGER ? pidOf(sqlite3_column_int64(st.st, 5))
-                                                                       : (m_processes.empty() ? 0 : m_processes.begin()->first);
-        Process& p = process(pid);
-        int kind = sqlite3_column_int(st.st, 7);
+        Process* p = nullptr;
         trace::Slice s;
-        s.track = gpuTrack(p, sqlite3_column_int64(st.st, 2), sqlite3_column_int64(st.st, 3));
-        s.name = p.file.strings.intern(kind >= 0 && kind <= 10 ? kKinds[kind] : kKinds[0]);
+        if (!deviceSlice(st.st, table, p, s)) continue;
+        int kind = sqlite3_column_int(st.st, 7);
+        s.name = p->file.strings.intern(kind >= 0 && kind <= 10 ? kKinds[kind] : kKinds[0]);
         s.category = Category::Memcpy;
-        s.startNs = start;
-        s.durNs = end - start;
-        int64_t corr = sqlite3_column_int64(st.st, 4);
-        s.correlation = corr > 0 ? static_cast<uint64_t>(corr) : 0;
         int64_t bytes = sqlite3_column_int64(st.st, 6);
         s.bytes = bytes > 0 ? static_cast<uint64_t>(bytes) : 0;
-        p.file.slices.push_back(s);
+        p->file.slices.push_back(s);
     }
 }
 
@@ -420,22 +422,14 @@ void NsysReader::readMemset() {
     Stmt st;
     if (!sql || !prepare(*sql, st)) return;
     while (sqlite3_step(st.st) == SQLITE_ROW) {
-        int64_t start = 0, end = 0;
-        if (!readSpan(st.st, 0, 1, start, end, table)) continue;
-        int64_t pid = sqlite3_column_type(st.st, 5) == SQLITE_INTEGER ? pidOf(sqlite3_column_int64(st.st, 5))
-                                                                       : (m_processes.empty() ? 0 : m_processes.begin()->first);
-        Process& p = process(pid);
+        Process* p = nullptr;
         trace::Slice s;
-        s.track = gpuTrack(p, sqlite3_column_int64(st.st, 2), sqlite3_column_int64(st.st, 3));
-        s.name = p.file.strings.intern("Memset");
+        if (!deviceSlice(st.st, table, p, s)) continue;
+        s.name = p->file.strings.intern("Memset");
         s.category = Category::Memset;
-        s.startNs = start;
-        s.durNs = end - start;
-        int64_t corr = sqlite3_column_int64(st.st, 4);
-        s.correlation = corr > 0 ? static_cast<uint64_t>(corr) : 0;
         int64_t bytes = sqlite3_column_int64(st.st, 6);
         s.bytes = bytes > 0 ? static_cast<uint64_t>(bytes) : 0;
-        p.file.slices.push_back(s);
+        p->file.slices.push_back(s);
     }
 }
 

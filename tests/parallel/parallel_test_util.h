@@ -1,5 +1,4 @@
-// Shared helpers of the parallel-layout tests: the tiny sequence-parallel model, a layout ->
-// config mapping, the single-device reference config of a parallel config, runs of both
+// Shared helpers of the parallel-layout tests: the tiny model, layout -> config mappings, the single-device reference config of a parallel config, runs of both
 // trainers that collect losses / grad norms / final weights, and their comparison.
 #pragma once
 
@@ -8,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,10 +16,11 @@
 
 namespace ts::test {
 
-// The brief's tiny model: 2 layers, hidden 32, 4 heads, seq 16, vocab 64, micro-batch 2.
-inline engine::Config tinySpConfig() {
+// The tiny GPT of the parallel tests: hidden 32, 4 heads, seq 16, vocab 64, micro-batch 2,
+// `numLayers` layers (4 by default; withLayout raises it to pp*vpp when that is larger).
+inline engine::Config tinyConfig(int numLayers = 4) {
     engine::Config c;
-    c.num_layers = 2;
+    c.num_layers = numLayers;
     c.hidden_size = 32;
     c.num_attention_heads = 4;
     c.seq_length = 16;
@@ -32,10 +33,34 @@ inline engine::Config tinySpConfig() {
     c.clip_grad = 1.0;
     c.train_iters = 3;
     c.seed = 1234;
-    c.cpu_threads = 1;  // same GEMM summation order as the parallel ranks
-    // See test_parallel_trainer.cpp: eps = 1e-6 keeps Adam's update of grads that are zero in
-    // exact arithmetic (key bias) from amplifying fp32 rounding noise to a full lr step.
+    // The parallel engine runs one GEMM thread per rank; the reference does the same so that
+    // both use the same OpenBLAS summation order inside a GEMM.
+    c.cpu_threads = 1;
+    // Adam divides by sqrt(v) + eps: with the default 1e-8, a gradient that is zero in exact
+    // arithmetic but rounding noise in fp32 (the attention key bias: softmax ignores a shift
+    // of all keys) gets an update of noise/|noise| * lr, so two correct runs whose fp32 sums
+    // differ in order differ by up to lr there. eps = 1e-6 keeps such updates ~noise/eps*lr
+    // while every real gradient here (|g| >> 1e-6) still gets the sign-like Adam update.
     c.adam_eps = 1e-6;
+    return c;
+}
+
+// The sequence-parallel tests' model: the tiny GPT with 2 layers.
+inline engine::Config tinySpConfig() { return tinyConfig(2); }
+
+struct Layout {
+    int tp = 1, pp = 1, vpp = 1, dp = 1, m = 2;  // m: microbatches per DP rank
+};
+
+// `c` with the layout applied (global batch = micro-batch * dp * m).
+inline engine::Config withLayout(engine::Config c, const Layout& L) {
+    c.tensor_model_parallel_size = L.tp;
+    c.pipeline_model_parallel_size = L.pp;
+    c.virtual_pipeline_model_parallel_size = L.vpp;
+    c.data_parallel_size = L.dp;
+    c.num_microbatches = L.m;
+    c.global_batch_size = c.micro_batch_size * L.dp * L.m;
+    if (L.pp * L.vpp > c.num_layers) c.num_layers = L.pp * L.vpp;
     return c;
 }
 
@@ -45,14 +70,8 @@ struct SpLayout {
 
 // `c` with the layout applied and sequence_parallel on.
 inline engine::Config spConfig(engine::Config c, const SpLayout& L) {
-    c.tensor_model_parallel_size = L.tp;
-    c.pipeline_model_parallel_size = L.pp;
-    c.virtual_pipeline_model_parallel_size = L.vpp;
-    c.data_parallel_size = L.dp;
-    c.num_microbatches = L.m;
-    c.global_batch_size = c.micro_batch_size * L.dp * L.m;
+    c = withLayout(std::move(c), Layout{L.tp, L.pp, L.vpp, L.dp, L.m});
     c.sequence_parallel = true;
-    if (L.pp * L.vpp > c.num_layers) c.num_layers = L.pp * L.vpp;
     return c;
 }
 
@@ -74,40 +93,62 @@ inline engine::Config singleDevice(const engine::Config& par) {
     return c;
 }
 
-struct SpRun {
+using Params = std::map<std::string, std::vector<float>>;
+
+struct RunResult {
     std::vector<double> losses, gradNorms;
-    std::map<std::string, std::vector<float>> params;
+    Params params;  // fp32 main weights by name (full, unsharded tensors)
 };
 
-inline SpRun runSingle(const engine::Config& c, int steps) {
-    SpRun out;
-    auto t = engine::Trainer::create(c);
-    EXPECT_TRUE(t.isOk()) << t.status().toString();
-    if (!t.isOk()) return out;
-    for (int s = 0; s < steps; ++s) {
-        engine::StepProgress p;
-        Status st = t.value()->step(&p);
-        EXPECT_TRUE(st.isOk()) << st.toString();
-        out.losses.push_back(p.loss);
-        out.gradNorms.push_back(p.gradNorm);
-    }
-    engine::ParamBuffer& pb = t.value()->model().params();
-    for (int i = 0; i < pb.count(); ++i)
-        out.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
-    return out;
-}
-
-inline Result<SpRun> runParallel(const engine::Config& c, int steps, trace::Recorder* rec = nullptr) {
-    TS_ASSIGN_OR_RETURN(auto t, engine::ParallelTrainer::create(c, rec));
-    SpRun out;
+// `steps` steps of the single-device Trainer, after loading checkpoint `load` (if set), then
+// saving to `save` (if set).
+inline Result<RunResult> trainSingle(engine::Config c, int steps, const std::string& load = "",
+                                     const std::string& save = "") {
+    c.load = load;
+    TS_ASSIGN_OR_RETURN(auto t, engine::Trainer::create(c));
+    RunResult out;
     for (int s = 0; s < steps; ++s) {
         engine::StepProgress p;
         TS_RETURN_IF_ERROR(t->step(&p));
         out.losses.push_back(p.loss);
         out.gradNorms.push_back(p.gradNorm);
     }
-    TS_ASSIGN_OR_RETURN(out.params, t->gatherParams(0));
+    if (!save.empty()) TS_RETURN_IF_ERROR(t->save(save));
+    engine::ParamBuffer& pb = t->model().params();
+    for (int i = 0; i < pb.count(); ++i)
+        out.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
     return out;
+}
+
+// The same with the ParallelTrainer (params gathered to full tensors); `rec` traces every rank,
+// `keep` receives the trainer after the run.
+inline Result<RunResult> trainParallel(engine::Config c, int steps, const std::string& load = "",
+                                       const std::string& save = "", trace::Recorder* rec = nullptr,
+                                       std::unique_ptr<engine::ParallelTrainer>* keep = nullptr) {
+    c.load = load;
+    TS_ASSIGN_OR_RETURN(auto t, engine::ParallelTrainer::create(c, rec));
+    RunResult out;
+    for (int s = 0; s < steps; ++s) {
+        engine::StepProgress p;
+        TS_RETURN_IF_ERROR(t->step(&p));
+        out.losses.push_back(p.loss);
+        out.gradNorms.push_back(p.gradNorm);
+    }
+    if (!save.empty()) TS_RETURN_IF_ERROR(t->save(save));
+    TS_ASSIGN_OR_RETURN(out.params, t->gatherParams(0));
+    if (keep) *keep = std::move(t);
+    return out;
+}
+
+// The single-device reference of a comparison: a failure is a test failure.
+inline RunResult runSingle(const engine::Config& c, int steps) {
+    auto r = trainSingle(c, steps);
+    EXPECT_TRUE(r.isOk()) << r.status().toString();
+    return r.isOk() ? std::move(r).value() : RunResult{};
+}
+
+inline Result<RunResult> runParallel(const engine::Config& c, int steps, trace::Recorder* rec = nullptr) {
+    return trainParallel(c, steps, "", "", rec);
 }
 
 // ||a - ref|| / ||ref||
@@ -122,7 +163,7 @@ inline double relError(const std::vector<float>& a, const std::vector<float>& re
 }
 
 // Losses and grad norms per step and final weights within `tol` relative; the reference trained.
-inline void expectSame(const SpRun& par, const SpRun& ref, double tol, const std::string& what) {
+inline void expectSame(const RunResult& par, const RunResult& ref, double tol, const std::string& what) {
     ASSERT_EQ(par.losses.size(), ref.losses.size()) << what;
     for (size_t s = 0; s < ref.losses.size(); ++s) {
         EXPECT_NEAR(par.losses[s], ref.losses[s], tol * std::fabs(ref.losses[s])) << what << " loss, step " << s + 1;

@@ -20,6 +20,7 @@
 #include "engine/checkpoint.h"
 #include "engine/parallel_trainer.h"
 #include "engine/trainer.h"
+#include "parallel_test_util.h"
 
 using namespace ts;
 using namespace ts::engine;
@@ -28,25 +29,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The tiny GPT of the parallel tests (4 layers, hidden 32, seq 16, vocab 64, micro-batch 2).
-// TODO: switch to tests/parallel/parallel_test_util.h once it lands (one-line change).
-Config tinyConfig() {
-    Config c;
-    c.num_layers = 4;
-    c.hidden_size = 32;
-    c.num_attention_heads = 4;
-    c.seq_length = 16;
-    c.vocab_size = 64;
-    c.make_vocab_size_divisible_by = 64;
-    c.micro_batch_size = 2;
-    c.data_path = "synthetic";
-    c.lr = 1e-3;
-    c.clip_grad = 1.0;
-    c.seed = 1234;
-    c.cpu_threads = 1;  // same GEMM summation order as the parallel ranks
-    c.adam_eps = 1e-6;  // see test_parallel_trainer.cpp: keeps fp32-noise grads from dominating
-    return c;
-}
+using ts::test::Layout;
+using ts::test::Params;
+using ts::test::relError;
+using ts::test::singleDevice;
+using ts::test::tinyConfig;
+using ts::test::trainParallel;
+using ts::test::trainSingle;
+using ts::test::withLayout;
 
 // What must resume: dropout RNG, lr schedule position (warmup then cosine), Adam steps.
 Config resumeConfig() {
@@ -59,86 +49,10 @@ Config resumeConfig() {
     return c;
 }
 
-struct Layout {
-    int tp = 1, pp = 1, vpp = 1, dp = 1, m = 2;
-};
-
-Config withLayout(Config c, const Layout& L) {
-    c.tensor_model_parallel_size = L.tp;
-    c.pipeline_model_parallel_size = L.pp;
-    c.virtual_pipeline_model_parallel_size = L.vpp;
-    c.data_parallel_size = L.dp;
-    c.num_microbatches = L.m;
-    c.global_batch_size = c.micro_batch_size * L.dp * L.m;
-    if (L.pp * L.vpp > c.num_layers) c.num_layers = L.pp * L.vpp;
-    return c;
-}
-
-// The same model on one device: same global batch, the padded vocab of the tp run.
-Config singleDevice(const Config& par) {
-    const DerivedSizes ds = deriveSizes(par);
-    Config c = par;
-    c.tensor_model_parallel_size = c.pipeline_model_parallel_size = 1;
-    c.virtual_pipeline_model_parallel_size = c.data_parallel_size = 1;
-    c.world_size = 0;
-    c.make_vocab_size_divisible_by = par.make_vocab_size_divisible_by * ds.tp;
-    c.num_microbatches = ds.dp * ds.num_microbatches;
-    c.global_batch_size = c.micro_batch_size * c.num_microbatches;
-    c.sequence_parallel = false;
-    c.overlap_grad_reduce = c.overlap_param_gather = c.use_distributed_optimizer = false;
-    return c;
-}
-
-using Params = std::map<std::string, std::vector<float>>;
-
-struct Run {
-    std::vector<double> losses;
-    Params params;
-};
-
 std::string tempDir(const std::string& name) {
     const fs::path p = fs::temp_directory_path() / ("ts_ckpt_" + name + "_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
     fs::remove_all(p);
     return p.string();
-}
-
-Result<Run> runParallel(Config c, int steps, const std::string& load = "", const std::string& save = "") {
-    c.load = load;
-    TS_ASSIGN_OR_RETURN(auto t, ParallelTrainer::create(c));
-    Run r;
-    for (int s = 0; s < steps; ++s) {
-        StepProgress p;
-        TS_RETURN_IF_ERROR(t->step(&p));
-        r.losses.push_back(p.loss);
-    }
-    if (!save.empty()) TS_RETURN_IF_ERROR(t->save(save));
-    TS_ASSIGN_OR_RETURN(r.params, t->gatherParams(0));
-    return r;
-}
-
-Result<Run> runSingle(Config c, int steps, const std::string& load = "", const std::string& save = "") {
-    c.load = load;
-    TS_ASSIGN_OR_RETURN(auto t, Trainer::create(c));
-    Run r;
-    for (int s = 0; s < steps; ++s) {
-        StepProgress p;
-        TS_RETURN_IF_ERROR(t->step(&p));
-        r.losses.push_back(p.loss);
-    }
-    if (!save.empty()) TS_RETURN_IF_ERROR(t->save(save));
-    ParamBuffer& pb = t->model().params();
-    for (int i = 0; i < pb.count(); ++i) r.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
-    return r;
-}
-
-double relError(const std::vector<float>& a, const std::vector<float>& ref) {
-    double err = 0, norm = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        const double d = double(a[i]) - double(ref[i]);
-        err += d * d;
-        norm += double(ref[i]) * double(ref[i]);
-    }
-    return std::sqrt(err / std::max(norm, 1e-60));
 }
 
 // Every param of `ref` (the tied copy included when both have it) within tol; tol = 0: bitwise.
@@ -168,12 +82,12 @@ TEST_P(SameLayoutResume, SixStepsEqualThreePlusSaveLoadPlusThreeBitwise) {
     Config c = withLayout(resumeConfig(), k.layout);
     k.knobs(c);
     const std::string dir = tempDir(k.name);
-    auto full = runParallel(c, 6);
+    auto full = trainParallel(c, 6);
     ASSERT_TRUE(full.isOk()) << full.status().toString();
-    auto first = runParallel(c, 3, "", dir);
+    auto first = trainParallel(c, 3, "", dir);
     ASSERT_TRUE(first.isOk()) << first.status().toString();
     ASSERT_TRUE(fs::exists(fs::path(dir) / "checkpoint.json"));
-    auto second = runParallel(c, 3, dir);
+    auto second = trainParallel(c, 3, dir);
     ASSERT_TRUE(second.isOk()) << second.status().toString();
     for (int s = 0; s < 3; ++s) {
         EXPECT_EQ(first.value().losses[size_t(s)], full.value().losses[size_t(s)]) << "step " << s + 1;
@@ -209,11 +123,11 @@ TEST(ParallelCheckpoint, Tp2Pp2CheckpointContinuesOnOneDevice) {
     par.sequence_parallel = true;
     const Config one = singleDevice(par);
     const std::string dir = tempDir("tp2pp2_to_single");
-    auto ref = runSingle(one, 6);
+    auto ref = trainSingle(one, 6);
     ASSERT_TRUE(ref.isOk()) << ref.status().toString();
-    auto first = runParallel(par, 3, "", dir);
+    auto first = trainParallel(par, 3, "", dir);
     ASSERT_TRUE(first.isOk()) << first.status().toString();
-    auto second = runSingle(one, 3, dir);
+    auto second = trainSingle(one, 3, dir);
     ASSERT_TRUE(second.isOk()) << second.status().toString();
     for (int s = 0; s < 3; ++s) {
         EXPECT_NEAR(first.value().losses[size_t(s)], ref.value().losses[size_t(s)], 1e-5 * ref.value().losses[size_t(s)]);
@@ -239,11 +153,11 @@ TEST(ParallelCheckpoint, SingleDeviceCheckpointContinuesOnOtherLayouts) {
         const std::string what = "single -> tp" + std::to_string(L.tp) + " pp" + std::to_string(L.pp) + " vpp" +
                                  std::to_string(L.vpp) + " dp" + std::to_string(L.dp);
         const std::string dir = tempDir("single_to_" + std::to_string(L.tp * 100 + L.pp * 10 + L.dp));
-        auto ref = runSingle(one, 6);
+        auto ref = trainSingle(one, 6);
         ASSERT_TRUE(ref.isOk()) << ref.status().toString();
-        auto first = runSingle(one, 3, "", dir);
+        auto first = trainSingle(one, 3, "", dir);
         ASSERT_TRUE(first.isOk()) << first.status().toString();
-        auto second = runParallel(par, 3, dir);
+        auto second = trainParallel(par, 3, dir);
         ASSERT_TRUE(second.isOk()) << what << ": " << second.status().toString();
         for (int s = 0; s < 3; ++s)
             EXPECT_NEAR(second.value().losses[size_t(s)], ref.value().losses[size_t(s + 3)],
@@ -271,7 +185,7 @@ TEST(ParallelCheckpoint, TpSplitMatchesModelInitialization) {
     ASSERT_TRUE(t.isOk()) << t.status().toString();
     auto gathered = t.value()->gatherParams(0);
     ASSERT_TRUE(gathered.isOk()) << gathered.status().toString();
-    auto ref = runSingle(singleDevice(par), 0);
+    auto ref = trainSingle(singleDevice(par), 0);
     ASSERT_TRUE(ref.isOk()) << ref.status().toString();
     expectSameParams(gathered.value(), ref.value().params, 0.0, "tp2 init");
 }
@@ -311,7 +225,7 @@ TEST(ParallelCheckpoint, OtherModelShapeIsAClearError) {
     Config c = withLayout(tinyConfig(), {1, 2, 1, 1, 2});
     c.train_iters = 1;
     const std::string dir = tempDir("shape");
-    auto first = runParallel(c, 1, "", dir);
+    auto first = trainParallel(c, 1, "", dir);
     ASSERT_TRUE(first.isOk()) << first.status().toString();
 
     Config wider = c;

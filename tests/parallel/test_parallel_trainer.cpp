@@ -20,126 +20,30 @@
 #include "engine/parallel_trainer.h"
 #include "engine/trainer.h"
 #include "fake_recorder.h"
+#include "parallel_test_util.h"
 
 using namespace ts;
 using namespace ts::engine;
 
 namespace {
 
-// A tiny GPT: 4 layers (8 when pp*vpp = 8), hidden 32, seq 16, vocab 64, micro-batch 2.
-Config tinyConfig() {
-    Config c;
-    c.num_layers = 4;
-    c.hidden_size = 32;
-    c.num_attention_heads = 4;
-    c.seq_length = 16;
-    c.vocab_size = 64;
-    c.make_vocab_size_divisible_by = 64;
-    c.micro_batch_size = 2;
-    c.data_path = "synthetic";
-    c.lr = 1e-3;
-    c.lr_warmup_iters = 0;
-    c.clip_grad = 1.0;
-    c.train_iters = 3;
-    c.seed = 1234;
-    // The parallel engine runs one GEMM thread per rank; the reference does the same so that
-    // both use the same OpenBLAS summation order inside a GEMM.
-    c.cpu_threads = 1;
-    // Adam divides by sqrt(v) + eps: with the default 1e-8, a gradient that is zero in exact
-    // arithmetic but rounding noise in fp32 (the attention key bias: softmax ignores a shift
-    // of all keys) gets an update of noise/|noise| * lr, so two correct runs whose fp32 sums
-    // differ in order differ by up to lr there. eps = 1e-6 keeps such updates ~noise/eps*lr
-    // while every real gradient here (|g| >> 1e-6) still gets the sign-like Adam update.
-    c.adam_eps = 1e-6;
-    return c;
-}
-
-struct Layout {
-    int tp = 1, pp = 1, vpp = 1, dp = 1, m = 2;  // m: microbatches per DP rank
-};
-
-Config parallelConfig(Config c, const Layout& L) {
-    c.tensor_model_parallel_size = L.tp;
-    c.pipeline_model_parallel_size = L.pp;
-    c.virtual_pipeline_model_parallel_size = L.vpp;
-    c.data_parallel_size = L.dp;
-    c.num_microbatches = L.m;
-    c.global_batch_size = c.micro_batch_size * L.dp * L.m;
-    if (L.pp * L.vpp > c.num_layers) c.num_layers = L.pp * L.vpp;
-    return c;
-}
+using ts::test::Layout;
+using ts::test::relError;
+using ts::test::RunResult;
+using ts::test::runParallel;
+using ts::test::runSingle;
+using ts::test::tinyConfig;
+using ts::test::trainParallel;
+using ts::test::withLayout;
 
 // The single-device reference: same model and global batch, dp*m microbatches of the same size.
 Config referenceConfig(const Config& par) {
-    const DerivedSizes ds = deriveSizes(par);
-    Config c = par;
-    c.tensor_model_parallel_size = 1;
-    c.pipeline_model_parallel_size = 1;
-    c.virtual_pipeline_model_parallel_size = 1;
-    c.data_parallel_size = 1;
-    c.world_size = 0;
-    // Megatron pads the vocab to a multiple of make_vocab_size_divisible_by * tp.
-    c.make_vocab_size_divisible_by = par.make_vocab_size_divisible_by * ds.tp;
-    c.num_microbatches = ds.dp * ds.num_microbatches;
-    c.global_batch_size = c.micro_batch_size * c.num_microbatches;
-    c.overlap_grad_reduce = c.overlap_param_gather = c.use_distributed_optimizer = false;
-    c.average_in_collective = false;
+    Config c = ts::test::singleDevice(par);
+    // The DP/PP communication knobs at their defaults (they do nothing on one device).
     c.grad_reduce_in_fp32 = true;
     c.overlap_p2p_comm = false;
     c.batch_p2p_comm = true;
-    c.bucket_size = 0;
     return c;
-}
-
-struct RunResult {
-    std::vector<double> losses;
-    std::vector<double> gradNorms;
-    std::map<std::string, std::vector<float>> params;
-};
-
-RunResult runReference(const Config& c, int steps) {
-    RunResult out;
-    auto t = Trainer::create(c);
-    EXPECT_TRUE(t.isOk()) << t.status().toString();
-    if (!t.isOk()) return out;
-    for (int s = 0; s < steps; ++s) {
-        StepProgress p;
-        Status st = t.value()->step(&p);
-        EXPECT_TRUE(st.isOk()) << st.toString();
-        out.losses.push_back(p.loss);
-        out.gradNorms.push_back(p.gradNorm);
-    }
-    ParamBuffer& pb = t.value()->model().params();
-    for (int i = 0; i < pb.count(); ++i)
-        out.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
-    return out;
-}
-
-Result<RunResult> runParallel(const Config& c, int steps, ParallelTrainer** keep = nullptr,
-                              std::unique_ptr<ParallelTrainer>* holder = nullptr) {
-    TS_ASSIGN_OR_RETURN(auto t, ParallelTrainer::create(c));
-    RunResult out;
-    for (int s = 0; s < steps; ++s) {
-        StepProgress p;
-        TS_RETURN_IF_ERROR(t->step(&p));
-        out.losses.push_back(p.loss);
-        out.gradNorms.push_back(p.gradNorm);
-    }
-    TS_ASSIGN_OR_RETURN(out.params, t->gatherParams(0));
-    if (keep) *keep = t.get();
-    if (holder) *holder = std::move(t);
-    return out;
-}
-
-// ||a - ref|| / ||ref|| over the tensor.
-double relMaxError(const std::vector<float>& a, const std::vector<float>& ref) {
-    double err = 0, norm = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        const double d = double(a[i]) - double(ref[i]);
-        err += d * d;
-        norm += double(ref[i]) * double(ref[i]);
-    }
-    return std::sqrt(err / std::max(norm, 1e-60));
 }
 
 // Losses and every weight within `tol` (relative); also checks that the run changed the
@@ -157,13 +61,13 @@ void expectMatches(const RunResult& par, const RunResult& ref, double tol, doubl
         auto it = par.params.find(name);
         ASSERT_NE(it, par.params.end()) << what << ": parallel run has no '" << name << "'";
         ASSERT_EQ(it->second.size(), ref.size()) << what << " " << name;
-        EXPECT_LE(relMaxError(it->second, ref), weightTol) << what << ": weights of " << name;
+        EXPECT_LE(relError(it->second, ref), weightTol) << what << ": weights of " << name;
         ++compared;
     }
     // The tied copy on the last stage must equal the embedding (embd all-reduce).
     auto copy = par.params.find("output_layer.weight[tied copy]");
     if (copy != par.params.end()) {
-        EXPECT_LE(relMaxError(copy->second, ref.params.at("embedding.word_embeddings.weight")), weightTol)
+        EXPECT_LE(relError(copy->second, ref.params.at("embedding.word_embeddings.weight")), weightTol)
             << what << ": the tied output-layer copy drifted from the embedding";
     }
     EXPECT_EQ(compared, ref.params.size());
@@ -226,10 +130,10 @@ class ParallelMatchesSingleDevice : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ParallelMatchesSingleDevice, LossesAndWeights) {
     const Case& k = GetParam();
-    Config par = parallelConfig(tinyConfig(), k.layout);
+    Config par = withLayout(tinyConfig(), k.layout);
     k.knobs(par);
     const Config ref = referenceConfig(par);
-    const RunResult expect = runReference(ref, 3);
+    const RunResult expect = runSingle(ref, 3);
     auto got = runParallel(par, 3);
     ASSERT_TRUE(got.isOk()) << got.status().toString();
     expectMatches(got.value(), expect, k.tol, k.weightTol, k.name);
@@ -241,8 +145,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ParallelMatchesSingleDevice, ::testing::Values
 // grad_reduce_in_fp32 = false reduces through bf16: close to the reference, but not equal to
 // the fp32 reduction (the knob changes what happens).
 TEST(ParallelTrainer, Bf16GradReductionIsCloseButNotExact) {
-    Config par = parallelConfig(tinyConfig(), {1, 1, 1, 2, 2});
-    const RunResult expect = runReference(referenceConfig(par), 3);
+    Config par = withLayout(tinyConfig(), {1, 1, 1, 2, 2});
+    const RunResult expect = runSingle(referenceConfig(par), 3);
     par.grad_reduce_in_fp32 = false;
     auto got = runParallel(par, 3);
     ASSERT_TRUE(got.isOk()) << got.status().toString();
@@ -250,7 +154,7 @@ TEST(ParallelTrainer, Bf16GradReductionIsCloseButNotExact) {
         EXPECT_NEAR(got->losses[s], expect.losses[s], 1e-2 * expect.losses[s]) << "step " << s + 1;
     double maxErr = 0;
     for (const auto& [name, w] : expect.params) {
-        const double e = relMaxError(got->params.at(name), w);
+        const double e = relError(got->params.at(name), w);
         EXPECT_LE(e, 5e-2) << name;
         maxErr = std::max(maxErr, e);
     }
@@ -259,10 +163,10 @@ TEST(ParallelTrainer, Bf16GradReductionIsCloseButNotExact) {
 
 // DP replicas hold identical weights after training.
 TEST(ParallelTrainer, ReplicasStayIdentical) {
-    Config par = parallelConfig(tinyConfig(), {1, 2, 1, 2, 2});
+    Config par = withLayout(tinyConfig(), {1, 2, 1, 2, 2});
     par.use_distributed_optimizer = true;
     std::unique_ptr<ParallelTrainer> t;
-    auto got = runParallel(par, 2, nullptr, &t);
+    auto got = trainParallel(par, 2, "", "", nullptr, &t);
     ASSERT_TRUE(got.isOk()) << got.status().toString();
     auto other = t->gatherParams(1);
     ASSERT_TRUE(other.isOk());
@@ -359,7 +263,7 @@ TEST(GradBufferLayout, BucketSizeFollowsMegatronDefaults) {
 
 // The trainer's buffers use that layout; the distributed optimizer keeps 1/dp of the state.
 TEST(ParallelTrainer, DistributedOptimizerShardsStateAndLaunchesBucketsEarly) {
-    Config par = parallelConfig(tinyConfig(), {1, 1, 1, 4, 1});
+    Config par = withLayout(tinyConfig(), {1, 1, 1, 4, 1});
     par.use_distributed_optimizer = true;
     par.overlap_grad_reduce = true;
     par.bucket_size = 2000;
@@ -394,7 +298,7 @@ TEST(ParallelTrainer, DistributedOptimizerShardsStateAndLaunchesBucketsEarly) {
 }
 
 TEST(ParallelTrainer, WithoutOverlapNothingLaunchesEarly) {
-    Config par = parallelConfig(tinyConfig(), {1, 1, 1, 2, 2});
+    Config par = withLayout(tinyConfig(), {1, 1, 1, 2, 2});
     auto t = ParallelTrainer::create(par);
     ASSERT_TRUE(t.isOk());
     ASSERT_TRUE(t.value()->step(nullptr).isOk());
@@ -405,7 +309,7 @@ TEST(ParallelTrainer, WithoutOverlapNothingLaunchesEarly) {
 // ---- trace ---------------------------------------------------------------------------------
 
 TEST(ParallelTrainer, TraceHasCommGroupsAndRanges) {
-    Config par = parallelConfig(tinyConfig(), {1, 2, 1, 2, 2});
+    Config par = withLayout(tinyConfig(), {1, 2, 1, 2, 2});
     test::FakeRecorder rec;
     {
         auto t = ParallelTrainer::create(par, &rec);
@@ -435,7 +339,7 @@ TEST(ParallelTrainer, TraceHasCommGroupsAndRanges) {
 // without it, after.
 TEST(ParallelTrainer, OverlapIssuesReductionsDuringBackward) {
     for (bool overlap : {true, false}) {
-        Config par = parallelConfig(tinyConfig(), {1, 1, 1, 2, 1});
+        Config par = withLayout(tinyConfig(), {1, 1, 1, 2, 1});
         par.overlap_grad_reduce = overlap;
         par.bucket_size = 3000;
         test::FakeRecorder rec;
@@ -462,7 +366,7 @@ TEST(ParallelTrainer, OverlapIssuesReductionsDuringBackward) {
 // ---- errors --------------------------------------------------------------------------------
 
 TEST(ParallelTrainer, FailingRankStopsEveryRankQuicklyAndIsNamed) {
-    Config par = parallelConfig(tinyConfig(), {1, 2, 1, 2, 2});
+    Config par = withLayout(tinyConfig(), {1, 2, 1, 2, 2});
     par.overlap_grad_reduce = true;
     ParallelTrainerOptions o;
     o.commTimeout = std::chrono::milliseconds(60'000);  // the abort, not the timeout, must stop them
@@ -482,7 +386,7 @@ TEST(ParallelTrainer, FailingRankStopsEveryRankQuicklyAndIsNamed) {
 }
 
 TEST(ParallelTrainer, CancelStopsAllRanks) {
-    Config par = parallelConfig(tinyConfig(), {1, 2, 1, 2, 2});
+    Config par = withLayout(tinyConfig(), {1, 2, 1, 2, 2});
     auto t = ParallelTrainer::create(par);
     ASSERT_TRUE(t.isOk());
     std::atomic<bool> cancel{false};
@@ -497,15 +401,15 @@ TEST(ParallelTrainer, CancelStopsAllRanks) {
 }
 
 TEST(ParallelTrainer, InvalidLayoutsGetClearErrors) {
-    Config a = parallelConfig(tinyConfig(), {1, 3, 1, 1, 3});  // 4 layers over 3 stages
+    Config a = withLayout(tinyConfig(), {1, 3, 1, 1, 3});  // 4 layers over 3 stages
     auto ta = ParallelTrainer::create(a);
     ASSERT_FALSE(ta.isOk());
     EXPECT_NE(ta.status().message().find("num_layers"), std::string::npos) << ta.status().toString();
-    Config b = parallelConfig(tinyConfig(), {1, 4, 2, 1, 6});  // m % pp != 0 with interleaving
+    Config b = withLayout(tinyConfig(), {1, 4, 2, 1, 6});  // m % pp != 0 with interleaving
     auto tb = ParallelTrainer::create(b);
     ASSERT_FALSE(tb.isOk());
     EXPECT_NE(tb.status().message().find("num_microbatches"), std::string::npos) << tb.status().toString();
-    Config c = parallelConfig(tinyConfig(), {1, 1, 1, 2, 2});
+    Config c = withLayout(tinyConfig(), {1, 1, 1, 2, 2});
     c.overlap_param_gather = true;  // needs the distributed optimizer
     auto tc = ParallelTrainer::create(c);
     ASSERT_FALSE(tc.isOk());

@@ -30,7 +30,7 @@ using ts::test::runSingle;
 using ts::test::singleDevice;
 using ts::test::SpLayout;
 using ts::test::spConfig;
-using ts::test::SpRun;
+using ts::test::RunResult;
 using ts::test::tinySpConfig;
 
 struct SpCase {
@@ -98,7 +98,7 @@ TEST_P(SequenceParallelMatchesSingleDevice, LossesAndWeights) {
     const SpCase& k = GetParam();
     Config par = spConfig(tinySpConfig(), k.layout);
     k.knobs(par);
-    const SpRun ref = runSingle(singleDevice(par), 3);
+    const RunResult ref = runSingle(singleDevice(par), 3);
     auto got = runParallel(par, 3);
     ASSERT_TRUE(got.isOk()) << got.status().toString();
     expectSame(got.value(), ref, 1e-5, k.name);

@@ -22,7 +22,7 @@
 using namespace ts;
 using namespace ts::engine;
 using ts::test::SpLayout;
-using ts::test::SpRun;
+using ts::test::RunResult;
 
 namespace {
 
@@ -79,7 +79,7 @@ TEST_P(TpCommOverlapMatches, OverlapOffAndSingleDevice) {
     k.knobs(off);
     Config on = off;
     on.tp_comm_overlap = true;
-    const SpRun ref = ts::test::runSingle(ts::test::singleDevice(off), 3);
+    const RunResult ref = ts::test::runSingle(ts::test::singleDevice(off), 3);
     auto a = ts::test::runParallel(off, 3);
     ASSERT_TRUE(a.isOk()) << a.status().toString();
     auto b = ts::test::runParallel(on, 3);
@@ -112,7 +112,7 @@ TEST(TpCommOverlap, Bf16SameAsOverlapOff) {
     for (size_t s = 0; s < 2; ++s) EXPECT_NEAR(b.value().losses[s], a.value().losses[s], 1e-3 * a.value().losses[s]);
     for (const auto& [name, w] : a.value().params)
         EXPECT_LE(ts::test::relError(b.value().params.at(name), w), 1e-3) << name;
-    const SpRun ref = ts::test::runSingle(ts::test::singleDevice(off), 2);
+    const RunResult ref = ts::test::runSingle(ts::test::singleDevice(off), 2);
     ASSERT_EQ(ref.losses.size(), 2u);
     for (size_t s = 0; s < 2; ++s) EXPECT_NEAR(b.value().losses[s], ref.losses[s], 1e-2 * ref.losses[s]);
 }

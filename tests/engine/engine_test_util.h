@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/backend.h"
+#include "engine/data.h"
 #include "engine/gpt.h"
 #include "engine/optimizer.h"
 
@@ -171,5 +173,45 @@ struct Harness {
         return model->exec().synchronize();
     }
 };
+
+// The microbatches of iteration `step` from the config's data source (synthetic or corpus).
+inline std::vector<std::shared_ptr<Microbatch>> batches(const Config& c, int step) {
+    auto ds = DataSource::open(c);
+    EXPECT_TRUE(ds.isOk()) << ds.status().toString();
+    std::vector<std::shared_ptr<Microbatch>> out;
+    if (!ds) return out;
+    const int m = deriveSizes(c).num_microbatches;
+    for (int i = 0; i < m; ++i)
+        out.push_back((*ds)->microbatch(int64_t(step * m + i) * c.micro_batch_size, c.micro_batch_size));
+    return out;
+}
+
+struct StepsResult {
+    std::vector<double> losses;
+    std::vector<float> grads;    // grads of the last step (before clipping)
+    std::vector<float> params;   // params after all steps
+    int64_t peakActivations = 0;
+};
+
+// `steps` training iterations of `c` on one device through the Harness.
+inline StepsResult runSteps(const Config& c, int steps) {
+    Harness h;
+    StepsResult r;
+    const Status st = h.build(c);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    if (!st) return r;
+    for (int s = 0; s < steps; ++s) {
+        h.dev.resetPeak();
+        auto loss = h.forwardBackward(s, batches(c, s));
+        EXPECT_TRUE(loss.isOk()) << loss.status().toString();
+        if (!loss) return r;
+        r.losses.push_back(*loss);
+        r.peakActivations = std::max(r.peakActivations, h.dev.memoryStats().peak[size_t(MemCategory::Activations)]);
+        r.grads.assign(h.model->params().mainGrads(), h.model->params().mainGrads() + h.model->params().numel());
+        EXPECT_TRUE(h.optimizerStep(s).isOk());
+    }
+    r.params.assign(h.model->params().mainParams(), h.model->params().mainParams() + h.model->params().numel());
+    return r;
+}
 
 }  // namespace ts::engine::testutil

@@ -12,7 +12,8 @@
 namespace ts::engine {
 namespace {
 
-using testutil::Harness;
+using testutil::runSteps;
+using testutil::StepsResult;
 
 Config dropConfig() {
     Config c;
@@ -33,37 +34,6 @@ Config dropConfig() {
     return c;
 }
 
-struct DropRun {
-    std::vector<double> losses;
-    std::vector<float> grads;   // of the last step
-    std::vector<float> params;  // after all steps
-};
-
-DropRun runSteps(const Config& c, int steps) {
-    Harness h;
-    DropRun r;
-    const Status st = h.build(c);
-    EXPECT_TRUE(st.isOk()) << st.toString();
-    if (!st) return r;
-    auto ds = DataSource::open(c);
-    EXPECT_TRUE(ds.isOk()) << ds.status().toString();
-    if (!ds) return r;
-    const int m = deriveSizes(c).num_microbatches;
-    for (int s = 0; s < steps; ++s) {
-        std::vector<std::shared_ptr<Microbatch>> mbs;
-        for (int i = 0; i < m; ++i)
-            mbs.push_back((*ds)->microbatch(int64_t(s * m + i) * c.micro_batch_size, c.micro_batch_size));
-        auto loss = h.forwardBackward(s, mbs);
-        EXPECT_TRUE(loss.isOk()) << loss.status().toString();
-        if (!loss) return r;
-        r.losses.push_back(*loss);
-        r.grads.assign(h.model->params().mainGrads(), h.model->params().mainGrads() + h.model->params().numel());
-        EXPECT_TRUE(h.optimizerStep(s).isOk());
-    }
-    r.params.assign(h.model->params().mainParams(), h.model->params().mainParams() + h.model->params().numel());
-    return r;
-}
-
 TEST(AttentionDropout, ModelAcceptsItAndOnlyRejectsOutOfRange) {
     Config c = dropConfig();
     EXPECT_TRUE(modelDimsFromConfig(c).isOk());
@@ -80,7 +50,7 @@ TEST(AttentionDropout, ChangesTheStepAndDependsOnTheSeed) {
     seed2.seed = 8;  // also changes hidden dropout: compare against its own p=0 run
     Config seed2off = seed2;
     seed2off.attention_dropout = 0;
-    const DropRun a = runSteps(c, 1), b = runSteps(off, 1), d = runSteps(seed2, 1), e = runSteps(seed2off, 1);
+    const StepsResult a = runSteps(c, 1), b = runSteps(off, 1), d = runSteps(seed2, 1), e = runSteps(seed2off, 1);
     ASSERT_EQ(a.losses.size(), 1u);
     ASSERT_EQ(b.losses.size(), 1u);
     ASSERT_EQ(d.losses.size(), 1u);
@@ -95,7 +65,7 @@ TEST(AttentionDropout, FusedSoftmaxEqualsUnfused) {
     Config fused = dropConfig();
     Config unfused = fused;
     unfused.masked_softmax_fusion = false;
-    const DropRun a = runSteps(fused, 2), b = runSteps(unfused, 2);
+    const StepsResult a = runSteps(fused, 2), b = runSteps(unfused, 2);
     ASSERT_EQ(a.losses.size(), 2u);
     ASSERT_EQ(b.losses.size(), 2u);
     for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * a.losses[i]);
@@ -104,7 +74,7 @@ TEST(AttentionDropout, FusedSoftmaxEqualsUnfused) {
 
 TEST(AttentionDropout, RecomputeIsBitIdentical) {
     const Config base = dropConfig();
-    const DropRun ref = runSteps(base, 2);
+    const StepsResult ref = runSteps(base, 2);
     ASSERT_EQ(ref.losses.size(), 2u);
     struct R { const char* gran; const char* method; int n; };
     for (const R& rc : {R{"selective", "", 0}, R{"full", "uniform", 2}, R{"full", "block", 1}}) {
@@ -112,7 +82,7 @@ TEST(AttentionDropout, RecomputeIsBitIdentical) {
         c.recompute_granularity = rc.gran;
         c.recompute_method = rc.method;
         c.recompute_num_layers = rc.n;
-        const DropRun r = runSteps(c, 2);
+        const StepsResult r = runSteps(c, 2);
         const std::string what = std::string(rc.gran) + "/" + rc.method + "/" + std::to_string(rc.n);
         ASSERT_EQ(r.losses.size(), 2u) << what;
         EXPECT_EQ(r.losses, ref.losses) << what;

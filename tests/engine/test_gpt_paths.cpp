@@ -12,6 +12,8 @@ namespace ts::engine {
 namespace {
 
 using testutil::Harness;
+using testutil::runSteps;
+using testutil::StepsResult;
 
 Config smallConfig() {
     Config c;
@@ -31,43 +33,6 @@ Config smallConfig() {
     return c;
 }
 
-std::vector<std::shared_ptr<Microbatch>> batches(const Config& c, int step) {
-    auto ds = DataSource::open(c);
-    EXPECT_TRUE(ds.isOk()) << ds.status().toString();
-    std::vector<std::shared_ptr<Microbatch>> out;
-    const int m = deriveSizes(c).num_microbatches;
-    for (int i = 0; i < m; ++i)
-        out.push_back((*ds)->microbatch(int64_t(step * m + i) * c.micro_batch_size, c.micro_batch_size));
-    return out;
-}
-
-struct RunResult {
-    std::vector<double> losses;
-    std::vector<float> grads;    // grads of the last step (before clipping)
-    std::vector<float> params;   // params after all steps
-    int64_t peakActivations = 0;
-};
-
-RunResult runSteps(const Config& c, int steps) {
-    Harness h;
-    RunResult r;
-    const Status st = h.build(c);
-    EXPECT_TRUE(st.isOk()) << st.toString();
-    if (!st) return r;
-    for (int s = 0; s < steps; ++s) {
-        h.dev.resetPeak();
-        auto loss = h.forwardBackward(s, batches(c, s));
-        EXPECT_TRUE(loss.isOk()) << loss.status().toString();
-        if (!loss) return r;
-        r.losses.push_back(*loss);
-        r.peakActivations = std::max(r.peakActivations, h.dev.memoryStats().peak[size_t(MemCategory::Activations)]);
-        r.grads.assign(h.model->params().mainGrads(), h.model->params().mainGrads() + h.model->params().numel());
-        EXPECT_TRUE(h.optimizerStep(s).isOk());
-    }
-    r.params.assign(h.model->params().mainParams(), h.model->params().mainParams() + h.model->params().numel());
-    return r;
-}
-
 TEST(GptPaths, FusedEqualsUnfusedWithDropout) {
     Config fused = smallConfig();
     fused.swiglu = false;
@@ -75,7 +40,7 @@ TEST(GptPaths, FusedEqualsUnfusedWithDropout) {
     unfused.masked_softmax_fusion = unfused.bias_activation_fusion = unfused.bias_dropout_fusion = false;
     unfused.apply_rope_fusion = unfused.cross_entropy_loss_fusion = false;
     unfused.gradient_accumulation_fusion = unfused.persist_layer_norm = false;
-    const RunResult a = runSteps(fused, 2), b = runSteps(unfused, 2);
+    const StepsResult a = runSteps(fused, 2), b = runSteps(unfused, 2);
     ASSERT_EQ(a.losses.size(), 2u);
     ASSERT_EQ(b.losses.size(), 2u);
     for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * a.losses[i]);
@@ -85,7 +50,7 @@ TEST(GptPaths, FusedEqualsUnfusedWithDropout) {
 // Each fusion knob alone, so a wrong path cannot hide behind another.
 TEST(GptPaths, EachFusionKnobAloneAgrees) {
     const Config base = smallConfig();
-    const RunResult ref = runSteps(base, 1);
+    const StepsResult ref = runSteps(base, 1);
     ASSERT_EQ(ref.losses.size(), 1u);
     using Knob = bool Config::*;
     const std::vector<std::pair<const char*, Knob>> knobs = {
@@ -99,7 +64,7 @@ TEST(GptPaths, EachFusionKnobAloneAgrees) {
     for (const auto& [name, knob] : knobs) {
         Config c = base;
         c.*knob = false;
-        const RunResult r = runSteps(c, 1);
+        const StepsResult r = runSteps(c, 1);
         ASSERT_EQ(r.losses.size(), 1u) << name;
         EXPECT_NEAR(r.losses[0], ref.losses[0], 1e-5 * ref.losses[0]) << name;
         EXPECT_LT(testutil::relMaxError(r.grads.data(), ref.grads.data(), int64_t(ref.grads.size())), 1e-4) << name;
@@ -108,7 +73,7 @@ TEST(GptPaths, EachFusionKnobAloneAgrees) {
 
 TEST(GptPaths, RecomputeIsBitIdenticalAndSavesMemory) {
     const Config base = smallConfig();
-    const RunResult ref = runSteps(base, 2);
+    const StepsResult ref = runSteps(base, 2);
     ASSERT_EQ(ref.losses.size(), 2u);
     struct R { const char* gran; const char* method; int n; };
     for (const R& rc : {R{"selective", "", 0}, R{"full", "uniform", 2}, R{"full", "uniform", 1}, R{"full", "block", 3}}) {
@@ -116,7 +81,7 @@ TEST(GptPaths, RecomputeIsBitIdenticalAndSavesMemory) {
         c.recompute_granularity = rc.gran;
         c.recompute_method = rc.method;
         c.recompute_num_layers = rc.n;
-        const RunResult r = runSteps(c, 2);
+        const StepsResult r = runSteps(c, 2);
         const std::string what = std::string(rc.gran) + "/" + rc.method + "/" + std::to_string(rc.n);
         ASSERT_EQ(r.losses.size(), 2u) << what;
         EXPECT_EQ(r.losses, ref.losses) << what;
@@ -130,11 +95,11 @@ TEST(GptPaths, RecomputeIsBitIdenticalAndSavesMemory) {
 TEST(GptPaths, FullRecomputeSavesMoreThanSelective) {
     Config c = smallConfig();
     c.recompute_granularity = "selective";
-    const RunResult sel = runSteps(c, 1);
+    const StepsResult sel = runSteps(c, 1);
     c.recompute_granularity = "full";
     c.recompute_method = "uniform";
     c.recompute_num_layers = 1;
-    const RunResult full = runSteps(c, 1);
+    const StepsResult full = runSteps(c, 1);
     EXPECT_LT(full.peakActivations, sel.peakActivations);
 }
 
@@ -144,7 +109,7 @@ TEST(GptPaths, Bf16TrainsAndTracksFp32) {
     c.lr = 3e-3;
     Config b = c;
     b.bf16 = true;
-    const RunResult f = runSteps(c, 12), r = runSteps(b, 12);
+    const StepsResult f = runSteps(c, 12), r = runSteps(b, 12);
     ASSERT_EQ(r.losses.size(), 12u);
     ASSERT_EQ(f.losses.size(), 12u);
     // bf16 activations change the first loss only by rounding, and it trains.

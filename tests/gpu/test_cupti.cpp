@@ -5,6 +5,8 @@
 // Skips without a CUPTI+CUDA build or without a device.
 #include <gtest/gtest.h>
 
+#include "tests/gpu/gpu_test_util.h"
+
 #if defined(TS_HAVE_CUPTI) && defined(TS_HAVE_CUDA)
 
 #include <algorithm>
@@ -23,12 +25,6 @@
 
 namespace ts::profiler {
 namespace {
-
-#define TS_ASSERT_OK(expr)                                        \
-    do {                                                          \
-        const ::ts::Status s_ = (expr);                           \
-        ASSERT_TRUE(s_.isOk()) << #expr << ": " << s_.toString(); \
-    } while (0)
 
 namespace kc = ts::kernels::cuda;
 

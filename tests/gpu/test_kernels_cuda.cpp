@@ -2,6 +2,8 @@
 // and the cuBLAS linear. Skips without a CUDA build or without a device.
 #include <gtest/gtest.h>
 
+#include "tests/gpu/gpu_test_util.h"
+
 #ifdef TS_HAVE_CUDA
 
 #include "kernels/cpu/ops.h"
@@ -13,12 +15,6 @@
 
 namespace ts::kernels {
 namespace {
-
-#define TS_ASSERT_OK(expr)                                      \
-    do {                                                        \
-        const ::ts::Status s_ = (expr);                         \
-        ASSERT_TRUE(s_.isOk()) << #expr << ": " << s_.toString(); \
-    } while (0)
 
 std::vector<float> randomVec(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
     std::mt19937 rng(seed);

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/bench/bench_args.h"
 #include "profiler/analysis.h"
 #include "profiler/store.h"
 
@@ -34,12 +35,17 @@ int main(int argc, char** argv) {
     int64_t n = 10'000'000;
     int ranks = 8, steps = 10;
     std::string keep;
+    if (const int rc = ts::bench::checkArgs(argc, argv, "usage: bench_analysis [--slices N] [--ranks R] [--steps S] [--keep PATH]"); rc >= 0) return rc;
     for (int i = 1; i + 1 < argc; i += 2) {
         std::string a = argv[i];
         if (a == "--slices") n = std::atoll(argv[i + 1]);
         else if (a == "--ranks") ranks = std::atoi(argv[i + 1]);
         else if (a == "--steps") steps = std::atoi(argv[i + 1]);
         else if (a == "--keep") keep = argv[i + 1];
+        else {
+            std::fprintf(stderr, "unknown option %s\nusage: bench_analysis [--slices N] [--ranks R] [--steps S] [--keep PATH]\n", a.c_str());
+            return 2;
+        }
     }
     std::string path = keep.empty()
         ? (std::filesystem::temp_directory_path() / ("bench_analysis_" + std::to_string(::getpid()) + ".db")).string()

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/bench/bench_args.h"
 #include "engine/parallel_trainer.h"
 #include "engine/trainer.h"
 #include "apps/bench/bench_common.h"
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
     int steps = 6, warmup = 2;
     std::vector<std::string> configs = {"tiny", "small"};
     bool tpOverlapMode = false;
+    if (const int rc = ts::bench::checkArgs(argc, argv, "usage: bench_parallel_step [--steps N] [--warmup N] [--configs tiny,small] [--tp-overlap 0|1]"); rc >= 0) return rc;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
         if (a == "--steps") steps = std::max(1, std::stoi(v));

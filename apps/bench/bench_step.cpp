@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/bench/bench_args.h"
 #include "engine/backend.h"
 #include "engine/trainer.h"
 #include "apps/bench/bench_common.h"
@@ -111,6 +112,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> threadList = {"1", "2"}, configs = {"tiny", "small"};
     std::vector<std::string> paths = {"fused", "unfused"};
     bool breakdown = false;
+    if (const int rc = ts::bench::checkArgs(argc, argv, "usage: bench_step [--steps N] [--warmup N] [--threads 1,2] [--configs tiny,small] [--paths fused,unfused] [--breakdown 0|1]"); rc >= 0) return rc;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
         if (a == "--steps") steps = std::max(1, std::stoi(v));

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/bench/bench_args.h"
 #include "profiler/store.h"
 
 using namespace ts;
@@ -59,11 +60,16 @@ int main(int argc, char** argv) {
     int64_t n = 4'000'000;
     int producers = 2;
     std::string dir = std::filesystem::temp_directory_path().string();
+    if (const int rc = ts::bench::checkArgs(argc, argv, "usage: bench_store [--slices N] [--producers P] [--dir DIR]"); rc >= 0) return rc;
     for (int i = 1; i + 1 < argc; i += 2) {
         std::string a = argv[i];
         if (a == "--slices") n = std::atoll(argv[i + 1]);
         else if (a == "--producers") producers = std::atoi(argv[i + 1]);
         else if (a == "--dir") dir = argv[i + 1];
+        else {
+            std::fprintf(stderr, "unknown option %s\nusage: bench_store [--slices N] [--producers P] [--dir DIR]\n", a.c_str());
+            return 2;
+        }
     }
     std::string pathA = dir + "/bench_store_writer_" + std::to_string(::getpid()) + ".db";
     std::string pathB = dir + "/bench_store_capture_" + std::to_string(::getpid()) + ".db";

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/bench/bench_args.h"
 #include "common/clock.h"
 #include "engine/trainer.h"
 #include "apps/bench/bench_common.h"
@@ -81,6 +82,7 @@ Status timedStep(Side& s, profiler::CaptureRecorder* flushRec) {
 int main(int argc, char** argv) {
     int steps = 8, warmup = 1, threads = 1;
     std::vector<std::string> configs = {"tiny", "small"};
+    if (const int rc = ts::bench::checkArgs(argc, argv, "usage: bench_trace_overhead [--steps N] [--warmup N] [--configs tiny,small] [--threads T]"); rc >= 0) return rc;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!std::strcmp(argv[i], "--steps")) steps = std::max(1, std::atoi(argv[i + 1]));
         else if (!std::strcmp(argv[i], "--warmup")) warmup = std::max(0, std::atoi(argv[i + 1]));

@@ -1,0 +1,26 @@
+// What every benchmark's command line shares: options come as "--name value" pairs.
+// checkArgs() handles --help / -h (prints the usage, exit code 0) and a trailing option
+// without a value (prints the problem and the usage, exit code 2).
+#pragma once
+
+#include <cstdio>
+#include <cstring>
+
+namespace ts::bench {
+
+// Returns the exit code main() should return now, or -1 to go on parsing.
+inline int checkArgs(int argc, char** argv, const char* usage) {
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+            std::printf("%s\n", usage);
+            return 0;
+        }
+    }
+    if (argc % 2 == 0) {
+        std::fprintf(stderr, "option %s needs a value\n%s\n", argv[argc - 1], usage);
+        return 2;
+    }
+    return -1;
+}
+
+}  // namespace ts::bench

@@ -1,5 +1,6 @@
 // Bias + tanh-GeLU (Megatron bias_gelu, fused and unfused) and SwiGLU, forward and backward.
-// gelu(u) = 0.5 u (1 + tanh(k0 u (1 + k1 u^2))), k0 = sqrt(2/pi), k1 = 0.044715.
+// gelu(u) = 0.5 u (1 + tanh(k0 u (1 + k1 u^2))), k0 = sqrt(2/pi), k1 = 0.044715, evaluated as
+// u * sigmoid(2 k0 u (1 + k1 u^2)) (same function, less work; see gelu below).
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -10,15 +11,33 @@ namespace {
 constexpr float kK0 = 0.79788456080286535588f;  // sqrt(2/pi)
 constexpr float kK1 = 0.044715f;
 
-inline float gelu(float u) {
-    const float t = detail::tanhApprox(kK0 * u * (1.0f + kK1 * u * u));
-    return 0.5f * u * (1.0f + t);
+// z is formed exactly as in the tanh form (and torch's kernel), z2 = 2z is exact.
+// gelu(u) = 0.5 u (1 + tanh(z)) = u sigmoid(2z) = u / (1 + exp(-2z)), z = k0 u (1 + k1 u^2):
+// one exp and one division, and no 1 + tanh cancellation for negative u (relative error stays
+// ~1e-6 where the tanh form loses digits). For 2z < -80 the sigmoid is set to exactly 0, so
+// gelu(u) = u * 0 = -0 for u below about -10.4 (the float limit), gelu(-inf) = NaN and
+// gelu(+inf) = +inf as in the tanh form; NaN propagates.
+inline float geluSigmoid(float z2) {
+    const float sg = 1.0f / (1.0f + detail::expClamped80(-z2));
+    return z2 < -80.0f ? 0.0f : sg;
 }
 
-// d gelu / du = 0.5 u (1 - t^2) k0 (1 + 3 k1 u^2) + 0.5 (1 + t)
+inline float gelu(float u) {
+    const float z2 = 2.0f * (kK0 * u * (1.0f + kK1 * u * u));
+    return u * geluSigmoid(z2);
+}
+
+// d gelu / du = sg + u sg (1 - sg) dz2/du, sg = sigmoid(2z), dz2/du = 2 k0 (1 + 3 k1 u^2);
+// 1 - sg = sg exp(-2z) avoids the cancellation of 1 - sg near 1. Outside |2z| <= 80 the
+// derivative is its float limit: 1 above, 0 below (also for u = +-inf, where the product
+// form would give inf * 0); NaN propagates.
 inline float geluGrad(float u) {
-    const float t = detail::tanhApprox(kK0 * u * (1.0f + kK1 * u * u));
-    return 0.5f * u * (1.0f - t * t) * (kK0 + 3.0f * kK0 * kK1 * u * u) + 0.5f * (1.0f + t);
+    const float z2 = 2.0f * (kK0 * u * (1.0f + kK1 * u * u));
+    const float e = detail::expClamped80(-z2);
+    const float sg = 1.0f / (1.0f + e);
+    float g = sg + u * (sg * (e * sg)) * (2.0f * kK0 + (6.0f * kK0 * kK1) * u * u);
+    g = z2 > 80.0f ? 1.0f : g;
+    return z2 < -80.0f ? 0.0f : g;
 }
 
 }  // namespace

@@ -54,6 +54,14 @@ inline void causalSoftmaxRow(float* row, int r, int s) {
     std::fill(row + n, row + s, 0.0f);
 }
 
+// C[0:rows, 0:cols] = 0 (row stride ldc). The fused path zeroes GEMM outputs itself and calls
+// the GEMM with beta = 1: OpenBLAS's beta = 0 handling is a separate, slow pass over C
+// (sgemm_beta, ~15% of core-attention time on these small strided blocks), while zeroing a
+// row that is about to be written is a cheap memset.
+inline void zeroRows(float* C, int rows, int cols, int64_t ldc) {
+    for (int i = 0; i < rows; ++i) std::memset(C + i * ldc, 0, sizeof(float) * cols);
+}
+
 inline float keepScale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
 
 // First dropout-mask element of head (bi, h): masks are numbered over the full [b, nqTotal,
@@ -115,9 +123,12 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
             if (fusedSoftmax) {
                 for (int r0 = 0; r0 < s; r0 += kBlock) {
                     const int r1 = std::min(s, r0 + kBlock);
-                    // P[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T
+                    // P[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T; the rows of the block are
+                    // contiguous, so one memset also zeroes their masked tail [r1, s)
+                    std::memset(P + static_cast<int64_t>(r0) * s, 0,
+                                sizeof(float) * static_cast<size_t>(r1 - r0) * s);
                     gemm(false, true, r1 - r0, r1, d, dims.scale, Q + r0 * vw.ldq, ldq, K, ldk,
-                         0.0f, P + static_cast<int64_t>(r0) * s, s);
+                         1.0f, P + static_cast<int64_t>(r0) * s, s);
                     for (int r = r0; r < r1; ++r) {
                         float* row = P + static_cast<int64_t>(r) * s;
                         causalSoftmaxRow(row, r, s);
@@ -133,7 +144,8 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                     }
                     // O[r0:r1] = dropout(P)[r0:r1, 0:r1] V[0:r1]
                     const float* A = drop ? D : P + static_cast<int64_t>(r0) * s;
-                    gemm(false, false, r1 - r0, d, r1, 1.0f, A, s, V, ldk, 0.0f,
+                    zeroRows(O + r0 * vw.ldq, r1 - r0, d, vw.ldq);
+                    gemm(false, false, r1 - r0, d, r1, 1.0f, A, s, V, ldk, 1.0f,
                          O + r0 * vw.ldq, ldq);
                 }
             } else {
@@ -237,7 +249,8 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                 const int r1 = std::min(s, r0 + kBlock);
                 float* dSb = dS + static_cast<int64_t>(r0) * s;
                 // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T
-                gemm(false, true, r1 - r0, r1, d, 1.0f, dO + r0 * vw.ldq, ldq, V, ldk, 0.0f, dSb,
+                zeroRows(dSb, r1 - r0, r1, s);
+                gemm(false, true, r1 - r0, r1, d, 1.0f, dO + r0 * vw.ldq, ldq, V, ldk, 1.0f, dSb,
                      s);
                 for (int r = r0; r < r1; ++r) {
                     const float* pr = P + static_cast<int64_t>(r) * s;
@@ -261,19 +274,24 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                     std::fill(dr + n, dr + r1, 0.0f);
                 }
                 // dQ[r0:r1] = scale dS[r0:r1, 0:r1] K[0:r1]
-                gemm(false, false, r1 - r0, d, r1, dims.scale, dSb, s, K, ldk, 0.0f,
+                zeroRows(dQ + r0 * vw.ldq, r1 - r0, d, vw.ldq);
+                gemm(false, false, r1 - r0, d, r1, dims.scale, dSb, s, K, ldk, 1.0f,
                      dQ + r0 * vw.ldq, ldq);
             }
             const float* PV = drop ? Pd : P;
             for (int c0 = 0; c0 < s; c0 += kBlock) {
                 const int c1 = std::min(s, c0 + kBlock);
+                if (beta == 0.0f) {
+                    zeroRows(dV + c0 * vw.ldk, c1 - c0, d, vw.ldk);
+                    zeroRows(dK + c0 * vw.ldk, c1 - c0, d, vw.ldk);
+                }
                 // dV[c0:c1] (+)= Pd[c0:s, c0:c1]^T dO[c0:s]  (rows above c0 are masked)
                 gemm(true, false, c1 - c0, d, s - c0, 1.0f,
-                     PV + static_cast<int64_t>(c0) * s + c0, s, dO + c0 * vw.ldq, ldq, beta,
+                     PV + static_cast<int64_t>(c0) * s + c0, s, dO + c0 * vw.ldq, ldq, 1.0f,
                      dV + c0 * vw.ldk, ldk);
                 // dK[c0:c1] (+)= scale dS[c0:s, c0:c1]^T Q[c0:s]
                 gemm(true, false, c1 - c0, d, s - c0, dims.scale,
-                     dS + static_cast<int64_t>(c0) * s + c0, s, Q + c0 * vw.ldq, ldq, beta,
+                     dS + static_cast<int64_t>(c0) * s + c0, s, Q + c0 * vw.ldq, ldq, 1.0f,
                      dK + c0 * vw.ldk, ldk);
             }
         }

@@ -58,6 +58,36 @@ inline float expApprox(float x) {
     return y;
 }
 
+// exp(x) with the argument clamped to [-80, 80] and no special-value handling, for callers
+// that only need exp inside that range (or its limit behaviour, see geluFast below): ~5 vector
+// ops per element cheaper than expApprox. Same Cephes polynomial as expApprox, so the same
+// ~2 ulp inside the range; |x| > 80 gives exp(+-80); NaN propagates (the clamps keep NaN,
+// the polynomial then yields NaN whatever the scale bits are). 2^n comes straight from the
+// rounding shifter's low mantissa bits (n in [-116, 116], so no exponent overflow).
+inline float expClamped80(float x) {
+    constexpr float kLog2e = 1.44269504088896341f;
+    constexpr float kLn2Hi = 0.693359375f;
+    constexpr float kLn2Lo = -2.12194440e-4f;
+    float xc = x < -80.0f ? -80.0f : x;
+    xc = xc > 80.0f ? 80.0f : xc;
+    const float shifter = 12582912.0f;  // 1.5*2^23: the low mantissa bits of ns hold n
+    const float ns = xc * kLog2e + shifter;
+    const float n = ns - shifter;
+    float r = xc - n * kLn2Hi;
+    r = r - n * kLn2Lo;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    // bits(ns) = 0x4B400000 + n; adding 127 - 0x400000 gives 0x4B000000 + (n + 127), and the
+    // shift by 23 drops the 0x4B000000 part, leaving the biased exponent n + 127 in [11, 243]
+    const float s = bitsToFloat((floatToBits(ns) + (127u - 0x400000u)) << 23);
+    return p * s;
+}
+
 // tanh(z) = 1 - 2/(exp(2z)+1); absolute error ~1e-7 (relative error grows near 0, which is
 // harmless where it is used: GeLU adds 1 to it).
 inline float tanhApprox(float z) {

@@ -1,5 +1,6 @@
 // The sigmoid-form GeLU (activation.cpp) and its clamped exp (vec_math.h expClamped80) against
-// double-precision references over a wide input range, plus the documented special values.
+// double-precision references over a wide input range, plus the documented special values;
+// the softmax exp (expShifted) against expApprox bit for bit.
 // The reference is the tanh-GeLU evaluated in double as u / (1 + exp(-2z)) (identical to
 // 0.5 u (1 + tanh z) mathematically, but free of the 1 + tanh cancellation that makes the tanh
 // form useless in double below u ~ -8); both forms are checked against each other too.
@@ -7,6 +8,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_math.h"
 
+#include <cstring>
 #include <limits>
 
 namespace ts::kernels::cpu {
@@ -62,6 +64,26 @@ TEST(KernelsVecMath, ExpClamped80AccurateInRangeAndClampsOutside) {
         EXPECT_NEAR(detail::expClamped80(x), hi, 1e-6 * hi) << x;
     EXPECT_TRUE(std::isnan(detail::expClamped80(std::numeric_limits<float>::quiet_NaN())));
     EXPECT_EQ(detail::expClamped80(0.0f), 1.0f);
+}
+
+TEST(KernelsVecMath, ExpShiftedEqualsExpApproxBitForBitOnSoftmaxArguments) {
+    // softmax/cross-entropy arguments x - rowmax: every float step in [-100, 0] region sampled
+    // densely, plus the positive part up to the documented 88.3 bound
+    int mismatches = 0;
+    for (int i = -1000000; i <= 883000; ++i) {
+        const float x = static_cast<float>(i) * 1e-4f;
+        const float a = detail::expApprox(x), b = detail::expShifted(x);
+        if (std::memcmp(&a, &b, sizeof a) != 0 && ++mismatches < 5)
+            ADD_FAILURE() << "x=" << x << ": expApprox " << a << " expShifted " << b;
+    }
+    EXPECT_EQ(mismatches, 0);
+    // and the double reference, independently of expApprox
+    for (float x : {-87.0f, -50.0f, -10.0f, -1.0f, -1e-3f, 0.0f})
+        EXPECT_NEAR(detail::expShifted(x), std::exp(double(x)), 5e-7 * std::exp(double(x)));
+    const float inf = std::numeric_limits<float>::infinity();
+    EXPECT_EQ(detail::expShifted(-inf), 0.0f);
+    EXPECT_EQ(detail::expShifted(-88.0f), 0.0f);
+    EXPECT_TRUE(std::isnan(detail::expShifted(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(KernelsActivation, GeluSigmoidFormMatchesDoubleReferenceOverWideRange) {

@@ -495,18 +495,25 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
         TensorPtr q = A.q, kk = A.k, v = A.v;
         const bool rope = m_d.rope, fusedRope = m_o.fusedRope;
         const float theta = m_d.ropeTheta;
-        m_exec.op("qkv_split", Category::Elementwise, 0, uint64_t(T) * qkvOut * 8,
-                  [=] { splitQkv(fp(qkv), fp(q), fp(kk), fp(v), T, nq, ng, d); });
-        if (rope) {
+        if (rope && fusedRope) {
+            // apply_rope_fusion: the layout copy and the rotation in one pass over qkv
+            m_exec.op("qkv_split_rope.fwd", Category::Elementwise, 6.0 * T * (nq + ng) * d,
+                      uint64_t(T) * qkvOut * 8, [=] {
+                          k::splitQkvRopeForward(fp(qkv), fp(q), fp(kk), fp(v), s, b, nq, ng, d, theta, 0);
+                          if (bf) {
+                              k::roundToBf16(fp(q), int64_t(T) * nq * d);
+                              k::roundToBf16(fp(kk), int64_t(T) * ng * d);
+                          }
+                      });
+        } else {
+            m_exec.op("qkv_split", Category::Elementwise, 0, uint64_t(T) * qkvOut * 8,
+                      [=] { splitQkv(fp(qkv), fp(q), fp(kk), fp(v), T, nq, ng, d); });
+        }
+        if (rope && !fusedRope) {
             m_exec.op("rope.fwd", Category::Elementwise, 6.0 * T * (nq + ng) * d,
                       uint64_t(T) * (nq + ng) * d * 8, [=] {
-                          if (fusedRope) {
-                              k::ropeForwardFused(fp(q), s, b, nq, d, theta, 0);
-                              k::ropeForwardFused(fp(kk), s, b, ng, d, theta, 0);
-                          } else {
-                              k::ropeForward(fp(q), s, b, nq, d, theta, 0);
-                              k::ropeForward(fp(kk), s, b, ng, d, theta, 0);
-                          }
+                          k::ropeForward(fp(q), s, b, nq, d, theta, 0);
+                          k::ropeForward(fp(kk), s, b, ng, d, theta, 0);
                           if (bf) {
                               k::roundToBf16(fp(q), int64_t(T) * nq * d);
                               k::roundToBf16(fp(kk), int64_t(T) * ng * d);
@@ -765,7 +772,8 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     probs.reset();
     scratch.reset();
     dctx.reset();
-    if (m_d.rope) {
+    const bool ropeMerge = m_d.rope && m_o.fusedRope;  // rope backward fused into the merge copy
+    if (m_d.rope && !ropeMerge) {
         const float theta = m_d.ropeTheta;
         m_exec.op("rope.bwd", Category::Elementwise, 6.0 * T * (nq + ng) * d, uint64_t(T) * (nq + ng) * d * 8, [=] {
             k::ropeBackward(fp(dq), s, b, nq, d, theta, 0);
@@ -773,10 +781,18 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
         });
     }
     TS_ASSIGN_OR_RETURN(TensorPtr dqkv, alloc(int64_t(T) * qkvOut));
-    m_exec.op("qkv_merge", Category::Elementwise, 0, uint64_t(T) * qkvOut * 8, [=] {
-        mergeQkv(fp(dq), fp(dk), fp(dv), fp(dqkv), T, nq, ng, d);
-        if (bf) k::roundToBf16(fp(dqkv), int64_t(T) * qkvOut);
-    });
+    if (ropeMerge) {
+        const float theta = m_d.ropeTheta;
+        m_exec.op("qkv_merge_rope.bwd", Category::Elementwise, 6.0 * T * (nq + ng) * d, uint64_t(T) * qkvOut * 8, [=] {
+            k::ropeBackwardMergeQkv(fp(dq), fp(dk), fp(dv), fp(dqkv), s, b, nq, ng, d, theta, 0);
+            if (bf) k::roundToBf16(fp(dqkv), int64_t(T) * qkvOut);
+        });
+    } else {
+        m_exec.op("qkv_merge", Category::Elementwise, 0, uint64_t(T) * qkvOut * 8, [=] {
+            mergeQkv(fp(dq), fp(dk), fp(dv), fp(dqkv), T, nq, ng, d);
+            if (bf) k::roundToBf16(fp(dqkv), int64_t(T) * qkvOut);
+        });
+    }
     dq.reset(); dk.reset(); dv.reset();
     TensorPtr da1;
     if (m_tpo) {

@@ -86,6 +86,15 @@ void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffse
 void ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int posOffset);
 // Backward = rotation by -angle, in place on dx.
 void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset);
+// The QKV layout copies around core attention fused with the rotation (one pass instead of
+// copy + in-place rope): qkv: [s, b, ng, nq/ng + 2, d] (per group: its query heads, k, v), as
+// the linear_qkv GEMM writes it; q: [s, b, nq, d], k, v: [s, b, ng, d]. Forward:
+// q, k = rope(split(qkv)), v = split(qkv); backward: dqkv = merge(rope^-1(dq), rope^-1(dk), dv).
+// Bitwise equal to the split/merge copies with ropeForwardFused / ropeBackward in place.
+void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
+                         int ng, int d, float theta, int posOffset);
+void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int s,
+                          int b, int nq, int ng, int d, float theta, int posOffset);
 
 // --- Core attention (causal, GQA) -------------------------------------------------------
 struct AttnDims {

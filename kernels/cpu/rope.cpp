@@ -4,6 +4,7 @@
 #include "kernels/cpu/ops.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace ts::kernels::cpu {
@@ -16,40 +17,53 @@ inline float invFreq(int i, int d, float theta) {
 }
 
 // cosT, sinT: [half] for one position. sign = +1 forward, -1 backward (rotation by -angle).
-inline void rotateRows(float* x, int rows, int d, const float* cosT, const float* sinT,
-                       float sign) {
+// dst may equal src (in place); otherwise they must not overlap.
+inline void rotateRows(const float* src, float* dst, int rows, int d, const float* cosT,
+                       const float* sinT, float sign) {
     const int half = d / 2;
     for (int r = 0; r < rows; ++r) {
-        float* x1 = x + static_cast<int64_t>(r) * d;
-        float* x2 = x1 + half;
+        const float* x1 = src + static_cast<int64_t>(r) * d;
+        const float* x2 = x1 + half;
+        float* y1 = dst + static_cast<int64_t>(r) * d;
+        float* y2 = y1 + half;
         for (int i = 0; i < half; ++i) {
             const float c = cosT[i], sn = sign * sinT[i];
             const float a = x1[i], bb = x2[i];
-            x1[i] = a * c - bb * sn;
-            x2[i] = bb * c + a * sn;
+            y1[i] = a * c - bb * sn;
+            y2[i] = bb * c + a * sn;
         }
+        if (2 * half < d) y1[d - 1] = x1[d - 1];  // odd d: the last element is not rotated
     }
 }
 
+// Per-position cos/sin tables of the fused kernels (the same float math for every caller, so
+// the split+rope and rope+merge kernels equal split-then-rope and rope-then-merge bitwise).
+struct RopeTables {
+    std::vector<float> buf;
+    int half;
+    RopeTables(int d, float theta) : buf(static_cast<size_t>(3) * (d / 2)), half(d / 2) {
+        for (int i = 0; i < half; ++i) buf[i] = invFreq(i, d, theta);
+    }
+    const float* cosT() const { return buf.data() + half; }
+    const float* sinT() const { return buf.data() + 2 * half; }
+    void setPosition(float pos) {
+        for (int i = 0; i < half; ++i) {
+            const float ang = pos * buf[i];
+            buf[half + i] = std::cos(ang);
+            buf[2 * half + i] = std::sin(ang);
+        }
+    }
+};
+
 // The fused kernel: per position, the half-width cos/sin once, then rotate all b*n heads.
 void ropeApply(float* x, int s, int b, int n, int d, float theta, int posOffset, float sign) {
-    const int half = d / 2;
-    if (half == 0) return;
-    // d is a head dim (<= 256 in practice); one small buffer per call.
-    std::vector<float> buf(static_cast<size_t>(3) * half);
-    float* inv = buf.data();
-    float* cosT = inv + half;
-    float* sinT = cosT + half;
-    for (int i = 0; i < half; ++i) inv[i] = invFreq(i, d, theta);
+    if (d / 2 == 0) return;
+    RopeTables tab(d, theta);  // d is a head dim (<= 256 in practice): one small buffer
     const int64_t rowsPerPos = static_cast<int64_t>(b) * n;
     for (int si = 0; si < s; ++si) {
-        const float pos = static_cast<float>(posOffset + si);
-        for (int i = 0; i < half; ++i) {
-            const float ang = pos * inv[i];
-            cosT[i] = std::cos(ang);
-            sinT[i] = std::sin(ang);
-        }
-        rotateRows(x + si * rowsPerPos * d, static_cast<int>(rowsPerPos), d, cosT, sinT, sign);
+        tab.setPosition(static_cast<float>(posOffset + si));
+        float* xs = x + si * rowsPerPos * d;
+        rotateRows(xs, xs, static_cast<int>(rowsPerPos), d, tab.cosT(), tab.sinT(), sign);
     }
 }
 
@@ -61,6 +75,64 @@ void ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int pos
 
 void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset) {
     ropeApply(dx, s, b, n, d, theta, posOffset, -1.0f);
+}
+
+void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
+                         int ng, int d, float theta, int posOffset) {
+    const int r = nq / ng;
+    const int64_t row = static_cast<int64_t>(ng) * (r + 2) * d;  // one token of qkv
+    RopeTables tab(d, theta);
+    for (int si = 0; si < s; ++si) {
+        if (d / 2 > 0) tab.setPosition(static_cast<float>(posOffset + si));
+        for (int bi = 0; bi < b; ++bi) {
+            const int64_t t = static_cast<int64_t>(si) * b + bi;
+            const float* src = qkv + t * row;
+            for (int g = 0; g < ng; ++g) {
+                const float* grp = src + static_cast<int64_t>(g) * (r + 2) * d;
+                float* qg = q + (t * nq + static_cast<int64_t>(g) * r) * d;
+                float* kg = k + (t * ng + g) * d;
+                float* vg = v + (t * ng + g) * d;
+                if (d / 2 > 0) {
+                    rotateRows(grp, qg, r, d, tab.cosT(), tab.sinT(), 1.0f);
+                    rotateRows(grp + static_cast<int64_t>(r) * d, kg, 1, d, tab.cosT(),
+                               tab.sinT(), 1.0f);
+                } else {
+                    std::memcpy(qg, grp, sizeof(float) * static_cast<size_t>(r) * d);
+                    std::memcpy(kg, grp + static_cast<int64_t>(r) * d, sizeof(float) * d);
+                }
+                std::memcpy(vg, grp + static_cast<int64_t>(r + 1) * d, sizeof(float) * d);
+            }
+        }
+    }
+}
+
+void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int s,
+                          int b, int nq, int ng, int d, float theta, int posOffset) {
+    const int r = nq / ng;
+    const int64_t row = static_cast<int64_t>(ng) * (r + 2) * d;
+    RopeTables tab(d, theta);
+    for (int si = 0; si < s; ++si) {
+        if (d / 2 > 0) tab.setPosition(static_cast<float>(posOffset + si));
+        for (int bi = 0; bi < b; ++bi) {
+            const int64_t t = static_cast<int64_t>(si) * b + bi;
+            float* dst = dqkv + t * row;
+            for (int g = 0; g < ng; ++g) {
+                float* grp = dst + static_cast<int64_t>(g) * (r + 2) * d;
+                const float* qg = dq + (t * nq + static_cast<int64_t>(g) * r) * d;
+                const float* kg = dk + (t * ng + g) * d;
+                const float* vg = dv + (t * ng + g) * d;
+                if (d / 2 > 0) {
+                    rotateRows(qg, grp, r, d, tab.cosT(), tab.sinT(), -1.0f);
+                    rotateRows(kg, grp + static_cast<int64_t>(r) * d, 1, d, tab.cosT(),
+                               tab.sinT(), -1.0f);
+                } else {
+                    std::memcpy(grp, qg, sizeof(float) * static_cast<size_t>(r) * d);
+                    std::memcpy(grp + static_cast<int64_t>(r) * d, kg, sizeof(float) * d);
+                }
+                std::memcpy(grp + static_cast<int64_t>(r + 1) * d, vg, sizeof(float) * d);
+            }
+        }
+    }
 }
 
 void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset) {

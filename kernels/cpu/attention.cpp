@@ -44,14 +44,15 @@ struct Views {
     }
 };
 
-// Row r of raw scores (already scaled): softmax over columns [0, r], zeros after.
-inline void causalSoftmaxRow(float* row, int r, int s) {
+// Row r of raw scores (already scaled) in columns [0, end): softmax over columns [0, r],
+// zeros in (r, end). Columns from end on must already be zero (the caller zeroed the block).
+inline void causalSoftmaxRow(float* row, int r, int end) {
     const int n = r + 1;
     const float m = detail::maxLanes(row, n);
     const float sum = detail::expShiftSum(row, row, m, n);
     const float inv = 1.0f / sum;
     for (int j = 0; j < n; ++j) row[j] *= inv;
-    std::fill(row + n, row + s, 0.0f);
+    std::fill(row + n, row + end, 0.0f);
 }
 
 // C[0:rows, 0:cols] = 0 (row stride ldc). The fused path zeroes GEMM outputs itself and calls
@@ -131,7 +132,7 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                          1.0f, P + static_cast<int64_t>(r0) * s, s);
                     for (int r = r0; r < r1; ++r) {
                         float* row = P + static_cast<int64_t>(r) * s;
-                        causalSoftmaxRow(row, r, s);
+                        causalSoftmaxRow(row, r, r1);
                         if (!drop) continue;
                         // dropout while the row is in cache; D keeps the block's columns
                         // [0, r1) with the masked part zero for the GEMM below

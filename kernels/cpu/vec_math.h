@@ -24,19 +24,16 @@ inline uint32_t floatToBits(float f) {
     return u;
 }
 
-// exp(x) for float, branch-free so loops over it vectorize. Cephes-style: x = n*ln2 + r with
-// |r| <= ln2/2, a degree-6 polynomial for exp(r), 2^n built in the exponent bits. Relative error
-// about 2 ulp over the normal range. Inputs below -87.3 (incl. -inf) give exactly 0 (results
-// there would be denormal), inputs above ln(FLT_MAX) give +inf; NaN propagates.
-inline float expApprox(float x) {
+// The Cephes exp core shared by the exp variants below: for a clamped argument xc, writes
+// x = n*ln2 + r with |r| <= ln2/2 and returns the degree-6 polynomial exp(r); `ns` receives
+// xc*log2e + 1.5*2^23, whose low mantissa bits hold n (valid since |xc*log2e| < 2^22).
+inline float expPoly(float xc, float& ns) {
     constexpr float kLog2e = 1.44269504088896341f;
     constexpr float kLn2Hi = 0.693359375f;
     constexpr float kLn2Lo = -2.12194440e-4f;
-    const float xc = x < -87.3f ? -87.3f : (x > 88.7228f ? 88.7228f : x);
-    // round to nearest via the 1.5*2^23 trick (valid since |xc*log2e| < 2^22)
-    const float shifter = 12582912.0f;
-    float n = xc * kLog2e + shifter;
-    n -= shifter;
+    constexpr float kShifter = 12582912.0f;  // 1.5*2^23: rounds to nearest
+    ns = xc * kLog2e + kShifter;
+    const float n = ns - kShifter;
     float r = xc - n * kLn2Hi;
     r = r - n * kLn2Lo;
     float p = 1.9875691500e-4f;
@@ -45,9 +42,24 @@ inline float expApprox(float x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    return p * r * r + r + 1.0f;
+}
+
+// 2^n from expPoly's `ns` (n in [-126, 127]): bits(ns) = 0x4B400000 + n; adding
+// 127 - 0x400000 gives 0x4B000000 + (n + 127), and the shift by 23 drops the 0x4B000000 part,
+// leaving the biased exponent n + 127.
+inline float pow2FromShifted(float ns) { return bitsToFloat((floatToBits(ns) + (127u - 0x400000u)) << 23); }
+
+// exp(x) for float, branch-free so loops over it vectorize. Cephes-style: x = n*ln2 + r with
+// |r| <= ln2/2, a degree-6 polynomial for exp(r), 2^n built in the exponent bits. Relative error
+// about 2 ulp over the normal range. Inputs below -87.3 (incl. -inf) give exactly 0 (results
+// there would be denormal), inputs above ln(FLT_MAX) give +inf; NaN propagates.
+inline float expApprox(float x) {
+    const float xc = x < -87.3f ? -87.3f : (x > 88.7228f ? 88.7228f : x);
+    float ns;
+    const float p = expPoly(xc, ns);
     // 2^n: n in [-126, 128]; for n = 128 split as 2^127 * 2 to stay a normal scale factor
-    const int ni = static_cast<int>(n);
+    const int ni = static_cast<int>(ns - 12582912.0f);
     const int n1 = ni > 127 ? 127 : ni;
     const float s1 = bitsToFloat(static_cast<uint32_t>(n1 + 127) << 23);
     const float s2 = ni > 127 ? 2.0f : 1.0f;
@@ -64,25 +76,10 @@ inline float expApprox(float x) {
 // exactly 0, x above 88.3 gives exp(88.3) instead of inf (callers never pass x > 0), NaN
 // propagates. Drops expApprox's overflow and NaN selects: ~6 vector ops per element fewer.
 inline float expShifted(float x) {
-    constexpr float kLog2e = 1.44269504088896341f;
-    constexpr float kLn2Hi = 0.693359375f;
-    constexpr float kLn2Lo = -2.12194440e-4f;
     float xc = x < -87.3f ? -87.3f : x;
     xc = xc > 88.3f ? 88.3f : xc;
-    const float shifter = 12582912.0f;
-    const float ns = xc * kLog2e + shifter;
-    const float n = ns - shifter;
-    float r = xc - n * kLn2Hi;
-    r = r - n * kLn2Lo;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const float s = bitsToFloat((floatToBits(ns) + (127u - 0x400000u)) << 23);  // 2^n, see expClamped80
-    const float y = p * s;
+    float ns;
+    const float y = expPoly(xc, ns) * pow2FromShifted(ns);
     return x < -87.3f ? 0.0f : y;
 }
 
@@ -93,27 +90,11 @@ inline float expShifted(float x) {
 // the polynomial then yields NaN whatever the scale bits are). 2^n comes straight from the
 // rounding shifter's low mantissa bits (n in [-116, 116], so no exponent overflow).
 inline float expClamped80(float x) {
-    constexpr float kLog2e = 1.44269504088896341f;
-    constexpr float kLn2Hi = 0.693359375f;
-    constexpr float kLn2Lo = -2.12194440e-4f;
     float xc = x < -80.0f ? -80.0f : x;
     xc = xc > 80.0f ? 80.0f : xc;
-    const float shifter = 12582912.0f;  // 1.5*2^23: the low mantissa bits of ns hold n
-    const float ns = xc * kLog2e + shifter;
-    const float n = ns - shifter;
-    float r = xc - n * kLn2Hi;
-    r = r - n * kLn2Lo;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    // bits(ns) = 0x4B400000 + n; adding 127 - 0x400000 gives 0x4B000000 + (n + 127), and the
-    // shift by 23 drops the 0x4B000000 part, leaving the biased exponent n + 127 in [11, 243]
-    const float s = bitsToFloat((floatToBits(ns) + (127u - 0x400000u)) << 23);
-    return p * s;
+    float ns;
+    const float p = expPoly(xc, ns);
+    return p * pow2FromShifted(ns);  // n in [-116, 116]
 }
 
 // tanh(z) = 1 - 2/(exp(2z)+1); absolute error ~1e-7 (relative error grows near 0, which is

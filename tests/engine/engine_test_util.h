@@ -174,6 +174,26 @@ struct Harness {
     }
 };
 
+// A small GPT for the fused/unfused and recompute path tests: 4 layers, hidden 64, 4 heads in
+// 2 query groups, seq 64, micro-batch 4, 2 microbatches, vocab 256, hidden dropout 0.1.
+inline Config smallConfig() {
+    Config c;
+    c.num_layers = 4;
+    c.hidden_size = 64;
+    c.num_attention_heads = 4;
+    c.num_query_groups = 2;
+    c.seq_length = 64;
+    c.micro_batch_size = 4;
+    c.num_microbatches = 2;
+    c.vocab_size = 256;
+    c.make_vocab_size_divisible_by = 128;
+    c.hidden_dropout = 0.1;
+    c.lr = 1e-3;
+    c.seed = 42;
+    c.train_iters = 10;
+    return c;
+}
+
 // The microbatches of iteration `step` from the config's data source (synthetic or corpus).
 inline std::vector<std::shared_ptr<Microbatch>> batches(const Config& c, int step) {
     auto ds = DataSource::open(c);

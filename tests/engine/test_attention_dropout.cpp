@@ -15,22 +15,14 @@ namespace {
 using testutil::runSteps;
 using testutil::StepsResult;
 
+// The path tests' small GPT with attention dropout, 3 layers and seq 80.
 Config dropConfig() {
-    Config c;
+    Config c = testutil::smallConfig();
     c.num_layers = 3;
-    c.hidden_size = 64;
-    c.num_attention_heads = 4;
-    c.num_query_groups = 2;
     c.seq_length = 80;  // > one causal block of the attention kernel
     c.micro_batch_size = 2;
-    c.num_microbatches = 2;
-    c.vocab_size = 256;
-    c.make_vocab_size_divisible_by = 128;
-    c.hidden_dropout = 0.1;
     c.attention_dropout = 0.1;
-    c.lr = 1e-3;
     c.seed = 7;
-    c.train_iters = 10;
     return c;
 }
 

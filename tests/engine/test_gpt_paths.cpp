@@ -13,25 +13,8 @@ namespace {
 
 using testutil::Harness;
 using testutil::runSteps;
+using testutil::smallConfig;
 using testutil::StepsResult;
-
-Config smallConfig() {
-    Config c;
-    c.num_layers = 4;
-    c.hidden_size = 64;
-    c.num_attention_heads = 4;
-    c.num_query_groups = 2;
-    c.seq_length = 64;
-    c.micro_batch_size = 4;
-    c.num_microbatches = 2;
-    c.vocab_size = 256;
-    c.make_vocab_size_divisible_by = 128;
-    c.hidden_dropout = 0.1;
-    c.lr = 1e-3;
-    c.seed = 42;
-    c.train_iters = 10;
-    return c;
-}
 
 TEST(GptPaths, FusedEqualsUnfusedWithDropout) {
     Config fused = smallConfig();

@@ -255,7 +255,11 @@ public:
 
     Result<std::unique_ptr<Buffer>> allocateImpl(size_t bytes, MemCategory cat, bool zero) {
         if (cat == MemCategory::Count) return Status::invalid("allocate: MemCategory::Count is not a category");
+        // 64-byte alignment for vector kernels; a size class is a multiple of 64 as
+        // aligned_alloc needs.
+        const size_t cls = sizeClass(bytes);
         int64_t current = 0;
+        void* p = nullptr;
         {
             std::lock_guard<std::mutex> lock(m_mem->mutex);
             MemoryStats& st = m_mem->stats;
@@ -283,14 +287,7 @@ public:
             if (st.current[i] > st.peak[i]) st.peak[i] = st.current[i];
             if (st.currentTotal > st.peakTotal) st.peakTotal = st.currentTotal;
             current = st.current[i];
-        }
-        // 64-byte alignment for vector kernels; a size class is a multiple of 64 as
-        // aligned_alloc needs.
-        const size_t cls = sizeClass(bytes);
-        void* p = nullptr;
-        {
-            std::lock_guard<std::mutex> lock(m_mem->mutex);
-            p = m_mem->takeCached(cls);
+            p = m_mem->takeCached(cls);  // same lock as the accounting
         }
         if (!p) p = std::aligned_alloc(64, cls);
         if (!p) {  // host memory is short: drop the cache and try once more

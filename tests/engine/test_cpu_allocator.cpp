@@ -59,5 +59,36 @@ TEST(CpuAllocator, DifferentSizeClassesDoNotShareBlocksAndLimitCountsLiveBytes) 
     EXPECT_EQ(tooMuch.status().code(), ErrorCode::OutOfMemory);
 }
 
+// Blocks of 2 MiB and more are mapped 2 MiB aligned (huge-page candidates). They go through
+// the same cache and accounting as small blocks, and allocate() zeroes them when reused.
+TEST(CpuAllocator, LargeBlocksAreHugePageAlignedCachedAndZeroed) {
+    auto be = makeCpuBackend(1);
+    Device& d = be->device(0);
+    const size_t big = (size_t(5) << 20) + 12345;  // not a multiple of the page size
+    void* first = nullptr;
+    {
+        auto a = d.allocateUninitialized(big, MemCategory::Activations);
+        ASSERT_TRUE(a.isOk()) << a.status().toString();
+        first = (*a)->data();
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % (size_t(2) << 20), 0u);
+        std::memset(first, 0x5A, big);  // every byte is usable
+        EXPECT_EQ(d.memoryStats().current[size_t(MemCategory::Activations)], int64_t(big));
+    }
+    EXPECT_EQ(d.memoryStats().currentTotal, 0);
+    EXPECT_GE(d.memoryStats().cached, int64_t(big));
+    auto b = d.allocate(big - 100, MemCategory::Grads);
+    ASSERT_TRUE(b.isOk());
+    EXPECT_EQ((*b)->data(), first);
+    const auto* bytes = (*b)->as<uint8_t>();
+    for (size_t i = 0; i < big - 100; i += 4093) ASSERT_EQ(bytes[i], 0) << i;
+    ASSERT_EQ(bytes[big - 101], 0);
+    EXPECT_EQ(d.memoryStats().current[size_t(MemCategory::Grads)], int64_t(big - 100));
+    // A block of another size class is a different mapping, also aligned.
+    auto c = d.allocate(size_t(3) << 20, MemCategory::Params);
+    ASSERT_TRUE(c.isOk());
+    EXPECT_NE((*c)->data(), first);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*c)->data()) % (size_t(2) << 20), 0u);
+}
+
 }  // namespace
 }  // namespace ts::engine

@@ -1,19 +1,25 @@
 // Causal core attention with GQA: scores = scale * Q K^T, causal softmax, out = P V, and the
-// backward through it. All matmuls are OpenBLAS GEMMs on strided views of the [s, b, heads, d]
-// activations (no transposes or copies): for batch bi and head h, Q_bh is an [s, d] matrix
-// starting at q + (bi*nq + h)*d with leading dim b*nq*d.
+// backward through it, on strided views of the [s, b, heads, d] activations: for batch bi and
+// head h, Q_bh is an [s, d] matrix starting at q + (bi*nq + h)*d with leading dim b*nq*d.
 //
-// Causality: the fused path only computes the lower block-triangle (rows in blocks of kBlock,
-// block i needs key columns [0, end of block i)), which roughly halves the GEMM work at long
-// sequences; the unfused path is the naive one (full square scores, then scale, mask, softmax
-// as separate passes; its backward full-square too) used to check the fused one and to
-// measure what the fusion buys.
+// The fused path runs its matmuls on detail::smallGemm (small_gemm.h): per KV group it packs
+// K^T and V once into 16-column panels (shared by the group's query heads), per query head it
+// works in row blocks of kBlock so that the block's scores stay in L2 while the softmax runs.
+// Causality is exploited at tile granularity: scores are computed for 16-column strips only
+// from the 6-row tile that first needs them, .V and the backward GEMMs stop their k range at
+// the tile's last needed key, so about half of the square is computed at any length. The
+// entries of a tile above the diagonal that are computed anyway are overwritten by the
+// softmax's zero fill before anything reads them.
+// The unfused path is the naive one (OpenBLAS GEMMs over the full square, then scale, mask,
+// softmax as separate passes; its backward full-square too), used to check the fused one and
+// to measure what the fusion buys.
 //
 // Attention dropout (AttnDims::dropout > 0): probs keeps the undropped softmax P; .V uses
 // dropout(P). The mask is never stored: a pure function of (seed, element number), it is
 // regenerated row by row in backward (and by selective recompute), which costs one hash per
 // two elements instead of s*s bytes per head of activation memory.
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/small_gemm.h"
 #include "kernels/cpu/vec_math.h"
 
 #include <algorithm>
@@ -25,7 +31,9 @@ namespace ts::kernels::cpu {
 
 namespace {
 
-constexpr int kBlock = 64;  // rows per causal block: small enough to skip most of the upper half
+constexpr int kBlock = 64;  // rows per block: its scores (kBlock x s floats) stay in L2
+constexpr int kTileRows = 6;  // smallGemm's row tile
+constexpr int kStrip = 16;    // smallGemm's column strip
 
 struct Views {
     int64_t ldq, ldk;  // leading dims of the per-head [s, d] views of q/out and k/v
@@ -44,8 +52,7 @@ struct Views {
     }
 };
 
-// Row r of raw scores (already scaled) in columns [0, end): softmax over columns [0, r],
-// zeros in (r, end). Columns from end on must already be zero (the caller zeroed the block).
+// Row r of raw scores (already scaled): softmax over columns [0, r], zeros in (r, end).
 inline void causalSoftmaxRow(float* row, int r, int end) {
     const int n = r + 1;
     const float m = detail::maxLanes(row, n);
@@ -53,14 +60,6 @@ inline void causalSoftmaxRow(float* row, int r, int end) {
     const float inv = 1.0f / sum;
     for (int j = 0; j < n; ++j) row[j] *= inv;
     std::fill(row + n, row + end, 0.0f);
-}
-
-// C[0:rows, 0:cols] = 0 (row stride ldc). The fused path zeroes GEMM outputs itself and calls
-// the GEMM with beta = 1: OpenBLAS's beta = 0 handling is a separate, slow pass over C
-// (sgemm_beta, ~15% of core-attention time on these small strided blocks), while zeroing a
-// row that is about to be written is a cheap memset.
-inline void zeroRows(float* C, int rows, int cols, int64_t ldc) {
-    for (int i = 0; i < rows; ++i) std::memset(C + i * ldc, 0, sizeof(float) * cols);
 }
 
 inline float keepScale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
@@ -79,10 +78,42 @@ float* threadScratch(size_t n) {
     if (buf.size() < n) buf.resize(n);
     return buf.data();
 }
+// Per-thread panels of the packed GEMM operands (a separate buffer from threadScratch).
+float* threadPanels(size_t n) {
+    thread_local std::vector<float> buf;
+    if (buf.size() < n) buf.resize(n);
+    return buf.data();
+}
 uint8_t* threadMaskRow(size_t n) {
     thread_local std::vector<uint8_t> buf;
     if (buf.size() < n) buf.resize(n);
     return buf.data();
+}
+
+// S[r, c] = alpha * A(r) . Bt(c) for the rows [r0, r1) of a head and every column c <= r, as
+// 16-column strips (c in [j, j+16) for j < r1) over the 6-row tiles (aligned to r0) from the
+// first one that holds a row >= j. A is the [s, d] operand with row stride lda, Bt the panels
+// of the [d, s] operand. Entries of a tile above the diagonal come out as finite garbage.
+inline void causalScores(int r0, int r1, int d, float alpha, const float* A, int64_t lda,
+                         const float* Bt, float* S, int s) {
+    for (int j = 0; j < r1; j += kStrip) {
+        const int first = r0 + (std::max(j, r0) - r0) / kTileRows * kTileRows;
+        detail::smallGemm(r1 - first, std::min(kStrip, r1 - j), d, alpha, A + first * lda, lda,
+                          1, Bt + static_cast<int64_t>(j) * d, kStrip, 0, false,
+                          S + static_cast<int64_t>(first) * s + j, s);
+    }
+}
+
+// C[i] = alpha * sum_{c < ie} A[i, c] B[c] for the 6-row tiles [i, ie) of [r0, r1): each
+// tile's k range ends at its last row's last causal key. A rows have stride lda (columns of a
+// row past its diagonal must be zero up to the tile end), B is the [s, d] panel operand.
+inline void causalTimes(int r0, int r1, int s, int d, float alpha, const float* A, int64_t lda,
+                        const float* B, float* C, int64_t ldc) {
+    for (int i = r0; i < r1; i += kTileRows) {
+        const int ie = std::min(i + kTileRows, r1);
+        detail::smallGemm(ie - i, d, ie, alpha, A + static_cast<int64_t>(i - r0) * lda, lda, 1,
+                          B, kStrip, static_cast<int64_t>(kStrip) * s, false, C + i * ldc, ldc);
+    }
 }
 
 }  // namespace
@@ -112,6 +143,11 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                                                  : static_cast<size_t>(ss))
                     : nullptr;
     uint8_t* mrow = drop && fusedSoftmax ? threadMaskRow(static_cast<size_t>(s)) : nullptr;
+    // fused: the group's K^T ([d, s]) and V ([s, d]) as smallGemm panels
+    float* Kt = fusedSoftmax ? threadPanels(static_cast<size_t>(detail::panelFloats(d, s) +
+                                                                detail::panelFloats(s, d)))
+                             : nullptr;
+    float* Vp = fusedSoftmax ? Kt + detail::panelFloats(d, s) : nullptr;
     for (int bi = 0; bi < dims.b; ++bi) {
         for (int h = 0; h < dims.nq; ++h) {
             const int g = h / rep;
@@ -122,20 +158,20 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
             float* P = vw.probs(probs, bi, h);  // [s, s]
             const uint64_t base = drop ? maskBase(dims, bi, h) : 0;
             if (fusedSoftmax) {
+                if (h % rep == 0) {  // first query head of the group
+                    detail::packPanels(d, s, K, 1, ldk, Kt);
+                    detail::packPanels(s, d, V, ldk, 1, Vp);
+                }
                 for (int r0 = 0; r0 < s; r0 += kBlock) {
                     const int r1 = std::min(s, r0 + kBlock);
-                    // P[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T; the rows of the block are
-                    // contiguous, so one memset also zeroes their masked tail [r1, s)
-                    std::memset(P + static_cast<int64_t>(r0) * s, 0,
-                                sizeof(float) * static_cast<size_t>(r1 - r0) * s);
-                    gemm(false, true, r1 - r0, r1, d, dims.scale, Q + r0 * vw.ldq, ldq, K, ldk,
-                         1.0f, P + static_cast<int64_t>(r0) * s, s);
+                    // P[r, c] = scale * Q[r] . K[c] for c <= r (and some c > r, see above)
+                    causalScores(r0, r1, d, dims.scale, Q, ldq, Kt, P, s);
                     for (int r = r0; r < r1; ++r) {
                         float* row = P + static_cast<int64_t>(r) * s;
-                        causalSoftmaxRow(row, r, r1);
+                        causalSoftmaxRow(row, r, s);  // the upper triangle of probs is 0
                         if (!drop) continue;
-                        // dropout while the row is in cache; D keeps the block's columns
-                        // [0, r1) with the masked part zero for the GEMM below
+                        // dropout while the row is in cache; D keeps the block's rows with the
+                        // masked part zero up to the block end (the .V below reads that far)
                         float* drow = D + static_cast<int64_t>(r - r0) * s;
                         const int n = r + 1;
                         dropoutMask(mrow, n, p, dims.dropoutSeed,
@@ -143,11 +179,9 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                         for (int j = 0; j < n; ++j) drow[j] = mrow[j] ? row[j] * sc : 0.0f;
                         std::fill(drow + n, drow + r1, 0.0f);
                     }
-                    // O[r0:r1] = dropout(P)[r0:r1, 0:r1] V[0:r1]
+                    // O[r0:r1] = dropout(P)[r0:r1, 0:r1] V[0:r1], causal per row tile
                     const float* A = drop ? D : P + static_cast<int64_t>(r0) * s;
-                    zeroRows(O + r0 * vw.ldq, r1 - r0, d, vw.ldq);
-                    gemm(false, false, r1 - r0, d, r1, 1.0f, A, s, V, ldk, 1.0f,
-                         O + r0 * vw.ldq, ldq);
+                    causalTimes(r0, r1, s, d, 1.0f, A, s, Vp, O, vw.ldq);
                 }
             } else {
                 gemm(false, true, s, s, d, 1.0f, Q, ldq, K, ldk, 0.0f, P, s);
@@ -227,6 +261,19 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
     float* dS = scratch;                                             // [s, s]
     float* Pd = drop ? scratch + static_cast<int64_t>(s) * s : nullptr;  // [s, s]
     uint8_t* mrow = drop ? threadMaskRow(static_cast<size_t>(s)) : nullptr;
+    // fused: smallGemm panels of the group's K and V^T and of the head's dO and Q
+    const int64_t pf = detail::panelFloats(s, d);
+    float* Kp = nullptr;
+    float* Vt = nullptr;
+    float* dOp = nullptr;
+    float* Qp = nullptr;
+    if (fusedSoftmax) {
+        const int64_t vtf = detail::panelFloats(d, s);
+        Kp = threadPanels(static_cast<size_t>(3 * pf + vtf));
+        dOp = Kp + pf;
+        Qp = dOp + pf;
+        Vt = Qp + pf;
+    }
     for (int bi = 0; bi < dims.b; ++bi) {
         for (int h = 0; h < dims.nq; ++h) {
             const int g = h / rep;
@@ -246,17 +293,23 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                                              ldq, ldk);
                 continue;
             }
+            if (h % rep == 0) {  // the group's K ([s, d]) and V^T ([d, s]) as panels
+                detail::packPanels(s, d, K, ldk, 1, Kp);
+                detail::packPanels(d, s, V, 1, ldk, Vt);
+            }
+            detail::packPanels(s, d, dO, ldq, 1, dOp);
+            detail::packPanels(s, d, Q, ldq, 1, Qp);
             for (int r0 = 0; r0 < s; r0 += kBlock) {
                 const int r1 = std::min(s, r0 + kBlock);
-                float* dSb = dS + static_cast<int64_t>(r0) * s;
-                // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T
-                zeroRows(dSb, r1 - r0, r1, s);
-                gemm(false, true, r1 - r0, r1, d, 1.0f, dO + r0 * vw.ldq, ldq, V, ldk, 1.0f, dSb,
-                     s);
+                // dP[r, c] = dO[r] . V[c] for c <= r (and some c > r)
+                causalScores(r0, r1, d, 1.0f, dO, ldq, Vt, dS, s);
                 for (int r = r0; r < r1; ++r) {
                     const float* pr = P + static_cast<int64_t>(r) * s;
                     float* dr = dS + static_cast<int64_t>(r) * s;
                     const int n = r + 1;
+                    // the GEMMs below read row r up to the block end (dQ) and up to 5 columns
+                    // past the diagonal (dK/dV's 6-column tiles): that part must be zero
+                    const int zEnd = std::min(s, std::max(r1, r + kTileRows));
                     if (drop) {
                         // regenerate the forward's mask row; Pd feeds the dV GEMM below
                         dropoutMask(mrow, n, p, dims.dropoutSeed,
@@ -267,33 +320,28 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                             dr[j] *= m;
                             pdr[j] = pr[j] * m;
                         }
-                        std::fill(pdr + n, pdr + r1, 0.0f);
+                        std::fill(pdr + n, pdr + zEnd, 0.0f);
                     }
                     const float dot = detail::dotLanes(pr, dr, n);
                     for (int j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
-                    // the GEMMs below read up to the block end: keep the masked part zero
-                    std::fill(dr + n, dr + r1, 0.0f);
+                    std::fill(dr + n, dr + zEnd, 0.0f);
                 }
-                // dQ[r0:r1] = scale dS[r0:r1, 0:r1] K[0:r1]
-                zeroRows(dQ + r0 * vw.ldq, r1 - r0, d, vw.ldq);
-                gemm(false, false, r1 - r0, d, r1, dims.scale, dSb, s, K, ldk, 1.0f,
-                     dQ + r0 * vw.ldq, ldq);
+                // dQ[r0:r1] = scale dS[r0:r1, 0:r1] K[0:r1], causal per row tile
+                causalTimes(r0, r1, s, d, dims.scale, dS + static_cast<int64_t>(r0) * s, s, Kp,
+                            dQ, vw.ldq);
             }
+            // dV[c] (+)= sum_{r >= c} Pd[r, c] dO[r], dK[c] (+)= scale sum_{r >= c} dS[r, c] Q[r]
+            // over 6-row tiles of c, each with k range [c0, s) (rows above c0 are masked)
             const float* PV = drop ? Pd : P;
-            for (int c0 = 0; c0 < s; c0 += kBlock) {
-                const int c1 = std::min(s, c0 + kBlock);
-                if (beta == 0.0f) {
-                    zeroRows(dV + c0 * vw.ldk, c1 - c0, d, vw.ldk);
-                    zeroRows(dK + c0 * vw.ldk, c1 - c0, d, vw.ldk);
-                }
-                // dV[c0:c1] (+)= Pd[c0:s, c0:c1]^T dO[c0:s]  (rows above c0 are masked)
-                gemm(true, false, c1 - c0, d, s - c0, 1.0f,
-                     PV + static_cast<int64_t>(c0) * s + c0, s, dO + c0 * vw.ldq, ldq, 1.0f,
-                     dV + c0 * vw.ldk, ldk);
-                // dK[c0:c1] (+)= scale dS[c0:s, c0:c1]^T Q[c0:s]
-                gemm(true, false, c1 - c0, d, s - c0, dims.scale,
-                     dS + static_cast<int64_t>(c0) * s + c0, s, Q + c0 * vw.ldq, ldq, 1.0f,
-                     dK + c0 * vw.ldk, ldk);
+            const bool acc = beta != 0.0f;
+            for (int c0 = 0; c0 < s; c0 += kTileRows) {
+                const int rc = std::min(kTileRows, s - c0);
+                const int64_t at = static_cast<int64_t>(c0) * s + c0;
+                detail::smallGemm(rc, d, s - c0, 1.0f, PV + at, 1, s, dOp + c0 * kStrip, kStrip,
+                                  static_cast<int64_t>(kStrip) * s, acc, dV + c0 * vw.ldk, ldk);
+                detail::smallGemm(rc, d, s - c0, dims.scale, dS + at, 1, s, Qp + c0 * kStrip,
+                                  kStrip, static_cast<int64_t>(kStrip) * s, acc, dK + c0 * vw.ldk,
+                                  ldk);
             }
         }
     }

@@ -85,15 +85,15 @@ void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refres
     auto info = m_info;
     const AdamHyper hp = m_hp;
     const std::vector<AdamSegment>* segs = &m_segments;
-    exec.opStatus("optimizer.clip", trace::Category::Optimizer, double(m_ownedNumel), uint64_t(m_ownedNumel) * 8,
+    exec.opStatus("optimizer.clip", trace::Category::Optimizer, 0.0, 0,  // scalar: the update applies the coefficient
                   [=]() -> Status {
                       const double sq = reduce ? double(normBuf[0]) : *localSq;
-                      return clipSegmentGrads(sq, *segs, hp, lr, iteration, info.get());
+                      return clipSegmentGrads(sq, hp, lr, iteration, info.get());
                   });
     const int64_t step = m_steps;
     exec.op("optimizer.adamw", trace::Category::Optimizer, 12.0 * double(m_ownedNumel), uint64_t(m_ownedNumel) * 20,
             [=] {
-                adamwSegments(*segs, hp, lr, step);
+                adamwSegments(*segs, hp, lr, step, info->clipCoef);
                 if (refreshWholeModelCopy) {
                     for (const OptimizerChunk& ch : *chunks) ch.params->syncModelParams();
                 } else {

@@ -829,7 +829,8 @@ Status GptModel::finalForward(MbState& st) {
     if (!m_d.rmsNorm) { TS_ASSIGN_OR_RETURN(st.meanf, m_exec.alloc(TL)); }
     TS_ASSIGN_OR_RETURN(st.rstdf, m_exec.alloc(TL));
     normForward("final_layernorm.fwd", m_lnfW, m_lnfB, st.xL, st.xf, st.meanf, st.rstdf, TL);
-    TS_ASSIGN_OR_RETURN(st.logits, m_exec.alloc(TV));
+    // overwritten by the output-layer GEMM (beta = 0): no zero fill of the [T, V] buffer
+    TS_ASSIGN_OR_RETURN(st.logits, allocUninitialized(m_exec, TV));
     {
         const float* W = m_params.modelParam(m_outW);
         // SP: the output layer is column parallel, its input is gathered along s.

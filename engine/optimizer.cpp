@@ -50,32 +50,34 @@ Status validateAdamConfig(const Config& c) {
     return Status::ok();
 }
 
-Status clipSegmentGrads(double sumSquares, const std::vector<AdamSegment>& segs, const AdamHyper& hp, double lr,
-                        int iteration, OptimizerStepInfo* info) {
+Status clipSegmentGrads(double sumSquares, const AdamHyper& hp, double lr, int iteration, OptimizerStepInfo* info) {
     const double norm = std::sqrt(sumSquares);
     info->gradNorm = norm;
     info->lr = lr;
     info->clipped = false;
+    info->clipCoef = 1.0f;
     if (!std::isfinite(norm))
         return Status::numerical("gradient norm is " + std::to_string(norm) + " at iteration " +
                                  std::to_string(iteration) + " (NaN/inf in the gradients)");
     if (hp.clipGrad > 0) {
         const double coef = hp.clipGrad / (norm + 1e-6);
         if (coef < 1.0) {
-            for (const AdamSegment& s : segs) k::scale(s.grad, float(coef), s.n);
+            info->clipCoef = float(coef);
             info->clipped = true;
         }
     }
     return Status::ok();
 }
 
-void adamwSegments(const std::vector<AdamSegment>& segs, const AdamHyper& hp, double lr, int64_t step) {
+void adamwSegments(const std::vector<AdamSegment>& segs, const AdamHyper& hp, double lr, int64_t step,
+                   float gradScale) {
     k::AdamParams base;
     base.lr = float(lr);
     base.beta1 = float(hp.beta1);
     base.beta2 = float(hp.beta2);
     base.eps = float(hp.eps);
     base.step = step;
+    base.gradScale = gradScale;
     for (const AdamSegment& s : segs) {
         k::AdamParams p = base;
         p.weightDecay = s.noWeightDecay ? 0.f : float(hp.weightDecay);
@@ -120,9 +122,9 @@ void AdamWOptimizer::enqueueStep(Exec& exec, double lr, int iteration) {
     // The norm is summed over the whole buffer in one pass (its summation order is part of
     // the bit-exact contract of single-device runs).
     exec.opStatus("optimizer.grad_norm", trace::Category::Optimizer, 2.0 * double(n), uint64_t(n) * 4,
-                  [=]() -> Status { return clipSegmentGrads(k::sumSquares(grads, n), *segs, hp, lr, iteration, info.get()); });
+                  [=]() -> Status { return clipSegmentGrads(k::sumSquares(grads, n), hp, lr, iteration, info.get()); });
     exec.op("optimizer.adamw", trace::Category::Optimizer, 12.0 * double(n), uint64_t(n) * 20, [=] {
-        adamwSegments(*segs, hp, lr, step);
+        adamwSegments(*segs, hp, lr, step, info->clipCoef);
         params->syncModelParams();
     });
 }

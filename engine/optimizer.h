@@ -34,6 +34,7 @@ struct OptimizerStepInfo {
     double gradNorm = 0;   // before clipping
     double lr = 0;
     bool clipped = false;
+    float clipCoef = 1.0f;  // factor the AdamW update applies to the grads (1 = not clipped)
 };
 
 // The host-side update both optimizers run (AdamWOptimizer on a whole buffer, ShardedAdamW
@@ -53,12 +54,15 @@ struct AdamHyper {
 // Shared validation of the optimizer knobs (lr, betas, clip_grad).
 Status validateAdamConfig(const Config& c);
 // Megatron's clip_grad_norm_ from the (global) sum of squared grads: fills `info` (norm before
-// clipping, lr, clipped) and scales every segment's grads by clip / (norm + 1e-6) when that is
-// < 1. A non-finite norm returns NumericalError naming `iteration` and touches nothing.
-Status clipSegmentGrads(double sumSquares, const std::vector<AdamSegment>& segs, const AdamHyper& hp, double lr,
-                        int iteration, OptimizerStepInfo* info);
-// One AdamW step (kernels::cpu::adamwStep) on every segment; no weight decay on noWeightDecay.
-void adamwSegments(const std::vector<AdamSegment>& segs, const AdamHyper& hp, double lr, int64_t step);
+// clipping, lr, clipped, clipCoef = clip / (norm + 1e-6) when that is < 1, else 1). Megatron
+// scales the grads in place; here adamwSegments applies clipCoef inside the update (the same
+// float product g * coef, one pass over the grads fewer), so the main grads keep their
+// unclipped values after the step. A non-finite norm returns NumericalError naming `iteration`.
+Status clipSegmentGrads(double sumSquares, const AdamHyper& hp, double lr, int iteration, OptimizerStepInfo* info);
+// One AdamW step (kernels::cpu::adamwStep) on every segment with the grads scaled by
+// `gradScale` (the clip coefficient); no weight decay on noWeightDecay.
+void adamwSegments(const std::vector<AdamSegment>& segs, const AdamHyper& hp, double lr, int64_t step,
+                   float gradScale);
 
 class AdamWOptimizer {
 public:

@@ -213,6 +213,9 @@ struct AdamParams {
     float eps = 1e-8f;
     float weightDecay = 0.0f;  // decoupled (AdamW), applied as p -= lr*wd*p
     int64_t step = 1;          // 1-based, for bias correction
+    // The update uses g = grad * gradScale: global-norm clipping folded into the step (the
+    // same float product as scaling the grads first, without a pass over them). 1 = none.
+    float gradScale = 1.0f;
 };
 // PyTorch AdamW semantics (torch.optim.AdamW, amsgrad=False).
 void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,

@@ -1,5 +1,5 @@
 // AdamW, exactly torch.optim.AdamW's single-tensor path (amsgrad=False, maximize=False):
-//   p *= 1 - lr*wd;  m = lerp(m, g, 1-beta1);  v = beta2 v + (1-beta2) g^2;
+//   g = grad * gradScale (clipping);  p *= 1 - lr*wd;  m = lerp(m, g, 1-beta1);  v = beta2 v + (1-beta2) g^2;
 //   p += -(lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc_i = 1 - beta_i^step.
 // Scalars are formed in double (Python floats in torch) and applied in float like torch's
 // CPU kernels do.
@@ -23,10 +23,11 @@ void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
     const float beta2 = hp.beta2;
     const float eps = hp.eps;
     const bool decayOn = hp.weightDecay != 0.0f;
+    const float gradScale = hp.gradScale;
     for (int64_t i = 0; i < n; ++i) {
         float p = param[i];
         if (decayOn) p *= decay;
-        const float g = grad[i];
+        const float g = grad[i] * gradScale;  // x * 1 == x: no change without clipping
         // torch lerp: weight < 0.5 ? a + w (b - a) : b - (b - a)(1 - w)
         float mi = m[i];
         mi = w < 0.5f ? mi + w * (g - mi) : g - (g - mi) * (1.0f - w);

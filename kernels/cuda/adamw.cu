@@ -10,7 +10,7 @@ namespace ts::kernels::cuda {
 namespace {
 
 struct AdamScalars {
-    float decay, negStep, bc2Sqrt, w, oneMinusB2, beta2, eps;
+    float decay, negStep, bc2Sqrt, w, oneMinusB2, beta2, eps, gradScale;
     bool decayOn;
 };
 
@@ -22,7 +22,7 @@ __global__ void adamwKernel(float* __restrict__ p, const float* __restrict__ g,
          i += stride) {
         float pi = p[i];
         if (s.decayOn) pi *= s.decay;
-        const float gi = g[i];
+        const float gi = g[i] * s.gradScale;  // clipping folded in, as on the CPU
         float mi = m[i];
         mi = s.w < 0.5f ? mi + s.w * (gi - mi) : gi - (gi - mi) * (1.0f - s.w);  // torch lerp
         const float vi = v[i] * s.beta2 + gi * gi * s.oneMinusB2;
@@ -49,6 +49,7 @@ Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
     s.oneMinusB2 = static_cast<float>(1.0 - b2);
     s.beta2 = hp.beta2;
     s.eps = hp.eps;
+    s.gradScale = hp.gradScale;
     s.decayOn = hp.weightDecay != 0.0f;
     constexpr int kThreads = 256;
     adamwKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(

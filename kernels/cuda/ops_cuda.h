@@ -41,6 +41,7 @@ struct AdamParams {
     float eps = 1e-8f;
     float weightDecay = 0.0f;
     int64_t step = 1;
+    float gradScale = 1.0f;  // g = grad * gradScale (clipping folded in), as kernels::cpu
 };
 Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
                  const AdamParams& hp, void* stream);

@@ -114,6 +114,7 @@ TEST_F(KernelsCuda, AdamWThreeStepsMatchCpu) {
     hc.lr = hg.lr = 1e-3f;
     hc.beta2 = hg.beta2 = 0.95f;
     hc.weightDecay = hg.weightDecay = 0.1f;
+    hc.gradScale = hg.gradScale = 0.6f;  // clipping folded into the update
     for (int step = 1; step <= 3; ++step) {
         const auto g = randomVec(n, 10 + step, -2, 2);
         DeviceVec<float> dg(g);

@@ -57,6 +57,36 @@ float fromBits(uint32_t u) {
     return f;
 }
 
+// gradScale (the folded clip coefficient) gives exactly the step on grads scaled first, as
+// Megatron's in-place clipping does, and leaves the grads untouched.
+TEST(KernelsAdamW, GradScaleEqualsScalingTheGradsFirst) {
+    const int64_t n = 300;
+    auto p1 = randomVector(n, 91), p2 = p1;
+    std::vector<float> m1(n, 0.f), v1(n, 0.f), m2(n, 0.f), v2(n, 0.f);
+    AdamParams hp;
+    hp.lr = 1e-2f;
+    hp.weightDecay = 0.1f;
+    const float coef = 0.3712f;
+    for (int step = 1; step <= 3; ++step) {
+        const auto g = randomVector(n, 200 + step, -3.f, 3.f);
+        std::vector<float> scaled = g;
+        scale(scaled.data(), coef, n);
+        hp.step = step;
+        AdamParams folded = hp;
+        folded.gradScale = coef;
+        std::vector<float> gCopy = g;
+        adamwStep(p1.data(), gCopy.data(), m1.data(), v1.data(), n, folded);
+        adamwStep(p2.data(), scaled.data(), m2.data(), v2.data(), n, hp);
+        ASSERT_EQ(gCopy, g) << "the grads are read, not scaled in place";
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(bits(p1[i]), bits(p2[i])) << i;
+        ASSERT_EQ(bits(m1[i]), bits(m2[i])) << i;
+        ASSERT_EQ(bits(v1[i]), bits(v2[i])) << i;
+    }
+    EXPECT_NE(m1[0], 0.0f);
+}
+
 // The bf16 value nearest to x (ties to the even mantissa), by comparing the two neighbours in
 // double. Overflow beyond the rounding boundary of the max finite bf16 goes to inf.
 uint16_t refBf16(float x) {

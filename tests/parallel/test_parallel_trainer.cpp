@@ -123,6 +123,10 @@ std::vector<Case> cases() {
         {"tp2", {2, 1, 1, 1, 2}, none},
         {"tp2_dp2_distopt", {2, 1, 1, 2, 2}, [](Config& c) { c.use_distributed_optimizer = true; }},
         {"tp2_pp2", {2, 2, 1, 1, 2}, none},
+        // attention dropout: each TP rank draws the single-device mask bits of its own heads
+        {"tp2_attn_dropout", {2, 1, 1, 1, 2}, [](Config& c) { c.attention_dropout = 0.2; }},
+        {"tp2_pp2_attn_dropout_recompute", {2, 2, 1, 1, 2},
+         [](Config& c) { c.attention_dropout = 0.2; c.recompute_granularity = "selective"; }},
     };
 }
 

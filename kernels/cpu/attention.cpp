@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 namespace ts::kernels::cpu {
@@ -116,6 +117,25 @@ inline void causalTimes(int r0, int r1, int s, int d, float alpha, const float* 
     }
 }
 
+// Runs f(biBegin, biEnd, worker) over [0, b): on the calling thread alone, or, when `parallel`
+// and GEMMs may use several threads (setNumThreads), split over min(threads, b) threads (the
+// caller is worker 0). Each batch element is computed the same way on any thread, so results
+// do not depend on the split.
+template <class F>
+void forBatchRanges(int b, bool parallel, F&& f) {
+    const int nt = parallel ? std::min(numThreads(), b) : 1;
+    if (nt <= 1) {
+        f(0, b, 0);
+        return;
+    }
+    std::vector<std::thread> workers;
+    workers.reserve(static_cast<size_t>(nt - 1));
+    for (int t = 1; t < nt; ++t)
+        workers.emplace_back([&f, t, nt, b] { f(t * b / nt, (t + 1) * b / nt, t); });
+    f(0, b / nt, 0);
+    for (auto& w : workers) w.join();
+}
+
 }  // namespace
 
 size_t attentionProbsSize(const AttnDims& dims) {
@@ -138,69 +158,74 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
     const bool drop = p > 0.0f;
     const float sc = keepScale(p);
     const int64_t ss = static_cast<int64_t>(s) * s;
-    // dropped probabilities that feed .V: a row block (fused) or the whole head (unfused)
-    float* D = drop ? threadScratch(fusedSoftmax ? static_cast<size_t>(kBlock) * s
-                                                 : static_cast<size_t>(ss))
-                    : nullptr;
-    uint8_t* mrow = drop && fusedSoftmax ? threadMaskRow(static_cast<size_t>(s)) : nullptr;
-    // fused: the group's K^T ([d, s]) and V ([s, d]) as smallGemm panels
-    float* Kt = fusedSoftmax ? threadPanels(static_cast<size_t>(detail::panelFloats(d, s) +
-                                                                detail::panelFloats(s, d)))
-                             : nullptr;
-    float* Vp = fusedSoftmax ? Kt + detail::panelFloats(d, s) : nullptr;
-    for (int bi = 0; bi < dims.b; ++bi) {
-        for (int h = 0; h < dims.nq; ++h) {
-            const int g = h / rep;
-            const float* Q = q + vw.qOff(bi, h);
-            const float* K = k + vw.kOff(bi, g);
-            const float* V = v + vw.kOff(bi, g);
-            float* O = out + vw.qOff(bi, h);
-            float* P = vw.probs(probs, bi, h);  // [s, s]
-            const uint64_t base = drop ? maskBase(dims, bi, h) : 0;
-            if (fusedSoftmax) {
-                if (h % rep == 0) {  // first query head of the group
-                    detail::packPanels(d, s, K, 1, ldk, Kt);
-                    detail::packPanels(s, d, V, ldk, 1, Vp);
-                }
-                for (int r0 = 0; r0 < s; r0 += kBlock) {
-                    const int r1 = std::min(s, r0 + kBlock);
-                    // P[r, c] = scale * Q[r] . K[c] for c <= r (and some c > r, see above)
-                    causalScores(r0, r1, d, dims.scale, Q, ldq, Kt, P, s);
-                    for (int r = r0; r < r1; ++r) {
-                        float* row = P + static_cast<int64_t>(r) * s;
-                        causalSoftmaxRow(row, r, s);  // the upper triangle of probs is 0
-                        if (!drop) continue;
-                        // dropout while the row is in cache; D keeps the block's rows with the
-                        // masked part zero up to the block end (the .V below reads that far)
-                        float* drow = D + static_cast<int64_t>(r - r0) * s;
-                        const int n = r + 1;
-                        dropoutMask(mrow, n, p, dims.dropoutSeed,
-                                    base + static_cast<uint64_t>(r) * s);
-                        for (int j = 0; j < n; ++j) drow[j] = mrow[j] ? row[j] * sc : 0.0f;
-                        std::fill(drow + n, drow + r1, 0.0f);
+    // Batch elements are independent: with more than one kernel thread the fused path splits
+    // them over threads (per-thread buffers below are thread_local).
+    auto range = [&](int biBegin, int biEnd, int /*worker*/) {
+        // dropped probabilities that feed .V: a row block (fused) or the whole head (unfused)
+        float* D = drop ? threadScratch(fusedSoftmax ? static_cast<size_t>(kBlock) * s
+                                                     : static_cast<size_t>(ss))
+                        : nullptr;
+        uint8_t* mrow = drop && fusedSoftmax ? threadMaskRow(static_cast<size_t>(s)) : nullptr;
+        // fused: the group's K^T ([d, s]) and V ([s, d]) as smallGemm panels
+        float* Kt = fusedSoftmax ? threadPanels(static_cast<size_t>(detail::panelFloats(d, s) +
+                                                                    detail::panelFloats(s, d)))
+                                 : nullptr;
+        float* Vp = fusedSoftmax ? Kt + detail::panelFloats(d, s) : nullptr;
+        for (int bi = biBegin; bi < biEnd; ++bi) {
+            for (int h = 0; h < dims.nq; ++h) {
+                const int g = h / rep;
+                const float* Q = q + vw.qOff(bi, h);
+                const float* K = k + vw.kOff(bi, g);
+                const float* V = v + vw.kOff(bi, g);
+                float* O = out + vw.qOff(bi, h);
+                float* P = vw.probs(probs, bi, h);  // [s, s]
+                const uint64_t base = drop ? maskBase(dims, bi, h) : 0;
+                if (fusedSoftmax) {
+                    if (h % rep == 0) {  // first query head of the group
+                        detail::packPanels(d, s, K, 1, ldk, Kt);
+                        detail::packPanels(s, d, V, ldk, 1, Vp);
                     }
-                    // O[r0:r1] = dropout(P)[r0:r1, 0:r1] V[0:r1], causal per row tile
-                    const float* A = drop ? D : P + static_cast<int64_t>(r0) * s;
-                    causalTimes(r0, r1, s, d, 1.0f, A, s, Vp, O, vw.ldq);
+                    for (int r0 = 0; r0 < s; r0 += kBlock) {
+                        const int r1 = std::min(s, r0 + kBlock);
+                        // P[r, c] = scale * Q[r] . K[c] for c <= r (and some c > r, see above)
+                        causalScores(r0, r1, d, dims.scale, Q, ldq, Kt, P, s);
+                        for (int r = r0; r < r1; ++r) {
+                            float* row = P + static_cast<int64_t>(r) * s;
+                            causalSoftmaxRow(row, r, s);  // the upper triangle of probs is 0
+                            if (!drop) continue;
+                            // dropout while the row is in cache; D keeps the block's rows with the
+                            // masked part zero up to the block end (the .V below reads that far)
+                            float* drow = D + static_cast<int64_t>(r - r0) * s;
+                            const int n = r + 1;
+                            dropoutMask(mrow, n, p, dims.dropoutSeed,
+                                        base + static_cast<uint64_t>(r) * s);
+                            for (int j = 0; j < n; ++j) drow[j] = mrow[j] ? row[j] * sc : 0.0f;
+                            std::fill(drow + n, drow + r1, 0.0f);
+                        }
+                        // O[r0:r1] = dropout(P)[r0:r1, 0:r1] V[0:r1], causal per row tile
+                        const float* A = drop ? D : P + static_cast<int64_t>(r0) * s;
+                        causalTimes(r0, r1, s, d, 1.0f, A, s, Vp, O, vw.ldq);
+                    }
+                } else {
+                    gemm(false, true, s, s, d, 1.0f, Q, ldq, K, ldk, 0.0f, P, s);
+                    for (int64_t i = 0; i < ss; ++i) P[i] *= dims.scale;
+                    const float ninf = -std::numeric_limits<float>::infinity();
+                    for (int r = 0; r < s; ++r)
+                        for (int j = r + 1; j < s; ++j) P[static_cast<int64_t>(r) * s + j] = ninf;
+                    for (int r = 0; r < s; ++r) {
+                        float* row = P + static_cast<int64_t>(r) * s;
+                        const float m = detail::maxLanes(row, s);
+                        const float sum = detail::expShiftSum(row, row, m, s);  // exp(-inf) = 0
+                        const float inv = 1.0f / sum;
+                        for (int j = 0; j < s; ++j) row[j] *= inv;
+                    }
+                    if (drop) dropoutForward(P, D, nullptr, ss, p, dims.dropoutSeed, base);
+                    gemm(false, false, s, d, s, 1.0f, drop ? D : P, s, V, ldk, 0.0f, O, ldq);
                 }
-            } else {
-                gemm(false, true, s, s, d, 1.0f, Q, ldq, K, ldk, 0.0f, P, s);
-                for (int64_t i = 0; i < ss; ++i) P[i] *= dims.scale;
-                const float ninf = -std::numeric_limits<float>::infinity();
-                for (int r = 0; r < s; ++r)
-                    for (int j = r + 1; j < s; ++j) P[static_cast<int64_t>(r) * s + j] = ninf;
-                for (int r = 0; r < s; ++r) {
-                    float* row = P + static_cast<int64_t>(r) * s;
-                    const float m = detail::maxLanes(row, s);
-                    const float sum = detail::expShiftSum(row, row, m, s);  // exp(-inf) = 0
-                    const float inv = 1.0f / sum;
-                    for (int j = 0; j < s; ++j) row[j] *= inv;
-                }
-                if (drop) dropoutForward(P, D, nullptr, ss, p, dims.dropoutSeed, base);
-                gemm(false, false, s, d, s, 1.0f, drop ? D : P, s, V, ldk, 0.0f, O, ldq);
             }
         }
-    }
+    };
+    forBatchRanges(dims.b, fusedSoftmax, range);
 }
 
 // With P the probs, M the dropout keep mask (scaled: Md = M/(1-p), all ones without dropout),
@@ -258,93 +283,104 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
     const float p = dims.dropout;
     const bool drop = p > 0.0f;
     const float sc = keepScale(p);
-    float* dS = scratch;                                             // [s, s]
-    float* Pd = drop ? scratch + static_cast<int64_t>(s) * s : nullptr;  // [s, s]
-    uint8_t* mrow = drop ? threadMaskRow(static_cast<size_t>(s)) : nullptr;
-    // fused: smallGemm panels of the group's K and V^T and of the head's dO and Q
-    const int64_t pf = detail::panelFloats(s, d);
-    float* Kp = nullptr;
-    float* Vt = nullptr;
-    float* dOp = nullptr;
-    float* Qp = nullptr;
-    if (fusedSoftmax) {
-        const int64_t vtf = detail::panelFloats(d, s);
-        Kp = threadPanels(static_cast<size_t>(3 * pf + vtf));
-        dOp = Kp + pf;
-        Qp = dOp + pf;
-        Vt = Qp + pf;
-    }
-    for (int bi = 0; bi < dims.b; ++bi) {
-        for (int h = 0; h < dims.nq; ++h) {
-            const int g = h / rep;
-            // The first query head of a group overwrites dK/dV, the rest accumulate.
-            const float beta = (h % rep == 0) ? 0.0f : 1.0f;
-            const float* Q = q + vw.qOff(bi, h);
-            const float* K = k + vw.kOff(bi, g);
-            const float* V = v + vw.kOff(bi, g);
-            const float* dO = dout + vw.qOff(bi, h);
-            float* dQ = dq + vw.qOff(bi, h);
-            float* dK = dk + vw.kOff(bi, g);
-            float* dV = dv + vw.kOff(bi, g);
-            const float* P = vw.probs(probs, bi, h);
-            const uint64_t base = drop ? maskBase(dims, bi, h) : 0;
-            if (!fusedSoftmax) {
-                attentionBackwardHeadUnfused(dims, Q, K, V, P, dO, dQ, dK, dV, beta, dS, Pd, base,
-                                             ldq, ldk);
-                continue;
-            }
-            if (h % rep == 0) {  // the group's K ([s, d]) and V^T ([d, s]) as panels
-                detail::packPanels(s, d, K, ldk, 1, Kp);
-                detail::packPanels(d, s, V, 1, ldk, Vt);
-            }
-            detail::packPanels(s, d, dO, ldq, 1, dOp);
-            detail::packPanels(s, d, Q, ldq, 1, Qp);
-            for (int r0 = 0; r0 < s; r0 += kBlock) {
-                const int r1 = std::min(s, r0 + kBlock);
-                // dP[r, c] = dO[r] . V[c] for c <= r (and some c > r)
-                causalScores(r0, r1, d, 1.0f, dO, ldq, Vt, dS, s);
-                for (int r = r0; r < r1; ++r) {
-                    const float* pr = P + static_cast<int64_t>(r) * s;
-                    float* dr = dS + static_cast<int64_t>(r) * s;
-                    const int n = r + 1;
-                    // the GEMMs below read row r up to the block end (dQ) and up to 5 columns
-                    // past the diagonal (dK/dV's 6-column tiles): that part must be zero
-                    const int zEnd = std::min(s, std::max(r1, r + kTileRows));
-                    if (drop) {
-                        // regenerate the forward's mask row; Pd feeds the dV GEMM below
-                        dropoutMask(mrow, n, p, dims.dropoutSeed,
-                                    base + static_cast<uint64_t>(r) * s);
-                        float* pdr = Pd + static_cast<int64_t>(r) * s;
-                        for (int j = 0; j < n; ++j) {
-                            const float m = mrow[j] ? sc : 0.0f;
-                            dr[j] *= m;
-                            pdr[j] = pr[j] * m;
-                        }
-                        std::fill(pdr + n, pdr + zEnd, 0.0f);
-                    }
-                    const float dot = detail::dotLanes(pr, dr, n);
-                    for (int j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
-                    std::fill(dr + n, dr + zEnd, 0.0f);
+    // Batch elements are independent: with more than one kernel thread the fused path splits
+    // them over threads; worker 0 uses the caller's scratch, the others their own.
+    auto range = [&](int biBegin, int biEnd, int worker) {
+        std::vector<float> own;
+        float* sbuf = scratch;
+        if (worker > 0) {
+            own.resize(attentionScratchSize(dims));
+            sbuf = own.data();
+        }
+        float* dS = sbuf;                                             // [s, s]
+        float* Pd = drop ? sbuf + static_cast<int64_t>(s) * s : nullptr;  // [s, s]
+        uint8_t* mrow = drop ? threadMaskRow(static_cast<size_t>(s)) : nullptr;
+        // fused: smallGemm panels of the group's K and V^T and of the head's dO and Q
+        const int64_t pf = detail::panelFloats(s, d);
+        float* Kp = nullptr;
+        float* Vt = nullptr;
+        float* dOp = nullptr;
+        float* Qp = nullptr;
+        if (fusedSoftmax) {
+            const int64_t vtf = detail::panelFloats(d, s);
+            Kp = threadPanels(static_cast<size_t>(3 * pf + vtf));
+            dOp = Kp + pf;
+            Qp = dOp + pf;
+            Vt = Qp + pf;
+        }
+        for (int bi = biBegin; bi < biEnd; ++bi) {
+            for (int h = 0; h < dims.nq; ++h) {
+                const int g = h / rep;
+                // The first query head of a group overwrites dK/dV, the rest accumulate.
+                const float beta = (h % rep == 0) ? 0.0f : 1.0f;
+                const float* Q = q + vw.qOff(bi, h);
+                const float* K = k + vw.kOff(bi, g);
+                const float* V = v + vw.kOff(bi, g);
+                const float* dO = dout + vw.qOff(bi, h);
+                float* dQ = dq + vw.qOff(bi, h);
+                float* dK = dk + vw.kOff(bi, g);
+                float* dV = dv + vw.kOff(bi, g);
+                const float* P = vw.probs(probs, bi, h);
+                const uint64_t base = drop ? maskBase(dims, bi, h) : 0;
+                if (!fusedSoftmax) {
+                    attentionBackwardHeadUnfused(dims, Q, K, V, P, dO, dQ, dK, dV, beta, dS, Pd, base,
+                                                 ldq, ldk);
+                    continue;
                 }
-                // dQ[r0:r1] = scale dS[r0:r1, 0:r1] K[0:r1], causal per row tile
-                causalTimes(r0, r1, s, d, dims.scale, dS + static_cast<int64_t>(r0) * s, s, Kp,
-                            dQ, vw.ldq);
-            }
-            // dV[c] (+)= sum_{r >= c} Pd[r, c] dO[r], dK[c] (+)= scale sum_{r >= c} dS[r, c] Q[r]
-            // over 6-row tiles of c, each with k range [c0, s) (rows above c0 are masked)
-            const float* PV = drop ? Pd : P;
-            const bool acc = beta != 0.0f;
-            for (int c0 = 0; c0 < s; c0 += kTileRows) {
-                const int rc = std::min(kTileRows, s - c0);
-                const int64_t at = static_cast<int64_t>(c0) * s + c0;
-                detail::smallGemm(rc, d, s - c0, 1.0f, PV + at, 1, s, dOp + c0 * kStrip, kStrip,
-                                  static_cast<int64_t>(kStrip) * s, acc, dV + c0 * vw.ldk, ldk);
-                detail::smallGemm(rc, d, s - c0, dims.scale, dS + at, 1, s, Qp + c0 * kStrip,
-                                  kStrip, static_cast<int64_t>(kStrip) * s, acc, dK + c0 * vw.ldk,
-                                  ldk);
+                if (h % rep == 0) {  // the group's K ([s, d]) and V^T ([d, s]) as panels
+                    detail::packPanels(s, d, K, ldk, 1, Kp);
+                    detail::packPanels(d, s, V, 1, ldk, Vt);
+                }
+                detail::packPanels(s, d, dO, ldq, 1, dOp);
+                detail::packPanels(s, d, Q, ldq, 1, Qp);
+                for (int r0 = 0; r0 < s; r0 += kBlock) {
+                    const int r1 = std::min(s, r0 + kBlock);
+                    // dP[r, c] = dO[r] . V[c] for c <= r (and some c > r)
+                    causalScores(r0, r1, d, 1.0f, dO, ldq, Vt, dS, s);
+                    for (int r = r0; r < r1; ++r) {
+                        const float* pr = P + static_cast<int64_t>(r) * s;
+                        float* dr = dS + static_cast<int64_t>(r) * s;
+                        const int n = r + 1;
+                        // the GEMMs below read row r up to the block end (dQ) and up to 5 columns
+                        // past the diagonal (dK/dV's 6-column tiles): that part must be zero
+                        const int zEnd = std::min(s, std::max(r1, r + kTileRows));
+                        if (drop) {
+                            // regenerate the forward's mask row; Pd feeds the dV GEMM below
+                            dropoutMask(mrow, n, p, dims.dropoutSeed,
+                                        base + static_cast<uint64_t>(r) * s);
+                            float* pdr = Pd + static_cast<int64_t>(r) * s;
+                            for (int j = 0; j < n; ++j) {
+                                const float m = mrow[j] ? sc : 0.0f;
+                                dr[j] *= m;
+                                pdr[j] = pr[j] * m;
+                            }
+                            std::fill(pdr + n, pdr + zEnd, 0.0f);
+                        }
+                        const float dot = detail::dotLanes(pr, dr, n);
+                        for (int j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+                        std::fill(dr + n, dr + zEnd, 0.0f);
+                    }
+                    // dQ[r0:r1] = scale dS[r0:r1, 0:r1] K[0:r1], causal per row tile
+                    causalTimes(r0, r1, s, d, dims.scale, dS + static_cast<int64_t>(r0) * s, s, Kp,
+                                dQ, vw.ldq);
+                }
+                // dV[c] (+)= sum_{r >= c} Pd[r, c] dO[r], dK[c] (+)= scale sum_{r >= c} dS[r, c] Q[r]
+                // over 6-row tiles of c, each with k range [c0, s) (rows above c0 are masked)
+                const float* PV = drop ? Pd : P;
+                const bool acc = beta != 0.0f;
+                for (int c0 = 0; c0 < s; c0 += kTileRows) {
+                    const int rc = std::min(kTileRows, s - c0);
+                    const int64_t at = static_cast<int64_t>(c0) * s + c0;
+                    detail::smallGemm(rc, d, s - c0, 1.0f, PV + at, 1, s, dOp + c0 * kStrip, kStrip,
+                                      static_cast<int64_t>(kStrip) * s, acc, dV + c0 * vw.ldk, ldk);
+                    detail::smallGemm(rc, d, s - c0, dims.scale, dS + at, 1, s, Qp + c0 * kStrip,
+                                      kStrip, static_cast<int64_t>(kStrip) * s, acc, dK + c0 * vw.ldk,
+                                      ldk);
+                }
             }
         }
-    }
+    };
+    forBatchRanges(dims.b, fusedSoftmax, range);
 }
 
 }  // namespace ts::kernels::cpu

@@ -153,5 +153,34 @@ TEST(KernelsAttention, FusedForwardAndBackwardAtModelHeadDimsWithTails) {
     }
 }
 
+// With more than one kernel thread the fused path splits the batch over threads: forward and
+// backward are bit-identical to the 1-thread run (b = 3 splits unevenly).
+TEST(KernelsAttention, BatchSplitOverThreadsIsBitIdentical) {
+    const AttnDims dm = dims(70, 3, 4, 2, 16);
+    const auto q = randomVector(static_cast<size_t>(dm.s) * dm.b * dm.nq * dm.d, 70, -2, 2);
+    const auto k = randomVector(static_cast<size_t>(dm.s) * dm.b * dm.nkv * dm.d, 71, -2, 2);
+    const auto v = randomVector(k.size(), 72);
+    const auto dout = randomVector(q.size(), 73);
+    const int before = numThreads();
+    std::vector<float> res[2][5];
+    for (int run = 0; run < 2; ++run) {
+        setNumThreads(run == 0 ? 1 : 2);
+        EXPECT_EQ(numThreads(), run == 0 ? 1 : 2) << "the split path must actually run";
+        auto& r = res[run];
+        r[0].assign(attentionProbsSize(dm), 7.f);
+        r[1].assign(q.size(), 7.f);
+        attentionForward(dm, q.data(), k.data(), v.data(), r[0].data(), r[1].data(), true);
+        r[2].assign(q.size(), 5.f);
+        r[3].assign(k.size(), 5.f);
+        r[4].assign(v.size(), 5.f);
+        std::vector<float> scratch(attentionScratchSize(dm), 3.f);
+        attentionBackward(dm, q.data(), k.data(), v.data(), r[0].data(), dout.data(), r[2].data(),
+                          r[3].data(), r[4].data(), scratch.data(), true);
+    }
+    setNumThreads(before);
+    const char* names[5] = {"probs", "out", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(res[0][i], res[1][i]) << names[i];
+}
+
 }  // namespace
 }  // namespace ts::kernels::cpu

@@ -231,7 +231,7 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
 // With P the probs, M the dropout keep mask (scaled: Md = M/(1-p), all ones without dropout),
 // Pd = P * Md and dO the output grad of one head:
 //   dV += Pd^T dO;  dP = (dO V^T) * Md;  dS = P * (dP - rowsum(P * dP));  dQ = scale dS K;
-//   dK += scale dS^T Q.  All restricted to the causal block-triangle.
+//   dK += scale dS^T Q.  Fused: all restricted to the causal tiles.
 namespace {
 
 // The naive backward of one head, mirroring the unfused forward: full-square GEMMs (the

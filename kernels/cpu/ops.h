@@ -123,7 +123,7 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                       float* probs, float* out, bool fusedSoftmax);
 // dq: [s,b,nq,d], dk, dv: [s,b,nkv,d] all overwritten.
 // scratch: at least attentionScratchSize(dims) floats.
-// fusedSoftmax=true: every GEMM restricted to the causal block-triangle, the softmax (and
+// fusedSoftmax=true: every GEMM restricted to the causal 6x16 tiles, the softmax (and
 // dropout) backward fused per row; false: the naive path matching the unfused forward (full
 // s x s GEMMs, dropout and softmax backward as separate passes over the whole head).
 void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,

@@ -77,8 +77,14 @@ void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOff
     ropeApply(dx, s, b, n, d, theta, posOffset, -1.0f);
 }
 
-void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                         int ng, int d, float theta, int posOffset) {
+namespace {
+
+// The walk both QKV layout kernels share: per position the cos/sin tables, then per token and
+// query group the group's slice of qkv ([r query heads, k, v] x d) and the matching rows of
+// q, k, v, handed to visit(grp, qg, kg, vg, tab).
+template <class Qkv, class Heads, class Visit>
+void forEachQkvGroup(Qkv* qkv, Heads* q, Heads* k, Heads* v, int s, int b, int nq, int ng, int d,
+                     float theta, int posOffset, Visit&& visit) {
     const int r = nq / ng;
     const int64_t row = static_cast<int64_t>(ng) * (r + 2) * d;  // one token of qkv
     RopeTables tab(d, theta);
@@ -86,53 +92,47 @@ void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, 
         if (d / 2 > 0) tab.setPosition(static_cast<float>(posOffset + si));
         for (int bi = 0; bi < b; ++bi) {
             const int64_t t = static_cast<int64_t>(si) * b + bi;
-            const float* src = qkv + t * row;
-            for (int g = 0; g < ng; ++g) {
-                const float* grp = src + static_cast<int64_t>(g) * (r + 2) * d;
-                float* qg = q + (t * nq + static_cast<int64_t>(g) * r) * d;
-                float* kg = k + (t * ng + g) * d;
-                float* vg = v + (t * ng + g) * d;
-                if (d / 2 > 0) {
-                    rotateRows(grp, qg, r, d, tab.cosT(), tab.sinT(), 1.0f);
-                    rotateRows(grp + static_cast<int64_t>(r) * d, kg, 1, d, tab.cosT(),
-                               tab.sinT(), 1.0f);
-                } else {
-                    std::memcpy(qg, grp, sizeof(float) * static_cast<size_t>(r) * d);
-                    std::memcpy(kg, grp + static_cast<int64_t>(r) * d, sizeof(float) * d);
-                }
-                std::memcpy(vg, grp + static_cast<int64_t>(r + 1) * d, sizeof(float) * d);
-            }
+            for (int g = 0; g < ng; ++g)
+                visit(qkv + t * row + static_cast<int64_t>(g) * (r + 2) * d,
+                      q + (t * nq + static_cast<int64_t>(g) * r) * d, k + (t * ng + g) * d,
+                      v + (t * ng + g) * d, tab);
         }
     }
+}
+
+// dst = the rotation of src (sign +1 forward, -1 backward) for `rows` heads, or a copy when d
+// has no pair to rotate.
+inline void rotateOrCopy(const float* src, float* dst, int rows, int d, const RopeTables& tab,
+                         float sign) {
+    if (d / 2 > 0)
+        rotateRows(src, dst, rows, d, tab.cosT(), tab.sinT(), sign);
+    else
+        std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(rows) * d);
+}
+
+}  // namespace
+
+void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
+                         int ng, int d, float theta, int posOffset) {
+    const int r = nq / ng;
+    forEachQkvGroup(qkv, q, k, v, s, b, nq, ng, d, theta, posOffset,
+                    [&](const float* grp, float* qg, float* kg, float* vg, const RopeTables& tab) {
+                        rotateOrCopy(grp, qg, r, d, tab, 1.0f);
+                        rotateOrCopy(grp + static_cast<int64_t>(r) * d, kg, 1, d, tab, 1.0f);
+                        std::memcpy(vg, grp + static_cast<int64_t>(r + 1) * d, sizeof(float) * d);
+                    });
 }
 
 void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int s,
                           int b, int nq, int ng, int d, float theta, int posOffset) {
     const int r = nq / ng;
-    const int64_t row = static_cast<int64_t>(ng) * (r + 2) * d;
-    RopeTables tab(d, theta);
-    for (int si = 0; si < s; ++si) {
-        if (d / 2 > 0) tab.setPosition(static_cast<float>(posOffset + si));
-        for (int bi = 0; bi < b; ++bi) {
-            const int64_t t = static_cast<int64_t>(si) * b + bi;
-            float* dst = dqkv + t * row;
-            for (int g = 0; g < ng; ++g) {
-                float* grp = dst + static_cast<int64_t>(g) * (r + 2) * d;
-                const float* qg = dq + (t * nq + static_cast<int64_t>(g) * r) * d;
-                const float* kg = dk + (t * ng + g) * d;
-                const float* vg = dv + (t * ng + g) * d;
-                if (d / 2 > 0) {
-                    rotateRows(qg, grp, r, d, tab.cosT(), tab.sinT(), -1.0f);
-                    rotateRows(kg, grp + static_cast<int64_t>(r) * d, 1, d, tab.cosT(),
-                               tab.sinT(), -1.0f);
-                } else {
-                    std::memcpy(grp, qg, sizeof(float) * static_cast<size_t>(r) * d);
-                    std::memcpy(grp + static_cast<int64_t>(r) * d, kg, sizeof(float) * d);
-                }
-                std::memcpy(grp + static_cast<int64_t>(r + 1) * d, vg, sizeof(float) * d);
-            }
-        }
-    }
+    forEachQkvGroup(dqkv, dq, dk, dv, s, b, nq, ng, d, theta, posOffset,
+                    [&](float* grp, const float* qg, const float* kg, const float* vg,
+                        const RopeTables& tab) {
+                        rotateOrCopy(qg, grp, r, d, tab, -1.0f);
+                        rotateOrCopy(kg, grp + static_cast<int64_t>(r) * d, 1, d, tab, -1.0f);
+                        std::memcpy(grp + static_cast<int64_t>(r + 1) * d, vg, sizeof(float) * d);
+                    });
 }
 
 void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset) {

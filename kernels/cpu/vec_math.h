@@ -1,4 +1,4 @@
-// Internal helpers for the CPU kernels: vectorizable math (exp, tanh, sigmoid) and lane-split
+// Internal helpers for the CPU kernels: vectorizable math (exp, sigmoid) and lane-split
 // reductions. GCC only vectorizes float reductions when it may reassociate, which we do not
 // allow globally (results must not depend on flags), so reductions keep kLanes independent
 // partial sums explicitly; the fixed-length inner loops become one SIMD op each under -O3.
@@ -84,7 +84,7 @@ inline float expShifted(float x) {
 }
 
 // exp(x) with the argument clamped to [-80, 80] and no special-value handling, for callers
-// that only need exp inside that range (or its limit behaviour, see geluFast below): ~5 vector
+// that only need exp inside that range (or its limit behaviour, as the GeLU sigmoid in activation.cpp): ~5 vector
 // ops per element cheaper than expApprox. Same Cephes polynomial as expApprox, so the same
 // ~2 ulp inside the range; |x| > 80 gives exp(+-80); NaN propagates (the clamps keep NaN,
 // the polynomial then yields NaN whatever the scale bits are). 2^n comes straight from the
@@ -95,13 +95,6 @@ inline float expClamped80(float x) {
     float ns;
     const float p = expPoly(xc, ns);
     return p * pow2FromShifted(ns);  // n in [-116, 116]
-}
-
-// tanh(z) = 1 - 2/(exp(2z)+1); absolute error ~1e-7 (relative error grows near 0, which is
-// harmless where it is used: GeLU adds 1 to it).
-inline float tanhApprox(float z) {
-    const float e = expApprox(2.0f * z);
-    return 1.0f - 2.0f / (e + 1.0f);
 }
 
 inline float sigmoidApprox(float z) { return 1.0f / (1.0f + expApprox(-z)); }

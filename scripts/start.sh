@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # The main job: install what is missing, build, and open the workbench on the local node.
-# Until the Qt workbench lands this runs the headless demo (a real training run on the CPU
-# backend with a trace, then the analysis of where the step time went).
+# Without a display (no $DISPLAY / $WAYLAND_DISPLAY) it says so, runs the headless demo (a real
+# training run with its analysis) and writes the workbench's screenshot tour, printing where.
+#   bash scripts/start.sh [trainscope-gui args, e.g. --node ssh://host]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# Only what the main job needs; the tests and benchmarks build with scripts/test.sh.
-gui_target=()
-if grep -q "trainscope-gui" "$root/gui/CMakeLists.txt" 2>/dev/null; then gui_target=(trainscope-gui); fi
-bash "$root/scripts/build.sh" release trainscope "${gui_target[@]}"
+bash "$root/scripts/build.sh" release trainscope trainscope-gui
 bin="$root/build/release/apps/trainscope"
-if [ -x "$root/build/release/gui/trainscope-gui" ] && { [ -n "${DISPLAY:-}" ] || [ -n "${WAYLAND_DISPLAY:-}" ]; }; then
-  exec "$root/build/release/gui/trainscope-gui" "$@"
+gui="$root/build/release/gui/trainscope-gui"
+if [ ! -x "$gui" ]; then
+  echo "trainscope: the workbench was not built (Qt 6 Widgets/Charts not found); running the headless demo instead." >&2
+  exec "$bin" demo
 fi
-exec "$bin" demo "$@"
+if [ -n "${DISPLAY:-}" ] || [ -n "${WAYLAND_DISPLAY:-}" ]; then
+  exec "$gui" "$@"
+fi
+tour="$root/build/tour"
+echo "trainscope: no display here (DISPLAY/WAYLAND_DISPLAY unset): running the headless demo, then the workbench tour offscreen into $tour"
+"$bin" demo
+rm -rf "$tour"
+QT_QPA_PLATFORM=offscreen "$gui" --tour "$tour"
+echo "trainscope: the workbench's screenshots are in $tour (one PNG per view; tour.json says what each view held)"

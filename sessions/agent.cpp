@@ -25,6 +25,7 @@
 
 #include "engine/knobs.h"
 #include "profiler/store.h"
+#include "sessions/knobs_json.h"
 #include "sessions/process.h"
 #include "sessions/workspace.h"
 
@@ -190,6 +191,8 @@ struct Agent::Impl {
     Reply cancel(const json& params);
     Reply watch(const std::shared_ptr<Connection>& conn, const json& params);
     Reply listRuns();
+    Reply updateRun(const json& p);
+    Reply deleteRun(const json& p);
     Reply fetchRun(Connection& conn, const json& params);
     Reply shutdown();
 
@@ -353,11 +356,14 @@ Reply Agent::Impl::dispatch(Connection& conn, const std::shared_ptr<Connection>&
     if (m.method == "cancel") return cancel(p);
     if (m.method == "watch") return watch(self, p);
     if (m.method == "list_runs") return listRuns();
+    if (m.method == "knobs") return Reply::ok(knobRegistryJson());
+    if (m.method == "update_run") return updateRun(p);
+    if (m.method == "delete_run") return deleteRun(p);
     if (m.method == "fetch_run") return fetchRun(conn, p);
     if (m.method == "shutdown") return shutdown();
     return Reply::err(rpc::kMethodNotFound, "method '" + m.method + "' not found",
-                      json{{"methods", {"hello", "authenticate", "devices", "validate", "start_run", "cancel",
-                                        "watch", "list_runs", "fetch_run", "shutdown"}}});
+                      json{{"methods", {"hello", "authenticate", "devices", "knobs", "validate", "start_run", "cancel",
+                                        "watch", "list_runs", "update_run", "delete_run", "fetch_run", "shutdown"}}});
 }
 
 // ---- methods -----------------------------------------------------------------------------
@@ -385,8 +391,8 @@ Reply Agent::Impl::hello(Connection& conn, const json& p) {
     }
     const AgentOptions& o = self->m_options;
     json caps = {
-        {"methods", {"hello", "authenticate", "devices", "validate", "start_run", "cancel", "watch", "list_runs",
-                     "fetch_run", "shutdown"}},
+        {"methods", {"hello", "authenticate", "devices", "knobs", "validate", "start_run", "cancel", "watch",
+                     "list_runs", "update_run", "delete_run", "fetch_run", "shutdown"}},
         {"notifications", {"progress", "run_log", "run_finished", "run_chunk"}},
         {"max_message_bytes", o.maxMessageBytes},
         {"max_active_runs", o.maxActiveRuns},
@@ -410,10 +416,10 @@ Reply Agent::Impl::validate(const json& params) {
     ParsedConfig pc = configFromParams(params);
     if (!pc.error.empty()) return Reply::err(rpc::kInvalidParams, pc.error);
     json out = {{"ok", pc.issues.empty()}, {"issues", issuesToJson(pc.issues)}};
-    if (pc.issues.empty()) {
-        out["unsupported"] = engine::unsupportedKnobs(pc.config);
-        out["config"] = engine::configToJson(pc.config);
-    }
+    if (pc.issues.empty()) out["unsupported"] = engine::unsupportedKnobs(pc.config);
+    // Also with issues: the config as far as it was read (knobs with problems keep their
+    // defaults), so an editor can show the file while it lists what is wrong.
+    out["config"] = engine::configToJson(pc.config);
     return Reply::ok(out);
 }
 
@@ -524,6 +530,71 @@ Reply Agent::Impl::watch(const std::shared_ptr<Connection>& conn, const json& pa
     std::lock_guard rl(it->second->mu);
     if (!it->second->finished) it->second->subscribers.push_back(conn);
     return Reply::ok({{"run_id", id}, {"status", it->second->status}, {"progress", it->second->lastProgress}});
+}
+
+// Runs are named by id only: a peer never gets to name a path on this node.
+namespace {
+std::string runIdParam(const json& p, std::string* error) {
+    if (!p.is_object() || !p.contains("run_id") || !p["run_id"].is_string()) {
+        *error = "params.run_id (string) is required";
+        return {};
+    }
+    std::string id = p["run_id"].get<std::string>();
+    if (id.empty() || id.find('/') != std::string::npos || id.find('\\') != std::string::npos || id[0] == '.') {
+        *error = "params.run_id '" + id + "' is not a run id";
+        return {};
+    }
+    return id;
+}
+}  // namespace
+
+Reply Agent::Impl::updateRun(const json& p) {
+    std::string error;
+    const std::string id = runIdParam(p, &error);
+    if (!error.empty()) return Reply::err(rpc::kInvalidParams, error);
+    if (p.contains("name") && !p["name"].is_string())
+        return Reply::err(rpc::kInvalidParams, "params.name must be a string");
+    for (const char* key : {"add_tags", "remove_tags"}) {
+        if (!p.contains(key)) continue;
+        if (!p[key].is_array()) return Reply::err(rpc::kInvalidParams, std::string("params.") + key + " must be an array of strings");
+        for (const auto& t : p[key])
+            if (!t.is_string() || t.get<std::string>().empty())
+                return Reply::err(rpc::kInvalidParams, std::string("params.") + key + " must hold non-empty strings");
+    }
+    auto found = ws->findRun(id);
+    if (!found || found->id != id) return Reply::err(rpc::kRunNotFound, "no run with id '" + id + "' in this node's workspace");
+    if (p.contains("name")) {
+        if (Status st = ws->rename(found->path, p["name"].get<std::string>()); !st.isOk())
+            return Reply::err(rpc::kInternalError, st.message());
+    }
+    if (p.contains("add_tags"))
+        for (const auto& t : p["add_tags"])
+            if (Status st = ws->tag(found->path, t.get<std::string>()); !st.isOk())
+                return Reply::err(rpc::kInternalError, st.message());
+    if (p.contains("remove_tags"))
+        for (const auto& t : p["remove_tags"])
+            if (Status st = ws->untag(found->path, t.get<std::string>()); !st.isOk())
+                return Reply::err(rpc::kInternalError, st.message());
+    auto after = ws->findRun(found->path);
+    if (!after) return Reply::err(rpc::kInternalError, after.status().message());
+    return Reply::ok(after->toJson());
+}
+
+Reply Agent::Impl::deleteRun(const json& p) {
+    std::string error;
+    const std::string id = runIdParam(p, &error);
+    if (!error.empty()) return Reply::err(rpc::kInvalidParams, error);
+    auto found = ws->findRun(id);
+    if (!found || found->id != id) return Reply::err(rpc::kRunNotFound, "no run with id '" + id + "' in this node's workspace");
+    {
+        std::lock_guard lock(mu);
+        for (auto& [rid, r] : runs) {
+            if (r->finished || r->path != found->path) continue;
+            return Reply::err(rpc::kBusy, "run '" + id + "' is still running; cancel it first, then delete it");
+        }
+    }
+    if (Status st = ws->remove(found->path); !st.isOk()) return Reply::err(rpc::kInternalError, st.message());
+    return Reply::ok({{"run_id", id}, {"deleted", true}});
 }
 
 Reply Agent::Impl::listRuns() {

@@ -336,6 +336,8 @@ int cmdRun(const Args& a) {
                                  {"world_size", ds.world},
                                  {"model_flops_per_step", flopsPerStep},
                                  {"num_parameters", numParams},
+                                 {"peak_tflops_per_device", peakGflops / 1e3},
+                                 {"flops_formula", meta.value("flops_formula", std::string())},
                                  {"data", dataText}}
                                 .dump()
                                 .c_str());

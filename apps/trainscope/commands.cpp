@@ -91,6 +91,8 @@ const std::vector<Command>& commands() {
          "export a run's config for a headless rerun, Megatron-LM or Megatron-Bridge", cmdExport},
         {"agent", "agent --stdio | --listen HOST:PORT --token-file FILE",
          "serve this node over JSON-RPC 2.0 (used by the GUI and by --node)", cmdAgent},
+        {"gui", "gui [--node URL] [--token-file FILE] [--config FILE] [--run RUN_FILE] [--tour DIR]",
+         "open the workbench window (trainscope-gui) on a node; --tour writes a screenshot per view", cmdGui},
         {"version", "version", "print version and build configuration", cmdVersion},
     };
     return kCommands;

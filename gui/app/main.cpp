@@ -1,12 +1,69 @@
-// trainscope-gui: the workbench window (README, docs/gui.md).
-#include <QApplication>
+// trainscope-gui: the workbench (README, docs/gui.md).
+//   trainscope-gui [--node URL] [--token-file FILE] [--config FILE] [--run RUN_FILE]
+//   trainscope-gui --tour DIR      drive the whole story on the local node, one PNG per view
+#include <cstdio>
 
+#include <QApplication>
+#include <QCommandLineParser>
+#include <QDir>
+#include <QSettings>
+#include <QTimer>
+
+#include "gui/app/config_editor.h"
 #include "gui/app/main_window.h"
+#include "gui/app/node_bar.h"
+#include "gui/app/tour.h"
 
 int main(int argc, char** argv) {
     QApplication app(argc, argv);
+    QApplication::setOrganizationName(QStringLiteral("trainscope"));
     QApplication::setApplicationName(QStringLiteral("trainscope"));
+    QApplication::setApplicationVersion(QStringLiteral(TS_VERSION));
+    QCommandLineParser parser;
+    parser.setApplicationDescription(QStringLiteral(
+        "The trainscope workbench: run a few training steps on a node with a parallel layout, see where the step "
+        "time goes, flip a knob, rerun, compare A/B, export."));
+    parser.addHelpOption();
+    parser.addVersionOption();
+    QCommandLineOption node(QStringLiteral("node"), QStringLiteral("Node to open: local, ssh://[user@]host or tcp://host:port (default local)."),
+                            QStringLiteral("URL"), QStringLiteral("local"));
+    QCommandLineOption token(QStringLiteral("token-file"), QStringLiteral("Token file for a tcp:// node (its path is remembered, never the token)."),
+                             QStringLiteral("FILE"));
+    QCommandLineOption config(QStringLiteral("config"), QStringLiteral("Open this YAML config in the editor."), QStringLiteral("FILE"));
+    QCommandLineOption run(QStringLiteral("run"), QStringLiteral("Open this run file (timeline and panels)."), QStringLiteral("RUN_FILE"));
+    QCommandLineOption tour(QStringLiteral("tour"),
+                            QStringLiteral("Drive the workbench through the whole story on the local node (in a fresh workspace DIR/workspace) "
+                                           "and write one PNG per view and tour.json into DIR, then exit (0 when every step worked)."),
+                            QStringLiteral("DIR"));
+    parser.addOptions({node, token, config, run, tour});
+    parser.process(app);
+
+    if (parser.isSet(tour)) {
+        // The tour touches neither the user's workspace nor their settings.
+        const QString dir = QDir(parser.value(tour)).absolutePath();
+        QDir().mkpath(dir + QStringLiteral("/workspace"));
+        qputenv("TRAINSCOPE_WORKSPACE", (dir + QStringLiteral("/workspace")).toLocal8Bit());
+        QSettings::setDefaultFormat(QSettings::IniFormat);
+        QSettings::setPath(QSettings::IniFormat, QSettings::UserScope, dir + QStringLiteral("/settings"));
+        ts::gui::MainWindow window;
+        window.resize(1600, 980);
+        window.show();
+        ts::gui::TourOptions options;
+        options.outDir = dir;
+        const ts::gui::TourResult r = ts::gui::runTour(window, options);
+        for (const QString& f : r.screenshots) std::printf("%s\n", qPrintable(f));
+        if (!r.ok) {
+            std::fprintf(stderr, "trainscope-gui --tour: %s\n", qPrintable(r.error));
+            return 1;
+        }
+        std::printf("tour: %lld screenshots in %s\n", (long long)r.screenshots.size(), qPrintable(dir));
+        return 0;
+    }
+
     ts::gui::MainWindow window;
     window.show();
+    window.nodeBar()->openNode(parser.value(node), parser.value(token));
+    if (parser.isSet(config)) window.configEditor()->openFile(parser.value(config));
+    if (parser.isSet(run)) window.openRunFile(parser.value(run));
     return QApplication::exec();
 }

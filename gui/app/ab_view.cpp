@@ -35,12 +35,15 @@ AbView::AbView(QWidget* parent) : QWidget(parent) {
     m_title = new QLabel(QStringLiteral("Rerun a run with changed knobs, or select two runs and press Compare."), this);
     m_title->setWordWrap(true);
     layout->addWidget(m_title);
-    auto* tables = new QSplitter(Qt::Horizontal, this);
+    // Top: what changed, what differs, where time moved; below: both timelines on one axis.
+    auto* split = new QSplitter(Qt::Vertical, this);
+    auto* tables = new QSplitter(Qt::Horizontal, split);
     m_knobs = new QTableWidget(tables);
     m_knobs->setObjectName(QStringLiteral("abKnobs"));
     m_knobs->setColumnCount(3);
     m_knobs->setHorizontalHeaderLabels({QStringLiteral("Changed knob"), QStringLiteral("A"), QStringLiteral("B")});
-    m_knobs->horizontalHeader()->setSectionResizeMode(0, QHeaderView::Stretch);
+    m_knobs->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+    m_knobs->horizontalHeader()->setStretchLastSection(true);
     m_knobs->verticalHeader()->hide();
     m_knobs->setEditTriggers(QAbstractItemView::NoEditTriggers);
     m_metrics = new QTableWidget(tables);
@@ -48,23 +51,23 @@ AbView::AbView(QWidget* parent) : QWidget(parent) {
     m_metrics->setColumnCount(6);
     m_metrics->setHorizontalHeaderLabels({QStringLiteral("Metric"), QStringLiteral("Scope"), QStringLiteral("A"), QStringLiteral("B"),
                                           QStringLiteral("Δ"), QStringLiteral("Better")});
-    m_metrics->horizontalHeader()->setSectionResizeMode(0, QHeaderView::Stretch);
+    m_metrics->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+    m_metrics->horizontalHeader()->setStretchLastSection(true);
     m_metrics->verticalHeader()->hide();
     m_metrics->setEditTriggers(QAbstractItemView::NoEditTriggers);
+    m_moved = makeChartView(QStringLiteral("Where time moved (per step, summed over ranks)"), tables);
+    m_moved->setMinimumWidth(380);
     tables->addWidget(m_knobs);
     tables->addWidget(m_metrics);
-    tables->setStretchFactor(1, 2);
-    auto* split = new QSplitter(Qt::Vertical, this);
-    split->addWidget(tables);
+    tables->addWidget(m_moved);
+    tables->setSizes({200, 560, 340});
     auto* timelines = new QWidget(split);
     m_timelineArea = new QVBoxLayout(timelines);
     m_timelineArea->setContentsMargins(0, 0, 0, 0);
+    split->addWidget(tables);
     split->addWidget(timelines);
-    m_moved = makeChartView(QStringLiteral("Where time moved (per step, summed over ranks)"), split);
-    split->addWidget(m_moved);
-    split->setStretchFactor(0, 2);
-    split->setStretchFactor(1, 3);
-    split->setStretchFactor(2, 2);
+    split->setStretchFactor(0, 3);
+    split->setStretchFactor(1, 2);
     layout->addWidget(split, 1);
 }
 

@@ -141,8 +141,7 @@ void AbView::compare(const QString& runFileA, const QString& runFileB) {
 
 void AbView::buildMoved() {
     QChart* chart = m_moved->chart();
-    chart->removeAllSeries();
-    for (auto* ax : chart->axes()) chart->removeAxis(ax);
+    clearChart(chart);
     // Kernel categories (whole trace, divided by the number of steps) and exposed comm per group.
     auto perStep = [](const AnalysisSummary& s, double total) {
         return total / std::max(1, s.stepsInTrace);
@@ -182,16 +181,7 @@ void AbView::buildMoved() {
     auto* series = new QHorizontalBarSeries;
     series->append(setA);
     series->append(setB);
-    chart->addSeries(series);
-    auto* y = new QBarCategoryAxis;
-    y->append(labels);
-    chart->addAxis(y, Qt::AlignLeft);
-    series->attachAxis(y);
-    auto* x = new QValueAxis;
-    x->setTitleText(QStringLiteral("ms per step"));
-    x->setRange(0, maxMs > 0 ? maxMs * 1.1 : 1);
-    chart->addAxis(x, Qt::AlignBottom);
-    series->attachAxis(x);
+    setBarAxes(chart, series, labels, QStringLiteral("ms per step"), maxMs);
     m_moved->setToolTip(QStringLiteral("Kernel time per category: summed over ranks, whole trace divided by the number of steps.\n"
                                        "Exposed communication per group: %1, summed over ranks, mean per step (after warm-up).")
                             .arg(m_sa.definition(QStringLiteral("exposed_comm_s"))));

@@ -50,6 +50,23 @@ QValueAxis* valueAxis(const QString& title, double max, const QString& format = 
 
 }  // namespace
 
+void clearChart(QChart* chart) {
+    chart->removeAllSeries();
+    for (auto* a : chart->axes()) chart->removeAxis(a);
+}
+
+void setBarAxes(QChart* chart, QAbstractBarSeries* series, const QStringList& labels, const QString& valueTitle, double max) {
+    chart->addSeries(series);
+    const bool horizontal = qobject_cast<QHorizontalBarSeries*>(series) || qobject_cast<QHorizontalStackedBarSeries*>(series);
+    auto* categories = new QBarCategoryAxis;
+    categories->append(labels);
+    chart->addAxis(categories, horizontal ? Qt::AlignLeft : Qt::AlignBottom);
+    series->attachAxis(categories);
+    auto* values = valueAxis(valueTitle, max);
+    chart->addAxis(values, horizontal ? Qt::AlignBottom : Qt::AlignLeft);
+    series->attachAxis(values);
+}
+
 QChartView* makeChartView(const QString& title, QWidget* parent) {
     auto* chart = new QChart;
     chart->setTitle(title);
@@ -260,8 +277,7 @@ void AnalysisPanels::rebuild() {
     // Step time per rank: compute | exposed comm | other idle (stacked, ms).
     {
         QChart* chart = m_breakdown->chart();
-        chart->removeAllSeries();
-        for (auto* a : chart->axes()) chart->removeAxis(a);
+        clearChart(chart);
         chart->setTitle(QStringLiteral("Step time per rank (%1)").arg(stepsText));
         auto* series = new QStackedBarSeries;
         auto* compute = new QBarSet(QStringLiteral("compute stream busy"));
@@ -282,14 +298,7 @@ void AnalysisPanels::rebuild() {
         series->append(compute);
         series->append(exposed);
         series->append(idle);
-        chart->addSeries(series);
-        auto* x = new QBarCategoryAxis;
-        x->append(labels);
-        chart->addAxis(x, Qt::AlignBottom);
-        series->attachAxis(x);
-        auto* y = valueAxis(QStringLiteral("ms"), maxMs);
-        chart->addAxis(y, Qt::AlignLeft);
-        series->attachAxis(y);
+        setBarAxes(chart, series, labels, QStringLiteral("ms"), maxMs);
         m_breakdown->setToolTip(QStringLiteral("<b>compute stream busy</b> = step_time − bubble<br><b>bubble</b>: %1<br>"
                                                "<b>exposed communication</b>: %2<br><b>other idle</b> = bubble − exposed communication")
                                     .arg(s.definition(QStringLiteral("bubble_s")).toHtmlEscaped(),
@@ -298,8 +307,7 @@ void AnalysisPanels::rebuild() {
     // Bubble per stage: measured next to theory.
     {
         QChart* chart = m_bubbles->chart();
-        chart->removeAllSeries();
-        for (auto* a : chart->axes()) chart->removeAxis(a);
+        clearChart(chart);
         chart->setTitle(QStringLiteral("Pipeline bubble per stage (%1)").arg(stepsText));
         auto* series = new QBarSeries;
         auto* measured = new QBarSet(QStringLiteral("measured bubble fraction"));
@@ -316,14 +324,7 @@ void AnalysisPanels::rebuild() {
         }
         series->append(measured);
         series->append(theory);
-        chart->addSeries(series);
-        auto* x = new QBarCategoryAxis;
-        x->append(labels);
-        chart->addAxis(x, Qt::AlignBottom);
-        series->attachAxis(x);
-        auto* y = valueAxis(QStringLiteral("% of step"), std::max(maxPct, 1.0));
-        chart->addAxis(y, Qt::AlignLeft);
-        series->attachAxis(y);
+        setBarAxes(chart, series, labels, QStringLiteral("% of step"), std::max(maxPct, 1.0));
         m_bubbles->setToolTip(QStringLiteral("<b>bubble</b>: %1<br><b>fraction</b>: %2<br><b>theory</b>: %3")
                                   .arg(s.definition(QStringLiteral("bubble_s")).toHtmlEscaped(),
                                        s.definition(QStringLiteral("bubble_fraction")).toHtmlEscaped(),
@@ -332,8 +333,7 @@ void AnalysisPanels::rebuild() {
     // Communication per group and kind: exposed vs overlapped (sum over ranks, per step).
     {
         QChart* chart = m_comm->chart();
-        chart->removeAllSeries();
-        for (auto* a : chart->axes()) chart->removeAxis(a);
+        clearChart(chart);
         chart->setTitle(QStringLiteral("Communication per group and kind, summed over ranks (%1)").arg(stepsText));
         auto* series = new QHorizontalStackedBarSeries;
         auto* exposed = new QBarSet(QStringLiteral("exposed"));
@@ -352,14 +352,7 @@ void AnalysisPanels::rebuild() {
         }
         series->append(exposed);
         series->append(overlapped);
-        chart->addSeries(series);
-        auto* y = new QBarCategoryAxis;
-        y->append(labels);
-        chart->addAxis(y, Qt::AlignLeft);
-        series->attachAxis(y);
-        auto* x = valueAxis(QStringLiteral("ms per step"), maxMs);
-        chart->addAxis(x, Qt::AlignBottom);
-        series->attachAxis(x);
+        setBarAxes(chart, series, labels, QStringLiteral("ms per step"), maxMs);
         if (s.comm.empty()) chart->setTitle(chart->title() + QStringLiteral(": none (a single rank moves no data)"));
         m_comm->setToolTip(QStringLiteral("<b>communication</b>: %1<br><b>overlapped</b>: %2<br><b>exposed</b>: %3")
                                .arg(s.definition(QStringLiteral("comm_s")).toHtmlEscaped(),
@@ -369,8 +362,7 @@ void AnalysisPanels::rebuild() {
     // Kernel time by category and the top kernels of rank 0.
     {
         QChart* chart = m_categories->chart();
-        chart->removeAllSeries();
-        for (auto* a : chart->axes()) chart->removeAxis(a);
+        clearChart(chart);
         auto* series = new QHorizontalBarSeries;
         auto* set = new QBarSet(QStringLiteral("kernel time"));
         set->setColor(QColor(66, 133, 244));
@@ -382,15 +374,8 @@ void AnalysisPanels::rebuild() {
             maxMs = std::max(maxMs, s.categories[i].totalS * 1e3);
         }
         series->append(set);
-        chart->addSeries(series);
+        setBarAxes(chart, series, labels, QStringLiteral("ms (whole trace)"), maxMs);
         chart->legend()->setVisible(false);
-        auto* y = new QBarCategoryAxis;
-        y->append(labels);
-        chart->addAxis(y, Qt::AlignLeft);
-        series->attachAxis(y);
-        auto* x = valueAxis(QStringLiteral("ms (whole trace)"), maxMs);
-        chart->addAxis(x, Qt::AlignBottom);
-        series->attachAxis(x);
         m_categories->setToolTip(QStringLiteral("Device-stream kernel time by category, summed over ranks and the whole trace."));
         m_kernels->setRowCount(int(s.topKernels.size()));
         for (int i = 0; i < int(s.topKernels.size()); ++i) {
@@ -440,8 +425,7 @@ void AnalysisPanels::loadMemory(int rank) {
 
 void AnalysisPanels::buildMemoryChart(const json& m) {
     QChart* chart = m_memory->chart();
-    chart->removeAllSeries();
-    for (auto* a : chart->axes()) chart->removeAxis(a);
+    clearChart(chart);
     const json cats = m.value("categories", json::array());
     const json ts = m.value("ts_ns", json::array());
     const json bytes = m.value("bytes", json::array());

@@ -20,6 +20,7 @@
 #include "gui/core/jobs.h"
 #include "gui/core/run_controller.h"
 
+class QAbstractBarSeries;
 class QChart;
 class QChartView;
 class QLineSeries;
@@ -29,6 +30,11 @@ namespace ts::gui {
 
 // Makes a chart view with the workbench's look (no animation, legend at the bottom).
 QChartView* makeChartView(const QString& title, QWidget* parent);
+// Removes a chart's series and axes (charts are rebuilt when their data changes).
+void clearChart(QChart* chart);
+// Adds a bar series with its category axis (labels) and a value axis 0..max·1.1 titled
+// valueTitle; horizontal series put the categories on the left.
+void setBarAxes(QChart* chart, QAbstractBarSeries* series, const QStringList& labels, const QString& valueTitle, double max);
 
 class LivePanel : public QWidget {
     Q_OBJECT

@@ -92,6 +92,15 @@ TourResult runTour(MainWindow& w, const TourOptions& o) {
         return {};
     };
 
+    // Opens an example in the editor and waits for the node to validate its values.
+    auto openExample = [&](const QString& name) -> QString {
+        const QString path = examplePath(name);
+        if (path.isEmpty() || !w.configEditor()->openFile(path)) return QStringLiteral("cannot open %1").arg(name);
+        if (!waitFor([&] { return w.configEditor()->isValid() && w.configEditor()->source() == name; }, o.timeoutMs))
+            return QStringLiteral("%1 did not validate: %2").arg(name, w.configEditor()->issuesText());
+        return {};
+    };
+
     // 1. Connect to the local node.
     w.nodeBar()->openNode(QStringLiteral("local"));
     if (!waitFor([&] { return w.session()->isConnected(); }, o.timeoutMs))
@@ -101,11 +110,8 @@ TourResult runTour(MainWindow& w, const TourOptions& o) {
     shot(&w, QStringLiteral("01-node"));
 
     // 2. Open tiny.yaml in the config editor.
-    const QString tiny = examplePath(QStringLiteral("tiny.yaml"));
-    if (tiny.isEmpty() || !w.configEditor()->openFile(tiny)) return fail(QStringLiteral("cannot open tiny.yaml"));
+    if (QString e = openExample(QStringLiteral("tiny.yaml")); !e.isEmpty()) return fail(e);
     w.leftTabs()->setCurrentWidget(w.configEditor());
-    if (!waitFor([&] { return w.configEditor()->isValid(); }, o.timeoutMs))
-        return fail(QStringLiteral("tiny.yaml did not validate: %1").arg(w.configEditor()->issuesText()));
     w.configEditor()->setSteps(o.stepsTiny);
     w.configEditor()->setRunName(QStringLiteral("tour-tiny"));
     rep["config"] = {{"source", w.configEditor()->source().toStdString()}, {"yaml", w.configEditor()->yaml().toStdString()}};
@@ -122,10 +128,7 @@ TourResult runTour(MainWindow& w, const TourOptions& o) {
     shot(&w, QStringLiteral("04-timeline"));
 
     // 5. The analysis panels, on a pipeline-parallel run (bubbles and p2p need pp > 1).
-    const QString pp2 = examplePath(QStringLiteral("pp2_1f1b.yaml"));
-    if (pp2.isEmpty() || !w.configEditor()->openFile(pp2)) return fail(QStringLiteral("cannot open pp2_1f1b.yaml"));
-    if (!waitFor([&] { return w.configEditor()->isValid() && w.configEditor()->source() == QLatin1String("pp2_1f1b.yaml"); }, o.timeoutMs))
-        return fail(QStringLiteral("pp2_1f1b.yaml did not validate: %1").arg(w.configEditor()->issuesText()));
+    if (QString e = openExample(QStringLiteral("pp2_1f1b.yaml")); !e.isEmpty()) return fail(e);
     w.configEditor()->setSteps(o.stepsPipeline);
     w.configEditor()->setRunName(QStringLiteral("tour-pp2"));
     if (QString e = runAndWait(QStringLiteral("pp2")); !e.isEmpty()) return fail(e);
@@ -140,10 +143,7 @@ TourResult runTour(MainWindow& w, const TourOptions& o) {
     }
 
     // 6. Toggle a knob on a dp2 config and rerun: the A/B view opens when B ends.
-    const QString dp2 = examplePath(QStringLiteral("dp2_overlap.yaml"));
-    if (dp2.isEmpty() || !w.configEditor()->openFile(dp2)) return fail(QStringLiteral("cannot open dp2_overlap.yaml"));
-    if (!waitFor([&] { return w.configEditor()->isValid() && w.configEditor()->source() == QLatin1String("dp2_overlap.yaml"); }, o.timeoutMs))
-        return fail(QStringLiteral("dp2_overlap.yaml did not validate: %1").arg(w.configEditor()->issuesText()));
+    if (QString e = openExample(QStringLiteral("dp2_overlap.yaml")); !e.isEmpty()) return fail(e);
     w.configEditor()->setSteps(o.stepsDp);
     w.configEditor()->setRunName(QStringLiteral("tour-dp2-A"));
     if (QString e = runAndWait(QStringLiteral("dp2 A")); !e.isEmpty()) return fail(e);

@@ -60,6 +60,10 @@ TimelineView::TimelineView(QWidget* parent) : QWidget(parent) {
     v->addLayout(body, 1);
 
     m_timeline->setViewState(m_state);
+    connect(m_state, &ViewState::stepChanged, this, [this](int step) {
+        int i = m_steps->findData(step);
+        if (i >= 0) m_steps->setCurrentIndex(i);
+    });
     connect(fit, &QToolButton::clicked, m_timeline, &TimelineWidget::fitSelection);
     connect(m_steps, &QComboBox::activated, this, &TimelineView::onStepChosen);
     connect(m_timeline, &TimelineWidget::sliceSelected, this, &TimelineView::sliceSelected);
@@ -182,6 +186,8 @@ void TimelineView::updateStatus() {
     int64_t slices = 0;
     for (const auto& r : m_timeline->runs()) slices += r.data->sliceCount;
     if (!m_timeline->runs().empty()) s = tr("%1 ops").arg(slices);
+    for (const auto& r : m_timeline->runs())
+        if (r.data->overview) s += tr(" · overview, loading detail…");
     if (m_loader->isFollowing()) s += tr(" · following the run");
     if (!m_loadMessage.isEmpty()) s = m_loadMessage;
     m_status->setText(s);

@@ -43,6 +43,31 @@ double niceTick(double nsPerPx, double minPx) {
     return p * 10;
 }
 
+// Ruler label of t (ns since the axis origin) with as many decimals of a second as the tick
+// spacing needs, so neighbouring labels never read the same ("4.335 s", "4.340 s").
+QString tickLabel(double t, double tick) {
+    if (t == 0) return QStringLiteral("0");
+    const double s = t * 1e-9;
+    int decimals = int(std::ceil(-std::log10(tick * 1e-9) - 1e-9));
+    decimals = std::clamp(decimals, 0, 9);
+    if (std::fabs(s) < 1 && tick < 1e6) {
+        // Below a second with sub-ms ticks: ms or µs read better than 0.000123 s.
+        if (tick >= 1e3) return QString::number(t * 1e-6, 'f', std::clamp(int(std::ceil(-std::log10(tick * 1e-6) - 1e-9)), 0, 6)) + " ms";
+        return QString::number(t * 1e-3, 'f', std::clamp(int(std::ceil(-std::log10(tick * 1e-3) - 1e-9)), 0, 3)) + QString::fromUtf8(" µs");
+    }
+    return QString::number(s, 'f', decimals) + " s";
+}
+
+// Display text of a range: engine ranges are named "step", "microbatch", "layer" with the
+// number in the slice's fields; show it.
+QString rangeText(const TimelineData& data, const TimelineRow& row, size_t i) {
+    QString n = data.sliceName(row, i);
+    if (n == QLatin1String("step") && row.step[i] >= 0) return n + ' ' + QString::number(row.step[i]);
+    if (n == QLatin1String("microbatch") && row.microbatch[i] >= 0) return n + ' ' + QString::number(row.microbatch[i]);
+    if (n == QLatin1String("layer") && row.layer[i] >= 0) return n + ' ' + QString::number(row.layer[i]);
+    return n;
+}
+
 QColor textOn(const QColor& c) { return c.lightness() > 150 ? QColor(0x1a, 0x1a, 0x1a) : QColor(0xff, 0xff, 0xff); }
 }  // namespace
 
@@ -68,6 +93,7 @@ void TimelineWidget::setData(std::shared_ptr<const TimelineData> data) {
     syncWidth();
     TimeAxis keep = m_axis;
     m_runs[0].data = std::move(data);
+    resetCache();
     m_matches.clear();
     m_matchIndex.clear();
     m_currentMatch = -1;
@@ -87,11 +113,26 @@ void TimelineWidget::syncWidth() {
     if (m_axis.widthPx != double(canvasWidth())) m_axis.setWidth(canvasWidth());
 }
 
+void TimelineWidget::resetCache() {
+    m_cache.assign(m_runs.size(), {});
+    for (size_t i = 0; i < m_runs.size(); ++i) {
+        const TimelineData& d = *m_runs[i].data;
+        PaintCache& c = m_cache[i];
+        const size_t ng = d.groups.size();
+        c.sliceColor.resize(size_t(trace::Category::Other) * ng + ng + ng);
+        for (size_t cat = 0; cat <= size_t(trace::Category::Other); ++cat)
+            for (size_t g = 0; g < ng; ++g) c.sliceColor[cat * ng + g] = sliceColor(trace::Category(cat), d.groups[g]).rgb();
+        c.rangeColor.assign(d.strings.size(), 0);
+        c.textWidth.assign(d.strings.size(), -1);
+    }
+}
+
 void TimelineWidget::setRuns(std::vector<TimelineRun> runs) {
     syncWidth();
     m_runs.clear();
     for (auto& r : runs)
         if (r.data) m_runs.push_back(std::move(r));
+    resetCache();
     m_selected = {};
     m_matches.clear();
     m_matchIndex.clear();
@@ -405,7 +446,7 @@ void TimelineWidget::paintRuler(QPainter& p, const QRect& r) {
         p.setPen(QColor(0x9a, 0xa3, 0xad));
         p.drawLine(QPointF(x, r.bottom() - 6), QPointF(x, r.bottom()));
         p.setPen(kText);
-        p.drawText(QRectF(x + 3, r.top(), 120, r.height() - 4), Qt::AlignVCenter | Qt::AlignLeft, formatDurationNs(t));
+        p.drawText(QRectF(x + 3, r.top(), 140, r.height() - 4), Qt::AlignVCenter | Qt::AlignLeft, tickLabel(t, tick));
     }
     p.restore();
 }
@@ -439,8 +480,20 @@ void TimelineWidget::paintRow(QPainter& p, const Line& line, const QRect& r) {
     p.setFont(lf);
     p.setPen(row.kind == RowKind::Range ? QColor(0x55, 0x5f, 0x6b) : kText);
     const int indent = row.kind == RowKind::Range ? 14 + 0 : 8;
-    p.drawText(QRect(indent, r.top(), kGutterPx - indent - 6, r.height()), Qt::AlignVCenter | Qt::AlignLeft,
-               p.fontMetrics().elidedText(row.label, Qt::ElideRight, kGutterPx - indent - 6));
+    if (row.kind == RowKind::Counter && row.counter.maxValue > 0) {
+        // Two lines: the label, and the peak the row's height is scaled to.
+        p.drawText(QRect(indent, r.top() + 1, kGutterPx - indent - 6, r.height() / 2), Qt::AlignBottom | Qt::AlignLeft,
+                   p.fontMetrics().elidedText(row.label, Qt::ElideRight, kGutterPx - indent - 6));
+        QFont sf = lf;
+        sf.setPointSizeF(lf.pointSizeF() * 0.85);
+        p.setFont(sf);
+        p.setPen(QColor(0x55, 0x5f, 0x6b));
+        p.drawText(QRect(indent, r.top() + r.height() / 2, kGutterPx - indent - 6, r.height() / 2), Qt::AlignTop | Qt::AlignLeft,
+                   tr("peak %1").arg(formatBytes(row.counter.maxValue)));
+    } else {
+        p.drawText(QRect(indent, r.top(), kGutterPx - indent - 6, r.height()), Qt::AlignVCenter | Qt::AlignLeft,
+                   p.fontMetrics().elidedText(row.label, Qt::ElideRight, kGutterPx - indent - 6));
+    }
 
     p.save();
     p.setClipRect(canvas);
@@ -470,21 +523,26 @@ void TimelineWidget::paintRow(QPainter& p, const Line& line, const QRect& r) {
     p.setFont(bf);
     const QFontMetrics fm(bf);
     const bool isRange = row.kind == RowKind::Range;
+    PaintCache& cache = m_cache[size_t(line.run)];
+    const size_t ng = data.groups.size();
     for (const LodBox& b : m_boxes) {
         const size_t i = b.first;
+        const uint32_t nameId = row.name[i];
         QColor c;
         if (isRange) {
-            c = rangeColor(data.sliceName(row, i), row.depth);
+            QRgb& rgb = cache.rangeColor[nameId < cache.rangeColor.size() ? nameId : 0];
+            if (!rgb) rgb = rangeColor(data.sliceName(row, i), row.depth).rgb();
+            c = QColor::fromRgb(rgb);
         } else {
-            uint8_t g = row.group[i];
-            c = sliceColor(trace::Category(row.category[i]), g < data.groups.size() ? data.groups[g] : QString());
+            size_t k = size_t(row.category[i]) * ng + std::min<size_t>(row.group[i], ng - 1);
+            c = QColor::fromRgb(k < cache.sliceColor.size() ? cache.sliceColor[k] : 0xff959595);
         }
         QRectF br(b.x0, y0, b.x1 - b.x0, h);
         const bool folded = b.folded();
         if (folded) {
             // Hatched: "many ops here", lighter so the eye reads it as a summary.
             p.fillRect(br, c.lighter(125));
-            if (br.width() >= 4) p.fillRect(br, QBrush(c.darker(135), Qt::BDiagPattern));
+            if (br.width() >= 6) p.fillRect(br, QBrush(c.darker(135), Qt::BDiagPattern));
         } else {
             p.fillRect(br, c);
             if (br.width() >= 6) {
@@ -501,13 +559,24 @@ void TimelineWidget::paintRow(QPainter& p, const Line& line, const QRect& r) {
             p.setPen(QPen(Qt::black, 2));
             p.drawRect(br.adjusted(0.5, 0.5, -0.5, -0.5));
         }
-        if (br.width() >= 28) {
+        if (br.width() >= 36) {
             QString text;
-            if (folded)
+            const int room = int(br.width()) - 6;
+            if (folded) {
                 text = isRange ? tr("%1 ranges").arg(b.ops) : tr("%1 ops").arg(b.ops);
-            else
-                text = data.sliceName(row, i);
-            QString el = fm.elidedText(text, Qt::ElideRight, int(br.width()) - 6);
+            } else {
+                // Skip the text when not even a few characters fit (measured once per name).
+                int& tw = cache.textWidth[nameId < cache.textWidth.size() ? nameId : 0];
+                if (tw < 0) tw = fm.horizontalAdvance(data.sliceName(row, i));
+                if (room < 24 && tw > room) continue;
+                text = isRange ? rangeText(data, row, i) : data.sliceName(row, i);
+                if (!isRange && tw <= room) {
+                    p.setPen(textOn(c));
+                    p.drawText(br.adjusted(3, 0, -3, 0), Qt::AlignVCenter | Qt::AlignLeft, text);
+                    continue;
+                }
+            }
+            QString el = fm.elidedText(text, Qt::ElideRight, room);
             if (!el.isEmpty() && el != QStringLiteral("…")) {
                 p.setPen(folded ? kText : textOn(c));
                 p.drawText(br.adjusted(3, 0, -3, 0), Qt::AlignVCenter | Qt::AlignLeft, el);
@@ -525,7 +594,13 @@ void TimelineWidget::paintCounter(QPainter& p, const TimelineRun& run, const Tim
     const QColor fill(0x6b, 0x8e, 0xc9, 110), line(0x3b, 0x5e, 0x99);
     auto yOf = [&](double v) { return base - h * (v / s.maxValue); };
     // One column per pixel: the span of values in force during the pixel (per-pixel min/max).
+    // Drawn as one filled polygon up to the maxima plus one batch of min..max strokes, so a
+    // frame issues a few paint calls per counter row, not two per pixel.
+    QPolygonF area;
+    QVector<QLineF> bands;
+    area.reserve(2 * cw + 2);
     int64_t prevT = m_axis.mapXToTime(0) + run.alignOffsetNs;
+    double firstX = -1, lastX = -1;
     for (int x = 0; x < cw; ++x) {
         int64_t t1 = m_axis.mapXToTime(x + 1) + run.alignOffsetNs;
         int64_t a = s.indexAt(prevT);  // in force at the pixel start
@@ -535,14 +610,23 @@ void TimelineWidget::paintCounter(QPainter& p, const TimelineRun& run, const Tim
         size_t from = size_t(std::max<int64_t>(a, 0));
         if (from >= b) from = b - 1;
         auto [mn, mx] = s.minMax(from, b);
-        p.fillRect(QRectF(x, yOf(mx), 1, base - yOf(mx)), fill);
-        p.fillRect(QRectF(x, yOf(mx), 1, std::max(1.0, yOf(mn) - yOf(mx))), line);
+        if (firstX < 0) {
+            firstX = x;
+            area << QPointF(x, base);
+        }
+        area << QPointF(x, yOf(mx)) << QPointF(x + 1, yOf(mx));
+        if (yOf(mn) - yOf(mx) >= 1) bands << QLineF(x + 0.5, yOf(mx), x + 0.5, yOf(mn));
+        lastX = x + 1;
     }
-    QFont f = font();
-    f.setPointSizeF(f.pointSizeF() * 0.75);
-    p.setFont(f);
-    p.setPen(QColor(0x55, 0x5f, 0x6b));
-    p.drawText(QRectF(4, r.top(), 200, 12), Qt::AlignLeft | Qt::AlignTop, tr("peak %1").arg(formatBytes(s.maxValue)));
+    if (firstX < 0) return;
+    area << QPointF(lastX, base);
+    p.setPen(Qt::NoPen);
+    p.setBrush(fill);
+    p.drawPolygon(area);
+    p.setBrush(Qt::NoBrush);
+    p.setPen(QPen(line, 1));
+    p.drawPolyline(area.constData() + 1, int(area.size()) - 2);
+    if (!bands.isEmpty()) p.drawLines(bands);
 }
 
 // ---- interaction ---------------------------------------------------------------------------

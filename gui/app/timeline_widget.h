@@ -139,6 +139,15 @@ private:
     bool m_dragging = false, m_dragMoved = false;
     QPoint m_dragLast, m_pressPos;
     mutable std::vector<LodBox> m_boxes;  // scratch, reused every row
+    // Per run, filled lazily while painting (no string work per box per frame): colour of
+    // (category, group), colour of a range by name id, pixel width of a name id's text.
+    struct PaintCache {
+        std::vector<QRgb> sliceColor;  // [category * groups + group]
+        std::vector<QRgb> rangeColor;  // by name id; 0 = not computed yet
+        std::vector<int> textWidth;    // by name id; -1 = not measured yet
+    };
+    std::vector<PaintCache> m_cache;
+    void resetCache();
 };
 
 }  // namespace ts::gui

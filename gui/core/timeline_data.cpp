@@ -72,6 +72,7 @@ RowSpan TimelineRow::span(int64_t offsetNs) const {
     s.maxEnd = maxEnd.empty() ? end.data() : maxEnd.data();
     s.n = start.size();
     s.offsetNs = offsetNs;
+    if (!opsPrefix.empty()) s.opsPrefix = opsPrefix.data();
     return s;
 }
 
@@ -517,6 +518,89 @@ Result<std::shared_ptr<const TimelineData>> loadTimelineData(const std::string& 
     return std::shared_ptr<const TimelineData>(std::move(data));
 }
 
+Result<std::shared_ptr<const TimelineData>> loadTimelineOverview(const std::string& path) {
+    TS_ASSIGN_OR_RETURN(auto store, profiler::TraceStore::open(path, true));
+    TS_ASSIGN_OR_RETURN(int version, store->schemaVersion());
+    if (version < 2) return Status::notFound("run file without a chunk index (schema v" + std::to_string(version) + ")");
+    auto data = std::make_shared<TimelineData>();
+    data->path = path;
+    data->overview = true;
+    if (auto info = store->runInfo(); info.isOk()) {
+        data->runName = QString::fromStdString(info.value().name);
+        data->status = QString::fromStdString(info.value().status);
+        data->layout = QString::fromStdString(info.value().layout);
+    }
+    TS_ASSIGN_OR_RETURN(auto tracks, store->tracks());
+    std::stable_sort(tracks.begin(), tracks.end(), [](const profiler::TrackRow& a, const profiler::TrackRow& b) {
+        if (a.rank != b.rank) return a.rank < b.rank;
+        if (kindOrder(a.kind) != kindOrder(b.kind)) return kindOrder(a.kind) < kindOrder(b.kind);
+        if (a.streamIndex != b.streamIndex) return a.streamIndex < b.streamIndex;
+        return a.id < b.id;
+    });
+    std::unordered_map<uint32_t, size_t> rowOfTrack;
+    for (const auto& t : tracks) {
+        if (data->ranks.empty() || data->ranks.back() != t.rank) data->ranks.push_back(t.rank);
+        if (t.kind == TrackKind::HostThread) continue;
+        TimelineRow r;
+        r.kind = RowKind::Stream;
+        r.rank = t.rank;
+        r.trackId = t.id;
+        r.trackKind = t.kind;
+        r.streamIndex = t.streamIndex;
+        r.trackName = QString::fromStdString(t.name);
+        // The group is not known without decoding: the track name's last word ("rank 0 comm dp").
+        QString kind = streamKindName(t.kind);
+        if (t.kind == TrackKind::Comm || t.kind == TrackKind::P2P) {
+            QString last = r.trackName.section(' ', -1);
+            if (!last.isEmpty() && !last.front().isDigit() && last != kind) {
+                auto it = std::find(data->groups.begin(), data->groups.end(), last);
+                if (it == data->groups.end()) it = data->groups.insert(data->groups.end(), last);
+                r.mainGroup = uint8_t(it - data->groups.begin());
+                kind += " " + last;
+            }
+        }
+        r.label = QString("rank %1 · %2").arg(t.rank).arg(kind);
+        rowOfTrack[t.id] = data->rows.size();
+        data->rows.push_back(std::move(r));
+    }
+    sqlite3_stmt* q = nullptr;
+    if (sqlite3_prepare_v2(store->db(), "SELECT track, ts_first, ts_last, n FROM slice_chunks ORDER BY track, ts_first", -1, &q,
+                           nullptr) != SQLITE_OK)
+        return Status::io(std::string("reading the chunk index: ") + sqlite3_errmsg(store->db()));
+    const Category kindCategory[] = {Category::Other, Category::Gemm, Category::Collective, Category::P2P, Category::Memcpy};
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        auto it = rowOfTrack.find(uint32_t(sqlite3_column_int64(q, 0)));
+        if (it == rowOfTrack.end()) continue;
+        TimelineRow& r = data->rows[it->second];
+        const int64_t n = sqlite3_column_int64(q, 3);
+        r.start.push_back(sqlite3_column_int64(q, 1));
+        r.end.push_back(std::max<int64_t>(r.start.back(), sqlite3_column_int64(q, 2)));
+        r.name.push_back(0);
+        r.category.push_back(uint8_t(kindCategory[std::min<size_t>(size_t(r.trackKind), 4)]));
+        r.group.push_back(r.mainGroup);
+        r.step.push_back(-1), r.microbatch.push_back(-1), r.layer.push_back(-1), r.chunk.push_back(-1);
+        r.correlation.push_back(0), r.payload.push_back(0);
+        if (r.opsPrefix.empty()) r.opsPrefix.push_back(0);
+        r.opsPrefix.push_back(r.opsPrefix.back() + uint64_t(std::max<int64_t>(n, 0)));
+        data->sliceCount += n;
+    }
+    sqlite3_finalize(q);
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (auto& r : data->rows) {
+        finishRow(r);
+        if (r.size()) {
+            lo = std::min(lo, r.start.front());
+            hi = std::max(hi, r.maxEnd.empty() ? r.end.back() : r.maxEnd.back());
+        }
+    }
+    data->minNs = lo > hi ? 0 : lo;
+    data->maxNs = lo > hi ? 0 : hi;
+    data->stepWindows.assign(data->ranks.size(), {});
+    data->computeRowsOfRank.assign(data->ranks.size(), {});
+    data->strings.assign(1, std::string());
+    return std::shared_ptr<const TimelineData>(std::move(data));
+}
+
 // ---- queries -------------------------------------------------------------------------------
 
 int TimelineData::rankIndex(int rank) const {
@@ -564,7 +648,7 @@ SliceDetails TimelineData::details(int rowIndex, size_t i) const {
     SliceDetails d;
     if (rowIndex < 0 || size_t(rowIndex) >= rows.size()) return d;
     const TimelineRow& r = rows[size_t(rowIndex)];
-    if (i >= r.size()) return d;
+    if (i >= r.size() || overview) return d;
     d.valid = true;
     d.name = sliceName(r, i);
     d.rank = r.rank;

@@ -68,6 +68,9 @@ struct TimelineRow {
     std::vector<uint32_t> payload;             // index into TimelineData::payloads (bytes, flops)
 
     CounterSeries counter;                     // Counter rows
+    // Overview rows only: each element is a stored chunk of `opsPrefix[i+1] - opsPrefix[i]`
+    // slices (the run file's per-track chunk index), so folds count real ops.
+    std::vector<uint64_t> opsPrefix;
 
     size_t size() const { return start.size(); }
     int64_t endAt(size_t i) const { return end[i]; }
@@ -116,6 +119,9 @@ struct FindMatch {
 class TimelineData {
 public:
     std::string path;
+    // An overview is the quick first stage (loadTimelineOverview): stream rows made of the
+    // file's chunk index, no ranges, counters or slice details. The full data replaces it.
+    bool overview = false;
     QString runName, status, layout;
     int pp = 1;
     std::vector<std::string> strings;
@@ -148,6 +154,12 @@ struct TimelineLoadOptions {
     bool loadCounters = true;
     int threads = 2;  // decoding threads (each with its own read-only connection)
 };
+
+// The first stage, in milliseconds whatever the run's size: per stream track one element per
+// stored chunk (up to 1024 slices: [first start, last start], with its slice count), read from
+// the chunk index of a v2 run file without decoding a slice. NotFound for files without chunks
+// (schema v1: the caller goes straight to loadTimelineData). Worker thread only.
+Result<std::shared_ptr<const TimelineData>> loadTimelineOverview(const std::string& path);
 
 // Opens `path` read-only and builds the timeline. Runs on a worker thread (file + SQLite work).
 Result<std::shared_ptr<const TimelineData>> loadTimelineData(const std::string& path,

@@ -68,10 +68,23 @@ void TimelineLoader::start(bool onlyIfChanged) {
                 }
             }
         }
+        if (lastCount < 0) {
+            // First load of this file: the overview paints in milliseconds while the detail loads.
+            auto quick = loadTimelineOverview(path);
+            if (quick.isOk())
+                QMetaObject::invokeMethod(this, [this, gen, data = quick.value()] { deliverOverview(gen, data); },
+                                          Qt::QueuedConnection);
+        }
         auto result = loadTimelineData(path);
         QMetaObject::invokeMethod(this, [this, gen, result = std::move(result)]() mutable { deliver(gen, std::move(result), false); },
                                   Qt::QueuedConnection);
     });
+}
+
+void TimelineLoader::deliverOverview(quint64 generation, std::shared_ptr<const TimelineData> data) {
+    // Not the end of the job: m_inFlight stays until the detail arrives.
+    if (generation != m_generation) return;
+    emit loaded(data);
 }
 
 void TimelineLoader::deliver(quint64 generation, Result<std::shared_ptr<const TimelineData>> result, bool unchanged) {

@@ -37,6 +37,7 @@ public:
     QString path() const { return m_path; }
 
 signals:
+    // For a first load of a v2 file: first the overview (data->overview), then the detail.
     void loaded(std::shared_ptr<const ts::gui::TimelineData> data);
     void loadFailed(const QString& message);
     void followingChanged(bool following);
@@ -44,6 +45,7 @@ signals:
 private:
     void poll();
     void start(bool onlyIfChanged);
+    void deliverOverview(quint64 generation, std::shared_ptr<const TimelineData> data);
     void deliver(quint64 generation, Result<std::shared_ptr<const TimelineData>> result, bool unchanged);
 
     QThreadPool m_pool;

@@ -4,6 +4,7 @@
 // (delivery, stale results dropped by generation, follow mode).
 #include <gtest/gtest.h>
 
+#include <QElapsedTimer>
 #include <QSignalSpy>
 #include <QTest>
 
@@ -18,6 +19,20 @@ using namespace ts::gui;
 using namespace ts::gui::testing;
 
 namespace {
+// Waits until the loader delivered the full data (an overview comes first on a first load).
+std::shared_ptr<const TimelineData> waitForDetail(QSignalSpy& spy, int timeoutMs = 20000) {
+    QElapsedTimer t;
+    t.start();
+    while (t.elapsed() < timeoutMs) {
+        if (spy.count() > 0) {
+            auto d = spy.last().at(0).value<std::shared_ptr<const TimelineData>>();
+            if (d && !d->overview) return d;
+        }
+        spy.wait(100);
+    }
+    return nullptr;
+}
+
 std::shared_ptr<const TimelineData> loadOrDie(const std::string& path) {
     auto r = loadTimelineData(path);
     EXPECT_TRUE(r.isOk()) << r.status().toString();
@@ -161,14 +176,30 @@ TEST(TimelineLoader, DeliversOnTheUiThreadAndDropsStaleResults) {
     TimelineLoader loader;
     QSignalSpy spy(&loader, &TimelineLoader::loaded);
     loader.load(QString::fromStdString(a));
-    loader.load(QString::fromStdString(b));  // supersedes a: a's result must be dropped
-    ASSERT_TRUE(spy.wait(20000));
-    QTest::qWait(200);  // let a stale delivery (if any) arrive too
-    ASSERT_EQ(spy.count(), 1);
-    auto data = spy.at(0).at(0).value<std::shared_ptr<const TimelineData>>();
+    loader.load(QString::fromStdString(b));  // supersedes a: a's results must be dropped
+    auto data = waitForDetail(spy);
     ASSERT_TRUE(data);
+    QTest::qWait(200);  // let a stale delivery (if any) arrive too
+    // b's overview (stream rows from the chunk index, counting every op) then b's detail.
+    ASSERT_EQ(spy.count(), 2);
+    auto overview = spy.at(0).at(0).value<std::shared_ptr<const TimelineData>>();
+    EXPECT_TRUE(overview->overview);
+    EXPECT_EQ(overview->path, b);
     EXPECT_EQ(data->path, b);
+    EXPECT_FALSE(data->overview);
     EXPECT_FALSE(loader.isBusy());
+    // The overview holds the stream rows with every device op of the file (not the ranges).
+    int64_t streamOps = 0;
+    for (auto& r : data->rows)
+        if (r.kind == RowKind::Stream) streamOps += int64_t(r.size());
+    int64_t overviewOps = 0;
+    for (auto& r : overview->rows) {
+        EXPECT_EQ(r.kind, RowKind::Stream);
+        overviewOps += int64_t(r.opsPrefix.empty() ? 0 : r.opsPrefix.back());
+    }
+    EXPECT_EQ(overviewOps, streamOps);
+    EXPECT_EQ(overview->rows.size(), 6u);  // 2 ranks x (compute, comm, p2p)
+    EXPECT_FALSE(overview->details(0, 0).valid);
     QSignalSpy failed(&loader, &TimelineLoader::loadFailed);
     loader.load("/nonexistent/run.sqlite");
     ASSERT_TRUE(failed.wait(20000));
@@ -181,9 +212,10 @@ TEST(TimelineLoader, FollowReloadsWhileRunningAndStopsWhenTheRunEnds) {
     TimelineLoader loader;
     QSignalSpy spy(&loader, &TimelineLoader::loaded);
     loader.follow(QString::fromStdString(path), 100);
-    ASSERT_TRUE(spy.wait(20000));
+    auto firstFull = waitForDetail(spy);
+    ASSERT_TRUE(firstFull);
     EXPECT_TRUE(loader.isFollowing());
-    const int64_t before = spy.last().at(0).value<std::shared_ptr<const TimelineData>>()->sliceCount;
+    const int64_t before = firstFull->sliceCount;
     {
         // The run writes more and finishes.
         auto store = profiler::TraceStore::open(path, false).value();

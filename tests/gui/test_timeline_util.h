@@ -1,5 +1,5 @@
-// Shared by the timeline tests: a QApplication for widget tests (GoogleTest's main has none),
-// and a small two-rank pipeline run file written with TraceWriter, the way real runs are.
+// Shared by the timeline tests: the QApplication for widget tests (gui_test_util.h), and a
+// small two-rank pipeline run file written with TraceWriter, the way real runs are.
 #pragma once
 
 #include <QApplication>
@@ -8,17 +8,12 @@
 #include <string>
 
 #include "profiler/store.h"
+#include "tests/gui/gui_test_util.h"
 
 namespace ts::gui::testing {
 
-inline QApplication* ensureApp() {
-    if (auto* app = qobject_cast<QApplication*>(QCoreApplication::instance())) return app;
-    static int argc = 1;
-    static char arg0[] = "test_gui";
-    static char* argv[] = {arg0, nullptr};
-    static QApplication* app = new QApplication(argc, argv);
-    return app;
-}
+// The program's one QApplication (gui_test_util.h: offscreen, test organisation name).
+inline QApplication* ensureApp() { return ts::gui::test::ensureApp(); }
 
 inline std::string tempRunPath(const std::string& name) {
     auto dir = std::filesystem::temp_directory_path() / ("ts_timeline_test_" + std::to_string(::getpid()));

@@ -123,9 +123,22 @@ private:
     Status registerParams();
     int recomputeGroupStart(int li) const;  // first local layer of li's full-recompute group, or -1
     int recomputeGroupEnd(int li) const;
+    // The parts of the decoder, one file each beside gpt.cpp (the driver): gpt_embedding.cpp,
+    // gpt_layer.cpp (norms, residuals, dropouts) with its blocks gpt_attention.cpp and
+    // gpt_mlp.cpp, gpt_output.cpp (final norm, output layer, loss); gpt_ops.cpp holds the ops
+    // they share. A new kind of block (MoE, context-parallel attention) is a new file beside them.
+    Status embeddingForward(MbState& st, int mb);  // first stage: the lookup -> st.hidden
+    Status embeddingBackward(MbState& st, TensorPtr dh);
     Status layerForward(MbState& st, int li, bool keep);
     Status layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* dx);
-    Status finalForward(MbState& st);
+    // Attention block of global layer gl: A.a1 -> the linear_proj output [TL, h] before its
+    // bias; backward: its grad dproj -> the grad of A.a1 [TL, h] (TL = localTokens()).
+    Result<TensorPtr> attentionForward(LayerActs& A, const LayerParams& P, int gl);
+    Result<TensorPtr> attentionBackward(LayerActs& A, const LayerParams& P, int gl, TensorPtr dproj);
+    // MLP block: A.a2 -> the linear_fc2 output [TL, h] before its bias; backward likewise.
+    Result<TensorPtr> mlpForward(LayerActs& A, const LayerParams& P);
+    Result<TensorPtr> mlpBackward(LayerActs& A, const LayerParams& P, TensorPtr dfc2);
+    Status finalForward(MbState& st);  // last stage: final norm, output layer, loss
     Status finalBackward(MbState& st, TensorPtr* dhidden);
     // Norm helpers (LayerNorm or RMSNorm by dims).
     void normForward(const char* name, int wIdx, int bIdx, TensorPtr x, TensorPtr y, TensorPtr mean,

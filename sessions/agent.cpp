@@ -23,7 +23,7 @@
 #include <sstream>
 #include <thread>
 
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 #include "profiler/store.h"
 #include "sessions/knobs_json.h"
 #include "sessions/process.h"

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <map>
 
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 #include "profiler/analysis.h"
 #include "profiler/store.h"
 

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 #include "profiler/store.h"
 
 namespace ts::sessions {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 
 namespace ts::sessions {
 

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "engine/config.h"
-#include "engine/knobs.h"
+#include "engine/config/config.h"
+#include "engine/config/knobs.h"
 
 namespace ts::sessions {
 

@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <random>
 
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 #include "profiler/store.h"
 
 namespace ts::sessions {

@@ -1,6 +1,6 @@
 // In-process communicator bandwidth per collective, size and rank count, reported as nccl-tests
 // does: time = mean wall time of one op (all ranks enqueue, all streams synchronized),
-// algBw = size / time, busBw = algBw * busBwFactor (engine/communicator.h), in GB/s (1e9).
+// algBw = size / time, busBw = algBw * busBwFactor (engine/comm/communicator.h), in GB/s (1e9).
 // "size" is nccl-tests' size column: the full buffer for allReduce/broadcast, the total
 // (count * ranks) for reduceScatter/allGather, the bytes each rank sends for allToAll.
 //
@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/backend.h"
-#include "engine/inproc_communicator.h"
+#include "engine/backend/backend.h"
+#include "engine/comm/inproc_communicator.h"
 
 using namespace ts;
 using namespace ts::engine;

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 
 namespace ts::bench {
 

@@ -21,9 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/bench/bench_args.h"
-#include "engine/parallel_trainer.h"
-#include "engine/trainer.h"
 #include "apps/bench/bench_common.h"
+#include "engine/parallel/parallel_trainer.h"
+#include "engine/train/trainer.h"
 #include "kernels/cpu/ops.h"
 
 namespace {

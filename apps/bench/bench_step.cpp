@@ -22,9 +22,9 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/bench/bench_args.h"
-#include "engine/backend.h"
-#include "engine/trainer.h"
 #include "apps/bench/bench_common.h"
+#include "engine/backend/backend.h"
+#include "engine/train/trainer.h"
 #include "kernels/cpu/ops.h"
 
 namespace {

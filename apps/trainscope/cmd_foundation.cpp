@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/trainscope/commands.h"
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 #include "ts_build_info.h"
 
 namespace ts::cli {

@@ -4,9 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/trainscope/commands.h"
-#include "engine/knobs.h"
-#include "engine/layout.h"
-#include "engine/schedule.h"
+#include "engine/config/knobs.h"
+#include "engine/parallel/layout.h"
+#include "engine/parallel/schedule.h"
 
 namespace ts::cli {
 

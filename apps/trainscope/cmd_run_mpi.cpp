@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "apps/trainscope/commands.h"
-#include "engine/backend.h"
-#include "engine/communicator.h"
-#include "engine/config.h"
+#include "engine/backend/backend.h"
+#include "engine/comm/communicator.h"
+#include "engine/config/config.h"
 
 #ifdef TS_HAVE_MPI
-#include "engine/mpi/mpi_communicator.h"
+#include "engine/comm/mpi/mpi_communicator.h"
 #endif
 
 namespace ts::cli {

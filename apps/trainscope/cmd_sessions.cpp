@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/trainscope/commands.h"
-#include "engine/backend.h"
-#include "engine/knobs.h"
+#include "engine/backend/backend.h"
+#include "engine/config/knobs.h"
 #include "sessions/agent.h"
 #include "sessions/compare.h"
 #include "sessions/export.h"

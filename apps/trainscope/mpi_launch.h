@@ -1,7 +1,7 @@
 // `mpirun -np N trainscope run CONFIG`: one global rank per process (issue #6). Detects the
 // launcher from its environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_SIZE), initializes MPI and
 // hands ParallelTrainer the options that make its process groups MPI communicators
-// (engine/mpi) and exchange the per-rank step results between processes.
+// (engine/comm/mpi) and exchange the per-rank step results between processes.
 // Process 0 writes the run file and prints progress; the others train silently
 // (runMpiFollower). Without MPI in the build, a multi-process launch is an error.
 #pragma once
@@ -10,8 +10,8 @@
 #include <memory>
 
 #include "common/status.h"
-#include "engine/config.h"
-#include "engine/parallel_trainer.h"
+#include "engine/config/config.h"
+#include "engine/parallel/parallel_trainer.h"
 
 namespace ts::cli {
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <map>
 
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 #include "profiler/analysis.h"
 #include "profiler/import/import_run.h"
 #include "profiler/store.h"

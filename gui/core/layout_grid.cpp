@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "engine/layout.h"
+#include "engine/parallel/layout.h"
 
 namespace ts::gui {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <sys/wait.h>
 
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 
 namespace {
 

@@ -15,10 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/backend.h"
-#include "engine/data.h"
-#include "engine/gpt.h"
-#include "engine/optimizer.h"
+#include "engine/backend/backend.h"
+#include "engine/model/gpt.h"
+#include "engine/train/data.h"
+#include "engine/train/optimizer.h"
 
 namespace ts::engine::testutil {
 

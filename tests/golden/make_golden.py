@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden data for the engine: the same GPT as engine/gpt.cpp written independently in
+"""Golden data for the engine: the same GPT as engine/model/gpt*.cpp written independently in
 PyTorch (autograd, float64), trained 3 steps with AdamW + global-norm clipping.
 
 Writes tests/data/golden/<variant>.json (config, index) + <variant>.bin (little-endian

@@ -5,8 +5,8 @@
 #include <QAbstractItemModelTester>
 #include <QTemporaryDir>
 
-#include "engine/knobs.h"
-#include "engine/layout.h"
+#include "engine/config/knobs.h"
+#include "engine/parallel/layout.h"
 #include "gui/core/analysis_summary.h"
 #include "gui/core/jobs.h"
 #include "gui/core/knob_model.h"

@@ -8,7 +8,7 @@
 #include <QSettings>
 #include <QTimer>
 
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 #include "gui/app/ab_view.h"
 #include "gui/app/config_editor.h"
 #include "gui/app/main_window.h"
@@ -55,13 +55,18 @@ TEST(Workbench, TourRunsTheWholeStoryOnTheLocalNode) {
     // tiny: one live point per step, the run file open.
     EXPECT_EQ(rep["tiny"]["live_points"].get<int>(), o.stepsTiny);
     EXPECT_TRUE(QFileInfo::exists(QString::fromStdString(rep["tiny"]["run_file"].get<std::string>())));
-    // pp2: two stages, both ranks, p2p communication in the panels.
+    // Its timeline: the host track's ranges and the compute stream at least.
+    EXPECT_GE(rep["tiny"]["timeline_rows"].get<int>(), 2);
+    // pp2: two stages, both ranks, p2p communication in the panels; each rank has its rows.
+    EXPECT_GT(rep["pp2"]["timeline_rows"].get<int>(), rep["tiny"]["timeline_rows"].get<int>());
     EXPECT_EQ(rep["pp2"]["stages"].get<int>(), 2);
     EXPECT_EQ(rep["pp2"]["ranks"].get<int>(), 2);
     EXPECT_GT(rep["pp2"]["comm_rows"].get<int>(), 0);
     // A/B lists exactly the toggled knob.
     EXPECT_EQ(rep["ab"]["changed_knobs"], json::array({o.knobToToggle.toStdString()}));
     EXPECT_NE(rep["ab"]["a"], rep["ab"]["b"]);
+    // Both runs' timelines stacked on one axis: more rows than one dp2 rank has.
+    EXPECT_GT(rep["ab"]["timeline_rows"].get<int>(), rep["tiny"]["timeline_rows"].get<int>());
     // The exported YAML parses back to the config of run B (the knob toggled off).
     const auto loaded = ts::engine::parseConfigYaml(rep["export"]["yaml"].get<std::string>());
     EXPECT_TRUE(loaded.ok()) << (loaded.issues.empty() ? "" : loaded.issues[0].toString());

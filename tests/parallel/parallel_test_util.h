@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/parallel_trainer.h"
-#include "engine/trainer.h"
+#include "engine/parallel/parallel_trainer.h"
+#include "engine/train/trainer.h"
 
 namespace ts::test {
 

@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/backend_trace.h"
-#include "engine/cpu_backend.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/backend_trace.h"
+#include "engine/backend/cpu_backend.h"
 #include "tests/parallel/fake_recorder.h"
 
 using namespace ts;

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/inproc_communicator.h"
+#include "engine/backend/backend.h"
+#include "engine/comm/inproc_communicator.h"
 
 using namespace ts;
 using namespace ts::engine;

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <map>
 
-#include "engine/layout.h"
+#include "engine/parallel/layout.h"
 
 using namespace ts;
 using namespace ts::engine;

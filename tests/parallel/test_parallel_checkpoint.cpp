@@ -1,4 +1,4 @@
-// Checkpoints of parallel runs (engine/parallel_trainer.h save/load, engine/checkpoint.h):
+// Checkpoints of parallel runs (engine/parallel/parallel_trainer.h save/load, engine/train/checkpoint.h):
 //   - same layout: 6 steps == 3 steps + save + load into a fresh trainer + 3 steps, BITWISE
 //     (losses and every final weight), with dropout and a warmup+cosine lr schedule so the
 //     RNG, data position, scheduler and Adam state must all resume;
@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
-#include "engine/parallel_trainer.h"
-#include "engine/trainer.h"
+#include "engine/parallel/parallel_trainer.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/trainer.h"
 #include "parallel_test_util.h"
 
 using namespace ts;

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/ddp.h"
-#include "engine/parallel_trainer.h"
-#include "engine/trainer.h"
+#include "engine/parallel/ddp.h"
+#include "engine/parallel/parallel_trainer.h"
+#include "engine/train/trainer.h"
 #include "fake_recorder.h"
 #include "parallel_test_util.h"
 

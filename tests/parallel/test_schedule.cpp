@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/schedule.h"
+#include "engine/parallel/schedule.h"
 
 using namespace ts;
 using namespace ts::engine;

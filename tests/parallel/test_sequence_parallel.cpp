@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/gpt.h"
-#include "engine/inproc_communicator.h"
-#include "engine/parallel_trainer.h"
-#include "engine/trainer.h"
+#include "engine/comm/inproc_communicator.h"
+#include "engine/model/gpt.h"
+#include "engine/parallel/parallel_trainer.h"
+#include "engine/train/trainer.h"
 #include "fake_recorder.h"
 #include "parallel_test_util.h"
 

@@ -1,4 +1,4 @@
-// tp_comm_overlap (engine/tp_overlap.h): the sequence-parallel collectives of QKV / proj / fc1 /
+// tp_comm_overlap (engine/model/tp_overlap.h): the sequence-parallel collectives of QKV / proj / fc1 /
 // fc2 split into chunks on the rank's tp_comm stream, pipelined with the chunk GEMMs.
 //  - Training must be unchanged: within 1e-5 of the same layout with tp_comm_overlap off (the
 //    GEMMs are split by rows only, every reduction keeps its order; OpenBLAS's choice of kernel
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/tp_overlap.h"
+#include "engine/model/tp_overlap.h"
 #include "fake_recorder.h"
 #include "parallel_test_util.h"
 

@@ -19,14 +19,14 @@
 #include <sstream>
 #include <thread>
 
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 #include "profiler/store.h"
+#include "session_test_util.h"
 #include "sessions/agent.h"
 #include "sessions/export.h"
 #include "sessions/node_client.h"
 #include "sessions/process.h"
 #include "sessions/workspace.h"
-#include "session_test_util.h"
 
 using namespace ts::sessions;
 using nlohmann::json;

@@ -10,12 +10,12 @@
 #include <fstream>
 #include <thread>
 
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 #include "profiler/store.h"
+#include "session_test_util.h"
 #include "sessions/compare.h"
 #include "sessions/export.h"
 #include "sessions/workspace.h"
-#include "session_test_util.h"
 
 using namespace ts::sessions;
 using nlohmann::json;

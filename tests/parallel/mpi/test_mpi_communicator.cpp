@@ -13,8 +13,8 @@
 #include <numeric>
 #include <thread>
 
-#include "engine/backend.h"
-#include "engine/mpi/mpi_communicator.h"
+#include "engine/backend/backend.h"
+#include "engine/comm/mpi/mpi_communicator.h"
 
 using namespace ts;
 using namespace ts::engine;

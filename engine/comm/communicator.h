@@ -1,0 +1,73 @@
+// Communicator: one interface for collectives and point-to-point, each op enqueued on a
+// stream (DESIGN.md "Communicators"). Implementations: in-process (rank threads of one
+// process, shared memory), MPI (CPU ranks in several processes), NCCL (GPU).
+// Semantics follow NCCL: all members call the same collectives in the same order; buffers
+// must stay alive until the stream has executed the op.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/backend/backend.h"
+
+namespace ts::engine {
+
+enum class ReduceOp : uint8_t { Sum = 0, Max, Min, Avg };
+
+struct P2POp {
+    enum Kind : uint8_t { Send, Recv } kind = Send;
+    int peer = 0;          // rank within this communicator
+    void* buffer = nullptr;
+    size_t count = 0;      // elements
+    DType dtype = DType::F32;
+    int tag = 0;
+};
+
+// Bytes actually moved by this rank (for the trace and bandwidth reports).
+struct CommStats {
+    uint64_t ops = 0;
+    uint64_t bytesSent = 0;
+    uint64_t bytesReceived = 0;
+};
+
+// nccl-tests accounting (doc/PERFORMANCE.md of nccl-tests): for a collective of `size` bytes
+// (the "size" column: allReduce/broadcast: count*elemSize; reduceScatter: recvCount*n*elemSize;
+// allGather: sendCount*n*elemSize; allToAll: total bytes sent by one rank),
+//   algBw = size / time,   busBw = algBw * busBwFactor,
+// with busBwFactor = 2(n-1)/n (allReduce), (n-1)/n (reduceScatter, allGather, allToAll),
+// 1 (broadcast, sendRecv). busBw is what each rank's link carries in a ring implementation.
+enum class CollectiveKind : uint8_t { AllReduce = 0, ReduceScatter, AllGather, Broadcast, AllToAll, SendRecv };
+const char* collectiveName(CollectiveKind k);  // "all_reduce", "reduce_scatter", ...
+double busBwFactor(CollectiveKind k, int groupSize);
+
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+    virtual int rank() const = 0;             // rank within the group
+    virtual int size() const = 0;
+    virtual const std::string& name() const = 0;  // group name: "tp", "dp", "pp", "world", ...
+    virtual std::vector<int> globalRanks() const = 0;  // group member -> global rank
+
+    // count = number of elements of the full (per-rank) buffer unless stated otherwise.
+    virtual void allReduce(Stream& s, const void* send, void* recv, size_t count, DType t,
+                           ReduceOp op) = 0;
+    // recv holds count elements; send holds count * size() elements.
+    virtual void reduceScatter(Stream& s, const void* send, void* recv, size_t recvCount, DType t,
+                               ReduceOp op) = 0;
+    // send holds sendCount elements, recv holds sendCount * size() (rank order).
+    virtual void allGather(Stream& s, const void* send, void* recv, size_t sendCount, DType t) = 0;
+    virtual void broadcast(Stream& s, void* buffer, size_t count, DType t, int root) = 0;
+    // All ops of the batch progress together (batch_isend_irecv); no ordering deadlock.
+    virtual void batchSendRecv(Stream& s, const std::vector<P2POp>& ops) = 0;
+    // sendCounts/recvCounts per peer (elements), displacements derived (contiguous, rank order).
+    virtual void allToAllv(Stream& s, const void* send, const std::vector<size_t>& sendCounts,
+                           void* recv, const std::vector<size_t>& recvCounts, DType t) = 0;
+    virtual CommStats stats() const = 0;
+    // Make every pending and future op fail fast (a peer failed); used for clean shutdown.
+    virtual void abort(const Status& why) = 0;
+};
+
+}  // namespace ts::engine

@@ -1,0 +1,46 @@
+// MPI communicator: CPU ranks in several processes (one rank per process in this version;
+// global rank = MPI_COMM_WORLD rank). Built only when MPI is found (TS_HAVE_MPI).
+//
+// Every op is enqueued on a stream and executed on that stream's thread as a nonblocking MPI
+// call (MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibcast, MPI_Ialltoallv,
+// MPI_Isend/Irecv) that the thread then polls with MPI_Test. All MPI calls of the process are
+// serialized by one mutex that is released between polls, so several streams can have ops in
+// flight on different groups without deadlocking even where MPI gives only
+// MPI_THREAD_SERIALIZED. Polling also gives the deadlock guard (timeout) and abort().
+//
+// BF16 reductions are converted to fp32, reduced in fp32 and rounded once (as the in-process
+// communicator does); Avg is a sum followed by a division. F16 reductions are Unsupported.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/comm/communicator.h"
+
+namespace ts::engine {
+
+class MpiRuntime {
+public:
+    // Initializes MPI (MPI_THREAD_MULTIPLE requested) unless it already is. Finalizes on
+    // destruction only if this object initialized it.
+    static Result<std::unique_ptr<MpiRuntime>> init(int* argc, char*** argv);
+    ~MpiRuntime();
+    int worldRank() const { return m_rank; }
+    int worldSize() const { return m_size; }
+    int threadLevel() const { return m_threadLevel; }  // MPI_THREAD_* provided
+
+    // Communicator over `ranks` (MPI world ranks, group-rank order); collective over those
+    // ranks only (MPI_Comm_create_group). This process must be one of them. Create groups
+    // from one thread, before ops are in flight (creation blocks while holding the MPI lock).
+    Result<std::unique_ptr<Communicator>> createGroup(const std::string& name, const std::vector<int>& ranks,
+                                                      std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+private:
+    MpiRuntime() = default;
+    bool m_ownsInit = false;
+    int m_rank = 0, m_size = 1, m_threadLevel = 0;
+};
+
+}  // namespace ts::engine

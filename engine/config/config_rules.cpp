@@ -1,0 +1,202 @@
+// Cross-knob rules of a config (Megatron's validate_args and our engine's limits). Each rule
+// names the knobs, the values, the rule and the fix.
+#include <string>
+#include <vector>
+
+#include "engine/config/knobs.h"
+
+namespace ts::engine {
+
+namespace {
+
+struct Checker {
+    std::vector<ConfigIssue> issues;
+    void add(const std::string& knob, const std::string& msg) { issues.push_back({"", 0, knob, msg}); }
+};
+
+std::string kv(const char* name, long long v) { return std::string(name) + "=" + std::to_string(v); }
+
+}  // namespace
+
+std::vector<ConfigIssue> validateConfig(const Config& c) {
+    Checker ck;
+    const DerivedSizes d = deriveSizes(c);
+
+    // Ranges.
+    auto positive = [&](const char* name, long long v) {
+        if (v <= 0) ck.add(name, kv(name, v) + " must be > 0");
+    };
+    auto nonNegative = [&](const char* name, long long v) {
+        if (v < 0) ck.add(name, kv(name, v) + " must be >= 0 (0 means derived/default)");
+    };
+    positive("num_layers", c.num_layers);
+    positive("hidden_size", c.hidden_size);
+    positive("num_attention_heads", c.num_attention_heads);
+    positive("seq_length", c.seq_length);
+    positive("vocab_size", c.vocab_size);
+    positive("micro_batch_size", c.micro_batch_size);
+    positive("make_vocab_size_divisible_by", c.make_vocab_size_divisible_by);
+    positive("tensor_model_parallel_size", c.tensor_model_parallel_size);
+    positive("pipeline_model_parallel_size", c.pipeline_model_parallel_size);
+    positive("virtual_pipeline_model_parallel_size", c.virtual_pipeline_model_parallel_size);
+    positive("context_parallel_size", c.context_parallel_size);
+    positive("expert_model_parallel_size", c.expert_model_parallel_size);
+    nonNegative("world_size", c.world_size);
+    nonNegative("data_parallel_size", c.data_parallel_size);
+    nonNegative("global_batch_size", c.global_batch_size);
+    nonNegative("num_microbatches", c.num_microbatches);
+    nonNegative("ffn_hidden_size", c.ffn_hidden_size);
+    nonNegative("num_query_groups", c.num_query_groups);
+    nonNegative("kv_channels", c.kv_channels);
+    nonNegative("train_iters", c.train_iters);
+    nonNegative("bucket_size", c.bucket_size);
+    nonNegative("recompute_num_layers", c.recompute_num_layers);
+    nonNegative("num_moe_experts", c.num_moe_experts);
+    nonNegative("cpu_threads", c.cpu_threads);
+    nonNegative("save_interval", c.save_interval);
+    nonNegative("lr_warmup_iters", c.lr_warmup_iters);
+    if (c.lr < 0) ck.add("lr", "lr=" + std::to_string(c.lr) + " must be >= 0");
+    if (c.clip_grad < 0) ck.add("clip_grad", "clip_grad must be >= 0 (0 disables clipping)");
+    if (c.weight_decay < 0) ck.add("weight_decay", "weight_decay must be >= 0");
+    if (c.norm_epsilon <= 0) ck.add("norm_epsilon", "norm_epsilon must be > 0");
+    if (c.init_method_std <= 0) ck.add("init_method_std", "init_method_std must be > 0");
+    if (c.adam_beta1 < 0 || c.adam_beta1 >= 1) ck.add("adam_beta1", "adam_beta1 must be in [0, 1)");
+    if (c.adam_beta2 < 0 || c.adam_beta2 >= 1) ck.add("adam_beta2", "adam_beta2 must be in [0, 1)");
+    if (c.adam_eps <= 0) ck.add("adam_eps", "adam_eps must be > 0");
+    if (c.hidden_dropout < 0 || c.hidden_dropout >= 1) ck.add("hidden_dropout", "hidden_dropout must be in [0, 1)");
+    if (c.attention_dropout < 0 || c.attention_dropout >= 1)
+        ck.add("attention_dropout", "attention_dropout must be in [0, 1)");
+    if (!ck.issues.empty()) return ck.issues;  // the rules below divide by these
+
+    const int tp = d.tp, pp = d.pp, vpp = d.vpp, cp = d.cp;
+    const int heads = c.num_attention_heads;
+    const int groups = d.num_query_groups;
+
+    // Model shape.
+    if (c.kv_channels == 0 && c.hidden_size % heads != 0)
+        ck.add("hidden_size", kv("hidden_size", c.hidden_size) + " is not divisible by " +
+                                  kv("num_attention_heads", heads) + "; change one of them or set kv_channels");
+    if (heads % groups != 0)
+        ck.add("num_query_groups", kv("num_query_groups", groups) + " does not divide " +
+                                       kv("num_attention_heads", heads) + "; choose a divisor of the head count");
+    if (c.position_embedding_type == "rope" && d.kv_channels % 2 != 0)
+        ck.add("kv_channels", "rope needs an even head dimension, got " + std::to_string(d.kv_channels));
+
+    // Tensor parallel.
+    if (heads % tp != 0)
+        ck.add("tensor_model_parallel_size", kv("tensor_model_parallel_size", tp) + " does not divide " +
+                                                 kv("num_attention_heads", heads) + "; use a divisor of the head count");
+    else if (groups % tp != 0)
+        ck.add("tensor_model_parallel_size", kv("tensor_model_parallel_size", tp) + " does not divide " +
+                                                 kv("num_query_groups", groups) +
+                                                 "; each TP rank needs whole key/value groups");
+    if (d.ffn_hidden_size % tp != 0)
+        ck.add("ffn_hidden_size", kv("ffn_hidden_size", d.ffn_hidden_size) + " is not divisible by " +
+                                      kv("tensor_model_parallel_size", tp));
+    if (c.sequence_parallel && tp == 1)
+        ck.add("sequence_parallel", "sequence_parallel needs tensor_model_parallel_size > 1 (it shards the TP "
+                                    "region's activations); remove it or raise tensor_model_parallel_size");
+    if (c.sequence_parallel && c.seq_length % tp != 0)
+        ck.add("seq_length", kv("seq_length", c.seq_length) + " is not divisible by " +
+                                 kv("tensor_model_parallel_size", tp) + ", which sequence_parallel requires");
+    if (c.tp_comm_overlap && !c.sequence_parallel)
+        ck.add("tp_comm_overlap", "tp_comm_overlap requires sequence_parallel (the overlapped collectives are "
+                                  "all-gather/reduce-scatter); set sequence_parallel: true");
+
+    // World and data parallel.
+    const int mp = tp * cp * pp;
+    if (c.world_size > 0 && c.world_size % mp != 0)
+        ck.add("world_size", kv("world_size", c.world_size) + " is not a multiple of tp*cp*pp = " +
+                                 std::to_string(tp) + "*" + std::to_string(cp) + "*" + std::to_string(pp) + " = " +
+                                 std::to_string(mp));
+    if (c.world_size > 0 && c.data_parallel_size > 0 && c.world_size != mp * c.data_parallel_size)
+        ck.add("data_parallel_size", kv("world_size", c.world_size) + " != tp*cp*pp*data_parallel_size = " +
+                                         std::to_string(mp * c.data_parallel_size) + "; set only one of them");
+
+    // Context parallel.
+    if (cp > 1 && c.seq_length % (2 * cp) != 0)
+        ck.add("context_parallel_size", kv("seq_length", c.seq_length) + " must be divisible by 2*context_parallel_size = " +
+                                            std::to_string(2 * cp) + " (load-balanced chunks)");
+
+    // Batch.
+    if (c.global_batch_size > 0 && c.global_batch_size % (c.micro_batch_size * d.dp) != 0)
+        ck.add("global_batch_size", kv("global_batch_size", c.global_batch_size) +
+                                        " is not divisible by micro_batch_size*data_parallel_size = " +
+                                        std::to_string(c.micro_batch_size * d.dp));
+    if (c.global_batch_size > 0 && c.num_microbatches > 0 &&
+        c.global_batch_size != c.micro_batch_size * d.dp * c.num_microbatches)
+        ck.add("num_microbatches", kv("num_microbatches", c.num_microbatches) + " disagrees with global_batch_size/"
+                                       "(micro_batch_size*data_parallel_size) = " +
+                                       std::to_string(c.global_batch_size / (c.micro_batch_size * d.dp)) +
+                                       "; set only one of them");
+
+    // Pipeline.
+    if (c.num_layers % pp != 0)
+        ck.add("pipeline_model_parallel_size", kv("num_layers", c.num_layers) + " is not divisible by " +
+                                                   kv("pipeline_model_parallel_size", pp));
+    else if (c.num_layers % (pp * vpp) != 0)
+        ck.add("virtual_pipeline_model_parallel_size",
+               kv("num_layers", c.num_layers) + " is not divisible by pipeline_model_parallel_size*"
+                                                "virtual_pipeline_model_parallel_size = " + std::to_string(pp * vpp));
+    if (vpp > 1) {
+        if (pp == 1)
+            ck.add("virtual_pipeline_model_parallel_size",
+                   "interleaving (virtual_pipeline_model_parallel_size > 1) needs pipeline_model_parallel_size > 1");
+        else if (pp == 2 && !c.overlap_p2p_comm)
+            ck.add("virtual_pipeline_model_parallel_size",
+                   "interleaving with pipeline_model_parallel_size=2 requires overlap_p2p_comm (Megatron: "
+                   "\"pipeline-model-parallel size should be greater than 2 with interleaved schedule\")");
+        if (d.num_microbatches % pp != 0)
+            ck.add("num_microbatches", "the interleaved schedule requires num_microbatches (" +
+                                           std::to_string(d.num_microbatches) + ") % pipeline_model_parallel_size (" +
+                                           std::to_string(pp) + ") == 0; adjust global_batch_size or num_microbatches");
+    }
+    if (c.overlap_p2p_comm && c.batch_p2p_comm)
+        ck.add("batch_p2p_comm", "overlap_p2p_comm and batch_p2p_comm are mutually exclusive; set batch_p2p_comm: false");
+
+    // Data-parallel communication.
+    if (c.overlap_param_gather && !c.use_distributed_optimizer)
+        ck.add("overlap_param_gather", "overlap_param_gather requires use_distributed_optimizer: true");
+    if (c.overlap_param_gather && !c.overlap_grad_reduce)
+        ck.add("overlap_param_gather", "overlap_param_gather requires overlap_grad_reduce: true");
+
+    // Precision.
+    if (!c.fp8.empty() && !c.bf16)
+        ck.add("fp8", "fp8 runs FP8 GEMMs inside a bf16 model; set bf16: true");
+    if (c.fp8_amax_history_len < 1) ck.add("fp8_amax_history_len", "fp8_amax_history_len must be >= 1");
+
+    // Recompute.
+    if (c.recompute_granularity == "full") {
+        if (c.recompute_method.empty())
+            ck.add("recompute_method", "recompute_granularity=full needs recompute_method: uniform or block");
+        if (c.recompute_num_layers <= 0)
+            ck.add("recompute_num_layers", "recompute_granularity=full needs recompute_num_layers > 0");
+        else if (c.recompute_method == "block" && c.num_layers % (pp * vpp) == 0 &&
+                 c.recompute_num_layers > c.num_layers / (pp * vpp))
+            ck.add("recompute_num_layers", kv("recompute_num_layers", c.recompute_num_layers) +
+                                               " exceeds the layers per pipeline stage chunk (" +
+                                               std::to_string(c.num_layers / (pp * vpp)) + ")");
+    } else if (!c.recompute_method.empty()) {
+        ck.add("recompute_method", "recompute_method applies only with recompute_granularity: full");
+    }
+
+    // MoE.
+    if (d.ep > 1 && c.num_moe_experts == 0)
+        ck.add("expert_model_parallel_size", "expert_model_parallel_size > 1 needs num_moe_experts > 0");
+    if (c.num_moe_experts > 0) {
+        if (c.num_moe_experts % d.ep != 0)
+            ck.add("num_moe_experts", kv("num_moe_experts", c.num_moe_experts) + " is not divisible by " +
+                                          kv("expert_model_parallel_size", d.ep));
+        if (c.moe_router_topk < 1 || c.moe_router_topk > c.num_moe_experts)
+            ck.add("moe_router_topk", kv("moe_router_topk", c.moe_router_topk) + " must be in [1, num_moe_experts]");
+    } else if (c.moe_grouped_gemm) {
+        ck.add("moe_grouped_gemm", "moe_grouped_gemm needs num_moe_experts > 0");
+    }
+
+    // Backend.
+    if (c.enable_cuda_graph && c.device_backend != "cuda")
+        ck.add("enable_cuda_graph", "enable_cuda_graph requires device_backend: cuda");
+    return ck.issues;
+}
+
+}  // namespace ts::engine

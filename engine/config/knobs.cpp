@@ -1,0 +1,500 @@
+// The knob registry table and the generic machinery around it (typed access to Config fields,
+// text forms, suggestions). YAML parsing and rule checks live in config_yaml.cpp /
+// config_rules.cpp.
+#include "engine/config/knobs.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+namespace ts::engine {
+
+using nlohmann::json;
+
+const char* knobTypeName(KnobType t) {
+    switch (t) {
+        case KnobType::Int: return "int";
+        case KnobType::Float: return "float";
+        case KnobType::Bool: return "bool";
+        case KnobType::String: return "string";
+        case KnobType::Enum: return "enum";
+        case KnobType::StringList: return "list";
+    }
+    return "?";
+}
+
+namespace {
+
+// Typed binding of a knob to its Config field.
+template <typename T>
+void bind(KnobDef& k, T Config::*member);
+
+template <>
+void bind<int>(KnobDef& k, int Config::*m) {
+    k.get = [m](const Config& c) { return json(c.*m); };
+    k.set = [m, name = k.name](Config& c, const json& v) -> std::string {
+        if (v.is_number_integer() || v.is_number_unsigned()) {
+            const auto x = v.get<int64_t>();
+            if (x < INT32_MIN || x > INT32_MAX) return "value out of range for an integer";
+            c.*m = int(x);
+            return "";
+        }
+        if (v.is_number_float()) {
+            const double d = v.get<double>();
+            if (d == double(int64_t(d))) { c.*m = int(d); return ""; }
+        }
+        return "expected an integer, got " + v.dump();
+    };
+}
+
+template <>
+void bind<int64_t>(KnobDef& k, int64_t Config::*m) {
+    k.get = [m](const Config& c) { return json(c.*m); };
+    k.set = [m](Config& c, const json& v) -> std::string {
+        if (v.is_number_integer() || v.is_number_unsigned()) { c.*m = v.get<int64_t>(); return ""; }
+        if (v.is_number_float()) {
+            const double d = v.get<double>();  // 4e7 in YAML is a float
+            if (d == double(int64_t(d))) { c.*m = int64_t(d); return ""; }
+        }
+        return "expected an integer, got " + v.dump();
+    };
+}
+
+template <>
+void bind<double>(KnobDef& k, double Config::*m) {
+    k.get = [m](const Config& c) { return json(c.*m); };
+    k.set = [m](Config& c, const json& v) -> std::string {
+        if (v.is_number()) { c.*m = v.get<double>(); return ""; }
+        return "expected a number, got " + v.dump();
+    };
+}
+
+template <>
+void bind<bool>(KnobDef& k, bool Config::*m) {
+    k.get = [m](const Config& c) { return json(c.*m); };
+    k.set = [m](Config& c, const json& v) -> std::string {
+        if (v.is_boolean()) { c.*m = v.get<bool>(); return ""; }
+        return "expected true or false, got " + v.dump();
+    };
+}
+
+template <>
+void bind<std::string>(KnobDef& k, std::string Config::*m) {
+    k.get = [m](const Config& c) { return json(c.*m); };
+    k.set = [m, allowed = k.allowed](Config& c, const json& v) -> std::string {
+        std::string s;
+        if (v.is_string()) s = v.get<std::string>();
+        else if (v.is_null()) s = "";
+        else if (v.is_number() || v.is_boolean()) s = v.dump();
+        else return "expected a string, got " + v.dump();
+        if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
+            std::string list;
+            for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + (a.empty() ? std::string("\"\" (off)") : a);
+            return "'" + s + "' is not one of: " + list;
+        }
+        c.*m = s;
+        return "";
+    };
+}
+
+template <>
+void bind<std::vector<std::string>>(KnobDef& k, std::vector<std::string> Config::*m) {
+    k.get = [m](const Config& c) { return json(c.*m); };
+    k.set = [m, allowed = k.allowed](Config& c, const json& v) -> std::string {
+        std::vector<std::string> out;
+        if (v.is_string()) out.push_back(v.get<std::string>());
+        else if (v.is_array()) {
+            for (const auto& e : v) {
+                if (!e.is_string()) return "expected a list of strings, got " + v.dump();
+                out.push_back(e.get<std::string>());
+            }
+        } else return "expected a list of strings, got " + v.dump();
+        for (const auto& s : out) {
+            if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
+                std::string list;
+                for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+                return "'" + s + "' is not one of: " + list;
+            }
+        }
+        c.*m = out;
+        return "";
+    };
+}
+
+struct Builder {
+    std::vector<KnobDef> knobs;
+    std::string group;
+
+    template <typename T>
+    KnobDef& add(const char* name, T Config::*m, KnobType type, const char* flag,
+                 const char* bridge, const char* help, std::vector<std::string> allowed = {}) {
+        KnobDef k;
+        k.name = name;
+        k.type = type;
+        k.group = group;
+        k.megatronFlag = flag;
+        k.bridgePath = bridge;
+        k.help = help;
+        k.allowed = std::move(allowed);
+        bind<T>(k, m);
+        knobs.push_back(std::move(k));
+        return knobs.back();
+    }
+    KnobDef& i(const char* n, int Config::*m, const char* f, const char* b, const char* h) {
+        return add(n, m, KnobType::Int, f, b, h);
+    }
+    KnobDef& f(const char* n, double Config::*m, const char* fl, const char* b, const char* h) {
+        return add(n, m, KnobType::Float, fl, b, h);
+    }
+    // Bool: trueFlag sets it, falseFlag clears it (either may be "").
+    KnobDef& b(const char* n, bool Config::*m, const char* trueFlag, const char* falseFlag,
+               const char* br, const char* h) {
+        KnobDef& k = add(n, m, KnobType::Bool, trueFlag, br, h);
+        k.megatronFalseFlag = falseFlag;
+        return k;
+    }
+    KnobDef& s(const char* n, std::string Config::*m, const char* f, const char* br, const char* h) {
+        return add(n, m, KnobType::String, f, br, h);
+    }
+    KnobDef& e(const char* n, std::string Config::*m, std::vector<std::string> allowed,
+               const char* f, const char* br, const char* h) {
+        return add(n, m, KnobType::Enum, f, br, h, std::move(allowed));
+    }
+};
+
+KnobDef& rules(KnobDef& k, const char* r) { k.rules = r; return k; }
+KnobDef& notInEngine(KnobDef& k) { k.engineSupported = false; return k; }
+
+std::vector<KnobDef> buildRegistry() {
+    Builder r;
+    using C = Config;
+
+    r.group = "model";
+    rules(r.i("num_layers", &C::num_layers, "--num-layers", "model.num_layers", "Number of transformer layers."),
+          "divisible by pipeline_model_parallel_size * virtual_pipeline_model_parallel_size");
+    rules(r.i("hidden_size", &C::hidden_size, "--hidden-size", "model.hidden_size", "Transformer hidden size h."),
+          "divisible by num_attention_heads unless kv_channels is set");
+    rules(r.i("ffn_hidden_size", &C::ffn_hidden_size, "--ffn-hidden-size", "model.ffn_hidden_size",
+              "MLP hidden size; 0 = 4*hidden_size."), "divisible by tensor_model_parallel_size");
+    rules(r.i("num_attention_heads", &C::num_attention_heads, "--num-attention-heads", "model.num_attention_heads",
+              "Number of attention (query) heads."), "divisible by tensor_model_parallel_size");
+    rules(r.i("num_query_groups", &C::num_query_groups, "--num-query-groups", "model.num_query_groups",
+              "Key/value head groups for GQA; 0 = num_attention_heads (MHA)."),
+          "divides num_attention_heads; divisible by tensor_model_parallel_size");
+    r.i("kv_channels", &C::kv_channels, "--kv-channels", "model.kv_channels", "Head dimension; 0 = hidden_size / num_attention_heads.");
+    rules(r.i("seq_length", &C::seq_length, "--seq-length", "model.seq_length", "Sequence length s (tokens per sample)."),
+          "divisible by tensor_model_parallel_size with sequence_parallel; by 2*context_parallel_size with CP");
+    r.i("vocab_size", &C::vocab_size, "--vocab-size", "model.vocab_size",
+        "Tokenizer vocabulary size before padding (byte tokenizer: 256 used, rest unused rows).");
+    r.i("make_vocab_size_divisible_by", &C::make_vocab_size_divisible_by, "--make-vocab-size-divisible-by",
+        "model.make_vocab_size_divisible_by", "Pad the vocab to a multiple of this times tensor_model_parallel_size.");
+    r.e("normalization", &C::normalization, {"LayerNorm", "RMSNorm"}, "--normalization", "model.normalization",
+        "Normalization layer type.");
+    r.f("norm_epsilon", &C::norm_epsilon, "--norm-epsilon", "model.layernorm_epsilon", "Epsilon of LayerNorm/RMSNorm.");
+    r.b("swiglu", &C::swiglu, "--swiglu", "", "model.gated_linear_unit", "SwiGLU MLP (gated, SiLU) instead of GeLU.");
+    r.e("position_embedding_type", &C::position_embedding_type, {"rope", "learned_absolute", "none"},
+        "--position-embedding-type", "model.position_embedding_type", "Position embedding type.");
+    r.f("rotary_base", &C::rotary_base, "--rotary-base", "model.rotary_base", "RoPE base theta.");
+    KnobDef& untie = r.b("untie_embeddings_and_output_weights", &C::untie_embeddings_and_output_weights,
+                         "--untie-embeddings-and-output-weights", "", "model.share_embeddings_and_output_weights",
+                         "Separate output-layer weights instead of reusing the word embedding.");
+    untie.bridgeNegate = true;
+    r.b("add_bias_linear", &C::add_bias_linear, "", "--disable-bias-linear", "model.add_bias_linear",
+        "Bias terms in all linear layers.");
+    r.f("hidden_dropout", &C::hidden_dropout, "--hidden-dropout", "model.hidden_dropout",
+        "Dropout after attention projection and MLP (Megatron default 0.1; ours 0).");
+    r.f("attention_dropout", &C::attention_dropout, "--attention-dropout", "model.attention_dropout",
+        "Dropout on attention probabilities (Megatron default 0.1; ours 0).");
+    r.f("init_method_std", &C::init_method_std, "--init-method-std", "model.init_method_std",
+        "Std of the normal weight initialization.");
+    notInEngine(rules(r.i("num_moe_experts", &C::num_moe_experts, "--num-experts", "model.num_moe_experts",
+                          "Number of MoE experts; 0 = dense MLP."),
+                      "divisible by expert_model_parallel_size"));
+
+    r.group = "parallel";
+    rules(r.i("world_size", &C::world_size, "", "",
+              "Number of ranks; 0 = tp*cp*pp*data_parallel_size (torchrun/mpirun decide it in Megatron)."),
+          "a multiple of tp*cp*pp");
+    rules(r.i("tensor_model_parallel_size", &C::tensor_model_parallel_size, "--tensor-model-parallel-size",
+              "model.tensor_model_parallel_size", "Tensor (intra-layer) model parallel size t."),
+          "divides num_attention_heads, num_query_groups and ffn_hidden_size");
+    rules(r.i("pipeline_model_parallel_size", &C::pipeline_model_parallel_size, "--pipeline-model-parallel-size",
+              "model.pipeline_model_parallel_size", "Pipeline (inter-layer) model parallel size p."),
+          "divides num_layers");
+    rules(r.i("virtual_pipeline_model_parallel_size", &C::virtual_pipeline_model_parallel_size,
+              "--num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size",
+              "Model chunks per pipeline rank v for the interleaved 1F1B schedule; 1 = not interleaved."),
+          "needs pipeline_model_parallel_size > 2 (or > 1 with overlap_p2p_comm) and num_microbatches % pipeline_model_parallel_size == 0");
+    notInEngine(rules(r.i("context_parallel_size", &C::context_parallel_size, "--context-parallel-size",
+                          "model.context_parallel_size", "Context parallel size c (sequence split across ranks)."),
+                      "seq_length divisible by 2*context_parallel_size"));
+    notInEngine(r.e("cp_comm_type", &C::cp_comm_type, {"p2p", "all_gather", "a2a"}, "--cp-comm-type",
+                    "model.cp_comm_type", "Context-parallel attention communication: ring p2p, all-gather KV, or all-to-all."));
+    notInEngine(rules(r.i("expert_model_parallel_size", &C::expert_model_parallel_size, "--expert-model-parallel-size",
+                          "model.expert_model_parallel_size", "Expert parallel size (experts split across ranks)."),
+                      "needs num_moe_experts > 0 and divides it"));
+    notInEngine(r.i("expert_tensor_parallel_size", &C::expert_tensor_parallel_size, "--expert-tensor-parallel-size",
+                    "model.expert_tensor_parallel_size", "Tensor parallel size inside experts; 0 = tensor_model_parallel_size."));
+    rules(r.i("data_parallel_size", &C::data_parallel_size, "", "",
+              "Data parallel size d; 0 = world_size/(tp*cp*pp) (Megatron derives it from the world size)."),
+          "tp*cp*pp*data_parallel_size == world_size");
+    rules(r.b("sequence_parallel", &C::sequence_parallel, "--sequence-parallel", "", "model.sequence_parallel",
+              "Shard LayerNorm/dropout activations along the sequence in TP regions (all-gather/reduce-scatter instead of all-reduce)."),
+          "requires tensor_model_parallel_size > 1");
+
+    r.group = "batch";
+    r.i("micro_batch_size", &C::micro_batch_size, "--micro-batch-size", "train.micro_batch_size", "Samples per microbatch b.");
+    rules(r.i("global_batch_size", &C::global_batch_size, "--global-batch-size", "train.global_batch_size",
+              "Samples per iteration; 0 = micro_batch_size * data_parallel_size * num_microbatches."),
+          "divisible by micro_batch_size * data_parallel_size");
+    rules(r.i("num_microbatches", &C::num_microbatches, "", "",
+              "Microbatches per iteration m (Megatron derives it: global_batch_size / (micro_batch_size*dp)); 0 = derived."),
+          "consistent with global_batch_size if both are set");
+
+    r.group = "dp_comm";
+    r.b("overlap_grad_reduce", &C::overlap_grad_reduce, "--overlap-grad-reduce", "", "ddp.overlap_grad_reduce",
+        "Launch each gradient bucket's reduction as soon as its grads are ready, overlapping backward.");
+    rules(r.b("overlap_param_gather", &C::overlap_param_gather, "--overlap-param-gather", "", "ddp.overlap_param_gather",
+              "Overlap the distributed optimizer's parameter all-gather with the next forward."),
+          "requires use_distributed_optimizer and overlap_grad_reduce");
+    r.b("use_distributed_optimizer", &C::use_distributed_optimizer, "--use-distributed-optimizer", "",
+        "ddp.use_distributed_optimizer", "Shard optimizer state across DP ranks (reduce-scatter grads, all-gather params).");
+    r.add("bucket_size", &C::bucket_size, KnobType::Int, "--ddp-bucket-size", "ddp.bucket_size",
+          "Gradient bucket size in elements; 0 = Megatron default max(40M, 1M*dp) (one bucket without overlap_grad_reduce).");
+    r.b("average_in_collective", &C::average_in_collective, "--ddp-average-in-collective", "",
+        "ddp.average_in_collective", "Average gradients inside the collective (AVG op) instead of pre-scaling by 1/dp.");
+    r.b("grad_reduce_in_fp32", &C::grad_reduce_in_fp32, "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16",
+        "ddp.grad_reduce_in_fp32", "Accumulate and reduce gradients in fp32 (Megatron forces this for bf16 unless --grad-reduce-in-bf16).");
+
+    r.group = "tp_pp_comm";
+    rules(r.b("tp_comm_overlap", &C::tp_comm_overlap, "--tp-comm-overlap", "", "model.tp_comm_overlap",
+              "Overlap the sequence-parallel all-gathers/reduce-scatters of QKV, proj, fc1, fc2 with their GEMMs "
+              "(CPU backend: chunked collectives on the rank's tp_comm stream pipelined with chunk GEMMs, as TE "
+              "userbuffers; same math, GEMMs split by rows)."),
+          "requires sequence_parallel");
+    rules(r.b("tp_comm_overlap_ag", &C::tp_comm_overlap_ag, "", "--disable-tp-comm-overlap-ag", "model.tp_comm_overlap_ag",
+              "With tp_comm_overlap: ring-exchange all-gather pipelined with the GEMM shard by shard (fprop of "
+              "QKV/fc1, dgrad of proj/fc2)."),
+          "only used with tp_comm_overlap");
+    rules(r.b("tp_comm_overlap_rs", &C::tp_comm_overlap_rs, "", "--disable-tp-comm-overlap-rs", "model.tp_comm_overlap_rs",
+              "With tp_comm_overlap: proj/fc2 fprop GEMM split into 4 row chunks, each chunk's reduce-scatter "
+              "overlapping the next chunk's GEMM."),
+          "only used with tp_comm_overlap");
+    rules(r.b("tp_comm_overlap_rs_dgrad", &C::tp_comm_overlap_rs_dgrad, "--tp-comm-overlap-rs-dgrad", "",
+              "model.tp_comm_overlap_rs_dgrad",
+              "With tp_comm_overlap: QKV/fc1 dgrad GEMM pipelined with chunked reduce-scatters (replaces the bulk "
+              "dgrad/wgrad overlaps)."),
+          "only used with tp_comm_overlap");
+    rules(r.b("tp_comm_bulk_dgrad", &C::tp_comm_bulk_dgrad, "", "--disable-tp-comm-bulk-dgrad", "model.tp_comm_bulk_dgrad",
+              "With tp_comm_overlap: QKV/fc1 backward re-gathers the saved input on the tp_comm stream while the "
+              "dgrad GEMM runs."),
+          "only used with tp_comm_overlap");
+    rules(r.b("tp_comm_bulk_wgrad", &C::tp_comm_bulk_wgrad, "", "--disable-tp-comm-bulk-wgrad", "model.tp_comm_bulk_wgrad",
+              "With tp_comm_overlap: QKV/fc1 backward reduce-scatters the dgrad on the tp_comm stream while the "
+              "wgrad GEMM runs."),
+          "only used with tp_comm_overlap");
+    rules(r.b("overlap_p2p_comm", &C::overlap_p2p_comm, "", "--no-overlap-p2p-communication", "model.overlap_p2p_comm",
+              "Overlap pipeline send/recv with compute (interleaved schedule)."),
+          "excludes batch_p2p_comm");
+    rules(r.b("batch_p2p_comm", &C::batch_p2p_comm, "", "", "model.batch_p2p_comm",
+              "Post pipeline send/recv pairs as one batched isend/irecv (Megatron derives it as not overlap_p2p_comm)."),
+          "excludes overlap_p2p_comm");
+
+    r.group = "fusion";
+    r.b("masked_softmax_fusion", &C::masked_softmax_fusion, "", "--no-masked-softmax-fusion", "model.masked_softmax_fusion",
+        "Fuse scale + causal mask + softmax into one kernel.");
+    r.b("bias_activation_fusion", &C::bias_activation_fusion, "", "--no-bias-gelu-fusion", "model.bias_activation_fusion",
+        "Fuse bias add + GeLU/SwiGLU (Megatron flag --no-bias-swiglu-fusion when swiglu).");
+    r.b("bias_dropout_fusion", &C::bias_dropout_fusion, "", "--no-bias-dropout-fusion", "model.bias_dropout_fusion",
+        "Fuse bias add + dropout + residual add.");
+    r.b("apply_rope_fusion", &C::apply_rope_fusion, "", "--no-rope-fusion", "model.apply_rope_fusion",
+        "Fused rotary position embedding kernel.");
+    r.b("cross_entropy_loss_fusion", &C::cross_entropy_loss_fusion, "--cross-entropy-loss-fusion", "",
+        "model.cross_entropy_loss_fusion", "Fused cross entropy: loss and gradient without materializing the softmax.");
+    r.b("gradient_accumulation_fusion", &C::gradient_accumulation_fusion, "", "--no-gradient-accumulation-fusion",
+        "model.gradient_accumulation_fusion", "Weight-gradient GEMM accumulates straight into the fp32 main grad.");
+    r.b("persist_layer_norm", &C::persist_layer_norm, "", "--no-persist-layer-norm", "model.persist_layer_norm",
+        "Persistent (single-pass) fused LayerNorm kernel.");
+
+    r.group = "precision";
+    r.b("bf16", &C::bf16, "--bf16", "", "model.bf16", "bf16 mixed precision: bf16 params/activations, fp32 main weights and grads.");
+    notInEngine(rules(r.e("fp8", &C::fp8, {"", "e4m3", "hybrid"}, "--fp8-format", "model.fp8",
+                          "FP8 GEMMs: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients); \"\" = off."),
+                      "requires bf16"));
+    notInEngine(r.e("fp8_recipe", &C::fp8_recipe, {"delayed", "tensorwise", "mxfp8", "blockwise"}, "--fp8-recipe",
+                    "model.fp8_recipe", "FP8 scaling recipe."));
+    notInEngine(r.i("fp8_amax_history_len", &C::fp8_amax_history_len, "--fp8-amax-history-len",
+                    "model.fp8_amax_history_len", "Amax history length of delayed scaling."));
+    notInEngine(r.e("fp8_amax_compute_algo", &C::fp8_amax_compute_algo, {"most_recent", "max"},
+                    "--fp8-amax-compute-algo", "model.fp8_amax_compute_algo", "How the scale's amax is taken from the history."));
+    notInEngine(r.i("fp8_margin", &C::fp8_margin, "--fp8-margin", "model.fp8_margin",
+                    "Scale margin: scale = fp8_max / amax / 2^margin."));
+
+    r.group = "recompute";
+    r.e("recompute_granularity", &C::recompute_granularity, {"", "selective", "full"}, "--recompute-granularity",
+        "model.recompute_granularity", "Activation recompute: selective (core attention) or full layers; \"\" = off.");
+    rules(r.e("recompute_method", &C::recompute_method, {"", "uniform", "block"}, "--recompute-method",
+              "model.recompute_method", "Full recompute: uniform chunks of layers, or the first N layers of each stage."),
+          "only with recompute_granularity=full");
+    rules(r.i("recompute_num_layers", &C::recompute_num_layers, "--recompute-num-layers", "model.recompute_num_layers",
+              "Layers per recompute chunk (uniform) or recomputed layers per stage (block)."),
+          "> 0 with recompute_granularity=full");
+    r.add("recompute_modules", &C::recompute_modules, KnobType::StringList, "--recompute-modules",
+          "model.recompute_modules", "Modules recomputed with selective granularity.",
+          {"core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj"});
+
+    r.group = "moe";
+    notInEngine(r.i("moe_router_topk", &C::moe_router_topk, "--moe-router-topk", "model.moe_router_topk",
+                    "Experts each token is routed to."));
+    notInEngine(r.f("moe_aux_loss_coeff", &C::moe_aux_loss_coeff, "--moe-aux-loss-coeff", "model.moe_aux_loss_coeff",
+                    "Load-balancing auxiliary loss coefficient."));
+    notInEngine(r.f("moe_z_loss_coeff", &C::moe_z_loss_coeff, "--moe-z-loss-coeff", "model.moe_z_loss_coeff",
+                    "Router z-loss coefficient."));
+    notInEngine(r.b("moe_grouped_gemm", &C::moe_grouped_gemm, "--moe-grouped-gemm", "", "model.moe_grouped_gemm",
+                    "One grouped GEMM for all local experts."));
+    notInEngine(r.e("moe_token_dispatcher_type", &C::moe_token_dispatcher_type, {"allgather", "alltoall"},
+                    "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type", "How tokens reach their experts."));
+    notInEngine(r.f("moe_expert_capacity_factor", &C::moe_expert_capacity_factor, "--moe-expert-capacity-factor",
+                    "model.moe_expert_capacity_factor", "Expert capacity factor; 0 = dropless."));
+    notInEngine(r.i("moe_ffn_hidden_size", &C::moe_ffn_hidden_size, "--moe-ffn-hidden-size", "model.moe_ffn_hidden_size",
+                    "Expert MLP hidden size; 0 = ffn_hidden_size."));
+
+    r.group = "misc";
+    notInEngine(rules(r.b("enable_cuda_graph", &C::enable_cuda_graph, "--enable-cuda-graph", "", "model.enable_cuda_graph",
+                          "Capture the step in CUDA graphs."), "requires device_backend=cuda"));
+    notInEngine(r.b("account_for_embedding_in_pipeline_split", &C::account_for_embedding_in_pipeline_split,
+                    "--account-for-embedding-in-pipeline-split", "", "model.account_for_embedding_in_pipeline_split",
+                    "Count the embedding as a layer when splitting layers over pipeline stages."));
+    notInEngine(r.b("account_for_loss_in_pipeline_split", &C::account_for_loss_in_pipeline_split,
+                    "--account-for-loss-in-pipeline-split", "", "model.account_for_loss_in_pipeline_split",
+                    "Count the loss as a layer when splitting layers over pipeline stages."));
+
+    r.group = "run";
+    r.i("train_iters", &C::train_iters, "--train-iters", "train.train_iters", "Training iterations (steps) to run.");
+    r.i("seed", &C::seed, "--seed", "rng.seed", "Random seed (init, data order, dropout).");
+    r.f("lr", &C::lr, "--lr", "optimizer.lr", "Peak learning rate.");
+    r.f("min_lr", &C::min_lr, "--min-lr", "optimizer.min_lr", "Minimum learning rate at the end of decay.");
+    r.e("lr_decay_style", &C::lr_decay_style, {"constant", "linear", "cosine"}, "--lr-decay-style",
+        "scheduler.lr_decay_style", "Learning rate decay.");
+    r.i("lr_warmup_iters", &C::lr_warmup_iters, "--lr-warmup-iters", "scheduler.lr_warmup_iters", "Linear warmup iterations.");
+    r.f("weight_decay", &C::weight_decay, "--weight-decay", "optimizer.weight_decay", "AdamW decoupled weight decay.");
+    r.f("clip_grad", &C::clip_grad, "--clip-grad", "optimizer.clip_grad", "Clip gradients to this global L2 norm; 0 = off.");
+    r.f("adam_beta1", &C::adam_beta1, "--adam-beta1", "optimizer.adam_beta1", "Adam beta1.");
+    r.f("adam_beta2", &C::adam_beta2, "--adam-beta2", "optimizer.adam_beta2", "Adam beta2.");
+    r.f("adam_eps", &C::adam_eps, "--adam-eps", "optimizer.adam_eps", "Adam epsilon.");
+    r.s("data_path", &C::data_path, "--data-path", "dataset.blend",
+        "\"\" = the shipped text corpus, \"synthetic\" = random tokens, or a Megatron .bin/.idx prefix.");
+    r.e("tokenizer_type", &C::tokenizer_type, {"byte", "bpe"}, "", "", "Tokenizer for the text corpus.");
+    r.e("device_backend", &C::device_backend, {"cpu", "cuda"}, "", "", "Device backend that runs the ranks.");
+    r.i("cpu_threads", &C::cpu_threads, "", "", "GEMM threads per rank on the CPU backend; 0 = cores / ranks.");
+    r.i("log_interval", &C::log_interval, "--log-interval", "logger.log_interval", "Steps between progress lines.");
+    r.s("save", &C::save, "--save", "checkpoint.save", "Checkpoint directory to save to; \"\" = no checkpoints.");
+    r.s("load", &C::load, "--load", "checkpoint.load", "Checkpoint directory to resume from.");
+    r.i("save_interval", &C::save_interval, "--save-interval", "checkpoint.save_interval", "Steps between checkpoints; 0 = only at the end.");
+    r.b("profile", &C::profile, "", "", "", "Record the full trace into the run file.");
+    r.s("name", &C::name, "", "", "Run name shown in the runs list.");
+    return r.knobs;
+}
+
+size_t editDistance(std::string_view a, std::string_view b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        cur[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+            cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+        }
+        std::swap(prev, cur);
+    }
+    return prev[b.size()];
+}
+
+std::string jsonToText(const json& v) {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_array()) {
+        std::string out = "[";
+        for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + jsonToText(v[i]);
+        return out + "]";
+    }
+    if (v.is_number_float()) {
+        std::string s = v.dump();
+        return s;
+    }
+    return v.dump();
+}
+
+}  // namespace
+
+const std::vector<KnobDef>& knobRegistry() {
+    static const std::vector<KnobDef> kKnobs = buildRegistry();
+    return kKnobs;
+}
+
+const KnobDef* findKnob(std::string_view name) {
+    for (const auto& k : knobRegistry())
+        if (k.name == name) return &k;
+    return nullptr;
+}
+
+std::vector<std::string> suggestKnobs(std::string_view unknown, size_t maxSuggestions) {
+    // Accept the Megatron flag spelling too ("--overlap-grad-reduce" / "overlap-grad-reduce").
+    std::string key(unknown);
+    while (!key.empty() && key[0] == '-') key.erase(0, 1);
+    std::replace(key.begin(), key.end(), '-', '_');
+    std::vector<std::pair<size_t, std::string>> scored;
+    for (const auto& k : knobRegistry()) {
+        size_t d = editDistance(key, k.name);
+        std::string flag = k.megatronFlag;
+        while (!flag.empty() && flag[0] == '-') flag.erase(0, 1);
+        std::replace(flag.begin(), flag.end(), '-', '_');
+        if (!flag.empty()) d = std::min(d, editDistance(key, flag));
+        if (!key.empty() && k.name.find(key) != std::string::npos) d = std::min<size_t>(d, 2);
+        scored.emplace_back(d, k.name);
+    }
+    std::stable_sort(scored.begin(), scored.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    const size_t limit = std::max<size_t>(3, key.size() / 3);
+    std::vector<std::string> out;
+    for (auto& [d, n] : scored) {
+        if (d > limit || out.size() >= maxSuggestions) break;
+        out.push_back(n);
+    }
+    return out;
+}
+
+std::string knobDefaultText(const KnobDef& k) { return jsonToText(k.get(Config{})); }
+std::string knobValueText(const KnobDef& k, const Config& c) { return jsonToText(k.get(c)); }
+
+std::vector<std::string> unsupportedKnobs(const Config& c) {
+    std::vector<std::string> out;
+    const Config defaults;
+    for (const auto& k : knobRegistry()) {
+        if (k.engineSupported || k.get(c) == k.get(defaults)) continue;
+        out.push_back(k.name + "=" + knobValueText(k, c));
+    }
+    return out;
+}
+
+json configToJson(const Config& c) {
+    json j = json::object();
+    for (const auto& k : knobRegistry()) j[k.name] = k.get(c);
+    return j;
+}
+
+Result<Config> configFromJson(const json& j) {
+    if (!j.is_object()) return Status::invalid("config JSON must be an object of knob: value");
+    Config c;
+    std::string problems;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        const KnobDef* k = findKnob(it.key());
+        if (!k) {
+            problems += (problems.empty() ? "" : "; ") + ("unknown knob '" + it.key() + "'");
+            continue;
+        }
+        std::string err = k->set(c, it.value());
+        if (!err.empty()) problems += (problems.empty() ? "" : "; ") + (it.key() + ": " + err);
+    }
+    if (!problems.empty()) return Status::invalid(problems);
+    return c;
+}
+
+}  // namespace ts::engine

@@ -1,0 +1,53 @@
+// Megatron's model-FLOPs formula (dense GPT).
+#include "engine/model/flops.h"
+
+#include <cstdio>
+
+namespace ts::engine {
+
+FlopsInputs FlopsInputs::fromConfig(const Config& c) {
+    const DerivedSizes d = deriveSizes(c);
+    FlopsInputs in;
+    in.globalBatch = d.global_batch_size;
+    in.seq = c.seq_length;
+    in.hidden = c.hidden_size;
+    in.layers = c.num_layers;
+    in.heads = c.num_attention_heads;
+    in.groups = d.num_query_groups;
+    in.kvChannels = d.kv_channels;
+    in.ffn = d.ffn_hidden_size;
+    in.paddedVocab = d.padded_vocab_size;
+    in.swiglu = c.swiglu;
+    return in;
+}
+
+double megatronFlopsPerIteration(const FlopsInputs& in) {
+    const double fb = 3, fma = 2;  // forward + wgrad + dgrad; multiply-add = 2 FLOPs
+    const double ffnExp = in.swiglu ? 3 : 2;
+    const double q = in.kvChannels * in.heads, kv = in.kvChannels * in.groups;
+    const double h = in.hidden, L = in.layers;
+    const double tokens = in.globalBatch * in.seq;
+    const double attnLinear = fb * fma * (h * (q + 2 * kv) + q * h);
+    const double attnCore = fb * fma * q / 2 * 2;  // "/2" causal, "*2" QK^T and (QK^T)V
+    const double perToken = fb * fma * h * in.ffn * ffnExp * L + attnLinear * L + fb * fma * h * in.paddedVocab;
+    const double seqSq = in.globalBatch * in.seq * in.seq;
+    return tokens * perToken + seqSq * attnCore * L;
+}
+
+double paperFlopsPerIteration(const FlopsInputs& in) {
+    const double q = in.kvChannels * in.heads;
+    return megatronFlopsPerIteration(in) + in.globalBatch * in.seq * in.seq * 6 * q * in.layers;
+}
+
+std::string flopsFormulaText(const FlopsInputs& in) {
+    char buf[1024];
+    std::snprintf(buf, sizeof buf,
+                  "Megatron num_floating_point_operations (causal): F = B*s*[6*h*ffn*%d*L + 6*(h*(q+2kv)+q*h)*L + "
+                  "6*h*V] + B*s^2*6*q*L with B=%g s=%g h=%g ffn=%g L=%g q=%g kv=%g V=%g -> %.6g FLOPs/iteration "
+                  "(paper Eq.7 without causal halving: %.6g)",
+                  in.swiglu ? 3 : 2, in.globalBatch, in.seq, in.hidden, in.ffn, in.layers, in.kvChannels * in.heads,
+                  in.kvChannels * in.groups, in.paddedVocab, megatronFlopsPerIteration(in), paperFlopsPerIteration(in));
+    return buf;
+}
+
+}  // namespace ts::engine

@@ -1,0 +1,344 @@
+// GptModel, the driver: creation and parameter registration, init, and forward()/backward()
+// of a microbatch through this rank's parts in order (embedding on the first stage, the
+// transformer layers with their recompute groups, output layer and loss on the last stage).
+// The parts live beside it: gpt_embedding.cpp, gpt_layer.cpp (input_layernorm, attention,
+// pre_mlp_layernorm, MLP, residuals) with gpt_attention.cpp and gpt_mlp.cpp, gpt_output.cpp;
+// gpt_ops.cpp holds the norm/linear ops and the TP collectives they share.
+#include "engine/model/gpt.h"
+
+#include "engine/model/gpt_internal.h"
+
+namespace ts::engine {
+
+GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o, Device& dev,
+                   Stream& compute, const ParallelContext& ctx)
+    : m_cfg(cfg), m_d(d), m_o(o), m_ctx(ctx), m_exec(dev, compute),
+      m_sp(ctx.sequenceParallel && ctx.tpSize > 1),
+      m_logits(std::make_shared<std::map<int, std::vector<float>>>()),
+      m_losses(std::make_shared<std::map<int, std::pair<double, double>>>()) {}
+
+GptModel::~GptModel() {
+    (void)m_exec.synchronize();
+    m_held.clear();
+}
+
+Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& dev, Stream& compute,
+                                                   const ParallelContext& ctxIn) {
+    TS_ASSIGN_OR_RETURN(ModelDims d, modelDimsFromConfig(cfg));
+    ParallelContext ctx = ctxIn;
+    if (ctx.layerEnd < 0) ctx.layerEnd = d.layers;
+    if (ctx.layerBegin < 0 || ctx.layerBegin > ctx.layerEnd || ctx.layerEnd > d.layers)
+        return Status::invalid("layer range [" + std::to_string(ctx.layerBegin) + ", " +
+                               std::to_string(ctx.layerEnd) + ") does not fit num_layers=" +
+                               std::to_string(d.layers));
+    if (ctx.tpSize < 1 || ctx.tpRank < 0 || ctx.tpRank >= ctx.tpSize)
+        return Status::invalid("bad tensor-parallel rank/size in ParallelContext");
+    if (ctx.tpSize > 1 && (!ctx.tp || ctx.tp->size() != ctx.tpSize))
+        return Status::invalid("tensor parallel size > 1 needs a TP communicator of that size");
+    if (d.heads % ctx.tpSize || d.groups % ctx.tpSize || d.ffn % ctx.tpSize || d.paddedVocab % ctx.tpSize)
+        return Status::invalid("tensor_model_parallel_size=" + std::to_string(ctx.tpSize) +
+                               " must divide heads, query groups, ffn_hidden_size and the padded vocab");
+    if (ctx.sequenceParallel && ctx.tpSize > 1 && d.seq % ctx.tpSize)
+        return Status::invalid("sequence_parallel: seq_length=" + std::to_string(d.seq) +
+                               " must be divisible by tensor_model_parallel_size=" + std::to_string(ctx.tpSize));
+    const ModelOptions o = modelOptionsFromConfig(cfg);
+    if (!o.recomputeGranularity.empty() && o.recomputeGranularity != "selective" &&
+        o.recomputeGranularity != "full")
+        return Status::invalid("recompute_granularity must be '', selective or full");
+    if (o.recomputeGranularity == "full") {
+        if (o.recomputeMethod != "uniform" && o.recomputeMethod != "block")
+            return Status::invalid("recompute_granularity=full needs recompute_method uniform or block");
+        if (o.recomputeNumLayers < 1)
+            return Status::invalid("recompute_granularity=full needs recompute_num_layers >= 1");
+    }
+    std::unique_ptr<GptModel> m(new GptModel(cfg, d, o, dev, compute, ctx));
+    TS_RETURN_IF_ERROR(m->registerParams());
+    TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16));
+    m->initWeights();
+    return m;
+}
+
+Status GptModel::registerParams() {
+    const int t = m_ctx.tpSize;
+    const int h = m_d.hidden, d = m_d.headDim;
+    m_nqL = m_d.heads / t;
+    m_ngL = m_d.groups / t;
+    m_ffnL = m_d.ffn / t;
+    m_vocabL = m_d.paddedVocab / t;
+    m_vocabStart = m_ctx.tpRank * m_vocabL;
+    const int64_t qkvFull = int64_t(m_d.heads + 2 * m_d.groups) * d;
+    const int64_t fc1Full = int64_t(m_d.swiglu ? 2 : 1) * m_d.ffn;
+
+    auto add = [&](std::string name, std::vector<int64_t> full, ShardKind kind, int stride = 1) {
+        ParamInfo p;
+        p.fullShape = full;
+        p.shape = full;
+        if (kind == ShardKind::ColumnParallel || kind == ShardKind::VocabParallel) p.shape[0] /= t;
+        if (kind == ShardKind::RowParallel) p.shape[1] /= t;
+        p.shard = t > 1 ? kind : ShardKind::Replicated;
+        if (t == 1 && kind != ShardKind::Replicated) p.shard = kind;  // keep the role for docs/DP
+        p.noWeightDecay = full.size() == 1;
+        p.partitionStride = stride;
+        p.name = std::move(name);
+        return m_params.add(std::move(p));
+    };
+    const bool ln = !m_d.rmsNorm;
+    if (m_ctx.firstStage)
+        m_embW = add("embedding.word_embeddings.weight", {m_d.paddedVocab, h}, ShardKind::VocabParallel);
+    for (int gl = m_ctx.layerBegin; gl < m_ctx.layerEnd; ++gl) {
+        const std::string pre = "decoder.layers." + std::to_string(gl) + ".";
+        LayerParams P;
+        P.ln1w = add(pre + "input_layernorm.weight", {h}, ShardKind::Replicated);
+        if (ln) P.ln1b = add(pre + "input_layernorm.bias", {h}, ShardKind::Replicated);
+        P.qkvW = add(pre + "self_attention.linear_qkv.weight", {qkvFull, h}, ShardKind::ColumnParallel);
+        if (m_d.bias) P.qkvB = add(pre + "self_attention.linear_qkv.bias", {qkvFull}, ShardKind::ColumnParallel);
+        P.projW = add(pre + "self_attention.linear_proj.weight", {h, int64_t(m_d.heads) * d}, ShardKind::RowParallel);
+        if (m_d.bias) P.projB = add(pre + "self_attention.linear_proj.bias", {h}, ShardKind::Replicated);
+        P.ln2w = add(pre + "pre_mlp_layernorm.weight", {h}, ShardKind::Replicated);
+        if (ln) P.ln2b = add(pre + "pre_mlp_layernorm.bias", {h}, ShardKind::Replicated);
+        const int stride = m_d.swiglu ? 2 : 1;
+        P.fc1W = add(pre + "mlp.linear_fc1.weight", {fc1Full, h}, ShardKind::ColumnParallel, stride);
+        if (m_d.bias) P.fc1B = add(pre + "mlp.linear_fc1.bias", {fc1Full}, ShardKind::ColumnParallel, stride);
+        P.fc2W = add(pre + "mlp.linear_fc2.weight", {h, m_d.ffn}, ShardKind::RowParallel);
+        if (m_d.bias) P.fc2B = add(pre + "mlp.linear_fc2.bias", {h}, ShardKind::Replicated);
+        m_layers.push_back(P);
+    }
+    if (m_ctx.lastStage) {
+        m_lnfW = add("decoder.final_layernorm.weight", {h}, ShardKind::Replicated);
+        if (ln) m_lnfB = add("decoder.final_layernorm.bias", {h}, ShardKind::Replicated);
+        if (!m_d.tied) {
+            m_outW = add("output_layer.weight", {m_d.paddedVocab, h}, ShardKind::VocabParallel);
+        } else if (m_embW >= 0) {
+            m_outW = m_embW;  // same tensor, one main grad
+        } else {
+            // Tied but embedding on another pp stage: Megatron keeps a copy on the last stage
+            // whose grad is all-reduced with the embedding's (embedding group).
+            m_outW = add("output_layer.weight", {m_d.paddedVocab, h}, ShardKind::VocabParallel);
+            ParamInfo& pi = const_cast<ParamInfo&>(m_params.info(m_outW));
+            pi.sharedEmbedding = true;
+        }
+        if (m_embW >= 0 && m_d.tied) const_cast<ParamInfo&>(m_params.info(m_embW)).sharedEmbedding = true;
+    }
+    // With SP every TP-replicated param (norm weights/biases, the row-parallel output biases
+    // added after the reduce-scatter) sees only this rank's s/t tokens.
+    if (m_sp)
+        for (int i = 0; i < m_params.count(); ++i)
+            if (m_params.info(i).shard == ShardKind::Replicated)
+                const_cast<ParamInfo&>(m_params.info(i)).sequenceParallel = true;
+    return Status::ok();
+}
+
+void GptModel::initWeights() {
+    const int t = m_ctx.tpSize, r = m_ctx.tpRank;
+    const float stdOut = m_o.initStd / std::sqrt(2.0f * float(m_d.layers));
+    for (int i = 0; i < m_params.count(); ++i) {
+        const ParamInfo& p = m_params.info(i);
+        float* dst = m_params.mainParam(i);
+        if (p.fullShape.size() == 1) {
+            const bool isNormWeight = p.name.find("layernorm.weight") != std::string::npos;
+            std::fill(dst, dst + p.numel, isNormWeight ? 1.f : 0.f);
+            continue;
+        }
+        const bool scaled = p.name.find("linear_proj.weight") != std::string::npos ||
+                            p.name.find("linear_fc2.weight") != std::string::npos;
+        // Tied copy on the last stage is initialized as the embedding (Megatron copies it).
+        const std::string key = p.sharedEmbedding ? "embedding.word_embeddings.weight" : p.name;
+        const int64_t R = p.fullShape[0], C = p.fullShape[1];
+        std::vector<float> full(size_t(R * C));
+        fillNormal(full.data(), R * C, scaled ? stdOut : m_o.initStd, hashCombine(m_o.seed, hashString(key)));
+        if (t == 1) {
+            std::memcpy(dst, full.data(), full.size() * sizeof(float));
+        } else if (p.shard == ShardKind::RowParallel) {
+            const int64_t cl = C / t;
+            for (int64_t row = 0; row < R; ++row)
+                std::memcpy(dst + row * cl, full.data() + row * C + r * cl, size_t(cl) * sizeof(float));
+        } else {
+            // Column / vocab parallel: row blocks; stride 2 -> [gate_r ; up_r].
+            const int64_t half = R / p.partitionStride, rl = half / t;
+            for (int s = 0; s < p.partitionStride; ++s)
+                std::memcpy(dst + s * rl * C, full.data() + (s * half + r * rl) * C,
+                            size_t(rl * C) * sizeof(float));
+        }
+    }
+    m_params.syncModelParams();
+}
+
+void GptModel::beginStep(int step, int numMicrobatches) {
+    m_step = step;
+    m_numMicrobatches = std::max(1, numMicrobatches);
+    m_backwardsThisStep = 0;
+    while (!m_held.empty() && m_held.front().done->query()) m_held.pop_front();
+    m_exec.setStep(step);
+}
+
+int GptModel::localTokens() const {
+    const int T = m_d.seq * m_d.microBatch;
+    return m_sp ? T / m_ctx.tpSize : T;
+}
+
+int GptModel::recomputeGroupStart(int li) const {
+    if (m_o.recomputeGranularity != "full") return -1;
+    const int n = std::max(1, m_o.recomputeNumLayers);
+    if (m_o.recomputeMethod == "uniform") return (li / n) * n;
+    if (m_o.recomputeMethod == "block") return li < n ? li : -1;
+    return -1;
+}
+
+int GptModel::recomputeGroupEnd(int li) const {
+    const int g0 = recomputeGroupStart(li);
+    if (g0 < 0) return -1;
+    if (m_o.recomputeMethod == "block") return li + 1;
+    return std::min(localLayers(), g0 + std::max(1, m_o.recomputeNumLayers));
+}
+
+Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorPtr input, TensorPtr output) {
+    const int T = m_d.seq * m_d.microBatch;
+    const int64_t ThL = stageTensorElems();
+    if (m_mbs.count(mb)) return Status::internal("microbatch " + std::to_string(mb) + " is already in flight");
+    if (m_ctx.firstStage || m_ctx.lastStage) {
+        if (!data) return Status::invalid("microbatch data missing");
+        if (m_ctx.firstStage && data->tokens.size() != size_t(T))
+            return Status::invalid("microbatch has " + std::to_string(data->tokens.size()) +
+                                   " tokens, the model expects seq_length*micro_batch_size=" + std::to_string(T));
+        if (m_ctx.lastStage && data->labels.size() != size_t(T))
+            return Status::invalid("microbatch has " + std::to_string(data->labels.size()) + " labels, expected " +
+                                   std::to_string(T));
+        if (!data->lossMask.empty() && data->lossMask.size() != size_t(T))
+            return Status::invalid("loss mask size does not match the microbatch");
+        if (m_ctx.firstStage) {
+            if (int bad = k::countInvalidIds(data->tokens.data(), T, m_d.vocab))
+                return Status::invalid(std::to_string(bad) + " token ids are outside [0, vocab_size=" +
+                                       std::to_string(m_d.vocab) + "); check the tokenizer/vocab_size");
+        }
+        if (m_ctx.lastStage) {
+            if (int bad = k::countInvalidIds(data->labels.data(), T, m_d.vocab))
+                return Status::invalid(std::to_string(bad) + " labels are outside [0, vocab_size=" +
+                                       std::to_string(m_d.vocab) + ")");
+        }
+    }
+    if (!m_ctx.firstStage && (!input || input->bytes() < size_t(ThL) * 4))
+        return Status::invalid("non-first pipeline stage needs an input tensor of [s*b, h] ([s/t*b, h] with "
+                               "sequence_parallel)");
+    if (!m_ctx.lastStage && (!output || output->bytes() < size_t(ThL) * 4))
+        return Status::invalid("non-last pipeline stage needs an output tensor of [s*b, h] ([s/t*b, h] with "
+                               "sequence_parallel)");
+
+    m_exec.setMicrobatch(mb);
+    RangeScope range(m_exec.device(), range::kForward, {m_step, mb, m_ctx.vppChunk, -1});
+    auto st = std::make_unique<MbState>();
+    st->data = data;
+    st->layers.resize(m_layers.size());
+    if (m_ctx.firstStage) {
+        m_exec.setLayer(-1);
+        if (m_forwardPreHook) m_forwardPreHook({m_embW});
+        TS_RETURN_IF_ERROR(embeddingForward(*st, mb));
+    } else {
+        st->hidden = input;
+    }
+    for (int li = 0; li < localLayers(); ++li) {
+        const bool keep = recomputeGroupStart(li) < 0;
+        if (m_forwardPreHook) m_forwardPreHook(layerParamList(li));
+        TS_RETURN_IF_ERROR(layerForward(*st, li, keep));
+        m_exec.throttle();
+    }
+    if (m_ctx.lastStage) {
+        if (m_forwardPreHook) {
+            std::vector<int> ps{m_lnfW, m_outW};
+            if (m_lnfB >= 0) ps.push_back(m_lnfB);
+            m_forwardPreHook(ps);
+        }
+        TS_RETURN_IF_ERROR(finalForward(*st));
+    } else {
+        TensorPtr hid = st->hidden;
+        m_exec.op("stage_output_copy", Category::Memcpy, 0, uint64_t(ThL) * 8,
+                  [=] { std::memcpy(output->data(), hid->data(), size_t(ThL) * sizeof(float)); });
+    }
+    st->hidden.reset();
+    m_mbs[mb] = std::move(st);
+    return Status::ok();
+}
+
+Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
+    auto it = m_mbs.find(mb);
+    if (it == m_mbs.end()) return Status::internal("backward of microbatch " + std::to_string(mb) + " without forward");
+    const int64_t ThL = stageTensorElems();
+    if (!m_ctx.lastStage && (!gradOutput || gradOutput->bytes() < size_t(ThL) * 4))
+        return Status::invalid("non-last pipeline stage needs the output gradient [s*b, h] ([s/t*b, h] with "
+                               "sequence_parallel)");
+    if (!m_ctx.firstStage && (!gradInput || gradInput->bytes() < size_t(ThL) * 4))
+        return Status::invalid("non-first pipeline stage needs a gradInput tensor of [s*b, h] ([s/t*b, h] with "
+                               "sequence_parallel)");
+    std::unique_ptr<MbState> st = std::move(it->second);
+    m_mbs.erase(it);
+    m_exec.setMicrobatch(mb);
+    RangeScope range(m_exec.device(), range::kBackward, {m_step, mb, m_ctx.vppChunk, -1});
+    m_lastBackward = ++m_backwardsThisStep == m_numMicrobatches;
+
+    TensorPtr dh;
+    if (m_ctx.lastStage) {
+        TS_RETURN_IF_ERROR(finalBackward(*st, &dh));
+        {
+            std::vector<int> ps{m_lnfW};
+            if (m_lnfB >= 0) ps.push_back(m_lnfB);
+            if (m_outW != m_embW) ps.push_back(m_outW);  // tied on one stage: embedding.bwd adds more
+            TS_RETURN_IF_ERROR(gradsReady(ps));
+        }
+    } else {
+        dh = gradOutput;
+    }
+    for (int li = localLayers() - 1; li >= 0; --li) {
+        const int g0 = recomputeGroupStart(li);
+        if (g0 >= 0 && li == recomputeGroupEnd(li) - 1) {
+            // Full recompute: rerun the group's forward from its checkpointed input (same
+            // dropout seeds, same kernels -> bit-identical activations), keeping everything.
+            st->hidden = st->layers[size_t(g0)].x;
+            for (int j = g0; j <= li; ++j) {
+                TS_RETURN_IF_ERROR(layerForward(*st, j, true));
+                m_exec.throttle();
+            }
+            st->hidden.reset();
+        }
+        TensorPtr dx;
+        TS_RETURN_IF_ERROR(layerBackward(*st, li, dh, &dx));
+        TS_RETURN_IF_ERROR(gradsReady(layerParamList(li)));
+        st->layers[size_t(li)] = LayerActs{};
+        dh = dx;
+        m_exec.throttle();
+    }
+    if (m_ctx.firstStage) {
+        TS_RETURN_IF_ERROR(embeddingBackward(*st, dh));
+        TS_RETURN_IF_ERROR(gradsReady({m_embW}));
+    } else {
+        TensorPtr src = dh;
+        m_exec.op("stage_grad_copy", Category::Memcpy, 0, uint64_t(ThL) * 8,
+                  [=] { std::memcpy(gradInput->data(), src->data(), size_t(ThL) * sizeof(float)); });
+    }
+    return Status::ok();
+}
+
+std::vector<int> GptModel::layerParamList(int li) const {
+    const LayerParams& P = m_layers[size_t(li)];
+    std::vector<int> out;
+    for (int i : {P.ln1w, P.ln1b, P.qkvW, P.qkvB, P.projW, P.projB, P.ln2w, P.ln2b, P.fc1W, P.fc1B, P.fc2W, P.fc2B})
+        if (i >= 0) out.push_back(i);
+    return out;
+}
+
+double GptModel::microbatchLoss(int mb) const {
+    auto it = m_losses->find(mb);
+    if (it == m_losses->end() || it->second.second <= 0) return std::nan("");
+    return it->second.first / it->second.second;
+}
+
+const std::vector<float>& GptModel::capturedLogits(int mb) const {
+    static const std::vector<float> empty;
+    auto it = m_logits->find(mb);
+    return it == m_logits->end() ? empty : it->second;
+}
+
+void GptModel::clearCaptured() {
+    m_logits->clear();
+    m_losses->clear();
+}
+
+}  // namespace ts::engine

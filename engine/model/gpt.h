@@ -1,0 +1,203 @@
+// GptModel: a Megatron-style GPT decoder chunk with explicit forward/backward per layer
+// (no autograd, as in llm.c). One instance holds the layers [layerBegin, layerEnd) of one
+// rank (pp stage / virtual chunk); the first stage holds the embedding, the last the final
+// norm, output layer and loss. Forward and backward are per microbatch and keep the saved
+// activations per microbatch, so several microbatches can be in flight (1F1B).
+//
+// Every kernel is enqueued on the rank's compute stream (Exec); forward()/backward() return
+// as soon as the work is enqueued. Losses are readable after Exec::synchronize().
+//
+// Layouts: activations are sequence-first [s, b, h] flattened to [T, h], T = s*b.
+// Sequence parallel (ctx.sequenceParallel, tp > 1; REFERENCE.md §2.3-2.5): in the SP regions
+// (norms, dropout, residual adds, stage inputs/outputs) each TP rank holds only its s-shard
+// [s/t, b, h] = rows [r*T/t, (r+1)*T/t) of [T, h]; an all-gather along s runs before each
+// column-parallel GEMM (QKV, fc1, output layer), a reduce-scatter after each row-parallel one
+// (proj, fc2) and after the embedding lookup. Backward re-gathers the saved local GEMM input
+// for the wgrad and reduce-scatters the dgrad. Norm weights/biases and the row-parallel
+// biases (ParamInfo.sequenceParallel) only see s/t tokens: their grads are summed over TP
+// in the last backward of the step, before the grad-ready hook hands them to DP.
+// tp_comm_overlap (setTpCommOverlap, engine/model/tp_overlap.h): the SP collectives of the four
+// TP linears move to the rank's TP comm stream, split into chunks pipelined with the chunk
+// GEMMs (TE userbuffers semantics); the same math, the GEMMs split by rows.
+// Loss (REFERENCE.md §1.1): microbatch loss = sum(mask * token_loss) / num_tokens /
+// num_microbatches, i.e. the gradient seed of each token is mask / (num_tokens * m).
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model/layers.h"
+#include "engine/model/model.h"
+#include "engine/model/param_buffer.h"
+#include "engine/model/tp_overlap.h"
+
+namespace ts::engine {
+
+// One microbatch of data, sequence-first: index t = s_idx * b + b_idx.
+struct Microbatch {
+    std::vector<int32_t> tokens;  // [s*b]
+    std::vector<int32_t> labels;  // [s*b] (next tokens)
+    std::vector<float> lossMask;  // [s*b] or empty (= all ones)
+};
+
+class GptModel {
+public:
+    struct LayerParams {
+        int ln1w = -1, ln1b = -1, qkvW = -1, qkvB = -1, projW = -1, projB = -1;
+        int ln2w = -1, ln2b = -1, fc1W = -1, fc1B = -1, fc2W = -1, fc2B = -1;
+    };
+
+    // Builds the model (params registered and allocated, zero) for `ctx`.
+    static Result<std::unique_ptr<GptModel>> create(const Config& cfg, Device& dev, Stream& compute,
+                                                     const ParallelContext& ctx = {});
+    ~GptModel();
+
+    const ModelDims& dims() const { return m_d; }
+    const ModelOptions& options() const { return m_o; }
+    ModelOptions& options() { return m_o; }
+    const ParallelContext& context() const { return m_ctx; }
+    ParamBuffer& params() { return m_params; }
+    Exec& exec() { return m_exec; }
+    int localLayers() const { return int(m_layers.size()); }
+    bool sequenceParallel() const { return m_sp; }
+    // Rows of the residual stream this rank holds: T = s*b, or T/t with sequence parallel.
+    int localTokens() const;
+    // Elements of a pipeline stage's input/output activation (and its gradient): [s(/t), b, h].
+    int64_t stageTensorElems() const { return int64_t(localTokens()) * m_d.hidden; }
+
+    // Deterministic init from options().seed: normal(0, init_method_std) for weights,
+    // std/sqrt(2*num_layers) for linear_proj and linear_fc2 (Megatron's scaled init), zero
+    // biases, unit norm weights. Each full tensor is generated from (seed, name) and sharded,
+    // so tp>1 ranks hold exactly the slices of the tp=1 tensors. Runs on the host (sync first).
+    void initWeights();
+
+    // Sets step / number of microbatches for the coming forward/backward calls (dropout seeds,
+    // loss scale, trace annotations).
+    void beginStep(int step, int numMicrobatches);
+
+    // Enqueues the forward of microbatch `mb`. First stage reads data->tokens, other stages
+    // `input` [T, h]; the last stage computes the loss (and, with the fused cross entropy, its
+    // logits gradient already), other stages copy their output into `output` [T, h].
+    Status forward(int mb, std::shared_ptr<const Microbatch> data, TensorPtr input = nullptr,
+                   TensorPtr output = nullptr);
+    // Enqueues the backward of microbatch `mb` (forward must have been enqueued). Last stage
+    // starts from the loss, others from `gradOutput` [T, h]; non-first stages write `gradInput`.
+    // Parameter grads accumulate into the main-grad buffer. Releases the microbatch's saved
+    // activations once executed.
+    Status backward(int mb, TensorPtr gradOutput = nullptr, TensorPtr gradInput = nullptr);
+
+    // After synchronize(): the microbatch's mean per-token loss (not divided by m), and its
+    // token count. NaN if it was not computed.
+    double microbatchLoss(int mb) const;
+    // Debug/test hook: copy the logits [T, V/t] of every forward into capturedLogits(mb).
+    void setCaptureLogits(bool on) { m_captureLogits = on; }
+    const std::vector<float>& capturedLogits(int mb) const;
+    void clearCaptured();
+
+    // Data-parallel engine hooks (host side, called on the thread that enqueues; empty = off).
+    // gradReady(params): every op that accumulates into these params' main grads for the
+    //   current backward() has just been enqueued on the compute stream (per layer, then the
+    //   final norm/output layer, then the embedding; a param is reported once per backward).
+    // forwardPre(params): forward() is about to enqueue the first op reading these params.
+    using ParamHook = std::function<void(const std::vector<int>& params)>;
+    void setGradReadyHook(ParamHook hook) { m_gradReadyHook = std::move(hook); }
+    void setForwardPreHook(ParamHook hook) { m_forwardPreHook = std::move(hook); }
+
+    // tp_comm_overlap: run the SP collectives of QKV/proj/fc1/fc2 on `commStream` with `comm`
+    // (a "tp" communicator used on that stream only), overlapped with the chunk GEMMs as the
+    // tp_comm_* sub-knobs of the config select. No-op unless sequence parallel is active and
+    // cfg.tp_comm_overlap is set. Call before the first forward.
+    void setTpCommOverlap(Stream& commStream, Communicator& comm);
+    bool tpCommOverlap() const { return m_tpo != nullptr; }
+
+private:
+    struct LayerActs;
+    struct MbState;
+
+    GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o, Device& dev,
+             Stream& compute, const ParallelContext& ctx);
+    Status registerParams();
+    int recomputeGroupStart(int li) const;  // first local layer of li's full-recompute group, or -1
+    int recomputeGroupEnd(int li) const;
+    // The parts of the decoder, one file each beside gpt.cpp (the driver): gpt_embedding.cpp,
+    // gpt_layer.cpp (norms, residuals, dropouts) with its blocks gpt_attention.cpp and
+    // gpt_mlp.cpp, gpt_output.cpp (final norm, output layer, loss); gpt_ops.cpp holds the ops
+    // they share. A new kind of block (MoE, context-parallel attention) is a new file beside them.
+    Status embeddingForward(MbState& st, int mb);  // first stage: the lookup -> st.hidden
+    Status embeddingBackward(MbState& st, TensorPtr dh);
+    Status layerForward(MbState& st, int li, bool keep);
+    Status layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* dx);
+    // Attention block of global layer gl: A.a1 -> the linear_proj output [TL, h] before its
+    // bias; backward: its grad dproj -> the grad of A.a1 [TL, h] (TL = localTokens()).
+    Result<TensorPtr> attentionForward(LayerActs& A, const LayerParams& P, int gl);
+    Result<TensorPtr> attentionBackward(LayerActs& A, const LayerParams& P, int gl, TensorPtr dproj);
+    // MLP block: A.a2 -> the linear_fc2 output [TL, h] before its bias; backward likewise.
+    Result<TensorPtr> mlpForward(LayerActs& A, const LayerParams& P);
+    Result<TensorPtr> mlpBackward(LayerActs& A, const LayerParams& P, TensorPtr dfc2);
+    Status finalForward(MbState& st);  // last stage: final norm, output layer, loss
+    Status finalBackward(MbState& st, TensorPtr* dhidden);
+    // Norm helpers (LayerNorm or RMSNorm by dims).
+    void normForward(const char* name, int wIdx, int bIdx, TensorPtr x, TensorPtr y, TensorPtr mean,
+                     TensorPtr rstd, int T);
+    void normBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, TensorPtr x,
+                      TensorPtr mean, TensorPtr rstd, TensorPtr dx, int T);
+    // dy: [T, out], x: [T, in]; dx may be null. Weight grad into main grad (fused) or via a
+    // temporary (gradient_accumulation_fusion=false); bIdx >= 0 accumulates the bias grad too.
+    Status linearBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, TensorPtr x,
+                          TensorPtr dx, int T, int in, int out);
+    void tpAllReduce(const TensorPtr& t, int64_t n);
+    // tp_comm_overlap backward of a row-parallel linear (proj, fc2): dgrad pipelined with the
+    // ring all-gather of dyLocal [TL, out] into dx [T, in], then the wgrad on x [T, in].
+    Status rowParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx, TensorPtr dyLocal,
+                                         TensorPtr x, TensorPtr dx, int T, int in, int out);
+    // ... of a column-parallel one (QKV, fc1): dy [T, out], saved input shard xLocal [TL, in];
+    // bulk (or pipelined, tp_comm_overlap_rs_dgrad) overlap; returns the dX shard [TL, in].
+    Result<TensorPtr> columnParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,
+                                                       int bIdx, TensorPtr dy, TensorPtr xLocal, int T, int in,
+                                                       int out);
+    // Sequence-parallel collectives along s on the compute stream (group "tp"):
+    // gather: local [n] -> full [t*n]; reduce-scatter: full [t*n] (partial sums) -> local [n].
+    Result<TensorPtr> seqGather(const TensorPtr& local, int64_t n);
+    Result<TensorPtr> seqReduceScatter(const TensorPtr& full, int64_t n);
+    // Collectives get raw pointers: keeps both buffers alive until the stream passed the op.
+    void holdUntilDone(TensorPtr a, TensorPtr b);
+    // Sums the grads of the SP params among `params` over TP (one packed all-reduce), in the
+    // last backward of the step only (finalize_model_grads' _allreduce_non_tensor_model_parallel_grads).
+    Status syncSequenceParallelGrads(const std::vector<int>& params);
+    // Calls the grad-ready hook after summing the SP grads of `params` over TP.
+    Status gradsReady(const std::vector<int>& params);
+    void roundBf16(const TensorPtr& t, int64_t n);
+
+    Config m_cfg;
+    ModelDims m_d;
+    ModelOptions m_o;
+    ParallelContext m_ctx;
+    Exec m_exec;
+    ParamBuffer m_params;
+    int m_embW = -1, m_lnfW = -1, m_lnfB = -1, m_outW = -1;
+    std::vector<LayerParams> m_layers;
+    // local shapes
+    int m_nqL = 0, m_ngL = 0, m_ffnL = 0, m_vocabL = 0, m_vocabStart = 0;
+    int m_step = 0, m_numMicrobatches = 1;
+    bool m_sp = false;               // sequence parallel active (tp > 1)
+    int m_backwardsThisStep = 0;     // backward() calls since beginStep()
+    bool m_lastBackward = false;     // the backward being enqueued is the step's last
+    struct Held {
+        std::unique_ptr<Event> done;
+        TensorPtr a, b;
+    };
+    std::deque<Held> m_held;         // buffers of enqueued SP collectives, oldest first
+    std::unique_ptr<TpOverlap> m_tpo;  // tp_comm_overlap active (SP + knob + comm stream given)
+    std::map<int, std::unique_ptr<MbState>> m_mbs;
+    bool m_captureLogits = false;
+    std::shared_ptr<std::map<int, std::vector<float>>> m_logits;
+    std::shared_ptr<std::map<int, std::pair<double, double>>> m_losses;  // mb -> (sum, tokens)
+    ParamHook m_gradReadyHook, m_forwardPreHook;
+    std::vector<int> layerParamList(int li) const;
+};
+
+}  // namespace ts::engine

@@ -1,0 +1,222 @@
+// GptModel's self-attention block (Megatron's SelfAttention): linear_qkv (column parallel,
+// sequence-parallel all-gather before it), the QKV split with RoPE, core attention (causal,
+// GQA, attention dropout), linear_proj (row parallel, reduce-scatter or all-reduce after it);
+// and the backward of each. Its input is the input_layernorm output A.a1, its output the
+// linear_proj output before the bias, which the layer adds in bias-dropout-add.
+#include "engine/model/gpt.h"
+
+#include "engine/model/gpt_internal.h"
+
+namespace ts::engine {
+
+namespace {
+// Core-attention dims of global layer gl (nq, ng: this rank's heads). Attention-dropout masks
+// are keyed by (seed, step, microbatch, layer) and numbered over all heads, so TP ranks draw
+// the single-device mask of their heads and recompute/backward regenerate the forward's mask.
+k::AttnDims attnDims(const ModelDims& md, const ModelOptions& o, const ParallelContext& ctx, int nq,
+                     int ng, int step, int mb, int gl) {
+    k::AttnDims ad{md.seq, md.microBatch, nq, ng, md.headDim, 1.0f / std::sqrt(float(md.headDim))};
+    ad.dropout = o.attentionDropout;
+    ad.dropoutSeed = dropoutSeed(o.seed, step, mb, gl, 3);
+    ad.headOffset = ctx.tpRank * nq;
+    ad.nqTotal = md.heads;
+    return ad;
+}
+}  // namespace
+
+Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P, int gl) {
+    const int s = m_d.seq, b = m_d.microBatch, T = s * b, h = m_d.hidden, d = m_d.headDim;
+    const int nq = m_nqL, ng = m_ngL;
+    const int qkvOut = (nq + 2 * ng) * d;
+    const int TL = localTokens();
+    const int64_t Th = int64_t(T) * h, ThL = int64_t(TL) * h;
+    const bool bf = m_o.bf16;
+    // Activations here are fully written by the op that produces them: skip zeroing.
+    auto alloc = [&](int64_t n) { return allocUninitialized(m_exec, n); };
+    // SP: only the local a1 [TL, h] is saved; the gathered [T, h] lives until the GEMM ran.
+    // tp_comm_overlap_ag: the all-gather is pipelined with the GEMM shard by shard instead.
+    const bool agOverlap = m_tpo && m_tpo->options().overlapAg;
+    const bool rsOverlap = m_tpo && m_tpo->options().overlapRs;
+    TensorPtr a1Full = A.a1;
+    if (m_sp && !agOverlap) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
+
+    // linear_qkv (column parallel; bias sharded with the rows)
+    TS_ASSIGN_OR_RETURN(TensorPtr qkv, alloc(int64_t(T) * qkvOut));
+    {
+        const float* W = m_params.modelParam(P.qkvW);
+        const float* B = P.qkvB >= 0 ? m_params.modelParam(P.qkvB) : nullptr;
+        auto gemm = [=](const float* x, float* y, int rows) {
+            k::linearForward(x, W, B, y, rows, h, qkvOut);
+            if (bf) k::roundToBf16(y, int64_t(rows) * qkvOut);
+        };
+        if (agOverlap) {
+            TS_RETURN_IF_ERROR(m_tpo->agGemm("linear_qkv.fwd", A.a1, TL, h, qkv, qkvOut, 2.0 * h * qkvOut, gemm).status());
+        } else {
+            TensorPtr a1 = a1Full;
+            m_exec.op("linear_qkv.fwd", Category::Gemm, 2.0 * T * h * qkvOut,
+                      uint64_t(4) * (uint64_t(T) * (h + qkvOut) + uint64_t(h) * qkvOut),
+                      [=] { gemm(fp(a1), fp(qkv), T); });
+        }
+    }
+    a1Full.reset();
+    TS_ASSIGN_OR_RETURN(A.q, alloc(int64_t(T) * nq * d));
+    TS_ASSIGN_OR_RETURN(A.k, alloc(int64_t(T) * ng * d));
+    TS_ASSIGN_OR_RETURN(A.v, alloc(int64_t(T) * ng * d));
+    {
+        TensorPtr q = A.q, kk = A.k, v = A.v;
+        const bool rope = m_d.rope, fusedRope = m_o.fusedRope;
+        const float theta = m_d.ropeTheta;
+        if (rope && fusedRope) {
+            // apply_rope_fusion: the layout copy and the rotation in one pass over qkv
+            m_exec.op("qkv_split_rope.fwd", Category::Elementwise, 6.0 * T * (nq + ng) * d,
+                      uint64_t(T) * qkvOut * 8, [=] {
+                          k::splitQkvRopeForward(fp(qkv), fp(q), fp(kk), fp(v), s, b, nq, ng, d, theta, 0);
+                          if (bf) {
+                              k::roundToBf16(fp(q), int64_t(T) * nq * d);
+                              k::roundToBf16(fp(kk), int64_t(T) * ng * d);
+                          }
+                      });
+        } else {
+            m_exec.op("qkv_split", Category::Elementwise, 0, uint64_t(T) * qkvOut * 8,
+                      [=] { splitQkv(fp(qkv), fp(q), fp(kk), fp(v), T, nq, ng, d); });
+        }
+        if (rope && !fusedRope) {
+            m_exec.op("rope.fwd", Category::Elementwise, 6.0 * T * (nq + ng) * d,
+                      uint64_t(T) * (nq + ng) * d * 8, [=] {
+                          k::ropeForward(fp(q), s, b, nq, d, theta, 0);
+                          k::ropeForward(fp(kk), s, b, ng, d, theta, 0);
+                          if (bf) {
+                              k::roundToBf16(fp(q), int64_t(T) * nq * d);
+                              k::roundToBf16(fp(kk), int64_t(T) * ng * d);
+                          }
+                      });
+        }
+    }
+    // core attention
+    const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
+    TS_ASSIGN_OR_RETURN(TensorPtr probs, alloc(int64_t(k::attentionProbsSize(ad))));
+    TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
+    {
+        TensorPtr q = A.q, kk = A.k, v = A.v, ctx = A.ctx;
+        const bool fs = m_o.fusedSoftmax;
+        m_exec.op("core_attention.fwd", Category::Attention, 4.0 * b * nq * double(s) * s * d,
+                  uint64_t(4) * (uint64_t(T) * (2 * nq + 2 * ng) * d + k::attentionProbsSize(ad)), [=] {
+                      k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctx), fs);
+                      if (bf) k::roundToBf16(fp(ctx), int64_t(T) * nq * d);
+                  });
+    }
+    const bool selective = m_o.recomputeGranularity == "selective";
+    if (!selective) A.probs = probs;
+    probs.reset();
+
+    // linear_proj (row parallel; its bias is added after the reduction, in the layer's
+    // bias-dropout-add)
+    TensorPtr proj;
+    {
+        const float* W = m_params.modelParam(P.projW);
+        TensorPtr ctx = A.ctx;
+        const int in = nq * d;
+        auto gemm = [=](const float* x, float* y, int rows) { k::linearForward(x, W, nullptr, y, rows, in, h); };
+        if (rsOverlap) {
+            // tp_comm_overlap_rs: chunk GEMMs pipelined with chunk reduce-scatters.
+            TS_ASSIGN_OR_RETURN(proj, m_tpo->gemmRs("linear_proj.fwd", ctx, TL, in, h, 2.0 * in * h, gemm));
+        } else {
+            TS_ASSIGN_OR_RETURN(proj, alloc(Th));
+            TensorPtr y = proj;
+            m_exec.op("linear_proj.fwd", Category::Gemm, 2.0 * T * in * h,
+                      uint64_t(4) * (uint64_t(T) * (in + h) + uint64_t(in) * h), [=] { gemm(fp(ctx), fp(y), T); });
+            if (m_sp) { TS_ASSIGN_OR_RETURN(proj, seqReduceScatter(proj, ThL)); }
+            else tpAllReduce(proj, Th);
+        }
+    }
+    return proj;
+}
+
+Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P, int gl, TensorPtr dproj) {
+    const int s = m_d.seq, b = m_d.microBatch, T = s * b, h = m_d.hidden, d = m_d.headDim;
+    const int nq = m_nqL, ng = m_ngL;
+    const int qkvOut = (nq + 2 * ng) * d;
+    const int TL = localTokens();
+    const int64_t Th = int64_t(T) * h, ThL = int64_t(TL) * h;
+    const bool bf = m_o.bf16;
+    // Activations here are fully written by the op that produces them: skip zeroing.
+    auto alloc = [&](int64_t n) { return allocUninitialized(m_exec, n); };
+    // SP: the backward of the forward reduce-scatter is an all-gather of dY along s.
+    const bool agOverlap = m_tpo && m_tpo->options().overlapAg;
+    TS_ASSIGN_OR_RETURN(TensorPtr dctx, alloc(int64_t(T) * nq * d));
+    if (agOverlap) {
+        TS_RETURN_IF_ERROR(rowParallelBackwardOverlapped("linear_proj.dgrad", "linear_proj.wgrad", P.projW, dproj,
+                                                         A.ctx, dctx, T, nq * d, h));
+    } else {
+        if (m_sp) { TS_ASSIGN_OR_RETURN(dproj, seqGather(dproj, ThL)); }
+        TS_RETURN_IF_ERROR(linearBackward("linear_proj.bwd", P.projW, -1, dproj, A.ctx, dctx, T, nq * d, h));
+    }
+    dproj.reset();
+
+    // same dims (and so the same dropout mask) as the forward
+    const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
+    TensorPtr probs = A.probs;
+    TensorPtr q = A.q, kk = A.k, v = A.v;
+    if (!probs) {
+        // Selective recompute: redo QK^T/softmax (the "5as/h" activations were not kept).
+        TS_ASSIGN_OR_RETURN(probs, alloc(int64_t(k::attentionProbsSize(ad))));
+        TS_ASSIGN_OR_RETURN(TensorPtr ctxTmp, alloc(int64_t(T) * nq * d));
+        const bool fs = m_o.fusedSoftmax;
+        m_exec.op("core_attention.recompute", Category::Attention, 4.0 * b * nq * double(s) * s * d,
+                  uint64_t(4) * k::attentionProbsSize(ad),
+                  [=] { k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctxTmp), fs); });
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr dq, alloc(int64_t(T) * nq * d));
+    TS_ASSIGN_OR_RETURN(TensorPtr dk, alloc(int64_t(T) * ng * d));
+    TS_ASSIGN_OR_RETURN(TensorPtr dv, alloc(int64_t(T) * ng * d));
+    TS_ASSIGN_OR_RETURN(TensorPtr scratch, allocUninitialized(m_exec, int64_t(k::attentionScratchSize(ad)),
+                                                              MemCategory::Workspace));
+    const bool fusedSoftmax = m_o.fusedSoftmax;
+    m_exec.op("core_attention.bwd", Category::Attention, 8.0 * b * nq * double(s) * s * d,
+              uint64_t(8) * k::attentionProbsSize(ad), [=] {
+                  k::attentionBackward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(dctx), fp(dq), fp(dk), fp(dv),
+                                       fp(scratch), fusedSoftmax);
+              });
+    probs.reset();
+    scratch.reset();
+    dctx.reset();
+    const bool ropeMerge = m_d.rope && m_o.fusedRope;  // rope backward fused into the merge copy
+    if (m_d.rope && !ropeMerge) {
+        const float theta = m_d.ropeTheta;
+        m_exec.op("rope.bwd", Category::Elementwise, 6.0 * T * (nq + ng) * d, uint64_t(T) * (nq + ng) * d * 8, [=] {
+            k::ropeBackward(fp(dq), s, b, nq, d, theta, 0);
+            k::ropeBackward(fp(dk), s, b, ng, d, theta, 0);
+        });
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr dqkv, alloc(int64_t(T) * qkvOut));
+    if (ropeMerge) {
+        const float theta = m_d.ropeTheta;
+        m_exec.op("qkv_merge_rope.bwd", Category::Elementwise, 6.0 * T * (nq + ng) * d, uint64_t(T) * qkvOut * 8, [=] {
+            k::ropeBackwardMergeQkv(fp(dq), fp(dk), fp(dv), fp(dqkv), s, b, nq, ng, d, theta, 0);
+            if (bf) k::roundToBf16(fp(dqkv), int64_t(T) * qkvOut);
+        });
+    } else {
+        m_exec.op("qkv_merge", Category::Elementwise, 0, uint64_t(T) * qkvOut * 8, [=] {
+            mergeQkv(fp(dq), fp(dk), fp(dv), fp(dqkv), T, nq, ng, d);
+            if (bf) k::roundToBf16(fp(dqkv), int64_t(T) * qkvOut);
+        });
+    }
+    dq.reset(); dk.reset(); dv.reset();
+    TensorPtr da1;
+    if (m_tpo) {
+        TS_ASSIGN_OR_RETURN(da1, columnParallelBackwardOverlapped("linear_qkv.dgrad", "linear_qkv.wgrad", P.qkvW,
+                                                                  P.qkvB, dqkv, A.a1, T, h, qkvOut));
+    } else {
+        TensorPtr a1Full = A.a1;
+        if (m_sp) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
+        TS_ASSIGN_OR_RETURN(da1, alloc(Th));
+        TS_RETURN_IF_ERROR(linearBackward("linear_qkv.bwd", P.qkvW, P.qkvB, dqkv, a1Full, da1, T, h, qkvOut));
+        a1Full.reset();
+        if (m_sp) { TS_ASSIGN_OR_RETURN(da1, seqReduceScatter(da1, ThL)); }
+        else tpAllReduce(da1, Th);
+    }
+    dqkv.reset();
+    return da1;
+}
+
+}  // namespace ts::engine

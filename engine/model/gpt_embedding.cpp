@@ -1,0 +1,66 @@
+// GptModel's embedding (first pipeline stage): the vocab-parallel lookup (TP rank r holds the
+// rows [r*V/t, (r+1)*V/t) of the table), summed over TP or, with sequence parallel, summed and
+// split along s in one reduce-scatter, then dropout; and its backward into the main grad.
+#include "engine/model/gpt.h"
+
+#include "engine/model/gpt_internal.h"
+
+namespace ts::engine {
+
+Status GptModel::embeddingForward(MbState& st, int mb) {
+    const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
+    const int64_t Th = int64_t(T) * h, ThL = stageTensorElems();
+    const bool bf = m_o.bf16;
+    auto data = st.data;
+    TS_ASSIGN_OR_RETURN(TensorPtr emb, m_exec.alloc(Th));
+    const float* E = m_params.modelParam(m_embW);
+    const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL, V = m_d.paddedVocab;
+    m_exec.op("embedding.fwd", Category::Embedding, 0, uint64_t(Th) * 8, [=] {
+        k::embeddingForward(data->tokens.data(), E, fp(emb), T, h, vStart, vEnd, V);
+    });
+    // Partial vocab-parallel lookups: summed over TP (all-reduce), or with SP summed and
+    // split along s in one reduce-scatter (Megatron's reduce_scatter_embeddings).
+    if (m_sp) { TS_ASSIGN_OR_RETURN(emb, seqReduceScatter(emb, ThL)); }
+    else tpAllReduce(emb, Th);
+    const float p = m_o.hiddenDropout;
+    const uint64_t dropOffset = m_sp ? uint64_t(m_ctx.tpRank) * uint64_t(ThL) : 0;
+    if (p > 0) {
+        TS_ASSIGN_OR_RETURN(TensorPtr dropped, m_exec.alloc(ThL));
+        TS_ASSIGN_OR_RETURN(st.embMask, m_exec.alloc(ThL, MemCategory::Activations, 1));
+        TensorPtr mask = st.embMask;
+        const uint64_t seed = dropoutSeed(m_o.seed, m_step, mb, -1, 0);
+        m_exec.op("embedding_dropout", Category::Elementwise, double(ThL), uint64_t(ThL) * 9, [=] {
+            k::dropoutForward(fp(emb), fp(dropped), mask->as<uint8_t>(), ThL, p, seed, dropOffset);
+            if (bf) k::roundToBf16(fp(dropped), ThL);
+        });
+        emb = dropped;
+    } else if (bf) {
+        roundBf16(emb, ThL);
+    }
+    st.hidden = emb;
+    return Status::ok();
+}
+
+Status GptModel::embeddingBackward(MbState& st, TensorPtr dh) {
+    const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
+    const int64_t Th = int64_t(T) * h, ThL = stageTensorElems();
+    m_exec.setLayer(-1);
+    const float p = m_o.hiddenDropout;
+    TensorPtr demb = dh;
+    if (p > 0) {
+        TS_ASSIGN_OR_RETURN(demb, m_exec.alloc(ThL));
+        TensorPtr mask = st.embMask, src = dh;
+        m_exec.op("embedding_dropout.bwd", Category::Elementwise, double(ThL), uint64_t(ThL) * 9,
+                  [=] { k::dropoutBackward(fp(src), mask->as<uint8_t>(), fp(demb), ThL, p); });
+    }
+    // SP: backward of the embedding's reduce-scatter = all-gather of the grad along s.
+    if (m_sp) { TS_ASSIGN_OR_RETURN(demb, seqGather(demb, ThL)); }
+    float* G = m_params.mainGrad(m_embW);
+    auto data = st.data;
+    const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL;
+    m_exec.op("embedding.bwd", Category::Embedding, double(Th), uint64_t(Th) * 8,
+              [=] { k::embeddingBackward(data->tokens.data(), fp(demb), G, T, h, vStart, vEnd); });
+    return Status::ok();
+}
+
+}  // namespace ts::engine

@@ -1,0 +1,55 @@
+// Internal to the GPT model's files (engine/model/gpt*.cpp, one per part of the decoder): the
+// saved activations of a layer, the per-microbatch state, and helpers several parts use.
+// Shapes are local to the TP rank: nq = heads/t, ng = groups/t, F = ffn/t, Vl = V/t.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/backend/backend_trace.h"
+#include "engine/comm/communicator.h"
+#include "engine/model/gpt.h"
+#include "kernels/cpu/ops.h"
+
+namespace ts::engine {
+
+namespace k = ts::kernels::cpu;
+using trace::Category;
+
+struct GptModel::LayerActs {
+    TensorPtr x;                    // layer input (residual stream) [T, h]
+    TensorPtr mean1, rstd1, a1;     // input_layernorm stats [T], output [T, h]
+    TensorPtr q, k, v;              // after RoPE: [T, nq, d], [T, ng, d], [T, ng, d]
+    TensorPtr probs;                // [b, nq, s, s]; null under selective recompute
+    TensorPtr ctx;                  // core attention output [T, nq*d]
+    TensorPtr mask1;                // dropout mask after linear_proj [T*h] (p > 0)
+    TensorPtr x2;                   // residual after attention [T, h]
+    TensorPtr mean2, rstd2, a2;     // pre_mlp_layernorm
+    TensorPtr fc1;                  // linear_fc1 output [T, F or 2F] (SwiGLU: bias included)
+    TensorPtr act;                  // activation output [T, F]
+    TensorPtr mask2;                // dropout mask after linear_fc2
+};
+
+struct GptModel::MbState {
+    std::shared_ptr<const Microbatch> data;
+    std::vector<LayerActs> layers;
+    TensorPtr hidden;               // current residual stream [T, h]
+    TensorPtr embMask;              // embedding dropout mask
+    TensorPtr xL, meanf, rstdf, xf; // final norm input/stats/output
+    TensorPtr logits;               // [T, Vl]; fused CE: holds dlogits after forward
+    TensorPtr ceProbs;              // unfused CE: softmax [T, V]
+    TensorPtr rowMax, sumExp;       // vocab-parallel CE stats [T]
+    TensorPtr dloss;                // [T] gradient seed per token
+    bool backwardDone = false;
+};
+
+// Exec::alloc without the zero fill, for buffers the producing op overwrites entirely.
+inline Result<TensorPtr> allocUninitialized(Exec& ex, int64_t elems,
+                                            MemCategory cat = MemCategory::Activations) {
+    auto r = ex.device().allocateUninitialized(size_t(std::max<int64_t>(elems, 1)) * sizeof(float), cat);
+    if (!r) return r.status();
+    return TensorPtr(std::move(r).value());
+}
+
+}  // namespace ts::engine

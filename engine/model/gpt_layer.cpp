@@ -1,0 +1,135 @@
+// GptModel's transformer layer (Megatron's TransformerLayer, pre-norm): input_layernorm ->
+// self attention (gpt_attention.cpp) -> bias-dropout-add into the residual -> pre_mlp_layernorm
+// -> MLP (gpt_mlp.cpp) -> bias-dropout-add; backward in reverse. The layer owns the norms, the
+// residual stream and the dropouts; the blocks own their linears and collectives.
+#include "engine/model/gpt.h"
+
+#include "engine/model/gpt_internal.h"
+
+namespace ts::engine {
+
+Status GptModel::layerForward(MbState& st, int li, bool keep) {
+    LayerActs& A = st.layers[size_t(li)];
+    const LayerParams& P = m_layers[size_t(li)];
+    const int gl = m_ctx.layerBegin + li;
+    m_exec.setLayer(gl);
+    RangeScope range(m_exec.device(), range::kLayer, {m_step, m_exec.microbatch(), m_ctx.vppChunk, gl});
+    const int h = m_d.hidden;
+    // SP regions hold TL = T/t rows (this rank's s-shard); the TP region between the
+    // all-gather and the reduce-scatter holds all T rows. Without SP, TL = T.
+    const int TL = localTokens();
+    const int64_t ThL = int64_t(TL) * h;
+    // Dropout mask elements are numbered as in the unsharded [T, h] tensor, so the SP masks
+    // are exactly the single-device mask's rows of this shard.
+    const uint64_t dropOffset = m_sp ? uint64_t(m_ctx.tpRank) * uint64_t(ThL) : 0;
+    const bool bf = m_o.bf16;
+    const float p = m_o.hiddenDropout;
+    const bool rms = m_d.rmsNorm;
+    // Activations here are fully written by the op that produces them: skip zeroing.
+    auto alloc = [&](int64_t n) { return allocUninitialized(m_exec, n); };
+
+    A.x = st.hidden;
+    TS_ASSIGN_OR_RETURN(A.a1, alloc(ThL));
+    if (!rms) { TS_ASSIGN_OR_RETURN(A.mean1, alloc(TL)); }
+    TS_ASSIGN_OR_RETURN(A.rstd1, alloc(TL));
+    normForward("input_layernorm.fwd", P.ln1w, P.ln1b, A.x, A.a1, A.mean1, A.rstd1, TL);
+
+    // self attention; proj: linear_proj output [TL, h], its bias not yet added
+    TS_ASSIGN_OR_RETURN(TensorPtr proj, attentionForward(A, P, gl));
+    TS_ASSIGN_OR_RETURN(A.x2, alloc(ThL));
+    if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask1, m_exec.alloc(ThL, MemCategory::Activations, 1)); }
+    {
+        const float* B = P.projB >= 0 ? m_params.modelParam(P.projB) : nullptr;
+        TensorPtr x = A.x, x2 = A.x2, mask = A.mask1;
+        const uint64_t seed = dropoutSeed(m_o.seed, m_step, m_exec.microbatch(), gl, 1);
+        const bool fused = m_o.fusedBiasDropout;
+        m_exec.op("bias_dropout_add.attn", Category::Elementwise, 3.0 * ThL, uint64_t(ThL) * 16, [=] {
+            uint8_t* mk = mask ? mask->as<uint8_t>() : nullptr;
+            if (fused) k::biasDropoutAddFused(fp(proj), B, fp(x), fp(x2), mk, TL, h, p, seed, dropOffset);
+            else k::biasDropoutAddUnfused(fp(proj), B, fp(x), fp(x2), mk, TL, h, p, seed, dropOffset);
+            if (bf) k::roundToBf16(fp(x2), ThL);
+        });
+    }
+    proj.reset();
+
+    // MLP
+    TS_ASSIGN_OR_RETURN(A.a2, alloc(ThL));
+    if (!rms) { TS_ASSIGN_OR_RETURN(A.mean2, alloc(TL)); }
+    TS_ASSIGN_OR_RETURN(A.rstd2, alloc(TL));
+    normForward("pre_mlp_layernorm.fwd", P.ln2w, P.ln2b, A.x2, A.a2, A.mean2, A.rstd2, TL);
+    TS_ASSIGN_OR_RETURN(TensorPtr fc2, mlpForward(A, P));
+    TS_ASSIGN_OR_RETURN(TensorPtr out, alloc(ThL));
+    if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask2, m_exec.alloc(ThL, MemCategory::Activations, 1)); }
+    {
+        const float* B = P.fc2B >= 0 ? m_params.modelParam(P.fc2B) : nullptr;
+        TensorPtr x2 = A.x2, mask = A.mask2;
+        const uint64_t seed = dropoutSeed(m_o.seed, m_step, m_exec.microbatch(), gl, 2);
+        const bool fused = m_o.fusedBiasDropout;
+        m_exec.op("bias_dropout_add.mlp", Category::Elementwise, 3.0 * ThL, uint64_t(ThL) * 16, [=] {
+            uint8_t* mk = mask ? mask->as<uint8_t>() : nullptr;
+            if (fused) k::biasDropoutAddFused(fp(fc2), B, fp(x2), fp(out), mk, TL, h, p, seed, dropOffset);
+            else k::biasDropoutAddUnfused(fp(fc2), B, fp(x2), fp(out), mk, TL, h, p, seed, dropOffset);
+            if (bf) k::roundToBf16(fp(out), ThL);
+        });
+    }
+    st.hidden = out;
+    if (!keep) {
+        TensorPtr x = A.x;
+        A = LayerActs{};
+        if (recomputeGroupStart(li) == li) A.x = x;  // checkpoint: the group input only
+    }
+    return Status::ok();
+}
+
+Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* dxOut) {
+    LayerActs& A = st.layers[size_t(li)];
+    const LayerParams& P = m_layers[size_t(li)];
+    const int gl = m_ctx.layerBegin + li;
+    m_exec.setLayer(gl);
+    RangeScope range(m_exec.device(), range::kLayer, {m_step, m_exec.microbatch(), m_ctx.vppChunk, gl});
+    const int h = m_d.hidden;
+    const int TL = localTokens();  // rows in SP regions (= T without SP)
+    const int64_t ThL = int64_t(TL) * h;
+    const float p = m_o.hiddenDropout;
+    const bool bf = m_o.bf16;
+    // Activations here are fully written by the op that produces them: skip zeroing.
+    auto alloc = [&](int64_t n) { return allocUninitialized(m_exec, n); };
+    if (!A.a1) return Status::internal("layer " + std::to_string(gl) + " backward without saved activations");
+
+    // bias-dropout-add (mlp): d(fc2 out) = dropout'(dout); residual grad passes through.
+    TS_ASSIGN_OR_RETURN(TensorPtr dfc2, alloc(ThL));
+    {
+        float* GB = P.fc2B >= 0 ? m_params.mainGrad(P.fc2B) : nullptr;
+        TensorPtr mask = A.mask2;
+        m_exec.op("bias_dropout_add.mlp.bwd", Category::Elementwise, 2.0 * ThL, uint64_t(ThL) * 8, [=] {
+            k::biasDropoutAddBackward(fp(dout), mask ? mask->as<uint8_t>() : nullptr, fp(dfc2), GB, TL, h, p);
+        });
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr da2, mlpBackward(A, P, std::move(dfc2)));
+    TS_ASSIGN_OR_RETURN(TensorPtr dx2, alloc(ThL));
+    normBackward("pre_mlp_layernorm.bwd", P.ln2w, P.ln2b, da2, A.x2, A.mean2, A.rstd2, dx2, TL);
+    da2.reset();
+    m_exec.op("residual_grad_add", Category::Elementwise, double(ThL), uint64_t(ThL) * 12,
+              [=] { k::addInPlace(fp(dx2), fp(dout), ThL); });
+
+    // attention block
+    TS_ASSIGN_OR_RETURN(TensorPtr dproj, alloc(ThL));
+    {
+        float* GB = P.projB >= 0 ? m_params.mainGrad(P.projB) : nullptr;
+        TensorPtr mask = A.mask1;
+        m_exec.op("bias_dropout_add.attn.bwd", Category::Elementwise, 2.0 * ThL, uint64_t(ThL) * 8, [=] {
+            k::biasDropoutAddBackward(fp(dx2), mask ? mask->as<uint8_t>() : nullptr, fp(dproj), GB, TL, h, p);
+        });
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr da1, attentionBackward(A, P, gl, std::move(dproj)));
+    TS_ASSIGN_OR_RETURN(TensorPtr dx, alloc(ThL));
+    normBackward("input_layernorm.bwd", P.ln1w, P.ln1b, da1, A.x, A.mean1, A.rstd1, dx, TL);
+    m_exec.op("residual_grad_add", Category::Elementwise, double(ThL), uint64_t(ThL) * 12, [=] {
+        k::addInPlace(fp(dx), fp(dx2), ThL);
+        if (bf) k::roundToBf16(fp(dx), ThL);
+    });
+    *dxOut = dx;
+    return Status::ok();
+}
+
+}  // namespace ts::engine

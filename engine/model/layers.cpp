@@ -1,0 +1,143 @@
+// Op executor, deterministic RNG and QKV layout helpers for the GPT model.
+#include "engine/model/layers.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace ts::engine {
+
+Result<TensorPtr> Exec::alloc(int64_t elems, MemCategory cat, size_t elemSize) {
+    if (elems < 0) return Status::internal("negative allocation size");
+    auto r = m_dev.allocate(size_t(std::max<int64_t>(elems, 1)) * elemSize, cat);
+    if (!r) return r.status();
+    return TensorPtr(std::move(r).value());
+}
+
+void Exec::op(const char* name, trace::Category cat, double flops, uint64_t bytes,
+              std::function<void()> fn) {
+    OpDesc d;
+    d.name = name;
+    d.category = cat;
+    d.flops = flops;
+    d.bytes = bytes;
+    d.step = m_step;
+    d.microbatch = m_mb;
+    d.layer = m_layer;
+    const std::atomic<bool>* cancel = m_cancel;
+    m_stream.submit(d, [fn = std::move(fn), cancel]() -> Status {
+        if (cancel && cancel->load(std::memory_order_relaxed)) return Status::cancelled("run cancelled");
+        fn();
+        return Status::ok();
+    });
+}
+
+void Exec::opStatus(const char* name, trace::Category cat, double flops, uint64_t bytes,
+                    std::function<Status()> fn) {
+    OpDesc d;
+    d.name = name;
+    d.category = cat;
+    d.flops = flops;
+    d.bytes = bytes;
+    d.step = m_step;
+    d.microbatch = m_mb;
+    d.layer = m_layer;
+    const std::atomic<bool>* cancel = m_cancel;
+    m_stream.submit(d, [fn = std::move(fn), cancel]() -> Status {
+        if (cancel && cancel->load(std::memory_order_relaxed)) return Status::cancelled("run cancelled");
+        return fn();
+    });
+}
+
+Status Exec::synchronize() {
+    m_events.clear();
+    return m_stream.synchronize();
+}
+
+void Exec::throttle(size_t depth) {
+    auto e = m_dev.createEvent();
+    m_stream.record(*e);
+    m_events.push_back(std::move(e));
+    while (m_events.size() > depth) {
+        m_events.front()->synchronize();
+        m_events.pop_front();
+    }
+}
+
+uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+uint64_t hashCombine(uint64_t a, uint64_t b) { return splitmix64(a ^ splitmix64(b)); }
+
+uint64_t hashString(const std::string& s) {
+    uint64_t h = 1469598103934665603ULL;  // FNV-1a
+    for (unsigned char c : s) {
+        h ^= c;
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+void fillNormal(float* out, int64_t n, float std, uint64_t key) {
+    // Box-Muller on pairs of counter-based uniforms in (0, 1].
+    for (int64_t i = 0; i < n; i += 2) {
+        const uint64_t r1 = splitmix64(key + uint64_t(i));
+        const uint64_t r2 = splitmix64(key + uint64_t(i) + 1 + 0x5851f42d4c957f2dULL);
+        const double u1 = (double(r1 >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+        const double u2 = double(r2 >> 11) * (1.0 / 9007199254740992.0);
+        const double rad = std::sqrt(-2.0 * std::log(u1));
+        const double th = 6.283185307179586 * u2;
+        out[i] = float(rad * std::cos(th) * std);
+        if (i + 1 < n) out[i + 1] = float(rad * std::sin(th) * std);
+    }
+}
+
+uint64_t dropoutSeed(uint64_t seed, int step, int microbatch, int layer, int site) {
+    uint64_t h = splitmix64(seed);
+    h = hashCombine(h, uint64_t(int64_t(step)));
+    h = hashCombine(h, uint64_t(int64_t(microbatch)));
+    h = hashCombine(h, uint64_t(int64_t(layer)));
+    return hashCombine(h, uint64_t(site));
+}
+
+void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d) {
+    const int r = nq / ng;
+    const size_t row = size_t(ng) * size_t(r + 2) * size_t(d);
+    const size_t bytes = size_t(d) * sizeof(float);
+    for (int t = 0; t < T; ++t) {
+        const float* src = qkv + size_t(t) * row;
+        float* qt = q + size_t(t) * nq * d;
+        float* kt = k + size_t(t) * ng * d;
+        float* vt = v + size_t(t) * ng * d;
+        for (int g = 0; g < ng; ++g) {
+            const float* grp = src + size_t(g) * (r + 2) * d;
+            std::memcpy(qt + size_t(g) * r * d, grp, bytes * size_t(r));
+            std::memcpy(kt + size_t(g) * d, grp + size_t(r) * d, bytes);
+            std::memcpy(vt + size_t(g) * d, grp + size_t(r + 1) * d, bytes);
+        }
+    }
+}
+
+void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq,
+              int ng, int d) {
+    const int r = nq / ng;
+    const size_t row = size_t(ng) * size_t(r + 2) * size_t(d);
+    const size_t bytes = size_t(d) * sizeof(float);
+    for (int t = 0; t < T; ++t) {
+        float* dst = dqkv + size_t(t) * row;
+        const float* qt = dq + size_t(t) * nq * d;
+        const float* kt = dk + size_t(t) * ng * d;
+        const float* vt = dv + size_t(t) * ng * d;
+        for (int g = 0; g < ng; ++g) {
+            float* grp = dst + size_t(g) * (r + 2) * d;
+            std::memcpy(grp, qt + size_t(g) * r * d, bytes * size_t(r));
+            std::memcpy(grp + size_t(r) * d, kt + size_t(g) * d, bytes);
+            std::memcpy(grp + size_t(r + 1) * d, vt + size_t(g) * d, bytes);
+        }
+    }
+}
+
+}  // namespace ts::engine

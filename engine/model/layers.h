@@ -1,0 +1,80 @@
+// Building blocks of the GPT model: the op executor that puts every kernel on the rank's
+// compute stream (so the trace shows it and comm overlap is real), tensors as tracked device
+// buffers, deterministic RNG for init and dropout, and the QKV layout helpers.
+//
+// Lifetime rule: every op lambda captures the TensorPtr(s) it touches BY VALUE, so a buffer
+// lives until the last op using it has executed; the host drops its references as soon as it
+// has enqueued the last use. The host is throttled to stay at most one layer ahead of
+// the stream so that the tracked peak memory is that of the real execution order.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/recorder.h"
+#include "common/status.h"
+#include "engine/backend/backend.h"
+
+namespace ts::engine {
+
+using TensorPtr = std::shared_ptr<Buffer>;
+inline float* fp(const TensorPtr& t) { return t ? t->as<float>() : nullptr; }
+
+class Exec {
+public:
+    Exec(Device& dev, Stream& stream) : m_dev(dev), m_stream(stream) {}
+
+    Device& device() { return m_dev; }
+    Stream& stream() { return m_stream; }
+    void setCancelFlag(const std::atomic<bool>* flag) { m_cancel = flag; }
+    bool cancelled() const { return m_cancel && m_cancel->load(std::memory_order_relaxed); }
+    void setStep(int step) { m_step = step; }
+    void setMicrobatch(int mb) { m_mb = mb; }
+    void setLayer(int layer) { m_layer = layer; }
+    int step() const { return m_step; }
+    int microbatch() const { return m_mb; }
+
+    // Zeroed float buffer of `elems` elements (tracked under `cat`).
+    Result<TensorPtr> alloc(int64_t elems, MemCategory cat = MemCategory::Activations,
+                            size_t elemSize = sizeof(float));
+    // Enqueue a kernel. The cancel flag is checked when the op runs.
+    void op(const char* name, trace::Category cat, double flops, uint64_t bytes,
+            std::function<void()> fn);
+    void opStatus(const char* name, trace::Category cat, double flops, uint64_t bytes,
+                  std::function<Status()> fn);
+    Status synchronize();
+    // Records an event and waits (host) for the one recorded `depth` throttle points ago.
+    void throttle(size_t depth = 1);
+    void clearThrottle() { m_events.clear(); }
+
+private:
+    Device& m_dev;
+    Stream& m_stream;
+    const std::atomic<bool>* m_cancel = nullptr;
+    int m_step = -1, m_mb = -1, m_layer = -1;
+    std::deque<std::unique_ptr<Event>> m_events;
+};
+
+// --- deterministic RNG -------------------------------------------------------------------
+uint64_t splitmix64(uint64_t x);
+uint64_t hashCombine(uint64_t a, uint64_t b);
+uint64_t hashString(const std::string& s);
+// n samples of N(0, std) from a counter-based generator keyed by `key` (platform-independent).
+void fillNormal(float* out, int64_t n, float std, uint64_t key);
+
+// Dropout seed of one dropout site, a pure function of its coordinates, so recompute
+// reproduces the mask. site: 0 embedding, 1 attention-out, 2 mlp-out.
+uint64_t dropoutSeed(uint64_t seed, int step, int microbatch, int layer, int site);
+
+// --- QKV layout (Megatron per-query-group interleaving, REFERENCE.md §2.1) --------------
+// qkv: [T, ng*(r+2)*d] with per group g: q_{g*r+0..r-1}, k_g, v_g (r = nq/ng).
+// q: [T, nq, d], k, v: [T, ng, d].
+void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d);
+void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq,
+              int ng, int d);
+
+}  // namespace ts::engine

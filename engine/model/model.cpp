@@ -1,0 +1,89 @@
+// Model dims/options from a Config, with the shape checks this engine needs.
+#include "engine/model/model.h"
+
+#include <string>
+
+namespace ts::engine {
+
+Result<ModelDims> modelDimsFromConfig(const Config& c) {
+    const DerivedSizes ds = deriveSizes(c);
+    ModelDims d;
+    d.layers = c.num_layers;
+    d.hidden = c.hidden_size;
+    d.heads = c.num_attention_heads;
+    d.groups = ds.num_query_groups;
+    d.headDim = ds.kv_channels;
+    d.ffn = ds.ffn_hidden_size;
+    d.vocab = c.vocab_size;
+    d.paddedVocab = ds.padded_vocab_size;
+    d.seq = c.seq_length;
+    d.microBatch = c.micro_batch_size;
+    d.swiglu = c.swiglu;
+    d.rmsNorm = c.normalization == "RMSNorm";
+    d.rope = c.position_embedding_type == "rope";
+    d.tied = !c.untie_embeddings_and_output_weights;
+    d.bias = c.add_bias_linear;
+    d.normEps = float(c.norm_epsilon);
+    d.ropeTheta = float(c.rotary_base);
+
+    auto bad = [](const std::string& m) { return Status::invalid(m); };
+    if (d.layers <= 0) return bad("num_layers must be > 0 (got " + std::to_string(d.layers) + ")");
+    if (d.hidden <= 0) return bad("hidden_size must be > 0");
+    if (d.heads <= 0) return bad("num_attention_heads must be > 0");
+    if (d.groups <= 0 || d.heads % d.groups != 0)
+        return bad("num_query_groups=" + std::to_string(d.groups) + " must divide num_attention_heads=" +
+                   std::to_string(d.heads));
+    if (d.headDim <= 0) return bad("kv_channels must be > 0 (hidden_size / num_attention_heads = 0)");
+    if (c.kv_channels == 0 && d.hidden % d.heads != 0)
+        return bad("num_attention_heads=" + std::to_string(d.heads) + " does not divide hidden_size=" +
+                   std::to_string(d.hidden) + "; set kv_channels or change the head count");
+    if (d.rope && d.headDim % 2 != 0)
+        return bad("rotary embedding needs an even head dim (kv_channels=" + std::to_string(d.headDim) + ")");
+    if (d.ffn <= 0) return bad("ffn_hidden_size must be > 0");
+    if (d.vocab <= 0) return bad("vocab_size must be > 0");
+    if (d.seq <= 0) return bad("seq_length must be > 0");
+    if (d.microBatch <= 0) return bad("micro_batch_size must be > 0");
+    if (c.normalization != "LayerNorm" && c.normalization != "RMSNorm")
+        return bad("normalization must be LayerNorm or RMSNorm (got '" + c.normalization + "')");
+    if (c.position_embedding_type != "rope" && c.position_embedding_type != "none")
+        return Status::unsupported("position_embedding_type=" + c.position_embedding_type +
+                                   " is not implemented by the engine; use rope or none");
+    if (c.num_moe_experts > 0)
+        return Status::unsupported("num_moe_experts > 0 (MoE) is not implemented by the engine yet");
+    if (c.attention_dropout < 0.0 || c.attention_dropout >= 1.0)
+        return bad("attention_dropout must be in [0, 1)");
+    if (c.hidden_dropout < 0.0 || c.hidden_dropout >= 1.0)
+        return bad("hidden_dropout must be in [0, 1)");
+    const int tp = ds.tp;
+    if (d.heads % tp != 0 || d.groups % tp != 0)
+        return bad("tensor_model_parallel_size=" + std::to_string(tp) +
+                   " must divide num_attention_heads and num_query_groups");
+    if (d.ffn % tp != 0) return bad("tensor_model_parallel_size must divide ffn_hidden_size");
+    if (int64_t(d.seq) * d.microBatch > (int64_t(1) << 30))
+        return bad("seq_length * micro_batch_size is too large");
+    if (!c.fp8.empty())
+        return Status::unsupported("fp8 training is not implemented by the engine yet; leave fp8 empty");
+    return d;
+}
+
+ModelOptions modelOptionsFromConfig(const Config& c) {
+    ModelOptions o;
+    o.fusedSoftmax = c.masked_softmax_fusion;
+    o.fusedBiasAct = c.bias_activation_fusion;
+    o.fusedBiasDropout = c.bias_dropout_fusion;
+    o.fusedRope = c.apply_rope_fusion;
+    o.fusedCrossEntropy = c.cross_entropy_loss_fusion;
+    o.gradAccumFusion = c.gradient_accumulation_fusion;
+    o.fusedLayerNorm = c.persist_layer_norm;
+    o.bf16 = c.bf16;
+    o.hiddenDropout = float(c.hidden_dropout);
+    o.attentionDropout = float(c.attention_dropout);
+    o.initStd = float(c.init_method_std);
+    o.seed = uint64_t(int64_t(c.seed));
+    o.recomputeGranularity = c.recompute_granularity;
+    o.recomputeMethod = c.recompute_method;
+    o.recomputeNumLayers = c.recompute_num_layers;
+    return o;
+}
+
+}  // namespace ts::engine

@@ -1,0 +1,89 @@
+// Model-level types shared by the GPT model, the trainer and (issue #4) the parallel
+// engine: the parallel context of a rank, the model shape derived from a Config, and the
+// options (fusions, precision, recompute) that select code paths.
+//
+// Sharding convention (Megatron-Core, REFERENCE.md §2.1): every parameter is stored per rank
+// as a shard. Column-parallel linears split the rows of W[out, in] by tp, row-parallel ones the
+// columns, embedding/output are vocab-parallel (rows [r*V/t, (r+1)*V/t)), norms are replicated.
+// With tp = 1 the shard is the whole tensor.
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/config/config.h"
+
+namespace ts::engine {
+
+class Communicator;
+class Stream;
+
+// What one rank holds and whom it talks to. Communicators may be null when the group has
+// size 1. Layers [layerBegin, layerEnd) of the global model live on this rank (this pp stage /
+// virtual chunk); the first stage owns the embedding, the last the final norm, output layer
+// and loss.
+struct ParallelContext {
+    int tpRank = 0, tpSize = 1;
+    int ppRank = 0, ppSize = 1;
+    int vppChunk = 0, vppSize = 1;
+    int dpRank = 0, dpSize = 1;
+    int cpRank = 0, cpSize = 1;
+    bool sequenceParallel = false;
+    Communicator* tp = nullptr;  // TP collectives are enqueued on the compute stream
+    Communicator* pp = nullptr;
+    Communicator* dp = nullptr;
+    int layerBegin = 0;
+    int layerEnd = -1;  // -1 = num_layers
+    bool firstStage = true;
+    bool lastStage = true;
+};
+
+// Shapes after Megatron's derivations (padded vocab, ffn default, groups, kv channels).
+struct ModelDims {
+    int layers = 0;       // global number of transformer layers
+    int hidden = 0;       // h
+    int heads = 0;        // a (query heads, global)
+    int groups = 0;       // query groups (kv heads, global)
+    int headDim = 0;      // kv_channels
+    int ffn = 0;          // F (per GLU half for SwiGLU)
+    int vocab = 0;        // tokenizer vocab (targets must be < vocab)
+    int paddedVocab = 0;  // V
+    int seq = 0;          // s
+    int microBatch = 0;   // b
+    bool swiglu = false;
+    bool rmsNorm = false;
+    bool rope = true;
+    bool tied = true;
+    bool bias = true;
+    float normEps = 1e-5f;
+    float ropeTheta = 10000.f;
+};
+
+// Execution options (all from Config knobs).
+struct ModelOptions {
+    bool fusedSoftmax = true;        // masked_softmax_fusion
+    bool fusedBiasAct = true;        // bias_activation_fusion
+    bool fusedBiasDropout = true;    // bias_dropout_fusion
+    bool fusedRope = true;           // apply_rope_fusion
+    bool fusedCrossEntropy = true;   // cross_entropy_loss_fusion
+    bool gradAccumFusion = true;     // gradient_accumulation_fusion
+    bool fusedLayerNorm = true;      // persist_layer_norm
+    bool bf16 = false;
+    float hiddenDropout = 0.f;
+    float attentionDropout = 0.f;  // on the attention probabilities (after softmax)
+    float initStd = 0.02f;
+    uint64_t seed = 1234;
+    // Recompute: "" | selective | full; method uniform | block; numLayers.
+    std::string recomputeGranularity;
+    std::string recomputeMethod;
+    int recomputeNumLayers = 0;
+};
+
+// Derives dims/options from a config and checks that the shapes fit this engine
+// (InvalidArgument with the knob names otherwise).
+Result<ModelDims> modelDimsFromConfig(const Config& c);
+ModelOptions modelOptionsFromConfig(const Config& c);
+
+}  // namespace ts::engine

@@ -1,0 +1,108 @@
+// Contiguous main-param / main-grad buffers in Megatron's reverse-registration layout.
+#include "engine/model/param_buffer.h"
+
+#include <cstring>
+
+#include "kernels/cpu/ops.h"
+
+namespace ts::engine {
+
+const char* shardKindName(ShardKind k) {
+    switch (k) {
+    case ShardKind::Replicated: return "replicated";
+    case ShardKind::ColumnParallel: return "column_parallel";
+    case ShardKind::RowParallel: return "row_parallel";
+    case ShardKind::VocabParallel: return "vocab_parallel";
+    }
+    return "?";
+}
+
+int ParamBuffer::add(ParamInfo info) {
+    info.numel = 1;
+    for (int64_t d : info.shape) info.numel *= d;
+    m_params.push_back(std::move(info));
+    return int(m_params.size()) - 1;
+}
+
+int ParamBuffer::find(const std::string& name) const {
+    for (size_t i = 0; i < m_params.size(); ++i)
+        if (m_params[i].name == name) return int(i);
+    return -1;
+}
+
+Status ParamBuffer::finalize(Device& dev, bool bf16) {
+    if (m_finalized) return Status::internal("ParamBuffer::finalize called twice");
+    // Reverse registration order: the last registered param starts at offset 0.
+    int64_t off = 0;
+    for (size_t i = m_params.size(); i-- > 0;) {
+        m_params[i].offset = off;
+        off += m_params[i].numel;
+    }
+    m_numel = off;
+    const size_t bytes = size_t(std::max<int64_t>(m_numel, 1)) * sizeof(float);
+    auto main = dev.allocate(bytes, MemCategory::Params);
+    if (!main) return main.status().withContext("allocating main params");
+    auto grad = dev.allocate(bytes, MemCategory::Grads);
+    if (!grad) return grad.status().withContext("allocating main grads");
+    m_main = std::move(main).value();
+    m_grad = std::move(grad).value();
+    m_bf16 = bf16;
+    if (bf16) {
+        auto model = dev.allocate(bytes, MemCategory::Params);
+        if (!model) return model.status().withContext("allocating bf16 model params");
+        m_model = std::move(model).value();
+    }
+    std::memset(m_main->data(), 0, bytes);
+    std::memset(m_grad->data(), 0, bytes);
+    m_finalized = true;
+    return Status::ok();
+}
+
+void ParamBuffer::zeroGrads() {
+    if (m_grad) std::memset(m_grad->data(), 0, size_t(m_numel) * sizeof(float));
+}
+
+void ParamBuffer::syncModelParams() {
+    if (!m_model) return;
+    std::memcpy(m_model->data(), m_main->data(), size_t(m_numel) * sizeof(float));
+    kernels::cpu::roundToBf16(m_model->as<float>(), m_numel);
+}
+
+void ParamBuffer::syncModelParams(int64_t begin, int64_t end) {
+    if (!m_model || begin >= end) return;
+    std::memcpy(m_model->as<float>() + begin, m_main->as<float>() + begin, size_t(end - begin) * sizeof(float));
+    kernels::cpu::roundToBf16(m_model->as<float>() + begin, end - begin);
+}
+
+Status ParamBuffer::relayout(Device& dev, const std::vector<int64_t>& offsets, int64_t numel) {
+    if (!m_finalized) return Status::internal("ParamBuffer::relayout before finalize");
+    if (offsets.size() != m_params.size()) return Status::internal("ParamBuffer::relayout: one offset per param needed");
+    for (size_t i = 0; i < m_params.size(); ++i)
+        if (offsets[i] < 0 || offsets[i] + m_params[i].numel > numel)
+            return Status::internal("ParamBuffer::relayout: param '" + m_params[i].name + "' does not fit");
+    const size_t bytes = size_t(std::max<int64_t>(numel, 1)) * sizeof(float);
+    auto main = dev.allocate(bytes, MemCategory::Params);
+    if (!main) return main.status().withContext("allocating main params");
+    auto grad = dev.allocate(bytes, MemCategory::Grads);
+    if (!grad) return grad.status().withContext("allocating main grads");
+    std::unique_ptr<Buffer> model;
+    if (m_bf16) {
+        auto r = dev.allocate(bytes, MemCategory::Params);
+        if (!r) return r.status().withContext("allocating bf16 model params");
+        model = std::move(r).value();
+    }
+    std::memset(main.value()->data(), 0, bytes);
+    std::memset(grad.value()->data(), 0, bytes);
+    for (size_t i = 0; i < m_params.size(); ++i)
+        std::memcpy(main.value()->as<float>() + offsets[i], m_main->as<float>() + m_params[i].offset,
+                    size_t(m_params[i].numel) * sizeof(float));
+    m_main = std::move(main).value();
+    m_grad = std::move(grad).value();
+    m_model = std::move(model);
+    for (size_t i = 0; i < m_params.size(); ++i) m_params[i].offset = offsets[i];
+    m_numel = numel;
+    syncModelParams();
+    return Status::ok();
+}
+
+}  // namespace ts::engine

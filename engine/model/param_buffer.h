@@ -1,0 +1,83 @@
+// ParamBuffer: all parameters of one model chunk in one contiguous fp32 main-param buffer
+// and one contiguous fp32 main-grad buffer (Megatron's ParamAndGradBuffer, REFERENCE.md
+// §3.1). Parameters are laid out in REVERSE registration order (backprop order), so the
+// data-parallel engine can cut the grad buffer into buckets whose first bucket holds the
+// last layers. With bf16 a separate model copy (fp32 storage holding bf16-rounded values,
+// i.e. emulated bf16 storage) is what forward/backward read; the optimizer updates the fp32
+// main params and refreshes the copy.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/backend/backend.h"
+
+namespace ts::engine {
+
+enum class ShardKind : uint8_t {
+    Replicated = 0,  // norms (and all params when tp = 1)
+    ColumnParallel,  // rows of W[out, in] split by tp
+    RowParallel,     // columns of W[out, in] split by tp
+    VocabParallel,   // rows of the [V, h] table split by tp
+};
+const char* shardKindName(ShardKind k);
+
+struct ParamInfo {
+    std::string name;                // "layers.0.self_attention.linear_qkv.weight"
+    std::vector<int64_t> shape;      // local shard shape
+    std::vector<int64_t> fullShape;  // unsharded shape
+    ShardKind shard = ShardKind::Replicated;
+    bool noWeightDecay = false;      // biases and 1-D params (Megatron's default rule)
+    bool sequenceParallel = false;   // norm weights with SP: grads summed over TP
+    bool sharedEmbedding = false;    // tied word embedding / output weight
+    int partitionStride = 1;         // 2 for SwiGLU fc1: each shard is [gate_r ; up_r]
+    int64_t numel = 0;
+    int64_t offset = 0;              // elements from the buffer start (after finalize)
+};
+
+class ParamBuffer {
+public:
+    // Registers a parameter; returns its index. Only before finalize().
+    int add(ParamInfo info);
+    // Lays out (reverse registration order) and allocates: main params (Params), main grads
+    // (Grads) and, with bf16, the model copy (Params). Memory is zeroed.
+    Status finalize(Device& dev, bool bf16);
+
+    int count() const { return int(m_params.size()); }
+    const ParamInfo& info(int i) const { return m_params[size_t(i)]; }
+    const std::vector<ParamInfo>& params() const { return m_params; }
+    int find(const std::string& name) const;  // -1 if absent
+    int64_t numel() const { return m_numel; }
+    bool bf16() const { return m_bf16; }
+
+    float* mainParams() { return m_main->as<float>(); }
+    float* mainGrads() { return m_grad->as<float>(); }
+    float* mainParam(int i) { return mainParams() + info(i).offset; }
+    float* mainGrad(int i) { return mainGrads() + info(i).offset; }
+    // What forward/backward read: the bf16-rounded copy with bf16, else the main params.
+    float* modelParam(int i) { return (m_model ? m_model->as<float>() : mainParams()) + info(i).offset; }
+
+    void zeroGrads();
+    // Refreshes the bf16 model copy from the main params (no-op in fp32).
+    void syncModelParams();
+    // Refreshes the bf16 model copy of elements [begin, end) of the buffer (no-op in fp32).
+    void syncModelParams(int64_t begin, int64_t end);
+
+    // Data-parallel engine hook: moves every param to `offsets[i]` (elements, registration
+    // index order) in buffers of `numel` elements (>= the unpadded size), e.g. Megatron's
+    // distributed-optimizer layout with padding. Keeps the main param values, zeroes grads and
+    // padding. Only after finalize() and while no work using the buffers is in flight.
+    Status relayout(Device& dev, const std::vector<int64_t>& offsets, int64_t numel);
+
+private:
+    std::vector<ParamInfo> m_params;
+    std::unique_ptr<Buffer> m_main, m_grad, m_model;
+    int64_t m_numel = 0;
+    bool m_bf16 = false;
+    bool m_finalized = false;
+};
+
+}  // namespace ts::engine

@@ -1,0 +1,237 @@
+// Grad buckets and their reductions (see ddp.h).
+#include "engine/parallel/ddp.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "kernels/cpu/ops.h"
+
+namespace ts::engine {
+
+namespace k = ts::kernels::cpu;
+
+namespace {
+
+int64_t padUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+}  // namespace
+
+Result<GradBufferLayout> computeGradBufferLayout(const std::vector<ParamInfo>& params,
+                                                 const GradLayoutOptions& opts) {
+    if (opts.dp < 1) return Status::invalid("data-parallel size must be >= 1");
+    if (opts.bucketSize < 0) return Status::invalid("bucket_size must be >= 0");
+    const bool dist = opts.distributedOptimizer;
+    // Megatron pads bucket ends to lcm(dp, 128) so every shard is a whole number of elements
+    // and a multiple of 128/dp-aligned sizes for NCCL; param starts to 64 elements.
+    const int64_t bucketDivisor = dist ? std::lcm<int64_t>(opts.dp, 128) : 1;
+    GradBufferLayout L;
+    L.paramOffset.assign(params.size(), 0);
+    int64_t paramStart = 0, paramEnd = 0, bucketStart = 0;
+    std::vector<int> current;
+    auto closeBucket = [&](int64_t end) {
+        end = padUp(end, bucketDivisor);
+        L.buckets.push_back({bucketStart, end - bucketStart, current});
+        bucketStart = end;
+        current.clear();
+        return end;
+    };
+    // Reverse registration order = backprop order: bucket 0 holds the last layers.
+    for (size_t i = params.size(); i-- > 0;) {
+        const ParamInfo& p = params[i];
+        if (dist) paramStart = padUp(paramStart, 64);
+        // The tied embedding/output weight gets a bucket of its own (distributed optimizer):
+        // its grad is all-reduced between the first and last pp stage over the whole tensor.
+        const bool ownBucket = dist && p.sharedEmbedding;
+        if (ownBucket && !current.empty()) paramStart = closeBucket(paramStart);
+        paramEnd = paramStart + p.numel;
+        L.paramOffset[i] = paramStart;
+        current.push_back(int(i));
+        if ((opts.bucketSize > 0 && paramEnd - bucketStart >= opts.bucketSize) || ownBucket)
+            paramStart = closeBucket(paramEnd);
+        else
+            paramStart = paramEnd;
+    }
+    if (!current.empty()) closeBucket(paramEnd);
+    L.numel = bucketStart;
+    if (dist && L.numel % opts.dp != 0)
+        return Status::internal("grad buffer of " + std::to_string(L.numel) + " elements is not divisible by dp=" +
+                                std::to_string(opts.dp));
+    return L;
+}
+
+int64_t effectiveBucketSize(const Config& c, int dp, int ppRank, int chunk) {
+    if (!c.overlap_grad_reduce) return 0;
+    // Megatron disables bucketing off the critical path: pp rank > 0 and model chunks > 0.
+    if (ppRank > 0 || chunk > 0) return 0;
+    if (c.bucket_size > 0) return c.bucket_size;
+    return std::max<int64_t>(40'000'000, int64_t(1'000'000) * dp);
+}
+
+GradSync::GradSync(ParamBuffer& params, GradBufferLayout layout, const GradSyncOptions& opts, Device& dev,
+                   Stream& compute, Stream& dpStream, Communicator* dpComm)
+    : m_params(params), m_layout(std::move(layout)), m_opts(opts), m_dev(dev), m_compute(compute),
+      m_dpStream(dpStream), m_comm(dpComm) {
+    m_bucketOf.assign(size_t(params.count()), -1);
+    for (size_t b = 0; b < m_layout.buckets.size(); ++b)
+        for (int p : m_layout.buckets[b].params) m_bucketOf[size_t(p)] = int(b);
+    m_gatherDone.resize(m_layout.buckets.size());
+    beginStep(0);
+}
+
+void GradSync::beginStep(int step) {
+    m_step = step;
+    m_paramReady.assign(m_bucketOf.size(), 0);
+    m_remaining.clear();
+    for (const GradBucket& b : m_layout.buckets) m_remaining.push_back(int(b.params.size()));
+    m_launched.assign(m_layout.buckets.size(), 0);
+    m_launchedEarly = 0;
+    m_armed = false;
+}
+
+void GradSync::onGradsReady(const std::vector<int>& params) {
+    if (!m_armed || !m_opts.overlapGradReduce) return;
+    for (int p : params) {
+        if (p < 0 || size_t(p) >= m_bucketOf.size() || m_paramReady[size_t(p)]) continue;
+        m_paramReady[size_t(p)] = 1;
+        const int b = m_bucketOf[size_t(p)];
+        if (b >= 0 && --m_remaining[size_t(b)] == 0 && !m_launched[size_t(b)]) {
+            launchBucket(b);
+            ++m_launchedEarly;
+        }
+    }
+}
+
+void GradSync::launchBucket(int b) {
+    // The event orders the reduction after every kernel enqueued so far on the compute stream
+    // (the ones that produced this bucket's grads) and nothing later.
+    auto e = m_dev.createEvent();
+    m_compute.record(*e);
+    m_dpStream.wait(*e);
+    enqueueReduction(b);
+    m_launched[size_t(b)] = 1;
+}
+
+void GradSync::finishGradSync() {
+    bool any = false;
+    for (char l : m_launched) any |= !l;
+    if (!any) return;
+    auto e = m_dev.createEvent();
+    m_compute.record(*e);
+    m_dpStream.wait(*e);
+    for (size_t b = 0; b < m_layout.buckets.size(); ++b) {
+        if (m_launched[b]) continue;
+        enqueueReduction(int(b));
+        m_launched[b] = 1;
+    }
+}
+
+void GradSync::enqueueReduction(int b) {
+    const int dp = m_opts.dp;
+    if (dp <= 1 || !m_comm) return;
+    const GradBucket& bucket = m_layout.buckets[size_t(b)];
+    const int64_t n = bucket.numel;
+    if (n == 0) return;
+    float* base = m_params.mainGrads() + bucket.offset;
+    const bool avg = m_opts.averageInCollective;
+    const float scale = avg ? 1.f : 1.f / float(dp);
+    const ReduceOp op = avg ? ReduceOp::Avg : ReduceOp::Sum;
+    const bool dist = m_opts.distributedOptimizer;
+    const int64_t shard = n / dp, mine = int64_t(m_opts.dpRank) * shard;
+    OpDesc d;
+    d.step = m_step;
+    d.category = trace::Category::Elementwise;
+    if (m_opts.gradReduceInFp32) {
+        if (!avg) {
+            d.name = "grad_prescale";
+            d.bytes = uint64_t(n) * 8;
+            m_dpStream.submit(d, [=] { k::scale(base, scale, n); return Status::ok(); });
+        }
+        if (dist) m_comm->reduceScatter(m_dpStream, base, base + mine, size_t(shard), DType::F32, op);
+        else m_comm->allReduce(m_dpStream, base, base, size_t(n), DType::F32, op);
+        return;
+    }
+    // bf16 reduction: the bucket goes through a bf16 comm buffer (one per GradSync, reused
+    // bucket after bucket because the DP stream runs them in order).
+    if (!m_bf16Scratch) {
+        int64_t maxNumel = 1;
+        for (const GradBucket& gb : m_layout.buckets) maxNumel = std::max(maxNumel, gb.numel);
+        auto r = m_dev.allocate(size_t(maxNumel) * 2, MemCategory::CommBuffers);
+        if (!r) {
+            const Status st = r.status().withContext("allocating the bf16 grad-reduction buffer");
+            d.name = "grad_to_bf16";
+            m_dpStream.submit(d, [st] { return st; });
+            return;
+        }
+        m_bf16Scratch = std::move(r).value();
+    }
+    uint16_t* bf = m_bf16Scratch->as<uint16_t>();
+    d.name = "grad_to_bf16";
+    d.bytes = uint64_t(n) * 6;
+    m_dpStream.submit(d, [=] {
+        if (scale != 1.f) k::scale(base, scale, n);
+        k::floatToBf16(base, bf, n);
+        return Status::ok();
+    });
+    if (dist) m_comm->reduceScatter(m_dpStream, bf, bf + mine, size_t(shard), DType::BF16, op);
+    else m_comm->allReduce(m_dpStream, bf, bf, size_t(n), DType::BF16, op);
+    d.name = "grad_from_bf16";
+    const int64_t lo = dist ? mine : 0, len = dist ? shard : n;
+    d.bytes = uint64_t(len) * 6;
+    m_dpStream.submit(d, [=] {
+        k::bf16ToFloat(bf + lo, base + lo, len);
+        return Status::ok();
+    });
+}
+
+void GradSync::startParamGather() {
+    const int dp = m_opts.dp;
+    if (!m_opts.distributedOptimizer || dp <= 1 || !m_comm) return;
+    auto e = m_dev.createEvent();
+    m_compute.record(*e);
+    m_dpStream.wait(*e);
+    float* params = m_params.mainParams();
+    ParamBuffer* pb = &m_params;
+    // Last bucket first: it holds the first layers, which the next forward needs first.
+    for (size_t b = m_layout.buckets.size(); b-- > 0;) {
+        const GradBucket& bucket = m_layout.buckets[b];
+        if (bucket.numel == 0) continue;
+        const int64_t shard = bucket.numel / dp;
+        float* base = params + bucket.offset;
+        m_comm->allGather(m_dpStream, base + int64_t(m_opts.dpRank) * shard, base, size_t(shard), DType::F32);
+        if (m_params.bf16()) {
+            OpDesc d;
+            d.name = "param_copy_bf16";
+            d.category = trace::Category::Optimizer;
+            d.step = m_step;
+            d.bytes = uint64_t(bucket.numel) * 8;
+            const int64_t lo = bucket.offset, hi = bucket.offset + bucket.numel;
+            m_dpStream.submit(d, [pb, lo, hi] {
+                pb->syncModelParams(lo, hi);
+                return Status::ok();
+            });
+        }
+        m_gatherDone[b] = m_dev.createEvent();
+        m_dpStream.record(*m_gatherDone[b]);
+    }
+    if (!m_opts.overlapParamGather) finishParamGather();
+}
+
+void GradSync::onForwardPre(const std::vector<int>& params) {
+    for (int p : params) {
+        if (p < 0 || size_t(p) >= m_bucketOf.size()) continue;
+        const int b = m_bucketOf[size_t(p)];
+        if (b < 0 || !m_gatherDone[size_t(b)]) continue;
+        m_compute.wait(*m_gatherDone[size_t(b)]);
+        m_gatherDone[size_t(b)].reset();
+    }
+}
+
+void GradSync::finishParamGather() {
+    for (auto& e : m_gatherDone) {
+        if (!e) continue;
+        m_compute.wait(*e);
+        e.reset();
+    }
+}
+
+}  // namespace ts::engine

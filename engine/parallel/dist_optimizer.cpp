@@ -1,0 +1,105 @@
+// Sharded AdamW with whole-model gradient clipping (see dist_optimizer.h).
+#include "engine/parallel/dist_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/ops.h"
+
+namespace ts::engine {
+
+namespace k = ts::kernels::cpu;
+
+Result<std::unique_ptr<ShardedAdamW>> ShardedAdamW::create(const Config& c, std::vector<OptimizerChunk> chunks,
+                                                           Device& dev, Communicator* normComm) {
+    TS_RETURN_IF_ERROR(validateAdamConfig(c));
+    std::unique_ptr<ShardedAdamW> o(new ShardedAdamW());
+    o->m_hp = AdamHyper::fromConfig(c);
+    o->m_normComm = normComm;
+    int64_t state = 0;
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+        const OptimizerChunk& ch = chunks[ci];
+        if (!ch.params) return Status::internal("optimizer chunk without params");
+        for (const OwnedRange& r : ch.owned) {
+            for (int p = 0; p < ch.params->count(); ++p) {
+                const ParamInfo& info = ch.params->info(p);
+                const int64_t lo = std::max(r.begin, info.offset), hi = std::min(r.end, info.offset + info.numel);
+                if (lo >= hi) continue;
+                Piece pc;
+                pc.chunk = int(ci);
+                pc.param = p;
+                pc.begin = lo;
+                pc.end = hi;
+                pc.state = state;
+                pc.noWeightDecay = info.noWeightDecay;
+                pc.inNorm = ch.countInNorm.empty() || ch.countInNorm[size_t(p)];
+                state += hi - lo;
+                o->m_pieces.push_back(pc);
+            }
+        }
+    }
+    // Param order inside the buffer does not matter for AdamW (element-wise); keep buffer order.
+    o->m_ownedNumel = state;
+    const size_t bytes = size_t(std::max<int64_t>(state, 1)) * sizeof(float);
+    auto m = dev.allocate(bytes, MemCategory::OptimizerState);
+    if (!m) return m.status().withContext("allocating Adam exp_avg");
+    auto v = dev.allocate(bytes, MemCategory::OptimizerState);
+    if (!v) return v.status().withContext("allocating Adam exp_avg_sq");
+    auto nb = dev.allocate(sizeof(float), MemCategory::Workspace);
+    if (!nb) return nb.status();
+    o->m_m = std::move(m).value();
+    o->m_v = std::move(v).value();
+    o->m_normBuf = std::move(nb).value();
+    std::memset(o->m_m->data(), 0, bytes);
+    std::memset(o->m_v->data(), 0, bytes);
+    for (const Piece& p : o->m_pieces) {
+        ParamBuffer* pb = chunks[size_t(p.chunk)].params;
+        o->m_segments.push_back({pb->mainParams() + p.begin, pb->mainGrads() + p.begin, o->m_m->as<float>() + p.state,
+                                 o->m_v->as<float>() + p.state, p.end - p.begin, p.noWeightDecay});
+    }
+    o->m_chunks = std::move(chunks);
+    return o;
+}
+
+void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refreshWholeModelCopy) {
+    ++m_steps;
+    exec.setLayer(-1);
+    exec.setMicrobatch(-1);
+    // Shared with the ops: pieces and chunk pointers are immutable after create().
+    const std::vector<Piece>* pieces = &m_pieces;
+    const std::vector<OptimizerChunk>* chunks = &m_chunks;
+    float* normBuf = m_normBuf->as<float>();
+    auto localSq = std::make_shared<double>(0.0);
+    const bool reduce = m_normComm && m_normComm->size() > 1;
+    exec.op("optimizer.grad_norm_local", trace::Category::Optimizer, 2.0 * double(m_ownedNumel),
+            uint64_t(m_ownedNumel) * 4, [=] {
+                double s = 0;
+                for (const Piece& p : *pieces)
+                    if (p.inNorm)
+                        s += k::sumSquares((*chunks)[size_t(p.chunk)].params->mainGrads() + p.begin, p.end - p.begin);
+                *localSq = s;
+                normBuf[0] = float(s);
+            });
+    if (reduce) m_normComm->allReduce(exec.stream(), normBuf, normBuf, 1, DType::F32, ReduceOp::Sum);
+    auto info = m_info;
+    const AdamHyper hp = m_hp;
+    const std::vector<AdamSegment>* segs = &m_segments;
+    exec.opStatus("optimizer.clip", trace::Category::Optimizer, 0.0, 0,  // scalar: the update applies the coefficient
+                  [=]() -> Status {
+                      const double sq = reduce ? double(normBuf[0]) : *localSq;
+                      return clipSegmentGrads(sq, hp, lr, iteration, info.get());
+                  });
+    const int64_t step = m_steps;
+    exec.op("optimizer.adamw", trace::Category::Optimizer, 12.0 * double(m_ownedNumel), uint64_t(m_ownedNumel) * 20,
+            [=] {
+                adamwSegments(*segs, hp, lr, step, info->clipCoef);
+                if (refreshWholeModelCopy) {
+                    for (const OptimizerChunk& ch : *chunks) ch.params->syncModelParams();
+                } else {
+                    for (const Piece& p : *pieces) (*chunks)[size_t(p.chunk)].params->syncModelParams(p.begin, p.end);
+                }
+            });
+}
+
+}  // namespace ts::engine

@@ -1,0 +1,786 @@
+// Multi-rank training loop (see parallel_trainer.h).
+#include "engine/parallel/parallel_trainer.h"
+
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <thread>
+
+#include "common/clock.h"
+#include "engine/backend/backend_trace.h"
+#include "engine/config/knobs.h"
+#include "engine/model/flops.h"
+#include "engine/parallel/dist_optimizer.h"
+#include "engine/parallel/pipeline_executor.h"
+#include "engine/parallel/schedule.h"
+#include "engine/train/checkpoint.h"
+#include "kernels/cpu/ops.h"
+
+namespace ts::engine {
+
+namespace {
+
+// One long-lived host thread per rank: jobs run in order on it.
+class RankWorker {
+public:
+    RankWorker() : m_thread([this] { loop(); }) {}
+    ~RankWorker() {
+        {
+            std::lock_guard<std::mutex> lock(m_mutex);
+            m_stop = true;
+        }
+        m_cv.notify_all();
+        m_thread.join();
+    }
+    std::future<Status> post(std::function<Status()> fn) {
+        std::packaged_task<Status()> task(std::move(fn));
+        auto f = task.get_future();
+        {
+            std::lock_guard<std::mutex> lock(m_mutex);
+            m_jobs.push_back(std::move(task));
+        }
+        m_cv.notify_all();
+        return f;
+    }
+
+private:
+    void loop() {
+        for (;;) {
+            std::packaged_task<Status()> job;
+            {
+                std::unique_lock<std::mutex> lock(m_mutex);
+                m_cv.wait(lock, [&] { return m_stop || !m_jobs.empty(); });
+                if (m_jobs.empty()) return;
+                job = std::move(m_jobs.front());
+                m_jobs.pop_front();
+            }
+            job();
+        }
+    }
+    std::mutex m_mutex;
+    std::condition_variable m_cv;
+    std::deque<std::packaged_task<Status()>> m_jobs;
+    bool m_stop = false;
+    std::thread m_thread;
+};
+
+std::string coordText(const RankCoords& c) {
+    return "rank " + std::to_string(c.global) + " (tp " + std::to_string(c.tp) + ", pp " + std::to_string(c.pp) +
+           ", dp " + std::to_string(c.dp) + ")";
+}
+
+}  // namespace
+
+// Declaration order = construction order; members are destroyed in reverse, so the worker
+// thread stops first, then models/optimizer (which drain the streams), then the
+// communicators, then the streams.
+struct ParallelTrainer::RankState {
+    int rank = 0;
+    RankCoords coords;
+    Device* dev = nullptr;
+    std::unique_ptr<Stream> compute, dpStream, p2p;
+    std::unique_ptr<Stream> tpStream;  // tp_comm_overlap: the SP collectives of the TP linears
+    std::unique_ptr<Communicator> tpComm, ppComm, dpComm, embdComm, normComm;
+    std::unique_ptr<Communicator> tpOverlapComm;  // a second "tp" communicator, used on tpStream only
+    std::vector<std::unique_ptr<GptModel>> models;
+    std::vector<std::unique_ptr<GradSync>> syncs;
+    std::unique_ptr<ShardedAdamW> opt;
+    std::unique_ptr<PipelineExecutor> pipe;
+    int embdChunk = -1, embdParam = -1;  // tied embedding / output copy synced over "embd"
+    std::vector<double> losses;          // last stage: per local microbatch
+    std::unique_ptr<RankWorker> worker;
+
+    ~RankState() {
+        worker.reset();
+        if (compute) (void)compute->synchronize();
+        if (dpStream) (void)dpStream->synchronize();
+        if (p2p) (void)p2p->synchronize();
+        if (tpStream) (void)tpStream->synchronize();
+        pipe.reset();
+        opt.reset();
+        syncs.clear();
+        models.clear();
+    }
+};
+
+Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c, trace::Recorder* rec,
+                                                                 const ParallelTrainerOptions& opts) {
+    TS_RETURN_IF_ERROR(issuesToStatus(validateConfig(c)));
+    if (c.device_backend != "cpu")
+        return Status::unsupported("device_backend=" + c.device_backend +
+                                   ": the parallel engine runs on the CPU backend (virtual devices) only");
+    if (c.context_parallel_size > 1)
+        return Status::unsupported("context_parallel_size > 1 is not executed by the parallel engine yet");
+    if (c.num_moe_experts > 0) return Status::unsupported("MoE layers are not executed by the parallel engine yet");
+    if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
+    const DerivedSizes ds = deriveSizes(c);
+    ParallelSizes sizes;
+    sizes.tp = ds.tp;
+    sizes.cp = ds.cp;
+    sizes.pp = ds.pp;
+    sizes.dp = ds.dp;
+    sizes.world = ds.world;
+    TS_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::create(sizes));
+    if (ds.global_batch_size != c.micro_batch_size * ds.dp * ds.num_microbatches)
+        return Status::invalid("global_batch_size=" + std::to_string(ds.global_batch_size) +
+                               " must equal micro_batch_size * data_parallel_size * num_microbatches (" +
+                               std::to_string(c.micro_batch_size) + " * " + std::to_string(ds.dp) + " * " +
+                               std::to_string(ds.num_microbatches) + ")");
+    TS_ASSIGN_OR_RETURN(ModelDims dims, modelDimsFromConfig(c));
+    if (dims.layers % (ds.pp * ds.vpp) != 0)
+        return Status::invalid("num_layers=" + std::to_string(dims.layers) +
+                               " must be divisible by pipeline_model_parallel_size x "
+                               "virtual_pipeline_model_parallel_size = " + std::to_string(ds.pp * ds.vpp));
+
+    std::unique_ptr<ParallelTrainer> t(new ParallelTrainer());
+    t->m_cfg = c;
+    t->m_layout = layout;
+    t->m_rec = rec;
+    const int world = layout.worldSize();
+    // Ranks of this process (all of them unless several processes share the world).
+    t->m_opts = opts;
+    std::vector<int>& local = t->m_opts.localRanks;
+    if (local.empty())
+        for (int r = 0; r < world; ++r) local.push_back(r);
+    for (size_t i = 0; i < local.size(); ++i)
+        if (local[i] < 0 || local[i] >= world || (i > 0 && local[i] <= local[i - 1]))
+            return Status::invalid("local ranks must be increasing global ranks below world_size=" +
+                                   std::to_string(world));
+    if (int(local.size()) != world && (!opts.makeGroup || !opts.gatherHost))
+        return Status::invalid("a process running " + std::to_string(local.size()) + " of " + std::to_string(world) +
+                               " ranks needs a group factory and a host gather (several processes)");
+    t->m_backend = makeCpuBackend(int(local.size()));
+    // OpenBLAS threads are process-global: with several rank threads, one GEMM thread each.
+    kernels::cpu::setNumThreads(world > 1 ? 1 : std::max(1, c.cpu_threads));
+    TS_ASSIGN_OR_RETURN(t->m_data, DataSource::open(c));
+    CommOptions copts;
+    copts.timeout = opts.commTimeout;
+    t->m_world = std::make_unique<CommWorld>(world, copts);
+    t->m_lr = LrSchedule::fromConfig(c);
+    t->m_numMicrobatches = ds.num_microbatches;
+    t->m_globalBatch = ds.global_batch_size;
+    t->m_flops = megatronFlopsPerIteration(FlopsInputs::fromConfig(c));
+
+    const bool dist = c.use_distributed_optimizer;
+    const bool tied = !c.untie_embeddings_and_output_weights;
+    const int v = ds.vpp;
+    for (size_t li = 0; li < local.size(); ++li) {
+        const int r = local[li];
+        auto R = std::make_unique<RankState>();
+        R->rank = r;
+        R->coords = layout.coordsOf(r);
+        R->dev = &t->m_backend->device(int(li));
+        if (rec) R->dev->setTrace(rec, r);
+        R->compute = R->dev->createStream(trace::TrackKind::Compute, "compute");
+        R->dpStream = R->dev->createStream(trace::TrackKind::Comm, "dp_comm");
+        R->p2p = R->dev->createStream(trace::TrackKind::P2P, "p2p");
+        const bool tpOverlap = c.tp_comm_overlap && c.sequence_parallel && ds.tp > 1;
+        if (tpOverlap) R->tpStream = R->dev->createStream(trace::TrackKind::Comm, "tp_comm");
+        auto join = [&](const std::string& name, std::unique_ptr<Communicator>& out) -> Status {
+            const std::vector<int> members = layout.groupRanks(name, r);
+            if (members.size() < 2) return Status::ok();
+            if (opts.makeGroup) {
+                TS_ASSIGN_OR_RETURN(out, opts.makeGroup(name, members, r));
+                return Status::ok();
+            }
+            TS_ASSIGN_OR_RETURN(out, t->m_world->join(name, members, r));
+            return Status::ok();
+        };
+        TS_RETURN_IF_ERROR(join("tp", R->tpComm));
+        if (tpOverlap) TS_RETURN_IF_ERROR(join("tp", R->tpOverlapComm));
+        TS_RETURN_IF_ERROR(join("pp", R->ppComm));
+        TS_RETURN_IF_ERROR(join("dp", R->dpComm));
+        if (tied && ds.pp > 1) TS_RETURN_IF_ERROR(join("embd", R->embdComm));
+        // Grad-norm group: each param counted once. Without the distributed optimizer every DP
+        // replica holds the same grads (tp-pp covers the model); with it, DP ranks own
+        // disjoint shards (the whole world).
+        TS_RETURN_IF_ERROR(join(dist ? "world" : "tp-pp", R->normComm));
+
+        const int ppRank = R->coords.pp;
+        for (int ch = 0; ch < v; ++ch) {
+            ParallelContext ctx;
+            ctx.tpRank = R->coords.tp;
+            ctx.tpSize = ds.tp;
+            ctx.ppRank = ppRank;
+            ctx.ppSize = ds.pp;
+            ctx.vppChunk = ch;
+            ctx.vppSize = v;
+            ctx.dpRank = R->coords.dp;
+            ctx.dpSize = ds.dp;
+            ctx.sequenceParallel = c.sequence_parallel;
+            ctx.tp = R->tpComm.get();
+            ctx.pp = R->ppComm.get();
+            ctx.dp = R->dpComm.get();
+            TS_ASSIGN_OR_RETURN(ctx.layerBegin, layerOffset(dims.layers, ds.pp, v, ppRank, ch));
+            ctx.layerEnd = ctx.layerBegin + dims.layers / (ds.pp * v);
+            ctx.firstStage = ppRank == 0 && ch == 0;
+            ctx.lastStage = ppRank == ds.pp - 1 && ch == v - 1;
+            auto model = GptModel::create(c, *R->dev, *R->compute, ctx);
+            if (!model) return model.status().withContext(coordText(R->coords) + " chunk " + std::to_string(ch));
+            GptModel& m = *model.value();
+            if (R->tpStream && R->tpOverlapComm) m.setTpCommOverlap(*R->tpStream, *R->tpOverlapComm);
+            GradLayoutOptions lo;
+            lo.bucketSize = effectiveBucketSize(c, ds.dp, ppRank, ch);
+            lo.dp = ds.dp;
+            lo.distributedOptimizer = dist;
+            // Megatron marks the tied weight shared_embedding on BOTH ends of the pipeline (its
+            // own bucket, so the "embd" all-reduce after a reduce-scatter adds matching shards);
+            // GptModel flags the first stage's embedding only when it also holds the output.
+            std::vector<ParamInfo> infos = m.params().params();
+            if (tied && ctx.firstStage) {
+                const int e = m.params().find("embedding.word_embeddings.weight");
+                if (e >= 0) infos[size_t(e)].sharedEmbedding = true;
+            }
+            TS_ASSIGN_OR_RETURN(GradBufferLayout gl, computeGradBufferLayout(infos, lo));
+            bool same = gl.numel == m.params().numel();
+            for (int i = 0; same && i < m.params().count(); ++i) same = gl.paramOffset[size_t(i)] == m.params().info(i).offset;
+            if (!same) TS_RETURN_IF_ERROR(m.params().relayout(*R->dev, gl.paramOffset, gl.numel));
+            GradSyncOptions so;
+            so.dp = ds.dp;
+            so.dpRank = R->coords.dp;
+            so.overlapGradReduce = c.overlap_grad_reduce;
+            so.distributedOptimizer = dist;
+            so.overlapParamGather = c.overlap_param_gather;
+            so.averageInCollective = c.average_in_collective;
+            so.gradReduceInFp32 = c.grad_reduce_in_fp32;
+            auto sync = std::make_unique<GradSync>(m.params(), std::move(gl), so, *R->dev, *R->compute, *R->dpStream,
+                                                   R->dpComm.get());
+            GradSync* sp = sync.get();
+            if (c.overlap_grad_reduce) m.setGradReadyHook([sp](const std::vector<int>& ps) { sp->onGradsReady(ps); });
+            if (dist && c.overlap_param_gather)
+                m.setForwardPreHook([sp](const std::vector<int>& ps) { sp->onForwardPre(ps); });
+            if (R->embdComm) {
+                if (ctx.firstStage && m.params().find("embedding.word_embeddings.weight") >= 0) {
+                    R->embdChunk = ch;
+                    R->embdParam = m.params().find("embedding.word_embeddings.weight");
+                } else if (ctx.lastStage && m.params().find("output_layer.weight") >= 0) {
+                    R->embdChunk = ch;
+                    R->embdParam = m.params().find("output_layer.weight");
+                }
+            }
+            R->models.push_back(std::move(model).value());
+            R->syncs.push_back(std::move(sync));
+        }
+        if (R->embdComm && R->embdParam < 0)
+            return Status::internal(coordText(R->coords) + " is in the embedding group but holds no tied weight");
+
+        std::vector<OptimizerChunk> oc;
+        for (int ch = 0; ch < v; ++ch) {
+            OptimizerChunk o;
+            ParamBuffer& pb = R->models[size_t(ch)]->params();
+            o.params = &pb;
+            if (dist) {
+                for (const GradBucket& b : R->syncs[size_t(ch)]->layout().buckets) {
+                    auto [lo2, hi2] = shardOf(b, ds.dp, R->coords.dp);
+                    o.owned.push_back({lo2, hi2});
+                }
+            } else {
+                o.owned.push_back({0, pb.numel()});
+            }
+            o.countInNorm.assign(size_t(pb.count()), 1);
+            for (int i = 0; i < pb.count(); ++i) {
+                const ParamInfo& info = pb.info(i);
+                // The last stage's copy of the tied embedding duplicates the first stage's.
+                if (info.sharedEmbedding && info.name == "output_layer.weight") o.countInNorm[size_t(i)] = 0;
+                // TP-replicated params: identical on every tp rank, counted on tp rank 0.
+                if (info.shard == ShardKind::Replicated && R->coords.tp != 0) o.countInNorm[size_t(i)] = 0;
+            }
+            oc.push_back(std::move(o));
+        }
+        TS_ASSIGN_OR_RETURN(R->opt, ShardedAdamW::create(c, std::move(oc), *R->dev, R->normComm.get()));
+
+        ScheduleParams sp;
+        sp.pp = ds.pp;
+        sp.vpp = v;
+        sp.microbatches = ds.num_microbatches;
+        sp.rank = ppRank;
+        sp.overlapP2PComm = c.overlap_p2p_comm;
+        TS_ASSIGN_OR_RETURN(PipelineSchedule sched, buildSchedule(sp));
+        std::vector<PipelineExecutor::Chunk> chunks;
+        for (int ch = 0; ch < v; ++ch) chunks.push_back({R->models[size_t(ch)].get(), R->syncs[size_t(ch)].get()});
+        PipelineExecutorOptions po;
+        po.pp = ds.pp;
+        po.ppRank = ppRank;
+        po.batchP2P = c.batch_p2p_comm;
+        po.overlapP2P = c.overlap_p2p_comm;
+        R->pipe = std::make_unique<PipelineExecutor>(std::move(sched), std::move(chunks), *R->dev, *R->compute, *R->p2p,
+                                                     R->ppComm.get(), po);
+        R->worker = std::make_unique<RankWorker>();
+        t->m_ranks.push_back(std::move(R));
+    }
+    if (!c.load.empty()) TS_RETURN_IF_ERROR(t->load(c.load));
+    if (!c.save.empty() && int(local.size()) != world)
+        return Status::unsupported("save: checkpoints of runs over several processes (mpirun) are not supported yet; "
+                                   "run the same layout in one process (trainscope run without mpirun) to save");
+    if (rec) {
+        const nlohmann::json meta = t->runMetadata();
+        for (auto it = meta.begin(); it != meta.end(); ++it)
+            rec->metadata(it.key(), it->is_string() ? it->get<std::string>() : it->dump());
+    }
+    return t;
+}
+
+ParallelTrainer::~ParallelTrainer() {
+    // Ranks before the world (communicators must not outlive it).
+    m_ranks.clear();
+}
+
+nlohmann::json ParallelTrainer::runMetadata() const {
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    nlohmann::json j = baseRunMetadata(m_cfg, m_flops, m_peakTflops, m_data.get());
+    j["world"] = ds.world;
+    j["tp"] = ds.tp;
+    j["dp"] = ds.dp;
+    int64_t params = 0;
+    for (const auto& R : m_ranks) {
+        if (R->coords.dp != 0) continue;
+        for (const auto& m : R->models)
+            for (const ParamInfo& p : m->params().params())
+                if (!(p.sharedEmbedding && p.name == "output_layer.weight")) params += p.numel;
+    }
+    j["num_parameters"] = params;  // TP shards summed (= the unsharded count)
+    return j;
+}
+
+void ParallelTrainer::failRank(int local, const Status& st) {
+    std::lock_guard<std::mutex> lock(m_errorMutex);
+    if (!m_firstError.isOk()) return;
+    m_firstError = st.withContext(coordText(m_ranks[size_t(local)]->coords));
+    const Status why(st.code() == ErrorCode::Cancelled ? ErrorCode::Cancelled : ErrorCode::CommError,
+                     coordText(m_ranks[size_t(local)]->coords) + " stopped: " + st.message());
+    m_world->abort(why);
+    // Factory-made (e.g. MPI) communicators are not part of m_world: abort this process's side;
+    // the other processes' ops fail by their deadlock guard (commTimeout).
+    if (m_opts.makeGroup)
+        for (auto& R : m_ranks)
+            for (Communicator* c : {R->tpComm.get(), R->ppComm.get(), R->dpComm.get(), R->embdComm.get(), R->normComm.get()})
+                if (c) c->abort(why);
+}
+
+void ParallelTrainer::injectFailure(int rank, int step, std::string opName) {
+    m_injectRank = rank;
+    m_injectStep = step;
+    m_injectOp = std::move(opName);
+}
+
+Status ParallelTrainer::rankStep(int local, int it, const std::atomic<bool>* cancel) {
+    RankState& R = *m_ranks[size_t(local)];
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    const int m = m_numMicrobatches;
+    const int dp = ds.dp, dpRank = R.coords.dp;
+    Exec& ex0 = R.models[0]->exec();
+    Status st;
+    {
+        RangeScope stepRange(*R.dev, range::kStep, {it, -1, -1, -1});
+        for (size_t ch = 0; ch < R.models.size(); ++ch) {
+            GptModel& model = *R.models[ch];
+            model.clearCaptured();
+            model.beginStep(it, m);
+            model.exec().setCancelFlag(cancel);
+            model.exec().setMicrobatch(-1);
+            model.exec().setLayer(-1);
+            ParamBuffer* pb = &model.params();
+            model.exec().op("zero_grad", trace::Category::Memset, 0, uint64_t(pb->numel()) * 4,
+                            [pb] { pb->zeroGrads(); });
+            R.syncs[ch]->beginStep(it);
+        }
+        if (R.rank == m_injectRank && it == m_injectStep) {
+            OpDesc d;
+            d.name = m_injectOp.c_str();
+            d.step = it;
+            const std::string name = m_injectOp;
+            R.compute->submit(d, [name] { return Status::internal("injected failure in '" + name + "'"); });
+        }
+        auto stop = [&]() -> Status {
+            if (cancel && cancel->load()) return Status::cancelled("cancelled at iteration " + std::to_string(it + 1));
+            Status a = m_world->abortStatus();
+            if (!a.isOk()) return a;
+            return Status::ok();
+        };
+        auto data = [&](int j) -> std::shared_ptr<const Microbatch> { return m_stepData[size_t(dpRank)][size_t(j)]; };
+        auto id = [&](int j) { return j * dp + dpRank; };
+        st = R.pipe->run(it, data, id, stop);
+        if (st.isOk()) {
+            for (auto& s : R.syncs) s->finishGradSync();
+            // finalize_model_grads: tied embedding grads summed between first and last stage,
+            // after the DP reduction (same DP stream, so in order after the buckets).
+            if (R.embdComm) {
+                auto e = R.dev->createEvent();
+                R.compute->record(*e);
+                R.dpStream->wait(*e);
+                ParamBuffer& pb = R.models[size_t(R.embdChunk)]->params();
+                float* g = pb.mainGrad(R.embdParam);
+                R.embdComm->allReduce(*R.dpStream, g, g, size_t(pb.info(R.embdParam).numel), DType::F32, ReduceOp::Sum);
+            }
+            auto gradsDone = R.dev->createEvent();
+            R.dpStream->record(*gradsDone);
+            R.compute->wait(*gradsDone);
+            {
+                RangeScope optRange(*R.dev, range::kOptimizer, {it, -1, -1, -1});
+                R.opt->enqueueStep(ex0, m_lr.lrAt(it), it + 1, !m_cfg.use_distributed_optimizer);
+                for (auto& s : R.syncs) s->startParamGather();
+            }
+        }
+        Status sc = R.compute->synchronize();
+        Status sp = R.p2p->synchronize();
+        // With overlap_param_gather the all-gathers keep running into the next forward.
+        Status sd = m_cfg.overlap_param_gather ? Status::ok() : R.dpStream->synchronize();
+        if (st.isOk()) st = sc;
+        if (st.isOk()) st = sp;
+        if (st.isOk()) st = sd;
+        for (auto& model : R.models) model->exec().clearThrottle();
+        R.pipe->endStep();
+    }
+    if (!st.isOk()) {
+        failRank(local, st);
+        return st;
+    }
+    R.losses.clear();
+    GptModel& lastChunk = *R.models.back();
+    if (lastChunk.context().lastStage)
+        for (int j = 0; j < m; ++j) R.losses.push_back(lastChunk.microbatchLoss(j * dp + dpRank));
+    return Status::ok();
+}
+
+Status ParallelTrainer::step(StepProgress* out) {
+    {
+        std::lock_guard<std::mutex> lock(m_errorMutex);
+        if (!m_firstError.isOk())
+            return m_firstError.withContext("the parallel run already failed; create a new trainer");
+    }
+    const int it = m_iteration;
+    const int64_t t0 = monotonicNs();
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    const int b = m_cfg.micro_batch_size, dp = ds.dp, m = m_numMicrobatches;
+    // Data on the calling thread (DataSource is not thread-safe); see the header for the map.
+    m_stepData.assign(size_t(dp), {});
+    for (int d = 0; d < dp; ++d)
+        for (int j = 0; j < m; ++j)
+            m_stepData[size_t(d)].push_back(m_data->microbatch(m_samples + (int64_t(j) * dp + d) * b, b));
+    for (auto& R : m_ranks) R->dev->resetPeak();
+    std::vector<std::future<Status>> futures;
+    for (size_t li = 0; li < m_ranks.size(); ++li)
+        futures.push_back(m_ranks[li]->worker->post([this, li, it, cancel = m_cancel] { return rankStep(int(li), it, cancel); }));
+    for (auto& f : futures) (void)f.get();
+    // Per-rank host record: [failed, #losses, losses (m slots), peak total, peak per category].
+    // With several processes the records are exchanged (even after a failure, so that no
+    // process waits for one that already gave up); in one process they are just read.
+    const int nCat = int(MemCategory::Count);
+    const int recSize = 3 + m + nCat;
+    bool localFailed = false;
+    {
+        std::lock_guard<std::mutex> lock(m_errorMutex);
+        localFailed = !m_firstError.isOk();
+        if (localFailed && !m_opts.gatherHost) return m_firstError;
+    }
+    std::vector<double> mine, all;
+    for (auto& R : m_ranks) {
+        const MemoryStats ms = R->dev->memoryStats();
+        mine.push_back(localFailed ? 1.0 : 0.0);
+        mine.push_back(double(R->losses.size()));
+        for (int j = 0; j < m; ++j) mine.push_back(size_t(j) < R->losses.size() ? R->losses[size_t(j)] : 0.0);
+        mine.push_back(double(ms.peakTotal));
+        for (int cat = 0; cat < nCat; ++cat) mine.push_back(double(ms.peak[size_t(cat)]));
+    }
+    if (m_opts.gatherHost) {
+        Status g = m_opts.gatherHost(mine, recSize, all);
+        if (g.isOk() && all.size() != size_t(worldSize()) * size_t(recSize))
+            g = Status::internal("host gather returned " + std::to_string(all.size()) + " values, expected " +
+                                 std::to_string(size_t(worldSize()) * size_t(recSize)));
+        std::lock_guard<std::mutex> lock(m_errorMutex);
+        if (!m_firstError.isOk()) return m_firstError;
+        if (!g.isOk()) return m_firstError = g.withContext("exchanging step results between processes");
+        for (int r = 0; r < worldSize(); ++r)
+            if (all[size_t(r) * size_t(recSize)] != 0.0)
+                return m_firstError = Status::comm("rank " + std::to_string(r) + " failed at iteration " +
+                                                   std::to_string(it + 1) + " (see its process's output)");
+    } else {
+        all = std::move(mine);  // every rank is local, in global rank order
+    }
+    double loss = 0;
+    int count = 0;
+    for (int r = 0; r < worldSize(); ++r) {
+        if (m_layout.coordsOf(r).tp != 0) continue;
+        const double* rec = all.data() + size_t(r) * size_t(recSize);
+        for (int j = 0; j < int(rec[1]); ++j) {
+            loss += rec[2 + j];
+            ++count;
+        }
+    }
+    if (count != dp * m)
+        return Status::internal("collected " + std::to_string(count) + " microbatch losses, expected " +
+                                std::to_string(dp * m));
+    loss /= count;
+    if (!std::isfinite(loss)) {
+        const Status st = Status::numerical("loss is " + std::to_string(loss) + " at iteration " + std::to_string(it + 1) +
+                                            "; lower lr or enable clip_grad");
+        std::lock_guard<std::mutex> lock(m_errorMutex);
+        m_firstError = st;
+        return st;
+    }
+    const double dt = double(monotonicNs() - t0) * 1e-9;
+    ++m_iteration;
+    m_samples += m_globalBatch;
+    if (out) {
+        out->step = m_iteration;
+        out->loss = loss;
+        out->stepTimeS = dt;
+        out->tokensPerS = double(m_globalBatch) * m_cfg.seq_length / std::max(dt, 1e-12);
+        out->modelTflops = m_flops / (std::max(dt, 1e-12) * 1e12 * double(worldSize()));
+        out->gradNorm = m_ranks[0]->opt->lastStep().gradNorm;
+        out->lr = m_ranks[0]->opt->lastStep().lr;
+        out->peakMemoryBytes = 0;
+        for (size_t cat = 0; cat < size_t(MemCategory::Count); ++cat) out->peakMemoryByCategory[cat] = 0;
+        // Most-loaded rank, as Megatron's memory report.
+        for (int r = 0; r < worldSize(); ++r) {
+            const double* rec = all.data() + size_t(r) * size_t(recSize);
+            out->peakMemoryBytes = std::max(out->peakMemoryBytes, int64_t(rec[2 + m]));
+            for (size_t cat = 0; cat < size_t(nCat); ++cat)
+                out->peakMemoryByCategory[cat] =
+                    std::max(out->peakMemoryByCategory[cat], int64_t(rec[3 + m + int(cat)]));
+        }
+    }
+    return Status::ok();
+}
+
+Status ParallelTrainer::train(int steps, const TrainerCallbacks& cb, const std::atomic<bool>* cancel) {
+    m_cancel = cancel;
+    const int target = steps < 0 ? m_cfg.train_iters : m_iteration + steps;
+    while (m_iteration < target) {
+        if (cancel && cancel->load()) return Status::cancelled("cancelled at iteration " + std::to_string(m_iteration + 1));
+        StepProgress p;
+        TS_RETURN_IF_ERROR(step(&p));
+        if (cb.onStep) cb.onStep(p);
+        TS_RETURN_IF_ERROR(saveCheckpointIfDue(m_cfg, m_iteration, false, [this](const std::string& d) { return save(d); }, cb));
+    }
+    TS_RETURN_IF_ERROR(synchronize());
+    return saveCheckpointIfDue(m_cfg, m_iteration, true, [this](const std::string& d) { return save(d); }, cb);
+}
+
+Status ParallelTrainer::synchronize() {
+    Status first;
+    for (auto& R : m_ranks) {
+        for (Stream* s : {R->compute.get(), R->dpStream.get(), R->p2p.get()}) {
+            Status st = s->synchronize();
+            if (first.isOk() && !st.isOk()) first = st.withContext(coordText(R->coords));
+        }
+    }
+    std::lock_guard<std::mutex> lock(m_errorMutex);
+    return m_firstError.isOk() ? first : m_firstError;
+}
+
+Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(int dpRank) {
+    TS_RETURN_IF_ERROR(synchronize());
+    if (int(m_ranks.size()) != worldSize())
+        return Status::unsupported("gatherParams needs every rank in this process (this one runs " +
+                                   std::to_string(m_ranks.size()) + " of " + std::to_string(worldSize()) + ")");
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    if (dpRank < 0 || dpRank >= ds.dp) return Status::invalid("dp rank " + std::to_string(dpRank) + " out of range");
+    std::map<std::string, std::vector<float>> out;
+    for (int pp = 0; pp < ds.pp; ++pp) {
+        for (int ch = 0; ch < ds.vpp; ++ch) {
+            const int r0 = m_layout.globalRank(0, 0, dpRank, pp);
+            ParamBuffer& p0 = m_ranks[size_t(r0)]->models[size_t(ch)]->params();
+            for (int i = 0; i < p0.count(); ++i) {
+                const ParamInfo& info = p0.info(i);
+                std::string name = info.name;
+                if (info.sharedEmbedding && name == "output_layer.weight") name += "[tied copy]";
+                int64_t full = 1;
+                for (int64_t d : info.fullShape) full *= d;
+                std::vector<float> v(static_cast<size_t>(full), 0.f);
+                for (int t = 0; t < ds.tp; ++t) {
+                    const int r = m_layout.globalRank(t, 0, dpRank, pp);
+                    copyShardToFull(info, ds.tp, t, m_ranks[size_t(r)]->models[size_t(ch)]->params().mainParam(i),
+                                    v.data());
+                }
+                out[name] = std::move(v);
+            }
+        }
+    }
+    return out;
+}
+
+namespace {
+
+// Where a param of the single-device model lives in the parallel run: pipeline stage, chunk
+// and index in that chunk's ParamBuffer (the same on every tp/dp rank of the stage).
+struct ParamHome {
+    int pp = 0, chunk = 0, index = 0;
+};
+
+bool isTiedCopy(const ParamInfo& p) { return p.sharedEmbedding && p.name == "output_layer.weight"; }
+
+}  // namespace
+
+// The single-device checkpoint of this run, as arrays to fill (save) or read into (load).
+struct CheckpointImage {
+    std::vector<ParamInfo> table;  // single-device param table (full shapes, offsets)
+    std::vector<ParamHome> homes;  // per table entry
+    int64_t numel = 0;
+    std::vector<float> params, expAvg, expAvgSq;  // [numel] each
+};
+
+// The single-device param table: registration order is the virtual stages in layer order
+// (chunk-major: stage s = chunk * pp + pp rank, REFERENCE.md §1.3) and GptModel's add order
+// inside each; the last stage's copy of a tied embedding is not a param of the single-device
+// model. Offsets in reverse registration order, as ParamBuffer::finalize lays them out.
+static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr<ParallelTrainer::RankState>>& ranks,
+                                               const ParallelLayout& layout, const DerivedSizes& ds, const char* what) {
+    if (int(ranks.size()) != layout.worldSize())
+        return Status::unsupported(std::string(what) +
+                                   ": checkpoints of runs over several processes (mpirun) are not supported yet; "
+                                   "run the layout in one process (trainscope run without mpirun)");
+    CheckpointImage img;
+    for (int s = 0; s < ds.pp * ds.vpp; ++s) {
+        const int ch = s / ds.pp, pp = s % ds.pp;
+        ParamBuffer& pb = ranks[size_t(layout.globalRank(0, 0, 0, pp))]->models[size_t(ch)]->params();
+        for (int i = 0; i < pb.count(); ++i) {
+            if (isTiedCopy(pb.info(i))) continue;
+            ParamInfo full = pb.info(i);
+            full.shape = full.fullShape;
+            full.numel = 1;
+            for (int64_t d : full.shape) full.numel *= d;
+            img.table.push_back(std::move(full));
+            img.homes.push_back({pp, ch, i});
+        }
+    }
+    for (size_t i = img.table.size(); i-- > 0;) {
+        img.table[i].offset = img.numel;
+        img.numel += img.table[i].numel;
+    }
+    const size_t total = static_cast<size_t>(img.numel);
+    img.params.assign(total, 0.f);
+    img.expAvg.assign(total, 0.f);
+    img.expAvgSq.assign(total, 0.f);
+    return img;
+}
+
+Status ParallelTrainer::save(const std::string& dir) {
+    TS_RETURN_IF_ERROR(synchronize());
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, "save"));
+    const std::vector<ParamInfo>& table = img.table;
+    const std::vector<ParamHome>& homes = img.homes;
+    float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
+    // Without the distributed optimizer every DP replica holds the same state: read dp 0.
+    const int dpReaders = m_cfg.use_distributed_optimizer ? ds.dp : 1;
+    for (int pp = 0; pp < ds.pp; ++pp) {
+        for (int t = 0; t < ds.tp; ++t) {
+            RankState& R0 = *m_ranks[size_t(m_layout.globalRank(t, 0, 0, pp))];
+            // Adam state of this (tp, pp) in chunk-buffer order, assembled from the DP shards:
+            // localM[ch]: [chunk buffer numel] (padding stays 0).
+            std::vector<std::vector<float>> localM(R0.models.size()), localV(R0.models.size());
+            for (size_t ch = 0; ch < R0.models.size(); ++ch) {
+                localM[ch].assign(size_t(R0.models[ch]->params().numel()), 0.f);
+                localV[ch].assign(size_t(R0.models[ch]->params().numel()), 0.f);
+            }
+            for (int d = 0; d < dpReaders; ++d) {
+                RankState& R = *m_ranks[size_t(m_layout.globalRank(t, 0, d, pp))];
+                const float* m = R.opt->expAvg();
+                const float* v = R.opt->expAvgSq();
+                for (const ShardedAdamW::Piece& pc : R.opt->pieces()) {
+                    std::copy(m + pc.state, m + pc.state + (pc.end - pc.begin), localM[size_t(pc.chunk)].begin() + pc.begin);
+                    std::copy(v + pc.state, v + pc.state + (pc.end - pc.begin), localV[size_t(pc.chunk)].begin() + pc.begin);
+                }
+            }
+            for (size_t k = 0; k < table.size(); ++k) {
+                if (homes[k].pp != pp) continue;
+                const int ch = homes[k].chunk, i = homes[k].index;
+                ParamBuffer& pb = R0.models[size_t(ch)]->params();
+                const ParamInfo& info = pb.info(i);
+                const int64_t off = table[k].offset;
+                copyShardToFull(info, ds.tp, t, pb.mainParam(i), P + off);
+                copyShardToFull(info, ds.tp, t, localM[size_t(ch)].data() + info.offset, M + off);
+                copyShardToFull(info, ds.tp, t, localV[size_t(ch)].data() + info.offset, V + off);
+            }
+        }
+    }
+    CheckpointState st;
+    st.iteration = m_iteration;
+    st.samplesConsumed = m_samples;
+    st.seed = m_cfg.seed;
+    st.adamSteps = m_ranks[0]->opt->stepCount();
+    st.config = configToJson(m_cfg);
+    st.layout = {{"world", ds.world},
+                 {"tensor_model_parallel_size", ds.tp},
+                 {"pipeline_model_parallel_size", ds.pp},
+                 {"virtual_pipeline_model_parallel_size", ds.vpp},
+                 {"data_parallel_size", ds.dp},
+                 {"sequence_parallel", m_cfg.sequence_parallel},
+                 {"use_distributed_optimizer", m_cfg.use_distributed_optimizer}};
+    return writeCheckpointFiles(dir, table, img.numel, P, M, V, st);
+}
+
+Status ParallelTrainer::load(const std::string& dir) {
+    TS_RETURN_IF_ERROR(synchronize());
+    const DerivedSizes ds = deriveSizes(m_cfg);
+    TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, "load"));
+    const float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
+    CheckpointState st;
+    TS_RETURN_IF_ERROR(readCheckpointFiles(dir, img.table, img.numel, img.params.data(), img.expAvg.data(),
+                                           img.expAvgSq.data(), &st));
+    if (st.seed != m_cfg.seed)
+        return Status::invalid("checkpoint '" + dir + "' was trained with seed " + std::to_string(st.seed) +
+                               ", the config has seed " + std::to_string(m_cfg.seed) + "; resume would not be exact");
+    std::map<std::string, int64_t> fullOffset;  // name -> offset in P/M/V
+    for (const ParamInfo& p : img.table) fullOffset[p.name] = p.offset;
+    const int64_t embOffset = fullOffset.count("embedding.word_embeddings.weight")
+                                  ? fullOffset["embedding.word_embeddings.weight"]
+                                  : -1;
+    // Every rank (all DP replicas) gets its TP shard of every param it holds; its optimizer
+    // gets the pieces it owns. The tied copy on the last stage is the embedding.
+    for (auto& Rp : m_ranks) {
+        RankState& R = *Rp;
+        const int t = R.coords.tp;
+        std::vector<std::vector<float>> localM(R.models.size()), localV(R.models.size());
+        for (size_t ch = 0; ch < R.models.size(); ++ch) {
+            ParamBuffer& pb = R.models[ch]->params();
+            localM[ch].assign(size_t(pb.numel()), 0.f);
+            localV[ch].assign(size_t(pb.numel()), 0.f);
+            for (int i = 0; i < pb.count(); ++i) {
+                const ParamInfo& info = pb.info(i);
+                const auto it = fullOffset.find(info.name);
+                const int64_t off = isTiedCopy(info) ? embOffset : (it == fullOffset.end() ? -1 : it->second);
+                if (off < 0)
+                    return Status::internal("checkpoint table has no '" + info.name + "' for " + coordText(R.coords));
+                copyFullToShard(info, ds.tp, t, P + off, pb.mainParam(i));
+                copyFullToShard(info, ds.tp, t, M + off, localM[ch].data() + info.offset);
+                copyFullToShard(info, ds.tp, t, V + off, localV[ch].data() + info.offset);
+            }
+            pb.syncModelParams();
+        }
+        float* m = R.opt->expAvg();
+        float* v = R.opt->expAvgSq();
+        for (const ShardedAdamW::Piece& pc : R.opt->pieces()) {
+            const auto& lm = localM[size_t(pc.chunk)];
+            const auto& lv = localV[size_t(pc.chunk)];
+            std::copy(lm.begin() + pc.begin, lm.begin() + pc.end, m + pc.state);
+            std::copy(lv.begin() + pc.begin, lv.begin() + pc.end, v + pc.state);
+        }
+        R.opt->setStepCount(st.adamSteps);
+    }
+    m_iteration = st.iteration;
+    m_samples = st.samplesConsumed;
+    return Status::ok();
+}
+
+const GradSync& ParallelTrainer::gradSync(int rank, int chunk) const {
+    return *m_ranks.at(size_t(rank))->syncs.at(size_t(chunk));
+}
+
+int ParallelTrainer::numChunks() const { return m_ranks.empty() ? 0 : int(m_ranks[0]->models.size()); }
+
+int64_t ParallelTrainer::optimizerOwnedNumel(int rank) const { return m_ranks.at(size_t(rank))->opt->ownedNumel(); }
+
+int ParallelTrainer::bucketsLaunchedEarly() const {
+    int n = 0;
+    for (const auto& R : m_ranks)
+        for (const auto& s : R->syncs) n += s->bucketsLaunchedEarly();
+    return n;
+}
+
+MemoryStats ParallelTrainer::memoryStats(int rank) const { return m_ranks.at(size_t(rank))->dev->memoryStats(); }
+
+}  // namespace ts::engine

@@ -1,0 +1,189 @@
+// Single-device training loop.
+#include "engine/train/trainer.h"
+
+#include <cmath>
+
+#include "common/clock.h"
+#include "engine/backend/backend_trace.h"
+#include "engine/config/knobs.h"
+#include "engine/model/flops.h"
+#include "engine/train/checkpoint.h"
+#include "kernels/cpu/ops.h"
+
+namespace ts::engine {
+
+Trainer::~Trainer() {
+    if (m_model) (void)m_model->exec().synchronize();
+    m_model.reset();
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, Stream* compute,
+                                                 trace::Recorder* rec) {
+    const DerivedSizes ds = deriveSizes(c);
+    if (ds.world > 1)
+        return Status::unsupported("world size " + std::to_string(ds.world) +
+                                   " (tp/pp/cp/dp > 1) runs through the parallel engine; the single-device "
+                                   "trainer needs every parallel size = 1");
+    if (c.device_backend != "cpu" && !dev)
+        return Status::unsupported("device_backend=" + c.device_backend + " is not available to this trainer; use cpu");
+    if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
+    std::unique_ptr<Trainer> t(new Trainer());
+    t->m_cfg = c;
+    t->m_rec = rec;
+    if (!dev) {
+        t->m_ownBackend = makeCpuBackend(1);
+        dev = &t->m_ownBackend->device(0);
+    }
+    if (!compute) {
+        t->m_ownStream = dev->createStream(trace::TrackKind::Compute, "compute");
+        compute = t->m_ownStream.get();
+    }
+    t->m_dev = dev;
+    t->m_stream = compute;
+    if (c.cpu_threads > 0) kernels::cpu::setNumThreads(c.cpu_threads);
+    TS_ASSIGN_OR_RETURN(t->m_data, DataSource::open(c));
+    TS_ASSIGN_OR_RETURN(t->m_model, GptModel::create(c, *dev, *compute));
+    TS_ASSIGN_OR_RETURN(t->m_opt, AdamWOptimizer::create(c, t->m_model->params(), *dev));
+    t->m_lr = LrSchedule::fromConfig(c);
+    t->m_numMicrobatches = ds.num_microbatches;
+    t->m_globalBatch = ds.global_batch_size;
+    if (t->m_globalBatch != c.micro_batch_size * ds.num_microbatches)
+        return Status::invalid("global_batch_size=" + std::to_string(t->m_globalBatch) +
+                               " must equal micro_batch_size * num_microbatches on one device (" +
+                               std::to_string(c.micro_batch_size) + " * " + std::to_string(ds.num_microbatches) + ")");
+    t->m_flops = megatronFlopsPerIteration(FlopsInputs::fromConfig(c));
+    if (!c.load.empty()) TS_RETURN_IF_ERROR(t->load(c.load));
+    if (rec) {
+        const nlohmann::json meta = t->runMetadata();
+        for (auto it = meta.begin(); it != meta.end(); ++it)
+            rec->metadata(it.key(), it->is_string() ? it->get<std::string>() : it->dump());
+    }
+    return t;
+}
+
+nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double peakTflops,
+                               const DataSource* data) {
+    const DerivedSizes ds = deriveSizes(c);
+    nlohmann::json j;
+    j["model_flops_per_step"] = modelFlopsPerStep;
+    j["flops_formula"] = flopsFormulaText(FlopsInputs::fromConfig(c));
+    j["pp"] = ds.pp;
+    j["vpp"] = ds.vpp;
+    j["num_microbatches"] = ds.num_microbatches;
+    j["config"] = configToJson(c).dump();
+    j["peak_tflops"] = peakTflops;
+    j["data"] = data ? data->description() : std::string();
+    return j;
+}
+
+nlohmann::json Trainer::runMetadata() const {
+    nlohmann::json j = baseRunMetadata(m_cfg, m_flops, m_peakTflops, m_data.get());
+    j["num_parameters"] = m_model ? m_model->params().numel() : 0;
+    return j;
+}
+
+Status Trainer::step(StepProgress* out) {
+    GptModel& model = *m_model;
+    Exec& ex = model.exec();
+    ex.setCancelFlag(m_cancel);
+    const int it = m_iteration;  // 0-based index of this iteration
+    const int64_t t0 = monotonicNs();
+    m_dev->resetPeak();
+    RangeScope stepRange(*m_dev, range::kStep, {it, -1, -1, -1});
+    model.clearCaptured();
+    model.beginStep(it, m_numMicrobatches);
+    ParamBuffer* params = &model.params();
+    ex.setMicrobatch(-1);
+    ex.setLayer(-1);
+    ex.op("zero_grad", trace::Category::Memset, 0, uint64_t(params->numel()) * 4, [params] { params->zeroGrads(); });
+    const int b = m_cfg.micro_batch_size;
+    for (int mb = 0; mb < m_numMicrobatches; ++mb) {
+        if (m_cancel && m_cancel->load()) {
+            (void)ex.synchronize();
+            return Status::cancelled("cancelled at iteration " + std::to_string(it + 1));
+        }
+        RangeScope mbRange(*m_dev, range::kMicrobatch, {it, mb, -1, -1});
+        auto data = m_data->microbatch(m_samples + int64_t(mb) * b, b);
+        TS_RETURN_IF_ERROR(model.forward(mb, data));
+        TS_RETURN_IF_ERROR(model.backward(mb));
+    }
+    Status st = ex.synchronize();
+    if (st.code() == ErrorCode::Cancelled) return Status::cancelled("cancelled at iteration " + std::to_string(it + 1));
+    if (!st) return st;
+    double loss = 0;
+    for (int mb = 0; mb < m_numMicrobatches; ++mb) loss += model.microbatchLoss(mb);
+    loss /= m_numMicrobatches;
+    if (!std::isfinite(loss))
+        return Status::numerical("loss is " + std::to_string(loss) + " at iteration " + std::to_string(it + 1) +
+                                 "; lower lr or enable clip_grad");
+    const double lr = m_lr.lrAt(it);
+    {
+        RangeScope optRange(*m_dev, range::kOptimizer, {it, -1, -1, -1});
+        m_opt->enqueueStep(ex, lr, it + 1);
+        st = ex.synchronize();
+    }
+    if (!st) return st;
+    const double dt = double(monotonicNs() - t0) * 1e-9;
+    ++m_iteration;
+    m_samples += m_globalBatch;
+    if (out) {
+        out->step = m_iteration;
+        out->loss = loss;
+        out->stepTimeS = dt;
+        out->tokensPerS = double(m_globalBatch) * m_cfg.seq_length / std::max(dt, 1e-12);
+        out->modelTflops = m_flops / (std::max(dt, 1e-12) * 1e12 * 1);
+        out->gradNorm = m_opt->lastStep().gradNorm;
+        out->lr = lr;
+        const MemoryStats ms = m_dev->memoryStats();
+        out->peakMemoryBytes = ms.peakTotal;
+        for (size_t c = 0; c < size_t(MemCategory::Count); ++c) out->peakMemoryByCategory[c] = ms.peak[c];
+    }
+    return Status::ok();
+}
+
+Status Trainer::train(int steps, const TrainerCallbacks& cb, const std::atomic<bool>* cancel) {
+    m_cancel = cancel;
+    const int target = steps < 0 ? m_cfg.train_iters : m_iteration + steps;
+    while (m_iteration < target) {
+        if (cancel && cancel->load()) return Status::cancelled("cancelled at iteration " + std::to_string(m_iteration + 1));
+        StepProgress p;
+        TS_RETURN_IF_ERROR(step(&p));
+        if (cb.onStep) cb.onStep(p);
+        TS_RETURN_IF_ERROR(saveCheckpointIfDue(m_cfg, m_iteration, false, [this](const std::string& d) { return save(d); }, cb));
+    }
+    return saveCheckpointIfDue(m_cfg, m_iteration, true, [this](const std::string& d) { return save(d); }, cb);
+}
+
+Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
+                           const std::function<Status(const std::string&)>& save, const TrainerCallbacks& cb) {
+    if (c.save.empty()) return Status::ok();
+    const bool onInterval = c.save_interval > 0 && iteration % c.save_interval == 0;
+    if (endOfTrain == onInterval) return Status::ok();
+    TS_RETURN_IF_ERROR(save(c.save));
+    if (cb.onLog) cb.onLog("saved checkpoint at iteration " + std::to_string(iteration) + " to " + c.save);
+    return Status::ok();
+}
+
+Status Trainer::save(const std::string& dir) {
+    TS_RETURN_IF_ERROR(m_model->exec().synchronize());
+    CheckpointState s;
+    s.iteration = m_iteration;
+    s.samplesConsumed = m_samples;
+    s.seed = m_cfg.seed;
+    s.config = configToJson(m_cfg);
+    return saveCheckpoint(dir, m_model->params(), *m_opt, s);
+}
+
+Status Trainer::load(const std::string& dir) {
+    TS_RETURN_IF_ERROR(m_model->exec().synchronize());
+    CheckpointState s;
+    TS_RETURN_IF_ERROR(loadCheckpoint(dir, m_model->params(), *m_opt, &s));
+    if (s.seed != m_cfg.seed)
+        return Status::invalid("checkpoint '" + dir + "' was trained with seed " + std::to_string(s.seed) +
+                               ", the config has seed " + std::to_string(m_cfg.seed) + "; resume would not be exact");
+    m_iteration = s.iteration;
+    m_samples = s.samplesConsumed;
+    return Status::ok();
+}
+
+}  // namespace ts::engine

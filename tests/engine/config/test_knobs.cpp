@@ -1,0 +1,262 @@
+// Knob registry: every knob the issue lists exists with its Megatron flag, typed access works,
+// YAML parsing reports one message per problem with file and line, rules fire, round trips hold.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "engine/config/knobs.h"
+
+namespace ts::engine {
+namespace {
+
+bool hasIssue(const std::vector<ConfigIssue>& issues, const std::string& knob, const std::string& text) {
+    for (const auto& i : issues)
+        if (i.knob == knob && i.message.find(text) != std::string::npos) return true;
+    return false;
+}
+
+TEST(Knobs, EveryRequiredKnobIsDeclaredOnce) {
+    const char* required[] = {
+        "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+        "context_parallel_size", "cp_comm_type", "expert_model_parallel_size", "expert_tensor_parallel_size",
+        "sequence_parallel", "num_microbatches", "global_batch_size", "micro_batch_size", "overlap_grad_reduce",
+        "overlap_param_gather", "use_distributed_optimizer", "bucket_size", "average_in_collective",
+        "grad_reduce_in_fp32", "tp_comm_overlap", "overlap_p2p_comm", "batch_p2p_comm", "masked_softmax_fusion",
+        "bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion", "cross_entropy_loss_fusion",
+        "gradient_accumulation_fusion", "persist_layer_norm", "fp8", "fp8_recipe", "fp8_amax_history_len",
+        "fp8_amax_compute_algo", "fp8_margin", "bf16", "recompute_granularity", "recompute_method",
+        "recompute_num_layers", "recompute_modules", "moe_router_topk", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+        "moe_grouped_gemm", "moe_token_dispatcher_type", "moe_expert_capacity_factor", "enable_cuda_graph",
+        "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "num_layers",
+        "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "seq_length", "vocab_size",
+        "normalization", "swiglu", "position_embedding_type", "untie_embeddings_and_output_weights",
+        "num_moe_experts", "world_size", "data_parallel_size", "train_iters", "seed", "lr", "weight_decay",
+        "clip_grad", "adam_beta1", "adam_beta2", "data_path", "device_backend"};
+    for (const char* name : required) {
+        const KnobDef* k = findKnob(name);
+        ASSERT_NE(k, nullptr) << name;
+        EXPECT_FALSE(k->help.empty()) << name;
+        EXPECT_FALSE(k->group.empty()) << name;
+    }
+    std::set<std::string> names;
+    for (const auto& k : knobRegistry()) EXPECT_TRUE(names.insert(k.name).second) << "duplicate " << k.name;
+}
+
+TEST(Knobs, MegatronFlagsUseMegatronSpelling) {
+    EXPECT_EQ(findKnob("tensor_model_parallel_size")->megatronFlag, "--tensor-model-parallel-size");
+    EXPECT_EQ(findKnob("overlap_grad_reduce")->megatronFlag, "--overlap-grad-reduce");
+    EXPECT_EQ(findKnob("masked_softmax_fusion")->megatronFalseFlag, "--no-masked-softmax-fusion");
+    EXPECT_EQ(findKnob("bucket_size")->megatronFlag, "--ddp-bucket-size");
+    EXPECT_EQ(findKnob("fp8")->megatronFlag, "--fp8-format");
+    for (const auto& k : knobRegistry()) {
+        for (const std::string& f : {k.megatronFlag, k.megatronFalseFlag}) {
+            if (f.empty()) continue;
+            EXPECT_EQ(f.rfind("--", 0), 0u) << k.name;
+            EXPECT_EQ(f.find('_'), std::string::npos) << k.name << " flag " << f;
+        }
+    }
+}
+
+TEST(Knobs, TypedSetRejectsWrongTypes) {
+    Config c;
+    const KnobDef* tp = findKnob("tensor_model_parallel_size");
+    EXPECT_EQ(tp->set(c, nlohmann::json(4)), "");
+    EXPECT_EQ(c.tensor_model_parallel_size, 4);
+    EXPECT_NE(tp->set(c, nlohmann::json("four")), "");
+    EXPECT_NE(tp->set(c, nlohmann::json(2.5)), "");
+    const KnobDef* norm = findKnob("normalization");
+    EXPECT_NE(norm->set(c, nlohmann::json("BatchNorm")), "");
+    EXPECT_EQ(norm->set(c, nlohmann::json("RMSNorm")), "");
+    EXPECT_EQ(c.normalization, "RMSNorm");
+}
+
+TEST(Knobs, SuggestsNearestKnob) {
+    auto s = suggestKnobs("overlap_grad_reduse");
+    ASSERT_FALSE(s.empty());
+    EXPECT_EQ(s[0], "overlap_grad_reduce");
+    s = suggestKnobs("--tensor-model-parallel-size");
+    ASSERT_FALSE(s.empty());
+    EXPECT_EQ(s[0], "tensor_model_parallel_size");
+}
+
+TEST(ConfigYaml, ParsesFlatAndSectionedMappings) {
+    auto a = parseConfigYaml("num_layers: 8\nhidden_size: 512\nnum_attention_heads: 8\nbf16: true\nlr: 1.0e-4\n");
+    ASSERT_TRUE(a.ok()) << issuesToStatus(a.issues).toString();
+    EXPECT_EQ(a.config.num_layers, 8);
+    EXPECT_EQ(a.config.hidden_size, 512);
+    EXPECT_TRUE(a.config.bf16);
+    EXPECT_DOUBLE_EQ(a.config.lr, 1e-4);
+    auto b = parseConfigYaml("model:\n  num_layers: 6\nparallel:\n  tensor_model_parallel_size: 2\n");
+    ASSERT_TRUE(b.ok()) << issuesToStatus(b.issues).toString();
+    EXPECT_EQ(b.config.num_layers, 6);
+    EXPECT_EQ(b.config.tensor_model_parallel_size, 2);
+}
+
+TEST(ConfigYaml, OneMessagePerProblemWithLines) {
+    auto r = parseConfigYaml("num_layers: four\nsequence_parral: true\nnormalization: BatchNorm\n", "x.yaml");
+    ASSERT_EQ(r.issues.size(), 3u);
+    EXPECT_EQ(r.issues[0].line, 1);
+    EXPECT_EQ(r.issues[0].knob, "num_layers");
+    EXPECT_EQ(r.issues[1].line, 2);
+    EXPECT_NE(r.issues[1].message.find("did you mean 'sequence_parallel'"), std::string::npos);
+    EXPECT_EQ(r.issues[2].line, 3);
+    EXPECT_NE(r.issues[2].toString().find("x.yaml:3: normalization:"), std::string::npos);
+}
+
+TEST(ConfigYaml, SyntaxErrorsAndDuplicates) {
+    auto r = parseConfigYaml("num_layers: 4\n  hidden_size: [256\n", "s.yaml");
+    ASSERT_EQ(r.issues.size(), 1u);
+    EXPECT_NE(r.issues[0].message.find("YAML"), std::string::npos);
+    auto d = parseConfigYaml("num_layers: 4\nnum_layers: 6\n");
+    EXPECT_FALSE(d.ok());
+    auto list = parseConfigYaml("- a\n- b\n");
+    EXPECT_FALSE(list.ok());
+}
+
+TEST(ConfigRules, LayoutRules) {
+    Config c;
+    c.num_attention_heads = 8;
+    c.tensor_model_parallel_size = 3;
+    auto issues = validateConfig(c);
+    EXPECT_TRUE(hasIssue(issues, "tensor_model_parallel_size", "does not divide num_attention_heads=8"));
+
+    Config w;
+    w.tensor_model_parallel_size = 2;
+    w.pipeline_model_parallel_size = 2;
+    w.world_size = 6;
+    EXPECT_TRUE(hasIssue(validateConfig(w), "world_size", "not a multiple of tp*cp*pp"));
+
+    Config i;
+    i.num_layers = 8;
+    i.pipeline_model_parallel_size = 4;
+    i.virtual_pipeline_model_parallel_size = 2;
+    i.num_microbatches = 6;
+    EXPECT_TRUE(hasIssue(validateConfig(i), "num_microbatches", "% pipeline_model_parallel_size"));
+    i.num_microbatches = 8;
+    EXPECT_TRUE(validateConfig(i).empty());
+
+    Config p2;
+    p2.pipeline_model_parallel_size = 2;
+    p2.virtual_pipeline_model_parallel_size = 2;
+    p2.num_microbatches = 4;
+    EXPECT_TRUE(hasIssue(validateConfig(p2), "virtual_pipeline_model_parallel_size", "overlap_p2p_comm"));
+    p2.overlap_p2p_comm = true;
+    p2.batch_p2p_comm = false;
+    EXPECT_TRUE(validateConfig(p2).empty());
+}
+
+TEST(ConfigRules, RequiresAndExcludes) {
+    Config c;
+    c.overlap_param_gather = true;
+    auto issues = validateConfig(c);
+    EXPECT_TRUE(hasIssue(issues, "overlap_param_gather", "use_distributed_optimizer"));
+    EXPECT_TRUE(hasIssue(issues, "overlap_param_gather", "overlap_grad_reduce"));
+    c.use_distributed_optimizer = c.overlap_grad_reduce = true;
+    EXPECT_TRUE(validateConfig(c).empty());
+
+    Config sp;
+    sp.sequence_parallel = true;
+    EXPECT_TRUE(hasIssue(validateConfig(sp), "sequence_parallel", "tensor_model_parallel_size > 1"));
+
+    Config ob;
+    ob.overlap_p2p_comm = true;  // batch_p2p_comm defaults to true
+    EXPECT_TRUE(hasIssue(validateConfig(ob), "batch_p2p_comm", "mutually exclusive"));
+
+    Config rc;
+    rc.recompute_granularity = "full";
+    EXPECT_TRUE(hasIssue(validateConfig(rc), "recompute_method", "uniform or block"));
+    EXPECT_TRUE(hasIssue(validateConfig(rc), "recompute_num_layers", "> 0"));
+
+    Config f8;
+    f8.fp8 = "hybrid";
+    EXPECT_TRUE(hasIssue(validateConfig(f8), "fp8", "bf16"));
+}
+
+TEST(ConfigRules, DerivedSizes) {
+    Config c;
+    c.tensor_model_parallel_size = 2;
+    c.pipeline_model_parallel_size = 2;
+    c.world_size = 8;
+    c.micro_batch_size = 2;
+    c.global_batch_size = 16;
+    c.vocab_size = 50257;
+    auto d = deriveSizes(c);
+    EXPECT_EQ(d.dp, 2);
+    EXPECT_EQ(d.num_microbatches, 4);
+    EXPECT_EQ(d.padded_vocab_size, 50432);  // multiple of 128*2 = 256 (GPT-2's 50257 -> 50432 at tp 2)
+    EXPECT_EQ(d.ffn_hidden_size, 4 * c.hidden_size);
+}
+
+TEST(ConfigYaml, YamlRoundTripIsExact) {
+    Config c;
+    c.num_layers = 6;
+    c.lr = 3.3e-4;
+    c.adam_eps = 1e-8;
+    c.init_method_std = 0.0125;
+    c.fp8 = "hybrid";
+    c.bf16 = true;
+    c.recompute_modules = {"core_attn", "mlp"};
+    c.data_path = "/data/my corpus: v2";
+    for (bool onlyNonDefault : {false, true}) {
+        auto back = parseConfigYaml(configToYaml(c, onlyNonDefault));
+        ASSERT_TRUE(back.ok()) << issuesToStatus(back.issues).toString() << "\n" << configToYaml(c, onlyNonDefault);
+        EXPECT_EQ(configToJson(back.config), configToJson(c));
+    }
+    auto viaJson = configFromJson(configToJson(c));
+    ASSERT_TRUE(viaJson.isOk());
+    EXPECT_EQ(configToJson(*viaJson), configToJson(c));
+}
+
+TEST(ConfigYaml, Overrides) {
+    Config c;
+    EXPECT_TRUE(applyOverride(c, "tensor_model_parallel_size=2").isOk());
+    EXPECT_EQ(c.tensor_model_parallel_size, 2);
+    EXPECT_TRUE(applyOverride(c, "bf16=true").isOk());
+    EXPECT_TRUE(c.bf16);
+    EXPECT_FALSE(applyOverride(c, "tensor_model_paralel_size=2").isOk());
+    EXPECT_FALSE(applyOverride(c, "bf16").isOk());
+    EXPECT_FALSE(applyOverride(c, "num_layers=x").isOk());
+}
+
+TEST(ConfigYaml, ShippedExamplesValidateAndBrokenOnesDoNot) {
+    const std::string root = TS_SOURCE_DIR;
+    for (const char* f : {"tp2_sp", "pp2_1f1b", "pp4_interleaved", "dp2_overlap", "dp2_distopt", "llama_style",
+                          "bf16_recompute", "world8_3d"}) {
+        auto r = loadConfigFile(root + "/resources/examples/" + f + ".yaml");
+        EXPECT_TRUE(r.ok()) << f << ": " << issuesToStatus(r.issues).toString();
+    }
+    for (const char* f : {"bad_tp_heads", "bad_unknown_key", "bad_types", "bad_interleave", "bad_param_gather",
+                          "bad_world", "bad_syntax"}) {
+        auto r = loadConfigFile(root + "/tests/data/configs/" + std::string(f) + ".yaml");
+        EXPECT_FALSE(r.ok()) << f;
+        for (const auto& i : r.issues) EXPECT_NE(i.file.find(f), std::string::npos);
+    }
+    auto missing = loadConfigFile(root + "/does/not/exist.yaml");
+    ASSERT_EQ(missing.issues.size(), 1u);
+    EXPECT_NE(missing.issues[0].message.find("cannot open"), std::string::npos);
+}
+
+TEST(Knobs, UnsupportedKnobsAreReported) {
+    Config c;
+    EXPECT_TRUE(unsupportedKnobs(c).empty());
+    c.context_parallel_size = 2;
+    auto u = unsupportedKnobs(c);
+    ASSERT_EQ(u.size(), 1u);
+    EXPECT_EQ(u[0], "context_parallel_size=2");
+}
+
+}  // namespace
+}  // namespace ts::engine
+
+namespace ts::engine {
+namespace {
+TEST(Knobs, DocsAreGeneratedFromTheRegistry) {
+    std::ifstream in(std::string(TS_SOURCE_DIR) + "/docs/knobs.md");
+    ASSERT_TRUE(in.good()) << "docs/knobs.md missing: run `trainscope knobs --markdown > docs/knobs.md`";
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, knobsMarkdown()) << "docs/knobs.md is stale: run `trainscope knobs --markdown > docs/knobs.md`";
+}
+}  // namespace
+}  // namespace ts::engine

@@ -1,0 +1,172 @@
+// Code paths of the model that the golden test cannot reach (dropout on): fused == unfused,
+// recompute == no recompute bit for bit, recompute actually lowers the activation peak,
+// bf16 mixed precision trains, deterministic init, Megatron's grad-buffer layout.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "engine/train/data.h"
+#include "tests/engine/engine_test_util.h"
+
+namespace ts::engine {
+namespace {
+
+using testutil::Harness;
+using testutil::runSteps;
+using testutil::smallConfig;
+using testutil::StepsResult;
+
+TEST(GptPaths, FusedEqualsUnfusedWithDropout) {
+    Config fused = smallConfig();
+    fused.swiglu = false;
+    Config unfused = fused;
+    unfused.masked_softmax_fusion = unfused.bias_activation_fusion = unfused.bias_dropout_fusion = false;
+    unfused.apply_rope_fusion = unfused.cross_entropy_loss_fusion = false;
+    unfused.gradient_accumulation_fusion = unfused.persist_layer_norm = false;
+    const StepsResult a = runSteps(fused, 2), b = runSteps(unfused, 2);
+    ASSERT_EQ(a.losses.size(), 2u);
+    ASSERT_EQ(b.losses.size(), 2u);
+    for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * a.losses[i]);
+    EXPECT_LT(testutil::relMaxError(b.grads.data(), a.grads.data(), int64_t(a.grads.size())), 1e-4);
+}
+
+// Each fusion knob alone, so a wrong path cannot hide behind another.
+TEST(GptPaths, EachFusionKnobAloneAgrees) {
+    const Config base = smallConfig();
+    const StepsResult ref = runSteps(base, 1);
+    ASSERT_EQ(ref.losses.size(), 1u);
+    using Knob = bool Config::*;
+    const std::vector<std::pair<const char*, Knob>> knobs = {
+        {"masked_softmax_fusion", &Config::masked_softmax_fusion},
+        {"bias_activation_fusion", &Config::bias_activation_fusion},
+        {"bias_dropout_fusion", &Config::bias_dropout_fusion},
+        {"apply_rope_fusion", &Config::apply_rope_fusion},
+        {"cross_entropy_loss_fusion", &Config::cross_entropy_loss_fusion},
+        {"gradient_accumulation_fusion", &Config::gradient_accumulation_fusion},
+        {"persist_layer_norm", &Config::persist_layer_norm}};
+    for (const auto& [name, knob] : knobs) {
+        Config c = base;
+        c.*knob = false;
+        const StepsResult r = runSteps(c, 1);
+        ASSERT_EQ(r.losses.size(), 1u) << name;
+        EXPECT_NEAR(r.losses[0], ref.losses[0], 1e-5 * ref.losses[0]) << name;
+        EXPECT_LT(testutil::relMaxError(r.grads.data(), ref.grads.data(), int64_t(ref.grads.size())), 1e-4) << name;
+    }
+}
+
+TEST(GptPaths, RecomputeIsBitIdenticalAndSavesMemory) {
+    const Config base = smallConfig();
+    const StepsResult ref = runSteps(base, 2);
+    ASSERT_EQ(ref.losses.size(), 2u);
+    struct R { const char* gran; const char* method; int n; };
+    for (const R& rc : {R{"selective", "", 0}, R{"full", "uniform", 2}, R{"full", "uniform", 1}, R{"full", "block", 3}}) {
+        Config c = base;
+        c.recompute_granularity = rc.gran;
+        c.recompute_method = rc.method;
+        c.recompute_num_layers = rc.n;
+        const StepsResult r = runSteps(c, 2);
+        const std::string what = std::string(rc.gran) + "/" + rc.method + "/" + std::to_string(rc.n);
+        ASSERT_EQ(r.losses.size(), 2u) << what;
+        EXPECT_EQ(r.losses, ref.losses) << what;
+        ASSERT_EQ(r.grads.size(), ref.grads.size());
+        EXPECT_EQ(0, std::memcmp(r.grads.data(), ref.grads.data(), r.grads.size() * sizeof(float))) << what;
+        EXPECT_EQ(0, std::memcmp(r.params.data(), ref.params.data(), r.params.size() * sizeof(float))) << what;
+        EXPECT_LT(r.peakActivations, ref.peakActivations) << what << " peak " << r.peakActivations << " vs " << ref.peakActivations;
+    }
+}
+
+TEST(GptPaths, FullRecomputeSavesMoreThanSelective) {
+    Config c = smallConfig();
+    c.recompute_granularity = "selective";
+    const StepsResult sel = runSteps(c, 1);
+    c.recompute_granularity = "full";
+    c.recompute_method = "uniform";
+    c.recompute_num_layers = 1;
+    const StepsResult full = runSteps(c, 1);
+    EXPECT_LT(full.peakActivations, sel.peakActivations);
+}
+
+TEST(GptPaths, Bf16TrainsAndTracksFp32) {
+    Config c = smallConfig();
+    c.hidden_dropout = 0;
+    c.lr = 3e-3;
+    Config b = c;
+    b.bf16 = true;
+    const StepsResult f = runSteps(c, 12), r = runSteps(b, 12);
+    ASSERT_EQ(r.losses.size(), 12u);
+    ASSERT_EQ(f.losses.size(), 12u);
+    // bf16 activations change the first loss only by rounding, and it trains.
+    EXPECT_NEAR(r.losses[0], f.losses[0], 0.02 * f.losses[0]);
+    EXPECT_LT(r.losses.back(), r.losses.front() - 0.5);
+    EXPECT_NE(r.losses[0], f.losses[0]);  // the bf16 path really rounds
+}
+
+TEST(GptPaths, InitIsDeterministicAndScaled) {
+    Config c = smallConfig();
+    Harness a, b;
+    ASSERT_TRUE(a.build(c).isOk());
+    ASSERT_TRUE(b.build(c).isOk());
+    ParamBuffer& pa = a.model->params();
+    EXPECT_EQ(0, std::memcmp(pa.mainParams(), b.model->params().mainParams(), size_t(pa.numel()) * 4));
+    // std of linear_qkv ~ init_method_std, linear_proj ~ std/sqrt(2L) (Megatron scaled init).
+    auto stdOf = [&](const std::string& name) {
+        const int i = pa.find(name);
+        EXPECT_GE(i, 0) << name;
+        double s2 = 0;
+        for (int64_t j = 0; j < pa.info(i).numel; ++j) s2 += double(pa.mainParam(i)[j]) * pa.mainParam(i)[j];
+        return std::sqrt(s2 / double(pa.info(i).numel));
+    };
+    EXPECT_NEAR(stdOf("decoder.layers.0.self_attention.linear_qkv.weight"), 0.02, 0.002);
+    EXPECT_NEAR(stdOf("decoder.layers.0.self_attention.linear_proj.weight"), 0.02 / std::sqrt(8.0), 0.0015);
+    EXPECT_NEAR(stdOf("decoder.layers.3.mlp.linear_fc2.weight"), 0.02 / std::sqrt(8.0), 0.0015);
+    c.seed = 43;
+    Harness d;
+    ASSERT_TRUE(d.build(c).isOk());
+    EXPECT_NE(0, std::memcmp(pa.mainParams(), d.model->params().mainParams(), size_t(pa.numel()) * 4));
+}
+
+TEST(GptPaths, GradBufferIsReverseRegistrationOrder) {
+    Harness h;
+    ASSERT_TRUE(h.build(smallConfig()).isOk());
+    const ParamBuffer& p = h.model->params();
+    int64_t expect = 0;
+    for (int i = p.count() - 1; i >= 0; --i) {
+        EXPECT_EQ(p.info(i).offset, expect) << p.info(i).name;
+        expect += p.info(i).numel;
+    }
+    EXPECT_EQ(expect, p.numel());
+    EXPECT_EQ(p.info(0).name, "embedding.word_embeddings.weight");
+    EXPECT_TRUE(p.info(0).sharedEmbedding);  // tied by default
+    EXPECT_TRUE(p.info(p.find("decoder.layers.0.input_layernorm.weight")).noWeightDecay);
+    EXPECT_EQ(p.info(p.find("decoder.layers.0.mlp.linear_fc2.weight")).shard, ShardKind::RowParallel);
+}
+
+TEST(GptPaths, BadInputIsAnErrorNotACrash) {
+    Harness h;
+    ASSERT_TRUE(h.build(smallConfig()).isOk());
+    auto mb = std::make_shared<Microbatch>();
+    mb->tokens.assign(10, 1);
+    mb->labels.assign(10, 1);
+    h.model->beginStep(0, 1);
+    Status st = h.model->forward(0, mb);
+    EXPECT_EQ(st.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(st.message().find("seq_length*micro_batch_size"), std::string::npos) << st.message();
+    const int T = 64 * 4;
+    mb->tokens.assign(T, 1);
+    mb->labels.assign(T, 1);
+    mb->tokens[5] = 256;  // vocab_size
+    st = h.model->forward(0, mb);
+    EXPECT_EQ(st.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(st.message().find("vocab_size"), std::string::npos) << st.message();
+    EXPECT_EQ(h.model->backward(3).code(), ErrorCode::Internal);
+
+    Config c = smallConfig();
+    c.num_attention_heads = 5;
+    Harness bad;
+    st = bad.build(c);
+    EXPECT_EQ(st.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(st.message().find("num_attention_heads"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace ts::engine

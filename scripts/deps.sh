@@ -8,7 +8,7 @@ TS_PACKAGES=(
   libsqlite3-dev zlib1g-dev nlohmann-json3-dev libyaml-cpp-dev
   libopenblas-dev libgtest-dev libgmock-dev
   openmpi-bin libopenmpi-dev
-  qt6-base-dev qt6-charts-dev
+  qt6-base-dev qt6-charts-dev libqt6opengl6-dev
 )
 
 ts_missing_packages() {

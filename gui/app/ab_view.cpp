@@ -1,7 +1,10 @@
 // AbView (ab_view.h).
 #include "gui/app/ab_view.h"
 
+#include <algorithm>
+#include <cmath>
 #include <set>
+#include <tuple>
 
 #include <QBarCategoryAxis>
 #include <QBarSet>
@@ -55,7 +58,7 @@ AbView::AbView(QWidget* parent) : QWidget(parent) {
     m_metrics->horizontalHeader()->setStretchLastSection(true);
     m_metrics->verticalHeader()->hide();
     m_metrics->setEditTriggers(QAbstractItemView::NoEditTriggers);
-    m_moved = makeChartView(QStringLiteral("Where time moved (per step, summed over ranks)"), tables);
+    m_moved = makeChartView(QStringLiteral("Where time moved: ms per step, all ranks (top 5 categories)"), tables);
     m_moved->setMinimumWidth(380);
     tables->addWidget(m_knobs);
     tables->addWidget(m_metrics);
@@ -66,8 +69,8 @@ AbView::AbView(QWidget* parent) : QWidget(parent) {
     m_timelineArea->setContentsMargins(0, 0, 0, 0);
     split->addWidget(tables);
     split->addWidget(timelines);
-    split->setStretchFactor(0, 3);
-    split->setStretchFactor(1, 2);
+    split->setStretchFactor(0, 1);
+    split->setStretchFactor(1, 1);
     layout->addWidget(split, 1);
 }
 
@@ -171,8 +174,15 @@ void AbView::buildMoved() {
         labels << QStringLiteral("exposed comm %1").arg(g);
         maxMs = std::max({maxMs, a, b});
     }
+    // The categories whose time moved most (a readable chart in a panel's height).
+    std::vector<std::tuple<double, QString, double, double>> moved;
     for (const QString& c : cats) {
         const double a = perStep(m_sa, catOf(m_sa, c)) * 1e3, b = perStep(m_sb, catOf(m_sb, c)) * 1e3;
+        moved.emplace_back(std::fabs(b - a), c, a, b);
+    }
+    std::sort(moved.begin(), moved.end(), [](const auto& x, const auto& y) { return std::get<0>(x) > std::get<0>(y); });
+    if (moved.size() > 5) moved.resize(5);
+    for (const auto& [d, c, a, b] : moved) {
         *setA << a;
         *setB << b;
         labels << c;

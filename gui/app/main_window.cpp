@@ -59,6 +59,7 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
     m_vsplit->addWidget(m_panels);
     m_vsplit->setStretchFactor(0, 3);
     m_vsplit->setStretchFactor(1, 2);
+    m_vsplit->setSizes({460, 440});
 
     m_details = new QTextBrowser(m_hsplit);
     m_details->setObjectName(QStringLiteral("details"));
@@ -107,6 +108,8 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
         if (const LiveRun* r = m_runs->run(id)) {
             m_live->startRun(*r);
             for (const StepPoint& p : r->steps) m_live->addPoint(p);
+            // A run on this machine: the timeline follows its run file while it writes.
+            if (r->node == QLatin1String("local") && !r->runFile.isEmpty()) m_timeline->setRunFile(r->runFile, r->name, true);
         }
         showTab(QStringLiteral("Live"));
         showMessage(QStringLiteral("run %1 started on %2").arg(id, m_session.url()));

@@ -13,6 +13,7 @@ class TimelineHost : public QWidget {
     Q_OBJECT
 public:
     explicit TimelineHost(QWidget* parent = nullptr);
+    ~TimelineHost() override;
     void setRunFile(const QString& path, const QString& label, bool follow = false);
     void setRunFiles(const QString& pathA, const QString& labelA, const QString& pathB, const QString& labelB);
     void setStep(int step);

@@ -1,14 +1,19 @@
 // YAML config files <-> Config, through the knob registry. Every problem becomes one
 // ConfigIssue with file and line; nothing is silently dropped.
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
+#include "common/text.h"
 #include "engine/config/knobs.h"
 
 namespace ts::engine {
@@ -33,9 +38,58 @@ Status issuesToStatus(const std::vector<ConfigIssue>& issues) {
 
 namespace {
 
+// Bounds on what a config may hold. A config is a few hundred lines; the bounds are far above
+// that and far below what hurts. yaml-cpp resolves an alias to the node it names (shared, not
+// copied), so a few hundred bytes of nested aliases ("billion laughs") describe a document of
+// billions of nodes: every walk below counts node visits, which is exactly the expanded size.
+constexpr size_t kMaxConfigBytes = size_t(1) << 20;  // 1 MiB
+constexpr int64_t kMaxConfigNodes = 100000;          // nodes after alias expansion
+constexpr int kMaxConfigDepth = 64;                  // nesting of mappings/sequences
+// "Did you mean" costs an edit distance against every knob: offered for the first unknown keys
+// only, and never for keys longer than any suggestion could match (suggestKnobs accepts a
+// distance of at most a third of the key's length, and knob names are < 50 characters).
+constexpr int kMaxSuggestedKeys = 20;
+constexpr size_t kMaxSuggestedKeyLength = 80;
+// Issues kept per file; the rest are counted in a last one.
+constexpr size_t kMaxIssues = 200;
+
+// Thrown by the walks below when a bound is passed; turned into one issue.
+struct LimitExceeded {
+    std::string message;
+    int line = 0;
+};
+
+struct Walk {
+    int64_t visits = 0;
+    void enter(const YAML::Node& n, int depth) {
+        if (++visits > kMaxConfigNodes)
+            throw LimitExceeded{"the document expands to more than " + std::to_string(kMaxConfigNodes) +
+                                    " values (nested YAML aliases?); a config is a flat mapping of knob: value",
+                                n.Mark().line + 1};
+        if (depth > kMaxConfigDepth)
+            throw LimitExceeded{"values are nested more than " + std::to_string(kMaxConfigDepth) +
+                                    " levels deep; a config is a flat mapping of knob: value",
+                                n.Mark().line + 1};
+    }
+};
+
+// Counts the document's nodes (aliases expanded) so that every later walk is bounded.
+void checkBounds(const YAML::Node& n, Walk& w, int depth) {
+    w.enter(n, depth);
+    if (n.IsSequence()) {
+        for (const auto& e : n) checkBounds(e, w, depth + 1);
+    } else if (n.IsMap()) {
+        for (const auto& kv : n) {
+            checkBounds(kv.first, w, depth + 1);
+            checkBounds(kv.second, w, depth + 1);
+        }
+    }
+}
+
 // Plain YAML scalar -> JSON value with YAML 1.2 core-schema typing; quoted scalars stay strings.
+// Text is made valid UTF-8 here: it is echoed in messages and written as JSON.
 json scalarToJson(const YAML::Node& n) {
-    const std::string& s = n.Scalar();
+    const std::string s = sanitizeUtf8(n.Scalar());
     if (n.Tag() == "!") return s;  // quoted
     if (s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
     if (s == "true" || s == "True" || s == "TRUE") return true;
@@ -47,24 +101,38 @@ json scalarToJson(const YAML::Node& n) {
         if (errno == 0 && end && *end == '\0') return v;
     }
     {
+        // YAML 1.2 core-schema floats only: digits, '.', sign, exponent. strtod alone would also
+        // take "nan", "inf" and hex floats, which YAML reads as strings.
+        const bool floatChars = s.find_first_not_of("0123456789.+-eE") == std::string::npos &&
+                                s.find_first_of("0123456789") != std::string::npos;
         char* end = nullptr;
         errno = 0;
         double d = std::strtod(s.c_str(), &end);
-        if (errno == 0 && end && *end == '\0') return d;
+        if (floatChars && errno == 0 && end && *end == '\0') return d;
     }
     return s;
 }
 
-json nodeToJson(const YAML::Node& n) {
+// A mapping key as text; nullopt when it is not a scalar (a key that is a list or mapping).
+std::optional<std::string> keyText(const YAML::Node& k) {
+    if (!k.IsScalar()) return std::nullopt;
+    return sanitizeUtf8(k.Scalar());
+}
+
+json nodeToJson(const YAML::Node& n, Walk& w, int depth) {
+    w.enter(n, depth);
     if (n.IsScalar()) return scalarToJson(n);
     if (n.IsSequence()) {
         json arr = json::array();
-        for (const auto& e : n) arr.push_back(nodeToJson(e));
+        for (const auto& e : n) arr.push_back(nodeToJson(e, w, depth + 1));
         return arr;
     }
-    if (n.IsNull()) return nullptr;
+    if (n.IsNull() || !n.IsMap()) return nullptr;
     json obj = json::object();
-    for (const auto& kv : n) obj[kv.first.as<std::string>()] = nodeToJson(kv.second);
+    for (const auto& kv : n) {
+        auto k = keyText(kv.first);
+        obj[k ? *k : std::string("?")] = nodeToJson(kv.second, w, depth + 1);
+    }
     return obj;
 }
 
@@ -74,9 +142,17 @@ bool isGroupName(const std::string& key) {
     return false;
 }
 
-void unknownKeyIssue(LoadedConfig& out, const std::string& file, int line, const std::string& key) {
-    std::string msg = "unknown key '" + key + "'";
-    auto sugg = suggestKnobs(key);
+// key quoted in a message: long keys are cut (a key may be up to the whole file).
+std::string quotedKey(const std::string& key) {
+    if (key.size() <= kMaxSuggestedKeyLength) return "'" + key + "'";
+    return "'" + sanitizeUtf8(key.substr(0, kMaxSuggestedKeyLength)) + "...' (" + std::to_string(key.size()) +
+           " characters)";
+}
+
+void unknownKeyIssue(LoadedConfig& out, const std::string& file, int line, const std::string& key,
+                     bool suggest = true) {
+    std::string msg = "unknown key " + quotedKey(key);
+    auto sugg = suggest && key.size() <= kMaxSuggestedKeyLength ? suggestKnobs(key) : std::vector<std::string>{};
     if (!sugg.empty()) {
         msg += "; did you mean ";
         for (size_t i = 0; i < sugg.size(); ++i) msg += (i ? " or " : "") + ("'" + sugg[i] + "'");
@@ -87,32 +163,42 @@ void unknownKeyIssue(LoadedConfig& out, const std::string& file, int line, const
     out.issues.push_back({file, line, "", msg});
 }
 
-void applyMapping(const YAML::Node& map, const std::string& file, LoadedConfig& out,
-                  std::set<std::string>& seen, bool topLevel) {
+// Applies every key of map; each problem becomes an issue and the walk goes on, so one pass
+// reports all of a file's problems. rejected collects knobs whose value was not applied.
+void applyMapping(const YAML::Node& map, const std::string& file, LoadedConfig& out, std::set<std::string>& seen,
+                  std::set<std::string>& rejected, std::map<std::string, int>& lines, bool topLevel, Walk& w,
+                  int& unknownKeys) {
     for (const auto& kv : map) {
         const int line = kv.first.Mark().line + 1;
-        const std::string key = kv.first.as<std::string>();
+        const auto keyOpt = keyText(kv.first);
+        if (!keyOpt) {
+            out.issues.push_back({file, line, "", "a key must be a plain knob name, not a list or mapping"});
+            continue;
+        }
+        const std::string& key = *keyOpt;
         const KnobDef* k = findKnob(key);
         if (!k) {
             if (topLevel && kv.second.IsMap() && isGroupName(key)) {
-                applyMapping(kv.second, file, out, seen, false);  // `parallel:` section
+                applyMapping(kv.second, file, out, seen, rejected, lines, false, w, unknownKeys);  // `parallel:` section
                 continue;
             }
-            unknownKeyIssue(out, file, line, key);
+            unknownKeyIssue(out, file, line, key, ++unknownKeys <= kMaxSuggestedKeys);
             continue;
         }
         if (!seen.insert(key).second) {
-            out.issues.push_back({file, line, key, "set more than once; keep one"});
+            out.issues.push_back({file, line, key, "set more than once (first on line " +
+                                                       std::to_string(lines[key]) + "); keep one"});
             continue;
         }
-        const json value = nodeToJson(kv.second);
+        lines[key] = line;
+        const json value = nodeToJson(kv.second, w, 1);
         std::string err;
         if (value.is_null() && k->type != KnobType::String && k->type != KnobType::Enum)
             err = "has no value; give a " + std::string(knobTypeName(k->type)) + " or remove the line";
         else
             err = k->set(out.config, value);
         if (!err.empty()) {
-            std::string fix = k->allowed.empty() ? "" : "";
+            rejected.insert(key);
             out.issues.push_back({file, line, key, err + " (default: " + knobDefaultText(*k) + ")"});
         }
     }
@@ -122,12 +208,21 @@ void applyMapping(const YAML::Node& map, const std::string& file, LoadedConfig& 
 
 LoadedConfig parseConfigYaml(const std::string& text, const std::string& fileName) {
     LoadedConfig out;
+    if (text.size() > kMaxConfigBytes) {
+        out.issues.push_back({fileName, 0, "", "the file is " + std::to_string(text.size()) +
+                                                   " bytes; a config may be at most 1 MiB (a config is a "
+                                                   "mapping of a few hundred knobs)"});
+        return out;
+    }
     YAML::Node root;
     try {
         root = YAML::Load(text);
     } catch (const YAML::Exception& e) {
         out.issues.push_back({fileName, e.mark.line >= 0 ? e.mark.line + 1 : 0, "",
-                              "YAML syntax error: " + e.msg});
+                              "YAML syntax error: " + sanitizeUtf8(e.msg)});
+        return out;
+    } catch (const std::exception& e) {
+        out.issues.push_back({fileName, 0, "", std::string("cannot parse the YAML: ") + e.what()});
         return out;
     }
     if (root.IsNull()) return out;  // empty file = all defaults
@@ -136,60 +231,88 @@ LoadedConfig parseConfigYaml(const std::string& text, const std::string& fileNam
                               "a config must be a mapping of knob: value (e.g. `num_layers: 4`)"});
         return out;
     }
-    std::set<std::string> seen;
+    std::set<std::string> seen, rejected;
+    std::map<std::string, int> lines;  // knob -> line where it was set
     try {
-        applyMapping(root, fileName, out, seen, true);
+        Walk bounds;
+        checkBounds(root, bounds, 0);
+        Walk w;
+        int unknownKeys = 0;
+        applyMapping(root, fileName, out, seen, rejected, lines, true, w, unknownKeys);
+    } catch (const LimitExceeded& e) {
+        out.issues.push_back({fileName, e.line, "", e.message});
+        return out;
     } catch (const YAML::Exception& e) {
-        out.issues.push_back({fileName, e.mark.line + 1, "", "YAML error: " + e.msg});
+        out.issues.push_back({fileName, e.mark.line + 1, "", "YAML error: " + sanitizeUtf8(e.msg)});
         return out;
     }
-    if (out.issues.empty()) {
-        // Rule checks carry no line; point them at the line where the knob was set.
-        for (auto issue : validateConfig(out.config)) {
-            issue.file = fileName;
-            for (const auto& kv : root) {
-                const std::string key = kv.first.as<std::string>();
-                if (key == issue.knob) issue.line = kv.first.Mark().line + 1;
-                if (kv.second.IsMap())
-                    for (const auto& kv2 : kv.second)
-                        if (kv2.first.as<std::string>() == issue.knob) issue.line = kv2.first.Mark().line + 1;
-            }
-            out.issues.push_back(issue);
-        }
+    // Rule checks run even when some keys had problems, so one pass reports everything; a
+    // rule about a knob whose value was rejected would only repeat that problem.
+    const bool keyProblems = !out.issues.empty();
+    for (auto issue : validateConfig(out.config)) {
+        if (rejected.count(issue.knob)) continue;
+        if (keyProblems && issue.knob.empty()) continue;
+        issue.file = fileName;
+        if (auto it = lines.find(issue.knob); it != lines.end()) issue.line = it->second;
+        out.issues.push_back(issue);
+    }
+    if (out.issues.size() > kMaxIssues) {
+        const size_t more = out.issues.size() - kMaxIssues;
+        out.issues.resize(kMaxIssues);
+        out.issues.push_back({fileName, 0, "", "and " + std::to_string(more) + " more problems"});
     }
     return out;
 }
 
 LoadedConfig loadConfigFile(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) {
-        LoadedConfig out;
-        out.issues.push_back({path, 0, "", "cannot open config file (check the path)"});
+    LoadedConfig out;
+    auto problem = [&](const std::string& msg) {
+        out.issues.push_back({path, 0, "", msg});
         return out;
-    }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return parseConfigYaml(ss.str(), path);
+    };
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+        return problem(std::string("cannot open config file: ") + std::strerror(errno) + " (check the path)");
+    if (S_ISDIR(st.st_mode)) return problem("is a directory; give a YAML config file");
+    if (!S_ISREG(st.st_mode)) return problem("is not a regular file (a pipe or device?); give a YAML config file");
+    if (uint64_t(st.st_size) > kMaxConfigBytes)
+        return problem("the file is " + std::to_string(st.st_size) +
+                       " bytes; a config may be at most 1 MiB (a config is a mapping of a few hundred knobs)");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return problem("cannot open config file (check the path and its permissions)");
+    // Read at most one byte past the bound: the file may have grown since stat.
+    std::string text(kMaxConfigBytes + 1, '\0');
+    in.read(text.data(), std::streamsize(text.size()));
+    text.resize(size_t(in.gcount()));
+    if (in.bad()) return problem("cannot read config file");
+    return parseConfigYaml(text, path);
 }
 
 Status applyOverride(Config& c, const std::string& kv) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
-        return Status::invalid("override '" + kv + "' must look like knob=value");
-    const std::string key = kv.substr(0, eq);
+        return Status::invalid("override '" + sanitizeUtf8(kv) + "' must look like knob=value");
+    const std::string key = sanitizeUtf8(kv.substr(0, eq));
     const KnobDef* k = findKnob(key);
     if (!k) {
         LoadedConfig tmp;
         unknownKeyIssue(tmp, "", 0, key);
         return Status::invalid(tmp.issues[0].message);
     }
+    if (kv.size() - eq - 1 > kMaxConfigBytes) return Status::invalid(key + ": the value is longer than 1 MiB");
     YAML::Node n;
     try {
         n = YAML::Load(kv.substr(eq + 1));
     } catch (const YAML::Exception& e) {
-        return Status::invalid(key + ": cannot parse value '" + kv.substr(eq + 1) + "': " + e.msg);
+        return Status::invalid(key + ": cannot parse value '" + sanitizeUtf8(kv.substr(eq + 1)) + "': " + sanitizeUtf8(e.msg));
     }
-    const json value = n.IsNull() ? json("") : nodeToJson(n);
+    json value;
+    try {
+        Walk w;
+        value = n.IsNull() ? json("") : nodeToJson(n, w, 0);
+    } catch (const LimitExceeded& e) {
+        return Status::invalid(key + ": " + e.message);
+    }
     std::string err = k->set(c, value);
     if (!err.empty()) return Status::invalid(key + ": " + err);
     return Status::ok();

@@ -84,6 +84,14 @@ Status validateSchedule(const ScheduleParams& p) {
         return Status::invalid("num_microbatches=" + std::to_string(p.microbatches) + " must be at least 1");
     if (p.rank < 0 || p.rank >= p.pp)
         return Status::invalid("pipeline rank " + std::to_string(p.rank) + " is outside [0, " + std::to_string(p.pp) + ")");
+    // The schedule is built as a list of ops (about four per microbatch and virtual stage), so
+    // its size is bounded; real steps use hundreds to a few thousand microbatches.
+    if (int64_t(p.microbatches) * p.vpp > kMaxScheduleMicrobatches)
+        return Status::invalid("num_microbatches=" + std::to_string(p.microbatches) +
+                               (p.vpp > 1 ? " x virtual_pipeline_model_parallel_size=" + std::to_string(p.vpp) : "") +
+                               " is more than " + std::to_string(kMaxScheduleMicrobatches) +
+                               " microbatches per step: the schedule is an explicit list of ops per microbatch "
+                               "and would not fit in memory; real steps use at most a few thousand");
     if (p.vpp > 1) {
         if (p.pp == 1)
             return Status::invalid("non-pipeline-parallel schedule does not support model chunking "

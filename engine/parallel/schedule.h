@@ -15,6 +15,7 @@
 // next model chunk). Layer placement: chunk c on rank r is virtual stage c*pp + r.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -92,7 +93,10 @@ struct PipelineSchedule {
 std::vector<TensorRef> scheduleTable(int microbatches, int vpp, int groupSize);
 
 // Constraint checks with Megatron's messages (InvalidArgument).
+// Also bounds the schedule's size: microbatches * vpp <= kMaxScheduleMicrobatches (a schedule
+// is an explicit op list, about four ops per virtual microbatch).
 Status validateSchedule(const ScheduleParams& p);
+inline constexpr int64_t kMaxScheduleMicrobatches = 100000;
 Result<PipelineSchedule> buildSchedule(const ScheduleParams& p);
 
 // First layer of (rank, chunk): chunk*(L/v) + rank*(L/(p*v)); L must be divisible by p*v.

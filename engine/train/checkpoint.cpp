@@ -2,8 +2,13 @@
 #include "engine/train/checkpoint.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+
+#include "common/json_text.h"
 
 namespace ts::engine {
 
@@ -11,6 +16,9 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr int kFormatVersion = 1;
+// Largest samples_consumed a checkpoint may claim: far beyond any real run, and small enough
+// that the data position arithmetic (samples + batch) cannot overflow.
+constexpr int64_t kMaxSamplesConsumed = int64_t(1) << 62;
 
 std::string shapeText(const std::vector<int64_t>& s) {
     std::string t = "[";
@@ -18,18 +26,82 @@ std::string shapeText(const std::vector<int64_t>& s) {
     return t + "]";
 }
 
+// checkpoint.json comes from disk: every field is checked for presence, type and range before
+// it is used, with a message naming the file and the field.
+struct Fields {
+    const std::string& file;
+    const nlohmann::json& j;
+
+    Status bad(const std::string& field, const std::string& what) const {
+        return Status::invalid("checkpoint '" + file + "': field '" + field + "' " + what +
+                               " (damaged or hand-edited checkpoint.json?)");
+    }
+    // Integer field in [lo, hi]; absent -> def when given, else an error.
+    Result<int64_t> integer(const nlohmann::json& obj, const std::string& field, int64_t lo, int64_t hi,
+                            std::optional<int64_t> def = std::nullopt, const std::string& where = "") const {
+        const std::string name = where.empty() ? field : where + "." + field;
+        auto it = obj.find(field);
+        if (it == obj.end()) {
+            if (def) return *def;
+            return bad(name, "is missing");
+        }
+        if (!it->is_number_integer()) return bad(name, "must be an integer, got " + std::string(it->type_name()));
+        if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX))
+            return bad(name, "is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        const int64_t v = it->get<int64_t>();
+        if (v < lo || v > hi)
+            return bad(name, "is " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " +
+                                 std::to_string(hi) + "]");
+        return v;
+    }
+    Result<std::string> text(const nlohmann::json& obj, const std::string& field, const std::string& where = "") const {
+        const std::string name = where.empty() ? field : where + "." + field;
+        auto it = obj.find(field);
+        if (it == obj.end()) return bad(name, "is missing");
+        if (!it->is_string()) return bad(name, "must be a string, got " + std::string(it->type_name()));
+        return it->get<std::string>();
+    }
+};
+
+struct StoredParam {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0;
+};
+
+// The "params" table, every entry checked: {name: string, shape: [non-negative ints], offset: int >= 0}.
+Result<std::vector<StoredParam>> readParamTable(const Fields& f) {
+    auto it = f.j.find("params");
+    if (it == f.j.end() || !it->is_array()) return f.bad("params", "must be an array of {name, shape, offset}");
+    std::vector<StoredParam> out;
+    out.reserve(it->size());
+    for (size_t i = 0; i < it->size(); ++i) {
+        const auto& e = (*it)[i];
+        const std::string where = "params[" + std::to_string(i) + "]";
+        if (!e.is_object()) return f.bad(where, "must be an object {name, shape, offset}");
+        StoredParam p;
+        TS_ASSIGN_OR_RETURN(p.name, f.text(e, "name", where));
+        auto sh = e.find("shape");
+        if (sh == e.end() || !sh->is_array()) return f.bad(where + ".shape", "must be an array of sizes");
+        for (const auto& d : *sh) {
+            if (!d.is_number_integer() || d.get<int64_t>() < 0)
+                return f.bad(where + ".shape", "must hold non-negative integers");
+            p.shape.push_back(d.get<int64_t>());
+        }
+        TS_ASSIGN_OR_RETURN(p.offset, f.integer(e, "offset", 0, INT64_MAX, std::nullopt, where));
+        out.push_back(std::move(p));
+    }
+    return out;
+}
+
 // Compares the stored param table with the model's; a message naming the first difference.
-Status checkTable(const std::string& dir, const nlohmann::json& j, const std::vector<ParamInfo>& table,
-                  int64_t numel) {
-    const auto& stored = j["params"];
-    if (!stored.is_array())
-        return Status::invalid("checkpoint '" + dir + "' has no parameter table");
+Status checkTable(const std::string& dir, const std::vector<StoredParam>& stored, int64_t storedNumel,
+                  const std::vector<ParamInfo>& table, int64_t numel) {
     const size_t n = std::min(stored.size(), table.size());
     for (size_t i = 0; i < n; ++i) {
         const ParamInfo& p = table[i];
-        const auto& e = stored[i];
-        const std::string name = e.value("name", "");
-        const auto shape = e.value("shape", std::vector<int64_t>{});
+        const std::string& name = stored[i].name;
+        const auto& shape = stored[i].shape;
         if (name != p.name)
             return Status::invalid("checkpoint '" + dir + "' has a different model: parameter " + std::to_string(i) +
                                    " is '" + name + "', the model expects '" + p.name +
@@ -48,13 +120,13 @@ Status checkTable(const std::string& dir, const nlohmann::json& j, const std::ve
                                    " in this model" + hint);
         }
     }
-    if (stored.size() != table.size() || j.value("numel", int64_t(-1)) != numel)
+    if (stored.size() != table.size() || storedNumel != numel)
         return Status::invalid("checkpoint '" + dir + "' has a different model (" + std::to_string(stored.size()) +
                                " params vs " + std::to_string(table.size()) + "); check num_layers and the model "
                                "shape knobs");
     // Same names and shapes in the same order: offsets can only differ in a damaged file.
     for (size_t i = 0; i < n; ++i)
-        if (stored[i].value("offset", int64_t(-1)) != table[i].offset)
+        if (stored[i].offset != table[i].offset)
             return Status::invalid("checkpoint '" + dir + "': parameter '" + table[i].name +
                                    "' is stored at another offset (damaged checkpoint.json?)");
     return Status::ok();
@@ -93,7 +165,7 @@ Status writeCheckpointFiles(const std::string& dir, const std::vector<ParamInfo>
     }
     {
         std::ofstream out(meta.string() + ".tmp");
-        out << j.dump(1) << "\n";
+        out << dumpJson(j, 1) << "\n";
         if (!out) return Status::io("writing '" + meta.string() + "' failed");
     }
     fs::rename(bin.string() + ".tmp", bin, ec);
@@ -105,36 +177,59 @@ Status writeCheckpointFiles(const std::string& dir, const std::vector<ParamInfo>
 Status readCheckpointFiles(const std::string& dir, const std::vector<ParamInfo>& table, int64_t numel,
                            float* params, float* expAvg, float* expAvgSq, CheckpointState* state) {
     const fs::path bin = fs::path(dir) / "state.bin", meta = fs::path(dir) / "checkpoint.json";
+    std::error_code ec;
+    if (!fs::exists(meta, ec)) return Status::notFound("checkpoint '" + meta.string() + "' not found");
+    if (!fs::is_regular_file(meta, ec)) return Status::invalid("checkpoint '" + meta.string() + "' is not a regular file");
+    // The metadata is a table of a few hundred parameters; anything much larger is not ours.
+    constexpr uintmax_t kMaxMetaBytes = uintmax_t(64) << 20;
+    if (fs::file_size(meta, ec) > kMaxMetaBytes)
+        return Status::invalid("checkpoint '" + meta.string() + "' is larger than 64 MiB; not a trainscope checkpoint");
     std::ifstream in(meta);
-    if (!in) return Status::notFound("checkpoint '" + meta.string() + "' not found");
+    if (!in) return Status::notFound("checkpoint '" + meta.string() + "' cannot be read");
     nlohmann::json j;
     try {
         in >> j;
     } catch (const std::exception& e) {
         return Status::invalid("checkpoint '" + meta.string() + "' is not valid JSON: " + e.what());
     }
-    if (j.value("format", "") != "trainscope-checkpoint" || j.value("version", 0) != kFormatVersion)
-        return Status::invalid("'" + meta.string() + "' is not a trainscope checkpoint of version " +
+    const std::string file = meta.string();
+    if (!j.is_object()) return Status::invalid("checkpoint '" + file + "' is not a JSON object");
+    const Fields f{file, j};
+    auto format = j.find("format");
+    auto version = j.find("version");
+    if (format == j.end() || !format->is_string() || format->get<std::string>() != "trainscope-checkpoint" ||
+        version == j.end() || !version->is_number_integer() || version->get<int64_t>() != kFormatVersion)
+        return Status::invalid("'" + file + "' is not a trainscope checkpoint of version " +
                                std::to_string(kFormatVersion));
-    TS_RETURN_IF_ERROR(checkTable(dir, j, table, numel));
+    // Every field is read and checked before anything is loaded.
+    CheckpointState s;
+    TS_ASSIGN_OR_RETURN(int64_t iteration, f.integer(j, "iteration", 0, INT32_MAX));
+    s.iteration = int(iteration);
+    TS_ASSIGN_OR_RETURN(s.samplesConsumed, f.integer(j, "samples_consumed", 0, kMaxSamplesConsumed));
+    TS_ASSIGN_OR_RETURN(s.seed, f.integer(j, "seed", INT64_MIN, INT64_MAX));
+    TS_ASSIGN_OR_RETURN(s.adamSteps, f.integer(j, "adam_steps", 0, INT64_MAX, int64_t(0)));
+    TS_ASSIGN_OR_RETURN(int64_t storedNumel, f.integer(j, "numel", 0, INT64_MAX / 16));
+    for (const char* obj : {"config", "layout"}) {
+        auto it = j.find(obj);
+        if (it != j.end() && !it->is_object() && !it->is_null()) return f.bad(obj, "must be an object");
+    }
+    if (auto it = j.find("config"); it != j.end() && it->is_object()) s.config = *it;
+    else s.config = nlohmann::json::object();
+    if (auto it = j.find("layout"); it != j.end() && it->is_object()) s.layout = *it;
+    else s.layout = nlohmann::json::object();
+    TS_ASSIGN_OR_RETURN(auto stored, readParamTable(f));
+    TS_RETURN_IF_ERROR(checkTable(dir, stored, storedNumel, table, numel));
+
     std::ifstream bf(bin, std::ios::binary);
     if (!bf) return Status::notFound("checkpoint data '" + bin.string() + "' not found");
     const auto bytes = std::streamsize(numel * int64_t(sizeof(float)));
-    std::error_code ec;
     if (fs::file_size(bin, ec) != uint64_t(bytes) * 3)
         return Status::invalid("checkpoint data '" + bin.string() + "' has the wrong size");
     bf.read(reinterpret_cast<char*>(params), bytes);
     bf.read(reinterpret_cast<char*>(expAvg), bytes);
     bf.read(reinterpret_cast<char*>(expAvgSq), bytes);
     if (!bf) return Status::io("reading '" + bin.string() + "' failed");
-    if (state) {
-        state->iteration = j.value("iteration", 0);
-        state->samplesConsumed = j.value("samples_consumed", int64_t(0));
-        state->seed = j.value("seed", int64_t(0));
-        state->adamSteps = j.value("adam_steps", int64_t(0));
-        state->config = j.value("config", nlohmann::json::object());
-        state->layout = j.value("layout", nlohmann::json::object());
-    }
+    if (state) *state = std::move(s);
     return Status::ok();
 }
 

@@ -8,12 +8,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.h"
 #include "profiler/analysis.h"
 
 namespace ts::profiler {
 
 namespace {
-std::string jsonStr(const std::string& s) { return nlohmann::json(s).dump(); }
+// Names come from trace files: written as valid JSON even when they are not valid UTF-8.
+std::string jsonStr(const std::string& s) { return dumpJson(nlohmann::json(s)); }
 
 void us(std::ostream& o, int64_t ns) {
     // Microseconds with ns precision, without float rounding noise.

@@ -310,6 +310,14 @@ Result<std::unique_ptr<TraceStore>> TraceStore::open(const std::string& path, bo
     if (path != ":memory:") {
         std::error_code ec;
         if (!std::filesystem::exists(path, ec)) return Status::notFound("run file '" + path + "' does not exist");
+        if (std::filesystem::is_directory(path, ec))
+            return Status::invalid("'" + path + "' is a directory, not a run file");
+        // SQLite would read an empty file as an empty database of schema version 0 (a writer
+        // opening it makes it a run file, as create() does).
+        if (readOnly && std::filesystem::is_regular_file(path, ec) && std::filesystem::file_size(path, ec) == 0 && !ec)
+            return Status::invalid("run file '" + path +
+                                   "' is empty (0 bytes): its run never wrote anything (the process that "
+                                   "created it stopped first?); delete it");
     }
     std::unique_ptr<TraceStore> store(new TraceStore());
     store->m_path = path;
@@ -640,12 +648,20 @@ Result<std::vector<TrackRow>> TraceStore::tracks() {
 Result<std::vector<std::string>> TraceStore::strings() {
     Stmt q;
     TS_RETURN_IF_ERROR(q.prepare(m_db, "SELECT id, text FROM strings ORDER BY id"));
-    std::vector<std::string> out(1);
+    // Ids are dense (the writers number them 1, 2, ...); the table is indexed by id, so a
+    // damaged id must not size it: ids beyond twice the row count (+ slack) are refused.
+    Stmt c;
+    TS_RETURN_IF_ERROR(c.prepare(m_db, "SELECT count(*), coalesce(max(id), 0) FROM strings"));
+    if (sqlite3_step(c.s) != SQLITE_ROW) return sqlError(m_db, "reading strings of run file '" + m_path + "'");
+    const int64_t rows = sqlite3_column_int64(c.s, 0), maxId = sqlite3_column_int64(c.s, 1);
+    if (maxId > 2 * rows + 65536 || maxId > (int64_t(1) << 31))
+        return Status::io("run file '" + m_path + "' is damaged: strings.id " + std::to_string(maxId) +
+                          " is far beyond the " + std::to_string(rows) + " strings it holds");
+    std::vector<std::string> out(size_t(std::max<int64_t>(maxId, 0)) + 1);
     int rc;
     while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
         int64_t id = sqlite3_column_int64(q.s, 0);
-        if (id <= 0 || id > (int64_t(1) << 31)) continue;
-        if (size_t(id) >= out.size()) out.resize(size_t(id) + 1);
+        if (id <= 0 || id > maxId) continue;
         out[size_t(id)] = columnText(q.s, 1);
     }
     if (rc != SQLITE_DONE) return sqlError(m_db, "reading strings");
@@ -691,7 +707,8 @@ Status forEachLegacyRow(sqlite3* db, const std::vector<uint32_t>& trackIds, cons
 // Schema v2: each track's chunks in (ts_first, id) order. Chunks whose [ts_first, ts_last]
 // ranges overlap form a group whose slices are merged by (ts, id); a lone chunk is already in
 // order and is emitted as decoded.
-Status forEachChunkedSlice(sqlite3* db, const std::vector<uint32_t>& trackIds, const SliceFilter& f, const SliceFn& fn) {
+Status forEachChunkedSlice(sqlite3* db, const std::string& path, const std::vector<uint32_t>& trackIds,
+                           const SliceFilter& f, const SliceFn& fn) {
     Stmt q;
     TS_RETURN_IF_ERROR(q.prepare(db,
         "SELECT id, ts_first, ts_last, n, data FROM slice_chunks"
@@ -744,10 +761,16 @@ Status forEachChunkedSlice(sqlite3* db, const std::vector<uint32_t>& trackIds, c
                 ids.clear();
                 chunks = 0;
             }
-            if (n < 0 || !data ||
+            if (n < 1 || n > int64_t(codec::kMaxChunkSlices))
+                return Status::io("run file '" + path + "' is damaged: slice_chunks.n of chunk " + std::to_string(id) +
+                                  " is " + std::to_string(n) + ", outside [1, " +
+                                  std::to_string(codec::kMaxChunkSlices) + "]");
+            if (!data ||
                 !codec::decodeChunk(static_cast<const uint8_t*>(data), size, size_t(n), track, tsFirst, buf))
-                return Status::io("slice chunk " + std::to_string(id) + " of track " + std::to_string(track) +
-                                  " is corrupt (run file damaged or written by an incompatible build)");
+                return Status::io("run file '" + path + "': slice chunk " + std::to_string(id) + " of track " +
+                                  std::to_string(track) +
+                                  " is corrupt (slice_chunks.data does not decode; run file damaged or written "
+                                  "by an incompatible build)");
             for (int64_t k = 0; k < n; ++k) ids.push_back(id + k);
             groupLast = chunks == 0 ? tsLast : std::max(groupLast, tsLast);
             ++chunks;
@@ -773,25 +796,46 @@ Status TraceStore::forEachSlice(const SliceFilter& f, const std::function<bool(c
             trackIds.push_back(t.id);
         }
     }
-    return m_legacySlices ? forEachLegacyRow(m_db, trackIds, f, fn) : forEachChunkedSlice(m_db, trackIds, f, fn);
+    return m_legacySlices ? forEachLegacyRow(m_db, trackIds, f, fn) : forEachChunkedSlice(m_db, m_path, trackIds, f, fn);
 }
 
+// Slice counts size allocations (the analyses reserve them), so a chunk's n is checked first:
+// the writer never packs more than codec::kMaxChunkSlices slices into one chunk.
 Result<int64_t> TraceStore::sliceCount() {
     Stmt q;
-    TS_RETURN_IF_ERROR(q.prepare(m_db, m_legacySlices ? "SELECT count(*) FROM slices"
-                                                      : "SELECT coalesce(sum(n), 0) FROM slice_chunks"));
-    if (sqlite3_step(q.s) != SQLITE_ROW) return sqlError(m_db, "counting slices");
+    TS_RETURN_IF_ERROR(q.prepare(m_db, m_legacySlices
+        ? "SELECT count(*), NULL FROM slices"
+        : "SELECT coalesce(sum(n), 0), min(CASE WHEN n < 1 OR n > ?1 THEN id END) FROM slice_chunks"));
+    if (!m_legacySlices) sqlite3_bind_int64(q.s, 1, int64_t(codec::kMaxChunkSlices));
+    if (sqlite3_step(q.s) != SQLITE_ROW) return sqlError(m_db, "counting the slices of run file '" + m_path + "'");
+    if (sqlite3_column_type(q.s, 1) != SQLITE_NULL)
+        return badChunkCount(sqlite3_column_int64(q.s, 1));
     return sqlite3_column_int64(q.s, 0);
 }
 
 Result<int64_t> TraceStore::sliceCount(int rank) {
     Stmt q;
     TS_RETURN_IF_ERROR(q.prepare(m_db, m_legacySlices
-        ? "SELECT count(*) FROM slices WHERE track IN (SELECT id FROM tracks WHERE rank = ?)"
-        : "SELECT coalesce(sum(n), 0) FROM slice_chunks WHERE track IN (SELECT id FROM tracks WHERE rank = ?)"));
-    sqlite3_bind_int(q.s, 1, rank);
-    if (sqlite3_step(q.s) != SQLITE_ROW) return sqlError(m_db, "counting a rank's slices");
+        ? "SELECT count(*), NULL FROM slices WHERE track IN (SELECT id FROM tracks WHERE rank = ?2)"
+        : "SELECT coalesce(sum(n), 0), min(CASE WHEN n < 1 OR n > ?1 THEN id END)"
+          " FROM slice_chunks WHERE track IN (SELECT id FROM tracks WHERE rank = ?2)"));
+    if (!m_legacySlices) sqlite3_bind_int64(q.s, 1, int64_t(codec::kMaxChunkSlices));
+    sqlite3_bind_int(q.s, 2, rank);
+    if (sqlite3_step(q.s) != SQLITE_ROW) return sqlError(m_db, "counting a rank's slices in run file '" + m_path + "'");
+    if (sqlite3_column_type(q.s, 1) != SQLITE_NULL)
+        return badChunkCount(sqlite3_column_int64(q.s, 1));
     return sqlite3_column_int64(q.s, 0);
+}
+
+Status TraceStore::badChunkCount(int64_t chunkId) {
+    Stmt q;
+    int64_t n = 0;
+    if (q.prepare(m_db, "SELECT n FROM slice_chunks WHERE id = ?")) {
+        sqlite3_bind_int64(q.s, 1, chunkId);
+        if (sqlite3_step(q.s) == SQLITE_ROW) n = sqlite3_column_int64(q.s, 0);
+    }
+    return Status::io("run file '" + m_path + "' is damaged: slice_chunks.n of chunk " + std::to_string(chunkId) +
+                      " is " + std::to_string(n) + ", outside [1, " + std::to_string(codec::kMaxChunkSlices) + "]");
 }
 
 Result<uint64_t> TraceStore::maxCorrelation() {

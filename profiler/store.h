@@ -149,6 +149,7 @@ public:
 private:
     TraceStore() = default;
     Status prepareWriteStatements();
+    Status badChunkCount(int64_t chunkId);  // the error for a chunk whose n is out of range
     struct Statements;
     sqlite3* m_db = nullptr;
     std::string m_path;

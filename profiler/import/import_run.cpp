@@ -5,6 +5,7 @@
 #include <ctime>
 #include <filesystem>
 
+#include "common/text.h"
 #include "profiler/store.h"
 
 namespace ts::profiler::import {
@@ -48,7 +49,7 @@ Result<ImportReport> importToRunFile(const std::vector<std::string>& paths, cons
 
     RunInfo info;
     info.id = traceStem(outPath);
-    info.name = runName.empty() ? traceStem(paths.front()) : runName;
+    info.name = sanitizeUtf8(runName.empty() ? traceStem(paths.front()) : runName);
     info.status = "running";
     info.createdAt = utcNowIso();
     info.tagsJson = R"(["imported"])";
@@ -63,6 +64,16 @@ Result<ImportReport> importToRunFile(const std::vector<std::string>& paths, cons
         }
         Status flushed = writer.finish();
         if (result && !flushed.isOk()) result = flushed.withContext("writing '" + outPath + "'");
+    }
+    if (result && result->summary.slices == 0 && result->summary.counters == 0) {
+        // A run without a single event is no run: say what was skipped instead of leaving one.
+        std::string why;
+        for (const auto& [name, count] : result->stats.all())
+            why += (why.empty() ? "" : ", ") + name + "=" + std::to_string(count);
+        result = Status::invalid("the import found no events (no slices or counters) in " +
+                                 std::to_string(paths.size()) + " file(s)" +
+                                 (why.empty() ? std::string() : "; skipped or notable records: " + why) +
+                                 "; no run was created");
     }
     if (!result) {
         store.reset();

@@ -12,7 +12,8 @@
 
 namespace ts::profiler::import {
 
-// outPath must not exist yet (or be empty). On failure the partly written file is removed.
+// outPath must not exist yet (or be empty). On failure the partly written file is removed;
+// an import that yields no events at all is a failure (InvalidArgument).
 // runName "" -> the first input's file name without extensions.
 Result<ImportReport> importToRunFile(const std::vector<std::string>& paths, const std::string& outPath,
                                      const ImportOptions& options = {}, const std::string& runName = "");

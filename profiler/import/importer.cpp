@@ -1,6 +1,9 @@
 // Format detection and the multi-file import driver (see importer.h).
 #include "profiler/import/importer.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 
@@ -10,6 +13,12 @@
 namespace ts::profiler::import {
 
 Result<SourceFormat> detectFormat(const std::string& path) {
+    // Only regular files: a directory reads as empty and a FIFO would block the import.
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return Status::notFound("cannot open '" + path + "': " + std::strerror(errno));
+    if (S_ISDIR(st.st_mode)) return Status::invalid("'" + path + "' is a directory; give the trace files inside it");
+    if (!S_ISREG(st.st_mode))
+        return Status::invalid("'" + path + "' is not a regular file (a pipe, socket or device); copy the trace to a file first");
     std::ifstream in(path, std::ios::binary);
     if (!in) return Status::notFound("cannot open '" + path + "': " + std::strerror(errno));
     char head[64] = {};

@@ -14,7 +14,8 @@
 namespace ts::profiler::import {
 
 // From the file's first bytes: "SQLite format 3" -> Nsys; gzip magic or a JSON document
-// start -> Kineto. A clear InvalidArgument for anything else (e.g. a .nsys-rep report).
+// start -> Kineto. A clear InvalidArgument for anything else (e.g. a .nsys-rep report), for a
+// directory and for anything that is not a regular file (a FIFO would block).
 Result<SourceFormat> detectFormat(const std::string& path);
 
 struct ImportReport {

@@ -597,6 +597,9 @@ Result<StagedFile> parseKinetoTrace(const std::string& path) {
         out.info["parse_error"] = sax.error();
     }
     if (!sax.sawTrace()) {
+        if (buf->failed())
+            return Status::invalid("'" + path + "' is a truncated or damaged gzip file (zlib: " + buf->error() + ")" +
+                                   (buf->bytesOut() > 0 ? "" : "; nothing could be decompressed"));
         if (!ok && sax.eventsSeen() == 0 && buf->bytesOut() > 0 && !buf->failed())
             return Status::invalid("'" + path + "' is not a trace: " + sax.error());
         return Status::invalid("'" + path + "' holds no Chrome/Kineto trace (no \"traceEvents\" array)" +

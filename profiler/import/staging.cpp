@@ -12,6 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.h"
+#include "common/text.h"
+
 namespace ts::profiler::import {
 
 const char* sourceFormatName(SourceFormat f) {
@@ -42,9 +45,18 @@ StringTable::StringTable() {
     m_ids.emplace(std::string_view(m_texts.back()), 0u);
 }
 
-uint32_t StringTable::intern(std::string_view text) {
-    auto it = m_ids.find(text);
+uint32_t StringTable::intern(std::string_view raw) {
+    auto it = m_ids.find(raw);
     if (it != m_ids.end()) return it->second;
+    // Names come from the trace file: stored as valid UTF-8 (they end up in JSON).
+    std::string clean;
+    std::string_view text = raw;
+    if (!isValidUtf8(raw)) {
+        clean = sanitizeUtf8(raw);
+        text = clean;
+        it = m_ids.find(text);
+        if (it != m_ids.end()) return it->second;
+    }
     auto id = static_cast<uint32_t>(m_texts.size());
     m_texts.emplace_back(text);
     m_ids.emplace(std::string_view(m_texts.back()), id);
@@ -275,7 +287,7 @@ EmitSummary emitStaged(std::vector<StagedFile>& files, trace::Recorder& rec, Imp
             d.device = st.device;
             d.kind = st.kind;
             d.streamIndex = st.streamIndex;
-            d.name = "rank " + std::to_string(rank[i]) + " " + st.label;
+            d.name = "rank " + std::to_string(rank[i]) + " " + sanitizeUtf8(st.label);
             trackId[t] = rec.track(d);
         }
 
@@ -302,10 +314,10 @@ EmitSummary emitStaged(std::vector<StagedFile>& files, trace::Recorder& rec, Imp
         }
 
         EmittedFile e;
-        e.path = f.path;
+        e.path = sanitizeUtf8(f.path);
         e.format = f.format;
         e.rank = rank[i];
-        e.rankSource = rank[i] == f.rankHint.value_or(-1) ? f.rankSource : "";
+        e.rankSource = rank[i] == f.rankHint.value_or(-1) ? sanitizeUtf8(f.rankSource) : "";
         e.aligned = aligned;
         e.tracks = static_cast<int64_t>(f.tracks.size());
         e.slices = static_cast<int64_t>(f.slices.size());
@@ -314,7 +326,7 @@ EmitSummary emitStaged(std::vector<StagedFile>& files, trace::Recorder& rec, Imp
         summary.slices += e.slices;
         summary.counters += e.counters;
 
-        nlohmann::json j = {{"path", f.path},
+        nlohmann::json j = {{"path", e.path},
                             {"format", sourceFormatName(f.format)},
                             {"rank", rank[i]},
                             {"rank_source", e.rankSource.empty() ? "file order" : e.rankSource},
@@ -323,21 +335,21 @@ EmitSummary emitStaged(std::vector<StagedFile>& files, trace::Recorder& rec, Imp
                             {"slices", e.slices},
                             {"counters", e.counters}};
         if (f.worldSize) j["world_size"] = *f.worldSize;
-        for (const auto& [k, v] : f.info) j["info"][k] = v;
+        for (const auto& [k, v] : f.info) j["info"][sanitizeUtf8(k)] = sanitizeUtf8(v);
         fileList.push_back(std::move(j));
         summary.files.push_back(std::move(e));
     }
 
     std::string source = formats.size() == 1 ? *formats.begin() : "mixed";
     rec.metadata("import.source", source);
-    rec.metadata("import.files", fileList.dump());
+    rec.metadata("import.files", dumpJson(fileList));
     rec.metadata("import.time_origin_unix_ns", std::to_string(summary.originUnixNs));
     // MFU looks the peak FLOPS up by metadata "device_name" (profiler/report.cpp); the first
     // file that names its GPU gives it (a run is assumed to use one device type).
     for (const auto& f : files) {
         auto it = f.info.find("device_name");
         if (it != f.info.end() && !it->second.empty()) {
-            rec.metadata("device_name", it->second);
+            rec.metadata("device_name", sanitizeUtf8(it->second));
             break;
         }
     }

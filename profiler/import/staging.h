@@ -47,7 +47,8 @@ private:
     std::map<std::string, int64_t, std::less<>> m_counts;
 };
 
-// File-local string interning: id 0 is "", ids are dense.
+// File-local string interning: id 0 is "", ids are dense. Text is stored as valid UTF-8
+// (ill-formed sequences become U+FFFD): names from trace files end up in JSON.
 class StringTable {
 public:
     StringTable();

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <random>
 
+#include "common/json_text.h"
+#include "common/text.h"
 #include "engine/config/knobs.h"
 #include "profiler/store.h"
 
@@ -22,7 +24,9 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kIndexVersion = 1;
+// v2: keyed by path, not id: two files may hold the same run id (a copied file), and both are
+// listed; commands that name a run by id then refuse the ambiguity (findRun).
+constexpr int kIndexVersion = 2;
 
 // Owning handle of one index connection (opened per operation so that several processes can
 // share a workspace; SQLite locks the file).
@@ -83,7 +87,7 @@ std::vector<std::string> parseTags(const std::string& text) {
     json j = json::parse(text, nullptr, false);
     if (j.is_array())
         for (auto& e : j)
-            if (e.is_string()) out.push_back(e.get<std::string>());
+            if (e.is_string()) out.push_back(sanitizeUtf8(e.get<std::string>()));
     return out;
 }
 
@@ -106,6 +110,26 @@ Result<Db> openIndex(const std::string& path) {
     return d;
 }
 
+// SQLite's answer for a file that is not a database or is damaged.
+bool isDamaged(int rc) {
+    rc &= 0xff;  // primary code of an extended result code
+    return rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT;
+}
+
+// The index is a cache: a damaged one is moved aside (kept as index.sqlite.broken for a bug
+// report) and a fresh one takes its place; listRuns() refills it from the run files.
+Status moveIndexAside(const std::string& path) {
+    std::error_code ec;
+    fs::rename(path, path + ".broken", ec);
+    if (ec) fs::remove(path, ec);
+    if (ec) return Status::io("the workspace index " + path + " is damaged and cannot be moved aside: " + ec.message());
+    for (const char* suffix : {"-wal", "-shm", "-journal"}) fs::remove(path + suffix, ec);
+    std::fprintf(stderr, "trainscope: warning: the workspace index %s was not a readable database; moved it to "
+                         "%s.broken and rebuilt it from the run files\n",
+                 path.c_str(), path.c_str());
+    return Status::ok();
+}
+
 RunSummary rowToSummary(sqlite3_stmt* st) {
     RunSummary s;
     int i = 0;
@@ -126,6 +150,16 @@ RunSummary rowToSummary(sqlite3_stmt* st) {
     s.status = columnText(st, i++);
     s.statusReason = columnText(st, i++);
     s.tags = parseTags(columnText(st, i++));
+    return s;
+}
+
+// A file under runs/ that is not a readable run file, as the runs list shows it.
+RunSummary brokenRunSummary(const std::string& path, const Status& why) {
+    RunSummary s;
+    s.path = path;
+    s.id = sanitizeUtf8(fs::path(path).stem().string());
+    s.status = kBrokenStatus;
+    s.statusReason = sanitizeUtf8(why.message());
     return s;
 }
 
@@ -199,19 +233,20 @@ Result<RunSummary> summarizeRunFile(const std::string& runFilePath) {
     if (!store) return store.status().withContext("reading run file " + path);
     RunSummary s;
     s.path = path;
-    s.id = fs::path(path).stem().string();
+    s.id = sanitizeUtf8(fs::path(path).stem().string());
     s.status = "unknown";
     auto info = (*store)->runInfo();
     if (info) {
+        // Text from the file is made valid UTF-8 here (it is written as JSON and to terminals).
         const auto& r = *info;
-        if (!r.id.empty()) s.id = r.id;
-        s.name = r.name;
-        s.createdAt = r.createdAt;
-        s.finishedAt = r.finishedAt;
-        s.node = r.node.empty() ? r.host : r.node;
-        s.layout = r.layout;
-        s.status = r.status.empty() ? "unknown" : r.status;
-        s.statusReason = r.statusReason;
+        if (!r.id.empty()) s.id = sanitizeUtf8(r.id);
+        s.name = sanitizeUtf8(r.name);
+        s.createdAt = sanitizeUtf8(r.createdAt);
+        s.finishedAt = sanitizeUtf8(r.finishedAt);
+        s.node = sanitizeUtf8(r.node.empty() ? r.host : r.node);
+        s.layout = sanitizeUtf8(r.layout);
+        s.status = r.status.empty() ? "unknown" : sanitizeUtf8(r.status);
+        s.statusReason = sanitizeUtf8(r.statusReason);
         s.tags = parseTags(r.tagsJson);
         s.keyKnobs = keyKnobsOfConfig(json::parse(r.configJson, nullptr, false));
     } else if (info.status().code() != ErrorCode::NotFound) {
@@ -285,25 +320,35 @@ Result<Workspace> Workspace::open(const std::string& dirIn) {
 }
 
 Status Workspace::ensureIndex() {
-    TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
-    sqlite3_stmt* st = nullptr;
-    int version = 0;
-    if (sqlite3_prepare_v2(d.db, "PRAGMA user_version", -1, &st, nullptr) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW)
-        version = sqlite3_column_int(st, 0);
-    sqlite3_finalize(st);
-    if (version == kIndexVersion) return Status::ok();
-    // Unknown or older index: it is only a cache, so recreate it (rows come back on listRuns).
-    TS_RETURN_IF_ERROR(execSql(d.db,
-        "BEGIN IMMEDIATE;"
-        "DROP TABLE IF EXISTS runs;"
-        "CREATE TABLE runs(id TEXT PRIMARY KEY, path TEXT UNIQUE NOT NULL, name TEXT, "
-        " created_at TEXT, finished_at TEXT, node TEXT, layout TEXT, key_knobs TEXT, "
-        " step_time_s REAL, tokens_per_s REAL, mfu REAL, peak_memory_bytes INTEGER, steps INTEGER, "
-        " last_loss REAL, status TEXT, status_reason TEXT, tags TEXT, mtime_ns INTEGER);"
-        "PRAGMA user_version=" + std::to_string(kIndexVersion) + ";"
-        "COMMIT;"));
-    return Status::ok();
+    for (int attempt = 0;; ++attempt) {
+        TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
+        sqlite3_stmt* st = nullptr;
+        int version = 0;
+        int rc = sqlite3_prepare_v2(d.db, "PRAGMA user_version", -1, &st, nullptr);
+        if (rc == SQLITE_OK) {
+            rc = sqlite3_step(st);
+            if (rc == SQLITE_ROW) version = sqlite3_column_int(st, 0), rc = SQLITE_OK;
+        }
+        sqlite3_finalize(st);
+        if (isDamaged(rc) && attempt == 0) {
+            d = Db();
+            TS_RETURN_IF_ERROR(moveIndexAside(indexPath()));
+            continue;
+        }
+        if (rc != SQLITE_OK) return sqlError(d.db, "reading the workspace index " + indexPath());
+        if (version == kIndexVersion) return Status::ok();
+        // Unknown or older index: it is only a cache, so recreate it (rows come back on listRuns).
+        return execSql(d.db,
+            "BEGIN IMMEDIATE;"
+            "DROP TABLE IF EXISTS runs;"
+            "CREATE TABLE runs(path TEXT PRIMARY KEY, id TEXT NOT NULL, name TEXT, "
+            " created_at TEXT, finished_at TEXT, node TEXT, layout TEXT, key_knobs TEXT, "
+            " step_time_s REAL, tokens_per_s REAL, mfu REAL, peak_memory_bytes INTEGER, steps INTEGER, "
+            " last_loss REAL, status TEXT, status_reason TEXT, tags TEXT, mtime_ns INTEGER);"
+            "CREATE INDEX runs_id ON runs(id);"
+            "PRAGMA user_version=" + std::to_string(kIndexVersion) + ";"
+            "COMMIT;");
+    }
 }
 
 Result<std::string> Workspace::newRunFile(const std::string& name) {
@@ -318,13 +363,7 @@ Result<std::string> Workspace::newRunFile(const std::string& name) {
 Status Workspace::upsert(const RunSummary& s, int64_t mtimeNs) {
     TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
     std::lock_guard lock(*m_mutex);
-    // A file re-read under a new id replaces the old row of the same path.
-    sqlite3_stmt* del = nullptr;
-    sqlite3_prepare_v2(d.db, "DELETE FROM runs WHERE path = ?1 AND id != ?2", -1, &del, nullptr);
-    sqlite3_bind_text(del, 1, s.path.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(del, 2, s.id.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_step(del);
-    sqlite3_finalize(del);
+    // One row per path: a file re-read under a new id replaces its old row.
     sqlite3_stmt* st = nullptr;
     if (sqlite3_prepare_v2(d.db,
             "INSERT OR REPLACE INTO runs(id, path, name, created_at, finished_at, node, layout, key_knobs, "
@@ -342,7 +381,7 @@ Status Workspace::upsert(const RunSummary& s, int64_t mtimeNs) {
     sqlite3_bind_int64(st, i++, s.peakMemoryBytes);
     sqlite3_bind_int(st, i++, s.steps);
     sqlite3_bind_double(st, i++, s.lastLoss);
-    text(s.status); text(s.statusReason); text(json(s.tags).dump());
+    text(s.status); text(s.statusReason); text(dumpJson(json(s.tags)));
     sqlite3_bind_int64(st, i++, mtimeNs);
     int rc = sqlite3_step(st);
     sqlite3_finalize(st);
@@ -358,14 +397,25 @@ Status Workspace::indexRun(const std::string& runFilePath) {
 
 Result<std::vector<RunSummary>> Workspace::listRuns() {
     std::vector<std::pair<RunSummary, int64_t>> rows;
-    {
+    for (int attempt = 0;; ++attempt) {
         TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
         sqlite3_stmt* st = nullptr;
         std::string sql = std::string("SELECT ") + kSelectColumns + " FROM runs";
-        if (sqlite3_prepare_v2(d.db, sql.c_str(), -1, &st, nullptr) != SQLITE_OK)
-            return sqlError(d.db, "reading the workspace index");
-        while (sqlite3_step(st) == SQLITE_ROW) rows.emplace_back(rowToSummary(st), sqlite3_column_int64(st, 17));
-        sqlite3_finalize(st);
+        int rc = sqlite3_prepare_v2(d.db, sql.c_str(), -1, &st, nullptr);
+        if (rc == SQLITE_OK) {
+            while ((rc = sqlite3_step(st)) == SQLITE_ROW) rows.emplace_back(rowToSummary(st), sqlite3_column_int64(st, 17));
+            sqlite3_finalize(st);
+            if (rc == SQLITE_DONE) break;
+        }
+        if (isDamaged(rc) && attempt == 0) {
+            // Damaged since this workspace was opened: start over from the run files.
+            rows.clear();
+            d = Db();
+            TS_RETURN_IF_ERROR(moveIndexAside(indexPath()));
+            TS_RETURN_IF_ERROR(ensureIndex());
+            continue;
+        }
+        return sqlError(d.db, "reading the workspace index " + indexPath());
     }
     std::vector<RunSummary> out;
     std::vector<std::string> known;
@@ -400,7 +450,12 @@ Result<std::vector<RunSummary>> Workspace::listRuns() {
         if (std::find(known.begin(), known.end(), p) != known.end()) continue;
         int64_t mtime = runMtimeNs(p);
         auto s = summarizeRunFile(p);
-        if (!s) continue;  // not (yet) a readable run file
+        if (!s) {
+            // Not a readable run file (empty, damaged, another program's database): listed as
+            // broken with the reason, so it is visible and can be deleted; never indexed.
+            out.push_back(brokenRunSummary(p, s.status()));
+            continue;
+        }
         (void)upsert(*s, mtime);
         out.push_back(std::move(*s));
     }
@@ -418,16 +473,39 @@ Result<RunSummary> Workspace::findRun(const std::string& key) {
         std::string abs = fs::absolute(key, ec).lexically_normal().string();
         return summarizeRunFile(abs);
     }
-    TS_ASSIGN_OR_RETURN(auto runs, listRuns());
+    TS_ASSIGN_OR_RETURN(auto all, listRuns());
+    // Broken files are listed, but named only by path (they have no run id).
+    std::vector<RunSummary> runs;
+    for (auto& r : all) {
+        if (r.status != kBrokenStatus) runs.push_back(std::move(r));
+        else if (r.id == key) return Status::invalid("run file " + r.path + " is broken: " + r.statusReason);
+    }
     if (runs.empty()) return Status::notFound("no runs in workspace " + m_dir);
     if (key == "latest" || key == "last") return runs.back();
+    std::vector<const RunSummary*> exact;
     for (const auto& r : runs)
-        if (r.id == key) return r;
+        if (r.id == key) exact.push_back(&r);
+    if (exact.size() == 1) return *exact.front();
+    if (exact.size() > 1) {
+        // Two files with one id (a copied run file): naming the id would pick one at random.
+        std::string files;
+        for (const auto* r : exact) files += (files.empty() ? "" : ", ") + r->path;
+        return Status::invalid("run id '" + key + "' is held by " + std::to_string(exact.size()) +
+                               " run files (" + files + "); name the one you mean by its path");
+    }
     for (auto it = runs.rbegin(); it != runs.rend(); ++it)
         if (it->name == key) return *it;  // newest run of that name
     std::vector<const RunSummary*> prefix;
     for (const auto& r : runs)
         if (r.id.rfind(key, 0) == 0) prefix.push_back(&r);
+    if (prefix.size() > 1 && std::all_of(prefix.begin(), prefix.end(), [&](const RunSummary* r) {
+            return r->id == prefix.front()->id;
+        })) {
+        std::string files;
+        for (const auto* r : prefix) files += (files.empty() ? "" : ", ") + r->path;
+        return Status::invalid("run id '" + prefix.front()->id + "' is held by " + std::to_string(prefix.size()) +
+                               " run files (" + files + "); name the one you mean by its path");
+    }
     if (prefix.size() == 1) return *prefix.front();
     if (prefix.size() > 1)
         return Status::invalid("'" + key + "' matches " + std::to_string(prefix.size()) +
@@ -459,20 +537,22 @@ Status Workspace::updateRunInfoInFile(const std::string& path, const std::string
     std::vector<std::string> tags = parseTags(info.tagsJson);
     if (addTag && std::find(tags.begin(), tags.end(), *addTag) == tags.end()) tags.push_back(*addTag);
     if (removeTag) tags.erase(std::remove(tags.begin(), tags.end(), *removeTag), tags.end());
-    info.tagsJson = json(tags).dump();
+    info.tagsJson = dumpJson(json(tags));
     TS_RETURN_IF_ERROR(store->setRunInfo(info));
     store.reset();
     return indexRun(path);
 }
 
-Status Workspace::rename(const std::string& run, const std::string& newName) {
+Status Workspace::rename(const std::string& run, const std::string& newNameIn) {
     TS_ASSIGN_OR_RETURN(std::string path, resolveRun(run));
+    const std::string newName = sanitizeUtf8(newNameIn);
     return updateRunInfoInFile(path, &newName, nullptr, nullptr);
 }
 
-Status Workspace::tag(const std::string& run, const std::string& t) {
-    if (t.empty()) return Status::invalid("empty tag");
+Status Workspace::tag(const std::string& run, const std::string& tagIn) {
+    if (tagIn.empty()) return Status::invalid("empty tag");
     TS_ASSIGN_OR_RETURN(std::string path, resolveRun(run));
+    const std::string t = sanitizeUtf8(tagIn);
     return updateRunInfoInFile(path, nullptr, &t, nullptr);
 }
 
@@ -481,8 +561,23 @@ Status Workspace::untag(const std::string& run, const std::string& t) {
     return updateRunInfoInFile(path, nullptr, nullptr, &t);
 }
 
-Status Workspace::remove(const std::string& run) {
-    TS_ASSIGN_OR_RETURN(std::string path, resolveRun(run));
+Status Workspace::remove(const std::string& run, RemoveMode mode) {
+    auto found = findRun(run);
+    if (!found) {
+        // A broken file has no run id: it is named by its path or its file name.
+        std::error_code ec;
+        const std::string abs = fs::absolute(run, ec).lexically_normal().string();
+        auto all = listRuns();
+        if (all)
+            for (const auto& r : *all)
+                if (r.status == kBrokenStatus && (r.path == abs || r.id == run)) found = r;
+        if (!found) return found.status();
+    }
+    const RunSummary& s = *found;
+    const std::string& path = s.path;
+    if (s.status == "running" && mode != RemoveMode::EvenIfRunning)
+        return Status::invalid("run " + s.id + " is still running (" + path +
+                               "); cancel it first, or delete it with --force (which cancels it first)");
     std::error_code ec;
     for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(path + suffix, ec);
     if (fs::exists(path)) return Status::io("could not delete " + path);
@@ -498,7 +593,16 @@ Status Workspace::remove(const std::string& run) {
 Status Workspace::rebuildIndex() {
     {
         TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
-        TS_RETURN_IF_ERROR(execSql(d.db, "DELETE FROM runs"));
+        char* err = nullptr;
+        const int rc = sqlite3_exec(d.db, "DELETE FROM runs", nullptr, nullptr, &err);
+        sqlite3_free(err);
+        if (rc != SQLITE_OK) {
+            // Whatever is wrong with it, the index is rebuilt from the run files anyway.
+            d = Db();
+            if (isDamaged(rc)) TS_RETURN_IF_ERROR(moveIndexAside(indexPath()));
+            else TS_RETURN_IF_ERROR(Status::io("cannot clear the workspace index " + indexPath()));
+            TS_RETURN_IF_ERROR(ensureIndex());
+        }
     }
     std::error_code ec;
     int ok = 0, bad = 0;

@@ -38,13 +38,20 @@ struct RunSummary {
     int64_t peakMemoryBytes = 0;  // max over steps (max over ranks as the run reports it)
     int steps = 0;
     double lastLoss = 0;
-    std::string status;         // running | completed | failed | cancelled | unknown
+    std::string status;         // running | completed | failed | cancelled | unknown | broken
     std::string statusReason;
     std::vector<std::string> tags;
     std::string path;           // absolute path of the run file
 
     nlohmann::json toJson() const;
 };
+
+// Status of a file under runs/ that is not a readable run file (empty, damaged, not ours);
+// listRuns() lists it with the reason so that it can be seen and deleted.
+inline constexpr const char* kBrokenStatus = "broken";
+
+// How remove() treats a run whose file says it is still running.
+enum class RemoveMode { RefuseRunning, EvenIfRunning };
 
 // Reads a run file into a summary (no index involved). Fails when the file is not a run file.
 Result<RunSummary> summarizeRunFile(const std::string& runFilePath);
@@ -70,19 +77,26 @@ public:
     // Reads the run file and inserts/updates its index row.
     Status indexRun(const std::string& runFilePath);
     // All runs, oldest first. Rows whose run file changed since indexing are refreshed; rows
-    // whose file disappeared are dropped.
+    // whose file disappeared are dropped. Files under runs/ that are not readable run files
+    // are listed too (first: they have no creation time), with status kBrokenStatus and the
+    // reason. Two files may hold the same
+    // run id (a copied file): both are listed. A damaged index is moved aside and rebuilt.
     Result<std::vector<RunSummary>> listRuns();
     // A run by path (existing file), id, unique id prefix, name (newest with that name), or
-    // "latest". Returns the run file path.
+    // "latest". Returns the run file path. An id held by several files is refused (the
+    // message names the files; give a path).
     Result<std::string> resolveRun(const std::string& nameOrIdOrPath);
     Result<RunSummary> findRun(const std::string& nameOrIdOrPath);
     Status rename(const std::string& run, const std::string& newName);
     Status tag(const std::string& run, const std::string& tag);     // adds (idempotent)
     Status untag(const std::string& run, const std::string& tag);
-    // Deletes the run file (and its -wal/-shm) and its index row.
-    Status remove(const std::string& run);
-    // Drops the index and re-reads every runs/*.sqlite. Unreadable files are skipped and
-    // reported in the returned Status message only if none could be read.
+    // Deletes the run file (and its -wal/-shm) and its index row. A run whose file says
+    // "running" is refused unless mode is EvenIfRunning (cancel its process first). A broken
+    // file (see listRuns) is deleted when named by its path or file name.
+    Status remove(const std::string& run, RemoveMode mode = RemoveMode::RefuseRunning);
+    // Drops the index and re-reads every runs/*.sqlite (an index that is not a database is
+    // moved aside first). Unreadable files are skipped and reported in the returned Status
+    // message only if none could be read.
     Status rebuildIndex();
 
 private:

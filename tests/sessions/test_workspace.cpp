@@ -196,8 +196,12 @@ TEST(Workspace, GarbageFileInRunsFolderDoesNotBreakListing) {
     writeRun(runPath(*ws, "good"), "good", ts::engine::Config{}, {1, 1});
     auto list = ws->listRuns();
     ASSERT_TRUE(list.isOk()) << list.status().toString();
-    ASSERT_EQ(list->size(), 1u);
-    EXPECT_EQ(list->front().id, "good");
+    // The junk is listed as broken (so that it can be seen and deleted), never indexed.
+    ASSERT_EQ(list->size(), 2u);
+    EXPECT_EQ(list->front().id, "junk");
+    EXPECT_EQ(list->front().status, kBrokenStatus);
+    EXPECT_EQ(list->back().id, "good");
+    EXPECT_EQ(ws->resolveRun("latest").value(), runPath(*ws, "good"));
     EXPECT_TRUE(ws->rebuildIndex().isOk());
 }
 

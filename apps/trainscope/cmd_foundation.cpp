@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/trainscope/commands.h"
+#include "common/json_text.h"
 #include "engine/config/knobs.h"
 #include "ts_build_info.h"
 
@@ -95,26 +96,26 @@ int cmdValidate(const Args& a) {
         json issues = json::array();
         for (const auto& i : loaded.issues) {
             issues.push_back({{"file", i.file}, {"line", i.line}, {"knob", i.knob}, {"message", i.message}});
-            if (!a.has("--json")) std::fprintf(stderr, "%s\n", i.toString().c_str());
+            if (!a.has("--json")) std::fprintf(stderr, "%s\n", forTerminal(i.toString(), true).c_str());
         }
         const auto unsupported = loaded.ok() ? engine::unsupportedKnobs(loaded.config) : std::vector<std::string>{};
         if (!a.has("--json")) {
             if (loaded.ok()) {
                 const auto d = engine::deriveSizes(loaded.config);
                 std::printf("%s: ok (world %d = tp %d x cp %d x pp %d x dp %d; %d microbatches of %d; vocab padded to %d)\n",
-                            path.c_str(), d.world, d.tp, d.cp, d.pp, d.dp, d.num_microbatches,
+                            forTerminal(path).c_str(), d.world, d.tp, d.cp, d.pp, d.dp, d.num_microbatches,
                             loaded.config.micro_batch_size, d.padded_vocab_size);
                 for (const auto& u : unsupported)
                     std::printf("  note: %s is valid but not executed by the engine yet\n", u.c_str());
             } else {
-                std::fprintf(stderr, "%s: %zu problem%s\n", path.c_str(), loaded.issues.size(),
+                std::fprintf(stderr, "%s: %zu problem%s\n", forTerminal(path).c_str(), loaded.issues.size(),
                              loaded.issues.size() == 1 ? "" : "s");
             }
         }
         report.push_back({{"file", path}, {"ok", loaded.ok()}, {"issues", issues}, {"not_executed", unsupported}});
         if (!loaded.ok()) ++bad;
     }
-    if (a.has("--json")) std::printf("%s\n", report.dump(2).c_str());
+    if (a.has("--json")) std::printf("%s\n", dumpJson(report, 2).c_str());
     return bad ? 2 : 0;
 }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/trainscope/commands.h"
+#include "common/json_text.h"
 #include "engine/config/knobs.h"
 #include "engine/parallel/layout.h"
 #include "engine/parallel/schedule.h"
@@ -14,19 +15,13 @@ using nlohmann::json;
 
 namespace {
 
-std::optional<int> intFlag(const Args& a, const std::string& flag, std::string& error) {
-    auto v = a.value(flag);
-    if (!v) return std::nullopt;
-    try {
-        size_t used = 0;
-        const int x = std::stoi(*v, &used);
-        if (used != v->size()) throw std::invalid_argument(*v);
-        return x;
-    } catch (const std::exception&) {
-        error = flag + " expects an integer, got '" + *v + "'";
-        return std::nullopt;
-    }
-}
+// `layout` prints one line per rank naming the members of each of its groups, so its output
+// grows with the square of the world size (a data-parallel group of 4096 ranks is named on
+// each of 4096 lines: ~300 MB). Larger layouts are refused instead of printing for minutes.
+constexpr int64_t kMaxLayoutWorld = 4096;
+// `schedule` without --rank prints every pipeline rank's op list: about four ops per
+// microbatch and virtual stage per rank.
+constexpr int64_t kMaxScheduleOpsShown = 4000000;
 
 std::string listText(const std::vector<int>& v) {
     std::string s = "[";
@@ -43,13 +38,12 @@ int cmdLayout(const Args& a) {
     if (a.positional().size() != 1) return fail(2, "usage: trainscope layout CONFIG.yaml [--world-size N] [--json]");
     if (auto bad = a.unknownFlags({"--json", "--world-size"}); !bad.empty())
         return fail(2, "unknown option " + bad[0] + " for `layout`");
-    std::string err;
-    const auto worldFlag = intFlag(a, "--world-size", err);
-    if (!err.empty()) return fail(2, err);
+    const auto worldFlag = intFlag(a, "--world-size", 1, kMaxWorldSize);
+    if (!worldFlag) return fail(2, worldFlag.status().message());
 
     auto loaded = engine::loadConfigFile(a.positional()[0]);
-    if (loaded.ok() && worldFlag) {
-        loaded.config.world_size = *worldFlag;
+    if (loaded.ok() && *worldFlag) {
+        loaded.config.world_size = int(**worldFlag);
         loaded.issues = engine::validateConfig(loaded.config);
     }
     if (!loaded.ok()) {
@@ -70,6 +64,11 @@ int cmdLayout(const Args& a) {
     if (!layout.isOk()) return fail(2, layout.status().message());
     const auto& l = layout.value();
     const auto& s = l.sizes();
+    if (s.world > kMaxLayoutWorld)
+        return fail(2, "world size " + std::to_string(s.world) + " is above the " + std::to_string(kMaxLayoutWorld) +
+                           " ranks `layout` lists: it prints every rank with the members of its groups, which "
+                           "grows with the square of the world size; the layout itself is valid (`trainscope "
+                           "validate` checks it)");
 
     if (a.has("--json")) {
         json j;
@@ -89,7 +88,7 @@ int cmdLayout(const Args& a) {
         json all = json::object();
         for (const auto& name : engine::ParallelLayout::groupNames()) all[name] = l.allGroups(name);
         j["groups"] = all;
-        std::printf("%s\n", j.dump(2).c_str());
+        std::printf("%s\n", dumpJson(j, 2).c_str());
         return 0;
     }
     std::printf("world %d = tp %d x cp %d x dp %d x pp %d (rank order tp-cp-ep-dp-pp)", s.world, s.tp, s.cp, s.dp,
@@ -117,24 +116,34 @@ int cmdSchedule(const Args& a) {
     if (auto bad = a.unknownFlags({"--pp", "--vpp", "--microbatches", "--rank", "--json", "--group-size", "--verbose"});
         !bad.empty())
         return fail(2, "unknown option " + bad[0] + " for `schedule`; " + usage);
-    std::string err;
-    const auto pp = intFlag(a, "--pp", err);
-    const auto vpp = intFlag(a, "--vpp", err);
-    const auto m = intFlag(a, "--microbatches", err);
-    const auto rank = intFlag(a, "--rank", err);
-    const auto g = intFlag(a, "--group-size", err);
-    if (!err.empty()) return fail(2, err);
+    constexpr int64_t kIntMax = 2147483647;
+    const auto ppR = intFlag(a, "--pp", 1, kIntMax);
+    const auto vppR = intFlag(a, "--vpp", 1, kIntMax);
+    const auto mR = intFlag(a, "--microbatches", 1, kIntMax);
+    const auto rankR = intFlag(a, "--rank", 0, kIntMax);
+    const auto gR = intFlag(a, "--group-size", 0, kIntMax);
+    for (const auto* r : {&ppR, &vppR, &mR, &rankR, &gR})
+        if (!*r) return fail(2, r->status().message());
+    const auto pp = *ppR, vpp = *vppR, m = *mR, rank = *rankR, g = *gR;
     if (!pp || !m) return fail(2, usage);
 
     engine::ScheduleParams base;
-    base.pp = *pp;
-    base.vpp = vpp.value_or(1);
-    base.microbatches = *m;
-    base.microbatchGroupSize = g.value_or(0);
+    base.pp = int(*pp);
+    base.vpp = int(vpp.value_or(1));
+    base.microbatches = int(*m);
+    base.microbatchGroupSize = int(g.value_or(0));
+    // The per-rank bound (microbatches x vpp) is the engine's (validateSchedule); listing
+    // every rank multiplies it by pp.
+    if (auto v = engine::validateSchedule(base); !v) return fail(2, v.message());
+    if (!rank && *pp * *m * base.vpp * 4 > kMaxScheduleOpsShown)
+        return fail(2, "pp=" + std::to_string(*pp) + " ranks x " + std::to_string(*m) + " microbatches" +
+                           (base.vpp > 1 ? " x vpp=" + std::to_string(base.vpp) : "") + " would print about " +
+                           std::to_string(*pp * *m * base.vpp * 4) + " ops, above the " +
+                           std::to_string(kMaxScheduleOpsShown) + " this command lists; pick one rank with --rank R");
     std::vector<int> ranks;
-    if (rank) ranks.push_back(*rank);
+    if (rank) ranks.push_back(int(*rank));
     else
-        for (int r = 0; r < std::max(1, *pp); ++r) ranks.push_back(r);
+        for (int r = 0; r < base.pp; ++r) ranks.push_back(r);
 
     json out = json::array();
     for (int r : ranks) {
@@ -169,7 +178,7 @@ int cmdSchedule(const Args& a) {
                         s->text(a.has("--verbose")).c_str());
         }
     }
-    if (a.has("--json")) std::printf("%s\n", out.dump(2).c_str());
+    if (a.has("--json")) std::printf("%s\n", dumpJson(out, 2).c_str());
     return 0;
 }
 

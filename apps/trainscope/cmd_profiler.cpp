@@ -1,66 +1,66 @@
-// Commands of the 'profiler' group. (Placeholder until that group lands.)
-#include "apps/trainscope/commands.h"
-
+// Commands of the 'profiler' group: analyze, import, export-trace.
 #include <cstdio>
 #include <filesystem>
-
-#include "profiler/analysis.h"
-#include "profiler/store.h"
-
 #include <optional>
 
 #include <nlohmann/json.hpp>
 
+#include "apps/trainscope/commands.h"
+#include "common/json_text.h"
 #include "common/status.h"
+#include "profiler/analysis.h"
 #include "profiler/import/import_run.h"
+#include "profiler/store.h"
 #include "sessions/workspace.h"
 
 namespace ts::cli {
 // ---- analyze / export-trace (profiler/analysis.h; definitions in docs/profiler.md) -----------
 
-// RUN -> run file path. Today RUN must be a path; the sessions engineer replaces this with a
-// workspace lookup by run name or id (keep the signature: NotFound -> exit code 3).
-Result<std::string> resolveRunPath(const std::string& run) {
+namespace {
+
+int exitCodeFor(const Status& s) { return exitCodeOf(s); }
+
+// RUN -> run file path, as `runs show` resolves it: a path to a run file (inside the
+// workspace or not), else an id, unique id prefix, name or `latest` in the workspace
+// (--workspace DIR, else the default one).
+Result<std::string> resolveRunPath(const std::string& run, const Args& a) {
     std::error_code ec;
     if (std::filesystem::is_regular_file(run, ec)) return run;
-    return Status::notFound("run '" + run + "' is not a run file (give the path of the run's .sqlite file)");
+    if (std::filesystem::is_directory(run, ec))
+        return Status::invalid("'" + run + "' is a directory; give a run (id, name or the path of its .sqlite file)");
+    TS_ASSIGN_OR_RETURN(auto ws, sessions::Workspace::open(a.value("--workspace").value_or("")));
+    return ws.resolveRun(run);
 }
 
-namespace {
-int exitCodeFor(const Status& s) {
-    switch (s.code()) {
-        case ErrorCode::NotFound: return 3;
-        case ErrorCode::InvalidArgument: return 2;
-        default: return 1;
-    }
-}
 }  // namespace
 
 // trainscope analyze RUN [--json] [--step N] [--top N] [--peak-flops TABLE.json] [--device NAME] [--dtype T]
 int cmdAnalyze(const Args& a) {
-    if (auto bad = a.unknownFlags({"--json", "--step", "--top", "--peak-flops", "--device", "--dtype"}); !bad.empty())
+    if (auto bad = a.unknownFlags({"--json", "--step", "--top", "--peak-flops", "--device", "--dtype", "--workspace"});
+        !bad.empty())
         return fail(2, "unknown option " + bad[0] + " for `analyze`; usage: trainscope analyze RUN [--json] [--step N]");
     if (a.positional().size() != 1) return fail(2, "usage: trainscope analyze RUN [--json] [--step N]");
     profiler::AnalyzeOptions opt;
-    try {
-        if (auto v = a.value("--step")) opt.step = std::stoi(*v);
-        if (auto v = a.value("--top")) opt.topKernels = std::stoi(*v);
-    } catch (...) {
-        return fail(2, "--step and --top take a whole number");
-    }
+    const auto step = intFlag(a, "--step", 0, 2147483647);
+    if (!step) return fail(2, step.status().message());
+    if (*step) opt.step = int(**step);
+    const auto top = intFlag(a, "--top", 0, 1000000);
+    if (!top) return fail(2, top.status().message());
+    if (*top) opt.topKernels = int(**top);
     opt.peakFlopsTable = a.value("--peak-flops").value_or("");
     opt.deviceName = a.value("--device").value_or("");
     opt.dtype = a.value("--dtype").value_or("");
-    auto path = resolveRunPath(a.positional()[0]);
+    auto path = resolveRunPath(a.positional()[0], a);
     if (!path) return fail(exitCodeFor(path.status()), path.status().message());
     auto store = profiler::TraceStore::open(*path, true);
     if (!store) return fail(exitCodeFor(store.status()), store.status().message());
     auto doc = profiler::analyzeRun(**store, opt);
     if (!doc) return fail(exitCodeFor(doc.status()), doc.status().message());
     if (a.has("--json")) {
-        std::printf("%s\n", doc->dump(2).c_str());
+        std::printf("%s\n", dumpJson(*doc, 2).c_str());
     } else {
-        std::fputs(profiler::formatAnalysisText(*doc).c_str(), stdout);
+        // Kernel and range names come from the trace: no raw control characters on a terminal.
+        std::fputs(forTerminal(profiler::formatAnalysisText(*doc), /*keepNewlines=*/true).c_str(), stdout);
     }
     return 0;
 }
@@ -111,14 +111,14 @@ int cmdImport(const Args& a) {
                                   {"rank_source", f.rankSource.empty() ? "file order" : f.rankSource},
                                   {"aligned", f.aligned}, {"slices", f.slices}});
         j["stats"] = report->stats.all();
-        std::printf("%s\n", j.dump(2).c_str());
+        std::printf("%s\n", dumpJson(j, 2).c_str());
         return 0;
     }
-    std::printf("imported %zu file(s) into %s\n", sum.files.size(), out.c_str());
+    std::printf("imported %zu file(s) into %s\n", sum.files.size(), forTerminal(out).c_str());
     for (const auto& f : sum.files)
         std::printf("  rank %-3d %-6s %8lld slices  %s  (rank from %s%s)\n", f.rank, imp::sourceFormatName(f.format),
-                    static_cast<long long>(f.slices), f.path.c_str(),
-                    f.rankSource.empty() ? "file order" : f.rankSource.c_str(),
+                    static_cast<long long>(f.slices), forTerminal(f.path).c_str(),
+                    f.rankSource.empty() ? "file order" : forTerminal(f.rankSource).c_str(),
                     f.aligned ? "" : "; no clock info, aligned by first event");
     std::printf("  %lld tracks, %lld slices, %lld counters\n", static_cast<long long>(sum.tracks),
                 static_cast<long long>(sum.slices), static_cast<long long>(sum.counters));
@@ -126,23 +126,23 @@ int cmdImport(const Args& a) {
         std::printf("  stats (skipped or notable records):\n");
         for (const auto& [k, v] : report->stats.all()) std::printf("    %-52s %lld\n", k.c_str(), static_cast<long long>(v));
     }
-    std::printf("next: trainscope analyze %s\n", out.c_str());
+    std::printf("next: trainscope analyze %s\n", forTerminal(out).c_str());
     return 0;
 }
 
 // trainscope export-trace RUN --chrome OUT.json
 int cmdExportTrace(const Args& a) {
-    if (auto bad = a.unknownFlags({"--chrome"}); !bad.empty())
+    if (auto bad = a.unknownFlags({"--chrome", "--workspace"}); !bad.empty())
         return fail(2, "unknown option " + bad[0] + " for `export-trace`; usage: trainscope export-trace RUN --chrome OUT.json");
     auto out = a.value("--chrome");
     if (a.positional().size() != 1 || !out || out->empty())
         return fail(2, "usage: trainscope export-trace RUN --chrome OUT.json (open OUT.json in ui.perfetto.dev or chrome://tracing)");
-    auto path = resolveRunPath(a.positional()[0]);
+    auto path = resolveRunPath(a.positional()[0], a);
     if (!path) return fail(exitCodeFor(path.status()), path.status().message());
     auto store = profiler::TraceStore::open(*path, true);
     if (!store) return fail(exitCodeFor(store.status()), store.status().message());
     if (Status s = profiler::exportChromeTrace(**store, *out); !s.isOk()) return fail(exitCodeFor(s), s.message());
-    std::printf("wrote %s\n", out->c_str());
+    std::printf("wrote %s\n", forTerminal(*out).c_str());
     return 0;
 }
 }  // namespace ts::cli

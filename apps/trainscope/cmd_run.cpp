@@ -26,6 +26,8 @@
 #include "apps/trainscope/commands.h"
 #include "apps/trainscope/mpi_launch.h"
 #include "common/clock.h"
+#include "common/json_text.h"
+#include "common/text.h"
 #include "engine/config/knobs.h"
 #include "engine/parallel/parallel_trainer.h"
 #include "engine/train/trainer.h"
@@ -191,30 +193,34 @@ Result<engine::Config> loadRunConfig(const std::string& path, const Args& a) {
     if (!loaded.ok()) return engine::issuesToStatus(loaded.issues);
     engine::Config c = loaded.config;
     for (const auto& kv : a.values("--set")) TS_RETURN_IF_ERROR(engine::applyOverride(c, kv));
-    if (auto steps = a.value("--steps")) {
-        try {
-            c.train_iters = std::stoi(*steps);
-        } catch (...) {
-            return Status::invalid("--steps needs a number (got '" + *steps + "')");
-        }
-        if (c.train_iters <= 0) return Status::invalid("--steps must be > 0");
-    }
-    if (auto w = a.value("--world-size")) {
-        try {
-            c.world_size = std::stoi(*w);
-        } catch (...) {
-            return Status::invalid("--world-size needs a number");
-        }
-    }
-    if (auto n = a.value("--name")) c.name = *n;
+    TS_ASSIGN_OR_RETURN(auto steps, intFlag(a, "--steps", 1, kMaxSteps));
+    if (steps) c.train_iters = int(*steps);
+    TS_ASSIGN_OR_RETURN(auto world, intFlag(a, "--world-size", 1, kMaxWorldSize));
+    if (world) c.world_size = int(*world);
+    if (auto n = a.value("--name")) c.name = sanitizeUtf8(*n);
     TS_RETURN_IF_ERROR(engine::issuesToStatus(engine::validateConfig(c)));
     return c;
 }
 
-int exitCodeFor(const Status& s) {
-    if (s.code() == ErrorCode::InvalidArgument) return 2;
-    if (s.code() == ErrorCode::NotFound) return 3;
-    return 1;
+int exitCodeFor(const Status& s) { return exitCodeOf(s); }
+
+// The process writing the run file, in the keys the workspace reads (docs/workspace.md):
+// `runs delete --force` cancels a running run through them. writer_start is field 22 of
+// /proc/self/stat, which tells a reused pid apart.
+void recordWriterProcess(profiler::CaptureRecorder& rec, const std::string& host) {
+    rec.metadata("writer_pid", std::to_string(::getpid()));
+    rec.metadata("writer_host", host);
+    std::FILE* f = std::fopen("/proc/self/stat", "r");
+    if (!f) return;
+    char buf[1024];
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    std::string s(buf, n);
+    size_t i = s.rfind(')');
+    for (int field = 2; i != std::string::npos && field < 22; ++field) i = s.find(' ', i + 1);
+    if (i == std::string::npos) return;
+    const size_t end = s.find(' ', i + 1);
+    rec.metadata("writer_start", s.substr(i + 1, end == std::string::npos ? std::string::npos : end - i - 1));
 }
 
 }  // namespace
@@ -247,6 +253,12 @@ int cmdRun(const Args& a) {
     std::optional<sessions::Workspace> ws;
     if (auto rf = a.value("--run-file")) {
         runFile = *rf;
+        // Like `import --out`: an existing run is never merged into (it would take over its
+        // identity and mix two runs' steps). An empty file (a path reserved beforehand) is fine.
+        std::error_code ec;
+        if (fs::exists(runFile, ec) && (!fs::is_regular_file(runFile, ec) || fs::file_size(runFile, ec) > 0))
+            return fail(2, "run file " + runFile + " already exists; pick a new path (or leave out --run-file to "
+                           "get a fresh run in the workspace)");
     } else {
         auto w = sessions::Workspace::open(a.value("--workspace").value_or(""));
         if (!w) return fail(1, w.status().message());
@@ -258,30 +270,58 @@ int cmdRun(const Args& a) {
     auto recR = profiler::CaptureRecorder::create(runFile);
     if (!recR) return fail(1, "cannot create run file " + runFile + ": " + recR.status().message());
     std::unique_ptr<profiler::CaptureRecorder> rec = std::move(*recR);
+    // The first error writing the run file (a full disk, a file size limit): it fails the run.
+    Status writeError;
+    auto noteWrite = [&](Status s) {
+        if (!s && writeError) writeError = s;
+        return writeError.isOk();
+    };
     profiler::RunInfo info;
-    info.id = fs::path(runFile).stem().string();
+    info.id = sanitizeUtf8(fs::path(runFile).stem().string());
     info.name = c.name.empty() ? info.id : c.name;
     info.status = "running";
     info.createdAt = isoNow();
     info.node = "local";
     info.host = hostName();
     if (const char* u = std::getenv("USER")) info.user = u;
-    info.configJson = engine::configToJson(c).dump();
+    info.configJson = dumpJson(engine::configToJson(c));
     const engine::DerivedSizes ds = engine::deriveSizes(c);
     info.layout = "tp" + std::to_string(ds.tp) + " pp" + std::to_string(ds.pp) + " dp" + std::to_string(ds.dp);
     rec->setRunInfo(info);
+    recordWriterProcess(*rec, info.host);
+    // The run exists (readers see it "running") only once this first batch is committed.
+    noteWrite(rec->flush());
 
-    auto finish = [&](const std::string& status, const std::string& reason) {
+    // Ends the run: the status goes into the file and the file is closed. When writing fails
+    // (now or earlier) the run has failed, whatever the training said: the status becomes
+    // "failed" with the write error as the reason, written again through a fresh connection
+    // (the file may still accept a small update), and reported on stdout/stderr. Returns the
+    // final status.
+    auto finish = [&](std::string status, std::string reason) {
+        if (!writeError) {
+            status = "failed";
+            reason = "writing the run file failed: " + writeError.message();
+        }
         rec->setRunStatus(status, reason);
         if (!reason.empty()) rec->appendLog(status == "completed" ? "info" : "error", reason);
-        (void)rec->close();
+        Status closed = rec->close();
+        if (!closed && status != "failed") {
+            status = "failed";
+            reason = "writing the run file failed: " + closed.message();
+        }
+        if (!closed) {
+            auto store = profiler::TraceStore::open(runFile, /*readOnly=*/false);
+            Status marked = store ? (*store)->setRunStatus(status, reason) : store.status();
+            if (marked) marked = (*store)->checkpoint();
+            if (!marked) reason += " (the run file could not record this either: " + marked.message() + ")";
+        }
         if (ws) (void)ws->indexRun(runFile);
         if (jsonOut) {
-            std::printf("%s\n", json{{"event", "end"}, {"status", status}, {"reason", reason}, {"run_file", runFile}}
-                                    .dump()
+            std::printf("%s\n", dumpJson(json{{"event", "end"}, {"status", status}, {"reason", reason}, {"run_file", runFile}})
                                     .c_str());
             std::fflush(stdout);
         }
+        return std::make_pair(status, reason);
     };
 
     SignalGuard guard;
@@ -310,7 +350,7 @@ int cmdRun(const Args& a) {
     }
     if (!created) {
         if (dev) dev->setTrace(nullptr, 0);
-        finish("failed", created.message());
+        (void)finish("failed", created.message());
         return fail(exitCodeFor(created), created.message());
     }
     // Peak of one device: the parallel engine runs one GEMM thread per rank.
@@ -320,7 +360,7 @@ int cmdRun(const Args& a) {
     else parallel->setPeakTflops(peakGflops / 1e3);
     const json meta = single ? single->runMetadata() : parallel->runMetadata();
     for (auto it = meta.begin(); it != meta.end(); ++it)
-        rec->metadata(it.key(), it->is_string() ? it->get<std::string>() : it->dump());
+        rec->metadata(it.key(), it->is_string() ? it->get<std::string>() : dumpJson(*it));
     const std::string dataText = single ? single->data().description() : meta.value("data", std::string());
     const int64_t numParams = single ? single->model().params().numel() : meta.value("num_parameters", int64_t(0));
     const double flopsPerStep = single ? single->modelFlopsPerStep() : parallel->modelFlopsPerStep();
@@ -329,7 +369,7 @@ int cmdRun(const Args& a) {
         rec->appendLog("info", "mpirun: " + std::to_string(mpi.processes) +
                                    " processes, one rank each; this run file holds rank 0's trace");
     if (jsonOut) {
-        std::printf("%s\n", json{{"event", "start"},
+        std::printf("%s\n", dumpJson(json{{"event", "start"},
                                  {"run_file", runFile},
                                  {"name", info.name},
                                  {"steps", c.train_iters},
@@ -338,13 +378,13 @@ int cmdRun(const Args& a) {
                                  {"num_parameters", numParams},
                                  {"peak_tflops_per_device", peakGflops / 1e3},
                                  {"flops_formula", meta.value("flops_formula", std::string())},
-                                 {"data", dataText}}
-                                .dump()
+                                 {"data", dataText}})
                                 .c_str());
         std::fflush(stdout);
     } else {
-        std::fprintf(stderr, "trainscope run: %s, %lld parameters, %s, %s; run file %s\n", info.name.c_str(),
-                     (long long)numParams, info.layout.c_str(), dataText.c_str(), runFile.c_str());
+        std::fprintf(stderr, "trainscope run: %s, %lld parameters, %s, %s; run file %s\n", forTerminal(info.name).c_str(),
+                     (long long)numParams, info.layout.c_str(), forTerminal(dataText).c_str(),
+                     forTerminal(runFile).c_str());
     }
     engine::TrainerCallbacks cb;
     cb.onStep = [&](const engine::StepProgress& p) {
@@ -359,14 +399,21 @@ int cmdRun(const Args& a) {
         m.peakMemoryBytes = p.peakMemoryBytes;
         m.tsNs = monotonicNs();
         rec->appendStepMetrics(m);
+        // A step is reported only once it is committed to the run file: whoever reads the
+        // report (a terminal, the agent, the GUI) never sees a step the file lacks after a
+        // kill. A failed write stops the run (it is then reported as failed).
+        if (!noteWrite(rec->flush())) {
+            g_cancel.store(true);
+            return;
+        }
         if (jsonOut) {
-            std::printf("%s\n", stepJson(p).dump().c_str());
+            std::printf("%s\n", dumpJson(stepJson(p)).c_str());
             std::fflush(stdout);
         } else {
             progressBar(p, c.train_iters);
         }
     };
-    cb.onLog = [&](const std::string& s) { rec->appendLog("info", s); };
+    cb.onLog = [&](const std::string& s) { rec->appendLog("info", sanitizeUtf8(s)); };
     const Status st = single ? single->train(-1, cb, &g_cancel) : parallel->train(-1, cb, &g_cancel);
     const int iterations = single ? single->iteration() : parallel->iteration();
     if (!jsonOut) std::fprintf(stderr, "\n");
@@ -374,17 +421,17 @@ int cmdRun(const Args& a) {
     if (dev) dev->setTrace(nullptr, 0);
     single.reset();
     parallel.reset();
-    if (st.code() == ErrorCode::Cancelled) {
-        finish("cancelled", st.message());
-        if (!jsonOut) std::fprintf(stderr, "trainscope run: cancelled; run file %s\n", runFile.c_str());
+    const bool cancelled = st.code() == ErrorCode::Cancelled && writeError.isOk();
+    auto [status, reason] = cancelled ? finish("cancelled", st.message())
+                            : !st && writeError.isOk() ? finish("failed", st.message())
+                                                       : finish("completed", "");
+    if (status == "cancelled") {
+        if (!jsonOut) std::fprintf(stderr, "trainscope run: cancelled; run file %s\n", forTerminal(runFile).c_str());
         return 130;
     }
-    if (!st) {
-        finish("failed", st.message());
-        return fail(1, st.message());
-    }
-    finish("completed", "");
-    if (!jsonOut) std::fprintf(stderr, "trainscope run: completed %d steps; run file %s\n", iterations, runFile.c_str());
+    if (status == "failed") return fail(1, reason + " (run file " + runFile + ")");
+    if (!jsonOut)
+        std::fprintf(stderr, "trainscope run: completed %d steps; run file %s\n", iterations, forTerminal(runFile).c_str());
     return 0;
 }
 

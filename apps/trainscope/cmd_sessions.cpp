@@ -3,15 +3,22 @@
 // and prints.
 #include <unistd.h>
 
+#include <cerrno>
+#include <climits>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "apps/trainscope/commands.h"
+#include "common/json_text.h"
+#include "common/text.h"
 #include "engine/backend/backend.h"
 #include "engine/config/knobs.h"
+#include "profiler/store.h"
 #include "sessions/agent.h"
 #include "sessions/compare.h"
 #include "sessions/export.h"
@@ -30,13 +37,7 @@ using sessions::Workspace;
 
 namespace {
 
-int codeFor(const Status& s) {
-    switch (s.code()) {
-        case ErrorCode::NotFound: return 3;
-        case ErrorCode::InvalidArgument: return 2;
-        default: return 1;
-    }
-}
+int codeFor(const Status& s) { return exitCodeOf(s); }
 
 int failStatus(const Status& s) { return fail(codeFor(s), s.message()); }
 
@@ -73,14 +74,79 @@ void printRunsTable(const std::vector<RunSummary>& runs) {
         else std::snprintf(tok, sizeof tok, "-");
         if (r.mfu > 0) std::snprintf(mfu, sizeof mfu, "%.1f%%", r.mfu * 100);
         else std::snprintf(mfu, sizeof mfu, "-");
-        std::string name = r.name.size() > 16 ? r.name.substr(0, 15) + "~" : r.name;
-        std::string node = r.node.size() > 10 ? r.node.substr(0, 9) + "~" : r.node;
-        std::printf("%-32s %-16s %-16s %-10s %-12s %10s %10s %6s %10s %-10s %s\n", r.id.c_str(), name.c_str(),
-                    shortDate(r.createdAt).c_str(), node.c_str(), r.layout.c_str(), step, tok, mfu,
-                    r.peakMemoryBytes > 0 ? human(double(r.peakMemoryBytes)).c_str() : "-", r.status.c_str(),
-                    r.keyKnobs.c_str());
+        // Names and the rest come from run files: escaped, then cut (a cut never splits an escape).
+        std::string name = forTerminal(r.name), node = forTerminal(r.node);
+        if (name.size() > 16) name = name.substr(0, 15) + "~";
+        if (node.size() > 10) node = node.substr(0, 9) + "~";
+        std::string status = r.status == sessions::kBrokenStatus ? "broken: " + r.statusReason : r.status;
+        std::printf("%-32s %-16s %-16s %-10s %-12s %10s %10s %6s %10s %-10s %s\n", forTerminal(r.id).c_str(),
+                    name.c_str(), forTerminal(shortDate(r.createdAt)).c_str(), node.c_str(),
+                    forTerminal(r.layout).c_str(), step, tok, mfu,
+                    r.peakMemoryBytes > 0 ? human(double(r.peakMemoryBytes)).c_str() : "-",
+                    forTerminal(status).c_str(), forTerminal(r.keyKnobs).c_str());
     }
     if (runs.empty()) std::printf("(no runs yet: `trainscope run CONFIG.yaml` adds one)\n");
+}
+
+// Field 3 (state) and 22 (start time) of /proc/PID/stat; false when the process is gone.
+bool procState(pid_t pid, char* state, std::string* start) {
+    std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+    if (!f) return false;
+    char buf[1024];
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    const std::string s(buf, n);
+    size_t i = s.rfind(')');  // comm may hold spaces and parentheses
+    if (i == std::string::npos || i + 2 >= s.size()) return false;
+    *state = s[i + 2];
+    for (int field = 2; i != std::string::npos && field < 22; ++field) i = s.find(' ', i + 1);
+    if (i == std::string::npos) return false;
+    const size_t end = s.find(' ', i + 1);
+    *start = s.substr(i + 1, end == std::string::npos ? std::string::npos : end - i - 1);
+    return true;
+}
+
+// The live process writing a run file, from the metadata `trainscope run` records
+// (writer_pid, writer_start, writer_host); 0 when unknown, on another host, gone or a
+// zombie, or when the pid now belongs to another process (its start time differs).
+pid_t liveWriterOf(const std::string& runFile) {
+    auto store = profiler::TraceStore::open(runFile, /*readOnly=*/true);
+    if (!store) return 0;
+    auto meta = (*store)->allMetadata();
+    if (!meta) return 0;
+    auto get = [&](const char* k) {
+        auto it = meta->find(k);
+        return it == meta->end() ? std::string() : it->second;
+    };
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const auto pid = parseInteger(get("writer_pid"), 1, INT32_MAX, "writer_pid");
+    if (!pid || get("writer_host") != host) return 0;
+    char state = '?';
+    std::string start;
+    if (!procState(pid_t(*pid), &state, &start) || state == 'Z' || state == 'X') return 0;
+    if (start != get("writer_start")) return 0;
+    return pid_t(*pid);
+}
+
+// `runs delete --force` of a running run: asks its process to stop (SIGTERM, which `run`
+// handles like Ctrl-C: the run is recorded as cancelled) and waits up to 30 s for it to exit.
+// A run whose process is unknown or gone has nothing to cancel.
+Status cancelRunningRun(const RunSummary& r) {
+    const pid_t pid = liveWriterOf(r.path);
+    if (pid <= 0) return Status::ok();
+    std::fprintf(stderr, "trainscope: cancelling run %s (process %d) before deleting it\n", forTerminal(r.id).c_str(),
+                 int(pid));
+    if (::kill(pid, SIGTERM) != 0)
+        return Status::io("cannot cancel run " + r.id + " (process " + std::to_string(pid) + "): " + std::strerror(errno));
+    for (int i = 0; i < 300; ++i) {
+        char state = '?';
+        std::string start;
+        if (!procState(pid, &state, &start) || state == 'Z' || state == 'X') return Status::ok();
+        ::usleep(100 * 1000);
+    }
+    return Status::timeout("run " + r.id + " (process " + std::to_string(pid) +
+                           ") did not stop within 30 s of SIGTERM; stop it, then delete the run");
 }
 
 Result<std::string> readFile(const std::string& path) {
@@ -118,7 +184,7 @@ json probeDevices() {
 // ---- runs --------------------------------------------------------------------------------
 
 int cmdRuns(const Args& a) {
-    if (int rc = checkFlags(a, {"--workspace", "--json"})) return rc;
+    if (int rc = checkFlags(a, {"--workspace", "--json", "--force"})) return rc;
     const auto& pos = a.positional();
     const std::string sub = pos.empty() ? "list" : pos[0];
     auto need = [&](size_t n, const char* usage) -> bool {
@@ -135,7 +201,7 @@ int cmdRuns(const Args& a) {
         if (asJson) {
             json out = json::array();
             for (const auto& r : *runs) out.push_back(r.toJson());
-            std::printf("%s\n", out.dump(2).c_str());
+            std::printf("%s\n", dumpJson(out, 2).c_str());
         } else {
             printRunsTable(*runs);
         }
@@ -146,10 +212,11 @@ int cmdRuns(const Args& a) {
         auto r = ws->findRun(pos[1]);
         if (!r) return failStatus(r.status());
         if (asJson) {
-            std::printf("%s\n", r->toJson().dump(2).c_str());
+            std::printf("%s\n", dumpJson(r->toJson(), 2).c_str());
         } else {
             json j = r->toJson();
-            for (auto& [k, v] : j.items()) std::printf("%-18s %s\n", k.c_str(), v.is_string() ? v.get<std::string>().c_str() : v.dump().c_str());
+            for (auto& [k, v] : j.items())
+                std::printf("%-18s %s\n", k.c_str(), forTerminal(v.is_string() ? v.get<std::string>() : dumpJson(v)).c_str());
         }
         return 0;
     }
@@ -164,8 +231,18 @@ int cmdRuns(const Args& a) {
         if (!need(3, "untag RUN TAG")) return 2;
         s = ws->untag(pos[1], pos[2]);
     } else if (sub == "delete" || sub == "rm") {
-        if (!need(2, "delete RUN")) return 2;
-        s = ws->remove(pos[1]);
+        if (!need(2, "delete RUN [--force]")) return 2;
+        sessions::RemoveMode mode = sessions::RemoveMode::RefuseRunning;
+        if (a.has("--force")) {
+            // --force cancels a running run first (its process is told to stop like Ctrl-C
+            // and records "cancelled"), then deletes it.
+            auto r = ws->findRun(pos[1]);
+            if (r && r->status == "running") {
+                if (Status c = cancelRunningRun(*r); !c) return failStatus(c);
+            }
+            mode = sessions::RemoveMode::EvenIfRunning;
+        }
+        s = ws->remove(pos[1], mode);
     } else if (sub == "reindex") {
         s = ws->rebuildIndex();
     } else {
@@ -185,13 +262,9 @@ int cmdAgent(const Args& a) {
     o.version = TS_VERSION;
     o.devicesProvider = probeDevices;
     if (auto n = a.value("--node-name")) o.nodeName = *n;
-    if (auto m = a.value("--max-runs")) {
-        try {
-            o.maxActiveRuns = std::stoi(*m);
-        } catch (...) {
-            return fail(2, "--max-runs needs a number");
-        }
-    }
+    const auto maxRuns = intFlag(a, "--max-runs", 1, 4096);
+    if (!maxRuns) return failStatus(maxRuns.status());
+    if (*maxRuns) o.maxActiveRuns = int(**maxRuns);
     if (a.has("--stdio") == a.value("--listen").has_value())
         return fail(2, "give exactly one of --stdio or --listen HOST:PORT --token-file FILE");
     if (a.has("--stdio")) {
@@ -245,20 +318,17 @@ int cmdRunOnNode(const Args& a) {
         if (!ws) return failStatus(ws.status());
         req.connect.localAgentArgs = {"--workspace", ws->dir()};
     }
-    if (auto st = a.value("--steps")) {
-        try {
-            req.steps = std::stoi(*st);
-        } catch (...) {
-            return fail(2, "--steps needs a number");
-        }
-    }
+    const auto steps = intFlag(a, "--steps", 1, kMaxSteps);
+    if (!steps) return failStatus(steps.status());
+    if (*steps) req.steps = int(**steps);
+    req.name = sanitizeUtf8(req.name);
     const bool asJson = a.has("--json");
     auto onEvent = [&](const std::string& method, const json& p) {
         if (asJson) {
             if (method == "progress") {
                 json e = p;
                 e["event"] = "step";
-                std::printf("%s\n", e.dump().c_str());
+                std::printf("%s\n", dumpJson(e).c_str());
                 std::fflush(stdout);
             }
             return;
@@ -268,22 +338,23 @@ int cmdRunOnNode(const Args& a) {
                         p.value("step_time_s", 0.0) * 1e3, p.value("tokens_per_s", 0.0));
             std::fflush(stdout);
         } else if (method == "run_log" && p.value("stream", "") == "stderr") {
-            std::fprintf(stderr, "[%s] %s\n", req.nodeUrl.c_str(), p.value("text", "").c_str());
+            std::fprintf(stderr, "[%s] %s\n", forTerminal(req.nodeUrl).c_str(), forTerminal(p.value("text", "")).c_str());
         }
     };
-    if (asJson) std::printf("%s\n", json{{"event", "start"}, {"node", req.nodeUrl}}.dump().c_str());
+    if (asJson) std::printf("%s\n", dumpJson(json{{"event", "start"}, {"node", req.nodeUrl}}).c_str());
     auto r = sessions::runOnNode(req, onEvent);
     if (!r) {
         if (asJson)
-            std::printf("%s\n", json{{"event", "end"}, {"status", "failed"}, {"reason", r.status().message()}}.dump().c_str());
+            std::printf("%s\n", dumpJson(json{{"event", "end"}, {"status", "failed"}, {"reason", r.status().message()}}).c_str());
         return failStatus(r.status());
     }
     if (asJson) {
-        std::printf("%s\n", json{{"event", "end"}, {"status", r->status}, {"reason", r->reason},
-                                 {"run_id", r->run.id}, {"run_file", r->run.path}}.dump().c_str());
+        std::printf("%s\n", dumpJson(json{{"event", "end"}, {"status", r->status}, {"reason", r->reason},
+                                          {"run_id", r->run.id}, {"run_file", r->run.path}}).c_str());
     } else {
-        std::printf("run %s %s on %s%s\nstored as %s\n", r->run.id.c_str(), r->status.c_str(), req.nodeUrl.c_str(),
-                    r->reason.empty() ? "" : (": " + r->reason).c_str(), r->run.path.c_str());
+        std::printf("run %s %s on %s%s\nstored as %s\n", forTerminal(r->run.id).c_str(), forTerminal(r->status).c_str(),
+                    forTerminal(req.nodeUrl).c_str(), r->reason.empty() ? "" : forTerminal(": " + r->reason).c_str(),
+                    forTerminal(r->run.path).c_str());
     }
     return r->status == "completed" ? 0 : 1;
 }
@@ -304,8 +375,8 @@ int cmdCompare(const Args& a) {
     o.traceAnalyzer = sessions::analyzeTraceMetrics;
     auto c = sessions::compareRuns(*pa, *pb, o);
     if (!c) return failStatus(c.status());
-    if (a.has("--json")) std::printf("%s\n", c->toJson().dump(2).c_str());
-    else std::fputs(c->toText().c_str(), stdout);
+    if (a.has("--json")) std::printf("%s\n", dumpJson(c->toJson(), 2).c_str());
+    else std::fputs(forTerminal(c->toText(), /*keepNewlines=*/true).c_str(), stdout);
     return 0;
 }
 

@@ -2,7 +2,11 @@
 #include "apps/trainscope/commands.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+
+#include "common/text.h"
 
 namespace ts::cli {
 
@@ -59,8 +63,51 @@ std::vector<std::string> Args::unknownFlags(const std::vector<std::string>& know
 }
 
 int fail(int code, const std::string& message) {
-    std::fprintf(stderr, "trainscope: error: %s\n", message.c_str());
+    std::fprintf(stderr, "trainscope: error: %s\n", forTerminal(message, /*keepNewlines=*/true).c_str());
     return code;
+}
+
+Result<int64_t> parseInteger(const std::string& text, int64_t min, int64_t max, const std::string& what) {
+    const std::string range = "[" + std::to_string(min) + ", " + std::to_string(max) + "]";
+    size_t i = text.size() > 0 && text[0] == '-' ? 1 : 0;
+    bool digits = i < text.size();
+    for (size_t k = i; k < text.size(); ++k) digits = digits && text[k] >= '0' && text[k] <= '9';
+    if (!digits)
+        return Status::invalid(what + " needs a whole number in " + range + ", got '" + forTerminal(text) + "'");
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (errno == ERANGE || v < min || v > max)
+        return Status::invalid(what + " must be in " + range + ", got " + forTerminal(text));
+    return int64_t(v);
+}
+
+Result<std::optional<int64_t>> intFlag(const Args& a, const std::string& flag, int64_t min, int64_t max) {
+    auto v = a.value(flag);
+    if (!v) return std::optional<int64_t>();
+    TS_ASSIGN_OR_RETURN(int64_t x, parseInteger(*v, min, max, flag));
+    return std::optional<int64_t>(x);
+}
+
+std::string forTerminal(const std::string& text, bool keepNewlines) {
+    if (!keepNewlines) return escapeControlChars(text);
+    std::string out;
+    size_t from = 0;
+    for (;;) {
+        const size_t nl = text.find('\n', from);
+        out += escapeControlChars(std::string_view(text).substr(from, nl == std::string::npos ? std::string::npos : nl - from));
+        if (nl == std::string::npos) return out;
+        out += '\n';
+        from = nl + 1;
+    }
+}
+
+int exitCodeOf(const Status& s) {
+    switch (s.code()) {
+        case ErrorCode::InvalidArgument: return 2;
+        case ErrorCode::NotFound: return 3;
+        default: return 1;
+    }
 }
 
 const std::vector<Command>& commands() {
@@ -77,13 +124,13 @@ const std::vector<Command>& commands() {
          "print which global rank has which tp/cp/ep/dp/pp coordinates and its process groups", cmdLayout},
         {"schedule", "schedule --pp P [--vpp V] --microbatches M [--rank R] [--json]",
          "print the pipeline op order per rank (Megatron-Core 1F1B / interleaved 1F1B)", cmdSchedule},
-        {"analyze", "analyze RUN [--json] [--step N]",
+        {"analyze", "analyze RUN [--json] [--step N] [--top N] [--workspace DIR]",
          "explain a run's steps: bubbles, exposed communication, overlap, kernels, memory, MFU", cmdAnalyze},
         {"import", "import FILE [FILE ...] [--out RUN.sqlite] [--workspace DIR] [--name NAME] [--drop-last-step] [--json]",
          "import an Nsight Systems SQLite export or PyTorch/Kineto JSON trace as a run", cmdImport},
-        {"export-trace", "export-trace RUN --chrome OUT.json",
+        {"export-trace", "export-trace RUN --chrome OUT.json [--workspace DIR]",
          "write a run's trace as Chrome/Perfetto trace JSON", cmdExportTrace},
-        {"runs", "runs [list|show RUN|name RUN NAME|tag RUN TAG|delete RUN|reindex] [--workspace DIR] [--json]",
+        {"runs", "runs [list|show RUN|name RUN NAME|tag RUN TAG|delete RUN [--force]|reindex] [--workspace DIR] [--json]",
          "list and manage the runs in the workspace", cmdRuns},
         {"compare", "compare RUN_A RUN_B [--all] [--json]",
          "A/B: knobs that differ, then metric deltas with the sign that matters", cmdCompare},

@@ -3,9 +3,12 @@
 // 2 bad usage / invalid config, 3 not found.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "common/status.h"
 
 namespace ts::cli {
 
@@ -40,8 +43,29 @@ struct Command {
 };
 const std::vector<Command>& commands();
 
-// Prints "trainscope: error: ..." to stderr, returns code.
+// Prints "trainscope: error: ..." to stderr, returns code. Control characters in the message
+// (from a run name, a path) are escaped.
 int fail(int code, const std::string& message);
+
+// Every numeric flag goes through these. The whole text must be a base-10 integer (an
+// optional '-' and digits: "1x", "", " 1", "1e3", "0x10" are refused) within [min, max];
+// InvalidArgument names the flag and the range.
+Result<int64_t> parseInteger(const std::string& text, int64_t min, int64_t max, const std::string& what);
+// --flag's value through parseInteger; nullopt when the flag is absent.
+Result<std::optional<int64_t>> intFlag(const Args& a, const std::string& flag, int64_t min, int64_t max);
+
+// Text from outside (run names, paths, kernel names) made safe for a terminal: control
+// characters become visible escapes (\x1b, \t), invalid UTF-8 becomes U+FFFD. keepNewlines
+// leaves '\n' alone for multi-line reports.
+std::string forTerminal(const std::string& text, bool keepNewlines = false);
+
+// Upper bounds of the common numeric flags (far above any real run; they keep the numbers
+// in the int range the engine uses).
+inline constexpr int64_t kMaxSteps = 1000000000;     // --steps (the agent's bound too)
+inline constexpr int64_t kMaxWorldSize = 1 << 20;    // --world-size
+
+// Exit code of a Status: 2 invalid argument, 3 not found, 1 otherwise.
+int exitCodeOf(const Status& s);
 
 // Command groups.
 int cmdKnobs(const Args&);

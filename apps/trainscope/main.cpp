@@ -20,8 +20,11 @@ void printHelp() {
     std::printf(
         "\n"
         "Configs are YAML files whose keys are Megatron-LM knob names (see `trainscope knobs`);\n"
-        "examples live in resources/examples/. Exit codes: 0 ok, 1 run failed, 2 bad usage or\n"
-        "invalid config, 3 not found.\n");
+        "examples live in resources/examples/ (at most 1 MiB, 100,000 values, 64 levels deep).\n"
+        "RUN is a run id, a unique id prefix, a run name (its newest run), `latest`, or the path\n"
+        "of a run file. Numeric options take whole numbers only (`--steps 1x` is an error).\n"
+        "Exit codes: 0 ok, 1 run failed (also when its run file could not be written), 2 bad\n"
+        "usage or invalid config, 3 not found, 130 cancelled.\n");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Fuzz target for the YAML config loader (engine/config_yaml.cpp): parseConfigYaml and
+// Fuzz target for the YAML config loader (engine/config/config_yaml.cpp): parseConfigYaml and
 // applyOverride must survive any bytes without crashing, hanging or allocating without bound
 // (alias expansion, size and nesting are bounded), and everything they return must be
 // writable as JSON (text from the file is made valid UTF-8).
@@ -14,7 +14,7 @@
 
 #include "apps/fuzz/replay_main.h"
 #include "common/text.h"
-#include "engine/knobs.h"
+#include "engine/config/knobs.h"
 
 using ts::fuzz::check;
 

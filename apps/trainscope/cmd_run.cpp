@@ -45,22 +45,41 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 std::atomic<bool> g_cancel{false};
+std::atomic<int> g_signal{0};
 
-extern "C" void onSignal(int) { g_cancel.store(true); }
+extern "C" void onSignal(int sig) {
+    g_signal.store(sig);
+    g_cancel.store(true);
+}
 
+// SIGINT/SIGTERM (a user, a cancel), SIGHUP (the terminal went away) and SIGPIPE (whoever reads
+// our output went away: the agent that started this run died) all stop the run at the next
+// step boundary; it is then recorded as cancelled with the signal in its reason, never left
+// "running".
 struct SignalGuard {
     using Handler = void (*)(int);
-    Handler oldInt, oldTerm;
+    static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    Handler old[4];
     SignalGuard() {
         g_cancel = false;
-        oldInt = std::signal(SIGINT, onSignal);
-        oldTerm = std::signal(SIGTERM, onSignal);
+        g_signal = 0;
+        for (size_t i = 0; i < 4; ++i) old[i] = std::signal(kSignals[i], onSignal);
     }
     ~SignalGuard() {
-        std::signal(SIGINT, oldInt);
-        std::signal(SIGTERM, oldTerm);
+        for (size_t i = 0; i < 4; ++i) std::signal(kSignals[i], old[i]);
     }
 };
+
+// The cancelled run's reason: which signal stopped it.
+std::string cancelReason(const std::string& engineReason) {
+    switch (g_signal.load()) {
+        case SIGINT: return "cancelled by SIGINT (interrupt)";
+        case SIGTERM: return "cancelled by SIGTERM";
+        case SIGHUP: return "stopped by SIGHUP: the terminal or session that started it went away";
+        case SIGPIPE: return "stopped: whoever read its output went away (SIGPIPE; e.g. the agent that started it died)";
+        default: return engineReason;
+    }
+}
 
 std::string isoNow() {
     const std::time_t t = std::time(nullptr);
@@ -270,6 +289,10 @@ int cmdRun(const Args& a) {
     const engine::DerivedSizes ds = engine::deriveSizes(c);
     info.layout = "tp" + std::to_string(ds.tp) + " pp" + std::to_string(ds.pp) + " dp" + std::to_string(ds.dp);
     rec->setRunInfo(info);
+    // Which process writes this file: a reader can then tell a run still going from one whose
+    // process died without finishing (sessions::finalizeStaleRuns). Committed before training.
+    for (const auto& [key, value] : sessions::writerProcessMetadata()) rec->metadata(key, value);
+    (void)rec->flush();
 
     auto finish = [&](const std::string& status, const std::string& reason) {
         rec->setRunStatus(status, reason);
@@ -375,7 +398,7 @@ int cmdRun(const Args& a) {
     single.reset();
     parallel.reset();
     if (st.code() == ErrorCode::Cancelled) {
-        finish("cancelled", st.message());
+        finish("cancelled", cancelReason(st.message()));
         if (!jsonOut) std::fprintf(stderr, "trainscope run: cancelled; run file %s\n", runFile.c_str());
         return 130;
     }

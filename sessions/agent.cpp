@@ -836,7 +836,7 @@ Status Agent::Impl::serveConnection(int inFd, int outFd, bool requireAuth, const
             if (!authed) {
                 json id = nullptr;
                 Reply r = preAuth(*conn, conn, ev.body, &id);
-                if (r.code == 0) conn->send(rpc::makeResult(id, r.result));
+                if (r.code == 0) conn->send(rpc::makeResult(id, std::move(r.result)));
                 else conn->send(rpc::makeError(id, r.code, r.message, r.data));
                 if (r.closeAfter) closing = true;
                 if (conn->authed) reader.setMaxMessageBytes(o.maxMessageBytes);  // frames after this one
@@ -860,7 +860,7 @@ Status Agent::Impl::serveConnection(int inFd, int outFd, bool requireAuth, const
                     r = Reply::err(rpc::kInternalError, std::string("internal error: ") + e.what());
                 }
                 if (msg.kind == rpc::Message::Kind::Request) {
-                    responses.push_back(r.code == 0 ? rpc::makeResult(msg.id, r.result)
+                    responses.push_back(r.code == 0 ? rpc::makeResult(msg.id, std::move(r.result))
                                                     : rpc::makeError(msg.id, r.code, r.message, r.data));
                 }
                 if (r.closeAfter) {
@@ -912,7 +912,7 @@ Reply Agent::Impl::preAuth(Connection& conn, const std::shared_ptr<Connection>& 
     json v = rpc::parseStrictJson(body, &error);
     if (v.is_discarded()) return refuse(error);
     if (v.is_array()) return refuse("a batch before authentication");
-    rpc::Message m = rpc::classify(v);
+    rpc::Message m = rpc::classify(std::move(v));
     if (m.kind == rpc::Message::Kind::Request || m.kind == rpc::Message::Kind::Invalid) *id = m.id;
     if (m.kind != rpc::Message::Kind::Request) return refuse(m.kind == rpc::Message::Kind::Invalid ? m.errorMessage
                                                                                                    : "not a request");
@@ -1250,7 +1250,9 @@ Reply Agent::Impl::listRuns() {
         out.push_back({{"id", r->id}, {"name", r->name}, {"status", "running"}, {"path", r->path},
                        {"created_at", r->createdAt}, {"progress", r->lastProgress}});
     }
-    return Reply::ok({{"runs", out}});
+    json result = json::object();
+    result["runs"] = std::move(out);
+    return Reply::ok(std::move(result));
 }
 
 // A run of this agent's workspace by its exact id (no names, prefixes or paths: a client must

@@ -194,7 +194,7 @@ FrameEvent FrameReader::next() {
     return e;
 }
 
-Message classify(const json& v) {
+Message classify(json v) {
     if (!v.is_object()) return invalid(kInvalidRequest, "a JSON-RPC message must be an object");
     json id = nullptr;
     bool hasId = v.contains("id");
@@ -215,7 +215,7 @@ Message classify(const json& v) {
         if (params != v.end()) {
             if (!params->is_object() && !params->is_array())
                 return invalid(kInvalidRequest, "\"params\" must be an object or an array", id);
-            m.params = *params;
+            m.params = std::move(*params);
         }
         m.kind = hasId ? Message::Kind::Request : Message::Kind::Notification;
         m.id = id;
@@ -227,9 +227,9 @@ Message classify(const json& v) {
         m.kind = Message::Kind::Response;
         m.id = id;
         if (hasResult) {
-            m.result = v["result"];
+            m.result = std::move(v["result"]);
         } else {
-            m.error = v["error"];
+            m.error = std::move(v["error"]);
             if (!m.error.is_object() || !m.error.contains("code") ||
                 !m.error["code"].is_number_integer())
                 return invalid(kInvalidRequest, "\"error\" must be an object with an integer code", id);
@@ -288,7 +288,7 @@ std::vector<Message> parseMessages(std::string_view body, bool* isBatch) {
         const bool dup = error.rfind("duplicate key", 0) == 0;
         return {invalid(dup ? kInvalidRequest : kParseError, error)};
     }
-    if (!v.is_array()) return {classify(v)};
+    if (!v.is_array()) return {classify(std::move(v))};
     if (isBatch) *isBatch = true;
     if (v.empty()) return {invalid(kInvalidRequest, "empty batch")};
     if (v.size() > kMaxBatchRequests) {
@@ -298,7 +298,7 @@ std::vector<Message> parseMessages(std::string_view body, bool* isBatch) {
     }
     std::vector<Message> out;
     out.reserve(v.size());
-    for (const json& e : v) out.push_back(classify(e));
+    for (json& e : v) out.push_back(classify(std::move(e)));
     return out;
 }
 
@@ -314,8 +314,8 @@ json makeNotification(const std::string& method, const json& params) {
     return j;
 }
 
-json makeResult(const json& id, const json& result) {
-    return {{"jsonrpc", "2.0"}, {"id", id}, {"result", result}};
+json makeResult(const json& id, json result) {
+    return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
 }
 
 json makeError(const json& id, int code, const std::string& message, const json& data) {

@@ -93,7 +93,7 @@ struct Message {
 };
 
 // Classifies one JSON value (already parsed) as a message.
-Message classify(const nlohmann::json& value);
+Message classify(nlohmann::json value);  // by value: an rvalue's params/result are moved
 // Parses one body. A body that is not JSON gives Invalid/kParseError; a JSON array (batch)
 // gives one Message per element (empty array, or more than kMaxBatchRequests elements -> one
 // Invalid/kInvalidRequest). An object with the same key twice, at any depth, gives one
@@ -108,7 +108,7 @@ nlohmann::json parseStrictJson(std::string_view text, std::string* error);
 nlohmann::json makeRequest(const nlohmann::json& id, const std::string& method,
                            const nlohmann::json& params = nullptr);
 nlohmann::json makeNotification(const std::string& method, const nlohmann::json& params = nullptr);
-nlohmann::json makeResult(const nlohmann::json& id, const nlohmann::json& result);
+nlohmann::json makeResult(const nlohmann::json& id, nlohmann::json result);
 nlohmann::json makeError(const nlohmann::json& id, int code, const std::string& message,
                          const nlohmann::json& data = nullptr);
 

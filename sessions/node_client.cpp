@@ -145,7 +145,7 @@ struct NodeClient::Impl {
                 rpc::FrameEvent ev = fr.next();
                 if (ev.kind == rpc::FrameEvent::Kind::None) break;
                 if (ev.kind == rpc::FrameEvent::Kind::Error) continue;
-                for (const auto& m : rpc::parseMessages(ev.body)) deliver(m);
+                for (auto& m : rpc::parseMessages(ev.body)) deliver(std::move(m));
             }
         }
         std::lock_guard lock(mu);
@@ -154,9 +154,11 @@ struct NodeClient::Impl {
         cv.notify_all();
     }
 
-    void deliver(const rpc::Message& m) {
+    void deliver(rpc::Message m) {
         if (m.kind == rpc::Message::Kind::Response) {
-            json r = {{"result", m.result}, {"error", m.error}};
+            json r = json::object();
+            r["result"] = std::move(m.result);
+            r["error"] = std::move(m.error);
             std::lock_guard lock(mu);
             if (m.id.is_null()) {
                 // An error with a null id: the agent could not read our request or refused the
@@ -257,7 +259,7 @@ Result<json> NodeClient::call(const std::string& method, const json& params, int
         m->pending.erase(id);
         return Status::timeout(method + " to " + m_url + " got no answer within " + std::to_string(timeoutMs) + " ms");
     }
-    std::optional<json> resp = m->pending[id];
+    std::optional<json> resp = std::move(m->pending[id]);
     m->pending.erase(id);
     if (!resp) return Status::comm(method + ": connection to " + m_url + " closed (" + m->closeReason + ")");
     if (resp->contains("error") && !(*resp)["error"].is_null()) {
@@ -272,7 +274,8 @@ Result<json> NodeClient::call(const std::string& method, const json& params, int
                        : ErrorCode::CommError;
         return Status(ec, method + " on " + m_url + ": " + msg + " (JSON-RPC error " + std::to_string(code) + ")");
     }
-    return resp->contains("result") ? (*resp)["result"] : json();
+    if (auto it = resp->find("result"); it != resp->end()) return std::move(*it);
+    return json();
 }
 
 Result<std::unique_ptr<NodeClient>> NodeClient::connect(const std::string& url, const ConnectOptions& o) {

@@ -391,8 +391,13 @@ Result<RunSummary> summarizeRunFile(const std::string& runFilePath) {
 // ---- Workspace ------------------------------------------------------------------------------
 
 struct Workspace::SummaryCache {
+    struct Entry {
+        int64_t mtimeNs = 0;
+        std::chrono::steady_clock::time_point readAt;
+        RunSummary summary;
+    };
     std::mutex mu;
-    std::map<std::string, std::pair<int64_t, RunSummary>> byPath;  // path -> (mtime, summary)
+    std::map<std::string, Entry> byPath;
 };
 
 Workspace::Workspace(Workspace&& o) noexcept
@@ -406,15 +411,21 @@ Workspace& Workspace::operator=(Workspace&& o) noexcept {
 
 Result<RunSummary> Workspace::cachedSummary(const std::string& path, int64_t mtimeNs) {
     if (!m_cache) return summarizeRunFile(path);
+    const auto now = std::chrono::steady_clock::now();
     {
         std::lock_guard lock(m_cache->mu);
         auto it = m_cache->byPath.find(path);
-        if (it != m_cache->byPath.end() && it->second.first == mtimeNs) return it->second.second;
+        // A running run changes its file every step: its summary is re-read at most twice a
+        // second however often clients list (they get live progress from the agent anyway).
+        if (it != m_cache->byPath.end() &&
+            (it->second.mtimeNs == mtimeNs ||
+             (it->second.summary.status == "running" && now - it->second.readAt < std::chrono::milliseconds(500))))
+            return it->second.summary;
     }
     TS_ASSIGN_OR_RETURN(RunSummary s, summarizeRunFile(path));
     std::lock_guard lock(m_cache->mu);
     if (m_cache->byPath.size() > 100000) m_cache->byPath.clear();  // bounded
-    m_cache->byPath[path] = {mtimeNs, s};
+    m_cache->byPath[path] = {mtimeNs, now, s};
     return s;
 }
 

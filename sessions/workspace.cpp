@@ -520,7 +520,17 @@ Status Workspace::upsert(const RunSummary& s, int64_t mtimeNs) {
     return Status::ok();
 }
 
+void Workspace::forgetSummary(const std::string& path) {
+    if (!m_cache) return;
+    std::error_code ec;
+    const std::string abs = fs::absolute(path, ec).lexically_normal().string();
+    std::lock_guard lock(m_cache->mu);
+    m_cache->byPath.erase(abs);
+    m_cache->byPath.erase(path);
+}
+
 Status Workspace::indexRun(const std::string& runFilePath) {
+    forgetSummary(runFilePath);  // what this workspace writes, its next listing shows
     int64_t mtime = runMtimeNs(runFilePath);
     TS_ASSIGN_OR_RETURN(RunSummary s, summarizeRunFile(runFilePath));
     return upsert(s, mtime);
@@ -646,6 +656,7 @@ Status Workspace::untag(const std::string& run, const std::string& t) {
 
 Status Workspace::remove(const std::string& run) {
     TS_ASSIGN_OR_RETURN(std::string path, resolveRun(run));
+    forgetSummary(path);
     std::error_code ec;
     for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(path + suffix, ec);
     if (fs::exists(path)) return Status::io("could not delete " + path);

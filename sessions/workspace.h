@@ -99,6 +99,7 @@ private:
     // its WAL's) mtime is unchanged: many listings of a busy workspace re-read nothing.
     struct SummaryCache;
     Result<RunSummary> cachedSummary(const std::string& path, int64_t mtimeNs);
+    void forgetSummary(const std::string& path);
 
     std::string m_dir;
     std::unique_ptr<std::mutex> m_mutex = std::make_unique<std::mutex>();  // guards index writes

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <unordered_set>
 
 namespace ts::sessions::rpc {
 
@@ -193,7 +194,7 @@ FrameEvent FrameReader::next() {
     return e;
 }
 
-Message classify(const json& v) {
+Message classify(json v) {
     if (!v.is_object()) return invalid(kInvalidRequest, "a JSON-RPC message must be an object");
     json id = nullptr;
     bool hasId = v.contains("id");
@@ -214,7 +215,7 @@ Message classify(const json& v) {
         if (params != v.end()) {
             if (!params->is_object() && !params->is_array())
                 return invalid(kInvalidRequest, "\"params\" must be an object or an array", id);
-            m.params = *params;
+            m.params = std::move(*params);
         }
         m.kind = hasId ? Message::Kind::Request : Message::Kind::Notification;
         m.id = id;
@@ -226,9 +227,9 @@ Message classify(const json& v) {
         m.kind = Message::Kind::Response;
         m.id = id;
         if (hasResult) {
-            m.result = v["result"];
+            m.result = std::move(v["result"]);
         } else {
-            m.error = v["error"];
+            m.error = std::move(v["error"]);
             if (!m.error.is_object() || !m.error.contains("code") ||
                 !m.error["code"].is_number_integer())
                 return invalid(kInvalidRequest, "\"error\" must be an object with an integer code", id);
@@ -238,18 +239,66 @@ Message classify(const json& v) {
     return invalid(kInvalidRequest, "neither a request (\"method\") nor a response (\"result\"/\"error\")", id);
 }
 
+json parseStrictJson(std::string_view text, std::string* error) {
+    if (nestingDepth(text) > kMaxNestingDepth) {
+        if (error) *error = "JSON nested deeper than " + std::to_string(kMaxNestingDepth) + " levels";
+        return json(json::value_t::discarded);
+    }
+    // One key set per object still open; keys belong to the innermost one (arrays hold none).
+    std::vector<std::unordered_set<std::string>> open;
+    std::string duplicate;
+    bool haveDuplicate = false;
+    auto callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) -> bool {
+        switch (event) {
+            case json::parse_event_t::object_start: open.emplace_back(); break;
+            case json::parse_event_t::object_end:
+                if (!open.empty()) open.pop_back();
+                break;
+            case json::parse_event_t::key:
+                if (!open.empty() && parsed.is_string() && !open.back().insert(parsed.get_ref<const std::string&>()).second &&
+                    !haveDuplicate) {
+                    haveDuplicate = true;
+                    duplicate = parsed.get_ref<const std::string&>();
+                }
+                break;
+            default: break;
+        }
+        return true;
+    };
+    json v = json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/false);
+    if (v.is_discarded()) {
+        if (error) *error = "body is not valid JSON";
+        return v;
+    }
+    if (haveDuplicate) {
+        if (duplicate.size() > 64) duplicate = duplicate.substr(0, 64) + "...";
+        if (error)
+            *error = "duplicate key " + json(duplicate).dump(-1, ' ', false, json::error_handler_t::replace) +
+                     " in an object; every key may appear once";
+        return json(json::value_t::discarded);
+    }
+    return v;
+}
+
 std::vector<Message> parseMessages(std::string_view body, bool* isBatch) {
     if (isBatch) *isBatch = false;
-    if (nestingDepth(body) > kMaxNestingDepth)
-        return {invalid(kParseError, "JSON nested deeper than " + std::to_string(kMaxNestingDepth) + " levels")};
-    json v = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-    if (v.is_discarded()) return {invalid(kParseError, "body is not valid JSON")};
-    if (!v.is_array()) return {classify(v)};
+    std::string error;
+    json v = parseStrictJson(body, &error);
+    if (v.is_discarded()) {
+        const bool dup = error.rfind("duplicate key", 0) == 0;
+        return {invalid(dup ? kInvalidRequest : kParseError, error)};
+    }
+    if (!v.is_array()) return {classify(std::move(v))};
     if (isBatch) *isBatch = true;
     if (v.empty()) return {invalid(kInvalidRequest, "empty batch")};
+    if (v.size() > kMaxBatchRequests) {
+        if (isBatch) *isBatch = false;  // one error object, not an array of them
+        return {invalid(kInvalidRequest, "batch of " + std::to_string(v.size()) + " requests; at most " +
+                                             std::to_string(kMaxBatchRequests) + " per batch")};
+    }
     std::vector<Message> out;
     out.reserve(v.size());
-    for (const json& e : v) out.push_back(classify(e));
+    for (json& e : v) out.push_back(classify(std::move(e)));
     return out;
 }
 
@@ -265,8 +314,8 @@ json makeNotification(const std::string& method, const json& params) {
     return j;
 }
 
-json makeResult(const json& id, const json& result) {
-    return {{"jsonrpc", "2.0"}, {"id", id}, {"result", result}};
+json makeResult(const json& id, json result) {
+    return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
 }
 
 json makeError(const json& id, int code, const std::string& message, const json& data) {
@@ -285,6 +334,14 @@ bool constantTimeEquals(std::string_view a, std::string_view b) {
         diff = static_cast<unsigned char>(diff | (x ^ y));
     }
     return diff == 0;
+}
+
+uint64_t fnv1a64(std::string_view data, uint64_t h) {
+    for (unsigned char c : data) {
+        h ^= c;
+        h *= 1099511628211ull;
+    }
+    return h;
 }
 
 namespace {

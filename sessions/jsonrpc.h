@@ -33,6 +33,10 @@ inline constexpr int kBusy = -32006;             // too many runs / connections
 
 inline constexpr size_t kDefaultMaxMessageBytes = 16u << 20;  // 16 MiB body
 inline constexpr size_t kMaxHeaderBytes = 8u << 10;           // one header block
+// Before a TCP connection has authenticated only one small hello/authenticate is read.
+inline constexpr size_t kPreAuthMaxMessageBytes = 64u << 10;  // 64 KiB body
+// Requests in one batch; a longer batch is refused whole (-32600), never answered per element.
+inline constexpr size_t kMaxBatchRequests = 1024;
 
 // Frames one JSON value: "Content-Length: N\r\n\r\n<body>".
 std::string encodeFrame(const nlohmann::json& message);
@@ -58,6 +62,12 @@ public:
     // The next complete message or error, or Kind::None when more bytes are needed.
     FrameEvent next();
     size_t bufferedBytes() const { return m_buf.size() - m_pos; }
+    // True while part of a frame (header or body, or an oversize body being skipped) has
+    // arrived but not all of it: what a read timeout for slow senders measures.
+    bool midFrame() const { return bufferedBytes() > 0 || m_skip > 0; }
+    // The body limit for frames whose header has not been read yet (the agent raises it once
+    // a connection has authenticated).
+    void setMaxMessageBytes(size_t n) { m_maxMessageBytes = n; }
 
 private:
     void compact();
@@ -83,22 +93,33 @@ struct Message {
 };
 
 // Classifies one JSON value (already parsed) as a message.
-Message classify(const nlohmann::json& value);
+Message classify(nlohmann::json value);  // by value: an rvalue's params/result are moved
 // Parses one body. A body that is not JSON gives Invalid/kParseError; a JSON array (batch)
-// gives one Message per element (empty array -> one Invalid/kInvalidRequest).
+// gives one Message per element (empty array, or more than kMaxBatchRequests elements -> one
+// Invalid/kInvalidRequest). An object with the same key twice, at any depth, gives one
+// Invalid/kInvalidRequest for the whole body: a message means exactly one thing (with
+// "last key wins", {"method":"hello","method":"shutdown"} would read as shutdown).
 std::vector<Message> parseMessages(std::string_view body, bool* isBatch = nullptr);
+// Parses JSON text, refusing duplicate keys and nesting deeper than 64. On failure returns a
+// discarded value and says why in *error.
+nlohmann::json parseStrictJson(std::string_view text, std::string* error);
 
 // Builders.
 nlohmann::json makeRequest(const nlohmann::json& id, const std::string& method,
                            const nlohmann::json& params = nullptr);
 nlohmann::json makeNotification(const std::string& method, const nlohmann::json& params = nullptr);
-nlohmann::json makeResult(const nlohmann::json& id, const nlohmann::json& result);
+nlohmann::json makeResult(const nlohmann::json& id, nlohmann::json result);
 nlohmann::json makeError(const nlohmann::json& id, int code, const std::string& message,
                          const nlohmann::json& data = nullptr);
 
 // Constant-time comparison of secrets (time depends only on the lengths, never on where the
 // strings first differ).
 bool constantTimeEquals(std::string_view a, std::string_view b);
+
+// FNV-1a 64 (offset basis 14695981039346656037, prime 1099511628211): the fetch_run checksum.
+// Continue a running hash by passing the previous value as h.
+inline constexpr uint64_t kFnv1a64Offset = 14695981039346656037ull;
+uint64_t fnv1a64(std::string_view data, uint64_t h = kFnv1a64Offset);
 
 // Base64 (RFC 4648, with padding) for run-file chunks.
 std::string base64Encode(const void* data, size_t n);

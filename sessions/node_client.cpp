@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -35,31 +37,35 @@ std::string envOr(const char* name, const std::string& fallback) {
     return v && *v ? std::string(v) : fallback;
 }
 
-uint64_t fnv1a(const std::string& data, uint64_t h) {
-    for (unsigned char c : data) {
-        h ^= c;
-        h *= 1099511628211ull;
-    }
-    return h;
+// What a node sends is input like any other: fields are read by type, never with json::value()
+// (which throws when a field has another type than the fallback).
+std::string strField(const json& j, const char* key) {
+    if (!j.is_object()) return "";
+    auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+int64_t intField(const json& j, const char* key, int64_t fallback) {
+    if (!j.is_object()) return fallback;
+    auto it = j.find(key);
+    if (it == j.end()) return fallback;
+    if (it->is_number_integer()) return it->get<int64_t>();
+    return fallback;
 }
 
 Result<int> connectTcp(const std::string& hostPort, int timeoutMs) {
-    std::string host, port;
-    if (!hostPort.empty() && hostPort.front() == '[') {
-        auto close = hostPort.find(']');
-        if (close == std::string::npos || close + 2 > hostPort.size())
-            return Status::invalid("bad address '" + hostPort + "'; expected tcp://[IPv6]:PORT");
-        host = hostPort.substr(1, close - 1);
-        port = hostPort.substr(close + 2);
-    } else {
-        auto colon = hostPort.rfind(':');
-        if (colon == std::string::npos) return Status::invalid("tcp://" + hostPort + " needs a port: tcp://HOST:PORT");
-        host = hostPort.substr(0, colon);
-        port = hostPort.substr(colon + 1);
-    }
+    if (hostPort.find(':') == std::string::npos)
+        return Status::invalid("tcp://" + hostPort + " needs a port: tcp://HOST:PORT");
+    std::string host;
+    int portNum = 0;
+    Status parsed = parseHostPort(hostPort, /*allowZero=*/false, &host, &portNum);
+    if (!parsed) return Status::invalid("tcp://" + hostPort + ": " + parsed.message());
+    if (host.empty()) host = "127.0.0.1";
+    const std::string port = std::to_string(portNum);
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
     addrinfo* res = nullptr;
     if (int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &res); rc != 0)
         return Status::notFound("cannot resolve '" + host + "': " + gai_strerror(rc));
@@ -110,13 +116,14 @@ struct NodeClient::Impl {
     std::atomic<bool> stop{false};
     std::thread reader;
     NotificationHandler handler;
+    json lastErrorData;  // error.data of the last error response (guarded by mu)
 
     // fetch_run sink (one fetch at a time per client)
     struct Sink {
         std::string runId;
         std::ofstream* out = nullptr;
         int64_t bytes = 0;
-        uint64_t hash = 1469598103934665603ull;
+        uint64_t hash = rpc::kFnv1a64Offset;
         std::string error;
     };
     std::optional<Sink> sink;
@@ -138,7 +145,7 @@ struct NodeClient::Impl {
                 rpc::FrameEvent ev = fr.next();
                 if (ev.kind == rpc::FrameEvent::Kind::None) break;
                 if (ev.kind == rpc::FrameEvent::Kind::Error) continue;
-                for (const auto& m : rpc::parseMessages(ev.body)) deliver(m);
+                for (auto& m : rpc::parseMessages(ev.body)) deliver(std::move(m));
             }
         }
         std::lock_guard lock(mu);
@@ -147,9 +154,11 @@ struct NodeClient::Impl {
         cv.notify_all();
     }
 
-    void deliver(const rpc::Message& m) {
+    void deliver(rpc::Message m) {
         if (m.kind == rpc::Message::Kind::Response) {
-            json r = {{"result", m.result}, {"error", m.error}};
+            json r = json::object();
+            r["result"] = std::move(m.result);
+            r["error"] = std::move(m.error);
             std::lock_guard lock(mu);
             if (m.id.is_null()) {
                 // An error with a null id: the agent could not read our request or refused the
@@ -166,17 +175,16 @@ struct NodeClient::Impl {
         if (m.kind != rpc::Message::Kind::Notification) return;
         if (m.method == "run_chunk" && m.params.is_object()) {
             std::lock_guard lock(mu);
-            if (sink && m.params.value("run_id", "") == sink->runId) {
+            if (sink && strField(m.params, "run_id") == sink->runId) {
                 std::string data;
-                if (!m.params.contains("data") || !m.params["data"].is_string() ||
-                    !rpc::base64Decode(m.params["data"].get<std::string>(), &data)) {
+                if (!rpc::base64Decode(strField(m.params, "data"), &data)) {
                     sink->error = "bad chunk data";
-                } else if (m.params.value("offset", int64_t(-1)) != sink->bytes) {
+                } else if (intField(m.params, "offset", -1) != sink->bytes) {
                     sink->error = "chunk out of order";
                 } else {
                     sink->out->write(data.data(), std::streamsize(data.size()));
                     sink->bytes += int64_t(data.size());
-                    sink->hash = fnv1a(data, sink->hash);
+                    sink->hash = rpc::fnv1a64(data, sink->hash);
                 }
                 return;
             }
@@ -251,23 +259,41 @@ Result<json> NodeClient::call(const std::string& method, const json& params, int
         m->pending.erase(id);
         return Status::timeout(method + " to " + m_url + " got no answer within " + std::to_string(timeoutMs) + " ms");
     }
-    std::optional<json> resp = m->pending[id];
+    std::optional<json> resp = std::move(m->pending[id]);
     m->pending.erase(id);
     if (!resp) return Status::comm(method + ": connection to " + m_url + " closed (" + m->closeReason + ")");
     if (resp->contains("error") && !(*resp)["error"].is_null()) {
         const json& e = (*resp)["error"];
-        int code = e.value("code", 0);
-        std::string msg = e.value("message", std::string("error"));
+        m->lastErrorData = e.is_object() && e.contains("data") ? e["data"] : json();
+        int code = int(std::clamp<int64_t>(intField(e, "code", 0), INT32_MIN, INT32_MAX));
+        std::string msg = strField(e, "message");
+        if (msg.empty()) msg = "error";
         ErrorCode ec = code == rpc::kUnauthorized ? ErrorCode::InvalidArgument
                        : code == rpc::kRunNotFound ? ErrorCode::NotFound
                        : code == rpc::kInvalidConfig || code == rpc::kInvalidParams ? ErrorCode::InvalidArgument
                        : ErrorCode::CommError;
         return Status(ec, method + " on " + m_url + ": " + msg + " (JSON-RPC error " + std::to_string(code) + ")");
     }
-    return resp->contains("result") ? (*resp)["result"] : json();
+    if (auto it = resp->find("result"); it != resp->end()) return std::move(*it);
+    return json();
 }
 
 Result<std::unique_ptr<NodeClient>> NodeClient::connect(const std::string& url, const ConnectOptions& o) {
+    // A TCP agent that throttles failed authentications from this address says how long to
+    // wait (error.data.retry_after_ms); wait and try again within the connect timeout.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.connectTimeoutMs);
+    for (int attempt = 0;; ++attempt) {
+        int64_t retryAfterMs = 0;
+        auto c = connectOnce(url, o, &retryAfterMs);
+        if (c || retryAfterMs <= 0 || attempt >= 5 ||
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(retryAfterMs) > deadline)
+            return c;
+        std::this_thread::sleep_for(std::chrono::milliseconds(retryAfterMs));
+    }
+}
+
+Result<std::unique_ptr<NodeClient>> NodeClient::connectOnce(const std::string& url, const ConnectOptions& o,
+                                                             int64_t* retryAfterMs) {
     std::unique_ptr<NodeClient> c(new NodeClient());
     c->m_url = url.empty() ? "local" : url;
     std::string token;
@@ -321,10 +347,14 @@ Result<std::unique_ptr<NodeClient>> NodeClient::connect(const std::string& url, 
     json params = {{"client", o.clientName}, {"protocol_version", kProtocolVersion}};
     if (!token.empty()) params["token"] = token;
     auto hello = c->call("hello", params, o.connectTimeoutMs);
-    if (!hello) return hello.status().withContext("connecting to " + c->m_url);
-    if (hello->value("protocol_version", 0) != kProtocolVersion)
+    if (!hello) {
+        std::lock_guard lock(c->m->mu);
+        *retryAfterMs = intField(c->m->lastErrorData, "retry_after_ms", 0);
+        return hello.status().withContext("connecting to " + c->m_url);
+    }
+    if (intField(*hello, "protocol_version", 0) != kProtocolVersion)
         return Status::unsupported("node " + c->m_url + " speaks protocol version " +
-                                   std::to_string(hello->value("protocol_version", 0)) + ", this client " +
+                                   std::to_string(intField(*hello, "protocol_version", 0)) + ", this client " +
                                    std::to_string(kProtocolVersion) + "; install the same trainscope version there");
     c->m_hello = *hello;
     return c;
@@ -356,7 +386,7 @@ Status NodeClient::fetchRun(const std::string& runId, const std::string& destPat
     if (!sink.error.empty()) return fail(Status::comm("fetching run " + runId + ": " + sink.error));
     char hex[20];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(sink.hash));
-    if (r->value("size", int64_t(-1)) != sink.bytes || r->value("fnv1a64", std::string()) != hex)
+    if (intField(*r, "size", -1) != sink.bytes || strField(*r, "fnv1a64") != hex)
         return fail(Status::comm("fetching run " + runId + ": received " + std::to_string(sink.bytes) +
                                  " bytes that do not match the node's size/checksum; try again"));
     fs::rename(part, destPath, ec);
@@ -392,7 +422,7 @@ Result<NodeRunResult> runOnNode(const NodeRunRequest& req,
             sh.early.emplace_back(method, p);
             return;
         }
-        if (p.value("run_id", std::string()) == sh.runId) handle(method, p);
+        if (strField(p, "run_id") == sh.runId) handle(method, p);
     });
     json params = {{"yaml", req.configYaml}};
     if (!req.overrides.empty()) params["set"] = req.overrides;
@@ -400,12 +430,17 @@ Result<NodeRunResult> runOnNode(const NodeRunRequest& req,
     if (!req.name.empty()) params["name"] = req.name;
     auto started = client->call("start_run", params);
     if (!started) return started.status();
-    const std::string runId = started->value("run_id", std::string());
+    const std::string runId = strField(*started, "run_id");
+    // The id names a file here: only the grammar this project generates is accepted.
+    if (!isValidRunId(runId))
+        return Status::comm("node " + client->url() + " answered start_run with an invalid run id " +
+                            json(runId.substr(0, 64)).dump(-1, ' ', false, json::error_handler_t::replace) +
+                            "; expected 1..128 characters of A-Z a-z 0-9 . _ - (not starting with . or -)");
     {
         std::unique_lock lock(sh.mu);
         sh.runId = runId;
         for (auto& [method, p] : sh.early)
-            if (p.value("run_id", std::string()) == runId) handle(method, p);
+            if (strField(p, "run_id") == runId) handle(method, p);
         sh.early.clear();
         while (!sh.finished && client->connected()) sh.cv.wait_for(lock, std::chrono::milliseconds(200));
         if (!sh.finished)
@@ -414,12 +449,11 @@ Result<NodeRunResult> runOnNode(const NodeRunRequest& req,
     }
     NodeRunResult out;
     out.remoteRunId = runId;
-    out.status = sh.finishedParams.value("status", std::string());
-    out.reason = sh.finishedParams.value("reason", std::string());
+    out.status = strField(sh.finishedParams, "status");
+    out.reason = strField(sh.finishedParams, "reason");
     std::string dest = ws.runsDir() + "/" + runId + ".sqlite";
     std::error_code ec;
-    if (client->helloResult().value("workspace", std::string()) == ws.dir() &&
-        started->value("run_file", std::string()) == dest) {
+    if (strField(client->helloResult(), "workspace") == ws.dir() && strField(*started, "run_file") == dest) {
         // The node shares our workspace (a local agent started with it): the run is already here.
         client->close();
         TS_RETURN_IF_ERROR(ws.indexRun(dest));

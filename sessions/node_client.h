@@ -61,6 +61,8 @@ public:
 
 private:
     NodeClient();
+    static Result<std::unique_ptr<NodeClient>> connectOnce(const std::string& url, const ConnectOptions& options,
+                                                           int64_t* retryAfterMs);
     std::string m_url;
     nlohmann::json m_hello;
     std::unique_ptr<Impl> m;

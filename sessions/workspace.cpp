@@ -1,15 +1,19 @@
 // Workspace of runs: run files under runs/, an index.sqlite cache rebuilt from them.
 #include "sessions/workspace.h"
 
+#include <signal.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "common/json_text.h"
@@ -207,6 +211,139 @@ std::string makeRunId(const std::string& name) {
     return id;
 }
 
+bool isValidRunId(std::string_view id) {
+    if (id.empty() || id.size() > kMaxRunIdLength || id.front() == '.' || id.front() == '-') return false;
+    return std::all_of(id.begin(), id.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+               c == '-';
+    });
+}
+
+namespace {
+
+std::string readSmallFile(const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    if (!f) return "";
+    char buf[1024];
+    size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    std::string s(buf, n);
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+}
+
+std::string thisHost() {
+    char buf[256] = {0};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+    return buf;
+}
+
+// /proc/PID/stat: "pid (comm) state ppid ... starttime(22) ...". comm may hold spaces and
+// parentheses, so fields are counted after the last ')'. False when the process is gone.
+bool procStat(int64_t pid, char* state, std::string* startTime) {
+    std::string s = readSmallFile("/proc/" + std::to_string(pid) + "/stat");
+    auto close = s.rfind(')');
+    if (s.empty() || close == std::string::npos) return false;
+    std::vector<std::string> fields;
+    size_t i = close + 1;
+    while (i < s.size()) {
+        while (i < s.size() && s[i] == ' ') ++i;
+        size_t j = s.find(' ', i);
+        if (j == std::string::npos) j = s.size();
+        if (j > i) fields.push_back(s.substr(i, j - i));
+        i = j;
+    }
+    if (fields.size() < 20) return false;
+    *state = fields[0].empty() ? '?' : fields[0][0];  // field 3
+    *startTime = fields[19];                           // field 22
+    return true;
+}
+
+}  // namespace
+
+WriterProcess writerProcessOf(int64_t pid) {
+    WriterProcess w;
+    char state = '?';
+    std::string start;
+    if (pid > 0 && procStat(pid, &state, &start)) {
+        w.pid = pid;
+        w.startTime = start;
+    } else if (pid > 0 && ::kill(pid_t(pid), 0) == 0) {
+        w.pid = pid;  // no /proc: the pid alone
+    }
+    w.bootId = readSmallFile("/proc/sys/kernel/random/boot_id");
+    w.host = thisHost();
+    return w;
+}
+
+WriterProcess currentWriterProcess() { return writerProcessOf(int64_t(::getpid())); }
+
+std::vector<std::pair<std::string, std::string>> writerProcessMetadata() {
+    WriterProcess w = currentWriterProcess();
+    return {{"writer_pid", std::to_string(w.pid)},
+            {"writer_start", w.startTime},
+            {"writer_boot_id", w.bootId},
+            {"writer_host", w.host}};
+}
+
+WriterState writerState(const WriterProcess& r) {
+    if (r.pid <= 0) return WriterState::Unknown;
+    if (!r.host.empty() && r.host != thisHost()) return WriterState::Unknown;
+    const std::string boot = readSmallFile("/proc/sys/kernel/random/boot_id");
+    if (!r.bootId.empty() && !boot.empty() && r.bootId != boot) return WriterState::Gone;
+    char state = '?';
+    std::string start;
+    if (procStat(r.pid, &state, &start)) {
+        if (state == 'Z' || state == 'X') return WriterState::Gone;  // exited, not yet reaped
+        if (!r.startTime.empty() && start != r.startTime) return WriterState::Gone;  // pid reused
+        return WriterState::Alive;
+    }
+    // No /proc entry we could read (no /proc, or hidepid): ask the kernel about the pid alone.
+    if (::kill(pid_t(r.pid), 0) == 0) return WriterState::Alive;
+    return errno == ESRCH ? WriterState::Gone : WriterState::Unknown;
+}
+
+Result<std::vector<std::string>> finalizeStaleRuns(Workspace& ws) {
+    std::vector<std::string> done;
+    TS_ASSIGN_OR_RETURN(auto runs, ws.listRuns());
+    for (const auto& run : runs) {
+        if (run.status != "running") continue;
+        WriterProcess recorded;
+        {
+            auto store = profiler::TraceStore::open(run.path, /*readOnly=*/true);
+            if (!store) continue;
+            auto meta = (*store)->allMetadata();
+            if (!meta) continue;
+            auto get = [&](const char* k) {
+                auto it = meta->find(k);
+                return it == meta->end() ? std::string() : it->second;
+            };
+            recorded.pid = std::atoll(get("writer_pid").c_str());
+            recorded.startTime = get("writer_start");
+            recorded.bootId = get("writer_boot_id");
+            recorded.host = get("writer_host");
+        }
+        if (writerState(recorded) != WriterState::Gone) continue;
+        // The writer is gone, so nothing else writes this file now; re-read the status under
+        // the write connection (it may have finished between the listing and the check).
+        auto store = profiler::TraceStore::open(run.path, /*readOnly=*/false);
+        if (!store) continue;
+        auto info = (*store)->runInfo();
+        if (!info || info->status != "running") continue;
+        info->status = "failed";
+        info->statusReason = kStaleRunReason;
+        if (info->finishedAt.empty()) info->finishedAt = isoTimeUtcNow();
+        if (!(*store)->setRunInfo(*info)) continue;
+        (void)(*store)->appendLog("error", std::string("trainscope: ") + kStaleRunReason + " (process " +
+                                               std::to_string(recorded.pid) + " is gone; noticed at " +
+                                               isoTimeUtcNow() + ")");
+        store->reset();
+        (void)ws.indexRun(run.path);
+        done.push_back(run.id);
+    }
+    return done;
+}
+
 std::string keyKnobsOfConfig(const json& configJson) {
     if (!configJson.is_object()) return "";
     auto cfg = engine::configFromJson(configJson);
@@ -288,11 +425,43 @@ Result<RunSummary> summarizeRunFile(const std::string& runFilePath) {
 
 // ---- Workspace ------------------------------------------------------------------------------
 
-Workspace::Workspace(Workspace&& o) noexcept : m_dir(std::move(o.m_dir)), m_mutex(std::move(o.m_mutex)) {}
+struct Workspace::SummaryCache {
+    struct Entry {
+        int64_t mtimeNs = 0;
+        std::chrono::steady_clock::time_point readAt;
+        RunSummary summary;
+    };
+    std::mutex mu;
+    std::map<std::string, Entry> byPath;
+};
+
+Workspace::Workspace(Workspace&& o) noexcept
+    : m_dir(std::move(o.m_dir)), m_mutex(std::move(o.m_mutex)), m_cache(std::move(o.m_cache)) {}
 Workspace& Workspace::operator=(Workspace&& o) noexcept {
     m_dir = std::move(o.m_dir);
     m_mutex = std::move(o.m_mutex);
+    m_cache = std::move(o.m_cache);
     return *this;
+}
+
+Result<RunSummary> Workspace::cachedSummary(const std::string& path, int64_t mtimeNs) {
+    if (!m_cache) return summarizeRunFile(path);
+    const auto now = std::chrono::steady_clock::now();
+    {
+        std::lock_guard lock(m_cache->mu);
+        auto it = m_cache->byPath.find(path);
+        // A running run changes its file every step: its summary is re-read at most twice a
+        // second however often clients list (they get live progress from the agent anyway).
+        if (it != m_cache->byPath.end() &&
+            (it->second.mtimeNs == mtimeNs ||
+             (it->second.summary.status == "running" && now - it->second.readAt < std::chrono::milliseconds(500))))
+            return it->second.summary;
+    }
+    TS_ASSIGN_OR_RETURN(RunSummary s, summarizeRunFile(path));
+    std::lock_guard lock(m_cache->mu);
+    if (m_cache->byPath.size() > 100000) m_cache->byPath.clear();  // bounded
+    m_cache->byPath[path] = {mtimeNs, now, s};
+    return s;
 }
 
 std::string Workspace::defaultDir() {
@@ -308,6 +477,7 @@ Result<Workspace> Workspace::open(const std::string& dirIn) {
     fs::path abs = fs::absolute(dir, ec).lexically_normal();
     if (ec) return Status::io("workspace " + dir + ": " + ec.message());
     Workspace w;
+    w.m_cache = std::make_shared<SummaryCache>();
     w.m_dir = abs.string();
     while (w.m_dir.size() > 1 && w.m_dir.back() == '/') w.m_dir.pop_back();
     for (const auto& sub : {w.runsDir(), w.tmpDir()}) {
@@ -389,74 +559,77 @@ Status Workspace::upsert(const RunSummary& s, int64_t mtimeNs) {
     return Status::ok();
 }
 
+void Workspace::forgetSummary(const std::string& path) {
+    if (!m_cache) return;
+    std::error_code ec;
+    const std::string abs = fs::absolute(path, ec).lexically_normal().string();
+    std::lock_guard lock(m_cache->mu);
+    m_cache->byPath.erase(abs);
+    m_cache->byPath.erase(path);
+}
+
 Status Workspace::indexRun(const std::string& runFilePath) {
+    forgetSummary(runFilePath);  // what this workspace writes, its next listing shows
     int64_t mtime = runMtimeNs(runFilePath);
     TS_ASSIGN_OR_RETURN(RunSummary s, summarizeRunFile(runFilePath));
     return upsert(s, mtime);
 }
 
 Result<std::vector<RunSummary>> Workspace::listRuns() {
+    // A read: the index is opened read-only and nothing is written back (a listing under load
+    // must not queue on the index's write lock or fsync). An index that cannot be read is
+    // treated as empty: every run file is then summarised from the file itself.
     std::vector<std::pair<RunSummary, int64_t>> rows;
-    for (int attempt = 0;; ++attempt) {
-        TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
-        sqlite3_stmt* st = nullptr;
-        std::string sql = std::string("SELECT ") + kSelectColumns + " FROM runs";
-        int rc = sqlite3_prepare_v2(d.db, sql.c_str(), -1, &st, nullptr);
+    {
+        Db d;
+        int rc = sqlite3_open_v2(indexPath().c_str(), &d.db, SQLITE_OPEN_READONLY, nullptr);
         if (rc == SQLITE_OK) {
-            while ((rc = sqlite3_step(st)) == SQLITE_ROW) rows.emplace_back(rowToSummary(st), sqlite3_column_int64(st, 17));
-            sqlite3_finalize(st);
-            if (rc == SQLITE_DONE) break;
+            sqlite3_busy_timeout(d.db, 10000);
+            sqlite3_stmt* st = nullptr;
+            std::string sql = std::string("SELECT ") + kSelectColumns + " FROM runs";
+            rc = sqlite3_prepare_v2(d.db, sql.c_str(), -1, &st, nullptr);
+            if (rc == SQLITE_OK) {
+                while ((rc = sqlite3_step(st)) == SQLITE_ROW) rows.emplace_back(rowToSummary(st), sqlite3_column_int64(st, 17));
+                sqlite3_finalize(st);
+            }
         }
-        if (isDamaged(rc) && attempt == 0) {
-            // Damaged since this workspace was opened: start over from the run files.
+        if (isDamaged(rc)) {
+            // A damaged index (not a database, corrupt) is moved aside and an empty one made:
+            // the one write a listing makes. Every run file is then summarised below.
             rows.clear();
             d = Db();
             TS_RETURN_IF_ERROR(moveIndexAside(indexPath()));
             TS_RETURN_IF_ERROR(ensureIndex());
-            continue;
         }
-        return sqlError(d.db, "reading the workspace index " + indexPath());
     }
     std::vector<RunSummary> out;
     std::vector<std::string> known;
     for (auto& [s, mtime] : rows) {
         known.push_back(s.path);
         int64_t now = runMtimeNs(s.path);
-        if (now < 0) {
-            // The run file is gone: drop the row.
-            TS_ASSIGN_OR_RETURN(Db d, openIndex(indexPath()));
-            sqlite3_stmt* del = nullptr;
-            sqlite3_prepare_v2(d.db, "DELETE FROM runs WHERE path = ?1", -1, &del, nullptr);
-            sqlite3_bind_text(del, 1, s.path.c_str(), -1, SQLITE_TRANSIENT);
-            sqlite3_step(del);
-            sqlite3_finalize(del);
-            continue;
-        }
+        if (now < 0) continue;  // the run file is gone (indexRun/rebuildIndex drop the row)
         if (now != mtime) {
-            auto fresh = summarizeRunFile(s.path);
+            auto fresh = cachedSummary(s.path, now);
             if (fresh) {
-                (void)upsert(*fresh, now);
                 out.push_back(std::move(*fresh));
                 continue;
             }
         }
         out.push_back(std::move(s));
     }
-    // Run files nobody indexed yet (a run written by another process, a copied file).
+    // Run files nobody indexed yet (a run still going, one written by another process, a copied file).
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(runsDir(), ec)) {
         if (e.path().extension() != ".sqlite") continue;
         std::string p = fs::absolute(e.path(), ec).lexically_normal().string();
         if (std::find(known.begin(), known.end(), p) != known.end()) continue;
-        int64_t mtime = runMtimeNs(p);
-        auto s = summarizeRunFile(p);
+        auto s = cachedSummary(p, runMtimeNs(p));
         if (!s) {
             // Not a readable run file (empty, damaged, another program's database): listed as
             // broken with the reason, so it is visible and can be deleted; never indexed.
             out.push_back(brokenRunSummary(p, s.status()));
             continue;
         }
-        (void)upsert(*s, mtime);
         out.push_back(std::move(*s));
     }
     std::sort(out.begin(), out.end(), [](const RunSummary& a, const RunSummary& b) {
@@ -575,6 +748,7 @@ Status Workspace::remove(const std::string& run, RemoveMode mode) {
     }
     const RunSummary& s = *found;
     const std::string& path = s.path;
+    forgetSummary(path);
     if (s.status == "running" && mode != RemoveMode::EvenIfRunning)
         return Status::invalid("run " + s.id + " is still running (" + path +
                                "); cancel it first, or delete it with --force (which cancels it first)");

@@ -16,6 +16,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -76,11 +78,12 @@ public:
     Result<std::string> newRunFile(const std::string& name = "");
     // Reads the run file and inserts/updates its index row.
     Status indexRun(const std::string& runFilePath);
-    // All runs, oldest first. Rows whose run file changed since indexing are refreshed; rows
-    // whose file disappeared are dropped. Files under runs/ that are not readable run files
-    // are listed too (first: they have no creation time), with status kBrokenStatus and the
-    // reason. Two files may hold the same
-    // run id (a copied file): both are listed. A damaged index is moved aside and rebuilt.
+    // All runs, oldest first. A read: the index is opened read-only and nothing is written
+    // (run files that changed since they were indexed, or were never indexed, are summarised
+    // from the file; rows whose file disappeared are left out), except that a damaged index is
+    // moved aside and an empty one made. Files under runs/ that are not readable run files are
+    // listed with status kBrokenStatus and the reason. Two files may hold the same run id (a
+    // copied file): both are listed. indexRun()/rebuildIndex() write.
     Result<std::vector<RunSummary>> listRuns();
     // A run by path (existing file), id, unique id prefix, name (newest with that name), or
     // "latest". Returns the run file path. An id held by several files is refused (the
@@ -106,9 +109,48 @@ private:
     Status updateRunInfoInFile(const std::string& path, const std::string* newName,
                                const std::string* addTag, const std::string* removeTag);
 
+    // Summaries of run files read by listRuns(), keyed by path, valid while the file's (and
+    // its WAL's) mtime is unchanged: many listings of a busy workspace re-read nothing.
+    struct SummaryCache;
+    Result<RunSummary> cachedSummary(const std::string& path, int64_t mtimeNs);
+    void forgetSummary(const std::string& path);
+
     std::string m_dir;
     std::unique_ptr<std::mutex> m_mutex = std::make_unique<std::mutex>();  // guards index writes
+    std::shared_ptr<SummaryCache> m_cache;
 };
+
+// Run ids that may come from a peer (a node's run_id, a client's request) and be joined into a
+// path: 1..128 characters of [A-Za-z0-9._-], not starting with '.' or '-'. Every id this
+// project generates ("20250131T120000123Z-3f9a2c-name") is one.
+bool isValidRunId(std::string_view id);
+inline constexpr size_t kMaxRunIdLength = 128;
+
+// The process that writes a run file, recorded in the file's metadata (writer_pid,
+// writer_start, writer_boot_id, writer_host) so that a reader can tell a running run from one
+// whose process died without finishing (SIGKILL, a crash, a power cut).
+struct WriterProcess {
+    int64_t pid = 0;
+    std::string startTime;  // /proc/PID/stat starttime (clock ticks since boot): tells pid reuse apart
+    std::string bootId;     // /proc/sys/kernel/random/boot_id: pids restart after a reboot
+    std::string host;
+};
+WriterProcess currentWriterProcess();
+WriterProcess writerProcessOf(int64_t pid);  // another process on this host (pid 0 if gone)
+// Metadata rows (key, value) describing this process as the writer of a run file.
+std::vector<std::pair<std::string, std::string>> writerProcessMetadata();
+// Alive: yes / no (gone, a zombie, another process under a reused pid, another boot) /
+// unknown (another host, or nothing recorded).
+enum class WriterState { Alive, Gone, Unknown };
+WriterState writerState(const WriterProcess& recorded);
+
+// The reason a run gets when its process died without finishing.
+inline constexpr const char* kStaleRunReason = "process ended without finishing";
+// Marks every run whose file says "running" but whose writer process is gone as failed with
+// kStaleRunReason (and a log line saying when it was noticed), then re-indexes it. Runs
+// without a recorded writer, or written on another host, are left alone. Writes only when it
+// finds such a run. Returns the ids it finalised.
+Result<std::vector<std::string>> finalizeStaleRuns(Workspace& workspace);
 
 // Helpers shared with the agent and the CLI.
 std::string isoTimeUtcNow();

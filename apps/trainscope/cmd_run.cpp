@@ -47,22 +47,41 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 std::atomic<bool> g_cancel{false};
+std::atomic<int> g_signal{0};
 
-extern "C" void onSignal(int) { g_cancel.store(true); }
+extern "C" void onSignal(int sig) {
+    g_signal.store(sig);
+    g_cancel.store(true);
+}
 
+// SIGINT/SIGTERM (a user, a cancel), SIGHUP (the terminal went away) and SIGPIPE (whoever reads
+// our output went away: the agent that started this run died) all stop the run at the next
+// step boundary; it is then recorded as cancelled with the signal in its reason, never left
+// "running".
 struct SignalGuard {
     using Handler = void (*)(int);
-    Handler oldInt, oldTerm;
+    static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    Handler old[4];
     SignalGuard() {
         g_cancel = false;
-        oldInt = std::signal(SIGINT, onSignal);
-        oldTerm = std::signal(SIGTERM, onSignal);
+        g_signal = 0;
+        for (size_t i = 0; i < 4; ++i) old[i] = std::signal(kSignals[i], onSignal);
     }
     ~SignalGuard() {
-        std::signal(SIGINT, oldInt);
-        std::signal(SIGTERM, oldTerm);
+        for (size_t i = 0; i < 4; ++i) std::signal(kSignals[i], old[i]);
     }
 };
+
+// The cancelled run's reason: which signal stopped it.
+std::string cancelReason(const std::string& engineReason) {
+    switch (g_signal.load()) {
+        case SIGINT: return "cancelled by SIGINT (interrupt)";
+        case SIGTERM: return "cancelled by SIGTERM";
+        case SIGHUP: return "stopped by SIGHUP: the terminal or session that started it went away";
+        case SIGPIPE: return "stopped: whoever read its output went away (SIGPIPE; e.g. the agent that started it died)";
+        default: return engineReason;
+    }
+}
 
 std::string isoNow() {
     const std::time_t t = std::time(nullptr);
@@ -204,25 +223,6 @@ Result<engine::Config> loadRunConfig(const std::string& path, const Args& a) {
 
 int exitCodeFor(const Status& s) { return exitCodeOf(s); }
 
-// The process writing the run file, in the keys the workspace reads (docs/workspace.md):
-// `runs delete --force` cancels a running run through them. writer_start is field 22 of
-// /proc/self/stat, which tells a reused pid apart.
-void recordWriterProcess(profiler::CaptureRecorder& rec, const std::string& host) {
-    rec.metadata("writer_pid", std::to_string(::getpid()));
-    rec.metadata("writer_host", host);
-    std::FILE* f = std::fopen("/proc/self/stat", "r");
-    if (!f) return;
-    char buf[1024];
-    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-    std::fclose(f);
-    std::string s(buf, n);
-    size_t i = s.rfind(')');
-    for (int field = 2; i != std::string::npos && field < 22; ++field) i = s.find(' ', i + 1);
-    if (i == std::string::npos) return;
-    const size_t end = s.find(' ', i + 1);
-    rec.metadata("writer_start", s.substr(i + 1, end == std::string::npos ? std::string::npos : end - i - 1));
-}
-
 }  // namespace
 
 int cmdRun(const Args& a) {
@@ -288,8 +288,10 @@ int cmdRun(const Args& a) {
     const engine::DerivedSizes ds = engine::deriveSizes(c);
     info.layout = "tp" + std::to_string(ds.tp) + " pp" + std::to_string(ds.pp) + " dp" + std::to_string(ds.dp);
     rec->setRunInfo(info);
-    recordWriterProcess(*rec, info.host);
-    // The run exists (readers see it "running") only once this first batch is committed.
+    // Which process writes this file: a reader can then tell a run still going from one whose
+    // process died without finishing (sessions::finalizeStaleRuns), and `runs delete --force`
+    // can cancel it. The run exists (readers see it "running") only once this batch is committed.
+    for (const auto& [key, value] : sessions::writerProcessMetadata()) rec->metadata(key, value);
     noteWrite(rec->flush());
 
     // Ends the run: the status goes into the file and the file is closed. When writing fails
@@ -422,7 +424,7 @@ int cmdRun(const Args& a) {
     single.reset();
     parallel.reset();
     const bool cancelled = st.code() == ErrorCode::Cancelled && writeError.isOk();
-    auto [status, reason] = cancelled ? finish("cancelled", st.message())
+    auto [status, reason] = cancelled ? finish("cancelled", cancelReason(st.message()))
                             : !st && writeError.isOk() ? finish("failed", st.message())
                                                        : finish("completed", "");
     if (status == "cancelled") {

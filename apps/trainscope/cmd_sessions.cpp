@@ -1,6 +1,7 @@
 // Commands of the 'sessions' group: runs (workspace), agent (node server), compare, export,
 // and `run --node` (through an agent). The work is in sessions/; this file parses arguments
 // and prints.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -195,6 +196,12 @@ int cmdRuns(const Args& a) {
     auto ws = Workspace::open(a.value("--workspace").value_or(""));
     if (!ws) return failStatus(ws.status());
     const bool asJson = a.has("--json");
+    // Runs left "running" by a process that is gone (killed, crashed) are marked failed first,
+    // so no command shows them running forever. Writes only when it finds one.
+    if (auto stale = sessions::finalizeStaleRuns(*ws); stale && !stale->empty())
+        for (const auto& id : *stale)
+            std::fprintf(stderr, "trainscope: run %s was left running by a process that is gone; marked failed (%s)\n",
+                         id.c_str(), sessions::kStaleRunReason);
     if (sub == "list" || sub == "ls") {
         auto runs = ws->listRuns();
         if (!runs) return failStatus(runs.status());
@@ -244,7 +251,7 @@ int cmdRuns(const Args& a) {
         }
         s = ws->remove(pos[1], mode);
     } else if (sub == "reindex") {
-        s = ws->rebuildIndex();
+        s = ws->rebuildIndex();  // stale runs were finalised above
     } else {
         return fail(2, "unknown 'runs' subcommand '" + sub + "'; use list, show, name, tag, untag, delete or reindex");
     }
@@ -255,9 +262,24 @@ int cmdRuns(const Args& a) {
 // ---- agent -------------------------------------------------------------------------------
 
 int cmdAgent(const Args& a) {
-    if (int rc = checkFlags(a, {"--stdio", "--listen", "--token-file", "--workspace", "--max-runs", "--node-name"}))
+    if (int rc = checkFlags(a, {"--stdio", "--listen", "--token-file", "--workspace", "--max-runs", "--node-name",
+                                "--generate-token", "--allow-path"}))
         return rc;
+    if (auto file = a.value("--generate-token")) {
+        if (a.has("--stdio") || a.has("--listen")) return fail(2, "--generate-token FILE writes a token and exits; start the agent afterwards");
+        if (file->empty()) return fail(2, "usage: trainscope agent --generate-token FILE");
+        Status s = sessions::generateTokenFile(*file);
+        if (!s) return failStatus(s);
+        std::fprintf(stderr,
+                     "trainscope agent: wrote a new random token to %s (mode 0600)\n"
+                     "  serve:   trainscope agent --listen HOST:PORT --token-file %s\n"
+                     "  clients: copy the file (keep it private) and pass --token-file FILE or $TRAINSCOPE_TOKEN_FILE\n",
+                     file->c_str(), file->c_str());
+        std::printf("%s\n", file->c_str());
+        return 0;
+    }
     sessions::AgentOptions o;
+    o.allowedPaths = a.values("--allow-path");
     o.workspaceDir = a.value("--workspace").value_or("");
     o.version = TS_VERSION;
     o.devicesProvider = probeDevices;
@@ -269,10 +291,12 @@ int cmdAgent(const Args& a) {
         return fail(2, "give exactly one of --stdio or --listen HOST:PORT --token-file FILE");
     if (a.has("--stdio")) {
         // Protocol frames own stdout; anything else a library prints goes to stderr instead.
-        int protocolOut = ::dup(1);
+        // Close-on-exec: the runs (child processes) must not hold the client's pipe open.
+        int protocolOut = ::fcntl(1, F_DUPFD_CLOEXEC, 3);
         if (protocolOut < 0 || ::dup2(2, 1) < 0) return fail(1, "cannot set up stdout for the protocol");
         auto agent = sessions::Agent::create(o);
         if (!agent) return failStatus(agent.status());
+        if (Status sig = (*agent)->installSignalHandlers(); !sig) return failStatus(sig);
         Status s = (*agent)->serve(0, protocolOut, /*requireAuth=*/false);
         // The client went away (EOF) or asked to shut down: runs still going are finalised
         // first so their run files say how they ended.
@@ -284,13 +308,22 @@ int cmdAgent(const Args& a) {
     if (!tokenFile) return fail(2, "--listen needs --token-file FILE (a secret the clients must send)");
     auto token = sessions::readTokenFile(*tokenFile);
     if (!token) return failStatus(token.status());
+    if (Status strong = sessions::checkTokenStrength(*token); !strong)
+        return fail(2, "token file " + *tokenFile + ": " + strong.message());
     o.token = *token;
+    {
+        std::string host;
+        int port = 0;
+        if (Status p = sessions::parseHostPort(*a.value("--listen"), /*allowZero=*/true, &host, &port); !p)
+            return failStatus(p);
+    }
     auto agent = sessions::Agent::create(o);
     if (!agent) return failStatus(agent.status());
     Status s = (*agent)->listen(*a.value("--listen"));
     if (!s) return failStatus(s);
+    if (Status sig = (*agent)->installSignalHandlers(); !sig) return failStatus(sig);
     std::fprintf(stderr, "trainscope agent: listening on %s (port %d), workspace %s\n", a.value("--listen")->c_str(),
-                 (*agent)->boundPort(), Workspace::defaultDir().c_str());
+                 (*agent)->boundPort(), o.workspaceDir.empty() ? Workspace::defaultDir().c_str() : o.workspaceDir.c_str());
     std::fflush(stderr);
     s = (*agent)->serveTcp();
     (*agent)->waitForRuns();
@@ -323,7 +356,18 @@ int cmdRunOnNode(const Args& a) {
     if (*steps) req.steps = int(**steps);
     req.name = sanitizeUtf8(req.name);
     const bool asJson = a.has("--json");
+    // Notification params come from the node: read them by type (json::value() throws on a
+    // field of another type).
+    auto num = [](const json& p, const char* k) {
+        auto it = p.find(k);
+        return it != p.end() && it->is_number() ? it->get<double>() : 0.0;
+    };
+    auto strOf = [](const json& p, const char* k) {
+        auto it = p.find(k);
+        return it != p.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
     auto onEvent = [&](const std::string& method, const json& p) {
+        if (!p.is_object()) return;
         if (asJson) {
             if (method == "progress") {
                 json e = p;
@@ -334,11 +378,11 @@ int cmdRunOnNode(const Args& a) {
             return;
         }
         if (method == "progress") {
-            std::printf("step %4d  loss %.4f  %.1f ms  %.0f tokens/s\n", p.value("step", 0), p.value("loss", 0.0),
-                        p.value("step_time_s", 0.0) * 1e3, p.value("tokens_per_s", 0.0));
+            std::printf("step %4.0f  loss %.4f  %.1f ms  %.0f tokens/s\n", num(p, "step"), num(p, "loss"),
+                        num(p, "step_time_s") * 1e3, num(p, "tokens_per_s"));
             std::fflush(stdout);
-        } else if (method == "run_log" && p.value("stream", "") == "stderr") {
-            std::fprintf(stderr, "[%s] %s\n", forTerminal(req.nodeUrl).c_str(), forTerminal(p.value("text", "")).c_str());
+        } else if (method == "run_log" && strOf(p, "stream") == "stderr") {
+            std::fprintf(stderr, "[%s] %s\n", forTerminal(req.nodeUrl).c_str(), forTerminal(strOf(p, "text")).c_str());
         }
     };
     if (asJson) std::printf("%s\n", dumpJson(json{{"event", "start"}, {"node", req.nodeUrl}}).c_str());

@@ -136,8 +136,20 @@ const std::vector<Command>& commands() {
          "A/B: knobs that differ, then metric deltas with the sign that matters", cmdCompare},
         {"export", "export RUN --format yaml|megatron-args|bridge-overrides [--out FILE]",
          "export a run's config for a headless rerun, Megatron-LM or Megatron-Bridge", cmdExport},
-        {"agent", "agent --stdio | --listen HOST:PORT --token-file FILE",
-         "serve this node over JSON-RPC 2.0 (used by the GUI and by --node)", cmdAgent},
+        {"agent", "agent --stdio | --listen HOST:PORT --token-file FILE [--allow-path DIR ...] [--workspace DIR] "
+                  "[--max-runs N] [--node-name NAME] | --generate-token FILE",
+         "serve this node over JSON-RPC 2.0 (used by the GUI and by --node)", cmdAgent,
+         "  --stdio                 serve one client on stdin/stdout (the GUI's local node, ssh HOST trainscope agent --stdio)\n"
+         "  --listen HOST:PORT      serve TCP clients (HOST empty = loopback; PORT 1..65535, 0 = any free port)\n"
+         "  --token-file FILE       the secret TCP clients must send first: one line, mode 0600, at least 16\n"
+         "                          characters with at least 8 different ones; clients have 5 s to send it,\n"
+         "                          failed attempts are logged and slowed down per address\n"
+         "  --generate-token FILE   write a new random token (from /dev/urandom) to FILE with mode 0600 and exit\n"
+         "  --allow-path DIR        let runs use DIR in path knobs (save, load, data_path); without it they stay in\n"
+         "                          the workspace (checkpoints/ and data/); repeatable\n"
+         "  --max-runs N            active runs at once (default 4)\n"
+         "SIGTERM, SIGINT, SIGHUP and SIGQUIT cancel the active runs, record them and exit (like `shutdown`).\n"
+         "Protocol and limits: docs/protocol.md."},
         {"gui", "gui [--node URL] [--token-file FILE] [--config FILE] [--run RUN_FILE] [--tour DIR]",
          "open the workbench window (trainscope-gui) on a node; --tour writes a screenshot per view", cmdGui},
         {"version", "version", "print version and build configuration", cmdVersion},

@@ -40,6 +40,7 @@ struct Command {
     const char* usage;    // "run CONFIG.yaml [--steps N] [--json]"
     const char* summary;  // one line for `trainscope --help`
     int (*fn)(const Args&);
+    const char* details = nullptr;  // more lines for `trainscope COMMAND --help`
 };
 const std::vector<Command>& commands();
 

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
         for (const auto& a : rest) {
             if (a == "--help" || a == "-h") {
                 std::printf("Usage: trainscope %s\n\n%s\n", c.usage, c.summary);
+                if (c.details) std::printf("\n%s", c.details);
                 return 0;
             }
         }

@@ -239,7 +239,7 @@ TEST(Agent, TcpRefusesMissingOrWrongTokenAndAcceptsTheRightOne) {
         auto noToken = makeAgent(dir, "ok", "");
         EXPECT_FALSE(noToken->listen("127.0.0.1:0").isOk());  // never listen without a token
     }
-    TcpAgent tcp(dir, "ok", "s3cret-token");
+    TcpAgent tcp(dir, "ok", "s3cret-token-for-tests-01");
 
     // Raw client that skips authentication: refused and disconnected.
     {
@@ -266,11 +266,11 @@ TEST(Agent, TcpRefusesMissingOrWrongTokenAndAcceptsTheRightOne) {
         EXPECT_TRUE(eof) << "connection must be closed after an unauthenticated request";
         ::close(fd);
     }
-    auto wrong = NodeClient::connect(tcp.url, withToken("s3cret-tokeX"));
+    auto wrong = NodeClient::connect(tcp.url, withToken("s3cret-token-for-tests-0X"));
     ASSERT_FALSE(wrong.isOk());
     EXPECT_NE(wrong.status().message().find("wrong token"), std::string::npos) << wrong.status().toString();
 
-    auto ok = NodeClient::connect(tcp.url, withToken("s3cret-token"));
+    auto ok = NodeClient::connect(tcp.url, withToken("s3cret-token-for-tests-01"));
     ASSERT_TRUE(ok.isOk()) << ok.status().toString();
     auto devices = (*ok)->call("devices");
     ASSERT_TRUE(devices.isOk()) << devices.status().toString();
@@ -279,8 +279,8 @@ TEST(Agent, TcpRefusesMissingOrWrongTokenAndAcceptsTheRightOne) {
 
 TEST(Agent, RunCompletesStreamsProgressAndCanBeFetched) {
     TempDir dir("ts_agent_test");
-    TcpAgent tcp(dir, "ok", "tok");
-    auto client = NodeClient::connect(tcp.url, withToken("tok"));
+    TcpAgent tcp(dir, "ok", "agent-test-token-0123456789");
+    auto client = NodeClient::connect(tcp.url, withToken("agent-test-token-0123456789"));
     ASSERT_TRUE(client.isOk()) << client.status().toString();
     Events ev;
     (*client)->setNotificationHandler([&](const std::string& m, const json& p) { ev.add(m, p); });
@@ -320,8 +320,8 @@ TEST(Agent, RunCompletesStreamsProgressAndCanBeFetched) {
 
 TEST(Agent, ChildKilledMidRunLeavesReadableRunFileMarkedFailed) {
     TempDir dir("ts_agent_test");
-    TcpAgent tcp(dir, "crash", "tok");
-    auto client = NodeClient::connect(tcp.url, withToken("tok"));
+    TcpAgent tcp(dir, "crash", "agent-test-token-0123456789");
+    auto client = NodeClient::connect(tcp.url, withToken("agent-test-token-0123456789"));
     ASSERT_TRUE(client.isOk());
     Events ev;
     (*client)->setNotificationHandler([&](const std::string& m, const json& p) { ev.add(m, p); });
@@ -356,8 +356,8 @@ TEST(Agent, ChildKilledMidRunLeavesReadableRunFileMarkedFailed) {
 
 TEST(Agent, RunReportingFailureKeepsItsReason) {
     TempDir dir("ts_agent_test");
-    TcpAgent tcp(dir, "fail", "tok");
-    auto client = NodeClient::connect(tcp.url, withToken("tok"));
+    TcpAgent tcp(dir, "fail", "agent-test-token-0123456789");
+    auto client = NodeClient::connect(tcp.url, withToken("agent-test-token-0123456789"));
     ASSERT_TRUE(client.isOk());
     Events ev;
     (*client)->setNotificationHandler([&](const std::string& m, const json& p) { ev.add(m, p); });
@@ -371,8 +371,8 @@ TEST(Agent, RunReportingFailureKeepsItsReason) {
 
 TEST(Agent, CancelDuringRun) {
     TempDir dir("ts_agent_test");
-    TcpAgent tcp(dir, "slow", "tok");
-    auto client = NodeClient::connect(tcp.url, withToken("tok"));
+    TcpAgent tcp(dir, "slow", "agent-test-token-0123456789");
+    auto client = NodeClient::connect(tcp.url, withToken("agent-test-token-0123456789"));
     ASSERT_TRUE(client.isOk());
     Events ev;
     (*client)->setNotificationHandler([&](const std::string& m, const json& p) { ev.add(m, p); });
@@ -400,9 +400,9 @@ TEST(Agent, CancelDuringRun) {
 
 TEST(Agent, TwoClientsAtOnceEachSeeOnlyTheirRun) {
     TempDir dir("ts_agent_test");
-    TcpAgent tcp(dir, "ok", "tok");
-    auto a = NodeClient::connect(tcp.url, withToken("tok"));
-    auto b = NodeClient::connect(tcp.url, withToken("tok"));
+    TcpAgent tcp(dir, "ok", "agent-test-token-0123456789");
+    auto a = NodeClient::connect(tcp.url, withToken("agent-test-token-0123456789"));
+    auto b = NodeClient::connect(tcp.url, withToken("agent-test-token-0123456789"));
     ASSERT_TRUE(a.isOk());
     ASSERT_TRUE(b.isOk());
     Events ea, eb;
@@ -427,10 +427,10 @@ TEST(Agent, TwoClientsAtOnceEachSeeOnlyTheirRun) {
 
 TEST(Agent, ClientDisconnectMidRunRunFinishesAndIsListed) {
     TempDir dir("ts_agent_test");
-    TcpAgent tcp(dir, "slow", "tok");
+    TcpAgent tcp(dir, "slow", "agent-test-token-0123456789");
     std::string id;
     {
-        auto a = NodeClient::connect(tcp.url, withToken("tok"));
+        auto a = NodeClient::connect(tcp.url, withToken("agent-test-token-0123456789"));
         ASSERT_TRUE(a.isOk());
         Events ev;
         (*a)->setNotificationHandler([&](const std::string& m, const json& p) { ev.add(m, p); });
@@ -440,7 +440,7 @@ TEST(Agent, ClientDisconnectMidRunRunFinishesAndIsListed) {
         ASSERT_TRUE(ev.waitFor("progress", id, nullptr));
         (*a)->close();  // gone mid-run
     }
-    auto b = NodeClient::connect(tcp.url, withToken("tok"));
+    auto b = NodeClient::connect(tcp.url, withToken("agent-test-token-0123456789"));
     ASSERT_TRUE(b.isOk());
     std::string status;
     for (int i = 0; i < 100; ++i) {
@@ -456,8 +456,8 @@ TEST(Agent, ClientDisconnectMidRunRunFinishesAndIsListed) {
 
 TEST(Agent, ShutdownCancelsRunsAndStopsServing) {
     TempDir dir("ts_agent_test");
-    TcpAgent tcp(dir, "slow", "tok");
-    auto a = NodeClient::connect(tcp.url, withToken("tok"));
+    TcpAgent tcp(dir, "slow", "agent-test-token-0123456789");
+    auto a = NodeClient::connect(tcp.url, withToken("agent-test-token-0123456789"));
     ASSERT_TRUE(a.isOk());
     auto r = (*a)->call("start_run", {{"yaml", kTinyYaml}, {"steps", 1000}});
     ASSERT_TRUE(r.isOk());

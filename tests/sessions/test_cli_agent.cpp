@@ -308,7 +308,7 @@ struct RealTcpAgent {
         AgentOptions o;
         o.workspaceDir = dir + "/ws";
         o.runnerCommand = {kBinary};
-        o.token = "tok";
+        o.token = "agent-test-token-0123456789";
         o.cancelGraceMs = 2000;
         auto a = Agent::create(o);
         EXPECT_TRUE(a.isOk());
@@ -323,7 +323,7 @@ struct RealTcpAgent {
     }
     std::unique_ptr<NodeClient> client(Events& ev) {
         ConnectOptions co;
-        co.token = "tok";
+        co.token = "agent-test-token-0123456789";
         auto c = NodeClient::connect(url, co);
         EXPECT_TRUE(c.isOk()) << c.status().toString();
         if (!c.isOk()) return nullptr;

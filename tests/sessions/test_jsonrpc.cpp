@@ -8,6 +8,7 @@
 #include "sessions/jsonrpc.h"
 
 using namespace ts::sessions::rpc;
+namespace rpc = ts::sessions::rpc;
 using nlohmann::json;
 
 namespace {
@@ -212,4 +213,62 @@ TEST(JsonRpcUtil, Base64MatchesRfc4648Vectors) {
     EXPECT_FALSE(base64Decode("Zg=", &back));
     EXPECT_FALSE(base64Decode("Z===", &back));
     EXPECT_FALSE(base64Decode("Zm9v!A==", &back));
+}
+
+// Issue #12: with "last key wins", {"method":"hello","method":"shutdown"} read as shutdown.
+TEST(JsonRpcMessages, DuplicateKeysAtAnyDepthAreAnInvalidRequest) {
+    for (const char* body : {R"({"jsonrpc":"2.0","id":1,"method":"hello","method":"shutdown"})",
+                             R"({"jsonrpc":"2.0","id":1,"method":"x","params":{"a":1,"a":2}})",
+                             R"({"jsonrpc":"2.0","id":1,"method":"x","params":{"l":[{"k":{"z":1,"z":1}}]}})",
+                             R"([{"jsonrpc":"2.0","id":1,"method":"x"},{"jsonrpc":"2.0","id":2,"id":3,"method":"x"}])"}) {
+        auto msgs = rpc::parseMessages(body);
+        ASSERT_EQ(msgs.size(), 1u) << body;
+        EXPECT_EQ(msgs[0].kind, rpc::Message::Kind::Invalid) << body;
+        EXPECT_EQ(msgs[0].errorCode, rpc::kInvalidRequest) << body;
+        EXPECT_NE(msgs[0].errorMessage.find("duplicate key"), std::string::npos) << msgs[0].errorMessage;
+    }
+    // Equal keys in different objects, and keys equal to values, are fine.
+    auto ok = rpc::parseMessages(R"({"jsonrpc":"2.0","id":1,"method":"id","params":{"id":{"id":1},"x":[{"id":2}]}})");
+    ASSERT_EQ(ok.size(), 1u);
+    EXPECT_EQ(ok[0].kind, rpc::Message::Kind::Request) << ok[0].errorMessage;
+    std::string err;
+    EXPECT_TRUE(rpc::parseStrictJson(R"({"a":{"b":1},"c":{"b":2}})", &err).is_object());
+    EXPECT_TRUE(rpc::parseStrictJson(R"({"a":1,"b":{"a":1},"a":3})", &err).is_discarded());
+}
+
+TEST(JsonRpcMessages, LongBatchIsOneError) {
+    std::string batch = "[";
+    for (size_t i = 0; i <= rpc::kMaxBatchRequests; ++i) batch += R"({"jsonrpc":"2.0","id":1,"method":"x"},)";
+    batch.back() = ']';
+    bool isBatch = true;
+    auto msgs = rpc::parseMessages(batch, &isBatch);
+    ASSERT_EQ(msgs.size(), 1u);
+    EXPECT_FALSE(isBatch);
+    EXPECT_EQ(msgs[0].errorCode, rpc::kInvalidRequest);
+}
+
+TEST(JsonRpcUtil, Fnv1a64UsesTheStandardOffsetBasis) {
+    EXPECT_EQ(rpc::kFnv1a64Offset, 14695981039346656037ull);
+    EXPECT_EQ(rpc::fnv1a64(""), 0xcbf29ce484222325ull);
+    EXPECT_EQ(rpc::fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+    EXPECT_EQ(rpc::fnv1a64("foobar"), 0x85944171f73967e8ull);
+    EXPECT_EQ(rpc::fnv1a64("bar", rpc::fnv1a64("foo")), rpc::fnv1a64("foobar"));  // continues
+}
+
+TEST(JsonRpcFraming, MidFrameAndLimitChanges) {
+    rpc::FrameReader r(16);
+    EXPECT_FALSE(r.midFrame());
+    r.feed("Content-Len");
+    EXPECT_EQ(r.next().kind, rpc::FrameEvent::Kind::None);
+    EXPECT_TRUE(r.midFrame());
+    r.feed("gth: 20\r\n\r\n");
+    auto e = r.next();
+    EXPECT_EQ(e.kind, rpc::FrameEvent::Kind::Error);  // over 16
+    EXPECT_TRUE(r.midFrame());                        // skipping the body
+    r.feed(std::string(20, 'x'));
+    EXPECT_EQ(r.next().kind, rpc::FrameEvent::Kind::None);
+    EXPECT_FALSE(r.midFrame());
+    r.setMaxMessageBytes(1 << 20);
+    r.feed(rpc::encodeFrameBody(R"({"jsonrpc":"2.0","method":"hello","params":{"pad":"xxxxxxxxxxxxxxxxxxxx"}})"));
+    EXPECT_EQ(r.next().kind, rpc::FrameEvent::Kind::Message);
 }

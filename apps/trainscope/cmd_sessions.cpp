@@ -89,61 +89,41 @@ void printRunsTable(const std::vector<RunSummary>& runs) {
     if (runs.empty()) std::printf("(no runs yet: `trainscope run CONFIG.yaml` adds one)\n");
 }
 
-// Field 3 (state) and 22 (start time) of /proc/PID/stat; false when the process is gone.
-bool procState(pid_t pid, char* state, std::string* start) {
-    std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-    if (!f) return false;
-    char buf[1024];
-    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-    std::fclose(f);
-    const std::string s(buf, n);
-    size_t i = s.rfind(')');  // comm may hold spaces and parentheses
-    if (i == std::string::npos || i + 2 >= s.size()) return false;
-    *state = s[i + 2];
-    for (int field = 2; i != std::string::npos && field < 22; ++field) i = s.find(' ', i + 1);
-    if (i == std::string::npos) return false;
-    const size_t end = s.find(' ', i + 1);
-    *start = s.substr(i + 1, end == std::string::npos ? std::string::npos : end - i - 1);
-    return true;
-}
-
-// The live process writing a run file, from the metadata `trainscope run` records
-// (writer_pid, writer_start, writer_host); 0 when unknown, on another host, gone or a
-// zombie, or when the pid now belongs to another process (its start time differs).
-pid_t liveWriterOf(const std::string& runFile) {
+// The writer process a run file records (sessions::writerProcessMetadata, written by
+// `trainscope run`); pid 0 when the file records none.
+sessions::WriterProcess recordedWriterOf(const std::string& runFile) {
+    sessions::WriterProcess w;
     auto store = profiler::TraceStore::open(runFile, /*readOnly=*/true);
-    if (!store) return 0;
+    if (!store) return w;
     auto meta = (*store)->allMetadata();
-    if (!meta) return 0;
+    if (!meta) return w;
     auto get = [&](const char* k) {
         auto it = meta->find(k);
         return it == meta->end() ? std::string() : it->second;
     };
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
     const auto pid = parseInteger(get("writer_pid"), 1, INT32_MAX, "writer_pid");
-    if (!pid || get("writer_host") != host) return 0;
-    char state = '?';
-    std::string start;
-    if (!procState(pid_t(*pid), &state, &start) || state == 'Z' || state == 'X') return 0;
-    if (start != get("writer_start")) return 0;
-    return pid_t(*pid);
+    if (!pid) return w;
+    w.pid = *pid;
+    w.startTime = get("writer_start");
+    w.bootId = get("writer_boot_id");
+    w.host = get("writer_host");
+    return w;
 }
 
 // `runs delete --force` of a running run: asks its process to stop (SIGTERM, which `run`
 // handles like Ctrl-C: the run is recorded as cancelled) and waits up to 30 s for it to exit.
-// A run whose process is unknown or gone has nothing to cancel.
+// Only a writer known to be alive on this host is signalled (writerState tells a reused pid or
+// another boot apart); a run whose process is unknown or gone has nothing to cancel.
 Status cancelRunningRun(const RunSummary& r) {
-    const pid_t pid = liveWriterOf(r.path);
-    if (pid <= 0) return Status::ok();
+    const sessions::WriterProcess w = recordedWriterOf(r.path);
+    if (sessions::writerState(w) != sessions::WriterState::Alive) return Status::ok();
+    const pid_t pid = pid_t(w.pid);
     std::fprintf(stderr, "trainscope: cancelling run %s (process %d) before deleting it\n", forTerminal(r.id).c_str(),
                  int(pid));
     if (::kill(pid, SIGTERM) != 0)
         return Status::io("cannot cancel run " + r.id + " (process " + std::to_string(pid) + "): " + std::strerror(errno));
     for (int i = 0; i < 300; ++i) {
-        char state = '?';
-        std::string start;
-        if (!procState(pid, &state, &start) || state == 'Z' || state == 'X') return Status::ok();
+        if (sessions::writerState(w) != sessions::WriterState::Alive) return Status::ok();
         ::usleep(100 * 1000);
     }
     return Status::timeout("run " + r.id + " (process " + std::to_string(pid) +

@@ -24,7 +24,9 @@ void printHelp() {
         "RUN is a run id, a unique id prefix, a run name (its newest run), `latest`, or the path\n"
         "of a run file. Numeric options take whole numbers only (`--steps 1x` is an error).\n"
         "Exit codes: 0 ok, 1 run failed (also when its run file could not be written), 2 bad\n"
-        "usage or invalid config, 3 not found, 130 cancelled.\n");
+        "usage or invalid config, 3 not found, 130 cancelled.\n"
+        "A node over TCP: `trainscope agent --generate-token FILE`, then\n"
+        "`trainscope agent --listen :7070 --token-file FILE` (see `trainscope agent --help`).\n");
 }
 
 }  // namespace

@@ -621,7 +621,6 @@ TEST(AgentHardening, FailedAuthenticationIsThrottledAndLogged) {
         if (m == "wrong token") ++compared;
         else if (m.find("too many failed") != std::string::npos) ++refused;
     }
-    EXPECT_GT(attempts, 20);
     EXPECT_LE(compared, 6) << "guesses checked in 1.5 s: " << compared << " of " << attempts;
     EXPECT_GT(refused, 0);
     {

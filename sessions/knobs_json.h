@@ -5,13 +5,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/config/knobs.h"
+
 namespace ts::sessions {
 
-// {"groups": [group names in registry order],
-//  "knobs": [{name, type, group, allowed, default, megatron_flag, megatron_false_flag,
-//             bridge_path, help, rules, executed}]}
-// `default` is the value as JSON (number, bool, string, array); `executed` is false for knobs the
-// engine accepts and exports but does not execute yet.
+// One knob as JSON, the form `trainscope knobs --json` prints and the agent's `knobs` sends:
+// {name, type, default, group, allowed, megatron_flag, megatron_false_flag, bridge_path,
+//  bridge_negate, help, rules, engine_supported}. `default` is the value as JSON;
+// `engine_supported` is false for knobs the engine accepts and exports but does not execute.
+nlohmann::json knobDefJson(const engine::KnobDef& k);
+
+// {"groups": [group names in registry order], "knobs": [knobDefJson of each knob]}
 nlohmann::json knobRegistryJson();
 
 }  // namespace ts::sessions

@@ -6,6 +6,7 @@
 #include "apps/trainscope/commands.h"
 #include "common/json_text.h"
 #include "engine/config/knobs.h"
+#include "sessions/knobs_json.h"
 #include "ts_build_info.h"
 
 namespace ts::cli {
@@ -45,18 +46,7 @@ int cmdKnobs(const Args& a) {
         json arr = json::array();
         for (const auto& k : reg) {
             if (group && k.group != *group) continue;
-            arr.push_back({{"name", k.name},
-                           {"type", engine::knobTypeName(k.type)},
-                           {"default", k.get(engine::Config{})},
-                           {"group", k.group},
-                           {"allowed", k.allowed},
-                           {"megatron_flag", k.megatronFlag},
-                           {"megatron_false_flag", k.megatronFalseFlag},
-                           {"bridge_path", k.bridgePath},
-                           {"bridge_negate", k.bridgeNegate},
-                           {"help", k.help},
-                           {"rules", k.rules},
-                           {"engine_supported", k.engineSupported}});
+            arr.push_back(sessions::knobDefJson(k));
         }
         std::printf("%s\n", arr.dump(2).c_str());
         return 0;

@@ -54,7 +54,7 @@ void KnobModel::setRegistry(const json& registry) {
         knob.bridgePath = str("bridge_path");
         knob.help = str("help");
         knob.rules = str("rules");
-        knob.executed = k.value("executed", true);
+        knob.executed = k.value("engine_supported", true);
         if (k.contains("allowed") && k["allowed"].is_array())
             for (const auto& a : k["allowed"])
                 if (a.is_string()) knob.allowed << QString::fromStdString(a.get<std::string>());

@@ -64,7 +64,7 @@ TEST(GuiKnobModel, GeneratedFromTheRegistryGroupedWithDefaultsAndFlags) {
     // Not-executed knobs are marked.
     bool sawNotExecuted = false;
     for (const auto& k : reg["knobs"])
-        if (!k["executed"].get<bool>()) {
+        if (!k["engine_supported"].get<bool>()) {
             const QModelIndex i = m.indexOfKnob(QString::fromStdString(k["name"].get<std::string>()), KnobModel::NameColumn);
             EXPECT_TRUE(i.data().toString().endsWith("(not executed)"));
             sawNotExecuted = true;

@@ -7,6 +7,7 @@
 #include <QKeyEvent>
 #include <QMouseEvent>
 #include <QPainter>
+#include <QStaticText>
 #include <QToolTip>
 #include <QWheelEvent>
 
@@ -124,6 +125,8 @@ void TimelineWidget::resetCache() {
             for (size_t g = 0; g < ng; ++g) c.sliceColor[cat * ng + g] = sliceColor(trace::Category(cat), d.groups[g]).rgb();
         c.rangeColor.assign(d.strings.size(), 0);
         c.textWidth.assign(d.strings.size(), -1);
+        c.rowLabel.assign(d.rows.size(), QStaticText());
+        c.rowPeak.assign(d.rows.size(), QStaticText());
     }
 }
 
@@ -400,27 +403,49 @@ bool TimelineWidget::isMatch(int run, int row, size_t first, size_t count) const
 
 // ---- painting ------------------------------------------------------------------------------
 
+const QStaticText& TimelineWidget::staticText(const QString& s) {
+    auto it = m_textCache.find(s);
+    if (it != m_textCache.end()) return it->second;
+    if (m_textCache.size() > 4096) m_textCache.clear();
+    QStaticText t(s);
+    t.setTextFormat(Qt::PlainText);
+    t.setPerformanceHint(QStaticText::AggressiveCaching);
+    return m_textCache.emplace(s, std::move(t)).first->second;
+}
+
+namespace {
+// Top-left of a one-line text vertically centred in `r`, `pad` px from its left.
+QPointF textOrigin(const QRectF& r, const QFontMetrics& fm, double pad = 3) {
+    return {r.left() + pad, r.top() + (r.height() - fm.height()) / 2.0};
+}
+}  // namespace
+
 void TimelineWidget::paintEvent(QPaintEvent*) {
     syncWidth();
     QPainter p(this);
-    p.fillRect(rect(), kBackground);
     if (m_runs.empty()) {
+        p.fillRect(rect(), kBackground);
         p.setPen(kText);
         p.drawText(rect(), Qt::AlignCenter, tr("No run loaded"));
         return;
     }
     const int top = kRulerPx;
-    // Visible lines only: binary search the first line under the ruler.
+    // Visible lines only: binary search the first line under the ruler. Rows paint their own
+    // background; only the gaps between ranks and the space below the last row are filled
+    // here (each pixel is filled once, not once per layer).
     int cy0 = m_scrollY, cy1 = m_scrollY + height() - top;
     auto it = std::upper_bound(m_lines.begin(), m_lines.end(), cy0, [](int v, const Line& l) { return v < l.y; });
     if (it != m_lines.begin()) --it;
-    p.save();
     p.setClipRect(QRect(0, top, width(), height() - top));
+    int filledTo = top;  // widget y up to which the background is painted
     for (; it != m_lines.end() && it->y < cy1; ++it) {
         QRect r(0, top + it->y - m_scrollY, width(), it->h);
+        if (r.top() > filledTo) p.fillRect(QRect(0, filledTo, width(), r.top() - filledTo), kBackground);
         paintRow(p, *it, r);
+        filledTo = std::max(filledTo, r.bottom() + 1);
     }
-    p.restore();
+    if (filledTo < height()) p.fillRect(QRect(0, filledTo, width(), height() - filledTo), kBackground);
+    p.setClipping(false);
     paintRuler(p, QRect(0, 0, width(), kRulerPx));
     // Gutter separator.
     p.setPen(QColor(0xc8, 0xce, 0xd6));
@@ -435,20 +460,21 @@ void TimelineWidget::paintRuler(QPainter& p, const QRect& r) {
     QFont f = font();
     f.setPointSizeF(f.pointSizeF() * 0.85);
     p.setFont(f);
-    p.drawText(QRect(6, r.top(), kGutterPx - 10, r.height()), Qt::AlignVCenter | Qt::AlignLeft,
-               formatDurationNs(double(m_axis.spanNs())) + tr(" visible"));
+    const QFontMetrics fm(f);
+    p.drawStaticText(textOrigin(QRectF(6, r.top(), kGutterPx - 10, r.height()), fm, 0),
+                     staticText(formatDurationNs(double(m_axis.spanNs())) + tr(" visible")));
     const double tick = niceTick(m_axis.nsPerPx(), 90);
     const double first = std::ceil(double(m_axis.startNs) / tick) * tick;
-    p.save();
     p.setClipRect(QRect(kGutterPx, r.top(), r.width() - kGutterPx, r.height()));
+    QVector<QLineF> ticks;
     for (double t = first; t < double(m_axis.endNs); t += tick) {
         double x = kGutterPx + m_axis.mapTimeToX(int64_t(std::llround(t)));
-        p.setPen(QColor(0x9a, 0xa3, 0xad));
-        p.drawLine(QPointF(x, r.bottom() - 6), QPointF(x, r.bottom()));
-        p.setPen(kText);
-        p.drawText(QRectF(x + 3, r.top(), 140, r.height() - 4), Qt::AlignVCenter | Qt::AlignLeft, tickLabel(t, tick));
+        ticks << QLineF(x, r.bottom() - 6, x, r.bottom());
+        p.drawStaticText(textOrigin(QRectF(x, r.top(), 140, r.height() - 4), fm), staticText(tickLabel(t, tick)));
     }
-    p.restore();
+    p.setPen(QColor(0x9a, 0xa3, 0xad));
+    p.drawLines(ticks);
+    p.setClipping(false);
 }
 
 void TimelineWidget::paintRow(QPainter& p, const Line& line, const QRect& r) {
@@ -471,35 +497,45 @@ void TimelineWidget::paintRow(QPainter& p, const Line& line, const QRect& r) {
     const TimelineRow& row = data.rows[size_t(line.row)];
     const int rankIdx = data.rankIndex(row.rank);
     const QRect canvas(kGutterPx, r.top(), cw, r.height());
-    p.fillRect(canvas, (rankIdx % 2) ? kBackgroundAlt : kBackground);
+    const QColor canvasColor = (rankIdx % 2) ? kBackgroundAlt : kBackground;
+    p.fillRect(canvas, canvasColor);
+    PaintCache& cache = m_cache[size_t(line.run)];
 
-    // Gutter label.
+    // Gutter label, laid out once per row (the gutter's width never changes).
     p.fillRect(QRect(0, r.top(), kGutterPx - 1, r.height()), kGutter);
     QFont lf = font();
     lf.setPointSizeF(lf.pointSizeF() * (row.kind == RowKind::Range ? 0.8 : 0.88));
     p.setFont(lf);
+    const QFontMetrics lfm(lf);
     p.setPen(row.kind == RowKind::Range ? QColor(0x55, 0x5f, 0x6b) : kText);
-    const int indent = row.kind == RowKind::Range ? 14 + 0 : 8;
+    const int indent = row.kind == RowKind::Range ? 14 : 8;
+    QStaticText& label = cache.rowLabel[size_t(line.row)];
+    if (label.text().isEmpty() && !row.label.isEmpty()) {
+        label.setText(lfm.elidedText(row.label, Qt::ElideRight, kGutterPx - indent - 6));
+        label.setTextFormat(Qt::PlainText);
+    }
     if (row.kind == RowKind::Counter && row.counter.maxValue > 0) {
         // Two lines: the label, and the peak the row's height is scaled to.
-        p.drawText(QRect(indent, r.top() + 1, kGutterPx - indent - 6, r.height() / 2), Qt::AlignBottom | Qt::AlignLeft,
-                   p.fontMetrics().elidedText(row.label, Qt::ElideRight, kGutterPx - indent - 6));
+        p.drawStaticText(QPointF(indent, r.top() + 1 + r.height() / 2 - lfm.height()), label);
         QFont sf = lf;
         sf.setPointSizeF(lf.pointSizeF() * 0.85);
         p.setFont(sf);
         p.setPen(QColor(0x55, 0x5f, 0x6b));
-        p.drawText(QRect(indent, r.top() + r.height() / 2, kGutterPx - indent - 6, r.height() / 2), Qt::AlignTop | Qt::AlignLeft,
-                   tr("peak %1").arg(formatBytes(row.counter.maxValue)));
+        QStaticText& peak = cache.rowPeak[size_t(line.row)];
+        if (peak.text().isEmpty()) {
+            peak.setText(tr("peak %1").arg(formatBytes(row.counter.maxValue)));
+            peak.setTextFormat(Qt::PlainText);
+        }
+        p.drawStaticText(QPointF(indent, r.top() + r.height() / 2), peak);
     } else {
-        p.drawText(QRect(indent, r.top(), kGutterPx - indent - 6, r.height()), Qt::AlignVCenter | Qt::AlignLeft,
-                   p.fontMetrics().elidedText(row.label, Qt::ElideRight, kGutterPx - indent - 6));
+        p.drawStaticText(textOrigin(r, lfm, indent), label);
     }
 
     p.save();
     p.setClipRect(canvas);
     p.translate(kGutterPx, 0);
     if (row.kind == RowKind::Counter) {
-        paintCounter(p, run, row, QRect(0, r.top(), cw, r.height()));
+        paintCounter(p, run, row, QRect(0, r.top(), cw, r.height()), canvasColor);
         p.restore();
         return;
     }
@@ -523,8 +559,9 @@ void TimelineWidget::paintRow(QPainter& p, const Line& line, const QRect& r) {
     p.setFont(bf);
     const QFontMetrics fm(bf);
     const bool isRange = row.kind == RowKind::Range;
-    PaintCache& cache = m_cache[size_t(line.run)];
     const size_t ng = data.groups.size();
+    // Outlines of wide unfolded boxes are collected and stroked per colour run at the end of
+    // the row, not one pen change and drawRect per box.
     for (const LodBox& b : m_boxes) {
         const size_t i = b.first;
         const uint32_t nameId = row.name[i];
@@ -559,73 +596,89 @@ void TimelineWidget::paintRow(QPainter& p, const Line& line, const QRect& r) {
             p.setPen(QPen(Qt::black, 2));
             p.drawRect(br.adjusted(0.5, 0.5, -0.5, -0.5));
         }
-        if (br.width() >= 36) {
-            QString text;
-            const int room = int(br.width()) - 6;
-            if (folded) {
-                text = isRange ? tr("%1 ranges").arg(b.ops) : tr("%1 ops").arg(b.ops);
-            } else {
-                // Skip the text when not even a few characters fit (measured once per name).
-                int& tw = cache.textWidth[nameId < cache.textWidth.size() ? nameId : 0];
-                if (tw < 0) tw = fm.horizontalAdvance(data.sliceName(row, i));
-                if (room < 24 && tw > room) continue;
-                text = isRange ? rangeText(data, row, i) : data.sliceName(row, i);
-                if (!isRange && tw <= room) {
-                    p.setPen(textOn(c));
-                    p.drawText(br.adjusted(3, 0, -3, 0), Qt::AlignVCenter | Qt::AlignLeft, text);
-                    continue;
-                }
-            }
-            QString el = fm.elidedText(text, Qt::ElideRight, room);
-            if (!el.isEmpty() && el != QStringLiteral("…")) {
-                p.setPen(folded ? kText : textOn(c));
-                p.drawText(br.adjusted(3, 0, -3, 0), Qt::AlignVCenter | Qt::AlignLeft, el);
-            }
+        if (br.width() < 36) continue;
+        const int room = int(br.width()) - 6;
+        if (folded) {
+            const QStaticText& t = staticText(isRange ? tr("%1 ranges").arg(b.ops) : tr("%1 ops").arg(b.ops));
+            if (t.size().width() > room) continue;
+            p.setPen(kText);
+            p.drawStaticText(textOrigin(br, fm), t);
+            continue;
         }
+        // Skip the text when not even a few characters fit (measured once per name).
+        int& tw = cache.textWidth[nameId < cache.textWidth.size() ? nameId : 0];
+        if (tw < 0) tw = fm.horizontalAdvance(data.sliceName(row, i));
+        if (room < 24 && tw > room) continue;
+        p.setPen(textOn(c));
+        if (!isRange && tw <= room) {
+            auto it = cache.nameText.find(nameId);
+            if (it == cache.nameText.end()) {
+                QStaticText t(data.sliceName(row, i));
+                t.setTextFormat(Qt::PlainText);
+                it = cache.nameText.emplace(nameId, std::move(t)).first;
+            }
+            p.drawStaticText(textOrigin(br, fm), it->second);
+            continue;
+        }
+        // Ranges ("step 3") and names that do not fit: elided to the room there is. The room
+        // is rounded down to 8 px so that a pan (same widths) finds its texts in the cache.
+        const QString text = isRange ? rangeText(data, row, i) : data.sliceName(row, i);
+        const int roomKey = room >= int(tw) ? room : room / 8 * 8;
+        QString el = roomKey >= fm.horizontalAdvance(text) ? text : fm.elidedText(text, Qt::ElideRight, roomKey);
+        if (el.isEmpty() || el == QStringLiteral("…")) continue;
+        p.drawStaticText(textOrigin(br, fm), staticText(el));
     }
     p.restore();
 }
 
-void TimelineWidget::paintCounter(QPainter& p, const TimelineRun& run, const TimelineRow& row, const QRect& r) {
+void TimelineWidget::paintCounter(QPainter& p, const TimelineRun& run, const TimelineRow& row, const QRect& r,
+                                  const QColor& background) {
     const CounterSeries& s = row.counter;
     if (s.ts.empty() || s.maxValue <= 0) return;
     const int cw = r.width();
     const double top = r.top() + 3, h = r.height() - 5, base = top + h;
-    const QColor fill(0x6b, 0x8e, 0xc9, 110), line(0x3b, 0x5e, 0x99);
+    // The area is drawn opaque, its colour blended with the row's background once here: an
+    // opaque column is a plain fill, a translucent polygon is a scan-converted blend.
+    const QColor tint(0x6b, 0x8e, 0xc9);
+    const double a = 110.0 / 255.0;
+    const QColor fill(int(tint.red() * a + background.red() * (1 - a)), int(tint.green() * a + background.green() * (1 - a)),
+                      int(tint.blue() * a + background.blue() * (1 - a)));
+    const QColor line(0x3b, 0x5e, 0x99);
     auto yOf = [&](double v) { return base - h * (v / s.maxValue); };
     // One column per pixel: the span of values in force during the pixel (per-pixel min/max).
-    // Drawn as one filled polygon up to the maxima plus one batch of min..max strokes, so a
-    // frame issues a few paint calls per counter row, not two per pixel.
-    QPolygonF area;
+    // The area is one fill per run of equal columns; the outline one polyline and one batch
+    // of min..max strokes, so a frame issues a few paint calls per counter row.
+    QPolygonF outline;
     QVector<QLineF> bands;
-    area.reserve(2 * cw + 2);
+    outline.reserve(2 * cw + 2);
     int64_t prevT = m_axis.mapXToTime(0) + run.alignOffsetNs;
-    double firstX = -1, lastX = -1;
+    int runX = -1, runTop = 0;  // the current run of columns with the same integer top
+    auto flushRun = [&](int endX) {
+        if (runX >= 0 && endX > runX && runTop < int(base)) p.fillRect(QRect(runX, runTop, endX - runX, int(base) - runTop), fill);
+        runX = -1;
+    };
     for (int x = 0; x < cw; ++x) {
         int64_t t1 = m_axis.mapXToTime(x + 1) + run.alignOffsetNs;
-        int64_t a = s.indexAt(prevT);  // in force at the pixel start
+        int64_t ia = s.indexAt(prevT);  // in force at the pixel start
         size_t b = size_t(std::lower_bound(s.ts.begin(), s.ts.end(), t1) - s.ts.begin());
         prevT = t1;
         if (b == 0) continue;  // before the first sample
-        size_t from = size_t(std::max<int64_t>(a, 0));
+        size_t from = size_t(std::max<int64_t>(ia, 0));
         if (from >= b) from = b - 1;
         auto [mn, mx] = s.minMax(from, b);
-        if (firstX < 0) {
-            firstX = x;
-            area << QPointF(x, base);
+        const double yTop = yOf(mx);
+        const int iy = int(std::lround(yTop));
+        if (runX < 0 || iy != runTop) {
+            flushRun(x);
+            runX = x, runTop = iy;
         }
-        area << QPointF(x, yOf(mx)) << QPointF(x + 1, yOf(mx));
-        if (yOf(mn) - yOf(mx) >= 1) bands << QLineF(x + 0.5, yOf(mx), x + 0.5, yOf(mn));
-        lastX = x + 1;
+        outline << QPointF(x, yTop) << QPointF(x + 1, yTop);
+        if (yOf(mn) - yTop >= 1) bands << QLineF(x + 0.5, yTop, x + 0.5, yOf(mn));
     }
-    if (firstX < 0) return;
-    area << QPointF(lastX, base);
-    p.setPen(Qt::NoPen);
-    p.setBrush(fill);
-    p.drawPolygon(area);
-    p.setBrush(Qt::NoBrush);
+    flushRun(runX >= 0 ? int(outline.isEmpty() ? runX : outline.back().x()) : 0);
+    if (outline.isEmpty()) return;
     p.setPen(QPen(line, 1));
-    p.drawPolyline(area.constData() + 1, int(area.size()) - 2);
+    p.drawPolyline(outline);
     if (!bands.isEmpty()) p.drawLines(bands);
 }
 

@@ -18,7 +18,10 @@
 #include <vector>
 
 #include <QPointer>
+#include <QStaticText>
 #include <QWidget>
+
+#include <unordered_map>
 
 #include "gui/core/timeline_axis.h"
 #include "gui/core/timeline_data.h"
@@ -116,7 +119,7 @@ private:
     void showMatch();
     void paintRuler(QPainter& p, const QRect& r);
     void paintRow(QPainter& p, const Line& line, const QRect& r);
-    void paintCounter(QPainter& p, const TimelineRun& run, const TimelineRow& row, const QRect& r);
+    void paintCounter(QPainter& p, const TimelineRun& run, const TimelineRow& row, const QRect& r, const QColor& background);
     bool isMatch(int run, int row, size_t first, size_t count) const;
 
     std::vector<TimelineRun> m_runs;
@@ -141,12 +144,21 @@ private:
     mutable std::vector<LodBox> m_boxes;  // scratch, reused every row
     // Per run, filled lazily while painting (no string work per box per frame): colour of
     // (category, group), colour of a range by name id, pixel width of a name id's text.
+    // Text is laid out once (QStaticText) and then only blitted: shaping a string costs more
+    // than filling a row of boxes, so nothing is shaped per frame that was shaped before.
     struct PaintCache {
         std::vector<QRgb> sliceColor;  // [category * groups + group]
         std::vector<QRgb> rangeColor;  // by name id; 0 = not computed yet
         std::vector<int> textWidth;    // by name id; -1 = not measured yet
+        std::unordered_map<uint32_t, QStaticText> nameText;  // by name id, unelided
+        std::vector<QStaticText> rowLabel;                    // by row: the elided gutter label
+        std::vector<QStaticText> rowPeak;                     // by row: counter rows' "peak ..." line
     };
     std::vector<PaintCache> m_cache;
+    // Texts that vary per box ("1234 ops", "step 7", elided names), keyed by the string; cleared
+    // when it grows past a few thousand entries.
+    std::unordered_map<QString, QStaticText> m_textCache;
+    const QStaticText& staticText(const QString& s);
     void resetCache();
 };
 

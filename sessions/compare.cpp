@@ -22,6 +22,7 @@ struct RunData {
     RunSummary summary;
     json config;  // configToJson form, null when the run has none (imported traces)
     std::vector<profiler::StepMetrics> steps;
+    double peakTflops = 0;  // metadata peak_tflops (per device), 0 when absent
 };
 
 Result<RunData> load(const std::string& path) {
@@ -33,6 +34,7 @@ Result<RunData> load(const std::string& path) {
     if (d.config.is_discarded()) d.config = nullptr;
     auto steps = store->stepMetrics();
     if (steps) d.steps = *steps;
+    if (auto peak = store->metadata("peak_tflops"); peak && peak->has_value()) d.peakTflops = std::atof((*peak)->c_str());
     return d;
 }
 
@@ -183,8 +185,30 @@ Result<Comparison> compareRuns(const std::string& pathA, const std::string& path
         add("step_time_s", "s", medianOf(A.steps, &SM::stepTimeS), medianOf(B.steps, &SM::stepTimeS), true);
         add("tokens_per_s", "tokens/s", medianOf(A.steps, &SM::tokensPerS), medianOf(B.steps, &SM::tokensPerS), false);
         add("model_tflops", "TFLOP/s", medianOf(A.steps, &SM::modelTflops), medianOf(B.steps, &SM::modelTflops), false);
-        if (c.a.mfu > 0 && c.b.mfu > 0) add("mfu", "%", c.a.mfu, c.b.mfu, false);
-        else c.notes.push_back("mfu: unknown for at least one run (no peak FLOP/s for its device)");
+        if (c.a.mfu > 0 && c.b.mfu > 0) {
+            // MFU divides by each run's peak. Where both peaks are measurements (the CPU
+            // backend times a GEMM at run start) they move with machine load, and two MFUs
+            // over different peaks compare the machine's mood, not the runs. Both are then
+            // taken against A's peak, so B/A equals the ratio of achieved FLOP/s per device.
+            double mfuB = c.b.mfu;
+            const double pa = A.peakTflops, pb = B.peakTflops;
+            std::string scope;
+            if (pa > 0 && pb > 0 && std::fabs(pb - pa) > o.noiseThreshold * pa) {
+                mfuB = c.b.mfu * pb / pa;
+                scope = "vs A's peak";
+                char buf[256];
+                std::snprintf(buf, sizeof buf,
+                              "mfu: both runs against A's peak %.4g TFLOP/s per device; B's own peak measured "
+                              "%.4g (B's MFU over its own peak: %.1f%%). A peak measured at run start moves with "
+                              "machine load.",
+                              pa, pb, c.b.mfu * 100);
+                c.notes.push_back(buf);
+            }
+            MetricDelta d = makeDelta("mfu", scope, "%", c.a.mfu, mfuB, false, o.noiseThreshold);
+            if (o.all || d.better != "=") c.metrics.push_back(d);
+        } else {
+            c.notes.push_back("mfu: unknown for at least one run (no peak FLOP/s for its device)");
+        }
         add("peak_memory_bytes", "bytes", double(c.a.peakMemoryBytes), double(c.b.peakMemoryBytes), true);
         // Loss is only comparable at the same step.
         int common = std::min(A.steps.back().step, B.steps.back().step);

@@ -265,6 +265,50 @@ TEST(Compare, KnobDiffsAndMetricDeltasWithTheSignThatMatters) {
     EXPECT_FALSE(c->toText().empty());
 }
 
+// Two runs whose peaks were measured at different machine loads: MFU is compared over A's
+// peak, so its ratio equals the ratio of achieved FLOP/s (B is 25% faster: 5 vs 4 TFLOP/s).
+TEST(Compare, MfuOfRunsWithDifferentMeasuredPeaksUsesOnePeak) {
+    TempDir d("ts_ws_test");
+    auto ws = Workspace::open(d.path);
+    ASSERT_TRUE(ws.isOk());
+    ts::engine::Config cfg;
+    writeRun(runPath(*ws, "a"), "a", cfg, {1.0, 0.5, 0.5, 0.5});  // 4 TFLOP/s
+    writeRun(runPath(*ws, "b"), "b", cfg, {1.0, 0.4, 0.4, 0.4});  // 5 TFLOP/s
+    for (auto [id, peak] : {std::pair{"a", "8"}, std::pair{"b", "20"}}) {
+        auto st = ts::profiler::TraceStore::open(runPath(*ws, id), false);
+        ASSERT_TRUE(st.isOk());
+        ASSERT_TRUE((*st)->setMetadata("peak_tflops", peak).isOk());
+    }
+    auto c = compareRuns(runPath(*ws, "a"), runPath(*ws, "b"));
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    EXPECT_NEAR(c->b.mfu, 0.25, 1e-12);  // B over its own peak reads worse than A's 0.5
+    const MetricDelta* mfu = nullptr;
+    for (const auto& m : c->metrics)
+        if (m.name == "mfu") mfu = &m;
+    ASSERT_NE(mfu, nullptr);
+    EXPECT_NEAR(mfu->a, 0.5, 1e-12);
+    EXPECT_NEAR(mfu->b, 5.0 / 8.0, 1e-12);
+    EXPECT_EQ(mfu->better, "B");
+    EXPECT_EQ(mfu->scope, "vs A's peak");
+    bool noted = false;
+    for (const auto& n : c->notes) noted |= n.find("A's peak 8 TFLOP/s") != std::string::npos;
+    EXPECT_TRUE(noted);
+
+    // Equal peaks: each run's own MFU, no note.
+    {
+        auto st = ts::profiler::TraceStore::open(runPath(*ws, "b"), false);
+        ASSERT_TRUE(st.isOk());
+        ASSERT_TRUE((*st)->setMetadata("peak_tflops", "8").isOk());
+    }
+    auto same = compareRuns(runPath(*ws, "a"), runPath(*ws, "b"));
+    ASSERT_TRUE(same.isOk());
+    for (const auto& m : same->metrics)
+        if (m.name == "mfu") {
+            EXPECT_EQ(m.scope, "");
+            EXPECT_NEAR(m.b, 5.0 / 8.0, 1e-12);
+        }
+}
+
 TEST(Compare, DeltaDirection) {
     EXPECT_EQ(makeDelta("x", "", "", 10, 9, true, 0.01).better, "B");
     EXPECT_EQ(makeDelta("x", "", "", 10, 9, false, 0.01).better, "A");

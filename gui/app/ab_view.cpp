@@ -38,9 +38,11 @@ AbView::AbView(QWidget* parent) : QWidget(parent) {
     m_title = new QLabel(QStringLiteral("Rerun a run with changed knobs, or select two runs and press Compare."), this);
     m_title->setWordWrap(true);
     layout->addWidget(m_title);
-    // Top: what changed, what differs, where time moved; below: both timelines on one axis.
+    // Top left: what changed, then what differs; top right: where time moved; below: both
+    // timelines on one axis.
     auto* split = new QSplitter(Qt::Vertical, this);
-    auto* tables = new QSplitter(Qt::Horizontal, split);
+    auto* top = new QSplitter(Qt::Horizontal, split);
+    auto* tables = new QSplitter(Qt::Vertical, top);
     m_knobs = new QTableWidget(tables);
     m_knobs->setObjectName(QStringLiteral("abKnobs"));
     m_knobs->setColumnCount(3);
@@ -48,6 +50,7 @@ AbView::AbView(QWidget* parent) : QWidget(parent) {
     m_knobs->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
     m_knobs->horizontalHeader()->setStretchLastSection(true);
     m_knobs->verticalHeader()->hide();
+    m_knobs->verticalHeader()->setDefaultSectionSize(m_knobs->fontMetrics().height() + 6);
     m_knobs->setEditTriggers(QAbstractItemView::NoEditTriggers);
     m_metrics = new QTableWidget(tables);
     m_metrics->setObjectName(QStringLiteral("abMetrics"));
@@ -57,17 +60,24 @@ AbView::AbView(QWidget* parent) : QWidget(parent) {
     m_metrics->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
     m_metrics->horizontalHeader()->setStretchLastSection(true);
     m_metrics->verticalHeader()->hide();
+    m_metrics->verticalHeader()->setDefaultSectionSize(m_metrics->fontMetrics().height() + 6);
     m_metrics->setEditTriggers(QAbstractItemView::NoEditTriggers);
-    m_moved = makeChartView(QStringLiteral("Where time moved: ms per step, all ranks (top 5 categories)"), tables);
-    m_moved->setMinimumWidth(380);
     tables->addWidget(m_knobs);
     tables->addWidget(m_metrics);
-    tables->addWidget(m_moved);
-    tables->setSizes({200, 560, 340});
+    tables->setStretchFactor(0, 1);
+    tables->setStretchFactor(1, 3);
+    m_moved = makeChartView(QStringLiteral("Where time moved, ms per step"), top);
+    m_moved->setMinimumWidth(300);
+    // The legend sits at the right: below, it would take the rows' height.
+    m_moved->chart()->legend()->setAlignment(Qt::AlignRight);
+    top->addWidget(tables);
+    top->addWidget(m_moved);
+    top->setStretchFactor(0, 3);
+    top->setStretchFactor(1, 2);
     auto* timelines = new QWidget(split);
     m_timelineArea = new QVBoxLayout(timelines);
     m_timelineArea->setContentsMargins(0, 0, 0, 0);
-    split->addWidget(tables);
+    split->addWidget(top);
     split->addWidget(timelines);
     split->setStretchFactor(0, 1);
     split->setStretchFactor(1, 1);
@@ -181,7 +191,10 @@ void AbView::buildMoved() {
         moved.emplace_back(std::fabs(b - a), c, a, b);
     }
     std::sort(moved.begin(), moved.end(), [](const auto& x, const auto& y) { return std::get<0>(x) > std::get<0>(y); });
-    if (moved.size() > 5) moved.resize(5);
+    // Rows stay readable in the panel's height (QtCharts hides category labels that do not
+    // fit): at most 7 rows in all.
+    const size_t room = groups.size() >= 7 ? 0 : 7 - groups.size();
+    if (moved.size() > std::min<size_t>(room, 5)) moved.resize(std::min<size_t>(room, 5));
     for (const auto& [d, c, a, b] : moved) {
         *setA << a;
         *setB << b;
@@ -191,7 +204,12 @@ void AbView::buildMoved() {
     auto* series = new QHorizontalBarSeries;
     series->append(setA);
     series->append(setB);
-    setBarAxes(chart, series, labels, QStringLiteral("ms per step"), maxMs);
+    setBarAxes(chart, series, labels, QString(), maxMs);
+    for (auto* axis : chart->axes()) {
+        QFont f = axis->labelsFont();
+        f.setPointSizeF(f.pointSizeF() * 0.85);
+        axis->setLabelsFont(f);
+    }
     m_moved->setToolTip(QStringLiteral("Kernel time per category: summed over ranks, whole trace divided by the number of steps.\n"
                                        "Exposed communication per group: %1, summed over ranks, mean per step (after warm-up).")
                             .arg(m_sa.definition(QStringLiteral("exposed_comm_s"))));

@@ -93,6 +93,8 @@ ConfigEditor::ConfigEditor(NodeSession* session, QWidget* parent) : QWidget(pare
 
     m_sourceLabel = new QLabel(QStringLiteral("defaults"), this);
     m_sourceLabel->setObjectName(QStringLiteral("configSource"));
+    m_sourceLabel->setWordWrap(true);  // a long run name wraps instead of widening the panel
+    m_sourceLabel->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
     layout->addWidget(m_sourceLabel);
 
     m_search = new QLineEdit(this);

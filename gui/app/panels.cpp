@@ -40,11 +40,34 @@ QColor categoryColor(const QString& category) {
     return it == colors.end() ? QColor(97, 97, 97) : it->second;
 }
 
-QValueAxis* valueAxis(const QString& title, double max, const QString& format = QStringLiteral("%.3g")) {
+// 0..max with 3-6 ticks at 1-2-5 steps and labels with as many decimals as the step needs
+// ("0 400 800 1200", "0 0.05 0.1"), never printf's %g ("1.48e+03").
+void setNiceRange(QValueAxis* a, double max) {
+    const double top = max > 0 ? max * 1.05 : 1;
+    const double raw = top / 4;
+    const double p = std::pow(10.0, std::floor(std::log10(raw)));
+    double step = 10 * p;
+    for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+        if (m * p >= raw) {
+            step = m * p;
+            break;
+        }
+    const int n = std::max(1, int(std::ceil(top / step - 1e-9)));
+    a->setRange(0, n * step);
+    a->setTickCount(n + 1);
+    const int decimals = std::clamp(int(std::ceil(-std::log10(step) - 1e-9)) + (std::fmod(step / p, 1.0) > 0 ? 1 : 0), 0, 6);
+    a->setLabelFormat(QStringLiteral("%.%1f").arg(decimals));
+}
+
+QValueAxis* valueAxis(const QString& title, double max, const QString& format = QString()) {
     auto* a = new QValueAxis;
     a->setTitleText(title);
-    a->setRange(0, max > 0 ? max * 1.1 : 1);
-    a->setLabelFormat(format);
+    if (format.isEmpty()) {
+        setNiceRange(a, max);
+    } else {
+        a->setRange(0, max > 0 ? max * 1.1 : 1);
+        a->setLabelFormat(format);
+    }
     return a;
 }
 
@@ -145,13 +168,13 @@ void LivePanel::append(Chart& c, double x, double y, double y2) {
     if (std::isfinite(y)) {
         c.series->append(x, y);
         c.yMax = std::max(c.yMax, y);
-        c.y->setRange(0, c.yMax > 0 ? c.yMax * 1.1 : 1);
+        setNiceRange(c.y, c.yMax);
     }
     c.x->setRange(std::min(1.0, x), std::max(x, double(std::max(m_total, 2))));
     if (c.series2 && std::isfinite(y2)) {
         c.series2->append(x, y2);
         c.y2Max = std::max(c.y2Max, y2);
-        c.y2->setRange(0, c.y2Max > 0 ? c.y2Max * 1.1 : 1);
+        setNiceRange(c.y2, c.y2Max);
     }
 }
 

@@ -25,6 +25,8 @@ TimelineHost::TimelineHost(QWidget* parent) : QWidget(parent), m(new Impl) {
     layout->setContentsMargins(0, 0, 0, 0);
     m_placeholder = new QLabel(QStringLiteral("Open a run to see its timeline."), this);
     m_placeholder->setAlignment(Qt::AlignCenter);
+    m_placeholder->setWordWrap(true);
+    m_placeholder->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
     m->view = new TimelineView(this);
     m->view->setViewState(&m->state);
     m->view->hide();

@@ -45,6 +45,10 @@ TimelineView::TimelineView(QWidget* parent) : QWidget(parent) {
     bar->addStretch(1);
     m_status = new QLabel(this);
     m_status->setStyleSheet("color:#556");
+    // A long message (a path, an error) must never widen the window: the label takes what
+    // room the bar has and the full text is its tooltip.
+    m_status->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
+    m_status->setMinimumWidth(120);
     bar->addWidget(m_status);
 
     auto* body = new QHBoxLayout;
@@ -109,6 +113,11 @@ TimelineView::TimelineView(QWidget* parent) : QWidget(parent) {
         m_loadMessage = tr("could not load: %1").arg(msg);
         updateStatus();
         emit loadFailed(msg);
+    });
+    connect(m_loader, &TimelineLoader::waiting, this, [this](const QString& msg) {
+        m_loadMessage = tr("waiting for the run to write its first events…");
+        m_status->setToolTip(msg);
+        updateStatus();
     });
     connect(m_loader, &TimelineLoader::followingChanged, this, [this](bool) { updateStatus(); });
     refreshSteps();
@@ -191,6 +200,7 @@ void TimelineView::updateStatus() {
     if (m_loader->isFollowing()) s += tr(" · following the run");
     if (!m_loadMessage.isEmpty()) s = m_loadMessage;
     m_status->setText(s);
+    if (!s.startsWith(tr("waiting"))) m_status->setToolTip(s);
     const int page = std::max(1, m_timeline->height() - TimelineWidget::kRulerPx);
     m_vscroll->setRange(0, std::max(0, m_timeline->contentHeight() - page));
     m_vscroll->setPageStep(page);

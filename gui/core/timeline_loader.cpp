@@ -95,7 +95,11 @@ void TimelineLoader::deliver(quint64 generation, Result<std::shared_ptr<const Ti
         return;
     }
     if (!result.isOk()) {
-        emit loadFailed(QString::fromStdString(result.status().toString()));
+        const QString message = QString::fromStdString(result.status().toString());
+        // A followed run that has not written its first batch yet: try again at the next poll
+        // (m_lastCount stays -1, so that poll loads in full).
+        if (m_timer.isActive() && m_lastCount < 0) emit waiting(message);
+        else emit loadFailed(message);
         return;
     }
     auto data = std::move(result).value();

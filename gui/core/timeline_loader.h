@@ -6,6 +6,10 @@
 // (a file written by a live run: WAL readers see whole committed batches). A poll first
 // compares the file's slice count and status with the last load and skips the rebuild when
 // nothing changed; after the run stops, one last load is delivered and polling ends.
+// A followed file that cannot be read yet (the run has created it but not written its first
+// batch: 0 bytes, no schema) is a state of the run, not an error: `waiting` is emitted and the
+// next poll tries again. Whoever started the run loads it once more when it ends (load()),
+// which reports a file that stayed unreadable through loadFailed.
 #pragma once
 
 #include <atomic>
@@ -40,6 +44,8 @@ signals:
     // For a first load of a v2 file: first the overview (data->overview), then the detail.
     void loaded(std::shared_ptr<const ts::gui::TimelineData> data);
     void loadFailed(const QString& message);
+    // Follow mode, before the first successful load: the file is not readable yet.
+    void waiting(const QString& message);
     void followingChanged(bool following);
 
 private:

@@ -4,6 +4,9 @@
 // (delivery, stale results dropped by generation, follow mode).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include <QElapsedTimer>
 #include <QSignalSpy>
 #include <QTest>
@@ -237,6 +240,37 @@ TEST(TimelineLoader, FollowReloadsWhileRunningAndStopsWhenTheRunEnds) {
     EXPECT_EQ(last->sliceCount, before + 1);
     EXPECT_EQ(last->status, "completed");
     EXPECT_EQ(last->findByName("late_gemm").size(), 1u);
+}
+
+// A run creates its file before writing anything: following it then is waiting, not failing,
+// and the first batch is picked up by the next poll. A one-shot load of the same empty file
+// is an error.
+TEST(TimelineLoader, FollowWaitsForAFileTheRunHasNotWrittenYet) {
+    ensureApp();
+    const std::string path = tempRunPath("follow_empty.sqlite");
+    std::filesystem::remove(path);
+    { std::ofstream(path).flush(); }  // 0 bytes, as a run leaves it at creation
+    TimelineLoader loader;
+    QSignalSpy loaded(&loader, &TimelineLoader::loaded), failed(&loader, &TimelineLoader::loadFailed),
+        waiting(&loader, &TimelineLoader::waiting);
+    loader.follow(QString::fromStdString(path), 100);
+    for (int i = 0; i < 100 && waiting.count() < 2; ++i) waiting.wait(100);
+    EXPECT_GE(waiting.count(), 2);  // polled again after the first try
+    EXPECT_EQ(failed.count(), 0);
+    EXPECT_TRUE(loader.isFollowing());
+    std::filesystem::remove(path);
+    writeTinyPipeline(path, "running");
+    auto data = waitForDetail(loaded);
+    ASSERT_TRUE(data);
+    EXPECT_GT(data->sliceCount, 0);
+    EXPECT_EQ(failed.count(), 0);
+    loader.stop();
+
+    std::filesystem::remove(path);
+    { std::ofstream(path).flush(); }
+    loader.load(QString::fromStdString(path));
+    ASSERT_TRUE(failed.wait(20000));
+    EXPECT_NE(failed.last().at(0).toString().indexOf("empty"), -1);
 }
 
 TEST(ViewState, EmitsOnlyOnChange) {

@@ -75,6 +75,12 @@ TEST(Workbench, TourRunsTheWholeStoryOnTheLocalNode) {
     EXPECT_NE(rep["export"]["megatron_args"].get<std::string>().find("--num-layers 4"), std::string::npos);
     EXPECT_GE(rep["runs"].get<int>(), 4);
     EXPECT_EQ(r.screenshots.size(), 14);
+    // No label with a long text (a path, an error) ever widened the window during the tour,
+    // and with every view filled it still fits a 1366x768 laptop screen.
+    EXPECT_EQ(w.width(), 1400);
+    EXPECT_LE(w.minimumSizeHint().width(), 1366);
+    EXPECT_LE(w.minimumSizeHint().height(), 768);
+    EXPECT_LE(w.minimumSize().width(), 1366);
     for (const QString& f : r.screenshots) EXPECT_GT(QFileInfo(f).size(), 10000) << f.toStdString();
 }
 

@@ -194,6 +194,10 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     if (c.overlap_param_gather_with_optimizer_step && !c.overlap_param_gather)
         ck.add("overlap_param_gather_with_optimizer_step",
                "overlap_param_gather_with_optimizer_step requires overlap_param_gather: true");
+    if (c.overlap_param_gather_with_optimizer_step && vpp <= 1)
+        ck.add("overlap_param_gather_with_optimizer_step",
+               "overlap_param_gather_with_optimizer_step needs the interleaved schedule "
+               "(virtual_pipeline_model_parallel_size > 1), as Megatron-LM asserts");
     if (c.num_distributed_optimizer_instances < 1)
         ck.add("num_distributed_optimizer_instances", "num_distributed_optimizer_instances must be >= 1");
     else if (c.num_distributed_optimizer_instances > 1) {

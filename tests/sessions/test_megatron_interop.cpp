@@ -209,6 +209,49 @@ TEST(MegatronInterop, EveryExportParsesWithMegatronTypesAndChoices) {
     }
 }
 
+// The asserts of Megatron-LM's validate_args (megatron/training/arguments.py at the table's
+// commit) that a parallel layout and its overlap knobs can trip, replayed on parsed arguments.
+std::vector<std::string> validateArgsLikeMegatron(const std::vector<std::string>& argv) {
+    std::map<std::string, std::string> a;  // flag -> value ("" for switches)
+    for (size_t i = 0; i < argv.size(); ++i) {
+        if (argv[i].rfind("--", 0) != 0) continue;
+        a[argv[i]] = (i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) ? argv[i + 1] : "";
+    }
+    auto num = [&](const char* f, int dflt) { return a.count(f) ? std::atoi(a[f].c_str()) : dflt; };
+    std::vector<std::string> p;
+    const int pp = num("--pipeline-model-parallel-size", 1);
+    const bool overlapP2P = !a.count("--no-overlap-p2p-communication");
+    const bool vpp = a.count("--num-virtual-stages-per-pipeline-rank") || a.count("--num-layers-per-virtual-pipeline-stage");
+    if (vpp && !(overlapP2P ? pp > 1 : pp > 2)) p.push_back("interleaved schedule: pipeline-model-parallel size too small");
+    if (a.count("--overlap-param-gather") && !(a.count("--use-distributed-optimizer") && a.count("--overlap-grad-reduce")))
+        p.push_back("--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce");
+    if (a.count("--overlap-param-gather-with-optimizer-step") &&
+        !(a.count("--use-distributed-optimizer") && a.count("--overlap-param-gather") && vpp))
+        p.push_back("--overlap-param-gather-with-optimizer-step needs the distributed optimizer, param gather overlap, vpp");
+    if (a.count("--tp-comm-overlap") && !a.count("--sequence-parallel"))
+        p.push_back("tensor parallel communication/GEMM overlap needs sequence parallelism");
+    if (!a.count("--decoder-first-pipeline-num-layers") && !a.count("--decoder-last-pipeline-num-layers") &&
+        num("--num-layers", 0) % pp != 0)
+        p.push_back("number of layers should be divisible by the pipeline-model-parallel size");
+    if (a.count("--recompute-method") && a["--recompute-granularity"] != "full")
+        p.push_back("--recompute-method needs --recompute-granularity full");
+    return p;
+}
+
+TEST(MegatronInterop, ValidConfigsPassValidateArgsReplay) {
+    for (const auto& [name, c] : exampleConfigs()) {
+        ASSERT_TRUE(engine::validateConfig(c).empty()) << name;
+        for (const auto& p : validateArgsLikeMegatron(megatronArgs(c))) ADD_FAILURE() << name << ": " << p;
+    }
+    // And the replay does fire: interleaving on pp=2 without p2p overlap.
+    Config bad;
+    bad.pipeline_model_parallel_size = 2;
+    bad.virtual_pipeline_model_parallel_size = 2;
+    bad.overlap_p2p_comm = false;
+    EXPECT_FALSE(validateArgsLikeMegatron(megatronArgs(bad)).empty());
+    EXPECT_FALSE(engine::validateConfig(bad).empty());  // and our own rules say so first
+}
+
 TEST(MegatronInterop, ParserCheckCanFail) {
     EXPECT_FALSE(parseAgainstMegatron({"--rotary-base", "10000.0"}).empty());
     EXPECT_FALSE(parseAgainstMegatron({"--position-embedding-type", "alibi"}).empty());

@@ -29,6 +29,7 @@ using nlohmann::json;
 struct ArgDef {
     std::string dest, type, nargs, action;
     json choices;  // null when free
+    json defaultValue;  // discarded (null) when computed upstream
 };
 
 struct ArgTable {
@@ -57,7 +58,8 @@ const ArgTable& megatronTable() {
             if (line.empty() || line[0] == '#') continue;
             auto f = split(line, '\t');
             if (f.size() != 7) continue;
-            ArgDef d{f[1], f[2], f[3], f[6], f[4].empty() ? json() : json::parse(f[4], nullptr, false)};
+            ArgDef d{f[1], f[2], f[3], f[6], f[4].empty() ? json() : json::parse(f[4], nullptr, false),
+                     json::parse(f[5], nullptr, false)};
             for (const auto& flag : split(f[0], ',')) t.byFlag[flag] = d;
         }
         return t;
@@ -199,6 +201,34 @@ TEST(MegatronInterop, EveryRegistryFlagExistsUpstreamWithItsDirection) {
             // --grad-reduce-in-bf16 is a store_true of the opposite dest; the rest store_false.
             EXPECT_TRUE(d.action == "store_false" || d.dest != k.name) << k.megatronFalseFlag;
         }
+    }
+}
+
+TEST(MegatronInterop, RegistryDefaultsAreMegatronLMs) {
+    // `trainscope knobs` teaches Megatron-LM's defaults: each knob's default is the upstream
+    // argument's (a None upstream is a required or derived value: ours is a placeholder).
+    const ArgTable& t = megatronTable();
+    const Config defaults;
+    for (const auto& k : engine::knobRegistry()) {
+        if (k.type == KnobType::Bool) {
+            // A knob with only a set-flag is one Megatron defaults off; only a clear-flag, on.
+            if (!k.megatronFlag.empty() && k.megatronFalseFlag.empty())
+                EXPECT_EQ(k.get(defaults), json(false)) << k.name;
+            if (k.megatronFlag.empty() && !k.megatronFalseFlag.empty())
+                EXPECT_EQ(k.get(defaults), json(true)) << k.name;
+            continue;
+        }
+        if (k.megatronFlag.empty() || !t.byFlag.count(k.megatronFlag)) continue;
+        const json& up = t.byFlag.at(k.megatronFlag).defaultValue;
+        if (up.is_null() || up.is_discarded()) continue;
+        // Spelled differently, meaning the same: 0 = MHA (upstream 1 only with
+        // --group-query-attention); one cp_comm_type for every layer (upstream a list of one).
+        if (k.name == "num_query_groups" || k.name == "cp_comm_type") continue;
+        const json ours = k.get(defaults);
+        if (ours.is_number() && up.is_number())
+            EXPECT_DOUBLE_EQ(ours.get<double>(), up.get<double>()) << k.name;
+        else
+            EXPECT_EQ(ours, up) << k.name;
     }
 }
 

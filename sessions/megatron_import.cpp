@@ -337,10 +337,18 @@ Result<MegatronImport> configFromMegatronScript(const std::string& text) {
             py |= endsWith(w, ".py");
             flags += w.rfind("--", 0) == 0;
         }
-        if (py && flags > 0 && (!best || flags >= bestFlags)) { best = &st; bestFlags = flags + 100000; }
+        if (py && flags > 0 && (!best || flags + 100000 >= bestFlags)) { best = &st; bestFlags = flags + 100000; }
         else if (!py && flags > bestFlags) { best = &st; bestFlags = flags; }
     }
     if (!best) return Status::invalid("no Megatron-LM argument list found (expected a pretrain_gpt.py command line)");
+    // A file of arguments only (no .py launch): every line that starts with a flag is part of
+    // the list, one flag per line or many.
+    std::vector<std::string> argsOnly;
+    if (bestFlags < 100000) {
+        for (const auto& st : sts)
+            if (!st.empty() && st[0].rfind("--", 0) == 0) argsOnly.insert(argsOnly.end(), st.begin(), st.end());
+        if (!argsOnly.empty()) best = &argsOnly;  // else: the command with the most flags
+    }
     TS_ASSIGN_OR_RETURN(MegatronImport r, configFromMegatronArgs(*best));
     r.notes.insert(r.notes.begin(), notes.begin(), notes.end());
     return r;

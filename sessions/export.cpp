@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/config/knobs.h"
+#include "sessions/bridge_import.h"
 #include "profiler/store.h"
 
 namespace ts::sessions {
@@ -19,6 +20,15 @@ namespace {
 
 // Value text for a command line / override: integers and strings as-is, floats in JSON form
 // (Python parses "0.0003" and "1e-08" alike), lists space-separated for argparse nargs='+'.
+std::string valueText(const json& v);
+
+// A knob's value as the type Megatron declares: Float knobs that upstream reads as int
+// (rotary_base: `type=int`) are written without a fraction (validation keeps them whole).
+std::string knobValueForMegatron(const KnobDef& k, const json& v) {
+    if (k.name == "rotary_base" && v.is_number()) return std::to_string(int64_t(v.get<double>()));
+    return valueText(v);
+}
+
 std::string valueText(const json& v) {
     if (v.is_string()) return v.get<std::string>();
     if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
@@ -31,6 +41,11 @@ bool leaveOut(const KnobDef& k, const Config& c) {
     static const Config defaults;
     const json v = k.get(c), d = k.get(defaults);
     if ((k.type == KnobType::Int) && v == 0 && d == 0) return true;       // 0 = derived / unset
+    if (k.zeroIsUnset && v == 0.0) return true;                            // Megatron's None
+    if (k.name == "rotary_base" && c.position_embedding_type != "rope") return true;
+    if ((k.name == "main_grads_dtype" || k.name == "exp_avg_dtype" || k.name == "exp_avg_sq_dtype") &&
+        !c.use_precision_aware_optimizer)
+        return true;
     if ((k.type == KnobType::String || k.type == KnobType::Enum) && v == "") return true;
     if (k.name == "virtual_pipeline_model_parallel_size" && c.virtual_pipeline_model_parallel_size <= 1) return true;
     if (k.group == "moe" && c.num_moe_experts == 0) return true;
@@ -38,6 +53,7 @@ bool leaveOut(const KnobDef& k, const Config& c) {
         return true;
     if (k.name.rfind("fp8_", 0) == 0 && c.fp8.empty()) return true;
     if (k.name == "cp_comm_type" && c.context_parallel_size <= 1) return true;
+    if (k.name == "data_parallel_sharding_strategy" && v == d) return true;  // Megatron-FSDP only
     if (k.name == "recompute_modules" && c.recompute_granularity != "selective") return true;
     if ((k.name == "recompute_method" || k.name == "recompute_num_layers") && c.recompute_granularity != "full")
         return true;
@@ -79,8 +95,8 @@ std::vector<std::string> megatronArgs(const Config& c, std::vector<std::string>*
             if (k.name == "bias_activation_fusion" && !on && c.swiglu) flag = "--no-bias-swiglu-fusion";
             if (!flag.empty()) {
                 out.push_back(flag);
-            } else if (k.megatronFlag.empty() && k.megatronFalseFlag.empty() && notes &&
-                       v != k.get(Config{})) {
+            } else if (k.megatronFlag.empty() && k.megatronFalseFlag.empty() && notes && v != k.get(Config{}) &&
+                       k.name != "cpu_offloading") {  // Megatron-LM derives it from --cpu-offloading-num-layers
                 notes->push_back(k.name + "=" + valueText(v) + ": Megatron-LM has no flag for it");
             }
             continue;
@@ -108,7 +124,7 @@ std::vector<std::string> megatronArgs(const Config& c, std::vector<std::string>*
         if (v.is_array()) {
             for (const auto& e : v) out.push_back(valueText(e));
         } else {
-            out.push_back(valueText(v));
+            out.push_back(knobValueForMegatron(k, v));
         }
         if (k.name == "num_query_groups") out.push_back("--group-query-attention");
         if (k.name == "seq_length") {
@@ -121,36 +137,94 @@ std::vector<std::string> megatronArgs(const Config& c, std::vector<std::string>*
 }
 
 std::vector<std::string> bridgeOverrides(const Config& c, std::vector<std::string>* notes) {
+    // Written against a recipe that is already loaded: every knob is set, and a feature that is
+    // off is written as null, so the recipe's own values (recompute, vpp, fp8 ...) cannot leak
+    // through. Precision goes through the mixed_precision preset (Bridge overwrites model.bf16
+    // and model.fp8* from it), overlap through comm_overlap.* (which Bridge applies to the ddp,
+    // optimizer and model configs last).
     std::vector<std::string> out;
     const engine::DerivedSizes ds = engine::deriveSizes(c);
+    const Config defaults;
+    auto emit = [&](const std::string& path, const std::string& value) { out.push_back(path + "=" + value); };
     for (const KnobDef& k : engine::knobRegistry()) {
         json v = k.get(c);
         if (k.bridgePath.empty()) {
-            if (notes && v != k.get(Config{}))
+            if (notes && v != k.get(defaults))
                 notes->push_back(k.name + "=" + engine::knobValueText(k, c) + ": no Megatron-Bridge field");
             continue;
         }
-        if (k.name == "global_batch_size") {
-            out.push_back(k.bridgePath + "=" + std::to_string(ds.global_batch_size));
-            continue;
-        }
+        const std::string& path = k.bridgePath;
+        if (k.name == "global_batch_size") { emit(path, std::to_string(ds.global_batch_size)); continue; }
         if (k.name == "data_path") {
             if (notes) notes->push_back("data_path: set the recipe's dataset (Bridge dataset configs are not a single path)");
             continue;
         }
-        if (k.type != KnobType::Bool && leaveOut(k, c)) continue;
+        if (k.name == "bf16") {
+            std::vector<std::string> diffs;
+            const std::string preset = bridgePrecisionPreset(c, &diffs);
+            emit("mixed_precision", preset.empty() ? "null" : preset);
+            if (preset.empty()) {  // fp32: nothing a recipe set may stay in bf16
+                emit("model.bf16", "false");
+                emit("optimizer.bf16", "false");
+                emit("model.fp8", "null");
+            }
+            if (!preset.empty() && !c.grad_reduce_in_fp32)
+                diffs.push_back("grad_reduce_in_fp32=false: the preset sets ddp.grad_reduce_in_fp32=true");
+            if (notes)
+                for (const auto& d : diffs) notes->push_back(d + " (Bridge applies the preset's value)");
+            continue;
+        }
+        if (k.name.rfind("fp8", 0) == 0) continue;  // part of the mixed_precision preset
+        if (k.name == "swiglu") {
+            emit(path, c.swiglu ? "true" : "false");
+            emit("model.activation_func", c.swiglu ? "silu" : "gelu");
+            continue;
+        }
+        if (k.name == "seq_length") {  // Bridge asserts model and dataset agree
+            emit(path, valueText(v));
+            emit("dataset.seq_length", valueText(v));
+            continue;
+        }
+        if (k.name == "ffn_hidden_size") {  // Bridge's provider derives 4h, not Megatron-LM's swiglu size
+            emit(path, std::to_string(ds.ffn_hidden_size));
+            continue;
+        }
+        if (k.name == "rotary_base") { emit(path, knobValueForMegatron(k, v)); continue; }
+        if (k.name == "position_embedding_type" && c.position_embedding_type == "none") {
+            if (notes) notes->push_back("position_embedding_type=none: Bridge's GPT provider has no such choice");
+            continue;
+        }
+        if (k.name == "cp_comm_type" && c.context_parallel_size <= 1) continue;
+        if (k.group == "moe" && k.name != "num_moe_experts" && c.num_moe_experts == 0) continue;
+        if ((k.name == "main_grads_dtype" || k.name == "exp_avg_dtype" || k.name == "exp_avg_sq_dtype") &&
+            !c.use_precision_aware_optimizer)
+            continue;
+        // Off / unset / derived -> null.
+        const bool unsetInt = k.type == KnobType::Int && v == 0 && k.get(defaults) == 0;
+        const bool offEnum = (k.type == KnobType::Enum || k.type == KnobType::String) && v == "";
+        const bool noVpp = k.name == "virtual_pipeline_model_parallel_size" && c.virtual_pipeline_model_parallel_size <= 1;
+        const bool noModules = k.name == "recompute_modules" && c.recompute_granularity != "selective";
+        const bool noFull = (k.name == "recompute_method" || k.name == "recompute_num_layers") &&
+                            c.recompute_granularity != "full";
+        if (unsetInt || offEnum || noVpp || noModules || noFull || (k.zeroIsUnset && v == 0.0)) {
+            if (k.name == "cpu_offloading_num_layers" || k.name == "lr_warmup_iters" || k.name == "train_iters")
+                emit(path, "0");
+            else
+                emit(path, "null");
+            continue;
+        }
         if (k.type == KnobType::Bool) {
             bool on = v.get<bool>();
             if (k.bridgeNegate) on = !on;
-            out.push_back(k.bridgePath + "=" + (on ? "true" : "false"));
+            emit(path, on ? "true" : "false");
         } else if (v.is_array()) {
             std::string list = "[";
             for (size_t i = 0; i < v.size(); ++i) list += (i ? "," : "") + quoteIfNeeded(valueText(v[i]));
-            out.push_back(k.bridgePath + "=" + list + "]");
+            emit(path, list + "]");
         } else if (v.is_string()) {
-            out.push_back(k.bridgePath + "=" + quoteIfNeeded(v.get<std::string>()));
+            emit(path, quoteIfNeeded(v.get<std::string>()));
         } else {
-            out.push_back(k.bridgePath + "=" + valueText(v));
+            emit(path, valueText(v));
         }
     }
     return out;

@@ -43,7 +43,7 @@ constexpr const char* kUsage =
     "                        [--trainscope PATH] [--dir DIR]";
 
 constexpr const char* kMicroYaml =
-    "name: load\nnum_layers: 2\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\n"
+    "name: load\nposition_embedding_type: rope\nnum_layers: 2\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\n"
     "vocab_size: 256\nmicro_batch_size: 2\ndata_path: synthetic\ntrain_iters: 3\n";
 
 double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -22,7 +23,9 @@
 #include "profiler/store.h"
 #include "sessions/agent.h"
 #include "sessions/compare.h"
+#include "sessions/bridge_import.h"
 #include "sessions/export.h"
+#include "sessions/megatron_import.h"
 #include "sessions/node_client.h"
 #include "sessions/workspace.h"
 
@@ -436,6 +439,67 @@ int cmdExport(const Args& a) {
         if (!f) return fail(1, "cannot write " + *out);
     } else {
         std::fputs(r.text.c_str(), stdout);
+    }
+    return 0;
+}
+
+// `trainscope config from-megatron FILE|-`: a Megatron-LM launch (pretrain_gpt.py argument
+// list or a shell script holding one) as a trainscope YAML; every argument that maps to no
+// knob is listed on stderr and as a comment at the top of the YAML.
+int cmdConfig(const Args& a) {
+    if (int rc = checkFlags(a, {"--out", "--shrink"})) return rc;
+    const auto& pos = a.positional();
+    if (pos.size() != 2 || (pos[0] != "from-megatron" && pos[0] != "from-bridge"))
+        return fail(2, "usage: trainscope config from-megatron SCRIPT|- | from-bridge YAML|OVERRIDES|- [--shrink] [--out CONFIG.yaml]");
+    const bool bridge = pos[0] == "from-bridge";
+    std::string text;
+    if (pos[1] == "-") {
+        std::ostringstream ss;
+        ss << std::cin.rdbuf();
+        text = ss.str();
+    } else {
+        std::ifstream in(pos[1], std::ios::binary);
+        if (!in) return fail(3, "cannot open " + pos[1]);
+        std::ostringstream ss;
+        ss << in.rdbuf();
+        text = ss.str();
+    }
+    if (text.size() > (size_t(1) << 20)) return fail(2, pos[1] + " is larger than 1 MiB; give the launch script");
+    std::vector<std::string> notes, unmapped;
+    engine::Config config;
+    if (bridge) {
+        auto imported = sessions::configFromBridge(text);
+        if (!imported) return failStatus(imported.status());
+        config = imported->config;
+        notes = imported->notes;
+        unmapped = imported->unmapped;
+    } else {
+        auto imported = sessions::configFromMegatronScript(text);
+        if (!imported) return failStatus(imported.status());
+        config = imported->config;
+        notes = imported->notes;
+        unmapped = imported->unmapped;
+    }
+    if (a.has("--shrink"))
+        for (const auto& change : sessions::shrinkModelShape(config)) notes.push_back("shrunk " + change);
+    std::string yaml = "# Imported by `trainscope config " + pos[0] + "` from " + pos[1] + "\n";
+    for (const auto& n : notes) {
+        std::fprintf(stderr, "note: %s\n", forTerminal(n).c_str());
+        yaml += "# note: " + forTerminal(n) + "\n";
+    }
+    for (const auto& u : unmapped) {
+        std::fprintf(stderr, "unmapped: %s\n", forTerminal(u).c_str());
+        yaml += "# unmapped: " + forTerminal(u) + "\n";
+    }
+    for (const auto& issue : engine::validateConfig(config))
+        std::fprintf(stderr, "warning: %s\n", forTerminal(issue.toString()).c_str());
+    yaml += engine::configToYaml(config, /*onlyNonDefault=*/true);
+    if (auto out = a.value("--out")) {
+        std::ofstream f(*out);
+        f << yaml;
+        if (!f) return fail(1, "cannot write " + *out);
+    } else {
+        std::fputs(yaml.c_str(), stdout);
     }
     return 0;
 }

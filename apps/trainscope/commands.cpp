@@ -14,7 +14,7 @@ bool isSwitchFlag(const std::string& flag) {
     static const char* kSwitches[] = {"--json", "--all", "--stdio", "--follow", "--quiet",
                                       "--no-trace", "--force", "--rebuild", "--verbose",
                                       "--in-process", "--fused", "--unfused", "--markdown",
-                                      "--drop-last-step"};
+                                      "--drop-last-step", "--shrink"};
     return std::any_of(std::begin(kSwitches), std::end(kSwitches),
                        [&](const char* s) { return flag == s; });
 }
@@ -136,6 +136,19 @@ const std::vector<Command>& commands() {
          "A/B: knobs that differ, then metric deltas with the sign that matters", cmdCompare},
         {"export", "export RUN --format yaml|megatron-args|bridge-overrides [--out FILE]",
          "export a run's config for a headless rerun, Megatron-LM or Megatron-Bridge", cmdExport},
+        {"config", "config from-megatron SCRIPT|- | from-bridge YAML|OVERRIDES|- [--shrink] [--out CONFIG.yaml]",
+         "import a Megatron-LM launch or a Megatron-Bridge config as a trainscope config", cmdConfig,
+         "  SCRIPT is a shell script or a file holding the argument list (- reads stdin): backslash\n"
+         "  continuations, quotes, comments, VAR=value and bash arrays VAR=( ... ) set in the script are\n"
+         "  expanded; other $VARIABLES are reported. Flags map to knobs through the knob registry (the\n"
+         "  same table export uses); every argument that maps to no knob is printed as `unmapped:` and\n"
+         "  kept as a comment in the YAML.\n"
+         "  from-bridge reads a Bridge YAML (nested sections model:, ddp:, comm_overlap: ...) or lines of\n"
+         "  path=value overrides; mixed_precision presets set bf16/fp8, gated_linear_unit with\n"
+         "  activation_func=silu sets swiglu, null means off/derived.\n"
+         "  --shrink  shrink the model shape (layers to 1-2 per pipeline chunk, heads to whole groups per\n"
+         "            TP rank with head dim 16, hidden, ffn, seq 128, vocab 4096) to run on this node,\n"
+         "            keeping the parallel layout and every performance knob; each change is printed."},
         {"agent", "agent --stdio | --listen HOST:PORT --token-file FILE [--allow-path DIR ...] [--workspace DIR] "
                   "[--max-runs N] [--node-name NAME] | --generate-token FILE",
          "serve this node over JSON-RPC 2.0 (used by the GUI and by --node)", cmdAgent,

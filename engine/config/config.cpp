@@ -43,6 +43,10 @@ DerivedSizes deriveSizes(const Config& c) {
                                       : (c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
     if (c.ffn_hidden_size > 0) {
         d.ffn_hidden_size = c.ffn_hidden_size;
+    } else if (c.swiglu) {
+        // Megatron-LM validate_args: the gated MLP has two input projections, so its width is
+        // cut to 2/3 of 4h (same parameter count) and rounded down to a multiple of 64.
+        d.ffn_hidden_size = int((4.0 * c.hidden_size * 2.0 / 3.0) / 64.0) * 64;
     } else {
         d.ffn_hidden_size = 4 * c.hidden_size;
     }

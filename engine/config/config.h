@@ -13,7 +13,7 @@ struct Config {
     // --- model shape ----------------------------------------------------------------------
     int num_layers = 4;
     int hidden_size = 256;
-    int ffn_hidden_size = 0;         // 0 = 4*hidden (or Megatron's swiglu default)
+    int ffn_hidden_size = 0;         // 0 = derived as Megatron does: 4*h, or int(8h/3/64)*64 with swiglu
     int num_attention_heads = 4;
     int num_query_groups = 0;        // 0 = num_attention_heads (no GQA)
     int kv_channels = 0;             // 0 = hidden / heads
@@ -23,12 +23,12 @@ struct Config {
     std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
     double norm_epsilon = 1e-5;
     bool swiglu = false;
-    std::string position_embedding_type = "rope";  // rope | learned_absolute | none
+    std::string position_embedding_type = "learned_absolute";  // Megatron's default; the engine runs rope | none
     double rotary_base = 10000;
     bool untie_embeddings_and_output_weights = false;
     bool add_bias_linear = true;
-    double hidden_dropout = 0.0;
-    double attention_dropout = 0.0;
+    double hidden_dropout = 0.1;     // Megatron's defaults; tests and examples that need 0 say so
+    double attention_dropout = 0.1;
     double init_method_std = 0.02;
     int num_moe_experts = 0;         // 0 = dense
 
@@ -37,6 +37,10 @@ struct Config {
     int tensor_model_parallel_size = 1;
     int pipeline_model_parallel_size = 1;
     int virtual_pipeline_model_parallel_size = 1;  // 1 = no interleaving
+    int num_layers_per_virtual_pipeline_stage = 0;   // 0 = unset (the other way to ask for interleaving)
+    int decoder_first_pipeline_num_layers = 0;       // 0 = even split
+    int decoder_last_pipeline_num_layers = 0;
+    bool defer_embedding_wgrad_compute = false;
     int context_parallel_size = 1;
     std::string cp_comm_type = "p2p";  // p2p | all_gather | a2a
     int expert_model_parallel_size = 1;
@@ -53,6 +57,14 @@ struct Config {
     bool overlap_grad_reduce = false;
     bool overlap_param_gather = false;
     bool use_distributed_optimizer = false;
+    bool overlap_param_gather_with_optimizer_step = false;
+    bool align_param_gather = true;  // Megatron: in effect only with the interleaved schedule
+    int num_distributed_optimizer_instances = 1;
+    std::string data_parallel_sharding_strategy = "optim_grads_params";  // Megatron-FSDP only
+    bool use_precision_aware_optimizer = false;
+    std::string main_grads_dtype = "fp32";   // fp32 | bf16
+    std::string exp_avg_dtype = "fp32";      // fp32 | fp16 | bf16 | fp8
+    std::string exp_avg_sq_dtype = "fp32";   // fp32 | fp16 | bf16 | fp8
     int64_t bucket_size = 0;         // elements; 0 = Megatron default max(40M, 1M*dp)
     bool average_in_collective = false;
     bool grad_reduce_in_fp32 = true;
@@ -65,7 +77,9 @@ struct Config {
     bool tp_comm_overlap_rs_dgrad = false;
     bool tp_comm_bulk_dgrad = true;
     bool tp_comm_bulk_wgrad = true;
-    bool overlap_p2p_comm = false;
+    // Megatron: overlap_p2p_comm defaults to true and is in effect only with the interleaved
+    // schedule; batch_p2p_comm applies where overlap is not in effect (see config_rules.cpp).
+    bool overlap_p2p_comm = true;
     bool batch_p2p_comm = true;
 
     // --- fusions --------------------------------------------------------------------------
@@ -73,7 +87,8 @@ struct Config {
     bool bias_activation_fusion = true;
     bool bias_dropout_fusion = true;
     bool apply_rope_fusion = true;
-    bool cross_entropy_loss_fusion = true;
+    bool cross_entropy_loss_fusion = false;
+    std::string cross_entropy_fusion_impl = "native";  // native | te
     bool gradient_accumulation_fusion = true;
     bool persist_layer_norm = true;
 
@@ -90,18 +105,26 @@ struct Config {
     std::string recompute_method = "";       // "" | uniform | block
     int recompute_num_layers = 0;
     std::vector<std::string> recompute_modules = {"core_attn"};
+    bool recompute_activations = false;  // Megatron's shorthand for recompute_granularity=selective
 
     // --- MoE ------------------------------------------------------------------------------
     int moe_router_topk = 2;
     double moe_aux_loss_coeff = 0.0;
-    double moe_z_loss_coeff = 0.0;
+    double moe_z_loss_coeff = 0.0;   // 0 = unset (Megatron None): no z-loss term
     bool moe_grouped_gemm = false;
-    std::string moe_token_dispatcher_type = "alltoall";  // allgather | alltoall
-    double moe_expert_capacity_factor = 0.0;             // 0 = dropless
+    std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall | flex
+    double moe_expert_capacity_factor = 0.0;             // 0 = unset (Megatron None): dropless
     int moe_ffn_hidden_size = 0;
+    int moe_shared_expert_intermediate_size = 0;  // 0 = no shared expert
+    bool moe_shared_expert_overlap = false;
+    bool moe_permute_fusion = false;
+    std::string moe_router_load_balancing_type = "aux_loss";
 
     // --- misc -----------------------------------------------------------------------------
-    bool enable_cuda_graph = false;
+    std::string cuda_graph_impl = "none";  // none | local | transformer_engine | full_iteration
+    std::string attention_backend = "auto";  // flash | fused | unfused | local | auto
+    bool cpu_offloading = false;
+    int cpu_offloading_num_layers = 0;
     bool account_for_embedding_in_pipeline_split = false;
     bool account_for_loss_in_pipeline_split = false;
 
@@ -110,18 +133,18 @@ struct Config {
     int seed = 1234;
     double lr = 3e-4;
     double min_lr = 0.0;
-    std::string lr_decay_style = "constant";  // constant | linear | cosine
+    std::string lr_decay_style = "linear";  // constant | linear | cosine (Megatron's default: linear)
     int lr_warmup_iters = 0;
     double weight_decay = 0.01;
     double clip_grad = 1.0;          // 0 = no clipping
     double adam_beta1 = 0.9;
-    double adam_beta2 = 0.95;
+    double adam_beta2 = 0.999;
     double adam_eps = 1e-8;
     std::string data_path = "";      // "" = shipped corpus; "synthetic"; or Megatron .bin/.idx prefix
     std::string tokenizer_type = "byte";  // byte | bpe
     std::string device_backend = "cpu";   // cpu | cuda
     int cpu_threads = 0;             // GEMM threads per rank on the CPU backend; 0 = auto
-    int log_interval = 1;
+    int log_interval = 100;
     std::string save = "";           // checkpoint dir ("" = none)
     std::string load = "";           // resume from checkpoint dir
     int save_interval = 0;

@@ -1,6 +1,8 @@
 // Cross-knob rules of a config (Megatron's validate_args and our engine's limits). Each rule
 // names the knobs, the values, the rule and the fix.
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/config/knobs.h"
@@ -55,6 +57,11 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     nonNegative("cpu_threads", c.cpu_threads);
     nonNegative("save_interval", c.save_interval);
     nonNegative("lr_warmup_iters", c.lr_warmup_iters);
+    nonNegative("num_layers_per_virtual_pipeline_stage", c.num_layers_per_virtual_pipeline_stage);
+    nonNegative("decoder_first_pipeline_num_layers", c.decoder_first_pipeline_num_layers);
+    nonNegative("decoder_last_pipeline_num_layers", c.decoder_last_pipeline_num_layers);
+    nonNegative("cpu_offloading_num_layers", c.cpu_offloading_num_layers);
+    nonNegative("moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size);
     if (c.lr < 0) ck.add("lr", "lr=" + std::to_string(c.lr) + " must be >= 0");
     if (c.clip_grad < 0) ck.add("clip_grad", "clip_grad must be >= 0 (0 disables clipping)");
     if (c.weight_decay < 0) ck.add("weight_decay", "weight_decay must be >= 0");
@@ -79,6 +86,11 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     if (heads % groups != 0)
         ck.add("num_query_groups", kv("num_query_groups", groups) + " does not divide " +
                                        kv("num_attention_heads", heads) + "; choose a divisor of the head count");
+    if (c.rotary_base <= 0 || c.rotary_base != double(int64_t(c.rotary_base)) || c.rotary_base > 2147483647.0)
+        ck.add("rotary_base", "rotary_base must be a positive integer (Megatron-LM's --rotary-base is an int)");
+    if (c.ffn_hidden_size == 0 && d.ffn_hidden_size <= 0)
+        ck.add("ffn_hidden_size", "swiglu with hidden_size=" + std::to_string(c.hidden_size) +
+                                      " derives ffn_hidden_size = int(4*h*2/3/64)*64 = 0; set ffn_hidden_size");
     if (c.position_embedding_type == "rope" && d.kv_channels % 2 != 0)
         ck.add("kv_channels", "rope needs an even head dimension, got " + std::to_string(d.kv_channels));
 
@@ -151,14 +163,59 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
                                            std::to_string(d.num_microbatches) + ") % pipeline_model_parallel_size (" +
                                            std::to_string(pp) + ") == 0; adjust global_batch_size or num_microbatches");
     }
-    if (c.overlap_p2p_comm && c.batch_p2p_comm)
-        ck.add("batch_p2p_comm", "overlap_p2p_comm and batch_p2p_comm are mutually exclusive; set batch_p2p_comm: false");
+    if (c.num_layers_per_virtual_pipeline_stage > 0) {
+        if (vpp > 1)
+            ck.add("num_layers_per_virtual_pipeline_stage",
+                   "set either num_layers_per_virtual_pipeline_stage or virtual_pipeline_model_parallel_size, not both");
+        else if (c.num_layers % (pp * c.num_layers_per_virtual_pipeline_stage) != 0)
+            ck.add("num_layers_per_virtual_pipeline_stage",
+                   kv("num_layers", c.num_layers) + " is not divisible by pipeline_model_parallel_size*"
+                   "num_layers_per_virtual_pipeline_stage = " + std::to_string(pp * c.num_layers_per_virtual_pipeline_stage));
+    }
+    if (c.decoder_first_pipeline_num_layers > 0 || c.decoder_last_pipeline_num_layers > 0) {
+        const int set = (c.decoder_first_pipeline_num_layers > 0) + (c.decoder_last_pipeline_num_layers > 0);
+        const int rest = c.num_layers - c.decoder_first_pipeline_num_layers - c.decoder_last_pipeline_num_layers;
+        if (pp <= set)
+            ck.add("decoder_first_pipeline_num_layers",
+                   "decoder_first/last_pipeline_num_layers need more pipeline stages than the stages they fix (" +
+                   kv("pipeline_model_parallel_size", pp) + ")");
+        else if (rest <= 0 || rest % (pp - set) != 0)
+            ck.add("decoder_first_pipeline_num_layers",
+                   "the " + std::to_string(rest) + " layers left after decoder_first/last_pipeline_num_layers do not "
+                   "split evenly over the other " + std::to_string(pp - set) + " pipeline stages");
+    }
 
     // Data-parallel communication.
     if (c.overlap_param_gather && !c.use_distributed_optimizer)
         ck.add("overlap_param_gather", "overlap_param_gather requires use_distributed_optimizer: true");
     if (c.overlap_param_gather && !c.overlap_grad_reduce)
         ck.add("overlap_param_gather", "overlap_param_gather requires overlap_grad_reduce: true");
+
+    if (c.overlap_param_gather_with_optimizer_step && !c.overlap_param_gather)
+        ck.add("overlap_param_gather_with_optimizer_step",
+               "overlap_param_gather_with_optimizer_step requires overlap_param_gather: true");
+    if (c.overlap_param_gather_with_optimizer_step && vpp <= 1)
+        ck.add("overlap_param_gather_with_optimizer_step",
+               "overlap_param_gather_with_optimizer_step needs the interleaved schedule "
+               "(virtual_pipeline_model_parallel_size > 1), as Megatron-LM asserts");
+    if (c.num_distributed_optimizer_instances < 1)
+        ck.add("num_distributed_optimizer_instances", "num_distributed_optimizer_instances must be >= 1");
+    else if (c.num_distributed_optimizer_instances > 1) {
+        if (!c.use_distributed_optimizer)
+            ck.add("num_distributed_optimizer_instances",
+                   "num_distributed_optimizer_instances > 1 requires use_distributed_optimizer: true");
+        if (d.dp % c.num_distributed_optimizer_instances != 0)
+            ck.add("num_distributed_optimizer_instances",
+                   kv("num_distributed_optimizer_instances", c.num_distributed_optimizer_instances) +
+                   " does not divide the data-parallel size " + std::to_string(d.dp));
+    }
+    if (!c.use_precision_aware_optimizer) {
+        for (const auto& [name, value] : {std::pair<const char*, const std::string*>{"main_grads_dtype", &c.main_grads_dtype},
+                                          {"exp_avg_dtype", &c.exp_avg_dtype},
+                                          {"exp_avg_sq_dtype", &c.exp_avg_sq_dtype}})
+            if (*value != "fp32")
+                ck.add(name, std::string(name) + "=" + *value + " needs use_precision_aware_optimizer: true");
+    }
 
     // Precision.
     if (!c.fp8.empty() && !c.bf16)
@@ -179,6 +236,12 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     } else if (!c.recompute_method.empty()) {
         ck.add("recompute_method", "recompute_method applies only with recompute_granularity: full");
     }
+    if (c.recompute_activations && c.recompute_granularity == "full")
+        ck.add("recompute_activations", "recompute_activations means selective recompute; it conflicts with "
+                                        "recompute_granularity: full");
+    if (c.cpu_offloading != (c.cpu_offloading_num_layers > 0))
+        ck.add("cpu_offloading", "cpu_offloading and cpu_offloading_num_layers > 0 go together (Megatron-LM turns "
+                                 "offloading on exactly when cpu_offloading_num_layers > 0)");
 
     // MoE.
     if (d.ep > 1 && c.num_moe_experts == 0)
@@ -193,9 +256,30 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
         ck.add("moe_grouped_gemm", "moe_grouped_gemm needs num_moe_experts > 0");
     }
 
+    if (c.moe_expert_capacity_factor < 0)
+        ck.add("moe_expert_capacity_factor", "moe_expert_capacity_factor must be >= 0 (0 = dropless)");
+    if (c.moe_z_loss_coeff < 0) ck.add("moe_z_loss_coeff", "moe_z_loss_coeff must be >= 0 (0 = no z-loss)");
+    if (c.moe_shared_expert_overlap && c.moe_shared_expert_intermediate_size <= 0)
+        ck.add("moe_shared_expert_overlap", "moe_shared_expert_overlap needs moe_shared_expert_intermediate_size > 0");
+    // Megatron-Core TransformerConfig.__post_init__ checks.
+    if (c.num_moe_experts > 0 && c.moe_shared_expert_overlap && c.moe_token_dispatcher_type == "allgather")
+        ck.add("moe_shared_expert_overlap", "moe_shared_expert_overlap works only with moe_token_dispatcher_type "
+                                            "alltoall or flex");
+    if (c.num_moe_experts > 0 && c.moe_expert_capacity_factor > 0 && (c.moe_router_load_balancing_type == "sinkhorn" || c.moe_router_load_balancing_type == "quantile_balancing"))
+        ck.add("moe_expert_capacity_factor", "moe_expert_capacity_factor works only with aux_loss, seq_aux_loss, "
+                                             "global_aux_loss or none load balancing");
+    if (c.cpu_offloading) {
+        if (c.cpu_offloading_num_layers >= c.num_layers)
+            ck.add("cpu_offloading_num_layers", kv("cpu_offloading_num_layers", c.cpu_offloading_num_layers) +
+                                                    " must be less than " + kv("num_layers", c.num_layers));
+        if (pp > 1) ck.add("cpu_offloading", "cpu_offloading does not work with pipeline parallelism (Megatron-Core)");
+        if (!c.recompute_granularity.empty() || c.recompute_activations)
+            ck.add("cpu_offloading", "cpu_offloading does not work with activation recompute (Megatron-Core)");
+    }
+
     // Backend.
-    if (c.enable_cuda_graph && c.device_backend != "cuda")
-        ck.add("enable_cuda_graph", "enable_cuda_graph requires device_backend: cuda");
+    if (c.cuda_graph_impl != "none" && c.device_backend != "cuda")
+        ck.add("cuda_graph_impl", "cuda_graph_impl=" + c.cuda_graph_impl + " requires device_backend: cuda");
     return ck.issues;
 }
 

@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -15,6 +16,7 @@
 
 #include "common/text.h"
 #include "engine/config/knobs.h"
+#include "engine/config/yaml_json.h"
 
 namespace ts::engine {
 
@@ -318,6 +320,21 @@ Status applyOverride(Config& c, const std::string& kv) {
     return Status::ok();
 }
 
+Result<json> yamlToJson(const std::string& text) {
+    if (text.size() > kMaxConfigBytes) return Status::invalid("the text is larger than 1 MiB");
+    try {
+        YAML::Node root = YAML::Load(text);
+        Walk bounds;
+        checkBounds(root, bounds, 0);
+        Walk w;
+        return nodeToJson(root, w, 0);
+    } catch (const LimitExceeded& e) {
+        return Status::invalid(e.message);
+    } catch (const YAML::Exception& e) {
+        return Status::invalid("YAML error at line " + std::to_string(e.mark.line + 1) + ": " + sanitizeUtf8(e.msg));
+    }
+}
+
 std::string configToYaml(const Config& c, bool onlyNonDefault) {
     const Config defaults;
     std::ostringstream out;
@@ -351,6 +368,8 @@ std::string configToYaml(const Config& c, bool onlyNonDefault) {
                 s = num.str();
                 if (std::strtod(s.c_str(), nullptr) == d) break;
             }
+            // Whole numbers as digits (rotary_base: 500000.0, not 5e+05).
+            if (std::fabs(d) < 1e15 && d == std::floor(d)) s = std::to_string(int64_t(d)) + ".0";
             if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
             e << s;
         } else {

@@ -163,6 +163,7 @@ struct Builder {
 
 KnobDef& rules(KnobDef& k, const char* r) { k.rules = r; return k; }
 KnobDef& notInEngine(KnobDef& k) { k.engineSupported = false; return k; }
+KnobDef& unsetWhenZero(KnobDef& k) { k.zeroIsUnset = true; return k; }
 
 std::vector<KnobDef> buildRegistry() {
     Builder r;
@@ -174,7 +175,8 @@ std::vector<KnobDef> buildRegistry() {
     rules(r.i("hidden_size", &C::hidden_size, "--hidden-size", "model.hidden_size", "Transformer hidden size h."),
           "divisible by num_attention_heads unless kv_channels is set");
     rules(r.i("ffn_hidden_size", &C::ffn_hidden_size, "--ffn-hidden-size", "model.ffn_hidden_size",
-              "MLP hidden size; 0 = 4*hidden_size."), "divisible by tensor_model_parallel_size");
+              "MLP hidden size; 0 = derived as Megatron-LM does: 4*hidden_size, or int(4*hidden_size*2/3/64)*64 "
+              "with swiglu."), "divisible by tensor_model_parallel_size");
     rules(r.i("num_attention_heads", &C::num_attention_heads, "--num-attention-heads", "model.num_attention_heads",
               "Number of attention (query) heads."), "divisible by tensor_model_parallel_size");
     rules(r.i("num_query_groups", &C::num_query_groups, "--num-query-groups", "model.num_query_groups",
@@ -190,10 +192,14 @@ std::vector<KnobDef> buildRegistry() {
     r.e("normalization", &C::normalization, {"LayerNorm", "RMSNorm"}, "--normalization", "model.normalization",
         "Normalization layer type.");
     r.f("norm_epsilon", &C::norm_epsilon, "--norm-epsilon", "model.layernorm_epsilon", "Epsilon of LayerNorm/RMSNorm.");
-    r.b("swiglu", &C::swiglu, "--swiglu", "", "model.gated_linear_unit", "SwiGLU MLP (gated, SiLU) instead of GeLU.");
-    r.e("position_embedding_type", &C::position_embedding_type, {"rope", "learned_absolute", "none"},
-        "--position-embedding-type", "model.position_embedding_type", "Position embedding type.");
-    r.f("rotary_base", &C::rotary_base, "--rotary-base", "model.rotary_base", "RoPE base theta.");
+    r.b("swiglu", &C::swiglu, "--swiglu", "", "model.gated_linear_unit",
+        "SwiGLU MLP (gated, SiLU) instead of GeLU (Bridge: gated_linear_unit plus activation_func=silu).");
+    r.e("position_embedding_type", &C::position_embedding_type, {"learned_absolute", "rope", "none"},
+        "--position-embedding-type", "model.position_embedding_type",
+        "Position embedding type (Megatron's default learned_absolute; the engine runs rope and none).");
+    rules(r.f("rotary_base", &C::rotary_base, "--rotary-base", "model.rotary_base",
+              "RoPE base theta (Megatron-LM reads an integer)."),
+          "an integer; only used with position_embedding_type=rope");
     KnobDef& untie = r.b("untie_embeddings_and_output_weights", &C::untie_embeddings_and_output_weights,
                          "--untie-embeddings-and-output-weights", "", "model.share_embeddings_and_output_weights",
                          "Separate output-layer weights instead of reusing the word embedding.");
@@ -201,9 +207,9 @@ std::vector<KnobDef> buildRegistry() {
     r.b("add_bias_linear", &C::add_bias_linear, "", "--disable-bias-linear", "model.add_bias_linear",
         "Bias terms in all linear layers.");
     r.f("hidden_dropout", &C::hidden_dropout, "--hidden-dropout", "model.hidden_dropout",
-        "Dropout after attention projection and MLP (Megatron default 0.1; ours 0).");
+        "Dropout after attention projection and MLP.");
     r.f("attention_dropout", &C::attention_dropout, "--attention-dropout", "model.attention_dropout",
-        "Dropout on attention probabilities (Megatron default 0.1; ours 0).");
+        "Dropout on attention probabilities.");
     r.f("init_method_std", &C::init_method_std, "--init-method-std", "model.init_method_std",
         "Std of the normal weight initialization.");
     notInEngine(rules(r.i("num_moe_experts", &C::num_moe_experts, "--num-experts", "model.num_moe_experts",
@@ -224,6 +230,17 @@ std::vector<KnobDef> buildRegistry() {
               "--num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size",
               "Model chunks per pipeline rank v for the interleaved 1F1B schedule; 1 = not interleaved."),
           "needs pipeline_model_parallel_size > 2 (or > 1 with overlap_p2p_comm) and num_microbatches % pipeline_model_parallel_size == 0");
+    notInEngine(rules(r.i("num_layers_per_virtual_pipeline_stage", &C::num_layers_per_virtual_pipeline_stage,
+                          "--num-layers-per-virtual-pipeline-stage", "",
+                          "Interleaving given as layers per model chunk; 0 = unset (Megatron derives the "
+                          "virtual stages as num_layers / pp / this)."),
+                      "excludes virtual_pipeline_model_parallel_size > 1"));
+    notInEngine(r.i("decoder_first_pipeline_num_layers", &C::decoder_first_pipeline_num_layers,
+                    "--decoder-first-pipeline-num-layers", "model.num_layers_in_first_pipeline_stage",
+                    "Layers on the first pipeline stage; 0 = even split."));
+    notInEngine(r.i("decoder_last_pipeline_num_layers", &C::decoder_last_pipeline_num_layers,
+                    "--decoder-last-pipeline-num-layers", "model.num_layers_in_last_pipeline_stage",
+                    "Layers on the last pipeline stage; 0 = even split."));
     notInEngine(rules(r.i("context_parallel_size", &C::context_parallel_size, "--context-parallel-size",
                           "model.context_parallel_size", "Context parallel size c (sequence split across ranks)."),
                       "seq_length divisible by 2*context_parallel_size"));
@@ -251,14 +268,42 @@ std::vector<KnobDef> buildRegistry() {
           "consistent with global_batch_size if both are set");
 
     r.group = "dp_comm";
-    r.b("overlap_grad_reduce", &C::overlap_grad_reduce, "--overlap-grad-reduce", "", "ddp.overlap_grad_reduce",
+    r.b("overlap_grad_reduce", &C::overlap_grad_reduce, "--overlap-grad-reduce", "", "comm_overlap.overlap_grad_reduce",
         "Launch each gradient bucket's reduction as soon as its grads are ready, overlapping backward.");
-    rules(r.b("overlap_param_gather", &C::overlap_param_gather, "--overlap-param-gather", "", "ddp.overlap_param_gather",
+    rules(r.b("overlap_param_gather", &C::overlap_param_gather, "--overlap-param-gather", "", "comm_overlap.overlap_param_gather",
               "Overlap the distributed optimizer's parameter all-gather with the next forward."),
           "requires use_distributed_optimizer and overlap_grad_reduce");
     r.b("use_distributed_optimizer", &C::use_distributed_optimizer, "--use-distributed-optimizer", "",
         "ddp.use_distributed_optimizer", "Shard optimizer state across DP ranks (reduce-scatter grads, all-gather params).");
-    r.add("bucket_size", &C::bucket_size, KnobType::Int, "--ddp-bucket-size", "ddp.bucket_size",
+    notInEngine(rules(r.b("overlap_param_gather_with_optimizer_step", &C::overlap_param_gather_with_optimizer_step,
+                          "--overlap-param-gather-with-optimizer-step", "",
+                          "comm_overlap.overlap_param_gather_with_optimizer_step",
+                          "Overlap the first bucket's parameter all-gather with the optimizer step."),
+                      "requires overlap_param_gather"));
+    notInEngine(r.b("align_param_gather", &C::align_param_gather, "", "--no-align-param-gather",
+                    "comm_overlap.align_param_gather",
+                    "All pipeline stages launch their parameter all-gathers together (interleaved schedule only)."));
+    notInEngine(rules(r.i("num_distributed_optimizer_instances", &C::num_distributed_optimizer_instances,
+                          "--num-distributed-optimizer-instances", "ddp.num_distributed_optimizer_instances",
+                          "Shard the distributed optimizer within groups of dp/N ranks (partial DistOpt); 1 = whole DP."),
+                      "divides data_parallel_size; > 1 requires use_distributed_optimizer"));
+    notInEngine(r.e("data_parallel_sharding_strategy", &C::data_parallel_sharding_strategy,
+                    {"no_shard", "optim", "optim_grads", "optim_grads_params"}, "--data-parallel-sharding-strategy",
+                    "ddp.data_parallel_sharding_strategy", "Megatron-FSDP sharding (used only with Megatron-FSDP)."));
+    notInEngine(r.b("use_precision_aware_optimizer", &C::use_precision_aware_optimizer,
+                    "--use-precision-aware-optimizer", "", "optimizer.use_precision_aware_optimizer",
+                    "TE's precision-aware optimizer: main grads and Adam states may be kept in lower precision."));
+    notInEngine(rules(r.e("main_grads_dtype", &C::main_grads_dtype, {"fp32", "bf16"}, "--main-grads-dtype",
+                          "optimizer.main_grads_dtype", "Main gradient dtype with the precision-aware optimizer."),
+                      "non-default only with use_precision_aware_optimizer"));
+    notInEngine(rules(r.e("exp_avg_dtype", &C::exp_avg_dtype, {"fp32", "fp16", "bf16", "fp8"}, "--exp-avg-dtype",
+                          "optimizer.exp_avg_dtype", "Adam first-moment dtype with the precision-aware optimizer."),
+                      "non-default only with use_precision_aware_optimizer"));
+    notInEngine(rules(r.e("exp_avg_sq_dtype", &C::exp_avg_sq_dtype, {"fp32", "fp16", "bf16", "fp8"},
+                          "--exp-avg-sq-dtype", "optimizer.exp_avg_sq_dtype",
+                          "Adam second-moment dtype with the precision-aware optimizer."),
+                      "non-default only with use_precision_aware_optimizer"));
+    r.add("bucket_size", &C::bucket_size, KnobType::Int, "--ddp-bucket-size", "comm_overlap.bucket_size",
           "Gradient bucket size in elements; 0 = Megatron default max(40M, 1M*dp) (one bucket without overlap_grad_reduce).");
     r.b("average_in_collective", &C::average_in_collective, "--ddp-average-in-collective", "",
         "ddp.average_in_collective", "Average gradients inside the collective (AVG op) instead of pre-scaling by 1/dp.");
@@ -266,7 +311,7 @@ std::vector<KnobDef> buildRegistry() {
         "ddp.grad_reduce_in_fp32", "Accumulate and reduce gradients in fp32 (Megatron forces this for bf16 unless --grad-reduce-in-bf16).");
 
     r.group = "tp_pp_comm";
-    rules(r.b("tp_comm_overlap", &C::tp_comm_overlap, "--tp-comm-overlap", "", "model.tp_comm_overlap",
+    rules(r.b("tp_comm_overlap", &C::tp_comm_overlap, "--tp-comm-overlap", "", "comm_overlap.tp_comm_overlap",
               "Overlap the sequence-parallel all-gathers/reduce-scatters of QKV, proj, fc1, fc2 with their GEMMs "
               "(CPU backend: chunked collectives on the rank's tp_comm stream pipelined with chunk GEMMs, as TE "
               "userbuffers; same math, GEMMs split by rows)."),
@@ -292,12 +337,14 @@ std::vector<KnobDef> buildRegistry() {
               "With tp_comm_overlap: QKV/fc1 backward reduce-scatters the dgrad on the tp_comm stream while the "
               "wgrad GEMM runs."),
           "only used with tp_comm_overlap");
-    rules(r.b("overlap_p2p_comm", &C::overlap_p2p_comm, "", "--no-overlap-p2p-communication", "model.overlap_p2p_comm",
-              "Overlap pipeline send/recv with compute (interleaved schedule)."),
-          "excludes batch_p2p_comm");
-    rules(r.b("batch_p2p_comm", &C::batch_p2p_comm, "", "", "model.batch_p2p_comm",
-              "Post pipeline send/recv pairs as one batched isend/irecv (Megatron derives it as not overlap_p2p_comm)."),
-          "excludes overlap_p2p_comm");
+    rules(r.b("overlap_p2p_comm", &C::overlap_p2p_comm, "", "--no-overlap-p2p-communication", "comm_overlap.overlap_p2p_comm",
+              "Overlap pipeline send/recv with compute; as in Megatron-LM it is in effect only with the "
+              "interleaved schedule (virtual_pipeline_model_parallel_size > 1)."),
+          "needed for interleaving with pipeline_model_parallel_size=2");
+    rules(r.b("batch_p2p_comm", &C::batch_p2p_comm, "", "", "comm_overlap.batch_p2p_comm",
+              "Post pipeline send/recv pairs as one batched isend/irecv where overlap_p2p_comm is not in effect "
+              "(Megatron derives it: not overlap_p2p_comm)."),
+          "ignored while overlap_p2p_comm is in effect");
 
     r.group = "fusion";
     r.b("masked_softmax_fusion", &C::masked_softmax_fusion, "", "--no-masked-softmax-fusion", "model.masked_softmax_fusion",
@@ -310,13 +357,17 @@ std::vector<KnobDef> buildRegistry() {
         "Fused rotary position embedding kernel.");
     r.b("cross_entropy_loss_fusion", &C::cross_entropy_loss_fusion, "--cross-entropy-loss-fusion", "",
         "model.cross_entropy_loss_fusion", "Fused cross entropy: loss and gradient without materializing the softmax.");
+    notInEngine(r.e("cross_entropy_fusion_impl", &C::cross_entropy_fusion_impl, {"native", "te"},
+                    "--cross-entropy-fusion-impl", "model.cross_entropy_fusion_impl",
+                    "Which fused cross entropy: Megatron-Core's (native) or Transformer Engine's (te)."));
     r.b("gradient_accumulation_fusion", &C::gradient_accumulation_fusion, "", "--no-gradient-accumulation-fusion",
         "model.gradient_accumulation_fusion", "Weight-gradient GEMM accumulates straight into the fp32 main grad.");
     r.b("persist_layer_norm", &C::persist_layer_norm, "", "--no-persist-layer-norm", "model.persist_layer_norm",
         "Persistent (single-pass) fused LayerNorm kernel.");
 
     r.group = "precision";
-    r.b("bf16", &C::bf16, "--bf16", "", "model.bf16", "bf16 mixed precision: bf16 params/activations, fp32 main weights and grads.");
+    r.b("bf16", &C::bf16, "--bf16", "", "mixed_precision", "bf16 mixed precision: bf16 params/activations, fp32 main weights and grads (Bridge: the mixed_precision "
+        "preset bf16_mixed, or with fp8 the bf16_with_fp8_* preset of fp8_recipe).");
     notInEngine(rules(r.e("fp8", &C::fp8, {"", "e4m3", "hybrid"}, "--fp8-format", "model.fp8",
                           "FP8 GEMMs: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients); \"\" = off."),
                       "requires bf16"));
@@ -338,6 +389,9 @@ std::vector<KnobDef> buildRegistry() {
     rules(r.i("recompute_num_layers", &C::recompute_num_layers, "--recompute-num-layers", "model.recompute_num_layers",
               "Layers per recompute chunk (uniform) or recomputed layers per stage (block)."),
           "> 0 with recompute_granularity=full");
+    notInEngine(rules(r.b("recompute_activations", &C::recompute_activations, "--recompute-activations", "", "",
+                          "Megatron-LM's shorthand for recompute_granularity=selective."),
+                      "excludes recompute_granularity=full"));
     r.add("recompute_modules", &C::recompute_modules, KnobType::StringList, "--recompute-modules",
           "model.recompute_modules", "Modules recomputed with selective granularity.",
           {"core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj"});
@@ -347,20 +401,47 @@ std::vector<KnobDef> buildRegistry() {
                     "Experts each token is routed to."));
     notInEngine(r.f("moe_aux_loss_coeff", &C::moe_aux_loss_coeff, "--moe-aux-loss-coeff", "model.moe_aux_loss_coeff",
                     "Load-balancing auxiliary loss coefficient."));
-    notInEngine(r.f("moe_z_loss_coeff", &C::moe_z_loss_coeff, "--moe-z-loss-coeff", "model.moe_z_loss_coeff",
-                    "Router z-loss coefficient."));
+    unsetWhenZero(notInEngine(r.f("moe_z_loss_coeff", &C::moe_z_loss_coeff, "--moe-z-loss-coeff", "model.moe_z_loss_coeff",
+                    "Router z-loss coefficient; 0 = unset (no z-loss term).")));
     notInEngine(r.b("moe_grouped_gemm", &C::moe_grouped_gemm, "--moe-grouped-gemm", "", "model.moe_grouped_gemm",
                     "One grouped GEMM for all local experts."));
-    notInEngine(r.e("moe_token_dispatcher_type", &C::moe_token_dispatcher_type, {"allgather", "alltoall"},
+    notInEngine(r.e("moe_token_dispatcher_type", &C::moe_token_dispatcher_type, {"allgather", "alltoall", "flex"},
                     "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type", "How tokens reach their experts."));
-    notInEngine(r.f("moe_expert_capacity_factor", &C::moe_expert_capacity_factor, "--moe-expert-capacity-factor",
-                    "model.moe_expert_capacity_factor", "Expert capacity factor; 0 = dropless."));
+    unsetWhenZero(notInEngine(r.f("moe_expert_capacity_factor", &C::moe_expert_capacity_factor, "--moe-expert-capacity-factor",
+                    "model.moe_expert_capacity_factor",
+                    "Expert capacity factor; 0 = unset (dropless, Megatron's None).")));
     notInEngine(r.i("moe_ffn_hidden_size", &C::moe_ffn_hidden_size, "--moe-ffn-hidden-size", "model.moe_ffn_hidden_size",
                     "Expert MLP hidden size; 0 = ffn_hidden_size."));
+    notInEngine(r.i("moe_shared_expert_intermediate_size", &C::moe_shared_expert_intermediate_size,
+                    "--moe-shared-expert-intermediate-size", "model.moe_shared_expert_intermediate_size",
+                    "Total hidden size of the shared experts; 0 = no shared expert."));
+    notInEngine(rules(r.b("moe_shared_expert_overlap", &C::moe_shared_expert_overlap, "--moe-shared-expert-overlap", "",
+                          "model.moe_shared_expert_overlap",
+                          "Overlap the shared experts' compute with the token dispatcher's communication."),
+                      "requires moe_shared_expert_intermediate_size > 0"));
+    notInEngine(r.b("moe_permute_fusion", &C::moe_permute_fusion, "--moe-permute-fusion", "", "model.moe_permute_fusion",
+                    "Fuse the token permutation of the dispatcher."));
+    notInEngine(r.e("moe_router_load_balancing_type", &C::moe_router_load_balancing_type,
+                    {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"},
+                    "--moe-router-load-balancing-type", "model.moe_router_load_balancing_type",
+                    "Router load-balancing strategy."));
 
     r.group = "misc";
-    notInEngine(rules(r.b("enable_cuda_graph", &C::enable_cuda_graph, "--enable-cuda-graph", "", "model.enable_cuda_graph",
-                          "Capture the step in CUDA graphs."), "requires device_backend=cuda"));
+    notInEngine(rules(r.e("cuda_graph_impl", &C::cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"},
+                          "--cuda-graph-impl", "model.cuda_graph_impl",
+                          "CUDA graph capture: none, Megatron-Core's per-layer graphs (local), Transformer Engine's, or "
+                          "the whole iteration (replaces the deprecated enable_cuda_graph)."),
+                      "not none only with device_backend=cuda"));
+    notInEngine(r.e("attention_backend", &C::attention_backend, {"flash", "fused", "unfused", "local", "auto"},
+                    "--attention-backend", "model.attention_backend", "Attention kernel backend (auto: Transformer Engine picks)."));
+    notInEngine(r.b("defer_embedding_wgrad_compute", &C::defer_embedding_wgrad_compute,
+                    "--defer-embedding-wgrad-compute", "", "comm_overlap.defer_embedding_wgrad_compute",
+                    "Defer the output-embedding weight-gradient GEMMs into the pipeline flush."));
+    notInEngine(rules(r.b("cpu_offloading", &C::cpu_offloading, "", "", "model.cpu_offloading",
+                          "Offload activations to host memory (Megatron-LM turns it on when cpu_offloading_num_layers > 0)."),
+                      "needs cpu_offloading_num_layers > 0"));
+    notInEngine(r.i("cpu_offloading_num_layers", &C::cpu_offloading_num_layers, "--cpu-offloading-num-layers",
+                    "model.cpu_offloading_num_layers", "Layers whose activations are offloaded."));
     notInEngine(r.b("account_for_embedding_in_pipeline_split", &C::account_for_embedding_in_pipeline_split,
                     "--account-for-embedding-in-pipeline-split", "", "model.account_for_embedding_in_pipeline_split",
                     "Count the embedding as a layer when splitting layers over pipeline stages."));
@@ -373,7 +454,7 @@ std::vector<KnobDef> buildRegistry() {
     r.i("seed", &C::seed, "--seed", "rng.seed", "Random seed (init, data order, dropout).");
     r.f("lr", &C::lr, "--lr", "optimizer.lr", "Peak learning rate.");
     r.f("min_lr", &C::min_lr, "--min-lr", "optimizer.min_lr", "Minimum learning rate at the end of decay.");
-    r.e("lr_decay_style", &C::lr_decay_style, {"constant", "linear", "cosine"}, "--lr-decay-style",
+    r.e("lr_decay_style", &C::lr_decay_style, {"linear", "constant", "cosine"}, "--lr-decay-style",
         "scheduler.lr_decay_style", "Learning rate decay.");
     r.i("lr_warmup_iters", &C::lr_warmup_iters, "--lr-warmup-iters", "scheduler.lr_warmup_iters", "Linear warmup iterations.");
     r.f("weight_decay", &C::weight_decay, "--weight-decay", "optimizer.weight_decay", "AdamW decoupled weight decay.");
@@ -471,6 +552,8 @@ std::vector<std::string> unsupportedKnobs(const Config& c) {
         if (k.engineSupported || k.get(c) == k.get(defaults)) continue;
         out.push_back(k.name + "=" + knobValueText(k, c));
     }
+    // A default the engine does not run: Megatron-LM's learned absolute position embedding.
+    if (c.position_embedding_type == "learned_absolute") out.push_back("position_embedding_type=learned_absolute");
     return out;
 }
 
@@ -486,6 +569,11 @@ Result<Config> configFromJson(const json& j) {
     std::string problems;
     for (auto it = j.begin(); it != j.end(); ++it) {
         const KnobDef* k = findKnob(it.key());
+        if (!k && it.key() == "enable_cuda_graph") {
+            // Run files written before cuda_graph_impl replaced it (Megatron deprecated the flag).
+            if (it.value() == json(true)) c.cuda_graph_impl = "local";
+            continue;
+        }
         if (!k) {
             problems += (problems.empty() ? "" : "; ") + ("unknown knob '" + it.key() + "'");
             continue;

@@ -35,6 +35,9 @@ struct KnobDef {
     std::string help;          // one line
     std::string rules;         // human text of requires/excludes, e.g. "requires use_distributed_optimizer"
     bool engineSupported = true;  // false: accepted and exported, not yet executed by our engine
+    // Float knobs whose 0 stands for Megatron's None ("not set"): export leaves them out, since
+    // Megatron reads an explicit 0 as a value (capacity factor 0 = no tokens; z-loss 0 = a term).
+    bool zeroIsUnset = false;
     // Access to the Config field, as JSON (number/bool/string/array).
     std::function<nlohmann::json(const Config&)> get;
     // Sets from JSON; returns a message on a type/range error ("" when ok).

@@ -21,7 +21,9 @@ std::string knobsMarkdown() {
         "YAML mapping of these names to values; sections named after a group (`model:`, `parallel:`,\n"
         "...) are allowed and flattened. Bool flags: the Megatron-LM flag that sets the knob, then the\n"
         "one that clears it. Bridge paths marked `!` hold the negation. Knobs marked *not executed*\n"
-        "are validated and exported but the engine does not run them yet.\n";
+        "are validated and exported but the engine does not run them yet. Defaults are Megatron-LM's\n"
+        "(a test compares them with resources/megatron/megatron_lm_args.tsv, generated from upstream's\n"
+        "source); where a test or example needs another value (rope, dropout 0) its config says so.\n";
     std::string group;
     for (const auto& k : knobRegistry()) {
         if (k.group != group) {

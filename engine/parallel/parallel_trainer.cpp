@@ -296,15 +296,18 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         sp.vpp = v;
         sp.microbatches = ds.num_microbatches;
         sp.rank = ppRank;
-        sp.overlapP2PComm = c.overlap_p2p_comm;
+        // Megatron-LM (validate_args) turns overlap_p2p_comm off without interleaving, and
+        // derives batch_p2p_comm = not overlap_p2p_comm.
+        const bool overlapP2P = c.overlap_p2p_comm && v > 1;
+        sp.overlapP2PComm = overlapP2P;
         TS_ASSIGN_OR_RETURN(PipelineSchedule sched, buildSchedule(sp));
         std::vector<PipelineExecutor::Chunk> chunks;
         for (int ch = 0; ch < v; ++ch) chunks.push_back({R->models[size_t(ch)].get(), R->syncs[size_t(ch)].get()});
         PipelineExecutorOptions po;
         po.pp = ds.pp;
         po.ppRank = ppRank;
-        po.batchP2P = c.batch_p2p_comm;
-        po.overlapP2P = c.overlap_p2p_comm;
+        po.batchP2P = c.batch_p2p_comm && !overlapP2P;
+        po.overlapP2P = overlapP2P;
         R->pipe = std::make_unique<PipelineExecutor>(std::move(sched), std::move(chunks), *R->dev, *R->compute, *R->p2p,
                                                      R->ppComm.get(), po);
         R->worker = std::make_unique<RankWorker>();

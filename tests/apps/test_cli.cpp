@@ -4,6 +4,9 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <sys/wait.h>
@@ -51,7 +54,7 @@ TEST(Cli, KnobsJsonHasEveryRegistryKnobWithFlags) {
         if (k["name"] == "overlap_grad_reduce") {
             sawOverlap = true;
             EXPECT_EQ(k["megatron_flag"], "--overlap-grad-reduce");
-            EXPECT_EQ(k["bridge_path"], "ddp.overlap_grad_reduce");
+            EXPECT_EQ(k["bridge_path"], "comm_overlap.overlap_grad_reduce");  // what Bridge applies last
         }
     }
     EXPECT_TRUE(sawOverlap);
@@ -118,6 +121,53 @@ TEST(Cli, LayoutAndScheduleRejectBadInputWithExitTwo) {
     EXPECT_EQ(ok.code, 0) << ok.text;
     EXPECT_NE(ok.text.find("F0"), std::string::npos) << ok.text;
     EXPECT_EQ(run("layout " + kRoot + "/tests/data/configs/bad_world.yaml").code, 2);
+}
+
+}  // namespace
+
+namespace {
+
+// `trainscope config from-megatron` / `from-bridge` as a user runs them: the export of an
+// example comes back as a config that validates and exports to the same arguments, and what
+// cannot be mapped is printed by name (issue #14).
+TEST(Cli, ConfigFromMegatronAndFromBridgeRoundTripAnExample) {
+    char tmpl[] = "/tmp/ts_cli_import_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    const std::string dir = tmpl;
+    const std::string example = kRoot + "/resources/examples/world8_3d.yaml";
+    Output args = run("export " + example + " --format megatron-args --out " + dir + "/launch.args");
+    ASSERT_EQ(args.code, 0) << args.text;
+    {
+        FILE* f = fopen((dir + "/launch.args").c_str(), "a");
+        ASSERT_NE(f, nullptr);
+        fputs("--tokenizer-type GPT2BPETokenizer\n", f);  // a second line of the argument file
+        fclose(f);
+    }
+    Output imported = run("config from-megatron " + dir + "/launch.args --out " + dir + "/back.yaml");
+    ASSERT_EQ(imported.code, 0) << imported.text;
+    EXPECT_NE(imported.text.find("unmapped: --tokenizer-type GPT2BPETokenizer"), std::string::npos) << imported.text;
+    EXPECT_EQ(run("validate " + dir + "/back.yaml").code, 0);
+    // The imported config exports to the same arguments (without the unmapped tokenizer).
+    ASSERT_EQ(run("export " + dir + "/back.yaml --format megatron-args --out " + dir + "/again.args").code, 0);
+    auto slurp = [](const std::string& path) {
+        std::ifstream in(path);
+        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    std::string original = slurp(dir + "/launch.args");
+    original = original.substr(0, original.find("\n--tokenizer-type") + 1);
+    EXPECT_EQ(slurp(dir + "/again.args"), original);
+
+    Output bridge = run("export " + example + " --format bridge-overrides --out " + dir + "/bridge.txt");
+    ASSERT_EQ(bridge.code, 0) << bridge.text;
+    Output fromBridge = run("config from-bridge " + dir + "/bridge.txt --out " + dir + "/bridge_back.yaml");
+    ASSERT_EQ(fromBridge.code, 0) << fromBridge.text;
+    EXPECT_EQ(fromBridge.text.find("unmapped:"), std::string::npos) << fromBridge.text;
+    EXPECT_EQ(run("validate " + dir + "/bridge_back.yaml").code, 0);
+
+    EXPECT_EQ(run("config from-megatron").code, 2);
+    EXPECT_EQ(run("config from-megatron " + dir + "/missing.sh").code, 3);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ std::string readFile(const std::string& p) {
 
 // A model small enough that a step takes milliseconds.
 const char* kMicroYaml =
-    "name: micro\nnum_layers: 1\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\n"
+    "name: micro\nposition_embedding_type: rope\nnum_layers: 1\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\n"
     "vocab_size: 256\nmicro_batch_size: 2\ndata_path: synthetic\ntrain_iters: 3\n";
 
 std::string microConfig(const TempDir& d) {
@@ -244,7 +244,7 @@ TEST(CliHardening, ScheduleAndLayoutSizesAreBoundedWithTheReason) {
     EXPECT_NE(all.text.find("--rank"), std::string::npos) << all.text;
     EXPECT_EQ(ts("schedule --pp 1000 --microbatches 50000 --rank 3").code, 0);
 
-    writeFile(d / "world.yaml", "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 2\n");
+    writeFile(d / "world.yaml", "position_embedding_type: rope\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 2\n");
     Output l = sh("timeout 60 \"$TS\" layout '" + d / "world.yaml" + "' --world-size 100000");
     EXPECT_EQ(l.code, 2) << l.text.substr(0, 2000);
     EXPECT_NE(l.text.find("above the 4096 ranks"), std::string::npos) << l.text.substr(0, 2000);

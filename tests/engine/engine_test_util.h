@@ -73,6 +73,15 @@ struct Golden {
     Config config() const {
         const auto& c = meta["config"];
         Config k;
+        // Values these tests were written against; the registry defaults are Megatron-LM's
+        // (learned_absolute, dropout 0.1, linear decay, beta2 0.999, unfused CE, p2p overlap on).
+        k.position_embedding_type = "rope";
+        k.hidden_dropout = 0;
+        k.attention_dropout = 0;
+        k.lr_decay_style = "constant";
+        k.adam_beta2 = 0.95;
+        k.cross_entropy_loss_fusion = true;
+        k.overlap_p2p_comm = false;
         k.num_layers = c["num_layers"];
         k.hidden_size = c["hidden_size"];
         k.num_attention_heads = c["num_attention_heads"];
@@ -178,6 +187,14 @@ struct Harness {
 // 2 query groups, seq 64, micro-batch 4, 2 microbatches, vocab 256, hidden dropout 0.1.
 inline Config smallConfig() {
     Config c;
+    // Values these tests were written against; the registry defaults are Megatron-LM's
+    // (learned_absolute, dropout 0.1, linear decay, beta2 0.999, unfused CE, p2p overlap on).
+    c.position_embedding_type = "rope";
+    c.attention_dropout = 0;
+    c.lr_decay_style = "constant";
+    c.adam_beta2 = 0.95;
+    c.cross_entropy_loss_fusion = true;
+    c.overlap_p2p_comm = false;
     c.num_layers = 4;
     c.hidden_size = 64;
     c.num_attention_heads = 4;

@@ -70,7 +70,7 @@ std::string writeFakeRunner(const std::string& dir) {
     return p;
 }
 
-constexpr const char* kTinyYaml = "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 2\nseq_length: 32\n";
+constexpr const char* kTinyYaml = "position_embedding_type: rope\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 2\nseq_length: 32\n";
 
 // A raw connection over a socketpair to an agent served on another thread.
 struct RawConn {

@@ -75,7 +75,7 @@ done
 echo '{"event":"end","status":"completed"}'
 )SH";
 
-constexpr const char* kTinyYaml = "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 2\nseq_length: 32\n";
+constexpr const char* kTinyYaml = "position_embedding_type: rope\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 2\nseq_length: 32\n";
 
 std::unique_ptr<Agent> makeAgent(const TempDir& dir, const std::string& mode,
                                  const std::function<void(AgentOptions&)>& tweak = {}) {

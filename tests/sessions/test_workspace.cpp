@@ -401,8 +401,8 @@ TEST(Export, MegatronArgumentsMatchMegatronSpellings) {
     EXPECT_FALSE(hasFlag(args, "--no-bias-gelu-fusion"));
     EXPECT_TRUE(hasFlag(args, "--bf16"));
     EXPECT_TRUE(hasFlag(args, "--mock-data"));
-    // Megatron defaults overlap_p2p_comm to true; ours is false, so it must be turned off.
-    EXPECT_TRUE(hasFlag(args, "--no-overlap-p2p-communication"));
+    // overlap_p2p_comm defaults to true in both; no flag.
+    EXPECT_FALSE(hasFlag(args, "--no-overlap-p2p-communication"));
     // Defaults that match Megatron's leave no flag; derived/unset values are left out.
     EXPECT_FALSE(hasFlag(args, "--no-bias-dropout-fusion"));
     EXPECT_FALSE(hasFlag(args, "--untie-embeddings-and-output-weights"));
@@ -438,12 +438,52 @@ TEST(Export, MegatronArgumentsMatchMegatronSpellings) {
     EXPECT_NE(text.find("--num-layers 4 --hidden-size 256 "), std::string::npos) << text;
 }
 
+TEST(Export, MegatronArgumentsUpstreamRejectedBefore) {
+    // Issue #14: --rotary-base is type=int upstream and only means something with RoPE;
+    // moe_expert_capacity_factor / moe_z_loss_coeff 0 stand for upstream's None.
+    ts::engine::Config c;
+    auto args = megatronArgs(c);
+    EXPECT_FALSE(hasFlag(args, "--rotary-base"));  // learned_absolute: no RoPE
+    c.position_embedding_type = "rope";
+    c.rotary_base = 500000;
+    args = megatronArgs(c);
+    EXPECT_TRUE(hasPair(args, "--rotary-base", "500000"));
+    EXPECT_TRUE(hasPair(args, "--position-embedding-type", "rope"));
+
+    ts::engine::Config moe;
+    moe.num_moe_experts = 8;
+    args = megatronArgs(moe);
+    EXPECT_TRUE(hasPair(args, "--num-experts", "8"));
+    EXPECT_FALSE(hasFlag(args, "--moe-expert-capacity-factor"));  // 0: dropless
+    EXPECT_FALSE(hasFlag(args, "--moe-z-loss-coeff"));            // 0: no z-loss term
+    moe.moe_expert_capacity_factor = 1.25;
+    moe.moe_z_loss_coeff = 1e-3;
+    args = megatronArgs(moe);
+    EXPECT_TRUE(hasPair(args, "--moe-expert-capacity-factor", "1.25"));
+    EXPECT_TRUE(hasPair(args, "--moe-z-loss-coeff", "0.001"));
+
+    // swiglu without ffn_hidden_size: no flag, Megatron derives what the engine built.
+    ts::engine::Config sw;
+    sw.swiglu = true;
+    args = megatronArgs(sw);
+    EXPECT_FALSE(hasFlag(args, "--ffn-hidden-size"));
+    EXPECT_EQ(ts::engine::deriveSizes(sw).ffn_hidden_size, int((4 * sw.hidden_size * 2 / 3.0) / 64) * 64);
+
+    // The deprecated --enable-cuda-graph is never written; cuda_graph_impl is.
+    ts::engine::Config cg;
+    cg.cuda_graph_impl = "local";
+    cg.device_backend = "cuda";
+    args = megatronArgs(cg);
+    EXPECT_TRUE(hasPair(args, "--cuda-graph-impl", "local"));
+    EXPECT_FALSE(hasFlag(args, "--enable-cuda-graph"));
+}
+
 TEST(Export, BridgeOverrides) {
     auto c = tunedConfig();
     auto ov = bridgeOverrides(c);
     auto has = [&](const std::string& s) { return std::find(ov.begin(), ov.end(), s) != ov.end(); };
     EXPECT_TRUE(has("model.tensor_model_parallel_size=2"));
-    EXPECT_TRUE(has("ddp.overlap_grad_reduce=true"));
+    EXPECT_TRUE(has("comm_overlap.overlap_grad_reduce=true"));  // Bridge applies comm_overlap last
     EXPECT_TRUE(has("model.masked_softmax_fusion=false"));
     EXPECT_TRUE(has("model.gated_linear_unit=true"));
     // untie=false <=> share_embeddings_and_output_weights=true (negated field).

@@ -40,7 +40,7 @@ namespace {
 const std::string kBinary = std::string(TS_BINARY_DIR) + "/apps/trainscope";
 
 constexpr const char* kMicroYaml =
-    "name: fault\nnum_layers: 2\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\n"
+    "name: fault\nposition_embedding_type: rope\nnum_layers: 2\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\n"
     "vocab_size: 256\nmicro_batch_size: 2\ndata_path: synthetic\ntrain_iters: 3\n";
 
 int freePort() {

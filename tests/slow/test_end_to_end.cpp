@@ -59,7 +59,9 @@ Knobs baseKnobs() {
             {"seq_length", "64"},        {"vocab_size", "64"},        {"make_vocab_size_divisible_by", "64"},
             {"micro_batch_size", "2"},   {"data_path", "synthetic"},  {"lr", "0.001"},
             {"lr_warmup_iters", "0"},    {"clip_grad", "1.0"},        {"train_iters", "3"},
-            {"cpu_threads", "1"},        {"seed", "1234"}};
+            {"cpu_threads", "1"},        {"seed", "1234"},
+            // The engine runs rope; Megatron's default (learned_absolute) is not executed.
+            {"position_embedding_type", "rope"}, {"hidden_dropout", "0.0"}, {"attention_dropout", "0.0"}};
 }
 
 std::string writeConfig(const TempDir& dir, const std::string& name, const Knobs& k) {

@@ -28,7 +28,7 @@ TEST(Knobs, EveryRequiredKnobIsDeclaredOnce) {
         "gradient_accumulation_fusion", "persist_layer_norm", "fp8", "fp8_recipe", "fp8_amax_history_len",
         "fp8_amax_compute_algo", "fp8_margin", "bf16", "recompute_granularity", "recompute_method",
         "recompute_num_layers", "recompute_modules", "moe_router_topk", "moe_aux_loss_coeff", "moe_z_loss_coeff",
-        "moe_grouped_gemm", "moe_token_dispatcher_type", "moe_expert_capacity_factor", "enable_cuda_graph",
+        "moe_grouped_gemm", "moe_token_dispatcher_type", "moe_expert_capacity_factor", "cuda_graph_impl",
         "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "num_layers",
         "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "seq_length", "vocab_size",
         "normalization", "swiglu", "position_embedding_type", "untie_embeddings_and_output_weights",
@@ -141,6 +141,7 @@ TEST(ConfigRules, LayoutRules) {
     p2.pipeline_model_parallel_size = 2;
     p2.virtual_pipeline_model_parallel_size = 2;
     p2.num_microbatches = 4;
+    p2.overlap_p2p_comm = false;
     EXPECT_TRUE(hasIssue(validateConfig(p2), "virtual_pipeline_model_parallel_size", "overlap_p2p_comm"));
     p2.overlap_p2p_comm = true;
     p2.batch_p2p_comm = false;
@@ -160,9 +161,40 @@ TEST(ConfigRules, RequiresAndExcludes) {
     sp.sequence_parallel = true;
     EXPECT_TRUE(hasIssue(validateConfig(sp), "sequence_parallel", "tensor_model_parallel_size > 1"));
 
+    // As in Megatron-LM, overlap_p2p_comm (default on) acts only with interleaving and
+    // batch_p2p_comm only where overlap is not in effect: the defaults together are valid.
     Config ob;
-    ob.overlap_p2p_comm = true;  // batch_p2p_comm defaults to true
-    EXPECT_TRUE(hasIssue(validateConfig(ob), "batch_p2p_comm", "mutually exclusive"));
+    EXPECT_TRUE(ob.overlap_p2p_comm && ob.batch_p2p_comm);
+    EXPECT_TRUE(validateConfig(ob).empty());
+
+    Config pg;
+    pg.overlap_param_gather_with_optimizer_step = true;
+    EXPECT_TRUE(hasIssue(validateConfig(pg), "overlap_param_gather_with_optimizer_step", "overlap_param_gather"));
+    Config pa;
+    pa.exp_avg_dtype = "bf16";
+    EXPECT_TRUE(hasIssue(validateConfig(pa), "exp_avg_dtype", "use_precision_aware_optimizer"));
+    pa.use_precision_aware_optimizer = true;
+    EXPECT_TRUE(validateConfig(pa).empty());
+    Config cg;
+    cg.cuda_graph_impl = "local";
+    EXPECT_TRUE(hasIssue(validateConfig(cg), "cuda_graph_impl", "device_backend"));
+    Config off;
+    off.cpu_offloading = true;
+    EXPECT_TRUE(hasIssue(validateConfig(off), "cpu_offloading", "cpu_offloading_num_layers"));
+    off.cpu_offloading_num_layers = 2;
+    EXPECT_TRUE(validateConfig(off).empty());
+    off.pipeline_model_parallel_size = 2;
+    EXPECT_TRUE(hasIssue(validateConfig(off), "cpu_offloading", "pipeline parallelism"));
+    Config sh;
+    sh.num_moe_experts = 4;
+    sh.moe_shared_expert_intermediate_size = 256;
+    sh.moe_shared_expert_overlap = true;
+    EXPECT_TRUE(hasIssue(validateConfig(sh), "moe_shared_expert_overlap", "alltoall"));  // default allgather
+    sh.moe_token_dispatcher_type = "alltoall";
+    EXPECT_TRUE(validateConfig(sh).empty());
+    Config rb;
+    rb.rotary_base = 10000.5;
+    EXPECT_TRUE(hasIssue(validateConfig(rb), "rotary_base", "integer"));
 
     Config rc;
     rc.recompute_granularity = "full";
@@ -187,6 +219,43 @@ TEST(ConfigRules, DerivedSizes) {
     EXPECT_EQ(d.num_microbatches, 4);
     EXPECT_EQ(d.padded_vocab_size, 50432);  // multiple of 128*2 = 256 (GPT-2's 50257 -> 50432 at tp 2)
     EXPECT_EQ(d.ffn_hidden_size, 4 * c.hidden_size);
+}
+
+TEST(ConfigRules, SwigluFfnSizeIsDerivedAsMegatronDoes) {
+    // megatron/training/arguments.py: ffn_hidden_size = int((4 * h * 2 / 3) / 64) * 64 with swiglu.
+    Config c;
+    c.swiglu = true;
+    c.hidden_size = 256;
+    EXPECT_EQ(deriveSizes(c).ffn_hidden_size, 640);  // 682.67 -> 10 * 64
+    c.hidden_size = 4096;
+    EXPECT_EQ(deriveSizes(c).ffn_hidden_size, 10880);
+    c.ffn_hidden_size = 11008;  // an explicit size wins
+    EXPECT_EQ(deriveSizes(c).ffn_hidden_size, 11008);
+    c.ffn_hidden_size = 0;
+    c.swiglu = false;
+    EXPECT_EQ(deriveSizes(c).ffn_hidden_size, 4 * 4096);
+    // Small hidden sizes derive 0, as upstream would; validation says so.
+    Config tiny;
+    tiny.swiglu = true;
+    tiny.hidden_size = 16;
+    tiny.num_attention_heads = 2;
+    EXPECT_TRUE(hasIssue(validateConfig(tiny), "ffn_hidden_size", "set ffn_hidden_size"));
+}
+
+TEST(Knobs, DefaultsAreMegatronLMs) {
+    // The nine defaults issue #14 found different from Megatron-LM's (arguments.py and the
+    // config dataclasses at the commit in resources/megatron/megatron_lm_args.tsv).
+    Config c;
+    EXPECT_EQ(c.position_embedding_type, "learned_absolute");
+    EXPECT_DOUBLE_EQ(c.hidden_dropout, 0.1);
+    EXPECT_DOUBLE_EQ(c.attention_dropout, 0.1);
+    EXPECT_TRUE(c.overlap_p2p_comm);
+    EXPECT_FALSE(c.cross_entropy_loss_fusion);
+    EXPECT_EQ(c.moe_token_dispatcher_type, "allgather");
+    EXPECT_EQ(c.lr_decay_style, "linear");
+    EXPECT_DOUBLE_EQ(c.adam_beta2, 0.999);
+    EXPECT_EQ(c.log_interval, 100);
+    EXPECT_EQ(knobDefaultText(*findKnob("position_embedding_type")), "learned_absolute");
 }
 
 TEST(ConfigYaml, YamlRoundTripIsExact) {
@@ -240,6 +309,9 @@ TEST(ConfigYaml, ShippedExamplesValidateAndBrokenOnesDoNot) {
 
 TEST(Knobs, UnsupportedKnobsAreReported) {
     Config c;
+    // Megatron-LM's default position embedding is one the engine does not run: said so.
+    EXPECT_EQ(unsupportedKnobs(c), std::vector<std::string>{"position_embedding_type=learned_absolute"});
+    c.position_embedding_type = "rope";
     EXPECT_TRUE(unsupportedKnobs(c).empty());
     c.context_parallel_size = 2;
     auto u = unsupportedKnobs(c);

@@ -205,7 +205,9 @@ Result<RankData> loadRank(TraceStore& store, int rank, const NameClasses& classe
             d.gpuRanges.push_back({start, end, s.name, s.category, s.step, s.correlation, s.group});
             return true;
         }
-        if (k == trace::TrackKind::Compute) d.computeStreamBusy.push_back({start, end});
+        const bool wait = s.name < classes.wait.size() && classes.wait[s.name];
+        // A wait row on the stream (cuda_sync) is not work: not busy time for bubbles.
+        if (k == trace::TrackKind::Compute && !wait) d.computeStreamBusy.push_back({start, end});
         KernelClass cls = classes.classOf(s.category, s.name);
         if (cls == KernelClass::NotKernel) return true;
         Kernel kn;
@@ -216,7 +218,7 @@ Result<RankData> loadRank(TraceStore& store, int rank, const NameClasses& classe
         kn.group = s.group;
         kn.category = s.category;
         kn.cls = cls;
-        kn.wait = s.name < classes.wait.size() && classes.wait[s.name];
+        kn.wait = wait;
         kn.microbatch = s.microbatch;
         kn.chunk = s.chunk;
         kn.correlation = s.correlation;

@@ -111,14 +111,16 @@ int cmdImport(const Args& a) {
                          s.message().c_str());
     }
     const auto& sum = report->summary;
-    // Stats by kind: "<source>.kept.<what>" / ".converted.<what>" / everything else (skipped
-    // or notable), so what an import did with the file is visible at a glance.
+    // Stats by kind: "<source>.kept.<what>" / ".converted.<what>" / ".skipped.<what>" and the
+    // other stats (malformed, unsupported, notable), so what an import did with the file is
+    // visible at a glance.
     nlohmann::json kept = nlohmann::json::object(), converted = nlohmann::json::object(),
                    skipped = nlohmann::json::object();
     for (const auto& [k, v] : report->stats.all()) {
         if (k.find(".kept.") != std::string::npos) kept[k.substr(k.find(".kept.") + 6)] = v;
         else if (k.find(".converted.") != std::string::npos) converted[k.substr(k.find(".converted.") + 11)] = v;
-        else skipped[k] = v;
+        else if (k.find(".skipped.") != std::string::npos) skipped[k.substr(k.find(".skipped.") + 9)] = v;
+        else skipped[k] = v;  // malformed / unsupported / notable, by their stats name
     }
     if (a.has("--json")) {
         nlohmann::json j = {{"run_file", out}, {"tracks", sum.tracks}, {"slices", sum.slices},

@@ -203,7 +203,8 @@ private:
     // What the import kept and converted, by kind (stats "import.kineto.kept.*" /
     // ".converted.*"); counted in plain integers, the per-event path stays cheap.
     enum CountKind { KeptKernels, KeptGpuCopies, KeptGpuSyncs, KeptGpuAnnotations, KeptHostEvents, KeptHostAnnotations,
-                     KeptMemoryEvents, ConvertedHostOpsWithStream, ConvertedMemoryDeltas, CountKinds };
+                     KeptMemoryEvents, ConvertedHostOpsWithStream, ConvertedMemoryDeltas, SkippedFlows,
+                     SkippedMetadata, SkippedProfilerSpans, SkippedInstants, CountKinds };
     int64_t m_counts[CountKinds] = {};
 
     std::map<std::pair<int64_t, int64_t>, uint32_t> m_gpuTracks;   // (device, stream)
@@ -468,14 +469,21 @@ void KinetoSax::processEvent() {
     }
     const char ph = e.ph[0];
     if (ph == 'M') {
+        ++m_counts[SkippedMetadata];  // read for names, not imported as events
         if (e.malformed) return;
         if (e.name == "process_name" && !e.pidIsText) m_processNames[e.pid] = e.argName;
         else if (e.name == "thread_name" && !e.pidIsText && !e.tidIsText) m_threadNames[{e.pid, e.tid}] = e.argName;
         return;
     }
-    if (ph == 's' || ph == 'f' || ph == 't') return;  // flows: correlation ids already link launches
+    if (ph == 's' || ph == 'f' || ph == 't') {  // flows: correlation ids already link launches
+        ++m_counts[SkippedFlows];
+        return;
+    }
     if (ph == 'i' || ph == 'I') {
-        if (e.name != "[memory]") return;
+        if (e.name != "[memory]") {
+            ++m_counts[SkippedInstants];
+            return;
+        }
         const bool host = e.deviceType == 0;
         if (!e.malformed && e.hasTs && !e.hasAllocated && !e.hasReserved && e.hasMemBytes) {
             // Older Kineto (2021) writes only the change ("Bytes": + allocated, - freed). The
@@ -523,7 +531,10 @@ void KinetoSax::processEvent() {
         out.stats.add("import.kineto.malformed_events");
         return;
     }
-    if (e.cat == "Trace" || (e.pidIsText && e.cat.empty())) return;  // profiler's own span
+    if (e.cat == "Trace" || (e.pidIsText && e.cat.empty())) {  // profiler's own span
+        ++m_counts[SkippedProfilerSpans];
+        return;
+    }
     trace::Slice s;
     s.startNs = e.tsNs;
     s.durNs = e.durNs;
@@ -609,7 +620,9 @@ void KinetoSax::finish() {
         "import.kineto.kept.gpu_syncs",        "import.kineto.kept.gpu_annotations",
         "import.kineto.kept.host_events",      "import.kineto.kept.host_annotations",
         "import.kineto.kept.memory_events",    "import.kineto.converted.host_ops_with_stream",
-        "import.kineto.converted.memory_delta_events"};
+        "import.kineto.converted.memory_delta_events", "import.kineto.skipped.flow_events",
+        "import.kineto.skipped.metadata_events",       "import.kineto.skipped.profiler_spans",
+        "import.kineto.skipped.instant_events"};
     for (int k = 0; k < CountKinds; ++k)
         if (m_counts[k] > 0) m_out.stats.add(kCountNames[k], m_counts[k]);
     // Host thread ordinals: the process's main thread (tid == pid) first, then by first use.

@@ -463,7 +463,7 @@ std::vector<CommGroupStat> commOf(const RankData& d, const std::vector<std::stri
 KernelBreakdown kernelsOf(const std::vector<Kernel>& ks, const std::vector<std::string>& strings, int topN,
                           int64_t from, int64_t to) {
     std::unordered_map<uint32_t, KernelStat> byName;
-    std::map<std::string, KernelStat> byCat;
+    std::map<std::string, KernelStat> byCat, byClass;
     KernelBreakdown r;
     for (const auto& k : ks) {
         if (k.start < from || k.start >= to) continue;
@@ -480,8 +480,24 @@ KernelBreakdown kernelsOf(const std::vector<Kernel>& ks, const std::vector<std::
         c.totalNs += dur;
         c.maxNs = std::max(c.maxNs, dur);
         c.flops += k.flops;
+        const char* cls = k.cls == KernelClass::Compute         ? "compute"
+                          : k.cls == KernelClass::Communication ? "communication"
+                          : k.wait                              ? "wait"
+                                                                : "non_compute";
+        auto& x = byClass[cls];
+        x.count += 1;
+        x.totalNs += dur;
+        x.maxNs = std::max(x.maxNs, dur);
+        x.flops += k.flops;
         r.totalNs += dur;
     }
+    for (auto& [name, c] : byClass) {
+        c.name = name;
+        c.category = name;
+        r.byClass.push_back(c);
+    }
+    std::sort(r.byClass.begin(), r.byClass.end(),
+              [](const KernelStat& a, const KernelStat& b) { return a.totalNs > b.totalNs; });
     for (auto& [id, s] : byName) {
         s.name = str(strings, id);
         r.topKernels.push_back(s);

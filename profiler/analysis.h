@@ -158,6 +158,9 @@ struct KernelStat {
 struct KernelBreakdown {
     std::vector<KernelStat> topKernels;   // by total time, at most topN, then "other"
     std::vector<KernelStat> byCategory;   // name = category
+    // name = the kernel's class under the report's Definitions: "compute", "communication",
+    // "non_compute", "wait" (cuda_sync rows); with HTA's definitions HTA's classes.
+    std::vector<KernelStat> byClass;
     double totalNs = 0;
 };
 // Over the same kernels as overlap / temporal / idle (after the last-step filter).

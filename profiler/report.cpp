@@ -229,7 +229,11 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         for (auto& k : kb.byCategory)
             cats.push_back({{"category", k.name}, {"count", k.count}, {"total_s", rnd(sec(k.totalNs))},
                             {"pct", kb.totalNs > 0 ? rnd(100 * k.totalNs / kb.totalNs) : 0.0}});
-        rj["kernels"] = {{"total_s", rnd(sec(kb.totalNs))}, {"top", top}, {"by_category", cats}};
+        json classes = json::array();
+        for (auto& k : kb.byClass)
+            classes.push_back({{"class", k.name}, {"count", k.count}, {"total_s", rnd(sec(k.totalNs))},
+                               {"pct", kb.totalNs > 0 ? rnd(100 * k.totalNs / kb.totalNs) : 0.0}});
+        rj["kernels"] = {{"total_s", rnd(sec(kb.totalNs))}, {"top", top}, {"by_category", cats}, {"by_class", classes}};
         TS_ASSIGN_OR_RETURN(MemorySummary mem, memorySummary(store, r, opt.memoryPoints));
         json series = json::array();
         for (auto& p : mem.series) series.push_back({p.tsNs, p.totalBytes});
@@ -507,6 +511,9 @@ std::string formatAnalysisText(const json& doc) {
         o << "  by category:";
         for (const auto& c : doc["ranks"][0]["kernels"]["by_category"])
             o << " " << c["category"].get<std::string>() << " " << pct(c["pct"]) << "%";
+        o << "\n  by class:";
+        for (const auto& c : doc["ranks"][0]["kernels"].value("by_class", json::array()))
+            o << " " << c["class"].get<std::string>() << " " << pct(c["pct"]) << "%";
         o << "\n";
     }
     const json mi = doc.value("mfu_inputs", json::object());

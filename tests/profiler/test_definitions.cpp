@@ -2,6 +2,8 @@
 // constructed trace, rows in -> numbers out, in both sets where they differ.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "profiler/analysis.h"
 #include "trace_builder.h"
 
@@ -60,6 +62,11 @@ TEST(Definitions, SyncRowsAreNonCompute) {
         EXPECT_DOUBLE_EQ(t->computeNs, 2000);
         EXPECT_DOUBLE_EQ(t->nonComputeNs, 1000);
         EXPECT_DOUBLE_EQ(t->idleNs, 1000);
+        auto k = kernelBreakdown(*b.store, 0, 10, INT64_MIN, INT64_MAX, defs);
+        ASSERT_TRUE(k.isOk());
+        std::map<std::string, int64_t> classes;
+        for (const auto& c : k->byClass) classes[c.name] = c.count;
+        EXPECT_EQ(classes, (std::map<std::string, int64_t>{{"compute", 2}, {"wait", 1}}));
     }
 }
 
@@ -143,6 +150,9 @@ TEST(Definitions, LastStepCutOff) {
         int64_t count = 0;
         for (const auto& s : k->byCategory) count += s.count;
         EXPECT_EQ(count, c.kernelTimeNs == 10000 ? 1 : c.kernelTimeNs == 150000 ? 2 : 3);
+        ASSERT_EQ(k->byClass.size(), 1u);
+        EXPECT_EQ(k->byClass[0].name, "compute");
+        EXPECT_EQ(k->byClass[0].count, count);
     }
 }
 

@@ -5,6 +5,7 @@
 #include "profiler/analysis.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <tuple>
 #include <cmath>
@@ -19,7 +20,6 @@ namespace detail {
 namespace {
 bool startsWith(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 
-bool isProfilerStep(const std::string& name) { return name.find("ProfilerStep") != std::string::npos; }
 
 // "step 12" / "step" / "ProfilerStep#12" -> step number (fallback when Slice.step is unset).
 std::optional<int> stepNumber(const std::string& name, int32_t sliceStep) {
@@ -40,7 +40,113 @@ const std::string& str(const std::vector<std::string>& strings, uint32_t id) {
 }
 }  // namespace
 
-Result<RankData> loadRank(TraceStore& store, int rank) {
+}  // namespace detail
+
+Definitions Definitions::hta() {
+    Definitions d;
+    d.set = Set::Hta;
+    d.roundInwardToMicros = true;
+    d.htaKernelClasses = true;
+    d.gpuStepCopiesCut = true;
+    d.hostOpsWithStreamAreKernels = true;
+    d.idleSumsNegativeGaps = true;
+    return d;
+}
+
+Result<Definitions> definitionsByName(const std::string& name) {
+    if (name == "trainscope" || name == "default") return Definitions::trainscope();
+    if (name == "hta") return Definitions::hta();
+    return Status::invalid("unknown definitions '" + name + "': use 'trainscope' (the default) or 'hta' (HTA's defaults)");
+}
+
+bool isGpuWaitName(const std::string& n) {
+    return n == "Stream Sync" || n == "Event Sync" || n == "Context Sync" || n == "Device Sync" ||
+           n == "Stream Wait Event";
+}
+
+KernelClass htaKernelClass(const std::string& n) {
+    // HTA 0.5.0, hta/common/types.py: CommunicateKernelGroupingPattern "^nccl",
+    // ComputeKernelGroupingPattern (inverse match) "^nccl | .*Memcpy | .*Memset | .*dma |
+    // ^.*Sync | cuda.*LaunchKernel | ^runFunction"; what is neither is memory or other, both
+    // non-compute in its temporal breakdown. Python's re.match anchors at the start only.
+    // (Later HTA versions add ^hip / ^hccl to communication and more non-compute prefixes.)
+    auto has = [&](const char* p) { return n.find(p) != std::string::npos; };
+    if (detail::startsWith(n, "nccl")) return KernelClass::Communication;
+    bool cudaLaunch = detail::startsWith(n, "cuda") && n.find("LaunchKernel", 4) != std::string::npos;
+    bool notCompute = has("Memcpy") || has("Memset") || has("dma") || has("Sync") || cudaLaunch ||
+                      detail::startsWith(n, "runFunction");
+    return notCompute ? KernelClass::NonCompute : KernelClass::Compute;
+}
+
+namespace detail {
+
+NameClasses nameClasses(const std::vector<std::string>& strings, const Definitions& defs, int64_t originNs) {
+    NameClasses c;
+    c.defs = defs;
+    c.originNs = originNs;
+    c.wait.resize(strings.size());
+    c.streamGroup.resize(strings.size());
+    c.profilerStep.resize(strings.size());
+    c.stepRange.resize(strings.size());
+    if (defs.htaKernelClasses) c.htaClass.resize(strings.size());
+    for (size_t i = 0; i < strings.size(); ++i) {
+        const std::string& n = strings[i];
+        c.wait[i] = isGpuWaitName(n);
+        c.streamGroup[i] = startsWith(n, "stream ") && n.size() > 7 && std::isdigit(static_cast<unsigned char>(n[7]));
+        c.profilerStep[i] = n.find("ProfilerStep") != std::string::npos;  // HTA 0.5: any name containing it
+        c.stepRange[i] = n == "step" || startsWith(n, "step ") || c.profilerStep[i];
+        if (defs.htaKernelClasses) c.htaClass[i] = htaKernelClass(n);
+    }
+    return c;
+}
+
+Result<NameClasses> nameClassesFor(TraceStore& store, const std::vector<std::string>& strings, const Definitions& defs) {
+    int64_t origin = 0;
+    if (defs.roundInwardToMicros) {
+        TS_ASSIGN_OR_RETURN(auto o, store.metadata("import.time_origin_unix_ns"));
+        if (o) {
+            int64_t v = 0;
+            auto r = std::from_chars(o->data(), o->data() + o->size(), v);
+            if (r.ec == std::errc()) origin = v;
+        }
+    }
+    return nameClasses(strings, defs, origin);
+}
+
+KernelClass NameClasses::classOf(trace::Category c, uint32_t name) const {
+    KernelClass base = classify(c);
+    if (base == KernelClass::NotKernel) return base;
+    if (defs.htaKernelClasses && name < htaClass.size()) return htaClass[name];
+    if (name < wait.size() && wait[name]) return KernelClass::NonCompute;
+    return base;
+}
+
+namespace {
+// Inward rounding to whole us (start up, end down), HTA's round_down_time_stamps. `toSource`
+// takes a stored ts to the source's own clock, where its us grid lies. HTA parses Kineto's
+// ts and dur as double microseconds and rounds those: with epoch-sized ts (older Kineto, no
+// baseTimeNanoseconds) a double resolves only 0.25 us, so with `asDouble` the start and the
+// end (ts + dur, added in doubles) are first taken to the nearest double as HTA has them.
+// A sub-us event can come out reversed; it then covers nothing.
+int64_t floorDiv(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+void roundInward(int64_t& start, int64_t& end, int64_t toSource, bool asDouble) {
+    const int64_t s = start + toSource, e = end + toSource;
+    int64_t rs, re;
+    if (asDouble) {
+        const double ts = double(floorDiv(s, 1000)) + double(s - floorDiv(s, 1000) * 1000) / 1000.0;
+        const double te = ts + double(e - s) / 1000.0;
+        rs = int64_t(std::ceil(ts)) * 1000;
+        re = int64_t(std::floor(te)) * 1000;
+    } else {
+        rs = -floorDiv(-s, 1000) * 1000;
+        re = floorDiv(e, 1000) * 1000;
+    }
+    start = rs - toSource;
+    end = std::max(re - toSource, start);
+}
+}  // namespace
+
+Result<RankData> loadRank(TraceStore& store, int rank, const NameClasses& classes) {
     RankData d;
     d.rank = rank;
     TS_ASSIGN_OR_RETURN(auto all, store.tracks());
@@ -59,6 +165,18 @@ Result<RankData> loadRank(TraceStore& store, int rank) {
     f.rank = rank;
     uint32_t lastTrack = 0;
     trace::TrackKind lastKind = trace::TrackKind::HostThread;
+    const bool round = classes.defs.roundInwardToMicros;
+    int64_t toSource = classes.originNs;  // stored ts -> Unix ns
+    bool asDouble = false;
+    if (round) {
+        // A Kineto file: round on its own ts scale, as HTA does (see roundInward).
+        TS_ASSIGN_OR_RETURN(auto zero, store.metadata("import.kineto_ts_zero_unix_ns." + std::to_string(rank)));
+        int64_t z = 0;
+        if (zero && std::from_chars(zero->data(), zero->data() + zero->size(), z).ec == std::errc()) {
+            toSource = classes.originNs - z;
+            asDouble = true;
+        }
+    }
     TS_RETURN_IF_ERROR(store.forEachSlice(f, [&](const trace::Slice& s) {
         // Slices come track by track: one map lookup per track, not per slice.
         if (s.track != lastTrack || lastTrack == 0) {
@@ -66,19 +184,41 @@ Result<RankData> loadRank(TraceStore& store, int rank) {
             lastKind = kindOf[s.track];
         }
         trace::TrackKind k = lastKind;
+        int64_t start = s.startNs, end = s.startNs + s.durNs;
+        if (round) roundInward(start, end, toSource, asDouble);
         if (k == trace::TrackKind::HostThread) {
-            d.host.push_back({s.startNs, s.startNs + s.durNs, s.name, s.category, s.step, s.correlation});
+            d.host.push_back({start, end, s.name, s.category, s.step, s.correlation, s.group});
+            if (classes.defs.hostOpsWithStreamAreKernels && s.group < classes.streamGroup.size() &&
+                classes.streamGroup[s.group] && s.category != trace::Category::Range) {
+                Kernel kn;
+                kn.start = start;
+                kn.end = end;
+                kn.name = s.name;
+                kn.category = s.category;
+                kn.cls = classes.classOf(trace::Category::Other, s.name);
+                d.hostStreamOps.push_back(kn);
+            }
             return true;
         }
-        if (k == trace::TrackKind::Compute) d.computeStreamBusy.push_back({s.startNs, s.startNs + s.durNs});
-        if (classify(s.category) == KernelClass::NotKernel) return true;
+        if (s.category == trace::Category::Range) {
+            // GPU-side annotation copies: not work on the stream (not busy time for bubbles).
+            d.gpuRanges.push_back({start, end, s.name, s.category, s.step, s.correlation, s.group});
+            return true;
+        }
+        const bool wait = s.name < classes.wait.size() && classes.wait[s.name];
+        // A wait row on the stream (cuda_sync) is not work: not busy time for bubbles.
+        if (k == trace::TrackKind::Compute && !wait) d.computeStreamBusy.push_back({start, end});
+        KernelClass cls = classes.classOf(s.category, s.name);
+        if (cls == KernelClass::NotKernel) return true;
         Kernel kn;
-        kn.start = s.startNs;
-        kn.end = s.startNs + s.durNs;
+        kn.start = start;
+        kn.end = end;
         kn.track = s.track;
         kn.name = s.name;
         kn.group = s.group;
         kn.category = s.category;
+        kn.cls = cls;
+        kn.wait = wait;
         kn.microbatch = s.microbatch;
         kn.chunk = s.chunk;
         kn.correlation = s.correlation;
@@ -101,48 +241,69 @@ Result<HtaContext> htaContext(TraceStore& store) {
     return c;
 }
 
-std::vector<Kernel> htaKernels(const RankData& d, const std::vector<std::string>& strings, const HtaContext& ctx,
-                               bool timeOrder) {
+std::vector<Kernel> htaKernels(const RankData& d, const NameClasses& classes, const HtaContext& ctx, bool timeOrder,
+                               bool forIdle) {
     std::vector<Kernel> storage;
-    const std::vector<Kernel>& r = htaKernelsRef(d, strings, ctx, timeOrder, storage);
+    const std::vector<Kernel>& r = htaKernelsRef(d, classes, ctx, timeOrder, storage, forIdle);
     return &r == &storage ? std::move(storage) : r;
 }
 
-const std::vector<Kernel>& htaKernelsRef(const RankData& d, const std::vector<std::string>& strings,
-                                         const HtaContext& ctx, bool timeOrder, std::vector<Kernel>& storage) {
+const std::vector<Kernel>& htaKernelsRef(const RankData& d, const NameClasses& classes, const HtaContext& ctx,
+                                         bool timeOrder, std::vector<Kernel>& storage, bool forIdle) {
     const std::vector<Kernel>& source = timeOrder && d.indexed ? d.byStart : d.kernels;
-    if (ctx.importerDropped) return source;
+    const bool addHostOps = !forIdle && !d.hostStreamOps.empty();
+    // Profiler steps: "ProfilerStep#N" ranges, or in an imported trace the importer's "step N"
+    // ranges (it renames ProfilerStep#N); with gpuStepCopiesCut also the GPU-side copies.
+    // Native trainscope steps are never dropped.
     std::unordered_set<uint32_t> stepNames;
-    int64_t lastStart = INT64_MIN, lastEnd = INT64_MIN;
-    for (const auto& h : d.host) {
-        // Profiler steps: "ProfilerStep#N" ranges, or in an imported trace the importer's
-        // "step N" ranges (it renames ProfilerStep#N). Native trainscope steps are never dropped.
-        const std::string& nm = str(strings, h.name);
-        bool profilerStep = isProfilerStep(nm) ||
-                            (ctx.imported && h.category == trace::Category::Range && stepNumber(nm, h.step));
-        if (!profilerStep) continue;
-        stepNames.insert(h.name);
-        lastStart = std::max(lastStart, h.start);
-        lastEnd = std::max(lastEnd, h.end);
+    int64_t lastStart = INT64_MIN;
+    if (!ctx.importerDropped) {
+        for (const auto& h : d.host) {
+            bool isStep = (h.name < classes.profilerStep.size() && classes.profilerStep[h.name]) ||
+                          (ctx.imported && h.category == trace::Category::Range && h.step >= 0 &&
+                           h.name < classes.stepRange.size() && classes.stepRange[h.name]);
+            if (!isStep) continue;
+            // Distinct step names (HTA counts the distinct ProfilerStep#N symbols).
+            stepNames.insert(h.step >= 0 ? uint32_t(h.step) + 0x80000000u : h.name);
+            lastStart = std::max(lastStart, h.start);
+        }
+        if (classes.defs.gpuStepCopiesCut)
+            for (const auto& g : d.gpuRanges)
+                if (g.name < classes.profilerStep.size() && classes.profilerStep[g.name]) {
+                    stepNames.insert(g.step >= 0 ? uint32_t(g.step) + 0x80000000u : g.name);
+                    lastStart = std::max(lastStart, g.start);
+                }
     }
-    if (stepNames.empty()) return source;  // native trace: nothing to drop
-    // HTA: with one profiler step it keeps that step (host events starting by its end).
-    bool includeLast = stepNames.size() == 1;
+    // HTA drops nothing with fewer than two profiler steps (hta/common/trace.py,
+    // _filter_irrelevant_gpu_kernels): a single step is kept whole.
+    if (stepNames.size() < 2) {
+        if (!addHostOps) return source;
+        storage = source;
+        storage.insert(storage.end(), d.hostStreamOps.begin(), d.hostStreamOps.end());
+        if (timeOrder)
+            std::stable_sort(storage.begin(), storage.end(), [](const Kernel& a, const Kernel& b) { return a.start < b.start; });
+        return storage;
+    }
     std::unordered_set<uint64_t> kept;
-    for (const auto& h : d.host) {
-        if (h.correlation == 0) continue;
-        if (includeLast ? h.start <= lastEnd : h.start < lastStart) kept.insert(h.correlation);
-    }
+    for (const auto& h : d.host)
+        if (h.correlation != 0 && h.start < lastStart) kept.insert(h.correlation);
     storage.clear();
     for (const auto& k : source)
         if (k.correlation != 0 && kept.count(k.correlation)) storage.push_back(k);
+    if (addHostOps) {
+        // HTA keeps them as host events: when they start before the cut-off.
+        for (const auto& k : d.hostStreamOps)
+            if (k.start < lastStart) storage.push_back(k);
+        if (timeOrder)
+            std::stable_sort(storage.begin(), storage.end(), [](const Kernel& a, const Kernel& b) { return a.start < b.start; });
+    }
     return storage;
 }
 
 IntervalSet classSet(const std::vector<Kernel>& ks, KernelClass cls, int64_t from, int64_t to) {
     std::vector<Interval> v;
     for (const auto& k : ks)
-        if (classify(k.category) == cls && k.end > from && k.start < to)
+        if (k.cls == cls && k.end > from && k.start < to)
             v.push_back({std::max(k.start, from), std::min(k.end, to)});
     return mergeIntervals(std::move(v));
 }
@@ -183,21 +344,31 @@ TemporalBreakdown temporalOf(const std::vector<Kernel>& ks) {
 }
 
 IdleBreakdown idleOf(const RankData& d, const std::vector<Kernel>& ks, int64_t from, int64_t to,
-                     int64_t thresholdNs) {
+                     const Definitions& defs) {
     std::unordered_map<uint64_t, int64_t> launchStart;
     for (const auto& h : d.host)
         if (h.correlation != 0) launchStart.emplace(h.correlation, h.start);
     IdleBreakdown r;
-    // ks is sorted by (track, start): each stream's kernels are consecutive.
-    for (size_t i = 1; i < ks.size(); ++i) {
-        const Kernel& prev = ks[i - 1];
-        const Kernel& k = ks[i];
-        if (prev.track != k.track || k.start < from || k.start >= to) continue;
-        double gap = double(k.start - prev.end);
-        if (gap <= 0) continue;
+    const double threshold = double(defs.kernelWaitThresholdNs);
+    // ks is sorted by (track, start): each stream's kernels are consecutive. Wait rows
+    // (cuda_sync) are not kernels: the gap runs from the previous kernel to the next one.
+    const Kernel* prev = nullptr;
+    for (const Kernel& k : ks) {
+        if (k.wait) continue;
+        if (!prev || prev->track != k.track) {
+            prev = &k;
+            continue;
+        }
+        const Kernel& p = *prev;
+        prev = &k;
+        if (k.start < from || k.start >= to) continue;
+        double gap = double(k.start - p.end);
+        // Ours: a kernel that starts before the previous one ended leaves no gap. HTA sums the
+        // negative gap (into kernel wait, or host wait when the launch came late).
+        if (gap <= 0 && !(defs.idleSumsNegativeGaps && gap < 0)) continue;
         auto it = k.correlation ? launchStart.find(k.correlation) : launchStart.end();
-        if (it != launchStart.end() && it->second > prev.end) r.hostWaitNs += gap;
-        else if (gap < double(thresholdNs)) r.kernelWaitNs += gap;
+        if (it != launchStart.end() && it->second > p.end) r.hostWaitNs += gap;
+        else if (gap < threshold) r.kernelWaitNs += gap;
         else r.otherNs += gap;
     }
     return r;
@@ -269,7 +440,7 @@ std::vector<CommGroupStat> commOf(const RankData& d, const std::vector<std::stri
     // Keyed by (group id, name id): no string building per kernel.
     std::map<std::pair<uint32_t, uint32_t>, std::pair<CommGroupStat, std::vector<Interval>>> groups;
     for (const Kernel* k = first; k != last; ++k) {
-        if (classify(k->category) != KernelClass::Communication || k->end <= from || k->start >= to) continue;
+        if (k->cls != KernelClass::Communication || k->end <= from || k->start >= to) continue;
         auto& [st, iv] = groups[{k->group, k->name}];
         st.count += 1;
         st.bytes += k->bytes;
@@ -289,27 +460,44 @@ std::vector<CommGroupStat> commOf(const RankData& d, const std::vector<std::stri
     return out;
 }
 
-KernelBreakdown kernelsOf(const RankData& d, const std::vector<std::string>& strings, int topN, int64_t from,
-                          int64_t to) {
+KernelBreakdown kernelsOf(const std::vector<Kernel>& ks, const std::vector<std::string>& strings, int topN,
+                          int64_t from, int64_t to) {
     std::unordered_map<uint32_t, KernelStat> byName;
-    std::map<std::string, KernelStat> byCat;
+    std::map<std::string, KernelStat> byCat, byClass;
     KernelBreakdown r;
-    for (const auto& k : d.kernels) {
+    for (const auto& k : ks) {
         if (k.start < from || k.start >= to) continue;
         double dur = double(k.end - k.start);
+        const char* cat = k.wait ? "sync" : trace::categoryName(k.category);
         auto& s = byName[k.name];
         s.count += 1;
         s.totalNs += dur;
         s.maxNs = std::max(s.maxNs, dur);
         s.flops += k.flops;
-        s.category = trace::categoryName(k.category);
-        auto& c = byCat[trace::categoryName(k.category)];
+        s.category = cat;
+        auto& c = byCat[cat];
         c.count += 1;
         c.totalNs += dur;
         c.maxNs = std::max(c.maxNs, dur);
         c.flops += k.flops;
+        const char* cls = k.cls == KernelClass::Compute         ? "compute"
+                          : k.cls == KernelClass::Communication ? "communication"
+                          : k.wait                              ? "wait"
+                                                                : "non_compute";
+        auto& x = byClass[cls];
+        x.count += 1;
+        x.totalNs += dur;
+        x.maxNs = std::max(x.maxNs, dur);
+        x.flops += k.flops;
         r.totalNs += dur;
     }
+    for (auto& [name, c] : byClass) {
+        c.name = name;
+        c.category = name;
+        r.byClass.push_back(c);
+    }
+    std::sort(r.byClass.begin(), r.byClass.end(),
+              [](const KernelStat& a, const KernelStat& b) { return a.totalNs > b.totalNs; });
     for (auto& [id, s] : byName) {
         s.name = str(strings, id);
         r.topKernels.push_back(s);
@@ -629,34 +817,45 @@ using namespace detail;
 
 // ---- public wrappers ------------------------------------------------------------------------
 
-Result<OverlapResult> commComputeOverlap(TraceStore& store, int rank) {
-    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
-    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
-    TS_ASSIGN_OR_RETURN(HtaContext hta, htaContext(store));
-    return overlapOf(htaKernels(d, strings, hta));
+namespace {
+struct Loaded {
+    std::vector<std::string> strings;
+    NameClasses classes;
+    RankData data;
+    HtaContext hta;
+};
+Result<Loaded> loadFor(TraceStore& store, int rank, const Definitions& defs) {
+    Loaded l;
+    TS_ASSIGN_OR_RETURN(l.strings, store.strings());
+    TS_ASSIGN_OR_RETURN(l.classes, nameClassesFor(store, l.strings, defs));
+    TS_ASSIGN_OR_RETURN(l.data, loadRank(store, rank, l.classes));
+    TS_ASSIGN_OR_RETURN(l.hta, htaContext(store));
+    return l;
+}
+}  // namespace
+
+Result<OverlapResult> commComputeOverlap(TraceStore& store, int rank, const Definitions& defs) {
+    TS_ASSIGN_OR_RETURN(Loaded l, loadFor(store, rank, defs));
+    return overlapOf(htaKernels(l.data, l.classes, l.hta));
 }
 
-Result<TemporalBreakdown> temporalBreakdown(TraceStore& store, int rank) {
-    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
-    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
-    TS_ASSIGN_OR_RETURN(HtaContext hta, htaContext(store));
-    return temporalOf(htaKernels(d, strings, hta));
+Result<TemporalBreakdown> temporalBreakdown(TraceStore& store, int rank, const Definitions& defs) {
+    TS_ASSIGN_OR_RETURN(Loaded l, loadFor(store, rank, defs));
+    return temporalOf(htaKernels(l.data, l.classes, l.hta));
 }
 
-Result<IdleBreakdown> idleBreakdown(TraceStore& store, int rank, int64_t fromNs, int64_t toNs,
-                                    int64_t kernelWaitThresholdNs) {
-    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
-    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
-    TS_ASSIGN_OR_RETURN(HtaContext hta, htaContext(store));
-    return idleOf(d, htaKernels(d, strings, hta), fromNs, toNs, kernelWaitThresholdNs);
+Result<IdleBreakdown> idleBreakdown(TraceStore& store, int rank, int64_t fromNs, int64_t toNs, const Definitions& defs) {
+    TS_ASSIGN_OR_RETURN(Loaded l, loadFor(store, rank, defs));
+    return idleOf(l.data, htaKernels(l.data, l.classes, l.hta, false, /*forIdle=*/true), fromNs, toNs, defs);
 }
 
 Result<std::vector<StepWindow>> stepWindows(TraceStore& store) {
     TS_ASSIGN_OR_RETURN(auto strings, store.strings());
     TS_ASSIGN_OR_RETURN(auto ranks, store.ranks());
+    const NameClasses classes = nameClasses(strings, Definitions::trainscope());
     std::vector<StepWindow> out;
     for (int r : ranks) {
-        TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, r));
+        TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, r, classes));
         auto w = stepsOf(d, strings);
         out.insert(out.end(), w.begin(), w.end());
     }
@@ -667,21 +866,22 @@ Result<std::vector<StepWindow>> stepWindows(TraceStore& store) {
 }
 
 Result<BubbleResult> pipelineBubble(TraceStore& store, const StepWindow& window) {
-    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, window.rank));
+    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
+    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, window.rank, nameClasses(strings, Definitions::trainscope())));
     TS_ASSIGN_OR_RETURN(auto meta, store.allMetadata());
     return bubbleOf(d, window, bubbleTheory(meta));
 }
 
 Result<std::vector<CommGroupStat>> commBreakdown(TraceStore& store, int rank, int64_t fromNs, int64_t toNs) {
     TS_ASSIGN_OR_RETURN(auto strings, store.strings());
-    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
+    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank, nameClasses(strings, Definitions::trainscope())));
     return commOf(d, strings, fromNs, toNs);
 }
 
-Result<KernelBreakdown> kernelBreakdown(TraceStore& store, int rank, int topN, int64_t fromNs, int64_t toNs) {
-    TS_ASSIGN_OR_RETURN(auto strings, store.strings());
-    TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, rank));
-    return kernelsOf(d, strings, topN, fromNs, toNs);
+Result<KernelBreakdown> kernelBreakdown(TraceStore& store, int rank, int topN, int64_t fromNs, int64_t toNs,
+                                        const Definitions& defs) {
+    TS_ASSIGN_OR_RETURN(Loaded l, loadFor(store, rank, defs));
+    return kernelsOf(htaKernels(l.data, l.classes, l.hta), l.strings, topN, fromNs, toNs);
 }
 
 std::vector<MemoryPoint> downsampleKeepPeaks(const std::vector<MemoryPoint>& points, size_t maxPoints) {
@@ -703,27 +903,55 @@ std::vector<MemoryPoint> downsampleKeepPeaks(const std::vector<MemoryPoint>& poi
     return out;
 }
 
+bool isAllocatorMemoryCounter(const std::string& c) {
+    return c == "allocated" || c == "reserved" || c == "host_allocated" || c == "host_reserved" ||
+           c == "allocated_since_trace_start" || c == "host_allocated_since_trace_start";
+}
+
 Result<MemorySummary> memorySummary(TraceStore& store, int rank, size_t maxPoints) {
     TS_ASSIGN_OR_RETURN(auto strings, store.strings());
     TS_ASSIGN_OR_RETURN(auto cs, store.counters(rank));
     MemorySummary m;
     m.rank = rank;
     // Counters are levels (bytes currently held), per category; total(t) = sum of the latest
-    // value of every category at t.
+    // value of every summed category at t.
     struct Ev {
         int64_t ts;
         std::string cat;
         double v;
     };
     std::vector<Ev> evs;
+    bool engineCategories = false;
     for (const auto& c : cs) {
         const std::string& n = str(strings, c.name);
         if (!startsWith(n, "memory.")) continue;
         std::string cat = n.substr(7);
-        evs.push_back({c.tsNs, cat, c.value});
+        engineCategories |= !isAllocatorMemoryCounter(cat);
         double& pk = m.peakBytesByCategory[cat];
         pk = std::max(pk, c.value);
+        evs.push_back({c.tsNs, std::move(cat), c.value});
     }
+    if (auto it = m.peakBytesByCategory.find("allocated"); it != m.peakBytesByCategory.end())
+        m.peakAllocatedBytes = it->second;
+    if (auto it = m.peakBytesByCategory.find("reserved"); it != m.peakBytesByCategory.end())
+        m.peakReservedBytes = it->second;
+    // What the total is: the sum of the engine's categories, else one allocator view.
+    std::string only;
+    if (engineCategories) {
+        m.measure = "sum of the memory categories";
+    } else {
+        for (const char* c : {"allocated", "allocated_since_trace_start", "host_allocated",
+                              "host_allocated_since_trace_start"})
+            if (m.peakBytesByCategory.count(c)) {
+                only = c;
+                break;
+            }
+        if (only == "allocated") m.measure = "device memory allocated (allocator's Total Allocated)";
+        else if (only == "allocated_since_trace_start") m.measure = "device memory allocated since the trace began (sum of Kineto's allocation deltas)";
+        else if (only == "host_allocated") m.measure = "host memory allocated (no device memory events)";
+        else if (!only.empty()) m.measure = "host memory allocated since the trace began (no device memory events)";
+    }
+    std::erase_if(evs, [&](const Ev& e) { return engineCategories ? isAllocatorMemoryCounter(e.cat) : e.cat != only; });
     std::stable_sort(evs.begin(), evs.end(), [](const Ev& a, const Ev& b) { return a.ts < b.ts; });
     std::map<std::string, double> cur;
     double total = 0;
@@ -746,8 +974,9 @@ Result<CriticalPath> criticalPath(TraceStore& store, int step, size_t maxEntries
     TS_ASSIGN_OR_RETURN(auto ranks, store.ranks());
     std::vector<RankData> data;
     std::vector<StepWindow> windows;
+    const NameClasses classes = nameClasses(strings, Definitions::trainscope());
     for (int r : ranks) {
-        TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, r));
+        TS_ASSIGN_OR_RETURN(RankData d, loadRank(store, r, classes));
         for (const auto& w : stepsOf(d, strings))
             if (w.step == step) windows.push_back(w);
         data.push_back(std::move(d));

@@ -40,13 +40,49 @@ IntervalSet clipSet(const IntervalSet& a, int64_t from, int64_t to);
 enum class KernelClass { NotKernel, Compute, Communication, NonCompute };
 KernelClass classify(trace::Category c);
 
+// ---- definitions: the rules every analysis below follows, chosen once per report and passed
+// through (never per-analysis flags). Two sets: trainscope's own (the default) and HTA's
+// defaults (Holistic Trace Analysis 0.5, so a user can check our numbers against the tool they
+// know). docs/profiler.md lists each difference and why ours differs.
+struct Definitions {
+    enum class Set { Trainscope, Hta };
+    Set set = Set::Trainscope;
+    // HTA rounds every event inward to whole microseconds (start up, end down) unless
+    // HTA_DISABLE_NS_ROUNDING=1; ours keeps the trace's nanoseconds.
+    bool roundInwardToMicros = false;
+    // Kernel classes from HTA's name patterns (hta/common/types.py) instead of our categories.
+    bool htaKernelClasses = false;
+    // Last-step cut-off also at GPU-side "ProfilerStep#N" copies (gpu_user_annotation), as HTA
+    // does; ours cuts at the last host ProfilerStep start.
+    bool gpuStepCopiesCut = false;
+    // Host ops that name a GPU stream (Triton cpu_op with args.stream) count as GPU time (HTA).
+    bool hostOpsWithStreamAreKernels = false;
+    // Idle breakdown: overlapping consecutive kernels on a stream give a negative gap that is
+    // summed (HTA) instead of skipped (ours).
+    bool idleSumsNegativeGaps = false;
+    int64_t kernelWaitThresholdNs = 30000;  // HTA's consecutive_kernel_delay default, 30 us
+
+    static Definitions trainscope() { return {}; }
+    static Definitions hta();
+    const char* name() const { return set == Set::Hta ? "hta" : "trainscope"; }
+};
+// "trainscope" (also "default") or "hta"; anything else is an error naming both.
+Result<Definitions> definitionsByName(const std::string& name);
+// HTA's kernel type of a name (hta/utils/utils.py get_kernel_type): communication, memory,
+// compute or other; memory and other are both non-compute.
+KernelClass htaKernelClass(const std::string& name);
+// Kineto's cuda_sync rows ("Stream Sync", "Event Sync", "Context Sync", "Device Sync",
+// "Stream Wait Event"): waits drawn on a stream, not kernels. Non-compute time in the
+// temporal breakdown (as in HTA); never a kernel in the idle breakdown.
+bool isGpuWaitName(const std::string& name);
+
 // ---- HTA comm/compute overlap (per rank):
 //   overlap = |union(compute) ∩ union(comm)| / |union(comm)| * 100, intervals merged across
 //   all of the rank's device streams. pct = 0 when the rank has no communication.
 struct OverlapResult {
     double commNs = 0, overlappedNs = 0, pct = 0;
 };
-Result<OverlapResult> commComputeOverlap(TraceStore& store, int rank);
+Result<OverlapResult> commComputeOverlap(TraceStore& store, int rank, const Definitions& defs = {});
 
 // ---- HTA temporal breakdown (per rank), as HTA's get_temporal_breakdown computes it:
 //   window  = [first device-kernel start, last device-kernel end] of the rank; when the rank
@@ -60,7 +96,7 @@ struct TemporalBreakdown {
     double idlePct = 0, computePct = 0, nonComputePct = 0;
     double kernelTimeNs = 0;  // window length (HTA's "kernel_time")
 };
-Result<TemporalBreakdown> temporalBreakdown(TraceStore& store, int rank);
+Result<TemporalBreakdown> temporalBreakdown(TraceStore& store, int rank, const Definitions& defs = {});
 
 // ---- HTA idle time breakdown (per rank, per stream, summed over the rank's streams):
 //   each gap between consecutive kernels on a stream is
@@ -74,7 +110,7 @@ struct IdleBreakdown {
     double idleNs() const { return hostWaitNs + kernelWaitNs + otherNs; }
 };
 Result<IdleBreakdown> idleBreakdown(TraceStore& store, int rank, int64_t fromNs = INT64_MIN,
-                                    int64_t toNs = INT64_MAX, int64_t kernelWaitThresholdNs = 30000);
+                                    int64_t toNs = INT64_MAX, const Definitions& defs = {});
 
 // ---- steps: "step N" Range slices on each rank's host track (imported traces:
 // "ProfilerStep#N"). One window per (step, rank).
@@ -122,10 +158,15 @@ struct KernelStat {
 struct KernelBreakdown {
     std::vector<KernelStat> topKernels;   // by total time, at most topN, then "other"
     std::vector<KernelStat> byCategory;   // name = category
+    // name = the kernel's class under the report's Definitions: "compute", "communication",
+    // "non_compute", "wait" (cuda_sync rows); with HTA's definitions HTA's classes.
+    std::vector<KernelStat> byClass;
     double totalNs = 0;
 };
+// Over the same kernels as overlap / temporal / idle (after the last-step filter).
 Result<KernelBreakdown> kernelBreakdown(TraceStore& store, int rank, int topN = 10,
-                                        int64_t fromNs = INT64_MIN, int64_t toNs = INT64_MAX);
+                                        int64_t fromNs = INT64_MIN, int64_t toNs = INT64_MAX,
+                                        const Definitions& defs = {});
 
 // ---- memory: counters named "memory.<category>" per rank. Peak per category, peak of the sum
 // of all categories, and a series downsampled to at most maxPoints buckets keeping each
@@ -134,12 +175,19 @@ struct MemoryPoint {
     int64_t tsNs = 0;
     double totalBytes = 0;
 };
+// Allocator counters of imported traces (memory.allocated / .reserved, host_*, and the
+// *_since_trace_start sums of 2021-format Kineto deltas) are different views of the same
+// memory, never added together: with engine categories present, the peak is their sum; else
+// it is the peak of the device's allocated memory (then the host's). `measure` says which.
 struct MemorySummary {
     int rank = 0;
     std::map<std::string, double> peakBytesByCategory;
     double peakTotalBytes = 0;
+    std::string measure;  // what peakTotalBytes and series measure; "" = no memory counters
+    std::optional<double> peakAllocatedBytes, peakReservedBytes;  // device allocator, when recorded
     std::vector<MemoryPoint> series;
 };
+bool isAllocatorMemoryCounter(const std::string& category);  // "allocated", "reserved", ...
 Result<MemorySummary> memorySummary(TraceStore& store, int rank, size_t maxPoints = 200);
 // Downsampling used above; exposed for tests. Points must be sorted by ts.
 std::vector<MemoryPoint> downsampleKeepPeaks(const std::vector<MemoryPoint>& points, size_t maxPoints);
@@ -181,6 +229,7 @@ struct AnalyzeOptions {
     std::string deviceName;        // "" = metadata "device_name", else "cpu"
     std::string dtype;             // "" = metadata "dtype", else "fp32"
     bool criticalPath = true;
+    Definitions definitions;       // trainscope's (default) or HTA's
 };
 Result<nlohmann::json> analyzeRun(TraceStore& store, const AnalyzeOptions& options);
 // Human-readable rendering of analyzeRun's document (each definition printed once).

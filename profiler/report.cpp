@@ -40,7 +40,13 @@ const std::pair<const char*, const char*> kDefinitions[] = {
      "HTA idle breakdown of gaps between kernels on a stream: launch came after the gap began / gap < 30 us / other"},
     {"model_tflops", "model FLOPs per step / step time (max over ranks) / 1e12, whole job"},
     {"mfu", "model_tflops / world size / peak TFLOP/s of one device"},
-    {"peak_memory_bytes", "max over time of the sum of the rank's memory.<category> counters"},
+    {"peak_memory_bytes",
+     "max over time of the sum of the rank's memory.<category> counters; for allocator counters of imported traces "
+     "(allocated/reserved) the peak of allocated memory, never allocated + reserved (see peak_memory_measure)"},
+    {"definitions_set",
+     "trainscope (default): ns timestamps, our kernel classes, last-step cut-off at the last host ProfilerStep; "
+     "hta: HTA 0.5 defaults (inward us rounding, HTA's name patterns, GPU-side step copies, host ops with a stream "
+     "as GPU time, negative idle gaps summed). docs/profiler.md"},
     {"critical_path", "longest chain of kernels (stream order, cross-stream waits, matched collectives and send->recv) in the step"},
 };
 
@@ -123,6 +129,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     TS_ASSIGN_OR_RETURN(auto meta, store.allMetadata());
     TS_ASSIGN_OR_RETURN(auto rankIds, store.ranks());
     TS_ASSIGN_OR_RETURN(HtaContext htaCtx, htaContext(store));
+    TS_ASSIGN_OR_RETURN(NameClasses classes, nameClassesFor(store, strings, opt.definitions));
     if (rankIds.empty()) return Status::notFound("run file '" + store.path() + "' holds no trace (no tracks)");
 
     json doc;
@@ -139,6 +146,8 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     doc["definitions"] = defs;
 
     const int world = int(rankIds.size());
+    const double deviceMemory = num(meta, "device_memory_bytes", 0);  // from the trace, when it says
+    doc["definitions_set"] = opt.definitions.name();
     const int pp = std::max(1, int(num(meta, "pp", 1)));
     const int perStage = world % pp == 0 ? world / pp : world;
     const double theory = bubbleTheory(meta);  // (p-1)/(v*m), the ratio form
@@ -165,13 +174,13 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
             pool.emplace_back([&] {
                 auto conn = TraceStore::open(store.path(), true);
                 for (size_t i; (i = next.fetch_add(1)) < rankIds.size();)
-                    loaded[i] = conn ? loadRank(**conn, rankIds[i]) : Result<RankData>(conn.status());
+                    loaded[i] = conn ? loadRank(**conn, rankIds[i], classes) : Result<RankData>(conn.status());
             });
         for (auto& th : pool) th.join();
     }
     for (size_t ri = 0; ri < rankIds.size(); ++ri) {
         const int r = rankIds[ri];
-        if (!loaded[ri]) loaded[ri] = loadRank(store, r);
+        if (!loaded[ri]) loaded[ri] = loadRank(store, r, classes);
         if (!loaded[ri]->isOk()) return loaded[ri]->status();
         RankData d = std::move(**loaded[ri]);
         loaded[ri].reset();
@@ -179,14 +188,27 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         OverlapResult ov;
         TemporalBreakdown tb;
         IdleBreakdown idle;
+        int64_t from = INT64_MIN, to = INT64_MAX;
+        auto windows = stepsOf(d, strings);
+        if (opt.step >= 0) {
+            auto w = std::find_if(windows.begin(), windows.end(), [&](const StepWindow& x) { return x.step == opt.step; });
+            if (w != windows.end()) {
+                from = w->startNs;
+                to = w->endNs;
+            }
+        }
+        KernelBreakdown kb;
         {
-            // References, not copies: a native trace keeps every kernel (no HTA filter).
+            // References, not copies: a native trace keeps every kernel (no HTA filter). Every
+            // per-rank analysis reads the same kernels (the kernel breakdown included).
             std::vector<Kernel> storage;
-            const std::vector<Kernel>& hta = htaKernelsRef(d, strings, htaCtx, /*timeOrder=*/true, storage);
+            const std::vector<Kernel>& hta = htaKernelsRef(d, classes, htaCtx, /*timeOrder=*/true, storage);
             ov = overlapOf(hta);
             tb = temporalOf(hta);
-            idle = idleOf(d, htaKernelsRef(d, strings, htaCtx, /*timeOrder=*/false, storage), INT64_MIN, INT64_MAX,
-                          30000);
+            const std::vector<Kernel>& byTrack = htaKernelsRef(d, classes, htaCtx, /*timeOrder=*/false, storage);
+            kb = kernelsOf(byTrack, strings, opt.topKernels, from, to);
+            idle = idleOf(d, htaKernelsRef(d, classes, htaCtx, /*timeOrder=*/false, storage, /*forIdle=*/true), INT64_MIN,
+                          INT64_MAX, opt.definitions);
         }
         json rj;
         rj["rank"] = r;
@@ -199,16 +221,6 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
                                     {"non_compute_pct", rnd(tb.nonComputePct)}};
         rj["idle_breakdown"] = {{"host_wait_s", rnd(sec(idle.hostWaitNs))}, {"kernel_wait_s", rnd(sec(idle.kernelWaitNs))},
                                 {"other_wait_s", rnd(sec(idle.otherNs))}};
-        int64_t from = INT64_MIN, to = INT64_MAX;
-        auto windows = stepsOf(d, strings);
-        if (opt.step >= 0) {
-            auto w = std::find_if(windows.begin(), windows.end(), [&](const StepWindow& x) { return x.step == opt.step; });
-            if (w != windows.end()) {
-                from = w->startNs;
-                to = w->endNs;
-            }
-        }
-        KernelBreakdown kb = kernelsOf(d, strings, opt.topKernels, from, to);
         json top = json::array(), cats = json::array();
         for (auto& k : kb.topKernels)
             top.push_back({{"name", k.name}, {"category", k.category}, {"count", k.count}, {"total_s", rnd(sec(k.totalNs))},
@@ -217,13 +229,23 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         for (auto& k : kb.byCategory)
             cats.push_back({{"category", k.name}, {"count", k.count}, {"total_s", rnd(sec(k.totalNs))},
                             {"pct", kb.totalNs > 0 ? rnd(100 * k.totalNs / kb.totalNs) : 0.0}});
-        rj["kernels"] = {{"total_s", rnd(sec(kb.totalNs))}, {"top", top}, {"by_category", cats}};
+        json classes = json::array();
+        for (auto& k : kb.byClass)
+            classes.push_back({{"class", k.name}, {"count", k.count}, {"total_s", rnd(sec(k.totalNs))},
+                               {"pct", kb.totalNs > 0 ? rnd(100 * k.totalNs / kb.totalNs) : 0.0}});
+        rj["kernels"] = {{"total_s", rnd(sec(kb.totalNs))}, {"top", top}, {"by_category", cats}, {"by_class", classes}};
         TS_ASSIGN_OR_RETURN(MemorySummary mem, memorySummary(store, r, opt.memoryPoints));
         json series = json::array();
         for (auto& p : mem.series) series.push_back({p.tsNs, p.totalBytes});
-        rj["memory"] = {{"peak_memory_bytes", mem.peakTotalBytes},
+        auto optJ = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
+        rj["memory"] = {{"peak_memory_bytes", mem.measure.empty() ? json(nullptr) : json(mem.peakTotalBytes)},
+                        {"peak_memory_measure", mem.measure.empty() ? json(nullptr) : json(mem.measure)},
+                        {"peak_allocated_bytes", optJ(mem.peakAllocatedBytes)},
+                        {"peak_reserved_bytes", optJ(mem.peakReservedBytes)},
+                        {"device_memory_bytes", deviceMemory > 0 ? json(deviceMemory) : json(nullptr)},
                         {"peak_bytes_by_category", mem.peakBytesByCategory},
                         {"series_ts_ns_bytes", series}};
+        if (mem.measure.empty()) rj["memory"]["unknown_reason"] = "the trace has no memory counters";
         ranksJ.push_back(rj);
         for (auto& w : windows)
             if (opt.step < 0 || w.step == opt.step) windowsByStep[w.step].push_back(w);
@@ -341,10 +363,20 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         sj["stages"] = stagesJ;
         double flops = modelFlops > 0 ? modelFlops : sliceFlops;
         double tflops = stepNs > 0 ? flops / sec(stepNs) / 1e12 : 0;
-        sj["model_flops"] = flops;
-        sj["model_tflops"] = rnd(tflops);
-        sj["model_tflops_per_device"] = rnd(tflops / world);
-        sj["mfu"] = peak && *peak > 0 ? json(rnd(tflops / world / *peak)) : json(nullptr);
+        // Without FLOPs (no model_flops_per_step, no FLOPs on the kernels: every imported
+        // trace) throughput and MFU are unknown, never a 0 that reads like a measurement.
+        const bool haveFlops = flops > 0 && stepNs > 0;
+        sj["model_flops"] = flops > 0 ? json(flops) : json(nullptr);
+        sj["model_tflops"] = haveFlops ? json(rnd(tflops)) : json(nullptr);
+        sj["model_tflops_per_device"] = haveFlops ? json(rnd(tflops / world)) : json(nullptr);
+        sj["mfu"] = haveFlops && peak && *peak > 0 ? json(rnd(tflops / world / *peak)) : json(nullptr);
+        if (!haveFlops)
+            sj["mfu_unknown_reason"] = stepNs > 0 ? "no FLOPs: the run has no model_flops_per_step metadata and no "
+                                                    "kernel carries FLOPs (imported traces do not record them)"
+                                                  : "the step has no duration";
+        else if (!peak || *peak <= 0)
+            sj["mfu_unknown_reason"] = "no peak FLOP/s for device '" + device + "' and dtype '" + dtype +
+                                       "' (add a row to the peak table, or pass --device / --dtype / --peak-flops)";
         if (opt.criticalPath) {
             const CriticalPath& cp = paths[stepIndex];
             json path = json::array();
@@ -392,14 +424,18 @@ std::string formatAnalysisText(const json& doc) {
     std::ostringstream o;
     const json run = doc.value("run", json::object());
     o << "run " << run.value("name", std::string()) << " (" << run.value("file", std::string()) << ")";
+    if (doc.value("definitions_set", std::string()) == "hta") o << "  definitions: HTA's defaults";
     if (!run.value("layout", std::string()).empty()) o << "  layout " << run.value("layout", std::string());
     o << "  world " << doc.value("world_size", 0) << "\n\n";
 
     const json steps = doc.value("steps", json::array());
     for (const auto& s : steps) {
         o << "step " << s["step"].get<int>() << ": step time " << ms(s["step_time_s"]) << " ms";
-        o << ", model " << fmt("%.3f", s.value("model_tflops", 0.0)) << " TFLOP/s";
-        o << ", MFU " << (s["mfu"].is_number() ? fmt("%.2f %%", s["mfu"].get<double>() * 100) : std::string("- (no peak)"))
+        o << ", model " << (s["model_tflops"].is_number() ? fmt("%.3f", s["model_tflops"].get<double>()) + " TFLOP/s"
+                                                             : std::string("TFLOP/s unknown"));
+        o << ", MFU "
+          << (s["mfu"].is_number() ? fmt("%.2f %%", s["mfu"].get<double>() * 100)
+                                   : "unknown (" + s.value("mfu_unknown_reason", std::string("no value")) + ")")
           << "\n";
         char line[256];
         std::snprintf(line, sizeof line, "  %4s %5s %10s %10s %8s %8s %10s %10s %10s %8s\n", "rank", "stage", "step ms",
@@ -452,8 +488,17 @@ std::string formatAnalysisText(const json& doc) {
                       pct(r["comm_comp_overlap_pct"]).c_str(), pct(tb["idle_pct"]).c_str(), pct(tb["compute_pct"]).c_str(),
                       pct(tb["non_compute_pct"]).c_str(), (ms(ib["host_wait_s"]) + "ms").c_str(),
                       (ms(ib["kernel_wait_s"]) + "ms").c_str(), (ms(ib["other_wait_s"]) + "ms").c_str(),
-                      bytesStr(r["memory"]["peak_memory_bytes"].get<double>()).c_str());
+                      (r["memory"]["peak_memory_bytes"].is_number() ? bytesStr(r["memory"]["peak_memory_bytes"].get<double>())
+                                                                      : std::string("unknown")).c_str());
         o << line;
+    }
+    for (const auto& r : ranks) {
+        const json& m = r["memory"];
+        if (!m["peak_memory_measure"].is_string()) continue;
+        auto b = [](const json& v) { return v.is_number() ? bytesStr(v.get<double>()) : std::string("unknown"); };
+        o << "  rank " << r["rank"].get<int>() << " memory: peak " << b(m["peak_memory_bytes"]) << " ("
+          << m["peak_memory_measure"].get<std::string>() << "); allocated " << b(m["peak_allocated_bytes"])
+          << ", reserved " << b(m["peak_reserved_bytes"]) << ", device " << b(m["device_memory_bytes"]) << "\n";
     }
     o << "\nkernels (rank " << (doc["ranks"].empty() ? 0 : doc["ranks"][0]["rank"].get<int>()) << ", top by total time):\n";
     if (!doc["ranks"].empty()) {
@@ -466,6 +511,9 @@ std::string formatAnalysisText(const json& doc) {
         o << "  by category:";
         for (const auto& c : doc["ranks"][0]["kernels"]["by_category"])
             o << " " << c["category"].get<std::string>() << " " << pct(c["pct"]) << "%";
+        o << "\n  by class:";
+        for (const auto& c : doc["ranks"][0]["kernels"].value("by_class", json::array()))
+            o << " " << c["class"].get<std::string>() << " " << pct(c["pct"]) << "%";
         o << "\n";
     }
     const json mi = doc.value("mfu_inputs", json::object());

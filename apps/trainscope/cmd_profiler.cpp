@@ -35,12 +35,21 @@ Result<std::string> resolveRunPath(const std::string& run, const Args& a) {
 }  // namespace
 
 // trainscope analyze RUN [--json] [--step N] [--top N] [--peak-flops TABLE.json] [--device NAME] [--dtype T]
+//                   [--definitions trainscope|hta]
 int cmdAnalyze(const Args& a) {
-    if (auto bad = a.unknownFlags({"--json", "--step", "--top", "--peak-flops", "--device", "--dtype", "--workspace"});
+    if (auto bad = a.unknownFlags(
+            {"--json", "--step", "--top", "--peak-flops", "--device", "--dtype", "--workspace", "--definitions"});
         !bad.empty())
-        return fail(2, "unknown option " + bad[0] + " for `analyze`; usage: trainscope analyze RUN [--json] [--step N]");
-    if (a.positional().size() != 1) return fail(2, "usage: trainscope analyze RUN [--json] [--step N]");
+        return fail(2, "unknown option " + bad[0] +
+                           " for `analyze`; usage: trainscope analyze RUN [--json] [--step N] [--definitions trainscope|hta]");
+    if (a.positional().size() != 1)
+        return fail(2, "usage: trainscope analyze RUN [--json] [--step N] [--definitions trainscope|hta]");
     profiler::AnalyzeOptions opt;
+    if (auto defs = a.value("--definitions")) {
+        auto d = profiler::definitionsByName(*defs);
+        if (!d) return fail(2, d.status().message());
+        opt.definitions = *d;
+    }
     const auto step = intFlag(a, "--step", 0, 2147483647);
     if (!step) return fail(2, step.status().message());
     if (*step) opt.step = int(**step);
@@ -102,9 +111,21 @@ int cmdImport(const Args& a) {
                          s.message().c_str());
     }
     const auto& sum = report->summary;
+    // Stats by kind: "<source>.kept.<what>" / ".converted.<what>" / ".skipped.<what>" and the
+    // other stats (malformed, unsupported, notable), so what an import did with the file is
+    // visible at a glance.
+    nlohmann::json kept = nlohmann::json::object(), converted = nlohmann::json::object(),
+                   skipped = nlohmann::json::object();
+    for (const auto& [k, v] : report->stats.all()) {
+        if (k.find(".kept.") != std::string::npos) kept[k.substr(k.find(".kept.") + 6)] = v;
+        else if (k.find(".converted.") != std::string::npos) converted[k.substr(k.find(".converted.") + 11)] = v;
+        else if (k.find(".skipped.") != std::string::npos) skipped[k.substr(k.find(".skipped.") + 9)] = v;
+        else skipped[k] = v;  // malformed / unsupported / notable, by their stats name
+    }
     if (a.has("--json")) {
         nlohmann::json j = {{"run_file", out}, {"tracks", sum.tracks}, {"slices", sum.slices},
                             {"counters", sum.counters}, {"time_origin_unix_ns", sum.originUnixNs}};
+        j["summary"] = {{"kept", kept}, {"converted", converted}, {"skipped_or_notable", skipped}};
         j["files"] = nlohmann::json::array();
         for (const auto& f : sum.files)
             j["files"].push_back({{"path", f.path}, {"format", imp::sourceFormatName(f.format)}, {"rank", f.rank},
@@ -122,10 +143,14 @@ int cmdImport(const Args& a) {
                     f.aligned ? "" : "; no clock info, aligned by first event");
     std::printf("  %lld tracks, %lld slices, %lld counters\n", static_cast<long long>(sum.tracks),
                 static_cast<long long>(sum.slices), static_cast<long long>(sum.counters));
-    if (!report->stats.all().empty()) {
-        std::printf("  stats (skipped or notable records):\n");
-        for (const auto& [k, v] : report->stats.all()) std::printf("    %-52s %lld\n", k.c_str(), static_cast<long long>(v));
-    }
+    auto printGroup = [](const char* title, const nlohmann::json& g) {
+        if (g.empty()) return;
+        std::printf("  %s\n", title);
+        for (const auto& [k, v] : g.items()) std::printf("    %-52s %lld\n", k.c_str(), static_cast<long long>(v.get<int64_t>()));
+    };
+    printGroup("kept (events by kind):", kept);
+    printGroup("converted (kept in another form, docs/import.md):", converted);
+    printGroup("skipped or notable (stats):", skipped);
     std::printf("next: trainscope analyze %s\n", forTerminal(out).c_str());
     return 0;
 }

@@ -124,8 +124,9 @@ const std::vector<Command>& commands() {
          "print which global rank has which tp/cp/ep/dp/pp coordinates and its process groups", cmdLayout},
         {"schedule", "schedule --pp P [--vpp V] --microbatches M [--rank R] [--json]",
          "print the pipeline op order per rank (Megatron-Core 1F1B / interleaved 1F1B)", cmdSchedule},
-        {"analyze", "analyze RUN [--json] [--step N] [--top N] [--workspace DIR]",
-         "explain a run's steps: bubbles, exposed communication, overlap, kernels, memory, MFU", cmdAnalyze},
+        {"analyze", "analyze RUN [--json] [--step N] [--top N] [--definitions trainscope|hta] [--workspace DIR]",
+         "explain a run's steps: bubbles, exposed communication, overlap, kernels, memory, MFU "
+         "(--definitions hta: HTA's defaults, to check against Holistic Trace Analysis)", cmdAnalyze},
         {"import", "import FILE [FILE ...] [--out RUN.sqlite] [--workspace DIR] [--name NAME] [--drop-last-step] [--json]",
          "import an Nsight Systems SQLite export or PyTorch/Kineto JSON trace as a run", cmdImport},
         {"export-trace", "export-trace RUN --chrome OUT.json [--workspace DIR]",

@@ -128,27 +128,53 @@ NcclKernelInfo parseNcclKernel(std::string_view name) {
 
 trace::Category classifyKernel(std::string_view name) {
     using trace::Category;
-    if (startsWith(name, "nccl")) return parseNcclKernel(name).isP2P() ? Category::P2P : Category::Collective;
-    // Same test as HTA's is_memory_kernel, so our non-compute time equals theirs.
-    if (contains(name, "Memcpy")) return Category::Memcpy;
+    // Communication: NCCL in all its spellings, RCCL (ROCm's NCCL; its kernels are also named
+    // nccl*, older builds rccl*).
+    if (startsWith(name, "nccl") || contains(name, "ncclKernel") || contains(name, "ncclDevKernel"))
+        return parseNcclKernel(name).isP2P() ? Category::P2P : Category::Collective;
+    if (startsWith(name, "rccl")) return Category::Collective;
+    // Same test as HTA's is_memory_kernel, so our non-compute time equals theirs; MTIA DMA
+    // kernels (dma*) are copies too.
+    if (contains(name, "Memcpy") || startsWith(name, "dma")) return Category::Memcpy;
     if (contains(name, "Memset")) return Category::Memset;
     const std::string n = toLower(name);
     auto any = [&n](std::initializer_list<std::string_view> words) {
         return std::any_of(words.begin(), words.end(), [&n](std::string_view w) { return contains(n, w); });
     };
+    auto starts = [&n](std::initializer_list<std::string_view> words) {
+        return std::any_of(words.begin(), words.end(), [&n](std::string_view w) { return startsWith(n, w); });
+    };
+    // Library GEMM kernels by their own prefixes first: their names carry words (Bias, Cast,
+    // ReLU epilogues) that the generic rules below would misread.
+    //   AMD Tensile / rocBLAS / hipBLASLt: Cijk_Ailk_Bljk_..., Hopper/Blackwell cuBLASLt: nvjet_*
+    if (startsWith(name, "Cijk_") || starts({"nvjet_", "rocblas_gemm", "hipblaslt"})) return Category::Gemm;
     if (any({"cross_entropy", "crossentropy", "nll_loss", "log_softmax", "logsoftmax"})) return Category::Loss;
-    if (any({"flash", "fmha", "attention", "attn", "softmax", "sdpa"})) return Category::Attention;
+    // FlashAttention, cuDNN / Transformer Engine fused attention, xFormers / CUTLASS / CK /
+    // AITER fmha, PyTorch SDPA.
+    if (any({"flash", "fmha", "attention", "attn", "sdpa", "mha_fwd", "mha_bwd", "paged_attention"}))
+        return Category::Attention;
     if (any({"adam", "multi_tensor", "sgd", "lamb_", "adagrad", "optimizer"})) return Category::Optimizer;
-    if (any({"gemm", "gemv", "xmma", "cutlass", "cublas", "matmul", "splitkreduce", "s1688", "h1688", "884"}))
+    // cuBLAS (sm80_xmma_gemm, ampere_sgemm, volta_h884gemm, gemv2T, splitKreduce), CUTLASS,
+    // Composable Kernel (ck::kernel_gemm_xdl...), Triton templates (triton_tem_fused_mm /
+    // _bmm / _addmm), cuDNN convolutions computed as implicit GEMM.
+    if (any({"gemm", "gemv", "xmma", "cutlass", "cublas", "matmul", "splitkreduce", "convolve", "winograd",
+             "dgrad", "wgrad"}) ||
+        starts({"triton_tem_fused_mm", "triton_tem_fused_bmm", "triton_tem_fused_addmm"}))
         return Category::Gemm;
     if (any({"layer_norm", "layernorm", "rms_norm", "rmsnorm", "batch_norm", "batchnorm", "group_norm",
-             "groupnorm", "ln_fwd", "ln_bwd"}))
+             "groupnorm", "ln_fwd", "ln_bwd", "bn_fw", "bn_bw"}))
         return Category::Norm;
+    if (any({"softmax"})) return Category::Softmax;
     if (any({"embedding", "embed_"})) return Category::Embedding;
-    if (any({"elementwise", "vectorized", "unrolled", "reduce", "gelu", "silu", "swiglu", "relu", "dropout",
-             "rotary", "_rope", "bias", "fill", "copy", "cast", "transpose", "cat_", "index", "scatter",
-             "gather", "where", "masked"}))
+    // PyTorch ATen element-wise and reduction kernels, Triton pointwise/reduction kernels
+    // (triton_poi_*, triton_red_*, triton_per_*), Transformer Engine cast/transpose.
+    if (starts({"triton_poi_", "triton_red_", "triton_per_"}) ||
+        any({"elementwise", "vectorized", "unrolled", "reduce_kernel", "gelu", "silu", "swiglu", "relu", "dropout",
+             "rotary", "_rope", "fill", "copy", "cast_transpose", "cast", "transpose", "cat_", "index", "scatter",
+             "gather", "where", "masked", "nchwtonhwc", "nhwctonchw"}))
         return Category::Elementwise;
+    // Anything else (including reductions and kernels named only by their library) is Other:
+    // better unclassified than put in a class the name merely resembles.
     return Category::Other;
 }
 

@@ -112,13 +112,15 @@ struct RawEvent {
     // args
     int64_t correlation = 0, stream = -1, device = -1, bytes = -1;
     int64_t deviceType = -1, inNelems = -1, outNelems = -1;
-    bool hasAllocated = false, hasReserved = false;
+    bool hasAllocated = false, hasReserved = false, hasMemBytes = false;
+    double memBytes = 0;  // "Bytes" of a [memory] event: + allocation, - free
     double totalAllocated = 0, totalReserved = 0;
     std::string dtype, groupName, groupDesc, argName;
 
     void reset() {
         ph.clear(); cat.clear(); name.clear(); pidText.clear(); tidText.clear();
-        pidIsText = tidIsText = hasTs = hasDur = malformed = hasAllocated = hasReserved = false;
+        pidIsText = tidIsText = hasTs = hasDur = malformed = hasAllocated = hasReserved = hasMemBytes = false;
+        memBytes = 0;
         pid = tid = tsNs = durNs = 0;
         correlation = 0;
         stream = device = bytes = deviceType = inNelems = outNelems = -1;
@@ -131,9 +133,9 @@ enum class Field : uint8_t {
     None, Ph, Cat, Name, Pid, Tid, Ts, Dur, Args,
     // args
     Correlation, Stream, Device, Bytes, DeviceType, TotalAllocated, TotalReserved, InNelems,
-    OutNelems, Dtype, GroupName, GroupDesc, ArgName,
+    OutNelems, Dtype, GroupName, GroupDesc, ArgName, MemBytes,
     // top level
-    BaseTime, DistRank, DistWorldSize, DistBackend, DeviceName, SchemaVersion,
+    BaseTime, DistRank, DistWorldSize, DistBackend, DeviceName, DeviceMemory, SchemaVersion,
 };
 
 class KinetoSax {
@@ -197,6 +199,13 @@ private:
     std::string m_error;
     std::optional<int64_t> m_baseTimeNs;
     int64_t m_minTsNs = std::numeric_limits<int64_t>::max();
+    double m_deviceDeltaLevel = 0, m_hostDeltaLevel = 0;  // 2021-format memory events
+    // What the import kept and converted, by kind (stats "import.kineto.kept.*" /
+    // ".converted.*"); counted in plain integers, the per-event path stays cheap.
+    enum CountKind { KeptKernels, KeptGpuCopies, KeptGpuSyncs, KeptGpuAnnotations, KeptHostEvents, KeptHostAnnotations,
+                     KeptMemoryEvents, ConvertedHostOpsWithStream, ConvertedMemoryDeltas, SkippedFlows,
+                     SkippedMetadata, SkippedProfilerSpans, SkippedInstants, CountKinds };
+    int64_t m_counts[CountKinds] = {};
 
     std::map<std::pair<int64_t, int64_t>, uint32_t> m_gpuTracks;   // (device, stream)
     std::map<std::pair<int64_t, int64_t>, uint32_t> m_hostTracks;  // (pid, tid)
@@ -285,6 +294,7 @@ bool KinetoSax::key(std::string& k) {
         else if (k == "Process Group Name") m_field = Field::GroupName;
         else if (k == "Process Group Description") m_field = Field::GroupDesc;
         else if (k == "name") m_field = Field::ArgName;
+        else if (k == "Bytes") m_field = Field::MemBytes;
         return true;
     }
     if (m_eventDepth > 0 && m_depth == m_eventDepth) {
@@ -304,7 +314,10 @@ bool KinetoSax::key(std::string& k) {
         else if (k == "backend") m_field = Field::DistBackend;
         return true;
     }
-    if (m_devicePropsDepth > 0 && m_depth == m_devicePropsDepth + 1 && k == "name") m_field = Field::DeviceName;
+    if (m_devicePropsDepth > 0 && m_depth == m_devicePropsDepth + 1) {
+        if (k == "name") m_field = Field::DeviceName;
+        else if (k == "totalGlobalMem") m_field = Field::DeviceMemory;
+    }
     return true;
 }
 
@@ -381,6 +394,12 @@ bool KinetoSax::number(double v, const int64_t* asInt, const std::string* text) 
         case Field::OutNelems: toInt(m_ev.outNelems); break;
         case Field::TotalAllocated: m_ev.hasAllocated = true; m_ev.totalAllocated = v; break;
         case Field::TotalReserved: m_ev.hasReserved = true; m_ev.totalReserved = v; break;
+        case Field::MemBytes: m_ev.hasMemBytes = true; m_ev.memBytes = v; break;
+        case Field::DeviceMemory:
+            // First device only, as for device_name (a rank uses one GPU type).
+            if (v > 0 && !m_out.info.count("device_memory_bytes"))
+                m_out.info["device_memory_bytes"] = std::to_string(static_cast<int64_t>(v));
+            break;
         case Field::BaseTime: {
             int64_t b = 0;
             if (toInt(b)) m_baseTimeNs = b;
@@ -450,19 +469,42 @@ void KinetoSax::processEvent() {
     }
     const char ph = e.ph[0];
     if (ph == 'M') {
+        ++m_counts[SkippedMetadata];  // read for names, not imported as events
         if (e.malformed) return;
         if (e.name == "process_name" && !e.pidIsText) m_processNames[e.pid] = e.argName;
         else if (e.name == "thread_name" && !e.pidIsText && !e.tidIsText) m_threadNames[{e.pid, e.tid}] = e.argName;
         return;
     }
-    if (ph == 's' || ph == 'f' || ph == 't') return;  // flows: correlation ids already link launches
+    if (ph == 's' || ph == 'f' || ph == 't') {  // flows: correlation ids already link launches
+        ++m_counts[SkippedFlows];
+        return;
+    }
     if (ph == 'i' || ph == 'I') {
-        if (e.name != "[memory]") return;
+        if (e.name != "[memory]") {
+            ++m_counts[SkippedInstants];
+            return;
+        }
+        const bool host = e.deviceType == 0;
+        if (!e.malformed && e.hasTs && !e.hasAllocated && !e.hasReserved && e.hasMemBytes) {
+            // Older Kineto (2021) writes only the change ("Bytes": + allocated, - freed). The
+            // running sum is the memory allocated since the trace began, not the allocator's
+            // total (which that format does not record): a counter of its own name.
+            double& level = host ? m_hostDeltaLevel : m_deviceDeltaLevel;
+            level += e.memBytes;
+            trace::Counter c;
+            c.name = out.strings.intern(host ? "memory.host_allocated_since_trace_start"
+                                             : "memory.allocated_since_trace_start");
+            c.tsNs = e.tsNs;
+            c.value = level;
+            out.counters.push_back(c);
+            ++m_counts[ConvertedMemoryDeltas];
+            m_minTsNs = std::min(m_minTsNs, e.tsNs);
+            return;
+        }
         if (e.malformed || !e.hasTs || (!e.hasAllocated && !e.hasReserved)) {
             out.stats.add("import.kineto.malformed_events");
             return;
         }
-        const bool host = e.deviceType == 0;
         if (e.hasAllocated) {
             trace::Counter c;
             c.name = out.strings.intern(host ? "memory.host_allocated" : "memory.allocated");
@@ -478,6 +520,7 @@ void KinetoSax::processEvent() {
             out.counters.push_back(c);
         }
         m_minTsNs = std::min(m_minTsNs, e.tsNs);
+        ++m_counts[KeptMemoryEvents];
         return;
     }
     if (ph != 'X') {
@@ -488,26 +531,46 @@ void KinetoSax::processEvent() {
         out.stats.add("import.kineto.malformed_events");
         return;
     }
-    if (e.cat == "Trace" || (e.pidIsText && e.cat.empty())) return;  // profiler's own span
-    if (e.cat == "gpu_user_annotation") {
-        // GPU-side copies of user annotations: not work on the stream; counting them as busy
-        // time would change every overlap number.
-        out.stats.add("import.kineto.skipped_gpu_user_annotations");
+    if (e.cat == "Trace" || (e.pidIsText && e.cat.empty())) {  // profiler's own span
+        ++m_counts[SkippedProfilerSpans];
         return;
     }
-
     trace::Slice s;
     s.startNs = e.tsNs;
     s.durNs = e.durNs;
     m_minTsNs = std::min(m_minTsNs, e.tsNs);
-    const bool gpu = e.cat == "kernel" || e.cat == "gpu_memcpy" || e.cat == "gpu_memset" || e.stream >= 0;
-    if (gpu) {
-        int64_t device = e.device >= 0 ? e.device : (e.pidIsText ? trailingNumber(e.pidText) : e.pid);
-        int64_t stream = e.stream >= 0 ? e.stream : (e.tidIsText ? trailingNumber(e.tidText) : e.tid);
-        s.track = gpuTrack(device, stream);
+    auto gpuDevice = [&] { return e.device >= 0 ? e.device : (e.pidIsText ? trailingNumber(e.pidText) : e.pid); };
+    auto gpuStream = [&] { return e.stream >= 0 ? e.stream : (e.tidIsText ? trailingNumber(e.tidText) : e.tid); };
+    if (e.cat == "gpu_user_annotation") {
+        // GPU-side copy of a user annotation (Kineto draws it on the stream's row): a Range on
+        // the GPU track, never a kernel. ProfilerStep#N copies keep their name and step: HTA's
+        // last-step cut-off reads them (docs/profiler.md, "definitions").
+        s.track = gpuTrack(gpuDevice(), gpuStream());
+        s.category = Category::Range;
+        if (auto step = parseStepName(e.name)) s.step = *step;
         s.name = out.strings.intern(e.name);
-        if (e.cat == "gpu_memcpy") s.category = Category::Memcpy;
-        else if (e.cat == "gpu_memset") s.category = Category::Memset;
+        out.slices.push_back(s);
+        ++m_counts[KeptGpuAnnotations];
+        return;
+    }
+    // GPU work: the GPU activity categories, cuda_sync events that name a stream (Kineto's
+    // "Stream Sync" / "Stream Wait Event" rows on the stream), and an event of another
+    // category only when it has both a stream and a correlation id (HTA's rule). Host-side
+    // categories never become kernels, even with args.stream: Triton/Inductor cpu_op events
+    // carry the stream they launch on (the kernel itself is a separate "kernel" event).
+    const bool gpuCat = e.cat == "kernel" || e.cat == "gpu_memcpy" || e.cat == "gpu_memset" || e.cat == "Kernel" ||
+                        e.cat == "Memcpy" || e.cat == "Memset" || e.cat == "mtia_ccp_events";
+    const bool hostCat = e.cat == "cpu_op" || e.cat == "user_annotation" || e.cat == "python_function" ||
+                         e.cat == "cuda_runtime" || e.cat == "cuda_driver" || e.cat == "cpu_instant_event" ||
+                         e.cat == "Runtime" || e.cat == "Operator";
+    const bool sync = e.cat == "cuda_sync";
+    const bool gpu = gpuCat || (sync && e.stream >= 0) || (!hostCat && !sync && e.stream >= 0 && e.correlation > 0);
+    if (gpu) {
+        s.track = gpuTrack(gpuDevice(), gpuStream());
+        s.name = out.strings.intern(e.name);
+        if (e.cat == "gpu_memcpy" || e.cat == "Memcpy") s.category = Category::Memcpy;
+        else if (e.cat == "gpu_memset" || e.cat == "Memset") s.category = Category::Memset;
+        else if (sync) s.category = Category::Other;  // a wait; the analyses class it by name
         else s.category = classifyKernel(e.name);
         s.correlation = static_cast<uint64_t>(e.correlation);
         if (e.bytes > 0) s.bytes = static_cast<uint64_t>(e.bytes);
@@ -519,11 +582,22 @@ void KinetoSax::processEvent() {
             if (!group.empty()) s.group = out.strings.intern(group);
         }
         out.slices.push_back(s);
+        ++m_counts[sync ? KeptGpuSyncs
+                    : s.category == Category::Memcpy || s.category == Category::Memset ? KeptGpuCopies
+                                                                                      : KeptKernels];
         return;
     }
 
     s.track = hostTrack();
     s.correlation = static_cast<uint64_t>(e.correlation);
+    if (e.stream >= 0) {
+        // A host op that names a GPU stream (Triton launches): it stays a host slice; its
+        // group records the stream, which HTA's definitions count as GPU time (HTA takes any
+        // event with a stream for a kernel). docs/import.md.
+        s.group = out.strings.intern("stream " + std::to_string(e.stream));
+        ++m_counts[ConvertedHostOpsWithStream];
+    }
+    ++m_counts[e.cat == "user_annotation" ? KeptHostAnnotations : KeptHostEvents];
     if (e.cat == "user_annotation") {
         s.category = Category::Range;
         if (auto step = parseStepName(e.name)) {
@@ -541,6 +615,16 @@ void KinetoSax::processEvent() {
 }
 
 void KinetoSax::finish() {
+    static const char* const kCountNames[CountKinds] = {
+        "import.kineto.kept.kernels",          "import.kineto.kept.gpu_copies",
+        "import.kineto.kept.gpu_syncs",        "import.kineto.kept.gpu_annotations",
+        "import.kineto.kept.host_events",      "import.kineto.kept.host_annotations",
+        "import.kineto.kept.memory_events",    "import.kineto.converted.host_ops_with_stream",
+        "import.kineto.converted.memory_delta_events", "import.kineto.skipped.flow_events",
+        "import.kineto.skipped.metadata_events",       "import.kineto.skipped.profiler_spans",
+        "import.kineto.skipped.instant_events"};
+    for (int k = 0; k < CountKinds; ++k)
+        if (m_counts[k] > 0) m_out.stats.add(kCountNames[k], m_counts[k]);
     // Host thread ordinals: the process's main thread (tid == pid) first, then by first use.
     std::map<int64_t, int32_t> nextOrdinal;
     for (auto& t : m_out.tracks) {

@@ -195,17 +195,29 @@ void NsysReader::loadMeta() {
             m_info["clock"] = "TARGET_INFO_SESSION_START_TIME.utcEpochNs + ts";
         }
     }
-    // The GPU's product name (run metadata "device_name", used by MFU): TARGET_INFO_GPU in
-    // current exports, TARGET_INFO_CUDA_DEVICE in some older ones; lowest device id first.
-    const std::pair<const char*, const char*> deviceNameQueries[] = {
-        {"TARGET_INFO_GPU", "SELECT name FROM TARGET_INFO_GPU WHERE name IS NOT NULL AND name != '' ORDER BY id"},
-        {"TARGET_INFO_CUDA_DEVICE", "SELECT name FROM TARGET_INFO_CUDA_DEVICE WHERE name IS NOT NULL AND name != ''"}};
-    for (const auto& [table, sql] : deviceNameQueries) {
+    // The GPU's product name (run metadata "device_name", used by MFU) and memory size:
+    // TARGET_INFO_GPU in current exports, TARGET_INFO_CUDA_DEVICE in some older ones; lowest
+    // device id first. Which columns exist differs by schema version (older exports have no
+    // TARGET_INFO_GPU.id): order by the first id column the table has, else by row order.
+    for (const char* table : {"TARGET_INFO_GPU", "TARGET_INFO_CUDA_DEVICE"}) {
         if (m_info.count("device_name") || !hasTable(table)) continue;
+        std::set<std::string> cols = columns(table);
+        if (!cols.count("name")) continue;
+        std::string order = "rowid";
+        for (const char* c : {"id", "cuDevice", "deviceId", "cudaId"})
+            if (cols.count(c)) {
+                order = std::string("\"") + c + "\"";
+                break;
+            }
+        const char* memCol = cols.count("totalMemory") ? "\"totalMemory\"" : "NULL";
+        std::string sql = std::string("SELECT name, ") + memCol + " FROM \"" + table +
+                          "\" WHERE name IS NOT NULL AND name != '' ORDER BY " + order;
         Stmt st;
         if (prepare(sql, st) && sqlite3_step(st.st) == SQLITE_ROW) {
             auto* n = reinterpret_cast<const char*>(sqlite3_column_text(st.st, 0));
             if (n) m_info["device_name"] = n;
+            if (sqlite3_column_type(st.st, 1) == SQLITE_INTEGER && sqlite3_column_int64(st.st, 1) > 0)
+                m_info["device_memory_bytes"] = std::to_string(sqlite3_column_int64(st.st, 1));
         }
     }
     if (hasTable("ThreadNames")) {

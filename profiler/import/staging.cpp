@@ -100,6 +100,7 @@ void inferGpuTrackKinds(StagedFile& f) {
             case Category::P2P: ++m.p2p; break;
             case Category::Memcpy:
             case Category::Memset: ++m.copy; break;
+            case Category::Range: break;  // GPU-side annotations say nothing about the stream's work
             default: ++m.other; break;
         }
     }
@@ -146,22 +147,26 @@ void assignSteps(StagedFile& f, const std::vector<StepRange>& steps) {
 
 void dropLastStep(StagedFile& f, const std::vector<StepRange>& steps) {
     if (steps.empty()) return;
-    int64_t lastStart = std::numeric_limits<int64_t>::min(), lastEnd = lastStart;
+    int64_t lastStart = std::numeric_limits<int64_t>::min();
     std::set<int32_t> distinct;
     for (const auto& r : steps) {
         lastStart = std::max(lastStart, r.start);
-        lastEnd = std::max(lastEnd, r.end);
         distinct.insert(r.step);
     }
-    // HTA keeps the only step of a one-step trace: host ops starting by its end survive.
-    const bool onlyOneStep = distinct.size() == 1;
-    auto hostKept = [&](const trace::Slice& s) { return onlyOneStep ? s.startNs <= lastEnd : s.startNs < lastStart; };
+    // HTA drops nothing when the trace has a single profiler step (its rule needs two or more:
+    // hta/common/trace.py, _filter_irrelevant_gpu_kernels).
+    if (distinct.size() < 2) return;
+    auto hostKept = [&](const trace::Slice& s) { return s.startNs < lastStart; };
     std::unordered_set<uint64_t> keptLaunches;
     for (const auto& s : f.slices)
         if (!f.tracks[s.track].gpu && s.correlation != 0 && hostKept(s)) keptLaunches.insert(s.correlation);
     size_t before = f.slices.size();
     std::erase_if(f.slices, [&](const trace::Slice& s) {
-        if (f.tracks[s.track].gpu) return s.correlation == 0 || !keptLaunches.count(s.correlation);
+        if (f.tracks[s.track].gpu) {
+            // GPU-side annotations are not launched: kept when they start before the cut-off.
+            if (s.category == Category::Range) return !hostKept(s);
+            return s.correlation == 0 || !keptLaunches.count(s.correlation);
+        }
         return !hostKept(s);
     });
     f.stats.add("import.dropped_last_step_slices", static_cast<int64_t>(before - f.slices.size()));
@@ -313,6 +318,11 @@ EmitSummary emitStaged(std::vector<StagedFile>& files, trace::Recorder& rec, Imp
             rec.counter(c);
         }
 
+        // The Unix time a Kineto file's ts 0 stands for: HTA reads ts as double microseconds,
+        // and `analyze --definitions hta` reproduces its rounding on that scale.
+        if (aligned && f.format == SourceFormat::Kineto)
+            rec.metadata("import.kineto_ts_zero_unix_ns." + std::to_string(rank[i]), std::to_string(*f.epochOffsetNs));
+
         EmittedFile e;
         e.path = sanitizeUtf8(f.path);
         e.format = f.format;
@@ -350,6 +360,8 @@ EmitSummary emitStaged(std::vector<StagedFile>& files, trace::Recorder& rec, Imp
         auto it = f.info.find("device_name");
         if (it != f.info.end() && !it->second.empty()) {
             rec.metadata("device_name", sanitizeUtf8(it->second));
+            auto mem = f.info.find("device_memory_bytes");
+            if (mem != f.info.end()) rec.metadata("device_memory_bytes", sanitizeUtf8(mem->second));
             break;
         }
     }

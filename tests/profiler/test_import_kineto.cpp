@@ -305,7 +305,8 @@ TEST(ImportKineto, TextualGpuRowsAndArrayFormat) {
 }
 
 
-// HTA's loader filter: ops of the last ProfilerStep go, except in a one-step trace.
+// HTA's loader filter: ops of the last ProfilerStep go; a one-step trace keeps everything
+// (hta/common/trace.py: "Skipping GPU kernel filtering since only one ProfilerStep found").
 TEST(ImportKineto, DropLastStepFollowsHtaRules) {
     auto dir = testing::scratchDir("kineto_drop_last");
     auto launch = [](int corr, int ts) {
@@ -321,7 +322,7 @@ TEST(ImportKineto, DropLastStepFollowsHtaRules) {
     // Two steps [100, 200) and [200, 300): only the launch at 150 (and its kernel) stay.
     testing::writeFile(dir / "two.json", "{\"traceEvents\": [" + step(1, 100) + step(2, 200) + launch(1, 150) + "," +
                                              launch(2, 250) + "]}");
-    // One step [100, 200): everything launched by its end stays, later launches go.
+    // One step [100, 200): nothing is dropped, not even the launch after its end.
     testing::writeFile(dir / "one.json", "{\"traceEvents\": [" + step(1, 100) + launch(1, 50) + "," + launch(2, 150) +
                                              "," + launch(3, 250) + "]}");
     ImportOptions opt;
@@ -340,7 +341,7 @@ TEST(ImportKineto, DropLastStepFollowsHtaRules) {
         return kept;
     };
     EXPECT_EQ(kernelCorrelations("two.json"), (std::vector<int64_t>{50000}));          // launch at 150 us
-    EXPECT_EQ(kernelCorrelations("one.json"), (std::vector<int64_t>{0, 100000}));      // launches at 50, 150 us
+    EXPECT_EQ(kernelCorrelations("one.json"), (std::vector<int64_t>{0, 100000, 200000}));  // launches at 50, 150, 250 us
 }
 
 }  // namespace

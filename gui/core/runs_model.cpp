@@ -79,6 +79,8 @@ QVariant RunsModel::data(const QModelIndex& index, int role) const {
     if (role == Qt::ToolTipRole) {
         QString tip = QStringLiteral("<b>%1</b><br>id %2<br>%3").arg(str(r, "name").toHtmlEscaped(), str(r, "id"), str(r, "path").toHtmlEscaped());
         if (!str(r, "status_reason").isEmpty()) tip += QStringLiteral("<br>%1").arg(str(r, "status_reason").toHtmlEscaped());
+        if (index.column() == Knobs && !data(index, Qt::DisplayRole).toString().isEmpty())
+            tip += QStringLiteral("<br>knobs away from their defaults: %1").arg(data(index, Qt::DisplayRole).toString().toHtmlEscaped());
         if (index.column() == StepTime) tip += QStringLiteral("<br>Median step time over the steps after the first (warm-up).");
         if (index.column() == Mfu) tip += QStringLiteral("<br>MFU = model TFLOP/s per device / peak TFLOP/s per device.");
         return tip;

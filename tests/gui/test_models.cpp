@@ -99,6 +99,8 @@ TEST(GuiRunsModel, SortsByValueAndSearchesEveryTerm) {
     f.sort(RunsModel::StepTime, Qt::AscendingOrder);
     EXPECT_EQ(f.index(0, 0).data(RunsModel::RunIdRole).toString(), "c");
     EXPECT_EQ(f.index(1, 0).data(RunsModel::RunIdRole).toString(), "b") << "0.25 s sorts before 0.9 s by value, not by text";
+    // A knobs cell too narrow for its text still tells it whole in its tooltip.
+    EXPECT_TRUE(m.index(1, RunsModel::Knobs).data(Qt::ToolTipRole).toString().contains("overlap_grad_reduce"));
     f.setSearch(QStringLiteral("dp2 overlap"));
     ASSERT_EQ(f.rowCount(), 1);
     EXPECT_EQ(f.index(0, 0).data(RunsModel::RunIdRole).toString(), "b");

@@ -908,6 +908,28 @@ bool isAllocatorMemoryCounter(const std::string& c) {
            c == "allocated_since_trace_start" || c == "host_allocated_since_trace_start";
 }
 
+std::vector<std::string> memoryTotalCategories(const std::vector<std::string>& categories, std::string* measure) {
+    std::vector<std::string> out;
+    for (const auto& c : categories)
+        if (!isAllocatorMemoryCounter(c) && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+    if (!out.empty()) {
+        if (measure) *measure = "sum of the memory categories";
+        return out;
+    }
+    static const std::pair<const char*, const char*> views[] = {
+        {"allocated", "device memory allocated (allocator's Total Allocated)"},
+        {"allocated_since_trace_start", "device memory allocated since the trace began (sum of Kineto's allocation deltas)"},
+        {"host_allocated", "host memory allocated (no device memory events)"},
+        {"host_allocated_since_trace_start", "host memory allocated since the trace began (no device memory events)"}};
+    for (const auto& [c, what] : views)
+        if (std::find(categories.begin(), categories.end(), c) != categories.end()) {
+            if (measure) *measure = what;
+            return {c};
+        }
+    if (measure) measure->clear();
+    return out;
+}
+
 Result<MemorySummary> memorySummary(TraceStore& store, int rank, size_t maxPoints) {
     TS_ASSIGN_OR_RETURN(auto strings, store.strings());
     TS_ASSIGN_OR_RETURN(auto cs, store.counters(rank));
@@ -921,37 +943,22 @@ Result<MemorySummary> memorySummary(TraceStore& store, int rank, size_t maxPoint
         double v;
     };
     std::vector<Ev> evs;
-    bool engineCategories = false;
+    std::vector<std::string> cats;
     for (const auto& c : cs) {
         const std::string& n = str(strings, c.name);
         if (!startsWith(n, "memory.")) continue;
         std::string cat = n.substr(7);
-        engineCategories |= !isAllocatorMemoryCounter(cat);
         double& pk = m.peakBytesByCategory[cat];
         pk = std::max(pk, c.value);
+        if (std::find(cats.begin(), cats.end(), cat) == cats.end()) cats.push_back(cat);
         evs.push_back({c.tsNs, std::move(cat), c.value});
     }
     if (auto it = m.peakBytesByCategory.find("allocated"); it != m.peakBytesByCategory.end())
         m.peakAllocatedBytes = it->second;
     if (auto it = m.peakBytesByCategory.find("reserved"); it != m.peakBytesByCategory.end())
         m.peakReservedBytes = it->second;
-    // What the total is: the sum of the engine's categories, else one allocator view.
-    std::string only;
-    if (engineCategories) {
-        m.measure = "sum of the memory categories";
-    } else {
-        for (const char* c : {"allocated", "allocated_since_trace_start", "host_allocated",
-                              "host_allocated_since_trace_start"})
-            if (m.peakBytesByCategory.count(c)) {
-                only = c;
-                break;
-            }
-        if (only == "allocated") m.measure = "device memory allocated (allocator's Total Allocated)";
-        else if (only == "allocated_since_trace_start") m.measure = "device memory allocated since the trace began (sum of Kineto's allocation deltas)";
-        else if (only == "host_allocated") m.measure = "host memory allocated (no device memory events)";
-        else if (!only.empty()) m.measure = "host memory allocated since the trace began (no device memory events)";
-    }
-    std::erase_if(evs, [&](const Ev& e) { return engineCategories ? isAllocatorMemoryCounter(e.cat) : e.cat != only; });
+    const std::vector<std::string> summed = memoryTotalCategories(cats, &m.measure);
+    std::erase_if(evs, [&](const Ev& e) { return std::find(summed.begin(), summed.end(), e.cat) == summed.end(); });
     std::stable_sort(evs.begin(), evs.end(), [](const Ev& a, const Ev& b) { return a.ts < b.ts; });
     std::map<std::string, double> cur;
     double total = 0;

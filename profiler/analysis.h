@@ -188,6 +188,12 @@ struct MemorySummary {
     std::vector<MemoryPoint> series;
 };
 bool isAllocatorMemoryCounter(const std::string& category);  // "allocated", "reserved", ...
+// The memory.* categories whose levels add up to a rank's total, from the categories a rank
+// has: the engine's own (params, grads, activations, ...) when there are any, else the one
+// allocator view an imported trace offers (allocated, else allocated since the trace began,
+// else the host's), never allocated + reserved. `measure` (optional) says what the total is.
+// One rule for memorySummary, the timeline's memory row and the memory panel.
+std::vector<std::string> memoryTotalCategories(const std::vector<std::string>& categories, std::string* measure = nullptr);
 Result<MemorySummary> memorySummary(TraceStore& store, int rank, size_t maxPoints = 200);
 // Downsampling used above; exposed for tests. Points must be sorted by ts.
 std::vector<MemoryPoint> downsampleKeepPeaks(const std::vector<MemoryPoint>& points, size_t maxPoints);

@@ -498,7 +498,13 @@ void AnalysisPanels::buildMemoryChart(const json& m) {
         s->attachAxis(x);
         s->attachAxis(y);
     }
-    chart->setTitle(QStringLiteral("Memory of rank %1 over time, stacked by category (peak %2)").arg(rank).arg(formatBytes(peak.value("bytes", 0.0))));
+    // What the total is: the engine's categories stacked, or the one allocator view of an
+    // imported trace (its reserved memory is a different measure, never stacked on top).
+    const QString measure = QString::fromStdString(m.value("measure", std::string()));
+    if (cats.size() > 1 || measure.isEmpty() || measure.startsWith(QLatin1String("sum")))
+        chart->setTitle(QStringLiteral("Memory of rank %1 over time, stacked by category (peak %2)").arg(rank).arg(formatBytes(peak.value("bytes", 0.0))));
+    else
+        chart->setTitle(QStringLiteral("Memory of rank %1 over time: %2 (peak %3)").arg(rank).arg(measure).arg(formatBytes(peak.value("bytes", 0.0))));
     m_memory->setToolTip(m_summary.definition(QStringLiteral("peak_memory_bytes")));
 }
 

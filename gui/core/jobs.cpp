@@ -114,13 +114,23 @@ Result<json> memorySeries(const std::string& runFile, int rank, size_t maxPoints
     if (!counters) return counters.status();
     json ranks = json::array();
     if (auto rs = (*store)->ranks()) ranks = *rs;
-    // Category index per counter name id.
+    // The categories that make the rank's total (profiler::memoryTotalCategories: an imported
+    // trace's allocated and reserved views are never stacked); category index per name id.
+    std::vector<std::string> present;
+    for (const auto& c : *counters) {
+        const std::string& n = c.name < names->size() ? (*names)[c.name] : std::string();
+        if (n.rfind("memory.", 0) == 0 && std::find(present.begin(), present.end(), n.substr(7)) == present.end())
+            present.push_back(n.substr(7));
+    }
+    std::string measure;
+    const std::vector<std::string> summed = profiler::memoryTotalCategories(present, &measure);
     std::map<uint32_t, int> catOf;
     std::vector<std::string> cats;
     std::vector<const trace::Counter*> events;
     for (const auto& c : *counters) {
         const std::string& n = c.name < names->size() ? (*names)[c.name] : std::string();
         if (n.rfind("memory.", 0) != 0) continue;
+        if (std::find(summed.begin(), summed.end(), n.substr(7)) == summed.end()) continue;
         if (!catOf.count(c.name)) {
             catOf[c.name] = int(cats.size());
             cats.push_back(n.substr(7));
@@ -143,7 +153,7 @@ Result<json> memorySeries(const std::string& runFile, int rank, size_t maxPoints
         for (double x : v) s += x;
         return s;
     };
-    json out = {{"categories", cats}, {"ranks", ranks}, {"rank", rank}};
+    json out = {{"categories", cats}, {"ranks", ranks}, {"rank", rank}, {"measure", measure}};
     json outTs = json::array(), outBytes = json::array();
     json peak = {{"ts_ns", 0}, {"bytes", 0.0}};
     double peakBytes = -1;

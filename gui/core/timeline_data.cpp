@@ -15,6 +15,7 @@
 #include <QHash>
 
 #include "gui/core/format.h"
+#include "profiler/analysis.h"
 #include "profiler/store.h"
 
 namespace ts::gui {
@@ -310,12 +311,28 @@ Status loadRankRows(profiler::TraceStore& store, const std::vector<profiler::Tra
             r.step.reserve(n), r.microbatch.reserve(n), r.layer.reserve(n), r.chunk.reserve(n);
             r.correlation.reserve(n), r.payload.reserve(n);
         }
+        // Ranges on a device stream (an imported trace's gpu_user_annotation) are context,
+        // not work: their own row above the stream, never busy time in the bubble shading.
+        TimelineRow ann;
         profiler::SliceFilter f;
         f.track = t.id;
         TS_RETURN_IF_ERROR(store.forEachSlice(f, [&](const trace::Slice& s) {
-            appendSlice(r, s, in);
+            if (s.category == Category::Range) {
+                if (ann.size() == 0) {
+                    ann.kind = RowKind::Range;
+                    ann.rank = t.rank;
+                    ann.trackId = t.id;
+                    ann.trackKind = t.kind;
+                    ann.streamIndex = t.streamIndex;
+                    ann.trackName = r.trackName;
+                }
+                appendSlice(ann, s, in);
+            } else {
+                appendSlice(r, s, in);
+            }
             return true;
         }));
+        if (ann.size()) out.streams.push_back(std::move(ann));
         out.streams.push_back(std::move(r));
     }
     return Status::ok();
@@ -433,9 +450,15 @@ Result<std::shared_ptr<const TimelineData>> loadTimelineData(const std::string& 
         }
         // Several streams of one kind get their index in the label ("comm dp #1").
         std::map<std::pair<int, int>, int> kindCount;
-        for (auto& r : rr.streams) kindCount[{int(r.trackKind), 0}]++;
+        for (auto& r : rr.streams)
+            if (r.kind == RowKind::Stream) kindCount[{int(r.trackKind), 0}]++;
         for (auto& r : rr.streams) {
             QString kind = streamKindName(r.trackKind);
+            if (r.kind == RowKind::Range) {
+                r.label = QString("rank %1 · %2 annotations").arg(rr.rank).arg(r.trackName.isEmpty() ? kind : r.trackName);
+                push(std::move(r));
+                continue;
+            }
             if (r.trackKind == TrackKind::Comm || r.trackKind == TrackKind::P2P) {
                 std::vector<size_t> hist(data->groups.size() + 1, 0);
                 for (size_t i = 0; i < r.size(); i += std::max<size_t>(1, r.size() / 4096)) hist[r.group[i]]++;
@@ -447,11 +470,24 @@ Result<std::shared_ptr<const TimelineData>> loadTimelineData(const std::string& 
             push(std::move(r));
         }
         if (opt.loadCounters) {
-            // Memory: the sum of the rank's memory.* counters (each holds its latest level).
+            // Memory: the rank's total as profiler::memoryTotalCategories defines it (the
+            // engine's categories summed, or one allocator view of an imported trace), each
+            // counter holding its latest level.
             TS_ASSIGN_OR_RETURN(auto cs, store->counters(rr.rank));
+            auto categoryOf = [&](const trace::Counter& c) -> const std::string* {
+                if (c.name >= data->strings.size()) return nullptr;
+                const std::string& n = data->strings[c.name];
+                return n.rfind("memory.", 0) == 0 ? &n : nullptr;
+            };
+            std::vector<std::string> cats;
+            for (auto& c : cs)
+                if (auto* n = categoryOf(c); n && std::find(cats.begin(), cats.end(), n->substr(7)) == cats.end())
+                    cats.push_back(n->substr(7));
+            const std::vector<std::string> summed = profiler::memoryTotalCategories(cats);
             std::vector<const trace::Counter*> mem;
             for (auto& c : cs)
-                if (c.name < data->strings.size() && data->strings[c.name].rfind("memory.", 0) == 0) mem.push_back(&c);
+                if (auto* n = categoryOf(c); n && std::find(summed.begin(), summed.end(), n->substr(7)) != summed.end())
+                    mem.push_back(&c);
             if (!mem.empty()) {
                 std::stable_sort(mem.begin(), mem.end(), [](auto* a, auto* b) { return a->tsNs < b->tsNs; });
                 TimelineRow r;
@@ -495,7 +531,9 @@ Result<std::shared_ptr<const TimelineData>> loadTimelineData(const std::string& 
     for (size_t k = 0; k < data->ranks.size(); ++k) {
         std::map<int, std::pair<int64_t, int64_t>> windows;
         for (const auto& r : data->rows) {
-            if (r.rank != data->ranks[k] || r.kind != RowKind::Range) continue;
+            // Host ranges only: a step is the host's step range, as in the analysis (the GPU
+            // copies of an imported trace's steps are drawn, not used for the windows).
+            if (r.rank != data->ranks[k] || r.kind != RowKind::Range || r.trackKind != TrackKind::HostThread) continue;
             for (size_t i = 0; i < r.size(); ++i) {
                 if (r.name[i] >= data->strings.size()) continue;
                 auto n = stepNumberOf(data->strings[r.name[i]], r.step[i]);

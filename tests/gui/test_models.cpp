@@ -9,6 +9,7 @@
 #include "engine/parallel/layout.h"
 #include "gui/core/analysis_summary.h"
 #include "gui/core/jobs.h"
+#include "gui/core/timeline_data.h"
 #include "gui/core/knob_model.h"
 #include "gui/core/layout_grid.h"
 #include "gui/core/run_controller.h"
@@ -203,4 +204,36 @@ TEST(GuiJobs, MemorySeriesStacksCategoriesAndKeepsThePeak) {
     for (const auto& t : (*small)["ts_ns"]) hasPeak |= t == 200;
     EXPECT_TRUE(hasPeak);
     EXPECT_LE((*small)["ts_ns"].size(), 2u);
+}
+
+// An imported Kineto trace has the allocator's views, allocated and reserved: two measures of
+// the same memory. The panel and the timeline row show allocated, never their sum.
+TEST(GuiJobs, MemoryOfAnImportedTraceIsAllocatedNotAllocatedPlusReserved) {
+    QTemporaryDir dir;
+    const std::string path = (dir.path() + QStringLiteral("/k.sqlite")).toStdString();
+    {
+        auto store = ts::profiler::TraceStore::create(path);
+        ASSERT_TRUE(store) << store.status().message();
+        ts::profiler::TraceWriter w(**store);
+        w.track({0, 0, ts::trace::TrackKind::Compute, 0, "gpu 0 stream 7"});
+        const uint32_t alloc = w.intern("memory.allocated"), reserved = w.intern("memory.reserved");
+        w.counter({0, alloc, 100, 3000});
+        w.counter({0, reserved, 100, 8000});
+        w.counter({0, alloc, 200, 5000});
+        ASSERT_TRUE(w.finish().isOk());
+    }
+    auto r = memorySeries(path, 0, 100);
+    ASSERT_TRUE(r) << r.status().message();
+    EXPECT_EQ((*r)["categories"], json::array({"allocated"}));
+    EXPECT_DOUBLE_EQ((*r)["peak"]["bytes"].get<double>(), 5000.0);
+    EXPECT_NE((*r)["measure"].get<std::string>().find("allocated"), std::string::npos);
+    auto data = loadTimelineData(path);
+    ASSERT_TRUE(data.isOk()) << data.status().toString();
+    bool sawCounter = false;
+    for (const auto& row : (*data)->rows)
+        if (row.kind == RowKind::Counter) {
+            sawCounter = true;
+            EXPECT_DOUBLE_EQ(row.counter.maxValue, 5000.0);
+        }
+    EXPECT_TRUE(sawCounter);
 }

@@ -242,6 +242,49 @@ TEST(TimelineLoader, FollowReloadsWhileRunningAndStopsWhenTheRunEnds) {
     EXPECT_EQ(last->findByName("late_gemm").size(), 1u);
 }
 
+// An imported trace's gpu_user_annotation ranges sit on the GPU stream's track: they get their
+// own range row, and neither cover the stream's gaps (bubbles) nor make step windows.
+TEST(TimelineData, GpuAnnotationsAreTheirOwnRowAndNotBusyTime) {
+    const std::string path = tempRunPath("gpu_annotations.sqlite");
+    {
+        auto store = profiler::TraceStore::create(path).value();
+        profiler::TraceWriter w(*store);
+        const uint32_t host = w.track({0, 0, trace::TrackKind::HostThread, 0, "host"});
+        const uint32_t gpu = w.track({0, 0, trace::TrackKind::Compute, 7, "gpu 0 stream 7"});
+        auto add = [&](uint32_t track, trace::Category c, const char* name, int64_t s, int64_t d, int step = -1) {
+            trace::Slice x;
+            x.track = track, x.category = c, x.name = w.intern(name), x.startNs = s, x.durNs = d, x.step = step;
+            w.slice(x);
+        };
+        add(host, trace::Category::Range, "step 1", 1000, 1000, 1);
+        add(gpu, trace::Category::Range, "ProfilerStep#1", 1100, 1200, 1);  // the GPU copy, to 2300
+        add(gpu, trace::Category::Gemm, "gemm_a", 1000, 200);
+        add(gpu, trace::Category::Gemm, "gemm_b", 1700, 300);                // gap 1200..1700
+        ASSERT_TRUE(w.finish().isOk());
+    }
+    auto data = loadTimelineData(path);
+    ASSERT_TRUE(data.isOk()) << data.status().toString();
+    const TimelineData& d = *data.value();
+    int annRow = -1, streamRow = -1;
+    for (size_t i = 0; i < d.rows.size(); ++i) {
+        if (d.rows[i].kind == RowKind::Range && d.rows[i].trackKind == trace::TrackKind::Compute) annRow = int(i);
+        if (d.rows[i].kind == RowKind::Stream) streamRow = int(i);
+    }
+    ASSERT_GE(annRow, 0);
+    ASSERT_GE(streamRow, 0);
+    EXPECT_LT(annRow, streamRow);  // drawn above its stream
+    EXPECT_EQ(d.rows[size_t(annRow)].size(), 1u);
+    EXPECT_EQ(d.rows[size_t(streamRow)].size(), 2u);
+    EXPECT_NE(d.rows[size_t(annRow)].label.indexOf("annotations"), -1);
+    // The step window is the host's [1000, 2000]; the gap 1200..1700 is a bubble.
+    ASSERT_NE(d.stepSpan(1), nullptr);
+    EXPECT_EQ(d.stepSpan(1)->endNs, 2000);
+    auto gaps = d.bubbleIntervals(0, 1);
+    ASSERT_EQ(gaps.size(), 1u);
+    EXPECT_EQ(gaps[0].fromNs, 1200);
+    EXPECT_EQ(gaps[0].toNs, 1700);
+}
+
 // A run creates its file before writing anything: following it then is waiting, not failing,
 // and the first batch is picked up by the next poll. A one-shot load of the same empty file
 // is an error.

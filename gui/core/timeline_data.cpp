@@ -455,7 +455,7 @@ Result<std::shared_ptr<const TimelineData>> loadTimelineData(const std::string& 
         for (auto& r : rr.streams) {
             QString kind = streamKindName(r.trackKind);
             if (r.kind == RowKind::Range) {
-                r.label = QString("rank %1 · %2 annotations").arg(rr.rank).arg(r.trackName.isEmpty() ? kind : r.trackName);
+                r.label = QString("rank %1 · %2 annotations").arg(rr.rank).arg(kind);
                 push(std::move(r));
                 continue;
             }

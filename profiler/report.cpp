@@ -213,7 +213,9 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         json rj;
         rj["rank"] = r;
         rj["pp_stage"] = stageOf(r);
-        rj["comm_comp_overlap_pct"] = rnd(ov.pct);
+        // A share of no communication is not 0 %: unknown, with the reason.
+        rj["comm_comp_overlap_pct"] = ov.commNs > 0 ? json(rnd(ov.pct)) : json(nullptr);
+        if (ov.commNs <= 0) rj["comm_comp_overlap_unknown_reason"] = "no communication kernels on this rank";
         rj["comm_s"] = rnd(sec(ov.commNs));
         rj["temporal_breakdown"] = {{"kernel_time_s", rnd(sec(tb.kernelTimeNs))}, {"idle_s", rnd(sec(tb.idleNs))},
                                     {"compute_s", rnd(sec(tb.computeNs))}, {"non_compute_s", rnd(sec(tb.nonComputeNs))},
@@ -349,7 +351,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
                           {"bubble_fraction_theory", rnd(fractionTheory)}, {"bubble_ratio", rnd(b.ratio)},
                           {"bubble_ratio_theory", rnd(theory)}, {"comm_s", rnd(sec(ov.commNs))},
                           {"overlapped_comm_s", rnd(sec(ov.overlappedNs))}, {"exposed_comm_s", rnd(sec(exposed))},
-                          {"comm_comp_overlap_pct", rnd(ov.pct)}, {"comm", cj}});
+                          {"comm_comp_overlap_pct", ov.commNs > 0 ? json(rnd(ov.pct)) : json(nullptr)}, {"comm", cj}});
         }
         sj["step_time_s"] = rnd(sec(stepNs));
         sj["ranks"] = rs;

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "profiler/analysis.h"
 #include "tests/profiler/trace_builder.h"
@@ -112,6 +113,29 @@ TEST(Report, PipelineStepNumbersAndKeys) {
 
     opt.step = 7;
     EXPECT_EQ(analyzeRun(*b.store, opt).status().code(), ErrorCode::NotFound);
+}
+
+// A rank with no communication has no overlap share: null with the reason, never a 0 that
+// reads like a measurement (rank 1 has communication, so its 0 stays a number).
+TEST(Report, OverlapShareOfARankWithoutCommunicationIsUnknown) {
+    TraceBuilder b;
+    uint32_t h0 = b.track(0, TrackKind::HostThread), c0 = b.track(0, TrackKind::Compute);
+    uint32_t h1 = b.track(1, TrackKind::HostThread), c1 = b.track(1, TrackKind::Compute), m1 = b.track(1, TrackKind::Comm);
+    b.putStep(h0, 1, 0, 1000);
+    b.putStep(h1, 1, 0, 1000);
+    b.put(c0, Category::Gemm, 0, 400, "gemm");
+    b.put(c1, Category::Gemm, 0, 400, "gemm");
+    b.put(m1, Category::Collective, 500, 600, "all_reduce", "dp");
+    auto doc = analyzeRun(b.done(), AnalyzeOptions{});
+    ASSERT_TRUE(doc.isOk()) << doc.status().toString();
+    const auto& ranks = (*doc)["ranks"];
+    ASSERT_EQ(ranks.size(), 2u);
+    EXPECT_TRUE(ranks[0]["comm_comp_overlap_pct"].is_null());
+    EXPECT_EQ(ranks[0]["comm_comp_overlap_unknown_reason"], "no communication kernels on this rank");
+    EXPECT_DOUBLE_EQ(ranks[1]["comm_comp_overlap_pct"].get<double>(), 0.0);
+    EXPECT_TRUE(rankOf((*doc)["steps"][0], 0)["comm_comp_overlap_pct"].is_null());
+    const std::string text = formatAnalysisText(*doc);
+    EXPECT_FALSE(std::regex_search(text, std::regex("\\bnan\\b"))) << text;
 }
 
 TEST(Report, PeakTableLookupAndErrors) {

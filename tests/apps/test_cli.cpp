@@ -2,6 +2,8 @@
 // one-message-per-problem output with file:line), layout and schedule errors.
 #include <gtest/gtest.h>
 
+#include "tests/apps/cli_test_util.h"
+
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -15,23 +17,8 @@
 
 namespace {
 
-struct Output {
-    int code = -1;
-    std::string text;  // stdout + stderr
-};
-
-Output run(const std::string& args) {
-    const std::string cmd = std::string(TS_BINARY_DIR) + "/apps/trainscope " + args + " 2>&1";
-    Output out;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return out;
-    std::array<char, 4096> buf{};
-    size_t n = 0;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.text.append(buf.data(), n);
-    const int status = pclose(p);
-    out.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return out;
-}
+using ts::cli_test::Output;
+using ts::cli_test::run;
 
 const std::string kRoot = TS_SOURCE_DIR;
 

@@ -3,6 +3,8 @@
 // message and what is left in the workspace.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include "tests/apps/cli_test_util.h"
 #include <signal.h>
 #include <spawn.h>
 #include <sqlite3.h>
@@ -34,26 +36,9 @@ using nlohmann::json;
 
 const std::string kBin = std::string(TS_BINARY_DIR) + "/apps/trainscope";
 
-struct Output {
-    int code = -1;
-    std::string text;  // stdout + stderr
-};
-
-// Runs a shell command line (the binary is `$TS`); stdout and stderr together.
-Output sh(const std::string& line) {
-    const std::string cmd = "TS='" + kBin + "'; " + line + " 2>&1";
-    Output out;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return out;
-    std::array<char, 4096> buf{};
-    size_t n = 0;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.text.append(buf.data(), n);
-    const int status = pclose(p);
-    out.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return out;
-}
-
-Output ts(const std::string& args) { return sh("\"$TS\" " + args); }
+using ts::cli_test::Output;
+using ts::cli_test::sh;
+Output ts(const std::string& args) { return ts::cli_test::run(args); }
 
 struct TempDir {
     fs::path path;
@@ -335,9 +320,13 @@ TEST(CliHardening, AFullDiskFailsTheRunVisibly) {
         auto store = ts::profiler::TraceStore::open(e.path().string(), true);
         if (!store) continue;
         auto info = (*store)->runInfo();
-        if (info) EXPECT_NE(info->status, "completed");
+        if (info) {
+            EXPECT_NE(info->status, "completed");
+        }
         auto steps = (*store)->stepMetrics();
-        if (steps) EXPECT_GE(int(steps->size()), lastStep);
+        if (steps) {
+            EXPECT_GE(int(steps->size()), lastStep);
+        }
     }
 }
 

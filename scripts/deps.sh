@@ -9,6 +9,7 @@ TS_PACKAGES=(
   libopenblas-dev libgtest-dev libgmock-dev
   openmpi-bin libopenmpi-dev
   qt6-base-dev qt6-charts-dev libqt6opengl6-dev
+  xvfb xauth
 )
 
 ts_missing_packages() {

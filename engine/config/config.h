@@ -23,7 +23,7 @@ struct Config {
     std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
     double norm_epsilon = 1e-5;
     bool swiglu = false;
-    std::string position_embedding_type = "learned_absolute";  // Megatron's default; the engine runs rope | none
+    std::string position_embedding_type = "learned_absolute";  // Megatron's default | rope | none
     double rotary_base = 10000;
     bool untie_embeddings_and_output_weights = false;
     bool add_bias_linear = true;

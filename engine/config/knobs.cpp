@@ -196,7 +196,8 @@ std::vector<KnobDef> buildRegistry() {
         "SwiGLU MLP (gated, SiLU) instead of GeLU (Bridge: gated_linear_unit plus activation_func=silu).");
     r.e("position_embedding_type", &C::position_embedding_type, {"learned_absolute", "rope", "none"},
         "--position-embedding-type", "model.position_embedding_type",
-        "Position embedding type (Megatron's default learned_absolute; the engine runs rope and none).");
+        "Position embedding type: learned_absolute (Megatron's default; a learned [seq_length, h] table, "
+        "max_position_embeddings = seq_length), rope or none.");
     rules(r.f("rotary_base", &C::rotary_base, "--rotary-base", "model.rotary_base",
               "RoPE base theta (Megatron-LM reads an integer)."),
           "an integer; only used with position_embedding_type=rope");
@@ -552,8 +553,6 @@ std::vector<std::string> unsupportedKnobs(const Config& c) {
         if (k.engineSupported || k.get(c) == k.get(defaults)) continue;
         out.push_back(k.name + "=" + knobValueText(k, c));
     }
-    // A default the engine does not run: Megatron-LM's learned absolute position embedding.
-    if (c.position_embedding_type == "learned_absolute") out.push_back("position_embedding_type=learned_absolute");
     return out;
 }
 

@@ -84,7 +84,13 @@ Status GptModel::registerParams() {
     };
     const bool ln = !m_d.rmsNorm;
     if (m_ctx.firstStage)
+    {
         m_embW = add("embedding.word_embeddings.weight", {m_d.paddedVocab, h}, ShardKind::VocabParallel);
+        // learned_absolute: Megatron's LanguageModelEmbedding.position_embeddings, a plain
+        // torch.nn.Embedding [max_position_embeddings, h], replicated on every TP rank.
+        if (m_d.learnedPos)
+            m_posW = add("embedding.position_embeddings.weight", {m_d.maxPos, h}, ShardKind::Replicated);
+    }
     for (int gl = m_ctx.layerBegin; gl < m_ctx.layerEnd; ++gl) {
         const std::string pre = "decoder.layers." + std::to_string(gl) + ".";
         LayerParams P;
@@ -120,10 +126,11 @@ Status GptModel::registerParams() {
         if (m_embW >= 0 && m_d.tied) const_cast<ParamInfo&>(m_params.info(m_embW)).sharedEmbedding = true;
     }
     // With SP every TP-replicated param (norm weights/biases, the row-parallel output biases
-    // added after the reduce-scatter) sees only this rank's s/t tokens.
+    // added after the reduce-scatter) sees only this rank's s/t tokens. The position embedding
+    // is added before the scatter to the SP region: every TP rank gets its full grad.
     if (m_sp)
         for (int i = 0; i < m_params.count(); ++i)
-            if (m_params.info(i).shard == ShardKind::Replicated)
+            if (m_params.info(i).shard == ShardKind::Replicated && i != m_posW)
                 const_cast<ParamInfo&>(m_params.info(i)).sequenceParallel = true;
     return Status::ok();
 }
@@ -146,7 +153,7 @@ void GptModel::initWeights() {
         const int64_t R = p.fullShape[0], C = p.fullShape[1];
         std::vector<float> full(size_t(R * C));
         fillNormal(full.data(), R * C, scaled ? stdOut : m_o.initStd, hashCombine(m_o.seed, hashString(key)));
-        if (t == 1) {
+        if (t == 1 || p.shard == ShardKind::Replicated) {
             std::memcpy(dst, full.data(), full.size() * sizeof(float));
         } else if (p.shard == ShardKind::RowParallel) {
             const int64_t cl = C / t;
@@ -230,7 +237,7 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
     st->layers.resize(m_layers.size());
     if (m_ctx.firstStage) {
         m_exec.setLayer(-1);
-        if (m_forwardPreHook) m_forwardPreHook({m_embW});
+        if (m_forwardPreHook) m_forwardPreHook(embeddingParamList());
         TS_RETURN_IF_ERROR(embeddingForward(*st, mb));
     } else {
         st->hidden = input;
@@ -307,13 +314,19 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
     }
     if (m_ctx.firstStage) {
         TS_RETURN_IF_ERROR(embeddingBackward(*st, dh));
-        TS_RETURN_IF_ERROR(gradsReady({m_embW}));
+        TS_RETURN_IF_ERROR(gradsReady(embeddingParamList()));
     } else {
         TensorPtr src = dh;
         m_exec.op("stage_grad_copy", Category::Memcpy, 0, uint64_t(ThL) * 8,
                   [=] { std::memcpy(gradInput->data(), src->data(), size_t(ThL) * sizeof(float)); });
     }
     return Status::ok();
+}
+
+std::vector<int> GptModel::embeddingParamList() const {
+    std::vector<int> out{m_embW};
+    if (m_posW >= 0) out.push_back(m_posW);
+    return out;
 }
 
 std::vector<int> GptModel::layerParamList(int li) const {

@@ -178,7 +178,7 @@ private:
     ParallelContext m_ctx;
     Exec m_exec;
     ParamBuffer m_params;
-    int m_embW = -1, m_lnfW = -1, m_lnfB = -1, m_outW = -1;
+    int m_embW = -1, m_posW = -1, m_lnfW = -1, m_lnfB = -1, m_outW = -1;
     std::vector<LayerParams> m_layers;
     // local shapes
     int m_nqL = 0, m_ngL = 0, m_ffnL = 0, m_vocabL = 0, m_vocabStart = 0;
@@ -198,6 +198,7 @@ private:
     std::shared_ptr<std::map<int, std::pair<double, double>>> m_losses;  // mb -> (sum, tokens)
     ParamHook m_gradReadyHook, m_forwardPreHook;
     std::vector<int> layerParamList(int li) const;
+    std::vector<int> embeddingParamList() const;  // word (+ position) embedding
 };
 
 }  // namespace ts::engine

@@ -1,6 +1,11 @@
 // GptModel's embedding (first pipeline stage): the vocab-parallel lookup (TP rank r holds the
 // rows [r*V/t, (r+1)*V/t) of the table), summed over TP or, with sequence parallel, summed and
 // split along s in one reduce-scatter, then dropout; and its backward into the main grad.
+// With position_embedding_type=learned_absolute, as Megatron-Core's LanguageModelEmbedding:
+// the lookup is all-reduced over TP, the replicated position table [max_pos, h] is added
+// (position ids 0..s-1 for every sample), and only then, with sequence parallel, the sum is
+// scattered to the SP region (split along s, no communication); backward all-gathers along s
+// and every TP rank accumulates the full position-embedding grad.
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
@@ -18,10 +23,30 @@ Status GptModel::embeddingForward(MbState& st, int mb) {
     m_exec.op("embedding.fwd", Category::Embedding, 0, uint64_t(Th) * 8, [=] {
         k::embeddingForward(data->tokens.data(), E, fp(emb), T, h, vStart, vEnd, V);
     });
-    // Partial vocab-parallel lookups: summed over TP (all-reduce), or with SP summed and
-    // split along s in one reduce-scatter (Megatron's reduce_scatter_embeddings).
-    if (m_sp) { TS_ASSIGN_OR_RETURN(emb, seqReduceScatter(emb, ThL)); }
-    else tpAllReduce(emb, Th);
+    if (m_posW >= 0) {
+        // Megatron: reduce_scatter_embeddings is off with a position embedding; the word
+        // embedding is all-reduced, the positions added, then scatter_to_sequence_parallel_region.
+        tpAllReduce(emb, Th);
+        const float* Pw = m_params.modelParam(m_posW);
+        const int s = m_d.seq, b = m_d.microBatch;
+        m_exec.op("position_embedding.fwd", Category::Embedding, double(Th), uint64_t(Th) * 12,
+                  [=] { k::positionEmbeddingForward(Pw, fp(emb), s, b, h); });
+        if (m_sp) {
+            TS_ASSIGN_OR_RETURN(TensorPtr local, allocUninitialized(m_exec, ThL));
+            const int64_t off = int64_t(m_ctx.tpRank) * ThL;
+            TensorPtr full = emb;
+            m_exec.op("embedding_scatter_to_sp", Category::Memcpy, 0, uint64_t(ThL) * 8, [=] {
+                std::memcpy(local->data(), fp(full) + off, size_t(ThL) * sizeof(float));
+            });
+            emb = local;
+        }
+    } else if (m_sp) {
+        // Partial vocab-parallel lookups summed and split along s in one reduce-scatter
+        // (Megatron's reduce_scatter_embeddings).
+        TS_ASSIGN_OR_RETURN(emb, seqReduceScatter(emb, ThL));
+    } else {
+        tpAllReduce(emb, Th);  // partial vocab-parallel lookups summed over TP
+    }
     const float p = m_o.hiddenDropout;
     const uint64_t dropOffset = m_sp ? uint64_t(m_ctx.tpRank) * uint64_t(ThL) : 0;
     if (p > 0) {
@@ -53,8 +78,16 @@ Status GptModel::embeddingBackward(MbState& st, TensorPtr dh) {
         m_exec.op("embedding_dropout.bwd", Category::Elementwise, double(ThL), uint64_t(ThL) * 9,
                   [=] { k::dropoutBackward(fp(src), mask->as<uint8_t>(), fp(demb), ThL, p); });
     }
-    // SP: backward of the embedding's reduce-scatter = all-gather of the grad along s.
+    // SP: backward of the embedding's reduce-scatter (or of the scatter to the SP region after
+    // the position add) = all-gather of the grad along s.
     if (m_sp) { TS_ASSIGN_OR_RETURN(demb, seqGather(demb, ThL)); }
+    if (m_posW >= 0) {
+        float* PG = m_params.mainGrad(m_posW);
+        const int s = m_d.seq, b = m_d.microBatch;
+        TensorPtr g = demb;
+        m_exec.op("position_embedding.bwd", Category::Embedding, double(Th), uint64_t(Th) * 8,
+                  [=] { k::positionEmbeddingBackward(fp(g), PG, s, b, h); });
+    }
     float* G = m_params.mainGrad(m_embW);
     auto data = st.data;
     const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL;

@@ -21,6 +21,8 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
     d.swiglu = c.swiglu;
     d.rmsNorm = c.normalization == "RMSNorm";
     d.rope = c.position_embedding_type == "rope";
+    d.learnedPos = c.position_embedding_type == "learned_absolute";
+    d.maxPos = c.seq_length;  // the registry has no max_position_embeddings; Megatron defaults it to seq_length
     d.tied = !c.untie_embeddings_and_output_weights;
     d.bias = c.add_bias_linear;
     d.normEps = float(c.norm_epsilon);
@@ -45,9 +47,10 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
     if (d.microBatch <= 0) return bad("micro_batch_size must be > 0");
     if (c.normalization != "LayerNorm" && c.normalization != "RMSNorm")
         return bad("normalization must be LayerNorm or RMSNorm (got '" + c.normalization + "')");
-    if (c.position_embedding_type != "rope" && c.position_embedding_type != "none")
-        return Status::unsupported("position_embedding_type=" + c.position_embedding_type +
-                                   " is not implemented by the engine; use rope or none");
+    if (c.position_embedding_type != "rope" && c.position_embedding_type != "none" &&
+        c.position_embedding_type != "learned_absolute")
+        return bad("position_embedding_type must be learned_absolute, rope or none (got '" +
+                   c.position_embedding_type + "')");
     if (c.num_moe_experts > 0)
         return Status::unsupported("num_moe_experts > 0 (MoE) is not implemented by the engine yet");
     if (c.attention_dropout < 0.0 || c.attention_dropout >= 1.0)

@@ -55,6 +55,8 @@ struct ModelDims {
     bool swiglu = false;
     bool rmsNorm = false;
     bool rope = true;
+    bool learnedPos = false;  // position_embedding_type=learned_absolute: a [maxPos, h] table
+    int maxPos = 0;           // max_position_embeddings (Megatron's default: seq_length)
     bool tied = true;
     bool bias = true;
     float normEps = 1e-5f;

@@ -88,4 +88,24 @@ void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int
     }
 }
 
+void positionEmbeddingForward(const float* table, float* out, int s, int b, int C) {
+    for (int i = 0; i < s; ++i) {
+        const float* src = table + static_cast<int64_t>(i) * C;
+        for (int j = 0; j < b; ++j) {
+            float* row = out + (static_cast<int64_t>(i) * b + j) * C;
+            for (int c = 0; c < C; ++c) row[c] += src[c];
+        }
+    }
+}
+
+void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C) {
+    for (int i = 0; i < s; ++i) {
+        float* dst = dtable + static_cast<int64_t>(i) * C;
+        for (int j = 0; j < b; ++j) {
+            const float* row = dout + (static_cast<int64_t>(i) * b + j) * C;
+            for (int c = 0; c < C; ++c) dst[c] += row[c];
+        }
+    }
+}
+
 }  // namespace ts::kernels::cpu

@@ -57,6 +57,10 @@ int embeddingForward(const int32_t* ids, const float* table, float* out, int T, 
 // dtable (+=) rows of owned tokens.
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
                        int vocabStart, int vocabEnd);
+// Learned absolute position embedding on sequence-first rows (row = i*b + j is position i):
+// forward out[i*b+j, :] += table[i, :]; backward dtable[i, :] += sum_j dout[i*b+j, :].
+void positionEmbeddingForward(const float* table, float* out, int s, int b, int C);
+void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C);
 
 // --- Norms ------------------------------------------------------------------------------
 // x, y: [T, C]; w, b: [C]; mean, rstd: [T] saved for backward. b may be null (no bias).

@@ -74,8 +74,10 @@ struct Golden {
         const auto& c = meta["config"];
         Config k;
         // Values these tests were written against; the registry defaults are Megatron-LM's
-        // (learned_absolute, dropout 0.1, linear decay, beta2 0.999, unfused CE, p2p overlap on).
-        k.position_embedding_type = "rope";
+        // (dropout 0.1, linear decay, beta2 0.999, unfused CE, p2p overlap on).
+        // The golden files were written with RoPE unless their config names the position
+        // embedding (the learned_absolute variant).
+        k.position_embedding_type = c.value("position_embedding_type", std::string("rope"));
         k.hidden_dropout = 0;
         k.attention_dropout = 0;
         k.lr_decay_style = "constant";

@@ -10,7 +10,7 @@ gradient of step 1 (summed over the microbatches, before clipping).
 Initial weights are not stored: both sides compute them with the integer formula of
 `init_values` (exact in any language), from the parameter's registration index.
 
-Regenerate (needs Debian's python3-torch):  /usr/bin/python3 tests/golden/make_golden.py
+Regenerate (needs Debian's python3-torch):  /usr/bin/python3 tests/golden/make_golden.py [VARIANT...]
 """
 import json
 import math
@@ -36,7 +36,16 @@ VARIANTS = {
                                       ffn_hidden_size=48, add_bias_linear=False, tied=False),
     "swiglu_rmsnorm_gqa_tied": dict(swiglu=True, normalization="RMSNorm", num_query_groups=2,
                                     ffn_hidden_size=48, add_bias_linear=True, tied=True),
+    # Megatron's default position embedding: a learned [seq_length, h] table added to the word
+    # embedding (no RoPE). The other variants use RoPE (no "position_embedding_type" key).
+    "gelu_layernorm_untied_learned_pos": dict(swiglu=False, normalization="LayerNorm", num_query_groups=4,
+                                              ffn_hidden_size=64, add_bias_linear=True, tied=False,
+                                              position_embedding_type="learned_absolute"),
 }
+
+
+def pos_type(c):
+    return c.get("position_embedding_type", "rope")
 
 
 def init_values(p_index, n, scale, offset):
@@ -63,6 +72,8 @@ def param_table(c):
     ln = c["normalization"] == "LayerNorm"
     bias = c["add_bias_linear"]
     t = [("embedding.word_embeddings.weight", (V, h))]
+    if pos_type(c) == "learned_absolute":  # max_position_embeddings = seq_length
+        t.append(("embedding.position_embeddings.weight", (c["seq_length"], h)))
     for l in range(c["num_layers"]):
         p = "decoder.layers.%d." % l
         t.append((p + "input_layernorm.weight", (h,)))
@@ -126,6 +137,8 @@ def forward(c, P, tokens):
         return y
 
     x = P["embedding.word_embeddings.weight"][tokens]  # [s, b, h]
+    if pos_type(c) == "learned_absolute":
+        x = x + P["embedding.position_embeddings.weight"][torch.arange(s)][:, None, :]  # position ids 0..s-1
     mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
     for l in range(c["num_layers"]):
         p = "decoder.layers.%d." % l
@@ -134,7 +147,8 @@ def forward(c, P, tokens):
         q = qkv[:, :, :, :r, :].reshape(s, b, a, d)
         k = qkv[:, :, :, r, :]
         v = qkv[:, :, :, r + 1, :]
-        q, k = rope(q, c["rotary_base"]), rope(k, c["rotary_base"])
+        if pos_type(c) == "rope":
+            q, k = rope(q, c["rotary_base"]), rope(k, c["rotary_base"])
         k = k.repeat_interleave(r, dim=2)  # query head j uses group j // r
         v = v.repeat_interleave(r, dim=2)
         sc = torch.einsum("sbnd,tbnd->bnst", q, k) / math.sqrt(d)
@@ -213,8 +227,14 @@ def run(name, c):
 
 
 def main():
+    """Arguments: variant names to (re)generate (default: all)."""
     os.makedirs(OUT, exist_ok=True)
-    for name, v in VARIANTS.items():
+    names = sys.argv[1:] or list(VARIANTS)
+    for name in names:
+        if name not in VARIANTS:
+            print("unknown variant %s (have %s)" % (name, ", ".join(VARIANTS)), file=sys.stderr)
+            return 2
+        v = VARIANTS[name]
         c = dict(BASE)
         c.update(v)
         mult = c["make_vocab_size_divisible_by"]

@@ -110,6 +110,13 @@ INSTANTIATE_TEST_SUITE_P(
                                          c.bucket_size = 4000;  // several buckets, so DP shards cut params
                                      }},
                       SameLayoutCase{"tp2_sp", {2, 1, 1, 1, 2}, [](Config& c) { c.sequence_parallel = true; }},
+                      // Megatron's default learned_absolute: the position table is saved/loaded too.
+                      SameLayoutCase{"tp2_sp_dp2_distopt_learned_pos", {2, 1, 1, 2, 2},
+                                     [](Config& c) {
+                                         c.position_embedding_type = "learned_absolute";
+                                         c.sequence_parallel = true;
+                                         c.use_distributed_optimizer = true;
+                                     }},
                       SameLayoutCase{"pp2_vpp2", {1, 2, 2, 1, 4}, [](Config& c) {
                                          c.overlap_p2p_comm = true;
                                          c.batch_p2p_comm = false;
@@ -144,15 +151,17 @@ TEST(ParallelCheckpoint, Tp2Pp2CheckpointContinuesOnOneDevice) {
 // by dp2 with the distributed optimizer (Adam state scattered over DP) and by pp2 vpp2 tp2.
 TEST(ParallelCheckpoint, SingleDeviceCheckpointContinuesOnOtherLayouts) {
     const Config base = resumeConfig();
+    for (const std::string pos : {"rope", "learned_absolute"})
     for (const Layout& L : {Layout{1, 1, 1, 2, 2}, Layout{2, 2, 2, 1, 4}}) {
         Config par = withLayout(base, L);
+        par.position_embedding_type = pos;
         par.use_distributed_optimizer = L.dp > 1;
         par.overlap_p2p_comm = L.vpp > 1;  // interleaving with pp=2 needs it (Megatron's rule)
         par.batch_p2p_comm = L.vpp == 1;
         const Config one = singleDevice(par);
         const std::string what = "single -> tp" + std::to_string(L.tp) + " pp" + std::to_string(L.pp) + " vpp" +
-                                 std::to_string(L.vpp) + " dp" + std::to_string(L.dp);
-        const std::string dir = tempDir("single_to_" + std::to_string(L.tp * 100 + L.pp * 10 + L.dp));
+                                 std::to_string(L.vpp) + " dp" + std::to_string(L.dp) + " " + pos;
+        const std::string dir = tempDir("single_to_" + std::to_string(L.tp * 100 + L.pp * 10 + L.dp) + "_" + pos);
         auto ref = trainSingle(one, 6);
         ASSERT_TRUE(ref.isOk()) << ref.status().toString();
         auto first = trainSingle(one, 3, "", dir);

@@ -81,6 +81,8 @@ struct Case {
     double weightTol = 1e-5;  // final weights
 };
 
+void learnedPos(Config& c) { c.position_embedding_type = "learned_absolute"; }
+
 std::vector<Case> cases() {
     auto none = [](Config&) {};
     return {
@@ -127,6 +129,19 @@ std::vector<Case> cases() {
         {"tp2_attn_dropout", {2, 1, 1, 1, 2}, [](Config& c) { c.attention_dropout = 0.2; }},
         {"tp2_pp2_attn_dropout_recompute", {2, 2, 1, 1, 2},
          [](Config& c) { c.attention_dropout = 0.2; c.recompute_granularity = "selective"; }},
+        // Megatron's default learned_absolute position embedding (first stage / first chunk,
+        // replicated over TP, DP-reduced like every param).
+        {"learned_pos_dp2", {1, 1, 1, 2, 2}, learnedPos},
+        {"learned_pos_dp2_distopt_overlap", {1, 1, 1, 2, 2},
+         [](Config& c) {
+             learnedPos(c);
+             c.use_distributed_optimizer = c.overlap_grad_reduce = c.overlap_param_gather = true;
+             c.bucket_size = 3000;
+         }},
+        {"learned_pos_pp2", {1, 2, 1, 1, 4}, learnedPos},
+        {"learned_pos_pp4_vpp2", {1, 4, 2, 1, 4}, learnedPos},
+        {"learned_pos_tp2", {2, 1, 1, 1, 2}, learnedPos},
+        {"learned_pos_tp2_pp2_dp2", {2, 2, 1, 2, 2}, learnedPos},
     };
 }
 

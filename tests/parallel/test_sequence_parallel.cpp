@@ -46,6 +46,8 @@ void swigluRmsGqa(Config& c) {
     c.add_bias_linear = false;
 }
 
+void learnedPos(Config& c) { c.position_embedding_type = "learned_absolute"; }
+
 std::vector<SpCase> spCases() {
     auto none = [](Config&) {};
     auto untied = [](Config& c) { c.untie_embeddings_and_output_weights = true; };
@@ -89,6 +91,27 @@ std::vector<SpCase> spCases() {
              c.num_query_groups = 4;
          }},
         {"tp2_pp2_dp2", {2, 2, 1, 2, 2}, [](Config& c) { c.overlap_grad_reduce = true; c.bucket_size = 2000; }},
+        // Megatron's default learned_absolute position embedding: the lookup is all-reduced, the
+        // replicated table added, then the sum is split along s (backward: all-gather, full grad).
+        {"tp2_learned_pos", {2, 1, 1, 1, 2}, learnedPos},
+        {"tp4_learned_pos_untied", {4, 1, 1, 1, 1}, [](Config& c) {
+             learnedPos(c);
+             c.untie_embeddings_and_output_weights = true;
+         }},
+        {"tp2_learned_pos_dropout", {2, 1, 1, 1, 2}, [](Config& c) {
+             learnedPos(c);
+             c.hidden_dropout = 0.1;
+         }},
+        {"tp2_pp2_vpp2_learned_pos", {2, 2, 2, 1, 2}, [](Config& c) {
+             learnedPos(c);
+             c.overlap_p2p_comm = true;
+             c.batch_p2p_comm = false;
+         }},
+        {"tp2_dp2_distopt_overlap_learned_pos", {2, 1, 1, 2, 2}, [](Config& c) {
+             learnedPos(c);
+             c.use_distributed_optimizer = c.overlap_grad_reduce = true;
+             c.bucket_size = 1500;
+         }},
     };
 }
 
@@ -146,6 +169,15 @@ TEST(SequenceParallel, TraceHasGathersAndScattersInsteadOfAllReduces) {
     EXPECT_EQ(b["all_gather"], m * (1 + 6 * L + 1 + 1));
     EXPECT_EQ(b["reduce_scatter"], m * (1 + 4 * L + 1));
     EXPECT_EQ(b["all_reduce"], m * 3 + (L + 1));
+
+    // learned_absolute + SP (Megatron: reduce_scatter_embeddings off): the embedding all-reduces
+    // its lookup and splits after the position add (no reduce-scatter); backward all-gathers.
+    Config lp = sp;
+    lp.position_embedding_type = "learned_absolute";
+    std::map<std::string, int> e = tpCollectives(lp);
+    EXPECT_EQ(e["all_gather"], m * (1 + 6 * L + 1 + 1));
+    EXPECT_EQ(e["reduce_scatter"], m * (4 * L + 1));
+    EXPECT_EQ(e["all_reduce"], m * (1 + 3) + (L + 1));
 }
 
 // Model-level shapes: SP params are flagged, stage tensors are [s/t, b, h].
@@ -178,6 +210,18 @@ TEST(SequenceParallel, ParamsFlaggedAndStageTensorSharded) {
     }
     // Per layer 2 norms x (weight, bias) + proj bias + fc2 bias; final norm weight + bias.
     EXPECT_EQ(flagged, 2 * 6 + 2);
+
+    // learned_absolute: the position table is replicated but not an SP param (added before
+    // the scatter to the SP region, so every TP rank sees the full grad).
+    c.position_embedding_type = "learned_absolute";
+    auto lp = GptModel::create(c, dev, *stream, ctx);
+    ASSERT_TRUE(lp.isOk()) << lp.status().toString();
+    const int pos = lp.value()->params().find("embedding.position_embeddings.weight");
+    ASSERT_GE(pos, 0);
+    const ParamInfo& pi = lp.value()->params().info(pos);
+    EXPECT_EQ(pi.shard, ShardKind::Replicated);
+    EXPECT_FALSE(pi.sequenceParallel);
+    EXPECT_EQ(pi.shape, (std::vector<int64_t>{16, 32}));
 }
 
 TEST(SequenceParallel, SeqLengthNotDivisibleByTpIsRejected) {

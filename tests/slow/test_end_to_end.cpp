@@ -60,7 +60,7 @@ Knobs baseKnobs() {
             {"micro_batch_size", "2"},   {"data_path", "synthetic"},  {"lr", "0.001"},
             {"lr_warmup_iters", "0"},    {"clip_grad", "1.0"},        {"train_iters", "3"},
             {"cpu_threads", "1"},        {"seed", "1234"},
-            // The engine runs rope; Megatron's default (learned_absolute) is not executed.
+            // Values these tests were written against (Megatron's default is learned_absolute).
             {"position_embedding_type", "rope"}, {"hidden_dropout", "0.0"}, {"attention_dropout", "0.0"}};
 }
 

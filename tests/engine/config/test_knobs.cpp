@@ -309,9 +309,11 @@ TEST(ConfigYaml, ShippedExamplesValidateAndBrokenOnesDoNot) {
 
 TEST(Knobs, UnsupportedKnobsAreReported) {
     Config c;
-    // Megatron-LM's default position embedding is one the engine does not run: said so.
-    EXPECT_EQ(unsupportedKnobs(c), std::vector<std::string>{"position_embedding_type=learned_absolute"});
+    // Megatron-LM's defaults (learned_absolute position embedding included) all run.
+    EXPECT_TRUE(unsupportedKnobs(c).empty());
     c.position_embedding_type = "rope";
+    EXPECT_TRUE(unsupportedKnobs(c).empty());
+    c.position_embedding_type = "none";
     EXPECT_TRUE(unsupportedKnobs(c).empty());
     c.context_parallel_size = 2;
     auto u = unsupportedKnobs(c);

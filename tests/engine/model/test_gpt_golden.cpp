@@ -2,6 +2,8 @@
 // (tests/golden/make_golden.py): losses of 3 AdamW steps with clipping, logits and every
 // gradient of step 1. fp32 tolerances: loss 1e-5 relative, grads 1e-4 (relative to the
 // tensor's max), for every variant and for the fused, unfused and recompute code paths.
+// gelu_layernorm_untied_learned_pos: Megatron's default learned_absolute position embedding
+// (its grad embedding.position_embeddings.weight is among the checked ones).
 #include <gtest/gtest.h>
 
 #include "tests/engine/engine_test_util.h"
@@ -83,7 +85,7 @@ TEST_P(GoldenTest, MatchesPyTorch) {
 std::vector<Case> cases() {
     std::vector<Case> out;
     for (const char* v : {"gelu_layernorm_untied", "gelu_layernorm_tied", "swiglu_rmsnorm_gqa_untied",
-                          "swiglu_rmsnorm_gqa_tied"})
+                          "swiglu_rmsnorm_gqa_tied", "gelu_layernorm_untied_learned_pos"})
         for (const char* p : {"fused", "unfused", "selective", "full_uniform", "full_block"}) out.push_back({v, p});
     return out;
 }

@@ -19,6 +19,7 @@
 #include "engine/model/gpt.h"
 #include "engine/train/data.h"
 #include "engine/train/optimizer.h"
+#include "tests/test_baseline_config.h"
 
 namespace ts::engine::testutil {
 
@@ -72,18 +73,10 @@ struct Golden {
     }
     Config config() const {
         const auto& c = meta["config"];
-        Config k;
-        // Values these tests were written against; the registry defaults are Megatron-LM's
-        // (dropout 0.1, linear decay, beta2 0.999, unfused CE, p2p overlap on).
+        Config k = ts::testing::testBaselineConfig();
         // The golden files were written with RoPE unless their config names the position
         // embedding (the learned_absolute variant).
         k.position_embedding_type = c.value("position_embedding_type", std::string("rope"));
-        k.hidden_dropout = 0;
-        k.attention_dropout = 0;
-        k.lr_decay_style = "constant";
-        k.adam_beta2 = 0.95;
-        k.cross_entropy_loss_fusion = true;
-        k.overlap_p2p_comm = false;
         k.num_layers = c["num_layers"];
         k.hidden_size = c["hidden_size"];
         k.num_attention_heads = c["num_attention_heads"];
@@ -188,15 +181,7 @@ struct Harness {
 // A small GPT for the fused/unfused and recompute path tests: 4 layers, hidden 64, 4 heads in
 // 2 query groups, seq 64, micro-batch 4, 2 microbatches, vocab 256, hidden dropout 0.1.
 inline Config smallConfig() {
-    Config c;
-    // Values these tests were written against; the registry defaults are Megatron-LM's
-    // (learned_absolute, dropout 0.1, linear decay, beta2 0.999, unfused CE, p2p overlap on).
-    c.position_embedding_type = "rope";
-    c.attention_dropout = 0;
-    c.lr_decay_style = "constant";
-    c.adam_beta2 = 0.95;
-    c.cross_entropy_loss_fusion = true;
-    c.overlap_p2p_comm = false;
+    Config c = ts::testing::testBaselineConfig();
     c.num_layers = 4;
     c.hidden_size = 64;
     c.num_attention_heads = 4;

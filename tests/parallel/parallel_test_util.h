@@ -13,22 +13,14 @@
 
 #include "engine/parallel/parallel_trainer.h"
 #include "engine/train/trainer.h"
+#include "tests/test_baseline_config.h"
 
 namespace ts::test {
 
 // The tiny GPT of the parallel tests: hidden 32, 4 heads, seq 16, vocab 64, micro-batch 2,
 // `numLayers` layers (4 by default; withLayout raises it to pp*vpp when that is larger).
 inline engine::Config tinyConfig(int numLayers = 4) {
-    engine::Config c;
-    // Values these tests were written against; the registry defaults are Megatron-LM's
-    // (learned_absolute, dropout 0.1, linear decay, beta2 0.999, unfused CE, p2p overlap on).
-    c.position_embedding_type = "rope";
-    c.hidden_dropout = 0;
-    c.attention_dropout = 0;
-    c.lr_decay_style = "constant";
-    c.adam_beta2 = 0.95;
-    c.cross_entropy_loss_fusion = true;
-    c.overlap_p2p_comm = false;
+    engine::Config c = ts::testing::testBaselineConfig();
     c.num_layers = numLayers;
     c.hidden_size = 32;
     c.num_attention_heads = 4;

@@ -11,6 +11,7 @@
 
 #include "engine/train/data.h"
 #include "engine/train/trainer.h"
+#include "tests/test_baseline_config.h"
 
 namespace ts::engine {
 namespace {
@@ -18,16 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 
 Config tinyCorpusConfig() {
-    Config c;
-    // Values these tests were written against; the registry defaults are Megatron-LM's
-    // (learned_absolute, dropout 0.1, linear decay, beta2 0.999, unfused CE, p2p overlap on).
-    c.position_embedding_type = "rope";
-    c.hidden_dropout = 0;
-    c.attention_dropout = 0;
-    c.lr_decay_style = "constant";
-    c.adam_beta2 = 0.95;
-    c.cross_entropy_loss_fusion = true;
-    c.overlap_p2p_comm = false;
+    Config c = ts::testing::testBaselineConfig();
     c.num_layers = 2;
     c.hidden_size = 64;
     c.num_attention_heads = 4;

@@ -95,35 +95,25 @@ bool applyBridgePrecisionPreset(const std::string& name, Config& c) {
 Result<BridgeImport> configFromBridge(const std::string& input) {
     BridgeImport r;
     std::vector<std::pair<std::string, json>> entries;
-    // Override lines have '=' in every non-comment line and no "key:" YAML structure.
-    bool overrides = false;
-    {
-        size_t lines = 0, withEq = 0;
-        size_t pos = 0;
-        while (pos <= input.size()) {
-            size_t nl = input.find('\n', pos);
-            if (nl == std::string::npos) nl = input.size();
-            std::string line = input.substr(pos, nl - pos);
-            pos = nl + 1;
-            const size_t b = line.find_first_not_of(" \t\r");
-            if (b == std::string::npos || line[b] == '#') continue;
-            ++lines;
-            const size_t eq = line.find('='), colon = line.find(':');
-            if (eq != std::string::npos && (colon == std::string::npos || eq < colon)) ++withEq;
-        }
-        overrides = lines > 0 && withEq == lines;
+    // The input's non-blank, non-comment lines, trailing CR/space trimmed, leading blanks cut.
+    std::vector<std::string> lines;
+    for (size_t pos = 0; pos <= input.size();) {
+        size_t nl = input.find('\n', pos);
+        if (nl == std::string::npos) nl = input.size();
+        std::string line = input.substr(pos, nl - pos);
+        pos = nl + 1;
+        while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+        const size_t b = line.find_first_not_of(" \t");
+        if (b == std::string::npos || line[b] == '#') continue;
+        lines.push_back(line.substr(b));
     }
+    // Override lines have '=' in every line and no "key:" YAML structure before it.
+    const bool overrides = !lines.empty() && std::all_of(lines.begin(), lines.end(), [](const std::string& l) {
+        const size_t eq = l.find('='), colon = l.find(':');
+        return eq != std::string::npos && (colon == std::string::npos || eq < colon);
+    });
     if (overrides) {
-        size_t pos = 0;
-        while (pos <= input.size()) {
-            size_t nl = input.find('\n', pos);
-            if (nl == std::string::npos) nl = input.size();
-            std::string line = input.substr(pos, nl - pos);
-            pos = nl + 1;
-            while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-            const size_t b = line.find_first_not_of(" \t");
-            if (b == std::string::npos || line[b] == '#') continue;
-            line = line.substr(b);
+        for (std::string line : lines) {
             while (!line.empty() && line[0] == '+') line.erase(0, 1);  // Hydra's +key / ++key
             const size_t eq = line.find('=');
             const std::string path = line.substr(0, eq), value = line.substr(eq + 1);

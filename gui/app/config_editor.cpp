@@ -112,7 +112,12 @@ ConfigEditor::ConfigEditor(NodeSession* session, QWidget* parent) : QWidget(pare
     m_tree->setItemDelegate(new KnobDelegate(m_tree));
     m_tree->setAlternatingRowColors(true);
     m_tree->setEditTriggers(QAbstractItemView::AllEditTriggers);
-    m_tree->header()->setSectionResizeMode(KnobModel::NameColumn, QHeaderView::ResizeToContents);
+    // Names may be long ("num_layers_per_virtual_pipeline_stage (not executed)"): the name
+    // column has a fixed share the user can drag, so the value column always shows its value;
+    // the full name is the row's tooltip.
+    m_tree->header()->setSectionResizeMode(KnobModel::NameColumn, QHeaderView::Interactive);
+    m_tree->header()->resizeSection(KnobModel::NameColumn, 255);
+    m_tree->header()->resizeSection(KnobModel::ValueColumn, 120);
     m_tree->setUniformRowHeights(true);
     layout->addWidget(m_tree, 1);
     connect(m_search, &QLineEdit::textChanged, this, [this](const QString& t) {
@@ -171,7 +176,9 @@ void ConfigEditor::onRegistry() {
     if (!m_session->isConnected()) return;
     m_model.setRegistry(m_session->info().knobs);
     m_tree->expandAll();
+    // Fit the names, but never past 255 px: the value column must show its value.
     m_tree->resizeColumnToContents(KnobModel::NameColumn);
+    if (m_tree->header()->sectionSize(KnobModel::NameColumn) > 255) m_tree->header()->resizeSection(KnobModel::NameColumn, 255);
     if (!m_pendingYaml.isNull()) {
         const QString y = m_pendingYaml;
         m_pendingYaml = QString();

@@ -59,6 +59,26 @@ void setNiceRange(QValueAxis* a, double max) {
     a->setLabelFormat(QStringLiteral("%.%1f").arg(decimals));
 }
 
+// A step axis lo..hi with ticks on whole steps only ("1 2 3 4", never "1 1 2 3 4").
+void setStepRange(QValueAxis* a, int lo, int hi) {
+    hi = std::max(hi, lo + 1);
+    a->setRange(lo, hi);
+    a->setLabelFormat(QStringLiteral("%d"));
+    if (hi - lo <= 10) {
+        a->setTickType(QValueAxis::TicksFixed);
+        a->setTickCount(hi - lo + 1);
+    } else {
+        const int raw = (hi - lo + 9) / 10;
+        int step = 1;  // the first of 1 2 5 10 20 50 ... at least `raw`
+        for (int p = 1; step < raw; p *= 10)
+            for (int m : {1, 2, 5})
+                if (step < raw) step = m * p;
+        a->setTickType(QValueAxis::TicksDynamic);
+        a->setTickAnchor(0);
+        a->setTickInterval(step);
+    }
+}
+
 QValueAxis* valueAxis(const QString& title, double max, const QString& format = QString()) {
     auto* a = new QValueAxis;
     a->setTitleText(title);
@@ -156,6 +176,7 @@ LivePanel::Chart LivePanel::makeChart(const QString& title, const QString& yTitl
     c.view->chart()->addSeries(c.series);
     c.view->chart()->legend()->setVisible(false);
     c.x = valueAxis(QStringLiteral("step"), 1, QStringLiteral("%d"));
+    setStepRange(c.x, 1, 2);
     c.y = valueAxis(yTitle, 1);
     c.view->chart()->addAxis(c.x, Qt::AlignBottom);
     c.view->chart()->addAxis(c.y, Qt::AlignLeft);
@@ -170,7 +191,7 @@ void LivePanel::append(Chart& c, double x, double y, double y2) {
         c.yMax = std::max(c.yMax, y);
         setNiceRange(c.y, c.yMax);
     }
-    c.x->setRange(std::min(1.0, x), std::max(x, double(std::max(m_total, 2))));
+    setStepRange(c.x, int(std::min(1.0, x)), int(std::max(x, double(std::max(m_total, 2)))));
     if (c.series2 && std::isfinite(y2)) {
         c.series2->append(x, y2);
         c.y2Max = std::max(c.y2Max, y2);

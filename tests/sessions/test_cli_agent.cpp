@@ -22,6 +22,7 @@
 #include "engine/config/knobs.h"
 #include "profiler/store.h"
 #include "session_test_util.h"
+#include "tests/sessions/cli_process_util.h"
 #include "sessions/agent.h"
 #include "sessions/export.h"
 #include "sessions/node_client.h"
@@ -33,34 +34,13 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 using ts::sessions::testutil::TempDir;
 using ts::sessions::testutil::Events;
+using ts::sessions::testutil::haveBinary;
+using ts::sessions::testutil::kBinary;
+using ts::sessions::testutil::kMicroYaml;
+using ts::sessions::testutil::runCli;
 
 namespace {
 
-const std::string kBinary = std::string(TS_BINARY_DIR) + "/apps/trainscope";
-
-// Small enough that a step takes milliseconds on a loaded 2-core machine.
-constexpr const char* kMicroYaml =
-    "name: micro\nposition_embedding_type: rope\nnum_layers: 2\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\n"
-    "vocab_size: 256\nmicro_batch_size: 2\ndata_path: synthetic\ntrain_iters: 3\n";
-
-bool haveBinary() { return ::access(kBinary.c_str(), X_OK) == 0; }
-
-// Runs the binary, returns exit code and stdout.
-int runCli(const std::vector<std::string>& args, std::string* out = nullptr) {
-    std::vector<std::string> argv = {kBinary};
-    argv.insert(argv.end(), args.begin(), args.end());
-    SpawnOptions so;
-    so.pipeStdout = true;
-    auto child = ChildProcess::spawn(argv, so);
-    if (!child) return -1;
-    std::string text;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(child->stdoutFd(), buf, sizeof buf)) > 0) text.append(buf, size_t(n));
-    int st = child->wait();
-    if (out) *out = text;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 std::vector<double> lossesOf(const std::string& runFile) {
     std::vector<double> out;

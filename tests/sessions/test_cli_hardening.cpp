@@ -21,6 +21,7 @@
 #include "sessions/process.h"
 #include "sessions/workspace.h"
 #include "session_test_util.h"
+#include "tests/sessions/cli_process_util.h"
 
 using namespace ts::sessions;
 using nlohmann::json;
@@ -28,53 +29,15 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using ts::sessions::testutil::Events;
 using ts::sessions::testutil::TempDir;
+using ts::sessions::testutil::freePort;
+using ts::sessions::testutil::haveBinary;
+using ts::sessions::testutil::kBinary;
+using ts::sessions::testutil::kMicroYaml;
+using ts::sessions::testutil::runCli;
 
 namespace {
 
-const std::string kBinary = std::string(TS_BINARY_DIR) + "/apps/trainscope";
 
-constexpr const char* kMicroYaml =
-    "name: micro\nposition_embedding_type: rope\nnum_layers: 2\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\n"
-    "vocab_size: 256\nmicro_batch_size: 2\ndata_path: synthetic\ntrain_iters: 3\n";
-
-bool haveBinary() { return ::access(kBinary.c_str(), X_OK) == 0; }
-
-// Runs the binary; exit code, stdout and stderr.
-int runCli(const std::vector<std::string>& args, std::string* out = nullptr, std::string* err = nullptr) {
-    std::vector<std::string> argv = {kBinary};
-    argv.insert(argv.end(), args.begin(), args.end());
-    SpawnOptions so;
-    so.pipeStdout = true;
-    so.pipeStderr = true;
-    auto child = ChildProcess::spawn(argv, so);
-    if (!child) return -1;
-    std::string o, e;
-    std::thread errReader([&] {
-        char buf[4096];
-        ssize_t n;
-        while ((n = ::read(child->stderrFd(), buf, sizeof buf)) > 0) e.append(buf, size_t(n));
-    });
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(child->stdoutFd(), buf, sizeof buf)) > 0) o.append(buf, size_t(n));
-    errReader.join();
-    int st = child->wait();
-    if (out) *out = o;
-    if (err) *err = e;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-int freePort() {
-    int probe = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(probe);
-    return ntohs(a.sin_port);
-}
 
 // Waits (bounded) for a child to exit; -1 if it did not.
 int waitExit(ChildProcess& c, int timeoutMs) {

@@ -29,31 +29,22 @@
 #include "sessions/node_client.h"
 #include "sessions/process.h"
 #include "sessions/workspace.h"
+#include "tests/sessions/cli_process_util.h"
 
 using namespace ts::sessions;
 using nlohmann::json;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-namespace {
+using ts::sessions::testutil::freePort;
+using ts::sessions::testutil::kBinary;
 
-const std::string kBinary = std::string(TS_BINARY_DIR) + "/apps/trainscope";
+namespace {
 
 constexpr const char* kMicroYaml =
     "name: fault\nposition_embedding_type: rope\nnum_layers: 2\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\n"
     "vocab_size: 256\nmicro_batch_size: 2\ndata_path: synthetic\ntrain_iters: 3\n";
 
-int freePort() {
-    int probe = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(probe);
-    return ntohs(a.sin_port);
-}
 
 // Gone: no such process, or a zombie nobody reaps (an orphan of a killed agent).
 bool processGone(int pid) { return writerState(writerProcessOf(pid)) != WriterState::Alive; }

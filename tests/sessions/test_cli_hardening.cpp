@@ -39,6 +39,19 @@ namespace {
 
 
 
+// A `run --json` child's stdout up to its first step event (at most a minute, or until EOF).
+std::string stdoutUntilFirstStep(ChildProcess& run) {
+    std::string out;
+    char buf[4096];
+    for (auto end = Clock::now() + std::chrono::seconds(60);
+         out.find("\"event\":\"step\"") == std::string::npos && Clock::now() < end;) {
+        ssize_t n = ::read(run.stdoutFd(), buf, sizeof buf);
+        if (n <= 0) break;
+        out.append(buf, size_t(n));
+    }
+    return out;
+}
+
 // Waits (bounded) for a child to exit; -1 if it did not.
 int waitExit(ChildProcess& c, int timeoutMs) {
     int st = 0;
@@ -110,14 +123,7 @@ TEST(CliHardening, RunKilledWithSigkillIsMarkedFailedByTheNextListing) {
     so.pipeStderr = false;
     auto run = ChildProcess::spawn({kBinary, "run", cfg, "--json", "--steps", "1000000", "--workspace", ws}, so);
     ASSERT_TRUE(run.isOk());
-    std::string out;
-    char buf[4096];
-    for (auto end = Clock::now() + std::chrono::seconds(60);
-         out.find("\"event\":\"step\"") == std::string::npos && Clock::now() < end;) {
-        ssize_t n = ::read(run->stdoutFd(), buf, sizeof buf);
-        if (n <= 0) break;
-        out.append(buf, size_t(n));
-    }
+    const std::string out = stdoutUntilFirstStep(*run);
     ASSERT_NE(out.find("\"event\":\"step\""), std::string::npos) << out;
     ASSERT_EQ(::kill(run->pid(), SIGKILL), 0);
     run->wait();
@@ -145,14 +151,7 @@ TEST(CliHardening, RunStoppedBySighupIsRecordedCancelled) {
     so.pipeStdout = true;
     auto run = ChildProcess::spawn({kBinary, "run", cfg, "--json", "--steps", "1000000", "--run-file", runFile}, so);
     ASSERT_TRUE(run.isOk());
-    std::string out;
-    char buf[4096];
-    for (auto end = Clock::now() + std::chrono::seconds(60);
-         out.find("\"event\":\"step\"") == std::string::npos && Clock::now() < end;) {
-        ssize_t n = ::read(run->stdoutFd(), buf, sizeof buf);
-        if (n <= 0) break;
-        out.append(buf, size_t(n));
-    }
+    const std::string out = stdoutUntilFirstStep(*run);
     ASSERT_EQ(::kill(run->pid(), SIGHUP), 0);
     int st = waitExit(*run, 30000);
     ASSERT_NE(st, -1);

@@ -317,7 +317,10 @@ void CaptureRecorder::appendStepMetrics(const StepMetrics& sm) {
 }
 
 void CaptureRecorder::appendLog(const std::string& level, const std::string& text) {
-    int64_t ts = monotonicNs();
+    appendLog(monotonicNs(), level, text);
+}
+
+void CaptureRecorder::appendLog(int64_t ts, const std::string& level, const std::string& text) {
     std::lock_guard<std::mutex> g(m->opsMu);
     m->ops.emplace_back([ts, level, text](TraceStore& s) { return s.appendLog(ts, level, text); });
 }

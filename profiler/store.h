@@ -219,6 +219,7 @@ public:
     void setRunStatus(const std::string& status, const std::string& reason);
     void appendStepMetrics(const StepMetrics& m);
     void appendLog(const std::string& level, const std::string& text);
+    void appendLog(int64_t tsNs, const std::string& level, const std::string& text);  // tsNs: monotonicNs()
 
     Status flush();  // everything appended before the call is committed (readers see it)
     Status close();  // flush + stop the writer thread; idempotent

@@ -238,14 +238,16 @@ int cmdRun(const Args& a) {
     if (!cfg) return fail(exitCodeFor(cfg.status()), cfg.status().message());
     engine::Config c = *cfg;
     const bool jsonOut = a.has("--json");
-    // Under mpirun: one rank per process; process 0 writes the run file and prints, the
-    // others only train (apps/trainscope/cmd_run_mpi.cpp). `mpi` outlives the trainer below.
+    const bool traceOn = c.profile && !a.has("--no-trace");
+    // Under mpirun/srun: one rank per process; process 0 writes the run file (every rank's
+    // trace and logs reach it) and prints, the others train and ship what they recorded
+    // (apps/trainscope/cmd_run_mpi.cpp). `mpi` outlives the trainer below.
     auto mpiR = mpiLaunchFor(c);
     if (!mpiR) return fail(exitCodeFor(mpiR.status()), mpiR.status().message());
     MpiLaunch mpi = std::move(*mpiR);
     if (mpi.active && mpi.process != 0) {
         SignalGuard guard;
-        return runMpiFollower(c, mpi, &g_cancel);
+        return runMpiFollower(c, mpi, traceOn, &g_cancel);
     }
 
     // Run file: --run-file PATH, else a new file in the workspace.
@@ -330,7 +332,6 @@ int cmdRun(const Args& a) {
     // world > 1 runs on the parallel engine (one virtual CPU device per rank, all ranks traced
     // into the same run file); world 1 on the single-device Trainer. Both are driven through
     // the few calls below.
-    const bool traceOn = c.profile && !a.has("--no-trace");
     std::unique_ptr<engine::Backend> backend;
     std::unique_ptr<engine::Stream> stream;
     std::unique_ptr<engine::Trainer> single;
@@ -350,9 +351,12 @@ int cmdRun(const Args& a) {
         if (t) single = std::move(*t);
         else created = t.status();
     }
+    mpi.attachWriter(*rec);
     if (!created) {
         if (dev) dev->setTrace(nullptr, 0);
-        (void)finish("failed", created.message());
+        const std::string why = mpi.announceFailure(created.message());
+        (void)mpi.shipTrace(true);
+        (void)finish("failed", why);
         return fail(exitCodeFor(created), created.message());
     }
     // Peak of one device: the parallel engine runs one GEMM thread per rank.
@@ -367,9 +371,6 @@ int cmdRun(const Args& a) {
     const int64_t numParams = single ? single->model().params().numel() : meta.value("num_parameters", int64_t(0));
     const double flopsPerStep = single ? single->modelFlopsPerStep() : parallel->modelFlopsPerStep();
     rec->appendLog("info", "data: " + dataText);
-    if (mpi.active)
-        rec->appendLog("info", "mpirun: " + std::to_string(mpi.processes) +
-                                   " processes, one rank each; this run file holds rank 0's trace");
     if (jsonOut) {
         std::printf("%s\n", dumpJson(json{{"event", "start"},
                                  {"run_file", runFile},
@@ -401,6 +402,10 @@ int cmdRun(const Args& a) {
         m.peakMemoryBytes = p.peakMemoryBytes;
         m.tsNs = monotonicNs();
         rec->appendStepMetrics(m);
+        // The other processes' trace and log lines of this step (a collective over them).
+        if (Status shipped = mpi.shipTrace(); !shipped)
+            rec->appendLog("warning", "the other processes' trace of step " + std::to_string(p.step) +
+                                          " did not arrive: " + shipped.message());
         // A step is reported only once it is committed to the run file: whoever reads the
         // report (a terminal, the agent, the GUI) never sees a step the file lacks after a
         // kill. A failed write stops the run (it is then reported as failed).
@@ -416,7 +421,32 @@ int cmdRun(const Args& a) {
         }
     };
     cb.onLog = [&](const std::string& s) { rec->appendLog("info", sanitizeUtf8(s)); };
-    const Status st = single ? single->train(-1, cb, &g_cancel) : parallel->train(-1, cb, &g_cancel);
+    if (parallel) {
+        applyInjectedFailure(*parallel);
+        mpi.watch(*parallel, &g_cancel);
+    }
+    Status st = single ? single->train(-1, cb, &g_cancel) : parallel->train(-1, cb, &g_cancel);
+    mpi.unwatch();
+    if (mpi.active) {
+        // The first failure anywhere is the run's reason (another process's notice, if one came).
+        if (!st && st.code() != ErrorCode::Cancelled) st = Status(st.code(), mpi.announceFailure(st.message()));
+        // Recorded before the last exchange: when the launcher is tearing the job down (a process
+        // was killed), this process may be killed next.
+        if (st.code() == ErrorCode::Cancelled) {
+            // Stopped by a signal: under a launcher that usually means another process died.
+            // Then the run failed: a process is gone, and the launcher stopped the others.
+            const std::string gone = mpi.deadPeers();
+            st = gone.empty() ? Status(ErrorCode::Cancelled, cancelReason(st.message()))
+                              : Status::comm(gone + "; the launcher then stopped this process (" +
+                                             cancelReason(st.message()) + ")");
+        }
+        if (!st) {
+            rec->setRunStatus(st.code() == ErrorCode::Cancelled ? "cancelled" : "failed", st.message());
+            (void)rec->flush();
+        }
+        if (Status shipped = mpi.shipTrace(true); !shipped)
+            rec->appendLog("warning", "the other processes' last trace did not arrive: " + shipped.message());
+    }
     const int iterations = single ? single->iteration() : parallel->iteration();
     if (!jsonOut) std::fprintf(stderr, "\n");
     // Every rank's streams are drained and detached before the recorder closes.
@@ -424,7 +454,7 @@ int cmdRun(const Args& a) {
     single.reset();
     parallel.reset();
     const bool cancelled = st.code() == ErrorCode::Cancelled && writeError.isOk();
-    auto [status, reason] = cancelled ? finish("cancelled", cancelReason(st.message()))
+    auto [status, reason] = cancelled ? finish("cancelled", mpi.active ? st.message() : cancelReason(st.message()))
                             : !st && writeError.isOk() ? finish("failed", st.message())
                                                        : finish("completed", "");
     if (status == "cancelled") {

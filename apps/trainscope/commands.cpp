@@ -115,7 +115,8 @@ const std::vector<Command>& commands() {
         {"demo", "demo [--steps N]",
          "train the tiny example model on this node and print where the step time goes", cmdDemo},
         {"run", "run CONFIG.yaml [--steps N] [--world-size N] [--set KNOB=VALUE ...] [--json] [--no-trace] [--workspace DIR | --run-file PATH] [--name NAME] [--node ssh://HOST|tcp://HOST:PORT]",
-         "train a model with the config's layout and knobs; stores the run in the workspace", cmdRun},
+         "train a model with the config's layout and knobs; stores the run in the workspace. Under "
+         "`mpirun -np N` or `srun -n N` each process runs one rank and one run file holds every rank", cmdRun},
         {"knobs", "knobs [--json | --markdown] [--group GROUP]",
          "list every tunable knob: type, default, group, Megatron-LM flag, Bridge path, help", cmdKnobs},
         {"validate", "validate CONFIG.yaml [CONFIG.yaml ...]",

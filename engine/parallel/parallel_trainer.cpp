@@ -348,18 +348,39 @@ nlohmann::json ParallelTrainer::runMetadata() const {
 }
 
 void ParallelTrainer::failRank(int local, const Status& st) {
-    std::lock_guard<std::mutex> lock(m_errorMutex);
-    if (!m_firstError.isOk()) return;
-    m_firstError = st.withContext(coordText(m_ranks[size_t(local)]->coords));
+    Status first;
+    {
+        std::lock_guard<std::mutex> lock(m_errorMutex);
+        if (!m_firstError.isOk()) return;
+        first = m_firstError = st.withContext(coordText(m_ranks[size_t(local)]->coords));
+        abortAfterFailure(local, st);
+    }
+    if (m_opts.onFailure) m_opts.onFailure(first);
+}
+
+void ParallelTrainer::abortAfterFailure(int local, const Status& st) {
     const Status why(st.code() == ErrorCode::Cancelled ? ErrorCode::Cancelled : ErrorCode::CommError,
                      coordText(m_ranks[size_t(local)]->coords) + " stopped: " + st.message());
     m_world->abort(why);
     // Factory-made (e.g. MPI) communicators are not part of m_world: abort this process's side;
-    // the other processes' ops fail by their deadlock guard (commTimeout).
+    // the other processes learn it from opts.onFailure (or fail by their deadlock guard).
     if (m_opts.makeGroup)
         for (auto& R : m_ranks)
             for (Communicator* c : {R->tpComm.get(), R->ppComm.get(), R->dpComm.get(), R->embdComm.get(), R->normComm.get()})
                 if (c) c->abort(why);
+}
+
+void ParallelTrainer::abort(const Status& why) {
+    {
+        std::lock_guard<std::mutex> lock(m_errorMutex);
+        if (!m_firstError.isOk()) return;
+        m_firstError = why;
+    }
+    m_world->abort(why);
+    for (auto& R : m_ranks)
+        for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
+                                R->embdComm.get(), R->normComm.get()})
+            if (c) c->abort(why);
 }
 
 void ParallelTrainer::injectFailure(int rank, int step, std::string opName) {

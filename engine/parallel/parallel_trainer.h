@@ -66,6 +66,9 @@ struct ParallelTrainerOptions {
     std::vector<int> localRanks;  // global ranks run by this process; empty = all of them
     GroupFactory makeGroup;       // null = in-process CommWorld::join
     HostGather gatherHost;        // null = every rank is local (no exchange needed)
+    // Called once, with the run's error, from the thread of the first local rank that fails (not
+    // for abort() from outside): several processes use it to tell the others at once.
+    std::function<void(const Status&)> onFailure;
 };
 
 class ParallelTrainer {
@@ -116,6 +119,11 @@ public:
     int bucketsLaunchedEarly() const;
     MemoryStats memoryStats(int rank) const;
 
+    // Stops the run from outside (another process failed, a signal): `why` becomes the run's
+    // error unless one was recorded first, and every communicator of this process's ranks is
+    // aborted so pending and future communication fails at once. Thread-safe.
+    void abort(const Status& why);
+
     // Test hook: at iteration `step` (0-based) rank `rank` enqueues a failing op named `opName`
     // on its compute stream before its first forward.
     void injectFailure(int rank, int step, std::string opName);
@@ -127,6 +135,7 @@ private:
     // `local` indexes m_ranks (this process's ranks); equals the global rank in one process.
     Status rankStep(int local, int it, const std::atomic<bool>* cancel);
     void failRank(int local, const Status& st);
+    void abortAfterFailure(int local, const Status& st);  // failRank's aborts (m_errorMutex held)
 
     Config m_cfg;
     ParallelLayout m_layout;

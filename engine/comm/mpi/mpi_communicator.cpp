@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -427,7 +428,97 @@ Result<std::unique_ptr<MpiRuntime>> MpiRuntime::init(int* argc, char*** argv) {
     return rt;
 }
 
+struct MpiRuntime::Notices {
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::function<void(int, const std::string&)> onNotice;
+    std::atomic<bool> stop{false};
+    std::thread thread;
+    static constexpr int kTag = 7117;
+
+    void loop() {
+        while (!stop.load()) {
+            int flag = 0;
+            MPI_Status st;
+            std::string text;
+            int from = -1;
+            {
+                std::lock_guard<std::mutex> lock(mpiMutex());
+                if (MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm, &flag, &st) == MPI_SUCCESS && flag) {
+                    int n = 0;
+                    MPI_Get_count(&st, MPI_CHAR, &n);
+                    text.resize(size_t(std::max(n, 0)));
+                    from = st.MPI_SOURCE;
+                    // The whole message has arrived (probe matched it): this receive returns at once.
+                    MPI_Recv(text.data(), n, MPI_CHAR, from, kTag, comm, MPI_STATUS_IGNORE);
+                }
+            }
+            if (flag && onNotice) onNotice(from, text);
+            else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    }
+};
+
+Status MpiRuntime::startNotices(std::function<void(int from, const std::string& text)> onNotice) {
+    if (m_notices) return Status::invalid("failure notices already started");
+    auto n = std::make_unique<Notices>();
+    n->onNotice = std::move(onNotice);
+    {
+        std::lock_guard<std::mutex> lock(mpiMutex());
+        const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &n->comm);
+        if (rc != MPI_SUCCESS) return Status::comm("creating the failure-notice communicator: " + mpiError(rc));
+        MPI_Comm_set_errhandler(n->comm, MPI_ERRORS_RETURN);
+    }
+    Notices* raw = n.get();
+    n->thread = std::thread([raw] { raw->loop(); });
+    m_notices = std::move(n);
+    return Status::ok();
+}
+
+Status MpiRuntime::announce(const std::string& text, std::chrono::milliseconds wait) {
+    if (!m_notices) return Status::invalid("failure notices not started");
+    std::vector<MPI_Request> reqs;
+    {
+        std::lock_guard<std::mutex> lock(mpiMutex());
+        for (int r = 0; r < m_size; ++r) {
+            if (r == m_rank) continue;
+            MPI_Request q = MPI_REQUEST_NULL;
+            if (MPI_Isend(text.data(), int(text.size()), MPI_CHAR, r, Notices::kTag, m_notices->comm, &q) == MPI_SUCCESS)
+                reqs.push_back(q);
+        }
+    }
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+        int done = 0;
+        {
+            std::lock_guard<std::mutex> lock(mpiMutex());
+            MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+            if (!done && std::chrono::steady_clock::now() > deadline) {
+                for (MPI_Request& q : reqs)
+                    if (q != MPI_REQUEST_NULL) MPI_Request_free(&q);
+                return Status::timeout("a failure notice was not taken by every process within " +
+                                       std::to_string(wait.count()) + " ms (a process is gone)");
+            }
+        }
+        if (done) return Status::ok();
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+}
+
+void MpiRuntime::stopNotices() {
+    if (!m_notices) return;
+    m_notices->stop = true;
+    if (m_notices->thread.joinable()) m_notices->thread.join();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+        std::lock_guard<std::mutex> lock(mpiMutex());
+        MPI_Comm_free(&m_notices->comm);
+    }
+    m_notices.reset();
+}
+
 MpiRuntime::~MpiRuntime() {
+    stopNotices();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (m_ownsInit && !finalized) MPI_Finalize();

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,8 +38,20 @@ public:
     Result<std::unique_ptr<Communicator>> createGroup(const std::string& name, const std::vector<int>& ranks,
                                                       std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
+    // Failure notices between processes (issue #18), outside every group's traffic: a private
+    // duplicate of MPI_COMM_WORLD that a background thread polls. onNotice(fromWorldRank, text)
+    // runs on that thread for every notice another process announces. Collective (every process
+    // calls it once, before ops are in flight); stopped by stopNotices() or the destructor.
+    Status startNotices(std::function<void(int from, const std::string& text)> onNotice);
+    // Sends `text` to every other process; waits up to `wait` for the sends to complete (a dead
+    // process never completes: the send is then abandoned).
+    Status announce(const std::string& text, std::chrono::milliseconds wait = std::chrono::seconds(2));
+    void stopNotices();
+
 private:
     MpiRuntime() = default;
+    struct Notices;
+    std::unique_ptr<Notices> m_notices;
     bool m_ownsInit = false;
     int m_rank = 0, m_size = 1, m_threadLevel = 0;
 };

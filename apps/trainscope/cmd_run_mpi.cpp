@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -29,6 +30,7 @@
 #include "engine/backend/backend.h"
 #include "engine/comm/communicator.h"
 #include "engine/config/config.h"
+#include "engine/parallel/layout.h"
 #include "kernels/cpu/ops.h"
 #include "profiler/forwarding_recorder.h"
 #include "profiler/store.h"
@@ -130,7 +132,7 @@ namespace {
 // MpiLaunch's shared pointers because MpiLaunch declares it first.
 struct Link {
     engine::MpiRuntime* rt = nullptr;
-    int process = 0, processes = 1;
+    int process = 0, processes = 1, perProcess = 1;
     std::unique_ptr<engine::Backend> backend;  // one CPU device that only runs these streams
     std::unique_ptr<engine::Stream> hostStream, traceStream;
     std::unique_ptr<engine::Communicator> host, trace, traceFinal;
@@ -204,7 +206,10 @@ struct Link {
         return out;
     }
     std::string who(int p) const {
-        return "process " + std::to_string(p) + " (rank " + std::to_string(p) + ", host " + hosts[size_t(p)] + ", pid " +
+        const std::string ranks = perProcess == 1 ? "rank " + std::to_string(p)
+                                                  : "ranks " + std::to_string(p * perProcess) + "-" +
+                                                        std::to_string((p + 1) * perProcess - 1);
+        return "process " + std::to_string(p) + " (" + ranks + ", host " + hosts[size_t(p)] + ", pid " +
                std::to_string(pids[size_t(p)]) + ")";
     }
 };
@@ -279,15 +284,21 @@ Result<MpiLaunch> mpiLaunchFor(const engine::Config& c) {
                                ") disagree about this process; with srun, start MPI programs through srun's PMI "
                                "(e.g. srun --mpi=pmix), or use mpirun");
     const int world = engine::deriveSizes(c).world;
-    if (rt->worldSize() != world)
+    const int processes = rt->worldSize();
+    if (world % processes != 0)
         return Status::invalid("the config's world size is " + std::to_string(world) + " ranks (tp x cp x pp x dp) but " +
-                               "mpirun started " + std::to_string(rt->worldSize()) +
-                               " processes; trainscope runs one rank per process: use `mpirun -np " +
-                               std::to_string(world) + "`, or --world-size " + std::to_string(rt->worldSize()) +
+                               "mpirun started " + std::to_string(processes) +
+                               " processes; each process runs world/processes ranks, so use `mpirun -np " +
+                               std::to_string(world) + "` (one rank each) or a divisor of " + std::to_string(world) +
+                               ", or --world-size with a multiple of " + std::to_string(processes) +
                                " if the layout allows it");
+    // Process p runs global ranks [p*T, (p+1)*T): with Megatron's order (tp fastest) a process
+    // holds whole TP groups, as a node does.
+    const int perProcess = world / processes;
     l.active = true;
     l.process = rt->worldRank();
-    l.processes = rt->worldSize();
+    l.processes = processes;
+    l.ranksPerProcess = perProcess;
     engine::MpiRuntime* raw = rt.get();
     l.runtime = std::shared_ptr<engine::MpiRuntime>(std::move(rt));
 
@@ -296,11 +307,12 @@ Result<MpiLaunch> mpiLaunchFor(const engine::Config& c) {
     L.rt = raw;
     L.process = l.process;
     L.processes = l.processes;
+    L.perProcess = perProcess;
     L.backend = engine::makeCpuBackend(1);
     L.hostStream = L.backend->device(0).createStream(trace::TrackKind::Comm, "host_exchange");
     L.traceStream = L.backend->device(0).createStream(trace::TrackKind::Comm, "trace_exchange");
-    std::vector<int> all;
-    for (int r = 0; r < world; ++r) all.push_back(r);
+    std::vector<int> all;  // every process
+    for (int p = 0; p < processes; ++p) all.push_back(p);
     TS_ASSIGN_OR_RETURN(L.host, raw->createGroup("host", all, l.options.commTimeout));
     TS_ASSIGN_OR_RETURN(L.trace, raw->createGroup("trace", all, l.options.commTimeout));
     TS_ASSIGN_OR_RETURN(L.traceFinal, raw->createGroup("trace-final", all, std::chrono::seconds(5)));
@@ -313,10 +325,10 @@ Result<MpiLaunch> mpiLaunchFor(const engine::Config& c) {
         std::memcpy(mine.data(), h.data(), std::min(h.size(), kRec - 9));
         const int64_t pid = int64_t(getpid());
         std::memcpy(mine.data() + kRec - 8, &pid, 8);
-        std::string allRecs(kRec * size_t(world), '\0');
+        std::string allRecs(kRec * size_t(processes), '\0');
         L.host->allGather(*L.hostStream, mine.data(), allRecs.data(), kRec, engine::DType::U8);
         TS_RETURN_IF_ERROR(L.hostStream->synchronize());
-        for (int p = 0; p < world; ++p) {
+        for (int p = 0; p < processes; ++p) {
             const char* r = allRecs.data() + size_t(p) * kRec;
             L.hosts.emplace_back(r, strnlen(r, kRec - 8));
             int64_t q = 0;
@@ -330,26 +342,26 @@ Result<MpiLaunch> mpiLaunchFor(const engine::Config& c) {
     {
         const char* mode = std::getenv("TS_CLOCK_ALIGN");
         const bool force = mode && std::string(mode) == "measure";
-        L.offsetNs.assign(size_t(world), 0);
-        L.errorNs.assign(size_t(world), 0);
-        L.measured.assign(size_t(world), false);
-        for (int p = 1; p < world; ++p) {
+        L.offsetNs.assign(size_t(processes), 0);
+        L.errorNs.assign(size_t(processes), 0);
+        L.measured.assign(size_t(processes), false);
+        for (int p = 1; p < processes; ++p) {
             if (!force && L.hosts[size_t(p)] == L.hosts[0]) continue;
             L.measured[size_t(p)] = true;
             TS_RETURN_IF_ERROR(measureClock(*L.trace, *L.traceStream, p, &L.offsetNs[size_t(p)], &L.errorNs[size_t(p)]));
         }
         // Every process learns the offsets (its own is what it would subtract; process 0 uses them).
-        std::vector<int64_t> both(size_t(world) * 2, 0);
+        std::vector<int64_t> both(size_t(processes) * 2, 0);
         std::vector<int64_t> mine = {L.offsetNs[size_t(l.process)], L.errorNs[size_t(l.process)]};
         if (l.process == 0) {
-            for (int p = 0; p < world; ++p) {
+            for (int p = 0; p < processes; ++p) {
                 both[size_t(p) * 2] = L.offsetNs[size_t(p)];
                 both[size_t(p) * 2 + 1] = L.errorNs[size_t(p)];
             }
         }
         L.trace->broadcast(*L.traceStream, both.data(), both.size(), engine::DType::I64, 0);
         TS_RETURN_IF_ERROR(L.traceStream->synchronize());
-        for (int p = 0; p < world; ++p) {
+        for (int p = 0; p < processes; ++p) {
             L.offsetNs[size_t(p)] = both[size_t(p) * 2];
             L.errorNs[size_t(p)] = both[size_t(p) * 2 + 1];
         }
@@ -365,13 +377,31 @@ Result<MpiLaunch> mpiLaunchFor(const engine::Config& c) {
         lp->abortAll(Status::comm(text));
     }));
 
-    l.options.localRanks = {l.process};
-    l.options.makeGroup = [raw, timeout = l.options.commTimeout](const std::string& name, const std::vector<int>& members,
-                                                                 int) { return raw->createGroup(name, members, timeout); };
+    l.options.localRanks.clear();
+    for (int r = 0; r < perProcess; ++r) l.options.localRanks.push_back(l.process * perProcess + r);
+    if (perProcess == 1) {
+        // One rank per process: each group is an MPI communicator over its members' processes.
+        l.options.makeGroup = [raw, timeout = l.options.commTimeout](
+                                  const std::string& name, const std::vector<int>& members,
+                                  int) { return raw->createGroup(name, members, timeout); };
+    } else {
+        // Several rank threads per process: groups of tagged point-to-point traffic between ranks.
+        TS_RETURN_IF_ERROR(raw->enableThreadGroups());
+        std::vector<int> processOf;
+        for (int g = 0; g < world; ++g) processOf.push_back(g / perProcess);
+        l.options.makeGroup = [raw, processOf, timeout = l.options.commTimeout](
+                                  const std::string& name, const std::vector<int>& members, int globalRank) {
+            const auto& names = engine::ParallelLayout::groupNames();
+            const auto it = std::find(names.begin(), names.end(), name);
+            const int key = it != names.end() ? int(it - names.begin())
+                                              : int(names.size() + std::hash<std::string>{}(name) % 16);
+            return raw->createThreadGroup(name, key, members, globalRank, processOf, timeout);
+        };
+    }
     l.options.gatherHost = [lp](const std::vector<double>& in, int recordSize, std::vector<double>& out) -> Status {
-        if (in.size() != size_t(recordSize))
-            return Status::internal("one rank per process expects one record, got " + std::to_string(in.size()) +
-                                    " values for records of " + std::to_string(recordSize));
+        if (in.size() != size_t(recordSize) * size_t(lp->perProcess))
+            return Status::internal("a process of " + std::to_string(lp->perProcess) + " ranks expects as many records, got " +
+                                    std::to_string(in.size()) + " values for records of " + std::to_string(recordSize));
         out.assign(size_t(lp->host->size()) * in.size(), 0.0);
         // Doubles moved bit for bit (8-byte elements; all-gather does no arithmetic).
         lp->host->allGather(*lp->hostStream, in.data(), out.data(), in.size(), engine::DType::I64);
@@ -421,8 +451,10 @@ void MpiLaunch::attachWriter(profiler::CaptureRecorder& rec) {
     char err[96];
     if (anyMeasured) std::snprintf(err, sizeof err, "clock alignment error at most %.3f us (ping-pong)", double(worst) * 1e-3);
     else std::snprintf(err, sizeof err, "one host, one clock (alignment error 0)");
-    rec.appendLog("info", env.launcher + " launch: " + std::to_string(processes) +
-                              " processes, one rank each, on " + [&] {
+    rec.appendLog("info", env.launcher + " launch: " + std::to_string(processes) + " processes, " +
+                              (ranksPerProcess == 1 ? std::string("one rank each")
+                                                    : std::to_string(ranksPerProcess) + " rank threads each") +
+                              ", on " + [&] {
                                   std::vector<std::string> u;
                                   for (const auto& h : L.hosts)
                                       if (std::find(u.begin(), u.end(), h) == u.end()) u.push_back(h);

@@ -1,5 +1,6 @@
-// `mpirun -np N trainscope run CONFIG` / `srun -n N trainscope run CONFIG`: one global rank per
-// process (issues #6, #18). Detects the launcher from its environment (Open MPI's
+// `mpirun -np N trainscope run CONFIG` / `srun -n N trainscope run CONFIG`: world/N global ranks
+// per process (issues #6, #18): one each, or T rank threads each (the way one process per node
+// drives all its GPUs; process p runs ranks [p*T, (p+1)*T)). Detects the launcher from its environment (Open MPI's
 // OMPI_COMM_WORLD_*, MPICH/Hydra's PMI_*, Slurm's SLURM_PROCID / SLURM_STEP_NUM_TASKS /
 // SLURM_LOCALID, PMIx's PMIX_*), initializes MPI, checks that MPI agrees with the launcher,
 // and hands ParallelTrainer the options that make its process groups MPI communicators
@@ -56,8 +57,9 @@ int launcherProcessCount();
 
 struct MpiLaunch {
     bool active = false;  // started by a launcher with more than one process
-    int process = 0;      // = global rank of this process
+    int process = 0;      // this process's MPI world rank
     int processes = 1;
+    int ranksPerProcess = 1;  // world / processes: process p runs global ranks [p*T, (p+1)*T)
     LauncherEnv env;
     std::vector<std::string> hosts;  // per process
     std::shared_ptr<void> runtime;   // keeps MPI initialized; declared first, freed last
@@ -85,7 +87,7 @@ struct MpiLaunch {
 };
 
 // Inactive (default options) unless launched with more than one process. Under a launcher,
-// the config's world size must equal the number of processes (one rank per process).
+// the config's world size must be a multiple of the number of processes.
 Result<MpiLaunch> mpiLaunchFor(const engine::Config& c);
 
 // Test hook (documented in docs/parallel.md): TRAINSCOPE_INJECT_FAILURE=RANK:STEP makes global

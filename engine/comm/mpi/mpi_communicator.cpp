@@ -403,6 +403,296 @@ private:
     std::shared_ptr<Shared> m_s;
 };
 
+// ---- thread groups: several ranks per process (MpiRuntime::createThreadGroup) ----------------
+// Every op is a set of tagged nonblocking sends/receives over the runtime's private duplicate of
+// MPI_COMM_WORLD, between member indices; reductions are done here, over the members' buffers
+// in member order, so every member gets the same bits. Members in this process exchange
+// through MPI as well (self-sends), which keeps one mechanism for any mixture.
+struct ThreadShared : Shared {
+    MPI_Comm tcomm = MPI_COMM_NULL;  // the runtime's; not freed here
+    std::vector<int> procOf;         // member index -> MPI world rank of its process
+    int64_t tagBase = 0;             // (key, first member, instance), see tagFor
+    int64_t maxMembers = 1;
+    int tagFor(int src, int dst) const { return int((tagBase * maxMembers + src) * maxMembers + dst); }
+};
+
+struct PostedOps {
+    std::vector<MPI_Request> reqs;
+    Status post(ThreadShared& s, bool isSend, int peer, void* buf, size_t bytes, const char* op) {
+        if (bytes > size_t(INT_MAX))
+            return Status::unsupported(s.where(op) + ": " + std::to_string(bytes) + " bytes exceed MPI's int count");
+        MPI_Request q = MPI_REQUEST_NULL;
+        const int proc = s.procOf[size_t(peer)];
+        const int rc = isSend ? MPI_Isend(buf, int(bytes), MPI_BYTE, proc, s.tagFor(s.rank, peer), s.tcomm, &q)
+                              : MPI_Irecv(buf, int(bytes), MPI_BYTE, proc, s.tagFor(peer, s.rank), s.tcomm, &q);
+        TS_RETURN_IF_ERROR(check(rc, s.where(op)));
+        reqs.push_back(q);
+        return Status::ok();
+    }
+};
+
+// acc (n elements of t, fp32 copies for BF16 in acc32) op= other.
+template <typename T> void reduceInto(T* acc, const T* other, size_t n, ReduceOp op) {
+    for (size_t i = 0; i < n; ++i) {
+        switch (op) {
+            case ReduceOp::Max: acc[i] = std::max(acc[i], other[i]); break;
+            case ReduceOp::Min: acc[i] = std::min(acc[i], other[i]); break;
+            default: acc[i] += other[i]; break;
+        }
+    }
+}
+
+// Reduces `parts` (one buffer of `count` elements per member, member order) into `out`.
+Status reduceParts(const std::vector<const void*>& parts, void* out, size_t count, DType t, ReduceOp op, int n,
+                   const std::string& where) {
+    switch (t) {
+        case DType::F32: {
+            std::vector<float> acc(static_cast<const float*>(parts[0]), static_cast<const float*>(parts[0]) + count);
+            for (size_t j = 1; j < parts.size(); ++j) reduceInto(acc.data(), static_cast<const float*>(parts[j]), count, op);
+            if (op == ReduceOp::Avg) finishAvg(acc.data(), count, t, n);
+            std::memcpy(out, acc.data(), count * 4);
+            return Status::ok();
+        }
+        case DType::BF16: {
+            std::vector<float> acc = toFloat(parts[0], count);
+            for (size_t j = 1; j < parts.size(); ++j) {
+                const std::vector<float> o = toFloat(parts[j], count);
+                reduceInto(acc.data(), o.data(), count, op);
+            }
+            if (op == ReduceOp::Avg) finishAvg(acc.data(), count, DType::F32, n);
+            fromFloat(acc, out);
+            return Status::ok();
+        }
+        case DType::I32: {
+            std::vector<int32_t> acc(static_cast<const int32_t*>(parts[0]), static_cast<const int32_t*>(parts[0]) + count);
+            for (size_t j = 1; j < parts.size(); ++j) reduceInto(acc.data(), static_cast<const int32_t*>(parts[j]), count, op);
+            if (op == ReduceOp::Avg) finishAvg(acc.data(), count, t, n);
+            std::memcpy(out, acc.data(), count * 4);
+            return Status::ok();
+        }
+        case DType::I64: {
+            std::vector<int64_t> acc(static_cast<const int64_t*>(parts[0]), static_cast<const int64_t*>(parts[0]) + count);
+            for (size_t j = 1; j < parts.size(); ++j) reduceInto(acc.data(), static_cast<const int64_t*>(parts[j]), count, op);
+            if (op == ReduceOp::Avg) finishAvg(acc.data(), count, t, n);
+            std::memcpy(out, acc.data(), count * 8);
+            return Status::ok();
+        }
+        default:
+            return Status::unsupported(where + ": reduction of " + dtypeName(t) +
+                                       " is not supported by the MPI communicator (f32, bf16, i32, i64)");
+    }
+}
+
+class MpiThreadCommunicator final : public Communicator {
+public:
+    explicit MpiThreadCommunicator(std::shared_ptr<ThreadShared> s) : m_s(std::move(s)) {}
+    int rank() const override { return m_s->rank; }
+    int size() const override { return m_s->size; }
+    const std::string& name() const override { return m_s->name; }
+    std::vector<int> globalRanks() const override { return m_s->ranks; }
+
+    void allReduce(Stream& st, const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
+        const uint64_t bytes = uint64_t(double(count * dtypeSize(t)) * busBwFactor(CollectiveKind::AllReduce, size()));
+        enqueue(st, CollectiveKind::AllReduce, bytes, bytes, [s = m_s, send, recv, count, t, op]() -> Status {
+            const char* name = "all_reduce";
+            const size_t b = count * dtypeSize(t);
+            std::vector<std::vector<uint8_t>> bufs(size_t(s->size));
+            bufs[size_t(s->rank)].assign(static_cast<const uint8_t*>(send), static_cast<const uint8_t*>(send) + b);
+            PostedOps ops;
+            {
+                std::lock_guard<std::mutex> lock(mpiMutex());
+                for (int j = 0; j < s->size; ++j) {
+                    if (j == s->rank) continue;
+                    bufs[size_t(j)].resize(b);
+                    TS_RETURN_IF_ERROR(ops.post(*s, false, j, bufs[size_t(j)].data(), b, name));
+                    TS_RETURN_IF_ERROR(ops.post(*s, true, j, bufs[size_t(s->rank)].data(), b, name));
+                }
+            }
+            TS_RETURN_IF_ERROR(s->wait(ops.reqs, name));
+            std::vector<const void*> parts;
+            for (auto& v : bufs) parts.push_back(v.data());
+            return reduceParts(parts, recv, count, t, op, s->size, s->where(name));
+        });
+    }
+
+    void reduceScatter(Stream& st, const void* send, void* recv, size_t recvCount, DType t, ReduceOp op) override {
+        const uint64_t bytes = recvCount * dtypeSize(t) * uint64_t(size() - 1);
+        enqueue(st, CollectiveKind::ReduceScatter, bytes, bytes, [s = m_s, send, recv, recvCount, t, op]() -> Status {
+            const char* name = "reduce_scatter";
+            const size_t b = recvCount * dtypeSize(t);
+            const auto* in = static_cast<const uint8_t*>(send);
+            // Own input copied first: recv may alias send.
+            std::vector<uint8_t> all(in, in + b * size_t(s->size));
+            std::vector<std::vector<uint8_t>> got(size_t(s->size));
+            PostedOps ops;
+            {
+                std::lock_guard<std::mutex> lock(mpiMutex());
+                for (int j = 0; j < s->size; ++j) {
+                    if (j == s->rank) continue;
+                    got[size_t(j)].resize(b);
+                    TS_RETURN_IF_ERROR(ops.post(*s, false, j, got[size_t(j)].data(), b, name));
+                    TS_RETURN_IF_ERROR(ops.post(*s, true, j, all.data() + size_t(j) * b, b, name));
+                }
+            }
+            TS_RETURN_IF_ERROR(s->wait(ops.reqs, name));
+            std::vector<const void*> parts;
+            for (int j = 0; j < s->size; ++j)
+                parts.push_back(j == s->rank ? all.data() + size_t(j) * b : got[size_t(j)].data());
+            return reduceParts(parts, recv, recvCount, t, op, s->size, s->where(name));
+        });
+    }
+
+    void allGather(Stream& st, const void* send, void* recv, size_t sendCount, DType t) override {
+        const uint64_t bytes = sendCount * dtypeSize(t) * uint64_t(size() - 1);
+        enqueue(st, CollectiveKind::AllGather, bytes, bytes, [s = m_s, send, recv, sendCount, t]() -> Status {
+            const char* name = "all_gather";
+            const size_t b = sendCount * dtypeSize(t);
+            auto* out = static_cast<uint8_t*>(recv);
+            std::vector<uint8_t> mine(static_cast<const uint8_t*>(send), static_cast<const uint8_t*>(send) + b);
+            PostedOps ops;
+            {
+                std::lock_guard<std::mutex> lock(mpiMutex());
+                for (int j = 0; j < s->size; ++j) {
+                    if (j == s->rank) continue;
+                    TS_RETURN_IF_ERROR(ops.post(*s, false, j, out + size_t(j) * b, b, name));
+                    TS_RETURN_IF_ERROR(ops.post(*s, true, j, mine.data(), b, name));
+                }
+            }
+            TS_RETURN_IF_ERROR(s->wait(ops.reqs, name));
+            std::memcpy(out + size_t(s->rank) * b, mine.data(), b);
+            return Status::ok();
+        });
+    }
+
+    void broadcast(Stream& st, void* buffer, size_t count, DType t, int root) override {
+        const uint64_t bytes = size() > 1 ? count * dtypeSize(t) : 0;
+        enqueue(st, CollectiveKind::Broadcast, rank() == root ? bytes : 0, rank() == root ? 0 : bytes,
+                [s = m_s, buffer, count, t, root]() -> Status {
+                    const char* name = "broadcast";
+                    if (root < 0 || root >= s->size)
+                        return Status::invalid(s->where(name) + ": root " + std::to_string(root) + " is not a member");
+                    const size_t b = count * dtypeSize(t);
+                    PostedOps ops;
+                    {
+                        std::lock_guard<std::mutex> lock(mpiMutex());
+                        if (s->rank == root) {
+                            for (int j = 0; j < s->size; ++j)
+                                if (j != root) TS_RETURN_IF_ERROR(ops.post(*s, true, j, buffer, b, name));
+                        } else {
+                            TS_RETURN_IF_ERROR(ops.post(*s, false, root, buffer, b, name));
+                        }
+                    }
+                    return s->wait(ops.reqs, name);
+                });
+    }
+
+    void batchSendRecv(Stream& st, const std::vector<P2POp>& ops) override {
+        uint64_t sent = 0, received = 0;
+        for (const auto& p : ops) (p.kind == P2POp::Send ? sent : received) += p.count * dtypeSize(p.dtype);
+        OpDesc d;
+        d.name = "send_recv";
+        d.category = trace::Category::P2P;
+        d.group = m_s->name.c_str();
+        d.bytes = sent;
+        st.submit(d, [s = m_s, ops, sent, received]() -> Status {
+            const char* name = "send_recv";
+            PostedOps posted;
+            {
+                std::lock_guard<std::mutex> lock(mpiMutex());
+                for (const P2POp& p : ops) {
+                    if (p.peer < 0 || p.peer >= s->size || p.peer == s->rank)
+                        return Status::invalid(s->where(name) + ": peer " + std::to_string(p.peer) +
+                                               " is not another member");
+                    TS_RETURN_IF_ERROR(posted.post(*s, p.kind == P2POp::Send, p.peer, p.buffer,
+                                                   p.count * dtypeSize(p.dtype), name));
+                }
+            }
+            TS_RETURN_IF_ERROR(s->wait(posted.reqs, name));
+            s->counters.ops++;
+            s->counters.bytesSent += sent;
+            s->counters.bytesReceived += received;
+            return Status::ok();
+        });
+    }
+
+    void allToAllv(Stream& st, const void* send, const std::vector<size_t>& sendCounts, void* recv,
+                   const std::vector<size_t>& recvCounts, DType t) override {
+        uint64_t sent = 0, received = 0;
+        for (size_t q = 0; q < sendCounts.size(); ++q)
+            if (int(q) != rank()) sent += sendCounts[q] * dtypeSize(t);
+        for (size_t q = 0; q < recvCounts.size(); ++q)
+            if (int(q) != rank()) received += recvCounts[q] * dtypeSize(t);
+        enqueue(st, CollectiveKind::AllToAll, sent, received, [s = m_s, send, sendCounts, recv, recvCounts, t]() -> Status {
+            const char* name = "all_to_all";
+            if (sendCounts.size() != size_t(s->size) || recvCounts.size() != size_t(s->size))
+                return Status::invalid(s->where(name) + ": expected " + std::to_string(s->size) + " send and receive counts");
+            const size_t es = dtypeSize(t);
+            const auto* in = static_cast<const uint8_t*>(send);
+            auto* out = static_cast<uint8_t*>(recv);
+            std::vector<size_t> so(size_t(s->size)), ro(size_t(s->size));
+            for (int q = 1; q < s->size; ++q) {
+                so[size_t(q)] = so[size_t(q - 1)] + sendCounts[size_t(q - 1)] * es;
+                ro[size_t(q)] = ro[size_t(q - 1)] + recvCounts[size_t(q - 1)] * es;
+            }
+            PostedOps ops;
+            {
+                std::lock_guard<std::mutex> lock(mpiMutex());
+                for (int q = 0; q < s->size; ++q) {
+                    if (q == s->rank) continue;
+                    TS_RETURN_IF_ERROR(ops.post(*s, false, q, out + ro[size_t(q)], recvCounts[size_t(q)] * es, name));
+                    TS_RETURN_IF_ERROR(ops.post(*s, true, q, const_cast<uint8_t*>(in) + so[size_t(q)],
+                                                sendCounts[size_t(q)] * es, name));
+                }
+            }
+            TS_RETURN_IF_ERROR(s->wait(ops.reqs, name));
+            const size_t me = size_t(s->rank);
+            if (sendCounts[me] != recvCounts[me])
+                return Status::invalid(s->where(name) + ": this member sends itself " + std::to_string(sendCounts[me]) +
+                                       " elements but expects " + std::to_string(recvCounts[me]));
+            std::memmove(out + ro[me], in + so[me], recvCounts[me] * es);
+            return Status::ok();
+        });
+    }
+
+    CommStats stats() const override {
+        CommStats c;
+        c.ops = m_s->counters.ops.load();
+        c.bytesSent = m_s->counters.bytesSent.load();
+        c.bytesReceived = m_s->counters.bytesReceived.load();
+        return c;
+    }
+
+    void abort(const Status& why) override {
+        {
+            std::lock_guard<std::mutex> lock(m_s->abortMutex);
+            if (m_s->abortStatus.isOk()) m_s->abortStatus = why.isOk() ? Status::comm("aborted") : why;
+        }
+        m_s->aborted = true;
+    }
+
+private:
+    template <typename Fn>
+    void enqueue(Stream& st, CollectiveKind kind, uint64_t sent, uint64_t received, Fn fn) {
+        OpDesc d;
+        d.name = collectiveName(kind);
+        d.category = trace::Category::Collective;
+        d.group = m_s->name.c_str();
+        d.bytes = sent;
+        st.submit(d, [s = m_s, fn = std::move(fn), sent, received]() mutable -> Status {
+            if (s->aborted.load()) return s->abortedStatus("collective");
+            Status r = fn();
+            if (r.isOk()) {
+                s->counters.ops++;
+                s->counters.bytesSent += sent;
+                s->counters.bytesReceived += received;
+            }
+            return r;
+        });
+    }
+
+    std::shared_ptr<ThreadShared> m_s;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<MpiRuntime>> MpiRuntime::init(int* argc, char*** argv) {
@@ -504,6 +794,70 @@ Status MpiRuntime::announce(const std::string& text, std::chrono::milliseconds w
     }
 }
 
+Status MpiRuntime::enableThreadGroups() {
+    if (m_threadComm) return Status::ok();
+    std::lock_guard<std::mutex> lock(mpiMutex());
+    MPI_Comm c = MPI_COMM_NULL;
+    const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c);
+    if (rc != MPI_SUCCESS) return Status::comm("creating the thread-group communicator: " + mpiError(rc));
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    m_threadComm = std::shared_ptr<void>(new MPI_Comm(c), [](void* p) {
+        auto* comm = static_cast<MPI_Comm*>(p);
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) {
+            std::lock_guard<std::mutex> l(mpiMutex());
+            MPI_Comm_free(comm);
+        }
+        delete comm;
+    });
+    int flag = 0;
+    int* ub = nullptr;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    m_tagUpperBound = flag && ub ? int64_t(*ub) : 32767;
+    return Status::ok();
+}
+
+Result<std::unique_ptr<Communicator>> MpiRuntime::createThreadGroup(const std::string& name, int key,
+                                                                    const std::vector<int>& members, int globalRank,
+                                                                    const std::vector<int>& processOf,
+                                                                    std::chrono::milliseconds timeout) {
+    if (!m_threadComm) return Status::invalid("thread groups are not enabled (call enableThreadGroups first)");
+    int me = -1;
+    for (size_t i = 0; i < members.size(); ++i) {
+        if (members[i] < 0 || size_t(members[i]) >= processOf.size())
+            return Status::invalid("group '" + name + "': rank " + std::to_string(members[i]) +
+                                   " has no process (" + std::to_string(processOf.size()) + " ranks)");
+        if (members[i] == globalRank) me = int(i);
+    }
+    if (me < 0 || members.empty())
+        return Status::invalid("rank " + std::to_string(globalRank) + " is not a member of group '" + name + "'");
+    auto s = std::make_shared<ThreadShared>();
+    s->name = name;
+    s->ranks = members;
+    s->rank = me;
+    s->size = int(members.size());
+    s->timeout = timeout;
+    s->tcomm = *static_cast<MPI_Comm*>(m_threadComm.get());
+    for (int g : members) s->procOf.push_back(processOf[size_t(g)]);
+    // Every member numbers its communicators of a (key, first member) group in creation order;
+    // all members create them in the same order, so the instance agrees.
+    int instance = 0;
+    {
+        std::lock_guard<std::mutex> lock(m_threadMutex);
+        instance = m_threadInstances[{key, members[0], globalRank}]++;
+    }
+    const int64_t world = int64_t(processOf.size());
+    s->maxMembers = world;
+    s->tagBase = ((int64_t(key) * world + members[0]) * 4 + instance);
+    const int64_t maxTag = (s->tagBase * world + world - 1) * world + world - 1;
+    if (key < 0 || instance >= 4 || maxTag > m_tagUpperBound)
+        return Status::unsupported("group '" + name + "' of " + std::to_string(world) +
+                                   " ranks needs MPI tags up to " + std::to_string(maxTag) + " (this MPI allows " +
+                                   std::to_string(m_tagUpperBound) + "); run fewer ranks per process group");
+    return std::unique_ptr<Communicator>(std::make_unique<MpiThreadCommunicator>(std::move(s)));
+}
+
 void MpiRuntime::stopNotices() {
     if (!m_notices) return;
     m_notices->stop = true;
@@ -519,6 +873,7 @@ void MpiRuntime::stopNotices() {
 
 MpiRuntime::~MpiRuntime() {
     stopNotices();
+    m_threadComm.reset();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (m_ownsInit && !finalized) MPI_Finalize();

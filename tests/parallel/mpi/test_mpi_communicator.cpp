@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -179,6 +180,110 @@ TEST(MpiComm, TimeoutAndAbort) {
     EXPECT_EQ(st.code(), ErrorCode::CommError);
     EXPECT_NE(st.message().find("loss is NaN"), std::string::npos);
     MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Several ranks per process (thread groups): T = 2 rank threads per process, global rank
+// g = process * 2 + thread. Groups: every rank ("world"), the two ranks of a process ("local",
+// members in one process) and the ranks with the same thread index ("cross", one per process).
+TEST(MpiComm, ThreadGroupsWithTwoRanksPerProcess) {
+    constexpr int T = 2;
+    const int P = g_mpi->worldSize(), world = P * T;
+    ASSERT_TRUE(g_mpi->enableThreadGroups().isOk());
+    std::vector<int> processOf;
+    for (int g = 0; g < world; ++g) processOf.push_back(g / T);
+    auto be = makeCpuBackend(T);
+    std::vector<std::string> errors(T);
+    auto rankThread = [&](int t) {
+        const int g = g_mpi->worldRank() * T + t;
+        std::string& err = errors[size_t(t)];
+        auto fail = [&](const std::string& what) {
+            if (err.empty()) err = "rank " + std::to_string(g) + ": " + what;
+        };
+        auto s = be->device(t).createStream(trace::TrackKind::Comm, "comm");
+        std::vector<int> all(static_cast<size_t>(world)), local, cross;
+        std::iota(all.begin(), all.end(), 0);
+        for (int u = 0; u < T; ++u) local.push_back(g_mpi->worldRank() * T + u);
+        for (int p = 0; p < P; ++p) cross.push_back(p * T + t);
+        auto cw = g_mpi->createThreadGroup("world", 0, all, g, processOf, 20s);
+        auto cl = g_mpi->createThreadGroup("local", 1, local, g, processOf, 20s);
+        auto cc = g_mpi->createThreadGroup("cross", 2, cross, g, processOf, 20s);
+        auto cw2 = g_mpi->createThreadGroup("world", 0, all, g, processOf, 20s);  // a second instance
+        if (!cw.isOk() || !cl.isOk() || !cc.isOk() || !cw2.isOk()) return fail("group creation failed");
+        Communicator& w = **cw;
+        if (w.rank() != g || w.size() != world) return fail("world rank/size");
+        const size_t c = 13;
+        // all-reduce sum / max (f32), bf16 sum, i64 min; on the second instance of "world" too.
+        std::vector<float> sum(c), mx(c), sum2(c);
+        std::vector<uint16_t> b(c);
+        std::vector<int64_t> mn(c);
+        for (size_t i = 0; i < c; ++i) {
+            sum[i] = float(g + 1) * float(i);
+            mx[i] = float((g * 7 + int(i)) % 5);
+            sum2[i] = 1.0f;
+            b[i] = bf16(float(g + int(i % 3)));
+            mn[i] = int64_t(100 - g) * int64_t(i + 1);
+        }
+        w.allReduce(*s, sum.data(), sum.data(), c, DType::F32, ReduceOp::Sum);
+        w.allReduce(*s, mx.data(), mx.data(), c, DType::F32, ReduceOp::Max);
+        (*cw2)->allReduce(*s, sum2.data(), sum2.data(), c, DType::F32, ReduceOp::Sum);
+        w.allReduce(*s, b.data(), b.data(), c, DType::BF16, ReduceOp::Sum);
+        w.allReduce(*s, mn.data(), mn.data(), c, DType::I64, ReduceOp::Min);
+        // reduce-scatter over "cross", all-gather over "local", broadcast from the last world rank.
+        const int nc = (*cc)->size(), mc = (*cc)->rank();
+        std::vector<float> rsIn(c * size_t(nc)), rs(c);
+        for (size_t i = 0; i < rsIn.size(); ++i) rsIn[i] = float(g) + float(i);
+        (*cc)->reduceScatter(*s, rsIn.data(), rs.data(), c, DType::F32, ReduceOp::Sum);
+        std::vector<int32_t> ag(c * T, -1);
+        for (size_t i = 0; i < c; ++i) ag[size_t(t) * c + i] = int32_t(g * 100 + int(i));
+        (*cl)->allGather(*s, ag.data() + size_t(t) * c, ag.data(), c, DType::I32);
+        std::vector<int64_t> bc(5, g);
+        w.broadcast(*s, bc.data(), bc.size(), DType::I64, world - 1);
+        // all-to-all-v over "world": rank q sends q+p+1 values q*10+p to rank p.
+        std::vector<size_t> sc(static_cast<size_t>(world)), rc(static_cast<size_t>(world));
+        std::vector<float> a2aSend, a2aRecv;
+        for (int p = 0; p < world; ++p) {
+            sc[size_t(p)] = size_t(g + p + 1);
+            rc[size_t(p)] = size_t(p + g + 1);
+            for (size_t i = 0; i < sc[size_t(p)]; ++i) a2aSend.push_back(float(g * 10 + p));
+        }
+        a2aRecv.assign(std::accumulate(rc.begin(), rc.end(), size_t(0)), -1.0f);
+        w.allToAllv(*s, a2aSend.data(), sc, a2aRecv.data(), rc, DType::F32);
+        // ring send/recv over "world" (neighbours in this and the other process).
+        const int next = (g + 1) % world, prev = (g + world - 1) % world;
+        std::vector<int64_t> out(3, g), fromPrev(3, -1);
+        w.batchSendRecv(*s, {{P2POp::Send, next, out.data(), 3, DType::I64, 0},
+                             {P2POp::Recv, prev, fromPrev.data(), 3, DType::I64, 0}});
+        const Status st = s->synchronize();
+        if (!st.isOk()) return fail(st.toString());
+        for (size_t i = 0; i < c; ++i) {
+            if (sum[i] != float(world * (world + 1) / 2) * float(i)) return fail("f32 sum");
+            float m = 0;
+            for (int q = 0; q < world; ++q) m = std::max(m, float((q * 7 + int(i)) % 5));
+            if (mx[i] != m) return fail("f32 max");
+            if (sum2[i] != float(world)) return fail("second instance sum");
+            float bs = 0;
+            for (int q = 0; q < world; ++q) bs += float(q + int(i % 3));
+            if (unbf16(b[i]) != bs) return fail("bf16 sum");
+            if (mn[i] != int64_t(100 - (world - 1)) * int64_t(i + 1)) return fail("i64 min");
+            float r = 0;
+            for (int q = 0; q < nc; ++q) r += float(q * T + t) + float(size_t(mc) * c + i);
+            if (rs[i] != r) return fail("reduce-scatter");
+            for (int u = 0; u < T; ++u)
+                if (ag[size_t(u) * c + i] != (g_mpi->worldRank() * T + u) * 100 + int(i)) return fail("all-gather");
+        }
+        for (auto v : bc)
+            if (v != world - 1) return fail("broadcast");
+        size_t off = 0;
+        for (int q = 0; q < world; ++q)
+            for (size_t i = 0; i < rc[size_t(q)]; ++i)
+                if (a2aRecv[off++] != float(q * 10 + g)) return fail("all-to-all");
+        for (auto v : fromPrev)
+            if (v != prev) return fail("send/recv");
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < T; ++t) threads.emplace_back(rankThread, t);
+    for (auto& th : threads) th.join();
+    for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
 int main(int argc, char** argv) {

@@ -183,7 +183,7 @@ def check_run_file(a, single_db, mpi_db, env):
     if got is None or want is None:
         print("FAIL: analyze:", doc)
         return 1
-    if got != want or len(got) != a.np:
+    if got != want or len(got) < a.np:
         print("FAIL: analyze of the mpirun run reports ranks %s, the in-process run %s (np %d)" % (got, want, a.np))
         return 1
     print("OK: analyze reports every rank of the mpirun run:", got)

@@ -407,6 +407,39 @@ Result<MpiLaunch> mpiLaunchFor(const engine::Config& c) {
         lp->host->allGather(*lp->hostStream, in.data(), out.data(), in.size(), engine::DType::I64);
         return lp->hostStream->synchronize();
     };
+    // Checkpoints: the parameter table and the partial images travel over the "host" group.
+    l.options.gatherText = [lp](const std::string& mine, std::vector<std::string>& all) -> Status {
+        engine::Communicator& c = *lp->host;
+        const int n = c.size();
+        std::vector<int64_t> sizes(size_t(n), 0);
+        const int64_t my = int64_t(mine.size());
+        c.allGather(*lp->hostStream, &my, sizes.data(), 1, engine::DType::I64);
+        TS_RETURN_IF_ERROR(lp->hostStream->synchronize());
+        std::vector<size_t> sendCounts(static_cast<size_t>(n), mine.size()), recvCounts(static_cast<size_t>(n), 0);
+        size_t total = 0;
+        for (int p = 0; p < n; ++p) total += (recvCounts[size_t(p)] = size_t(sizes[size_t(p)]));
+        std::string buf(total, '\0');
+        std::string out;  // one copy of `mine` per destination, in process order
+        for (int p = 0; p < n; ++p) out += mine;
+        c.allToAllv(*lp->hostStream, out.data(), sendCounts, buf.data(), recvCounts, engine::DType::U8);
+        TS_RETURN_IF_ERROR(lp->hostStream->synchronize());
+        all.clear();
+        size_t at = 0;
+        for (int p = 0; p < n; ++p) {
+            all.push_back(buf.substr(at, recvCounts[size_t(p)]));
+            at += recvCounts[size_t(p)];
+        }
+        return Status::ok();
+    };
+    l.options.sumHost = [lp](float* data, size_t n) -> Status {
+        constexpr size_t kChunk = size_t(1) << 28;  // MPI counts are ints
+        for (size_t at = 0; at < n; at += kChunk) {
+            const size_t len = std::min(kChunk, n - at);
+            lp->host->allReduce(*lp->hostStream, data + at, data + at, len, engine::DType::F32, engine::ReduceOp::Sum);
+            TS_RETURN_IF_ERROR(lp->hostStream->synchronize());
+        }
+        return Status::ok();
+    };
     // The first failing rank of this process tells the others at once, then stops this
     // process's own exchanges (nobody will answer them).
     l.options.onFailure = [lp](const Status& st) {

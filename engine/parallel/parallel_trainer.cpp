@@ -314,9 +314,6 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         t->m_ranks.push_back(std::move(R));
     }
     if (!c.load.empty()) TS_RETURN_IF_ERROR(t->load(c.load));
-    if (!c.save.empty() && int(local.size()) != world)
-        return Status::unsupported("save: checkpoints of runs over several processes (mpirun) are not supported yet; "
-                                   "run the same layout in one process (trainscope run without mpirun) to save");
     if (rec) {
         const nlohmann::json meta = t->runMetadata();
         for (auto it = meta.begin(); it != meta.end(); ++it)
@@ -650,19 +647,73 @@ struct CheckpointImage {
 // (chunk-major: stage s = chunk * pp + pp rank, REFERENCE.md §1.3) and GptModel's add order
 // inside each; the last stage's copy of a tied embedding is not a param of the single-device
 // model. Offsets in reverse registration order, as ParamBuffer::finalize lays them out.
+// With several processes, a stage none of this process's ranks holds gets its entries from a
+// process that does (opts.gatherText: every process sends the stages it holds).
 static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr<ParallelTrainer::RankState>>& ranks,
-                                               const ParallelLayout& layout, const DerivedSizes& ds, const char* what) {
-    if (int(ranks.size()) != layout.worldSize())
-        return Status::unsupported(std::string(what) +
-                                   ": checkpoints of runs over several processes (mpirun) are not supported yet; "
-                                   "run the layout in one process (trainscope run without mpirun)");
-    CheckpointImage img;
-    for (int s = 0; s < ds.pp * ds.vpp; ++s) {
+                                               const ParallelLayout& layout, const DerivedSizes& ds,
+                                               const ParallelTrainerOptions& opts, const char* what,
+                                               ParallelTrainer::RankState* (*ppHolder)(
+                                                   const std::vector<std::unique_ptr<ParallelTrainer::RankState>>&, int)) {
+    const bool allLocal = int(ranks.size()) == layout.worldSize();
+    if (!allLocal && !opts.gatherText)
+        return Status::unsupported(std::string(what) + ": this run's ranks are in several processes and no exchange "
+                                                       "between them was given");
+    const int stages = ds.pp * ds.vpp;
+    std::vector<std::vector<ParamInfo>> perStage(static_cast<size_t>(stages));
+    std::vector<bool> have(size_t(stages), false);
+    for (int s = 0; s < stages; ++s) {
         const int ch = s / ds.pp, pp = s % ds.pp;
-        ParamBuffer& pb = ranks[size_t(layout.globalRank(0, 0, 0, pp))]->models[size_t(ch)]->params();
-        for (int i = 0; i < pb.count(); ++i) {
-            if (isTiedCopy(pb.info(i))) continue;
-            ParamInfo full = pb.info(i);
+        ParallelTrainer::RankState* R = ppHolder(ranks, pp);
+        if (!R) continue;
+        perStage[size_t(s)] = R->models[size_t(ch)]->params().params();
+        have[size_t(s)] = true;
+    }
+    if (!allLocal) {
+        nlohmann::json mine = nlohmann::json::object();
+        for (int s = 0; s < stages; ++s) {
+            if (!have[size_t(s)]) continue;
+            nlohmann::json list = nlohmann::json::array();
+            for (const ParamInfo& p : perStage[size_t(s)])
+                list.push_back({{"name", p.name}, {"full", p.fullShape}, {"shape", p.shape}, {"shard", int(p.shard)},
+                                {"nwd", p.noWeightDecay}, {"sp", p.sequenceParallel}, {"tied", p.sharedEmbedding},
+                                {"stride", p.partitionStride}, {"numel", p.numel}});
+            mine[std::to_string(s)] = std::move(list);
+        }
+        std::vector<std::string> all;
+        TS_RETURN_IF_ERROR(opts.gatherText(mine.dump(), all).withContext(std::string(what) + ": exchanging the parameter table"));
+        for (const std::string& text : all) {
+            const nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
+            if (!doc.is_object()) return Status::internal(std::string(what) + ": a process sent an unreadable table");
+            for (auto it = doc.begin(); it != doc.end(); ++it) {
+                const int s = std::stoi(it.key());
+                if (s < 0 || s >= stages || have[size_t(s)]) continue;
+                for (const auto& e : *it) {
+                    ParamInfo p;
+                    p.name = e.at("name").get<std::string>();
+                    p.fullShape = e.at("full").get<std::vector<int64_t>>();
+                    p.shape = e.at("shape").get<std::vector<int64_t>>();
+                    p.shard = ShardKind(e.at("shard").get<int>());
+                    p.noWeightDecay = e.at("nwd").get<bool>();
+                    p.sequenceParallel = e.at("sp").get<bool>();
+                    p.sharedEmbedding = e.at("tied").get<bool>();
+                    p.partitionStride = e.at("stride").get<int>();
+                    p.numel = e.at("numel").get<int64_t>();
+                    perStage[size_t(s)].push_back(std::move(p));
+                }
+                have[size_t(s)] = true;
+            }
+        }
+        for (int s = 0; s < stages; ++s)
+            if (!have[size_t(s)])
+                return Status::internal(std::string(what) + ": no process holds pipeline stage " + std::to_string(s));
+    }
+    CheckpointImage img;
+    for (int s = 0; s < stages; ++s) {
+        const int ch = s / ds.pp, pp = s % ds.pp;
+        const std::vector<ParamInfo>& list = perStage[size_t(s)];
+        for (int i = 0; i < int(list.size()); ++i) {
+            if (isTiedCopy(list[size_t(i)])) continue;
+            ParamInfo full = list[size_t(i)];
             full.shape = full.fullShape;
             full.numel = 1;
             for (int64_t d : full.shape) full.numel *= d;
@@ -681,30 +732,50 @@ static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr
     return img;
 }
 
+ParallelTrainer::RankState* ParallelTrainer::localRankState(int globalRank) const {
+    for (const auto& R : m_ranks)
+        if (R->rank == globalRank) return R.get();
+    return nullptr;
+}
+
+// A rank of this process on pipeline stage pp (any tp/cp/dp), or null.
+static ParallelTrainer::RankState* stageHolder(const std::vector<std::unique_ptr<ParallelTrainer::RankState>>& ranks,
+                                               int pp) {
+    for (const auto& R : ranks)
+        if (R->coords.pp == pp) return R.get();
+    return nullptr;
+}
+
 Status ParallelTrainer::save(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
-    TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, "save"));
+    TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, m_opts, "save", &stageHolder));
     const std::vector<ParamInfo>& table = img.table;
     const std::vector<ParamHome>& homes = img.homes;
     float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
     // Without the distributed optimizer every DP replica holds the same state: read dp 0.
+    // With several processes each fills what its ranks hold (zeros elsewhere): every element
+    // comes from exactly one rank, so the sum over the processes is the whole image.
     const int dpReaders = m_cfg.use_distributed_optimizer ? ds.dp : 1;
     for (int pp = 0; pp < ds.pp; ++pp) {
         for (int t = 0; t < ds.tp; ++t) {
-            RankState& R0 = *m_ranks[size_t(m_layout.globalRank(t, 0, 0, pp))];
+            RankState* R0 = localRankState(m_layout.globalRank(t, 0, 0, pp));
+            std::vector<RankState*> readers;
+            for (int d = 0; d < dpReaders; ++d)
+                if (RankState* R = localRankState(m_layout.globalRank(t, 0, d, pp))) readers.push_back(R);
+            RankState* Rinfo = R0 ? R0 : readers.empty() ? nullptr : readers[0];
+            if (!Rinfo) continue;
             // Adam state of this (tp, pp) in chunk-buffer order, assembled from the DP shards:
             // localM[ch]: [chunk buffer numel] (padding stays 0).
-            std::vector<std::vector<float>> localM(R0.models.size()), localV(R0.models.size());
-            for (size_t ch = 0; ch < R0.models.size(); ++ch) {
-                localM[ch].assign(size_t(R0.models[ch]->params().numel()), 0.f);
-                localV[ch].assign(size_t(R0.models[ch]->params().numel()), 0.f);
+            std::vector<std::vector<float>> localM(Rinfo->models.size()), localV(Rinfo->models.size());
+            for (size_t ch = 0; ch < Rinfo->models.size(); ++ch) {
+                localM[ch].assign(size_t(Rinfo->models[ch]->params().numel()), 0.f);
+                localV[ch].assign(size_t(Rinfo->models[ch]->params().numel()), 0.f);
             }
-            for (int d = 0; d < dpReaders; ++d) {
-                RankState& R = *m_ranks[size_t(m_layout.globalRank(t, 0, d, pp))];
-                const float* m = R.opt->expAvg();
-                const float* v = R.opt->expAvgSq();
-                for (const ShardedAdamW::Piece& pc : R.opt->pieces()) {
+            for (RankState* R : readers) {
+                const float* m = R->opt->expAvg();
+                const float* v = R->opt->expAvgSq();
+                for (const ShardedAdamW::Piece& pc : R->opt->pieces()) {
                     std::copy(m + pc.state, m + pc.state + (pc.end - pc.begin), localM[size_t(pc.chunk)].begin() + pc.begin);
                     std::copy(v + pc.state, v + pc.state + (pc.end - pc.begin), localV[size_t(pc.chunk)].begin() + pc.begin);
                 }
@@ -712,12 +783,17 @@ Status ParallelTrainer::save(const std::string& dir) {
             for (size_t k = 0; k < table.size(); ++k) {
                 if (homes[k].pp != pp) continue;
                 const int ch = homes[k].chunk, i = homes[k].index;
-                ParamBuffer& pb = R0.models[size_t(ch)]->params();
+                ParamBuffer& pb = Rinfo->models[size_t(ch)]->params();
                 const ParamInfo& info = pb.info(i);
                 const int64_t off = table[k].offset;
-                copyShardToFull(info, ds.tp, t, pb.mainParam(i), P + off);
-                copyShardToFull(info, ds.tp, t, localM[size_t(ch)].data() + info.offset, M + off);
-                copyShardToFull(info, ds.tp, t, localV[size_t(ch)].data() + info.offset, V + off);
+                // A param every TP rank holds whole is taken from tp rank 0 (once: the images
+                // of several processes are summed).
+                if (info.shard == ShardKind::Replicated && t != 0) continue;
+                if (R0) copyShardToFull(info, ds.tp, t, pb.mainParam(i), P + off);
+                if (!readers.empty()) {
+                    copyShardToFull(info, ds.tp, t, localM[size_t(ch)].data() + info.offset, M + off);
+                    copyShardToFull(info, ds.tp, t, localV[size_t(ch)].data() + info.offset, V + off);
+                }
             }
         }
     }
@@ -734,13 +810,29 @@ Status ParallelTrainer::save(const std::string& dir) {
                  {"data_parallel_size", ds.dp},
                  {"sequence_parallel", m_cfg.sequence_parallel},
                  {"use_distributed_optimizer", m_cfg.use_distributed_optimizer}};
-    return writeCheckpointFiles(dir, table, img.numel, P, M, V, st);
+    if (int(m_ranks.size()) == worldSize()) return writeCheckpointFiles(dir, table, img.numel, P, M, V, st);
+    // Several processes: the sums, then the process of global rank 0 writes; every process
+    // learns whether that worked (the last sum doubles as the barrier after the write).
+    if (!m_opts.sumHost)
+        return Status::unsupported("save: this run's ranks are in several processes and no exchange between them was given");
+    for (std::vector<float>* v : {&img.params, &img.expAvg, &img.expAvgSq})
+        TS_RETURN_IF_ERROR(m_opts.sumHost(v->data(), v->size()).withContext("save: gathering the checkpoint"));
+    Status wrote;
+    if (localRankState(0)) wrote = writeCheckpointFiles(dir, table, img.numel, P, M, V, st);
+    float failed = wrote.isOk() ? 0.f : 1.f;
+    TS_RETURN_IF_ERROR(m_opts.sumHost(&failed, 1).withContext("save: waiting for the checkpoint to be written"));
+    if (!wrote.isOk()) return wrote;
+    if (failed != 0.f)
+        return Status::io("save: the process of rank 0 could not write checkpoint '" + dir + "' (see its log)");
+    return Status::ok();
 }
 
 Status ParallelTrainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
-    TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, "load"));
+    // Every process reads the files (a shared or copied checkpoint directory) and takes its
+    // ranks' shards.
+    TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, m_opts, "load", &stageHolder));
     const float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
     CheckpointState st;
     TS_RETURN_IF_ERROR(readCheckpointFiles(dir, img.table, img.numel, img.params.data(), img.expAvg.data(),

@@ -69,6 +69,11 @@ struct ParallelTrainerOptions {
     // Called once, with the run's error, from the thread of the first local rank that fails (not
     // for abort() from outside): several processes use it to tell the others at once.
     std::function<void(const Status&)> onFailure;
+    // Several processes: checkpoints exchange the parameter table (gatherText: every process's
+    // text, process order) and sum the partial checkpoint images (sumHost: in place, over the
+    // processes). Null = every rank is local.
+    std::function<Status(const std::string& mine, std::vector<std::string>& all)> gatherText;
+    std::function<Status(float* data, size_t n)> sumHost;
 };
 
 class ParallelTrainer {
@@ -89,8 +94,9 @@ public:
     // over DP when use_distributed_optimizer shards them, plus iteration, samples consumed
     // (data position) and seed (dropout RNG) and the saved-from layout. Load scatters a
     // checkpoint of ANY layout (or of the single-device Trainer) of the same model; `load`
-    // in the config runs it from create(). Both need every rank in this process (not with
-    // several MPI processes: Unsupported).
+    // in the config runs it from create(). With several processes (mpirun) every process calls
+    // them: the partial images are summed over the processes and the one holding global rank 0
+    // writes; on load every process reads the directory (shared or copied to each node).
     Status save(const std::string& dir);
     Status load(const std::string& dir);
 
@@ -135,7 +141,8 @@ private:
     // `local` indexes m_ranks (this process's ranks); equals the global rank in one process.
     Status rankStep(int local, int it, const std::atomic<bool>* cancel);
     void failRank(int local, const Status& st);
-    void abortAfterFailure(int local, const Status& st);  // failRank's aborts (m_errorMutex held)
+    void abortAfterFailure(int local, const Status& st);
+    RankState* localRankState(int globalRank) const;  // null when another process runs it  // failRank's aborts (m_errorMutex held)
 
     Config m_cfg;
     ParallelLayout m_layout;

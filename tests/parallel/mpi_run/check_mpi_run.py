@@ -17,7 +17,10 @@ Modes:
   --inject-failure R:S   global rank R fails at iteration S: the run must end well before the
                          60 s communication timeout, failed, naming process R and the op;
   --kill-process P       process P is killed (SIGKILL) after the first step: the run must end
-                         within a bounded time and its run file must say what stopped it.
+                         within a bounded time and its run file must say what stopped it;
+  --checkpoint           the mpirun run saves after steps/2 steps; an mpirun run and a one-process
+                         run resume from it, and an mpirun run resumes from a one-process save:
+                         the resumed steps' losses must equal the uninterrupted run's.
 """
 import argparse
 import json
@@ -75,6 +78,7 @@ def main():
     ap.add_argument("--clock-measure", action="store_true")
     ap.add_argument("--inject-failure", default="")
     ap.add_argument("--kill-process", type=int, default=-1)
+    ap.add_argument("--checkpoint", action="store_true")
     ap.add_argument("mpiflags", nargs="*")
     a = ap.parse_args()
 
@@ -107,6 +111,8 @@ def main():
         return check_failure(a, mpi_cmd, env, mpi_db)
     if a.kill_process >= 0:
         return check_kill(a, mpi_cmd, env, mpi_db)
+    if a.checkpoint:
+        return check_checkpoint(a, env, tmp)
     if a.expect_world_error:
         rc, out, err = run(mpi_cmd, env)
         text = out + err
@@ -148,6 +154,58 @@ def main():
         return 1
     print("OK: %d steps agree to %g relative" % (len(single), a.rtol))
     return check_run_file(a, os.path.join(tmp, "single.db"), mpi_db, single_env)
+
+
+def step_losses(evs):
+    return {e["step"]: e["loss"] for e in evs if e.get("event") == "step"}
+
+
+def check_checkpoint(a, env, tmp):
+    single_env = {k: v for k, v in env.items() if not k.startswith(("OMPI_COMM_WORLD", "PMI_", "PMIX_"))}
+    half = a.steps // 2
+
+    def ts(extra, mpi, name):
+        # A constant lr: the schedule must not depend on --steps (the saving run is shorter).
+        cmd = [a.trainscope, "run", a.config, "--json", "--run-file", os.path.join(tmp, name + ".db"),
+               "--set", "lr_decay_style=constant"] + extra
+        if mpi:
+            cmd = [a.mpiexec, "-n", str(a.np)] + a.mpiflags + cmd
+        rc, out, err = run(cmd, env if mpi else single_env)
+        if rc != 0:
+            raise RuntimeError("%s exited %d\n%s\n%s" % (name, rc, out, err))
+        return step_losses(events(out))
+
+    try:
+        ref = ts(["--steps", str(a.steps)], False, "reference")
+        d_mpi, d_one = os.path.join(tmp, "ckpt_mpi"), os.path.join(tmp, "ckpt_one")
+        first = ts(["--steps", str(half), "--set", "save=" + d_mpi], True, "mpi_save")
+        ts(["--steps", str(half), "--set", "save=" + d_one], False, "one_save")
+        runs = {
+            "mpirun save -> mpirun load": ts(["--steps", str(a.steps), "--set", "load=" + d_mpi], True, "mpi_load"),
+            "mpirun save -> one-process load": ts(["--steps", str(a.steps), "--set", "load=" + d_mpi], False, "one_load"),
+            "one-process save -> mpirun load": ts(["--steps", str(a.steps), "--set", "load=" + d_one], True, "mpi_load2"),
+        }
+    except RuntimeError as e:
+        print("FAIL:", e)
+        return 1
+    if sorted(ref) != list(range(1, a.steps + 1)):
+        print("FAIL: the reference logged steps", sorted(ref))
+        return 1
+    bad = compare([ref[k] for k in sorted(first)], [first[k] for k in sorted(first)], a.rtol)
+    if sorted(first) != list(range(1, half + 1)) or bad:
+        print("FAIL: the saving mpirun run logged", first, bad)
+        return 1
+    for what, got in runs.items():
+        want_steps = list(range(half + 1, a.steps + 1))
+        if sorted(got) != want_steps:
+            print("FAIL: %s logged steps %s, expected %s" % (what, sorted(got), want_steps))
+            return 1
+        bad = compare([ref[k] for k in want_steps], [got[k] for k in want_steps], a.rtol)
+        if bad:
+            print("FAIL: %s: resumed losses differ from the uninterrupted run:\n  %s" % (what, "\n  ".join(bad)))
+            return 1
+        print("OK: %s: steps %s equal the uninterrupted run" % (what, want_steps))
+    return 0
 
 
 def metadata(db, key):

@@ -1,6 +1,7 @@
 // trainscope-gui: the workbench (README, docs/gui.md).
 //   trainscope-gui [--node URL] [--token-file FILE] [--config FILE] [--run RUN_FILE]
 //   trainscope-gui --tour DIR      drive the whole story on the local node, one PNG per view
+//   trainscope-gui --run RUN_FILE --screenshot PNG   open a run, save the window as PNG, exit
 #include <cstdio>
 
 #include <QApplication>
@@ -35,7 +36,13 @@ int main(int argc, char** argv) {
                             QStringLiteral("Drive the workbench through the whole story on the local node (in a fresh workspace DIR/workspace) "
                                            "and write one PNG per view and tour.json into DIR, then exit (0 when every step worked)."),
                             QStringLiteral("DIR"));
-    parser.addOptions({node, token, config, run, tour});
+    QCommandLineOption shot(QStringLiteral("screenshot"),
+                            QStringLiteral("With --run: once the run is shown (after --screenshot-delay ms), save the window "
+                                           "as this PNG and exit (0 when saved)."),
+                            QStringLiteral("PNG"));
+    QCommandLineOption shotDelay(QStringLiteral("screenshot-delay"), QStringLiteral("Milliseconds before --screenshot (default 3000)."),
+                                 QStringLiteral("MS"), QStringLiteral("3000"));
+    parser.addOptions({node, token, config, run, tour, shot, shotDelay});
     parser.process(app);
 
     if (parser.isSet(tour)) {
@@ -61,9 +68,18 @@ int main(int argc, char** argv) {
     }
 
     ts::gui::MainWindow window;
+    if (parser.isSet(shot)) window.resize(1600, 980);
     window.show();
     window.nodeBar()->openNode(parser.value(node), parser.value(token));
     if (parser.isSet(config)) window.configEditor()->openFile(parser.value(config));
     if (parser.isSet(run)) window.openRunFile(parser.value(run));
+    if (parser.isSet(shot)) {
+        const QString file = parser.value(shot);
+        QTimer::singleShot(parser.value(shotDelay).toInt(), &window, [&window, file] {
+            const bool saved = window.grab().save(file);
+            if (!saved) std::fprintf(stderr, "trainscope-gui: cannot write %s\n", qPrintable(file));
+            QApplication::exit(saved ? 0 : 1);
+        });
+    }
     return QApplication::exec();
 }

@@ -232,4 +232,17 @@ void bf16ToFloat(const uint16_t* x, float* y, int64_t n);
 // Round fp32 values through bf16 in place (emulates bf16 storage of an fp32 buffer).
 void roundToBf16(float* x, int64_t n);
 
+// ---- FP8 emulation (fp8.cpp; REFERENCE.md §6.1) -------------------------------------------
+enum class Fp8Format : uint8_t { E4M3 = 0, E5M2 };
+float fp8Max(Fp8Format f);  // 448 (E4M3), 57344 (E5M2)
+// fp32 -> code: round to nearest even, subnormals, finite overflow and +-inf saturate to +-max,
+// NaN -> NaN. Code -> fp32 exactly.
+uint8_t fp8Encode(float x, Fp8Format f);
+float fp8Decode(uint8_t code, Fp8Format f);
+// max |x| (NaN if any element is NaN).
+float amaxOf(const float* x, int64_t n);
+// y = decode(encode(x * scale)) * (1 / scale), the value an FP8 GEMM sees after its scale_inv;
+// codes (may be null) receives the FP8 codes. y may alias x.
+void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale, Fp8Format f);
+
 }  // namespace ts::kernels::cpu

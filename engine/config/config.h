@@ -99,6 +99,10 @@ struct Config {
     int fp8_amax_history_len = 1;
     std::string fp8_amax_compute_algo = "most_recent";  // most_recent | max
     int fp8_margin = 0;
+    bool fp8_wgrad = true;               // false: the wgrad GEMM's output gradient stays high precision
+    bool first_last_layers_bf16 = false; // keep the first/last layers' linears in bf16 under fp8
+    int num_layers_at_start_in_bf16 = 1;
+    int num_layers_at_end_in_bf16 = 1;
 
     // --- recompute ------------------------------------------------------------------------
     std::string recompute_granularity = "";  // "" | selective | full

@@ -369,17 +369,26 @@ std::vector<KnobDef> buildRegistry() {
     r.group = "precision";
     r.b("bf16", &C::bf16, "--bf16", "", "mixed_precision", "bf16 mixed precision: bf16 params/activations, fp32 main weights and grads (Bridge: the mixed_precision "
         "preset bf16_mixed, or with fp8 the bf16_with_fp8_* preset of fp8_recipe).");
-    notInEngine(rules(r.e("fp8", &C::fp8, {"", "e4m3", "hybrid"}, "--fp8-format", "model.fp8",
-                          "FP8 GEMMs: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients); \"\" = off."),
-                      "requires bf16"));
-    notInEngine(r.e("fp8_recipe", &C::fp8_recipe, {"delayed", "tensorwise", "mxfp8", "blockwise"}, "--fp8-recipe",
-                    "model.fp8_recipe", "FP8 scaling recipe."));
-    notInEngine(r.i("fp8_amax_history_len", &C::fp8_amax_history_len, "--fp8-amax-history-len",
-                    "model.fp8_amax_history_len", "Amax history length of delayed scaling."));
-    notInEngine(r.e("fp8_amax_compute_algo", &C::fp8_amax_compute_algo, {"most_recent", "max"},
-                    "--fp8-amax-compute-algo", "model.fp8_amax_compute_algo", "How the scale's amax is taken from the history."));
-    notInEngine(r.i("fp8_margin", &C::fp8_margin, "--fp8-margin", "model.fp8_margin",
-                    "Scale margin: scale = fp8_max / amax / 2^margin."));
+    rules(r.e("fp8", &C::fp8, {"", "e4m3", "hybrid"}, "--fp8-format", "model.fp8",
+              "FP8 GEMMs of the transformer layers' linears (emulated on the CPU): e4m3 everywhere, or hybrid "
+              "(e4m3 forward, e5m2 gradients); \"\" = off."),
+          "requires bf16");
+    r.e("fp8_recipe", &C::fp8_recipe, {"delayed", "tensorwise", "mxfp8", "blockwise"}, "--fp8-recipe",
+        "model.fp8_recipe", "FP8 scaling recipe (the engine executes delayed and tensorwise).");
+    r.i("fp8_amax_history_len", &C::fp8_amax_history_len, "--fp8-amax-history-len",
+        "model.fp8_amax_history_len", "Amax history length of delayed scaling.");
+    r.e("fp8_amax_compute_algo", &C::fp8_amax_compute_algo, {"most_recent", "max"},
+        "--fp8-amax-compute-algo", "model.fp8_amax_compute_algo", "How the scale's amax is taken from the history.");
+    r.i("fp8_margin", &C::fp8_margin, "--fp8-margin", "model.fp8_margin",
+        "Scale margin: scale = fp8_max / amax / 2^margin.");
+    r.b("fp8_wgrad", &C::fp8_wgrad, "", "--no-fp8-wgrad", "model.fp8_wgrad",
+        "FP8 weight-gradient GEMM; false keeps its output gradient in high precision.");
+    r.b("first_last_layers_bf16", &C::first_last_layers_bf16, "--first-last-layers-bf16", "",
+        "model.first_last_layers_bf16", "Under fp8, keep the linears of the first and last layers in bf16.");
+    r.i("num_layers_at_start_in_bf16", &C::num_layers_at_start_in_bf16, "--num-layers-at-start-in-bf16",
+        "model.num_layers_at_start_in_bf16", "Layers at the start kept in bf16 with first_last_layers_bf16.");
+    r.i("num_layers_at_end_in_bf16", &C::num_layers_at_end_in_bf16, "--num-layers-at-end-in-bf16",
+        "model.num_layers_at_end_in_bf16", "Layers at the end kept in bf16 with first_last_layers_bf16.");
 
     r.group = "recompute";
     r.e("recompute_granularity", &C::recompute_granularity, {"", "selective", "full"}, "--recompute-granularity",

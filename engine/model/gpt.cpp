@@ -55,6 +55,7 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     TS_RETURN_IF_ERROR(m->registerParams());
     TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16));
     m->initWeights();
+    m->fp8Init();
     return m;
 }
 
@@ -176,6 +177,7 @@ void GptModel::beginStep(int step, int numMicrobatches) {
     m_backwardsThisStep = 0;
     while (!m_held.empty() && m_held.front().done->query()) m_held.pop_front();
     m_exec.setStep(step);
+    fp8StepUpdate();
 }
 
 int GptModel::localTokens() const {

@@ -147,8 +147,22 @@ private:
                       TensorPtr mean, TensorPtr rstd, TensorPtr dx, int T);
     // dy: [T, out], x: [T, in]; dx may be null. Weight grad into main grad (fused) or via a
     // temporary (gradient_accumulation_fusion=false); bIdx >= 0 accumulates the bias grad too.
+    // W: the weight the dgrad uses (null = the model param; FP8: its quantized copy).
     Status linearBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, TensorPtr x,
-                          TensorPtr dx, int T, int in, int out);
+                          TensorPtr dx, int T, int in, int out, const float* W = nullptr);
+    // FP8 linears (gpt_fp8.cpp; engine/model/fp8.h). Linears: 0 qkv, 1 proj, 2 fc1, 3 fc2;
+    // slots: 0 input, 1 weight, 2 output gradient.
+    enum Fp8Linear { kFp8Qkv = 0, kFp8Proj, kFp8Fc1, kFp8Fc2 };
+    enum Fp8Slot { kFp8Input = 0, kFp8Weight, kFp8Grad };
+    bool fp8Layer(int li) const;  // local layer li runs its linears in FP8
+    void fp8Init();
+    // Quantizes (and dequantizes) `t` [n] in place with the slot's scale: delayed scaling uses
+    // the scale of earlier steps and records this tensor's amax; tensorwise takes the scale from
+    // this tensor's amax (the max over TP, where the tensor is split).
+    Status fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, int64_t n);
+    // The FP8 copy of weight wIdx for this step (quantized by the first forward of the step).
+    Result<const float*> fp8Weight(int li, Fp8Linear lin, int wIdx);
+    void fp8StepUpdate();  // delayed scaling: amax reduction over tp-dp-cp and the scale update
     void tpAllReduce(const TensorPtr& t, int64_t n);
     // tp_comm_overlap backward of a row-parallel linear (proj, fc2): dgrad pipelined with the
     // ring all-gather of dyLocal [TL, out] into dx [T, in], then the wgrad on x [T, in].
@@ -192,6 +206,12 @@ private:
     };
     std::deque<Held> m_held;         // buffers of enqueued SP collectives, oldest first
     std::unique_ptr<TpOverlap> m_tpo;  // tp_comm_overlap active (SP + knob + comm stream given)
+    std::shared_ptr<std::vector<Fp8Meta>> m_fp8Meta;  // [local layer][linear][slot]
+    struct Fp8WeightCopy {
+        TensorPtr dequantized, codes;  // float values the GEMM uses; the FP8 codes (1 byte each)
+        int step = -1;
+    };
+    std::vector<Fp8WeightCopy> m_fp8W;  // [local layer][linear]
     std::map<int, std::unique_ptr<MbState>> m_mbs;
     bool m_captureLogits = false;
     std::shared_ptr<std::map<int, std::vector<float>>> m_logits;

@@ -37,6 +37,10 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     // tp_comm_overlap_ag: the all-gather is pipelined with the GEMM shard by shard instead.
     const bool agOverlap = m_tpo && m_tpo->options().overlapAg;
     const bool rsOverlap = m_tpo && m_tpo->options().overlapRs;
+    const int li = gl - m_ctx.layerBegin;
+    const bool fp8 = fp8Layer(li);
+    // FP8: the saved input shard is quantized in place (one scale for the whole tensor).
+    if (fp8) TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Qkv, kFp8Input, A.a1, ThL));
     TensorPtr a1Full = A.a1;
     if (m_sp && !agOverlap) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
 
@@ -44,6 +48,7 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     TS_ASSIGN_OR_RETURN(TensorPtr qkv, alloc(int64_t(T) * qkvOut));
     {
         const float* W = m_params.modelParam(P.qkvW);
+        if (fp8) { TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Qkv, P.qkvW)); }
         const float* B = P.qkvB >= 0 ? m_params.modelParam(P.qkvB) : nullptr;
         auto gemm = [=](const float* x, float* y, int rows) {
             k::linearForward(x, W, B, y, rows, h, qkvOut);
@@ -114,6 +119,10 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     TensorPtr proj;
     {
         const float* W = m_params.modelParam(P.projW);
+        if (fp8) {
+            TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Proj, kFp8Input, A.ctx, int64_t(T) * nq * d));
+            TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Proj, P.projW));
+        }
         TensorPtr ctx = A.ctx;
         const int in = nq * d;
         auto gemm = [=](const float* x, float* y, int rows) { k::linearForward(x, W, nullptr, y, rows, in, h); };
@@ -144,12 +153,20 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
     // SP: the backward of the forward reduce-scatter is an all-gather of dY along s.
     const bool agOverlap = m_tpo && m_tpo->options().overlapAg;
     TS_ASSIGN_OR_RETURN(TensorPtr dctx, alloc(int64_t(T) * nq * d));
+    const int li = gl - m_ctx.layerBegin;
+    const bool fp8 = fp8Layer(li);
+    const float* projW = nullptr;
+    if (fp8) {
+        // The output gradient in FP8 (its bias grad was taken in high precision before).
+        TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Proj, kFp8Grad, dproj, ThL));
+        TS_ASSIGN_OR_RETURN(projW, fp8Weight(li, kFp8Proj, P.projW));
+    }
     if (agOverlap) {
         TS_RETURN_IF_ERROR(rowParallelBackwardOverlapped("linear_proj.dgrad", "linear_proj.wgrad", P.projW, dproj,
                                                          A.ctx, dctx, T, nq * d, h));
     } else {
         if (m_sp) { TS_ASSIGN_OR_RETURN(dproj, seqGather(dproj, ThL)); }
-        TS_RETURN_IF_ERROR(linearBackward("linear_proj.bwd", P.projW, -1, dproj, A.ctx, dctx, T, nq * d, h));
+        TS_RETURN_IF_ERROR(linearBackward("linear_proj.bwd", P.projW, -1, dproj, A.ctx, dctx, T, nq * d, h, projW));
     }
     dproj.reset();
 
@@ -207,10 +224,24 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
         TS_ASSIGN_OR_RETURN(da1, columnParallelBackwardOverlapped("linear_qkv.dgrad", "linear_qkv.wgrad", P.qkvW,
                                                                   P.qkvB, dqkv, A.a1, T, h, qkvOut));
     } else {
+        int qkvB = P.qkvB;
+        const float* qkvW = nullptr;
+        if (fp8) {
+            // Bias grad from the high-precision gradient, then the gradient in FP8.
+            if (qkvB >= 0) {
+                float* GB = m_params.mainGrad(qkvB);
+                TensorPtr g = dqkv;
+                m_exec.op("linear_qkv.bgrad", Category::Elementwise, double(T) * qkvOut, uint64_t(T) * qkvOut * 4,
+                          [=] { k::biasGradAccumulate(fp(g), GB, T, qkvOut); });
+                qkvB = -1;
+            }
+            TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Qkv, kFp8Grad, dqkv, int64_t(T) * qkvOut));
+            TS_ASSIGN_OR_RETURN(qkvW, fp8Weight(li, kFp8Qkv, P.qkvW));
+        }
         TensorPtr a1Full = A.a1;
         if (m_sp) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
         TS_ASSIGN_OR_RETURN(da1, alloc(Th));
-        TS_RETURN_IF_ERROR(linearBackward("linear_qkv.bwd", P.qkvW, P.qkvB, dqkv, a1Full, da1, T, h, qkvOut));
+        TS_RETURN_IF_ERROR(linearBackward("linear_qkv.bwd", P.qkvW, qkvB, dqkv, a1Full, da1, T, h, qkvOut, qkvW));
         a1Full.reset();
         if (m_sp) { TS_ASSIGN_OR_RETURN(da1, seqReduceScatter(da1, ThL)); }
         else tpAllReduce(da1, Th);

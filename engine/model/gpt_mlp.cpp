@@ -9,6 +9,8 @@
 namespace ts::engine {
 
 Result<TensorPtr> GptModel::mlpForward(LayerActs& A, const LayerParams& P) {
+    const int li = int(&P - m_layers.data());
+    const bool fp8 = fp8Layer(li);
     const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
     const int F = m_ffnL, F1 = m_d.swiglu ? 2 * F : F;
     const int TL = localTokens();
@@ -20,12 +22,15 @@ Result<TensorPtr> GptModel::mlpForward(LayerActs& A, const LayerParams& P) {
     // linear_fc2 are pipelined with the GEMM instead of running before / after it.
     const bool agOverlap = m_tpo && m_tpo->options().overlapAg;
     const bool rsOverlap = m_tpo && m_tpo->options().overlapRs;
+    // FP8: the saved input shard is quantized in place (one scale for the whole tensor).
+    if (fp8) TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc1, kFp8Input, A.a2, ThL));
     TensorPtr a2Full = A.a2;
     if (m_sp && !agOverlap) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
     TS_ASSIGN_OR_RETURN(A.fc1, alloc(int64_t(T) * F1));
     TS_ASSIGN_OR_RETURN(A.act, alloc(int64_t(T) * F));
     {
         const float* W = m_params.modelParam(P.fc1W);
+        if (fp8) { TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Fc1, P.fc1W)); }
         const float* B = P.fc1B >= 0 ? m_params.modelParam(P.fc1B) : nullptr;
         TensorPtr a2 = a2Full, fc1 = A.fc1, act = A.act;
         const bool swiglu = m_d.swiglu, fusedAct = m_o.fusedBiasAct;
@@ -56,6 +61,10 @@ Result<TensorPtr> GptModel::mlpForward(LayerActs& A, const LayerParams& P) {
     TensorPtr fc2;
     {
         const float* W = m_params.modelParam(P.fc2W);
+        if (fp8) {
+            TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc2, kFp8Input, A.act, int64_t(T) * F));
+            TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Fc2, P.fc2W));
+        }
         TensorPtr act = A.act;
         auto gemm = [=](const float* x, float* y, int rows) { k::linearForward(x, W, nullptr, y, rows, F, h); };
         if (rsOverlap) {
@@ -73,6 +82,8 @@ Result<TensorPtr> GptModel::mlpForward(LayerActs& A, const LayerParams& P) {
 }
 
 Result<TensorPtr> GptModel::mlpBackward(LayerActs& A, const LayerParams& P, TensorPtr dfc2) {
+    const int li = int(&P - m_layers.data());
+    const bool fp8 = fp8Layer(li);
     const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
     const int F = m_ffnL, F1 = m_d.swiglu ? 2 * F : F;
     const int TL = localTokens();
@@ -83,12 +94,17 @@ Result<TensorPtr> GptModel::mlpBackward(LayerActs& A, const LayerParams& P, Tens
     // SP: the backward of the forward reduce-scatter is an all-gather of dY along s.
     const bool agOverlap = m_tpo && m_tpo->options().overlapAg;
     TS_ASSIGN_OR_RETURN(TensorPtr dact, alloc(int64_t(T) * F));
+    const float* fc2W = nullptr;
+    if (fp8) {
+        TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc2, kFp8Grad, dfc2, ThL));
+        TS_ASSIGN_OR_RETURN(fc2W, fp8Weight(li, kFp8Fc2, P.fc2W));
+    }
     if (agOverlap) {
         TS_RETURN_IF_ERROR(rowParallelBackwardOverlapped("linear_fc2.dgrad", "linear_fc2.wgrad", P.fc2W, dfc2, A.act,
                                                          dact, T, F, h));
     } else {
         if (m_sp) { TS_ASSIGN_OR_RETURN(dfc2, seqGather(dfc2, ThL)); }
-        TS_RETURN_IF_ERROR(linearBackward("linear_fc2.bwd", P.fc2W, -1, dfc2, A.act, dact, T, F, h));
+        TS_RETURN_IF_ERROR(linearBackward("linear_fc2.bwd", P.fc2W, -1, dfc2, A.act, dact, T, F, h, fc2W));
     }
     dfc2.reset();
     TS_ASSIGN_OR_RETURN(TensorPtr dfc1, alloc(int64_t(T) * F1));
@@ -115,10 +131,15 @@ Result<TensorPtr> GptModel::mlpBackward(LayerActs& A, const LayerParams& P, Tens
         TS_ASSIGN_OR_RETURN(da2, columnParallelBackwardOverlapped("linear_fc1.dgrad", "linear_fc1.wgrad", P.fc1W, -1,
                                                                   dfc1, A.a2, T, h, F1));
     } else {
+        const float* fc1W = nullptr;
+        if (fp8) {
+            TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc1, kFp8Grad, dfc1, int64_t(T) * F1));
+            TS_ASSIGN_OR_RETURN(fc1W, fp8Weight(li, kFp8Fc1, P.fc1W));
+        }
         TensorPtr a2Full = A.a2;
         if (m_sp) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
         TS_ASSIGN_OR_RETURN(da2, alloc(Th));
-        TS_RETURN_IF_ERROR(linearBackward("linear_fc1.bwd", P.fc1W, -1, dfc1, a2Full, da2, T, h, F1));
+        TS_RETURN_IF_ERROR(linearBackward("linear_fc1.bwd", P.fc1W, -1, dfc1, a2Full, da2, T, h, F1, fc1W));
         a2Full.reset();
         if (m_sp) { TS_ASSIGN_OR_RETURN(da2, seqReduceScatter(da2, ThL)); }
         else tpAllReduce(da2, Th);

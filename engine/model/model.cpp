@@ -1,6 +1,8 @@
 // Model dims/options from a Config, with the shape checks this engine needs.
 #include "engine/model/model.h"
 
+#include "engine/model/fp8.h"
+
 #include <string>
 
 namespace ts::engine {
@@ -64,8 +66,11 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
     if (d.ffn % tp != 0) return bad("tensor_model_parallel_size must divide ffn_hidden_size");
     if (int64_t(d.seq) * d.microBatch > (int64_t(1) << 30))
         return bad("seq_length * micro_batch_size is too large");
-    if (!c.fp8.empty())
-        return Status::unsupported("fp8 training is not implemented by the engine yet; leave fp8 empty");
+    if (!c.fp8.empty()) {
+        TS_RETURN_IF_ERROR(Fp8Recipe::fromConfig(c).status());
+        if (c.tp_comm_overlap && c.sequence_parallel && tp > 1)
+            return Status::unsupported("fp8 with tp_comm_overlap is not executed by the engine yet; turn one of them off");
+    }
     return d;
 }
 
@@ -86,6 +91,7 @@ ModelOptions modelOptionsFromConfig(const Config& c) {
     o.recomputeGranularity = c.recompute_granularity;
     o.recomputeMethod = c.recompute_method;
     o.recomputeNumLayers = c.recompute_num_layers;
+    if (auto r = Fp8Recipe::fromConfig(c); r.isOk()) o.fp8 = *r;  // modelDimsFromConfig reports the error
     return o;
 }
 

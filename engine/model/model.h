@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "engine/config/config.h"
+#include "engine/model/fp8.h"
 
 namespace ts::engine {
 
@@ -34,6 +35,7 @@ struct ParallelContext {
     Communicator* tp = nullptr;  // TP collectives are enqueued on the compute stream
     Communicator* pp = nullptr;
     Communicator* dp = nullptr;
+    Communicator* amax = nullptr;  // FP8 delayed scaling: amax reduction group (tp-dp-cp), compute stream
     int layerBegin = 0;
     int layerEnd = -1;  // -1 = num_layers
     bool firstStage = true;
@@ -81,6 +83,7 @@ struct ModelOptions {
     std::string recomputeGranularity;
     std::string recomputeMethod;
     int recomputeNumLayers = 0;
+    Fp8Recipe fp8;  // FP8 linears (engine/model/fp8.h); off unless fp8 is set
 };
 
 // Derives dims/options from a config and checks that the shapes fit this engine

@@ -84,6 +84,7 @@ struct ParallelTrainer::RankState {
     std::unique_ptr<Stream> tpStream;  // tp_comm_overlap: the SP collectives of the TP linears
     std::unique_ptr<Communicator> tpComm, ppComm, dpComm, embdComm, normComm;
     std::unique_ptr<Communicator> tpOverlapComm;  // a second "tp" communicator, used on tpStream only
+    std::unique_ptr<Communicator> amaxComm;       // FP8 delayed scaling: "tp-dp-cp", compute stream
     std::vector<std::unique_ptr<GptModel>> models;
     std::vector<std::unique_ptr<GradSync>> syncs;
     std::unique_ptr<ShardedAdamW> opt;
@@ -192,6 +193,9 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         if (tpOverlap) TS_RETURN_IF_ERROR(join("tp", R->tpOverlapComm));
         TS_RETURN_IF_ERROR(join("pp", R->ppComm));
         TS_RETURN_IF_ERROR(join("dp", R->dpComm));
+        // FP8 delayed scaling: amaxes reduced with MAX over Megatron's amax group (TP x DP x CP),
+        // on the compute stream, at the start of each iteration.
+        if (!c.fp8.empty() && c.fp8_recipe == "delayed") TS_RETURN_IF_ERROR(join("tp-dp-cp", R->amaxComm));
         if (tied && ds.pp > 1) TS_RETURN_IF_ERROR(join("embd", R->embdComm));
         // Grad-norm group: each param counted once. Without the distributed optimizer every DP
         // replica holds the same grads (tp-pp covers the model); with it, DP ranks own
@@ -213,6 +217,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             ctx.tp = R->tpComm.get();
             ctx.pp = R->ppComm.get();
             ctx.dp = R->dpComm.get();
+            ctx.amax = R->amaxComm.get();
             TS_ASSIGN_OR_RETURN(ctx.layerBegin, layerOffset(dims.layers, ds.pp, v, ppRank, ch));
             ctx.layerEnd = ctx.layerBegin + dims.layers / (ds.pp * v);
             ctx.firstStage = ppRank == 0 && ch == 0;
@@ -363,7 +368,8 @@ void ParallelTrainer::abortAfterFailure(int local, const Status& st) {
     // the other processes learn it from opts.onFailure (or fail by their deadlock guard).
     if (m_opts.makeGroup)
         for (auto& R : m_ranks)
-            for (Communicator* c : {R->tpComm.get(), R->ppComm.get(), R->dpComm.get(), R->embdComm.get(), R->normComm.get()})
+            for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
+                                    R->embdComm.get(), R->normComm.get(), R->amaxComm.get()})
                 if (c) c->abort(why);
 }
 
@@ -376,7 +382,7 @@ void ParallelTrainer::abort(const Status& why) {
     m_world->abort(why);
     for (auto& R : m_ranks)
         for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
-                                R->embdComm.get(), R->normComm.get()})
+                                R->embdComm.get(), R->normComm.get(), R->amaxComm.get()})
             if (c) c->abort(why);
 }
 

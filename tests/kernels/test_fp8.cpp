@@ -109,6 +109,43 @@ TEST_P(Fp8Codes, OverflowAndInfinitySaturateNaNStaysNaN) {
     EXPECT_EQ(fp8Encode(std::nextafter(tiny / 2, 1.0f), f), 0x01);
 }
 
+TEST_P(Fp8Codes, BulkQuantizeEqualsEncodeThenDecode) {
+    // fp8QuantizeDequantize rounds on the fp32 bits; with and without codes it must give the
+    // encoder's codes and values for every input: all midpoints, subnormals, overflow, NaN,
+    // random values.
+    const Fp8Format f = GetParam();
+    std::vector<float> x;
+    for (int c = 0; c < 0x7E; ++c) {
+        const double lo = refValue(uint8_t(c), f), hi = refValue(uint8_t(c + 1), f);
+        if (!std::isfinite(hi)) break;
+        const float mid = float((lo + hi) / 2);
+        for (float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY), float(lo)}) {
+            x.push_back(v);
+            x.push_back(-v);
+        }
+    }
+    for (float v : {0.0f, -0.0f, 1e-30f, INFINITY, -INFINITY, 1e6f, -3e38f}) x.push_back(v);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> lg(-24.0f, 18.0f);
+    for (int i = 0; i < 20000; ++i) x.push_back((i & 1 ? -1.0f : 1.0f) * std::exp2(lg(rng)));
+    for (float scale : {1.0f, 37.5f, 0.125f}) {
+        std::vector<float> a(x.size()), b(x.size());
+        std::vector<uint8_t> codes(x.size());
+        fp8QuantizeDequantize(x.data(), a.data(), codes.data(), int64_t(x.size()), scale, f);
+        fp8QuantizeDequantize(x.data(), b.data(), nullptr, int64_t(x.size()), scale, f);
+        for (size_t i = 0; i < x.size(); ++i) {
+            ASSERT_EQ(a[i], b[i]) << "x=" << x[i] << " scale " << scale;
+            const float xs = x[i] * scale;
+            // The codes are the encoder's (infinities saturate, as fp8Encode does).
+            ASSERT_EQ(codes[i], fp8Encode(xs, f)) << "x=" << x[i] << " scale " << scale;
+            ASSERT_EQ(a[i], fp8Decode(fp8Encode(xs, f), f) * (1.0f / scale)) << "x=" << x[i];
+        }
+    }
+    std::vector<float> nan = {std::nanf("")}, out(1);
+    fp8QuantizeDequantize(nan.data(), out.data(), nullptr, 1, 1.0f, f);
+    EXPECT_TRUE(std::isnan(out[0]));
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, Fp8Codes, ::testing::Values(Fp8Format::E4M3, Fp8Format::E5M2),
                          [](const auto& info) { return info.param == Fp8Format::E4M3 ? "E4M3" : "E5M2"; });
 

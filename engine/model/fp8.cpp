@@ -1,0 +1,63 @@
+// FP8 recipe and scaling state (see fp8.h).
+#include "engine/model/fp8.h"
+
+#include <cfloat>
+#include <cmath>
+
+namespace ts::engine {
+
+Result<Fp8Recipe> Fp8Recipe::fromConfig(const Config& c) {
+    Fp8Recipe r;
+    if (c.fp8.empty()) return r;
+    if (c.fp8_recipe != "delayed" && c.fp8_recipe != "tensorwise")
+        return Status::unsupported("fp8_recipe=" + c.fp8_recipe +
+                                   " is not executed by the engine yet; use delayed or tensorwise");
+    r.enabled = true;
+    r.backward = c.fp8 == "hybrid" ? kernels::cpu::Fp8Format::E5M2 : kernels::cpu::Fp8Format::E4M3;
+    r.delayed = c.fp8_recipe == "delayed";
+    r.historyLen = std::max(1, c.fp8_amax_history_len);
+    r.algoMax = c.fp8_amax_compute_algo == "max";
+    r.margin = c.fp8_margin;
+    r.wgrad = c.fp8_wgrad;
+    if (!r.wgrad)
+        return Status::unsupported("fp8_wgrad=false (a high-precision wgrad under fp8) is not executed by the engine "
+                                   "yet; leave fp8_wgrad true");
+    if (c.first_last_layers_bf16) {
+        r.bf16Start = std::max(0, c.num_layers_at_start_in_bf16);
+        r.bf16End = std::max(0, c.num_layers_at_end_in_bf16);
+    }
+    return r;
+}
+
+void Fp8Meta::observe(float amax) {
+    float& a = history[0];
+    if (std::isnan(amax) || std::isnan(a)) a = NAN;
+    else a = std::max(a, amax);
+}
+
+void Fp8Meta::update(float fp8Max, int margin, bool algoMax) {
+    const size_t H = history.size();
+    const float last = history[0];
+    float amax = 0.0f;
+    std::vector<float> rolled(H);
+    for (size_t i = 0; i < H; ++i) {
+        const float a = i + 1 < H ? history[i + 1] : last;
+        amax = (std::isnan(a) || std::isnan(amax)) ? NAN : std::max(amax, a);
+        rolled[i] = i > 0 ? a : 0.0f;
+    }
+    if (!algoMax) amax = last;
+    if (std::isfinite(amax) && amax > 0.0f) {
+        float s = fp8Max / amax / std::exp2(float(margin));
+        if (std::isinf(s)) s = FLT_MAX;
+        scale = s;
+    }
+    history = std::move(rolled);
+}
+
+float currentScale(float amax, float fp8Max) {
+    if (!std::isfinite(amax) || amax == 0.0f) return 1.0f;
+    const float s = fp8Max / amax;
+    return std::isinf(s) ? FLT_MAX : s;
+}
+
+}  // namespace ts::engine

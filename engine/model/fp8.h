@@ -1,0 +1,65 @@
+// FP8 linears (issue #16; REFERENCE.md §6), as Transformer Engine runs them under Megatron:
+// the recipe from the config, and the scaling state of one FP8 tensor.
+//
+// What is FP8 (GptModel, gpt_fp8.cpp): the GEMM inputs of the four linears of a transformer layer
+// (linear_qkv, linear_proj, linear_fc1, linear_fc2): the activation and the weight in E4M3 in the
+// forward; the output gradient in E4M3 (fp8=e4m3) or E5M2 (fp8=hybrid) for dgrad and wgrad.
+// Emulated: each tensor is quantized with its scale (round to nearest even, saturating) and
+// dequantized with the inverse scale, and the GEMM runs in fp32 on those values — the numbers an
+// FP8 GEMM with fp32 accumulation computes, up to summation order. Embedding, output layer, norms,
+// attention and the first/last layers under first_last_layers_bf16 stay in bf16.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/config/config.h"
+#include "kernels/cpu/ops.h"
+
+namespace ts::engine {
+
+struct Fp8Recipe {
+    bool enabled = false;
+    kernels::cpu::Fp8Format forward = kernels::cpu::Fp8Format::E4M3;   // activations and weights
+    kernels::cpu::Fp8Format backward = kernels::cpu::Fp8Format::E4M3;  // output gradients (hybrid: E5M2)
+    bool delayed = true;   // fp8_recipe=delayed; false: tensorwise (current scaling)
+    int historyLen = 1;    // fp8_amax_history_len
+    bool algoMax = false;  // fp8_amax_compute_algo=max (else most_recent)
+    int margin = 0;        // fp8_margin
+    bool wgrad = true;     // fp8_wgrad: false keeps the wgrad GEMM's output gradient in high precision
+    int bf16Start = 0, bf16End = 0;  // first/last layers kept in bf16 (first_last_layers_bf16)
+
+    // Unsupported for recipes the engine does not execute (mxfp8, blockwise).
+    static Result<Fp8Recipe> fromConfig(const Config& c);
+    // Whether global layer `layer` of `numLayers` runs its linears in FP8.
+    bool layerInFp8(int layer, int numLayers) const {
+        return enabled && layer >= bf16Start && layer < numLayers - bf16End;
+    }
+};
+
+// Delayed scaling state of one FP8 tensor (REFERENCE.md §6.2, TE's delayed_scaling kernel):
+// history[0] is the running amax of the current step (observe), history[1..H-1] the earlier
+// steps, oldest first... after update(): the newest step moves to the end, the oldest (history[1])
+// drops out, history[0] restarts at 0. The scale used during a step comes from steps before it.
+struct Fp8Meta {
+    std::vector<float> history{0.0f};
+    float scale = 1.0f;
+
+    void reset(int historyLen) {
+        history.assign(size_t(historyLen < 1 ? 1 : historyLen), 0.0f);
+        scale = 1.0f;
+    }
+    void observe(float amax);  // history[0] = max(history[0], amax); NaN sticks
+    // End of step: amax = max(history) (algoMax) or history[0] (most_recent); if amax is finite
+    // and > 0, scale = fp8Max / amax / 2^margin (FLT_MAX if that overflows), else the scale stays;
+    // then the roll.
+    void update(float fp8Max, int margin, bool algoMax);
+};
+
+// Current (tensorwise) scaling (REFERENCE.md §6.3): fp8Max / amax; 1 when amax is 0 or not
+// finite; FLT_MAX when the quotient overflows.
+float currentScale(float amax, float fp8Max);
+
+}  // namespace ts::engine

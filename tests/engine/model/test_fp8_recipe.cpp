@@ -1,0 +1,108 @@
+// FP8 scaling bookkeeping (engine/model/fp8.h) step by step against REFERENCE.md §6.2/§6.3,
+// with the expected histories and scales worked out by hand here.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+
+#include "engine/model/fp8.h"
+
+namespace ts::engine {
+namespace {
+
+TEST(Fp8Meta, MostRecentWithHistoryOneUsesLastStepsAmax) {
+    Fp8Meta m;
+    m.reset(1);
+    EXPECT_EQ(m.scale, 1.0f);
+    m.observe(2.0f);
+    m.observe(3.5f);  // the step's running amax is the max of its tensors
+    m.observe(1.0f);
+    m.update(448.0f, 0, false);
+    EXPECT_EQ(m.scale, 448.0f / 3.5f);
+    ASSERT_EQ(m.history.size(), 1u);
+    EXPECT_EQ(m.history[0], 0.0f);  // restarts for the next step
+    m.update(448.0f, 0, false);  // a step that saw nothing (amax 0): the scale stays
+    EXPECT_EQ(m.scale, 448.0f / 3.5f);
+}
+
+TEST(Fp8Meta, HistoryRollAndMaxOverTheWindow) {
+    // H = 3: history[0] = current step, [1] oldest, [2] newest earlier step.
+    Fp8Meta m;
+    m.reset(3);
+    const float amax[] = {4.0f, 1.0f, 2.0f, 0.5f, 0.25f};
+    // The update takes the max over the last H steps (the oldest, history[1], counts once more
+    // before it drops out): steps {0}, {0,1}, {0,1,2}, {1,2,3}, {2,3,4}.
+    const float wantScale[] = {448.0f / 4.0f, 448.0f / 4.0f, 448.0f / 4.0f, 448.0f / 2.0f, 448.0f / 2.0f};
+    const float wantHist[][3] = {{0, 0, 4}, {0, 4, 1}, {0, 1, 2}, {0, 2, 0.5f}, {0, 0.5f, 0.25f}};
+    for (int k = 0; k < 5; ++k) {
+        m.observe(amax[k]);
+        m.update(448.0f, 0, true);
+        EXPECT_EQ(m.scale, wantScale[k]) << "step " << k;
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(m.history[size_t(i)], wantHist[k][i]) << "step " << k << " slot " << i;
+    }
+    // most_recent over the same window ignores the older entries.
+    Fp8Meta r;
+    r.reset(3);
+    r.observe(4.0f);
+    r.update(448.0f, 0, false);
+    r.observe(1.0f);
+    r.update(448.0f, 0, false);
+    EXPECT_EQ(r.scale, 448.0f);
+}
+
+TEST(Fp8Meta, MarginOverflowAndNonFiniteAmax) {
+    Fp8Meta m;
+    m.reset(1);
+    m.observe(7.0f);
+    m.update(57344.0f, 2, false);
+    EXPECT_EQ(m.scale, 57344.0f / 7.0f / 4.0f);
+    const float kept = m.scale;
+    m.observe(INFINITY);
+    m.update(448.0f, 0, false);
+    EXPECT_EQ(m.scale, kept);  // inf amax: scale kept
+    m.observe(NAN);
+    m.observe(1.0f);  // NaN sticks for the step
+    EXPECT_TRUE(std::isnan(m.history[0]));
+    m.update(448.0f, 0, false);
+    EXPECT_EQ(m.scale, kept);
+    m.observe(1e-40f);  // denormal amax: 448 / amax overflows fp32
+    m.update(448.0f, 0, false);
+    EXPECT_EQ(m.scale, FLT_MAX);
+}
+
+TEST(Fp8Scaling, CurrentScale) {
+    EXPECT_EQ(currentScale(2.0f, 448.0f), 224.0f);
+    EXPECT_EQ(currentScale(0.0f, 448.0f), 1.0f);
+    EXPECT_EQ(currentScale(INFINITY, 448.0f), 1.0f);
+    EXPECT_EQ(currentScale(NAN, 57344.0f), 1.0f);
+    EXPECT_EQ(currentScale(1e-40f, 448.0f), FLT_MAX);
+}
+
+TEST(Fp8Recipe, FromConfig) {
+    Config c;
+    c.bf16 = true;
+    c.fp8 = "hybrid";
+    c.fp8_amax_history_len = 16;
+    c.fp8_amax_compute_algo = "max";
+    c.first_last_layers_bf16 = true;
+    c.num_layers = 6;
+    auto r = Fp8Recipe::fromConfig(c);
+    ASSERT_TRUE(r.isOk()) << r.status().message();
+    EXPECT_TRUE(r->enabled && r->delayed && r->algoMax);
+    EXPECT_EQ(r->forward, kernels::cpu::Fp8Format::E4M3);
+    EXPECT_EQ(r->backward, kernels::cpu::Fp8Format::E5M2);
+    EXPECT_EQ(r->historyLen, 16);
+    EXPECT_FALSE(r->layerInFp8(0, 6));
+    EXPECT_TRUE(r->layerInFp8(1, 6));
+    EXPECT_TRUE(r->layerInFp8(4, 6));
+    EXPECT_FALSE(r->layerInFp8(5, 6));
+    c.fp8_recipe = "mxfp8";
+    auto bad = Fp8Recipe::fromConfig(c);
+    ASSERT_FALSE(bad.isOk());
+    EXPECT_NE(bad.status().message().find("mxfp8"), std::string::npos);
+    c.fp8 = "";
+    EXPECT_FALSE(Fp8Recipe::fromConfig(c)->enabled);
+}
+
+}  // namespace
+}  // namespace ts::engine

@@ -1,0 +1,119 @@
+// FP8 linears on the tiny GPT (issue #16): a few hundred steps stay within a stated tolerance of
+// the bf16 run for each format and recipe, FP8 really changes the numbers, and parallel layouts
+// equal the FP8 single-device run.
+#include <gtest/gtest.h>
+
+#include "tests/parallel/parallel_test_util.h"
+
+namespace ts::test {
+namespace {
+
+engine::Config fp8Config(const std::string& fmt, const std::string& recipe) {
+    engine::Config c = tinyConfig(2);
+    c.bf16 = true;
+    c.fp8 = fmt;
+    c.fp8_recipe = recipe;
+    return c;
+}
+
+// Mean loss of the last 20 of `steps` steps.
+double tailLoss(const RunResult& r, int tail = 20) {
+    double s = 0;
+    for (size_t i = r.losses.size() - size_t(tail); i < r.losses.size(); ++i) s += r.losses[i];
+    return s / tail;
+}
+
+struct Fp8Case {
+    const char* fmt;
+    const char* recipe;
+    int history;
+};
+
+class Fp8Training : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(Fp8Training, StaysCloseToBf16OverTwoHundredSteps) {
+    const Fp8Case p = GetParam();
+    constexpr int kSteps = 200;
+    engine::Config base = fp8Config("", "delayed");
+    base.train_iters = kSteps;
+    base.lr = 3e-3;
+    engine::Config f = base;
+    f.fp8 = p.fmt;
+    f.fp8_recipe = p.recipe;
+    f.fp8_amax_history_len = p.history;
+    f.fp8_amax_compute_algo = p.history > 1 ? "max" : "most_recent";
+    const RunResult ref = runSingle(base, kSteps);
+    const RunResult got = runSingle(f, kSteps);
+    ASSERT_EQ(got.losses.size(), size_t(kSteps));
+    // Training made progress in both, FP8 changed the numbers (it is really on), and the end of
+    // the run is within 2 % of bf16's loss: E4M3 keeps 3 mantissa bits (relative rounding error
+    // up to 1/16) and E5M2 2 bits (1/8) on every GEMM input, which on this model moves the loss
+    // by well under a percent once training settles.
+    EXPECT_LT(tailLoss(ref), ref.losses[0] * 0.8);
+    EXPECT_LT(tailLoss(got), got.losses[0] * 0.8);
+    double maxDiff = 0;
+    for (int i = 0; i < kSteps; ++i) maxDiff = std::max(maxDiff, std::fabs(got.losses[size_t(i)] - ref.losses[size_t(i)]));
+    EXPECT_GT(maxDiff, 1e-4) << "FP8 did not change the run: is it applied?";
+    EXPECT_NEAR(tailLoss(got), tailLoss(ref), 0.02 * tailLoss(ref));
+    for (double l : got.losses) ASSERT_TRUE(std::isfinite(l));
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Training,
+                         ::testing::Values(Fp8Case{"e4m3", "delayed", 1}, Fp8Case{"hybrid", "delayed", 16},
+                                           Fp8Case{"e4m3", "tensorwise", 1}, Fp8Case{"hybrid", "tensorwise", 1}),
+                         [](const auto& info) {
+                             return std::string(info.param.fmt) + "_" + info.param.recipe + "_h" +
+                                    std::to_string(info.param.history);
+                         });
+
+struct Fp8Layout {
+    const char* name;
+    int tp, pp, dp;
+    bool sp, distOpt;
+    const char* recipe;
+};
+
+class Fp8Parallel : public ::testing::TestWithParam<Fp8Layout> {};
+
+TEST_P(Fp8Parallel, EqualsTheFp8SingleDeviceRun) {
+    const Fp8Layout L = GetParam();
+    engine::Config c = withLayout(fp8Config("hybrid", L.recipe), Layout{L.tp, L.pp, 1, L.dp, 2});
+    c.sequence_parallel = L.sp;
+    c.use_distributed_optimizer = L.distOpt;
+    c.fp8_amax_history_len = 4;
+    c.fp8_amax_compute_algo = "max";
+    const RunResult ref = runSingle(singleDevice(c), 4);
+    auto par = runParallel(c, 4);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, L.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, Fp8Parallel,
+                         ::testing::Values(Fp8Layout{"dp2_distopt_delayed", 1, 1, 2, false, true, "delayed"},
+                                           Fp8Layout{"dp2_tensorwise", 1, 1, 2, false, false, "tensorwise"},
+                                           Fp8Layout{"pp2_delayed", 1, 2, 1, false, false, "delayed"},
+                                           Fp8Layout{"pp2_dp2_distopt_tensorwise", 1, 2, 2, false, true, "tensorwise"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Tensor parallelism cannot reproduce the FP8 single-device run to 1e-5: the row-parallel
+// linears sum partial products over TP in another order, so their outputs (and the gradients
+// flowing back through them) differ from the single device's in the last fp32 bit, and an FP8
+// rounding of such a value lands on the other side of a rounding boundary now and then — a
+// jump of a whole FP8 step (1/16 to 1/8 relative) in that element. The run stays on the same
+// trajectory: losses within 1e-3 relative over 4 steps (measured here: 1e-4 at most).
+TEST(Fp8Parallel, TensorParallelTracksTheSingleDeviceRun) {
+    for (const char* recipe : {"delayed", "tensorwise"}) {
+        engine::Config c = withLayout(fp8Config("hybrid", recipe), Layout{2, 1, 1, 2, 2});
+        c.sequence_parallel = true;
+        const RunResult ref = runSingle(singleDevice(c), 4);
+        auto par = runParallel(c, 4);
+        ASSERT_TRUE(par.isOk()) << par.status().toString();
+        ASSERT_EQ(par->losses.size(), ref.losses.size());
+        for (size_t s = 0; s < ref.losses.size(); ++s)
+            EXPECT_NEAR(par->losses[s], ref.losses[s], 1e-3 * ref.losses[s]) << recipe << " step " << s + 1;
+        EXPECT_NEAR(par->losses[0], ref.losses[0], 1e-5 * ref.losses[0]) << recipe << ": the first forward is exact";
+    }
+}
+
+}  // namespace
+}  // namespace ts::test

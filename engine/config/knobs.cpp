@@ -213,9 +213,10 @@ std::vector<KnobDef> buildRegistry() {
         "Dropout on attention probabilities.");
     r.f("init_method_std", &C::init_method_std, "--init-method-std", "model.init_method_std",
         "Std of the normal weight initialization.");
-    notInEngine(rules(r.i("num_moe_experts", &C::num_moe_experts, "--num-experts", "model.num_moe_experts",
-                          "Number of MoE experts; 0 = dense MLP."),
-                      "divisible by expert_model_parallel_size"));
+    rules(r.i("num_moe_experts", &C::num_moe_experts, "--num-experts", "model.num_moe_experts",
+              "Number of MoE experts; 0 = dense MLP (every layer becomes MoE: moe_layer_freq 1; the engine runs "
+              "experts dropless, without biases, with expert_model_parallel_size 1 and tensor_model_parallel_size 1)."),
+          "divisible by expert_model_parallel_size");
 
     r.group = "parallel";
     rules(r.i("world_size", &C::world_size, "", "",
@@ -407,21 +408,21 @@ std::vector<KnobDef> buildRegistry() {
           {"core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj"});
 
     r.group = "moe";
-    notInEngine(r.i("moe_router_topk", &C::moe_router_topk, "--moe-router-topk", "model.moe_router_topk",
-                    "Experts each token is routed to."));
-    notInEngine(r.f("moe_aux_loss_coeff", &C::moe_aux_loss_coeff, "--moe-aux-loss-coeff", "model.moe_aux_loss_coeff",
-                    "Load-balancing auxiliary loss coefficient."));
-    unsetWhenZero(notInEngine(r.f("moe_z_loss_coeff", &C::moe_z_loss_coeff, "--moe-z-loss-coeff", "model.moe_z_loss_coeff",
-                    "Router z-loss coefficient; 0 = unset (no z-loss term).")));
-    notInEngine(r.b("moe_grouped_gemm", &C::moe_grouped_gemm, "--moe-grouped-gemm", "", "model.moe_grouped_gemm",
-                    "One grouped GEMM for all local experts."));
+    r.i("moe_router_topk", &C::moe_router_topk, "--moe-router-topk", "model.moe_router_topk",
+        "Experts each token is routed to.");
+    r.f("moe_aux_loss_coeff", &C::moe_aux_loss_coeff, "--moe-aux-loss-coeff", "model.moe_aux_loss_coeff",
+        "Load-balancing auxiliary loss coefficient.");
+    unsetWhenZero(r.f("moe_z_loss_coeff", &C::moe_z_loss_coeff, "--moe-z-loss-coeff", "model.moe_z_loss_coeff",
+                      "Router z-loss coefficient; 0 = unset (no z-loss term)."));
+    r.b("moe_grouped_gemm", &C::moe_grouped_gemm, "--moe-grouped-gemm", "", "model.moe_grouped_gemm",
+        "One grouped GEMM for all local experts.");
     notInEngine(r.e("moe_token_dispatcher_type", &C::moe_token_dispatcher_type, {"allgather", "alltoall", "flex"},
                     "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type", "How tokens reach their experts."));
     unsetWhenZero(notInEngine(r.f("moe_expert_capacity_factor", &C::moe_expert_capacity_factor, "--moe-expert-capacity-factor",
                     "model.moe_expert_capacity_factor",
                     "Expert capacity factor; 0 = unset (dropless, Megatron's None).")));
-    notInEngine(r.i("moe_ffn_hidden_size", &C::moe_ffn_hidden_size, "--moe-ffn-hidden-size", "model.moe_ffn_hidden_size",
-                    "Expert MLP hidden size; 0 = ffn_hidden_size."));
+    r.i("moe_ffn_hidden_size", &C::moe_ffn_hidden_size, "--moe-ffn-hidden-size", "model.moe_ffn_hidden_size",
+        "Expert MLP hidden size; 0 = ffn_hidden_size.");
     notInEngine(r.i("moe_shared_expert_intermediate_size", &C::moe_shared_expert_intermediate_size,
                     "--moe-shared-expert-intermediate-size", "model.moe_shared_expert_intermediate_size",
                     "Total hidden size of the shared experts; 0 = no shared expert."));
@@ -431,10 +432,10 @@ std::vector<KnobDef> buildRegistry() {
                       "requires moe_shared_expert_intermediate_size > 0"));
     notInEngine(r.b("moe_permute_fusion", &C::moe_permute_fusion, "--moe-permute-fusion", "", "model.moe_permute_fusion",
                     "Fuse the token permutation of the dispatcher."));
-    notInEngine(r.e("moe_router_load_balancing_type", &C::moe_router_load_balancing_type,
-                    {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"},
-                    "--moe-router-load-balancing-type", "model.moe_router_load_balancing_type",
-                    "Router load-balancing strategy."));
+    r.e("moe_router_load_balancing_type", &C::moe_router_load_balancing_type,
+        {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"},
+        "--moe-router-load-balancing-type", "model.moe_router_load_balancing_type",
+        "Router load-balancing strategy (the engine runs aux_loss and none).");
 
     r.group = "misc";
     notInEngine(rules(r.e("cuda_graph_impl", &C::cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"},

@@ -18,6 +18,11 @@ FlopsInputs FlopsInputs::fromConfig(const Config& c) {
     in.ffn = d.ffn_hidden_size;
     in.paddedVocab = d.padded_vocab_size;
     in.swiglu = c.swiglu;
+    if (c.num_moe_experts > 0) {
+        in.moeLayers = c.num_layers;
+        in.moeFfn = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : d.ffn_hidden_size;
+        in.topk = c.moe_router_topk;
+    }
     return in;
 }
 
@@ -29,7 +34,8 @@ double megatronFlopsPerIteration(const FlopsInputs& in) {
     const double tokens = in.globalBatch * in.seq;
     const double attnLinear = fb * fma * (h * (q + 2 * kv) + q * h);
     const double attnCore = fb * fma * q / 2 * 2;  // "/2" causal, "*2" QK^T and (QK^T)V
-    const double perToken = fb * fma * h * in.ffn * ffnExp * L + attnLinear * L + fb * fma * h * in.paddedVocab;
+    const double mlp = fb * fma * h * ffnExp * (in.ffn * (L - in.moeLayers) + in.moeFfn * in.topk * in.moeLayers);
+    const double perToken = mlp + attnLinear * L + fb * fma * h * in.paddedVocab;
     const double seqSq = in.globalBatch * in.seq * in.seq;
     return tokens * perToken + seqSq * attnCore * L;
 }
@@ -47,7 +53,16 @@ std::string flopsFormulaText(const FlopsInputs& in) {
                   "(paper Eq.7 without causal halving: %.6g)",
                   in.swiglu ? 3 : 2, in.globalBatch, in.seq, in.hidden, in.ffn, in.layers, in.kvChannels * in.heads,
                   in.kvChannels * in.groups, in.paddedVocab, megatronFlopsPerIteration(in), paperFlopsPerIteration(in));
-    return buf;
+    std::string text = buf;
+    if (in.moeLayers > 0) {
+        char moe[256];
+        std::snprintf(moe, sizeof moe,
+                      "; MoE: the MLP term of each MoE layer is 6*h*moe_ffn*%d*topk with moe_ffn=%g topk=%g (the %g "
+                      "routed experts of a token; the router GEMM is not counted, as in Megatron)",
+                      in.swiglu ? 3 : 2, in.moeFfn, in.topk, in.topk);
+        text += moe;
+    }
+    return text;
 }
 
 }  // namespace ts::engine

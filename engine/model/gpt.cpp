@@ -104,6 +104,19 @@ Status GptModel::registerParams() {
         P.ln2w = add(pre + "pre_mlp_layernorm.weight", {h}, ShardKind::Replicated);
         if (ln) P.ln2b = add(pre + "pre_mlp_layernorm.bias", {h}, ShardKind::Replicated);
         const int stride = m_d.swiglu ? 2 : 1;
+        if (m_cfg.num_moe_experts > 0) {
+            // MoE (gpt_moe.cpp; Megatron's names: mlp.router, mlp.experts.local_experts.<e>).
+            m_moeFfn = m_cfg.moe_ffn_hidden_size > 0 ? m_cfg.moe_ffn_hidden_size : m_d.ffn;
+            const int64_t moeFc1 = int64_t(m_d.swiglu ? 2 : 1) * m_moeFfn;
+            P.routerW = add(pre + "mlp.router.weight", {m_cfg.num_moe_experts, h}, ShardKind::Replicated);
+            for (int e = 0; e < m_cfg.num_moe_experts; ++e) {
+                const std::string ex = pre + "mlp.experts.local_experts." + std::to_string(e) + ".";
+                P.expFc1W.push_back(add(ex + "linear_fc1.weight", {moeFc1, h}, ShardKind::Replicated, stride));
+                P.expFc2W.push_back(add(ex + "linear_fc2.weight", {h, m_moeFfn}, ShardKind::Replicated));
+            }
+            m_layers.push_back(P);
+            continue;
+        }
         P.fc1W = add(pre + "mlp.linear_fc1.weight", {fc1Full, h}, ShardKind::ColumnParallel, stride);
         if (m_d.bias) P.fc1B = add(pre + "mlp.linear_fc1.bias", {fc1Full}, ShardKind::ColumnParallel, stride);
         P.fc2W = add(pre + "mlp.linear_fc2.weight", {h, m_d.ffn}, ShardKind::RowParallel);
@@ -334,8 +347,13 @@ std::vector<int> GptModel::embeddingParamList() const {
 std::vector<int> GptModel::layerParamList(int li) const {
     const LayerParams& P = m_layers[size_t(li)];
     std::vector<int> out;
-    for (int i : {P.ln1w, P.ln1b, P.qkvW, P.qkvB, P.projW, P.projB, P.ln2w, P.ln2b, P.fc1W, P.fc1B, P.fc2W, P.fc2B})
+    for (int i : {P.ln1w, P.ln1b, P.qkvW, P.qkvB, P.projW, P.projB, P.ln2w, P.ln2b, P.fc1W, P.fc1B, P.fc2W, P.fc2B,
+                  P.routerW})
         if (i >= 0) out.push_back(i);
+    for (size_t e = 0; e < P.expFc1W.size(); ++e) {
+        out.push_back(P.expFc1W[e]);
+        out.push_back(P.expFc2W[e]);
+    }
     return out;
 }
 

@@ -49,6 +49,9 @@ public:
     struct LayerParams {
         int ln1w = -1, ln1b = -1, qkvW = -1, qkvB = -1, projW = -1, projB = -1;
         int ln2w = -1, ln2b = -1, fc1W = -1, fc1B = -1, fc2W = -1, fc2B = -1;
+        // MoE layer (gpt_moe.cpp): the router and the experts' linears instead of fc1/fc2.
+        int routerW = -1;
+        std::vector<int> expFc1W, expFc2W;
     };
 
     // Builds the model (params registered and allocated, zero) for `ctx`.
@@ -117,6 +120,7 @@ public:
 private:
     struct LayerActs;
     struct MbState;
+    struct MoeSaved;
 
     GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o, Device& dev,
              Stream& compute, const ParallelContext& ctx);
@@ -138,6 +142,9 @@ private:
     // MLP block: A.a2 -> the linear_fc2 output [TL, h] before its bias; backward likewise.
     Result<TensorPtr> mlpForward(LayerActs& A, const LayerParams& P);
     Result<TensorPtr> mlpBackward(LayerActs& A, const LayerParams& P, TensorPtr dfc2);
+    // MoE block (gpt_moe.cpp) in place of the MLP: A.a2 -> the combined expert output [T, h].
+    Result<TensorPtr> moeForward(LayerActs& A, const LayerParams& P, int gl);
+    Result<TensorPtr> moeBackward(LayerActs& A, const LayerParams& P, TensorPtr dout);
     Status finalForward(MbState& st);  // last stage: final norm, output layer, loss
     Status finalBackward(MbState& st, TensorPtr* dhidden);
     // Norm helpers (LayerNorm or RMSNorm by dims).
@@ -196,6 +203,7 @@ private:
     std::vector<LayerParams> m_layers;
     // local shapes
     int m_nqL = 0, m_ngL = 0, m_ffnL = 0, m_vocabL = 0, m_vocabStart = 0;
+    int m_moeFfn = 0;  // expert MLP hidden size (moe_ffn_hidden_size or ffn), 0 = dense model
     int m_step = 0, m_numMicrobatches = 1;
     bool m_sp = false;               // sequence parallel active (tp > 1)
     int m_backwardsThisStep = 0;     // backward() calls since beginStep()

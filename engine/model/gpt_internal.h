@@ -29,6 +29,7 @@ struct GptModel::LayerActs {
     TensorPtr fc1;                  // linear_fc1 output [T, F or 2F] (SwiGLU: bias included)
     TensorPtr act;                  // activation output [T, F]
     TensorPtr mask2;                // dropout mask after linear_fc2
+    std::shared_ptr<MoeSaved> moe;  // MoE layer: routing and expert activations
 };
 
 struct GptModel::MbState {

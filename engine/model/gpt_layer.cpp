@@ -57,7 +57,9 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     if (!rms) { TS_ASSIGN_OR_RETURN(A.mean2, alloc(TL)); }
     TS_ASSIGN_OR_RETURN(A.rstd2, alloc(TL));
     normForward("pre_mlp_layernorm.fwd", P.ln2w, P.ln2b, A.x2, A.a2, A.mean2, A.rstd2, TL);
-    TS_ASSIGN_OR_RETURN(TensorPtr fc2, mlpForward(A, P));
+    TensorPtr fc2;
+    if (P.routerW >= 0) { TS_ASSIGN_OR_RETURN(fc2, moeForward(A, P, gl)); }
+    else { TS_ASSIGN_OR_RETURN(fc2, mlpForward(A, P)); }
     TS_ASSIGN_OR_RETURN(TensorPtr out, alloc(ThL));
     if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask2, m_exec.alloc(ThL, MemCategory::Activations, 1)); }
     {
@@ -105,7 +107,9 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
             k::biasDropoutAddBackward(fp(dout), mask ? mask->as<uint8_t>() : nullptr, fp(dfc2), GB, TL, h, p);
         });
     }
-    TS_ASSIGN_OR_RETURN(TensorPtr da2, mlpBackward(A, P, std::move(dfc2)));
+    TensorPtr da2;
+    if (P.routerW >= 0) { TS_ASSIGN_OR_RETURN(da2, moeBackward(A, P, std::move(dfc2))); }
+    else { TS_ASSIGN_OR_RETURN(da2, mlpBackward(A, P, std::move(dfc2))); }
     TS_ASSIGN_OR_RETURN(TensorPtr dx2, alloc(ThL));
     normBackward("pre_mlp_layernorm.bwd", P.ln2w, P.ln2b, da2, A.x2, A.mean2, A.rstd2, dx2, TL);
     da2.reset();

@@ -114,7 +114,6 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
                                    ": the parallel engine runs on the CPU backend (virtual devices) only");
     if (c.context_parallel_size > 1)
         return Status::unsupported("context_parallel_size > 1 is not executed by the parallel engine yet");
-    if (c.num_moe_experts > 0) return Status::unsupported("MoE layers are not executed by the parallel engine yet");
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
     const DerivedSizes ds = deriveSizes(c);
     ParallelSizes sizes;

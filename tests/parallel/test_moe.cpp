@@ -1,0 +1,245 @@
+// MoE (engine/model/gpt_moe.cpp; REFERENCE.md §5) against references written here: a dense
+// model whose MLP every expert copies (the renormalised top-k probs sum to 1, so the MoE layer
+// is that MLP), finite differences for the router and expert gradients, the aux loss of
+// uniform routing (exactly the coefficient), and data/pipeline parallel runs against the single
+// device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/model/flops.h"
+#include "tests/parallel/fake_recorder.h"
+#include "tests/parallel/parallel_test_util.h"
+
+namespace ts::test {
+namespace {
+
+engine::Config moeConfig(int experts = 4, int topk = 2) {
+    engine::Config c = tinyConfig(2);
+    c.add_bias_linear = false;
+    c.num_moe_experts = experts;
+    c.moe_router_topk = topk;
+    c.ffn_hidden_size = 64;
+    return c;
+}
+
+struct OneStep {
+    double loss = 0;
+    std::map<std::string, std::vector<float>> grads, params;
+};
+
+// One step with lr 0 (the grads stay readable, the weights unchanged); `edit` may change the
+// freshly initialized weights first.
+OneStep oneStep(engine::Config c, const std::function<void(engine::ParamBuffer&)>& edit = {}) {
+    c.lr = 0;
+    c.min_lr = 0;
+    c.clip_grad = 0;
+    c.weight_decay = 0;
+    OneStep out;
+    auto t = engine::Trainer::create(c);
+    EXPECT_TRUE(t.isOk()) << t.status().toString();
+    if (!t.isOk()) return out;
+    engine::ParamBuffer& pb = (*t)->model().params();
+    if (edit) {
+        edit(pb);
+        pb.syncModelParams();
+    }
+    engine::StepProgress p;
+    const Status st = (*t)->step(&p);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    out.loss = p.loss;
+    for (int i = 0; i < pb.count(); ++i) {
+        out.grads[pb.info(i).name].assign(pb.mainGrad(i), pb.mainGrad(i) + pb.info(i).numel);
+        out.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
+    }
+    return out;
+}
+
+std::string expertName(int layer, int e, const char* lin) {
+    return "decoder.layers." + std::to_string(layer) + ".mlp.experts.local_experts." + std::to_string(e) + "." + lin +
+           ".weight";
+}
+
+TEST(Moe, ExpertsThatCopyTheDenseMlpGiveTheDenseModel) {
+    engine::Config dense = moeConfig();
+    dense.num_moe_experts = 0;
+    const OneStep ref = oneStep(dense);
+    for (int k : {1, 2, 4}) {
+        engine::Config c = moeConfig(4, k);
+        const OneStep got = oneStep(c, [&](engine::ParamBuffer& pb) {
+            for (int layer = 0; layer < 2; ++layer) {
+                const std::string pre = "decoder.layers." + std::to_string(layer) + ".mlp.";
+                for (int e = 0; e < 4; ++e)
+                    for (const char* lin : {"linear_fc1", "linear_fc2"}) {
+                        const auto& w = ref.params.at(pre + lin + ".weight");
+                        const int i = pb.find(expertName(layer, e, lin));
+                        ASSERT_GE(i, 0);
+                        std::copy(w.begin(), w.end(), pb.mainParam(i));
+                    }
+            }
+        });
+        EXPECT_NEAR(got.loss, ref.loss, 1e-6 * ref.loss) << "topk " << k;
+        // The dense MLP's weight gradient is the sum of the experts' (each sees its tokens).
+        for (int layer = 0; layer < 2; ++layer)
+            for (const char* lin : {"linear_fc1", "linear_fc2"}) {
+                const auto& want = ref.grads.at("decoder.layers." + std::to_string(layer) + ".mlp." + lin + ".weight");
+                std::vector<float> sum(want.size(), 0.f);
+                for (int e = 0; e < 4; ++e) {
+                    const auto& g = got.grads.at(expertName(layer, e, lin));
+                    for (size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
+                }
+                EXPECT_LT(relError(sum, want), 1e-5) << "topk " << k << " layer " << layer << " " << lin;
+            }
+        // The attention weights see the same gradients as in the dense model.
+        EXPECT_LT(relError(got.grads.at("decoder.layers.0.self_attention.linear_qkv.weight"),
+                           ref.grads.at("decoder.layers.0.self_attention.linear_qkv.weight")),
+                  1e-5);
+    }
+}
+
+TEST(Moe, RouterAndExpertGradientsMatchFiniteDifferences) {
+    engine::Config c = moeConfig(4, 2);
+    c.init_method_std = 0.2;  // routing decided by clear margins: small steps do not flip it
+    const OneStep base = oneStep(c);
+    struct Probe {
+        std::string name;
+    };
+    int checked = 0;
+    for (const std::string& name : {std::string("decoder.layers.1.mlp.router.weight"),
+                                    std::string("decoder.layers.0.mlp.router.weight"), expertName(1, 2, "linear_fc1"),
+                                    expertName(0, 1, "linear_fc2")}) {
+        const auto& g = base.grads.at(name);
+        // the entries with the largest gradients
+        std::vector<size_t> idx(g.size());
+        for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+        std::partial_sort(idx.begin(), idx.begin() + 2, idx.end(),
+                          [&](size_t a, size_t b) { return std::fabs(g[a]) > std::fabs(g[b]); });
+        for (int n = 0; n < 2; ++n) {
+            const size_t j = idx[size_t(n)];
+            const double eps = 1e-2;
+            double l[2];
+            for (int sgn = 0; sgn < 2; ++sgn)
+                l[sgn] = oneStep(c, [&](engine::ParamBuffer& pb) {
+                             pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps);
+                         }).loss;
+            const double numeric = (l[0] - l[1]) / (2 * eps);
+            EXPECT_NEAR(g[j], numeric, 0.05 * std::fabs(numeric) + 1e-5) << name << "[" << j << "]";
+            ++checked;
+        }
+    }
+    EXPECT_EQ(checked, 8);
+}
+
+TEST(Moe, UniformRoutingGivesExactlyTheAuxCoefficientAndCountsEveryToken) {
+    engine::Config c = moeConfig(4, 2);
+    c.moe_aux_loss_coeff = 0.01;
+    c.moe_z_loss_coeff = 0.001;
+    auto backend = engine::makeCpuBackend(1);
+    engine::Device& dev = backend->device(0);
+    FakeRecorder rec;
+    dev.setTrace(&rec, 0);
+    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+    {
+        auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
+        ASSERT_TRUE(t.isOk()) << t.status().toString();
+        engine::ParamBuffer& pb = (*t)->model().params();
+        for (int layer = 0; layer < 2; ++layer) {
+            const int r = pb.find("decoder.layers." + std::to_string(layer) + ".mlp.router.weight");
+            std::fill(pb.mainParam(r), pb.mainParam(r) + pb.info(r).numel, 0.f);  // equal logits
+        }
+        pb.syncModelParams();
+        engine::StepProgress p;
+        ASSERT_TRUE((*t)->step(&p).isOk());
+    }
+    dev.setTrace(nullptr, 0);
+    const int T = c.seq_length * c.micro_batch_size;
+    const int m = engine::deriveSizes(c).num_microbatches;
+    int aux = 0, z = 0;
+    std::map<std::string, double> tokens;
+    for (const auto& k : rec.counters) {
+        const std::string n = rec.str(k.name);
+        if (n.rfind("moe.layer0.", 0) != 0) continue;
+        if (n == "moe.layer0.aux_loss") {
+            // Full softmax uniform (1/E), whatever the counts: aux = E*coeff/(k*T^2) * (T/E) * T*k.
+            EXPECT_NEAR(k.value, 0.01, 1e-9);
+            ++aux;
+        } else if (n == "moe.layer0.z_loss") {
+            // logsumexp of E equal zeros is log E: z = coeff * (log 4)^2.
+            EXPECT_NEAR(k.value, 0.001 * std::log(4.0) * std::log(4.0), 1e-9);
+            ++z;
+        } else {
+            tokens[n] += k.value;
+        }
+    }
+    EXPECT_EQ(aux, m);  // one per microbatch
+    EXPECT_EQ(z, m);
+    double total = 0;
+    for (const auto& [n, v] : tokens) total += v;
+    EXPECT_EQ(total, double(m) * T * 2);  // every token to k = 2 experts
+    // Ties go to the lower expert index: experts 0 and 1 took every token.
+    EXPECT_EQ(tokens["moe.layer0.tokens.expert0"], double(m) * T);
+    EXPECT_EQ(tokens["moe.layer0.tokens.expert2"], 0.0);
+}
+
+TEST(Moe, GroupedAndPerExpertOpsAreTheSameMath) {
+    engine::Config a = moeConfig(4, 2);
+    a.moe_aux_loss_coeff = 0.01;
+    engine::Config b = a;
+    b.moe_grouped_gemm = true;
+    const RunResult ra = runSingle(a, 3), rb = runSingle(b, 3);
+    expectSame(rb, ra, 0.0, "grouped vs per expert");
+}
+
+TEST(Moe, FlopsCountTheTopKExperts) {
+    engine::Config c = moeConfig(8, 2);
+    c.moe_ffn_hidden_size = 32;
+    engine::Config dense = c;
+    dense.num_moe_experts = 0;
+    dense.ffn_hidden_size = 64;  // = moe_ffn * topk: the same MLP FLOPs per token
+    EXPECT_DOUBLE_EQ(engine::megatronFlopsPerIteration(engine::FlopsInputs::fromConfig(c)),
+                     engine::megatronFlopsPerIteration(engine::FlopsInputs::fromConfig(dense)));
+    EXPECT_NE(engine::flopsFormulaText(engine::FlopsInputs::fromConfig(c)).find("topk"), std::string::npos);
+}
+
+TEST(Moe, UnsupportedSettingsAreNamed) {
+    for (auto [knob, set] : std::vector<std::pair<std::string, std::function<void(engine::Config&)>>>{
+             {"expert_model_parallel_size", [](engine::Config& c) { c.expert_model_parallel_size = 2; c.data_parallel_size = 2; }},
+             {"add_bias_linear", [](engine::Config& c) { c.add_bias_linear = true; }},
+             {"moe_expert_capacity_factor", [](engine::Config& c) { c.moe_expert_capacity_factor = 1.5; }},
+             {"tensor_model_parallel_size", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }}}) {
+        engine::Config c = moeConfig();
+        set(c);
+        auto d = engine::modelDimsFromConfig(c);
+        ASSERT_FALSE(d.isOk()) << knob;
+        EXPECT_NE(d.status().message().find(knob), std::string::npos) << d.status().message();
+    }
+}
+
+struct MoeLayout {
+    const char* name;
+    int pp, dp;
+    bool distOpt, grouped;
+};
+class MoeParallel : public ::testing::TestWithParam<MoeLayout> {};
+
+TEST_P(MoeParallel, EqualsTheSingleDeviceRun) {
+    const MoeLayout L = GetParam();
+    engine::Config c = withLayout(moeConfig(4, 2), Layout{1, L.pp, 1, L.dp, 2});
+    c.moe_aux_loss_coeff = 0.01;
+    c.moe_z_loss_coeff = 0.001;
+    c.use_distributed_optimizer = L.distOpt;
+    c.moe_grouped_gemm = L.grouped;
+    const RunResult ref = runSingle(singleDevice(c), 3);
+    auto par = runParallel(c, 3);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, L.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, MoeParallel,
+                         ::testing::Values(MoeLayout{"dp2_distopt", 1, 2, true, false},
+                                           MoeLayout{"pp2_grouped", 2, 1, false, true},
+                                           MoeLayout{"pp2_dp2", 2, 2, false, false}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace ts::test

@@ -219,12 +219,20 @@ struct MoeLayout {
     const char* name;
     int pp, dp;
     bool distOpt, grouped;
+    int vpp = 1;
+    bool recompute = false;
 };
 class MoeParallel : public ::testing::TestWithParam<MoeLayout> {};
 
 TEST_P(MoeParallel, EqualsTheSingleDeviceRun) {
     const MoeLayout L = GetParam();
-    engine::Config c = withLayout(moeConfig(4, 2), Layout{1, L.pp, 1, L.dp, 2});
+    engine::Config c = withLayout(moeConfig(4, 2), Layout{1, L.pp, L.vpp, L.dp, 2});
+    if (L.vpp > 1) c.overlap_p2p_comm = true;
+    if (L.recompute) {
+        c.recompute_granularity = "full";
+        c.recompute_method = "uniform";
+        c.recompute_num_layers = 1;
+    }
     c.moe_aux_loss_coeff = 0.01;
     c.moe_z_loss_coeff = 0.001;
     c.use_distributed_optimizer = L.distOpt;
@@ -238,7 +246,8 @@ TEST_P(MoeParallel, EqualsTheSingleDeviceRun) {
 INSTANTIATE_TEST_SUITE_P(Layouts, MoeParallel,
                          ::testing::Values(MoeLayout{"dp2_distopt", 1, 2, true, false},
                                            MoeLayout{"pp2_grouped", 2, 1, false, true},
-                                           MoeLayout{"pp2_dp2", 2, 2, false, false}),
+                                           MoeLayout{"pp2_dp2", 2, 2, false, false},
+                                           MoeLayout{"pp2_vpp2_full_recompute", 2, 1, false, true, 2, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

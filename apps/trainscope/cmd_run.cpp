@@ -288,7 +288,8 @@ int cmdRun(const Args& a) {
     if (const char* u = std::getenv("USER")) info.user = u;
     info.configJson = dumpJson(engine::configToJson(c));
     const engine::DerivedSizes ds = engine::deriveSizes(c);
-    info.layout = "tp" + std::to_string(ds.tp) + " pp" + std::to_string(ds.pp) + " dp" + std::to_string(ds.dp);
+    info.layout = "tp" + std::to_string(ds.tp) + (ds.cp > 1 ? " cp" + std::to_string(ds.cp) : std::string()) + " pp" +
+                  std::to_string(ds.pp) + " dp" + std::to_string(ds.dp);
     rec->setRunInfo(info);
     // Which process writes this file: a reader can then tell a run still going from one whose
     // process died without finishing (sessions::finalizeStaleRuns), and `runs delete --force`

@@ -243,11 +243,14 @@ std::vector<KnobDef> buildRegistry() {
     notInEngine(r.i("decoder_last_pipeline_num_layers", &C::decoder_last_pipeline_num_layers,
                     "--decoder-last-pipeline-num-layers", "model.num_layers_in_last_pipeline_stage",
                     "Layers on the last pipeline stage; 0 = even split."));
-    notInEngine(rules(r.i("context_parallel_size", &C::context_parallel_size, "--context-parallel-size",
-                          "model.context_parallel_size", "Context parallel size c (sequence split across ranks)."),
-                      "seq_length divisible by 2*context_parallel_size"));
-    notInEngine(r.e("cp_comm_type", &C::cp_comm_type, {"p2p", "all_gather", "a2a"}, "--cp-comm-type",
-                    "model.cp_comm_type", "Context-parallel attention communication: ring p2p, all-gather KV, or all-to-all."));
+    rules(r.i("context_parallel_size", &C::context_parallel_size, "--context-parallel-size",
+              "model.context_parallel_size",
+              "Context parallel size c (sequence split across ranks in 2c load-balanced chunks; the engine runs "
+              "cp_comm_type all_gather, without dropout, with rope or no position embedding)."),
+          "seq_length divisible by 2*context_parallel_size");
+    r.e("cp_comm_type", &C::cp_comm_type, {"p2p", "all_gather", "a2a"}, "--cp-comm-type", "model.cp_comm_type",
+        "Context-parallel attention communication: ring p2p, all-gather KV, or all-to-all (the engine executes "
+        "all_gather; p2p and a2a are refused with a clear error).");
     notInEngine(rules(r.i("expert_model_parallel_size", &C::expert_model_parallel_size, "--expert-model-parallel-size",
                           "model.expert_model_parallel_size", "Expert parallel size (experts split across ranks)."),
                       "needs num_moe_experts > 0 and divides it"));

@@ -42,6 +42,15 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
         return Status::invalid("sequence_parallel: seq_length=" + std::to_string(d.seq) +
                                " must be divisible by tensor_model_parallel_size=" + std::to_string(ctx.tpSize));
     const ModelOptions o = modelOptionsFromConfig(cfg);
+    const int seqGlobal = d.seq;
+    if (ctx.cpSize > 1) {
+        if (d.seq % (2 * ctx.cpSize) != 0)
+            return Status::invalid("seq_length=" + std::to_string(d.seq) + " must be divisible by 2 x context_parallel_size = " +
+                                   std::to_string(2 * ctx.cpSize));
+        if (!ctx.cp || ctx.cp->size() != ctx.cpSize)
+            return Status::invalid("context parallel size > 1 needs a CP communicator of that size");
+        d.seq /= ctx.cpSize;  // this rank's rows
+    }
     if (!o.recomputeGranularity.empty() && o.recomputeGranularity != "selective" &&
         o.recomputeGranularity != "full")
         return Status::invalid("recompute_granularity must be '', selective or full");
@@ -52,6 +61,15 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
             return Status::invalid("recompute_granularity=full needs recompute_num_layers >= 1");
     }
     std::unique_ptr<GptModel> m(new GptModel(cfg, d, o, dev, compute, ctx));
+    m->m_seqGlobal = seqGlobal;
+    if (ctx.cpSize > 1) {
+        const int chunk = seqGlobal / (2 * ctx.cpSize);
+        m->m_ropeSegs = {{0, chunk, ctx.cpRank * chunk}, {chunk, chunk, (2 * ctx.cpSize - 1 - ctx.cpRank) * chunk}};
+        for (const auto& sg : m->m_ropeSegs)
+            for (int i = 0; i < sg.len; ++i) m->m_cpPos.push_back(sg.pos + i);
+    } else {
+        m->m_ropeSegs = {{0, d.seq, 0}};
+    }
     TS_RETURN_IF_ERROR(m->registerParams());
     TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16));
     m->initWeights();

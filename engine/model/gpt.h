@@ -42,6 +42,9 @@ struct Microbatch {
     std::vector<int32_t> tokens;  // [s*b]
     std::vector<int32_t> labels;  // [s*b] (next tokens)
     std::vector<float> lossMask;  // [s*b] or empty (= all ones)
+    // Context parallel: the loss-mask sum of the whole microbatch (all CP ranks), which the loss
+    // is divided by; 0 = this microbatch's own sum.
+    double tokensTotal = 0;
 };
 
 class GptModel {
@@ -184,6 +187,22 @@ private:
     // gather: local [n] -> full [t*n]; reduce-scatter: full [t*n] (partial sums) -> local [n].
     Result<TensorPtr> seqGather(const TensorPtr& local, int64_t n);
     Result<TensorPtr> seqReduceScatter(const TensorPtr& full, int64_t n);
+    // Context parallel (gpt_cp_attention.cpp; cpSize > 1): this rank's rows are the sequence
+    // chunks of engine/parallel/context_parallel.h. RoPE runs per contiguous segment of rows
+    // with the segment's first global position.
+    struct RopeSegment {
+        int start = 0, len = 0, pos = 0;  // local first row (in s), rows, global position of the first
+    };
+    std::vector<RopeSegment> m_ropeSegs;
+    std::vector<int> m_cpPos;   // global position of every local sequence row (cp > 1)
+    int m_seqGlobal = 0;        // s of the whole sequence
+    // Core attention of the local queries against the whole sequence (K/V all-gathered over
+    // "cp" and put in global order; their grads reduce-scattered back).
+    Result<TensorPtr> cpGatherKv(const TensorPtr& local, int heads);
+    Result<TensorPtr> cpScatterKvGrad(const TensorPtr& global, int heads);
+    Status cpCoreAttentionForward(LayerActs& A, int nq, int ng);
+    Status cpCoreAttentionBackward(LayerActs& A, int nq, int ng, TensorPtr dctx, TensorPtr dq, TensorPtr dk,
+                                   TensorPtr dv);
     // Collectives get raw pointers: keeps both buffers alive until the stream passed the op.
     void holdUntilDone(TensorPtr a, TensorPtr b);
     // Sums the grads of the SP params among `params` over TP (one packed all-reduce), in the

@@ -71,11 +71,16 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
         TensorPtr q = A.q, kk = A.k, v = A.v;
         const bool rope = m_d.rope, fusedRope = m_o.fusedRope;
         const float theta = m_d.ropeTheta;
+        const auto segs = m_ropeSegs;
         if (rope && fusedRope) {
             // apply_rope_fusion: the layout copy and the rotation in one pass over qkv
             m_exec.op("qkv_split_rope.fwd", Category::Elementwise, 6.0 * T * (nq + ng) * d,
                       uint64_t(T) * qkvOut * 8, [=] {
-                          k::splitQkvRopeForward(fp(qkv), fp(q), fp(kk), fp(v), s, b, nq, ng, d, theta, 0);
+                          for (const auto& sg : segs) {
+                              const size_t r0 = size_t(sg.start) * size_t(b);
+                              k::splitQkvRopeForward(fp(qkv) + r0 * qkvOut, fp(q) + r0 * nq * d, fp(kk) + r0 * ng * d,
+                                                     fp(v) + r0 * ng * d, sg.len, b, nq, ng, d, theta, sg.pos);
+                          }
                           if (bf) {
                               k::roundToBf16(fp(q), int64_t(T) * nq * d);
                               k::roundToBf16(fp(kk), int64_t(T) * ng * d);
@@ -88,8 +93,11 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
         if (rope && !fusedRope) {
             m_exec.op("rope.fwd", Category::Elementwise, 6.0 * T * (nq + ng) * d,
                       uint64_t(T) * (nq + ng) * d * 8, [=] {
-                          k::ropeForward(fp(q), s, b, nq, d, theta, 0);
-                          k::ropeForward(fp(kk), s, b, ng, d, theta, 0);
+                          for (const auto& sg : segs) {
+                              const size_t r0 = size_t(sg.start) * size_t(b);
+                              k::ropeForward(fp(q) + r0 * nq * d, sg.len, b, nq, d, theta, sg.pos);
+                              k::ropeForward(fp(kk) + r0 * ng * d, sg.len, b, ng, d, theta, sg.pos);
+                          }
                           if (bf) {
                               k::roundToBf16(fp(q), int64_t(T) * nq * d);
                               k::roundToBf16(fp(kk), int64_t(T) * ng * d);
@@ -99,7 +107,11 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     }
     // core attention
     const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
-    TS_ASSIGN_OR_RETURN(TensorPtr probs, alloc(int64_t(k::attentionProbsSize(ad))));
+    TensorPtr probs;
+    if (m_ctx.cpSize > 1) {
+        TS_RETURN_IF_ERROR(cpCoreAttentionForward(A, nq, ng));
+    } else {
+    TS_ASSIGN_OR_RETURN(probs, alloc(int64_t(k::attentionProbsSize(ad))));
     TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
     {
         TensorPtr q = A.q, kk = A.k, v = A.v, ctx = A.ctx;
@@ -113,6 +125,7 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     const bool selective = m_o.recomputeGranularity == "selective";
     if (!selective) A.probs = probs;
     probs.reset();
+    }
 
     // linear_proj (row parallel; its bias is added after the reduction, in the layer's
     // bias-dropout-add)
@@ -174,6 +187,12 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
     const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
     TensorPtr probs = A.probs;
     TensorPtr q = A.q, kk = A.k, v = A.v;
+    TS_ASSIGN_OR_RETURN(TensorPtr dq, alloc(int64_t(T) * nq * d));
+    TS_ASSIGN_OR_RETURN(TensorPtr dk, alloc(int64_t(T) * ng * d));
+    TS_ASSIGN_OR_RETURN(TensorPtr dv, alloc(int64_t(T) * ng * d));
+    if (m_ctx.cpSize > 1) {
+        TS_RETURN_IF_ERROR(cpCoreAttentionBackward(A, nq, ng, dctx, dq, dk, dv));
+    } else {
     if (!probs) {
         // Selective recompute: redo QK^T/softmax (the "5as/h" activations were not kept).
         TS_ASSIGN_OR_RETURN(probs, alloc(int64_t(k::attentionProbsSize(ad))));
@@ -183,9 +202,6 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
                   uint64_t(4) * k::attentionProbsSize(ad),
                   [=] { k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctxTmp), fs); });
     }
-    TS_ASSIGN_OR_RETURN(TensorPtr dq, alloc(int64_t(T) * nq * d));
-    TS_ASSIGN_OR_RETURN(TensorPtr dk, alloc(int64_t(T) * ng * d));
-    TS_ASSIGN_OR_RETURN(TensorPtr dv, alloc(int64_t(T) * ng * d));
     TS_ASSIGN_OR_RETURN(TensorPtr scratch, allocUninitialized(m_exec, int64_t(k::attentionScratchSize(ad)),
                                                               MemCategory::Workspace));
     const bool fusedSoftmax = m_o.fusedSoftmax;
@@ -196,20 +212,30 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
               });
     probs.reset();
     scratch.reset();
+    }
     dctx.reset();
     const bool ropeMerge = m_d.rope && m_o.fusedRope;  // rope backward fused into the merge copy
     if (m_d.rope && !ropeMerge) {
         const float theta = m_d.ropeTheta;
+        const auto segs = m_ropeSegs;
         m_exec.op("rope.bwd", Category::Elementwise, 6.0 * T * (nq + ng) * d, uint64_t(T) * (nq + ng) * d * 8, [=] {
-            k::ropeBackward(fp(dq), s, b, nq, d, theta, 0);
-            k::ropeBackward(fp(dk), s, b, ng, d, theta, 0);
+            for (const auto& sg : segs) {
+                const size_t r0 = size_t(sg.start) * size_t(b);
+                k::ropeBackward(fp(dq) + r0 * nq * d, sg.len, b, nq, d, theta, sg.pos);
+                k::ropeBackward(fp(dk) + r0 * ng * d, sg.len, b, ng, d, theta, sg.pos);
+            }
         });
     }
     TS_ASSIGN_OR_RETURN(TensorPtr dqkv, alloc(int64_t(T) * qkvOut));
     if (ropeMerge) {
         const float theta = m_d.ropeTheta;
+        const auto segs = m_ropeSegs;
         m_exec.op("qkv_merge_rope.bwd", Category::Elementwise, 6.0 * T * (nq + ng) * d, uint64_t(T) * qkvOut * 8, [=] {
-            k::ropeBackwardMergeQkv(fp(dq), fp(dk), fp(dv), fp(dqkv), s, b, nq, ng, d, theta, 0);
+            for (const auto& sg : segs) {
+                const size_t r0 = size_t(sg.start) * size_t(b);
+                k::ropeBackwardMergeQkv(fp(dq) + r0 * nq * d, fp(dk) + r0 * ng * d, fp(dv) + r0 * ng * d,
+                                        fp(dqkv) + r0 * qkvOut, sg.len, b, nq, ng, d, theta, sg.pos);
+            }
             if (bf) k::roundToBf16(fp(dqkv), int64_t(T) * qkvOut);
         });
     } else {

@@ -44,10 +44,15 @@ Status GptModel::finalForward(MbState& st) {
     auto data = st.data;
     TensorPtr dloss = st.dloss;
     const int m = m_numMicrobatches;
+    // Context parallel: each rank holds part of the microbatch's tokens; the loss is divided by
+    // the whole microbatch's token count and, as Megatron's loss_func, multiplied by cp (the
+    // gradients are then averaged over the dp-cp group, so the cp ranks' shares add up).
+    const double cpScale = double(m_ctx.cpSize);
     m_exec.op("loss_scale", Category::Loss, double(T), uint64_t(T) * 8, [=] {
-        double tokens = 0;
-        for (int t = 0; t < T; ++t) tokens += data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)];
-        const double denom = std::max(tokens, 1.0) * m;
+        double tokens = data->tokensTotal;
+        if (tokens <= 0)
+            for (int t = 0; t < T; ++t) tokens += data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)];
+        const double denom = std::max(tokens, 1.0) * m / cpScale;
         for (int t = 0; t < T; ++t)
             fp(dloss)[t] = float((data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)]) / denom);
     });
@@ -94,6 +99,8 @@ Status GptModel::finalForward(MbState& st) {
             sum += w * double(fp(loss)[t]);
             tokens += w;
         }
+        // With context parallel the rank's share: its sum over the whole microbatch's count.
+        if (data->tokensTotal > 0) tokens = data->tokensTotal;
         (*losses)[mb] = {sum, tokens};
     });
     return Status::ok();

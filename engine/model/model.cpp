@@ -53,6 +53,22 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         c.position_embedding_type != "learned_absolute")
         return bad("position_embedding_type must be learned_absolute, rope or none (got '" +
                    c.position_embedding_type + "')");
+    if (ds.cp > 1) {
+        // What context parallelism runs today (engine/model/gpt_cp_attention.cpp).
+        auto notYet = [](const std::string& what) {
+            return Status::unsupported("context parallel: " + what + " is not executed by the engine yet");
+        };
+        if (c.cp_comm_type != "all_gather")
+            return notYet("cp_comm_type=" + c.cp_comm_type + " (ring p2p / all-to-all); set cp_comm_type: all_gather");
+        if (c.seq_length % (2 * ds.cp) != 0)
+            return bad("seq_length=" + std::to_string(c.seq_length) + " must be divisible by 2 x context_parallel_size");
+        if (c.hidden_dropout > 0 || c.attention_dropout > 0)
+            return notYet("dropout (hidden_dropout / attention_dropout > 0); set both to 0");
+        if (c.position_embedding_type == "learned_absolute")
+            return notYet("position_embedding_type=learned_absolute; use rope or none");
+        if (!c.fp8.empty()) return notYet("fp8");
+        if (c.tp_comm_overlap) return notYet("tp_comm_overlap");
+    }
     if (c.num_moe_experts > 0) {
         // What this engine's MoE block runs (engine/model/gpt_moe.cpp); the rest is refused by name.
         auto notYet = [](const std::string& what) {

@@ -35,7 +35,8 @@ struct ParallelContext {
     Communicator* tp = nullptr;  // TP collectives are enqueued on the compute stream
     Communicator* pp = nullptr;
     Communicator* dp = nullptr;
-    Communicator* amax = nullptr;  // FP8 delayed scaling: amax reduction group (tp-dp-cp), compute stream
+    Communicator* amax = nullptr;
+    Communicator* cp = nullptr;    // context parallel ("cp"), compute stream  // FP8 delayed scaling: amax reduction group (tp-dp-cp), compute stream
     int layerBegin = 0;
     int layerEnd = -1;  // -1 = num_layers
     bool firstStage = true;

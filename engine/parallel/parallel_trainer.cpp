@@ -12,6 +12,7 @@
 #include "engine/backend/backend_trace.h"
 #include "engine/config/knobs.h"
 #include "engine/model/flops.h"
+#include "engine/parallel/context_parallel.h"
 #include "engine/parallel/dist_optimizer.h"
 #include "engine/parallel/pipeline_executor.h"
 #include "engine/parallel/schedule.h"
@@ -85,6 +86,7 @@ struct ParallelTrainer::RankState {
     std::unique_ptr<Communicator> tpComm, ppComm, dpComm, embdComm, normComm;
     std::unique_ptr<Communicator> tpOverlapComm;  // a second "tp" communicator, used on tpStream only
     std::unique_ptr<Communicator> amaxComm;       // FP8 delayed scaling: "tp-dp-cp", compute stream
+    std::unique_ptr<Communicator> cpComm;         // context parallel attention ("cp"), compute stream
     std::vector<std::unique_ptr<GptModel>> models;
     std::vector<std::unique_ptr<GradSync>> syncs;
     std::unique_ptr<ShardedAdamW> opt;
@@ -112,8 +114,6 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     if (c.device_backend != "cpu")
         return Status::unsupported("device_backend=" + c.device_backend +
                                    ": the parallel engine runs on the CPU backend (virtual devices) only");
-    if (c.context_parallel_size > 1)
-        return Status::unsupported("context_parallel_size > 1 is not executed by the parallel engine yet");
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
     const DerivedSizes ds = deriveSizes(c);
     ParallelSizes sizes;
@@ -166,11 +166,14 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     const bool dist = c.use_distributed_optimizer;
     const bool tied = !c.untie_embeddings_and_output_weights;
     const int v = ds.vpp;
+    // Gradients and the distributed optimizer span Megatron's data-parallel group with CP.
+    const int dpc = ds.dp * ds.cp;
     for (size_t li = 0; li < local.size(); ++li) {
         const int r = local[li];
         auto R = std::make_unique<RankState>();
         R->rank = r;
         R->coords = layout.coordsOf(r);
+        const int dpcRank = R->coords.cp + ds.cp * R->coords.dp;  // rank in "dp-cp" (cp varies fastest)
         R->dev = &t->m_backend->device(int(li));
         if (rec) R->dev->setTrace(rec, r);
         R->compute = R->dev->createStream(trace::TrackKind::Compute, "compute");
@@ -191,7 +194,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         TS_RETURN_IF_ERROR(join("tp", R->tpComm));
         if (tpOverlap) TS_RETURN_IF_ERROR(join("tp", R->tpOverlapComm));
         TS_RETURN_IF_ERROR(join("pp", R->ppComm));
-        TS_RETURN_IF_ERROR(join("dp", R->dpComm));
+        // Context parallel: the CP group for attention; gradients are reduced (and the distributed
+        // optimizer sharded) over Megatron's data-parallel group with CP, "dp-cp".
+        if (ds.cp > 1) TS_RETURN_IF_ERROR(join("cp", R->cpComm));
+        TS_RETURN_IF_ERROR(join(ds.cp > 1 ? "dp-cp" : "dp", R->dpComm));
         // FP8 delayed scaling: amaxes reduced with MAX over Megatron's amax group (TP x DP x CP),
         // on the compute stream, at the start of each iteration.
         if (!c.fp8.empty() && c.fp8_recipe == "delayed") TS_RETURN_IF_ERROR(join("tp-dp-cp", R->amaxComm));
@@ -212,6 +218,9 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             ctx.vppSize = v;
             ctx.dpRank = R->coords.dp;
             ctx.dpSize = ds.dp;
+            ctx.cpRank = R->coords.cp;
+            ctx.cpSize = ds.cp;
+            ctx.cp = R->cpComm.get();
             ctx.sequenceParallel = c.sequence_parallel;
             ctx.tp = R->tpComm.get();
             ctx.pp = R->ppComm.get();
@@ -226,8 +235,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             GptModel& m = *model.value();
             if (R->tpStream && R->tpOverlapComm) m.setTpCommOverlap(*R->tpStream, *R->tpOverlapComm);
             GradLayoutOptions lo;
-            lo.bucketSize = effectiveBucketSize(c, ds.dp, ppRank, ch);
-            lo.dp = ds.dp;
+            lo.bucketSize = effectiveBucketSize(c, dpc, ppRank, ch);
+            lo.dp = dpc;
             lo.distributedOptimizer = dist;
             // Megatron marks the tied weight shared_embedding on BOTH ends of the pipeline (its
             // own bucket, so the "embd" all-reduce after a reduce-scatter adds matching shards);
@@ -242,8 +251,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             for (int i = 0; same && i < m.params().count(); ++i) same = gl.paramOffset[size_t(i)] == m.params().info(i).offset;
             if (!same) TS_RETURN_IF_ERROR(m.params().relayout(*R->dev, gl.paramOffset, gl.numel));
             GradSyncOptions so;
-            so.dp = ds.dp;
-            so.dpRank = R->coords.dp;
+            so.dp = dpc;
+            so.dpRank = dpcRank;
             so.overlapGradReduce = c.overlap_grad_reduce;
             so.distributedOptimizer = dist;
             so.overlapParamGather = c.overlap_param_gather;
@@ -277,7 +286,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             o.params = &pb;
             if (dist) {
                 for (const GradBucket& b : R->syncs[size_t(ch)]->layout().buckets) {
-                    auto [lo2, hi2] = shardOf(b, ds.dp, R->coords.dp);
+                    auto [lo2, hi2] = shardOf(b, dpc, dpcRank);
                     o.owned.push_back({lo2, hi2});
                 }
             } else {
@@ -368,7 +377,7 @@ void ParallelTrainer::abortAfterFailure(int local, const Status& st) {
     if (m_opts.makeGroup)
         for (auto& R : m_ranks)
             for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
-                                    R->embdComm.get(), R->normComm.get(), R->amaxComm.get()})
+                                    R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get()})
                 if (c) c->abort(why);
 }
 
@@ -381,7 +390,7 @@ void ParallelTrainer::abort(const Status& why) {
     m_world->abort(why);
     for (auto& R : m_ranks)
         for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
-                                R->embdComm.get(), R->normComm.get(), R->amaxComm.get()})
+                                R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get()})
             if (c) c->abort(why);
 }
 
@@ -425,7 +434,8 @@ Status ParallelTrainer::rankStep(int local, int it, const std::atomic<bool>* can
             if (!a.isOk()) return a;
             return Status::ok();
         };
-        auto data = [&](int j) -> std::shared_ptr<const Microbatch> { return m_stepData[size_t(dpRank)][size_t(j)]; };
+        const int dataIndex = dpRank * ds.cp + R.coords.cp;  // this rank's CP shard of its DP replica's data
+        auto data = [&](int j) -> std::shared_ptr<const Microbatch> { return m_stepData[size_t(dataIndex)][size_t(j)]; };
         auto id = [&](int j) { return j * dp + dpRank; };
         st = R.pipe->run(it, data, id, stop);
         if (st.isOk()) {
@@ -481,10 +491,20 @@ Status ParallelTrainer::step(StepProgress* out) {
     const DerivedSizes ds = deriveSizes(m_cfg);
     const int b = m_cfg.micro_batch_size, dp = ds.dp, m = m_numMicrobatches;
     // Data on the calling thread (DataSource is not thread-safe); see the header for the map.
-    m_stepData.assign(size_t(dp), {});
+    // [dp rank * cp + cp rank]: with context parallel every CP rank gets its chunks of the sequence.
+    const int cp = ds.cp;
+    m_stepData.assign(size_t(dp) * size_t(cp), {});
     for (int d = 0; d < dp; ++d)
-        for (int j = 0; j < m; ++j)
-            m_stepData[size_t(d)].push_back(m_data->microbatch(m_samples + (int64_t(j) * dp + d) * b, b));
+        for (int j = 0; j < m; ++j) {
+            std::shared_ptr<Microbatch> full = m_data->microbatch(m_samples + (int64_t(j) * dp + d) * b, b);
+            if (cp == 1) {
+                m_stepData[size_t(d)].push_back(full);
+                continue;
+            }
+            for (int r = 0; r < cp; ++r)
+                m_stepData[size_t(d) * size_t(cp) + size_t(r)].push_back(
+                    std::make_shared<Microbatch>(cpShard(*full, m_cfg.seq_length, b, cp, r)));
+        }
     for (auto& R : m_ranks) R->dev->resetPeak();
     std::vector<std::future<Status>> futures;
     for (size_t li = 0; li < m_ranks.size(); ++li)
@@ -535,10 +555,11 @@ Status ParallelTrainer::step(StepProgress* out) {
             ++count;
         }
     }
-    if (count != dp * m)
+    // With context parallel every CP rank reports its share of a microbatch's mean loss.
+    if (count != dp * m * cp)
         return Status::internal("collected " + std::to_string(count) + " microbatch losses, expected " +
-                                std::to_string(dp * m));
-    loss /= count;
+                                std::to_string(dp * m * cp));
+    loss /= dp * m;
     if (!std::isfinite(loss)) {
         const Status st = Status::numerical("loss is " + std::to_string(loss) + " at iteration " + std::to_string(it + 1) +
                                             "; lower lr or enable clip_grad");
@@ -766,8 +787,11 @@ Status ParallelTrainer::save(const std::string& dir) {
         for (int t = 0; t < ds.tp; ++t) {
             RankState* R0 = localRankState(m_layout.globalRank(t, 0, 0, pp));
             std::vector<RankState*> readers;
+            // The distributed optimizer shards over dp-cp: every (dp, cp) rank holds a piece.
+            const int cpReaders = m_cfg.use_distributed_optimizer ? ds.cp : 1;
             for (int d = 0; d < dpReaders; ++d)
-                if (RankState* R = localRankState(m_layout.globalRank(t, 0, d, pp))) readers.push_back(R);
+                for (int cpi = 0; cpi < cpReaders; ++cpi)
+                    if (RankState* R = localRankState(m_layout.globalRank(t, cpi, d, pp))) readers.push_back(R);
             RankState* Rinfo = R0 ? R0 : readers.empty() ? nullptr : readers[0];
             if (!Rinfo) continue;
             // Adam state of this (tp, pp) in chunk-buffer order, assembled from the DP shards:

@@ -133,6 +133,18 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
 void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
                        float* scratch, bool fusedSoftmax = true);
+// Context parallel (attention_cp.cpp): sq local query rows [sq, b, nq, d] with global
+// positions qPos[sq] against the whole sequence's keys/values [skv, b, nkv, d] in global order;
+// key j visible iff j <= qPos[i]. probs: [b, nq, sq, skv]. Backward overwrites dq [sq,...] and
+// the full-length dk, dv [skv,...] (this rank's contribution; the owners sum them).
+struct CpAttnDims {
+    int sq = 0, skv = 0, b = 0, nq = 0, nkv = 0, d = 0;
+    float scale = 0;
+};
+void cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k, const float* v,
+                        float* probs, float* out);
+void cpAttentionBackward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k, const float* v,
+                         const float* probs, const float* dout, float* dq, float* dk, float* dv);
 size_t attentionProbsSize(const AttnDims& dims);    // elements of probs
 size_t attentionScratchSize(const AttnDims& dims);  // s*s, 2*s*s with dropout
 

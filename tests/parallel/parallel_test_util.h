@@ -81,6 +81,7 @@ inline engine::Config singleDevice(const engine::Config& par) {
     const engine::DerivedSizes ds = engine::deriveSizes(par);
     engine::Config c = par;
     c.tensor_model_parallel_size = c.pipeline_model_parallel_size = c.virtual_pipeline_model_parallel_size = 1;
+    c.context_parallel_size = 1;
     c.data_parallel_size = 1;
     c.world_size = 0;
     c.sequence_parallel = false;

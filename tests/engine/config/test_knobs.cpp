@@ -315,10 +315,12 @@ TEST(Knobs, UnsupportedKnobsAreReported) {
     EXPECT_TRUE(unsupportedKnobs(c).empty());
     c.position_embedding_type = "none";
     EXPECT_TRUE(unsupportedKnobs(c).empty());
-    c.context_parallel_size = 2;
+    c.context_parallel_size = 2;  // executed now (issue #16)
+    EXPECT_TRUE(unsupportedKnobs(c).empty());
+    c.expert_model_parallel_size = 2;
     auto u = unsupportedKnobs(c);
     ASSERT_EQ(u.size(), 1u);
-    EXPECT_EQ(u[0], "context_parallel_size=2");
+    EXPECT_EQ(u[0], "expert_model_parallel_size=2");
 }
 
 }  // namespace

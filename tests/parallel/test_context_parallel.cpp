@@ -1,0 +1,188 @@
+// Context parallelism (REFERENCE.md §4): the load-balanced split against §4.1 computed here, the
+// CP attention kernel against full attention (forward rows, dQ rows, dK/dV summed over ranks),
+// and parallel layouts with CP against the single-device run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+#include "engine/parallel/context_parallel.h"
+#include "kernels/cpu/ops.h"
+#include "tests/parallel/parallel_test_util.h"
+
+namespace ts::test {
+namespace {
+
+TEST(ContextParallel, SplitKeepsChunksRAnd2cMinus1MinusR) {
+    // §4.1: 2c chunks, rank r keeps chunk r then chunk 2c-1-r.
+    for (int c : {1, 2, 4}) {
+        const int s = 16 * c;
+        std::vector<int> owner(size_t(s), -1);
+        for (int r = 0; r < c; ++r) {
+            const auto pos = engine::cpLocalPositions(s, c, r);
+            ASSERT_EQ(pos.size(), size_t(s / c));
+            const int chunk = s / (2 * c);
+            for (int i = 0; i < chunk; ++i) {
+                EXPECT_EQ(pos[size_t(i)], r * chunk + i);
+                EXPECT_EQ(pos[size_t(chunk + i)], (2 * c - 1 - r) * chunk + i);
+            }
+            for (int p : pos) {
+                EXPECT_EQ(owner[size_t(p)], -1) << "position " << p << " owned twice";
+                owner[size_t(p)] = r;
+            }
+        }
+        for (int p = 0; p < s; ++p) EXPECT_GE(owner[size_t(p)], 0) << "position " << p << " lost";
+    }
+    // The shard of a sequence-first [s, b] microbatch and its inverse.
+    engine::Microbatch full;
+    const int s = 8, b = 3, c = 2;
+    for (int t = 0; t < s * b; ++t) {
+        full.tokens.push_back(t);
+        full.labels.push_back(1000 + t);
+        full.lossMask.push_back(t % 5 == 0 ? 0.f : 1.f);
+    }
+    double total = 0;
+    for (float w : full.lossMask) total += w;
+    std::vector<int> back(size_t(s * b), -1);
+    for (int r = 0; r < c; ++r) {
+        const engine::Microbatch sh = engine::cpShard(full, s, b, c, r);
+        EXPECT_EQ(sh.tokensTotal, total);
+        const auto pos = engine::cpLocalPositions(s, c, r);
+        for (size_t i = 0; i < pos.size(); ++i)
+            for (int bi = 0; bi < b; ++bi) {
+                const int t = sh.tokens[i * size_t(b) + size_t(bi)];
+                EXPECT_EQ(t, pos[i] * b + bi);
+                EXPECT_EQ(sh.labels[i * size_t(b) + size_t(bi)], 1000 + t);
+                back[size_t(t)] = t;
+            }
+    }
+    for (int t = 0; t < s * b; ++t) EXPECT_EQ(back[size_t(t)], t);
+}
+
+TEST(ContextParallel, AttentionOfEveryRankEqualsFullAttention) {
+    namespace k = kernels::cpu;
+    const int S = 16, b = 2, nq = 4, ng = 2, d = 8, cp = 2;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto randv = [&](size_t n) {
+        std::vector<float> v(n);
+        for (auto& x : v) x = nd(rng);
+        return v;
+    };
+    const auto q = randv(size_t(S) * b * nq * d), kk = randv(size_t(S) * b * ng * d), v = randv(size_t(S) * b * ng * d);
+    const auto dout = randv(size_t(S) * b * nq * d);
+    k::AttnDims ad{S, b, nq, ng, d, 1.0f / std::sqrt(float(d))};
+    std::vector<float> probs(k::attentionProbsSize(ad)), out(q.size()), dq(q.size()), dk(kk.size()), dv(v.size()),
+        scratch(k::attentionScratchSize(ad));
+    k::attentionForward(ad, q.data(), kk.data(), v.data(), probs.data(), out.data(), true);
+    k::attentionBackward(ad, q.data(), kk.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(), dv.data(),
+                         scratch.data(), true);
+    std::vector<float> dkSum(dk.size(), 0.f), dvSum(dv.size(), 0.f);
+    const size_t qrow = size_t(b) * nq * d;
+    for (int r = 0; r < cp; ++r) {
+        const auto pos = engine::cpLocalPositions(S, cp, r);
+        const int sl = int(pos.size());
+        std::vector<float> ql, gl;
+        for (int p : pos) {
+            ql.insert(ql.end(), q.begin() + long(size_t(p) * qrow), q.begin() + long(size_t(p + 1) * qrow));
+            gl.insert(gl.end(), dout.begin() + long(size_t(p) * qrow), dout.begin() + long(size_t(p + 1) * qrow));
+        }
+        k::CpAttnDims cd{sl, S, b, nq, ng, d, ad.scale};
+        std::vector<float> pl(size_t(b) * nq * sl * S), ol(ql.size()), dql(ql.size()), dkg(kk.size()), dvg(v.size());
+        k::cpAttentionForward(cd, pos.data(), ql.data(), kk.data(), v.data(), pl.data(), ol.data());
+        k::cpAttentionBackward(cd, pos.data(), ql.data(), kk.data(), v.data(), pl.data(), gl.data(), dql.data(),
+                               dkg.data(), dvg.data());
+        for (int i = 0; i < sl; ++i)
+            for (size_t e = 0; e < qrow; ++e) {
+                ASSERT_NEAR(ol[size_t(i) * qrow + e], out[size_t(pos[size_t(i)]) * qrow + e], 1e-5) << "rank " << r;
+                ASSERT_NEAR(dql[size_t(i) * qrow + e], dq[size_t(pos[size_t(i)]) * qrow + e], 1e-5) << "rank " << r;
+            }
+        for (size_t i = 0; i < dk.size(); ++i) {
+            dkSum[i] += dkg[i];
+            dvSum[i] += dvg[i];
+        }
+    }
+    for (size_t i = 0; i < dk.size(); ++i) {
+        ASSERT_NEAR(dkSum[i], dk[i], 1e-5) << i;
+        ASSERT_NEAR(dvSum[i], dv[i], 1e-5) << i;
+    }
+}
+
+struct CpLayout {
+    const char* name;
+    int tp, cp, pp, vpp, dp;
+    bool sp, distOpt;
+    const char* recompute;
+};
+class ContextParallelLayouts : public ::testing::TestWithParam<CpLayout> {};
+
+TEST_P(ContextParallelLayouts, EqualSingleDevice) {
+    const CpLayout L = GetParam();
+    engine::Config c = withLayout(tinyConfig(2), Layout{L.tp, L.pp, L.vpp, L.dp, 2});
+    c.context_parallel_size = L.cp;
+    c.cp_comm_type = "all_gather";
+    c.sequence_parallel = L.sp;
+    c.use_distributed_optimizer = L.distOpt;
+    if (L.vpp > 1) c.overlap_p2p_comm = true;
+    c.recompute_granularity = L.recompute;
+    // The attention key bias's gradient is 0 in exact arithmetic (softmax ignores a shift of all
+    // keys); with CP its dK is summed over the CP ranks in another order, so its fp32 noise differs
+    // and Adam turns noise into updates of up to lr*noise/eps. A larger eps than tinyConfig's
+    // keeps that noise below the comparison's 1e-5 while every real gradient (|g| >> eps) still
+    // gets the sign-like Adam update.
+    c.adam_eps = 1e-5;
+    if (std::string(L.recompute) == "full") {
+        c.recompute_method = "uniform";
+        c.recompute_num_layers = 1;
+    }
+    const RunResult ref = runSingle(singleDevice(c), 3);
+    auto par = runParallel(c, 3);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, L.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ContextParallelLayouts,
+                         ::testing::Values(CpLayout{"cp2", 1, 2, 1, 1, 1, false, false, ""},
+                                           CpLayout{"cp4_selective", 1, 4, 1, 1, 1, false, false, "selective"},
+                                           CpLayout{"tp2_cp2_sp", 2, 2, 1, 1, 1, true, false, ""},
+                                           CpLayout{"cp2_dp2_distopt", 1, 2, 1, 1, 2, false, true, ""},
+                                           CpLayout{"cp2_pp2_vpp2_full", 1, 2, 2, 2, 1, false, false, "full"},
+                                           CpLayout{"tp2_cp2_dp2", 2, 2, 1, 1, 2, true, true, ""}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ContextParallel, CheckpointOfCp2Dp2ResumesOnOneDevice) {
+    engine::Config c = withLayout(tinyConfig(2), Layout{1, 1, 1, 2, 2});
+    c.context_parallel_size = 2;
+    c.cp_comm_type = "all_gather";
+    c.use_distributed_optimizer = true;  // the Adam state is sharded over dp-cp
+    c.adam_eps = 1e-5;
+    const std::string dir = ::testing::TempDir() + "/ts_cp_ckpt";
+    std::filesystem::remove_all(dir);
+    auto saved = trainParallel(c, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    const engine::Config one = singleDevice(c);
+    const RunResult straight = runSingle(one, 3);
+    auto resumed = trainSingle(one, 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    EXPECT_NEAR(resumed->losses[0], straight.losses[2], 1e-5 * straight.losses[2]);
+    for (const auto& [name, w] : straight.params)
+        EXPECT_LE(relError(resumed->params.at(name), w), 1e-5) << name;
+    std::filesystem::remove_all(dir);
+}
+
+TEST(ContextParallel, WhatIsNotExecutedIsNamed) {
+    engine::Config c = withLayout(tinyConfig(2), Layout{1, 1, 1, 1, 2});
+    c.context_parallel_size = 2;
+    c.cp_comm_type = "p2p";
+    auto t = engine::ParallelTrainer::create(c);
+    ASSERT_FALSE(t.isOk());
+    EXPECT_NE(t.status().message().find("cp_comm_type"), std::string::npos) << t.status().message();
+    c.cp_comm_type = "all_gather";
+    c.hidden_dropout = 0.1;
+    auto u = engine::ParallelTrainer::create(c);
+    ASSERT_FALSE(u.isOk());
+    EXPECT_NE(u.status().message().find("dropout"), std::string::npos) << u.status().message();
+}
+
+}  // namespace
+}  // namespace ts::test

@@ -1,10 +1,15 @@
 // What the step benchmarks share: the tiny/small model shapes and list parsing.
 #pragma once
 
+#include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/config/config.h"
+#include "engine/train/trainer.h"
+#include "kernels/cpu/ops.h"
 
 namespace ts::bench {
 
@@ -45,6 +50,31 @@ inline std::vector<std::string> split(const std::string& s) {
         if (e == std::string::npos) break;
         start = e + 1;
     }
+    return out;
+}
+
+// `warmup + steps` steps of `c` on one CPU device with `threads` GEMM threads: the median step
+// time of the timed steps and the last loss.
+struct TimedRun {
+    double medianS = 0, loss = 0;
+};
+inline Result<TimedRun> timeSteps(engine::Config c, int steps, int warmup, int threads) {
+    c.cpu_threads = threads;
+    std::unique_ptr<engine::Backend> backend = engine::makeCpuBackend(1);
+    engine::Device& dev = backend->device(0);
+    std::unique_ptr<engine::Stream> compute = dev.createStream(trace::TrackKind::Compute, "compute");
+    TS_ASSIGN_OR_RETURN(auto t, engine::Trainer::create(c, &dev, compute.get(), nullptr));
+    kernels::cpu::setNumThreads(threads);
+    std::vector<double> times;
+    TimedRun out;
+    for (int s = 0; s < warmup + steps; ++s) {
+        engine::StepProgress p;
+        TS_RETURN_IF_ERROR(t->step(&p));
+        if (s >= warmup) times.push_back(p.stepTimeS);
+        out.loss = p.loss;
+    }
+    std::sort(times.begin(), times.end());
+    out.medianS = times[times.size() / 2];
     return out;
 }
 

@@ -52,29 +52,12 @@ int main(int argc, char** argv) {
         c.bf16 = true;
         c.fp8 = v.fp8;
         c.fp8_recipe = v.recipe;
-        c.cpu_threads = threads;
-        std::unique_ptr<Backend> backend = makeCpuBackend(1);
-        Device& dev = backend->device(0);
-        std::unique_ptr<Stream> compute = dev.createStream(ts::trace::TrackKind::Compute, "compute");
-        auto t = Trainer::create(c, &dev, compute.get(), nullptr);
-        if (!t) {
-            std::fprintf(stderr, "bench_fp8: %s\n", t.status().toString().c_str());
+        auto run = ts::bench::timeSteps(c, steps, warmup, threads);
+        if (!run) {
+            std::fprintf(stderr, "%s: %s\n", argv[0], run.status().toString().c_str());
             return 1;
         }
-        ts::kernels::cpu::setNumThreads(threads);
-        std::vector<double> times;
-        double loss = 0;
-        for (int s = 0; s < warmup + steps; ++s) {
-            StepProgress p;
-            if (ts::Status st = (*t)->step(&p); !st) {
-                std::fprintf(stderr, "bench_fp8: %s\n", st.toString().c_str());
-                return 1;
-            }
-            if (s >= warmup) times.push_back(p.stepTimeS);
-            loss = p.loss;
-        }
-        std::sort(times.begin(), times.end());
-        const double med = times[times.size() / 2];
+        const double med = run->medianS, loss = run->loss;
         if (base == 0) base = med;
         std::printf("%-18s %12.2f %9.2fx %10.4f\n", v.name, med * 1e3, med / base, loss);
         out[v.name] = {{"step_ms", med * 1e3}, {"vs_bf16", med / base}, {"loss", loss}};

@@ -176,13 +176,59 @@ Status intCount(size_t count, const char* where) {
     return Status::ok();
 }
 
-class MpiCommunicator final : public Communicator {
+// What both MPI communicators share: identity, counters, abort, and how a collective is
+// enqueued (the stream runs it; an aborted group fails it at once). S: Shared or a subtype.
+template <typename S>
+class MpiCommBase : public Communicator {
 public:
-    explicit MpiCommunicator(std::shared_ptr<Shared> s) : m_s(std::move(s)) {}
+    explicit MpiCommBase(std::shared_ptr<S> s) : m_s(std::move(s)) {}
     int rank() const override { return m_s->rank; }
     int size() const override { return m_s->size; }
     const std::string& name() const override { return m_s->name; }
     std::vector<int> globalRanks() const override { return m_s->ranks; }
+
+    CommStats stats() const override {
+        CommStats c;
+        c.ops = m_s->counters.ops.load();
+        c.bytesSent = m_s->counters.bytesSent.load();
+        c.bytesReceived = m_s->counters.bytesReceived.load();
+        return c;
+    }
+
+    void abort(const Status& why) override {
+        {
+            std::lock_guard<std::mutex> lock(m_s->abortMutex);
+            if (m_s->abortStatus.isOk()) m_s->abortStatus = why.isOk() ? Status::comm("aborted") : why;
+        }
+        m_s->aborted = true;
+    }
+
+protected:
+    template <typename Fn>
+    void enqueue(Stream& st, CollectiveKind kind, uint64_t sent, uint64_t received, Fn fn) {
+        OpDesc d;
+        d.name = collectiveName(kind);
+        d.category = trace::Category::Collective;
+        d.group = m_s->name.c_str();
+        d.bytes = sent;
+        st.submit(d, [s = m_s, fn = std::move(fn), sent, received]() mutable -> Status {
+            if (s->aborted.load()) return s->abortedStatus("collective");
+            Status r = fn();
+            if (r.isOk()) {
+                s->counters.ops++;
+                s->counters.bytesSent += sent;
+                s->counters.bytesReceived += received;
+            }
+            return r;
+        });
+    }
+
+    std::shared_ptr<S> m_s;
+};
+
+class MpiCommunicator final : public MpiCommBase<Shared> {
+public:
+    using MpiCommBase::MpiCommBase;
 
     void allReduce(Stream& st, const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
         const uint64_t bytes = uint64_t(double(count * dtypeSize(t)) * busBwFactor(CollectiveKind::AllReduce, size()));
@@ -363,44 +409,6 @@ public:
             return s->wait(req, name);
         });
     }
-
-    CommStats stats() const override {
-        CommStats c;
-        c.ops = m_s->counters.ops.load();
-        c.bytesSent = m_s->counters.bytesSent.load();
-        c.bytesReceived = m_s->counters.bytesReceived.load();
-        return c;
-    }
-
-    void abort(const Status& why) override {
-        {
-            std::lock_guard<std::mutex> lock(m_s->abortMutex);
-            if (m_s->abortStatus.isOk()) m_s->abortStatus = why.isOk() ? Status::comm("aborted") : why;
-        }
-        m_s->aborted = true;
-    }
-
-private:
-    template <typename Fn>
-    void enqueue(Stream& st, CollectiveKind kind, uint64_t sent, uint64_t received, Fn fn) {
-        OpDesc d;
-        d.name = collectiveName(kind);
-        d.category = trace::Category::Collective;
-        d.group = m_s->name.c_str();
-        d.bytes = sent;
-        st.submit(d, [s = m_s, fn = std::move(fn), sent, received]() mutable -> Status {
-            if (s->aborted.load()) return s->abortedStatus("collective");
-            Status r = fn();
-            if (r.isOk()) {
-                s->counters.ops++;
-                s->counters.bytesSent += sent;
-                s->counters.bytesReceived += received;
-            }
-            return r;
-        });
-    }
-
-    std::shared_ptr<Shared> m_s;
 };
 
 // ---- thread groups: several ranks per process (MpiRuntime::createThreadGroup) ----------------
@@ -483,13 +491,9 @@ Status reduceParts(const std::vector<const void*>& parts, void* out, size_t coun
     }
 }
 
-class MpiThreadCommunicator final : public Communicator {
+class MpiThreadCommunicator final : public MpiCommBase<ThreadShared> {
 public:
-    explicit MpiThreadCommunicator(std::shared_ptr<ThreadShared> s) : m_s(std::move(s)) {}
-    int rank() const override { return m_s->rank; }
-    int size() const override { return m_s->size; }
-    const std::string& name() const override { return m_s->name; }
-    std::vector<int> globalRanks() const override { return m_s->ranks; }
+    using MpiCommBase::MpiCommBase;
 
     void allReduce(Stream& st, const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
         const uint64_t bytes = uint64_t(double(count * dtypeSize(t)) * busBwFactor(CollectiveKind::AllReduce, size()));
@@ -653,44 +657,6 @@ public:
             return Status::ok();
         });
     }
-
-    CommStats stats() const override {
-        CommStats c;
-        c.ops = m_s->counters.ops.load();
-        c.bytesSent = m_s->counters.bytesSent.load();
-        c.bytesReceived = m_s->counters.bytesReceived.load();
-        return c;
-    }
-
-    void abort(const Status& why) override {
-        {
-            std::lock_guard<std::mutex> lock(m_s->abortMutex);
-            if (m_s->abortStatus.isOk()) m_s->abortStatus = why.isOk() ? Status::comm("aborted") : why;
-        }
-        m_s->aborted = true;
-    }
-
-private:
-    template <typename Fn>
-    void enqueue(Stream& st, CollectiveKind kind, uint64_t sent, uint64_t received, Fn fn) {
-        OpDesc d;
-        d.name = collectiveName(kind);
-        d.category = trace::Category::Collective;
-        d.group = m_s->name.c_str();
-        d.bytes = sent;
-        st.submit(d, [s = m_s, fn = std::move(fn), sent, received]() mutable -> Status {
-            if (s->aborted.load()) return s->abortedStatus("collective");
-            Status r = fn();
-            if (r.isOk()) {
-                s->counters.ops++;
-                s->counters.bytesSent += sent;
-                s->counters.bytesReceived += received;
-            }
-            return r;
-        });
-    }
-
-    std::shared_ptr<ThreadShared> m_s;
 };
 
 }  // namespace

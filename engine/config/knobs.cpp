@@ -245,12 +245,13 @@ std::vector<KnobDef> buildRegistry() {
                     "Layers on the last pipeline stage; 0 = even split."));
     rules(r.i("context_parallel_size", &C::context_parallel_size, "--context-parallel-size",
               "model.context_parallel_size",
-              "Context parallel size c (sequence split across ranks in 2c load-balanced chunks; the engine runs "
-              "cp_comm_type all_gather, without dropout, with rope or no position embedding)."),
+              "Context parallel size c (sequence split across ranks in 2c load-balanced chunks; the engine runs it "
+              "without dropout, with rope or no position embedding)."),
           "seq_length divisible by 2*context_parallel_size");
     r.e("cp_comm_type", &C::cp_comm_type, {"p2p", "all_gather", "a2a"}, "--cp-comm-type", "model.cp_comm_type",
-        "Context-parallel attention communication: ring p2p, all-gather KV, or all-to-all (the engine executes "
-        "all_gather; p2p and a2a are refused with a clear error).");
+        "Context-parallel attention communication: p2p (ring attention, KV blocks passed on a comm stream while "
+        "the held block is computed), all_gather (KV all-gathered, not overlapped) or a2a (Ulysses: heads "
+        "scattered, needs heads and query groups divisible by tp*cp).");
     notInEngine(rules(r.i("expert_model_parallel_size", &C::expert_model_parallel_size, "--expert-model-parallel-size",
                           "model.expert_model_parallel_size", "Expert parallel size (experts split across ranks)."),
                       "needs num_moe_experts > 0 and divides it"));

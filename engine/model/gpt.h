@@ -33,6 +33,7 @@
 #include "engine/model/layers.h"
 #include "engine/model/model.h"
 #include "engine/model/param_buffer.h"
+#include "engine/model/cp_ring.h"
 #include "engine/model/tp_overlap.h"
 
 namespace ts::engine {
@@ -119,6 +120,10 @@ public:
     // cfg.tp_comm_overlap is set. Call before the first forward.
     void setTpCommOverlap(Stream& commStream, Communicator& comm);
     bool tpCommOverlap() const { return m_tpo != nullptr; }
+    // cp_comm_type=p2p: ring attention over `comm` (a "cp" communicator used on that stream
+    // only) with the key/value blocks passed on `commStream` (engine/model/cp_ring.h). Needed
+    // before the first forward when context parallel runs with p2p; no-op otherwise.
+    void setCpRing(Stream& commStream, Communicator& comm);
 
 private:
     struct LayerActs;
@@ -200,6 +205,11 @@ private:
     // "cp" and put in global order; their grads reduce-scattered back).
     Result<TensorPtr> cpGatherKv(const TensorPtr& local, int heads);
     Result<TensorPtr> cpScatterKvGrad(const TensorPtr& global, int heads);
+    // cp_comm_type=a2a (Ulysses): all-to-all over "cp" from this rank's rows of every head
+    // [sl, b, heads, d] to the whole sequence (global order) of heads/c heads [S, b, heads/c, d],
+    // and back (into `out` [sl, b, heads, d]).
+    Result<TensorPtr> cpToHeads(const TensorPtr& local, int heads);
+    Status cpToSequence(const TensorPtr& full, int heads, const TensorPtr& out);
     Status cpCoreAttentionForward(LayerActs& A, int nq, int ng);
     Status cpCoreAttentionBackward(LayerActs& A, int nq, int ng, TensorPtr dctx, TensorPtr dq, TensorPtr dk,
                                    TensorPtr dv);
@@ -232,7 +242,8 @@ private:
         TensorPtr a, b;
     };
     std::deque<Held> m_held;         // buffers of enqueued SP collectives, oldest first
-    std::unique_ptr<TpOverlap> m_tpo;  // tp_comm_overlap active (SP + knob + comm stream given)
+    std::unique_ptr<TpOverlap> m_tpo;
+    std::unique_ptr<CpRing> m_cpRing;  // cp_comm_type=p2p  // tp_comm_overlap active (SP + knob + comm stream given)
     std::shared_ptr<std::vector<Fp8Meta>> m_fp8Meta;  // [local layer][linear][slot]
     struct Fp8WeightCopy {
         TensorPtr dequantized, codes;  // float values the GEMM uses; the FP8 codes (1 byte each)

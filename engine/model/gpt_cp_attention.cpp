@@ -1,10 +1,15 @@
-// GptModel's context-parallel core attention (cp_comm_type=all_gather; REFERENCE.md §4.5):
-// every CP rank holds the query/key/value rows of its two sequence chunks (§4.1). K and V are
-// all-gathered over "cp" and laid out in global sequence order; each rank computes causal
-// attention of its queries (with their global positions) against the whole sequence; in the
-// backward the full-length dK/dV of every rank are put back in rank order and
-// reduce-scattered (summed) to their owners. The collectives run on the compute stream, in the
-// trace as group "cp" (all-gather exposed, as TE's all-gather variant does without overlap).
+// GptModel's context-parallel core attention (REFERENCE.md §4): every CP rank holds the
+// query/key/value rows of its two sequence chunks (§4.1). cp_comm_type picks how the rest of
+// the sequence reaches it; every variant is in the trace as group "cp":
+//   all_gather (§4.5): K and V are all-gathered over "cp" and laid out in global sequence order;
+//     each rank computes causal attention of its queries (with their global positions) against
+//     the whole sequence; in the backward the full-length dK/dV of every rank are put back in
+//     rank order and reduce-scattered (summed) to their owners. On the compute stream
+//     (all-gather exposed, as TE's all-gather variant does without overlap).
+//   p2p (§4.3, ring attention): engine/model/cp_ring.h, the blocks travel on the CP comm stream
+//     while the block held is computed.
+//   a2a (§4.4, Ulysses): all-to-all from "my rows, all heads" to "all rows, heads/c heads",
+//     ordinary causal attention over the whole sequence, all-to-all back. Compute stream.
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
@@ -53,16 +58,115 @@ Result<TensorPtr> GptModel::cpScatterKvGrad(const TensorPtr& global, int heads) 
     return local;
 }
 
+void GptModel::setCpRing(Stream& commStream, Communicator& comm) {
+    if (m_ctx.cpSize <= 1 || m_cfg.cp_comm_type != "p2p") return;
+    const int c = m_ctx.cpSize, chunk = m_seqGlobal / (2 * c);
+    std::vector<std::vector<int>> pos(static_cast<size_t>(c));
+    for (int r = 0; r < c; ++r)
+        for (int half : {r, 2 * c - 1 - r})
+            for (int i = 0; i < chunk; ++i) pos[size_t(r)].push_back(half * chunk + i);
+    m_cpRing = std::make_unique<CpRing>(m_exec, commStream, comm, std::move(pos));
+}
+
+Result<TensorPtr> GptModel::cpToHeads(const TensorPtr& local, int heads) {
+    const int b = m_d.microBatch, d = m_d.headDim, c = m_ctx.cpSize, sl = m_d.seq, hc = heads / c;
+    const int chunk = m_seqGlobal / (2 * c);
+    const int64_t n = int64_t(sl) * b * heads * d;  // elements held before and after
+    const int64_t part = n / c;                      // sent to / received from one peer
+    TS_ASSIGN_OR_RETURN(TensorPtr send, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
+    m_exec.op("cp_a2a_pack", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
+        // peer j gets heads [j*hc, (j+1)*hc) of every local row: [c][sl][b][hc][d]
+        for (int j = 0; j < c; ++j)
+            for (int64_t rb = 0; rb < int64_t(sl) * b; ++rb)
+                std::memcpy(fp(send) + j * part + rb * hc * d, fp(local) + (rb * heads + int64_t(j) * hc) * d,
+                            size_t(hc) * d * sizeof(float));
+    });
+    TS_ASSIGN_OR_RETURN(TensorPtr recv, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
+    const std::vector<size_t> counts(static_cast<size_t>(c), size_t(part));
+    m_ctx.cp->allToAllv(m_exec.stream(), send->data(), counts, recv->data(), counts, DType::F32);
+    holdUntilDone(send, recv);
+    TS_ASSIGN_OR_RETURN(TensorPtr full, allocUninitialized(m_exec, n));
+    const int64_t row = int64_t(b) * hc * d;  // one sequence position of the head group
+    m_exec.op("cp_a2a_reorder", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
+        // from rank i: its rows (chunks i and 2c-1-i) -> global order
+        for (int i = 0; i < c; ++i)
+            for (int half = 0; half < 2; ++half) {
+                const int ch = half == 0 ? i : 2 * c - 1 - i;
+                std::memcpy(fp(full) + int64_t(ch) * chunk * row, fp(recv) + i * part + int64_t(half) * chunk * row,
+                            size_t(chunk * row) * sizeof(float));
+            }
+    });
+    return full;
+}
+
+Status GptModel::cpToSequence(const TensorPtr& full, int heads, const TensorPtr& out) {
+    const int b = m_d.microBatch, d = m_d.headDim, c = m_ctx.cpSize, sl = m_d.seq, hc = heads / c;
+    const int chunk = m_seqGlobal / (2 * c);
+    const int64_t n = int64_t(sl) * b * heads * d, part = n / c, row = int64_t(b) * hc * d;
+    TS_ASSIGN_OR_RETURN(TensorPtr send, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
+    m_exec.op("cp_a2a_reorder", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
+        for (int i = 0; i < c; ++i)
+            for (int half = 0; half < 2; ++half) {
+                const int ch = half == 0 ? i : 2 * c - 1 - i;
+                std::memcpy(fp(send) + i * part + int64_t(half) * chunk * row, fp(full) + int64_t(ch) * chunk * row,
+                            size_t(chunk * row) * sizeof(float));
+            }
+    });
+    TS_ASSIGN_OR_RETURN(TensorPtr recv, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
+    const std::vector<size_t> counts(static_cast<size_t>(c), size_t(part));
+    m_ctx.cp->allToAllv(m_exec.stream(), send->data(), counts, recv->data(), counts, DType::F32);
+    holdUntilDone(send, recv);
+    m_exec.op("cp_a2a_unpack", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
+        // from peer j: heads [j*hc, (j+1)*hc) of this rank's rows
+        for (int j = 0; j < c; ++j)
+            for (int64_t rb = 0; rb < int64_t(sl) * b; ++rb)
+                std::memcpy(fp(out) + (rb * heads + int64_t(j) * hc) * d, fp(recv) + j * part + rb * hc * d,
+                            size_t(hc) * d * sizeof(float));
+    });
+    return Status::ok();
+}
+
 Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng) {
     const int b = m_d.microBatch, d = m_d.headDim, sl = m_d.seq, S = m_seqGlobal;
     const int64_t T = int64_t(sl) * b;
+    const bool bf = m_o.bf16;
+    const float scale = 1.0f / std::sqrt(float(d));
+    if (m_cfg.cp_comm_type == "p2p") {
+        if (!m_cpRing) return Status::internal("cp_comm_type=p2p needs the CP comm stream (setCpRing)");
+        TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
+        TS_ASSIGN_OR_RETURN(A.lse, allocUninitialized(m_exec, int64_t(b) * nq * sl));
+        TS_RETURN_IF_ERROR(m_cpRing->forward({sl, b, nq, ng, d, scale}, A.q, A.k, A.v, A.ctx, A.lse));
+        // out and lse are all the backward needs: selective recompute has nothing left to redo.
+        if (bf) roundBf16(A.ctx, T * nq * d);
+        return Status::ok();
+    }
+    if (m_cfg.cp_comm_type == "a2a") {
+        const int c = m_ctx.cpSize;
+        // The head-sharded whole-sequence q/k/v replace the local ones for the backward.
+        TS_ASSIGN_OR_RETURN(A.q, cpToHeads(A.q, nq));
+        TS_ASSIGN_OR_RETURN(A.k, cpToHeads(A.k, ng));
+        TS_ASSIGN_OR_RETURN(A.v, cpToHeads(A.v, ng));
+        const k::AttnDims ad{S, b, nq / c, ng / c, d, scale};
+        TS_ASSIGN_OR_RETURN(TensorPtr probs, allocUninitialized(m_exec, int64_t(k::attentionProbsSize(ad))));
+        TS_ASSIGN_OR_RETURN(TensorPtr out, allocUninitialized(m_exec, T * nq * d));
+        TensorPtr q = A.q, kk = A.k, v = A.v;
+        const bool fs = m_o.fusedSoftmax;
+        m_exec.op("core_attention.fwd", Category::Attention, 4.0 * b * (nq / c) * double(S) * S * d,
+                  uint64_t(4) * (uint64_t(T) * (2 * nq + 2 * ng) * d + k::attentionProbsSize(ad)), [=] {
+                      k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(out), fs);
+                      if (bf) k::roundToBf16(fp(out), T * nq * d);
+                  });
+        TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
+        TS_RETURN_IF_ERROR(cpToSequence(out, nq, A.ctx));
+        if (m_o.recomputeGranularity != "selective") A.probs = probs;
+        return Status::ok();
+    }
     TS_ASSIGN_OR_RETURN(TensorPtr kg, cpGatherKv(A.k, ng));
     TS_ASSIGN_OR_RETURN(TensorPtr vg, cpGatherKv(A.v, ng));
-    const k::CpAttnDims ad{sl, S, b, nq, ng, d, 1.0f / std::sqrt(float(d))};
+    const k::CpAttnDims ad{sl, S, b, nq, ng, d, scale};
     TS_ASSIGN_OR_RETURN(TensorPtr probs, allocUninitialized(m_exec, int64_t(b) * nq * sl * S));
     TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
     TensorPtr q = A.q, ctx = A.ctx;
-    const bool bf = m_o.bf16;
     auto pos = std::make_shared<std::vector<int>>(m_cpPos);
     // About half of the s_local x s key pairs are visible (causal).
     m_exec.op("core_attention.fwd", Category::Attention, 2.0 * b * nq * double(sl) * S * d,
@@ -78,10 +182,40 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, TensorPtr
                                          TensorPtr dv) {
     const int b = m_d.microBatch, d = m_d.headDim, sl = m_d.seq, S = m_seqGlobal;
     const int64_t T = int64_t(sl) * b;
+    const float scale = 1.0f / std::sqrt(float(d));
+    if (m_cfg.cp_comm_type == "p2p")
+        return m_cpRing->backward({sl, b, nq, ng, d, scale}, A.q, A.k, A.v, A.ctx, A.lse, dctx, dq, dk, dv);
+    if (m_cfg.cp_comm_type == "a2a") {
+        const int c = m_ctx.cpSize;
+        const k::AttnDims ad{S, b, nq / c, ng / c, d, scale};
+        TensorPtr q = A.q, kk = A.k, v = A.v, probs = A.probs;
+        const bool fs = m_o.fusedSoftmax;
+        if (!probs) {
+            TS_ASSIGN_OR_RETURN(probs, allocUninitialized(m_exec, int64_t(k::attentionProbsSize(ad))));
+            TS_ASSIGN_OR_RETURN(TensorPtr ctxTmp, allocUninitialized(m_exec, T * nq * d));
+            m_exec.op("core_attention.recompute", Category::Attention, 4.0 * b * (nq / c) * double(S) * S * d,
+                      uint64_t(4) * k::attentionProbsSize(ad),
+                      [=] { k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctxTmp), fs); });
+        }
+        TS_ASSIGN_OR_RETURN(TensorPtr dout, cpToHeads(dctx, nq));
+        TS_ASSIGN_OR_RETURN(TensorPtr dqh, allocUninitialized(m_exec, T * nq * d));
+        TS_ASSIGN_OR_RETURN(TensorPtr dkh, allocUninitialized(m_exec, T * ng * d));
+        TS_ASSIGN_OR_RETURN(TensorPtr dvh, allocUninitialized(m_exec, T * ng * d));
+        TS_ASSIGN_OR_RETURN(TensorPtr scratch, allocUninitialized(m_exec, int64_t(k::attentionScratchSize(ad)),
+                                                                  MemCategory::Workspace));
+        m_exec.op("core_attention.bwd", Category::Attention, 8.0 * b * (nq / c) * double(S) * S * d,
+                  uint64_t(8) * k::attentionProbsSize(ad), [=] {
+                      k::attentionBackward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(dout), fp(dqh), fp(dkh), fp(dvh),
+                                           fp(scratch), fs);
+                  });
+        TS_RETURN_IF_ERROR(cpToSequence(dqh, nq, dq));
+        TS_RETURN_IF_ERROR(cpToSequence(dkh, ng, dk));
+        return cpToSequence(dvh, ng, dv);
+    }
     // K and V of the whole sequence again (TE's all-gather variant re-gathers too).
     TS_ASSIGN_OR_RETURN(TensorPtr kg, cpGatherKv(A.k, ng));
     TS_ASSIGN_OR_RETURN(TensorPtr vg, cpGatherKv(A.v, ng));
-    const k::CpAttnDims ad{sl, S, b, nq, ng, d, 1.0f / std::sqrt(float(d))};
+    const k::CpAttnDims ad{sl, S, b, nq, ng, d, scale};
     TensorPtr q = A.q, probs = A.probs;
     auto pos = std::make_shared<std::vector<int>>(m_cpPos);
     if (!probs) {

@@ -22,6 +22,7 @@ struct GptModel::LayerActs {
     TensorPtr mean1, rstd1, a1;     // input_layernorm stats [T], output [T, h]
     TensorPtr q, k, v;              // after RoPE: [T, nq, d], [T, ng, d], [T, ng, d]
     TensorPtr probs;                // [b, nq, s, s]; null under selective recompute
+    TensorPtr lse;                  // cp_comm_type=p2p: log-sum-exp of the softmax rows [b, nq, s]
     TensorPtr ctx;                  // core attention output [T, nq*d]
     TensorPtr mask1;                // dropout mask after linear_proj [T*h] (p > 0)
     TensorPtr x2;                   // residual after attention [T, h]

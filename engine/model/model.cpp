@@ -58,8 +58,13 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         auto notYet = [](const std::string& what) {
             return Status::unsupported("context parallel: " + what + " is not executed by the engine yet");
         };
-        if (c.cp_comm_type != "all_gather")
-            return notYet("cp_comm_type=" + c.cp_comm_type + " (ring p2p / all-to-all); set cp_comm_type: all_gather");
+        if (c.cp_comm_type != "all_gather" && c.cp_comm_type != "p2p" && c.cp_comm_type != "a2a")
+            return notYet("cp_comm_type=" + c.cp_comm_type + "; use p2p, all_gather or a2a");
+        if (c.cp_comm_type == "a2a" && (d.heads % (ds.tp * ds.cp) != 0 || d.groups % (ds.tp * ds.cp) != 0))
+            return bad("cp_comm_type=a2a scatters the heads over the CP ranks: num_attention_heads=" +
+                       std::to_string(d.heads) + " and num_query_groups=" + std::to_string(d.groups) +
+                       " must be divisible by tensor_model_parallel_size x context_parallel_size = " +
+                       std::to_string(ds.tp * ds.cp) + "; use p2p or all_gather otherwise");
         if (c.seq_length % (2 * ds.cp) != 0)
             return bad("seq_length=" + std::to_string(c.seq_length) + " must be divisible by 2 x context_parallel_size");
         if (c.hidden_dropout > 0 || c.attention_dropout > 0)

@@ -83,10 +83,12 @@ struct ParallelTrainer::RankState {
     Device* dev = nullptr;
     std::unique_ptr<Stream> compute, dpStream, p2p;
     std::unique_ptr<Stream> tpStream;  // tp_comm_overlap: the SP collectives of the TP linears
+    std::unique_ptr<Stream> cpStream;  // cp_comm_type=p2p: the ring attention's KV/dKV blocks
     std::unique_ptr<Communicator> tpComm, ppComm, dpComm, embdComm, normComm;
     std::unique_ptr<Communicator> tpOverlapComm;  // a second "tp" communicator, used on tpStream only
     std::unique_ptr<Communicator> amaxComm;       // FP8 delayed scaling: "tp-dp-cp", compute stream
     std::unique_ptr<Communicator> cpComm;         // context parallel attention ("cp"), compute stream
+    std::unique_ptr<Communicator> cpRingComm;     // cp_comm_type=p2p: a second "cp", used on cpStream only
     std::vector<std::unique_ptr<GptModel>> models;
     std::vector<std::unique_ptr<GradSync>> syncs;
     std::unique_ptr<ShardedAdamW> opt;
@@ -101,6 +103,7 @@ struct ParallelTrainer::RankState {
         if (dpStream) (void)dpStream->synchronize();
         if (p2p) (void)p2p->synchronize();
         if (tpStream) (void)tpStream->synchronize();
+        if (cpStream) (void)cpStream->synchronize();
         pipe.reset();
         opt.reset();
         syncs.clear();
@@ -181,6 +184,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         R->p2p = R->dev->createStream(trace::TrackKind::P2P, "p2p");
         const bool tpOverlap = c.tp_comm_overlap && c.sequence_parallel && ds.tp > 1;
         if (tpOverlap) R->tpStream = R->dev->createStream(trace::TrackKind::Comm, "tp_comm");
+        const bool cpRing = ds.cp > 1 && c.cp_comm_type == "p2p";
+        if (cpRing) R->cpStream = R->dev->createStream(trace::TrackKind::Comm, "cp_comm");
         auto join = [&](const std::string& name, std::unique_ptr<Communicator>& out) -> Status {
             const std::vector<int> members = layout.groupRanks(name, r);
             if (members.size() < 2) return Status::ok();
@@ -197,6 +202,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         // Context parallel: the CP group for attention; gradients are reduced (and the distributed
         // optimizer sharded) over Megatron's data-parallel group with CP, "dp-cp".
         if (ds.cp > 1) TS_RETURN_IF_ERROR(join("cp", R->cpComm));
+        if (cpRing) TS_RETURN_IF_ERROR(join("cp", R->cpRingComm));
         TS_RETURN_IF_ERROR(join(ds.cp > 1 ? "dp-cp" : "dp", R->dpComm));
         // FP8 delayed scaling: amaxes reduced with MAX over Megatron's amax group (TP x DP x CP),
         // on the compute stream, at the start of each iteration.
@@ -234,6 +240,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             if (!model) return model.status().withContext(coordText(R->coords) + " chunk " + std::to_string(ch));
             GptModel& m = *model.value();
             if (R->tpStream && R->tpOverlapComm) m.setTpCommOverlap(*R->tpStream, *R->tpOverlapComm);
+            if (R->cpStream && R->cpRingComm) m.setCpRing(*R->cpStream, *R->cpRingComm);
             GradLayoutOptions lo;
             lo.bucketSize = effectiveBucketSize(c, dpc, ppRank, ch);
             lo.dp = dpc;
@@ -377,7 +384,8 @@ void ParallelTrainer::abortAfterFailure(int local, const Status& st) {
     if (m_opts.makeGroup)
         for (auto& R : m_ranks)
             for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
-                                    R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get()})
+                                    R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get(),
+                                    R->cpRingComm.get()})
                 if (c) c->abort(why);
 }
 
@@ -390,7 +398,8 @@ void ParallelTrainer::abort(const Status& why) {
     m_world->abort(why);
     for (auto& R : m_ranks)
         for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
-                                R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get()})
+                                R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get(),
+                                R->cpRingComm.get()})
             if (c) c->abort(why);
 }
 

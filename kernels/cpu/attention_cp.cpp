@@ -85,3 +85,123 @@ void cpAttentionBackward(const CpAttnDims& a, const int* qPos, const float* q, c
 }
 
 }  // namespace ts::kernels::cpu
+
+namespace ts::kernels::cpu {
+
+// Ring attention blocks (see ops.h). Same loop order as above; the scores of one row against
+// the block live in `row` only. A block's positions ascend (chunk r, then chunk 2c-1-r), so the
+// keys visible to a query are a prefix of the block: [0, visibleKeys).
+namespace {
+int visibleKeys(const int* kPos, int skv, int qPos) {
+    return int(std::upper_bound(kPos, kPos + skv, qPos) - kPos);
+}
+}  // namespace
+
+void cpRingAttentionForward(const CpAttnDims& a, const int* qPos, const int* kPos, const float* q, const float* k,
+                            const float* v, float* out, float* lse, bool first) {
+    const int r = a.nq / a.nkv;
+    std::vector<float> row(static_cast<size_t>(a.skv)), acc(static_cast<size_t>(a.d));
+    for (int bi = 0; bi < a.b; ++bi) {
+        for (int hq = 0; hq < a.nq; ++hq) {
+            const int hk = hq / r;
+            for (int i = 0; i < a.sq; ++i) {
+                const float* qi = q + ((size_t(i) * a.b + bi) * a.nq + hq) * a.d;
+                float* o = out + ((size_t(i) * a.b + bi) * a.nq + hq) * a.d;
+                float& L = lse[(size_t(bi) * a.nq + hq) * a.sq + i];
+                if (first) {
+                    std::fill(o, o + a.d, 0.f);
+                    L = -INFINITY;
+                }
+                const int nv = visibleKeys(kPos, a.skv, qPos[i]);
+                if (nv == 0) continue;  // no key of this block is visible to the row
+                float mx = -INFINITY;
+                for (int j = 0; j < nv; ++j) {
+                    const float* kj = k + ((size_t(j) * a.b + bi) * a.nkv + hk) * a.d;
+                    float s = 0;
+                    for (int e = 0; e < a.d; ++e) s += qi[e] * kj[e];
+                    row[size_t(j)] = s * a.scale;
+                    mx = std::max(mx, row[size_t(j)]);
+                }
+                double sum = 0;
+                std::fill(acc.begin(), acc.end(), 0.f);
+                for (int j = 0; j < nv; ++j) {
+                    const float p = std::exp(row[size_t(j)] - mx);
+                    sum += p;
+                    const float* vj = v + ((size_t(j) * a.b + bi) * a.nkv + hk) * a.d;
+                    for (int e = 0; e < a.d; ++e) acc[size_t(e)] += p * vj[e];
+                }
+                const double lb = double(mx) + std::log(sum);
+                if (L == -INFINITY) {
+                    for (int e = 0; e < a.d; ++e) o[e] = float(acc[size_t(e)] / sum);
+                    L = float(lb);
+                    continue;
+                }
+                const double m = std::max(double(L), lb);
+                const double lNew = m + std::log(std::exp(double(L) - m) + std::exp(lb - m));
+                const double wOld = std::exp(double(L) - lNew), wBlk = std::exp(lb - lNew) / sum;
+                for (int e = 0; e < a.d; ++e) o[e] = float(o[e] * wOld + acc[size_t(e)] * wBlk);
+                L = float(lNew);
+            }
+        }
+    }
+}
+
+void cpRingAttentionDelta(const CpAttnDims& a, const float* out, const float* dout, float* delta) {
+    for (int bi = 0; bi < a.b; ++bi)
+        for (int hq = 0; hq < a.nq; ++hq)
+            for (int i = 0; i < a.sq; ++i) {
+                const size_t off = ((size_t(i) * a.b + bi) * a.nq + hq) * a.d;
+                double s = 0;
+                for (int e = 0; e < a.d; ++e) s += double(out[off + e]) * dout[off + e];
+                delta[(size_t(bi) * a.nq + hq) * a.sq + i] = float(s);
+            }
+}
+
+void cpRingAttentionBackward(const CpAttnDims& a, const int* qPos, const int* kPos, const float* q, const float* k,
+                             const float* v, const float* lse, const float* delta, const float* dout, float* dq,
+                             float* dk, float* dv) {
+    const int r = a.nq / a.nkv;
+    std::vector<float> P(static_cast<size_t>(a.skv)), dS(static_cast<size_t>(a.skv));
+    std::fill(dk, dk + size_t(a.skv) * a.b * a.nkv * a.d, 0.f);
+    std::fill(dv, dv + size_t(a.skv) * a.b * a.nkv * a.d, 0.f);
+    for (int bi = 0; bi < a.b; ++bi) {
+        for (int hq = 0; hq < a.nq; ++hq) {
+            const int hk = hq / r;
+            for (int i = 0; i < a.sq; ++i) {
+                const size_t off = ((size_t(i) * a.b + bi) * a.nq + hq) * a.d;
+                const float* qi = q + off;
+                const float* go = dout + off;
+                float* gq = dq + off;
+                const size_t si = (size_t(bi) * a.nq + hq) * a.sq + i;
+                const float L = lse[si], D = delta[si];
+                if (L == -INFINITY) continue;
+                const int nv = visibleKeys(kPos, a.skv, qPos[i]);
+                // Pass 1: P and dS of the row's visible keys; pass 2: the three updates, each a
+                // plain axpy over the head dim (separate loops vectorize; one fused loop did not).
+                for (int j = 0; j < nv; ++j) {
+                    const size_t kvOff = ((size_t(j) * a.b + bi) * a.nkv + hk) * a.d;
+                    const float* kj = k + kvOff;
+                    const float* vj = v + kvOff;
+                    float s = 0, dp = 0;
+                    for (int e = 0; e < a.d; ++e) s += qi[e] * kj[e];
+                    for (int e = 0; e < a.d; ++e) dp += go[e] * vj[e];
+                    const float p = std::exp(s * a.scale - L);
+                    P[size_t(j)] = p;
+                    dS[size_t(j)] = p * (dp - D) * a.scale;
+                }
+                for (int j = 0; j < nv; ++j) {
+                    const size_t kvOff = ((size_t(j) * a.b + bi) * a.nkv + hk) * a.d;
+                    const float p = P[size_t(j)], ds = dS[size_t(j)];
+                    const float* kj = k + kvOff;
+                    float* gv = dv + kvOff;
+                    float* gk = dk + kvOff;
+                    for (int e = 0; e < a.d; ++e) gv[e] += p * go[e];
+                    for (int e = 0; e < a.d; ++e) gq[e] += ds * kj[e];
+                    for (int e = 0; e < a.d; ++e) gk[e] += ds * qi[e];
+                }
+            }
+        }
+    }
+}
+
+}  // namespace ts::kernels::cpu

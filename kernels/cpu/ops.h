@@ -145,6 +145,23 @@ void cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q,
                         float* probs, float* out);
 void cpAttentionBackward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k, const float* v,
                          const float* probs, const float* dout, float* dq, float* dk, float* dv);
+// Ring attention (cp_comm_type=p2p; attention_cp.cpp): the local query rows q [sq, b, nq, d]
+// (global positions qPos) against ONE block of keys/values k, v [skv, b, nkv, d] whose rows
+// have global positions kPos (ascending); key j is visible to query i iff kPos[j] <= qPos[i]. Nothing of
+// size sq x skv is kept: the forward merges the block into a running result with the
+// log-sum-exp of each row's scaled scores, lse [b, nq, sq] (natural log of the softmax
+// denominator): first=true starts it (a row with no visible key: out 0, lse -inf), first=false
+// merges out = out*e^(lse-lse') + o_blk*e^(lse_blk-lse') with lse' = logaddexp(lse, lse_blk).
+void cpRingAttentionForward(const CpAttnDims& dims, const int* qPos, const int* kPos, const float* q, const float* k,
+                            const float* v, float* out, float* lse, bool first);
+// delta [b, nq, sq] = rowsum(dout * out) per head (the softmax backward's correction term).
+void cpRingAttentionDelta(const CpAttnDims& dims, const float* out, const float* dout, float* delta);
+// Backward of one block from the FINAL out's lse and delta: P = exp(scale*qk - lse),
+// dq += scale*dS k (accumulated), dk, dv [skv, b, nkv, d] overwritten with this block's
+// gradient from these queries (dS = P (dout.v - delta)).
+void cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const int* kPos, const float* q, const float* k,
+                             const float* v, const float* lse, const float* delta, const float* dout, float* dq,
+                             float* dk, float* dv);
 size_t attentionProbsSize(const AttnDims& dims);    // elements of probs
 size_t attentionScratchSize(const AttnDims& dims);  // s*s, 2*s*s with dropout
 

@@ -108,8 +108,99 @@ TEST(ContextParallel, AttentionOfEveryRankEqualsFullAttention) {
     }
 }
 
+// Ring attention (p2p): each rank merges the blocks in the order the ring delivers them (own block
+// first, then ranks r-1, r-2, ...), the backward uses only the final out/lse; the result must equal
+// full attention for every rank's rows, for c = 2 and 4 (every section kind: diagonal, the
+// lower and upper halves of the load-balanced split), and the dK/dV of every block summed over the
+// ranks that computed it must equal the full dK/dV.
+TEST(ContextParallel, RingBlocksMergedEqualFullAttention) {
+    namespace k = kernels::cpu;
+    for (int cp : {2, 4}) {
+        const int S = 8 * cp, b = 2, nq = 4, ng = 2, d = 8;
+        std::mt19937 rng(11 + cp);
+        std::normal_distribution<float> nd(0.f, 1.f);
+        auto randv = [&](size_t n) {
+            std::vector<float> v(n);
+            for (auto& x : v) x = nd(rng);
+            return v;
+        };
+        const auto q = randv(size_t(S) * b * nq * d), kk = randv(size_t(S) * b * ng * d),
+                   v = randv(size_t(S) * b * ng * d), dout = randv(size_t(S) * b * nq * d);
+        k::AttnDims ad{S, b, nq, ng, d, 1.0f / std::sqrt(float(d))};
+        std::vector<float> probs(k::attentionProbsSize(ad)), out(q.size()), dq(q.size()), dk(kk.size()),
+            dv(v.size()), scratch(k::attentionScratchSize(ad));
+        k::attentionForward(ad, q.data(), kk.data(), v.data(), probs.data(), out.data(), true);
+        k::attentionBackward(ad, q.data(), kk.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(),
+                             dv.data(), scratch.data(), true);
+        const size_t qrow = size_t(b) * nq * d, kvrow = size_t(b) * ng * d;
+        auto rows = [](const std::vector<float>& src, const std::vector<int>& pos, size_t row) {
+            std::vector<float> o;
+            for (int p : pos)
+                o.insert(o.end(), src.begin() + long(size_t(p) * row), src.begin() + long(size_t(p + 1) * row));
+            return o;
+        };
+        std::vector<float> dkSum(dk.size(), 0.f), dvSum(dv.size(), 0.f);
+        for (int r = 0; r < cp; ++r) {
+            const auto pos = engine::cpLocalPositions(S, cp, r);
+            const int sl = int(pos.size());
+            const auto ql = rows(q, pos, qrow), gl = rows(dout, pos, qrow);
+            const k::CpAttnDims cd{sl, sl, b, nq, ng, d, ad.scale};
+            std::vector<float> ol(ql.size()), lse(size_t(b) * nq * sl), delta(lse.size()), dql(ql.size(), 0.f);
+            for (int i = 0; i < cp; ++i) {
+                const auto kp = engine::cpLocalPositions(S, cp, (r - i + cp) % cp);
+                const auto kl = rows(kk, kp, kvrow), vl = rows(v, kp, kvrow);
+                k::cpRingAttentionForward(cd, pos.data(), kp.data(), ql.data(), kl.data(), vl.data(), ol.data(),
+                                          lse.data(), i == 0);
+            }
+            k::cpRingAttentionDelta(cd, ol.data(), gl.data(), delta.data());
+            for (int i = 0; i < cp; ++i) {
+                const auto kp = engine::cpLocalPositions(S, cp, (r - i + cp) % cp);
+                const auto kl = rows(kk, kp, kvrow), vl = rows(v, kp, kvrow);
+                std::vector<float> dkl(kl.size()), dvl(vl.size());
+                k::cpRingAttentionBackward(cd, pos.data(), kp.data(), ql.data(), kl.data(), vl.data(), lse.data(),
+                                           delta.data(), gl.data(), dql.data(), dkl.data(), dvl.data());
+                for (size_t j = 0; j < kp.size(); ++j)
+                    for (size_t e = 0; e < kvrow; ++e) {
+                        dkSum[size_t(kp[j]) * kvrow + e] += dkl[j * kvrow + e];
+                        dvSum[size_t(kp[j]) * kvrow + e] += dvl[j * kvrow + e];
+                    }
+            }
+            for (int i = 0; i < sl; ++i)
+                for (size_t e = 0; e < qrow; ++e) {
+                    ASSERT_NEAR(ol[size_t(i) * qrow + e], out[size_t(pos[size_t(i)]) * qrow + e], 1e-5)
+                        << "cp " << cp << " rank " << r;
+                    ASSERT_NEAR(dql[size_t(i) * qrow + e], dq[size_t(pos[size_t(i)]) * qrow + e], 1e-5)
+                        << "cp " << cp << " rank " << r;
+                }
+        }
+        for (size_t i = 0; i < dk.size(); ++i) {
+            ASSERT_NEAR(dkSum[i], dk[i], 1e-5) << "cp " << cp << " " << i;
+            ASSERT_NEAR(dvSum[i], dv[i], 1e-5) << "cp " << cp << " " << i;
+        }
+    }
+}
+
+TEST(ContextParallel, RingBlockWithNoVisibleKeyLeavesRowsUntouched) {
+    namespace k = kernels::cpu;
+    // Rank 0 of c=2 holds positions 0-1 and 6-7; rank 1's block (2-3, 4-5) is invisible to rows
+    // 0-1 and fully visible to rows 6-7.
+    const int S = 8, cp = 2, b = 1, nq = 1, ng = 1, d = 2;
+    const auto pos = engine::cpLocalPositions(S, cp, 0), kp = engine::cpLocalPositions(S, cp, 1);
+    const k::CpAttnDims cd{4, 4, b, nq, ng, d, 1.0f};
+    const std::vector<float> q(8, 0.5f), kv(8, 0.25f);
+    std::vector<float> out(8, 0.f), lse(4, 0.f);
+    k::cpRingAttentionForward(cd, pos.data(), kp.data(), q.data(), kv.data(), kv.data(), out.data(), lse.data(), true);
+    EXPECT_EQ(lse[0], -INFINITY);
+    EXPECT_EQ(lse[1], -INFINITY);
+    EXPECT_EQ(out[0], 0.f);
+    // Rows 2-3 (positions 6-7) see 4 equal scores 0.5*0.25*2 = 0.25: lse = 0.25 + log 4, out = v.
+    EXPECT_NEAR(lse[2], 0.25 + std::log(4.0), 1e-6);
+    EXPECT_NEAR(out[4], 0.25f, 1e-7);
+}
+
 struct CpLayout {
     const char* name;
+    const char* comm;  // cp_comm_type
     int tp, cp, pp, vpp, dp;
     bool sp, distOpt;
     const char* recompute;
@@ -120,7 +211,7 @@ TEST_P(ContextParallelLayouts, EqualSingleDevice) {
     const CpLayout L = GetParam();
     engine::Config c = withLayout(tinyConfig(2), Layout{L.tp, L.pp, L.vpp, L.dp, 2});
     c.context_parallel_size = L.cp;
-    c.cp_comm_type = "all_gather";
+    c.cp_comm_type = L.comm;
     c.sequence_parallel = L.sp;
     c.use_distributed_optimizer = L.distOpt;
     if (L.vpp > 1) c.overlap_p2p_comm = true;
@@ -141,14 +232,23 @@ TEST_P(ContextParallelLayouts, EqualSingleDevice) {
     expectSame(*par, ref, 1e-5, L.name);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, ContextParallelLayouts,
-                         ::testing::Values(CpLayout{"cp2", 1, 2, 1, 1, 1, false, false, ""},
-                                           CpLayout{"cp4_selective", 1, 4, 1, 1, 1, false, false, "selective"},
-                                           CpLayout{"tp2_cp2_sp", 2, 2, 1, 1, 1, true, false, ""},
-                                           CpLayout{"cp2_dp2_distopt", 1, 2, 1, 1, 2, false, true, ""},
-                                           CpLayout{"cp2_pp2_vpp2_full", 1, 2, 2, 2, 1, false, false, "full"},
-                                           CpLayout{"tp2_cp2_dp2", 2, 2, 1, 1, 2, true, true, ""}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ContextParallelLayouts,
+    ::testing::Values(CpLayout{"cp2", "all_gather", 1, 2, 1, 1, 1, false, false, ""},
+                      CpLayout{"cp4_selective", "all_gather", 1, 4, 1, 1, 1, false, false, "selective"},
+                      CpLayout{"tp2_cp2_sp", "all_gather", 2, 2, 1, 1, 1, true, false, ""},
+                      CpLayout{"cp2_dp2_distopt", "all_gather", 1, 2, 1, 1, 2, false, true, ""},
+                      CpLayout{"cp2_pp2_vpp2_full", "all_gather", 1, 2, 2, 2, 1, false, false, "full"},
+                      CpLayout{"tp2_cp2_dp2", "all_gather", 2, 2, 1, 1, 2, true, true, ""},
+                      CpLayout{"p2p_cp2", "p2p", 1, 2, 1, 1, 1, false, false, ""},
+                      CpLayout{"p2p_cp4_selective", "p2p", 1, 4, 1, 1, 1, false, false, "selective"},
+                      CpLayout{"p2p_tp2_cp2_dp2", "p2p", 2, 2, 1, 1, 2, true, true, ""},
+                      CpLayout{"p2p_cp2_pp2_vpp2_full", "p2p", 1, 2, 2, 2, 1, false, false, "full"},
+                      CpLayout{"a2a_cp2", "a2a", 1, 2, 1, 1, 1, false, false, ""},
+                      CpLayout{"a2a_cp4_selective", "a2a", 1, 4, 1, 1, 1, false, false, "selective"},
+                      CpLayout{"a2a_tp2_cp2_dp2", "a2a", 2, 2, 1, 1, 2, true, true, ""},
+                      CpLayout{"a2a_cp2_pp2_vpp2_full", "a2a", 1, 2, 2, 2, 1, false, false, "full"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(ContextParallel, CheckpointOfCp2Dp2ResumesOnOneDevice) {
     engine::Config c = withLayout(tinyConfig(2), Layout{1, 1, 1, 2, 2});
@@ -174,14 +274,19 @@ TEST(ContextParallel, WhatIsNotExecutedIsNamed) {
     engine::Config c = withLayout(tinyConfig(2), Layout{1, 1, 1, 1, 2});
     c.context_parallel_size = 2;
     c.cp_comm_type = "p2p";
-    auto t = engine::ParallelTrainer::create(c);
-    ASSERT_FALSE(t.isOk());
-    EXPECT_NE(t.status().message().find("cp_comm_type"), std::string::npos) << t.status().message();
-    c.cp_comm_type = "all_gather";
     c.hidden_dropout = 0.1;
     auto u = engine::ParallelTrainer::create(c);
     ASSERT_FALSE(u.isOk());
     EXPECT_NE(u.status().message().find("dropout"), std::string::npos) << u.status().message();
+    // a2a scatters heads: 4 heads over cp 8 cannot be split.
+    engine::Config a = withLayout(tinyConfig(2), Layout{1, 1, 1, 1, 2});
+    a.seq_length = 32;
+    a.context_parallel_size = 8;
+    a.cp_comm_type = "a2a";
+    auto w = engine::ParallelTrainer::create(a);
+    ASSERT_FALSE(w.isOk());
+    EXPECT_NE(w.status().message().find("num_attention_heads=4"), std::string::npos) << w.status().message();
+    EXPECT_NE(w.status().message().find("use p2p or all_gather"), std::string::npos) << w.status().message();
 }
 
 }  // namespace

@@ -198,6 +198,54 @@ Result<MemorySummary> memorySummary(TraceStore& store, int rank, size_t maxPoint
 // Downsampling used above; exposed for tests. Points must be sorted by ts.
 std::vector<MemoryPoint> downsampleKeepPeaks(const std::vector<MemoryPoint>& points, size_t maxPoints);
 
+// ---- model counters the engine records per rank (engine/model/gpt_moe.cpp, gpt_fp8.cpp).
+// A sample belongs to the step whose window (same rank) contains its timestamp; samples in no
+// window of their rank are only counted. Without such counters the summaries are empty and the
+// report has no "moe" / "fp8" key. Counter names other than the ones below are ignored, so a
+// "memory.*" counter is never read here and these are never read as memory.
+//
+// MoE router, "moe.layer<L>.aux_loss", ".z_loss" and ".tokens.expert<E>", one sample per
+// forward of the layer on each rank (every microbatch, recomputed forwards too):
+//   step value of aux/z   = mean of the step's samples over ranks and forwards
+//   aux/z mean            = mean of the step values over the steps with samples
+//   tokens of expert e    = sum over ranks and forwards in the step, then mean over steps
+//   imbalance             = max_e tokens / mean_e tokens (1 = perfectly balanced; 0 = no tokens)
+struct MoeLayerStats {
+    int layer = 0;
+    int steps = 0;     // steps with samples of this layer
+    int lastStep = -1;
+    double auxLossMean = 0, zLossMean = 0;
+    double auxLossLast = 0, zLossLast = 0;    // the last step's values
+    std::vector<double> tokensPerExpert;      // index = expert
+    std::vector<double> tokensPerExpertLast;
+    double imbalance = 0, imbalanceLast = 0;
+    int maxExpert = -1;                       // argmax of tokensPerExpert (lowest index on ties)
+};
+struct MoeSummary {
+    std::vector<MoeLayerStats> layers;  // by layer
+    int64_t samplesOutsideSteps = 0;
+};
+// step >= 0: only that step's samples.
+Result<MoeSummary> moeSummary(TraceStore& store, const std::vector<StepWindow>& windows, int step = -1);
+
+// FP8 scaling, "fp8.layer<L>.<linear>.<slot>.amax" / ".scale", one sample per tensor at the
+// start of every step on each rank (the scales that step quantizes with). Per tensor the last
+// sample of each rank (latest timestamp), then over ranks: amax = max, scale = min and max
+// (ranks may hold different scales, e.g. tensor-parallel shards without a shared amax).
+struct Fp8TensorStats {
+    std::string tensor;  // "layer0.linear_qkv.input"
+    int layer = -1;
+    double amax = 0, scaleMin = 0, scaleMax = 0;
+    int ranks = 0;
+};
+struct Fp8Summary {
+    std::vector<Fp8TensorStats> tensors;  // by (layer, tensor name)
+    const Fp8TensorStats* smallestScale() const;  // by scaleMin; nullptr when empty
+    const Fp8TensorStats* largestScale() const;   // by scaleMax
+};
+// step >= 0: the last samples inside that step; otherwise the last samples of the run.
+Result<Fp8Summary> fp8Summary(TraceStore& store, const std::vector<StepWindow>& windows, int step = -1);
+
 // ---- peak FLOPS table: JSON {"devices": {"<device name>": {"<dtype>": tflops, ...}}}.
 struct PeakFlopsTable {
     std::map<std::string, std::map<std::string, double>> tflops;  // device -> dtype -> TFLOP/s

@@ -64,6 +64,44 @@ double num(const std::map<std::string, std::string>& meta, const std::string& ke
 double rnd(double v) { return std::round(v * 1e9) / 1e9; }
 double sec(double ns) { return ns * 1e-9; }
 
+// "moe" and "fp8" (analysis.h, moeSummary / fp8Summary), only for runs that record them, with
+// their definitions. Losses, amax and scales are not rounded: z-losses and scales span many
+// orders of magnitude.
+Status addModelCounters(TraceStore& store, const std::vector<StepWindow>& windows, int step, json& doc) {
+    TS_ASSIGN_OR_RETURN(MoeSummary moe, moeSummary(store, windows, step));
+    if (!moe.layers.empty() || moe.samplesOutsideSteps > 0) {
+        json layers = json::array();
+        for (const auto& l : moe.layers)
+            layers.push_back({{"layer", l.layer}, {"steps", l.steps}, {"aux_loss_mean", l.auxLossMean},
+                              {"z_loss_mean", l.zLossMean}, {"tokens_per_expert", l.tokensPerExpert},
+                              {"imbalance", l.imbalance}, {"max_expert", l.maxExpert < 0 ? json(nullptr) : json(l.maxExpert)},
+                              {"last_step", l.lastStep}, {"aux_loss_last", l.auxLossLast}, {"z_loss_last", l.zLossLast},
+                              {"tokens_per_expert_last", l.tokensPerExpertLast}, {"imbalance_last", l.imbalanceLast}});
+        doc["moe"] = {{"layers", layers}, {"samples_outside_steps", moe.samplesOutsideSteps}};
+        doc["definitions"]["moe"] =
+            "per layer: aux/z loss of a step = mean of its samples (ranks x forwards), *_mean = mean over steps; "
+            "tokens_per_expert = tokens routed to each expert in a step summed over ranks and forwards, mean over "
+            "steps; imbalance = max/mean of tokens_per_expert";
+    }
+    TS_ASSIGN_OR_RETURN(Fp8Summary fp8, fp8Summary(store, windows, step));
+    if (!fp8.tensors.empty()) {
+        json tensors = json::array();
+        for (const auto& t : fp8.tensors)
+            tensors.push_back({{"tensor", t.tensor}, {"layer", t.layer}, {"amax", t.amax}, {"scale_min", t.scaleMin},
+                               {"scale_max", t.scaleMax}, {"ranks", t.ranks}});
+        const Fp8TensorStats* lo = fp8.smallestScale();
+        const Fp8TensorStats* hi = fp8.largestScale();
+        doc["fp8"] = {{"tensor_count", fp8.tensors.size()},
+                      {"smallest_scale", {{"tensor", lo->tensor}, {"scale", lo->scaleMin}}},
+                      {"largest_scale", {{"tensor", hi->tensor}, {"scale", hi->scaleMax}}},
+                      {"tensors", tensors}};
+        doc["definitions"]["fp8"] =
+            "per FP8 tensor the last amax and scale each rank recorded (recorded at the start of every step: the "
+            "scales that step uses); amax = max over ranks, scale_min/scale_max over ranks";
+    }
+    return Status::ok();
+}
+
 }  // namespace
 
 // ---- peak FLOPS table ----------------------------------------------------------------------
@@ -163,6 +201,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     data.reserve(rankIds.size());
     json ranksJ = json::array();
     std::map<int, std::vector<StepWindow>> windowsByStep;
+    std::vector<StepWindow> allWindows;  // every step of every rank: the model counters' steps
     // Reading rows out of SQLite is most of the cost: a file-backed store is read by several
     // threads, each with its own read-only connection (WAL readers never block each other).
     std::vector<std::optional<Result<RankData>>> loaded(rankIds.size());
@@ -251,6 +290,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         ranksJ.push_back(rj);
         for (auto& w : windows)
             if (opt.step < 0 || w.step == opt.step) windowsByStep[w.step].push_back(w);
+        allWindows.insert(allWindows.end(), windows.begin(), windows.end());
         // The per-step metrics below read only the indexed views (byStart, merged sets): drop
         // the (track, ts)-ordered copies now, which halves the peak memory of a large trace.
         d.kernels = {};
@@ -397,6 +437,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     if (opt.step >= 0 && stepsJ.empty())
         return Status::notFound("step " + std::to_string(opt.step) + " is not in the trace of '" + store.path() + "'");
     doc["steps"] = stepsJ;
+    TS_RETURN_IF_ERROR(addModelCounters(store, allWindows, opt.step, doc));
     if (auto st = store.stats()) doc["stats"] = *st;
     return doc;
 }
@@ -501,6 +542,34 @@ std::string formatAnalysisText(const json& doc) {
         o << "  rank " << r["rank"].get<int>() << " memory: peak " << b(m["peak_memory_bytes"]) << " ("
           << m["peak_memory_measure"].get<std::string>() << "); allocated " << b(m["peak_allocated_bytes"])
           << ", reserved " << b(m["peak_reserved_bytes"]) << ", device " << b(m["device_memory_bytes"]) << "\n";
+    }
+    if (doc.contains("moe")) {
+        const json& moe = doc["moe"];
+        o << "\nMoE router (mean over steps; tokens per expert summed over ranks per step):\n";
+        for (const auto& l : moe["layers"]) {
+            o << "  layer " << l["layer"].get<int>() << ": aux " << fmt("%.4g", l["aux_loss_mean"].get<double>()) << " z "
+              << fmt("%.4g", l["z_loss_mean"].get<double>()) << ", tokens/expert imbalance "
+              << fmt("%.2f", l["imbalance"].get<double>());
+            if (l["max_expert"].is_number()) o << " (max expert " << l["max_expert"].get<int>() << ")";
+            o << "; last step " << l["last_step"].get<int>() << ": aux " << fmt("%.4g", l["aux_loss_last"].get<double>())
+              << " z " << fmt("%.4g", l["z_loss_last"].get<double>()) << ", imbalance "
+              << fmt("%.2f", l["imbalance_last"].get<double>()) << "\n";
+        }
+        if (moe.value("samples_outside_steps", int64_t(0)) > 0)
+            o << "  (" << moe["samples_outside_steps"].get<int64_t>() << " samples outside every step not counted)\n";
+    }
+    if (doc.contains("fp8")) {
+        const json& f = doc["fp8"];
+        int differ = 0;
+        for (const auto& t : f["tensors"])
+            if (t["scale_min"].get<double>() != t["scale_max"].get<double>()) ++differ;
+        o << "\nFP8 (last amax and scale): " << f["tensor_count"].get<int64_t>() << " tensors, smallest scale "
+          << fmt("%.4g", f["smallest_scale"]["scale"].get<double>()) << " ("
+          << f["smallest_scale"]["tensor"].get<std::string>() << "), largest "
+          << fmt("%.4g", f["largest_scale"]["scale"].get<double>()) << " ("
+          << f["largest_scale"]["tensor"].get<std::string>() << ")";
+        if (differ) o << "; " << differ << " with different scales across ranks";
+        o << "\n";
     }
     o << "\nkernels (rank " << (doc["ranks"].empty() ? 0 : doc["ranks"][0]["rank"].get<int>()) << ", top by total time):\n";
     if (!doc["ranks"].empty()) {

@@ -126,7 +126,8 @@ const std::vector<Command>& commands() {
         {"schedule", "schedule --pp P [--vpp V] --microbatches M [--rank R] [--json]",
          "print the pipeline op order per rank (Megatron-Core 1F1B / interleaved 1F1B)", cmdSchedule},
         {"analyze", "analyze RUN [--json] [--step N] [--top N] [--definitions trainscope|hta] [--workspace DIR]",
-         "explain a run's steps: bubbles, exposed communication, overlap, kernels, memory, MFU "
+         "explain a run's steps: bubbles, exposed communication, overlap, kernels, memory, MFU, and "
+         "MoE router losses / tokens per expert and FP8 scales when the run records them "
          "(--definitions hta: HTA's defaults, to check against Holistic Trace Analysis)", cmdAnalyze},
         {"import", "import FILE [FILE ...] [--out RUN.sqlite] [--workspace DIR] [--name NAME] [--drop-last-step] [--json]",
          "import an Nsight Systems SQLite export or PyTorch/Kineto JSON trace as a run", cmdImport},

@@ -252,9 +252,11 @@ std::vector<KnobDef> buildRegistry() {
         "Context-parallel attention communication: p2p (ring attention, KV blocks passed on a comm stream while "
         "the held block is computed), all_gather (KV all-gathered, not overlapped) or a2a (Ulysses: heads "
         "scattered, needs heads and query groups divisible by tp*cp).");
-    notInEngine(rules(r.i("expert_model_parallel_size", &C::expert_model_parallel_size, "--expert-model-parallel-size",
-                          "model.expert_model_parallel_size", "Expert parallel size (experts split across ranks)."),
-                      "needs num_moe_experts > 0 and divides it"));
+    rules(r.i("expert_model_parallel_size", &C::expert_model_parallel_size, "--expert-model-parallel-size",
+              "model.expert_model_parallel_size",
+              "Expert parallel size (experts split across ranks of the data-parallel dimension; tokens reach them by "
+              "all-to-all; the engine runs it with tensor_model_parallel_size 1 and the alltoall dispatcher)."),
+          "needs num_moe_experts > 0 and divides it");
     notInEngine(r.i("expert_tensor_parallel_size", &C::expert_tensor_parallel_size, "--expert-tensor-parallel-size",
                     "model.expert_tensor_parallel_size", "Tensor parallel size inside experts; 0 = tensor_model_parallel_size."));
     rules(r.i("data_parallel_size", &C::data_parallel_size, "", "",
@@ -420,8 +422,10 @@ std::vector<KnobDef> buildRegistry() {
                       "Router z-loss coefficient; 0 = unset (no z-loss term)."));
     r.b("moe_grouped_gemm", &C::moe_grouped_gemm, "--moe-grouped-gemm", "", "model.moe_grouped_gemm",
         "One grouped GEMM for all local experts.");
-    notInEngine(r.e("moe_token_dispatcher_type", &C::moe_token_dispatcher_type, {"allgather", "alltoall", "flex"},
-                    "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type", "How tokens reach their experts."));
+    r.e("moe_token_dispatcher_type", &C::moe_token_dispatcher_type, {"allgather", "alltoall", "flex"},
+        "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type",
+        "How tokens reach their experts (the engine runs alltoall with expert_model_parallel_size > 1; with 1 "
+        "every type is the same local computation).");
     unsetWhenZero(notInEngine(r.f("moe_expert_capacity_factor", &C::moe_expert_capacity_factor, "--moe-expert-capacity-factor",
                     "model.moe_expert_capacity_factor",
                     "Expert capacity factor; 0 = unset (dropless, Megatron's None).")));

@@ -88,7 +88,7 @@ Status GptModel::registerParams() {
     const int64_t qkvFull = int64_t(m_d.heads + 2 * m_d.groups) * d;
     const int64_t fc1Full = int64_t(m_d.swiglu ? 2 : 1) * m_d.ffn;
 
-    auto add = [&](std::string name, std::vector<int64_t> full, ShardKind kind, int stride = 1) {
+    auto add = [&](std::string name, std::vector<int64_t> full, ShardKind kind, int stride = 1, bool expert = false) {
         ParamInfo p;
         p.fullShape = full;
         p.shape = full;
@@ -98,6 +98,7 @@ Status GptModel::registerParams() {
         if (t == 1 && kind != ShardKind::Replicated) p.shard = kind;  // keep the role for docs/DP
         p.noWeightDecay = full.size() == 1;
         p.partitionStride = stride;
+        p.expert = expert;
         p.name = std::move(name);
         return m_params.add(std::move(p));
     };
@@ -127,10 +128,14 @@ Status GptModel::registerParams() {
             m_moeFfn = m_cfg.moe_ffn_hidden_size > 0 ? m_cfg.moe_ffn_hidden_size : m_d.ffn;
             const int64_t moeFc1 = int64_t(m_d.swiglu ? 2 : 1) * m_moeFfn;
             P.routerW = add(pre + "mlp.router.weight", {m_cfg.num_moe_experts, h}, ShardKind::Replicated);
-            for (int e = 0; e < m_cfg.num_moe_experts; ++e) {
+            // Expert parallel: this rank's E/ep experts, named (and initialised) by their global
+            // index, so every layout holds the same weights as the single device.
+            const int local = m_cfg.num_moe_experts / m_ctx.epSize;
+            for (int l = 0; l < local; ++l) {
+                const int e = m_ctx.epRank * local + l;
                 const std::string ex = pre + "mlp.experts.local_experts." + std::to_string(e) + ".";
-                P.expFc1W.push_back(add(ex + "linear_fc1.weight", {moeFc1, h}, ShardKind::Replicated, stride));
-                P.expFc2W.push_back(add(ex + "linear_fc2.weight", {h, m_moeFfn}, ShardKind::Replicated));
+                P.expFc1W.push_back(add(ex + "linear_fc1.weight", {moeFc1, h}, ShardKind::Replicated, stride, true));
+                P.expFc2W.push_back(add(ex + "linear_fc2.weight", {h, m_moeFfn}, ShardKind::Replicated, 1, true));
             }
             m_layers.push_back(P);
             continue;

@@ -153,6 +153,12 @@ private:
     // MoE block (gpt_moe.cpp) in place of the MLP: A.a2 -> the combined expert output [T, h].
     Result<TensorPtr> moeForward(LayerActs& A, const LayerParams& P, int gl);
     Result<TensorPtr> moeBackward(LayerActs& A, const LayerParams& P, TensorPtr dout);
+    // Expert parallel (gpt_moe.cpp): the all-to-all splits of a routed microbatch (host waits
+    // for the routing), rows [T*k, width] in permuted order -> the local experts' rows
+    // [R, width] grouped by expert, and back.
+    Status moeDispatchPlan(MoeSaved& s);
+    Result<TensorPtr> moeToExperts(const MoeSaved& s, const TensorPtr& rows, int width);
+    Result<TensorPtr> moeFromExperts(const MoeSaved& s, const TensorPtr& grouped, int width);
     Status finalForward(MbState& st);  // last stage: final norm, output layer, loss
     Status finalBackward(MbState& st, TensorPtr* dhidden);
     // Norm helpers (LayerNorm or RMSNorm by dims).

@@ -10,8 +10,16 @@
 //   experts: fc1 -> GeLU/SwiGLU -> multiply by the token's prob -> fc2, per expert
 //     (moe_grouped_gemm: one op over all experts; else one op per expert — same math);
 //   combine: scatter-add of the k expert outputs back to each token, in permuted order.
-// This version runs experts on every rank (expert_model_parallel_size 1, tensor parallel 1,
-// no expert biases, dropless): modelDimsFromConfig refuses the rest with the knob to change.
+// Expert parallelism (expert_model_parallel_size ep > 1, Megatron's alltoall token dispatcher,
+// REFERENCE.md §5.3 with ETP 1): the rank holds experts [r*E/ep, (r+1)*E/ep) of its "ep" group.
+// After routing, the counts of tokens per expert are all-gathered over "ep" and the host waits
+// for them (Megatron's D2H sync before the all-to-all: the splits are data-dependent); the
+// permuted token copies and their probs go to the experts' ranks by all-to-all, are regrouped
+// from (source rank, local expert) to (local expert, source rank), computed, and travel back the
+// same way; the backward sends dY the same way and returns dX and dprob. Expert weights' grads
+// are reduced over the expert-data-parallel group (engine/parallel/ddp.h).
+// Tensor parallel, context parallel, expert biases and token dropping are refused by
+// modelDimsFromConfig with the knob to change.
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
@@ -31,7 +39,17 @@ struct GptModel::MoeSaved {
     std::vector<float> topv;     // [T*k] the chosen logits (token-major)
     std::vector<int> topi;       // [T*k] the chosen experts (token-major)
     TensorPtr logits;            // [T, E]
-    TensorPtr xp, fc1, act;      // permuted input [T*k, h], fc1 output [T*k, F1], activation [T*k, F]
+    TensorPtr xp;                // permuted input [T*k, h]
+    TensorPtr probT;             // [T*k] the routing prob of each permuted row (= prob)
+    // Expert side: the R rows this rank's L experts process, grouped by local expert (with EP,
+    // by source rank inside an expert). Without EP they are the permuted rows themselves.
+    int R = 0;
+    std::vector<int> eoff;       // [L+1] first row of each local expert
+    TensorPtr xin, eprob;        // [R, h], [R]
+    TensorPtr fc1, act;          // fc1 output [R, F1], activation [R, F]
+    // EP only: rows sent to / received from each EP rank, and the place of received row r
+    // (rank-major as it arrives) in the expert-grouped order.
+    std::vector<int> sendRows, recvRows, recvToExp;
 };
 
 namespace {
@@ -57,12 +75,11 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     s->E = E;
     s->k = K;
     A.moe = s;
+    const int ep = m_ctx.epSize, L = E / ep;
     TS_ASSIGN_OR_RETURN(s->logits, allocUninitialized(m_exec, int64_t(T) * E));
     TS_ASSIGN_OR_RETURN(s->xp, allocUninitialized(m_exec, int64_t(T) * K * h));
-    TS_ASSIGN_OR_RETURN(s->fc1, allocUninitialized(m_exec, int64_t(T) * K * F1));
-    TS_ASSIGN_OR_RETURN(s->act, allocUninitialized(m_exec, int64_t(T) * K * F));
+    TS_ASSIGN_OR_RETURN(s->probT, allocUninitialized(m_exec, int64_t(T) * K));
     TS_ASSIGN_OR_RETURN(TensorPtr out, m_exec.alloc(int64_t(T) * h));
-    TS_ASSIGN_OR_RETURN(TensorPtr outp, allocUninitialized(m_exec, int64_t(T) * K * h));
     TensorPtr x = A.a2;
     const float* Wr = m_params.modelParam(P.routerW);
     const double auxCoeff = m_cfg.moe_router_load_balancing_type == "aux_loss" ? m_cfg.moe_aux_loss_coeff : 0.0;
@@ -121,9 +138,11 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
                 float p = float(kp[size_t(j)]);
                 if (bf) k::roundToBf16(&p, 1);
                 s->prob[size_t(r)] = p;
+                fp(s->probT)[r] = p;
                 std::memcpy(fp(s->xp) + size_t(r) * h, fp(x) + size_t(t) * h, size_t(h) * sizeof(float));
             }
         }
+        if (ep == 1) s->eoff = s->offset;
         if (tt.recorder) {
             double aux = 0;
             for (int e = 0; e < E; ++e) aux += P[size_t(e)] * counts[size_t(e)];
@@ -137,38 +156,57 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
                                       double(counts[size_t(e)])});
         }
     });
-    // experts: fc1 -> activation -> * prob -> fc2, rows [offset[e], offset[e+1])
-    std::vector<const float*> W1(static_cast<size_t>(E)), W2(static_cast<size_t>(E));
-    for (int e = 0; e < E; ++e) {
-        W1[size_t(e)] = m_params.modelParam(P.expFc1W[size_t(e)]);
-        W2[size_t(e)] = m_params.modelParam(P.expFc2W[size_t(e)]);
+    // Where the permuted rows are computed: here (ep 1) or on the experts' EP ranks.
+    if (ep > 1) {
+        TS_RETURN_IF_ERROR(moeDispatchPlan(*s));
+        TS_ASSIGN_OR_RETURN(s->xin, moeToExperts(*s, s->xp, h));
+        TS_ASSIGN_OR_RETURN(s->eprob, moeToExperts(*s, s->probT, 1));
+    } else {
+        s->R = T * K;
+        s->xin = s->xp;
+        s->eprob = s->probT;
     }
-    auto expert = [=](int e) {
-        const int r0 = s->offset[size_t(e)], rows = s->offset[size_t(e) + 1] - r0;
+    const int R = s->R;
+    TS_ASSIGN_OR_RETURN(s->fc1, allocUninitialized(m_exec, int64_t(R) * F1));
+    TS_ASSIGN_OR_RETURN(s->act, allocUninitialized(m_exec, int64_t(R) * F));
+    TS_ASSIGN_OR_RETURN(TensorPtr eout, allocUninitialized(m_exec, int64_t(R) * h));
+    // experts: fc1 -> activation -> * prob -> fc2, rows [eoff[l], eoff[l+1])
+    std::vector<const float*> W1(static_cast<size_t>(L)), W2(static_cast<size_t>(L));
+    for (int l = 0; l < L; ++l) {
+        W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
+        W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+    }
+    auto expert = [=](int l) {
+        const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) return;
         float* f1 = fp(s->fc1) + size_t(r0) * F1;
         float* ac = fp(s->act) + size_t(r0) * F;
-        k::linearForward(fp(s->xp) + size_t(r0) * h, W1[size_t(e)], nullptr, f1, rows, h, F1);
+        const float* prob = fp(s->eprob) + r0;
+        k::linearForward(fp(s->xin) + size_t(r0) * h, W1[size_t(l)], nullptr, f1, rows, h, F1);
         if (bf) k::roundToBf16(f1, int64_t(rows) * F1);
         if (swiglu) k::swigluForward(f1, ac, rows, F);
         else k::biasGeluForward(f1, nullptr, ac, rows, F);
         if (bf) k::roundToBf16(ac, int64_t(rows) * F);
         std::vector<float> scaled(static_cast<size_t>(rows) * F);
         for (int r = 0; r < rows; ++r)
-            for (int f = 0; f < F; ++f) scaled[size_t(r) * F + f] = ac[size_t(r) * F + f] * s->prob[size_t(r0 + r)];
+            for (int f = 0; f < F; ++f) scaled[size_t(r) * F + f] = ac[size_t(r) * F + f] * prob[r];
         if (bf) k::roundToBf16(scaled.data(), int64_t(rows) * F);
-        k::linearForward(scaled.data(), W2[size_t(e)], nullptr, fp(outp) + size_t(r0) * h, rows, F, h);
+        k::linearForward(scaled.data(), W2[size_t(l)], nullptr, fp(eout) + size_t(r0) * h, rows, F, h);
     };
-    // Average FLOPs of the experts' GEMMs (the routing is known only when the ops run).
-    const double expertFlops = 2.0 * T * K * (double(h) * F1 + double(F) * h);
+    // Without EP the routing is known only when the ops run: the average FLOPs of the experts.
+    const double expertFlops = 2.0 * R * (double(h) * F1 + double(F) * h);
     if (grouped) {
-        m_exec.op("experts.grouped_mlp.fwd", Category::Gemm, expertFlops, uint64_t(T) * K * (h + F1 + F) * 4, [=] {
-            for (int e = 0; e < E; ++e) expert(e);
+        m_exec.op("experts.grouped_mlp.fwd", Category::Gemm, expertFlops, uint64_t(R) * (h + F1 + F) * 4, [=] {
+            for (int l = 0; l < L; ++l) expert(l);
         });
     } else {
-        for (int e = 0; e < E; ++e)
-            m_exec.op("experts.local_expert.fwd", Category::Gemm, expertFlops / E, uint64_t(T) * K * (h + F1 + F) * 4 / E,
-                      [=] { expert(e); });
+        for (int l = 0; l < L; ++l)
+            m_exec.op("experts.local_expert.fwd", Category::Gemm, expertFlops / L, uint64_t(R) * (h + F1 + F) * 4 / L,
+                      [=] { expert(l); });
+    }
+    TensorPtr outp = eout;
+    if (ep > 1) {
+        TS_ASSIGN_OR_RETURN(outp, moeFromExperts(*s, eout, h));
     }
     m_exec.op("moe.unpermute", Category::Elementwise, double(T) * K * h, uint64_t(T) * K * h * 8, [=] {
         float* o = fp(out);
@@ -190,55 +228,70 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     std::shared_ptr<MoeSaved> s = A.moe;
     if (!s) return Status::internal("MoE backward without saved activations");
     TensorPtr x = A.a2;
+    const int ep = m_ctx.epSize, L = E / ep, R = s->R;
     TS_ASSIGN_OR_RETURN(TensorPtr dx, m_exec.alloc(int64_t(T) * h));
-    TS_ASSIGN_OR_RETURN(TensorPtr dxp, allocUninitialized(m_exec, int64_t(T) * K * h));
-    auto dprob = std::make_shared<std::vector<float>>(size_t(T) * K, 0.f);  // per permuted row
-    std::vector<const float*> W1(static_cast<size_t>(E)), W2(static_cast<size_t>(E));
-    std::vector<float*> G1(static_cast<size_t>(E)), G2(static_cast<size_t>(E));
-    for (int e = 0; e < E; ++e) {
-        W1[size_t(e)] = m_params.modelParam(P.expFc1W[size_t(e)]);
-        W2[size_t(e)] = m_params.modelParam(P.expFc2W[size_t(e)]);
-        G1[size_t(e)] = m_params.mainGrad(P.expFc1W[size_t(e)]);
-        G2[size_t(e)] = m_params.mainGrad(P.expFc2W[size_t(e)]);
+    // dY of every permuted row (the token's gradient: the combine summed the k copies).
+    TS_ASSIGN_OR_RETURN(TensorPtr dyp, allocUninitialized(m_exec, int64_t(T) * K * h));
+    m_exec.op("moe.permute_grad", Category::Elementwise, 0, uint64_t(T) * K * h * 8, [=] {
+        for (int r = 0; r < T * K; ++r)
+            std::memcpy(fp(dyp) + size_t(r) * h, fp(dout) + size_t(s->tokenOf[size_t(r)]) * h, size_t(h) * sizeof(float));
+    });
+    TensorPtr dyin = dyp;
+    if (ep > 1) {
+        TS_ASSIGN_OR_RETURN(dyin, moeToExperts(*s, dyp, h));
     }
-    auto expert = [=](int e) {
-        const int r0 = s->offset[size_t(e)], rows = s->offset[size_t(e) + 1] - r0;
+    TS_ASSIGN_OR_RETURN(TensorPtr dxin, allocUninitialized(m_exec, int64_t(R) * h));
+    TS_ASSIGN_OR_RETURN(TensorPtr deprob, allocUninitialized(m_exec, int64_t(R)));
+    std::vector<const float*> W1(static_cast<size_t>(L)), W2(static_cast<size_t>(L));
+    std::vector<float*> G1(static_cast<size_t>(L)), G2(static_cast<size_t>(L));
+    for (int l = 0; l < L; ++l) {
+        W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
+        W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+        G1[size_t(l)] = m_params.mainGrad(P.expFc1W[size_t(l)]);
+        G2[size_t(l)] = m_params.mainGrad(P.expFc2W[size_t(l)]);
+    }
+    auto expert = [=](int l) {
+        const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) return;
         const float* ac = fp(s->act) + size_t(r0) * F;
-        std::vector<float> dy(static_cast<size_t>(rows) * h), scaled(size_t(rows) * F), da(size_t(rows) * F), dact(size_t(rows) * F),
+        const float* prob = fp(s->eprob) + r0;
+        const float* dy = fp(dyin) + size_t(r0) * h;
+        std::vector<float> scaled(static_cast<size_t>(rows) * F), da(size_t(rows) * F), dact(size_t(rows) * F),
             dfc1(size_t(rows) * F1);
-        for (int r = 0; r < rows; ++r) {
-            std::memcpy(dy.data() + size_t(r) * h, fp(dout) + size_t(s->tokenOf[size_t(r0 + r)]) * h,
-                        size_t(h) * sizeof(float));
-            for (int f = 0; f < F; ++f) scaled[size_t(r) * F + f] = ac[size_t(r) * F + f] * s->prob[size_t(r0 + r)];
-        }
+        for (int r = 0; r < rows; ++r)
+            for (int f = 0; f < F; ++f) scaled[size_t(r) * F + f] = ac[size_t(r) * F + f] * prob[r];
         if (bf) k::roundToBf16(scaled.data(), int64_t(rows) * F);
-        k::linearBackward(dy.data(), scaled.data(), W2[size_t(e)], da.data(), G2[size_t(e)], nullptr, rows, F, h);
+        k::linearBackward(dy, scaled.data(), W2[size_t(l)], da.data(), G2[size_t(l)], nullptr, rows, F, h);
         for (int r = 0; r < rows; ++r) {
             double dp = 0;
-            const float p = s->prob[size_t(r0 + r)];
+            const float p = prob[r];
             for (int f = 0; f < F; ++f) {
                 dp += double(da[size_t(r) * F + f]) * ac[size_t(r) * F + f];
                 dact[size_t(r) * F + f] = da[size_t(r) * F + f] * p;
             }
-            (*dprob)[size_t(r0 + r)] = float(dp);
+            fp(deprob)[r0 + r] = float(dp);
         }
         const float* f1 = fp(s->fc1) + size_t(r0) * F1;
         if (swiglu) k::swigluBackward(dact.data(), f1, dfc1.data(), rows, F);
         else k::biasGeluBackward(dact.data(), f1, nullptr, dfc1.data(), nullptr, rows, F);
         if (bf) k::roundToBf16(dfc1.data(), int64_t(rows) * F1);
-        k::linearBackward(dfc1.data(), fp(s->xp) + size_t(r0) * h, W1[size_t(e)], fp(dxp) + size_t(r0) * h,
-                          G1[size_t(e)], nullptr, rows, h, F1);
+        k::linearBackward(dfc1.data(), fp(s->xin) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
+                          G1[size_t(l)], nullptr, rows, h, F1);
     };
-    const double expertFlops = 4.0 * T * K * (double(h) * F1 + double(F) * h);
+    const double expertFlops = 4.0 * R * (double(h) * F1 + double(F) * h);
     if (grouped) {
-        m_exec.op("experts.grouped_mlp.bwd", Category::Gemm, expertFlops, uint64_t(T) * K * (h + F1 + F) * 8, [=] {
-            for (int e = 0; e < E; ++e) expert(e);
+        m_exec.op("experts.grouped_mlp.bwd", Category::Gemm, expertFlops, uint64_t(R) * (h + F1 + F) * 8, [=] {
+            for (int l = 0; l < L; ++l) expert(l);
         });
     } else {
-        for (int e = E; e-- > 0;)
-            m_exec.op("experts.local_expert.bwd", Category::Gemm, expertFlops / E, uint64_t(T) * K * (h + F1 + F) * 8 / E,
-                      [=] { expert(e); });
+        for (int l = L; l-- > 0;)
+            m_exec.op("experts.local_expert.bwd", Category::Gemm, expertFlops / L, uint64_t(R) * (h + F1 + F) * 8 / L,
+                      [=] { expert(l); });
+    }
+    TensorPtr dxp = dxin, dprob = deprob;  // per permuted row
+    if (ep > 1) {
+        TS_ASSIGN_OR_RETURN(dxp, moeFromExperts(*s, dxin, h));
+        TS_ASSIGN_OR_RETURN(dprob, moeFromExperts(*s, deprob, 1));
     }
     // Router: the gradient of the renormalised top-k probs, the aux loss and the z-loss on the
     // logits, then into W_r and x. The aux/z gradients are scaled like the main loss (1/m).
@@ -254,7 +307,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         for (int r = 0; r < T * K; ++r) counts[size_t(s->expertOf[size_t(r)])]++;
         // per token: dprob of its k slots
         std::vector<double> dpk(static_cast<size_t>(T) * K, 0.0);
-        for (int r = 0; r < T * K; ++r) dpk[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = (*dprob)[size_t(r)];
+        for (int r = 0; r < T * K; ++r) dpk[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = fp(dprob)[r];
         std::vector<double> kp(static_cast<size_t>(K)), full(static_cast<size_t>(E));
         for (int t = 0; t < T; ++t) {
             softmax(s->topv.data() + size_t(t) * K, K, kp.data());
@@ -291,6 +344,88 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         if (bf) k::roundToBf16(fp(dx), int64_t(T) * h);
     });
     return dx;
+}
+
+// ---- expert parallel dispatch (ep > 1) -------------------------------------------------
+
+Status GptModel::moeDispatchPlan(MoeSaved& s) {
+    const int E = s.E, ep = m_ctx.epSize, L = E / ep, me = m_ctx.epRank;
+    // Tokens per expert of this rank, all-gathered over "ep": [ep][E].
+    TS_ASSIGN_OR_RETURN(TensorPtr counts, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
+    MoeSaved* sp = &s;
+    m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(E) * 4, [=] {
+        for (int e = 0; e < E; ++e) fp(counts)[e] = float(sp->offset[size_t(e) + 1] - sp->offset[size_t(e)]);
+    });
+    TS_ASSIGN_OR_RETURN(TensorPtr all, allocUninitialized(m_exec, int64_t(E) * ep, MemCategory::CommBuffers));
+    m_ctx.ep->allGather(m_exec.stream(), counts->data(), all->data(), size_t(E), DType::F32);
+    // The splits of the all-to-all are data-dependent: wait for them (Megatron's D2H sync).
+    TS_RETURN_IF_ERROR(m_exec.stream().synchronize());
+    const float* c = fp(all);
+    auto n = [&](int rank, int e) { return int(c[size_t(rank) * E + size_t(e)]); };
+    s.sendRows.assign(size_t(ep), 0);
+    s.recvRows.assign(size_t(ep), 0);
+    for (int j = 0; j < ep; ++j)
+        for (int l = 0; l < L; ++l) {
+            s.sendRows[size_t(j)] += n(me, j * L + l);
+            s.recvRows[size_t(j)] += n(j, me * L + l);
+        }
+    // Arrival order: rank i's rows for local expert 0, 1, ... (its permuted rows are
+    // expert-major); expert-grouped order: expert l's rows from rank 0, 1, ...
+    s.eoff.assign(size_t(L) + 1, 0);
+    for (int l = 0; l < L; ++l) {
+        int rows = 0;
+        for (int i = 0; i < ep; ++i) rows += n(i, me * L + l);
+        s.eoff[size_t(l) + 1] = s.eoff[size_t(l)] + rows;
+    }
+    s.R = s.eoff[size_t(L)];
+    s.recvToExp.assign(size_t(s.R), 0);
+    std::vector<int> fill(s.eoff.begin(), s.eoff.end() - 1);
+    int r = 0;
+    for (int i = 0; i < ep; ++i)
+        for (int l = 0; l < L; ++l)
+            for (int k = 0; k < n(i, me * L + l); ++k) s.recvToExp[size_t(r++)] = fill[size_t(l)]++;
+    return Status::ok();
+}
+
+Result<TensorPtr> GptModel::moeToExperts(const MoeSaved& s, const TensorPtr& rows, int width) {
+    const int ep = m_ctx.epSize, R = s.R;
+    std::vector<size_t> sendCounts(static_cast<size_t>(ep)), recvCounts(static_cast<size_t>(ep));
+    for (int j = 0; j < ep; ++j) {
+        sendCounts[size_t(j)] = size_t(s.sendRows[size_t(j)]) * size_t(width);
+        recvCounts[size_t(j)] = size_t(s.recvRows[size_t(j)]) * size_t(width);
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr arrived, allocUninitialized(m_exec, int64_t(R) * width, MemCategory::CommBuffers));
+    m_ctx.ep->allToAllv(m_exec.stream(), rows->data(), sendCounts, arrived->data(), recvCounts, DType::F32);
+    holdUntilDone(rows, arrived);
+    TS_ASSIGN_OR_RETURN(TensorPtr grouped, allocUninitialized(m_exec, int64_t(R) * width));
+    auto map = std::make_shared<std::vector<int>>(s.recvToExp);
+    m_exec.op("moe.sort_by_local_expert", Category::Memcpy, 0, uint64_t(R) * width * 8, [=] {
+        for (int r = 0; r < R; ++r)
+            std::memcpy(fp(grouped) + size_t((*map)[size_t(r)]) * width, fp(arrived) + size_t(r) * width,
+                        size_t(width) * sizeof(float));
+    });
+    return grouped;
+}
+
+Result<TensorPtr> GptModel::moeFromExperts(const MoeSaved& s, const TensorPtr& grouped, int width) {
+    const int ep = m_ctx.epSize, R = s.R;
+    const int64_t rowsBack = int64_t(s.T) * s.k;
+    TS_ASSIGN_OR_RETURN(TensorPtr arrivalOrder, allocUninitialized(m_exec, int64_t(R) * width, MemCategory::CommBuffers));
+    auto map = std::make_shared<std::vector<int>>(s.recvToExp);
+    m_exec.op("moe.restore_source_order", Category::Memcpy, 0, uint64_t(R) * width * 8, [=] {
+        for (int r = 0; r < R; ++r)
+            std::memcpy(fp(arrivalOrder) + size_t(r) * width, fp(grouped) + size_t((*map)[size_t(r)]) * width,
+                        size_t(width) * sizeof(float));
+    });
+    std::vector<size_t> sendCounts(static_cast<size_t>(ep)), recvCounts(static_cast<size_t>(ep));
+    for (int j = 0; j < ep; ++j) {
+        sendCounts[size_t(j)] = size_t(s.recvRows[size_t(j)]) * size_t(width);
+        recvCounts[size_t(j)] = size_t(s.sendRows[size_t(j)]) * size_t(width);
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr back, allocUninitialized(m_exec, rowsBack * width));
+    m_ctx.ep->allToAllv(m_exec.stream(), arrivalOrder->data(), sendCounts, back->data(), recvCounts, DType::F32);
+    holdUntilDone(arrivalOrder, back);
+    return back;
 }
 
 }  // namespace ts::engine

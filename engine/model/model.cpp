@@ -79,8 +79,11 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         auto notYet = [](const std::string& what) {
             return Status::unsupported("MoE: " + what + " is not executed by the engine yet");
         };
-        if (ds.ep > 1) return notYet("expert_model_parallel_size > 1 (experts run on every rank); set it to 1");
+        if (ds.ep > 1 && c.moe_token_dispatcher_type != "alltoall")
+            return notYet("moe_token_dispatcher_type=" + c.moe_token_dispatcher_type +
+                          " with expert_model_parallel_size > 1; use alltoall");
         if (ds.tp > 1) return notYet("tensor_model_parallel_size > 1 with experts; set it to 1");
+        if (ds.etp > 1) return notYet("expert_tensor_parallel_size > 1 (tensor parallel inside experts); set it to 1");
         if (ds.cp > 1) return notYet("context_parallel_size > 1 with experts");
         if (c.add_bias_linear) return notYet("expert biases (add_bias_linear: true); set add_bias_linear: false");
         if (c.moe_expert_capacity_factor > 0) return notYet("token dropping (moe_expert_capacity_factor); leave it 0 (dropless)");

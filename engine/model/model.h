@@ -31,12 +31,14 @@ struct ParallelContext {
     int vppChunk = 0, vppSize = 1;
     int dpRank = 0, dpSize = 1;
     int cpRank = 0, cpSize = 1;
+    int epRank = 0, epSize = 1;  // expert parallel: this rank holds experts [epRank*E/ep, (epRank+1)*E/ep)
     bool sequenceParallel = false;
     Communicator* tp = nullptr;  // TP collectives are enqueued on the compute stream
     Communicator* pp = nullptr;
     Communicator* dp = nullptr;
-    Communicator* amax = nullptr;
-    Communicator* cp = nullptr;    // context parallel ("cp"), compute stream  // FP8 delayed scaling: amax reduction group (tp-dp-cp), compute stream
+    Communicator* amax = nullptr;  // FP8 delayed scaling: amax reduction group (tp-dp-cp), compute stream
+    Communicator* cp = nullptr;    // context parallel ("cp"), compute stream
+    Communicator* ep = nullptr;    // expert parallel token all-to-all ("ep"), compute stream
     int layerBegin = 0;
     int layerEnd = -1;  // -1 = num_layers
     bool firstStage = true;

@@ -33,6 +33,7 @@ struct ParamInfo {
     bool noWeightDecay = false;      // biases and 1-D params (Megatron's default rule)
     bool sequenceParallel = false;   // norm weights with SP: grads summed over TP
     bool sharedEmbedding = false;    // tied word embedding / output weight
+    bool expert = false;             // MoE expert weight: on one EP rank, grads reduced over edp
     int partitionStride = 1;         // 2 for SwiGLU fc1: each shard is [gate_r ; up_r]
     int64_t numel = 0;
     int64_t offset = 0;              // elements from the buffer start (after finalize)

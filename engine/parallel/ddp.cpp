@@ -18,44 +18,56 @@ int64_t padUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 Result<GradBufferLayout> computeGradBufferLayout(const std::vector<ParamInfo>& params,
                                                  const GradLayoutOptions& opts) {
-    if (opts.dp < 1) return Status::invalid("data-parallel size must be >= 1");
+    if (opts.dp < 1 || opts.expertDp < 1) return Status::invalid("data-parallel size must be >= 1");
     if (opts.bucketSize < 0) return Status::invalid("bucket_size must be >= 0");
+    if (!opts.expert.empty() && opts.expert.size() != params.size())
+        return Status::internal("expert flags do not match the parameter count");
     const bool dist = opts.distributedOptimizer;
-    // Megatron pads bucket ends to lcm(dp, 128) so every shard is a whole number of elements
-    // and a multiple of 128/dp-aligned sizes for NCCL; param starts to 64 elements.
-    const int64_t bucketDivisor = dist ? std::lcm<int64_t>(opts.dp, 128) : 1;
     GradBufferLayout L;
     L.paramOffset.assign(params.size(), 0);
-    int64_t paramStart = 0, paramEnd = 0, bucketStart = 0;
-    std::vector<int> current;
-    auto closeBucket = [&](int64_t end) {
-        end = padUp(end, bucketDivisor);
-        L.buckets.push_back({bucketStart, end - bucketStart, current});
-        bucketStart = end;
-        current.clear();
-        return end;
-    };
-    // Reverse registration order = backprop order: bucket 0 holds the last layers.
-    for (size_t i = params.size(); i-- > 0;) {
-        const ParamInfo& p = params[i];
-        if (dist) paramStart = padUp(paramStart, 64);
-        // The tied embedding/output weight gets a bucket of its own (distributed optimizer):
-        // its grad is all-reduced between the first and last pp stage over the whole tensor.
-        const bool ownBucket = dist && p.sharedEmbedding;
-        if (ownBucket && !current.empty()) paramStart = closeBucket(paramStart);
-        paramEnd = paramStart + p.numel;
-        L.paramOffset[i] = paramStart;
-        current.push_back(int(i));
-        if ((opts.bucketSize > 0 && paramEnd - bucketStart >= opts.bucketSize) || ownBucket)
-            paramStart = closeBucket(paramEnd);
-        else
-            paramStart = paramEnd;
+    int64_t bucketStart = 0;
+    // One pass per group: the dense params, then the expert params (their own buffer in
+    // Megatron; here the tail of the same one).
+    for (int group : {0, 1}) {
+        const int dp = group == 0 ? opts.dp : opts.expertDp;
+        // Megatron pads bucket ends to lcm(dp, 128) so every shard is a whole number of
+        // elements and a multiple of 128/dp-aligned sizes for NCCL; param starts to 64 elements.
+        const int64_t bucketDivisor = dist ? std::lcm<int64_t>(dp, 128) : 1;
+        int64_t paramStart = bucketStart, paramEnd = bucketStart;
+        std::vector<int> current;
+        auto closeBucket = [&](int64_t end) {
+            end = padUp(end, bucketDivisor);
+            L.buckets.push_back({bucketStart, end - bucketStart, current, group});
+            bucketStart = end;
+            current.clear();
+            return end;
+        };
+        // Reverse registration order = backprop order: bucket 0 holds the last layers.
+        for (size_t i = params.size(); i-- > 0;) {
+            const bool isExpert = !opts.expert.empty() && opts.expert[i];
+            if (isExpert != (group == 1)) continue;
+            const ParamInfo& p = params[i];
+            if (dist) paramStart = padUp(paramStart, 64);
+            // The tied embedding/output weight gets a bucket of its own (distributed optimizer):
+            // its grad is all-reduced between the first and last pp stage over the whole tensor.
+            const bool ownBucket = dist && p.sharedEmbedding;
+            if (ownBucket && !current.empty()) paramStart = closeBucket(paramStart);
+            paramEnd = paramStart + p.numel;
+            L.paramOffset[i] = paramStart;
+            current.push_back(int(i));
+            if ((opts.bucketSize > 0 && paramEnd - bucketStart >= opts.bucketSize) || ownBucket)
+                paramStart = closeBucket(paramEnd);
+            else
+                paramStart = paramEnd;
+        }
+        if (!current.empty()) closeBucket(paramEnd);
     }
-    if (!current.empty()) closeBucket(paramEnd);
     L.numel = bucketStart;
-    if (dist && L.numel % opts.dp != 0)
-        return Status::internal("grad buffer of " + std::to_string(L.numel) + " elements is not divisible by dp=" +
-                                std::to_string(opts.dp));
+    if (dist)
+        for (const GradBucket& b : L.buckets)
+            if (b.numel % (b.group == 0 ? opts.dp : opts.expertDp) != 0)
+                return Status::internal("grad bucket of " + std::to_string(b.numel) +
+                                        " elements is not divisible by its data-parallel size");
     return L;
 }
 
@@ -125,29 +137,48 @@ void GradSync::finishGradSync() {
     }
 }
 
+GradSync::Group GradSync::groupOf(const GradBucket& b) const {
+    if (b.group == 1) return {m_opts.expertDp, m_opts.expertDpRank, m_opts.expertComm};
+    return {m_opts.dp, m_opts.dpRank, m_comm};
+}
+
 void GradSync::enqueueReduction(int b) {
-    const int dp = m_opts.dp;
-    if (dp <= 1 || !m_comm) return;
     const GradBucket& bucket = m_layout.buckets[size_t(b)];
+    const Group g = groupOf(bucket);
+    const int dp = g.size;
     const int64_t n = bucket.numel;
     if (n == 0) return;
     float* base = m_params.mainGrads() + bucket.offset;
-    const bool avg = m_opts.averageInCollective;
-    const float scale = avg ? 1.f : 1.f / float(dp);
-    const ReduceOp op = avg ? ReduceOp::Avg : ReduceOp::Sum;
-    const bool dist = m_opts.distributedOptimizer;
-    const int64_t shard = n / dp, mine = int64_t(m_opts.dpRank) * shard;
     OpDesc d;
     d.step = m_step;
     d.category = trace::Category::Elementwise;
-    if (m_opts.gradReduceInFp32) {
-        if (!avg) {
+    if (dp <= 1 || !g.comm) {
+        // Nothing to reduce with (expert params with expertDp == 1 still get the 1/dp every
+        // grad gets: their tokens came from all dp ranks).
+        if (m_opts.dp > 1 && dp != m_opts.dp) {
+            const float scale = 1.f / float(m_opts.dp);
             d.name = "grad_prescale";
             d.bytes = uint64_t(n) * 8;
             m_dpStream.submit(d, [=] { k::scale(base, scale, n); return Status::ok(); });
         }
-        if (dist) m_comm->reduceScatter(m_dpStream, base, base + mine, size_t(shard), DType::F32, op);
-        else m_comm->allReduce(m_dpStream, base, base, size_t(n), DType::F32, op);
+        return;
+    }
+    const bool avg = m_opts.averageInCollective;
+    // Sum: pre-scale by 1/dp (the dense dp, for the expert group too); Avg over a group of
+    // `dp` ranks: pre-scale by dp/dense-dp (1 for the dense group).
+    const float scale = avg ? float(dp) / float(m_opts.dp) : 1.f / float(m_opts.dp);
+    const ReduceOp op = avg ? ReduceOp::Avg : ReduceOp::Sum;
+    const bool dist = m_opts.distributedOptimizer;
+    const int64_t shard = n / dp, mine = int64_t(g.rank) * shard;
+    Communicator* comm = g.comm;
+    if (m_opts.gradReduceInFp32) {
+        if (scale != 1.f) {
+            d.name = "grad_prescale";
+            d.bytes = uint64_t(n) * 8;
+            m_dpStream.submit(d, [=] { k::scale(base, scale, n); return Status::ok(); });
+        }
+        if (dist) comm->reduceScatter(m_dpStream, base, base + mine, size_t(shard), DType::F32, op);
+        else comm->allReduce(m_dpStream, base, base, size_t(n), DType::F32, op);
         return;
     }
     // bf16 reduction: the bucket goes through a bf16 comm buffer (one per GradSync, reused
@@ -172,8 +203,8 @@ void GradSync::enqueueReduction(int b) {
         k::floatToBf16(base, bf, n);
         return Status::ok();
     });
-    if (dist) m_comm->reduceScatter(m_dpStream, bf, bf + mine, size_t(shard), DType::BF16, op);
-    else m_comm->allReduce(m_dpStream, bf, bf, size_t(n), DType::BF16, op);
+    if (dist) comm->reduceScatter(m_dpStream, bf, bf + mine, size_t(shard), DType::BF16, op);
+    else comm->allReduce(m_dpStream, bf, bf, size_t(n), DType::BF16, op);
     d.name = "grad_from_bf16";
     const int64_t lo = dist ? mine : 0, len = dist ? shard : n;
     d.bytes = uint64_t(len) * 6;
@@ -184,8 +215,7 @@ void GradSync::enqueueReduction(int b) {
 }
 
 void GradSync::startParamGather() {
-    const int dp = m_opts.dp;
-    if (!m_opts.distributedOptimizer || dp <= 1 || !m_comm) return;
+    if (!m_opts.distributedOptimizer) return;
     auto e = m_dev.createEvent();
     m_compute.record(*e);
     m_dpStream.wait(*e);
@@ -194,10 +224,11 @@ void GradSync::startParamGather() {
     // Last bucket first: it holds the first layers, which the next forward needs first.
     for (size_t b = m_layout.buckets.size(); b-- > 0;) {
         const GradBucket& bucket = m_layout.buckets[b];
-        if (bucket.numel == 0) continue;
-        const int64_t shard = bucket.numel / dp;
+        const Group g = groupOf(bucket);
+        if (bucket.numel == 0 || g.size <= 1 || !g.comm) continue;
+        const int64_t shard = bucket.numel / g.size;
         float* base = params + bucket.offset;
-        m_comm->allGather(m_dpStream, base + int64_t(m_opts.dpRank) * shard, base, size_t(shard), DType::F32);
+        g.comm->allGather(m_dpStream, base + int64_t(g.rank) * shard, base, size_t(shard), DType::F32);
         if (m_params.bf16()) {
             OpDesc d;
             d.name = "param_copy_bf16";

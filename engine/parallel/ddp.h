@@ -31,6 +31,7 @@ struct GradBucket {
     int64_t offset = 0;        // first element in the buffer
     int64_t numel = 0;         // padded size (a multiple of dp with the distributed optimizer)
     std::vector<int> params;   // registration indices, in buffer order
+    int group = 0;             // reduction group (GradSyncOptions::expert for 1: expert params)
 };
 
 struct GradBufferLayout {
@@ -43,6 +44,11 @@ struct GradLayoutOptions {
     int64_t bucketSize = 0;  // elements; 0 = one bucket (no bucketing)
     int dp = 1;
     bool distributedOptimizer = false;
+    // Expert parallelism (Megatron's separate expert_parallel_buffers): params with
+    // expert[i] != 0 get buckets of their own after the dense ones (group 1), padded for
+    // `expertDp` (the expert-data-parallel size) instead of dp.
+    std::vector<char> expert;  // per registration index; empty = none
+    int expertDp = 1;
 };
 
 // Megatron's _compute_default_per_buffer_param_layout / the distributed optimizer's padded
@@ -54,7 +60,8 @@ Result<GradBufferLayout> computeGradBufferLayout(const std::vector<ParamInfo>& p
 // overlap_grad_reduce, 0 (single bucket) without it and on pp rank > 0 / chunk > 0.
 int64_t effectiveBucketSize(const Config& c, int dp, int ppRank, int chunk);
 
-// The range of bucket `b` this DP rank owns with the distributed optimizer: [begin, end).
+// The range of bucket `b` this DP rank owns with the distributed optimizer: [begin, end)
+// (dp, dpRank: of the bucket's group).
 inline std::pair<int64_t, int64_t> shardOf(const GradBucket& b, int dp, int dpRank) {
     const int64_t n = b.numel / dp;
     return {b.offset + dpRank * n, b.offset + (dpRank + 1) * n};
@@ -63,6 +70,12 @@ inline std::pair<int64_t, int64_t> shardOf(const GradBucket& b, int dp, int dpRa
 struct GradSyncOptions {
     int dp = 1;
     int dpRank = 0;
+    // Buckets of group 1 (expert params): reduced over the expert-data-parallel group
+    // (`expertComm`, `expertDp` ranks) but scaled by 1/dp like every grad (Megatron pre-scales
+    // expert grads by edp/dp_cp and averages over edp: the same 1/dp_cp).
+    int expertDp = 1;
+    int expertDpRank = 0;
+    Communicator* expertComm = nullptr;  // used only on the DP stream; null when expertDp == 1
     bool overlapGradReduce = false;
     bool distributedOptimizer = false;
     bool overlapParamGather = false;
@@ -105,6 +118,12 @@ public:
 private:
     void launchBucket(int b);
     void enqueueReduction(int b);
+    // The group a bucket is reduced (and, distributed optimizer, sharded) over.
+    struct Group {
+        int size = 1, rank = 0;
+        Communicator* comm = nullptr;
+    };
+    Group groupOf(const GradBucket& b) const;
 
     ParamBuffer& m_params;
     GradBufferLayout m_layout;

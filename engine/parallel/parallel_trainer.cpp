@@ -88,6 +88,8 @@ struct ParallelTrainer::RankState {
     std::unique_ptr<Communicator> tpOverlapComm;  // a second "tp" communicator, used on tpStream only
     std::unique_ptr<Communicator> amaxComm;       // FP8 delayed scaling: "tp-dp-cp", compute stream
     std::unique_ptr<Communicator> cpComm;         // context parallel attention ("cp"), compute stream
+    std::unique_ptr<Communicator> epComm;         // expert parallel token all-to-all ("ep"), compute stream
+    std::unique_ptr<Communicator> edpComm;        // expert grads ("edp"), DP stream
     std::unique_ptr<Communicator> cpRingComm;     // cp_comm_type=p2p: a second "cp", used on cpStream only
     std::vector<std::unique_ptr<GptModel>> models;
     std::vector<std::unique_ptr<GradSync>> syncs;
@@ -124,6 +126,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     sizes.cp = ds.cp;
     sizes.pp = ds.pp;
     sizes.dp = ds.dp;
+    sizes.ep = ds.ep;
+    sizes.etp = ds.etp;
     sizes.world = ds.world;
     TS_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::create(sizes));
     if (ds.global_batch_size != c.micro_batch_size * ds.dp * ds.num_microbatches)
@@ -171,12 +175,17 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     const int v = ds.vpp;
     // Gradients and the distributed optimizer span Megatron's data-parallel group with CP.
     const int dpc = ds.dp * ds.cp;
+    // Expert parallel: expert weights live on one rank of each "ep" group; their grads are
+    // reduced (and, distributed optimizer, sharded) over the expert-data-parallel group.
+    const bool expertParallel = c.num_moe_experts > 0 && ds.ep > 1;
+    const int edp = layout.expertDataParallelSize();
     for (size_t li = 0; li < local.size(); ++li) {
         const int r = local[li];
         auto R = std::make_unique<RankState>();
         R->rank = r;
         R->coords = layout.coordsOf(r);
         const int dpcRank = R->coords.cp + ds.cp * R->coords.dp;  // rank in "dp-cp" (cp varies fastest)
+        const int edpRank = R->coords.edp;
         R->dev = &t->m_backend->device(int(li));
         if (rec) R->dev->setTrace(rec, r);
         R->compute = R->dev->createStream(trace::TrackKind::Compute, "compute");
@@ -204,6 +213,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         if (ds.cp > 1) TS_RETURN_IF_ERROR(join("cp", R->cpComm));
         if (cpRing) TS_RETURN_IF_ERROR(join("cp", R->cpRingComm));
         TS_RETURN_IF_ERROR(join(ds.cp > 1 ? "dp-cp" : "dp", R->dpComm));
+        if (expertParallel) {
+            TS_RETURN_IF_ERROR(join("ep", R->epComm));
+            TS_RETURN_IF_ERROR(join("edp", R->edpComm));
+        }
         // FP8 delayed scaling: amaxes reduced with MAX over Megatron's amax group (TP x DP x CP),
         // on the compute stream, at the start of each iteration.
         if (!c.fp8.empty() && c.fp8_recipe == "delayed") TS_RETURN_IF_ERROR(join("tp-dp-cp", R->amaxComm));
@@ -211,7 +224,9 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         // Grad-norm group: each param counted once. Without the distributed optimizer every DP
         // replica holds the same grads (tp-pp covers the model); with it, DP ranks own
         // disjoint shards (the whole world).
-        TS_RETURN_IF_ERROR(join(dist ? "world" : "tp-pp", R->normComm));
+        // With experts spread over "ep" (and no distributed optimizer) the model is covered once
+        // by the expert group "etp-ep-pp" (tp = 1 with experts): dense params counted on ep rank 0.
+        TS_RETURN_IF_ERROR(join(dist ? "world" : expertParallel ? "etp-ep-pp" : "tp-pp", R->normComm));
 
         const int ppRank = R->coords.pp;
         for (int ch = 0; ch < v; ++ch) {
@@ -227,6 +242,9 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             ctx.cpRank = R->coords.cp;
             ctx.cpSize = ds.cp;
             ctx.cp = R->cpComm.get();
+            ctx.epRank = expertParallel ? R->coords.ep : 0;
+            ctx.epSize = expertParallel ? ds.ep : 1;
+            ctx.ep = R->epComm.get();
             ctx.sequenceParallel = c.sequence_parallel;
             ctx.tp = R->tpComm.get();
             ctx.pp = R->ppComm.get();
@@ -245,6 +263,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             lo.bucketSize = effectiveBucketSize(c, dpc, ppRank, ch);
             lo.dp = dpc;
             lo.distributedOptimizer = dist;
+            if (expertParallel) {
+                for (const ParamInfo& pi : m.params().params()) lo.expert.push_back(pi.expert ? 1 : 0);
+                lo.expertDp = edp;
+            }
             // Megatron marks the tied weight shared_embedding on BOTH ends of the pipeline (its
             // own bucket, so the "embd" all-reduce after a reduce-scatter adds matching shards);
             // GptModel flags the first stage's embedding only when it also holds the output.
@@ -265,6 +287,9 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             so.overlapParamGather = c.overlap_param_gather;
             so.averageInCollective = c.average_in_collective;
             so.gradReduceInFp32 = c.grad_reduce_in_fp32;
+            so.expertDp = expertParallel ? edp : 1;
+            so.expertDpRank = expertParallel ? edpRank : 0;
+            so.expertComm = R->edpComm.get();
             auto sync = std::make_unique<GradSync>(m.params(), std::move(gl), so, *R->dev, *R->compute, *R->dpStream,
                                                    R->dpComm.get());
             GradSync* sp = sync.get();
@@ -293,7 +318,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             o.params = &pb;
             if (dist) {
                 for (const GradBucket& b : R->syncs[size_t(ch)]->layout().buckets) {
-                    auto [lo2, hi2] = shardOf(b, dpc, dpcRank);
+                    auto [lo2, hi2] = b.group == 1 ? shardOf(b, edp, edpRank) : shardOf(b, dpc, dpcRank);
                     o.owned.push_back({lo2, hi2});
                 }
             } else {
@@ -306,6 +331,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
                 if (info.sharedEmbedding && info.name == "output_layer.weight") o.countInNorm[size_t(i)] = 0;
                 // TP-replicated params: identical on every tp rank, counted on tp rank 0.
                 if (info.shard == ShardKind::Replicated && R->coords.tp != 0) o.countInNorm[size_t(i)] = 0;
+                // Dense params are replicated over the ep ranks of the norm group (no dist. optimizer).
+                if (expertParallel && !dist && !info.expert && R->coords.ep != 0) o.countInNorm[size_t(i)] = 0;
             }
             oc.push_back(std::move(o));
         }
@@ -385,7 +412,7 @@ void ParallelTrainer::abortAfterFailure(int local, const Status& st) {
         for (auto& R : m_ranks)
             for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
                                     R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get(),
-                                    R->cpRingComm.get()})
+                                    R->cpRingComm.get(), R->epComm.get(), R->edpComm.get()})
                 if (c) c->abort(why);
 }
 
@@ -399,7 +426,7 @@ void ParallelTrainer::abort(const Status& why) {
     for (auto& R : m_ranks)
         for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
                                 R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get(),
-                                R->cpRingComm.get()})
+                                R->cpRingComm.get(), R->epComm.get(), R->edpComm.get()})
             if (c) c->abort(why);
 }
 
@@ -638,20 +665,32 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
     for (int pp = 0; pp < ds.pp; ++pp) {
         for (int ch = 0; ch < ds.vpp; ++ch) {
             const int r0 = m_layout.globalRank(0, 0, dpRank, pp);
-            ParamBuffer& p0 = m_ranks[size_t(r0)]->models[size_t(ch)]->params();
+            // Expert parallel: the other experts are on the other ranks of r0's "ep" group.
+            std::vector<int> holders = {r0};
+            if (m_cfg.num_moe_experts > 0 && ds.ep > 1)
+                for (int r : m_layout.groupRanks("ep", r0))
+                    if (r != r0) holders.push_back(r);
+            for (int holder : holders) {
+            ParamBuffer& p0 = m_ranks[size_t(holder)]->models[size_t(ch)]->params();
             for (int i = 0; i < p0.count(); ++i) {
                 const ParamInfo& info = p0.info(i);
+                if (holder != r0 && !info.expert) continue;
                 std::string name = info.name;
                 if (info.sharedEmbedding && name == "output_layer.weight") name += "[tied copy]";
                 int64_t full = 1;
                 for (int64_t d : info.fullShape) full *= d;
                 std::vector<float> v(static_cast<size_t>(full), 0.f);
-                for (int t = 0; t < ds.tp; ++t) {
-                    const int r = m_layout.globalRank(t, 0, dpRank, pp);
-                    copyShardToFull(info, ds.tp, t, m_ranks[size_t(r)]->models[size_t(ch)]->params().mainParam(i),
-                                    v.data());
+                if (holder != r0) {
+                    std::copy(p0.mainParam(i), p0.mainParam(i) + full, v.begin());  // tp = 1 with experts
+                } else {
+                    for (int t = 0; t < ds.tp; ++t) {
+                        const int r = m_layout.globalRank(t, 0, dpRank, pp);
+                        copyShardToFull(info, ds.tp, t, m_ranks[size_t(r)]->models[size_t(ch)]->params().mainParam(i),
+                                        v.data());
+                    }
                 }
                 out[name] = std::move(v);
+            }
             }
         }
     }
@@ -784,6 +823,10 @@ static ParallelTrainer::RankState* stageHolder(const std::vector<std::unique_ptr
 Status ParallelTrainer::save(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
+    if (m_cfg.num_moe_experts > 0 && ds.ep > 1)
+        return Status::unsupported("save: checkpoints of expert-parallel runs (expert_model_parallel_size > 1) are not "
+                                   "supported by the engine yet; train with expert_model_parallel_size 1 to save or "
+                                   "resume");
     TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, m_opts, "save", &stageHolder));
     const std::vector<ParamInfo>& table = img.table;
     const std::vector<ParamHome>& homes = img.homes;
@@ -868,6 +911,10 @@ Status ParallelTrainer::save(const std::string& dir) {
 Status ParallelTrainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
+    if (m_cfg.num_moe_experts > 0 && ds.ep > 1)
+        return Status::unsupported("load: checkpoints of expert-parallel runs (expert_model_parallel_size > 1) are not "
+                                   "supported by the engine yet; train with expert_model_parallel_size 1 to save or "
+                                   "resume");
     // Every process reads the files (a shared or copied checkpoint directory) and takes its
     // ranks' shards.
     TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, m_opts, "load", &stageHolder));

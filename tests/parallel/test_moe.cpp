@@ -203,7 +203,11 @@ TEST(Moe, FlopsCountTheTopKExperts) {
 
 TEST(Moe, UnsupportedSettingsAreNamed) {
     for (auto [knob, set] : std::vector<std::pair<std::string, std::function<void(engine::Config&)>>>{
-             {"expert_model_parallel_size", [](engine::Config& c) { c.expert_model_parallel_size = 2; c.data_parallel_size = 2; }},
+             {"moe_token_dispatcher_type", [](engine::Config& c) {
+                  c.expert_model_parallel_size = 2;
+                  c.data_parallel_size = 2;
+                  c.moe_token_dispatcher_type = "allgather";
+              }},
              {"add_bias_linear", [](engine::Config& c) { c.add_bias_linear = true; }},
              {"moe_expert_capacity_factor", [](engine::Config& c) { c.moe_expert_capacity_factor = 1.5; }},
              {"tensor_model_parallel_size", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }}}) {
@@ -211,7 +215,7 @@ TEST(Moe, UnsupportedSettingsAreNamed) {
         set(c);
         auto d = engine::modelDimsFromConfig(c);
         ASSERT_FALSE(d.isOk()) << knob;
-        EXPECT_NE(d.status().message().find(knob), std::string::npos) << d.status().message();
+        EXPECT_NE(d.status().message().find(knob), std::string::npos) << knob << ": " << d.status().message();
     }
 }
 
@@ -221,6 +225,7 @@ struct MoeLayout {
     bool distOpt, grouped;
     int vpp = 1;
     bool recompute = false;
+    int ep = 1;
 };
 class MoeParallel : public ::testing::TestWithParam<MoeLayout> {};
 
@@ -237,6 +242,8 @@ TEST_P(MoeParallel, EqualsTheSingleDeviceRun) {
     c.moe_z_loss_coeff = 0.001;
     c.use_distributed_optimizer = L.distOpt;
     c.moe_grouped_gemm = L.grouped;
+    c.expert_model_parallel_size = L.ep;
+    c.moe_token_dispatcher_type = "alltoall";
     const RunResult ref = runSingle(singleDevice(c), 3);
     auto par = runParallel(c, 3);
     ASSERT_TRUE(par.isOk()) << par.status().toString();
@@ -247,7 +254,12 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeParallel,
                          ::testing::Values(MoeLayout{"dp2_distopt", 1, 2, true, false},
                                            MoeLayout{"pp2_grouped", 2, 1, false, true},
                                            MoeLayout{"pp2_dp2", 2, 2, false, false},
-                                           MoeLayout{"pp2_vpp2_full_recompute", 2, 1, false, true, 2, true}),
+                                           MoeLayout{"pp2_vpp2_full_recompute", 2, 1, false, true, 2, true},
+                                           MoeLayout{"ep2", 1, 2, false, false, 1, false, 2},
+                                           MoeLayout{"ep2_dp4_distopt", 1, 4, true, true, 1, false, 2},
+                                           MoeLayout{"ep4_distopt_grouped", 1, 4, true, true, 1, false, 4},
+                                           MoeLayout{"ep2_dp4_pp2", 2, 4, false, false, 1, false, 2},
+                                           MoeLayout{"ep2_pp2_vpp2_full_recompute", 2, 2, true, true, 2, true, 2}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -317,10 +317,12 @@ TEST(Knobs, UnsupportedKnobsAreReported) {
     EXPECT_TRUE(unsupportedKnobs(c).empty());
     c.context_parallel_size = 2;  // executed now (issue #16)
     EXPECT_TRUE(unsupportedKnobs(c).empty());
-    c.expert_model_parallel_size = 2;
+    c.expert_model_parallel_size = 2;  // executed now (issue #16)
+    EXPECT_TRUE(unsupportedKnobs(c).empty());
+    c.moe_expert_capacity_factor = 1.5;
     auto u = unsupportedKnobs(c);
     ASSERT_EQ(u.size(), 1u);
-    EXPECT_EQ(u[0], "expert_model_parallel_size=2");
+    EXPECT_EQ(u[0], "moe_expert_capacity_factor=1.5");
 }
 
 }  // namespace

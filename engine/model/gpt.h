@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/model/layers.h"
 #include "engine/model/model.h"
 #include "engine/model/param_buffer.h"
@@ -120,6 +122,13 @@ public:
     // cfg.tp_comm_overlap is set. Call before the first forward.
     void setTpCommOverlap(Stream& commStream, Communicator& comm);
     bool tpCommOverlap() const { return m_tpo != nullptr; }
+    // FP8 scaling state of this chunk's FP8 tensors for checkpoints: {"layer<L>.<linear>.<slot>":
+    // {"history": [...], "scale": s}} with global layer numbers (null without FP8). Call after
+    // the streams are idle. setFp8State takes the entries of this chunk's tensors from such an
+    // object (others are ignored; a tensor without an entry keeps its fresh state) and checks
+    // them: history length as configured (fp8_amax_history_len), finite non-negative values.
+    nlohmann::json fp8State() const;
+    Status setFp8State(const nlohmann::json& state);
     // cp_comm_type=p2p: ring attention over `comm` (a "cp" communicator used on that stream
     // only) with the key/value blocks passed on `commStream` (engine/model/cp_ring.h). Needed
     // before the first forward when context parallel runs with p2p; no-op otherwise.

@@ -35,6 +35,58 @@ void GptModel::fp8Init() {
     m_fp8W.assign(m_layers.size() * kLinears, {});
 }
 
+nlohmann::json GptModel::fp8State() const {
+    if (!m_fp8Meta) return nullptr;
+    nlohmann::json out = nlohmann::json::object();
+    for (size_t li = 0; li < m_layers.size(); ++li) {
+        if (!fp8Layer(int(li))) continue;
+        for (int lin = 0; lin < kLinears; ++lin)
+            for (int slot = 0; slot < kSlots; ++slot) {
+                const Fp8Meta& m = (*m_fp8Meta)[(li * kLinears + size_t(lin)) * kSlots + size_t(slot)];
+                out["layer" + std::to_string(m_ctx.layerBegin + int(li)) + "." + kLinearNames[lin] + "." +
+                    kSlotNames[slot]] = {{"history", m.history}, {"scale", m.scale}};
+            }
+    }
+    return out;
+}
+
+Status GptModel::setFp8State(const nlohmann::json& state) {
+    if (!m_fp8Meta || state.is_null()) return Status::ok();
+    if (!state.is_object()) return Status::invalid("fp8 state must be an object");
+    for (size_t li = 0; li < m_layers.size(); ++li) {
+        if (!fp8Layer(int(li))) continue;
+        for (int lin = 0; lin < kLinears; ++lin)
+            for (int slot = 0; slot < kSlots; ++slot) {
+                const std::string key = "layer" + std::to_string(m_ctx.layerBegin + int(li)) + "." + kLinearNames[lin] +
+                                        "." + kSlotNames[slot];
+                auto it = state.find(key);
+                if (it == state.end()) continue;
+                auto bad = [&](const std::string& why) {
+                    return Status::invalid("fp8 state of " + key + ": " + why);
+                };
+                if (!it->is_object() || !it->contains("history") || !it->contains("scale") ||
+                    !(*it)["history"].is_array() || !(*it)["scale"].is_number())
+                    return bad("needs a history array and a scale");
+                Fp8Meta& m = (*m_fp8Meta)[(li * kLinears + size_t(lin)) * kSlots + size_t(slot)];
+                const nlohmann::json& h = (*it)["history"];
+                if (h.size() != m.history.size())
+                    return bad("amax history of " + std::to_string(h.size()) + " entries, the config has fp8_amax_history_len " +
+                               std::to_string(m.history.size()) + "; resume with the same length");
+                std::vector<float> hist;
+                for (const auto& v : h) {
+                    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+                        return bad("amax values must be finite and >= 0");
+                    hist.push_back(v.get<float>());
+                }
+                const double sc = (*it)["scale"].get<double>();
+                if (!std::isfinite(sc) || sc <= 0) return bad("scale must be finite and > 0");
+                m.history = std::move(hist);
+                m.scale = float(sc);
+            }
+    }
+    return Status::ok();
+}
+
 Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, int64_t n) {
     const Fp8Recipe& r = m_o.fp8;
     Fp8Meta* meta = &(*m_fp8Meta)[(size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot)];

@@ -879,6 +879,44 @@ Status ParallelTrainer::save(const std::string& dir) {
         }
     }
     CheckpointState st;
+    // FP8 scaling state: the ranks of a stage agree on scales and history except the newest
+    // amax (history[0]), which each observed locally and the next step reduces with MAX over
+    // tp-dp-cp: merged element-wise with max, that is the state the next step would start from.
+    // With several processes each sends what its ranks hold.
+    nlohmann::json fp8 = nlohmann::json::object();
+    bool anyFp8 = false;
+    auto merge = [&fp8](const nlohmann::json& s) {
+        for (auto it = s.begin(); it != s.end(); ++it) {
+            auto have = fp8.find(it.key());
+            if (have == fp8.end() || !(*have)["history"].is_array() || !(*it)["history"].is_array() ||
+                (*have)["history"].size() != (*it)["history"].size()) {
+                fp8[it.key()] = *it;
+                continue;
+            }
+            nlohmann::json& h = (*have)["history"];
+            for (size_t i = 0; i < h.size(); ++i)
+                h[i] = std::max(h[i].get<double>(), (*it)["history"][i].get<double>());
+        }
+    };
+    for (const auto& R : m_ranks)
+        for (const auto& m : R->models)
+            if (nlohmann::json s = m->fp8State(); s.is_object()) {
+                anyFp8 = true;
+                merge(s);
+            }
+    if (int(m_ranks.size()) != worldSize() && !m_cfg.fp8.empty()) {
+        if (!m_opts.gatherText)
+            return Status::unsupported("save: this run's ranks are in several processes and no exchange between them was given");
+        std::vector<std::string> all;
+        TS_RETURN_IF_ERROR(m_opts.gatherText(fp8.dump(), all).withContext("save: exchanging the FP8 state"));
+        for (const std::string& text : all) {
+            const nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
+            if (!doc.is_object()) return Status::internal("save: a process sent an unreadable FP8 state");
+            merge(doc);
+            anyFp8 = anyFp8 || !doc.empty();
+        }
+    }
+    if (anyFp8) st.fp8 = std::move(fp8);
     st.iteration = m_iteration;
     st.samplesConsumed = m_samples;
     st.seed = m_cfg.seed;
@@ -962,6 +1000,8 @@ Status ParallelTrainer::load(const std::string& dir) {
         }
         R.opt->setStepCount(st.adamSteps);
     }
+    for (const auto& R : m_ranks)
+        for (const auto& m : R->models) TS_RETURN_IF_ERROR(m->setFp8State(st.fp8).withContext("checkpoint '" + dir + "'"));
     m_iteration = st.iteration;
     m_samples = st.samplesConsumed;
     return Status::ok();

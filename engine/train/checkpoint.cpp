@@ -150,6 +150,7 @@ Status writeCheckpointFiles(const std::string& dir, const std::vector<ParamInfo>
     j["numel"] = numel;
     j["config"] = state.config;
     j["layout"] = state.layout.is_null() ? nlohmann::json::object() : state.layout;
+    if (!state.fp8.is_null()) j["fp8"] = state.fp8;
     auto& t = j["params"];
     t = nlohmann::json::array();
     for (const auto& p : table) t.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
@@ -208,6 +209,10 @@ Status readCheckpointFiles(const std::string& dir, const std::vector<ParamInfo>&
     TS_ASSIGN_OR_RETURN(s.samplesConsumed, f.integer(j, "samples_consumed", 0, kMaxSamplesConsumed));
     TS_ASSIGN_OR_RETURN(s.seed, f.integer(j, "seed", INT64_MIN, INT64_MAX));
     TS_ASSIGN_OR_RETURN(s.adamSteps, f.integer(j, "adam_steps", 0, INT64_MAX, int64_t(0)));
+    if (auto fp8 = j.find("fp8"); fp8 != j.end()) {
+        if (!fp8->is_object()) return Status::invalid("checkpoint '" + file + "': fp8 must be an object");
+        s.fp8 = *fp8;  // GptModel::setFp8State checks every entry
+    }
     TS_ASSIGN_OR_RETURN(int64_t storedNumel, f.integer(j, "numel", 0, INT64_MAX / 16));
     for (const char* obj : {"config", "layout"}) {
         auto it = j.find(obj);

@@ -30,6 +30,10 @@ struct CheckpointState {
     int64_t adamSteps = 0;      // only used by the table-level API below
     nlohmann::json config;      // informational
     nlohmann::json layout;      // saved-from layout (tp, pp, vpp, dp, ...); informational
+    // FP8 scaling state (amax history and scale of every FP8 tensor, GptModel::fp8State of every
+    // layer); null when the run had none. Restored so a resumed FP8 run scales as if it had not
+    // stopped (Transformer Engine keeps it in the module's extra state).
+    nlohmann::json fp8;
 };
 
 Status saveCheckpoint(const std::string& dir, ParamBuffer& params, AdamWOptimizer& opt,

@@ -171,6 +171,7 @@ Status Trainer::save(const std::string& dir) {
     s.samplesConsumed = m_samples;
     s.seed = m_cfg.seed;
     s.config = configToJson(m_cfg);
+    s.fp8 = m_model->fp8State();
     return saveCheckpoint(dir, m_model->params(), *m_opt, s);
 }
 
@@ -181,6 +182,7 @@ Status Trainer::load(const std::string& dir) {
     if (s.seed != m_cfg.seed)
         return Status::invalid("checkpoint '" + dir + "' was trained with seed " + std::to_string(s.seed) +
                                ", the config has seed " + std::to_string(m_cfg.seed) + "; resume would not be exact");
+    TS_RETURN_IF_ERROR(m_model->setFp8State(s.fp8).withContext("checkpoint '" + dir + "'"));
     m_iteration = s.iteration;
     m_samples = s.samplesConsumed;
     return Status::ok();

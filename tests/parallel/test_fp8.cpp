@@ -3,6 +3,11 @@
 // equal the FP8 single-device run.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
 #include "tests/parallel/parallel_test_util.h"
 
 namespace ts::test {
@@ -113,6 +118,53 @@ TEST(Fp8Parallel, TensorParallelTracksTheSingleDeviceRun) {
             EXPECT_NEAR(par->losses[s], ref.losses[s], 1e-3 * ref.losses[s]) << recipe << " step " << s + 1;
         EXPECT_NEAR(par->losses[0], ref.losses[0], 1e-5 * ref.losses[0]) << recipe << ": the first forward is exact";
     }
+}
+
+// Delayed scaling keeps an amax history per FP8 tensor: a checkpoint carries it, so a resumed
+// run quantizes with the same scales as one that never stopped (without it the first steps
+// after the resume would start from scale 1 and fresh histories, and the weights would differ).
+TEST(Fp8Checkpoint, ResumeKeepsTheDelayedScalingState) {
+    engine::Config c = fp8Config("hybrid", "delayed");
+    c.fp8_amax_history_len = 4;
+    const std::string dir = ::testing::TempDir() + "/ts_fp8_ckpt";
+    std::filesystem::remove_all(dir);
+    const RunResult straight = runSingle(c, 4);
+    auto saved = trainSingle(c, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    auto resumed = trainSingle(c, 2, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    for (int s = 0; s < 2; ++s) EXPECT_EQ(resumed->losses[size_t(s)], straight.losses[size_t(s) + 2]) << "step " << s + 3;
+    for (const auto& [name, w] : straight.params) EXPECT_EQ(resumed->params.at(name), w) << name;
+    // The state is in the checkpoint's metadata: 2 layers x 4 linears x 3 slots.
+    std::ifstream in(dir + "/checkpoint.json");
+    const nlohmann::json j = nlohmann::json::parse(in);
+    ASSERT_TRUE(j.contains("fp8"));
+    EXPECT_EQ(j["fp8"].size(), 24u);
+    EXPECT_EQ(j["fp8"]["layer1.linear_fc2.grad"]["history"].size(), 4u);
+    // A different history length cannot continue the same scaling: refused, naming the knob.
+    engine::Config other = c;
+    other.fp8_amax_history_len = 8;
+    auto bad = trainSingle(other, 1, dir);
+    ASSERT_FALSE(bad.isOk());
+    EXPECT_NE(bad.status().message().find("fp8_amax_history_len"), std::string::npos) << bad.status().message();
+    std::filesystem::remove_all(dir);
+}
+
+// Saved by a pipeline x data parallel run (every stage's layers), resumed on one device.
+TEST(Fp8Checkpoint, Pp2Dp2CheckpointResumesOnOneDevice) {
+    engine::Config c = withLayout(fp8Config("hybrid", "delayed"), Layout{1, 2, 1, 2, 2});
+    c.fp8_amax_history_len = 4;
+    const std::string dir = ::testing::TempDir() + "/ts_fp8_ckpt_pp2";
+    std::filesystem::remove_all(dir);
+    auto saved = trainParallel(c, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    const engine::Config one = singleDevice(c);
+    const RunResult straight = runSingle(one, 3);
+    auto resumed = trainSingle(one, 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    EXPECT_NEAR(resumed->losses[0], straight.losses[2], 1e-5 * straight.losses[2]);
+    for (const auto& [name, w] : straight.params) EXPECT_LE(relError(resumed->params.at(name), w), 1e-5) << name;
+    std::filesystem::remove_all(dir);
 }
 
 }  // namespace

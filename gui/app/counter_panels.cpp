@@ -435,10 +435,14 @@ void Fp8Panel::setView(Fp8View view) {
         html += QStringLiteral("%1 smallest scale %2 (<a href='tensor:%3'>%4</a>) &nbsp; %5 largest scale %6 (<a href='tensor:%7'>%8</a>)")
                     .arg(swatch(smallest), sig(v.smallestScale), QString::number(v.smallestRow), v.smallestTensor.toHtmlEscaped(),
                          swatch(largest), sig(v.largestScale), QString::number(v.largestRow), v.largestTensor.toHtmlEscaped());
-        html += v.disagreeing ? QStringLiteral(". <b>%1</b> tensor%2 with different scales across ranks (italic).")
-                                    .arg(v.disagreeing)
-                                    .arg(v.disagreeing == 1 ? QString() : QStringLiteral("s"))
-                              : QStringLiteral(". Every rank holds the same scales.");
+        // Agreement across ranks is only news when there are several ranks.
+        const bool severalRanks = std::any_of(v.tensors.begin(), v.tensors.end(), [](const Fp8TensorRow& t) { return t.ranks > 1; });
+        if (v.disagreeing)
+            html += QStringLiteral(". <b>%1</b> tensor%2 with different scales across ranks (italic).")
+                        .arg(v.disagreeing)
+                        .arg(v.disagreeing == 1 ? QString() : QStringLiteral("s"));
+        else
+            html += severalRanks ? QStringLiteral(". Every rank holds the same scales.") : QStringLiteral(".");
         m_header->setText(html);
     }
     const QString def = v.definition.toHtmlEscaped();

@@ -2,6 +2,7 @@
 //   trainscope-gui [--node URL] [--token-file FILE] [--config FILE] [--run RUN_FILE]
 //   trainscope-gui --tour DIR      drive the whole story on the local node, one PNG per view
 //   trainscope-gui --run RUN_FILE --screenshot PNG   open a run, save the window as PNG, exit
+//   trainscope-gui --run RUN_FILE --tab "MoE routing"  open a run on one of its panel tabs
 #include <cstdio>
 
 #include <QApplication>
@@ -13,6 +14,7 @@
 #include "gui/app/config_editor.h"
 #include "gui/app/main_window.h"
 #include "gui/app/node_bar.h"
+#include "gui/app/panels.h"
 #include "gui/app/tour.h"
 
 int main(int argc, char** argv) {
@@ -42,7 +44,11 @@ int main(int argc, char** argv) {
                             QStringLiteral("PNG"));
     QCommandLineOption shotDelay(QStringLiteral("screenshot-delay"), QStringLiteral("Milliseconds before --screenshot (default 3000)."),
                                  QStringLiteral("MS"), QStringLiteral("3000"));
-    parser.addOptions({node, token, config, run, tour, shot, shotDelay});
+    QCommandLineOption tab(QStringLiteral("tab"),
+                           QStringLiteral("With --run: show this panel tab once the run is analysed (Breakdown, Bubbles, Communication, "
+                                          "Memory, Kernels, MFU, \"MoE routing\", FP8)."),
+                           QStringLiteral("NAME"));
+    parser.addOptions({node, token, config, run, tour, shot, shotDelay, tab});
     parser.process(app);
 
     if (parser.isSet(tour)) {
@@ -72,6 +78,11 @@ int main(int argc, char** argv) {
     window.show();
     window.nodeBar()->openNode(parser.value(node), parser.value(token));
     if (parser.isSet(config)) window.configEditor()->openFile(parser.value(config));
+    if (parser.isSet(run) && parser.isSet(tab)) {
+        // The MoE and FP8 tabs appear only once the analysis says the run has them.
+        const QString name = parser.value(tab);
+        QObject::connect(window.panels(), &ts::gui::AnalysisPanels::analysisReady, &window, [&window, name] { window.showTab(name); });
+    }
     if (parser.isSet(run)) window.openRunFile(parser.value(run));
     if (parser.isSet(shot)) {
         const QString file = parser.value(shot);

@@ -22,6 +22,7 @@
 #include <QValueAxis>
 #include <QVBoxLayout>
 
+#include "gui/app/counter_panels.h"
 #include "gui/core/format.h"
 
 namespace ts::gui {
@@ -38,25 +39,6 @@ QColor categoryColor(const QString& category) {
         {"P2P", QColor(233, 30, 99)},         {"Memcpy", QColor(158, 158, 158)}, {"Memset", QColor(189, 189, 189)}};
     auto it = colors.find(category);
     return it == colors.end() ? QColor(97, 97, 97) : it->second;
-}
-
-// 0..max with 3-6 ticks at 1-2-5 steps and labels with as many decimals as the step needs
-// ("0 400 800 1200", "0 0.05 0.1"), never printf's %g ("1.48e+03").
-void setNiceRange(QValueAxis* a, double max) {
-    const double top = max > 0 ? max * 1.05 : 1;
-    const double raw = top / 4;
-    const double p = std::pow(10.0, std::floor(std::log10(raw)));
-    double step = 10 * p;
-    for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
-        if (m * p >= raw) {
-            step = m * p;
-            break;
-        }
-    const int n = std::max(1, int(std::ceil(top / step - 1e-9)));
-    a->setRange(0, n * step);
-    a->setTickCount(n + 1);
-    const int decimals = std::clamp(int(std::ceil(-std::log10(step) - 1e-9)) + (std::fmod(step / p, 1.0) > 0 ? 1 : 0), 0, 6);
-    a->setLabelFormat(QStringLiteral("%.%1f").arg(decimals));
 }
 
 // A step axis lo..hi with ticks on whole steps only ("1 2 3 4", never "1 1 2 3 4").
@@ -92,6 +74,25 @@ QValueAxis* valueAxis(const QString& title, double max, const QString& format = 
 }
 
 }  // namespace
+
+// Ticks at 1-2-5 steps with labels of as many decimals as the step needs ("0 400 800 1200",
+// "0 0.05 0.1"), never printf's %g ("1.48e+03").
+void setNiceRange(QValueAxis* a, double max) {
+    const double top = max > 0 ? max * 1.05 : 1;
+    const double raw = top / 4;
+    const double p = std::pow(10.0, std::floor(std::log10(raw)));
+    double step = 10 * p;
+    for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+        if (m * p >= raw) {
+            step = m * p;
+            break;
+        }
+    const int n = std::max(1, int(std::ceil(top / step - 1e-9)));
+    a->setRange(0, n * step);
+    a->setTickCount(n + 1);
+    const int decimals = std::clamp(int(std::ceil(-std::log10(step) - 1e-9)) + (std::fmod(step / p, 1.0) > 0 ? 1 : 0), 0, 6);
+    a->setLabelFormat(QStringLiteral("%.%1f").arg(decimals));
+}
 
 void clearChart(QChart* chart) {
     chart->removeAllSeries();
@@ -276,6 +277,12 @@ AnalysisPanels::AnalysisPanels(QWidget* parent) : QTabWidget(parent) {
     addTab(m_memoryPage, QStringLiteral("Memory"));
     addTab(m_kernelPage, QStringLiteral("Kernels"));
     addTab(m_mfu, QStringLiteral("MFU"));
+    // The model counters' tabs exist for every run but show only for one that recorded them:
+    // most runs are dense and not FP8, and two tabs that always say "nothing here" are noise.
+    m_moe = new MoePanel(this);
+    m_fp8 = new Fp8Panel(this);
+    setTabVisible(addTab(m_moe, QStringLiteral("MoE routing")), false);
+    setTabVisible(addTab(m_fp8, QStringLiteral("FP8")), false);
     connect(m_memoryRank, &QComboBox::activated, this, [this](int) { loadMemory(m_memoryRank->currentData().toInt()); });
 }
 
@@ -283,6 +290,11 @@ QWidget* AnalysisPanels::page(const QString& name) const {
     for (int i = 0; i < count(); ++i)
         if (tabText(i) == name) return widget(i);
     return nullptr;
+}
+
+bool AnalysisPanels::isPageShown(const QString& name) const {
+    QWidget* w = page(name);
+    return w && isTabVisible(indexOf(w));
 }
 
 void AnalysisPanels::setRunFile(const QString& runFile) {
@@ -293,11 +305,18 @@ void AnalysisPanels::setRunFile(const QString& runFile) {
         if (!r) {
             m_mfu->setText(QStringLiteral("<span style='color:#b00020'>analysis of %1 failed: %2</span>")
                                .arg(runFile.toHtmlEscaped(), QString::fromStdString(r.status().message()).toHtmlEscaped()));
+            setTabVisible(indexOf(m_moe), false);
+            setTabVisible(indexOf(m_fp8), false);
             emit analysisFailed(runFile, QString::fromStdString(r.status().message()));
             return;
         }
         m_doc = std::move(r).value();
         rebuild();
+        // Not in rebuild(): the sections are the whole run's, a selected step does not change them.
+        m_moe->setView(moeViewOf(m_doc));
+        m_fp8->setView(fp8ViewOf(m_doc));
+        setTabVisible(indexOf(m_moe), m_moe->view().present);
+        setTabVisible(indexOf(m_fp8), m_fp8->view().present);
         m_memoryRank->clear();
         for (const auto& rk : m_doc.value("ranks", json::array()))
             m_memoryRank->addItem(QStringLiteral("rank %1").arg(rk.value("rank", 0)), rk.value("rank", 0));

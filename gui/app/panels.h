@@ -28,8 +28,13 @@ class QValueAxis;
 
 namespace ts::gui {
 
+class Fp8Panel;
+class MoePanel;
+
 // Makes a chart view with the workbench's look (no animation, legend at the bottom).
 QChartView* makeChartView(const QString& title, QWidget* parent);
+// Sets a value axis to 0..max (a little above) with 3-6 ticks at 1-2-5 steps.
+void setNiceRange(QValueAxis* axis, double max);
 // Removes a chart's series and axes (charts are rebuilt when their data changes).
 void clearChart(QChart* chart);
 // Adds a bar series with its category axis (labels) and a value axis 0..max·1.1 titled
@@ -80,8 +85,12 @@ public:
     const AnalysisSummary& summary() const { return m_summary; }
     QString runFile() const { return m_runFile; }
     // The tab pages by name, for the tour ("Breakdown", "Bubbles", "Communication", "Memory",
-    // "Kernels", "MFU").
+    // "Kernels", "MFU", "MoE routing", "FP8").
     QWidget* page(const QString& name) const;
+    // The MoE and FP8 tabs are shown only for a run whose analysis has those sections.
+    bool isPageShown(const QString& name) const;
+    MoePanel* moePanel() const { return m_moe; }
+    Fp8Panel* fp8Panel() const { return m_fp8; }
 
 signals:
     void analysisReady(const QString& runFile);
@@ -108,6 +117,8 @@ private:
     QLabel* m_mfu;
     QWidget* m_memoryPage;
     QWidget* m_kernelPage;
+    MoePanel* m_moe;
+    Fp8Panel* m_fp8;
 };
 
 }  // namespace ts::gui

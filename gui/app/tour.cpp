@@ -15,6 +15,7 @@
 
 #include "gui/app/ab_view.h"
 #include "gui/app/config_editor.h"
+#include "gui/app/counter_panels.h"
 #include "gui/app/export_dialog.h"
 #include "gui/app/main_window.h"
 #include "gui/app/node_bar.h"
@@ -191,6 +192,34 @@ TourResult runTour(MainWindow& w, const TourOptions& o) {
     waitFor([&] { return w.runsBrowser()->model()->rowCount() >= 4; }, 10000);
     rep["runs"] = w.runsBrowser()->model()->rowCount();
     shot(&w, QStringLiteral("14-runs"));
+
+    // 9. The model counters: an MoE run's routing, an FP8 run's scales (the engine does not run
+    // FP8 experts, so they are two runs). 15 is not the tour's: docs/screenshots/15-mpi-hybrid-run.png
+    // (docs/parallel.md) is an mpirun run's view.
+    if (QString e = openExample(QStringLiteral("moe_tiny.yaml")); !e.isEmpty()) return fail(e);
+    w.configEditor()->setSteps(o.stepsModelCounters);
+    w.configEditor()->setRunName(QStringLiteral("tour-moe"));
+    if (QString e = runAndWait(QStringLiteral("moe")); !e.isEmpty()) return fail(e);
+    if (!w.panels()->isPageShown(QStringLiteral("MoE routing"))) return fail(QStringLiteral("the MoE run shows no MoE routing tab"));
+    const MoeView& moe = w.panels()->moePanel()->view();
+    rep["moe"] = {{"run_file", w.currentRunFile().toStdString()}, {"layers", moe.layers.size()}, {"experts", moe.experts},
+                  {"heat_rows", w.panels()->moePanel()->heatMap()->rowCount()}, {"fp8_tab", w.panels()->isPageShown(QStringLiteral("FP8"))}};
+    w.leftTabs()->setCurrentWidget(w.configEditor());
+    w.showTab(QStringLiteral("MoE routing"));
+    shot(&w, QStringLiteral("16-moe-routing"));
+    if (QString e = openExample(QStringLiteral("fp8_hybrid.yaml")); !e.isEmpty()) return fail(e);
+    w.configEditor()->setSteps(o.stepsModelCounters);
+    w.configEditor()->setRunName(QStringLiteral("tour-fp8"));
+    if (QString e = runAndWait(QStringLiteral("fp8")); !e.isEmpty()) return fail(e);
+    if (!w.panels()->isPageShown(QStringLiteral("FP8"))) return fail(QStringLiteral("the FP8 run shows no FP8 tab"));
+    rep["fp8"] = {{"run_file", w.currentRunFile().toStdString()}, {"tensors", w.panels()->fp8Panel()->view().tensorCount},
+                  {"table_rows", w.panels()->fp8Panel()->table()->rowCount()},
+                  {"moe_tab", w.panels()->isPageShown(QStringLiteral("MoE routing"))}};
+    w.showTab(QStringLiteral("FP8"));
+    // Sorted by scale min, so that the run's smallest scale (highlighted) is the first row and
+    // the picture shows a sort.
+    w.panels()->fp8Panel()->table()->sortByColumn(Fp8Panel::ScaleMin, Qt::AscendingOrder);
+    shot(&w, QStringLiteral("17-fp8"));
 
     res.ok = true;
     rep["screenshots"] = json::array();

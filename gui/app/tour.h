@@ -1,9 +1,9 @@
 // The screenshot tour (`trainscope-gui --tour DIR`, issue #13): drives the real application
 // through the user's story on the local node — connect, open tiny.yaml, run it, the timeline,
 // each analysis panel (on a pipeline-parallel run), toggle a knob on a dp2 config and rerun,
-// the A/B view, the export dialog, the runs browser — and writes one PNG per view into DIR,
-// plus tour.json with what the models held at each step. The end-to-end test runs the same tour
-// and asserts on those models.
+// the A/B view, the export dialog, the runs browser, an MoE run's routing and an FP8 run's
+// scales — and writes one PNG per view into DIR, plus tour.json with what the models held at
+// each step. The end-to-end test runs the same tour and asserts on those models.
 #pragma once
 
 #include <functional>
@@ -22,6 +22,7 @@ struct TourOptions {
     int stepsTiny = 6;
     int stepsPipeline = 4;
     int stepsDp = 4;
+    int stepsModelCounters = 3;  // moe_tiny.yaml and fp8_hybrid.yaml
     int timeoutMs = 180000;   // per wait
     QString knobToToggle = QStringLiteral("overlap_grad_reduce");
 };

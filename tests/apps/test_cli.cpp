@@ -52,7 +52,7 @@ TEST(Cli, KnobsJsonHasEveryRegistryKnobWithFlags) {
 
 TEST(Cli, ValidateAcceptsEveryShippedExample) {
     for (const char* f : {"tiny", "small", "tp2_sp", "pp2_1f1b", "pp4_interleaved", "dp2_overlap", "dp2_distopt",
-                          "llama_style", "bf16_recompute", "world8_3d", "fp8_hybrid", "cp2_ring"}) {
+                          "llama_style", "bf16_recompute", "world8_3d", "fp8_hybrid", "cp2_ring", "moe_tiny"}) {
         Output o = run("validate " + kRoot + "/resources/examples/" + f + ".yaml");
         EXPECT_EQ(o.code, 0) << f << ": " << o.text;
         EXPECT_NE(o.text.find(": ok ("), std::string::npos) << o.text;

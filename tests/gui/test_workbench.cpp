@@ -46,6 +46,7 @@ TEST(Workbench, TourRunsTheWholeStoryOnTheLocalNode) {
     o.stepsTiny = 3;
     o.stepsPipeline = 3;
     o.stepsDp = 3;
+    o.stepsModelCounters = 2;
     const TourResult r = runTour(w, o);
     ASSERT_TRUE(r.ok) << r.error.toStdString();
     const json& rep = r.report;
@@ -74,7 +75,16 @@ TEST(Workbench, TourRunsTheWholeStoryOnTheLocalNode) {
     EXPECT_EQ(loaded.config.data_parallel_size, 2);
     EXPECT_NE(rep["export"]["megatron_args"].get<std::string>().find("--num-layers 4"), std::string::npos);
     EXPECT_GE(rep["runs"].get<int>(), 4);
-    EXPECT_EQ(r.screenshots.size(), 14);
+    // moe_tiny.yaml: its 4 layers x 8 experts in the MoE tab, no FP8 tab; fp8_hybrid.yaml: 4 layers
+    // x 4 linears x (input, weight, grad) in the FP8 table, no MoE tab.
+    EXPECT_EQ(rep["moe"]["layers"], 4);
+    EXPECT_EQ(rep["moe"]["experts"], 8);
+    EXPECT_EQ(rep["moe"]["heat_rows"], 4);
+    EXPECT_EQ(rep["moe"]["fp8_tab"], false);
+    EXPECT_EQ(rep["fp8"]["tensors"], 48);
+    EXPECT_EQ(rep["fp8"]["table_rows"], 48);
+    EXPECT_EQ(rep["fp8"]["moe_tab"], false);
+    EXPECT_EQ(r.screenshots.size(), 16);
     // No label with a long text (a path, an error) ever widened the window during the tour,
     // and with every view filled it still fits a 1366x768 laptop screen.
     EXPECT_EQ(w.width(), 1400);

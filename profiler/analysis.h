@@ -219,6 +219,10 @@ struct MoeLayerStats {
     std::vector<double> tokensPerExpert;      // index = expert
     std::vector<double> tokensPerExpertLast;
     double imbalance = 0, imbalanceLast = 0;
+    // Token dropping ("moe.layer<L>.dropped_tokens", recorded only with a capacity): token
+    // copies dropped in a step, summed over ranks and forwards, mean over steps; the last step's.
+    bool hasDropped = false;
+    double droppedMean = 0, droppedLast = 0;
     int maxExpert = -1;                       // argmax of tokensPerExpert (lowest index on ties)
 };
 struct MoeSummary {

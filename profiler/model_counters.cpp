@@ -30,10 +30,10 @@ std::optional<int> takeInt(std::string_view& s) {
     return v;
 }
 
-// "moe.layer<L>.aux_loss" | ".z_loss" | ".tokens.expert<E>"
+// "moe.layer<L>.aux_loss" | ".z_loss" | ".tokens.expert<E>" | ".dropped_tokens"
 struct MoeName {
     int layer = 0;
-    enum Kind { Aux, Z, Tokens } kind = Aux;
+    enum Kind { Aux, Z, Tokens, Dropped } kind = Aux;
     int expert = -1;
 };
 std::optional<MoeName> parseMoe(std::string_view n) {
@@ -47,6 +47,8 @@ std::optional<MoeName> parseMoe(std::string_view n) {
         m.kind = MoeName::Aux;
     } else if (n == ".z_loss") {
         m.kind = MoeName::Z;
+    } else if (n == ".dropped_tokens") {
+        m.kind = MoeName::Dropped;
     } else if (startsWith(n, ".tokens.expert")) {
         n.remove_prefix(14);
         auto e = takeInt(n);
@@ -138,8 +140,8 @@ Result<MoeSummary> moeSummary(TraceStore& store, const std::vector<StepWindow>& 
     const StepIndex index(windows);
 
     struct StepAcc {
-        double aux = 0, z = 0;
-        int64_t auxN = 0, zN = 0;
+        double aux = 0, z = 0, dropped = 0;
+        int64_t auxN = 0, zN = 0, droppedN = 0;
         std::vector<double> tokens;
     };
     std::map<int, std::map<int, StepAcc>> acc;  // layer -> step -> sums
@@ -166,6 +168,10 @@ Result<MoeSummary> moeSummary(TraceStore& store, const std::vector<StepWindow>& 
                 if (a.tokens.size() <= size_t(n.expert)) a.tokens.resize(size_t(n.expert) + 1, 0.0);
                 a.tokens[size_t(n.expert)] += c.value;
                 break;
+            case MoeName::Dropped:
+                a.dropped += c.value;
+                ++a.droppedN;
+                break;
         }
     }
     for (auto& [layer, steps] : acc) {
@@ -175,8 +181,13 @@ Result<MoeSummary> moeSummary(TraceStore& store, const std::vector<StepWindow>& 
         size_t experts = 0;
         for (auto& [s, a] : steps) experts = std::max(experts, a.tokens.size());
         l.tokensPerExpert.assign(experts, 0.0);
-        int auxSteps = 0, zSteps = 0, tokenSteps = 0;
+        int auxSteps = 0, zSteps = 0, tokenSteps = 0, droppedSteps = 0;
         for (auto& [s, a] : steps) {
+            if (a.droppedN) {
+                l.droppedMean += a.dropped;
+                ++droppedSteps;
+                l.hasDropped = true;
+            }
             if (a.auxN) {
                 l.auxLossMean += a.aux / double(a.auxN);
                 ++auxSteps;
@@ -191,6 +202,7 @@ Result<MoeSummary> moeSummary(TraceStore& store, const std::vector<StepWindow>& 
             }
         }
         if (auxSteps) l.auxLossMean /= auxSteps;
+        if (droppedSteps) l.droppedMean /= droppedSteps;
         if (zSteps) l.zLossMean /= zSteps;
         if (tokenSteps)
             for (double& t : l.tokensPerExpert) t /= tokenSteps;
@@ -199,6 +211,7 @@ Result<MoeSummary> moeSummary(TraceStore& store, const std::vector<StepWindow>& 
         l.lastStep = lastStep;
         l.auxLossLast = last.auxN ? last.aux / double(last.auxN) : 0.0;
         l.zLossLast = last.zN ? last.z / double(last.zN) : 0.0;
+        l.droppedLast = last.dropped;
         l.tokensPerExpertLast = last.tokens;
         l.tokensPerExpertLast.resize(experts, 0.0);
         l.imbalanceLast = imbalanceOf(l.tokensPerExpertLast).first;

@@ -71,17 +71,24 @@ Status addModelCounters(TraceStore& store, const std::vector<StepWindow>& window
     TS_ASSIGN_OR_RETURN(MoeSummary moe, moeSummary(store, windows, step));
     if (!moe.layers.empty() || moe.samplesOutsideSteps > 0) {
         json layers = json::array();
-        for (const auto& l : moe.layers)
+        for (const auto& l : moe.layers) {
             layers.push_back({{"layer", l.layer}, {"steps", l.steps}, {"aux_loss_mean", l.auxLossMean},
                               {"z_loss_mean", l.zLossMean}, {"tokens_per_expert", l.tokensPerExpert},
                               {"imbalance", l.imbalance}, {"max_expert", l.maxExpert < 0 ? json(nullptr) : json(l.maxExpert)},
                               {"last_step", l.lastStep}, {"aux_loss_last", l.auxLossLast}, {"z_loss_last", l.zLossLast},
                               {"tokens_per_expert_last", l.tokensPerExpertLast}, {"imbalance_last", l.imbalanceLast}});
+            if (l.hasDropped) {
+                layers.back()["dropped_tokens_mean"] = l.droppedMean;
+                layers.back()["dropped_tokens_last"] = l.droppedLast;
+            }
+        }
         doc["moe"] = {{"layers", layers}, {"samples_outside_steps", moe.samplesOutsideSteps}};
         doc["definitions"]["moe"] =
             "per layer: aux/z loss of a step = mean of its samples (ranks x forwards), *_mean = mean over steps; "
             "tokens_per_expert = tokens routed to each expert in a step summed over ranks and forwards, mean over "
-            "steps; imbalance = max/mean of tokens_per_expert";
+            "steps; imbalance = max/mean of tokens_per_expert (the routing, before any dropping); "
+            "dropped_tokens_mean/_last (with an expert capacity) = token copies dropped in a step, summed over ranks "
+            "and forwards";
     }
     TS_ASSIGN_OR_RETURN(Fp8Summary fp8, fp8Summary(store, windows, step));
     if (!fp8.tensors.empty()) {
@@ -553,7 +560,10 @@ std::string formatAnalysisText(const json& doc) {
             if (l["max_expert"].is_number()) o << " (max expert " << l["max_expert"].get<int>() << ")";
             o << "; last step " << l["last_step"].get<int>() << ": aux " << fmt("%.4g", l["aux_loss_last"].get<double>())
               << " z " << fmt("%.4g", l["z_loss_last"].get<double>()) << ", imbalance "
-              << fmt("%.2f", l["imbalance_last"].get<double>()) << "\n";
+              << fmt("%.2f", l["imbalance_last"].get<double>());
+            if (l.contains("dropped_tokens_mean"))
+                o << "; dropped " << fmt("%.1f", l["dropped_tokens_mean"].get<double>()) << " token copies/step";
+            o << "\n";
         }
         if (moe.value("samples_outside_steps", int64_t(0)) > 0)
             o << "  (" << moe["samples_outside_steps"].get<int64_t>() << " samples outside every step not counted)\n";

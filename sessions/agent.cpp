@@ -554,6 +554,7 @@ struct RunState {
     bool killed = false;
     std::atomic<bool> cancel{false};
     std::atomic<bool> finished{false};
+    bool ended = false;  // under mu of the run: status final (set before run_finished is sent; finished after)
     Clock::time_point cancelAt;
     std::vector<std::weak_ptr<Connection>> subscribers;
     json lastProgress;
@@ -1149,7 +1150,9 @@ Reply Agent::Impl::cancel(Fields& f) {
     }
     if (!run) return Reply::err(rpc::kRunNotFound, "no run '" + id + "' was started by this agent");
     std::lock_guard rl(run->mu);
-    if (run->finished) return Reply::ok({{"run_id", id}, {"status", run->status}, {"already_finished", true}});
+    // `ended`: the status is final and run_finished may already be on its way to the client.
+    if (run->finished || run->ended)
+        return Reply::ok({{"run_id", id}, {"status", run->status}, {"already_finished", true}});
     if (!run->cancel.exchange(true)) {
         run->cancelAt = Clock::now();
         run->child.signal(SIGTERM);
@@ -1582,6 +1585,7 @@ void Agent::Impl::finalize(RunState& run, int waitStatus, const std::string& end
         std::lock_guard rl(run.mu);
         run.status = status;
         run.reason = reason;
+        run.ended = true;  // a cancel from here on is answered "already finished"
     }
     notify(run, "run_finished", {{"run_id", run.id}, {"status", status}, {"reason", reason},
                                  {"run_file", run.path}, {"exit", describeWaitStatus(waitStatus)}});

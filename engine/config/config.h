@@ -118,6 +118,9 @@ struct Config {
     bool moe_grouped_gemm = false;
     std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall | flex
     double moe_expert_capacity_factor = 0.0;             // 0 = unset (Megatron None): dropless
+    bool moe_pad_expert_input_to_capacity = false;       // with a capacity: every expert gets exactly it
+    std::string moe_token_drop_policy = "probs";         // probs | position: which tokens an expert keeps
+    int moe_layer_freq = 1;                              // layer i is MoE iff i % moe_layer_freq == 0
     int moe_ffn_hidden_size = 0;
     int moe_shared_expert_intermediate_size = 0;  // 0 = no shared expert
     bool moe_shared_expert_overlap = false;

@@ -259,6 +259,10 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     if (c.moe_expert_capacity_factor < 0)
         ck.add("moe_expert_capacity_factor", "moe_expert_capacity_factor must be >= 0 (0 = dropless)");
     if (c.moe_z_loss_coeff < 0) ck.add("moe_z_loss_coeff", "moe_z_loss_coeff must be >= 0 (0 = no z-loss)");
+    if (c.moe_pad_expert_input_to_capacity && c.moe_expert_capacity_factor <= 0)
+        ck.add("moe_pad_expert_input_to_capacity",
+               "moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor (an expert capacity to pad to)");
+    if (c.moe_layer_freq < 1) ck.add("moe_layer_freq", "moe_layer_freq must be at least 1");
     if (c.moe_shared_expert_overlap && c.moe_shared_expert_intermediate_size <= 0)
         ck.add("moe_shared_expert_overlap", "moe_shared_expert_overlap needs moe_shared_expert_intermediate_size > 0");
     // Megatron-Core TransformerConfig.__post_init__ checks.

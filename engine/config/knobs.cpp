@@ -426,9 +426,20 @@ std::vector<KnobDef> buildRegistry() {
         "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type",
         "How tokens reach their experts (the engine runs alltoall with expert_model_parallel_size > 1; with 1 "
         "every type is the same local computation).");
-    unsetWhenZero(notInEngine(r.f("moe_expert_capacity_factor", &C::moe_expert_capacity_factor, "--moe-expert-capacity-factor",
-                    "model.moe_expert_capacity_factor",
-                    "Expert capacity factor; 0 = unset (dropless, Megatron's None).")));
+    unsetWhenZero(r.f("moe_expert_capacity_factor", &C::moe_expert_capacity_factor, "--moe-expert-capacity-factor",
+                      "model.moe_expert_capacity_factor",
+                      "Expert capacity factor: each expert takes at most ceil(tokens*topk/experts * factor) token copies "
+                      "of a microbatch, the rest are dropped; 0 = unset (dropless, Megatron's None)."));
+    rules(r.b("moe_pad_expert_input_to_capacity", &C::moe_pad_expert_input_to_capacity,
+              "--moe-pad-expert-input-to-capacity", "", "model.moe_pad_expert_input_to_capacity",
+              "Pad every expert's input to exactly its capacity (with zero-prob tokens)."),
+          "needs moe_expert_capacity_factor");
+    r.e("moe_token_drop_policy", &C::moe_token_drop_policy, {"probs", "position"}, "--moe-token-drop-policy",
+        "model.moe_token_drop_policy",
+        "Which token copies an over-capacity expert keeps: the highest routing probs, or the first positions.");
+    r.i("moe_layer_freq", &C::moe_layer_freq, "--moe-layer-freq", "model.moe_layer_freq",
+        "Every moe_layer_freq-th layer is an MoE layer (layer i iff i % freq == 0), the others keep the dense "
+        "MLP. Megatron's list form is not accepted here.");
     r.i("moe_ffn_hidden_size", &C::moe_ffn_hidden_size, "--moe-ffn-hidden-size", "model.moe_ffn_hidden_size",
         "Expert MLP hidden size; 0 = ffn_hidden_size.");
     notInEngine(r.i("moe_shared_expert_intermediate_size", &C::moe_shared_expert_intermediate_size,

@@ -1,6 +1,8 @@
 // Megatron's model-FLOPs formula (dense GPT).
 #include "engine/model/flops.h"
 
+#include <algorithm>
+
 #include <cstdio>
 
 namespace ts::engine {
@@ -19,7 +21,9 @@ FlopsInputs FlopsInputs::fromConfig(const Config& c) {
     in.paddedVocab = d.padded_vocab_size;
     in.swiglu = c.swiglu;
     if (c.num_moe_experts > 0) {
-        in.moeLayers = c.num_layers;
+        // Layers i with i % moe_layer_freq == 0 are MoE.
+        const int freq = std::max(1, c.moe_layer_freq);
+        in.moeLayers = (c.num_layers + freq - 1) / freq;
         in.moeFfn = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : d.ffn_hidden_size;
         in.topk = c.moe_router_topk;
     }

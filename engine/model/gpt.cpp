@@ -123,8 +123,9 @@ Status GptModel::registerParams() {
         P.ln2w = add(pre + "pre_mlp_layernorm.weight", {h}, ShardKind::Replicated);
         if (ln) P.ln2b = add(pre + "pre_mlp_layernorm.bias", {h}, ShardKind::Replicated);
         const int stride = m_d.swiglu ? 2 : 1;
-        if (m_cfg.num_moe_experts > 0) {
-            // MoE (gpt_moe.cpp; Megatron's names: mlp.router, mlp.experts.local_experts.<e>).
+        if (m_cfg.num_moe_experts > 0 && gl % std::max(1, m_cfg.moe_layer_freq) == 0) {
+            // MoE (gpt_moe.cpp; Megatron's names: mlp.router, mlp.experts.local_experts.<e>);
+            // every moe_layer_freq-th layer (global index), the others keep the dense MLP.
             m_moeFfn = m_cfg.moe_ffn_hidden_size > 0 ? m_cfg.moe_ffn_hidden_size : m_d.ffn;
             const int64_t moeFc1 = int64_t(m_d.swiglu ? 2 : 1) * m_moeFfn;
             P.routerW = add(pre + "mlp.router.weight", {m_cfg.num_moe_experts, h}, ShardKind::Replicated);

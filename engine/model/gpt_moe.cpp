@@ -33,9 +33,12 @@ struct GptModel::MoeSaved {
     int T = 0, E = 0, k = 0;
     std::vector<int> tokenOf;    // [T*k] permuted row -> token
     std::vector<int> expertOf;   // [T*k] permuted row -> expert
+    int rows = 0;                // permuted rows (T*k when dropless; set when routing ran)
+    int rowsAlloc = 0;           // their upper bound, known when the forward is enqueued
+    std::vector<int> routed;     // [E] token copies routed to each expert before any dropping
     std::vector<int> offset;     // [E+1] first permuted row of each expert
     std::vector<float> prob;     // [T*k] the row's routing prob
-    std::vector<int> slotOf;     // [T*k] which of the token's k choices
+    std::vector<int> slotOf;     // [T*k] which of the token's k choices (-1: padding row, prob 0)
     std::vector<float> topv;     // [T*k] the chosen logits (token-major)
     std::vector<int> topi;       // [T*k] the chosen experts (token-major)
     TensorPtr logits;            // [T, E]
@@ -76,9 +79,20 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     s->k = K;
     A.moe = s;
     const int ep = m_ctx.epSize, L = E / ep;
+    // Token dropping (moe_expert_capacity_factor; Megatron's get_capacity and
+    // apply_router_token_dropping): an expert keeps at most `cap` of its token copies, by
+    // routing prob (ties: earlier token) or by position; with padding every expert gets exactly
+    // `cap` rows, filled with the earliest tokens not routed to it, at prob 0.
+    const double capFactor = m_cfg.moe_expert_capacity_factor;
+    const int cap = capFactor > 0 ? int(std::ceil(double(T) * K / E * capFactor)) : -1;
+    const bool pad = cap >= 0 && m_cfg.moe_pad_expert_input_to_capacity;
+    const bool byProb = m_cfg.moe_token_drop_policy != "position";
+    const int rowsAlloc = pad ? E * cap : T * K;  // upper bound of the permuted rows
+    s->rows = rowsAlloc;
+    s->rowsAlloc = rowsAlloc;
     TS_ASSIGN_OR_RETURN(s->logits, allocUninitialized(m_exec, int64_t(T) * E));
-    TS_ASSIGN_OR_RETURN(s->xp, allocUninitialized(m_exec, int64_t(T) * K * h));
-    TS_ASSIGN_OR_RETURN(s->probT, allocUninitialized(m_exec, int64_t(T) * K));
+    TS_ASSIGN_OR_RETURN(s->xp, allocUninitialized(m_exec, int64_t(rowsAlloc) * h));
+    TS_ASSIGN_OR_RETURN(s->probT, allocUninitialized(m_exec, int64_t(rowsAlloc)));
     TS_ASSIGN_OR_RETURN(TensorPtr out, m_exec.alloc(int64_t(T) * h));
     TensorPtr x = A.a2;
     const float* Wr = m_params.modelParam(P.routerW);
@@ -118,28 +132,60 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             z += lse * lse;
         }
         (void)probSum;
-        // expert-major, token-ascending permutation
-        s->offset.assign(size_t(E) + 1, 0);
-        for (int e = 0; e < E; ++e) s->offset[size_t(e) + 1] = s->offset[size_t(e)] + counts[size_t(e)];
-        std::vector<int> fill(s->offset.begin(), s->offset.end() - 1);
-        s->tokenOf.assign(size_t(T) * K, 0);
-        s->expertOf.assign(size_t(T) * K, 0);
-        s->prob.assign(size_t(T) * K, 0.f);
-        s->slotOf.assign(size_t(T) * K, 0);
+        // Each expert's token copies in token order, then the capacity applied.
+        struct Copy {
+            int token, slot;
+            float prob;
+        };
+        std::vector<std::vector<Copy>> byExpert(static_cast<size_t>(E));
         std::vector<double> kp(static_cast<size_t>(K));
         for (int t = 0; t < T; ++t) {
             softmax(s->topv.data() + size_t(t) * K, K, kp.data());
             for (int j = 0; j < K; ++j) {
-                const int e = s->topi[size_t(t) * K + size_t(j)];
-                const int r = fill[size_t(e)]++;
-                s->tokenOf[size_t(r)] = t;
-                s->expertOf[size_t(r)] = e;
-                s->slotOf[size_t(r)] = j;
                 float p = float(kp[size_t(j)]);
                 if (bf) k::roundToBf16(&p, 1);
-                s->prob[size_t(r)] = p;
-                fp(s->probT)[r] = p;
-                std::memcpy(fp(s->xp) + size_t(r) * h, fp(x) + size_t(t) * h, size_t(h) * sizeof(float));
+                byExpert[size_t(s->topi[size_t(t) * K + size_t(j)])].push_back({t, j, p});
+            }
+        }
+        s->routed = counts;
+        int dropped = 0;
+        if (cap >= 0) {
+            for (auto& list : byExpert) {
+                if (int(list.size()) > cap) {
+                    if (byProb)
+                        std::stable_sort(list.begin(), list.end(),
+                                         [](const Copy& a, const Copy& b) { return a.prob > b.prob; });
+                    dropped += int(list.size()) - cap;
+                    list.resize(size_t(cap));
+                    std::sort(list.begin(), list.end(), [](const Copy& a, const Copy& b) { return a.token < b.token; });
+                }
+                if (!pad) continue;
+                std::vector<char> in(static_cast<size_t>(T), 0);
+                for (const Copy& c : list) in[size_t(c.token)] = 1;
+                for (int t = 0; t < T && int(list.size()) < cap; ++t)
+                    if (!in[size_t(t)]) list.push_back({t, -1, 0.f});
+                std::sort(list.begin(), list.end(), [](const Copy& a, const Copy& b) { return a.token < b.token; });
+            }
+        }
+        // expert-major, token-ascending permutation
+        s->offset.assign(size_t(E) + 1, 0);
+        for (int e = 0; e < E; ++e) s->offset[size_t(e) + 1] = s->offset[size_t(e)] + int(byExpert[size_t(e)].size());
+        s->rows = s->offset[size_t(E)];
+        const size_t rows = size_t(s->rows);
+        s->tokenOf.assign(rows, 0);
+        s->expertOf.assign(rows, 0);
+        s->prob.assign(rows, 0.f);
+        s->slotOf.assign(rows, 0);
+        for (int e = 0; e < E; ++e) {
+            int r = s->offset[size_t(e)];
+            for (const Copy& c : byExpert[size_t(e)]) {
+                s->tokenOf[size_t(r)] = c.token;
+                s->expertOf[size_t(r)] = e;
+                s->slotOf[size_t(r)] = c.slot;
+                s->prob[size_t(r)] = c.prob;
+                fp(s->probT)[r] = c.prob;
+                std::memcpy(fp(s->xp) + size_t(r) * h, fp(x) + size_t(c.token) * h, size_t(h) * sizeof(float));
+                ++r;
             }
         }
         if (ep == 1) s->eoff = s->offset;
@@ -154,6 +200,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             for (int e = 0; e < E; ++e)
                 tt.recorder->counter({tt.rank, tt.recorder->intern(base + "tokens.expert" + std::to_string(e)), ts,
                                       double(counts[size_t(e)])});
+            if (cap >= 0)
+                tt.recorder->counter({tt.rank, tt.recorder->intern(base + "dropped_tokens"), ts, double(dropped)});
         }
     });
     // Where the permuted rows are computed: here (ep 1) or on the experts' EP ranks.
@@ -162,7 +210,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         TS_ASSIGN_OR_RETURN(s->xin, moeToExperts(*s, s->xp, h));
         TS_ASSIGN_OR_RETURN(s->eprob, moeToExperts(*s, s->probT, 1));
     } else {
-        s->R = T * K;
+        s->R = rowsAlloc;  // allocation bound; the experts read their rows from eoff
         s->xin = s->xp;
         s->eprob = s->probT;
     }
@@ -210,7 +258,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     }
     m_exec.op("moe.unpermute", Category::Elementwise, double(T) * K * h, uint64_t(T) * K * h * 8, [=] {
         float* o = fp(out);
-        for (int r = 0; r < T * K; ++r) {
+        for (int r = 0; r < s->rows; ++r) {
             const int t = s->tokenOf[size_t(r)];
             const float* src = fp(outp) + size_t(r) * h;
             for (int i = 0; i < h; ++i) o[size_t(t) * h + i] += src[i];
@@ -229,11 +277,12 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     if (!s) return Status::internal("MoE backward without saved activations");
     TensorPtr x = A.a2;
     const int ep = m_ctx.epSize, L = E / ep, R = s->R;
+    const int rowsAlloc = s->rowsAlloc;
     TS_ASSIGN_OR_RETURN(TensorPtr dx, m_exec.alloc(int64_t(T) * h));
     // dY of every permuted row (the token's gradient: the combine summed the k copies).
-    TS_ASSIGN_OR_RETURN(TensorPtr dyp, allocUninitialized(m_exec, int64_t(T) * K * h));
-    m_exec.op("moe.permute_grad", Category::Elementwise, 0, uint64_t(T) * K * h * 8, [=] {
-        for (int r = 0; r < T * K; ++r)
+    TS_ASSIGN_OR_RETURN(TensorPtr dyp, allocUninitialized(m_exec, int64_t(rowsAlloc) * h));
+    m_exec.op("moe.permute_grad", Category::Elementwise, 0, uint64_t(rowsAlloc) * h * 8, [=] {
+        for (int r = 0; r < s->rows; ++r)
             std::memcpy(fp(dyp) + size_t(r) * h, fp(dout) + size_t(s->tokenOf[size_t(r)]) * h, size_t(h) * sizeof(float));
     });
     TensorPtr dyin = dyp;
@@ -303,11 +352,14 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     m_exec.op("router.bwd", Category::Gemm, 4.0 * T * h * E, uint64_t(T) * (2 * h + E) * 4, [=] {
         const float* L = fp(s->logits);
         std::vector<float> dl(static_cast<size_t>(T) * E, 0.f);
-        std::vector<int> counts(static_cast<size_t>(E), 0);
-        for (int r = 0; r < T * K; ++r) counts[size_t(s->expertOf[size_t(r)])]++;
-        // per token: dprob of its k slots
+        // The aux loss counts the routing before any dropping (Megatron computes it from the
+        // logits' own top-k).
+        const std::vector<int>& counts = s->routed;
+        // per token: dprob of its k slots (a dropped copy's is 0; padding rows have none)
         std::vector<double> dpk(static_cast<size_t>(T) * K, 0.0);
-        for (int r = 0; r < T * K; ++r) dpk[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = fp(dprob)[r];
+        for (int r = 0; r < s->rows; ++r)
+            if (s->slotOf[size_t(r)] >= 0)
+                dpk[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = fp(dprob)[r];
         std::vector<double> kp(static_cast<size_t>(K)), full(static_cast<size_t>(E));
         for (int t = 0; t < T; ++t) {
             softmax(s->topv.data() + size_t(t) * K, K, kp.data());
@@ -336,7 +388,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         // dx += dl W_r ; dW_r += dl^T x
         k::linearBackward(dl.data(), fp(x), Wr, fp(dx), Gr, nullptr, T, h, E);
         // experts' input grads, combined per token in permuted order
-        for (int r = 0; r < T * K; ++r) {
+        for (int r = 0; r < s->rows; ++r) {
             const int t = s->tokenOf[size_t(r)];
             const float* src = fp(dxp) + size_t(r) * h;
             for (int i = 0; i < h; ++i) fp(dx)[size_t(t) * h + i] += src[i];
@@ -409,7 +461,7 @@ Result<TensorPtr> GptModel::moeToExperts(const MoeSaved& s, const TensorPtr& row
 
 Result<TensorPtr> GptModel::moeFromExperts(const MoeSaved& s, const TensorPtr& grouped, int width) {
     const int ep = m_ctx.epSize, R = s.R;
-    const int64_t rowsBack = int64_t(s.T) * s.k;
+    const int64_t rowsBack = s.rowsAlloc;
     TS_ASSIGN_OR_RETURN(TensorPtr arrivalOrder, allocUninitialized(m_exec, int64_t(R) * width, MemCategory::CommBuffers));
     auto map = std::make_shared<std::vector<int>>(s.recvToExp);
     m_exec.op("moe.restore_source_order", Category::Memcpy, 0, uint64_t(R) * width * 8, [=] {

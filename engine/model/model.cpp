@@ -86,7 +86,6 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         if (ds.etp > 1) return notYet("expert_tensor_parallel_size > 1 (tensor parallel inside experts); set it to 1");
         if (ds.cp > 1) return notYet("context_parallel_size > 1 with experts");
         if (c.add_bias_linear) return notYet("expert biases (add_bias_linear: true); set add_bias_linear: false");
-        if (c.moe_expert_capacity_factor > 0) return notYet("token dropping (moe_expert_capacity_factor); leave it 0 (dropless)");
         if (c.moe_shared_expert_intermediate_size > 0) return notYet("shared experts (moe_shared_expert_intermediate_size)");
         if (c.moe_router_load_balancing_type != "aux_loss" && c.moe_router_load_balancing_type != "none")
             return notYet("moe_router_load_balancing_type=" + c.moe_router_load_balancing_type + "; use aux_loss or none");

@@ -96,9 +96,9 @@ TEST(Cli, ValidatePrintsOneMessagePerProblemWithFileAndLine) {
 }
 
 TEST(Cli, ValidateNamesKnobsTheEngineDoesNotExecuteYet) {
-    Output o = run("validate " + kRoot + "/tests/data/configs/note_moe_capacity.yaml");
+    Output o = run("validate " + kRoot + "/tests/data/configs/note_shared_expert.yaml");
     EXPECT_EQ(o.code, 0) << o.text;
-    EXPECT_NE(o.text.find("note: moe_expert_capacity_factor=1.25 is valid but not executed by the engine yet"),
+    EXPECT_NE(o.text.find("note: moe_shared_expert_intermediate_size=64 is valid but not executed by the engine yet"),
               std::string::npos) << o.text;
 }
 

@@ -209,13 +209,153 @@ TEST(Moe, UnsupportedSettingsAreNamed) {
                   c.moe_token_dispatcher_type = "allgather";
               }},
              {"add_bias_linear", [](engine::Config& c) { c.add_bias_linear = true; }},
-             {"moe_expert_capacity_factor", [](engine::Config& c) { c.moe_expert_capacity_factor = 1.5; }},
              {"tensor_model_parallel_size", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }}}) {
         engine::Config c = moeConfig();
         set(c);
         auto d = engine::modelDimsFromConfig(c);
         ASSERT_FALSE(d.isOk()) << knob;
         EXPECT_NE(d.status().message().find(knob), std::string::npos) << knob << ": " << d.status().message();
+    }
+}
+
+// Token dropping (moe_expert_capacity_factor). Uniform routing (router weights 0: every logit
+// equal, ties to the lower expert) sends all T tokens of a microbatch to experts 0 and 1 with
+// prob 1/2 each; capacity ceil(T*k/E * factor) keeps the first `cap` of them per expert (equal
+// probs: the "probs" policy keeps token order, like "position").
+TEST(Moe, CapacityDropsTheCopiesBeyondItAndPaddingChangesNothing) {
+    auto uniform = [](engine::ParamBuffer& pb) {
+        for (int layer = 0; layer < 2; ++layer) {
+            const int i = pb.find("decoder.layers." + std::to_string(layer) + ".mlp.router.weight");
+            ASSERT_GE(i, 0);
+            std::fill(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel, 0.f);
+        }
+    };
+    auto config = [](double factor, bool pad, const char* policy) {
+        engine::Config c = moeConfig(4, 2);
+        c.moe_expert_capacity_factor = factor;
+        c.moe_pad_expert_input_to_capacity = pad;
+        c.moe_token_drop_policy = policy;
+        return c;
+    };
+    auto run = [&](double factor, bool pad, const char* policy) { return oneStep(config(factor, pad, policy), uniform); };
+    const OneStep dropless = run(0, false, "probs");
+    // A capacity at least T*k: nothing dropped, the same numbers bit for bit.
+    const OneStep roomy = run(2.0, false, "probs");
+    EXPECT_EQ(roomy.loss, dropless.loss);
+    EXPECT_EQ(roomy.grads, dropless.grads);
+    // cap = T/2 (factor 1): half of experts 0's and 1's copies are dropped.
+    const OneStep half = run(1.0, false, "probs");
+    EXPECT_NE(half.loss, dropless.loss);
+    // The dropped copies are a counter of the trace.
+    FakeRecorder rec;
+    {
+        auto backend = engine::makeCpuBackend(1);
+        engine::Device& dev = backend->device(0);
+        dev.setTrace(&rec, 0);
+        auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+        {
+            auto t = engine::Trainer::create(config(1.0, false, "probs"), &dev, stream.get(), &rec);
+            ASSERT_TRUE(t.isOk()) << t.status().toString();
+            uniform((*t)->model().params());
+            (*t)->model().params().syncModelParams();
+            engine::StepProgress p;
+            ASSERT_TRUE((*t)->step(&p).isOk());
+        }
+        dev.setTrace(nullptr, 0);
+    }
+    const int T = 16 * 2;
+    int samples = 0;
+    for (const auto& k : rec.counters)
+        if (rec.str(k.name) == "moe.layer0.dropped_tokens") {
+            EXPECT_EQ(k.value, double(T)) << "2 experts x (T - T/2) copies";
+            ++samples;
+        }
+    EXPECT_EQ(samples, engine::deriveSizes(moeConfig(4, 2)).num_microbatches);
+    // Experts 2 and 3 got nothing: no gradient.
+    for (int e : {2, 3})
+        for (const char* lin : {"linear_fc1", "linear_fc2"})
+            for (float g : half.grads.at(expertName(0, e, lin))) ASSERT_EQ(g, 0.f) << e << lin;
+    // Same probs everywhere: "position" keeps the same copies.
+    const OneStep pos = run(1.0, false, "position");
+    EXPECT_EQ(pos.loss, half.loss);
+    EXPECT_EQ(pos.grads, half.grads);
+    // Padding to capacity gives experts 2 and 3 cap rows at prob 0: computed, but no
+    // contribution to the output, the loss or any gradient.
+    const OneStep padded = run(1.0, true, "probs");
+    EXPECT_EQ(padded.loss, half.loss);
+    for (const auto& [name, g] : half.grads) EXPECT_LT(relError(padded.grads.at(name), g), 1e-6) << name;
+}
+
+TEST(Moe, GradientsWithDroppedTokensMatchFiniteDifferences) {
+    engine::Config c = moeConfig(4, 2);
+    c.init_method_std = 0.2;
+    c.moe_expert_capacity_factor = 0.75;  // cap = 12 of T*k/E = 16 on average: copies are dropped
+    const OneStep base = oneStep(c);
+    int checked = 0;
+    for (const std::string& name :
+         {std::string("decoder.layers.1.mlp.router.weight"), expertName(1, 2, "linear_fc1"), expertName(0, 1, "linear_fc2")}) {
+        const auto& g = base.grads.at(name);
+        size_t j = 0;
+        for (size_t i = 1; i < g.size(); ++i)
+            if (std::fabs(g[i]) > std::fabs(g[j])) j = i;
+        const double eps = 1e-2;
+        double l[2];
+        for (int sgn = 0; sgn < 2; ++sgn)
+            l[sgn] = oneStep(c, [&](engine::ParamBuffer& pb) { pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps); })
+                         .loss;
+        const double numeric = (l[0] - l[1]) / (2 * eps);
+        EXPECT_NEAR(g[j], numeric, 0.05 * std::fabs(numeric) + 1e-5) << name << "[" << j << "]";
+        ++checked;
+    }
+    EXPECT_EQ(checked, 3);
+}
+
+// moe_layer_freq 2: layers 0 and 2 are MoE, 1 and 3 keep the dense MLP (Megatron's pattern
+// i % freq == 0), in the params, the FLOPs and a pipeline layout.
+TEST(Moe, LayerFreqAlternatesMoeAndDenseLayers) {
+    engine::Config c = moeConfig(4, 2);
+    c.num_layers = 4;
+    c.moe_layer_freq = 2;
+    const OneStep one = oneStep(c);
+    for (int layer = 0; layer < 4; ++layer) {
+        const std::string pre = "decoder.layers." + std::to_string(layer) + ".mlp.";
+        const bool moe = layer % 2 == 0;
+        EXPECT_EQ(one.params.count(pre + "router.weight"), moe ? 1u : 0u) << layer;
+        EXPECT_EQ(one.params.count(pre + "linear_fc1.weight"), moe ? 0u : 1u) << layer;
+    }
+    engine::Config every = c;
+    every.moe_layer_freq = 1;
+    engine::Config dense = c;
+    dense.num_moe_experts = 0;
+    const double fMoe = engine::megatronFlopsPerIteration(engine::FlopsInputs::fromConfig(every));
+    const double fDense = engine::megatronFlopsPerIteration(engine::FlopsInputs::fromConfig(dense));
+    // Half the layers MoE: the MLP difference is half of the all-MoE model's.
+    EXPECT_DOUBLE_EQ(engine::megatronFlopsPerIteration(engine::FlopsInputs::fromConfig(c)) - fDense,
+                     (fMoe - fDense) / 2);
+    engine::Config pp = withLayout(c, Layout{1, 2, 1, 2, 2});
+    pp.expert_model_parallel_size = 2;
+    pp.moe_token_dispatcher_type = "alltoall";
+    pp.moe_aux_loss_coeff = 0.01;
+    const RunResult ref = runSingle(singleDevice(pp), 3);
+    auto par = runParallel(pp, 3);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, "freq2 pp2 ep2");
+}
+
+// Dropping is decided per microbatch on each rank's own tokens before the all-to-all, as
+// Megatron's router does, so expert-parallel layouts equal the single device with it too.
+TEST(Moe, ExpertParallelWithCapacityAndPaddingEqualsTheSingleDevice) {
+    for (bool pad : {false, true}) {
+        engine::Config c = withLayout(moeConfig(4, 2), Layout{1, 1, 1, 2, 2});
+        c.expert_model_parallel_size = 2;
+        c.moe_token_dispatcher_type = "alltoall";
+        c.moe_expert_capacity_factor = 1.0;
+        c.moe_pad_expert_input_to_capacity = pad;
+        c.moe_aux_loss_coeff = 0.01;
+        const RunResult ref = runSingle(singleDevice(c), 3);
+        auto par = runParallel(c, 3);
+        ASSERT_TRUE(par.isOk()) << par.status().toString();
+        expectSame(*par, ref, 1e-5, pad ? "ep2 capacity padded" : "ep2 capacity");
     }
 }
 

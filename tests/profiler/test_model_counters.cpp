@@ -57,6 +57,10 @@ void buildCounters(TraceBuilder& b) {
     moeForward(b, 1, 0, 1150, 0.25, 0.25, {2, 4, 1, 1});
     // Layer 1 only on rank 1 (another pipeline stage) in step 1, no tokens routed.
     moeForward(b, 1, 1, 1200, 2, 1, {0, 0});
+    // Layer 0 has an expert capacity: dropped copies 3 + 1 (step 0, two ranks), 6 (step 1).
+    counter(b, 0, "moe.layer0.dropped_tokens", 100, 3);
+    counter(b, 1, "moe.layer0.dropped_tokens", 150, 1);
+    counter(b, 0, "moe.layer0.dropped_tokens", 1100, 6);
     // After every step window of rank 0: counted, not used.
     counter(b, 0, "moe.layer0.aux_loss", 5000, 8);
     // FP8: rank 0 and 1 disagree on the scale of layer2.linear_qkv.input in step 1.
@@ -99,6 +103,10 @@ TEST(ModelCounters, MoeLossesTokensAndImbalanceOverRanksAndSteps) {
     // [3,9,2,2]: mean 4, max 9 -> 2.25
     EXPECT_EQ(l0["tokens_per_expert_last"], (std::vector<double>{3, 9, 2, 2}));
     EXPECT_DOUBLE_EQ(l0["imbalance_last"].get<double>(), 2.25);
+    // (4 + 6) / 2 steps; the last step's 6. Layer 1 had no capacity: no such keys.
+    EXPECT_DOUBLE_EQ(l0["dropped_tokens_mean"].get<double>(), 5.0);
+    EXPECT_DOUBLE_EQ(l0["dropped_tokens_last"].get<double>(), 6.0);
+    EXPECT_FALSE(moe["layers"][1].contains("dropped_tokens_mean"));
     const auto& l1 = moe["layers"][1];
     EXPECT_EQ(l1["layer"], 1);
     EXPECT_EQ(l1["steps"], 1);
@@ -113,6 +121,7 @@ TEST(ModelCounters, MoeLossesTokensAndImbalanceOverRanksAndSteps) {
     EXPECT_NE(text.find("layer 0: aux 0.406"), std::string::npos) << text;
     EXPECT_NE(text.find("imbalance 1.25 (max expert 0)"), std::string::npos) << text;
     EXPECT_NE(text.find("1 samples outside every step"), std::string::npos) << text;
+    EXPECT_NE(text.find("dropped 5.0 token copies/step"), std::string::npos) << text;
 
     // One step: step 0 only. Layer 1 has no sample there.
     AnalyzeOptions one;

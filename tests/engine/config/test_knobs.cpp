@@ -319,10 +319,12 @@ TEST(Knobs, UnsupportedKnobsAreReported) {
     EXPECT_TRUE(unsupportedKnobs(c).empty());
     c.expert_model_parallel_size = 2;  // executed now (issue #16)
     EXPECT_TRUE(unsupportedKnobs(c).empty());
-    c.moe_expert_capacity_factor = 1.5;
+    c.moe_expert_capacity_factor = 1.5;  // executed now (issue #16)
+    EXPECT_TRUE(unsupportedKnobs(c).empty());
+    c.moe_shared_expert_intermediate_size = 64;
     auto u = unsupportedKnobs(c);
     ASSERT_EQ(u.size(), 1u);
-    EXPECT_EQ(u[0], "moe_expert_capacity_factor=1.5");
+    EXPECT_EQ(u[0], "moe_shared_expert_intermediate_size=64");
 }
 
 }  // namespace

@@ -700,9 +700,12 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
 namespace {
 
 // Where a param of the single-device model lives in the parallel run: pipeline stage, chunk
-// and index in that chunk's ParamBuffer (the same on every tp/dp rank of the stage).
+// and index in that chunk's ParamBuffer (the same on every tp/dp rank of the stage), and for
+// an expert weight of an expert-parallel run the ep coordinate of the ranks holding it (0 for
+// everything else: dense params are on every ep rank, at the same index).
 struct ParamHome {
     int pp = 0, chunk = 0, index = 0;
+    int ep = 0;
 };
 
 bool isTiedCopy(const ParamInfo& p) { return p.sharedEmbedding && p.name == "output_layer.weight"; }
@@ -721,37 +724,45 @@ struct CheckpointImage {
 // (chunk-major: stage s = chunk * pp + pp rank, REFERENCE.md §1.3) and GptModel's add order
 // inside each; the last stage's copy of a tied embedding is not a param of the single-device
 // model. Offsets in reverse registration order, as ParamBuffer::finalize lays them out.
-// With several processes, a stage none of this process's ranks holds gets its entries from a
-// process that does (opts.gatherText: every process sends the stages it holds).
+// Expert parallel (epN > 1): each ep coordinate's ranks register the same list except for
+// which experts a run of expert entries names (router, then its E/ep local experts, in every
+// MoE layer); the single device registers experts 0..E-1 there, which is the runs of ep
+// coordinates 0, 1, ... one after the other.
+// With several processes, a (stage, ep coordinate) none of this process's ranks holds gets
+// its entries from a process that does (opts.gatherText: every process sends those it holds).
 static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr<ParallelTrainer::RankState>>& ranks,
-                                               const ParallelLayout& layout, const DerivedSizes& ds,
+                                               const ParallelLayout& layout, const DerivedSizes& ds, int epN,
                                                const ParallelTrainerOptions& opts, const char* what,
-                                               ParallelTrainer::RankState* (*ppHolder)(
-                                                   const std::vector<std::unique_ptr<ParallelTrainer::RankState>>&, int)) {
+                                               ParallelTrainer::RankState* (*holderOf)(
+                                                   const std::vector<std::unique_ptr<ParallelTrainer::RankState>>&,
+                                                   int pp, int ep)) {
     const bool allLocal = int(ranks.size()) == layout.worldSize();
     if (!allLocal && !opts.gatherText)
         return Status::unsupported(std::string(what) + ": this run's ranks are in several processes and no exchange "
                                                        "between them was given");
     const int stages = ds.pp * ds.vpp;
-    std::vector<std::vector<ParamInfo>> perStage(static_cast<size_t>(stages));
-    std::vector<bool> have(size_t(stages), false);
-    for (int s = 0; s < stages; ++s) {
+    // perStage[s * epN + e]: stage s's param list on the ranks of ep coordinate e.
+    const int slots = stages * epN;
+    std::vector<std::vector<ParamInfo>> perStage(static_cast<size_t>(slots));
+    std::vector<bool> have(size_t(slots), false);
+    for (int slot = 0; slot < slots; ++slot) {
+        const int s = slot / epN, e = slot % epN;
         const int ch = s / ds.pp, pp = s % ds.pp;
-        ParallelTrainer::RankState* R = ppHolder(ranks, pp);
+        ParallelTrainer::RankState* R = holderOf(ranks, pp, epN > 1 ? e : -1);
         if (!R) continue;
-        perStage[size_t(s)] = R->models[size_t(ch)]->params().params();
-        have[size_t(s)] = true;
+        perStage[size_t(slot)] = R->models[size_t(ch)]->params().params();
+        have[size_t(slot)] = true;
     }
     if (!allLocal) {
         nlohmann::json mine = nlohmann::json::object();
-        for (int s = 0; s < stages; ++s) {
-            if (!have[size_t(s)]) continue;
+        for (int slot = 0; slot < slots; ++slot) {
+            if (!have[size_t(slot)]) continue;
             nlohmann::json list = nlohmann::json::array();
-            for (const ParamInfo& p : perStage[size_t(s)])
+            for (const ParamInfo& p : perStage[size_t(slot)])
                 list.push_back({{"name", p.name}, {"full", p.fullShape}, {"shape", p.shape}, {"shard", int(p.shard)},
                                 {"nwd", p.noWeightDecay}, {"sp", p.sequenceParallel}, {"tied", p.sharedEmbedding},
-                                {"stride", p.partitionStride}, {"numel", p.numel}});
-            mine[std::to_string(s)] = std::move(list);
+                                {"expert", p.expert}, {"stride", p.partitionStride}, {"numel", p.numel}});
+            mine[std::to_string(slot)] = std::move(list);
         }
         std::vector<std::string> all;
         TS_RETURN_IF_ERROR(opts.gatherText(mine.dump(), all).withContext(std::string(what) + ": exchanging the parameter table"));
@@ -759,8 +770,8 @@ static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr
             const nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
             if (!doc.is_object()) return Status::internal(std::string(what) + ": a process sent an unreadable table");
             for (auto it = doc.begin(); it != doc.end(); ++it) {
-                const int s = std::stoi(it.key());
-                if (s < 0 || s >= stages || have[size_t(s)]) continue;
+                const int s = std::stoi(it.key());  // a slot: stage * epN + ep coordinate
+                if (s < 0 || s >= slots || have[size_t(s)]) continue;
                 for (const auto& e : *it) {
                     ParamInfo p;
                     p.name = e.at("name").get<std::string>();
@@ -770,6 +781,7 @@ static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr
                     p.noWeightDecay = e.at("nwd").get<bool>();
                     p.sequenceParallel = e.at("sp").get<bool>();
                     p.sharedEmbedding = e.at("tied").get<bool>();
+                    p.expert = e.at("expert").get<bool>();
                     p.partitionStride = e.at("stride").get<int>();
                     p.numel = e.at("numel").get<int64_t>();
                     perStage[size_t(s)].push_back(std::move(p));
@@ -777,22 +789,46 @@ static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr
                 have[size_t(s)] = true;
             }
         }
-        for (int s = 0; s < stages; ++s)
-            if (!have[size_t(s)])
-                return Status::internal(std::string(what) + ": no process holds pipeline stage " + std::to_string(s));
+        for (int slot = 0; slot < slots; ++slot)
+            if (!have[size_t(slot)])
+                return Status::internal(std::string(what) + ": no process holds pipeline stage " +
+                                        std::to_string(slot / epN) +
+                                        (epN > 1 ? " for ep rank " + std::to_string(slot % epN) : std::string()));
     }
     CheckpointImage img;
+    auto addEntry = [&](const ParamInfo& p, ParamHome home) {
+        ParamInfo full = p;
+        full.shape = full.fullShape;
+        full.numel = 1;
+        for (int64_t d : full.shape) full.numel *= d;
+        img.table.push_back(std::move(full));
+        img.homes.push_back(home);
+    };
     for (int s = 0; s < stages; ++s) {
         const int ch = s / ds.pp, pp = s % ds.pp;
-        const std::vector<ParamInfo>& list = perStage[size_t(s)];
-        for (int i = 0; i < int(list.size()); ++i) {
-            if (isTiedCopy(list[size_t(i)])) continue;
-            ParamInfo full = list[size_t(i)];
-            full.shape = full.fullShape;
-            full.numel = 1;
-            for (int64_t d : full.shape) full.numel *= d;
-            img.table.push_back(std::move(full));
-            img.homes.push_back({pp, ch, i});
+        const std::vector<ParamInfo>& list = perStage[size_t(s) * size_t(epN)];
+        for (int e = 1; e < epN; ++e)
+            if (perStage[size_t(s) * size_t(epN) + size_t(e)].size() != list.size())
+                return Status::internal(std::string(what) + ": ep ranks 0 and " + std::to_string(e) +
+                                        " hold different numbers of params on stage " + std::to_string(s));
+        for (int i = 0; i < int(list.size());) {
+            if (epN == 1 || !list[size_t(i)].expert) {
+                if (!isTiedCopy(list[size_t(i)])) addEntry(list[size_t(i)], {pp, ch, i, 0});
+                ++i;
+                continue;
+            }
+            int end = i;
+            while (end < int(list.size()) && list[size_t(end)].expert) ++end;
+            for (int e = 0; e < epN; ++e) {
+                const std::vector<ParamInfo>& mine = perStage[size_t(s) * size_t(epN) + size_t(e)];
+                for (int k = i; k < end; ++k) {
+                    if (!mine[size_t(k)].expert)
+                        return Status::internal(std::string(what) + ": ep rank " + std::to_string(e) +
+                                                " has no expert weight at '" + list[size_t(k)].name + "'");
+                    addEntry(mine[size_t(k)], {pp, ch, k, e});
+                }
+            }
+            i = end;
         }
     }
     for (size_t i = img.table.size(); i-- > 0;) {
@@ -812,68 +848,97 @@ ParallelTrainer::RankState* ParallelTrainer::localRankState(int globalRank) cons
     return nullptr;
 }
 
-// A rank of this process on pipeline stage pp (any tp/cp/dp), or null.
+// A rank of this process on pipeline stage pp (any tp/cp/dp) with ep coordinate ep (any when
+// ep < 0), or null.
 static ParallelTrainer::RankState* stageHolder(const std::vector<std::unique_ptr<ParallelTrainer::RankState>>& ranks,
-                                               int pp) {
+                                               int pp, int ep) {
     for (const auto& R : ranks)
-        if (R->coords.pp == pp) return R.get();
+        if (R->coords.pp == pp && (ep < 0 || R->coords.ep == ep)) return R.get();
     return nullptr;
 }
 
 Status ParallelTrainer::save(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
-    if (m_cfg.num_moe_experts > 0 && ds.ep > 1)
-        return Status::unsupported("save: checkpoints of expert-parallel runs (expert_model_parallel_size > 1) are not "
-                                   "supported by the engine yet; train with expert_model_parallel_size 1 to save or "
-                                   "resume");
-    TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, m_opts, "save", &stageHolder));
+    const bool expertParallel = m_cfg.num_moe_experts > 0 && ds.ep > 1;
+    const int epN = expertParallel ? ds.ep : 1;
+    TS_ASSIGN_OR_RETURN(CheckpointImage img,
+                        checkpointImage(m_ranks, m_layout, ds, epN, m_opts, "save", &stageHolder));
     const std::vector<ParamInfo>& table = img.table;
     const std::vector<ParamHome>& homes = img.homes;
     float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
     // Without the distributed optimizer every DP replica holds the same state: read dp 0.
     // With several processes each fills what its ranks hold (zeros elsewhere): every element
     // comes from exactly one rank, so the sum over the processes is the whole image.
-    const int dpReaders = m_cfg.use_distributed_optimizer ? ds.dp : 1;
+    // Expert parallel: the expert entries of ep coordinate e are read from the ranks of that
+    // coordinate; dense entries as without experts (ep coordinate 0 for the values).
+    const bool dist = m_cfg.use_distributed_optimizer;
+    auto epOf = [&](const RankState* R) { return expertParallel ? R->coords.ep : 0; };
     for (int pp = 0; pp < ds.pp; ++pp) {
         for (int t = 0; t < ds.tp; ++t) {
-            RankState* R0 = localRankState(m_layout.globalRank(t, 0, 0, pp));
-            std::vector<RankState*> readers;
-            // The distributed optimizer shards over dp-cp: every (dp, cp) rank holds a piece.
-            const int cpReaders = m_cfg.use_distributed_optimizer ? ds.cp : 1;
-            for (int d = 0; d < dpReaders; ++d)
-                for (int cpi = 0; cpi < cpReaders; ++cpi)
-                    if (RankState* R = localRankState(m_layout.globalRank(t, cpi, d, pp))) readers.push_back(R);
-            RankState* Rinfo = R0 ? R0 : readers.empty() ? nullptr : readers[0];
-            if (!Rinfo) continue;
-            // Adam state of this (tp, pp) in chunk-buffer order, assembled from the DP shards:
-            // localM[ch]: [chunk buffer numel] (padding stays 0).
-            std::vector<std::vector<float>> localM(Rinfo->models.size()), localV(Rinfo->models.size());
-            for (size_t ch = 0; ch < Rinfo->models.size(); ++ch) {
-                localM[ch].assign(size_t(Rinfo->models[ch]->params().numel()), 0.f);
-                localV[ch].assign(size_t(Rinfo->models[ch]->params().numel()), 0.f);
-            }
-            for (RankState* R : readers) {
-                const float* m = R->opt->expAvg();
-                const float* v = R->opt->expAvgSq();
-                for (const ShardedAdamW::Piece& pc : R->opt->pieces()) {
-                    std::copy(m + pc.state, m + pc.state + (pc.end - pc.begin), localM[size_t(pc.chunk)].begin() + pc.begin);
-                    std::copy(v + pc.state, v + pc.state + (pc.end - pc.begin), localV[size_t(pc.chunk)].begin() + pc.begin);
+            for (int e = 0; e < epN; ++e) {
+                // The values of coordinate e: its edp-0 rank, the first dp rank with that ep
+                // coordinate (dp 0 without experts).
+                int dE = 0;
+                while (dE < ds.dp && expertParallel && m_layout.coordsOf(m_layout.globalRank(t, 0, dE, pp)).ep != e)
+                    ++dE;
+                if (dE == ds.dp) return Status::internal("save: no dp rank has ep coordinate " + std::to_string(e));
+                RankState* R0 = localRankState(m_layout.globalRank(t, 0, dE, pp));
+                // Adam state: without the distributed optimizer every replica holds the same, take
+                // R0's; with it dense params are sharded over dp-cp (every (dp, cp) rank holds a
+                // piece) and the experts of coordinate e over its edp ranks.
+                std::vector<RankState*> readers;
+                if (!dist) {
+                    if (R0) readers.push_back(R0);
+                } else {
+                    for (int d = 0; d < ds.dp; ++d)
+                        for (int cpi = 0; cpi < ds.cp; ++cpi)
+                            if (RankState* R = localRankState(m_layout.globalRank(t, cpi, d, pp))) readers.push_back(R);
                 }
-            }
-            for (size_t k = 0; k < table.size(); ++k) {
-                if (homes[k].pp != pp) continue;
-                const int ch = homes[k].chunk, i = homes[k].index;
-                ParamBuffer& pb = Rinfo->models[size_t(ch)]->params();
-                const ParamInfo& info = pb.info(i);
-                const int64_t off = table[k].offset;
-                // A param every TP rank holds whole is taken from tp rank 0 (once: the images
-                // of several processes are summed).
-                if (info.shard == ShardKind::Replicated && t != 0) continue;
-                if (R0) copyShardToFull(info, ds.tp, t, pb.mainParam(i), P + off);
-                if (!readers.empty()) {
-                    copyShardToFull(info, ds.tp, t, localM[size_t(ch)].data() + info.offset, M + off);
-                    copyShardToFull(info, ds.tp, t, localV[size_t(ch)].data() + info.offset, V + off);
+                // The buffer layout (same offsets on every ep coordinate; expert names differ).
+                RankState* Rinfo = R0;
+                for (RankState* R : readers)
+                    if (!Rinfo && epOf(R) == e) Rinfo = R;
+                if (!Rinfo && e == 0 && !readers.empty()) Rinfo = readers[0];  // dense pieces only
+                if (!Rinfo) continue;
+                // Adam state of this (tp, pp, ep) in chunk-buffer order, assembled from the shards:
+                // localM[ch]: [chunk buffer numel] (padding stays 0). Dense pieces once (e = 0),
+                // expert pieces from the ranks of coordinate e.
+                std::vector<std::vector<float>> localM(Rinfo->models.size()), localV(Rinfo->models.size());
+                for (size_t ch = 0; ch < Rinfo->models.size(); ++ch) {
+                    localM[ch].assign(size_t(Rinfo->models[ch]->params().numel()), 0.f);
+                    localV[ch].assign(size_t(Rinfo->models[ch]->params().numel()), 0.f);
+                }
+                for (RankState* R : readers) {
+                    const float* m = R->opt->expAvg();
+                    const float* v = R->opt->expAvgSq();
+                    for (const ShardedAdamW::Piece& pc : R->opt->pieces()) {
+                        const bool expert =
+                            expertParallel && R->models[size_t(pc.chunk)]->params().info(pc.param).expert;
+                        if (expert ? epOf(R) != e : e != 0) continue;
+                        std::copy(m + pc.state, m + pc.state + (pc.end - pc.begin),
+                                  localM[size_t(pc.chunk)].begin() + pc.begin);
+                        std::copy(v + pc.state, v + pc.state + (pc.end - pc.begin),
+                                  localV[size_t(pc.chunk)].begin() + pc.begin);
+                    }
+                }
+                for (size_t k = 0; k < table.size(); ++k) {
+                    if (homes[k].pp != pp || homes[k].ep != e) continue;
+                    const int ch = homes[k].chunk, i = homes[k].index;
+                    ParamBuffer& pb = Rinfo->models[size_t(ch)]->params();
+                    const ParamInfo& info = pb.info(i);
+                    // An expert of coordinate e that no rank of this process holds: another
+                    // process fills it.
+                    if (expertParallel && info.expert && epOf(Rinfo) != e) continue;
+                    const int64_t off = table[k].offset;
+                    // A param every TP rank holds whole is taken from tp rank 0 (once: the images
+                    // of several processes are summed).
+                    if (info.shard == ShardKind::Replicated && t != 0) continue;
+                    if (R0) copyShardToFull(info, ds.tp, t, pb.mainParam(i), P + off);
+                    if (!readers.empty()) {
+                        copyShardToFull(info, ds.tp, t, localM[size_t(ch)].data() + info.offset, M + off);
+                        copyShardToFull(info, ds.tp, t, localV[size_t(ch)].data() + info.offset, V + off);
+                    }
                 }
             }
         }
@@ -927,6 +992,7 @@ Status ParallelTrainer::save(const std::string& dir) {
                  {"pipeline_model_parallel_size", ds.pp},
                  {"virtual_pipeline_model_parallel_size", ds.vpp},
                  {"data_parallel_size", ds.dp},
+                 {"expert_model_parallel_size", epN},
                  {"sequence_parallel", m_cfg.sequence_parallel},
                  {"use_distributed_optimizer", m_cfg.use_distributed_optimizer}};
     if (int(m_ranks.size()) == worldSize()) return writeCheckpointFiles(dir, table, img.numel, P, M, V, st);
@@ -949,13 +1015,11 @@ Status ParallelTrainer::save(const std::string& dir) {
 Status ParallelTrainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
-    if (m_cfg.num_moe_experts > 0 && ds.ep > 1)
-        return Status::unsupported("load: checkpoints of expert-parallel runs (expert_model_parallel_size > 1) are not "
-                                   "supported by the engine yet; train with expert_model_parallel_size 1 to save or "
-                                   "resume");
+    const int epN = m_cfg.num_moe_experts > 0 && ds.ep > 1 ? ds.ep : 1;
     // Every process reads the files (a shared or copied checkpoint directory) and takes its
-    // ranks' shards.
-    TS_ASSIGN_OR_RETURN(CheckpointImage img, checkpointImage(m_ranks, m_layout, ds, m_opts, "load", &stageHolder));
+    // ranks' shards (by name: an expert-parallel rank finds its experts among all of them).
+    TS_ASSIGN_OR_RETURN(CheckpointImage img,
+                        checkpointImage(m_ranks, m_layout, ds, epN, m_opts, "load", &stageHolder));
     const float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
     CheckpointState st;
     TS_RETURN_IF_ERROR(readCheckpointFiles(dir, img.table, img.numel, img.params.data(), img.expAvg.data(),

@@ -1,11 +1,12 @@
 // MoE (engine/model/gpt_moe.cpp; REFERENCE.md §5) against references written here: a dense
 // model whose MLP every expert copies (the renormalised top-k probs sum to 1, so the MoE layer
 // is that MLP), finite differences for the router and expert gradients, the aux loss of
-// uniform routing (exactly the coefficient), and data/pipeline parallel runs against the single
-// device.
+// uniform routing (exactly the coefficient), data/pipeline/expert parallel runs against the
+// single device, and checkpoints of expert-parallel runs resumed on other layouts.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "engine/model/flops.h"
 #include "tests/parallel/fake_recorder.h"
@@ -401,6 +402,92 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeParallel,
                                            MoeLayout{"ep2_dp4_pp2", 2, 4, false, false, 1, false, 2},
                                            MoeLayout{"ep2_pp2_vpp2_full_recompute", 2, 2, true, true, 2, true, 2}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// Checkpoints of expert-parallel runs: each rank holds E/ep experts, the checkpoint is the
+// single-device one (every expert, in the single device's order, with its Adam state).
+engine::Config epConfig(int pp, int dp, bool distOpt) {
+    engine::Config c = withLayout(moeConfig(4, 2), Layout{1, pp, 1, dp, 2});
+    c.moe_aux_loss_coeff = 0.01;
+    c.use_distributed_optimizer = distOpt;
+    c.expert_model_parallel_size = 2;
+    c.moe_token_dispatcher_type = "alltoall";
+    return c;
+}
+
+std::string ckptDir(const std::string& name) {
+    const std::string dir = ::testing::TempDir() + "/ts_moe_ckpt_" + name;
+    std::filesystem::remove_all(dir);
+    return dir;
+}
+
+// The resumed step against step 3 of the uninterrupted single-device run, and every weight.
+void expectResumedStep(const RunResult& resumed, const RunResult& straight, const std::string& what) {
+    ASSERT_EQ(resumed.losses.size(), 1u) << what;
+    EXPECT_NEAR(resumed.losses[0], straight.losses[2], 1e-5 * straight.losses[2]) << what;
+    EXPECT_NE(resumed.losses[0], straight.losses[0]) << what << ": the resume started from scratch";
+    for (const auto& [name, w] : straight.params) {
+        auto it = resumed.params.find(name);
+        ASSERT_NE(it, resumed.params.end()) << what << ": no '" << name << "'";
+        EXPECT_LE(relError(it->second, w), 1e-5) << what << ": " << name;
+    }
+}
+
+struct EpCkptCase {
+    const char* name;
+    int pp, dp;
+    bool distOpt;
+};
+void PrintTo(const EpCkptCase& c, std::ostream* os) { *os << c.name; }
+class MoeCheckpoint : public ::testing::TestWithParam<EpCkptCase> {};
+
+// Two steps and a save on the expert-parallel layout, one step on one device from the save.
+TEST_P(MoeCheckpoint, ExpertParallelCheckpointResumesOnOneDevice) {
+    const EpCkptCase& k = GetParam();
+    const engine::Config c = epConfig(k.pp, k.dp, k.distOpt);
+    const std::string dir = ckptDir(k.name);
+    auto saved = trainParallel(c, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    const engine::Config one = singleDevice(c);
+    const RunResult straight = runSingle(one, 3);
+    auto resumed = trainSingle(one, 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    expectResumedStep(*resumed, straight, k.name);
+    std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, MoeCheckpoint,
+                         ::testing::Values(EpCkptCase{"ep2_dp2", 1, 2, false},
+                                           // experts' Adam state sharded over edp 2, dense over dp 4
+                                           EpCkptCase{"ep2_dp4_distopt", 1, 4, true},
+                                           EpCkptCase{"ep2_pp2_dp2", 2, 2, false}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(MoeCheckpoint, OneDeviceCheckpointResumesOnEp2Dp2) {
+    const engine::Config c = epConfig(1, 2, false);
+    const engine::Config one = singleDevice(c);
+    const std::string dir = ckptDir("one_to_ep2_dp2");
+    auto saved = trainSingle(one, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    const RunResult straight = runSingle(one, 3);
+    auto resumed = trainParallel(c, 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    expectResumedStep(*resumed, straight, "one device -> ep2_dp2");
+    std::filesystem::remove_all(dir);
+}
+
+// Pipeline stages and ep ranks both split the table: ep2·pp2·dp2 (distributed optimizer)
+// saves, ep2·dp2 resumes.
+TEST(MoeCheckpoint, Ep2Pp2Dp2CheckpointResumesOnEp2Dp2) {
+    const engine::Config from = epConfig(2, 2, true), to = epConfig(1, 2, false);
+    const std::string dir = ckptDir("ep2_pp2_dp2_to_ep2_dp2");
+    auto saved = trainParallel(from, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    const RunResult straight = runSingle(singleDevice(to), 3);
+    auto resumed = trainParallel(to, 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    expectResumedStep(*resumed, straight, "ep2_pp2_dp2 -> ep2_dp2");
+    std::filesystem::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace ts::test

@@ -92,10 +92,11 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
     Fp8Meta* meta = &(*m_fp8Meta)[(size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot)];
     const k::Fp8Format fmt = slot == kFp8Grad ? r.backward : r.forward;
     // Output gradients of a data-parallel rank are dp x the single device's (its loss is averaged
-    // over its own microbatches; the 1/dp comes with the grad reduction): their amax and scale
-    // are taken for the single device's magnitudes, so FP8 rounds the same values the same way
-    // whatever the data-parallel size (exactly so when it is a power of two).
-    const float g = slot == kFp8Grad ? float(m_ctx.dpSize) : 1.0f;
+    // over its own microbatches; the 1/dp comes with the grad reduction), and cp x with context
+    // parallelism (Megatron's loss_func multiplies by cp; the grads are averaged over dp-cp):
+    // their amax and scale are taken for the single device's magnitudes, so FP8 rounds the same
+    // values the same way whatever the layout (exactly so when dp x cp is a power of two).
+    const float g = slot == kFp8Grad ? float(m_ctx.dpSize) * float(m_ctx.cpSize) : 1.0f;
     if (r.delayed) {
         m_exec.op("fp8_quantize", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 8, [=] {
             meta->observe(k::amaxOf(fp(t), n) / g);
@@ -106,8 +107,12 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
     TS_ASSIGN_OR_RETURN(TensorPtr amax, m_exec.alloc(1, MemCategory::Workspace));
     m_exec.op("fp8_amax", Category::Elementwise, double(n), uint64_t(n) * 4,
               [=] { fp(amax)[0] = k::amaxOf(fp(t), n); });
+    // The tensor's amax over every rank holding a part of it: TP shards, and the CP ranks'
+    // sequence chunks (a microbatch's rows are split over "cp").
     if (m_ctx.tp && m_ctx.tpSize > 1)
         m_ctx.tp->allReduce(m_exec.stream(), amax->data(), amax->data(), 1, DType::F32, ReduceOp::Max);
+    if (m_ctx.cp && m_ctx.cpSize > 1)
+        m_ctx.cp->allReduce(m_exec.stream(), amax->data(), amax->data(), 1, DType::F32, ReduceOp::Max);
     const float mx = k::fp8Max(fmt);
     m_exec.op("fp8_quantize", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 8, [=] {
         const float a = fp(amax)[0] / g;

@@ -71,8 +71,6 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
             return notYet("dropout (hidden_dropout / attention_dropout > 0); set both to 0");
         if (c.position_embedding_type == "learned_absolute")
             return notYet("position_embedding_type=learned_absolute; use rope or none");
-        if (!c.fp8.empty()) return notYet("fp8");
-        if (c.tp_comm_overlap) return notYet("tp_comm_overlap");
     }
     if (c.num_moe_experts > 0) {
         // What this engine's MoE block runs (engine/model/gpt_moe.cpp); the rest is refused by name.

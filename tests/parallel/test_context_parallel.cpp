@@ -250,6 +250,21 @@ INSTANTIATE_TEST_SUITE_P(
                       CpLayout{"a2a_cp2_pp2_vpp2_full", "a2a", 1, 2, 2, 2, 1, false, false, "full"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// tp_comm_overlap works on the CP-local rows like any other: tp2·cp2 with the overlapped SP
+// collectives and ring attention equals the single device.
+TEST(ContextParallel, TpCommOverlapWithRingAttentionEqualsSingleDevice) {
+    engine::Config c = withLayout(tinyConfig(2), Layout{2, 1, 1, 1, 2});
+    c.context_parallel_size = 2;
+    c.cp_comm_type = "p2p";
+    c.sequence_parallel = true;
+    c.tp_comm_overlap = true;
+    c.adam_eps = 1e-5;
+    const RunResult ref = runSingle(singleDevice(c), 3);
+    auto par = runParallel(c, 3);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, "tp2 cp2 p2p tp_comm_overlap");
+}
+
 TEST(ContextParallel, CheckpointOfCp2Dp2ResumesOnOneDevice) {
     engine::Config c = withLayout(tinyConfig(2), Layout{1, 1, 1, 2, 2});
     c.context_parallel_size = 2;

@@ -18,8 +18,9 @@
 // from (source rank, local expert) to (local expert, source rank), computed, and travel back the
 // same way; the backward sends dY the same way and returns dX and dprob. Expert weights' grads
 // are reduced over the expert-data-parallel group (engine/parallel/ddp.h).
-// Tensor parallel, context parallel, expert biases and token dropping are refused by
-// modelDimsFromConfig with the knob to change.
+// Context parallel: the layer runs on the CP-local rows; the aux loss counts the routing of the
+// whole microbatch (counts all-reduced over "cp"). Tensor parallel and expert biases are refused
+// by modelDimsFromConfig with the knob to change.
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
@@ -36,6 +37,12 @@ struct GptModel::MoeSaved {
     int rows = 0;                // permuted rows (T*k when dropless; set when routing ran)
     int rowsAlloc = 0;           // their upper bound, known when the forward is enqueued
     std::vector<int> routed;     // [E] token copies routed to each expert before any dropping
+    // Context parallel: the aux loss counts the routing of the whole microbatch (Megatron sums
+    // the counts over the TP x CP group): countsAll = routed summed over "cp" (= routed without CP).
+    std::vector<int> countsAll;
+    std::vector<double> probSum;  // [E] sum over local tokens of the full softmax
+    double zSum = 0;              // sum over local tokens of logsumexp(logits)^2
+    int dropped = 0;
     std::vector<int> offset;     // [E+1] first permuted row of each expert
     std::vector<float> prob;     // [T*k] the row's routing prob
     std::vector<int> slotOf;     // [T*k] which of the token's k choices (-1: padding row, prob 0)
@@ -189,20 +196,40 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             }
         }
         if (ep == 1) s->eoff = s->offset;
-        if (tt.recorder) {
-            double aux = 0;
-            for (int e = 0; e < E; ++e) aux += P[size_t(e)] * counts[size_t(e)];
-            aux *= double(E) * auxCoeff / (double(K) * double(T) * double(T));
-            const int64_t ts = monotonicNs();
-            const std::string base = "moe.layer" + std::to_string(gl) + ".";
-            tt.recorder->counter({tt.rank, tt.recorder->intern(base + "aux_loss"), ts, aux});
-            tt.recorder->counter({tt.rank, tt.recorder->intern(base + "z_loss"), ts, zCoeff * z / double(T)});
-            for (int e = 0; e < E; ++e)
-                tt.recorder->counter({tt.rank, tt.recorder->intern(base + "tokens.expert" + std::to_string(e)), ts,
-                                      double(counts[size_t(e)])});
-            if (cap >= 0)
-                tt.recorder->counter({tt.rank, tt.recorder->intern(base + "dropped_tokens"), ts, double(dropped)});
-        }
+        s->probSum = P;
+        s->zSum = z;
+        s->dropped = dropped;
+    });
+    // Counts over the CP group, then the router's counters: aux and z of this rank's share of
+    // the microbatch x cp (so that their mean over the CP ranks is the microbatch's losses).
+    const int cp = m_ctx.cpSize;
+    TensorPtr cpCounts;
+    if (cp > 1) {
+        TS_ASSIGN_OR_RETURN(cpCounts, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
+        m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(E) * 4, [=] {
+            for (int e = 0; e < E; ++e) fp(cpCounts)[e] = float(s->routed[size_t(e)]);
+        });
+        m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(E), DType::F32, ReduceOp::Sum);
+        holdUntilDone(cpCounts, cpCounts);
+    }
+    m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
+        s->countsAll = s->routed;
+        if (cpCounts)
+            for (int e = 0; e < E; ++e) s->countsAll[size_t(e)] = int(fp(cpCounts)[e]);
+        if (!tt.recorder) return;
+        const double Tg = double(T) * cp;
+        double aux = 0;
+        for (int e = 0; e < E; ++e) aux += s->probSum[size_t(e)] * s->countsAll[size_t(e)];
+        aux *= double(E) * auxCoeff / (double(K) * Tg * Tg) * cp;
+        const int64_t ts = monotonicNs();
+        const std::string base = "moe.layer" + std::to_string(gl) + ".";
+        tt.recorder->counter({tt.rank, tt.recorder->intern(base + "aux_loss"), ts, aux});
+        tt.recorder->counter({tt.rank, tt.recorder->intern(base + "z_loss"), ts, zCoeff * s->zSum / Tg * cp});
+        for (int e = 0; e < E; ++e)
+            tt.recorder->counter({tt.rank, tt.recorder->intern(base + "tokens.expert" + std::to_string(e)), ts,
+                                  double(s->routed[size_t(e)])});
+        if (cap >= 0)
+            tt.recorder->counter({tt.rank, tt.recorder->intern(base + "dropped_tokens"), ts, double(s->dropped)});
     });
     // Where the permuted rows are computed: here (ep 1) or on the experts' EP ranks.
     if (ep > 1) {
@@ -348,13 +375,17 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     float* Gr = m_params.mainGrad(P.routerW);
     const double auxCoeff = m_cfg.moe_router_load_balancing_type == "aux_loss" ? m_cfg.moe_aux_loss_coeff : 0.0;
     const double zCoeff = m_cfg.moe_z_loss_coeff;
-    const double lossScale = 1.0 / double(m_numMicrobatches);
+    // Scaled like the main loss: 1/m, and x cp with context parallel (Megatron's
+    // main_loss_backward_scale; the grads are then averaged over dp-cp). T: the microbatch's tokens.
+    const int cp = m_ctx.cpSize;
+    const double lossScale = double(cp) / double(m_numMicrobatches);
+    const double Tg = double(T) * cp;
     m_exec.op("router.bwd", Category::Gemm, 4.0 * T * h * E, uint64_t(T) * (2 * h + E) * 4, [=] {
         const float* L = fp(s->logits);
         std::vector<float> dl(static_cast<size_t>(T) * E, 0.f);
         // The aux loss counts the routing before any dropping (Megatron computes it from the
         // logits' own top-k).
-        const std::vector<int>& counts = s->routed;
+        const std::vector<int>& counts = s->countsAll;
         // per token: dprob of its k slots (a dropped copy's is 0; padding rows have none)
         std::vector<double> dpk(static_cast<size_t>(T) * K, 0.0);
         for (int r = 0; r < s->rows; ++r)
@@ -373,7 +404,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             softmax(l, E, full.data());
             double g = 0;
             for (int e = 0; e < E; ++e) g += full[size_t(e)] * double(counts[size_t(e)]);
-            const double a = double(E) * auxCoeff / (double(K) * double(T) * double(T));
+            const double a = double(E) * auxCoeff / (double(K) * Tg * Tg);
             double mx = l[0];
             for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
             double se = 0;
@@ -381,7 +412,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             const double lse = mx + std::log(se);
             for (int e = 0; e < E; ++e) {
                 const double aux = a * full[size_t(e)] * (double(counts[size_t(e)]) - g);
-                const double zl = zCoeff / double(T) * 2.0 * lse * full[size_t(e)];
+                const double zl = zCoeff / Tg * 2.0 * lse * full[size_t(e)];
                 dl[size_t(t) * E + size_t(e)] += float(lossScale * (aux + zl));
             }
         }

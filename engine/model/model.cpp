@@ -82,7 +82,6 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
                           " with expert_model_parallel_size > 1; use alltoall");
         if (ds.tp > 1) return notYet("tensor_model_parallel_size > 1 with experts; set it to 1");
         if (ds.etp > 1) return notYet("expert_tensor_parallel_size > 1 (tensor parallel inside experts); set it to 1");
-        if (ds.cp > 1) return notYet("context_parallel_size > 1 with experts");
         if (c.add_bias_linear) return notYet("expert biases (add_bias_linear: true); set add_bias_linear: false");
         if (c.moe_shared_expert_intermediate_size > 0) return notYet("shared experts (moe_shared_expert_intermediate_size)");
         if (c.moe_router_load_balancing_type != "aux_loss" && c.moe_router_load_balancing_type != "none")

@@ -360,6 +360,33 @@ TEST(Moe, ExpertParallelWithCapacityAndPaddingEqualsTheSingleDevice) {
     }
 }
 
+// Context parallel with experts: the MoE layer runs on each CP rank's chunks, the aux loss counts
+// the whole microbatch's routing (counts summed over "cp") and its gradient is scaled like the
+// main loss (x cp, then averaged over dp-cp): equal to the single device, with expert
+// parallelism over the CP ranks too.
+TEST(Moe, ContextParallelWithExpertsEqualsTheSingleDevice) {
+    struct Case {
+        const char* name;
+        int pp, dp, cp, ep;
+        const char* comm;
+    };
+    for (const Case& k : {Case{"cp2_p2p", 1, 1, 2, 1, "p2p"}, Case{"cp2_dp2_ep2_a2a", 1, 2, 2, 2, "a2a"},
+                          Case{"cp2_pp2_all_gather", 2, 1, 2, 1, "all_gather"}}) {
+        engine::Config c = withLayout(moeConfig(4, 2), Layout{1, k.pp, 1, k.dp, 2});
+        c.context_parallel_size = k.cp;
+        c.cp_comm_type = k.comm;
+        c.expert_model_parallel_size = k.ep;
+        c.moe_token_dispatcher_type = "alltoall";
+        c.moe_aux_loss_coeff = 0.01;
+        c.moe_z_loss_coeff = 0.001;
+        c.adam_eps = 1e-5;  // see ContextParallelLayouts
+        const RunResult ref = runSingle(singleDevice(c), 3);
+        auto par = runParallel(c, 3);
+        ASSERT_TRUE(par.isOk()) << k.name << ": " << par.status().toString();
+        expectSame(*par, ref, 1e-5, k.name);
+    }
+}
+
 struct MoeLayout {
     const char* name;
     int pp, dp;

@@ -40,7 +40,7 @@ struct EpRun {
 Result<EpRun> runEp(const Config& c, int steps) {
     const std::string file = (std::filesystem::temp_directory_path() /
                               ("bench_moe_" + std::to_string(::getpid()) + "_ep" +
-                               std::to_string(c.expert_model_parallel_size) + ".sqlite"))
+                               std::to_string(c.expert_model_parallel_size) + "_" + c.moe_token_dispatcher_type + ".sqlite"))
                                  .string();
     std::filesystem::remove(file);
     std::vector<double> times;
@@ -117,8 +117,13 @@ int main(int argc, char** argv) {
         out[v.name] = {{"step_ms", med * 1e3}, {"vs_dense", med / base}, {"loss", loss}};
     }
     // Expert parallel on 2 ranks: the all-to-all's share of the step.
-    std::printf("\n%-22s %12s %14s %14s %10s\n", "2 ranks, dp 2", "step ms", "ep a2a ms", "a2a exposed", "share");
-    for (int ep : {1, 2}) {
+    std::printf("\n%-28s %12s %14s %14s %10s\n", "2 ranks, dp 2", "step ms", "ep comm ms", "ep exposed", "share");
+    struct EpVariant {
+        int ep;
+        const char* dispatcher;
+    };
+    for (const EpVariant v : {EpVariant{1, "alltoall"}, EpVariant{2, "alltoall"}, EpVariant{2, "allgather"}}) {
+        const int ep = v.ep;
         Config c = ts::bench::benchConfig(config);
         c.add_bias_linear = false;
         c.num_moe_experts = 8;
@@ -130,14 +135,14 @@ int main(int argc, char** argv) {
         c.data_parallel_size = 2;
         c.global_batch_size = 2 * c.micro_batch_size;
         c.expert_model_parallel_size = ep;
-        c.moe_token_dispatcher_type = "alltoall";
+        c.moe_token_dispatcher_type = v.dispatcher;
         auto r = runEp(c, steps);
         if (!r) {
             std::fprintf(stderr, "%s: %s\n", argv[0], r.status().toString().c_str());
             return 1;
         }
-        const std::string name = "moe8_top2_dp2_ep" + std::to_string(ep);
-        std::printf("%-22s %12.2f %14.2f %14.2f %9.1f%%\n", name.c_str(), r->stepMs, r->a2aMs, r->a2aExposedMs,
+        const std::string name = "moe8_top2_dp2_ep" + std::to_string(ep) + (ep > 1 ? std::string("_") + v.dispatcher : "");
+        std::printf("%-28s %12.2f %14.2f %14.2f %9.1f%%\n", name.c_str(), r->stepMs, r->a2aMs, r->a2aExposedMs,
                     100.0 * r->a2aMs / r->stepMs);
         out[name] = {{"step_ms", r->stepMs}, {"ep_a2a_ms", r->a2aMs}, {"ep_a2a_exposed_ms", r->a2aExposedMs},
                      {"ep_a2a_share", r->a2aMs / r->stepMs}};

@@ -255,7 +255,7 @@ std::vector<KnobDef> buildRegistry() {
     rules(r.i("expert_model_parallel_size", &C::expert_model_parallel_size, "--expert-model-parallel-size",
               "model.expert_model_parallel_size",
               "Expert parallel size (experts split across ranks of the data-parallel dimension; tokens reach them by "
-              "all-to-all; the engine runs it with tensor_model_parallel_size 1 and the alltoall dispatcher)."),
+              "all-to-all or all-gather; the engine runs it with tensor_model_parallel_size 1)."),
           "needs num_moe_experts > 0 and divides it");
     notInEngine(r.i("expert_tensor_parallel_size", &C::expert_tensor_parallel_size, "--expert-tensor-parallel-size",
                     "model.expert_tensor_parallel_size", "Tensor parallel size inside experts; 0 = tensor_model_parallel_size."));
@@ -424,8 +424,9 @@ std::vector<KnobDef> buildRegistry() {
         "One grouped GEMM for all local experts.");
     r.e("moe_token_dispatcher_type", &C::moe_token_dispatcher_type, {"allgather", "alltoall", "flex"},
         "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type",
-        "How tokens reach their experts (the engine runs alltoall with expert_model_parallel_size > 1; with 1 "
-        "every type is the same local computation).");
+        "How tokens reach their experts: allgather (every rank of the EP group gets every token, outputs "
+        "reduce-scattered) or alltoall (each token copy sent to its expert's rank); flex (DeepEP) is not executed. "
+        "With expert_model_parallel_size 1 every type is the same local computation.");
     unsetWhenZero(r.f("moe_expert_capacity_factor", &C::moe_expert_capacity_factor, "--moe-expert-capacity-factor",
                       "model.moe_expert_capacity_factor",
                       "Expert capacity factor: each expert takes at most ceil(tokens*topk/experts * factor) token copies "

@@ -166,6 +166,8 @@ private:
     // for the routing), rows [T*k, width] in permuted order -> the local experts' rows
     // [R, width] grouped by expert, and back.
     Status moeDispatchPlan(MoeSaved& s);
+    // ... and with the allgather dispatcher: tokens and routing all-gathered over "ep".
+    Status moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x);
     Result<TensorPtr> moeToExperts(const MoeSaved& s, const TensorPtr& rows, int width);
     Result<TensorPtr> moeFromExperts(const MoeSaved& s, const TensorPtr& grouped, int width);
     Status finalForward(MbState& st);  // last stage: final norm, output layer, loss

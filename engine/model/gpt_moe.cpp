@@ -60,6 +60,10 @@ struct GptModel::MoeSaved {
     // EP only: rows sent to / received from each EP rank, and the place of received row r
     // (rank-major as it arrives) in the expert-grouped order.
     std::vector<int> sendRows, recvRows, recvToExp;
+    // EP with the allgather dispatcher: the global token (rank-major over the EP group) and the
+    // expert of every expert-side row.
+    bool allgather = false;
+    std::vector<int> agToken, agExpert;
 };
 
 namespace {
@@ -232,7 +236,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             tt.recorder->counter({tt.rank, tt.recorder->intern(base + "dropped_tokens"), ts, double(s->dropped)});
     });
     // Where the permuted rows are computed: here (ep 1) or on the experts' EP ranks.
-    if (ep > 1) {
+    s->allgather = ep > 1 && m_cfg.moe_token_dispatcher_type == "allgather";
+    if (s->allgather) {
+        TS_RETURN_IF_ERROR(moeAllGatherDispatch(*s, x));
+    } else if (ep > 1) {
         TS_RETURN_IF_ERROR(moeDispatchPlan(*s));
         TS_ASSIGN_OR_RETURN(s->xin, moeToExperts(*s, s->xp, h));
         TS_ASSIGN_OR_RETURN(s->eprob, moeToExperts(*s, s->probT, 1));
@@ -279,6 +286,21 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             m_exec.op("experts.local_expert.fwd", Category::Gemm, expertFlops / L, uint64_t(R) * (h + F1 + F) * 4 / L,
                       [=] { expert(l); });
     }
+    if (s->allgather) {
+        // Each rank's partial output of every token of the EP group, summed by reduce-scatter.
+        TS_ASSIGN_OR_RETURN(TensorPtr part, m_exec.alloc(int64_t(T) * ep * h, MemCategory::CommBuffers));
+        m_exec.op("moe.unpermute", Category::Elementwise, double(R) * h, uint64_t(R) * h * 8, [=] {
+            for (int r = 0; r < s->R; ++r) {
+                const float* src = fp(eout) + size_t(r) * h;
+                float* o = fp(part) + size_t(s->agToken[size_t(r)]) * h;
+                for (int i = 0; i < h; ++i) o[i] += src[i];
+            }
+        });
+        m_ctx.ep->reduceScatter(m_exec.stream(), part->data(), out->data(), size_t(T) * h, DType::F32, ReduceOp::Sum);
+        holdUntilDone(part, out);
+        if (bf) roundBf16(out, int64_t(T) * h);
+        return out;
+    }
     TensorPtr outp = eout;
     if (ep > 1) {
         TS_ASSIGN_OR_RETURN(outp, moeFromExperts(*s, eout, h));
@@ -313,7 +335,17 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             std::memcpy(fp(dyp) + size_t(r) * h, fp(dout) + size_t(s->tokenOf[size_t(r)]) * h, size_t(h) * sizeof(float));
     });
     TensorPtr dyin = dyp;
-    if (ep > 1) {
+    if (s->allgather) {
+        // dY of every token of the EP group, then the rows of this rank's experts.
+        TS_ASSIGN_OR_RETURN(TensorPtr dg, allocUninitialized(m_exec, int64_t(T) * ep * h, MemCategory::CommBuffers));
+        m_ctx.ep->allGather(m_exec.stream(), dout->data(), dg->data(), size_t(T) * h, DType::F32);
+        holdUntilDone(dout, dg);
+        TS_ASSIGN_OR_RETURN(dyin, allocUninitialized(m_exec, int64_t(R) * h));
+        m_exec.op("moe.permute_grad", Category::Elementwise, 0, uint64_t(R) * h * 8, [=] {
+            for (int r = 0; r < s->R; ++r)
+                std::memcpy(fp(dyin) + size_t(r) * h, fp(dg) + size_t(s->agToken[size_t(r)]) * h, size_t(h) * sizeof(float));
+        });
+    } else if (ep > 1) {
         TS_ASSIGN_OR_RETURN(dyin, moeToExperts(*s, dyp, h));
     }
     TS_ASSIGN_OR_RETURN(TensorPtr dxin, allocUninitialized(m_exec, int64_t(R) * h));
@@ -365,7 +397,34 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
                       [=] { expert(l); });
     }
     TensorPtr dxp = dxin, dprob = deprob;  // per permuted row
-    if (ep > 1) {
+    TensorPtr dxTok;                       // allgather: the experts' input grads per local token
+    if (s->allgather) {
+        // Partial dX and dprob of every token of the EP group, summed by reduce-scatter; the
+        // probs' gradients go back to the permuted rows they came from.
+        const int64_t G = int64_t(T) * ep;
+        TS_ASSIGN_OR_RETURN(TensorPtr dxPart, m_exec.alloc(G * h, MemCategory::CommBuffers));
+        TS_ASSIGN_OR_RETURN(TensorPtr dpPart, m_exec.alloc(G * E, MemCategory::CommBuffers));
+        m_exec.op("moe.unpermute_grad", Category::Elementwise, double(R) * h, uint64_t(R) * h * 8, [=] {
+            for (int r = 0; r < s->R; ++r) {
+                const int64_t g = s->agToken[size_t(r)];
+                const float* src = fp(dxin) + size_t(r) * h;
+                float* o = fp(dxPart) + g * h;
+                for (int i = 0; i < h; ++i) o[i] += src[i];
+                fp(dpPart)[g * E + s->agExpert[size_t(r)]] = fp(deprob)[r];
+            }
+        });
+        TS_ASSIGN_OR_RETURN(dxTok, m_exec.alloc(int64_t(T) * h));
+        TS_ASSIGN_OR_RETURN(TensorPtr dpTok, m_exec.alloc(int64_t(T) * E));
+        m_ctx.ep->reduceScatter(m_exec.stream(), dxPart->data(), dxTok->data(), size_t(T) * h, DType::F32, ReduceOp::Sum);
+        holdUntilDone(dxPart, dxTok);
+        m_ctx.ep->reduceScatter(m_exec.stream(), dpPart->data(), dpTok->data(), size_t(T) * E, DType::F32, ReduceOp::Sum);
+        holdUntilDone(dpPart, dpTok);
+        TS_ASSIGN_OR_RETURN(dprob, allocUninitialized(m_exec, int64_t(s->rowsAlloc)));
+        m_exec.op("moe.prob_grad_rows", Category::Elementwise, 0, uint64_t(s->rowsAlloc) * 8, [=] {
+            for (int r = 0; r < s->rows; ++r)
+                fp(dprob)[r] = fp(dpTok)[size_t(s->tokenOf[size_t(r)]) * E + size_t(s->expertOf[size_t(r)])];
+        });
+    } else if (ep > 1) {
         TS_ASSIGN_OR_RETURN(dxp, moeFromExperts(*s, dxin, h));
         TS_ASSIGN_OR_RETURN(dprob, moeFromExperts(*s, deprob, 1));
     }
@@ -418,11 +477,15 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         }
         // dx += dl W_r ; dW_r += dl^T x
         k::linearBackward(dl.data(), fp(x), Wr, fp(dx), Gr, nullptr, T, h, E);
-        // experts' input grads, combined per token in permuted order
-        for (int r = 0; r < s->rows; ++r) {
-            const int t = s->tokenOf[size_t(r)];
-            const float* src = fp(dxp) + size_t(r) * h;
-            for (int i = 0; i < h; ++i) fp(dx)[size_t(t) * h + i] += src[i];
+        // experts' input grads, combined per token in permuted order (allgather: already per token)
+        if (dxTok) {
+            for (int64_t i = 0; i < int64_t(T) * h; ++i) fp(dx)[i] += fp(dxTok)[i];
+        } else {
+            for (int r = 0; r < s->rows; ++r) {
+                const int t = s->tokenOf[size_t(r)];
+                const float* src = fp(dxp) + size_t(r) * h;
+                for (int i = 0; i < h; ++i) fp(dx)[size_t(t) * h + i] += src[i];
+            }
         }
         if (bf) k::roundToBf16(fp(dx), int64_t(T) * h);
     });
@@ -509,6 +572,62 @@ Result<TensorPtr> GptModel::moeFromExperts(const MoeSaved& s, const TensorPtr& g
     m_ctx.ep->allToAllv(m_exec.stream(), arrivalOrder->data(), sendCounts, back->data(), recvCounts, DType::F32);
     holdUntilDone(arrivalOrder, back);
     return back;
+}
+
+// Megatron's MoEAllGatherTokenDispatcher (ETP 1): every rank of the EP group gets every
+// token of the group and the routing of it, and computes its own experts' rows; the outputs
+// are summed back by reduce-scatter. The host waits for the routing to build the rows.
+Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
+    const int T = s.T, E = s.E, ep = m_ctx.epSize, L = E / ep, me = m_ctx.epRank, h = m_d.hidden;
+    // This rank's kept copies as Megatron's routing_map and probs, dense [T, E] each (the map
+    // separately: a padding row has prob 0 but is routed), gathered over "ep" with the tokens.
+    const int64_t TE = int64_t(T) * E;
+    TS_ASSIGN_OR_RETURN(TensorPtr route, m_exec.alloc(2 * TE, MemCategory::CommBuffers));
+    MoeSaved* sp = &s;
+    m_exec.op("moe.routing_map", Category::Elementwise, 0, uint64_t(TE) * 8, [=] {
+        for (int r = 0; r < sp->rows; ++r) {
+            const size_t at = size_t(sp->tokenOf[size_t(r)]) * E + size_t(sp->expertOf[size_t(r)]);
+            fp(route)[at] = 1.f;
+            fp(route)[size_t(TE) + at] = sp->prob[size_t(r)];
+        }
+    });
+    TS_ASSIGN_OR_RETURN(TensorPtr routeAll, allocUninitialized(m_exec, 2 * TE * ep, MemCategory::CommBuffers));
+    m_ctx.ep->allGather(m_exec.stream(), route->data(), routeAll->data(), size_t(2 * TE), DType::F32);
+    holdUntilDone(route, routeAll);
+    TS_ASSIGN_OR_RETURN(TensorPtr xg, allocUninitialized(m_exec, int64_t(T) * ep * h, MemCategory::CommBuffers));
+    m_ctx.ep->allGather(m_exec.stream(), x->data(), xg->data(), size_t(T) * h, DType::F32);
+    holdUntilDone(x, xg);
+    // The rows depend on the routing: wait for it (as Megatron's dispatcher syncs for its sizes).
+    TS_RETURN_IF_ERROR(m_exec.stream().synchronize());
+    const float* all = fp(routeAll);  // [ep][map, probs][T][E]
+    s.eoff.assign(size_t(L) + 1, 0);
+    s.agToken.clear();
+    s.agExpert.clear();
+    std::vector<float> probs;
+    for (int l = 0; l < L; ++l) {
+        const int e = me * L + l;
+        for (int g = 0; g < T * ep; ++g) {
+            const size_t at = size_t(g / T) * size_t(2 * TE) + size_t(g % T) * E + size_t(e);
+            if (all[at] == 0.f) continue;
+            s.agToken.push_back(g);
+            s.agExpert.push_back(e);
+            probs.push_back(all[at + size_t(TE)]);
+        }
+        s.eoff[size_t(l) + 1] = int(s.agToken.size());
+    }
+    s.R = int(s.agToken.size());
+    const int R = s.R;
+    TS_ASSIGN_OR_RETURN(s.xin, allocUninitialized(m_exec, int64_t(R) * h));
+    TS_ASSIGN_OR_RETURN(s.eprob, allocUninitialized(m_exec, int64_t(R)));
+    auto p = std::make_shared<std::vector<float>>(std::move(probs));
+    TensorPtr xin = s.xin, eprob = s.eprob;
+    m_exec.op("moe.permute", Category::Memcpy, 0, uint64_t(R) * h * 8, [=] {
+        for (int r = 0; r < R; ++r) {
+            std::memcpy(fp(xin) + size_t(r) * h, fp(xg) + size_t(sp->agToken[size_t(r)]) * h, size_t(h) * sizeof(float));
+            fp(eprob)[r] = (*p)[size_t(r)];
+        }
+    });
+    return Status::ok();
 }
 
 }  // namespace ts::engine

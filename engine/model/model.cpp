@@ -77,9 +77,9 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         auto notYet = [](const std::string& what) {
             return Status::unsupported("MoE: " + what + " is not executed by the engine yet");
         };
-        if (ds.ep > 1 && c.moe_token_dispatcher_type != "alltoall")
-            return notYet("moe_token_dispatcher_type=" + c.moe_token_dispatcher_type +
-                          " with expert_model_parallel_size > 1; use alltoall");
+        if (ds.ep > 1 && c.moe_token_dispatcher_type == "flex")
+            return notYet("moe_token_dispatcher_type=flex (DeepEP) with expert_model_parallel_size > 1; use alltoall "
+                          "or allgather");
         if (ds.tp > 1) return notYet("tensor_model_parallel_size > 1 with experts; set it to 1");
         if (ds.etp > 1) return notYet("expert_tensor_parallel_size > 1 (tensor parallel inside experts); set it to 1");
         if (c.add_bias_linear) return notYet("expert biases (add_bias_linear: true); set add_bias_linear: false");

@@ -207,7 +207,7 @@ TEST(Moe, UnsupportedSettingsAreNamed) {
              {"moe_token_dispatcher_type", [](engine::Config& c) {
                   c.expert_model_parallel_size = 2;
                   c.data_parallel_size = 2;
-                  c.moe_token_dispatcher_type = "allgather";
+                  c.moe_token_dispatcher_type = "flex";
               }},
              {"add_bias_linear", [](engine::Config& c) { c.add_bias_linear = true; }},
              {"tensor_model_parallel_size", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }}}) {
@@ -346,17 +346,18 @@ TEST(Moe, LayerFreqAlternatesMoeAndDenseLayers) {
 // Dropping is decided per microbatch on each rank's own tokens before the all-to-all, as
 // Megatron's router does, so expert-parallel layouts equal the single device with it too.
 TEST(Moe, ExpertParallelWithCapacityAndPaddingEqualsTheSingleDevice) {
+    for (const char* dispatcher : {"alltoall", "allgather"})
     for (bool pad : {false, true}) {
         engine::Config c = withLayout(moeConfig(4, 2), Layout{1, 1, 1, 2, 2});
         c.expert_model_parallel_size = 2;
-        c.moe_token_dispatcher_type = "alltoall";
+        c.moe_token_dispatcher_type = dispatcher;
         c.moe_expert_capacity_factor = 1.0;
         c.moe_pad_expert_input_to_capacity = pad;
         c.moe_aux_loss_coeff = 0.01;
         const RunResult ref = runSingle(singleDevice(c), 3);
         auto par = runParallel(c, 3);
         ASSERT_TRUE(par.isOk()) << par.status().toString();
-        expectSame(*par, ref, 1e-5, pad ? "ep2 capacity padded" : "ep2 capacity");
+        expectSame(*par, ref, 1e-5, std::string(dispatcher) + (pad ? " ep2 capacity padded" : " ep2 capacity"));
     }
 }
 
@@ -394,6 +395,7 @@ struct MoeLayout {
     int vpp = 1;
     bool recompute = false;
     int ep = 1;
+    const char* dispatcher = "alltoall";
 };
 class MoeParallel : public ::testing::TestWithParam<MoeLayout> {};
 
@@ -411,7 +413,7 @@ TEST_P(MoeParallel, EqualsTheSingleDeviceRun) {
     c.use_distributed_optimizer = L.distOpt;
     c.moe_grouped_gemm = L.grouped;
     c.expert_model_parallel_size = L.ep;
-    c.moe_token_dispatcher_type = "alltoall";
+    c.moe_token_dispatcher_type = L.dispatcher;
     const RunResult ref = runSingle(singleDevice(c), 3);
     auto par = runParallel(c, 3);
     ASSERT_TRUE(par.isOk()) << par.status().toString();
@@ -427,7 +429,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeParallel,
                                            MoeLayout{"ep2_dp4_distopt", 1, 4, true, true, 1, false, 2},
                                            MoeLayout{"ep4_distopt_grouped", 1, 4, true, true, 1, false, 4},
                                            MoeLayout{"ep2_dp4_pp2", 2, 4, false, false, 1, false, 2},
-                                           MoeLayout{"ep2_pp2_vpp2_full_recompute", 2, 2, true, true, 2, true, 2}),
+                                           MoeLayout{"ep2_pp2_vpp2_full_recompute", 2, 2, true, true, 2, true, 2},
+                                           MoeLayout{"ep2_allgather", 1, 2, false, false, 1, false, 2, "allgather"},
+                                           MoeLayout{"ep4_allgather_distopt", 1, 4, true, true, 1, false, 4, "allgather"},
+                                           MoeLayout{"ep2_dp4_pp2_allgather", 2, 4, false, false, 1, false, 2, "allgather"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Checkpoints of expert-parallel runs: each rank holds E/ep experts, the checkpoint is the

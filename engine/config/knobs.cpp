@@ -246,7 +246,7 @@ std::vector<KnobDef> buildRegistry() {
     rules(r.i("context_parallel_size", &C::context_parallel_size, "--context-parallel-size",
               "model.context_parallel_size",
               "Context parallel size c (sequence split across ranks in 2c load-balanced chunks; the engine runs it "
-              "without dropout, with rope or no position embedding)."),
+              "without dropout)."),
           "seq_length divisible by 2*context_parallel_size");
     r.e("cp_comm_type", &C::cp_comm_type, {"p2p", "all_gather", "a2a"}, "--cp-comm-type", "model.cp_comm_type",
         "Context-parallel attention communication: p2p (ring attention, KV blocks passed on a comm stream while "

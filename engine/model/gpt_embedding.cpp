@@ -28,9 +28,14 @@ Status GptModel::embeddingForward(MbState& st, int mb) {
         // embedding is all-reduced, the positions added, then scatter_to_sequence_parallel_region.
         tpAllReduce(emb, Th);
         const float* Pw = m_params.modelParam(m_posW);
-        const int s = m_d.seq, b = m_d.microBatch;
-        m_exec.op("position_embedding.fwd", Category::Embedding, double(Th), uint64_t(Th) * 12,
-                  [=] { k::positionEmbeddingForward(Pw, fp(emb), s, b, h); });
+        const int b = m_d.microBatch;
+        // Per contiguous segment of rows with its first global position (context parallel: the
+        // rank's two sequence chunks; otherwise the whole sequence from 0).
+        auto segs = std::make_shared<std::vector<RopeSegment>>(m_ropeSegs);
+        m_exec.op("position_embedding.fwd", Category::Embedding, double(Th), uint64_t(Th) * 12, [=] {
+            for (const RopeSegment& sg : *segs)
+                k::positionEmbeddingForward(Pw + int64_t(sg.pos) * h, fp(emb) + int64_t(sg.start) * b * h, sg.len, b, h);
+        });
         if (m_sp) {
             TS_ASSIGN_OR_RETURN(TensorPtr local, allocUninitialized(m_exec, ThL));
             const int64_t off = int64_t(m_ctx.tpRank) * ThL;
@@ -83,10 +88,13 @@ Status GptModel::embeddingBackward(MbState& st, TensorPtr dh) {
     if (m_sp) { TS_ASSIGN_OR_RETURN(demb, seqGather(demb, ThL)); }
     if (m_posW >= 0) {
         float* PG = m_params.mainGrad(m_posW);
-        const int s = m_d.seq, b = m_d.microBatch;
+        const int b = m_d.microBatch;
         TensorPtr g = demb;
-        m_exec.op("position_embedding.bwd", Category::Embedding, double(Th), uint64_t(Th) * 8,
-                  [=] { k::positionEmbeddingBackward(fp(g), PG, s, b, h); });
+        auto segs = std::make_shared<std::vector<RopeSegment>>(m_ropeSegs);
+        m_exec.op("position_embedding.bwd", Category::Embedding, double(Th), uint64_t(Th) * 8, [=] {
+            for (const RopeSegment& sg : *segs)
+                k::positionEmbeddingBackward(fp(g) + int64_t(sg.start) * b * h, PG + int64_t(sg.pos) * h, sg.len, b, h);
+        });
     }
     float* G = m_params.mainGrad(m_embW);
     auto data = st.data;

@@ -265,6 +265,22 @@ TEST(ContextParallel, TpCommOverlapWithRingAttentionEqualsSingleDevice) {
     expectSame(*par, ref, 1e-5, "tp2 cp2 p2p tp_comm_overlap");
 }
 
+// Megatron's default learned_absolute position embedding: each CP rank adds (and, backward,
+// accumulates into) the table rows of its chunks' global positions.
+TEST(ContextParallel, LearnedAbsolutePositionsEqualSingleDevice) {
+    for (const char* comm : {"p2p", "all_gather", "a2a"}) {
+        engine::Config c = withLayout(tinyConfig(2), Layout{1, 1, 1, 2, 2});
+        c.position_embedding_type = "learned_absolute";
+        c.context_parallel_size = 2;
+        c.cp_comm_type = comm;
+        c.adam_eps = 1e-5;
+        const RunResult ref = runSingle(singleDevice(c), 3);
+        auto par = runParallel(c, 3);
+        ASSERT_TRUE(par.isOk()) << par.status().toString();
+        expectSame(*par, ref, 1e-5, std::string("learned_absolute cp2 dp2 ") + comm);
+    }
+}
+
 TEST(ContextParallel, CheckpointOfCp2Dp2ResumesOnOneDevice) {
     engine::Config c = withLayout(tinyConfig(2), Layout{1, 1, 1, 2, 2});
     c.context_parallel_size = 2;

@@ -455,7 +455,7 @@ std::vector<KnobDef> buildRegistry() {
     r.e("moe_router_load_balancing_type", &C::moe_router_load_balancing_type,
         {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"},
         "--moe-router-load-balancing-type", "model.moe_router_load_balancing_type",
-        "Router load-balancing strategy (the engine runs aux_loss and none).");
+        "Router load-balancing strategy (the engine runs aux_loss, seq_aux_loss and none).");
 
     r.group = "misc";
     notInEngine(rules(r.e("cuda_graph_impl", &C::cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"},

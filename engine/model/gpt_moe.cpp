@@ -37,10 +37,13 @@ struct GptModel::MoeSaved {
     int rows = 0;                // permuted rows (T*k when dropless; set when routing ran)
     int rowsAlloc = 0;           // their upper bound, known when the forward is enqueued
     std::vector<int> routed;     // [E] token copies routed to each expert before any dropping
-    // Context parallel: the aux loss counts the routing of the whole microbatch (Megatron sums
-    // the counts over the TP x CP group): countsAll = routed summed over "cp" (= routed without CP).
-    std::vector<int> countsAll;
-    std::vector<double> probSum;  // [E] sum over local tokens of the full softmax
+    // The aux loss's groups: the microbatch (aux_loss) or each of its sequences (seq_aux_loss).
+    // Context parallel: it counts the routing of the whole group (Megatron sums the counts over
+    // the TP x CP group): countsAll = groupCounts summed over "cp" (= groupCounts without CP).
+    int groups = 1;
+    std::vector<int> groupCounts;  // [groups][E] copies routed to each expert, before dropping
+    std::vector<int> countsAll;    // [groups][E]
+    std::vector<double> probSum;   // [groups][E] sum over the group's local tokens of the full softmax
     double zSum = 0;              // sum over local tokens of logsumexp(logits)^2
     int dropped = 0;
     std::vector<int> offset;     // [E+1] first permuted row of each expert
@@ -107,7 +110,12 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     TS_ASSIGN_OR_RETURN(TensorPtr out, m_exec.alloc(int64_t(T) * h));
     TensorPtr x = A.a2;
     const float* Wr = m_params.modelParam(P.routerW);
-    const double auxCoeff = m_cfg.moe_router_load_balancing_type == "aux_loss" ? m_cfg.moe_aux_loss_coeff : 0.0;
+    const std::string& lb = m_cfg.moe_router_load_balancing_type;
+    const double auxCoeff = lb == "aux_loss" || lb == "seq_aux_loss" ? m_cfg.moe_aux_loss_coeff : 0.0;
+    // seq_aux_loss: one aux loss per sequence of the microbatch (tokens t with t % b == bi,
+    // sequence-first), averaged over the b sequences.
+    const int mbB = m_d.microBatch, G = lb == "seq_aux_loss" ? mbB : 1;
+    s->groups = G;
     const double zCoeff = m_cfg.moe_z_loss_coeff;
     const TraceTarget tt = m_exec.device().traceTarget();
     m_exec.op("router.fwd", Category::Gemm, 2.0 * T * h * E, uint64_t(4) * (uint64_t(T) * (h + E) + uint64_t(E) * h),
@@ -119,8 +127,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         std::vector<int> counts(static_cast<size_t>(E), 0);
         std::vector<int> order(static_cast<size_t>(E));
         std::vector<double> full(static_cast<size_t>(E));
-        double probSum[64] = {};
-        std::vector<double> P(static_cast<size_t>(E), 0.0);  // sum over tokens of the full softmax
+        std::vector<double> P(static_cast<size_t>(G) * E, 0.0);  // per group: sum of the full softmax
+        std::vector<int> groupCounts(static_cast<size_t>(G) * E, 0);
         double z = 0;
         for (int t = 0; t < T; ++t) {
             const float* l = L + size_t(t) * E;
@@ -132,9 +140,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
                 s->topi[size_t(t) * K + size_t(j)] = order[size_t(j)];
                 s->topv[size_t(t) * K + size_t(j)] = l[order[size_t(j)]];
                 counts[size_t(order[size_t(j)])]++;
+                groupCounts[size_t(t % mbB % G) * E + size_t(order[size_t(j)])]++;
             }
             softmax(l, E, full.data());
-            for (int e = 0; e < E; ++e) P[size_t(e)] += full[size_t(e)];
+            for (int e = 0; e < E; ++e) P[size_t(t % mbB % G) * E + size_t(e)] += full[size_t(e)];
             double mx = l[0];
             for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
             double se = 0;
@@ -142,7 +151,6 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             const double lse = mx + std::log(se);
             z += lse * lse;
         }
-        (void)probSum;
         // Each expert's token copies in token order, then the capacity applied.
         struct Copy {
             int token, slot;
@@ -201,6 +209,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         }
         if (ep == 1) s->eoff = s->offset;
         s->probSum = P;
+        s->groupCounts = groupCounts;
         s->zSum = z;
         s->dropped = dropped;
     });
@@ -209,22 +218,23 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     const int cp = m_ctx.cpSize;
     TensorPtr cpCounts;
     if (cp > 1) {
-        TS_ASSIGN_OR_RETURN(cpCounts, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
-        m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(E) * 4, [=] {
-            for (int e = 0; e < E; ++e) fp(cpCounts)[e] = float(s->routed[size_t(e)]);
+        TS_ASSIGN_OR_RETURN(cpCounts, allocUninitialized(m_exec, int64_t(G) * E, MemCategory::CommBuffers));
+        m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(G) * E * 4, [=] {
+            for (int i = 0; i < G * E; ++i) fp(cpCounts)[i] = float(s->groupCounts[size_t(i)]);
         });
-        m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(E), DType::F32, ReduceOp::Sum);
+        m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
+                            ReduceOp::Sum);
         holdUntilDone(cpCounts, cpCounts);
     }
     m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
-        s->countsAll = s->routed;
+        s->countsAll = s->groupCounts;
         if (cpCounts)
-            for (int e = 0; e < E; ++e) s->countsAll[size_t(e)] = int(fp(cpCounts)[e]);
+            for (int i = 0; i < G * E; ++i) s->countsAll[size_t(i)] = int(fp(cpCounts)[i]);
         if (!tt.recorder) return;
-        const double Tg = double(T) * cp;
+        const double Tg = double(T) * cp, Tgrp = Tg / G;  // tokens of the microbatch, of a group
         double aux = 0;
-        for (int e = 0; e < E; ++e) aux += s->probSum[size_t(e)] * s->countsAll[size_t(e)];
-        aux *= double(E) * auxCoeff / (double(K) * Tg * Tg) * cp;
+        for (int i = 0; i < G * E; ++i) aux += s->probSum[size_t(i)] * s->countsAll[size_t(i)];
+        aux *= double(E) * auxCoeff / (double(K) * Tgrp * Tgrp) / G * cp;
         const int64_t ts = monotonicNs();
         const std::string base = "moe.layer" + std::to_string(gl) + ".";
         tt.recorder->counter({tt.rank, tt.recorder->intern(base + "aux_loss"), ts, aux});
@@ -432,7 +442,8 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     // logits, then into W_r and x. The aux/z gradients are scaled like the main loss (1/m).
     const float* Wr = m_params.modelParam(P.routerW);
     float* Gr = m_params.mainGrad(P.routerW);
-    const double auxCoeff = m_cfg.moe_router_load_balancing_type == "aux_loss" ? m_cfg.moe_aux_loss_coeff : 0.0;
+    const std::string& lb = m_cfg.moe_router_load_balancing_type;
+    const double auxCoeff = lb == "aux_loss" || lb == "seq_aux_loss" ? m_cfg.moe_aux_loss_coeff : 0.0;
     const double zCoeff = m_cfg.moe_z_loss_coeff;
     // Scaled like the main loss: 1/m, and x cp with context parallel (Megatron's
     // main_loss_backward_scale; the grads are then averaged over dp-cp). T: the microbatch's tokens.
@@ -444,7 +455,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         std::vector<float> dl(static_cast<size_t>(T) * E, 0.f);
         // The aux loss counts the routing before any dropping (Megatron computes it from the
         // logits' own top-k).
-        const std::vector<int>& counts = s->countsAll;
+        const int G = s->groups, mbB = T / m_d.seq;
         // per token: dprob of its k slots (a dropped copy's is 0; padding rows have none)
         std::vector<double> dpk(static_cast<size_t>(T) * K, 0.0);
         for (int r = 0; r < s->rows; ++r)
@@ -461,9 +472,11 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             if (auxCoeff == 0 && zCoeff == 0) continue;
             const float* l = L + size_t(t) * E;
             softmax(l, E, full.data());
+            const int* counts = s->countsAll.data() + size_t(t % mbB % G) * E;
             double g = 0;
             for (int e = 0; e < E; ++e) g += full[size_t(e)] * double(counts[size_t(e)]);
-            const double a = double(E) * auxCoeff / (double(K) * Tg * Tg);
+            const double Tgrp = Tg / G;
+            const double a = double(E) * auxCoeff / (double(K) * Tgrp * Tgrp) / G;
             double mx = l[0];
             for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
             double se = 0;

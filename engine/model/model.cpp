@@ -82,8 +82,10 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         if (ds.etp > 1) return notYet("expert_tensor_parallel_size > 1 (tensor parallel inside experts); set it to 1");
         if (c.add_bias_linear) return notYet("expert biases (add_bias_linear: true); set add_bias_linear: false");
         if (c.moe_shared_expert_intermediate_size > 0) return notYet("shared experts (moe_shared_expert_intermediate_size)");
-        if (c.moe_router_load_balancing_type != "aux_loss" && c.moe_router_load_balancing_type != "none")
-            return notYet("moe_router_load_balancing_type=" + c.moe_router_load_balancing_type + "; use aux_loss or none");
+        if (c.moe_router_load_balancing_type != "aux_loss" && c.moe_router_load_balancing_type != "seq_aux_loss" &&
+            c.moe_router_load_balancing_type != "none")
+            return notYet("moe_router_load_balancing_type=" + c.moe_router_load_balancing_type +
+                          "; use aux_loss, seq_aux_loss or none");
         if (!c.fp8.empty()) return notYet("fp8 with experts");
         if (c.moe_router_topk < 1 || c.moe_router_topk > c.num_moe_experts)
             return bad("moe_router_topk must be in [1, num_moe_experts]");

@@ -388,6 +388,65 @@ TEST(Moe, ContextParallelWithExpertsEqualsTheSingleDevice) {
     }
 }
 
+// seq_aux_loss: the Switch loss per sequence of the microbatch, averaged over them. With one
+// sequence per microbatch it is aux_loss; its gradient matches finite differences with two; and
+// with context parallel (counts of each sequence summed over "cp") it equals the single device.
+TEST(Moe, SequenceAuxLossPerSequence) {
+    engine::Config one = moeConfig(4, 2);
+    one.micro_batch_size = 1;
+    one.global_batch_size = 0;
+    one.moe_aux_loss_coeff = 0.1;
+    engine::Config seq = one;
+    seq.moe_router_load_balancing_type = "seq_aux_loss";
+    const OneStep a = oneStep(one), b = oneStep(seq);
+    EXPECT_EQ(a.grads, b.grads);
+    engine::Config c = moeConfig(4, 2);
+    c.init_method_std = 0.2;
+    c.moe_aux_loss_coeff = 0.1;
+    c.moe_router_load_balancing_type = "seq_aux_loss";
+    engine::Config plain = c;
+    plain.moe_router_load_balancing_type = "aux_loss";
+    const OneStep base = oneStep(c);
+    const std::string router = "decoder.layers.0.mlp.router.weight";
+    EXPECT_NE(base.grads.at(router), oneStep(plain).grads.at(router)) << "per sequence is not per microbatch";
+    // Uniform routing (router weights 0): every sequence's loss is exactly the coefficient, as
+    // Megatron's sanity oracle for the Switch loss says, and so is their mean.
+    FakeRecorder rec;
+    {
+        auto backend = engine::makeCpuBackend(1);
+        engine::Device& dev = backend->device(0);
+        dev.setTrace(&rec, 0);
+        auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+        {
+            auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
+            ASSERT_TRUE(t.isOk()) << t.status().toString();
+            engine::ParamBuffer& pb = (*t)->model().params();
+            for (int layer = 0; layer < 2; ++layer) {
+                const int r = pb.find("decoder.layers." + std::to_string(layer) + ".mlp.router.weight");
+                std::fill(pb.mainParam(r), pb.mainParam(r) + pb.info(r).numel, 0.f);
+            }
+            pb.syncModelParams();
+            engine::StepProgress p;
+            ASSERT_TRUE((*t)->step(&p).isOk());
+        }
+        dev.setTrace(nullptr, 0);
+    }
+    int samples = 0;
+    for (const auto& k : rec.counters)
+        if (rec.str(k.name) == "moe.layer0.aux_loss") {
+            EXPECT_NEAR(k.value, 0.1, 1e-9);
+            ++samples;
+        }
+    EXPECT_GT(samples, 0);
+    engine::Config cp = withLayout(c, Layout{1, 1, 1, 1, 2});
+    cp.context_parallel_size = 2;
+    cp.adam_eps = 1e-5;
+    const RunResult ref = runSingle(singleDevice(cp), 3);
+    auto par = runParallel(cp, 3);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, "seq_aux_loss cp2");
+}
+
 struct MoeLayout {
     const char* name;
     int pp, dp;

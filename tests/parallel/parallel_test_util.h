@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -162,6 +164,39 @@ inline double relError(const std::vector<float>& a, const std::vector<float>& re
         norm += double(ref[i]) * double(ref[i]);
     }
     return std::sqrt(err / std::max(norm, 1e-60));
+}
+
+// An empty checkpoint directory under the test temp dir.
+inline std::string checkpointDir(const std::string& name) {
+    const std::string dir = ::testing::TempDir() + "/ts_ckpt_" + name;
+    std::filesystem::remove_all(dir);
+    return dir;
+}
+
+// The resumed step against step 3 of the uninterrupted single-device run, and every weight.
+inline void expectResumedStep(const RunResult& resumed, const RunResult& straight, const std::string& what) {
+    ASSERT_EQ(resumed.losses.size(), 1u) << what;
+    EXPECT_NEAR(resumed.losses[0], straight.losses[2], 1e-5 * straight.losses[2]) << what;
+    EXPECT_NE(resumed.losses[0], straight.losses[0]) << what << ": the resume started from scratch";
+    for (const auto& [name, w] : straight.params) {
+        auto it = resumed.params.find(name);
+        ASSERT_NE(it, resumed.params.end()) << what << ": no '" << name << "'";
+        EXPECT_LE(relError(it->second, w), 1e-5) << what << ": " << name;
+    }
+}
+
+// Two steps of the parallel layout `c` and a save, then one step on one device from the save:
+// the single device's step 3 and weights.
+inline void expectCheckpointResumesOnOneDevice(const engine::Config& c, const std::string& what) {
+    const std::string dir = checkpointDir(what);
+    auto saved = trainParallel(c, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << what << ": " << saved.status().toString();
+    const engine::Config one = singleDevice(c);
+    const RunResult straight = runSingle(one, 3);
+    auto resumed = trainSingle(one, 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << what << ": " << resumed.status().toString();
+    expectResumedStep(*resumed, straight, what);
+    std::filesystem::remove_all(dir);
 }
 
 // Losses and grad norms per step and final weights within `tol` relative; the reference trained.

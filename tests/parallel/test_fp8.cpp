@@ -184,17 +184,7 @@ TEST(Fp8Checkpoint, ResumeKeepsTheDelayedScalingState) {
 TEST(Fp8Checkpoint, Pp2Dp2CheckpointResumesOnOneDevice) {
     engine::Config c = withLayout(fp8Config("hybrid", "delayed"), Layout{1, 2, 1, 2, 2});
     c.fp8_amax_history_len = 4;
-    const std::string dir = ::testing::TempDir() + "/ts_fp8_ckpt_pp2";
-    std::filesystem::remove_all(dir);
-    auto saved = trainParallel(c, 2, "", dir);
-    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
-    const engine::Config one = singleDevice(c);
-    const RunResult straight = runSingle(one, 3);
-    auto resumed = trainSingle(one, 1, dir);
-    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
-    EXPECT_NEAR(resumed->losses[0], straight.losses[2], 1e-5 * straight.losses[2]);
-    for (const auto& [name, w] : straight.params) EXPECT_LE(relError(resumed->params.at(name), w), 1e-5) << name;
-    std::filesystem::remove_all(dir);
+    expectCheckpointResumesOnOneDevice(c, "fp8_pp2_dp2");
 }
 
 }  // namespace

@@ -131,28 +131,37 @@ TEST(Moe, RouterAndExpertGradientsMatchFiniteDifferences) {
     EXPECT_EQ(checked, 8);
 }
 
-TEST(Moe, UniformRoutingGivesExactlyTheAuxCoefficientAndCountsEveryToken) {
-    engine::Config c = moeConfig(4, 2);
-    c.moe_aux_loss_coeff = 0.01;
-    c.moe_z_loss_coeff = 0.001;
+// Router weights of every MoE layer set to 0: equal logits, so uniform routing (ties to the
+// lower expert index).
+void zeroRouters(engine::ParamBuffer& pb) {
+    for (int i = 0; i < pb.count(); ++i)
+        if (pb.info(i).name.find(".mlp.router.weight") != std::string::npos)
+            std::fill(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel, 0.f);
+}
+
+// One training step of `c` with uniform routing, its trace counters recorded into `rec`.
+void uniformRoutingStep(const engine::Config& c, FakeRecorder& rec) {
     auto backend = engine::makeCpuBackend(1);
     engine::Device& dev = backend->device(0);
-    FakeRecorder rec;
     dev.setTrace(&rec, 0);
     auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
     {
         auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
         ASSERT_TRUE(t.isOk()) << t.status().toString();
-        engine::ParamBuffer& pb = (*t)->model().params();
-        for (int layer = 0; layer < 2; ++layer) {
-            const int r = pb.find("decoder.layers." + std::to_string(layer) + ".mlp.router.weight");
-            std::fill(pb.mainParam(r), pb.mainParam(r) + pb.info(r).numel, 0.f);  // equal logits
-        }
-        pb.syncModelParams();
+        zeroRouters((*t)->model().params());
+        (*t)->model().params().syncModelParams();
         engine::StepProgress p;
         ASSERT_TRUE((*t)->step(&p).isOk());
     }
     dev.setTrace(nullptr, 0);
+}
+
+TEST(Moe, UniformRoutingGivesExactlyTheAuxCoefficientAndCountsEveryToken) {
+    engine::Config c = moeConfig(4, 2);
+    c.moe_aux_loss_coeff = 0.01;
+    c.moe_z_loss_coeff = 0.001;
+    FakeRecorder rec;
+    uniformRoutingStep(c, rec);
     const int T = c.seq_length * c.micro_batch_size;
     const int m = engine::deriveSizes(c).num_microbatches;
     int aux = 0, z = 0;
@@ -224,13 +233,7 @@ TEST(Moe, UnsupportedSettingsAreNamed) {
 // prob 1/2 each; capacity ceil(T*k/E * factor) keeps the first `cap` of them per expert (equal
 // probs: the "probs" policy keeps token order, like "position").
 TEST(Moe, CapacityDropsTheCopiesBeyondItAndPaddingChangesNothing) {
-    auto uniform = [](engine::ParamBuffer& pb) {
-        for (int layer = 0; layer < 2; ++layer) {
-            const int i = pb.find("decoder.layers." + std::to_string(layer) + ".mlp.router.weight");
-            ASSERT_GE(i, 0);
-            std::fill(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel, 0.f);
-        }
-    };
+    const auto uniform = [](engine::ParamBuffer& pb) { zeroRouters(pb); };
     auto config = [](double factor, bool pad, const char* policy) {
         engine::Config c = moeConfig(4, 2);
         c.moe_expert_capacity_factor = factor;
@@ -249,21 +252,7 @@ TEST(Moe, CapacityDropsTheCopiesBeyondItAndPaddingChangesNothing) {
     EXPECT_NE(half.loss, dropless.loss);
     // The dropped copies are a counter of the trace.
     FakeRecorder rec;
-    {
-        auto backend = engine::makeCpuBackend(1);
-        engine::Device& dev = backend->device(0);
-        dev.setTrace(&rec, 0);
-        auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
-        {
-            auto t = engine::Trainer::create(config(1.0, false, "probs"), &dev, stream.get(), &rec);
-            ASSERT_TRUE(t.isOk()) << t.status().toString();
-            uniform((*t)->model().params());
-            (*t)->model().params().syncModelParams();
-            engine::StepProgress p;
-            ASSERT_TRUE((*t)->step(&p).isOk());
-        }
-        dev.setTrace(nullptr, 0);
-    }
+    uniformRoutingStep(config(1.0, false, "probs"), rec);
     const int T = 16 * 2;
     int samples = 0;
     for (const auto& k : rec.counters)
@@ -412,25 +401,7 @@ TEST(Moe, SequenceAuxLossPerSequence) {
     // Uniform routing (router weights 0): every sequence's loss is exactly the coefficient, as
     // Megatron's sanity oracle for the Switch loss says, and so is their mean.
     FakeRecorder rec;
-    {
-        auto backend = engine::makeCpuBackend(1);
-        engine::Device& dev = backend->device(0);
-        dev.setTrace(&rec, 0);
-        auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
-        {
-            auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
-            ASSERT_TRUE(t.isOk()) << t.status().toString();
-            engine::ParamBuffer& pb = (*t)->model().params();
-            for (int layer = 0; layer < 2; ++layer) {
-                const int r = pb.find("decoder.layers." + std::to_string(layer) + ".mlp.router.weight");
-                std::fill(pb.mainParam(r), pb.mainParam(r) + pb.info(r).numel, 0.f);
-            }
-            pb.syncModelParams();
-            engine::StepProgress p;
-            ASSERT_TRUE((*t)->step(&p).isOk());
-        }
-        dev.setTrace(nullptr, 0);
-    }
+    uniformRoutingStep(c, rec);
     int samples = 0;
     for (const auto& k : rec.counters)
         if (rec.str(k.name) == "moe.layer0.aux_loss") {
@@ -505,24 +476,6 @@ engine::Config epConfig(int pp, int dp, bool distOpt) {
     return c;
 }
 
-std::string ckptDir(const std::string& name) {
-    const std::string dir = ::testing::TempDir() + "/ts_moe_ckpt_" + name;
-    std::filesystem::remove_all(dir);
-    return dir;
-}
-
-// The resumed step against step 3 of the uninterrupted single-device run, and every weight.
-void expectResumedStep(const RunResult& resumed, const RunResult& straight, const std::string& what) {
-    ASSERT_EQ(resumed.losses.size(), 1u) << what;
-    EXPECT_NEAR(resumed.losses[0], straight.losses[2], 1e-5 * straight.losses[2]) << what;
-    EXPECT_NE(resumed.losses[0], straight.losses[0]) << what << ": the resume started from scratch";
-    for (const auto& [name, w] : straight.params) {
-        auto it = resumed.params.find(name);
-        ASSERT_NE(it, resumed.params.end()) << what << ": no '" << name << "'";
-        EXPECT_LE(relError(it->second, w), 1e-5) << what << ": " << name;
-    }
-}
-
 struct EpCkptCase {
     const char* name;
     int pp, dp;
@@ -534,16 +487,7 @@ class MoeCheckpoint : public ::testing::TestWithParam<EpCkptCase> {};
 // Two steps and a save on the expert-parallel layout, one step on one device from the save.
 TEST_P(MoeCheckpoint, ExpertParallelCheckpointResumesOnOneDevice) {
     const EpCkptCase& k = GetParam();
-    const engine::Config c = epConfig(k.pp, k.dp, k.distOpt);
-    const std::string dir = ckptDir(k.name);
-    auto saved = trainParallel(c, 2, "", dir);
-    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
-    const engine::Config one = singleDevice(c);
-    const RunResult straight = runSingle(one, 3);
-    auto resumed = trainSingle(one, 1, dir);
-    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
-    expectResumedStep(*resumed, straight, k.name);
-    std::filesystem::remove_all(dir);
+    expectCheckpointResumesOnOneDevice(epConfig(k.pp, k.dp, k.distOpt), std::string("moe_") + k.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MoeCheckpoint,
@@ -556,7 +500,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeCheckpoint,
 TEST(MoeCheckpoint, OneDeviceCheckpointResumesOnEp2Dp2) {
     const engine::Config c = epConfig(1, 2, false);
     const engine::Config one = singleDevice(c);
-    const std::string dir = ckptDir("one_to_ep2_dp2");
+    const std::string dir = checkpointDir("moe_one_to_ep2_dp2");
     auto saved = trainSingle(one, 2, "", dir);
     ASSERT_TRUE(saved.isOk()) << saved.status().toString();
     const RunResult straight = runSingle(one, 3);
@@ -570,7 +514,7 @@ TEST(MoeCheckpoint, OneDeviceCheckpointResumesOnEp2Dp2) {
 // saves, ep2·dp2 resumes.
 TEST(MoeCheckpoint, Ep2Pp2Dp2CheckpointResumesOnEp2Dp2) {
     const engine::Config from = epConfig(2, 2, true), to = epConfig(1, 2, false);
-    const std::string dir = ckptDir("ep2_pp2_dp2_to_ep2_dp2");
+    const std::string dir = checkpointDir("moe_ep2_pp2_dp2_to_ep2_dp2");
     auto saved = trainParallel(from, 2, "", dir);
     ASSERT_TRUE(saved.isOk()) << saved.status().toString();
     const RunResult straight = runSingle(singleDevice(to), 3);

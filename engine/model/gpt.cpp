@@ -166,9 +166,11 @@ Status GptModel::registerParams() {
     // With SP every TP-replicated param (norm weights/biases, the row-parallel output biases
     // added after the reduce-scatter) sees only this rank's s/t tokens. The position embedding
     // is added before the scatter to the SP region: every TP rank gets its full grad.
+    // Expert weights are not: their grads are reduced over the expert-data-parallel group, which
+    // holds the TP ranks when experts are not split over them (engine/parallel/ddp.h).
     if (m_sp)
         for (int i = 0; i < m_params.count(); ++i)
-            if (m_params.info(i).shard == ShardKind::Replicated && i != m_posW)
+            if (m_params.info(i).shard == ShardKind::Replicated && i != m_posW && !m_params.info(i).expert)
                 const_cast<ParamInfo&>(m_params.info(i)).sequenceParallel = true;
     return Status::ok();
 }

@@ -83,7 +83,7 @@ void softmax(const float* v, int n, double* out) {
 }  // namespace
 
 Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int gl) {
-    const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
+    const int T = localTokens(), h = m_d.hidden;  // SP: this rank's s/t rows
     const int E = m_cfg.num_moe_experts, K = m_cfg.moe_router_topk;
     const int F = m_moeFfn, F1 = m_d.swiglu ? 2 * F : F;
     const bool bf = m_o.bf16, swiglu = m_d.swiglu, grouped = m_cfg.moe_grouped_gemm;
@@ -213,17 +213,22 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         s->zSum = z;
         s->dropped = dropped;
     });
-    // Counts over the CP group, then the router's counters: aux and z of this rank's share of
-    // the microbatch x cp (so that their mean over the CP ranks is the microbatch's losses).
-    const int cp = m_ctx.cpSize;
+    // Counts over the TP (sequence parallel: each rank routes its s/t rows) and CP groups, then
+    // the router's counters: aux and z of this rank's share of the microbatch x tp x cp (so that
+    // their mean over those ranks is the microbatch's losses).
+    const int cp = m_ctx.cpSize, tpShare = m_sp ? m_ctx.tpSize : 1, share = cp * tpShare;
     TensorPtr cpCounts;
-    if (cp > 1) {
+    if (share > 1) {
         TS_ASSIGN_OR_RETURN(cpCounts, allocUninitialized(m_exec, int64_t(G) * E, MemCategory::CommBuffers));
         m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(G) * E * 4, [=] {
             for (int i = 0; i < G * E; ++i) fp(cpCounts)[i] = float(s->groupCounts[size_t(i)]);
         });
-        m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
-                            ReduceOp::Sum);
+        if (tpShare > 1)
+            m_ctx.tp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
+                                ReduceOp::Sum);
+        if (cp > 1)
+            m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
+                                ReduceOp::Sum);
         holdUntilDone(cpCounts, cpCounts);
     }
     m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
@@ -231,14 +236,14 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         if (cpCounts)
             for (int i = 0; i < G * E; ++i) s->countsAll[size_t(i)] = int(fp(cpCounts)[i]);
         if (!tt.recorder) return;
-        const double Tg = double(T) * cp, Tgrp = Tg / G;  // tokens of the microbatch, of a group
+        const double Tg = double(T) * share, Tgrp = Tg / G;  // tokens of the microbatch, of a group
         double aux = 0;
         for (int i = 0; i < G * E; ++i) aux += s->probSum[size_t(i)] * s->countsAll[size_t(i)];
-        aux *= double(E) * auxCoeff / (double(K) * Tgrp * Tgrp) / G * cp;
+        aux *= double(E) * auxCoeff / (double(K) * Tgrp * Tgrp) / G * share;
         const int64_t ts = monotonicNs();
         const std::string base = "moe.layer" + std::to_string(gl) + ".";
         tt.recorder->counter({tt.rank, tt.recorder->intern(base + "aux_loss"), ts, aux});
-        tt.recorder->counter({tt.rank, tt.recorder->intern(base + "z_loss"), ts, zCoeff * s->zSum / Tg * cp});
+        tt.recorder->counter({tt.rank, tt.recorder->intern(base + "z_loss"), ts, zCoeff * s->zSum / Tg * share});
         for (int e = 0; e < E; ++e)
             tt.recorder->counter({tt.rank, tt.recorder->intern(base + "tokens.expert" + std::to_string(e)), ts,
                                   double(s->routed[size_t(e)])});
@@ -328,7 +333,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
 }
 
 Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, TensorPtr dout) {
-    const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
+    const int T = localTokens(), h = m_d.hidden;  // SP: this rank's s/t rows
     const int E = m_cfg.num_moe_experts, K = m_cfg.moe_router_topk;
     const int F = m_moeFfn, F1 = m_d.swiglu ? 2 * F : F;
     const bool bf = m_o.bf16, swiglu = m_d.swiglu, grouped = m_cfg.moe_grouped_gemm;
@@ -447,15 +452,16 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     const double zCoeff = m_cfg.moe_z_loss_coeff;
     // Scaled like the main loss: 1/m, and x cp with context parallel (Megatron's
     // main_loss_backward_scale; the grads are then averaged over dp-cp). T: the microbatch's tokens.
+    // With SP the router weight's grad is summed over TP (its rows' shares add up).
     const int cp = m_ctx.cpSize;
     const double lossScale = double(cp) / double(m_numMicrobatches);
-    const double Tg = double(T) * cp;
+    const double Tg = double(T) * cp * (m_sp ? m_ctx.tpSize : 1);
     m_exec.op("router.bwd", Category::Gemm, 4.0 * T * h * E, uint64_t(T) * (2 * h + E) * 4, [=] {
         const float* L = fp(s->logits);
         std::vector<float> dl(static_cast<size_t>(T) * E, 0.f);
         // The aux loss counts the routing before any dropping (Megatron computes it from the
         // logits' own top-k).
-        const int G = s->groups, mbB = T / m_d.seq;
+        const int G = s->groups, mbB = m_d.microBatch;
         // per token: dprob of its k slots (a dropped copy's is 0; padding rows have none)
         std::vector<double> dpk(static_cast<size_t>(T) * K, 0.0);
         for (int r = 0; r < s->rows; ++r)

@@ -78,8 +78,12 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         if (ds.ep > 1 && c.moe_token_dispatcher_type == "flex")
             return notYet("moe_token_dispatcher_type=flex (DeepEP) with expert_model_parallel_size > 1; use alltoall "
                           "or allgather");
-        if (ds.tp > 1) return notYet("tensor_model_parallel_size > 1 with experts; set it to 1");
-        if (ds.etp > 1) return notYet("expert_tensor_parallel_size > 1 (tensor parallel inside experts); set it to 1");
+        if (ds.tp > 1 && !c.sequence_parallel)
+            return bad("MoE with tensor_model_parallel_size > 1 needs sequence_parallel: true (as Megatron-LM)");
+        if (ds.etp > 1)
+            return notYet("expert_tensor_parallel_size=" + std::to_string(ds.etp) +
+                          " (tensor parallel inside experts; Megatron's default is tensor_model_parallel_size); set "
+                          "expert_tensor_parallel_size: 1");
         if (c.add_bias_linear) return notYet("expert biases (add_bias_linear: true); set add_bias_linear: false");
         if (c.moe_shared_expert_intermediate_size > 0) return notYet("shared experts (moe_shared_expert_intermediate_size)");
         if (c.moe_router_load_balancing_type != "aux_loss" && c.moe_router_load_balancing_type != "seq_aux_loss" &&

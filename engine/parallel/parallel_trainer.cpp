@@ -178,6 +178,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     // Expert parallel: expert weights live on one rank of each "ep" group; their grads are
     // reduced (and, distributed optimizer, sharded) over the expert-data-parallel group.
     const bool expertParallel = c.num_moe_experts > 0 && ds.ep > 1;
+    // Every MoE model keeps its expert weights in the expert buckets, reduced over edp: without
+    // EP and TP that is the dp-cp group, with TP (experts not split over it, ETP 1) it holds the
+    // TP ranks too, whose tokens the experts saw.
+    const bool expertGrads = c.num_moe_experts > 0;
     const int edp = layout.expertDataParallelSize();
     for (size_t li = 0; li < local.size(); ++li) {
         const int r = local[li];
@@ -213,10 +217,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         if (ds.cp > 1) TS_RETURN_IF_ERROR(join("cp", R->cpComm));
         if (cpRing) TS_RETURN_IF_ERROR(join("cp", R->cpRingComm));
         TS_RETURN_IF_ERROR(join(ds.cp > 1 ? "dp-cp" : "dp", R->dpComm));
-        if (expertParallel) {
-            TS_RETURN_IF_ERROR(join("ep", R->epComm));
-            TS_RETURN_IF_ERROR(join("edp", R->edpComm));
-        }
+        if (expertParallel) TS_RETURN_IF_ERROR(join("ep", R->epComm));
+        if (expertGrads) TS_RETURN_IF_ERROR(join("edp", R->edpComm));
         // FP8 delayed scaling: amaxes reduced with MAX over Megatron's amax group (TP x DP x CP),
         // on the compute stream, at the start of each iteration.
         if (!c.fp8.empty() && c.fp8_recipe == "delayed") TS_RETURN_IF_ERROR(join("tp-dp-cp", R->amaxComm));
@@ -226,7 +228,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         // disjoint shards (the whole world).
         // With experts spread over "ep" (and no distributed optimizer) the model is covered once
         // by the expert group "etp-ep-pp" (tp = 1 with experts): dense params counted on ep rank 0.
-        TS_RETURN_IF_ERROR(join(dist ? "world" : expertParallel ? "etp-ep-pp" : "tp-pp", R->normComm));
+        // With experts the world covers it (each rank counts what it alone holds: see countInNorm).
+        TS_RETURN_IF_ERROR(join(dist || expertGrads ? "world" : "tp-pp", R->normComm));
 
         const int ppRank = R->coords.pp;
         for (int ch = 0; ch < v; ++ch) {
@@ -263,7 +266,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             lo.bucketSize = effectiveBucketSize(c, dpc, ppRank, ch);
             lo.dp = dpc;
             lo.distributedOptimizer = dist;
-            if (expertParallel) {
+            if (expertGrads) {
                 for (const ParamInfo& pi : m.params().params()) lo.expert.push_back(pi.expert ? 1 : 0);
                 lo.expertDp = edp;
             }
@@ -287,8 +290,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             so.overlapParamGather = c.overlap_param_gather;
             so.averageInCollective = c.average_in_collective;
             so.gradReduceInFp32 = c.grad_reduce_in_fp32;
-            so.expertDp = expertParallel ? edp : 1;
-            so.expertDpRank = expertParallel ? edpRank : 0;
+            so.expertDp = expertGrads ? edp : 1;
+            so.expertDpRank = expertGrads ? edpRank : 0;
             so.expertComm = R->edpComm.get();
             auto sync = std::make_unique<GradSync>(m.params(), std::move(gl), so, *R->dev, *R->compute, *R->dpStream,
                                                    R->dpComm.get());
@@ -329,10 +332,17 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
                 const ParamInfo& info = pb.info(i);
                 // The last stage's copy of the tied embedding duplicates the first stage's.
                 if (info.sharedEmbedding && info.name == "output_layer.weight") o.countInNorm[size_t(i)] = 0;
+                // Experts (norm group: the world): each expert's grads once, from the distributed
+                // optimizer's edp shards or, without it, from the edp rank 0 holding it.
+                if (info.expert) {
+                    if (!dist && R->coords.edp != 0) o.countInNorm[size_t(i)] = 0;
+                    continue;
+                }
                 // TP-replicated params: identical on every tp rank, counted on tp rank 0.
                 if (info.shard == ShardKind::Replicated && R->coords.tp != 0) o.countInNorm[size_t(i)] = 0;
-                // Dense params are replicated over the ep ranks of the norm group (no dist. optimizer).
-                if (expertParallel && !dist && !info.expert && R->coords.ep != 0) o.countInNorm[size_t(i)] = 0;
+                // MoE models without the distributed optimizer norm over the world: dense params
+                // from one dp-cp replica.
+                if (expertGrads && !dist && (R->coords.dp != 0 || R->coords.cp != 0)) o.countInNorm[size_t(i)] = 0;
             }
             oc.push_back(std::move(o));
         }
@@ -680,8 +690,9 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
                 int64_t full = 1;
                 for (int64_t d : info.fullShape) full *= d;
                 std::vector<float> v(static_cast<size_t>(full), 0.f);
-                if (holder != r0) {
-                    std::copy(p0.mainParam(i), p0.mainParam(i) + full, v.begin());  // tp = 1 with experts
+                if (info.expert) {
+                    // Experts are whole on the rank holding them (ETP 1), not split over TP.
+                    std::copy(p0.mainParam(i), p0.mainParam(i) + full, v.begin());
                 } else {
                     for (int t = 0; t < ds.tp; ++t) {
                         const int r = m_layout.globalRank(t, 0, dpRank, pp);
@@ -860,6 +871,11 @@ static ParallelTrainer::RankState* stageHolder(const std::vector<std::unique_ptr
 Status ParallelTrainer::save(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
+    if (m_cfg.num_moe_experts > 0 && ds.ep > 1 && ds.tp > 1)
+        return Status::unsupported("save: checkpoints of runs with experts spread over tensor-parallel ranks "
+                                   "(expert_model_parallel_size > 1 with tensor_model_parallel_size > 1) are not "
+                                   "supported by the engine yet; save with tensor_model_parallel_size 1 or "
+                                   "expert_model_parallel_size 1");
     const bool expertParallel = m_cfg.num_moe_experts > 0 && ds.ep > 1;
     const int epN = expertParallel ? ds.ep : 1;
     TS_ASSIGN_OR_RETURN(CheckpointImage img,
@@ -931,6 +947,20 @@ Status ParallelTrainer::save(const std::string& dir) {
                     // process fills it.
                     if (expertParallel && info.expert && epOf(Rinfo) != e) continue;
                     const int64_t off = table[k].offset;
+                    // Expert weights with TP (experts replicated over it, ETP 1) and the distributed
+                    // optimizer: their Adam state is sharded over edp, which spans the TP ranks, so
+                    // every tp rank adds its (disjoint, zero elsewhere) shards; the values come
+                    // from tp rank 0.
+                    if (info.expert && dist && ds.tp > 1) {
+                        if (R0 && t == 0) std::copy(pb.mainParam(i), pb.mainParam(i) + info.numel, P + off);
+                        const float* lm = localM[size_t(ch)].data() + info.offset;
+                        const float* lv = localV[size_t(ch)].data() + info.offset;
+                        for (int64_t j = 0; j < info.numel; ++j) {
+                            M[off + j] += lm[j];
+                            V[off + j] += lv[j];
+                        }
+                        continue;
+                    }
                     // A param every TP rank holds whole is taken from tp rank 0 (once: the images
                     // of several processes are summed).
                     if (info.shard == ShardKind::Replicated && t != 0) continue;
@@ -1015,6 +1045,11 @@ Status ParallelTrainer::save(const std::string& dir) {
 Status ParallelTrainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
+    if (m_cfg.num_moe_experts > 0 && ds.ep > 1 && ds.tp > 1)
+        return Status::unsupported("load: checkpoints of runs with experts spread over tensor-parallel ranks "
+                                   "(expert_model_parallel_size > 1 with tensor_model_parallel_size > 1) are not "
+                                   "supported by the engine yet; save with tensor_model_parallel_size 1 or "
+                                   "expert_model_parallel_size 1");
     const int epN = m_cfg.num_moe_experts > 0 && ds.ep > 1 ? ds.ep : 1;
     // Every process reads the files (a shared or copied checkpoint directory) and takes its
     // ranks' shards (by name: an expert-parallel rank finds its experts among all of them).

@@ -65,8 +65,7 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     if (ctx.cpSize > 1) {
         const int chunk = seqGlobal / (2 * ctx.cpSize);
         m->m_ropeSegs = {{0, chunk, ctx.cpRank * chunk}, {chunk, chunk, (2 * ctx.cpSize - 1 - ctx.cpRank) * chunk}};
-        for (const auto& sg : m->m_ropeSegs)
-            for (int i = 0; i < sg.len; ++i) m->m_cpPos.push_back(sg.pos + i);
+        m->m_cpPos = cpLocalPositions(seqGlobal, ctx.cpSize, ctx.cpRank);
     } else {
         m->m_ropeSegs = {{0, d.seq, 0}};
     }

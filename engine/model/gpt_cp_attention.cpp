@@ -16,6 +16,23 @@
 
 namespace ts::engine {
 
+namespace {
+
+// CP rank r holds chunks r and 2c-1-r of the sequence (engine/model/model.h cpLocalPositions).
+// Rank-major layout: rank r's two chunks at [2r, 2r+1] x chunkElems; global: chunk j at
+// j x chunkElems. toGlobal copies rank-major -> global, else global -> rank-major.
+void cpReorderChunks(float* dst, const float* src, int c, int64_t chunkElems, bool toGlobal) {
+    for (int r = 0; r < c; ++r)
+        for (int half = 0; half < 2; ++half) {
+            const int64_t global = int64_t(half == 0 ? r : 2 * c - 1 - r) * chunkElems;
+            const int64_t rankMajor = (int64_t(2) * r + half) * chunkElems;
+            std::memcpy(dst + (toGlobal ? global : rankMajor), src + (toGlobal ? rankMajor : global),
+                        size_t(chunkElems) * sizeof(float));
+        }
+}
+
+}  // namespace
+
 Result<TensorPtr> GptModel::cpGatherKv(const TensorPtr& local, int heads) {
     const int b = m_d.microBatch, d = m_d.headDim, cp = m_ctx.cpSize, S = m_seqGlobal;
     const int sl = m_d.seq;
@@ -25,15 +42,9 @@ Result<TensorPtr> GptModel::cpGatherKv(const TensorPtr& local, int heads) {
     holdUntilDone(local, gathered);
     TS_ASSIGN_OR_RETURN(TensorPtr global, allocUninitialized(m_exec, n * cp));
     const int64_t row = int64_t(b) * heads * d;  // one sequence position, every sample and head
-    m_exec.op("cp_kv_reorder", Category::Memcpy, 0, uint64_t(n) * cp * 8, [=] {
-        const int chunk = S / (2 * cp);
-        for (int r = 0; r < cp; ++r)
-            for (int half = 0; half < 2; ++half) {
-                const int c = half == 0 ? r : 2 * cp - 1 - r;
-                std::memcpy(fp(global) + int64_t(c) * chunk * row, fp(gathered) + r * n + int64_t(half) * chunk * row,
-                            size_t(chunk * row) * sizeof(float));
-            }
-    });
+    const int64_t chunkElems = int64_t(S / (2 * cp)) * row;
+    m_exec.op("cp_kv_reorder", Category::Memcpy, 0, uint64_t(n) * cp * 8,
+              [=] { cpReorderChunks(fp(global), fp(gathered), cp, chunkElems, true); });
     return global;
 }
 
@@ -43,15 +54,9 @@ Result<TensorPtr> GptModel::cpScatterKvGrad(const TensorPtr& global, int heads) 
     const int64_t n = int64_t(sl) * b * heads * d;
     const int64_t row = int64_t(b) * heads * d;
     TS_ASSIGN_OR_RETURN(TensorPtr rankMajor, allocUninitialized(m_exec, n * cp));
-    m_exec.op("cp_kv_grad_reorder", Category::Memcpy, 0, uint64_t(n) * cp * 8, [=] {
-        const int chunk = S / (2 * cp);
-        for (int r = 0; r < cp; ++r)
-            for (int half = 0; half < 2; ++half) {
-                const int c = half == 0 ? r : 2 * cp - 1 - r;
-                std::memcpy(fp(rankMajor) + r * n + int64_t(half) * chunk * row, fp(global) + int64_t(c) * chunk * row,
-                            size_t(chunk * row) * sizeof(float));
-            }
-    });
+    const int64_t chunkElems = int64_t(S / (2 * cp)) * row;
+    m_exec.op("cp_kv_grad_reorder", Category::Memcpy, 0, uint64_t(n) * cp * 8,
+              [=] { cpReorderChunks(fp(rankMajor), fp(global), cp, chunkElems, false); });
     TS_ASSIGN_OR_RETURN(TensorPtr local, allocUninitialized(m_exec, n));
     m_ctx.cp->reduceScatter(m_exec.stream(), rankMajor->data(), local->data(), size_t(n), DType::F32, ReduceOp::Sum);
     holdUntilDone(rankMajor, local);
@@ -60,11 +65,9 @@ Result<TensorPtr> GptModel::cpScatterKvGrad(const TensorPtr& global, int heads) 
 
 void GptModel::setCpRing(Stream& commStream, Communicator& comm) {
     if (m_ctx.cpSize <= 1 || m_cfg.cp_comm_type != "p2p") return;
-    const int c = m_ctx.cpSize, chunk = m_seqGlobal / (2 * c);
-    std::vector<std::vector<int>> pos(static_cast<size_t>(c));
-    for (int r = 0; r < c; ++r)
-        for (int half : {r, 2 * c - 1 - r})
-            for (int i = 0; i < chunk; ++i) pos[size_t(r)].push_back(half * chunk + i);
+    const int c = m_ctx.cpSize;
+    std::vector<std::vector<int>> pos;
+    for (int r = 0; r < c; ++r) pos.push_back(cpLocalPositions(m_seqGlobal, c, r));
     m_cpRing = std::make_unique<CpRing>(m_exec, commStream, comm, std::move(pos));
 }
 
@@ -86,32 +89,20 @@ Result<TensorPtr> GptModel::cpToHeads(const TensorPtr& local, int heads) {
     m_ctx.cp->allToAllv(m_exec.stream(), send->data(), counts, recv->data(), counts, DType::F32);
     holdUntilDone(send, recv);
     TS_ASSIGN_OR_RETURN(TensorPtr full, allocUninitialized(m_exec, n));
-    const int64_t row = int64_t(b) * hc * d;  // one sequence position of the head group
-    m_exec.op("cp_a2a_reorder", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
-        // from rank i: its rows (chunks i and 2c-1-i) -> global order
-        for (int i = 0; i < c; ++i)
-            for (int half = 0; half < 2; ++half) {
-                const int ch = half == 0 ? i : 2 * c - 1 - i;
-                std::memcpy(fp(full) + int64_t(ch) * chunk * row, fp(recv) + i * part + int64_t(half) * chunk * row,
-                            size_t(chunk * row) * sizeof(float));
-            }
-    });
+    const int64_t chunkElems = int64_t(chunk) * b * hc * d;  // one chunk of the head group
+    // from rank i: its rows (chunks i and 2c-1-i) -> global order
+    m_exec.op("cp_a2a_reorder", Category::Memcpy, 0, uint64_t(n) * 8,
+              [=] { cpReorderChunks(fp(full), fp(recv), c, chunkElems, true); });
     return full;
 }
 
 Status GptModel::cpToSequence(const TensorPtr& full, int heads, const TensorPtr& out) {
     const int b = m_d.microBatch, d = m_d.headDim, c = m_ctx.cpSize, sl = m_d.seq, hc = heads / c;
     const int chunk = m_seqGlobal / (2 * c);
-    const int64_t n = int64_t(sl) * b * heads * d, part = n / c, row = int64_t(b) * hc * d;
+    const int64_t n = int64_t(sl) * b * heads * d, part = n / c, chunkElems = int64_t(chunk) * b * hc * d;
     TS_ASSIGN_OR_RETURN(TensorPtr send, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
-    m_exec.op("cp_a2a_reorder", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
-        for (int i = 0; i < c; ++i)
-            for (int half = 0; half < 2; ++half) {
-                const int ch = half == 0 ? i : 2 * c - 1 - i;
-                std::memcpy(fp(send) + i * part + int64_t(half) * chunk * row, fp(full) + int64_t(ch) * chunk * row,
-                            size_t(chunk * row) * sizeof(float));
-            }
-    });
+    m_exec.op("cp_a2a_reorder", Category::Memcpy, 0, uint64_t(n) * 8,
+              [=] { cpReorderChunks(fp(send), fp(full), c, chunkElems, false); });
     TS_ASSIGN_OR_RETURN(TensorPtr recv, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
     const std::vector<size_t> counts(static_cast<size_t>(c), size_t(part));
     m_ctx.cp->allToAllv(m_exec.stream(), send->data(), counts, recv->data(), counts, DType::F32);

@@ -22,6 +22,10 @@ namespace {
 constexpr int kLinears = 4, kSlots = 3;
 const char* kLinearNames[kLinears] = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"};
 const char* kSlotNames[kSlots] = {"input", "weight", "grad"};
+// "layer<L>.<linear>.<slot>": the name of an FP8 tensor in counters and checkpoints.
+std::string fp8TensorName(int globalLayer, int lin, int slot) {
+    return "layer" + std::to_string(globalLayer) + "." + kLinearNames[lin] + "." + kSlotNames[slot];
+}
 }  // namespace
 
 bool GptModel::fp8Layer(int li) const {
@@ -43,8 +47,7 @@ nlohmann::json GptModel::fp8State() const {
         for (int lin = 0; lin < kLinears; ++lin)
             for (int slot = 0; slot < kSlots; ++slot) {
                 const Fp8Meta& m = (*m_fp8Meta)[(li * kLinears + size_t(lin)) * kSlots + size_t(slot)];
-                out["layer" + std::to_string(m_ctx.layerBegin + int(li)) + "." + kLinearNames[lin] + "." +
-                    kSlotNames[slot]] = {{"history", m.history}, {"scale", m.scale}};
+                out[fp8TensorName(m_ctx.layerBegin + int(li), lin, slot)] = {{"history", m.history}, {"scale", m.scale}};
             }
     }
     return out;
@@ -57,8 +60,7 @@ Status GptModel::setFp8State(const nlohmann::json& state) {
         if (!fp8Layer(int(li))) continue;
         for (int lin = 0; lin < kLinears; ++lin)
             for (int slot = 0; slot < kSlots; ++slot) {
-                const std::string key = "layer" + std::to_string(m_ctx.layerBegin + int(li)) + "." + kLinearNames[lin] +
-                                        "." + kSlotNames[slot];
+                const std::string key = fp8TensorName(m_ctx.layerBegin + int(li), lin, slot);
                 auto it = state.find(key);
                 if (it == state.end()) continue;
                 auto bad = [&](const std::string& why) {
@@ -175,8 +177,7 @@ void GptModel::fp8StepUpdate() {
         const int64_t ts = monotonicNs();
         for (int64_t i = 0; i < n; ++i) {
             const int li = int(i / (kLinears * kSlots)), lin = int(i / kSlots % kLinears), slot = int(i % kSlots);
-            const std::string base = "fp8.layer" + std::to_string(layerBegin + li) + "." + kLinearNames[lin] + "." +
-                                     kSlotNames[slot];
+            const std::string base = "fp8." + fp8TensorName(layerBegin + li, lin, slot);
             const Fp8Meta& m = (*metas)[size_t(i)];
             const float amax = r.delayed ? *std::max_element(m.history.begin(), m.history.end()) : m.history[0];
             tt.recorder->counter({tt.rank, tt.recorder->intern(base + ".amax"), ts, double(amax)});

@@ -456,12 +456,13 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     const int cp = m_ctx.cpSize;
     const double lossScale = double(cp) / double(m_numMicrobatches);
     const double Tg = double(T) * cp * (m_sp ? m_ctx.tpSize : 1);
+    const int mbB = m_d.microBatch;  // tokens are sequence-first: token t is in sequence t % b
     m_exec.op("router.bwd", Category::Gemm, 4.0 * T * h * E, uint64_t(T) * (2 * h + E) * 4, [=] {
         const float* L = fp(s->logits);
         std::vector<float> dl(static_cast<size_t>(T) * E, 0.f);
         // The aux loss counts the routing before any dropping (Megatron computes it from the
         // logits' own top-k).
-        const int G = s->groups, mbB = m_d.microBatch;
+        const int G = s->groups;
         // per token: dprob of its k slots (a dropped copy's is 0; padding rows have none)
         std::vector<double> dpk(static_cast<size_t>(T) * K, 0.0);
         for (int r = 0; r < s->rows; ++r)

@@ -134,4 +134,12 @@ ModelOptions modelOptionsFromConfig(const Config& c) {
     return o;
 }
 
+std::vector<int> cpLocalPositions(int seq, int cp, int rank) {
+    const int chunk = seq / (2 * cp);
+    std::vector<int> pos;
+    for (int c : {rank, 2 * cp - 1 - rank})
+        for (int i = 0; i < chunk; ++i) pos.push_back(c * chunk + i);
+    return pos;
+}
+
 }  // namespace ts::engine

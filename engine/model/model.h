@@ -45,6 +45,11 @@ struct ParallelContext {
     bool lastStage = true;
 };
 
+// Context parallel sharding (REFERENCE.md §4.1, Megatron's get_batch_on_this_cp_rank): the
+// sequence is split into 2c equal chunks and CP rank r keeps chunks r and 2c-1-r, in that order.
+// The global sequence positions of CP rank `rank`'s local rows, in local order (s/c of them).
+std::vector<int> cpLocalPositions(int seq, int cp, int rank);
+
 // Shapes after Megatron's derivations (padded vocab, ffn default, groups, kv channels).
 struct ModelDims {
     int layers = 0;       // global number of transformer layers

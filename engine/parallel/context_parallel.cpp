@@ -3,14 +3,6 @@
 
 namespace ts::engine {
 
-std::vector<int> cpLocalPositions(int seq, int cp, int rank) {
-    const int chunk = seq / (2 * cp);
-    std::vector<int> pos;
-    for (int c : {rank, 2 * cp - 1 - rank})
-        for (int i = 0; i < chunk; ++i) pos.push_back(c * chunk + i);
-    return pos;
-}
-
 Microbatch cpShard(const Microbatch& full, int seq, int b, int cp, int rank) {
     Microbatch out;
     const std::vector<int> pos = cpLocalPositions(seq, cp, rank);

@@ -9,8 +9,7 @@
 
 namespace ts::engine {
 
-// Global sequence positions of CP rank `rank`'s local rows, in local order (s/c of them).
-std::vector<int> cpLocalPositions(int seq, int cp, int rank);
+// cpLocalPositions (the global positions of a rank's rows) is in engine/model/model.h.
 // The rank's part of a sequence-first microbatch [s, b] (tokens, labels, loss mask); its
 // tokensTotal is the whole microbatch's loss-mask sum.
 Microbatch cpShard(const Microbatch& full, int seq, int b, int cp, int rank);

@@ -257,8 +257,10 @@ std::vector<KnobDef> buildRegistry() {
               "Expert parallel size (experts split across ranks of the data-parallel dimension; tokens reach them by "
               "all-to-all or all-gather; the engine runs it with tensor_model_parallel_size 1)."),
           "needs num_moe_experts > 0 and divides it");
-    notInEngine(r.i("expert_tensor_parallel_size", &C::expert_tensor_parallel_size, "--expert-tensor-parallel-size",
-                    "model.expert_tensor_parallel_size", "Tensor parallel size inside experts; 0 = tensor_model_parallel_size."));
+    r.i("expert_tensor_parallel_size", &C::expert_tensor_parallel_size, "--expert-tensor-parallel-size",
+        "model.expert_tensor_parallel_size",
+        "Tensor parallel size inside experts; 0 = tensor_model_parallel_size (the engine runs 1: experts whole on a "
+        "rank, and refuses more by name).");
     rules(r.i("data_parallel_size", &C::data_parallel_size, "", "",
               "Data parallel size d; 0 = world_size/(tp*cp*pp) (Megatron derives it from the world size)."),
           "tp*cp*pp*data_parallel_size == world_size");

@@ -190,6 +190,14 @@ std::vector<std::string> bridgeOverrides(const Config& c, std::vector<std::strin
             continue;
         }
         if (k.name == "rotary_base") { emit(path, knobValueForMegatron(k, v)); continue; }
+        if (k.name == "moe_layer_freq" && v.is_string()) {
+            // Bridge's TransformerConfig takes an int or a list, not Megatron-LM's expression.
+            std::string list = "[";
+            for (int x : engine::moeLayerPattern(c.moe_layer_freq, c.num_layers, nullptr))
+                list += (list.size() > 1 ? "," : "") + std::to_string(x);
+            emit(path, list + "]");
+            continue;
+        }
         if (k.name == "position_embedding_type" && c.position_embedding_type == "none") {
             if (notes) notes->push_back("position_embedding_type=none: Bridge's GPT provider has no such choice");
             continue;
@@ -240,8 +248,15 @@ ExportResult exportConfig(const Config& c, ExportFormat format) {
             r.args = megatronArgs(c, &r.notes);
             for (size_t i = 0; i < r.args.size(); ++i) {
                 const std::string& a = r.args[i];
-                bool quote = a.find_first_of(" \t'\"$`\\") != std::string::npos;
-                r.text += (i ? " " : "") + (quote ? "'" + a + "'" : a);
+                // Shell words: single-quoted when bash would read anything in them ('...' inside
+                // becomes '\'').
+                std::string word = a;
+                if (a.empty() || a.find_first_of(" \t'\"$`\\()[]{}*?;&|<>!#~") != std::string::npos) {
+                    word = "'";
+                    for (char ch : a) word += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+                    word += "'";
+                }
+                r.text += (i ? " " : "") + word;
             }
             r.text += "\n";
             break;

@@ -2,6 +2,8 @@
 #include "engine/config/config.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdint>
 
 namespace ts::engine {
 
@@ -51,6 +53,149 @@ DerivedSizes deriveSizes(const Config& c) {
         d.ffn_hidden_size = 4 * c.hidden_size;
     }
     return d;
+}
+
+}  // namespace ts::engine
+
+namespace ts::engine {
+namespace {
+
+// A value of Megatron's moe_layer_freq expression: an integer or a list of integers.
+struct FreqValue {
+    bool isList = false;
+    int64_t n = 0;
+    std::vector<int> list;
+};
+
+// Recursive-descent parser of the Python subset Megatron's moe_freq_type evaluates:
+//   expr := term ('+' term)* ; term := atom ('*' atom)* ; atom := INT | '[' [expr (',' expr)*] ']' | '(' expr ')'
+class FreqParser {
+public:
+    explicit FreqParser(const std::string& s) : m_s(s) {}
+
+    bool parse(FreqValue& out, std::string& err) {
+        if (!expr(out, err)) return false;
+        skip();
+        if (m_i != m_s.size()) return fail(err, "unexpected '" + std::string(1, m_s[m_i]) + "'");
+        return true;
+    }
+
+private:
+    static constexpr size_t kMaxLen = 1 << 16;
+
+    void skip() {
+        while (m_i < m_s.size() && std::isspace(static_cast<unsigned char>(m_s[m_i]))) ++m_i;
+    }
+    bool eat(char ch) {
+        skip();
+        if (m_i < m_s.size() && m_s[m_i] == ch) {
+            ++m_i;
+            return true;
+        }
+        return false;
+    }
+    bool fail(std::string& err, const std::string& what) {
+        err = what + " at position " + std::to_string(m_i + 1);
+        return false;
+    }
+    bool expr(FreqValue& v, std::string& err) {
+        if (!term(v, err)) return false;
+        while (eat('+')) {
+            FreqValue r;
+            if (!term(r, err)) return false;
+            if (v.isList != r.isList) return fail(err, "'+' joins a list and an integer");
+            if (v.isList) {
+                v.list.insert(v.list.end(), r.list.begin(), r.list.end());
+                if (v.list.size() > kMaxLen) return fail(err, "the list is too long");
+            } else {
+                v.n += r.n;
+            }
+        }
+        return true;
+    }
+    bool term(FreqValue& v, std::string& err) {
+        if (!atom(v, err)) return false;
+        while (eat('*')) {
+            FreqValue r;
+            if (!atom(r, err)) return false;
+            if (v.isList && r.isList) return fail(err, "'*' of two lists");
+            if (!v.isList && !r.isList) {
+                v.n *= r.n;
+                if (v.n > int64_t(kMaxLen) || v.n < -int64_t(kMaxLen)) return fail(err, "the number is too large");
+                continue;
+            }
+            const FreqValue& l = v.isList ? v : r;
+            const int64_t times = v.isList ? r.n : v.n;
+            if (times > 0 && l.list.size() * size_t(times) > kMaxLen) return fail(err, "the list is too long");
+            FreqValue out;
+            out.isList = true;
+            for (int64_t t = 0; t < times; ++t) out.list.insert(out.list.end(), l.list.begin(), l.list.end());
+            v = std::move(out);
+        }
+        return true;
+    }
+    bool atom(FreqValue& v, std::string& err) {
+        skip();
+        if (eat('(')) {
+            if (!expr(v, err)) return false;
+            if (!eat(')')) return fail(err, "expected ')'");
+            return true;
+        }
+        if (eat('[')) {
+            v = FreqValue{};
+            v.isList = true;
+            if (eat(']')) return true;
+            do {
+                FreqValue e;
+                if (!expr(e, err)) return false;
+                if (e.isList) return fail(err, "a list inside a list");
+                v.list.push_back(int(e.n));
+            } while (eat(','));
+            if (!eat(']')) return fail(err, "expected ',' or ']'");
+            return true;
+        }
+        size_t j = m_i;
+        while (j < m_s.size() && std::isdigit(static_cast<unsigned char>(m_s[j]))) ++j;
+        if (j == m_i || j - m_i > 6) return fail(err, j == m_i ? "expected an integer, '[' or '('" : "the number is too large");
+        v = FreqValue{};
+        v.n = std::stoll(m_s.substr(m_i, j - m_i));
+        m_i = j;
+        return true;
+    }
+
+    const std::string& m_s;
+    size_t m_i = 0;
+};
+
+}  // namespace
+
+std::vector<int> moeLayerPattern(const std::string& freq, int numLayers, std::string* error) {
+    std::string err;
+    FreqValue v;
+    if (freq.find_first_not_of(" \t") == std::string::npos) err = "it is empty";
+    else if (!FreqParser(freq).parse(v, err)) err = "'" + freq + "' is not an integer or a list expression: " + err;
+    else if (!v.isList && v.n < 1) err = "an integer moe_layer_freq must be at least 1 (got " + std::to_string(v.n) + ")";
+    else if (v.isList && std::any_of(v.list.begin(), v.list.end(), [](int x) { return x != 0 && x != 1; }))
+        err = "the list may hold only 0 (dense) and 1 (MoE)";
+    else if (v.isList && numLayers >= 0 && int(v.list.size()) != numLayers)
+        err = "the list has " + std::to_string(v.list.size()) + " entries; it needs one per layer (num_layers=" +
+              std::to_string(numLayers) + ")";
+    if (!err.empty()) {
+        if (error) *error = err;
+        return {};
+    }
+    if (v.isList) return v.list;
+    if (numLayers < 0) return {int(v.n)};
+    std::vector<int> out(static_cast<size_t>(numLayers));
+    for (int i = 0; i < numLayers; ++i) out[size_t(i)] = i % int(v.n) == 0 ? 1 : 0;
+    return out;
+}
+
+std::vector<int> moeLayerPattern(const Config& c) {
+    std::vector<int> out;
+    if (c.num_moe_experts > 0) out = moeLayerPattern(c.moe_layer_freq, c.num_layers, nullptr);
+    out.resize(static_cast<size_t>(std::max(0, c.num_layers)), 0);
+    return out;
 }
 
 }  // namespace ts::engine

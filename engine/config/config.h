@@ -120,7 +120,9 @@ struct Config {
     double moe_expert_capacity_factor = 0.0;             // 0 = unset (Megatron None): dropless
     bool moe_pad_expert_input_to_capacity = false;       // with a capacity: every expert gets exactly it
     std::string moe_token_drop_policy = "probs";         // probs | position: which tokens an expert keeps
-    int moe_layer_freq = 1;                              // layer i is MoE iff i % moe_layer_freq == 0
+    // Which layers are MoE, as Megatron's --moe-layer-freq: an integer f (layer i iff i % f == 0),
+    // a list of 0/1 per layer ("[1,0,1,0]") or Megatron's expression ("([1]*3+[0]*1)*2").
+    std::string moe_layer_freq = "1";
     int moe_ffn_hidden_size = 0;
     int moe_shared_expert_intermediate_size = 0;  // 0 = no shared expert
     bool moe_shared_expert_overlap = false;
@@ -171,5 +173,14 @@ struct DerivedSizes {
     int kv_channels = 0;
 };
 DerivedSizes deriveSizes(const Config& c);
+
+// moe_layer_freq read as Megatron's moe_freq_type reads it (an integer, or a Python list expression
+// of 0/1 built from list literals, '+' (concatenation) and '*' (repetition by an integer)), expanded
+// to one flag per layer: 1 = MoE. numLayers < 0 checks only the syntax (returns the pattern as
+// written, or {f} for an integer f). On error returns {} and *error says what is wrong.
+std::vector<int> moeLayerPattern(const std::string& freq, int numLayers, std::string* error);
+// The per-layer flags of a config (num_layers long; all 0 when num_moe_experts is 0 or the
+// pattern is invalid, which validation reports).
+std::vector<int> moeLayerPattern(const Config& c);
 
 }  // namespace ts::engine

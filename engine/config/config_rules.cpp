@@ -1,5 +1,6 @@
 // Cross-knob rules of a config (Megatron's validate_args and our engine's limits). Each rule
 // names the knobs, the values, the rule and the fix.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -262,7 +263,12 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     if (c.moe_pad_expert_input_to_capacity && c.moe_expert_capacity_factor <= 0)
         ck.add("moe_pad_expert_input_to_capacity",
                "moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor (an expert capacity to pad to)");
-    if (c.moe_layer_freq < 1) ck.add("moe_layer_freq", "moe_layer_freq must be at least 1");
+    if (std::string err; moeLayerPattern(c.moe_layer_freq, c.num_layers, &err).empty())
+        ck.add("moe_layer_freq", "moe_layer_freq=" + c.moe_layer_freq + ": " + err);
+    else if (const std::vector<int> moePattern = moeLayerPattern(c);
+             c.num_moe_experts > 0 && std::count(moePattern.begin(), moePattern.end(), 1) == 0)
+        ck.add("moe_layer_freq", "moe_layer_freq=" + c.moe_layer_freq +
+                                     " makes no layer MoE; put a 1 in the list or set num_moe_experts: 0");
     if (c.moe_shared_expert_overlap && c.moe_shared_expert_intermediate_size <= 0)
         ck.add("moe_shared_expert_overlap", "moe_shared_expert_overlap needs moe_shared_expert_intermediate_size > 0");
     // Megatron-Core TransformerConfig.__post_init__ checks.

@@ -4,6 +4,7 @@
 #include "engine/config/knobs.h"
 
 #include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
 
 namespace ts::engine {
@@ -164,6 +165,45 @@ struct Builder {
 KnobDef& rules(KnobDef& k, const char* r) { k.rules = r; return k; }
 KnobDef& notInEngine(KnobDef& k) { k.engineSupported = false; return k; }
 KnobDef& unsetWhenZero(KnobDef& k) { k.zeroIsUnset = true; return k; }
+
+// moe_layer_freq holds Megatron's int-or-list: stored as text, read back as a number when it is one
+// (so YAML and JSON keep `moe_layer_freq: 2`), set from an integer, a list of 0/1 or an expression.
+KnobDef& moeLayerFreqKnob(KnobDef& k) {
+    k.get = [](const Config& c) -> json {
+        const std::string& s = c.moe_layer_freq;
+        if (!s.empty() && s.size() < 7 && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+            return json(std::stoi(s));
+        return json(s);
+    };
+    k.set = [](Config& c, const json& v) -> std::string {
+        std::string text;
+        if (v.is_null()) text = "1";  // Bridge's None: Megatron's default
+        else if (v.is_number_integer() || v.is_number_unsigned()) text = std::to_string(v.get<int64_t>());
+        else if (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>())))
+            text = std::to_string(int64_t(v.get<double>()));
+        else if (v.is_string()) text = v.get<std::string>();
+        else if (v.is_array()) {
+            text = "[";
+            for (size_t i = 0; i < v.size(); ++i) {
+                if (!v[i].is_number_integer() && !v[i].is_number_unsigned()) return "expected a list of 0/1, got " + v.dump();
+                text += (i ? "," : "") + std::to_string(v[i].get<int64_t>());
+            }
+            text += "]";
+        } else {
+            return "expected an integer or a list of 0/1, got " + v.dump();
+        }
+        // Canonical text: no blanks (Megatron's _eval_pattern accepts only digits , [ ] ( ) + *), and
+        // one level of quotes that launch scripts pass through ("'([1]*48)'") removed.
+        std::erase_if(text, [](char ch) { return std::isspace(static_cast<unsigned char>(ch)) != 0; });
+        if (text.size() >= 2 && (text.front() == '\'' || text.front() == '"') && text.back() == text.front())
+            text = text.substr(1, text.size() - 2);
+        std::string err;
+        if (moeLayerPattern(text, -1, &err).empty()) return err;
+        c.moe_layer_freq = text;
+        return "";
+    };
+    return k;
+}
 
 std::vector<KnobDef> buildRegistry() {
     Builder r;
@@ -440,9 +480,10 @@ std::vector<KnobDef> buildRegistry() {
     r.e("moe_token_drop_policy", &C::moe_token_drop_policy, {"probs", "position"}, "--moe-token-drop-policy",
         "model.moe_token_drop_policy",
         "Which token copies an over-capacity expert keeps: the highest routing probs, or the first positions.");
-    r.i("moe_layer_freq", &C::moe_layer_freq, "--moe-layer-freq", "model.moe_layer_freq",
-        "Every moe_layer_freq-th layer is an MoE layer (layer i iff i % freq == 0), the others keep the dense "
-        "MLP. Megatron's list form is not accepted here.");
+    moeLayerFreqKnob(r.s("moe_layer_freq", &C::moe_layer_freq, "--moe-layer-freq", "model.moe_layer_freq",
+                         "Which layers are MoE (the others keep the dense MLP): an integer f makes layer i MoE iff "
+                         "i % f == 0; a list gives 0/1 per layer, written [1,0,1,0] or as Megatron's expression "
+                         "\"([1]*3+[0]*1)*2\"."));
     r.i("moe_ffn_hidden_size", &C::moe_ffn_hidden_size, "--moe-ffn-hidden-size", "model.moe_ffn_hidden_size",
         "Expert MLP hidden size; 0 = ffn_hidden_size.");
     notInEngine(r.i("moe_shared_expert_intermediate_size", &C::moe_shared_expert_intermediate_size,

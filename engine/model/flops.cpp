@@ -21,9 +21,9 @@ FlopsInputs FlopsInputs::fromConfig(const Config& c) {
     in.paddedVocab = d.padded_vocab_size;
     in.swiglu = c.swiglu;
     if (c.num_moe_experts > 0) {
-        // Layers i with i % moe_layer_freq == 0 are MoE.
-        const int freq = std::max(1, c.moe_layer_freq);
-        in.moeLayers = (c.num_layers + freq - 1) / freq;
+        // The layers moe_layer_freq marks are MoE (i % f == 0 for an integer f, or the list).
+        const std::vector<int> pattern = moeLayerPattern(c);
+        in.moeLayers = int(std::count(pattern.begin(), pattern.end(), 1));
         in.moeFfn = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : d.ffn_hidden_size;
         in.topk = c.moe_router_topk;
     }

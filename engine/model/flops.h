@@ -16,7 +16,7 @@ struct FlopsInputs {
     double seq = 0, hidden = 0, layers = 0, heads = 0, groups = 0, kvChannels = 0, ffn = 0;
     double paddedVocab = 0;
     bool swiglu = false;
-    // MoE (num_moe_experts > 0; moeLayers = the layers i % moe_layer_freq == 0): the MLP term counts the
+    // MoE (num_moe_experts > 0; moeLayers = the layers moe_layer_freq marks): the MLP term counts the
     // top-k routed experts of moe_ffn_hidden_size each, as Megatron does (its formula leaves
     // the router GEMM out, and so does this one).
     double moeLayers = 0, moeFfn = 0, topk = 0;

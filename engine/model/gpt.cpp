@@ -110,6 +110,7 @@ Status GptModel::registerParams() {
         if (m_d.learnedPos)
             m_posW = add("embedding.position_embeddings.weight", {m_d.maxPos, h}, ShardKind::Replicated);
     }
+    const std::vector<int> moePattern = moeLayerPattern(m_cfg);
     for (int gl = m_ctx.layerBegin; gl < m_ctx.layerEnd; ++gl) {
         const std::string pre = "decoder.layers." + std::to_string(gl) + ".";
         LayerParams P;
@@ -122,9 +123,9 @@ Status GptModel::registerParams() {
         P.ln2w = add(pre + "pre_mlp_layernorm.weight", {h}, ShardKind::Replicated);
         if (ln) P.ln2b = add(pre + "pre_mlp_layernorm.bias", {h}, ShardKind::Replicated);
         const int stride = m_d.swiglu ? 2 : 1;
-        if (m_cfg.num_moe_experts > 0 && gl % std::max(1, m_cfg.moe_layer_freq) == 0) {
-            // MoE (gpt_moe.cpp; Megatron's names: mlp.router, mlp.experts.local_experts.<e>);
-            // every moe_layer_freq-th layer (global index), the others keep the dense MLP.
+        if (size_t(gl) < moePattern.size() && moePattern[size_t(gl)]) {
+            // MoE (gpt_moe.cpp; Megatron's names: mlp.router, mlp.experts.local_experts.<e>) on the
+            // layers moe_layer_freq marks (global index), the others keep the dense MLP.
             m_moeFfn = m_cfg.moe_ffn_hidden_size > 0 ? m_cfg.moe_ffn_hidden_size : m_d.ffn;
             const int64_t moeFc1 = int64_t(m_d.swiglu ? 2 : 1) * m_moeFfn;
             P.routerW = add(pre + "mlp.router.weight", {m_cfg.num_moe_experts, h}, ShardKind::Replicated);

@@ -1,5 +1,5 @@
 // GptModel's MoE block (Megatron's MoELayer with its TopKRouter and experts; REFERENCE.md §5),
-// in place of the MLP on every layer when num_moe_experts > 0 (moe_layer_freq 1):
+// in place of the MLP on the layers moe_layer_freq marks (every layer by default):
 //   router: logits = x W_r^T (fp32); top-k per token on the logits, probs = softmax over the k
 //     chosen (Megatron's default: post-softmax, renormalised); the Switch load-balancing aux loss
 //     aux = E*coeff/(k*T^2) * sum_i (sum_x s_xi) c_i with the full softmax s and the tokens per

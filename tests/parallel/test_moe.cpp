@@ -305,7 +305,7 @@ TEST(Moe, GradientsWithDroppedTokensMatchFiniteDifferences) {
 TEST(Moe, LayerFreqAlternatesMoeAndDenseLayers) {
     engine::Config c = moeConfig(4, 2);
     c.num_layers = 4;
-    c.moe_layer_freq = 2;
+    c.moe_layer_freq = "2";
     const OneStep one = oneStep(c);
     for (int layer = 0; layer < 4; ++layer) {
         const std::string pre = "decoder.layers." + std::to_string(layer) + ".mlp.";
@@ -314,7 +314,7 @@ TEST(Moe, LayerFreqAlternatesMoeAndDenseLayers) {
         EXPECT_EQ(one.params.count(pre + "linear_fc1.weight"), moe ? 0u : 1u) << layer;
     }
     engine::Config every = c;
-    every.moe_layer_freq = 1;
+    every.moe_layer_freq = "1";
     engine::Config dense = c;
     dense.num_moe_experts = 0;
     const double fMoe = engine::megatronFlopsPerIteration(engine::FlopsInputs::fromConfig(every));
@@ -330,6 +330,41 @@ TEST(Moe, LayerFreqAlternatesMoeAndDenseLayers) {
     auto par = runParallel(pp, 3);
     ASSERT_TRUE(par.isOk()) << par.status().toString();
     expectSame(*par, ref, 1e-5, "freq2 pp2 ep2");
+}
+
+// The list form of moe_layer_freq: the same layers as the integer give the same step bit for bit;
+// another list puts the MoE blocks where it says, in the params, the FLOPs and a pipeline layout
+// (each stage reads the global layer index).
+TEST(Moe, LayerFreqListPutsMoeOnTheListedLayers) {
+    engine::Config c = moeConfig(4, 2);
+    c.num_layers = 4;
+    c.moe_aux_loss_coeff = 0.01;
+    c.moe_layer_freq = "2";
+    const OneStep asInt = oneStep(c);
+    c.moe_layer_freq = "([1]+[0])*2";
+    const OneStep asList = oneStep(c);
+    EXPECT_EQ(asList.loss, asInt.loss);
+    EXPECT_EQ(asList.grads, asInt.grads);
+    c.moe_layer_freq = "[0,1,1,0]";
+    const OneStep one = oneStep(c);
+    for (int layer = 0; layer < 4; ++layer) {
+        const std::string pre = "decoder.layers." + std::to_string(layer) + ".mlp.";
+        const bool moe = layer == 1 || layer == 2;
+        EXPECT_EQ(one.params.count(pre + "router.weight"), moe ? 1u : 0u) << layer;
+        EXPECT_EQ(one.params.count(pre + "linear_fc1.weight"), moe ? 0u : 1u) << layer;
+    }
+    engine::Config freq2 = c;
+    freq2.moe_layer_freq = "2";
+    EXPECT_DOUBLE_EQ(engine::megatronFlopsPerIteration(engine::FlopsInputs::fromConfig(c)),
+                     engine::megatronFlopsPerIteration(engine::FlopsInputs::fromConfig(freq2)));
+    // pp2: stage 0 holds a dense and an MoE layer, stage 1 an MoE and a dense one.
+    engine::Config pp = withLayout(c, Layout{1, 2, 1, 2, 2});
+    pp.expert_model_parallel_size = 2;
+    pp.moe_token_dispatcher_type = "alltoall";
+    const RunResult ref = runSingle(singleDevice(pp), 3);
+    auto par = runParallel(pp, 3);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, "[0,1,1,0] pp2 ep2");
 }
 
 // Dropping is decided per microbatch on each rank's own tokens before the all-to-all, as
@@ -416,6 +451,83 @@ TEST(Moe, SequenceAuxLossPerSequence) {
     auto par = runParallel(cp, 3);
     ASSERT_TRUE(par.isOk()) << par.status().toString();
     expectSame(*par, ref, 1e-5, "seq_aux_loss cp2");
+}
+
+// The loss the aux and z terms' gradients belong to: the LM loss plus, per microbatch, every
+// layer's aux and z losses (their counters), averaged over the microbatches as the injected
+// gradients are (MoEAuxLossAutoScaler's 1/num_microbatches).
+double lossWithAuxTerms(const engine::Config& cfg, const std::function<void(engine::ParamBuffer&)>& edit) {
+    engine::Config c = cfg;
+    c.lr = 0;
+    c.min_lr = 0;
+    c.clip_grad = 0;
+    c.weight_decay = 0;
+    FakeRecorder rec;
+    auto backend = engine::makeCpuBackend(1);
+    engine::Device& dev = backend->device(0);
+    dev.setTrace(&rec, 0);
+    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+    engine::StepProgress p;
+    {
+        auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
+        EXPECT_TRUE(t.isOk()) << t.status().toString();
+        if (!t.isOk()) return 0;
+        edit((*t)->model().params());
+        (*t)->model().params().syncModelParams();
+        EXPECT_TRUE((*t)->step(&p).isOk());
+    }
+    dev.setTrace(nullptr, 0);
+    double terms = 0;
+    int n = 0;
+    for (const auto& k : rec.counters) {
+        const std::string name = rec.str(k.name);
+        if (name.size() > 9 && (name.ends_with(".aux_loss") || name.ends_with(".z_loss"))) {
+            terms += k.value;
+            ++n;
+        }
+    }
+    EXPECT_EQ(n, 2 * 2 * engine::deriveSizes(c).num_microbatches);  // aux and z, 2 layers
+    return p.loss + terms / engine::deriveSizes(c).num_microbatches;
+}
+
+// The gradients of aux_loss, seq_aux_loss (two sequences per microbatch) and the z-loss match
+// finite differences of the loss they are the gradient of (routing decided by clear margins).
+TEST(Moe, AuxSequenceAuxAndZLossGradientsMatchFiniteDifferences) {
+    for (const char* lb : {"aux_loss", "seq_aux_loss"}) {
+        engine::Config c = moeConfig(4, 2);
+        c.init_method_std = 0.2;
+        c.micro_batch_size = 2;
+        c.global_batch_size = 4;  // two microbatches: the terms are averaged over them
+        c.moe_aux_loss_coeff = 0.5;  // large: the aux term dominates the router's gradient
+        c.moe_z_loss_coeff = 0.05;
+        c.moe_router_load_balancing_type = lb;
+        const OneStep base = oneStep(c);
+        engine::Config lmOnly = c;
+        lmOnly.moe_aux_loss_coeff = 0;
+        lmOnly.moe_z_loss_coeff = 0;
+        const std::string name = "decoder.layers.0.mlp.router.weight";
+        const auto& g = base.grads.at(name);
+        const OneStep lm = oneStep(lmOnly);
+        const auto& gLm = lm.grads.at(name);
+        // Probe the entries where the aux/z terms change the gradient most.
+        std::vector<size_t> idx(g.size());
+        for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+        std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(), [&](size_t a, size_t b) {
+            return std::fabs(g[a] - gLm[a]) > std::fabs(g[b] - gLm[b]);
+        });
+        for (int n = 0; n < 3; ++n) {
+            const size_t j = idx[size_t(n)];
+            ASSERT_GT(std::fabs(g[j] - gLm[j]), 1e-4) << lb << ": the aux terms do not reach the router";
+            const double eps = 1e-2;
+            double l[2];
+            for (int sgn = 0; sgn < 2; ++sgn)
+                l[sgn] = lossWithAuxTerms(c, [&](engine::ParamBuffer& pb) {
+                    pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps);
+                });
+            const double numeric = (l[0] - l[1]) / (2 * eps);
+            EXPECT_NEAR(g[j], numeric, 0.01 * std::fabs(numeric) + 1e-5) << lb << " " << name << "[" << j << "]";
+        }
+    }
 }
 
 // Tensor parallel with experts (sequence parallel, as Megatron requires; experts not split over

@@ -278,6 +278,58 @@ TEST(ConfigYaml, YamlRoundTripIsExact) {
     EXPECT_EQ(configToJson(*viaJson), configToJson(c));
 }
 
+// moe_layer_freq is Megatron's moe_freq_type: an integer, a list, or a Python list expression.
+TEST(Knobs, MoeLayerFreqTakesAnIntegerAListOrMegatronsExpression) {
+    std::string err;
+    EXPECT_EQ(moeLayerPattern("2", 4, &err), (std::vector<int>{1, 0, 1, 0}));
+    EXPECT_EQ(moeLayerPattern("3", 5, &err), (std::vector<int>{1, 0, 0, 1, 0}));
+    EXPECT_EQ(moeLayerPattern("[0,1,1,0]", 4, &err), (std::vector<int>{0, 1, 1, 0}));
+    EXPECT_EQ(moeLayerPattern(" ([1]*3 + [0]*1)*2 ", 8, &err), (std::vector<int>{1, 1, 1, 0, 1, 1, 1, 0}));
+    EXPECT_EQ(moeLayerPattern("[0]+2*[1,0]+[1]", 6, &err), (std::vector<int>{0, 1, 0, 1, 0, 1}));
+    for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+             {"0", "at least 1"},
+             {"[1,2,0,1]", "only 0 (dense) and 1"},
+             {"[1,0]", "one per layer (num_layers=4)"},
+             {"([1]*3", "expected ')'"},
+             {"[1]*[2]", "'*' of two lists"},
+             {"[1,0]+1", "joins a list and an integer"},
+             {"[[1],0,1,0]", "a list inside a list"},
+             {"every other", "is not an integer or a list expression"},
+             {"", "empty"},
+             {"[1]*99999999", "too large"}}) {
+        err.clear();
+        EXPECT_TRUE(moeLayerPattern(text, 4, &err).empty()) << text;
+        EXPECT_NE(err.find(why), std::string::npos) << text << ": " << err;
+    }
+    // YAML takes the integer, the list and the expression; the integer reads back as a number.
+    auto y = parseConfigYaml("num_layers: 4\nnum_moe_experts: 4\nmoe_layer_freq: [0, 1, 1, 0]\n");
+    ASSERT_TRUE(y.ok()) << issuesToStatus(y.issues).toString();
+    EXPECT_EQ(y.config.moe_layer_freq, "[0,1,1,0]");
+    EXPECT_EQ(moeLayerPattern(y.config), (std::vector<int>{0, 1, 1, 0}));
+    y = parseConfigYaml("num_layers: 4\nnum_moe_experts: 4\nmoe_layer_freq: 2\n");
+    ASSERT_TRUE(y.ok());
+    EXPECT_EQ(findKnob("moe_layer_freq")->get(y.config), nlohmann::json(2));
+    y = parseConfigYaml("num_layers: 8\nnum_moe_experts: 4\nmoe_layer_freq: \"([1]*3+[0]*1)*2\"\n");
+    ASSERT_TRUE(y.ok()) << issuesToStatus(y.issues).toString();
+    auto back = parseConfigYaml(configToYaml(y.config, true));
+    ASSERT_TRUE(back.ok()) << configToYaml(y.config, true);
+    EXPECT_EQ(back.config.moe_layer_freq, "([1]*3+[0]*1)*2");
+    // A bad value is an issue on its line; a list of the wrong length is caught by validation.
+    y = parseConfigYaml("num_moe_experts: 4\nmoe_layer_freq: [1, 2]\n");
+    EXPECT_TRUE(hasIssue(y.issues, "moe_layer_freq", "only 0 (dense) and 1"));
+    y = parseConfigYaml("num_layers: 4\nnum_moe_experts: 4\nmoe_layer_freq: [1, 0]\n");
+    EXPECT_TRUE(hasIssue(y.issues, "moe_layer_freq", "one per layer"));
+    y = parseConfigYaml("num_layers: 4\nnum_moe_experts: 4\nmoe_layer_freq: [0, 0, 0, 0]\n");
+    EXPECT_TRUE(hasIssue(y.issues, "moe_layer_freq", "makes no layer MoE"));
+    Config c;
+    EXPECT_TRUE(applyOverride(c, "moe_layer_freq=[1,0,1,0]").isOk());
+    EXPECT_EQ(c.moe_layer_freq, "[1,0,1,0]");
+    // Stored without blanks (Megatron's pattern check refuses them) and without the quotes a
+    // launch script may pass through.
+    EXPECT_EQ(findKnob("moe_layer_freq")->set(c, nlohmann::json("'([1]*2 + [0]*2)'")), "");
+    EXPECT_EQ(c.moe_layer_freq, "([1]*2+[0]*2)");
+}
+
 TEST(ConfigYaml, Overrides) {
     Config c;
     EXPECT_TRUE(applyOverride(c, "tensor_model_parallel_size=2").isOk());

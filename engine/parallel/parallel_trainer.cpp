@@ -404,14 +404,21 @@ nlohmann::json ParallelTrainer::runMetadata() const {
     j["world"] = ds.world;
     j["tp"] = ds.tp;
     j["dp"] = ds.dp;
+    // The unsharded count: every element once, from the rank the checkpoint takes it from (dense
+    // params from data-parallel rank 0 with their TP shards, experts from expert-data-parallel
+    // rank 0 with their ETP shards; a param a whole TP / ETP group holds from its rank 0).
     int64_t params = 0;
     for (const auto& R : m_ranks) {
-        if (R->coords.dp != 0) continue;
+        const RankCoords& rc = R->coords;
         for (const auto& m : R->models)
-            for (const ParamInfo& p : m->params().params())
-                if (!(p.sharedEmbedding && p.name == "output_layer.weight")) params += p.numel;
+            for (const ParamInfo& p : m->params().params()) {
+                if (p.sharedEmbedding && p.name == "output_layer.weight") continue;
+                if (p.expert ? rc.edp != 0 : rc.dp != 0 || rc.cp != 0) continue;
+                if (p.shard == ShardKind::Replicated && (p.expert ? rc.etp : rc.tp) != 0) continue;
+                params += p.numel;
+            }
     }
-    j["num_parameters"] = params;  // TP shards summed (= the unsharded count)
+    j["num_parameters"] = params;
     return j;
 }
 

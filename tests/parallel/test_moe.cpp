@@ -726,6 +726,20 @@ TEST(MoeEtpDispatch, EveryEtpRankComputesTheRowsOfTheWholeEtpGroup) {
     EXPECT_GT(scatters, 0) << "no reduce-scatter on the etp group";
 }
 
+// The run's num_parameters is the single device's whatever the split: tp and etp shards, ep
+// coordinates and edp / dp replicas each counted once.
+TEST(MoeEtpDispatch, NumParametersIsTheSingleDevicesCount) {
+    for (const EtpLayout& L : {EtpLayout{"tp2_etp2_ep2_dp2", 2, 2, 2, 2, 1}, EtpLayout{"tp2_etp1_ep2_dp2", 2, 1, 2, 2, 1},
+                               EtpLayout{"tp1_etp2_ep2_dp4_pp2", 1, 2, 2, 4, 2}, EtpLayout{"ep2_dp2", 1, 1, 2, 2, 1}}) {
+        const engine::Config c = etpConfig(L);
+        auto one = engine::Trainer::create(singleDevice(c));
+        ASSERT_TRUE(one.isOk()) << one.status().toString();
+        auto par = engine::ParallelTrainer::create(c);
+        ASSERT_TRUE(par.isOk()) << L.name << ": " << par.status().toString();
+        EXPECT_EQ((*par)->runMetadata().at("num_parameters").get<int64_t>(), (*one)->model().params().numel()) << L.name;
+    }
+}
+
 // Checkpoints of runs with experts split over "etp" are the single-device ones.
 TEST(MoeEtpCheckpoint, Tp2Etp2Ep2CheckpointResumesOnOneDevice) {
     expectCheckpointResumesOnOneDevice(etpConfig(EtpLayout{"", 2, 2, 2, 2, 1, true}),

@@ -610,6 +610,7 @@ struct EtpLayout {
     bool swiglu = false, grouped = false, recompute = false;
     double capacity = 0;  // moe_expert_capacity_factor (0 = dropless)
     bool pad = false;
+    int cp = 1;
 };
 void PrintTo(const EtpLayout& l, std::ostream* os) { *os << l.name; }
 
@@ -631,6 +632,11 @@ engine::Config etpConfig(const EtpLayout& L) {
     c.moe_pad_expert_input_to_capacity = L.pad;
     c.moe_aux_loss_coeff = 0.01;
     c.moe_z_loss_coeff = 0.001;
+    if (L.cp > 1) {
+        c.context_parallel_size = L.cp;
+        c.cp_comm_type = "p2p";
+        c.adam_eps = 1e-5;  // see ContextParallelLayouts
+    }
     return c;
 }
 
@@ -651,7 +657,8 @@ INSTANTIATE_TEST_SUITE_P(
                       EtpLayout{"tp2_etp2_ep2", 2, 2, 2, 2, 1},
                       EtpLayout{"tp2_etp2_ep2_dp4_distopt_swiglu", 2, 2, 2, 4, 1, true, "alltoall", true},
                       EtpLayout{"tp2_etp2_ep2_pp2_recompute", 2, 2, 2, 2, 2, false, "alltoall", false, true, true},
-                      EtpLayout{"tp2_etp2_allgather", 2, 2, 1, 1, 1, false, "allgather"},
+                      // etp 0: Megatron's default, the tp size
+                      EtpLayout{"tp2_etp_default_allgather", 2, 0, 1, 1, 1, false, "allgather"},
                       EtpLayout{"tp2_etp2_ep2_allgather_grouped", 2, 2, 2, 2, 1, false, "allgather", false, true},
                       // ETP over data-parallel ranks (tp 1): each rank routes a whole microbatch,
                       // so capacity (decided on each rank's tokens) is the single device's too.
@@ -660,7 +667,10 @@ INSTANTIATE_TEST_SUITE_P(
                       EtpLayout{"tp1_etp2_dp2_capacity_padded", 1, 2, 1, 2, 1, false, "alltoall", true, false, false,
                                 1.0, true},
                       EtpLayout{"tp1_etp2_ep2_dp4_capacity_padded_allgather", 1, 2, 2, 4, 1, false, "allgather",
-                                false, true, false, 1.0, true}),
+                                false, true, false, 1.0, true},
+                      // ETP over context-parallel ranks (the expert layout folds cp into edp)
+                      EtpLayout{"cp2_etp2_ep2_dp2", 1, 2, 2, 2, 1, false, "alltoall", false, false, false, 0, false,
+                                2}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The rows each etp rank computes are the all-gathered ones: with tp2·etp2 (ep 1) both ranks of

@@ -30,7 +30,7 @@ std::string listText(const std::vector<int>& v) {
 }
 
 // Groups shown per rank (the rest are available with --json).
-const char* kShownGroups[] = {"tp", "cp", "dp", "pp", "dp-cp", "embd", "ep", "edp"};
+const char* kShownGroups[] = {"tp", "cp", "dp", "pp", "dp-cp", "embd", "ep", "etp", "edp"};
 
 }  // namespace
 

@@ -294,13 +294,15 @@ std::vector<KnobDef> buildRegistry() {
         "scattered, needs heads and query groups divisible by tp*cp).");
     rules(r.i("expert_model_parallel_size", &C::expert_model_parallel_size, "--expert-model-parallel-size",
               "model.expert_model_parallel_size",
-              "Expert parallel size (experts split across ranks of the data-parallel dimension; tokens reach them by "
-              "all-to-all or all-gather; the engine runs it with tensor_model_parallel_size 1)."),
+              "Expert parallel size (experts split across ranks of the expert layout etp-ep-edp-pp; tokens reach "
+              "them by all-to-all or all-gather)."),
           "needs num_moe_experts > 0 and divides it");
     r.i("expert_tensor_parallel_size", &C::expert_tensor_parallel_size, "--expert-tensor-parallel-size",
         "model.expert_tensor_parallel_size",
-        "Tensor parallel size inside experts; 0 = tensor_model_parallel_size (the engine runs 1: experts whole on a "
-        "rank, and refuses more by name).");
+        "Tensor parallel size inside experts (ETP); 0 = tensor_model_parallel_size, as Megatron. Each expert's fc1 is "
+        "split column-wise and fc2 row-wise over the etp group; dispatched tokens are all-gathered over it before the "
+        "experts and reduce-scattered after. etp*ep*pp must divide the world size; etp must divide "
+        "moe_ffn_hidden_size.");
     rules(r.i("data_parallel_size", &C::data_parallel_size, "", "",
               "Data parallel size d; 0 = world_size/(tp*cp*pp) (Megatron derives it from the world size)."),
           "tp*cp*pp*data_parallel_size == world_size");

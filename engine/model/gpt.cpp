@@ -41,6 +41,13 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     if (ctx.sequenceParallel && ctx.tpSize > 1 && d.seq % ctx.tpSize)
         return Status::invalid("sequence_parallel: seq_length=" + std::to_string(d.seq) +
                                " must be divisible by tensor_model_parallel_size=" + std::to_string(ctx.tpSize));
+    if (ctx.etpSize < 1 || ctx.etpRank < 0 || ctx.etpRank >= ctx.etpSize)
+        return Status::invalid("bad expert-tensor-parallel rank/size in ParallelContext");
+    if (ctx.etpSize > 1 && (!ctx.etp || ctx.etp->size() != ctx.etpSize ||
+                            !ctx.etpEp || ctx.etpEp->size() != ctx.etpSize * ctx.epSize))
+        return Status::invalid("expert tensor parallel size > 1 needs \"etp\" and \"etp-ep\" communicators of those sizes");
+    if (ctx.epSize > 1 && cfg.num_moe_experts > 0 && (!ctx.ep || ctx.ep->size() != ctx.epSize))
+        return Status::invalid("expert parallel size > 1 needs an EP communicator of that size");
     const ModelOptions o = modelOptionsFromConfig(cfg);
     const int seqGlobal = d.seq;
     if (ctx.cpSize > 1) {
@@ -130,13 +137,30 @@ Status GptModel::registerParams() {
             const int64_t moeFc1 = int64_t(m_d.swiglu ? 2 : 1) * m_moeFfn;
             P.routerW = add(pre + "mlp.router.weight", {m_cfg.num_moe_experts, h}, ShardKind::Replicated);
             // Expert parallel: this rank's E/ep experts, named (and initialised) by their global
-            // index, so every layout holds the same weights as the single device.
+            // index, so every layout holds the same weights as the single device. Expert tensor
+            // parallel (etp > 1): fc1 column parallel (SwiGLU: [gate_r ; up_r], stride 2, as the
+            // dense fc1), fc2 row parallel over "etp" (Megatron's expert linears use the expert TP
+            // group); with etp 1 each expert is whole on the rank.
             const int local = m_cfg.num_moe_experts / m_ctx.epSize;
+            const int etp = m_ctx.etpSize;
+            m_moeFfnL = m_moeFfn / etp;
             for (int l = 0; l < local; ++l) {
                 const int e = m_ctx.epRank * local + l;
                 const std::string ex = pre + "mlp.experts.local_experts." + std::to_string(e) + ".";
-                P.expFc1W.push_back(add(ex + "linear_fc1.weight", {moeFc1, h}, ShardKind::Replicated, stride, true));
-                P.expFc2W.push_back(add(ex + "linear_fc2.weight", {h, m_moeFfn}, ShardKind::Replicated, 1, true));
+                auto addExpert = [&](std::string name, std::vector<int64_t> full, ShardKind kind, int pstride) {
+                    ParamInfo p;
+                    p.fullShape = full;
+                    p.shape = full;
+                    if (etp > 1 && kind == ShardKind::ColumnParallel) p.shape[0] /= etp;
+                    if (etp > 1 && kind == ShardKind::RowParallel) p.shape[1] /= etp;
+                    p.shard = etp > 1 ? kind : ShardKind::Replicated;
+                    p.partitionStride = pstride;
+                    p.expert = true;
+                    p.name = std::move(name);
+                    return m_params.add(std::move(p));
+                };
+                P.expFc1W.push_back(addExpert(ex + "linear_fc1.weight", {moeFc1, h}, ShardKind::ColumnParallel, stride));
+                P.expFc2W.push_back(addExpert(ex + "linear_fc2.weight", {h, m_moeFfn}, ShardKind::RowParallel, 1));
             }
             m_layers.push_back(P);
             continue;
@@ -176,7 +200,7 @@ Status GptModel::registerParams() {
 }
 
 void GptModel::initWeights() {
-    const int t = m_ctx.tpSize, r = m_ctx.tpRank;
+    const int tpSize = m_ctx.tpSize, tpRank = m_ctx.tpRank;
     const float stdOut = m_o.initStd / std::sqrt(2.0f * float(m_d.layers));
     for (int i = 0; i < m_params.count(); ++i) {
         const ParamInfo& p = m_params.info(i);
@@ -193,6 +217,8 @@ void GptModel::initWeights() {
         const int64_t R = p.fullShape[0], C = p.fullShape[1];
         std::vector<float> full(size_t(R * C));
         fillNormal(full.data(), R * C, scaled ? stdOut : m_o.initStd, hashCombine(m_o.seed, hashString(key)));
+        // Expert weights are split over "etp" (expert_tensor_parallel_size), the rest over "tp".
+        const int t = p.expert ? m_ctx.etpSize : tpSize, r = p.expert ? m_ctx.etpRank : tpRank;
         if (t == 1 || p.shard == ShardKind::Replicated) {
             std::memcpy(dst, full.data(), full.size() * sizeof(float));
         } else if (p.shard == ShardKind::RowParallel) {

@@ -162,12 +162,14 @@ private:
     // MoE block (gpt_moe.cpp) in place of the MLP: A.a2 -> the combined expert output [T, h].
     Result<TensorPtr> moeForward(LayerActs& A, const LayerParams& P, int gl);
     Result<TensorPtr> moeBackward(LayerActs& A, const LayerParams& P, TensorPtr dout);
-    // Expert parallel (gpt_moe.cpp): the all-to-all splits of a routed microbatch (host waits
-    // for the routing), rows [T*k, width] in permuted order -> the local experts' rows
-    // [R, width] grouped by expert, and back.
+    // Expert parallel / expert tensor parallel (gpt_moe.cpp): the all-to-all and ETP all-gather
+    // splits of a routed microbatch (host waits for the routing), rows [T*k, width] in permuted
+    // order -> the local experts' rows [R, width] grouped by expert (all-to-all over "ep", then
+    // all-gather over "etp"), and back (reduce-scatter over "etp", then all-to-all: a sum).
     Status moeDispatchPlan(MoeSaved& s);
-    // ... and with the allgather dispatcher: tokens and routing all-gathered over "ep".
+    // ... and with the allgather dispatcher: tokens and routing all-gathered over "etp-ep".
     Status moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x);
+    Communicator* expertGroup() const;  // "etp-ep" (= "ep" with ETP 1)
     Result<TensorPtr> moeToExperts(const MoeSaved& s, const TensorPtr& rows, int width);
     Result<TensorPtr> moeFromExperts(const MoeSaved& s, const TensorPtr& grouped, int width);
     Status finalForward(MbState& st);  // last stage: final norm, output layer, loss
@@ -250,6 +252,7 @@ private:
     // local shapes
     int m_nqL = 0, m_ngL = 0, m_ffnL = 0, m_vocabL = 0, m_vocabStart = 0;
     int m_moeFfn = 0;  // expert MLP hidden size (moe_ffn_hidden_size or ffn), 0 = dense model
+    int m_moeFfnL = 0; // ... this rank's share of it: moe_ffn / expert_tensor_parallel_size
     int m_step = 0, m_numMicrobatches = 1;
     bool m_sp = false;               // sequence parallel active (tp > 1)
     int m_backwardsThisStep = 0;     // backward() calls since beginStep()

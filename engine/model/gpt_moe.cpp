@@ -11,16 +11,26 @@
 //     (moe_grouped_gemm: one op over all experts; else one op per expert — same math);
 //   combine: scatter-add of the k expert outputs back to each token, in permuted order.
 // Expert parallelism (expert_model_parallel_size ep > 1, Megatron's alltoall token dispatcher,
-// REFERENCE.md §5.3 with ETP 1): the rank holds experts [r*E/ep, (r+1)*E/ep) of its "ep" group.
-// After routing, the counts of tokens per expert are all-gathered over "ep" and the host waits
-// for them (Megatron's D2H sync before the all-to-all: the splits are data-dependent); the
-// permuted token copies and their probs go to the experts' ranks by all-to-all, are regrouped
-// from (source rank, local expert) to (local expert, source rank), computed, and travel back the
-// same way; the backward sends dY the same way and returns dX and dprob. Expert weights' grads
-// are reduced over the expert-data-parallel group (engine/parallel/ddp.h).
+// REFERENCE.md §5.3): the rank holds experts [r*E/ep, (r+1)*E/ep) of its "ep" group.
+// After routing, the counts of tokens per expert are all-gathered over "etp-ep" and the host
+// waits for them (Megatron's D2H sync before the all-to-all: the splits are data-dependent); the
+// permuted token copies and their probs go to the experts' ranks by all-to-all over "ep", are
+// regrouped from (source rank, local expert) to (local expert, source rank), computed, and travel
+// back the same way; the backward sends dY the same way and returns dX and dprob.
+// Expert tensor parallelism (expert_tensor_parallel_size etp > 1): each expert's fc1 is split by
+// rows (column parallel; SwiGLU: each rank has the matching rows of both halves) and fc2 by
+// columns (row parallel) over "etp". After the all-to-all the rows every "etp" rank received are
+// all-gathered over "etp" (blocks padded to the largest), so each rank of the group computes
+// every row of its experts with its F/etp columns; fc2's partial outputs (and in the backward the
+// partial dX and dprob) are summed by a reduce-scatter over "etp" that returns each rank its own
+// rows, before the all-to-all back. With the allgather dispatcher the tokens are gathered and the
+// outputs reduce-scattered over "etp-ep" instead. Where tokens are dispatched, the rows each
+// local expert computed are a counter (moe.layer<L>.expert_rows.expert<E>).
+// Expert weights' grads are reduced over the expert-data-parallel group (engine/parallel/ddp.h).
 // Context parallel: the layer runs on the CP-local rows; the aux loss counts the routing of the
-// whole microbatch (counts all-reduced over "cp"). Tensor parallel and expert biases are refused
-// by modelDimsFromConfig with the knob to change.
+// whole microbatch (counts all-reduced over "cp"). Tensor parallel (sequence parallel): each TP
+// rank routes its s/t rows; the counts are all-reduced over "tp" for the aux loss. Expert biases
+// are refused by modelDimsFromConfig with the knob to change.
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
@@ -60,13 +70,18 @@ struct GptModel::MoeSaved {
     std::vector<int> eoff;       // [L+1] first row of each local expert
     TensorPtr xin, eprob;        // [R, h], [R]
     TensorPtr fc1, act;          // fc1 output [R, F1], activation [R, F]
-    // EP only: rows sent to / received from each EP rank, and the place of received row r
-    // (rank-major as it arrives) in the expert-grouped order.
-    std::vector<int> sendRows, recvRows, recvToExp;
-    // EP with the allgather dispatcher: the global token (rank-major over the EP group) and the
-    // expert of every expert-side row.
+    // alltoall dispatcher with EP or ETP: rows sent to / received from each EP rank; with ETP
+    // the rows each "etp" rank received (Megatron's output_splits_tp), padded to etpPad rows each
+    // for the all-gather / reduce-scatter over "etp"; and for every expert-side row its place in
+    // the arrival order (padded with ETP) and in the expert-grouped order.
+    std::vector<int> sendRows, recvRows, etpRows;
+    int ownRows = 0, etpPad = 0;
+    std::vector<int> arrivePos, expPos;
+    // allgather dispatcher (EP or ETP): the global token (rank-major over the "etp-ep" group) and
+    // the expert of every expert-side row.
     bool allgather = false;
     std::vector<int> agToken, agExpert;
+    int gl = 0;  // global layer (counter names)
 };
 
 namespace {
@@ -85,14 +100,16 @@ void softmax(const float* v, int n, double* out) {
 Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int gl) {
     const int T = localTokens(), h = m_d.hidden;  // SP: this rank's s/t rows
     const int E = m_cfg.num_moe_experts, K = m_cfg.moe_router_topk;
-    const int F = m_moeFfn, F1 = m_d.swiglu ? 2 * F : F;
+    // Expert tensor parallel: this rank's F/etp columns of each expert's hidden layer.
+    const int F = m_moeFfnL, F1 = m_d.swiglu ? 2 * F : F;
     const bool bf = m_o.bf16, swiglu = m_d.swiglu, grouped = m_cfg.moe_grouped_gemm;
     auto s = std::make_shared<MoeSaved>();
+    s->gl = gl;
     s->T = T;
     s->E = E;
     s->k = K;
     A.moe = s;
-    const int ep = m_ctx.epSize, L = E / ep;
+    const int ep = m_ctx.epSize, L = E / ep, etp = m_ctx.etpSize;
     // Token dropping (moe_expert_capacity_factor; Megatron's get_capacity and
     // apply_router_token_dropping): an expert keeps at most `cap` of its token copies, by
     // routing prob (ties: earlier token) or by position; with padding every expert gets exactly
@@ -207,7 +224,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
                 ++r;
             }
         }
-        if (ep == 1) s->eoff = s->offset;
+        if (ep == 1 && etp == 1) s->eoff = s->offset;
         s->probSum = P;
         s->groupCounts = groupCounts;
         s->zSum = z;
@@ -250,11 +267,12 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         if (cap >= 0)
             tt.recorder->counter({tt.rank, tt.recorder->intern(base + "dropped_tokens"), ts, double(s->dropped)});
     });
-    // Where the permuted rows are computed: here (ep 1) or on the experts' EP ranks.
-    s->allgather = ep > 1 && m_cfg.moe_token_dispatcher_type == "allgather";
+    // Where the permuted rows are computed: here (ep 1, etp 1) or on the experts' EP ranks, by
+    // every rank of the expert's "etp" group (each with its F/etp columns).
+    s->allgather = (ep > 1 || etp > 1) && m_cfg.moe_token_dispatcher_type == "allgather";
     if (s->allgather) {
         TS_RETURN_IF_ERROR(moeAllGatherDispatch(*s, x));
-    } else if (ep > 1) {
+    } else if (ep > 1 || etp > 1) {
         TS_RETURN_IF_ERROR(moeDispatchPlan(*s));
         TS_ASSIGN_OR_RETURN(s->xin, moeToExperts(*s, s->xp, h));
         TS_ASSIGN_OR_RETURN(s->eprob, moeToExperts(*s, s->probT, 1));
@@ -292,18 +310,36 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     };
     // Without EP the routing is known only when the ops run: the average FLOPs of the experts.
     const double expertFlops = 2.0 * R * (double(h) * F1 + double(F) * h);
+    // Where tokens were dispatched (EP or ETP): the rows each local expert computes here, a counter
+    // (with ETP every rank of an "etp" group computes the same rows, all-gathered over it).
+    const bool dispatched = ep > 1 || etp > 1;
+    const int epRank = m_ctx.epRank;
+    auto countRows = [=] {
+        if (!dispatched || !tt.recorder) return;
+        const int64_t ts = monotonicNs();
+        const std::string base = "moe.layer" + std::to_string(gl) + ".expert_rows.expert";
+        for (int l = 0; l < L; ++l)
+            tt.recorder->counter({tt.rank, tt.recorder->intern(base + std::to_string(epRank * L + l)), ts,
+                                  double(s->eoff[size_t(l) + 1] - s->eoff[size_t(l)])});
+    };
     if (grouped) {
         m_exec.op("experts.grouped_mlp.fwd", Category::Gemm, expertFlops, uint64_t(R) * (h + F1 + F) * 4, [=] {
+            countRows();
             for (int l = 0; l < L; ++l) expert(l);
         });
     } else {
         for (int l = 0; l < L; ++l)
             m_exec.op("experts.local_expert.fwd", Category::Gemm, expertFlops / L, uint64_t(R) * (h + F1 + F) * 4 / L,
-                      [=] { expert(l); });
+                      [=] {
+                          if (l == 0) countRows();
+                          expert(l);
+                      });
     }
     if (s->allgather) {
-        // Each rank's partial output of every token of the EP group, summed by reduce-scatter.
-        TS_ASSIGN_OR_RETURN(TensorPtr part, m_exec.alloc(int64_t(T) * ep * h, MemCategory::CommBuffers));
+        // Each rank's partial output of every token of the "etp-ep" group (with ETP, partial sums
+        // over the F/etp columns too), summed by reduce-scatter.
+        const int n = ep * etp;
+        TS_ASSIGN_OR_RETURN(TensorPtr part, m_exec.alloc(int64_t(T) * n * h, MemCategory::CommBuffers));
         m_exec.op("moe.unpermute", Category::Elementwise, double(R) * h, uint64_t(R) * h * 8, [=] {
             for (int r = 0; r < s->R; ++r) {
                 const float* src = fp(eout) + size_t(r) * h;
@@ -311,13 +347,14 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
                 for (int i = 0; i < h; ++i) o[i] += src[i];
             }
         });
-        m_ctx.ep->reduceScatter(m_exec.stream(), part->data(), out->data(), size_t(T) * h, DType::F32, ReduceOp::Sum);
+        expertGroup()->reduceScatter(m_exec.stream(), part->data(), out->data(), size_t(T) * h, DType::F32,
+                                     ReduceOp::Sum);
         holdUntilDone(part, out);
         if (bf) roundBf16(out, int64_t(T) * h);
         return out;
     }
     TensorPtr outp = eout;
-    if (ep > 1) {
+    if (dispatched) {
         TS_ASSIGN_OR_RETURN(outp, moeFromExperts(*s, eout, h));
     }
     m_exec.op("moe.unpermute", Category::Elementwise, double(T) * K * h, uint64_t(T) * K * h * 8, [=] {
@@ -335,12 +372,13 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
 Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, TensorPtr dout) {
     const int T = localTokens(), h = m_d.hidden;  // SP: this rank's s/t rows
     const int E = m_cfg.num_moe_experts, K = m_cfg.moe_router_topk;
-    const int F = m_moeFfn, F1 = m_d.swiglu ? 2 * F : F;
+    const int F = m_moeFfnL, F1 = m_d.swiglu ? 2 * F : F;
     const bool bf = m_o.bf16, swiglu = m_d.swiglu, grouped = m_cfg.moe_grouped_gemm;
     std::shared_ptr<MoeSaved> s = A.moe;
     if (!s) return Status::internal("MoE backward without saved activations");
     TensorPtr x = A.a2;
-    const int ep = m_ctx.epSize, L = E / ep, R = s->R;
+    const int ep = m_ctx.epSize, L = E / ep, R = s->R, etp = m_ctx.etpSize, n = ep * etp;
+    const bool dispatched = ep > 1 || etp > 1;
     const int rowsAlloc = s->rowsAlloc;
     TS_ASSIGN_OR_RETURN(TensorPtr dx, m_exec.alloc(int64_t(T) * h));
     // dY of every permuted row (the token's gradient: the combine summed the k copies).
@@ -351,16 +389,16 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     });
     TensorPtr dyin = dyp;
     if (s->allgather) {
-        // dY of every token of the EP group, then the rows of this rank's experts.
-        TS_ASSIGN_OR_RETURN(TensorPtr dg, allocUninitialized(m_exec, int64_t(T) * ep * h, MemCategory::CommBuffers));
-        m_ctx.ep->allGather(m_exec.stream(), dout->data(), dg->data(), size_t(T) * h, DType::F32);
+        // dY of every token of the "etp-ep" group, then the rows of this rank's experts.
+        TS_ASSIGN_OR_RETURN(TensorPtr dg, allocUninitialized(m_exec, int64_t(T) * n * h, MemCategory::CommBuffers));
+        expertGroup()->allGather(m_exec.stream(), dout->data(), dg->data(), size_t(T) * h, DType::F32);
         holdUntilDone(dout, dg);
         TS_ASSIGN_OR_RETURN(dyin, allocUninitialized(m_exec, int64_t(R) * h));
         m_exec.op("moe.permute_grad", Category::Elementwise, 0, uint64_t(R) * h * 8, [=] {
             for (int r = 0; r < s->R; ++r)
                 std::memcpy(fp(dyin) + size_t(r) * h, fp(dg) + size_t(s->agToken[size_t(r)]) * h, size_t(h) * sizeof(float));
         });
-    } else if (ep > 1) {
+    } else if (dispatched) {
         TS_ASSIGN_OR_RETURN(dyin, moeToExperts(*s, dyp, h));
     }
     TS_ASSIGN_OR_RETURN(TensorPtr dxin, allocUninitialized(m_exec, int64_t(R) * h));
@@ -414,9 +452,10 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     TensorPtr dxp = dxin, dprob = deprob;  // per permuted row
     TensorPtr dxTok;                       // allgather: the experts' input grads per local token
     if (s->allgather) {
-        // Partial dX and dprob of every token of the EP group, summed by reduce-scatter; the
-        // probs' gradients go back to the permuted rows they came from.
-        const int64_t G = int64_t(T) * ep;
+        // Partial dX and dprob of every token of the "etp-ep" group (with ETP also partial over
+        // the F/etp columns), summed by reduce-scatter; the probs' gradients go back to the
+        // permuted rows they came from.
+        const int64_t G = int64_t(T) * n;
         TS_ASSIGN_OR_RETURN(TensorPtr dxPart, m_exec.alloc(G * h, MemCategory::CommBuffers));
         TS_ASSIGN_OR_RETURN(TensorPtr dpPart, m_exec.alloc(G * E, MemCategory::CommBuffers));
         m_exec.op("moe.unpermute_grad", Category::Elementwise, double(R) * h, uint64_t(R) * h * 8, [=] {
@@ -430,16 +469,20 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         });
         TS_ASSIGN_OR_RETURN(dxTok, m_exec.alloc(int64_t(T) * h));
         TS_ASSIGN_OR_RETURN(TensorPtr dpTok, m_exec.alloc(int64_t(T) * E));
-        m_ctx.ep->reduceScatter(m_exec.stream(), dxPart->data(), dxTok->data(), size_t(T) * h, DType::F32, ReduceOp::Sum);
+        expertGroup()->reduceScatter(m_exec.stream(), dxPart->data(), dxTok->data(), size_t(T) * h, DType::F32,
+                                     ReduceOp::Sum);
         holdUntilDone(dxPart, dxTok);
-        m_ctx.ep->reduceScatter(m_exec.stream(), dpPart->data(), dpTok->data(), size_t(T) * E, DType::F32, ReduceOp::Sum);
+        expertGroup()->reduceScatter(m_exec.stream(), dpPart->data(), dpTok->data(), size_t(T) * E, DType::F32,
+                                     ReduceOp::Sum);
         holdUntilDone(dpPart, dpTok);
         TS_ASSIGN_OR_RETURN(dprob, allocUninitialized(m_exec, int64_t(s->rowsAlloc)));
         m_exec.op("moe.prob_grad_rows", Category::Elementwise, 0, uint64_t(s->rowsAlloc) * 8, [=] {
             for (int r = 0; r < s->rows; ++r)
                 fp(dprob)[r] = fp(dpTok)[size_t(s->tokenOf[size_t(r)]) * E + size_t(s->expertOf[size_t(r)])];
         });
-    } else if (ep > 1) {
+    } else if (dispatched) {
+        // With ETP the experts' dX and dprob are partial sums over the F/etp columns: summed by
+        // the reduce-scatter over "etp" (the backward of the forward's all-gather).
         TS_ASSIGN_OR_RETURN(dxp, moeFromExperts(*s, dxin, h));
         TS_ASSIGN_OR_RETURN(dprob, moeFromExperts(*s, deprob, 1));
     }
@@ -512,95 +555,169 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     return dx;
 }
 
-// ---- expert parallel dispatch (ep > 1) -------------------------------------------------
+// ---- expert parallel / expert tensor parallel dispatch (alltoall) ------------------------
 
+Communicator* GptModel::expertGroup() const { return m_ctx.etpSize > 1 ? m_ctx.etpEp : m_ctx.ep; }
+
+// Megatron's MoEAlltoAllTokenDispatcher.preprocess: the tokens per expert of every rank of the
+// "etp-ep" group, [etp][ep][E] (group rank etp + ETP*ep), give the all-to-all splits over "ep",
+// the rows each "etp" rank received (output_splits_tp) and the rows per local expert.
 Status GptModel::moeDispatchPlan(MoeSaved& s) {
     const int E = s.E, ep = m_ctx.epSize, L = E / ep, me = m_ctx.epRank;
-    // Tokens per expert of this rank, all-gathered over "ep": [ep][E].
+    const int etp = m_ctx.etpSize, myT = m_ctx.etpRank, n = etp * ep;
     TS_ASSIGN_OR_RETURN(TensorPtr counts, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
     MoeSaved* sp = &s;
     m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(E) * 4, [=] {
         for (int e = 0; e < E; ++e) fp(counts)[e] = float(sp->offset[size_t(e) + 1] - sp->offset[size_t(e)]);
     });
-    TS_ASSIGN_OR_RETURN(TensorPtr all, allocUninitialized(m_exec, int64_t(E) * ep, MemCategory::CommBuffers));
-    m_ctx.ep->allGather(m_exec.stream(), counts->data(), all->data(), size_t(E), DType::F32);
+    TS_ASSIGN_OR_RETURN(TensorPtr all, allocUninitialized(m_exec, int64_t(E) * n, MemCategory::CommBuffers));
+    expertGroup()->allGather(m_exec.stream(), counts->data(), all->data(), size_t(E), DType::F32);
     // The splits of the all-to-all are data-dependent: wait for them (Megatron's D2H sync).
     TS_RETURN_IF_ERROR(m_exec.stream().synchronize());
     const float* c = fp(all);
-    auto n = [&](int rank, int e) { return int(c[size_t(rank) * E + size_t(e)]); };
+    // copies that rank (etp t, ep i) routed to expert e
+    auto cnt = [&](int t, int i, int e) { return int(c[size_t(t + etp * i) * E + size_t(e)]); };
     s.sendRows.assign(size_t(ep), 0);
     s.recvRows.assign(size_t(ep), 0);
+    s.etpRows.assign(size_t(etp), 0);
     for (int j = 0; j < ep; ++j)
         for (int l = 0; l < L; ++l) {
-            s.sendRows[size_t(j)] += n(me, j * L + l);
-            s.recvRows[size_t(j)] += n(j, me * L + l);
+            s.sendRows[size_t(j)] += cnt(myT, me, j * L + l);
+            s.recvRows[size_t(j)] += cnt(myT, j, me * L + l);
+            for (int t = 0; t < etp; ++t) s.etpRows[size_t(t)] += cnt(t, j, me * L + l);
         }
-    // Arrival order: rank i's rows for local expert 0, 1, ... (its permuted rows are
-    // expert-major); expert-grouped order: expert l's rows from rank 0, 1, ...
+    s.ownRows = s.etpRows[size_t(myT)];
+    s.etpPad = etp > 1 ? *std::max_element(s.etpRows.begin(), s.etpRows.end()) : s.ownRows;
+    // Arrival order: etp rank t's block (at t*etpPad), in it ep rank i's rows for local expert
+    // 0, 1, ... (its permuted rows are expert-major). Expert-grouped order (Megatron's
+    // sort_chunks_by_idxs): expert l's rows from (etp 0, ep 0), (etp 0, ep 1), ..., (etp 1, ep 0), ...
     s.eoff.assign(size_t(L) + 1, 0);
     for (int l = 0; l < L; ++l) {
         int rows = 0;
-        for (int i = 0; i < ep; ++i) rows += n(i, me * L + l);
+        for (int t = 0; t < etp; ++t)
+            for (int i = 0; i < ep; ++i) rows += cnt(t, i, me * L + l);
         s.eoff[size_t(l) + 1] = s.eoff[size_t(l)] + rows;
     }
     s.R = s.eoff[size_t(L)];
-    s.recvToExp.assign(size_t(s.R), 0);
+    s.arrivePos.assign(size_t(s.R), 0);
+    s.expPos.assign(size_t(s.R), 0);
     std::vector<int> fill(s.eoff.begin(), s.eoff.end() - 1);
     int r = 0;
-    for (int i = 0; i < ep; ++i)
-        for (int l = 0; l < L; ++l)
-            for (int k = 0; k < n(i, me * L + l); ++k) s.recvToExp[size_t(r++)] = fill[size_t(l)]++;
+    for (int t = 0; t < etp; ++t) {
+        int pos = t * s.etpPad;
+        for (int i = 0; i < ep; ++i)
+            for (int l = 0; l < L; ++l)
+                for (int k = 0; k < cnt(t, i, me * L + l); ++k) {
+                    s.arrivePos[size_t(r)] = pos++;
+                    s.expPos[size_t(r++)] = fill[size_t(l)]++;
+                }
+    }
     return Status::ok();
 }
 
+// rows [T*k, width] in permuted order -> the all-to-all over "ep" (this rank's rows of its
+// local experts, from every EP rank) -> with ETP the all-gather over "etp" of those of every etp
+// rank (padded to etpPad rows each) -> [R, width] grouped by local expert.
 Result<TensorPtr> GptModel::moeToExperts(const MoeSaved& s, const TensorPtr& rows, int width) {
-    const int ep = m_ctx.epSize, R = s.R;
-    std::vector<size_t> sendCounts(static_cast<size_t>(ep)), recvCounts(static_cast<size_t>(ep));
-    for (int j = 0; j < ep; ++j) {
-        sendCounts[size_t(j)] = size_t(s.sendRows[size_t(j)]) * size_t(width);
-        recvCounts[size_t(j)] = size_t(s.recvRows[size_t(j)]) * size_t(width);
+    const int ep = m_ctx.epSize, etp = m_ctx.etpSize, R = s.R;
+    TensorPtr arrived = rows;  // ep 1: this rank's permuted rows are its own experts' rows
+    if (ep > 1) {
+        std::vector<size_t> sendCounts(static_cast<size_t>(ep)), recvCounts(static_cast<size_t>(ep));
+        for (int j = 0; j < ep; ++j) {
+            sendCounts[size_t(j)] = size_t(s.sendRows[size_t(j)]) * size_t(width);
+            recvCounts[size_t(j)] = size_t(s.recvRows[size_t(j)]) * size_t(width);
+        }
+        TS_ASSIGN_OR_RETURN(arrived, m_exec.alloc(int64_t(s.etpPad) * width, MemCategory::CommBuffers));
+        m_ctx.ep->allToAllv(m_exec.stream(), rows->data(), sendCounts, arrived->data(), recvCounts, DType::F32);
+        holdUntilDone(rows, arrived);
     }
-    TS_ASSIGN_OR_RETURN(TensorPtr arrived, allocUninitialized(m_exec, int64_t(R) * width, MemCategory::CommBuffers));
-    m_ctx.ep->allToAllv(m_exec.stream(), rows->data(), sendCounts, arrived->data(), recvCounts, DType::F32);
-    holdUntilDone(rows, arrived);
+    if (etp > 1) {
+        // Megatron gathers the variable splits output_splits_tp; here every block is padded to
+        // the largest, so the collective is a plain all-gather of etpPad rows per rank.
+        TensorPtr send = arrived;
+        if (ep == 1) {
+            TS_ASSIGN_OR_RETURN(send, m_exec.alloc(int64_t(s.etpPad) * width, MemCategory::CommBuffers));
+            const int own = s.ownRows;
+            TensorPtr src = rows, dst = send;
+            m_exec.op("moe.pad_etp_rows", Category::Memcpy, 0, uint64_t(own) * width * 8, [=] {
+                std::memcpy(fp(dst), fp(src), size_t(own) * size_t(width) * sizeof(float));
+            });
+        }
+        TS_ASSIGN_OR_RETURN(TensorPtr gathered,
+                            allocUninitialized(m_exec, int64_t(etp) * s.etpPad * width, MemCategory::CommBuffers));
+        m_ctx.etp->allGather(m_exec.stream(), send->data(), gathered->data(), size_t(s.etpPad) * size_t(width),
+                             DType::F32);
+        holdUntilDone(send, gathered);
+        arrived = gathered;
+    }
     TS_ASSIGN_OR_RETURN(TensorPtr grouped, allocUninitialized(m_exec, int64_t(R) * width));
-    auto map = std::make_shared<std::vector<int>>(s.recvToExp);
+    auto from = std::make_shared<std::vector<int>>(s.arrivePos);
+    auto to = std::make_shared<std::vector<int>>(s.expPos);
     m_exec.op("moe.sort_by_local_expert", Category::Memcpy, 0, uint64_t(R) * width * 8, [=] {
         for (int r = 0; r < R; ++r)
-            std::memcpy(fp(grouped) + size_t((*map)[size_t(r)]) * width, fp(arrived) + size_t(r) * width,
+            std::memcpy(fp(grouped) + size_t((*to)[size_t(r)]) * width, fp(arrived) + size_t((*from)[size_t(r)]) * width,
                         size_t(width) * sizeof(float));
     });
     return grouped;
 }
 
+// The reverse of moeToExperts, summing: [R, width] grouped by local expert -> arrival order ->
+// with ETP the reduce-scatter over "etp" (the partial sums of the F/etp columns of every etp
+// rank, each rank keeping its own rows) -> the all-to-all back over "ep" -> [T*k, width] in
+// permuted order.
 Result<TensorPtr> GptModel::moeFromExperts(const MoeSaved& s, const TensorPtr& grouped, int width) {
-    const int ep = m_ctx.epSize, R = s.R;
+    const int ep = m_ctx.epSize, etp = m_ctx.etpSize, R = s.R;
     const int64_t rowsBack = s.rowsAlloc;
-    TS_ASSIGN_OR_RETURN(TensorPtr arrivalOrder, allocUninitialized(m_exec, int64_t(R) * width, MemCategory::CommBuffers));
-    auto map = std::make_shared<std::vector<int>>(s.recvToExp);
+    const int64_t arrivalRows = int64_t(etp) * s.etpPad;
+    // ETP: the padding rows must be zero (they are summed); otherwise every row is written.
+    TensorPtr arrivalOrder;
+    if (etp > 1) {
+        TS_ASSIGN_OR_RETURN(arrivalOrder, m_exec.alloc(arrivalRows * width, MemCategory::CommBuffers));
+    } else {
+        TS_ASSIGN_OR_RETURN(arrivalOrder, allocUninitialized(m_exec, arrivalRows * width, MemCategory::CommBuffers));
+    }
+    auto from = std::make_shared<std::vector<int>>(s.arrivePos);
+    auto to = std::make_shared<std::vector<int>>(s.expPos);
     m_exec.op("moe.restore_source_order", Category::Memcpy, 0, uint64_t(R) * width * 8, [=] {
         for (int r = 0; r < R; ++r)
-            std::memcpy(fp(arrivalOrder) + size_t(r) * width, fp(grouped) + size_t((*map)[size_t(r)]) * width,
+            std::memcpy(fp(arrivalOrder) + size_t((*from)[size_t(r)]) * width, fp(grouped) + size_t((*to)[size_t(r)]) * width,
                         size_t(width) * sizeof(float));
     });
-    std::vector<size_t> sendCounts(static_cast<size_t>(ep)), recvCounts(static_cast<size_t>(ep));
-    for (int j = 0; j < ep; ++j) {
-        sendCounts[size_t(j)] = size_t(s.recvRows[size_t(j)]) * size_t(width);
-        recvCounts[size_t(j)] = size_t(s.sendRows[size_t(j)]) * size_t(width);
+    TensorPtr own = arrivalOrder;  // [ownRows (etpPad with ETP), width]
+    if (etp > 1) {
+        TS_ASSIGN_OR_RETURN(own, allocUninitialized(m_exec, int64_t(s.etpPad) * width, MemCategory::CommBuffers));
+        m_ctx.etp->reduceScatter(m_exec.stream(), arrivalOrder->data(), own->data(), size_t(s.etpPad) * size_t(width),
+                                 DType::F32, ReduceOp::Sum);
+        holdUntilDone(arrivalOrder, own);
     }
     TS_ASSIGN_OR_RETURN(TensorPtr back, allocUninitialized(m_exec, rowsBack * width));
-    m_ctx.ep->allToAllv(m_exec.stream(), arrivalOrder->data(), sendCounts, back->data(), recvCounts, DType::F32);
-    holdUntilDone(arrivalOrder, back);
+    if (ep > 1) {
+        std::vector<size_t> sendCounts(static_cast<size_t>(ep)), recvCounts(static_cast<size_t>(ep));
+        for (int j = 0; j < ep; ++j) {
+            sendCounts[size_t(j)] = size_t(s.recvRows[size_t(j)]) * size_t(width);
+            recvCounts[size_t(j)] = size_t(s.sendRows[size_t(j)]) * size_t(width);
+        }
+        m_ctx.ep->allToAllv(m_exec.stream(), own->data(), sendCounts, back->data(), recvCounts, DType::F32);
+        holdUntilDone(own, back);
+    } else {
+        const int rows = s.ownRows;
+        m_exec.op("moe.unpad_etp_rows", Category::Memcpy, 0, uint64_t(rows) * width * 8, [=] {
+            std::memcpy(fp(back), fp(own), size_t(rows) * size_t(width) * sizeof(float));
+        });
+    }
     return back;
 }
 
-// Megatron's MoEAllGatherTokenDispatcher (ETP 1): every rank of the EP group gets every
-// token of the group and the routing of it, and computes its own experts' rows; the outputs
-// are summed back by reduce-scatter. The host waits for the routing to build the rows.
+// Megatron's MoEAllGatherTokenDispatcher: every rank of the "etp-ep" group (its tp_ep_group;
+// "ep" with ETP 1) gets every token of the group and the routing of it, and computes its own
+// experts' rows (with ETP, its F/etp columns of them); the outputs are summed back by
+// reduce-scatter over the same group. The host waits for the routing to build the rows.
 Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
     const int T = s.T, E = s.E, ep = m_ctx.epSize, L = E / ep, me = m_ctx.epRank, h = m_d.hidden;
+    const int n = ep * m_ctx.etpSize;
+    Communicator* group = expertGroup();
     // This rank's kept copies as Megatron's routing_map and probs, dense [T, E] each (the map
-    // separately: a padding row has prob 0 but is routed), gathered over "ep" with the tokens.
+    // separately: a padding row has prob 0 but is routed), gathered over the group with the tokens.
     const int64_t TE = int64_t(T) * E;
     TS_ASSIGN_OR_RETURN(TensorPtr route, m_exec.alloc(2 * TE, MemCategory::CommBuffers));
     MoeSaved* sp = &s;
@@ -611,22 +728,22 @@ Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
             fp(route)[size_t(TE) + at] = sp->prob[size_t(r)];
         }
     });
-    TS_ASSIGN_OR_RETURN(TensorPtr routeAll, allocUninitialized(m_exec, 2 * TE * ep, MemCategory::CommBuffers));
-    m_ctx.ep->allGather(m_exec.stream(), route->data(), routeAll->data(), size_t(2 * TE), DType::F32);
+    TS_ASSIGN_OR_RETURN(TensorPtr routeAll, allocUninitialized(m_exec, 2 * TE * n, MemCategory::CommBuffers));
+    group->allGather(m_exec.stream(), route->data(), routeAll->data(), size_t(2 * TE), DType::F32);
     holdUntilDone(route, routeAll);
-    TS_ASSIGN_OR_RETURN(TensorPtr xg, allocUninitialized(m_exec, int64_t(T) * ep * h, MemCategory::CommBuffers));
-    m_ctx.ep->allGather(m_exec.stream(), x->data(), xg->data(), size_t(T) * h, DType::F32);
+    TS_ASSIGN_OR_RETURN(TensorPtr xg, allocUninitialized(m_exec, int64_t(T) * n * h, MemCategory::CommBuffers));
+    group->allGather(m_exec.stream(), x->data(), xg->data(), size_t(T) * h, DType::F32);
     holdUntilDone(x, xg);
     // The rows depend on the routing: wait for it (as Megatron's dispatcher syncs for its sizes).
     TS_RETURN_IF_ERROR(m_exec.stream().synchronize());
-    const float* all = fp(routeAll);  // [ep][map, probs][T][E]
+    const float* all = fp(routeAll);  // [etp-ep rank][map, probs][T][E]
     s.eoff.assign(size_t(L) + 1, 0);
     s.agToken.clear();
     s.agExpert.clear();
     std::vector<float> probs;
     for (int l = 0; l < L; ++l) {
         const int e = me * L + l;
-        for (int g = 0; g < T * ep; ++g) {
+        for (int g = 0; g < T * n; ++g) {
             const size_t at = size_t(g / T) * size_t(2 * TE) + size_t(g % T) * E + size_t(e);
             if (all[at] == 0.f) continue;
             s.agToken.push_back(g);

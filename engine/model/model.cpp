@@ -80,10 +80,11 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
                           "or allgather");
         if (ds.tp > 1 && !c.sequence_parallel)
             return bad("MoE with tensor_model_parallel_size > 1 needs sequence_parallel: true (as Megatron-LM)");
-        if (ds.etp > 1)
-            return notYet("expert_tensor_parallel_size=" + std::to_string(ds.etp) +
-                          " (tensor parallel inside experts; Megatron's default is tensor_model_parallel_size); set "
-                          "expert_tensor_parallel_size: 1");
+        const int moeFfn = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : d.ffn;
+        if (ds.etp > 1 && moeFfn % ds.etp != 0)
+            return bad("expert_tensor_parallel_size=" + std::to_string(ds.etp) + " must divide the experts' hidden size (" +
+                       (c.moe_ffn_hidden_size > 0 ? "moe_ffn_hidden_size" : "ffn_hidden_size") + "=" +
+                       std::to_string(moeFfn) + ")");
         if (c.add_bias_linear) return notYet("expert biases (add_bias_linear: true); set add_bias_linear: false");
         if (c.moe_shared_expert_intermediate_size > 0) return notYet("shared experts (moe_shared_expert_intermediate_size)");
         if (c.moe_router_load_balancing_type != "aux_loss" && c.moe_router_load_balancing_type != "seq_aux_loss" &&

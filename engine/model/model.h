@@ -32,6 +32,9 @@ struct ParallelContext {
     int dpRank = 0, dpSize = 1;
     int cpRank = 0, cpSize = 1;
     int epRank = 0, epSize = 1;  // expert parallel: this rank holds experts [epRank*E/ep, (epRank+1)*E/ep)
+    // Expert tensor parallel (expert_tensor_parallel_size; REFERENCE.md §5.3): each local expert's
+    // fc1 split by rows (column parallel) and fc2 by columns (row parallel) over "etp".
+    int etpRank = 0, etpSize = 1;
     bool sequenceParallel = false;
     Communicator* tp = nullptr;  // TP collectives are enqueued on the compute stream
     Communicator* pp = nullptr;
@@ -39,6 +42,10 @@ struct ParallelContext {
     Communicator* amax = nullptr;  // FP8 delayed scaling: amax reduction group (tp-dp-cp), compute stream
     Communicator* cp = nullptr;    // context parallel ("cp"), compute stream
     Communicator* ep = nullptr;    // expert parallel token all-to-all ("ep"), compute stream
+    Communicator* etp = nullptr;   // expert TP: the dispatched rows' all-gather / reduce-scatter ("etp"), compute stream
+    // The expert tensor-and-expert-parallel group ("etp-ep", group rank etpRank + etpSize*epRank;
+    // = ep with ETP 1): the token counts' all-gather and the allgather dispatcher. Compute stream.
+    Communicator* etpEp = nullptr;
     int layerBegin = 0;
     int layerEnd = -1;  // -1 = num_layers
     bool firstStage = true;

@@ -90,6 +90,8 @@ struct ParallelTrainer::RankState {
     std::unique_ptr<Communicator> cpComm;         // context parallel attention ("cp"), compute stream
     std::unique_ptr<Communicator> epComm;         // expert parallel token all-to-all ("ep"), compute stream
     std::unique_ptr<Communicator> edpComm;        // expert grads ("edp"), DP stream
+    std::unique_ptr<Communicator> etpComm;        // expert TP rows' all-gather / reduce-scatter ("etp"), compute stream
+    std::unique_ptr<Communicator> etpEpComm;      // expert TP x EP ("etp-ep"): token counts, allgather dispatcher
     std::unique_ptr<Communicator> cpRingComm;     // cp_comm_type=p2p: a second "cp", used on cpStream only
     std::vector<std::unique_ptr<GptModel>> models;
     std::vector<std::unique_ptr<GradSync>> syncs;
@@ -182,6 +184,9 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     // EP and TP that is the dp-cp group, with TP (experts not split over it, ETP 1) it holds the
     // TP ranks too, whose tokens the experts saw.
     const bool expertGrads = c.num_moe_experts > 0;
+    // Expert tensor parallel: each expert split over the "etp" group (expert_tensor_parallel_size,
+    // Megatron's default tensor_model_parallel_size).
+    const bool expertTp = c.num_moe_experts > 0 && ds.etp > 1;
     const int edp = layout.expertDataParallelSize();
     for (size_t li = 0; li < local.size(); ++li) {
         const int r = local[li];
@@ -219,6 +224,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         TS_RETURN_IF_ERROR(join(ds.cp > 1 ? "dp-cp" : "dp", R->dpComm));
         if (expertParallel) TS_RETURN_IF_ERROR(join("ep", R->epComm));
         if (expertGrads) TS_RETURN_IF_ERROR(join("edp", R->edpComm));
+        if (expertTp) {
+            TS_RETURN_IF_ERROR(join("etp", R->etpComm));
+            TS_RETURN_IF_ERROR(join("etp-ep", R->etpEpComm));
+        }
         // FP8 delayed scaling: amaxes reduced with MAX over Megatron's amax group (TP x DP x CP),
         // on the compute stream, at the start of each iteration.
         if (!c.fp8.empty() && c.fp8_recipe == "delayed") TS_RETURN_IF_ERROR(join("tp-dp-cp", R->amaxComm));
@@ -248,6 +257,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             ctx.epRank = expertParallel ? R->coords.ep : 0;
             ctx.epSize = expertParallel ? ds.ep : 1;
             ctx.ep = R->epComm.get();
+            ctx.etpRank = expertTp ? R->coords.etp : 0;
+            ctx.etpSize = expertTp ? ds.etp : 1;
+            ctx.etp = R->etpComm.get();
+            ctx.etpEp = expertTp ? R->etpEpComm.get() : R->epComm.get();
             ctx.sequenceParallel = c.sequence_parallel;
             ctx.tp = R->tpComm.get();
             ctx.pp = R->ppComm.get();
@@ -333,7 +346,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
                 // The last stage's copy of the tied embedding duplicates the first stage's.
                 if (info.sharedEmbedding && info.name == "output_layer.weight") o.countInNorm[size_t(i)] = 0;
                 // Experts (norm group: the world): each expert's grads once, from the distributed
-                // optimizer's edp shards or, without it, from the edp rank 0 holding it.
+                // optimizer's edp shards or, without it, from the edp rank 0 holding it. With ETP
+                // every etp rank holds a different shard of the expert: all of them count.
                 if (info.expert) {
                     if (!dist && R->coords.edp != 0) o.countInNorm[size_t(i)] = 0;
                     continue;
@@ -390,14 +404,21 @@ nlohmann::json ParallelTrainer::runMetadata() const {
     j["world"] = ds.world;
     j["tp"] = ds.tp;
     j["dp"] = ds.dp;
+    // The unsharded count: every element once, from the rank the checkpoint takes it from (dense
+    // params from data-parallel rank 0 with their TP shards, experts from expert-data-parallel
+    // rank 0 with their ETP shards; a param a whole TP / ETP group holds from its rank 0).
     int64_t params = 0;
     for (const auto& R : m_ranks) {
-        if (R->coords.dp != 0) continue;
+        const RankCoords& rc = R->coords;
         for (const auto& m : R->models)
-            for (const ParamInfo& p : m->params().params())
-                if (!(p.sharedEmbedding && p.name == "output_layer.weight")) params += p.numel;
+            for (const ParamInfo& p : m->params().params()) {
+                if (p.sharedEmbedding && p.name == "output_layer.weight") continue;
+                if (p.expert ? rc.edp != 0 : rc.dp != 0 || rc.cp != 0) continue;
+                if (p.shard == ShardKind::Replicated && (p.expert ? rc.etp : rc.tp) != 0) continue;
+                params += p.numel;
+            }
     }
-    j["num_parameters"] = params;  // TP shards summed (= the unsharded count)
+    j["num_parameters"] = params;
     return j;
 }
 
@@ -422,7 +443,8 @@ void ParallelTrainer::abortAfterFailure(int local, const Status& st) {
         for (auto& R : m_ranks)
             for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
                                     R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get(),
-                                    R->cpRingComm.get(), R->epComm.get(), R->edpComm.get()})
+                                    R->cpRingComm.get(), R->epComm.get(), R->edpComm.get(),
+                                    R->etpComm.get(), R->etpEpComm.get()})
                 if (c) c->abort(why);
 }
 
@@ -436,7 +458,8 @@ void ParallelTrainer::abort(const Status& why) {
     for (auto& R : m_ranks)
         for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
                                 R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get(),
-                                R->cpRingComm.get(), R->epComm.get(), R->edpComm.get()})
+                                R->cpRingComm.get(), R->epComm.get(), R->edpComm.get(),
+                                R->etpComm.get(), R->etpEpComm.get()})
             if (c) c->abort(why);
 }
 
@@ -672,36 +695,26 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
     const DerivedSizes ds = deriveSizes(m_cfg);
     if (dpRank < 0 || dpRank >= ds.dp) return Status::invalid("dp rank " + std::to_string(dpRank) + " out of range");
     std::map<std::string, std::vector<float>> out;
-    for (int pp = 0; pp < ds.pp; ++pp) {
-        for (int ch = 0; ch < ds.vpp; ++ch) {
-            const int r0 = m_layout.globalRank(0, 0, dpRank, pp);
-            // Expert parallel: the other experts are on the other ranks of r0's "ep" group.
-            std::vector<int> holders = {r0};
-            if (m_cfg.num_moe_experts > 0 && ds.ep > 1)
-                for (int r : m_layout.groupRanks("ep", r0))
-                    if (r != r0) holders.push_back(r);
-            for (int holder : holders) {
-            ParamBuffer& p0 = m_ranks[size_t(holder)]->models[size_t(ch)]->params();
-            for (int i = 0; i < p0.count(); ++i) {
-                const ParamInfo& info = p0.info(i);
-                if (holder != r0 && !info.expert) continue;
+    // Dense params from the ranks of data-parallel rank dpRank (cp 0), each TP shard from its tp
+    // rank; expert weights from the ranks of expert-data-parallel rank dpRank % edp, each ETP
+    // shard from its etp rank (the ep coordinate tells which experts a rank holds: by name).
+    const int edp = m_layout.expertDataParallelSize();
+    for (const auto& R : m_ranks) {
+        const RankCoords& rc = R->coords;
+        for (const auto& m : R->models) {
+            ParamBuffer& pb = m->params();
+            for (int i = 0; i < pb.count(); ++i) {
+                const ParamInfo& info = pb.info(i);
+                if (info.expert ? rc.edp != dpRank % edp : (rc.dp != dpRank || rc.cp != 0)) continue;
+                const int n = info.expert ? ds.etp : ds.tp, shard = info.expert ? rc.etp : rc.tp;
+                if (info.shard == ShardKind::Replicated && shard != 0) continue;
                 std::string name = info.name;
                 if (info.sharedEmbedding && name == "output_layer.weight") name += "[tied copy]";
                 int64_t full = 1;
                 for (int64_t d : info.fullShape) full *= d;
-                std::vector<float> v(static_cast<size_t>(full), 0.f);
-                if (info.expert) {
-                    // Experts are whole on the rank holding them (ETP 1), not split over TP.
-                    std::copy(p0.mainParam(i), p0.mainParam(i) + full, v.begin());
-                } else {
-                    for (int t = 0; t < ds.tp; ++t) {
-                        const int r = m_layout.globalRank(t, 0, dpRank, pp);
-                        copyShardToFull(info, ds.tp, t, m_ranks[size_t(r)]->models[size_t(ch)]->params().mainParam(i),
-                                        v.data());
-                    }
-                }
-                out[name] = std::move(v);
-            }
+                std::vector<float>& v = out[name];
+                if (v.empty()) v.assign(static_cast<size_t>(full), 0.f);
+                copyShardToFull(info, info.shard == ShardKind::Replicated ? 1 : n, shard, pb.mainParam(i), v.data());
             }
         }
     }
@@ -710,15 +723,6 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
 
 namespace {
 
-// Where a param of the single-device model lives in the parallel run: pipeline stage, chunk
-// and index in that chunk's ParamBuffer (the same on every tp/dp rank of the stage), and for
-// an expert weight of an expert-parallel run the ep coordinate of the ranks holding it (0 for
-// everything else: dense params are on every ep rank, at the same index).
-struct ParamHome {
-    int pp = 0, chunk = 0, index = 0;
-    int ep = 0;
-};
-
 bool isTiedCopy(const ParamInfo& p) { return p.sharedEmbedding && p.name == "output_layer.weight"; }
 
 }  // namespace
@@ -726,7 +730,6 @@ bool isTiedCopy(const ParamInfo& p) { return p.sharedEmbedding && p.name == "out
 // The single-device checkpoint of this run, as arrays to fill (save) or read into (load).
 struct CheckpointImage {
     std::vector<ParamInfo> table;  // single-device param table (full shapes, offsets)
-    std::vector<ParamHome> homes;  // per table entry
     int64_t numel = 0;
     std::vector<float> params, expAvg, expAvgSq;  // [numel] each
 };
@@ -807,16 +810,14 @@ static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr
                                         (epN > 1 ? " for ep rank " + std::to_string(slot % epN) : std::string()));
     }
     CheckpointImage img;
-    auto addEntry = [&](const ParamInfo& p, ParamHome home) {
+    auto addEntry = [&](const ParamInfo& p) {
         ParamInfo full = p;
         full.shape = full.fullShape;
         full.numel = 1;
         for (int64_t d : full.shape) full.numel *= d;
         img.table.push_back(std::move(full));
-        img.homes.push_back(home);
     };
     for (int s = 0; s < stages; ++s) {
-        const int ch = s / ds.pp, pp = s % ds.pp;
         const std::vector<ParamInfo>& list = perStage[size_t(s) * size_t(epN)];
         for (int e = 1; e < epN; ++e)
             if (perStage[size_t(s) * size_t(epN) + size_t(e)].size() != list.size())
@@ -824,7 +825,7 @@ static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr
                                         " hold different numbers of params on stage " + std::to_string(s));
         for (int i = 0; i < int(list.size());) {
             if (epN == 1 || !list[size_t(i)].expert) {
-                if (!isTiedCopy(list[size_t(i)])) addEntry(list[size_t(i)], {pp, ch, i, 0});
+                if (!isTiedCopy(list[size_t(i)])) addEntry(list[size_t(i)]);
                 ++i;
                 continue;
             }
@@ -836,7 +837,7 @@ static Result<CheckpointImage> checkpointImage(const std::vector<std::unique_ptr
                     if (!mine[size_t(k)].expert)
                         return Status::internal(std::string(what) + ": ep rank " + std::to_string(e) +
                                                 " has no expert weight at '" + list[size_t(k)].name + "'");
-                    addEntry(mine[size_t(k)], {pp, ch, k, e});
+                    addEntry(mine[size_t(k)]);
                 }
             }
             i = end;
@@ -871,104 +872,60 @@ static ParallelTrainer::RankState* stageHolder(const std::vector<std::unique_ptr
 Status ParallelTrainer::save(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
-    if (m_cfg.num_moe_experts > 0 && ds.ep > 1 && ds.tp > 1)
-        return Status::unsupported("save: checkpoints of runs with experts spread over tensor-parallel ranks "
-                                   "(expert_model_parallel_size > 1 with tensor_model_parallel_size > 1) are not "
-                                   "supported by the engine yet; save with tensor_model_parallel_size 1 or "
-                                   "expert_model_parallel_size 1");
     const bool expertParallel = m_cfg.num_moe_experts > 0 && ds.ep > 1;
     const int epN = expertParallel ? ds.ep : 1;
     TS_ASSIGN_OR_RETURN(CheckpointImage img,
                         checkpointImage(m_ranks, m_layout, ds, epN, m_opts, "save", &stageHolder));
-    const std::vector<ParamInfo>& table = img.table;
-    const std::vector<ParamHome>& homes = img.homes;
     float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
-    // Without the distributed optimizer every DP replica holds the same state: read dp 0.
-    // With several processes each fills what its ranks hold (zeros elsewhere): every element
-    // comes from exactly one rank, so the sum over the processes is the whole image.
-    // Expert parallel: the expert entries of ep coordinate e are read from the ranks of that
-    // coordinate; dense entries as without experts (ep coordinate 0 for the values).
+    std::map<std::string, int64_t> fullOffset;  // name -> offset in P/M/V
+    for (const ParamInfo& p : img.table) fullOffset[p.name] = p.offset;
+    // Every element of the image comes from exactly one rank, so the images of several
+    // processes (each filling what its ranks hold, zeros elsewhere) sum to the whole:
+    //   values: dense params from data-parallel rank 0 (cp 0), expert weights from
+    //     expert-data-parallel rank 0; each TP shard from its tp rank (ETP shard from its etp
+    //     rank for experts), a param every rank of that group holds whole from its rank 0;
+    //   Adam state: without the distributed optimizer from the same rank; with it from every
+    //     rank, each adding the pieces it owns (dense buckets are sharded over dp-cp, expert
+    //     buckets over edp), except the copies of a TP-replicated dense param on tp ranks > 0.
+    // Expert parallel: the ep coordinate only tells which experts a rank holds (by name).
     const bool dist = m_cfg.use_distributed_optimizer;
-    auto epOf = [&](const RankState* R) { return expertParallel ? R->coords.ep : 0; };
-    for (int pp = 0; pp < ds.pp; ++pp) {
-        for (int t = 0; t < ds.tp; ++t) {
-            for (int e = 0; e < epN; ++e) {
-                // The values of coordinate e: its edp-0 rank, the first dp rank with that ep
-                // coordinate (dp 0 without experts).
-                int dE = 0;
-                while (dE < ds.dp && expertParallel && m_layout.coordsOf(m_layout.globalRank(t, 0, dE, pp)).ep != e)
-                    ++dE;
-                if (dE == ds.dp) return Status::internal("save: no dp rank has ep coordinate " + std::to_string(e));
-                RankState* R0 = localRankState(m_layout.globalRank(t, 0, dE, pp));
-                // Adam state: without the distributed optimizer every replica holds the same, take
-                // R0's; with it dense params are sharded over dp-cp (every (dp, cp) rank holds a
-                // piece) and the experts of coordinate e over its edp ranks.
-                std::vector<RankState*> readers;
-                if (!dist) {
-                    if (R0) readers.push_back(R0);
-                } else {
-                    for (int d = 0; d < ds.dp; ++d)
-                        for (int cpi = 0; cpi < ds.cp; ++cpi)
-                            if (RankState* R = localRankState(m_layout.globalRank(t, cpi, d, pp))) readers.push_back(R);
-                }
-                // The buffer layout (same offsets on every ep coordinate; expert names differ).
-                RankState* Rinfo = R0;
-                for (RankState* R : readers)
-                    if (!Rinfo && epOf(R) == e) Rinfo = R;
-                if (!Rinfo && e == 0 && !readers.empty()) Rinfo = readers[0];  // dense pieces only
-                if (!Rinfo) continue;
-                // Adam state of this (tp, pp, ep) in chunk-buffer order, assembled from the shards:
-                // localM[ch]: [chunk buffer numel] (padding stays 0). Dense pieces once (e = 0),
-                // expert pieces from the ranks of coordinate e.
-                std::vector<std::vector<float>> localM(Rinfo->models.size()), localV(Rinfo->models.size());
-                for (size_t ch = 0; ch < Rinfo->models.size(); ++ch) {
-                    localM[ch].assign(size_t(Rinfo->models[ch]->params().numel()), 0.f);
-                    localV[ch].assign(size_t(Rinfo->models[ch]->params().numel()), 0.f);
-                }
-                for (RankState* R : readers) {
-                    const float* m = R->opt->expAvg();
-                    const float* v = R->opt->expAvgSq();
-                    for (const ShardedAdamW::Piece& pc : R->opt->pieces()) {
-                        const bool expert =
-                            expertParallel && R->models[size_t(pc.chunk)]->params().info(pc.param).expert;
-                        if (expert ? epOf(R) != e : e != 0) continue;
-                        std::copy(m + pc.state, m + pc.state + (pc.end - pc.begin),
-                                  localM[size_t(pc.chunk)].begin() + pc.begin);
-                        std::copy(v + pc.state, v + pc.state + (pc.end - pc.begin),
-                                  localV[size_t(pc.chunk)].begin() + pc.begin);
-                    }
-                }
-                for (size_t k = 0; k < table.size(); ++k) {
-                    if (homes[k].pp != pp || homes[k].ep != e) continue;
-                    const int ch = homes[k].chunk, i = homes[k].index;
-                    ParamBuffer& pb = Rinfo->models[size_t(ch)]->params();
-                    const ParamInfo& info = pb.info(i);
-                    // An expert of coordinate e that no rank of this process holds: another
-                    // process fills it.
-                    if (expertParallel && info.expert && epOf(Rinfo) != e) continue;
-                    const int64_t off = table[k].offset;
-                    // Expert weights with TP (experts replicated over it, ETP 1) and the distributed
-                    // optimizer: their Adam state is sharded over edp, which spans the TP ranks, so
-                    // every tp rank adds its (disjoint, zero elsewhere) shards; the values come
-                    // from tp rank 0.
-                    if (info.expert && dist && ds.tp > 1) {
-                        if (R0 && t == 0) std::copy(pb.mainParam(i), pb.mainParam(i) + info.numel, P + off);
-                        const float* lm = localM[size_t(ch)].data() + info.offset;
-                        const float* lv = localV[size_t(ch)].data() + info.offset;
-                        for (int64_t j = 0; j < info.numel; ++j) {
-                            M[off + j] += lm[j];
-                            V[off + j] += lv[j];
-                        }
-                        continue;
-                    }
-                    // A param every TP rank holds whole is taken from tp rank 0 (once: the images
-                    // of several processes are summed).
-                    if (info.shard == ShardKind::Replicated && t != 0) continue;
-                    if (R0) copyShardToFull(info, ds.tp, t, pb.mainParam(i), P + off);
-                    if (!readers.empty()) {
-                        copyShardToFull(info, ds.tp, t, localM[size_t(ch)].data() + info.offset, M + off);
-                        copyShardToFull(info, ds.tp, t, localV[size_t(ch)].data() + info.offset, V + off);
-                    }
+    const int etpN = m_cfg.num_moe_experts > 0 ? ds.etp : 1;
+    std::vector<float> tmp;
+    for (const auto& Rp : m_ranks) {
+        const RankState& R = *Rp;
+        const RankCoords& rc = R.coords;
+        // This rank's Adam state in chunk-buffer order (zeros where it owns nothing).
+        std::vector<std::vector<float>> localM(R.models.size()), localV(R.models.size());
+        for (size_t ch = 0; ch < R.models.size(); ++ch) {
+            localM[ch].assign(size_t(R.models[ch]->params().numel()), 0.f);
+            localV[ch].assign(size_t(R.models[ch]->params().numel()), 0.f);
+        }
+        const float* m = R.opt->expAvg();
+        const float* v = R.opt->expAvgSq();
+        for (const ShardedAdamW::Piece& pc : R.opt->pieces()) {
+            std::copy(m + pc.state, m + pc.state + (pc.end - pc.begin), localM[size_t(pc.chunk)].begin() + pc.begin);
+            std::copy(v + pc.state, v + pc.state + (pc.end - pc.begin), localV[size_t(pc.chunk)].begin() + pc.begin);
+        }
+        for (size_t ch = 0; ch < R.models.size(); ++ch) {
+            ParamBuffer& pb = R.models[ch]->params();
+            for (int i = 0; i < pb.count(); ++i) {
+                const ParamInfo& info = pb.info(i);
+                if (isTiedCopy(info)) continue;
+                const auto it = fullOffset.find(info.name);
+                if (it == fullOffset.end())
+                    return Status::internal("save: checkpoint table has no '" + info.name + "' for " + coordText(rc));
+                const int64_t off = it->second;
+                const int n = info.expert ? etpN : ds.tp, shard = info.expert ? rc.etp : rc.tp;
+                if (info.shard == ShardKind::Replicated && shard != 0) continue;
+                const bool holder = info.expert ? rc.edp == 0 : rc.dp == 0 && rc.cp == 0;
+                if (holder) copyShardToFull(info, n, shard, pb.mainParam(i), P + off);
+                if (!dist && !holder) continue;
+                int64_t fullNumel = 1;
+                for (int64_t d : info.fullShape) fullNumel *= d;
+                for (auto [local, full] : {std::pair{&localM[ch], M}, std::pair{&localV[ch], V}}) {
+                    tmp.assign(size_t(fullNumel), 0.f);
+                    copyShardToFull(info, n, shard, local->data() + info.offset, tmp.data());
+                    for (int64_t k = 0; k < fullNumel; ++k) full[off + k] += tmp[size_t(k)];
                 }
             }
         }
@@ -1023,9 +980,10 @@ Status ParallelTrainer::save(const std::string& dir) {
                  {"virtual_pipeline_model_parallel_size", ds.vpp},
                  {"data_parallel_size", ds.dp},
                  {"expert_model_parallel_size", epN},
+                 {"expert_tensor_parallel_size", etpN},
                  {"sequence_parallel", m_cfg.sequence_parallel},
                  {"use_distributed_optimizer", m_cfg.use_distributed_optimizer}};
-    if (int(m_ranks.size()) == worldSize()) return writeCheckpointFiles(dir, table, img.numel, P, M, V, st);
+    if (int(m_ranks.size()) == worldSize()) return writeCheckpointFiles(dir, img.table, img.numel, P, M, V, st);
     // Several processes: the sums, then the process of global rank 0 writes; every process
     // learns whether that worked (the last sum doubles as the barrier after the write).
     if (!m_opts.sumHost)
@@ -1033,7 +991,7 @@ Status ParallelTrainer::save(const std::string& dir) {
     for (std::vector<float>* v : {&img.params, &img.expAvg, &img.expAvgSq})
         TS_RETURN_IF_ERROR(m_opts.sumHost(v->data(), v->size()).withContext("save: gathering the checkpoint"));
     Status wrote;
-    if (localRankState(0)) wrote = writeCheckpointFiles(dir, table, img.numel, P, M, V, st);
+    if (localRankState(0)) wrote = writeCheckpointFiles(dir, img.table, img.numel, P, M, V, st);
     float failed = wrote.isOk() ? 0.f : 1.f;
     TS_RETURN_IF_ERROR(m_opts.sumHost(&failed, 1).withContext("save: waiting for the checkpoint to be written"));
     if (!wrote.isOk()) return wrote;
@@ -1045,17 +1003,13 @@ Status ParallelTrainer::save(const std::string& dir) {
 Status ParallelTrainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
-    if (m_cfg.num_moe_experts > 0 && ds.ep > 1 && ds.tp > 1)
-        return Status::unsupported("load: checkpoints of runs with experts spread over tensor-parallel ranks "
-                                   "(expert_model_parallel_size > 1 with tensor_model_parallel_size > 1) are not "
-                                   "supported by the engine yet; save with tensor_model_parallel_size 1 or "
-                                   "expert_model_parallel_size 1");
     const int epN = m_cfg.num_moe_experts > 0 && ds.ep > 1 ? ds.ep : 1;
     // Every process reads the files (a shared or copied checkpoint directory) and takes its
     // ranks' shards (by name: an expert-parallel rank finds its experts among all of them).
     TS_ASSIGN_OR_RETURN(CheckpointImage img,
                         checkpointImage(m_ranks, m_layout, ds, epN, m_opts, "load", &stageHolder));
     const float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
+    const int etpN = m_cfg.num_moe_experts > 0 ? ds.etp : 1;
     CheckpointState st;
     TS_RETURN_IF_ERROR(readCheckpointFiles(dir, img.table, img.numel, img.params.data(), img.expAvg.data(),
                                            img.expAvgSq.data(), &st));
@@ -1071,7 +1025,6 @@ Status ParallelTrainer::load(const std::string& dir) {
     // gets the pieces it owns. The tied copy on the last stage is the embedding.
     for (auto& Rp : m_ranks) {
         RankState& R = *Rp;
-        const int t = R.coords.tp;
         std::vector<std::vector<float>> localM(R.models.size()), localV(R.models.size());
         for (size_t ch = 0; ch < R.models.size(); ++ch) {
             ParamBuffer& pb = R.models[ch]->params();
@@ -1083,9 +1036,11 @@ Status ParallelTrainer::load(const std::string& dir) {
                 const int64_t off = isTiedCopy(info) ? embOffset : (it == fullOffset.end() ? -1 : it->second);
                 if (off < 0)
                     return Status::internal("checkpoint table has no '" + info.name + "' for " + coordText(R.coords));
-                copyFullToShard(info, ds.tp, t, P + off, pb.mainParam(i));
-                copyFullToShard(info, ds.tp, t, M + off, localM[ch].data() + info.offset);
-                copyFullToShard(info, ds.tp, t, V + off, localV[ch].data() + info.offset);
+                // Experts are split over "etp", the rest over "tp".
+                const int n = info.expert ? etpN : ds.tp, t = info.expert ? R.coords.etp : R.coords.tp;
+                copyFullToShard(info, n, t, P + off, pb.mainParam(i));
+                copyFullToShard(info, n, t, M + off, localM[ch].data() + info.offset);
+                copyFullToShard(info, n, t, V + off, localV[ch].data() + info.offset);
             }
             pb.syncModelParams();
         }

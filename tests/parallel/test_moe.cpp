@@ -559,7 +559,7 @@ TEST(Moe, TensorParallelWithExpertsEqualsTheSingleDevice) {
         ASSERT_TRUE(par.isOk()) << k.name << ": " << par.status().toString();
         expectSame(*par, ref, 1e-5, k.name);
     }
-    // Megatron refuses MoE with TP but without SP; ETP > 1 is not executed yet.
+    // Megatron refuses MoE with TP but without SP; ETP must divide the experts' hidden size.
     engine::Config noSp = withLayout(moeConfig(4, 2), Layout{2, 1, 1, 1, 2});
     noSp.sequence_parallel = false;
     noSp.expert_tensor_parallel_size = 1;
@@ -568,13 +568,17 @@ TEST(Moe, TensorParallelWithExpertsEqualsTheSingleDevice) {
     EXPECT_NE(d.status().message().find("sequence_parallel"), std::string::npos) << d.status().message();
     engine::Config etp = withLayout(moeConfig(4, 2), Layout{2, 1, 1, 1, 2});
     etp.sequence_parallel = true;
-    auto e = engine::modelDimsFromConfig(etp);  // expert_tensor_parallel_size 0 = tp = 2
+    EXPECT_TRUE(engine::modelDimsFromConfig(etp).isOk());  // expert_tensor_parallel_size 0 = tp = 2
+    etp.moe_ffn_hidden_size = 33;
+    auto e = engine::modelDimsFromConfig(etp);
     ASSERT_FALSE(e.isOk());
-    EXPECT_NE(e.status().message().find("expert_tensor_parallel_size: 1"), std::string::npos) << e.status().message();
+    EXPECT_NE(e.status().message().find("expert_tensor_parallel_size=2 must divide"), std::string::npos)
+        << e.status().message();
+    EXPECT_NE(e.status().message().find("moe_ffn_hidden_size"), std::string::npos) << e.status().message();
 }
 
-// Experts replicated over TP (ep 1) save like any param; spread over the TP ranks (ep over
-// tp) is refused by name for now.
+// Experts replicated over TP (ep 1) save like any param, and so do experts spread over the TP
+// ranks (ep over tp x dp, ETP 1).
 TEST(Moe, TensorParallelCheckpointResumesOnOneDevice) {
     engine::Config c = withLayout(moeConfig(4, 2), Layout{2, 1, 1, 2, 2});
     c.sequence_parallel = true;
@@ -596,11 +600,7 @@ TEST(Moe, TensorParallelCheckpointResumesOnOneDevice) {
     }
     c.expert_model_parallel_size = 2;
     c.moe_token_dispatcher_type = "alltoall";
-    const std::string dir = checkpointDir("moe_tp2_ep2");
-    auto saved = trainParallel(c, 1, "", dir);
-    ASSERT_FALSE(saved.isOk());
-    EXPECT_NE(saved.status().message().find("tensor_model_parallel_size 1"), std::string::npos)
-        << saved.status().message();
+    expectCheckpointResumesOnOneDevice(c, "moe_tp2_etp1_ep2_dp2");
 }
 
 struct MoeLayout {
@@ -709,5 +709,194 @@ TEST(MoeCheckpoint, Ep2Pp2Dp2CheckpointResumesOnEp2Dp2) {
     std::filesystem::remove_all(dir);
 }
 
+// ---- expert tensor parallel (expert_tensor_parallel_size > 1) -----------------------------
+
+// Each expert's fc1 split by rows and fc2 by columns over "etp"; the rows every etp rank
+// received all-gathered over "etp" before the experts and the partial outputs reduce-scattered
+// after them (REFERENCE.md §5.3). tp, etp, ep, dp, pp as named; etp 0 = tp.
+struct EtpLayout {
+    const char* name;
+    int tp, etp, ep, dp, pp;
+    bool distOpt = false;
+    const char* dispatcher = "alltoall";
+    bool swiglu = false, grouped = false, recompute = false;
+    double capacity = 0;  // moe_expert_capacity_factor (0 = dropless)
+    bool pad = false;
+    int cp = 1;
+};
+void PrintTo(const EtpLayout& l, std::ostream* os) { *os << l.name; }
+
+engine::Config etpConfig(const EtpLayout& L) {
+    engine::Config c = withLayout(moeConfig(4, 2), Layout{L.tp, L.pp, 1, L.dp, 2});
+    c.sequence_parallel = L.tp > 1;
+    c.expert_tensor_parallel_size = L.etp;
+    c.expert_model_parallel_size = L.ep;
+    c.moe_token_dispatcher_type = L.dispatcher;
+    c.use_distributed_optimizer = L.distOpt;
+    c.swiglu = L.swiglu;
+    c.moe_grouped_gemm = L.grouped;
+    if (L.recompute) {
+        c.recompute_granularity = "full";
+        c.recompute_method = "uniform";
+        c.recompute_num_layers = 1;
+    }
+    c.moe_expert_capacity_factor = L.capacity;
+    c.moe_pad_expert_input_to_capacity = L.pad;
+    c.moe_aux_loss_coeff = 0.01;
+    c.moe_z_loss_coeff = 0.001;
+    if (L.cp > 1) {
+        c.context_parallel_size = L.cp;
+        c.cp_comm_type = "p2p";
+        c.adam_eps = 1e-5;  // see ContextParallelLayouts
+    }
+    return c;
+}
+
+class MoeEtp : public ::testing::TestWithParam<EtpLayout> {};
+
+TEST_P(MoeEtp, EqualsTheSingleDeviceRun) {
+    const engine::Config c = etpConfig(GetParam());
+    const RunResult ref = runSingle(singleDevice(c), 3);
+    auto par = runParallel(c, 3);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, GetParam().name);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, MoeEtp,
+    ::testing::Values(EtpLayout{"tp2_etp2", 2, 2, 1, 1, 1},
+                      EtpLayout{"tp2_etp2_swiglu_grouped", 2, 2, 1, 1, 1, false, "alltoall", true, true},
+                      EtpLayout{"tp2_etp2_ep2", 2, 2, 2, 2, 1},
+                      EtpLayout{"tp2_etp2_ep2_dp4_distopt_swiglu", 2, 2, 2, 4, 1, true, "alltoall", true},
+                      EtpLayout{"tp2_etp2_ep2_pp2_recompute", 2, 2, 2, 2, 2, false, "alltoall", false, true, true},
+                      // etp 0: Megatron's default, the tp size
+                      EtpLayout{"tp2_etp_default_allgather", 2, 0, 1, 1, 1, false, "allgather"},
+                      EtpLayout{"tp2_etp2_ep2_allgather_grouped", 2, 2, 2, 2, 1, false, "allgather", false, true},
+                      // ETP over data-parallel ranks (tp 1): each rank routes a whole microbatch,
+                      // so capacity (decided on each rank's tokens) is the single device's too.
+                      EtpLayout{"tp1_etp2_dp2", 1, 2, 1, 2, 1},
+                      EtpLayout{"tp1_etp2_dp2_capacity", 1, 2, 1, 2, 1, false, "alltoall", false, false, false, 1.0},
+                      EtpLayout{"tp1_etp2_dp2_capacity_padded", 1, 2, 1, 2, 1, false, "alltoall", true, false, false,
+                                1.0, true},
+                      EtpLayout{"tp1_etp2_ep2_dp4_capacity_padded_allgather", 1, 2, 2, 4, 1, false, "allgather",
+                                false, true, false, 1.0, true},
+                      // ETP over context-parallel ranks (the expert layout folds cp into edp)
+                      EtpLayout{"cp2_etp2_ep2_dp2", 1, 2, 2, 2, 1, false, "alltoall", false, false, false, 0, false,
+                                2}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The rows each etp rank computes are the all-gathered ones: with tp2·etp2 (ep 1) both ranks of
+// the "etp" group compute, for every expert, the rows of the whole microbatch, i.e. the single
+// device's tokens per expert (each rank routed only its s/2 rows); and the all-gather and
+// reduce-scatter run on the "etp" group of the trace.
+TEST(MoeEtpDispatch, EveryEtpRankComputesTheRowsOfTheWholeEtpGroup) {
+    const engine::Config c = etpConfig(EtpLayout{"tp2_etp2", 2, 2, 1, 1, 1});
+    const engine::Config one = singleDevice(c);
+    std::map<std::string, double> want;  // tokens.expert<e> of the single device, summed
+    {
+        FakeRecorder rec;
+        auto backend = engine::makeCpuBackend(1);
+        engine::Device& dev = backend->device(0);
+        dev.setTrace(&rec, 0);
+        auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+        {
+            auto t = engine::Trainer::create(one, &dev, stream.get(), &rec);
+            ASSERT_TRUE(t.isOk()) << t.status().toString();
+            engine::StepProgress p;
+            ASSERT_TRUE((*t)->step(&p).isOk());
+        }
+        dev.setTrace(nullptr, 0);
+        for (const auto& k : rec.counters) {
+            const std::string n = rec.str(k.name);
+            if (n.find(".tokens.expert") != std::string::npos) want[n] += k.value;
+            EXPECT_EQ(n.find("expert_rows"), std::string::npos) << "one device dispatches nothing: " << n;
+        }
+    }
+    FakeRecorder rec;
+    auto par = trainParallel(c, 1, "", "", &rec);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    std::map<std::pair<int, std::string>, double> rows, routed;  // (rank, "layer.expert") -> sum
+    for (const auto& k : rec.counters) {
+        std::string n = rec.str(k.name);
+        const size_t at = n.find(".expert_rows.");
+        if (at != std::string::npos) rows[{int(k.rank), n.erase(at, 12)}] += k.value;
+        else if (n.find(".tokens.expert") != std::string::npos) routed[{int(k.rank), n.erase(n.find(".tokens."), 7)}] += k.value;
+    }
+    ASSERT_EQ(want.size(), 8u);  // 2 layers x 4 experts
+    double total = 0;
+    for (const auto& [name, v] : want) {
+        std::string key = name;
+        key.erase(key.find(".tokens."), 7);
+        total += v;
+        for (int r : {0, 1}) {
+            const auto it = rows.find(std::make_pair(r, key));
+            ASSERT_NE(it, rows.end()) << "rank " << r << " " << key;
+            EXPECT_EQ(it->second, v) << "rank " << r << " " << key;
+        }
+        // ... while each rank routed only its own share of them.
+        EXPECT_EQ(routed[std::make_pair(0, key)] + routed[std::make_pair(1, key)], v) << key;
+    }
+    EXPECT_EQ(total, 2.0 * 2 * 2 * 16 * 2);  // layers x microbatches x topk x (s*b)
+    int gathers = 0, scatters = 0;
+    for (const auto& sl : rec.slices) {
+        if (rec.str(sl.group) != "etp") continue;
+        const std::string n = rec.str(sl.name);
+        gathers += n.find("all_gather") != std::string::npos;
+        scatters += n.find("reduce_scatter") != std::string::npos;
+    }
+    EXPECT_GT(gathers, 0) << "no all-gather on the etp group";
+    EXPECT_GT(scatters, 0) << "no reduce-scatter on the etp group";
+}
+
+// The run's num_parameters is the single device's whatever the split: tp and etp shards, ep
+// coordinates and edp / dp replicas each counted once.
+TEST(MoeEtpDispatch, NumParametersIsTheSingleDevicesCount) {
+    for (const EtpLayout& L : {EtpLayout{"tp2_etp2_ep2_dp2", 2, 2, 2, 2, 1}, EtpLayout{"tp2_etp1_ep2_dp2", 2, 1, 2, 2, 1},
+                               EtpLayout{"tp1_etp2_ep2_dp4_pp2", 1, 2, 2, 4, 2}, EtpLayout{"ep2_dp2", 1, 1, 2, 2, 1}}) {
+        const engine::Config c = etpConfig(L);
+        auto one = engine::Trainer::create(singleDevice(c));
+        ASSERT_TRUE(one.isOk()) << one.status().toString();
+        auto par = engine::ParallelTrainer::create(c);
+        ASSERT_TRUE(par.isOk()) << L.name << ": " << par.status().toString();
+        EXPECT_EQ((*par)->runMetadata().at("num_parameters").get<int64_t>(), (*one)->model().params().numel()) << L.name;
+    }
+}
+
+// Checkpoints of runs with experts split over "etp" are the single-device ones.
+TEST(MoeEtpCheckpoint, Tp2Etp2Ep2CheckpointResumesOnOneDevice) {
+    expectCheckpointResumesOnOneDevice(etpConfig(EtpLayout{"", 2, 2, 2, 2, 1, true}),
+                                       "moe_tp2_etp2_ep2_distopt");
+}
+
+TEST(MoeEtpCheckpoint, OneDeviceCheckpointResumesOnTp2Etp2Ep2) {
+    const engine::Config c = etpConfig(EtpLayout{"", 2, 2, 2, 2, 1, false, "alltoall", true});
+    const engine::Config one = singleDevice(c);
+    const std::string dir = checkpointDir("moe_one_to_tp2_etp2_ep2");
+    auto saved = trainSingle(one, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    const RunResult straight = runSingle(one, 3);
+    auto resumed = trainParallel(c, 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    expectResumedStep(*resumed, straight, "one device -> tp2_etp2_ep2");
+    std::filesystem::remove_all(dir);
+}
+
+// Between two expert layouts: tp2·etp2·dp2 (distributed optimizer: experts split over etp 2,
+// their Adam state sharded over edp 2) saves, tp1·etp1·ep2·dp2 resumes.
+TEST(MoeEtpCheckpoint, Tp2Etp2Dp2CheckpointResumesOnEp2Dp2) {
+    const engine::Config from = etpConfig(EtpLayout{"", 2, 2, 1, 2, 1, true});
+    engine::Config to = etpConfig(EtpLayout{"", 1, 1, 2, 2, 1});
+    to.make_vocab_size_divisible_by = from.make_vocab_size_divisible_by * 2;  // pad as tp2 does
+    const std::string dir = checkpointDir("moe_tp2_etp2_dp2_to_ep2_dp2");
+    auto saved = trainParallel(from, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    const RunResult straight = runSingle(singleDevice(to), 3);
+    auto resumed = trainParallel(to, 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    expectResumedStep(*resumed, straight, "tp2_etp2_dp2 -> ep2_dp2");
+    std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ts::test
+

@@ -6,7 +6,8 @@
 //     expert c_i; the z-loss coeff/T * sum_x logsumexp(logits_x)^2. Neither is added to the LM
 //     loss: as MoEAuxLossAutoScaler does, their gradients join the backward scaled like the
 //     main loss (1/num_microbatches), and their values are counters of the trace.
-//   dispatch (dropless): token copies sorted expert-major, token-ascending (Megatron's permute);
+//   dispatch (dropless): token copies sorted expert-major, token-ascending (Megatron's permute;
+//     the host-side plan, with token dropping, is moeRoute in engine/model/moe_routing.h);
 //   experts: fc1 -> GeLU/SwiGLU -> multiply by the token's prob -> fc2, per expert
 //     (moe_grouped_gemm: one op over all experts; else one op per expert — same math);
 //   combine: scatter-add of the k expert outputs back to each token, in permuted order.
@@ -34,6 +35,7 @@
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
+#include "engine/model/moe_routing.h"
 
 #include "common/clock.h"
 
@@ -84,18 +86,6 @@ struct GptModel::MoeSaved {
     int gl = 0;  // global layer (counter names)
 };
 
-namespace {
-
-// Softmax of v[0..n) into out, in double.
-void softmax(const float* v, int n, double* out) {
-    double mx = v[0];
-    for (int i = 1; i < n; ++i) mx = std::max(mx, double(v[i]));
-    double s = 0;
-    for (int i = 0; i < n; ++i) s += (out[i] = std::exp(double(v[i]) - mx));
-    for (int i = 0; i < n; ++i) out[i] /= s;
-}
-
-}  // namespace
 
 Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int gl) {
     const int T = localTokens(), h = m_d.hidden;  // SP: this rank's s/t rows
@@ -137,98 +127,37 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     const TraceTarget tt = m_exec.device().traceTarget();
     m_exec.op("router.fwd", Category::Gemm, 2.0 * T * h * E, uint64_t(4) * (uint64_t(T) * (h + E) + uint64_t(E) * h),
               [=] { k::linearForward(fp(x), Wr, nullptr, fp(s->logits), T, h, E); });
+    MoeRouteOptions ro;
+    ro.T = T;
+    ro.E = E;
+    ro.K = K;
+    ro.cap = cap;
+    ro.pad = pad;
+    ro.byProb = byProb;
+    ro.bf16Probs = bf;
+    ro.microBatch = mbB;
+    ro.groups = G;
     m_exec.op("router.topk_permute", Category::Elementwise, double(T) * E * 4, uint64_t(T) * (E + K * h) * 4, [=] {
-        const float* L = fp(s->logits);
-        s->topv.assign(size_t(T) * K, 0.f);
-        s->topi.assign(size_t(T) * K, 0);
-        std::vector<int> counts(static_cast<size_t>(E), 0);
-        std::vector<int> order(static_cast<size_t>(E));
-        std::vector<double> full(static_cast<size_t>(E));
-        std::vector<double> P(static_cast<size_t>(G) * E, 0.0);  // per group: sum of the full softmax
-        std::vector<int> groupCounts(static_cast<size_t>(G) * E, 0);
-        double z = 0;
-        for (int t = 0; t < T; ++t) {
-            const float* l = L + size_t(t) * E;
-            for (int e = 0; e < E; ++e) order[size_t(e)] = e;
-            // top-k by logit, ties to the lower expert index
-            std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                              [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-            for (int j = 0; j < K; ++j) {
-                s->topi[size_t(t) * K + size_t(j)] = order[size_t(j)];
-                s->topv[size_t(t) * K + size_t(j)] = l[order[size_t(j)]];
-                counts[size_t(order[size_t(j)])]++;
-                groupCounts[size_t(t % mbB % G) * E + size_t(order[size_t(j)])]++;
-            }
-            softmax(l, E, full.data());
-            for (int e = 0; e < E; ++e) P[size_t(t % mbB % G) * E + size_t(e)] += full[size_t(e)];
-            double mx = l[0];
-            for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
-            double se = 0;
-            for (int e = 0; e < E; ++e) se += std::exp(double(l[e]) - mx);
-            const double lse = mx + std::log(se);
-            z += lse * lse;
+        MoeRouting r = moeRoute(fp(s->logits), ro);
+        const size_t rows = size_t(r.rows());
+        for (size_t i = 0; i < rows; ++i) {
+            fp(s->probT)[i] = r.prob[i];
+            std::memcpy(fp(s->xp) + i * h, fp(x) + size_t(r.tokenOf[i]) * h, size_t(h) * sizeof(float));
         }
-        // Each expert's token copies in token order, then the capacity applied.
-        struct Copy {
-            int token, slot;
-            float prob;
-        };
-        std::vector<std::vector<Copy>> byExpert(static_cast<size_t>(E));
-        std::vector<double> kp(static_cast<size_t>(K));
-        for (int t = 0; t < T; ++t) {
-            softmax(s->topv.data() + size_t(t) * K, K, kp.data());
-            for (int j = 0; j < K; ++j) {
-                float p = float(kp[size_t(j)]);
-                if (bf) k::roundToBf16(&p, 1);
-                byExpert[size_t(s->topi[size_t(t) * K + size_t(j)])].push_back({t, j, p});
-            }
-        }
-        s->routed = counts;
-        int dropped = 0;
-        if (cap >= 0) {
-            for (auto& list : byExpert) {
-                if (int(list.size()) > cap) {
-                    if (byProb)
-                        std::stable_sort(list.begin(), list.end(),
-                                         [](const Copy& a, const Copy& b) { return a.prob > b.prob; });
-                    dropped += int(list.size()) - cap;
-                    list.resize(size_t(cap));
-                    std::sort(list.begin(), list.end(), [](const Copy& a, const Copy& b) { return a.token < b.token; });
-                }
-                if (!pad) continue;
-                std::vector<char> in(static_cast<size_t>(T), 0);
-                for (const Copy& c : list) in[size_t(c.token)] = 1;
-                for (int t = 0; t < T && int(list.size()) < cap; ++t)
-                    if (!in[size_t(t)]) list.push_back({t, -1, 0.f});
-                std::sort(list.begin(), list.end(), [](const Copy& a, const Copy& b) { return a.token < b.token; });
-            }
-        }
-        // expert-major, token-ascending permutation
-        s->offset.assign(size_t(E) + 1, 0);
-        for (int e = 0; e < E; ++e) s->offset[size_t(e) + 1] = s->offset[size_t(e)] + int(byExpert[size_t(e)].size());
-        s->rows = s->offset[size_t(E)];
-        const size_t rows = size_t(s->rows);
-        s->tokenOf.assign(rows, 0);
-        s->expertOf.assign(rows, 0);
-        s->prob.assign(rows, 0.f);
-        s->slotOf.assign(rows, 0);
-        for (int e = 0; e < E; ++e) {
-            int r = s->offset[size_t(e)];
-            for (const Copy& c : byExpert[size_t(e)]) {
-                s->tokenOf[size_t(r)] = c.token;
-                s->expertOf[size_t(r)] = e;
-                s->slotOf[size_t(r)] = c.slot;
-                s->prob[size_t(r)] = c.prob;
-                fp(s->probT)[r] = c.prob;
-                std::memcpy(fp(s->xp) + size_t(r) * h, fp(x) + size_t(c.token) * h, size_t(h) * sizeof(float));
-                ++r;
-            }
-        }
+        s->rows = int(rows);
+        s->topi = std::move(r.topi);
+        s->topv = std::move(r.topv);
+        s->routed = std::move(r.routed);
+        s->groupCounts = std::move(r.groupCounts);
+        s->probSum = std::move(r.probSum);
+        s->zSum = r.zSum;
+        s->dropped = r.dropped;
+        s->offset = std::move(r.offset);
+        s->tokenOf = std::move(r.tokenOf);
+        s->expertOf = std::move(r.expertOf);
+        s->slotOf = std::move(r.slotOf);
+        s->prob = std::move(r.prob);
         if (ep == 1 && etp == 1) s->eoff = s->offset;
-        s->probSum = P;
-        s->groupCounts = groupCounts;
-        s->zSum = z;
-        s->dropped = dropped;
     });
     // Counts over the TP (sequence parallel: each rank routes its s/t rows) and CP groups, then
     // the router's counters: aux and z of this rank's share of the microbatch x tp x cp (so that
@@ -513,7 +442,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
                 dpk[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = fp(dprob)[r];
         std::vector<double> kp(static_cast<size_t>(K)), full(static_cast<size_t>(E));
         for (int t = 0; t < T; ++t) {
-            softmax(s->topv.data() + size_t(t) * K, K, kp.data());
+            moeSoftmax(s->topv.data() + size_t(t) * K, K, kp.data());
             double dot = 0;
             for (int j = 0; j < K; ++j) dot += kp[size_t(j)] * dpk[size_t(t) * K + size_t(j)];
             for (int j = 0; j < K; ++j)
@@ -521,7 +450,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
                     float(kp[size_t(j)] * (dpk[size_t(t) * K + size_t(j)] - dot));
             if (auxCoeff == 0 && zCoeff == 0) continue;
             const float* l = L + size_t(t) * E;
-            softmax(l, E, full.data());
+            moeSoftmax(l, E, full.data());
             const int* counts = s->countsAll.data() + size_t(t % mbB % G) * E;
             double g = 0;
             for (int e = 0; e < E; ++e) g += full[size_t(e)] * double(counts[size_t(e)]);

@@ -216,6 +216,14 @@ private:
         int start = 0, len = 0, pos = 0;  // local first row (in s), rows, global position of the first
     };
     std::vector<RopeSegment> m_ropeSegs;
+    // Hidden dropout (embedding, both bias-dropout-adds) numbers its mask elements as in the
+    // single device's [s*b, h] tensor, so every TP/SP/CP layout drops exactly what tp=cp=1 drops:
+    // this rank's [TL, h] activation (its SP shard of its CP chunks) is up to three runs of
+    // consecutive rows, each a contiguous range of that numbering.
+    struct DropPiece {
+        int64_t local = 0, global = 0, n = 0;  // first element here, first element there, elements
+    };
+    std::vector<DropPiece> hiddenDropPieces() const;
     std::vector<int> m_cpPos;   // global position of every local sequence row (cp > 1)
     int m_seqGlobal = 0;        // s of the whole sequence
     // Core attention of the local queries against the whole sequence (K/V all-gathered over
@@ -227,9 +235,11 @@ private:
     // and back (into `out` [sl, b, heads, d]).
     Result<TensorPtr> cpToHeads(const TensorPtr& local, int heads);
     Status cpToSequence(const TensorPtr& full, int heads, const TensorPtr& out);
-    Status cpCoreAttentionForward(LayerActs& A, int nq, int ng);
-    Status cpCoreAttentionBackward(LayerActs& A, int nq, int ng, TensorPtr dctx, TensorPtr dq, TensorPtr dk,
-                                   TensorPtr dv);
+    // `drop`: the layer's core-attention dims of the cp=1 numbering (attention dropout, its seed,
+    // this TP rank's first head); every variant draws the mask from global positions with it.
+    Status cpCoreAttentionForward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop);
+    Status cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop, TensorPtr dctx,
+                                   TensorPtr dq, TensorPtr dk, TensorPtr dv);
     // Collectives get raw pointers: keeps both buffers alive until the stream passed the op.
     void holdUntilDone(TensorPtr a, TensorPtr b);
     // Sums the grads of the SP params among `params` over TP (one packed all-reduce), in the

@@ -109,7 +109,7 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
     TensorPtr probs;
     if (m_ctx.cpSize > 1) {
-        TS_RETURN_IF_ERROR(cpCoreAttentionForward(A, nq, ng));
+        TS_RETURN_IF_ERROR(cpCoreAttentionForward(A, nq, ng, ad));
     } else {
     TS_ASSIGN_OR_RETURN(probs, alloc(int64_t(k::attentionProbsSize(ad))));
     TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
@@ -191,7 +191,7 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
     TS_ASSIGN_OR_RETURN(TensorPtr dk, alloc(int64_t(T) * ng * d));
     TS_ASSIGN_OR_RETURN(TensorPtr dv, alloc(int64_t(T) * ng * d));
     if (m_ctx.cpSize > 1) {
-        TS_RETURN_IF_ERROR(cpCoreAttentionBackward(A, nq, ng, dctx, dq, dk, dv));
+        TS_RETURN_IF_ERROR(cpCoreAttentionBackward(A, nq, ng, ad, dctx, dq, dk, dv));
     } else {
     if (!probs) {
         // Selective recompute: redo QK^T/softmax (the "5as/h" activations were not kept).

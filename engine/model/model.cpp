@@ -67,8 +67,6 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
                        std::to_string(ds.tp * ds.cp) + "; use p2p or all_gather otherwise");
         if (c.seq_length % (2 * ds.cp) != 0)
             return bad("seq_length=" + std::to_string(c.seq_length) + " must be divisible by 2 x context_parallel_size");
-        if (c.hidden_dropout > 0 || c.attention_dropout > 0)
-            return notYet("dropout (hidden_dropout / attention_dropout > 0); set both to 0");
     }
     if (c.num_moe_experts > 0) {
         // What this engine's MoE block runs (engine/model/gpt_moe.cpp); the rest is refused by name.

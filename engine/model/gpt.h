@@ -198,13 +198,17 @@ private:
     void tpAllReduce(const TensorPtr& t, int64_t n);
     // tp_comm_overlap backward of a row-parallel linear (proj, fc2): dgrad pipelined with the
     // ring all-gather of dyLocal [TL, out] into dx [T, in], then the wgrad on x [T, in].
+    // Wq: the weight the dgrad reads when it is not the model weight (FP8: its FP8 copy); with
+    // FP8 the caller has quantized dyLocal (one scale for the whole tensor, the same values the
+    // non-overlapped path gathers).
     Status rowParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx, TensorPtr dyLocal,
-                                         TensorPtr x, TensorPtr dx, int T, int in, int out);
+                                         TensorPtr x, TensorPtr dx, int T, int in, int out,
+                                         const float* Wq = nullptr);
     // ... of a column-parallel one (QKV, fc1): dy [T, out], saved input shard xLocal [TL, in];
     // bulk (or pipelined, tp_comm_overlap_rs_dgrad) overlap; returns the dX shard [TL, in].
     Result<TensorPtr> columnParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,
                                                        int bIdx, TensorPtr dy, TensorPtr xLocal, int T, int in,
-                                                       int out);
+                                                       int out, const float* Wq = nullptr);
     // Sequence-parallel collectives along s on the compute stream (group "tp"):
     // gather: local [n] -> full [t*n]; reduce-scatter: full [t*n] (partial sums) -> local [n].
     Result<TensorPtr> seqGather(const TensorPtr& local, int64_t n);

@@ -103,11 +103,7 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
     if (d.ffn % tp != 0) return bad("tensor_model_parallel_size must divide ffn_hidden_size");
     if (int64_t(d.seq) * d.microBatch > (int64_t(1) << 30))
         return bad("seq_length * micro_batch_size is too large");
-    if (!c.fp8.empty()) {
-        TS_RETURN_IF_ERROR(Fp8Recipe::fromConfig(c).status());
-        if (c.tp_comm_overlap && c.sequence_parallel && tp > 1)
-            return Status::unsupported("fp8 with tp_comm_overlap is not executed by the engine yet; turn one of them off");
-    }
+    if (!c.fp8.empty()) TS_RETURN_IF_ERROR(Fp8Recipe::fromConfig(c).status());
     return d;
 }
 

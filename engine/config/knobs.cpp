@@ -285,8 +285,8 @@ std::vector<KnobDef> buildRegistry() {
                     "Layers on the last pipeline stage; 0 = even split."));
     rules(r.i("context_parallel_size", &C::context_parallel_size, "--context-parallel-size",
               "model.context_parallel_size",
-              "Context parallel size c (sequence split across ranks in 2c load-balanced chunks; the engine runs it "
-              "without dropout)."),
+              "Context parallel size c (sequence split across ranks in 2c load-balanced chunks; dropout masks are "
+              "drawn from global positions, so a CP run equals the cp=1 run)."),
           "seq_length divisible by 2*context_parallel_size");
     r.e("cp_comm_type", &C::cp_comm_type, {"p2p", "all_gather", "a2a"}, "--cp-comm-type", "model.cp_comm_type",
         "Context-parallel attention communication: p2p (ring attention, KV blocks passed on a comm stream while "

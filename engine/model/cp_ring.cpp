@@ -10,6 +10,19 @@ namespace ts::engine {
 
 namespace k = ts::kernels::cpu;
 
+namespace {
+// One block of sl keys against the sl local queries.
+k::CpAttnDims kernelDims(const CpRing::Dims& D) {
+    k::CpAttnDims ad{D.sl, D.sl, D.b, D.nq, D.ng, D.d, D.scale};
+    ad.dropout = D.dropout;
+    ad.dropoutSeed = D.dropoutSeed;
+    ad.headOffset = D.headOffset;
+    ad.nqTotal = D.nqTotal;
+    ad.sTotal = D.sTotal;
+    return ad;
+}
+}  // namespace
+
 CpRing::CpRing(Exec& exec, Stream& commStream, Communicator& cp, std::vector<std::vector<int>> positions)
     : m_exec(exec), m_comm(commStream), m_cp(cp), m_rank(cp.rank()), m_size(cp.size()) {
     for (auto& p : positions) m_pos.push_back(std::make_shared<const std::vector<int>>(std::move(p)));
@@ -61,7 +74,7 @@ Status CpRing::forward(const Dims& D, const TensorPtr& q, const TensorPtr& kk, c
                        const TensorPtr& out, const TensorPtr& lse) {
     const int c = m_size, r = m_rank;
     const int64_t n = int64_t(D.sl) * D.b * D.ng * D.d;  // elements of K (and of V) of one block
-    const k::CpAttnDims ad{D.sl, D.sl, D.b, D.nq, D.ng, D.d, D.scale};
+    const k::CpAttnDims ad = kernelDims(D);
     TensorPtr buf[2];
     TS_ASSIGN_OR_RETURN(buf[0], packKv(kk, v, n));
     TS_ASSIGN_OR_RETURN(buf[1], m_exec.alloc(2 * n, MemCategory::CommBuffers));
@@ -99,7 +112,7 @@ Status CpRing::backward(const Dims& D, const TensorPtr& q, const TensorPtr& kk, 
     const int c = m_size, r = m_rank;
     const int64_t n = int64_t(D.sl) * D.b * D.ng * D.d;
     const int64_t nqElems = int64_t(D.sl) * D.b * D.nq * D.d;
-    const k::CpAttnDims ad{D.sl, D.sl, D.b, D.nq, D.ng, D.d, D.scale};
+    const k::CpAttnDims ad = kernelDims(D);
     TS_ASSIGN_OR_RETURN(TensorPtr delta, m_exec.alloc(int64_t(D.b) * D.nq * D.sl, MemCategory::Workspace));
     m_exec.op("core_attention.bwd_delta", trace::Category::Attention, 2.0 * double(nqElems),
               uint64_t(8) * uint64_t(nqElems), [=] {

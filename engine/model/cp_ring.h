@@ -9,6 +9,9 @@
 // read it. Causality is decided per key/query pair from their global positions, so every section
 // kind (diagonal, lower, the load-balanced halves) is the same kernel. Partial results are
 // merged with the rows' log-sum-exp; nothing of size s x s is kept, only out and the lse.
+// Attention dropout masks each block's unnormalised probabilities (the mask a function of the
+// global query/key positions and the head, as the cp=1 run draws it) and leaves the lse
+// undropped, so the merge gives dropout(softmax(S)) V; the backward regenerates the same masks.
 //
 // Backward: the blocks travel the same way again. Each step computes dQ (accumulated) and this
 // block's dK/dV contribution into a fresh buffer on compute, adds the partial sum that arrived
@@ -33,6 +36,11 @@ public:
     struct Dims {
         int sl = 0, b = 0, nq = 0, ng = 0, d = 0;  // local rows, micro batch, heads, query groups, head dim
         float scale = 0;
+        // Attention dropout, keyed by global positions (kernels/cpu/ops.h CpAttnDims): forward and
+        // backward draw the same mask of each block from its rows' global positions.
+        float dropout = 0;
+        uint64_t dropoutSeed = 0;
+        int headOffset = 0, nqTotal = 0, sTotal = 0;
     };
     // positions[r]: the global positions of CP rank r's rows (cpLocalPositions).
     CpRing(Exec& exec, Stream& commStream, Communicator& cp, std::vector<std::vector<int>> positions);

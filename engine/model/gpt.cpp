@@ -250,6 +250,20 @@ int GptModel::localTokens() const {
     return m_sp ? T / m_ctx.tpSize : T;
 }
 
+std::vector<GptModel::DropPiece> GptModel::hiddenDropPieces() const {
+    // Token rows t = i*b + bi ([s, b, h] flattened); SP rank r holds local rows [r*TL, (r+1)*TL).
+    const int64_t b = m_d.microBatch, h = m_d.hidden, TL = localTokens();
+    const int64_t lo = m_sp ? int64_t(m_ctx.tpRank) * TL : 0, hi = lo + TL;
+    std::vector<DropPiece> out;
+    for (const RopeSegment& sg : m_ropeSegs) {
+        const int64_t s0 = int64_t(sg.start) * b, s1 = int64_t(sg.start + sg.len) * b;  // local token rows
+        const int64_t a = std::max(lo, s0), e = std::min(hi, s1);
+        if (a >= e) continue;
+        out.push_back({(a - lo) * h, (int64_t(sg.pos) * b + (a - s0)) * h, (e - a) * h});
+    }
+    return out;
+}
+
 int GptModel::recomputeGroupStart(int li) const {
     if (m_o.recomputeGranularity != "full") return -1;
     const int n = std::max(1, m_o.recomputeNumLayers);

@@ -200,13 +200,17 @@ private:
     void tpAllReduce(const TensorPtr& t, int64_t n);
     // tp_comm_overlap backward of a row-parallel linear (proj, fc2): dgrad pipelined with the
     // ring all-gather of dyLocal [TL, out] into dx [T, in], then the wgrad on x [T, in].
+    // Wq: the weight the dgrad reads when it is not the model weight (FP8: its FP8 copy); with
+    // FP8 the caller has quantized dyLocal (one scale for the whole tensor, the same values the
+    // non-overlapped path gathers).
     Status rowParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx, TensorPtr dyLocal,
-                                         TensorPtr x, TensorPtr dx, int T, int in, int out);
+                                         TensorPtr x, TensorPtr dx, int T, int in, int out,
+                                         const float* Wq = nullptr);
     // ... of a column-parallel one (QKV, fc1): dy [T, out], saved input shard xLocal [TL, in];
     // bulk (or pipelined, tp_comm_overlap_rs_dgrad) overlap; returns the dX shard [TL, in].
     Result<TensorPtr> columnParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,
                                                        int bIdx, TensorPtr dy, TensorPtr xLocal, int T, int in,
-                                                       int out);
+                                                       int out, const float* Wq = nullptr);
     // Sequence-parallel collectives along s on the compute stream (group "tp"):
     // gather: local [n] -> full [t*n]; reduce-scatter: full [t*n] (partial sums) -> local [n].
     Result<TensorPtr> seqGather(const TensorPtr& local, int64_t n);
@@ -218,6 +222,14 @@ private:
         int start = 0, len = 0, pos = 0;  // local first row (in s), rows, global position of the first
     };
     std::vector<RopeSegment> m_ropeSegs;
+    // Hidden dropout (embedding, both bias-dropout-adds) numbers its mask elements as in the
+    // single device's [s*b, h] tensor, so every TP/SP/CP layout drops exactly what tp=cp=1 drops:
+    // this rank's [TL, h] activation (its SP shard of its CP chunks) is up to three runs of
+    // consecutive rows, each a contiguous range of that numbering.
+    struct DropPiece {
+        int64_t local = 0, global = 0, n = 0;  // first element here, first element there, elements
+    };
+    std::vector<DropPiece> hiddenDropPieces() const;
     std::vector<int> m_cpPos;   // global position of every local sequence row (cp > 1)
     int m_seqGlobal = 0;        // s of the whole sequence
     // Core attention of the local queries against the whole sequence (K/V all-gathered over
@@ -229,9 +241,11 @@ private:
     // and back (into `out` [sl, b, heads, d]).
     Result<TensorPtr> cpToHeads(const TensorPtr& local, int heads);
     Status cpToSequence(const TensorPtr& full, int heads, const TensorPtr& out);
-    Status cpCoreAttentionForward(LayerActs& A, int nq, int ng);
-    Status cpCoreAttentionBackward(LayerActs& A, int nq, int ng, TensorPtr dctx, TensorPtr dq, TensorPtr dk,
-                                   TensorPtr dv);
+    // `drop`: the layer's core-attention dims of the cp=1 numbering (attention dropout, its seed,
+    // this TP rank's first head); every variant draws the mask from global positions with it.
+    Status cpCoreAttentionForward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop);
+    Status cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop, TensorPtr dctx,
+                                   TensorPtr dq, TensorPtr dk, TensorPtr dv);
     // Collectives get raw pointers: keeps both buffers alive until the stream passed the op.
     void holdUntilDone(TensorPtr a, TensorPtr b);
     // Sums the grads of the SP params among `params` over TP (one packed all-reduce), in the

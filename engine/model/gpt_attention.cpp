@@ -109,7 +109,7 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
     TensorPtr probs;
     if (m_ctx.cpSize > 1) {
-        TS_RETURN_IF_ERROR(cpCoreAttentionForward(A, nq, ng));
+        TS_RETURN_IF_ERROR(cpCoreAttentionForward(A, nq, ng, ad));
     } else {
     TS_ASSIGN_OR_RETURN(probs, alloc(int64_t(k::attentionProbsSize(ad))));
     TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
@@ -176,7 +176,7 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
     }
     if (agOverlap) {
         TS_RETURN_IF_ERROR(rowParallelBackwardOverlapped("linear_proj.dgrad", "linear_proj.wgrad", P.projW, dproj,
-                                                         A.ctx, dctx, T, nq * d, h));
+                                                         A.ctx, dctx, T, nq * d, h, projW));
     } else {
         if (m_sp) { TS_ASSIGN_OR_RETURN(dproj, seqGather(dproj, ThL)); }
         TS_RETURN_IF_ERROR(linearBackward("linear_proj.bwd", P.projW, -1, dproj, A.ctx, dctx, T, nq * d, h, projW));
@@ -191,7 +191,7 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
     TS_ASSIGN_OR_RETURN(TensorPtr dk, alloc(int64_t(T) * ng * d));
     TS_ASSIGN_OR_RETURN(TensorPtr dv, alloc(int64_t(T) * ng * d));
     if (m_ctx.cpSize > 1) {
-        TS_RETURN_IF_ERROR(cpCoreAttentionBackward(A, nq, ng, dctx, dq, dk, dv));
+        TS_RETURN_IF_ERROR(cpCoreAttentionBackward(A, nq, ng, ad, dctx, dq, dk, dv));
     } else {
     if (!probs) {
         // Selective recompute: redo QK^T/softmax (the "5as/h" activations were not kept).
@@ -246,24 +246,25 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
     }
     dq.reset(); dk.reset(); dv.reset();
     TensorPtr da1;
-    if (m_tpo) {
-        TS_ASSIGN_OR_RETURN(da1, columnParallelBackwardOverlapped("linear_qkv.dgrad", "linear_qkv.wgrad", P.qkvW,
-                                                                  P.qkvB, dqkv, A.a1, T, h, qkvOut));
-    } else {
-        int qkvB = P.qkvB;
-        const float* qkvW = nullptr;
-        if (fp8) {
-            // Bias grad from the high-precision gradient, then the gradient in FP8.
-            if (qkvB >= 0) {
-                float* GB = m_params.mainGrad(qkvB);
-                TensorPtr g = dqkv;
-                m_exec.op("linear_qkv.bgrad", Category::Elementwise, double(T) * qkvOut, uint64_t(T) * qkvOut * 4,
-                          [=] { k::biasGradAccumulate(fp(g), GB, T, qkvOut); });
-                qkvB = -1;
-            }
-            TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Qkv, kFp8Grad, dqkv, int64_t(T) * qkvOut));
-            TS_ASSIGN_OR_RETURN(qkvW, fp8Weight(li, kFp8Qkv, P.qkvW));
+    int qkvB = P.qkvB;
+    const float* qkvW = nullptr;
+    if (fp8) {
+        // Bias grad from the high-precision gradient, then the gradient in FP8 (the TP region's
+        // [T, qkvOut/t] columns; tensorwise: amax over TP), with or without tp_comm_overlap.
+        if (qkvB >= 0) {
+            float* GB = m_params.mainGrad(qkvB);
+            TensorPtr g = dqkv;
+            m_exec.op("linear_qkv.bgrad", Category::Elementwise, double(T) * qkvOut, uint64_t(T) * qkvOut * 4,
+                      [=] { k::biasGradAccumulate(fp(g), GB, T, qkvOut); });
+            qkvB = -1;
         }
+        TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Qkv, kFp8Grad, dqkv, int64_t(T) * qkvOut));
+        TS_ASSIGN_OR_RETURN(qkvW, fp8Weight(li, kFp8Qkv, P.qkvW));
+    }
+    if (m_tpo) {
+        TS_ASSIGN_OR_RETURN(da1, columnParallelBackwardOverlapped("linear_qkv.dgrad", "linear_qkv.wgrad", P.qkvW, qkvB,
+                                                                  dqkv, A.a1, T, h, qkvOut, qkvW));
+    } else {
         TensorPtr a1Full = A.a1;
         if (m_sp) { TS_ASSIGN_OR_RETURN(a1Full, seqGather(A.a1, ThL)); }
         TS_ASSIGN_OR_RETURN(da1, alloc(Th));

@@ -10,6 +10,12 @@
 //     while the block held is computed.
 //   a2a (§4.4, Ulysses): all-to-all from "my rows, all heads" to "all rows, heads/c heads",
 //     ordinary causal attention over the whole sequence, all-to-all back. Compute stream.
+// Attention dropout (attention_dropout > 0) draws, in every variant, the mask element the cp=1
+// run draws for the same (sample, global head, global query position, global key position)
+// (kernels/cpu/ops.h AttnDims / CpAttnDims), so a CP run with dropout equals the cp=1 run.
+// Transformer Engine passes dropout_p to every per-step attention kernel of all three variants
+// and keeps the steps' RNG states for the backward (context_parallel.py), which is the same math
+// with other random bits.
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
@@ -17,6 +23,15 @@
 namespace ts::engine {
 
 namespace {
+
+// The dropout part of the cp=1 core-attention dims on CP-variant dims.
+template <class Dims>
+void setDropout(Dims& ad, const k::AttnDims& drop) {
+    ad.dropout = drop.dropout;
+    ad.dropoutSeed = drop.dropoutSeed;
+    ad.headOffset = drop.headOffset;
+    ad.nqTotal = drop.nqTotal;
+}
 
 // CP rank r holds chunks r and 2c-1-r of the sequence (engine/model/model.h cpLocalPositions).
 // Rank-major layout: rank r's two chunks at [2r, 2r+1] x chunkElems; global: chunk j at
@@ -117,7 +132,7 @@ Status GptModel::cpToSequence(const TensorPtr& full, int heads, const TensorPtr&
     return Status::ok();
 }
 
-Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng) {
+Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng, const k::AttnDims& drop) {
     const int b = m_d.microBatch, d = m_d.headDim, sl = m_d.seq, S = m_seqGlobal;
     const int64_t T = int64_t(sl) * b;
     const bool bf = m_o.bf16;
@@ -126,7 +141,10 @@ Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng) {
         if (!m_cpRing) return Status::internal("cp_comm_type=p2p needs the CP comm stream (setCpRing)");
         TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
         TS_ASSIGN_OR_RETURN(A.lse, allocUninitialized(m_exec, int64_t(b) * nq * sl));
-        TS_RETURN_IF_ERROR(m_cpRing->forward({sl, b, nq, ng, d, scale}, A.q, A.k, A.v, A.ctx, A.lse));
+        CpRing::Dims rd{sl, b, nq, ng, d, scale};
+        setDropout(rd, drop);
+        rd.sTotal = S;
+        TS_RETURN_IF_ERROR(m_cpRing->forward(rd, A.q, A.k, A.v, A.ctx, A.lse));
         // out and lse are all the backward needs: selective recompute has nothing left to redo.
         if (bf) roundBf16(A.ctx, T * nq * d);
         return Status::ok();
@@ -137,7 +155,10 @@ Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng) {
         TS_ASSIGN_OR_RETURN(A.q, cpToHeads(A.q, nq));
         TS_ASSIGN_OR_RETURN(A.k, cpToHeads(A.k, ng));
         TS_ASSIGN_OR_RETURN(A.v, cpToHeads(A.v, ng));
-        const k::AttnDims ad{S, b, nq / c, ng / c, d, scale};
+        // Whole sequence of heads [cpRank*nq/c, (cpRank+1)*nq/c) of this TP rank's nq.
+        k::AttnDims ad{S, b, nq / c, ng / c, d, scale};
+        setDropout(ad, drop);
+        ad.headOffset = drop.headOffset + m_ctx.cpRank * (nq / c);
         TS_ASSIGN_OR_RETURN(TensorPtr probs, allocUninitialized(m_exec, int64_t(k::attentionProbsSize(ad))));
         TS_ASSIGN_OR_RETURN(TensorPtr out, allocUninitialized(m_exec, T * nq * d));
         TensorPtr q = A.q, kk = A.k, v = A.v;
@@ -154,7 +175,8 @@ Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng) {
     }
     TS_ASSIGN_OR_RETURN(TensorPtr kg, cpGatherKv(A.k, ng));
     TS_ASSIGN_OR_RETURN(TensorPtr vg, cpGatherKv(A.v, ng));
-    const k::CpAttnDims ad{sl, S, b, nq, ng, d, scale};
+    k::CpAttnDims ad{sl, S, b, nq, ng, d, scale};
+    setDropout(ad, drop);
     TS_ASSIGN_OR_RETURN(TensorPtr probs, allocUninitialized(m_exec, int64_t(b) * nq * sl * S));
     TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
     TensorPtr q = A.q, ctx = A.ctx;
@@ -169,16 +191,23 @@ Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng) {
     return Status::ok();
 }
 
-Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, TensorPtr dctx, TensorPtr dq, TensorPtr dk,
-                                         TensorPtr dv) {
+Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::AttnDims& drop, TensorPtr dctx,
+                                         TensorPtr dq, TensorPtr dk, TensorPtr dv) {
     const int b = m_d.microBatch, d = m_d.headDim, sl = m_d.seq, S = m_seqGlobal;
     const int64_t T = int64_t(sl) * b;
     const float scale = 1.0f / std::sqrt(float(d));
-    if (m_cfg.cp_comm_type == "p2p")
-        return m_cpRing->backward({sl, b, nq, ng, d, scale}, A.q, A.k, A.v, A.ctx, A.lse, dctx, dq, dk, dv);
+    if (m_cfg.cp_comm_type == "p2p") {
+        CpRing::Dims rd{sl, b, nq, ng, d, scale};
+        setDropout(rd, drop);
+        rd.sTotal = S;
+        return m_cpRing->backward(rd, A.q, A.k, A.v, A.ctx, A.lse, dctx, dq, dk, dv);
+    }
     if (m_cfg.cp_comm_type == "a2a") {
         const int c = m_ctx.cpSize;
-        const k::AttnDims ad{S, b, nq / c, ng / c, d, scale};
+        // Whole sequence of heads [cpRank*nq/c, (cpRank+1)*nq/c) of this TP rank's nq.
+        k::AttnDims ad{S, b, nq / c, ng / c, d, scale};
+        setDropout(ad, drop);
+        ad.headOffset = drop.headOffset + m_ctx.cpRank * (nq / c);
         TensorPtr q = A.q, kk = A.k, v = A.v, probs = A.probs;
         const bool fs = m_o.fusedSoftmax;
         if (!probs) {
@@ -206,7 +235,8 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, TensorPtr
     // K and V of the whole sequence again (TE's all-gather variant re-gathers too).
     TS_ASSIGN_OR_RETURN(TensorPtr kg, cpGatherKv(A.k, ng));
     TS_ASSIGN_OR_RETURN(TensorPtr vg, cpGatherKv(A.v, ng));
-    const k::CpAttnDims ad{sl, S, b, nq, ng, d, scale};
+    k::CpAttnDims ad{sl, S, b, nq, ng, d, scale};
+    setDropout(ad, drop);
     TensorPtr q = A.q, probs = A.probs;
     auto pos = std::make_shared<std::vector<int>>(m_cpPos);
     if (!probs) {

@@ -53,14 +53,17 @@ Status GptModel::embeddingForward(MbState& st, int mb) {
         tpAllReduce(emb, Th);  // partial vocab-parallel lookups summed over TP
     }
     const float p = m_o.hiddenDropout;
-    const uint64_t dropOffset = m_sp ? uint64_t(m_ctx.tpRank) * uint64_t(ThL) : 0;
     if (p > 0) {
+        // Mask elements numbered as in the single device's [s*b, h] (hiddenDropPieces).
+        auto pieces = std::make_shared<const std::vector<DropPiece>>(hiddenDropPieces());
         TS_ASSIGN_OR_RETURN(TensorPtr dropped, m_exec.alloc(ThL));
         TS_ASSIGN_OR_RETURN(st.embMask, m_exec.alloc(ThL, MemCategory::Activations, 1));
         TensorPtr mask = st.embMask;
         const uint64_t seed = dropoutSeed(m_o.seed, m_step, mb, -1, 0);
         m_exec.op("embedding_dropout", Category::Elementwise, double(ThL), uint64_t(ThL) * 9, [=] {
-            k::dropoutForward(fp(emb), fp(dropped), mask->as<uint8_t>(), ThL, p, seed, dropOffset);
+            for (const DropPiece& pc : *pieces)
+                k::dropoutForward(fp(emb) + pc.local, fp(dropped) + pc.local, mask->as<uint8_t>() + pc.local, pc.n, p,
+                                  seed, uint64_t(pc.global));
             if (bf) k::roundToBf16(fp(dropped), ThL);
         });
         emb = dropped;

@@ -3,7 +3,10 @@
 // bookkeeping. The saved GEMM inputs are quantized in place where they are produced, so the
 // backward's wgrad sees the same FP8 values as the forward (Transformer Engine saves the FP8
 // input), and a sequence-parallel input is quantized shard by shard with one scale before its
-// all-gather, which equals quantizing the gathered tensor.
+// all-gather, which equals quantizing the gathered tensor. With tp_comm_overlap the same holds
+// for the ring exchange (TE casts the local shard and gathers the FP8 bytes): the overlapped
+// linears quantize the same tensors at the same points, and their dgrad pieces read the FP8
+// weight copies (gpt_attention.cpp, gpt_mlp.cpp, gpt_ops.cpp).
 //
 // Scales: delayed scaling uses, during iteration n, the scale computed at the start of n from the
 // amax history (one update per iteration, after the amaxes of iteration n-1 were reduced with MAX

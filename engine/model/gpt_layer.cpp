@@ -19,9 +19,9 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     // all-gather and the reduce-scatter holds all T rows. Without SP, TL = T.
     const int TL = localTokens();
     const int64_t ThL = int64_t(TL) * h;
-    // Dropout mask elements are numbered as in the unsharded [T, h] tensor, so the SP masks
-    // are exactly the single-device mask's rows of this shard.
-    const uint64_t dropOffset = m_sp ? uint64_t(m_ctx.tpRank) * uint64_t(ThL) : 0;
+    // Dropout mask elements are numbered as in the single device's [T, h] tensor, so the SP/CP
+    // masks are exactly the single-device mask's rows of this shard (hiddenDropPieces).
+    auto pieces = std::make_shared<const std::vector<DropPiece>>(hiddenDropPieces());
     const bool bf = m_o.bf16;
     const float p = m_o.hiddenDropout;
     const bool rms = m_d.rmsNorm;
@@ -45,8 +45,14 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
         const bool fused = m_o.fusedBiasDropout;
         m_exec.op("bias_dropout_add.attn", Category::Elementwise, 3.0 * ThL, uint64_t(ThL) * 16, [=] {
             uint8_t* mk = mask ? mask->as<uint8_t>() : nullptr;
-            if (fused) k::biasDropoutAddFused(fp(proj), B, fp(x), fp(x2), mk, TL, h, p, seed, dropOffset);
-            else k::biasDropoutAddUnfused(fp(proj), B, fp(x), fp(x2), mk, TL, h, p, seed, dropOffset);
+            for (const DropPiece& pc : *pieces) {
+                const int rows = int(pc.n / h);
+                uint8_t* m = mk ? mk + pc.local : nullptr;
+                const float *xs = fp(proj) + pc.local, *rs = fp(x) + pc.local;
+                float* os = fp(x2) + pc.local;
+                if (fused) k::biasDropoutAddFused(xs, B, rs, os, m, rows, h, p, seed, uint64_t(pc.global));
+                else k::biasDropoutAddUnfused(xs, B, rs, os, m, rows, h, p, seed, uint64_t(pc.global));
+            }
             if (bf) k::roundToBf16(fp(x2), ThL);
         });
     }
@@ -69,8 +75,14 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
         const bool fused = m_o.fusedBiasDropout;
         m_exec.op("bias_dropout_add.mlp", Category::Elementwise, 3.0 * ThL, uint64_t(ThL) * 16, [=] {
             uint8_t* mk = mask ? mask->as<uint8_t>() : nullptr;
-            if (fused) k::biasDropoutAddFused(fp(fc2), B, fp(x2), fp(out), mk, TL, h, p, seed, dropOffset);
-            else k::biasDropoutAddUnfused(fp(fc2), B, fp(x2), fp(out), mk, TL, h, p, seed, dropOffset);
+            for (const DropPiece& pc : *pieces) {
+                const int rows = int(pc.n / h);
+                uint8_t* m = mk ? mk + pc.local : nullptr;
+                const float *xs = fp(fc2) + pc.local, *rs = fp(x2) + pc.local;
+                float* os = fp(out) + pc.local;
+                if (fused) k::biasDropoutAddFused(xs, B, rs, os, m, rows, h, p, seed, uint64_t(pc.global));
+                else k::biasDropoutAddUnfused(xs, B, rs, os, m, rows, h, p, seed, uint64_t(pc.global));
+            }
             if (bf) k::roundToBf16(fp(out), ThL);
         });
     }

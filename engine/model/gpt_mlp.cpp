@@ -101,7 +101,7 @@ Result<TensorPtr> GptModel::mlpBackward(LayerActs& A, const LayerParams& P, Tens
     }
     if (agOverlap) {
         TS_RETURN_IF_ERROR(rowParallelBackwardOverlapped("linear_fc2.dgrad", "linear_fc2.wgrad", P.fc2W, dfc2, A.act,
-                                                         dact, T, F, h));
+                                                         dact, T, F, h, fc2W));
     } else {
         if (m_sp) { TS_ASSIGN_OR_RETURN(dfc2, seqGather(dfc2, ThL)); }
         TS_RETURN_IF_ERROR(linearBackward("linear_fc2.bwd", P.fc2W, -1, dfc2, A.act, dact, T, F, h, fc2W));
@@ -127,15 +127,15 @@ Result<TensorPtr> GptModel::mlpBackward(LayerActs& A, const LayerParams& P, Tens
     dact.reset();
     // SP: re-gather the saved local input [TL, h] -> [T, h] for the wgrad (Korthikanti §4.2.2).
     TensorPtr da2;
+    const float* fc1W = nullptr;
+    if (fp8) {
+        TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc1, kFp8Grad, dfc1, int64_t(T) * F1));
+        TS_ASSIGN_OR_RETURN(fc1W, fp8Weight(li, kFp8Fc1, P.fc1W));
+    }
     if (m_tpo) {
         TS_ASSIGN_OR_RETURN(da2, columnParallelBackwardOverlapped("linear_fc1.dgrad", "linear_fc1.wgrad", P.fc1W, -1,
-                                                                  dfc1, A.a2, T, h, F1));
+                                                                  dfc1, A.a2, T, h, F1, fc1W));
     } else {
-        const float* fc1W = nullptr;
-        if (fp8) {
-            TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc1, kFp8Grad, dfc1, int64_t(T) * F1));
-            TS_ASSIGN_OR_RETURN(fc1W, fp8Weight(li, kFp8Fc1, P.fc1W));
-        }
         TensorPtr a2Full = A.a2;
         if (m_sp) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
         TS_ASSIGN_OR_RETURN(da2, alloc(Th));

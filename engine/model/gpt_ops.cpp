@@ -47,10 +47,10 @@ void GptModel::setTpCommOverlap(Stream& commStream, Communicator& comm) {
 
 Status GptModel::rowParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,
                                                TensorPtr dyLocal, TensorPtr x, TensorPtr dx, int T, int in,
-                                               int out) {
+                                               int out, const float* Wq) {
     // dY [TL, out] is ring-gathered while the dgrad GEMM of the shards already here runs;
     // the wgrad (a sum over all T rows) runs once on the gathered dY.
-    const float* W = m_params.modelParam(wIdx);
+    const float* W = Wq ? Wq : m_params.modelParam(wIdx);
     const bool bf = m_o.bf16;
     auto dgrad = [=](const float* dy, float* dxr, int rows) {
         k::linearBackward(dy, nullptr, W, dxr, nullptr, nullptr, rows, in, out);
@@ -63,12 +63,12 @@ Status GptModel::rowParallelBackwardOverlapped(const char* dgradName, const char
 
 Result<TensorPtr> GptModel::columnParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,
                                                              int bIdx, TensorPtr dy, TensorPtr xLocal, int T, int in,
-                                                             int out) {
+                                                             int out, const float* Wq) {
     // dy: [T, out] (TP region), xLocal: the saved s-shard [TL, in]. Returns dX's shard [TL, in].
     const int TL = localTokens();
     const int64_t n = int64_t(TL) * in;
     const TpOverlapOptions& o = m_tpo->options();
-    const float* W = m_params.modelParam(wIdx);
+    const float* W = Wq ? Wq : m_params.modelParam(wIdx);
     const bool bf = m_o.bf16;
     auto dgrad = [=](const float* dyr, float* dxr, int rows) {
         k::linearBackward(dyr, nullptr, W, dxr, nullptr, nullptr, rows, in, out);

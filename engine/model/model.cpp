@@ -67,8 +67,6 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
                        std::to_string(ds.tp * ds.cp) + "; use p2p or all_gather otherwise");
         if (c.seq_length % (2 * ds.cp) != 0)
             return bad("seq_length=" + std::to_string(c.seq_length) + " must be divisible by 2 x context_parallel_size");
-        if (c.hidden_dropout > 0 || c.attention_dropout > 0)
-            return notYet("dropout (hidden_dropout / attention_dropout > 0); set both to 0");
     }
     if (c.num_moe_experts > 0) {
         // What this engine's MoE block runs (engine/model/gpt_moe.cpp); the rest is refused by name.
@@ -106,11 +104,7 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
     if (d.ffn % tp != 0) return bad("tensor_model_parallel_size must divide ffn_hidden_size");
     if (int64_t(d.seq) * d.microBatch > (int64_t(1) << 30))
         return bad("seq_length * micro_batch_size is too large");
-    if (!c.fp8.empty()) {
-        TS_RETURN_IF_ERROR(Fp8Recipe::fromConfig(c).status());
-        if (c.tp_comm_overlap && c.sequence_parallel && tp > 1)
-            return Status::unsupported("fp8 with tp_comm_overlap is not executed by the engine yet; turn one of them off");
-    }
+    if (!c.fp8.empty()) TS_RETURN_IF_ERROR(Fp8Recipe::fromConfig(c).status());
     return d;
 }
 

@@ -24,7 +24,9 @@
 // rows is the same math (the wgrad GEMM, which sums over rows, is never split). It is not
 // bitwise: OpenBLAS picks its micro-kernels by the row count M, so the last bit of a row can
 // depend on the chunk size (about 1 in 5 outputs of a 32-row vs 2x16-row sgemm differ by an
-// ulp); trained weights agree to ~1e-6 relative with the unsplit path.
+// ulp); trained weights agree to ~1e-6 relative with the unsplit path. FP8 inputs are
+// quantized by the caller before they reach these functions (the local shard before agGemm,
+// with the whole tensor's scale), so the pieces see the values the unsplit path sees.
 //
 // Shapes: activations are sequence-first [s, b, h] flattened to [T, h]; the TP region holds
 // all T rows in rank order of the s-shards (rank r owns rows [r*TL, (r+1)*TL), TL = T/t).

@@ -2,6 +2,8 @@
 // (REFERENCE.md §4; the all-gather variant of §4.5): the query rows carry their global
 // positions, key j (global position j) is visible to query i iff j <= qPos[i]. Straightforward
 // loops per (batch, head, query row): the oracle the CUDA path will be checked against too.
+// Attention dropout: the keep bits of a row are drawn from the global (query, key) positions
+// (CpAttnDims), one dropoutMask call per run of consecutive key positions, never stored.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -10,10 +12,40 @@
 
 namespace ts::kernels::cpu {
 
+namespace {
+
+inline float keepScale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+
+// keep[j] = 1/(1-p) or 0 for the first n keys of query row qp (global) of head (bi, hq):
+// key j has global position kPos[j] (ascending), or j when kPos is null.
+void rowKeep(const CpAttnDims& a, int bi, int hq, int qp, const int* kPos, int n, std::vector<uint8_t>& bits,
+             float* keep) {
+    const int64_t nqTotal = a.nqTotal > 0 ? a.nqTotal : a.nq;
+    const int64_t S = a.sTotal > 0 ? a.sTotal : a.skv;
+    const uint64_t row = uint64_t(((int64_t(bi) * nqTotal + a.headOffset + hq) * S + qp) * S);
+    if (bits.size() < size_t(n)) bits.resize(size_t(n));
+    for (int j0 = 0; j0 < n;) {
+        int j1 = j0 + 1;
+        if (kPos)
+            while (j1 < n && kPos[j1] == kPos[j1 - 1] + 1) ++j1;
+        else
+            j1 = n;
+        const int first = kPos ? kPos[j0] : j0;
+        dropoutMask(bits.data() + j0, j1 - j0, a.dropout, a.dropoutSeed, row + uint64_t(first));
+        j0 = j1;
+    }
+    const float sc = keepScale(a.dropout);
+    for (int j = 0; j < n; ++j) keep[j] = bits[size_t(j)] ? sc : 0.0f;
+}
+
+}  // namespace
+
 void cpAttentionForward(const CpAttnDims& a, const int* qPos, const float* q, const float* k, const float* v,
                         float* probs, float* out) {
     const int r = a.nq / a.nkv;
-    std::vector<float> row(static_cast<size_t>(a.skv));
+    const bool drop = a.dropout > 0.0f;
+    std::vector<float> row(static_cast<size_t>(a.skv)), keep(drop ? size_t(a.skv) : 0);
+    std::vector<uint8_t> bits;
     for (int bi = 0; bi < a.b; ++bi) {
         for (int hq = 0; hq < a.nq; ++hq) {
             const int hk = hq / r;
@@ -35,9 +67,11 @@ void cpAttentionForward(const CpAttnDims& a, const int* qPos, const float* q, co
                 for (int j = 0; j < a.skv; ++j) P[j] = j <= last ? row[size_t(j)] * inv : 0.f;
                 float* o = out + ((size_t(i) * a.b + bi) * a.nq + hq) * a.d;
                 std::fill(o, o + a.d, 0.f);
+                if (drop) rowKeep(a, bi, hq, qPos[i], nullptr, last + 1, bits, keep.data());
                 for (int j = 0; j <= last; ++j) {
+                    const float pj = drop ? P[j] * keep[size_t(j)] : P[j];  // dropout(P)
                     const float* vj = v + ((size_t(j) * a.b + bi) * a.nkv + hk) * a.d;
-                    for (int e = 0; e < a.d; ++e) o[e] += P[j] * vj[e];
+                    for (int e = 0; e < a.d; ++e) o[e] += pj * vj[e];
                 }
             }
         }
@@ -50,7 +84,9 @@ void cpAttentionBackward(const CpAttnDims& a, const int* qPos, const float* q, c
     std::fill(dq, dq + size_t(a.sq) * a.b * a.nq * a.d, 0.f);
     std::fill(dk, dk + size_t(a.skv) * a.b * a.nkv * a.d, 0.f);
     std::fill(dv, dv + size_t(a.skv) * a.b * a.nkv * a.d, 0.f);
-    std::vector<float> dP(static_cast<size_t>(a.skv));
+    const bool drop = a.dropout > 0.0f;
+    std::vector<float> dP(static_cast<size_t>(a.skv)), keep(drop ? size_t(a.skv) : 0);
+    std::vector<uint8_t> bits;
     for (int bi = 0; bi < a.b; ++bi) {
         for (int hq = 0; hq < a.nq; ++hq) {
             const int hk = hq / r;
@@ -60,15 +96,20 @@ void cpAttentionBackward(const CpAttnDims& a, const int* qPos, const float* q, c
                 const float* qi = q + ((size_t(i) * a.b + bi) * a.nq + hq) * a.d;
                 float* gq = dq + ((size_t(i) * a.b + bi) * a.nq + hq) * a.d;
                 const int last = std::min(qPos[i], a.skv - 1);
+                if (drop) rowKeep(a, bi, hq, qPos[i], nullptr, last + 1, bits, keep.data());
                 double dot = 0;
                 for (int j = 0; j <= last; ++j) {
                     const float* vj = v + ((size_t(j) * a.b + bi) * a.nkv + hk) * a.d;
                     float s = 0;
                     for (int e = 0; e < a.d; ++e) s += go[e] * vj[e];
+                    // dropout backward: dP = M * d(dropout(P)), dV takes dropout(P)
+                    const float m = drop ? keep[size_t(j)] : 1.0f;
+                    s *= m;
                     dP[size_t(j)] = s;
                     dot += double(P[j]) * s;
+                    const float pj = P[j] * m;
                     float* gv = dv + ((size_t(j) * a.b + bi) * a.nkv + hk) * a.d;
-                    for (int e = 0; e < a.d; ++e) gv[e] += P[j] * go[e];
+                    for (int e = 0; e < a.d; ++e) gv[e] += pj * go[e];
                 }
                 for (int j = 0; j <= last; ++j) {
                     const float ds = P[j] * (dP[size_t(j)] - float(dot)) * a.scale;
@@ -100,7 +141,10 @@ int visibleKeys(const int* kPos, int skv, int qPos) {
 void cpRingAttentionForward(const CpAttnDims& a, const int* qPos, const int* kPos, const float* q, const float* k,
                             const float* v, float* out, float* lse, bool first) {
     const int r = a.nq / a.nkv;
-    std::vector<float> row(static_cast<size_t>(a.skv)), acc(static_cast<size_t>(a.d));
+    const bool drop = a.dropout > 0.0f;
+    std::vector<float> row(static_cast<size_t>(a.skv)), acc(static_cast<size_t>(a.d)),
+        keep(drop ? size_t(a.skv) : 0);
+    std::vector<uint8_t> bits;
     for (int bi = 0; bi < a.b; ++bi) {
         for (int hq = 0; hq < a.nq; ++hq) {
             const int hk = hq / r;
@@ -124,11 +168,13 @@ void cpRingAttentionForward(const CpAttnDims& a, const int* qPos, const int* kPo
                 }
                 double sum = 0;
                 std::fill(acc.begin(), acc.end(), 0.f);
+                if (drop) rowKeep(a, bi, hq, qPos[i], kPos, nv, bits, keep.data());
                 for (int j = 0; j < nv; ++j) {
                     const float p = std::exp(row[size_t(j)] - mx);
-                    sum += p;
+                    sum += p;  // the normaliser stays undropped
+                    const float pd = drop ? p * keep[size_t(j)] : p;
                     const float* vj = v + ((size_t(j) * a.b + bi) * a.nkv + hk) * a.d;
-                    for (int e = 0; e < a.d; ++e) acc[size_t(e)] += p * vj[e];
+                    for (int e = 0; e < a.d; ++e) acc[size_t(e)] += pd * vj[e];
                 }
                 const double lb = double(mx) + std::log(sum);
                 if (L == -INFINITY) {
@@ -161,7 +207,10 @@ void cpRingAttentionBackward(const CpAttnDims& a, const int* qPos, const int* kP
                              const float* v, const float* lse, const float* delta, const float* dout, float* dq,
                              float* dk, float* dv) {
     const int r = a.nq / a.nkv;
-    std::vector<float> P(static_cast<size_t>(a.skv)), dS(static_cast<size_t>(a.skv));
+    const bool drop = a.dropout > 0.0f;
+    std::vector<float> P(static_cast<size_t>(a.skv)), dS(static_cast<size_t>(a.skv)),
+        keep(drop ? size_t(a.skv) : 0);
+    std::vector<uint8_t> bits;
     std::fill(dk, dk + size_t(a.skv) * a.b * a.nkv * a.d, 0.f);
     std::fill(dv, dv + size_t(a.skv) * a.b * a.nkv * a.d, 0.f);
     for (int bi = 0; bi < a.b; ++bi) {
@@ -176,6 +225,7 @@ void cpRingAttentionBackward(const CpAttnDims& a, const int* qPos, const int* kP
                 const float L = lse[si], D = delta[si];
                 if (L == -INFINITY) continue;
                 const int nv = visibleKeys(kPos, a.skv, qPos[i]);
+                if (drop) rowKeep(a, bi, hq, qPos[i], kPos, nv, bits, keep.data());
                 // Pass 1: P and dS of the row's visible keys; pass 2: the three updates, each a
                 // plain axpy over the head dim (separate loops vectorize; one fused loop did not).
                 for (int j = 0; j < nv; ++j) {
@@ -186,8 +236,9 @@ void cpRingAttentionBackward(const CpAttnDims& a, const int* qPos, const int* kP
                     for (int e = 0; e < a.d; ++e) s += qi[e] * kj[e];
                     for (int e = 0; e < a.d; ++e) dp += go[e] * vj[e];
                     const float p = std::exp(s * a.scale - L);
-                    P[size_t(j)] = p;
-                    dS[size_t(j)] = p * (dp - D) * a.scale;
+                    const float m = drop ? keep[size_t(j)] : 1.0f;
+                    P[size_t(j)] = p * m;  // what multiplied V: dropout(P)
+                    dS[size_t(j)] = p * (dp * m - D) * a.scale;
                 }
                 for (int j = 0; j < nv; ++j) {
                     const size_t kvOff = ((size_t(j) * a.b + bi) * a.nkv + hk) * a.d;

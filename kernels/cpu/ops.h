@@ -135,11 +135,21 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                        float* scratch, bool fusedSoftmax = true);
 // Context parallel (attention_cp.cpp): sq local query rows [sq, b, nq, d] with global
 // positions qPos[sq] against the whole sequence's keys/values [skv, b, nkv, d] in global order;
-// key j visible iff j <= qPos[i]. probs: [b, nq, sq, skv]. Backward overwrites dq [sq,...] and
-// the full-length dk, dv [skv,...] (this rank's contribution; the owners sum them).
+// key j visible iff j <= qPos[i]. probs: [b, nq, sq, skv] (the softmax before dropout).
+// Backward overwrites dq [sq,...] and the full-length dk, dv [skv,...] (this rank's
+// contribution; the owners sum them).
+// Attention dropout (dropout > 0) draws the single device's mask (see AttnDims): the element of
+// (bi, head, query, key) is ((bi*nqTotal + headOffset + head)*sTotal + qPos)*sTotal + kPos with
+// GLOBAL positions, so every CP layout keeps and drops exactly what the cp=1 run does.
+// nqTotal = 0 means nq, sTotal = 0 means skv.
 struct CpAttnDims {
     int sq = 0, skv = 0, b = 0, nq = 0, nkv = 0, d = 0;
     float scale = 0;
+    float dropout = 0;
+    uint64_t dropoutSeed = 0;
+    int headOffset = 0;
+    int nqTotal = 0;
+    int sTotal = 0;
 };
 void cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k, const float* v,
                         float* probs, float* out);
@@ -152,13 +162,16 @@ void cpAttentionBackward(const CpAttnDims& dims, const int* qPos, const float* q
 // log-sum-exp of each row's scaled scores, lse [b, nq, sq] (natural log of the softmax
 // denominator): first=true starts it (a row with no visible key: out 0, lse -inf), first=false
 // merges out = out*e^(lse-lse') + o_blk*e^(lse_blk-lse') with lse' = logaddexp(lse, lse_blk).
+// With dropout the block's unnormalised probabilities are masked (and scaled by 1/(1-p)) before
+// .V while lse keeps the undropped denominator, so the merged out is dropout(softmax(S)) V.
 void cpRingAttentionForward(const CpAttnDims& dims, const int* qPos, const int* kPos, const float* q, const float* k,
                             const float* v, float* out, float* lse, bool first);
 // delta [b, nq, sq] = rowsum(dout * out) per head (the softmax backward's correction term).
 void cpRingAttentionDelta(const CpAttnDims& dims, const float* out, const float* dout, float* delta);
 // Backward of one block from the FINAL out's lse and delta: P = exp(scale*qk - lse),
 // dq += scale*dS k (accumulated), dk, dv [skv, b, nkv, d] overwritten with this block's
-// gradient from these queries (dS = P (dout.v - delta)).
+// gradient from these queries (dS = P (dout.v - delta)). With dropout (keep mask M, scaled by
+// 1/(1-p)): dv += (P M) dout, dS = P (M dout.v - delta); delta = rowsum(dout*out) still.
 void cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const int* kPos, const float* q, const float* k,
                              const float* v, const float* lse, const float* delta, const float* dout, float* dq,
                              float* dk, float* dv);

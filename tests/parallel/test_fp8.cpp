@@ -1,6 +1,7 @@
 // FP8 linears on the tiny GPT (issue #16): a few hundred steps stay within a stated tolerance of
-// the bf16 run for each format and recipe, FP8 really changes the numbers, and parallel layouts
-// equal the FP8 single-device run.
+// the bf16 run for each format and recipe, FP8 really changes the numbers, parallel layouts
+// equal (or, with TP and the ring/all-gather CP kernels, track) the FP8 single-device run, and
+// tp_comm_overlap equals the same layout without it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +13,9 @@
 
 namespace ts::test {
 namespace {
+
+// FP8 with tp_comm_overlap against the same layout without it (see Fp8TpCommOverlap).
+constexpr double kOverlapTol = 1e-6;
 
 engine::Config fp8Config(const std::string& fmt, const std::string& recipe) {
     engine::Config c = tinyConfig(2);
@@ -128,6 +132,63 @@ TEST(Fp8Parallel, TensorParallelTracksTheSingleDeviceRun) {
         EXPECT_NEAR(par->losses[0], ref.losses[0], 1e-5 * ref.losses[0]) << recipe << ": the first forward is exact";
     }
 }
+
+// FP8 with tp_comm_overlap (engine/model/tp_overlap.h): the overlapped linears quantize the
+// same tensors with the same scales as the non-overlapped ones (the SP input shard before its
+// ring all-gather, the output gradient shard before the dgrad's ring all-gather, the TP-region
+// gradient before the column-parallel dgrad; tensorwise amaxes over TP, delayed ones over
+// tp-dp-cp), and the dgrad GEMMs read the weights' FP8 copies. tp2 and tp2·dp2, delayed and
+// tensorwise, e4m3 and hybrid, bulk dgrad/wgrad overlap or tp_comm_overlap_rs_dgrad: equal to
+// the same layout without the overlap (bit for bit here: the split GEMMs give the unsplit
+// bits at these shapes; a BLAS whose row pieces differ in the last bit could move an FP8
+// rounding), and tracking the FP8 single device as TensorParallelTracksTheSingleDeviceRun.
+struct Fp8OverlapCase {
+    const char* name;
+    const char* fmt;
+    const char* recipe;
+    int dp;
+    bool rsDgrad;  // tp_comm_overlap_rs_dgrad instead of the bulk overlaps
+};
+class Fp8TpCommOverlap : public ::testing::TestWithParam<Fp8OverlapCase> {};
+
+TEST_P(Fp8TpCommOverlap, EqualsTheRunWithoutOverlap) {
+    const Fp8OverlapCase L = GetParam();
+    engine::Config off = withLayout(fp8Config(L.fmt, L.recipe), Layout{2, 1, 1, L.dp, 2});
+    off.sequence_parallel = true;
+    off.use_distributed_optimizer = L.dp > 1;
+    off.fp8_amax_history_len = 4;
+    off.fp8_amax_compute_algo = "max";
+    engine::Config on = off;
+    on.tp_comm_overlap = true;
+    on.tp_comm_overlap_rs_dgrad = L.rsDgrad;
+    auto without = runParallel(off, 4);
+    ASSERT_TRUE(without.isOk()) << without.status().toString();
+    auto with = runParallel(on, 4);
+    ASSERT_TRUE(with.isOk()) << with.status().toString();
+    expectSame(*with, *without, kOverlapTol, L.name);
+    const RunResult ref = runSingle(singleDevice(off), 4);
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+        EXPECT_NEAR(with->losses[s], ref.losses[s], 1e-3 * ref.losses[s]) << L.name << " step " << s + 1;
+    EXPECT_NEAR(with->losses[0], ref.losses[0], 1e-5 * ref.losses[0]) << L.name << ": the first forward is exact";
+    // FP8 is live in the overlapped run: the same layout in bf16 trains differently.
+    engine::Config bf16 = on;
+    bf16.fp8 = "";
+    auto plain = runParallel(bf16, 1);
+    ASSERT_TRUE(plain.isOk()) << plain.status().toString();
+    EXPECT_GT(std::fabs(plain->losses[0] - with->losses[0]), 1e-6) << L.name << ": fp8 changed nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Fp8TpCommOverlap,
+    ::testing::Values(Fp8OverlapCase{"tp2_e4m3_delayed", "e4m3", "delayed", 1, false},
+                      Fp8OverlapCase{"tp2_hybrid_delayed", "hybrid", "delayed", 1, false},
+                      Fp8OverlapCase{"tp2_e4m3_tensorwise", "e4m3", "tensorwise", 1, false},
+                      Fp8OverlapCase{"tp2_hybrid_tensorwise_rs_dgrad", "hybrid", "tensorwise", 1, true},
+                      Fp8OverlapCase{"tp2_dp2_hybrid_delayed", "hybrid", "delayed", 2, false},
+                      Fp8OverlapCase{"tp2_dp2_e4m3_tensorwise", "e4m3", "tensorwise", 2, false},
+                      Fp8OverlapCase{"tp2_dp2_hybrid_tensorwise_rs_dgrad", "hybrid", "tensorwise", 2, true},
+                      Fp8OverlapCase{"tp2_dp2_e4m3_delayed_rs_dgrad", "e4m3", "delayed", 2, true}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // Context parallel with FP8: a2a runs the single device's attention kernel on whole heads (in
 // Layouts above, to 1e-5). The ring (p2p) and all-gather kernels sum the softmax in another

@@ -18,6 +18,8 @@
 // from (source rank, local expert) to (local expert, source rank), computed, and travel back the
 // same way; the backward sends dY the same way and returns dX and dprob. Expert weights' grads
 // are reduced over the expert-data-parallel group (engine/parallel/ddp.h).
+// Shared experts (gpt_layer.cpp, gpt_mlp.cpp) are added to this block's output by the layer;
+// with moe_shared_expert_overlap they run inside it, after the dispatch (A.beforeExperts).
 // Context parallel: the layer runs on the CP-local rows; the aux loss counts the routing of the
 // whole microbatch (counts all-reduced over "cp"). Tensor parallel and expert biases are refused
 // by modelDimsFromConfig with the knob to change.
@@ -263,6 +265,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         s->xin = s->xp;
         s->eprob = s->probT;
     }
+    // moe_shared_expert_overlap: the shared experts run here (gpt_layer.cpp).
+    if (A.beforeExperts) TS_RETURN_IF_ERROR(A.beforeExperts());
     const int R = s->R;
     TS_ASSIGN_OR_RETURN(s->fc1, allocUninitialized(m_exec, int64_t(R) * F1));
     TS_ASSIGN_OR_RETURN(s->act, allocUninitialized(m_exec, int64_t(R) * F));
@@ -363,6 +367,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     } else if (ep > 1) {
         TS_ASSIGN_OR_RETURN(dyin, moeToExperts(*s, dyp, h));
     }
+    if (A.beforeExperts) TS_RETURN_IF_ERROR(A.beforeExperts());  // moe_shared_expert_overlap
     TS_ASSIGN_OR_RETURN(TensorPtr dxin, allocUninitialized(m_exec, int64_t(R) * h));
     TS_ASSIGN_OR_RETURN(TensorPtr deprob, allocUninitialized(m_exec, int64_t(R)));
     std::vector<const float*> W1(static_cast<size_t>(L)), W2(static_cast<size_t>(L));

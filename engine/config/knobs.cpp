@@ -452,8 +452,9 @@ std::vector<KnobDef> buildRegistry() {
         "the dense MLP, its output added to the routed experts'; 0 = no shared expert.");
     rules(r.b("moe_shared_expert_overlap", &C::moe_shared_expert_overlap, "--moe-shared-expert-overlap", "",
               "model.moe_shared_expert_overlap",
-              "Overlap the shared experts' compute with the token dispatcher's communication: they run after the "
-              "router, between the dispatch and the routed experts (off: before the router); the same numbers."),
+              "Overlap the shared experts' compute with the token dispatcher's communication: after the router "
+              "they run on their own stream (parallel runs) from the dispatch on, beside the all-to-all and the routed "
+              "experts (off: before the router, on the compute stream); the same numbers."),
           "requires moe_shared_expert_intermediate_size > 0 and moe_token_dispatcher_type alltoall");
     rules(r.b("moe_shared_expert_gate", &C::moe_shared_expert_gate, "--moe-shared-expert-gate", "",
               "model.moe_shared_expert_gate",

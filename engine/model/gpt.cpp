@@ -19,6 +19,7 @@ GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o,
 
 GptModel::~GptModel() {
     (void)m_exec.synchronize();
+    if (m_sharedStream) (void)m_sharedStream->synchronize();
     m_held.clear();
 }
 

@@ -138,6 +138,12 @@ public:
     // only) with the key/value blocks passed on `commStream` (engine/model/cp_ring.h). Needed
     // before the first forward when context parallel runs with p2p; no-op otherwise.
     void setCpRing(Stream& commStream, Communicator& comm);
+    // moe_shared_expert_overlap: run the shared experts' forward and backward on `stream` (their
+    // TP collectives over `tp`, a "tp" communicator used on that stream only; null with tp 1),
+    // concurrently with the dispatcher's all-to-all and the routed experts on the compute stream,
+    // as Megatron's SharedExpertMLP.stream. No-op unless the model has shared experts and the knob
+    // is set; without it they run in that place of the compute stream. Call before the first forward.
+    void setSharedExpertStream(Stream& stream, Communicator* tp);
 
 private:
     struct LayerActs;
@@ -286,6 +292,12 @@ private:
     };
     std::deque<Held> m_held;         // buffers of enqueued SP collectives, oldest first
     std::unique_ptr<TpOverlap> m_tpo;
+    Stream* m_sharedStream = nullptr;     // moe_shared_expert_overlap: the shared experts' stream
+    Communicator* m_sharedTp = nullptr;   // ... and its "tp" communicator
+    // Enqueues fn's ops on the shared experts' stream, after `ready` (recorded on compute), with
+    // the TP collectives on its communicator; returns the event that marks their end.
+    Result<std::shared_ptr<Event>> onSharedStream(const std::shared_ptr<Event>& ready,
+                                                  const std::function<Status()>& fn);
     std::unique_ptr<CpRing> m_cpRing;  // cp_comm_type=p2p  // tp_comm_overlap active (SP + knob + comm stream given)
     std::shared_ptr<std::vector<Fp8Meta>> m_fp8Meta;  // [local layer][linear][slot]
     struct Fp8WeightCopy {

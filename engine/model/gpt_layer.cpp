@@ -139,16 +139,56 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
 
 // An MoE layer's MLP part (Megatron's MoELayer.forward): the routed experts (gpt_moe.cpp) plus,
 // with moe_shared_expert_intermediate_size > 0, the shared experts, whose output is added to the
-// routed experts' (postprocess). They run before the router, or with moe_shared_expert_overlap
-// after it, between the token dispatch and the routed experts' GEMMs, where Megatron overlaps
-// them with the dispatcher's all-to-all; the sums are taken in one order, so the numbers are
-// the same either way.
+// routed experts' (postprocess). They run before the router (Megatron's default), or with
+// moe_shared_expert_overlap after it, from the point between the token dispatch and the routed
+// experts' GEMMs (gpt_moe.cpp calls A.beforeExperts there): on their own stream when the trainer
+// gave one (setSharedExpertStream; the compute stream waits for them before the sum), so they run
+// while the dispatcher's all-to-all and the routed experts run, else in that place of the compute
+// stream. The backward mirrors it. The sums are taken in one order, so the numbers are the same
+// either way.
+void GptModel::setSharedExpertStream(Stream& stream, Communicator* tp) {
+    if (m_sharedFfnL <= 0 || !m_cfg.moe_shared_expert_overlap) return;
+    m_sharedStream = &stream;
+    m_sharedTp = tp;
+}
+
+Result<std::shared_ptr<Event>> GptModel::onSharedStream(const std::shared_ptr<Event>& ready,
+                                                        const std::function<Status()>& fn) {
+    if (m_ctx.tpSize > 1 && !m_sharedTp)
+        return Status::internal("shared experts on their own stream need a \"tp\" communicator for it");
+    m_sharedStream->wait(*ready);
+    Stream& compute = m_exec.setStream(*m_sharedStream);
+    Communicator* tp = m_ctx.tp;
+    if (m_ctx.tpSize > 1) m_ctx.tp = m_sharedTp;
+    // Megatron turns the userbuffers overlap off in the overlapped shared experts' linears: their
+    // SP collectives run on their stream, plainly.
+    std::unique_ptr<TpOverlap> tpo = std::move(m_tpo);
+    const Status st = fn();
+    m_tpo = std::move(tpo);
+    m_ctx.tp = tp;
+    m_exec.setStream(compute);
+    TS_RETURN_IF_ERROR(st);
+    std::shared_ptr<Event> done(m_exec.device().createEvent());
+    m_sharedStream->record(*done);
+    return done;
+}
+
 Result<TensorPtr> GptModel::moeLayerForward(LayerActs& A, const LayerParams& P, int gl) {
     if (P.shFc1W < 0) return moeForward(A, P, gl);
     TensorPtr shared;
+    std::shared_ptr<Event> sharedDone, inputReady;  // both outlive the hook, called inside moeForward
     if (m_cfg.moe_shared_expert_overlap) {
+        if (m_sharedStream) {
+            inputReady = m_exec.device().createEvent();
+            m_exec.stream().record(*inputReady);  // A.a2 is written
+        }
         A.beforeExperts = [&]() -> Status {
-            TS_ASSIGN_OR_RETURN(shared, sharedExpertForward(A, P));
+            auto run = [&]() -> Status {
+                TS_ASSIGN_OR_RETURN(shared, sharedExpertForward(A, P));
+                return Status::ok();
+            };
+            if (!inputReady) return run();
+            TS_ASSIGN_OR_RETURN(sharedDone, onSharedStream(inputReady, run));
             return Status::ok();
         };
     } else {
@@ -158,6 +198,7 @@ Result<TensorPtr> GptModel::moeLayerForward(LayerActs& A, const LayerParams& P, 
     A.beforeExperts = nullptr;
     if (!routed.isOk()) return routed.status();
     if (!shared) return Status::internal("MoE layer " + std::to_string(gl) + ": the shared experts did not run");
+    if (sharedDone) m_exec.stream().wait(*sharedDone);
     TensorPtr out = std::move(routed).value();
     const int64_t ThL = int64_t(localTokens()) * m_d.hidden;
     const bool bf = m_o.bf16;
@@ -171,10 +212,21 @@ Result<TensorPtr> GptModel::moeLayerForward(LayerActs& A, const LayerParams& P, 
 Result<TensorPtr> GptModel::moeLayerBackward(LayerActs& A, const LayerParams& P, TensorPtr dout) {
     if (P.shFc1W < 0) return moeBackward(A, P, std::move(dout));
     TensorPtr dshared;
+    std::shared_ptr<Event> sharedDone;
+    std::shared_ptr<Event> gradReady;  // outlives the hook, called inside moeBackward
     const bool overlap = m_cfg.moe_shared_expert_overlap;
     if (overlap) {
+        if (m_sharedStream) {
+            gradReady = m_exec.device().createEvent();
+            m_exec.stream().record(*gradReady);  // dout is written
+        }
         A.beforeExperts = [&]() -> Status {
-            TS_ASSIGN_OR_RETURN(dshared, sharedExpertBackward(A, P, dout));
+            auto run = [&]() -> Status {
+                TS_ASSIGN_OR_RETURN(dshared, sharedExpertBackward(A, P, dout));
+                return Status::ok();
+            };
+            if (!gradReady) return run();
+            TS_ASSIGN_OR_RETURN(sharedDone, onSharedStream(gradReady, run));
             return Status::ok();
         };
     }
@@ -183,6 +235,8 @@ Result<TensorPtr> GptModel::moeLayerBackward(LayerActs& A, const LayerParams& P,
     if (!routed.isOk()) return routed.status();
     if (!overlap) { TS_ASSIGN_OR_RETURN(dshared, sharedExpertBackward(A, P, dout)); }
     if (!dshared) return Status::internal("MoE layer backward: the shared experts did not run");
+    // Also orders the shared weights' grads (accumulated on their stream) before the grad-ready hook.
+    if (sharedDone) m_exec.stream().wait(*sharedDone);
     TensorPtr dx = std::move(routed).value();
     const int64_t ThL = int64_t(localTokens()) * m_d.hidden;
     const bool bf = m_o.bf16;

@@ -4,7 +4,8 @@
 // dense model whose MLP holds the shared weights (and with a zero gate weight, sigmoid(0) = 1/2,
 // the dense model with half its linear_fc2); finite differences for the shared weights and the
 // gate; parallel layouts against the single device; overlap on and off give the same numbers
-// and run the shared experts where Megatron does; FLOPs; a checkpoint of ep2·dp2.
+// and run the shared experts where Megatron does (on their own stream in parallel runs); FLOPs;
+// a checkpoint of ep2·dp2.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -291,18 +292,42 @@ TEST(MoeShared, OverlapRunsTheSharedExpertsBetweenDispatchAndRoutedExperts) {
     EXPECT_LT(on.sharedBwd, on.routerBwd);
 }
 
-// The shared experts run where they run; the sums are taken in one order: the same numbers.
-TEST(MoeShared, OverlapGivesTheSameNumbers) {
-    engine::Config c = withLayout(sharedConfig(true), Layout{1, 1, 1, 2, 2});
-    c.expert_model_parallel_size = 2;
-    c.moe_token_dispatcher_type = "alltoall";
-    c.moe_aux_loss_coeff = 0.01;
-    auto off = runParallel(c, 3);
-    ASSERT_TRUE(off.isOk()) << off.status().toString();
-    c.moe_shared_expert_overlap = true;
-    auto on = runParallel(c, 3);
-    ASSERT_TRUE(on.isOk()) << on.status().toString();
-    expectSame(*on, *off, 0.0, "ep2 overlap on vs off");
+// Parallel runs give the shared experts their own stream (Megatron's SharedExpertMLP.stream, with
+// a TP communicator of its own): their ops run there, concurrently with the dispatcher's
+// all-to-all on the compute stream; the sums are taken in one order: the same numbers bit for bit.
+TEST(MoeShared, OverlapRunsOnTheSharedStreamWithTheSameNumbers) {
+    for (int tp : {1, 2}) {
+        engine::Config c = withLayout(sharedConfig(true), Layout{tp, 1, 1, 2, 2});
+        if (tp > 1) {
+            c.sequence_parallel = true;
+            c.expert_tensor_parallel_size = 1;
+        }
+        c.expert_model_parallel_size = 2;
+        c.moe_token_dispatcher_type = "alltoall";
+        c.moe_aux_loss_coeff = 0.01;
+        const std::string what = "tp" + std::to_string(tp) + "_ep2";
+        auto off = runParallel(c, 3);
+        ASSERT_TRUE(off.isOk()) << what << ": " << off.status().toString();
+        c.moe_shared_expert_overlap = true;
+        FakeRecorder rec;
+        auto on = runParallel(c, 3, &rec);
+        ASSERT_TRUE(on.isOk()) << what << ": " << on.status().toString();
+        expectSame(*on, *off, 0.0, what + " overlap on vs off");
+        int onShared = 0, elsewhere = 0, sharedTpComm = 0;
+        for (const auto& sl : rec.slices) {
+            const std::string n = rec.str(sl.name);
+            const trace::TrackDesc& t = rec.trackDesc(sl.track);
+            if (t.kind == trace::TrackKind::HostThread) continue;
+            const bool sharedTrack = t.name.find("shared_experts") != std::string::npos;
+            if (n.rfind("shared_experts.", 0) == 0) ++(sharedTrack ? onShared : elsewhere);
+            if (sharedTrack && rec.str(sl.group) == "tp") ++sharedTpComm;
+        }
+        EXPECT_GT(onShared, 0) << what;
+        EXPECT_EQ(elsewhere, 0) << what;
+        if (tp > 1) {
+            EXPECT_GT(sharedTpComm, 0) << what << ": the SP all-gather / reduce-scatter on that stream";
+        }
+    }
 }
 
 struct SharedLayout {

@@ -334,7 +334,9 @@ struct SharedLayout {
     const char* name;
     int tp, pp, dp, ep;
     bool distOpt = false, gate = false, overlap = false, swiglu = false;
+    bool recompute = false, tpCommOverlap = false;
 };
+void PrintTo(const SharedLayout& l, std::ostream* os) { *os << l.name; }
 class MoeSharedParallel : public ::testing::TestWithParam<SharedLayout> {};
 
 TEST_P(MoeSharedParallel, EqualsTheSingleDeviceRun) {
@@ -345,6 +347,12 @@ TEST_P(MoeSharedParallel, EqualsTheSingleDeviceRun) {
         c.expert_tensor_parallel_size = 1;
     }
     c.swiglu = L.swiglu;
+    if (L.recompute) {
+        c.recompute_granularity = "full";
+        c.recompute_method = "uniform";
+        c.recompute_num_layers = 1;
+    }
+    c.tp_comm_overlap = L.tpCommOverlap;
     c.expert_model_parallel_size = L.ep;
     c.moe_token_dispatcher_type = "alltoall";
     c.use_distributed_optimizer = L.distOpt;
@@ -365,7 +373,11 @@ INSTANTIATE_TEST_SUITE_P(
                       SharedLayout{"tp2_ep2_dp2_distopt_gate", 2, 1, 2, 2, true, true},
                       SharedLayout{"pp2_gate", 1, 2, 1, 1, false, true},
                       SharedLayout{"ep2_overlap_gate", 1, 1, 2, 2, false, true, true},
-                      SharedLayout{"tp2_ep2_overlap", 2, 1, 1, 2, false, false, true}),
+                      SharedLayout{"tp2_ep2_overlap", 2, 1, 1, 2, false, false, true},
+                      SharedLayout{"ep2_pp2_full_recompute_overlap_gate", 1, 2, 2, 2, true, true, true, false, true},
+                      SharedLayout{"tp2_tp_comm_overlap_swiglu", 2, 1, 1, 1, false, false, false, true, false, true},
+                      SharedLayout{"tp2_tp_comm_overlap_moe_overlap_gate", 2, 1, 1, 1, false, true, true, false, false,
+                                   true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(MoeShared, Ep2Dp2CheckpointResumesOnOneDevice) {

@@ -126,6 +126,7 @@ struct Config {
     int moe_ffn_hidden_size = 0;
     int moe_shared_expert_intermediate_size = 0;  // 0 = no shared expert
     bool moe_shared_expert_overlap = false;
+    bool moe_shared_expert_gate = false;          // shared expert output *= sigmoid(x w_gate)
     bool moe_permute_fusion = false;
     std::string moe_router_load_balancing_type = "aux_loss";
 

@@ -488,13 +488,21 @@ std::vector<KnobDef> buildRegistry() {
                          "\"([1]*3+[0]*1)*2\"."));
     r.i("moe_ffn_hidden_size", &C::moe_ffn_hidden_size, "--moe-ffn-hidden-size", "model.moe_ffn_hidden_size",
         "Expert MLP hidden size; 0 = ffn_hidden_size.");
-    notInEngine(r.i("moe_shared_expert_intermediate_size", &C::moe_shared_expert_intermediate_size,
-                    "--moe-shared-expert-intermediate-size", "model.moe_shared_expert_intermediate_size",
-                    "Total hidden size of the shared experts; 0 = no shared expert."));
-    notInEngine(rules(r.b("moe_shared_expert_overlap", &C::moe_shared_expert_overlap, "--moe-shared-expert-overlap", "",
-                          "model.moe_shared_expert_overlap",
-                          "Overlap the shared experts' compute with the token dispatcher's communication."),
-                      "requires moe_shared_expert_intermediate_size > 0"));
+    r.i("moe_shared_expert_intermediate_size", &C::moe_shared_expert_intermediate_size,
+        "--moe-shared-expert-intermediate-size", "model.moe_shared_expert_intermediate_size",
+        "Total hidden size of the shared experts (number of shared experts x each one's ffn size): a dense MLP of "
+        "this ffn size beside the routed experts of every MoE layer, applied to every token and TP-sharded like "
+        "the dense MLP, its output added to the routed experts'; 0 = no shared expert.");
+    rules(r.b("moe_shared_expert_overlap", &C::moe_shared_expert_overlap, "--moe-shared-expert-overlap", "",
+              "model.moe_shared_expert_overlap",
+              "Overlap the shared experts' compute with the token dispatcher's communication: after the router "
+              "they run on their own stream (parallel runs) from the dispatch on, beside the all-to-all and the routed "
+              "experts (off: before the router, on the compute stream); the same numbers."),
+          "requires moe_shared_expert_intermediate_size > 0 and moe_token_dispatcher_type alltoall");
+    rules(r.b("moe_shared_expert_gate", &C::moe_shared_expert_gate, "--moe-shared-expert-gate", "",
+              "model.moe_shared_expert_gate",
+              "Gate the shared experts' output per token: output *= sigmoid(x w_gate), w_gate a [1, hidden] weight."),
+          "only with moe_shared_expert_intermediate_size > 0");
     notInEngine(r.b("moe_permute_fusion", &C::moe_permute_fusion, "--moe-permute-fusion", "", "model.moe_permute_fusion",
                     "Fuse the token permutation of the dispatcher."));
     r.e("moe_router_load_balancing_type", &C::moe_router_load_balancing_type,

@@ -1,4 +1,4 @@
-// Megatron's model-FLOPs formula (dense GPT).
+// Megatron's model-FLOPs formula (dense GPT, MoE routed and shared experts).
 #include "engine/model/flops.h"
 
 #include <algorithm>
@@ -26,6 +26,7 @@ FlopsInputs FlopsInputs::fromConfig(const Config& c) {
         in.moeLayers = int(std::count(pattern.begin(), pattern.end(), 1));
         in.moeFfn = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : d.ffn_hidden_size;
         in.topk = c.moe_router_topk;
+        in.sharedFfn = c.moe_shared_expert_intermediate_size;
     }
     return in;
 }
@@ -38,7 +39,8 @@ double megatronFlopsPerIteration(const FlopsInputs& in) {
     const double tokens = in.globalBatch * in.seq;
     const double attnLinear = fb * fma * (h * (q + 2 * kv) + q * h);
     const double attnCore = fb * fma * q / 2 * 2;  // "/2" causal, "*2" QK^T and (QK^T)V
-    const double mlp = fb * fma * h * ffnExp * (in.ffn * (L - in.moeLayers) + in.moeFfn * in.topk * in.moeLayers);
+    const double mlp = fb * fma * h * ffnExp *
+                       (in.ffn * (L - in.moeLayers) + (in.moeFfn * in.topk + in.sharedFfn) * in.moeLayers);
     const double perToken = mlp + attnLinear * L + fb * fma * h * in.paddedVocab;
     const double seqSq = in.globalBatch * in.seq * in.seq;
     return tokens * perToken + seqSq * attnCore * L;
@@ -65,6 +67,13 @@ std::string flopsFormulaText(const FlopsInputs& in) {
                       "routed experts of a token; the router GEMM is not counted, as in Megatron)",
                       in.swiglu ? 3 : 2, in.moeFfn, in.topk, in.topk);
         text += moe;
+        if (in.sharedFfn > 0) {
+            std::snprintf(moe, sizeof moe,
+                          "; shared experts: + 6*h*%g*%d per MoE layer (a dense MLP of "
+                          "moe_shared_expert_intermediate_size; the gate is not counted, as in Megatron)",
+                          in.sharedFfn, in.swiglu ? 3 : 2);
+            text += moe;
+        }
     }
     return text;
 }

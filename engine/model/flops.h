@@ -20,10 +20,14 @@ struct FlopsInputs {
     // top-k routed experts of moe_ffn_hidden_size each, as Megatron does (its formula leaves
     // the router GEMM out, and so does this one).
     double moeLayers = 0, moeFfn = 0, topk = 0;
+    // Shared experts (moe_shared_expert_intermediate_size): a dense MLP of that ffn size in every
+    // MoE layer, Megatron's shared_expert_ffn_hidden_size term.
+    double sharedFfn = 0;
     static FlopsInputs fromConfig(const Config& c);
 };
 
 // Megatron HEAD: F = B*s*[ 6*h*ffn*(3 if swiglu else 2)*L + 6*(h*(q+2kv) + q*h)*L + 6*h*V ]
+//                    (MoE layers: ffn -> moe_ffn*topk + shared_ffn)
 //                    + B*s^2 * 6*q * L,   q = kv_channels*heads, kv = kv_channels*groups.
 double megatronFlopsPerIteration(const FlopsInputs& in);
 // Korthikanti Eq. 7 (MHA, ffn = 4h form generalised the same way, attention not halved):

@@ -19,6 +19,7 @@ GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o,
 
 GptModel::~GptModel() {
     (void)m_exec.synchronize();
+    if (m_sharedStream) (void)m_sharedStream->synchronize();
     m_held.clear();
 }
 
@@ -161,6 +162,17 @@ Status GptModel::registerParams() {
                 };
                 P.expFc1W.push_back(addExpert(ex + "linear_fc1.weight", {moeFc1, h}, ShardKind::ColumnParallel, stride));
                 P.expFc2W.push_back(addExpert(ex + "linear_fc2.weight", {h, m_moeFfn}, ShardKind::RowParallel, 1));
+            }
+            // Shared experts (Megatron's SharedExpertMLP: an MLP with ffn_hidden_size =
+            // moe_shared_expert_intermediate_size, no biases; its gate_weight [1, h] is replicated and
+            // marked sequence_parallel): dense params, TP-sharded, grads reduced over dp-cp.
+            if (const int fs = m_cfg.moe_shared_expert_intermediate_size; fs > 0) {
+                m_sharedFfnL = fs / t;
+                const std::string sh = pre + "mlp.shared_experts.";
+                P.shFc1W = add(sh + "linear_fc1.weight", {int64_t(m_d.swiglu ? 2 : 1) * fs, h}, ShardKind::ColumnParallel,
+                               stride);
+                P.shFc2W = add(sh + "linear_fc2.weight", {h, fs}, ShardKind::RowParallel);
+                if (m_cfg.moe_shared_expert_gate) P.shGateW = add(sh + "gate_weight", {1, h}, ShardKind::Replicated);
             }
             m_layers.push_back(P);
             continue;
@@ -420,6 +432,8 @@ std::vector<int> GptModel::layerParamList(int li) const {
         out.push_back(P.expFc1W[e]);
         out.push_back(P.expFc2W[e]);
     }
+    for (int i : {P.shFc1W, P.shFc2W, P.shGateW})
+        if (i >= 0) out.push_back(i);
     return out;
 }
 

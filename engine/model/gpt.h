@@ -50,6 +50,8 @@ struct Microbatch {
     double tokensTotal = 0;
 };
 
+struct MlpOpNames;  // gpt_mlp.cpp: the op names of one kind of MLP
+
 class GptModel {
 public:
     struct LayerParams {
@@ -58,6 +60,9 @@ public:
         // MoE layer (gpt_moe.cpp): the router and the experts' linears instead of fc1/fc2.
         int routerW = -1;
         std::vector<int> expFc1W, expFc2W;
+        // Shared experts of an MoE layer (moe_shared_expert_intermediate_size > 0; Megatron's
+        // mlp.shared_experts): fc1 column parallel, fc2 row parallel, the optional gate [1, h].
+        int shFc1W = -1, shFc2W = -1, shGateW = -1;
     };
 
     // Builds the model (params registered and allocated, zero) for `ctx`.
@@ -133,6 +138,12 @@ public:
     // only) with the key/value blocks passed on `commStream` (engine/model/cp_ring.h). Needed
     // before the first forward when context parallel runs with p2p; no-op otherwise.
     void setCpRing(Stream& commStream, Communicator& comm);
+    // moe_shared_expert_overlap: run the shared experts' forward and backward on `stream` (their
+    // TP collectives over `tp`, a "tp" communicator used on that stream only; null with tp 1),
+    // concurrently with the dispatcher's all-to-all and the routed experts on the compute stream,
+    // as Megatron's SharedExpertMLP.stream. No-op unless the model has shared experts and the knob
+    // is set; without it they run in that place of the compute stream. Call before the first forward.
+    void setSharedExpertStream(Stream& stream, Communicator* tp);
 
 private:
     struct LayerActs;
@@ -159,6 +170,26 @@ private:
     // MLP block: A.a2 -> the linear_fc2 output [TL, h] before its bias; backward likewise.
     Result<TensorPtr> mlpForward(LayerActs& A, const LayerParams& P);
     Result<TensorPtr> mlpBackward(LayerActs& A, const LayerParams& P, TensorPtr dfc2);
+    // The MLP of either kind (gpt_mlp.cpp): the dense MLP or an MoE layer's shared experts, the same
+    // TP-sharded code with its own weights, local ffn size and op names.
+    struct MlpWeights {
+        int fc1W = -1, fc1B = -1, fc2W = -1;
+        int ffnL = 0;       // ffn size on this TP rank
+        bool fp8 = false;   // the dense MLP of an FP8 layer
+        const MlpOpNames* names = nullptr;
+    };
+    // x: the SP-local input [TL, h] -> fc2 output [TL, h] (reduce-scattered / all-reduced over
+    // TP); saves the fc1 output and the activation in *fc1, *act for the backward.
+    Result<TensorPtr> mlpBlockForward(int li, const MlpWeights& W, const TensorPtr& x, TensorPtr* fc1, TensorPtr* act);
+    Result<TensorPtr> mlpBlockBackward(int li, const MlpWeights& W, const TensorPtr& x, const TensorPtr& fc1,
+                                       const TensorPtr& act, TensorPtr dfc2);
+    // Shared experts of an MoE layer (gpt_mlp.cpp): A.a2 -> their (gated) output [TL, h], which
+    // the layer adds to the routed experts' output; backward: dout [TL, h] -> their grad of A.a2.
+    Result<TensorPtr> sharedExpertForward(LayerActs& A, const LayerParams& P);
+    Result<TensorPtr> sharedExpertBackward(LayerActs& A, const LayerParams& P, TensorPtr dout);
+    // MoE layer (gpt_layer.cpp): the routed experts plus the shared experts, if any.
+    Result<TensorPtr> moeLayerForward(LayerActs& A, const LayerParams& P, int gl);
+    Result<TensorPtr> moeLayerBackward(LayerActs& A, const LayerParams& P, TensorPtr dout);
     // MoE block (gpt_moe.cpp) in place of the MLP: A.a2 -> the combined expert output [T, h].
     Result<TensorPtr> moeForward(LayerActs& A, const LayerParams& P, int gl);
     Result<TensorPtr> moeBackward(LayerActs& A, const LayerParams& P, TensorPtr dout);
@@ -267,6 +298,7 @@ private:
     int m_nqL = 0, m_ngL = 0, m_ffnL = 0, m_vocabL = 0, m_vocabStart = 0;
     int m_moeFfn = 0;  // expert MLP hidden size (moe_ffn_hidden_size or ffn), 0 = dense model
     int m_moeFfnL = 0; // ... this rank's share of it: moe_ffn / expert_tensor_parallel_size
+    int m_sharedFfnL = 0;  // shared experts' ffn size on this TP rank (moe_shared_expert_intermediate_size / t)
     int m_step = 0, m_numMicrobatches = 1;
     bool m_sp = false;               // sequence parallel active (tp > 1)
     int m_backwardsThisStep = 0;     // backward() calls since beginStep()
@@ -277,6 +309,12 @@ private:
     };
     std::deque<Held> m_held;         // buffers of enqueued SP collectives, oldest first
     std::unique_ptr<TpOverlap> m_tpo;
+    Stream* m_sharedStream = nullptr;     // moe_shared_expert_overlap: the shared experts' stream
+    Communicator* m_sharedTp = nullptr;   // ... and its "tp" communicator
+    // Enqueues fn's ops on the shared experts' stream, after `ready` (recorded on compute), with
+    // the TP collectives on its communicator; returns the event that marks their end.
+    Result<std::shared_ptr<Event>> onSharedStream(const std::shared_ptr<Event>& ready,
+                                                  const std::function<Status()>& fn);
     std::unique_ptr<CpRing> m_cpRing;  // cp_comm_type=p2p  // tp_comm_overlap active (SP + knob + comm stream given)
     std::shared_ptr<std::vector<Fp8Meta>> m_fp8Meta;  // [local layer][linear][slot]
     struct Fp8WeightCopy {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "engine/backend/backend_trace.h"
 #include "engine/comm/communicator.h"
@@ -31,6 +32,14 @@ struct GptModel::LayerActs {
     TensorPtr act;                  // activation output [T, F]
     TensorPtr mask2;                // dropout mask after linear_fc2
     std::shared_ptr<MoeSaved> moe;  // MoE layer: routing and expert activations
+    // MoE layer with shared experts: their linear_fc1 output [T, Fs or 2Fs] and activation
+    // [T, Fs] (Fs = moe_shared_expert_intermediate_size / t); with the gate, their output before
+    // it [TL, h] and the gate score sigmoid(x w_gate) [TL].
+    TensorPtr shFc1, shAct, shOut, shGate;
+    // moe_shared_expert_overlap: set by the layer around moeForward/moeBackward, which call it
+    // between the token dispatch and the routed experts (Megatron runs the shared experts there,
+    // on their own stream, while the dispatcher's all-to-all is in flight).
+    std::function<Status()> beforeExperts;
 };
 
 struct GptModel::MbState {

@@ -1,6 +1,7 @@
 // GptModel's transformer layer (Megatron's TransformerLayer, pre-norm): input_layernorm ->
 // self attention (gpt_attention.cpp) -> bias-dropout-add into the residual -> pre_mlp_layernorm
-// -> MLP (gpt_mlp.cpp) -> bias-dropout-add; backward in reverse. The layer owns the norms, the
+// -> MLP (gpt_mlp.cpp), or routed experts (gpt_moe.cpp) plus shared experts (gpt_mlp.cpp) ->
+// bias-dropout-add; backward in reverse. The layer owns the norms, the
 // residual stream and the dropouts; the blocks own their linears and collectives.
 #include "engine/model/gpt.h"
 
@@ -64,7 +65,7 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     TS_ASSIGN_OR_RETURN(A.rstd2, alloc(TL));
     normForward("pre_mlp_layernorm.fwd", P.ln2w, P.ln2b, A.x2, A.a2, A.mean2, A.rstd2, TL);
     TensorPtr fc2;
-    if (P.routerW >= 0) { TS_ASSIGN_OR_RETURN(fc2, moeForward(A, P, gl)); }
+    if (P.routerW >= 0) { TS_ASSIGN_OR_RETURN(fc2, moeLayerForward(A, P, gl)); }
     else { TS_ASSIGN_OR_RETURN(fc2, mlpForward(A, P)); }
     TS_ASSIGN_OR_RETURN(TensorPtr out, alloc(ThL));
     if (p > 0) { TS_ASSIGN_OR_RETURN(A.mask2, m_exec.alloc(ThL, MemCategory::Activations, 1)); }
@@ -120,7 +121,7 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
         });
     }
     TensorPtr da2;
-    if (P.routerW >= 0) { TS_ASSIGN_OR_RETURN(da2, moeBackward(A, P, std::move(dfc2))); }
+    if (P.routerW >= 0) { TS_ASSIGN_OR_RETURN(da2, moeLayerBackward(A, P, std::move(dfc2))); }
     else { TS_ASSIGN_OR_RETURN(da2, mlpBackward(A, P, std::move(dfc2))); }
     TS_ASSIGN_OR_RETURN(TensorPtr dx2, alloc(ThL));
     normBackward("pre_mlp_layernorm.bwd", P.ln2w, P.ln2b, da2, A.x2, A.mean2, A.rstd2, dx2, TL);
@@ -146,6 +147,116 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     });
     *dxOut = dx;
     return Status::ok();
+}
+
+// An MoE layer's MLP part (Megatron's MoELayer.forward): the routed experts (gpt_moe.cpp) plus,
+// with moe_shared_expert_intermediate_size > 0, the shared experts, whose output is added to the
+// routed experts' (postprocess). They run before the router (Megatron's default), or with
+// moe_shared_expert_overlap after it, from the point between the token dispatch and the routed
+// experts' GEMMs (gpt_moe.cpp calls A.beforeExperts there): on their own stream when the trainer
+// gave one (setSharedExpertStream; the compute stream waits for them before the sum), so they run
+// while the dispatcher's all-to-all and the routed experts run, else in that place of the compute
+// stream. The backward mirrors it. The sums are taken in one order, so the numbers are the same
+// either way.
+void GptModel::setSharedExpertStream(Stream& stream, Communicator* tp) {
+    if (m_sharedFfnL <= 0 || !m_cfg.moe_shared_expert_overlap) return;
+    m_sharedStream = &stream;
+    m_sharedTp = tp;
+}
+
+Result<std::shared_ptr<Event>> GptModel::onSharedStream(const std::shared_ptr<Event>& ready,
+                                                        const std::function<Status()>& fn) {
+    if (m_ctx.tpSize > 1 && !m_sharedTp)
+        return Status::internal("shared experts on their own stream need a \"tp\" communicator for it");
+    m_sharedStream->wait(*ready);
+    Stream& compute = m_exec.setStream(*m_sharedStream);
+    Communicator* tp = m_ctx.tp;
+    if (m_ctx.tpSize > 1) m_ctx.tp = m_sharedTp;
+    // Megatron turns the userbuffers overlap off in the overlapped shared experts' linears: their
+    // SP collectives run on their stream, plainly.
+    std::unique_ptr<TpOverlap> tpo = std::move(m_tpo);
+    const Status st = fn();
+    m_tpo = std::move(tpo);
+    m_ctx.tp = tp;
+    m_exec.setStream(compute);
+    TS_RETURN_IF_ERROR(st);
+    std::shared_ptr<Event> done(m_exec.device().createEvent());
+    m_sharedStream->record(*done);
+    return done;
+}
+
+Result<TensorPtr> GptModel::moeLayerForward(LayerActs& A, const LayerParams& P, int gl) {
+    if (P.shFc1W < 0) return moeForward(A, P, gl);
+    TensorPtr shared;
+    std::shared_ptr<Event> sharedDone, inputReady;  // both outlive the hook, called inside moeForward
+    if (m_cfg.moe_shared_expert_overlap) {
+        if (m_sharedStream) {
+            inputReady = m_exec.device().createEvent();
+            m_exec.stream().record(*inputReady);  // A.a2 is written
+        }
+        A.beforeExperts = [&]() -> Status {
+            auto run = [&]() -> Status {
+                TS_ASSIGN_OR_RETURN(shared, sharedExpertForward(A, P));
+                return Status::ok();
+            };
+            if (!inputReady) return run();
+            TS_ASSIGN_OR_RETURN(sharedDone, onSharedStream(inputReady, run));
+            return Status::ok();
+        };
+    } else {
+        TS_ASSIGN_OR_RETURN(shared, sharedExpertForward(A, P));
+    }
+    auto routed = moeForward(A, P, gl);
+    A.beforeExperts = nullptr;
+    if (!routed.isOk()) return routed.status();
+    if (!shared) return Status::internal("MoE layer " + std::to_string(gl) + ": the shared experts did not run");
+    if (sharedDone) m_exec.stream().wait(*sharedDone);
+    TensorPtr out = std::move(routed).value();
+    const int64_t ThL = int64_t(localTokens()) * m_d.hidden;
+    const bool bf = m_o.bf16;
+    m_exec.op("moe.add_shared_experts", Category::Elementwise, double(ThL), uint64_t(ThL) * 12, [=] {
+        k::addInPlace(fp(out), fp(shared), ThL);
+        if (bf) k::roundToBf16(fp(out), ThL);
+    });
+    return out;
+}
+
+Result<TensorPtr> GptModel::moeLayerBackward(LayerActs& A, const LayerParams& P, TensorPtr dout) {
+    if (P.shFc1W < 0) return moeBackward(A, P, std::move(dout));
+    TensorPtr dshared;
+    std::shared_ptr<Event> sharedDone;
+    std::shared_ptr<Event> gradReady;  // outlives the hook, called inside moeBackward
+    const bool overlap = m_cfg.moe_shared_expert_overlap;
+    if (overlap) {
+        if (m_sharedStream) {
+            gradReady = m_exec.device().createEvent();
+            m_exec.stream().record(*gradReady);  // dout is written
+        }
+        A.beforeExperts = [&]() -> Status {
+            auto run = [&]() -> Status {
+                TS_ASSIGN_OR_RETURN(dshared, sharedExpertBackward(A, P, dout));
+                return Status::ok();
+            };
+            if (!gradReady) return run();
+            TS_ASSIGN_OR_RETURN(sharedDone, onSharedStream(gradReady, run));
+            return Status::ok();
+        };
+    }
+    auto routed = moeBackward(A, P, dout);
+    A.beforeExperts = nullptr;
+    if (!routed.isOk()) return routed.status();
+    if (!overlap) { TS_ASSIGN_OR_RETURN(dshared, sharedExpertBackward(A, P, dout)); }
+    if (!dshared) return Status::internal("MoE layer backward: the shared experts did not run");
+    // Also orders the shared weights' grads (accumulated on their stream) before the grad-ready hook.
+    if (sharedDone) m_exec.stream().wait(*sharedDone);
+    TensorPtr dx = std::move(routed).value();
+    const int64_t ThL = int64_t(localTokens()) * m_d.hidden;
+    const bool bf = m_o.bf16;
+    m_exec.op("moe.add_shared_experts.bwd", Category::Elementwise, double(ThL), uint64_t(ThL) * 12, [=] {
+        k::addInPlace(fp(dx), fp(dshared), ThL);
+        if (bf) k::roundToBf16(fp(dx), ThL);
+    });
+    return dx;
 }
 
 }  // namespace ts::engine

@@ -2,17 +2,59 @@
 // bias + GeLU or SwiGLU, linear_fc2 (row parallel, reduce-scatter or all-reduce after it); and
 // the backward of each. Its input is the pre_mlp_layernorm output A.a2, its output the
 // linear_fc2 output before the bias, which the layer adds in bias-dropout-add.
+// The same code runs an MoE layer's shared experts (Megatron's SharedExpertMLP, an MLP with
+// ffn_hidden_size = moe_shared_expert_intermediate_size and its own SP collectives), with their
+// optional gate: output *= sigmoid(x w_gate) per token, x the SP-local input.
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
 
 namespace ts::engine {
 
+// Op names of the two kinds of MLP (string literals: the trace keeps the pointers).
+struct MlpOpNames {
+    const char *fc1Fwd, *swigluFwd, *geluFwd, *fc2Fwd;
+    const char *fc2Dgrad, *fc2Wgrad, *fc2Bwd, *swigluBwd, *geluBwd, *fc1Dgrad, *fc1Wgrad, *fc1Bwd;
+};
+
+namespace {
+
+const MlpOpNames* denseNames() {
+    static const MlpOpNames n{"linear_fc1.fwd",   "bias_swiglu.fwd",  "bias_gelu.fwd",    "linear_fc2.fwd",
+                                        "linear_fc2.dgrad", "linear_fc2.wgrad", "linear_fc2.bwd",   "bias_swiglu.bwd",
+                                        "bias_gelu.bwd",    "linear_fc1.dgrad", "linear_fc1.wgrad", "linear_fc1.bwd"};
+    return &n;
+}
+
+const MlpOpNames* sharedNames() {
+    static const MlpOpNames n{
+        "shared_experts.linear_fc1.fwd",   "shared_experts.bias_swiglu.fwd",   "shared_experts.bias_gelu.fwd",
+        "shared_experts.linear_fc2.fwd",   "shared_experts.linear_fc2.dgrad",  "shared_experts.linear_fc2.wgrad",
+        "shared_experts.linear_fc2.bwd",   "shared_experts.bias_swiglu.bwd",   "shared_experts.bias_gelu.bwd",
+        "shared_experts.linear_fc1.dgrad", "shared_experts.linear_fc1.wgrad",  "shared_experts.linear_fc1.bwd"};
+    return &n;
+}
+
+}  // namespace
+
 Result<TensorPtr> GptModel::mlpForward(LayerActs& A, const LayerParams& P) {
     const int li = int(&P - m_layers.data());
-    const bool fp8 = fp8Layer(li);
+    const MlpWeights W{P.fc1W, P.fc1B, P.fc2W, m_ffnL, fp8Layer(li), denseNames()};
+    return mlpBlockForward(li, W, A.a2, &A.fc1, &A.act);
+}
+
+Result<TensorPtr> GptModel::mlpBackward(LayerActs& A, const LayerParams& P, TensorPtr dfc2) {
+    const int li = int(&P - m_layers.data());
+    const MlpWeights W{P.fc1W, P.fc1B, P.fc2W, m_ffnL, fp8Layer(li), denseNames()};
+    return mlpBlockBackward(li, W, A.a2, A.fc1, A.act, std::move(dfc2));
+}
+
+Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const TensorPtr& xLocal, TensorPtr* fc1Out,
+                                            TensorPtr* actOut) {
+    const bool fp8 = MW.fp8;
+    const MlpOpNames& N = *MW.names;
     const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
-    const int F = m_ffnL, F1 = m_d.swiglu ? 2 * F : F;
+    const int F = MW.ffnL, F1 = m_d.swiglu ? 2 * F : F;
     const int TL = localTokens();
     const int64_t Th = int64_t(T) * h, ThL = int64_t(TL) * h;
     const bool bf = m_o.bf16;
@@ -23,28 +65,28 @@ Result<TensorPtr> GptModel::mlpForward(LayerActs& A, const LayerParams& P) {
     const bool agOverlap = m_tpo && m_tpo->options().overlapAg;
     const bool rsOverlap = m_tpo && m_tpo->options().overlapRs;
     // FP8: the saved input shard is quantized in place (one scale for the whole tensor).
-    if (fp8) TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc1, kFp8Input, A.a2, ThL));
-    TensorPtr a2Full = A.a2;
-    if (m_sp && !agOverlap) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
-    TS_ASSIGN_OR_RETURN(A.fc1, alloc(int64_t(T) * F1));
-    TS_ASSIGN_OR_RETURN(A.act, alloc(int64_t(T) * F));
+    if (fp8) TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc1, kFp8Input, xLocal, ThL));
+    TensorPtr a2Full = xLocal;
+    if (m_sp && !agOverlap) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(xLocal, ThL)); }
+    TS_ASSIGN_OR_RETURN(*fc1Out, alloc(int64_t(T) * F1));
+    TS_ASSIGN_OR_RETURN(*actOut, alloc(int64_t(T) * F));
     {
-        const float* W = m_params.modelParam(P.fc1W);
-        if (fp8) { TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Fc1, P.fc1W)); }
-        const float* B = P.fc1B >= 0 ? m_params.modelParam(P.fc1B) : nullptr;
-        TensorPtr a2 = a2Full, fc1 = A.fc1, act = A.act;
+        const float* W = m_params.modelParam(MW.fc1W);
+        if (fp8) { TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Fc1, MW.fc1W)); }
+        const float* B = MW.fc1B >= 0 ? m_params.modelParam(MW.fc1B) : nullptr;
+        TensorPtr a2 = a2Full, fc1 = *fc1Out, act = *actOut;
         const bool swiglu = m_d.swiglu, fusedAct = m_o.fusedBiasAct;
         auto gemm = [=](const float* x, float* y, int rows) {
             k::linearForward(x, W, nullptr, y, rows, h, F1);
             if (bf) k::roundToBf16(y, int64_t(rows) * F1);
         };
         if (agOverlap) {
-            TS_RETURN_IF_ERROR(m_tpo->agGemm("linear_fc1.fwd", A.a2, TL, h, fc1, F1, 2.0 * h * F1, gemm).status());
+            TS_RETURN_IF_ERROR(m_tpo->agGemm(N.fc1Fwd, xLocal, TL, h, fc1, F1, 2.0 * h * F1, gemm).status());
         } else {
-            m_exec.op("linear_fc1.fwd", Category::Gemm, 2.0 * T * h * F1,
+            m_exec.op(N.fc1Fwd, Category::Gemm, 2.0 * T * h * F1,
                       uint64_t(4) * (uint64_t(T) * (h + F1) + uint64_t(h) * F1), [=] { gemm(fp(a2), fp(fc1), T); });
         }
-        m_exec.op(swiglu ? "bias_swiglu.fwd" : "bias_gelu.fwd", Category::Elementwise, 10.0 * T * F,
+        m_exec.op(swiglu ? N.swigluFwd : N.geluFwd, Category::Elementwise, 10.0 * T * F,
                   uint64_t(T) * (F1 + F) * 4, [=] {
                       if (swiglu) {
                           if (B) k::addBias(fp(fc1), B, T, F1);  // saved fc1 includes the bias
@@ -60,19 +102,19 @@ Result<TensorPtr> GptModel::mlpForward(LayerActs& A, const LayerParams& P) {
     a2Full.reset();
     TensorPtr fc2;
     {
-        const float* W = m_params.modelParam(P.fc2W);
+        const float* W = m_params.modelParam(MW.fc2W);
         if (fp8) {
-            TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc2, kFp8Input, A.act, int64_t(T) * F));
-            TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Fc2, P.fc2W));
+            TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc2, kFp8Input, *actOut, int64_t(T) * F));
+            TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Fc2, MW.fc2W));
         }
-        TensorPtr act = A.act;
+        TensorPtr act = *actOut;
         auto gemm = [=](const float* x, float* y, int rows) { k::linearForward(x, W, nullptr, y, rows, F, h); };
         if (rsOverlap) {
-            TS_ASSIGN_OR_RETURN(fc2, m_tpo->gemmRs("linear_fc2.fwd", act, TL, F, h, 2.0 * F * h, gemm));
+            TS_ASSIGN_OR_RETURN(fc2, m_tpo->gemmRs(N.fc2Fwd, act, TL, F, h, 2.0 * F * h, gemm));
         } else {
             TS_ASSIGN_OR_RETURN(fc2, alloc(Th));
             TensorPtr y = fc2;
-            m_exec.op("linear_fc2.fwd", Category::Gemm, 2.0 * T * F * h,
+            m_exec.op(N.fc2Fwd, Category::Gemm, 2.0 * T * F * h,
                       uint64_t(4) * (uint64_t(T) * (F + h) + uint64_t(F) * h), [=] { gemm(fp(act), fp(y), T); });
             if (m_sp) { TS_ASSIGN_OR_RETURN(fc2, seqReduceScatter(fc2, ThL)); }
             else tpAllReduce(fc2, Th);
@@ -81,11 +123,12 @@ Result<TensorPtr> GptModel::mlpForward(LayerActs& A, const LayerParams& P) {
     return fc2;
 }
 
-Result<TensorPtr> GptModel::mlpBackward(LayerActs& A, const LayerParams& P, TensorPtr dfc2) {
-    const int li = int(&P - m_layers.data());
-    const bool fp8 = fp8Layer(li);
+Result<TensorPtr> GptModel::mlpBlockBackward(int li, const MlpWeights& MW, const TensorPtr& xLocal,
+                                             const TensorPtr& fc1Saved, const TensorPtr& actSaved, TensorPtr dfc2) {
+    const bool fp8 = MW.fp8;
+    const MlpOpNames& N = *MW.names;
     const int T = m_d.seq * m_d.microBatch, h = m_d.hidden;
-    const int F = m_ffnL, F1 = m_d.swiglu ? 2 * F : F;
+    const int F = MW.ffnL, F1 = m_d.swiglu ? 2 * F : F;
     const int TL = localTokens();
     const int64_t Th = int64_t(T) * h, ThL = int64_t(TL) * h;
     const bool bf = m_o.bf16;
@@ -97,23 +140,23 @@ Result<TensorPtr> GptModel::mlpBackward(LayerActs& A, const LayerParams& P, Tens
     const float* fc2W = nullptr;
     if (fp8) {
         TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc2, kFp8Grad, dfc2, ThL));
-        TS_ASSIGN_OR_RETURN(fc2W, fp8Weight(li, kFp8Fc2, P.fc2W));
+        TS_ASSIGN_OR_RETURN(fc2W, fp8Weight(li, kFp8Fc2, MW.fc2W));
     }
     if (agOverlap) {
-        TS_RETURN_IF_ERROR(rowParallelBackwardOverlapped("linear_fc2.dgrad", "linear_fc2.wgrad", P.fc2W, dfc2, A.act,
+        TS_RETURN_IF_ERROR(rowParallelBackwardOverlapped(N.fc2Dgrad, N.fc2Wgrad, MW.fc2W, dfc2, actSaved,
                                                          dact, T, F, h, fc2W));
     } else {
         if (m_sp) { TS_ASSIGN_OR_RETURN(dfc2, seqGather(dfc2, ThL)); }
-        TS_RETURN_IF_ERROR(linearBackward("linear_fc2.bwd", P.fc2W, -1, dfc2, A.act, dact, T, F, h, fc2W));
+        TS_RETURN_IF_ERROR(linearBackward(N.fc2Bwd, MW.fc2W, -1, dfc2, actSaved, dact, T, F, h, fc2W));
     }
     dfc2.reset();
     TS_ASSIGN_OR_RETURN(TensorPtr dfc1, alloc(int64_t(T) * F1));
     {
-        float* GB = P.fc1B >= 0 ? m_params.mainGrad(P.fc1B) : nullptr;
-        const float* B = P.fc1B >= 0 ? m_params.modelParam(P.fc1B) : nullptr;
-        TensorPtr fc1 = A.fc1;
+        float* GB = MW.fc1B >= 0 ? m_params.mainGrad(MW.fc1B) : nullptr;
+        const float* B = MW.fc1B >= 0 ? m_params.modelParam(MW.fc1B) : nullptr;
+        TensorPtr fc1 = fc1Saved;
         const bool swiglu = m_d.swiglu;
-        m_exec.op(swiglu ? "bias_swiglu.bwd" : "bias_gelu.bwd", Category::Elementwise, 16.0 * T * F,
+        m_exec.op(swiglu ? N.swigluBwd : N.geluBwd, Category::Elementwise, 16.0 * T * F,
                   uint64_t(T) * (2 * F1 + F) * 4, [=] {
                       if (swiglu) {
                           k::swigluBackward(fp(dact), fp(fc1), fp(dfc1), T, F);
@@ -130,22 +173,106 @@ Result<TensorPtr> GptModel::mlpBackward(LayerActs& A, const LayerParams& P, Tens
     const float* fc1W = nullptr;
     if (fp8) {
         TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc1, kFp8Grad, dfc1, int64_t(T) * F1));
-        TS_ASSIGN_OR_RETURN(fc1W, fp8Weight(li, kFp8Fc1, P.fc1W));
+        TS_ASSIGN_OR_RETURN(fc1W, fp8Weight(li, kFp8Fc1, MW.fc1W));
     }
     if (m_tpo) {
-        TS_ASSIGN_OR_RETURN(da2, columnParallelBackwardOverlapped("linear_fc1.dgrad", "linear_fc1.wgrad", P.fc1W, -1,
-                                                                  dfc1, A.a2, T, h, F1, fc1W));
+        TS_ASSIGN_OR_RETURN(da2, columnParallelBackwardOverlapped(N.fc1Dgrad, N.fc1Wgrad, MW.fc1W, -1, dfc1, xLocal, T,
+                                                                  h, F1, fc1W));
     } else {
-        TensorPtr a2Full = A.a2;
-        if (m_sp) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(A.a2, ThL)); }
+        TensorPtr a2Full = xLocal;
+        if (m_sp) { TS_ASSIGN_OR_RETURN(a2Full, seqGather(xLocal, ThL)); }
         TS_ASSIGN_OR_RETURN(da2, alloc(Th));
-        TS_RETURN_IF_ERROR(linearBackward("linear_fc1.bwd", P.fc1W, -1, dfc1, a2Full, da2, T, h, F1, fc1W));
+        TS_RETURN_IF_ERROR(linearBackward(N.fc1Bwd, MW.fc1W, -1, dfc1, a2Full, da2, T, h, F1, fc1W));
         a2Full.reset();
         if (m_sp) { TS_ASSIGN_OR_RETURN(da2, seqReduceScatter(da2, ThL)); }
         else tpAllReduce(da2, Th);
     }
     dfc1.reset();
     return da2;
+}
+
+// Shared experts (Megatron's SharedExpertMLP.forward): the MLP on the layer's SP-local input with
+// the shared weights; with the gate, output = mlp(x) * sigmoid(x w_gate) per token (the gate
+// weight is replicated over TP and sees this rank's rows only: its grad is summed over TP).
+Result<TensorPtr> GptModel::sharedExpertForward(LayerActs& A, const LayerParams& P) {
+    const int li = int(&P - m_layers.data());
+    const MlpWeights W{P.shFc1W, -1, P.shFc2W, m_sharedFfnL, false, sharedNames()};
+    TS_ASSIGN_OR_RETURN(TensorPtr y, mlpBlockForward(li, W, A.a2, &A.shFc1, &A.shAct));
+    if (P.shGateW < 0) return y;
+    const int TL = localTokens(), h = m_d.hidden;
+    const bool bf = m_o.bf16;
+    TS_ASSIGN_OR_RETURN(A.shGate, allocUninitialized(m_exec, TL));
+    TS_ASSIGN_OR_RETURN(TensorPtr out, allocUninitialized(m_exec, int64_t(TL) * h));
+    A.shOut = y;
+    const float* Wg = m_params.modelParam(P.shGateW);
+    TensorPtr x = A.a2, gate = A.shGate;
+    // x: [TL, h], w_gate: [1, h] -> gate [TL]; out = y * gate (row-wise)
+    m_exec.op("shared_experts.gate.fwd", Category::Elementwise, 4.0 * TL * h, uint64_t(TL) * h * 12, [=] {
+        for (int t = 0; t < TL; ++t) {
+            const float* xt = fp(x) + size_t(t) * h;
+            double z = 0;
+            for (int i = 0; i < h; ++i) z += double(xt[i]) * double(Wg[i]);
+            float g = float(1.0 / (1.0 + std::exp(-z)));
+            if (bf) k::roundToBf16(&g, 1);
+            fp(gate)[t] = g;
+            const float* yt = fp(y) + size_t(t) * h;
+            float* o = fp(out) + size_t(t) * h;
+            for (int i = 0; i < h; ++i) o[i] = yt[i] * g;
+        }
+        if (bf) k::roundToBf16(fp(out), int64_t(TL) * h);
+    });
+    return out;
+}
+
+Result<TensorPtr> GptModel::sharedExpertBackward(LayerActs& A, const LayerParams& P, TensorPtr dout) {
+    const int li = int(&P - m_layers.data());
+    const MlpWeights W{P.shFc1W, -1, P.shFc2W, m_sharedFfnL, false, sharedNames()};
+    if (!A.shFc1) return Status::internal("shared experts backward without saved activations");
+    const int TL = localTokens(), h = m_d.hidden;
+    const int64_t ThL = int64_t(TL) * h;
+    const bool bf = m_o.bf16;
+    TensorPtr dy = dout, dxGate;
+    if (P.shGateW >= 0) {
+        // d(mlp out) = dout * g; dz = sum_i dout_i y_i * g (1 - g); dw_gate += dz x; dx += dz w_gate.
+        TS_ASSIGN_OR_RETURN(dy, allocUninitialized(m_exec, ThL));
+        TS_ASSIGN_OR_RETURN(dxGate, allocUninitialized(m_exec, ThL));
+        const float* Wg = m_params.modelParam(P.shGateW);
+        float* Gg = m_params.mainGrad(P.shGateW);
+        TensorPtr x = A.a2, gate = A.shGate, y = A.shOut, dyOut = dy, dxg = dxGate;
+        m_exec.op("shared_experts.gate.bwd", Category::Elementwise, 8.0 * ThL, uint64_t(ThL) * 20, [=] {
+            std::vector<double> gw(static_cast<size_t>(h), 0.0);
+            for (int t = 0; t < TL; ++t) {
+                const float* d = fp(dout) + size_t(t) * h;
+                const float* yt = fp(y) + size_t(t) * h;
+                const float* xt = fp(x) + size_t(t) * h;
+                const float g = fp(gate)[t];
+                double dg = 0;
+                for (int i = 0; i < h; ++i) dg += double(d[i]) * double(yt[i]);
+                const double dz = dg * double(g) * (1.0 - double(g));
+                float* o = fp(dyOut) + size_t(t) * h;
+                float* dxt = fp(dxg) + size_t(t) * h;
+                for (int i = 0; i < h; ++i) {
+                    o[i] = d[i] * g;
+                    dxt[i] = float(dz * double(Wg[i]));
+                    gw[size_t(i)] += dz * double(xt[i]);
+                }
+            }
+            for (int i = 0; i < h; ++i) Gg[i] += float(gw[size_t(i)]);
+            if (bf) {
+                k::roundToBf16(fp(dyOut), ThL);
+                k::roundToBf16(fp(dxg), ThL);
+            }
+        });
+    }
+    dout.reset();
+    TS_ASSIGN_OR_RETURN(TensorPtr dx, mlpBlockBackward(li, W, A.a2, A.shFc1, A.shAct, std::move(dy)));
+    if (dxGate) {
+        m_exec.op("shared_experts.gate.dgrad_add", Category::Elementwise, double(ThL), uint64_t(ThL) * 12, [=] {
+            k::addInPlace(fp(dx), fp(dxGate), ThL);
+            if (bf) k::roundToBf16(fp(dx), ThL);
+        });
+    }
+    return dx;
 }
 
 }  // namespace ts::engine

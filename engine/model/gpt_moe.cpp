@@ -28,6 +28,8 @@
 // outputs reduce-scattered over "etp-ep" instead. Where tokens are dispatched, the rows each
 // local expert computed are a counter (moe.layer<L>.expert_rows.expert<E>).
 // Expert weights' grads are reduced over the expert-data-parallel group (engine/parallel/ddp.h).
+// Shared experts (gpt_layer.cpp, gpt_mlp.cpp) are added to this block's output by the layer;
+// with moe_shared_expert_overlap they run inside it, after the dispatch (A.beforeExperts).
 // Context parallel: the layer runs on the CP-local rows; the aux loss counts the routing of the
 // whole microbatch (counts all-reduced over "cp"). Tensor parallel (sequence parallel): each TP
 // rank routes its s/t rows; the counts are all-reduced over "tp" for the aux loss. Expert biases
@@ -210,6 +212,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         s->xin = s->xp;
         s->eprob = s->probT;
     }
+    // moe_shared_expert_overlap: the shared experts run here (gpt_layer.cpp).
+    if (A.beforeExperts) TS_RETURN_IF_ERROR(A.beforeExperts());
     const int R = s->R;
     TS_ASSIGN_OR_RETURN(s->fc1, allocUninitialized(m_exec, int64_t(R) * F1));
     TS_ASSIGN_OR_RETURN(s->act, allocUninitialized(m_exec, int64_t(R) * F));
@@ -330,6 +334,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     } else if (dispatched) {
         TS_ASSIGN_OR_RETURN(dyin, moeToExperts(*s, dyp, h));
     }
+    if (A.beforeExperts) TS_RETURN_IF_ERROR(A.beforeExperts());  // moe_shared_expert_overlap
     TS_ASSIGN_OR_RETURN(TensorPtr dxin, allocUninitialized(m_exec, int64_t(R) * h));
     TS_ASSIGN_OR_RETURN(TensorPtr deprob, allocUninitialized(m_exec, int64_t(R)));
     std::vector<const float*> W1(static_cast<size_t>(L)), W2(static_cast<size_t>(L));

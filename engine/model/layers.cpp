@@ -24,7 +24,7 @@ void Exec::op(const char* name, trace::Category cat, double flops, uint64_t byte
     d.microbatch = m_mb;
     d.layer = m_layer;
     const std::atomic<bool>* cancel = m_cancel;
-    m_stream.submit(d, [fn = std::move(fn), cancel]() -> Status {
+    m_stream->submit(d, [fn = std::move(fn), cancel]() -> Status {
         if (cancel && cancel->load(std::memory_order_relaxed)) return Status::cancelled("run cancelled");
         fn();
         return Status::ok();
@@ -42,7 +42,7 @@ void Exec::opStatus(const char* name, trace::Category cat, double flops, uint64_
     d.microbatch = m_mb;
     d.layer = m_layer;
     const std::atomic<bool>* cancel = m_cancel;
-    m_stream.submit(d, [fn = std::move(fn), cancel]() -> Status {
+    m_stream->submit(d, [fn = std::move(fn), cancel]() -> Status {
         if (cancel && cancel->load(std::memory_order_relaxed)) return Status::cancelled("run cancelled");
         return fn();
     });
@@ -50,12 +50,12 @@ void Exec::opStatus(const char* name, trace::Category cat, double flops, uint64_
 
 Status Exec::synchronize() {
     m_events.clear();
-    return m_stream.synchronize();
+    return m_stream->synchronize();
 }
 
 void Exec::throttle(size_t depth) {
     auto e = m_dev.createEvent();
-    m_stream.record(*e);
+    m_stream->record(*e);
     m_events.push_back(std::move(e));
     while (m_events.size() > depth) {
         m_events.front()->synchronize();

@@ -26,10 +26,17 @@ inline float* fp(const TensorPtr& t) { return t ? t->as<float>() : nullptr; }
 
 class Exec {
 public:
-    Exec(Device& dev, Stream& stream) : m_dev(dev), m_stream(stream) {}
+    Exec(Device& dev, Stream& stream) : m_dev(dev), m_stream(&stream) {}
 
     Device& device() { return m_dev; }
-    Stream& stream() { return m_stream; }
+    Stream& stream() { return *m_stream; }
+    // Sends the ops enqueued from now on to `s` (another stream of the same device); returns the
+    // previous one. MoE shared experts overlapped with the dispatcher use it (gpt_layer.cpp).
+    Stream& setStream(Stream& s) {
+        Stream& prev = *m_stream;
+        m_stream = &s;
+        return prev;
+    }
     void setCancelFlag(const std::atomic<bool>* flag) { m_cancel = flag; }
     bool cancelled() const { return m_cancel && m_cancel->load(std::memory_order_relaxed); }
     void setStep(int step) { m_step = step; }
@@ -53,7 +60,7 @@ public:
 
 private:
     Device& m_dev;
-    Stream& m_stream;
+    Stream* m_stream;
     const std::atomic<bool>* m_cancel = nullptr;
     int m_step = -1, m_mb = -1, m_layer = -1;
     std::deque<std::unique_ptr<Event>> m_events;

@@ -84,7 +84,10 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
                        (c.moe_ffn_hidden_size > 0 ? "moe_ffn_hidden_size" : "ffn_hidden_size") + "=" +
                        std::to_string(moeFfn) + ")");
         if (c.add_bias_linear) return notYet("expert biases (add_bias_linear: true); set add_bias_linear: false");
-        if (c.moe_shared_expert_intermediate_size > 0) return notYet("shared experts (moe_shared_expert_intermediate_size)");
+        // Shared experts (gpt_layer.cpp / gpt_mlp.cpp): a dense MLP TP-sharded like the dense one.
+        if (c.moe_shared_expert_intermediate_size % ds.tp != 0)
+            return bad("tensor_model_parallel_size=" + std::to_string(ds.tp) + " must divide "
+                       "moe_shared_expert_intermediate_size=" + std::to_string(c.moe_shared_expert_intermediate_size));
         if (c.moe_router_load_balancing_type != "aux_loss" && c.moe_router_load_balancing_type != "seq_aux_loss" &&
             c.moe_router_load_balancing_type != "none")
             return notYet("moe_router_load_balancing_type=" + c.moe_router_load_balancing_type +

@@ -84,6 +84,7 @@ struct ParallelTrainer::RankState {
     std::unique_ptr<Stream> compute, dpStream, p2p;
     std::unique_ptr<Stream> tpStream;  // tp_comm_overlap: the SP collectives of the TP linears
     std::unique_ptr<Stream> cpStream;  // cp_comm_type=p2p: the ring attention's KV/dKV blocks
+    std::unique_ptr<Stream> sharedStream;  // moe_shared_expert_overlap: the MoE shared experts
     std::unique_ptr<Communicator> tpComm, ppComm, dpComm, embdComm, normComm;
     std::unique_ptr<Communicator> tpOverlapComm;  // a second "tp" communicator, used on tpStream only
     std::unique_ptr<Communicator> amaxComm;       // FP8 delayed scaling: "tp-dp-cp", compute stream
@@ -93,6 +94,7 @@ struct ParallelTrainer::RankState {
     std::unique_ptr<Communicator> etpComm;        // expert TP rows' all-gather / reduce-scatter ("etp"), compute stream
     std::unique_ptr<Communicator> etpEpComm;      // expert TP x EP ("etp-ep"): token counts, allgather dispatcher
     std::unique_ptr<Communicator> cpRingComm;     // cp_comm_type=p2p: a second "cp", used on cpStream only
+    std::unique_ptr<Communicator> sharedTpComm;   // moe_shared_expert_overlap: a "tp" used on sharedStream only
     std::vector<std::unique_ptr<GptModel>> models;
     std::vector<std::unique_ptr<GradSync>> syncs;
     std::unique_ptr<ShardedAdamW> opt;
@@ -108,6 +110,7 @@ struct ParallelTrainer::RankState {
         if (p2p) (void)p2p->synchronize();
         if (tpStream) (void)tpStream->synchronize();
         if (cpStream) (void)cpStream->synchronize();
+        if (sharedStream) (void)sharedStream->synchronize();
         pipe.reset();
         opt.reset();
         syncs.clear();
@@ -204,6 +207,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         if (tpOverlap) R->tpStream = R->dev->createStream(trace::TrackKind::Comm, "tp_comm");
         const bool cpRing = ds.cp > 1 && c.cp_comm_type == "p2p";
         if (cpRing) R->cpStream = R->dev->createStream(trace::TrackKind::Comm, "cp_comm");
+        // Megatron's SharedExpertMLP.stream: a second compute stream for the shared experts.
+        const bool sharedOverlap =
+            c.num_moe_experts > 0 && c.moe_shared_expert_intermediate_size > 0 && c.moe_shared_expert_overlap;
+        if (sharedOverlap) R->sharedStream = R->dev->createStream(trace::TrackKind::Compute, "shared_experts");
         auto join = [&](const std::string& name, std::unique_ptr<Communicator>& out) -> Status {
             const std::vector<int> members = layout.groupRanks(name, r);
             if (members.size() < 2) return Status::ok();
@@ -221,6 +228,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         // optimizer sharded) over Megatron's data-parallel group with CP, "dp-cp".
         if (ds.cp > 1) TS_RETURN_IF_ERROR(join("cp", R->cpComm));
         if (cpRing) TS_RETURN_IF_ERROR(join("cp", R->cpRingComm));
+        if (sharedOverlap) TS_RETURN_IF_ERROR(join("tp", R->sharedTpComm));
         TS_RETURN_IF_ERROR(join(ds.cp > 1 ? "dp-cp" : "dp", R->dpComm));
         if (expertParallel) TS_RETURN_IF_ERROR(join("ep", R->epComm));
         if (expertGrads) TS_RETURN_IF_ERROR(join("edp", R->edpComm));
@@ -275,6 +283,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             GptModel& m = *model.value();
             if (R->tpStream && R->tpOverlapComm) m.setTpCommOverlap(*R->tpStream, *R->tpOverlapComm);
             if (R->cpStream && R->cpRingComm) m.setCpRing(*R->cpStream, *R->cpRingComm);
+            if (R->sharedStream) m.setSharedExpertStream(*R->sharedStream, R->sharedTpComm.get());
             GradLayoutOptions lo;
             lo.bucketSize = effectiveBucketSize(c, dpc, ppRank, ch);
             lo.dp = dpc;
@@ -444,7 +453,7 @@ void ParallelTrainer::abortAfterFailure(int local, const Status& st) {
             for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
                                     R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get(),
                                     R->cpRingComm.get(), R->epComm.get(), R->edpComm.get(),
-                                    R->etpComm.get(), R->etpEpComm.get()})
+                                    R->etpComm.get(), R->etpEpComm.get(), R->sharedTpComm.get()})
                 if (c) c->abort(why);
 }
 
@@ -459,7 +468,7 @@ void ParallelTrainer::abort(const Status& why) {
         for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
                                 R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get(),
                                 R->cpRingComm.get(), R->epComm.get(), R->edpComm.get(),
-                                R->etpComm.get(), R->etpEpComm.get()})
+                                R->etpComm.get(), R->etpEpComm.get(), R->sharedTpComm.get()})
             if (c) c->abort(why);
 }
 

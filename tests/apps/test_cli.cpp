@@ -96,9 +96,9 @@ TEST(Cli, ValidatePrintsOneMessagePerProblemWithFileAndLine) {
 }
 
 TEST(Cli, ValidateNamesKnobsTheEngineDoesNotExecuteYet) {
-    Output o = run("validate " + kRoot + "/tests/data/configs/note_shared_expert.yaml");
+    Output o = run("validate " + kRoot + "/tests/data/configs/note_permute_fusion.yaml");
     EXPECT_EQ(o.code, 0) << o.text;
-    EXPECT_NE(o.text.find("note: moe_shared_expert_intermediate_size=64 is valid but not executed by the engine yet"),
+    EXPECT_NE(o.text.find("note: moe_permute_fusion=true is valid but not executed by the engine yet"),
               std::string::npos) << o.text;
 }
 

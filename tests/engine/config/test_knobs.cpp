@@ -373,10 +373,14 @@ TEST(Knobs, UnsupportedKnobsAreReported) {
     EXPECT_TRUE(unsupportedKnobs(c).empty());
     c.moe_expert_capacity_factor = 1.5;  // executed now (issue #16)
     EXPECT_TRUE(unsupportedKnobs(c).empty());
-    c.moe_shared_expert_intermediate_size = 64;
+    c.moe_shared_expert_intermediate_size = 64;  // executed now, with its gate and overlap
+    c.moe_shared_expert_gate = true;
+    c.moe_shared_expert_overlap = true;
+    EXPECT_TRUE(unsupportedKnobs(c).empty());
+    c.moe_permute_fusion = true;
     auto u = unsupportedKnobs(c);
     ASSERT_EQ(u.size(), 1u);
-    EXPECT_EQ(u[0], "moe_shared_expert_intermediate_size=64");
+    EXPECT_EQ(u[0], "moe_permute_fusion=true");
 }
 
 }  // namespace

@@ -201,7 +201,7 @@ TEST(MoeShared, FlopsAddADenseMlpOfTheSharedSizePerMoeLayer) {
         for (bool swiglu : {false, true}) {
             engine::Config c = sharedConfig();
             c.num_layers = 4;
-            c.moe_layer_freq = freq;
+            c.moe_layer_freq = std::to_string(freq);
             c.swiglu = swiglu;
             engine::Config routedOnly = c;
             routedOnly.moe_shared_expert_intermediate_size = 0;

@@ -275,6 +275,17 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     if (c.num_moe_experts > 0 && c.moe_shared_expert_overlap && c.moe_token_dispatcher_type == "allgather")
         ck.add("moe_shared_expert_overlap", "moe_shared_expert_overlap works only with moe_token_dispatcher_type "
                                             "alltoall or flex");
+    if (c.num_moe_experts > 0 && c.moe_token_dispatcher_type == "flex") {
+        // MoEFlexTokenDispatcher: one communication group over expert TP x EP (its DeepEP backend,
+        // Megatron's default, asserts TPxEP > 1 and refuses padding to capacity).
+        if (d.etp * d.ep <= 1)
+            ck.add("moe_token_dispatcher_type", "moe_token_dispatcher_type=flex needs expert_model_parallel_size x "
+                                                "expert_tensor_parallel_size > 1 (Megatron's DeepEP dispatcher "
+                                                "asserts it); use alltoall or allgather on one expert rank");
+        if (c.moe_pad_expert_input_to_capacity)
+            ck.add("moe_pad_expert_input_to_capacity", "the flex dispatcher (DeepEP backend) does not support "
+                                                       "moe_pad_expert_input_to_capacity; use alltoall or allgather");
+    }
     if (c.num_moe_experts > 0 && c.moe_expert_capacity_factor > 0 && (c.moe_router_load_balancing_type == "sinkhorn" || c.moe_router_load_balancing_type == "quantile_balancing"))
         ck.add("moe_expert_capacity_factor", "moe_expert_capacity_factor works only with aux_loss, seq_aux_loss, "
                                              "global_aux_loss or none load balancing");

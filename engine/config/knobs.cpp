@@ -469,8 +469,10 @@ std::vector<KnobDef> buildRegistry() {
     r.e("moe_token_dispatcher_type", &C::moe_token_dispatcher_type, {"allgather", "alltoall", "flex"},
         "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type",
         "How tokens reach their experts: allgather (every rank of the EP group gets every token, outputs "
-        "reduce-scattered) or alltoall (each token copy sent to its expert's rank); flex (DeepEP) is not executed. "
-        "With expert_model_parallel_size 1 every type is the same local computation.");
+        "reduce-scattered), alltoall (each token copy sent to its expert's rank), or flex (Megatron's fused "
+        "DeepEP/HybridEP dispatch over the expert TP x EP group; the CPU backend moves the same tokens with "
+        "the alltoall dispatcher's collectives). With expert_model_parallel_size 1 every type is the same "
+        "local computation.");
     unsetWhenZero(r.f("moe_expert_capacity_factor", &C::moe_expert_capacity_factor, "--moe-expert-capacity-factor",
                       "model.moe_expert_capacity_factor",
                       "Expert capacity factor: each expert takes at most ceil(tokens*topk/experts * factor) token copies "

@@ -73,9 +73,6 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         auto notYet = [](const std::string& what) {
             return Status::unsupported("MoE: " + what + " is not executed by the engine yet");
         };
-        if (ds.ep > 1 && c.moe_token_dispatcher_type == "flex")
-            return notYet("moe_token_dispatcher_type=flex (DeepEP) with expert_model_parallel_size > 1; use alltoall "
-                          "or allgather");
         if (ds.tp > 1 && !c.sequence_parallel)
             return bad("MoE with tensor_model_parallel_size > 1 needs sequence_parallel: true (as Megatron-LM)");
         const int moeFfn = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : d.ffn;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "engine/config/knobs.h"
 #include "engine/model/flops.h"
 #include "tests/parallel/fake_recorder.h"
 #include "tests/parallel/parallel_test_util.h"
@@ -213,11 +214,7 @@ TEST(Moe, FlopsCountTheTopKExperts) {
 
 TEST(Moe, UnsupportedSettingsAreNamed) {
     for (auto [knob, set] : std::vector<std::pair<std::string, std::function<void(engine::Config&)>>>{
-             {"moe_token_dispatcher_type", [](engine::Config& c) {
-                  c.expert_model_parallel_size = 2;
-                  c.data_parallel_size = 2;
-                  c.moe_token_dispatcher_type = "flex";
-              }},
+             {"moe_router_load_balancing_type", [](engine::Config& c) { c.moe_router_load_balancing_type = "sinkhorn"; }},
              {"add_bias_linear", [](engine::Config& c) { c.add_bias_linear = true; }},
              {"sequence_parallel", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }}}) {
         engine::Config c = moeConfig();
@@ -647,8 +644,29 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeParallel,
                                            MoeLayout{"ep2_pp2_vpp2_full_recompute", 2, 2, true, true, 2, true, 2},
                                            MoeLayout{"ep2_allgather", 1, 2, false, false, 1, false, 2, "allgather"},
                                            MoeLayout{"ep4_allgather_distopt", 1, 4, true, true, 1, false, 4, "allgather"},
-                                           MoeLayout{"ep2_dp4_pp2_allgather", 2, 4, false, false, 1, false, 2, "allgather"}),
+                                           MoeLayout{"ep2_dp4_pp2_allgather", 2, 4, false, false, 1, false, 2, "allgather"},
+                                           // flex (DeepEP in Megatron): the alltoall dispatcher's token movement
+                                           MoeLayout{"ep2_dp4_flex_distopt", 1, 4, true, true, 1, false, 2, "flex"}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The flex dispatcher is refused where Megatron refuses it: one expert rank (its DeepEP backend
+// asserts TPxEP > 1) and padding to capacity.
+TEST(Moe, FlexDispatcherNeedsSeveralExpertRanksAndNoPadding) {
+    engine::Config c = moeConfig(4, 2);
+    c.moe_token_dispatcher_type = "flex";
+    auto has = [](const engine::Config& cfg, const std::string& knob, const std::string& text) {
+        for (const auto& i : engine::validateConfig(cfg))
+            if (i.knob == knob && i.message.find(text) != std::string::npos) return true;
+        return false;
+    };
+    EXPECT_TRUE(has(c, "moe_token_dispatcher_type", "expert_model_parallel_size x expert_tensor_parallel_size > 1"));
+    engine::Config ep2 = withLayout(c, Layout{1, 1, 1, 2, 2});
+    ep2.expert_model_parallel_size = 2;
+    EXPECT_FALSE(has(ep2, "moe_token_dispatcher_type", "flex"));
+    ep2.moe_expert_capacity_factor = 1.0;
+    ep2.moe_pad_expert_input_to_capacity = true;
+    EXPECT_TRUE(has(ep2, "moe_pad_expert_input_to_capacity", "flex dispatcher"));
+}
 
 // Checkpoints of expert-parallel runs: each rank holds E/ep experts, the checkpoint is the
 // single-device one (every expert, in the single device's order, with its Adam state).

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -197,6 +198,38 @@ inline void expectCheckpointResumesOnOneDevice(const engine::Config& c, const st
     ASSERT_TRUE(resumed.isOk()) << what << ": " << resumed.status().toString();
     expectResumedStep(*resumed, straight, what);
     std::filesystem::remove_all(dir);
+}
+
+// One serial step with lr 0 (the grads stay readable, the weights unchanged): its loss, and every
+// param's grad and value by name; `edit` may change the freshly initialized weights first.
+struct OneStep {
+    double loss = 0;
+    std::map<std::string, std::vector<float>> grads, params;
+};
+
+inline OneStep oneStep(engine::Config c, const std::function<void(engine::ParamBuffer&)>& edit = {}) {
+    c.lr = 0;
+    c.min_lr = 0;
+    c.clip_grad = 0;
+    c.weight_decay = 0;
+    OneStep out;
+    auto t = engine::Trainer::create(c);
+    EXPECT_TRUE(t.isOk()) << t.status().toString();
+    if (!t.isOk()) return out;
+    engine::ParamBuffer& pb = (*t)->model().params();
+    if (edit) {
+        edit(pb);
+        pb.syncModelParams();
+    }
+    engine::StepProgress p;
+    const Status st = (*t)->step(&p);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    out.loss = p.loss;
+    for (int i = 0; i < pb.count(); ++i) {
+        out.grads[pb.info(i).name].assign(pb.mainGrad(i), pb.mainGrad(i) + pb.info(i).numel);
+        out.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
+    }
+    return out;
 }
 
 // Losses and grad norms per step and final weights within `tol` relative; the reference trained.

@@ -109,6 +109,45 @@ TEST(ContextParallel, AttentionOfEveryRankEqualsFullAttention) {
     }
 }
 
+// Rows `pos` of a [S, row] tensor.
+std::vector<float> rowsAt(const std::vector<float>& src, const std::vector<int>& pos, size_t row) {
+    std::vector<float> o;
+    for (int p : pos) o.insert(o.end(), src.begin() + long(size_t(p) * row), src.begin() + long(size_t(p + 1) * row));
+    return o;
+}
+
+// CP rank r's ring attention (p2p) on its rows `pos` (queries ql, output gradients gl), with the
+// K/V blocks merged in the order the ring delivers them (its own first, then ranks r-1, r-2, ...)
+// and the backward from the final out/lse only: returns its out and dQ rows, and adds each
+// block's dK/dV at the block's global positions into dkSum/dvSum.
+std::pair<std::vector<float>, std::vector<float>> ringRankInRingOrder(
+    const kernels::cpu::CpAttnDims& cd, int S, int cp, int r, const std::vector<int>& pos, const std::vector<float>& ql,
+    const std::vector<float>& gl, const std::vector<float>& kk, const std::vector<float>& v, size_t kvrow,
+    std::vector<float>& dkSum, std::vector<float>& dvSum) {
+    namespace k = kernels::cpu;
+    std::vector<float> ol(ql.size()), lse(size_t(cd.b) * cd.nq * cd.sq), delta(lse.size()), dql(ql.size(), 0.f);
+    for (int i = 0; i < cp; ++i) {
+        const auto kp = engine::cpLocalPositions(S, cp, (r - i + cp) % cp);
+        const auto kl = rowsAt(kk, kp, kvrow), vl = rowsAt(v, kp, kvrow);
+        k::cpRingAttentionForward(cd, pos.data(), kp.data(), ql.data(), kl.data(), vl.data(), ol.data(), lse.data(),
+                                  i == 0);
+    }
+    k::cpRingAttentionDelta(cd, ol.data(), gl.data(), delta.data());
+    for (int i = 0; i < cp; ++i) {
+        const auto kp = engine::cpLocalPositions(S, cp, (r - i + cp) % cp);
+        const auto kl = rowsAt(kk, kp, kvrow), vl = rowsAt(v, kp, kvrow);
+        std::vector<float> dkl(kl.size()), dvl(vl.size());
+        k::cpRingAttentionBackward(cd, pos.data(), kp.data(), ql.data(), kl.data(), vl.data(), lse.data(), delta.data(),
+                                   gl.data(), dql.data(), dkl.data(), dvl.data());
+        for (size_t j = 0; j < kp.size(); ++j)
+            for (size_t e = 0; e < kvrow; ++e) {
+                dkSum[size_t(kp[j]) * kvrow + e] += dkl[j * kvrow + e];
+                dvSum[size_t(kp[j]) * kvrow + e] += dvl[j * kvrow + e];
+            }
+    }
+    return {std::move(ol), std::move(dql)};
+}
+
 // Ring attention (p2p): each rank merges the blocks in the order the ring delivers them (own block
 // first, then ranks r-1, r-2, ...), the backward uses only the final out/lse; the result must equal
 // full attention for every rank's rows, for c = 2 and 4 (every section kind: diagonal, the
@@ -134,38 +173,13 @@ TEST(ContextParallel, RingBlocksMergedEqualFullAttention) {
         k::attentionBackward(ad, q.data(), kk.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(),
                              dv.data(), scratch.data(), true);
         const size_t qrow = size_t(b) * nq * d, kvrow = size_t(b) * ng * d;
-        auto rows = [](const std::vector<float>& src, const std::vector<int>& pos, size_t row) {
-            std::vector<float> o;
-            for (int p : pos)
-                o.insert(o.end(), src.begin() + long(size_t(p) * row), src.begin() + long(size_t(p + 1) * row));
-            return o;
-        };
         std::vector<float> dkSum(dk.size(), 0.f), dvSum(dv.size(), 0.f);
         for (int r = 0; r < cp; ++r) {
             const auto pos = engine::cpLocalPositions(S, cp, r);
             const int sl = int(pos.size());
-            const auto ql = rows(q, pos, qrow), gl = rows(dout, pos, qrow);
+            const auto ql = rowsAt(q, pos, qrow), gl = rowsAt(dout, pos, qrow);
             const k::CpAttnDims cd{sl, sl, b, nq, ng, d, ad.scale};
-            std::vector<float> ol(ql.size()), lse(size_t(b) * nq * sl), delta(lse.size()), dql(ql.size(), 0.f);
-            for (int i = 0; i < cp; ++i) {
-                const auto kp = engine::cpLocalPositions(S, cp, (r - i + cp) % cp);
-                const auto kl = rows(kk, kp, kvrow), vl = rows(v, kp, kvrow);
-                k::cpRingAttentionForward(cd, pos.data(), kp.data(), ql.data(), kl.data(), vl.data(), ol.data(),
-                                          lse.data(), i == 0);
-            }
-            k::cpRingAttentionDelta(cd, ol.data(), gl.data(), delta.data());
-            for (int i = 0; i < cp; ++i) {
-                const auto kp = engine::cpLocalPositions(S, cp, (r - i + cp) % cp);
-                const auto kl = rows(kk, kp, kvrow), vl = rows(v, kp, kvrow);
-                std::vector<float> dkl(kl.size()), dvl(vl.size());
-                k::cpRingAttentionBackward(cd, pos.data(), kp.data(), ql.data(), kl.data(), vl.data(), lse.data(),
-                                           delta.data(), gl.data(), dql.data(), dkl.data(), dvl.data());
-                for (size_t j = 0; j < kp.size(); ++j)
-                    for (size_t e = 0; e < kvrow; ++e) {
-                        dkSum[size_t(kp[j]) * kvrow + e] += dkl[j * kvrow + e];
-                        dvSum[size_t(kp[j]) * kvrow + e] += dvl[j * kvrow + e];
-                    }
-            }
+            const auto [ol, dql] = ringRankInRingOrder(cd, S, cp, r, pos, ql, gl, kk, v, kvrow, dkSum, dvSum);
             for (int i = 0; i < sl; ++i)
                 for (size_t e = 0; e < qrow; ++e) {
                     ASSERT_NEAR(ol[size_t(i) * qrow + e], out[size_t(pos[size_t(i)]) * qrow + e], 1e-5)
@@ -218,12 +232,6 @@ TEST(ContextParallel, RingAndAllGatherWithDropoutEqualFullAttentionWithDropout) 
             ASSERT_GT(diff, 0.1) << "dropout did not change the reference output";
         }
         const size_t qrow = size_t(b) * nq * d, kvrow = size_t(b) * ng * d;
-        auto rows = [](const std::vector<float>& src, const std::vector<int>& pos, size_t row) {
-            std::vector<float> o;
-            for (int p : pos)
-                o.insert(o.end(), src.begin() + long(size_t(p) * row), src.begin() + long(size_t(p + 1) * row));
-            return o;
-        };
         auto withDropout = [&](k::CpAttnDims cd) {
             cd.dropout = ad.dropout;
             cd.dropoutSeed = ad.dropoutSeed;
@@ -237,29 +245,10 @@ TEST(ContextParallel, RingAndAllGatherWithDropoutEqualFullAttentionWithDropout) 
         for (int r = 0; r < cp; ++r) {
             const auto pos = engine::cpLocalPositions(S, cp, r);
             const int sl = int(pos.size());
-            const auto ql = rows(q, pos, qrow), gl = rows(dout, pos, qrow);
+            const auto ql = rowsAt(q, pos, qrow), gl = rowsAt(dout, pos, qrow);
             // p2p: blocks in ring order
             const k::CpAttnDims cd = withDropout({sl, sl, b, nq, ng, d, ad.scale});
-            std::vector<float> ol(ql.size()), lse(size_t(b) * nq * sl), delta(lse.size()), dql(ql.size(), 0.f);
-            for (int i = 0; i < cp; ++i) {
-                const auto kp = engine::cpLocalPositions(S, cp, (r - i + cp) % cp);
-                const auto kl = rows(kk, kp, kvrow), vl = rows(v, kp, kvrow);
-                k::cpRingAttentionForward(cd, pos.data(), kp.data(), ql.data(), kl.data(), vl.data(), ol.data(),
-                                          lse.data(), i == 0);
-            }
-            k::cpRingAttentionDelta(cd, ol.data(), gl.data(), delta.data());
-            for (int i = 0; i < cp; ++i) {
-                const auto kp = engine::cpLocalPositions(S, cp, (r - i + cp) % cp);
-                const auto kl = rows(kk, kp, kvrow), vl = rows(v, kp, kvrow);
-                std::vector<float> dkl(kl.size()), dvl(vl.size());
-                k::cpRingAttentionBackward(cd, pos.data(), kp.data(), ql.data(), kl.data(), vl.data(), lse.data(),
-                                           delta.data(), gl.data(), dql.data(), dkl.data(), dvl.data());
-                for (size_t j = 0; j < kp.size(); ++j)
-                    for (size_t e = 0; e < kvrow; ++e) {
-                        dkRing[size_t(kp[j]) * kvrow + e] += dkl[j * kvrow + e];
-                        dvRing[size_t(kp[j]) * kvrow + e] += dvl[j * kvrow + e];
-                    }
-            }
+            const auto [ol, dql] = ringRankInRingOrder(cd, S, cp, r, pos, ql, gl, kk, v, kvrow, dkRing, dvRing);
             // all_gather: the whole sequence's K/V at once
             const k::CpAttnDims ca = withDropout({sl, S, b, nq, ng, d, ad.scale});
             std::vector<float> pl(size_t(b) * nq * sl * S), oa(ql.size()), dqa(ql.size()), dkg(kk.size()),

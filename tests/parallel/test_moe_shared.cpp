@@ -31,36 +31,6 @@ engine::Config sharedConfig(bool gate = false) {
     return c;
 }
 
-struct OneStep {
-    double loss = 0;
-    std::map<std::string, std::vector<float>> grads, params;
-};
-
-// One step with lr 0 (grads readable, weights unchanged); `edit` may change the fresh weights.
-OneStep oneStep(engine::Config c, const std::function<void(engine::ParamBuffer&)>& edit = {}) {
-    c.lr = 0;
-    c.min_lr = 0;
-    c.clip_grad = 0;
-    c.weight_decay = 0;
-    OneStep out;
-    auto t = engine::Trainer::create(c);
-    EXPECT_TRUE(t.isOk()) << t.status().toString();
-    if (!t.isOk()) return out;
-    engine::ParamBuffer& pb = (*t)->model().params();
-    if (edit) {
-        edit(pb);
-        pb.syncModelParams();
-    }
-    engine::StepProgress p;
-    const Status st = (*t)->step(&p);
-    EXPECT_TRUE(st.isOk()) << st.toString();
-    out.loss = p.loss;
-    for (int i = 0; i < pb.count(); ++i) {
-        out.grads[pb.info(i).name].assign(pb.mainGrad(i), pb.mainGrad(i) + pb.info(i).numel);
-        out.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
-    }
-    return out;
-}
 
 std::string layerName(int layer, const std::string& rest) {
     return "decoder.layers." + std::to_string(layer) + ".mlp." + rest;

@@ -53,6 +53,7 @@ bool leaveOut(const KnobDef& k, const Config& c) {
         return true;
     if (k.name.rfind("fp8_", 0) == 0 && c.fp8.empty()) return true;
     if (k.name == "cp_comm_type" && c.context_parallel_size <= 1) return true;
+    if (k.type == KnobType::IntList && v.empty()) return true;  // [] = Megatron's None
     if (k.name == "data_parallel_sharding_strategy" && v == d) return true;  // Megatron-FSDP only
     if (k.name == "recompute_modules" && c.recompute_granularity != "selective") return true;
     if ((k.name == "recompute_method" || k.name == "recompute_num_layers") && c.recompute_granularity != "full")
@@ -208,7 +209,8 @@ std::vector<std::string> bridgeOverrides(const Config& c, std::vector<std::strin
             !c.use_precision_aware_optimizer)
             continue;
         // Off / unset / derived -> null.
-        const bool unsetInt = k.type == KnobType::Int && v == 0 && k.get(defaults) == 0;
+        const bool unsetInt = (k.type == KnobType::Int && v == 0 && k.get(defaults) == 0) ||
+                              (k.type == KnobType::IntList && v.empty());
         const bool offEnum = (k.type == KnobType::Enum || k.type == KnobType::String) && v == "";
         const bool noVpp = k.name == "virtual_pipeline_model_parallel_size" && c.virtual_pipeline_model_parallel_size <= 1;
         const bool noModules = k.name == "recompute_modules" && c.recompute_granularity != "selective";

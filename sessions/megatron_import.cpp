@@ -214,6 +214,19 @@ struct FlagMap {
 
 json valueFor(const KnobDef& k, const std::vector<std::string>& values, std::string& err) {
     if (k.type == KnobType::StringList) return json(values);
+    if (k.type == KnobType::IntList) {
+        json out = json::array();
+        for (const std::string& v : values) {
+            char* end = nullptr;
+            const long long x = std::strtoll(v.c_str(), &end, 10);
+            if (v.empty() || *end != '\0') {
+                err = "'" + v + "' is not an integer";
+                return nullptr;
+            }
+            out.push_back(x);
+        }
+        return out;
+    }
     if (values.size() != 1) {
         err = "expects one value, got " + std::to_string(values.size());
         return nullptr;

@@ -30,7 +30,7 @@ std::string listText(const std::vector<int>& v) {
 }
 
 // Groups shown per rank (the rest are available with --json).
-const char* kShownGroups[] = {"tp", "cp", "dp", "pp", "dp-cp", "embd", "ep", "etp", "edp"};
+const char* kShownGroups[] = {"tp", "cp", "hcp-a2a", "hcp-p2p", "dp", "pp", "dp-cp", "embd", "ep", "etp", "edp"};
 
 }  // namespace
 
@@ -60,6 +60,7 @@ int cmdLayout(const Args& a) {
     sizes.ep = c.expert_model_parallel_size;
     sizes.etp = c.expert_tensor_parallel_size;
     sizes.world = c.world_size;
+    if (c.hierarchical_context_parallel_sizes.size() == 2) sizes.hcpA2a = c.hierarchical_context_parallel_sizes[0];
     auto layout = engine::ParallelLayout::create(sizes);
     if (!layout.isOk()) return fail(2, layout.status().message());
     const auto& l = layout.value();

@@ -42,7 +42,10 @@ struct Config {
     int decoder_last_pipeline_num_layers = 0;
     bool defer_embedding_wgrad_compute = false;
     int context_parallel_size = 1;
-    std::string cp_comm_type = "p2p";  // p2p | all_gather | a2a
+    std::string cp_comm_type = "p2p";  // p2p | all_gather | a2a | a2a+p2p
+    // Megatron's hierarchical_context_parallel_sizes: [a2a size, p2p size] of the two CP
+    // sub-groups ("hcp-a2a" = consecutive CP ranks, "hcp-p2p"); empty = not set (None).
+    std::vector<int> hierarchical_context_parallel_sizes;
     int expert_model_parallel_size = 1;
     int expert_tensor_parallel_size = 0;  // 0 = tensor_model_parallel_size
     int data_parallel_size = 0;      // 0 = derived: world/(tp*cp*pp)

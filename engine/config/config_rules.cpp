@@ -130,6 +130,26 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     if (cp > 1 && c.seq_length % (2 * cp) != 0)
         ck.add("context_parallel_size", kv("seq_length", c.seq_length) + " must be divisible by 2*context_parallel_size = " +
                                             std::to_string(2 * cp) + " (load-balanced chunks)");
+    // Hierarchical CP (Megatron's validate_args): the sub-group sizes multiply to the CP size, and
+    // a2a+p2p needs them.
+    const std::vector<int>& hcp = c.hierarchical_context_parallel_sizes;
+    if (!hcp.empty()) {
+        long long prod = 1;
+        std::string list;
+        for (int x : hcp) {
+            prod *= x;
+            list += (list.empty() ? "" : ", ") + std::to_string(x);
+        }
+        if (prod != cp)
+            ck.add("hierarchical_context_parallel_sizes",
+                   "hierarchical_context_parallel_sizes=[" + list + "] multiplies to " + std::to_string(prod) +
+                       ", not context_parallel_size=" + std::to_string(cp));
+    }
+    if (c.cp_comm_type == "a2a+p2p" && hcp.empty())
+        ck.add("hierarchical_context_parallel_sizes",
+               "cp_comm_type=a2a+p2p needs hierarchical_context_parallel_sizes: [a2a size, p2p size] (product = "
+               "context_parallel_size=" + std::to_string(cp) + ", e.g. [2, " + std::to_string(std::max(1, cp / 2)) +
+                   "])");
 
     // Batch.
     if (c.global_batch_size > 0 && c.global_batch_size % (c.micro_batch_size * d.dp) != 0)

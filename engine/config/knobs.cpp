@@ -19,6 +19,7 @@ const char* knobTypeName(KnobType t) {
         case KnobType::String: return "string";
         case KnobType::Enum: return "enum";
         case KnobType::StringList: return "list";
+        case KnobType::IntList: return "int_list";
     }
     return "?";
 }
@@ -115,6 +116,36 @@ void bind<std::vector<std::string>>(KnobDef& k, std::vector<std::string> Config:
                 for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
                 return "'" + s + "' is not one of: " + list;
             }
+        }
+        c.*m = out;
+        return "";
+    };
+}
+
+// A list of positive integers (Megatron's nargs='+' type=int); [] or null = not set.
+template <>
+void bind<std::vector<int>>(KnobDef& k, std::vector<int> Config::*m) {
+    k.get = [m](const Config& c) { return json(c.*m); };
+    k.set = [m](Config& c, const json& v) -> std::string {
+        std::vector<int> out;
+        auto one = [&](const json& e) -> bool {
+            if (e.is_number_integer() || e.is_number_unsigned()) {
+                const auto x = e.get<int64_t>();
+                if (x < 1 || x > INT32_MAX) return false;
+                out.push_back(int(x));
+                return true;
+            }
+            return false;
+        };
+        if (v.is_null()) {
+            c.*m = {};
+            return "";
+        }
+        if (v.is_array()) {
+            for (const auto& e : v)
+                if (!one(e)) return "expected a list of positive integers, got " + v.dump();
+        } else if (!one(v)) {
+            return "expected a list of positive integers, got " + v.dump();
         }
         c.*m = out;
         return "";
@@ -288,10 +319,19 @@ std::vector<KnobDef> buildRegistry() {
               "Context parallel size c (sequence split across ranks in 2c load-balanced chunks; dropout masks are "
               "drawn from global positions, so a CP run equals the cp=1 run)."),
           "seq_length divisible by 2*context_parallel_size");
-    r.e("cp_comm_type", &C::cp_comm_type, {"p2p", "all_gather", "a2a"}, "--cp-comm-type", "model.cp_comm_type",
+    r.e("cp_comm_type", &C::cp_comm_type, {"p2p", "all_gather", "a2a", "a2a+p2p"}, "--cp-comm-type",
+        "model.cp_comm_type",
         "Context-parallel attention communication: p2p (ring attention, KV blocks passed on a comm stream while "
-        "the held block is computed), all_gather (KV all-gathered, not overlapped) or a2a (Ulysses: heads "
-        "scattered, needs heads and query groups divisible by tp*cp).");
+        "the held block is computed), all_gather (KV all-gathered, not overlapped), a2a (Ulysses: heads "
+        "scattered, needs heads and query groups divisible by tp*cp) or a2a+p2p (hierarchical: a2a inside the "
+        "hcp-a2a group, ring attention over hcp-p2p; needs hierarchical_context_parallel_sizes).");
+    rules(r.add("hierarchical_context_parallel_sizes", &C::hierarchical_context_parallel_sizes, KnobType::IntList,
+                "--hierarchical-context-parallel-sizes", "model.hierarchical_context_parallel_sizes",
+                "Sizes [a2a, p2p] of the two CP sub-groups for cp_comm_type=a2a+p2p: hcp-a2a holds consecutive CP "
+                "ranks (all-to-all of heads, e.g. inside a node), hcp-p2p every a2a-th one (ring attention across "
+                "them); [] = not set."),
+          "product = context_parallel_size; required by cp_comm_type=a2a+p2p; heads and query groups divisible "
+          "by tp*a2a");
     rules(r.i("expert_model_parallel_size", &C::expert_model_parallel_size, "--expert-model-parallel-size",
               "model.expert_model_parallel_size",
               "Expert parallel size (experts split across ranks of the expert layout etp-ep-edp-pp; tokens reach "

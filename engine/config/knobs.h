@@ -15,7 +15,7 @@
 
 namespace ts::engine {
 
-enum class KnobType { Int, Float, Bool, String, Enum, StringList };
+enum class KnobType { Int, Float, Bool, String, Enum, StringList, IntList };
 const char* knobTypeName(KnobType t);
 
 struct KnobDef {

@@ -1,5 +1,7 @@
 // Ring attention for context parallelism (cp_comm_type=p2p; REFERENCE.md §4.3, Transformer
-// Engine's AttnFuncWithCPAndKVP2P) for one CP rank.
+// Engine's AttnFuncWithCPAndKVP2P) for one CP rank. With a2a+p2p the ring runs over "hcp-p2p"
+// on the rows and heads the all-to-all over "hcp-a2a" gave this rank (gpt_cp_attention.cpp):
+// "CP rank" below is then the hcp-p2p rank, and a rank's rows are its a2a group's chunks.
 //
 // Every CP rank holds the query/key/value rows of its two sequence chunks (§4.1). The key/value
 // blocks travel around the CP ring: in step i rank r computes its queries against the block of

@@ -57,6 +57,14 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
                                    std::to_string(2 * ctx.cpSize));
         if (!ctx.cp || ctx.cp->size() != ctx.cpSize)
             return Status::invalid("context parallel size > 1 needs a CP communicator of that size");
+        if (cfg.cp_comm_type == "a2a+p2p") {
+            const std::vector<int>& hcp = cfg.hierarchical_context_parallel_sizes;
+            if (hcp.size() != 2 || hcp[0] * hcp[1] != ctx.cpSize || ctx.hcpA2aSize != hcp[0] ||
+                ctx.hcpA2aRank < 0 || ctx.hcpA2aRank >= ctx.hcpA2aSize || ctx.hcpA2aRank != ctx.cpRank % hcp[0] ||
+                (ctx.hcpA2aSize > 1 && (!ctx.hcpA2a || ctx.hcpA2a->size() != ctx.hcpA2aSize)))
+                return Status::invalid("cp_comm_type=a2a+p2p needs the \"hcp-a2a\" communicator of size "
+                                       "hierarchical_context_parallel_sizes[0] and this rank's place in it");
+        }
         d.seq /= ctx.cpSize;  // this rank's rows
     }
     if (!o.recomputeGranularity.empty() && o.recomputeGranularity != "selective" &&

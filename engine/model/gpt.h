@@ -137,6 +137,7 @@ public:
     // cp_comm_type=p2p: ring attention over `comm` (a "cp" communicator used on that stream
     // only) with the key/value blocks passed on `commStream` (engine/model/cp_ring.h). Needed
     // before the first forward when context parallel runs with p2p; no-op otherwise.
+    // a2a+p2p (p2p size > 1): `comm` is an "hcp-p2p" communicator.
     void setCpRing(Stream& commStream, Communicator& comm);
     // moe_shared_expert_overlap: run the shared experts' forward and backward on `stream` (their
     // TP collectives over `tp`, a "tp" communicator used on that stream only; null with tp 1),
@@ -267,11 +268,22 @@ private:
     // "cp" and put in global order; their grads reduce-scattered back).
     Result<TensorPtr> cpGatherKv(const TensorPtr& local, int heads);
     Result<TensorPtr> cpScatterKvGrad(const TensorPtr& global, int heads);
-    // cp_comm_type=a2a (Ulysses): all-to-all over "cp" from this rank's rows of every head
-    // [sl, b, heads, d] to the whole sequence (global order) of heads/c heads [S, b, heads/c, d],
-    // and back (into `out` [sl, b, heads, d]).
-    Result<TensorPtr> cpToHeads(const TensorPtr& local, int heads);
-    Status cpToSequence(const TensorPtr& full, int heads, const TensorPtr& out);
+    // cp_comm_type=a2a (Ulysses): all-to-all over `comm` ("cp", size c) from this rank's rows of
+    // every head [sl, b, heads, d] to the whole sequence (global order) of heads/c heads
+    // [S, b, heads/c, d], and back (into `out` [sl, b, heads, d]). a2a+p2p: the same over
+    // "hcp-a2a" (size a) -> the a ranks' rows [a*sl, b, heads/a, d] in TE's chunk order.
+    Result<TensorPtr> cpToHeads(const TensorPtr& local, int heads, Communicator& comm);
+    Status cpToSequence(const TensorPtr& full, int heads, const TensorPtr& out, Communicator& comm);
+    // What cp_comm_type runs here: the ring (p2p; a2a+p2p with a p2p level > 1, after an
+    // all-to-all over hcp-a2a when a2a > 1) or Ulysses (a2a; a2a+p2p as [c, 1]) over `comm`,
+    // where this rank is `rank`; neither = all_gather.
+    struct CpMode {
+        bool ring = false, ulysses = false;
+        int a2a = 1;                    // ring: size of the all-to-all group before it
+        Communicator* comm = nullptr;   // the all-to-all group (Ulysses, or the ring's a2a > 1)
+        int rank = 0;                   // this rank in it
+    };
+    CpMode cpMode() const;
     // `drop`: the layer's core-attention dims of the cp=1 numbering (attention dropout, its seed,
     // this TP rank's first head); every variant draws the mask from global positions with it.
     Status cpCoreAttentionForward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop);

@@ -10,6 +10,14 @@
 //     while the block held is computed.
 //   a2a (§4.4, Ulysses): all-to-all from "my rows, all heads" to "all rows, heads/c heads",
 //     ordinary causal attention over the whole sequence, all-to-all back. Compute stream.
+//   a2a+p2p (hierarchical, TE's AttnFuncWithCPAndKVP2P with cp_group=[a2a, p2p]; sizes [a, p] =
+//     hierarchical_context_parallel_sizes): the all-to-all of a2a over "hcp-a2a" (a consecutive
+//     CP ranks) turns the rows of the a ranks into heads/a heads of their 2a chunks, put in
+//     TE's order (first chunks of ranks 0..a-1, then the second chunks of ranks a-1..0: global
+//     chunks [pa, pa+a) and [2c-pa-a, 2c-pa) of p2p rank p, load balanced like §4.1 with chunks
+//     a times larger); then the p2p ring over "hcp-p2p" on those rows and heads; all-to-all
+//     back. The backward: dout all-to-all, ring backward, dQ/dK/dV all-to-all back. A level of
+//     size 1 is TE's fallback: [1, c] runs p2p over hcp-p2p, [c, 1] a2a over hcp-a2a.
 // Attention dropout (attention_dropout > 0) draws, in every variant, the mask element the cp=1
 // run draws for the same (sample, global head, global query position, global key position)
 // (kernels/cpu/ops.h AttnDims / CpAttnDims), so a CP run with dropout equals the cp=1 run.
@@ -46,7 +54,28 @@ void cpReorderChunks(float* dst, const float* src, int c, int64_t chunkElems, bo
         }
 }
 
+// a2a+p2p: global positions of the rows p2p rank p holds after the all-to-all over its hcp-a2a
+// group of size a (see the file comment); a == 1 gives cpLocalPositions(S, c, p).
+std::vector<int> hcpRingPositions(int S, int c, int a, int p) {
+    const int chunk = S / (2 * c);
+    std::vector<int> pos;
+    pos.reserve(size_t(2) * a * chunk);
+    for (int first : {p * a, 2 * c - p * a - a})
+        for (int i = first * chunk; i < (first + a) * chunk; ++i) pos.push_back(i);
+    return pos;
+}
+
 }  // namespace
+
+GptModel::CpMode GptModel::cpMode() const {
+    const std::string& t = m_cfg.cp_comm_type;
+    // p2p: the ring on all heads (rank 0 of a one-rank a2a level); a2a: heads of this CP rank.
+    if (t != "a2a+p2p") return {t == "p2p", t == "a2a", 1, m_ctx.cp, t == "a2a" ? m_ctx.cpRank : 0};
+    const int a = m_ctx.hcpA2aSize, p = m_ctx.cpSize / a;
+    // [c, 1]: Ulysses over hcp-a2a (its ranks are the CP group's, in the same order).
+    if (p == 1) return {false, true, 1, m_ctx.hcpA2a, m_ctx.hcpA2aRank};
+    return {true, false, a, m_ctx.hcpA2a, m_ctx.hcpA2aRank};
+}
 
 Result<TensorPtr> GptModel::cpGatherKv(const TensorPtr& local, int heads) {
     const int b = m_d.microBatch, d = m_d.headDim, cp = m_ctx.cpSize, S = m_seqGlobal;
@@ -79,16 +108,17 @@ Result<TensorPtr> GptModel::cpScatterKvGrad(const TensorPtr& global, int heads) 
 }
 
 void GptModel::setCpRing(Stream& commStream, Communicator& comm) {
-    if (m_ctx.cpSize <= 1 || m_cfg.cp_comm_type != "p2p") return;
-    const int c = m_ctx.cpSize;
+    if (m_ctx.cpSize <= 1 || !cpMode().ring) return;
+    const int c = m_ctx.cpSize, a = cpMode().a2a;
     std::vector<std::vector<int>> pos;
-    for (int r = 0; r < c; ++r) pos.push_back(cpLocalPositions(m_seqGlobal, c, r));
+    for (int r = 0; r < c / a; ++r) pos.push_back(hcpRingPositions(m_seqGlobal, c, a, r));
     m_cpRing = std::make_unique<CpRing>(m_exec, commStream, comm, std::move(pos));
 }
 
-Result<TensorPtr> GptModel::cpToHeads(const TensorPtr& local, int heads) {
-    const int b = m_d.microBatch, d = m_d.headDim, c = m_ctx.cpSize, sl = m_d.seq, hc = heads / c;
-    const int chunk = m_seqGlobal / (2 * c);
+Result<TensorPtr> GptModel::cpToHeads(const TensorPtr& local, int heads, Communicator& comm) {
+    // c: the all-to-all group ("cp", or hcp-a2a); chunk: one of the 2*cp chunks of the sequence
+    const int b = m_d.microBatch, d = m_d.headDim, c = comm.size(), sl = m_d.seq, hc = heads / c;
+    const int chunk = m_seqGlobal / (2 * m_ctx.cpSize);
     const int64_t n = int64_t(sl) * b * heads * d;  // elements held before and after
     const int64_t part = n / c;                      // sent to / received from one peer
     TS_ASSIGN_OR_RETURN(TensorPtr send, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
@@ -101,26 +131,27 @@ Result<TensorPtr> GptModel::cpToHeads(const TensorPtr& local, int heads) {
     });
     TS_ASSIGN_OR_RETURN(TensorPtr recv, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
     const std::vector<size_t> counts(static_cast<size_t>(c), size_t(part));
-    m_ctx.cp->allToAllv(m_exec.stream(), send->data(), counts, recv->data(), counts, DType::F32);
+    comm.allToAllv(m_exec.stream(), send->data(), counts, recv->data(), counts, DType::F32);
     holdUntilDone(send, recv);
     TS_ASSIGN_OR_RETURN(TensorPtr full, allocUninitialized(m_exec, n));
     const int64_t chunkElems = int64_t(chunk) * b * hc * d;  // one chunk of the head group
-    // from rank i: its rows (chunks i and 2c-1-i) -> global order
+    // from group rank i its two chunks -> slots i and 2c-1-i (with c = cp: global order; in
+    // hcp-a2a TE's order: first chunks by rank, then second chunks by descending rank)
     m_exec.op("cp_a2a_reorder", Category::Memcpy, 0, uint64_t(n) * 8,
               [=] { cpReorderChunks(fp(full), fp(recv), c, chunkElems, true); });
     return full;
 }
 
-Status GptModel::cpToSequence(const TensorPtr& full, int heads, const TensorPtr& out) {
-    const int b = m_d.microBatch, d = m_d.headDim, c = m_ctx.cpSize, sl = m_d.seq, hc = heads / c;
-    const int chunk = m_seqGlobal / (2 * c);
+Status GptModel::cpToSequence(const TensorPtr& full, int heads, const TensorPtr& out, Communicator& comm) {
+    const int b = m_d.microBatch, d = m_d.headDim, c = comm.size(), sl = m_d.seq, hc = heads / c;
+    const int chunk = m_seqGlobal / (2 * m_ctx.cpSize);
     const int64_t n = int64_t(sl) * b * heads * d, part = n / c, chunkElems = int64_t(chunk) * b * hc * d;
     TS_ASSIGN_OR_RETURN(TensorPtr send, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
     m_exec.op("cp_a2a_reorder", Category::Memcpy, 0, uint64_t(n) * 8,
               [=] { cpReorderChunks(fp(send), fp(full), c, chunkElems, false); });
     TS_ASSIGN_OR_RETURN(TensorPtr recv, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
     const std::vector<size_t> counts(static_cast<size_t>(c), size_t(part));
-    m_ctx.cp->allToAllv(m_exec.stream(), send->data(), counts, recv->data(), counts, DType::F32);
+    comm.allToAllv(m_exec.stream(), send->data(), counts, recv->data(), counts, DType::F32);
     holdUntilDone(send, recv);
     m_exec.op("cp_a2a_unpack", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
         // from peer j: heads [j*hc, (j+1)*hc) of this rank's rows
@@ -137,28 +168,45 @@ Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng, const k::A
     const int64_t T = int64_t(sl) * b;
     const bool bf = m_o.bf16;
     const float scale = 1.0f / std::sqrt(float(d));
-    if (m_cfg.cp_comm_type == "p2p") {
-        if (!m_cpRing) return Status::internal("cp_comm_type=p2p needs the CP comm stream (setCpRing)");
-        TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
+    const CpMode mode = cpMode();
+    if (mode.ring) {
+        if (!m_cpRing) return Status::internal("cp_comm_type=" + m_cfg.cp_comm_type + " needs the CP comm stream (setCpRing)");
+        const int a = mode.a2a;
+        if (a > 1) {
+            // a2a+p2p: heads [rank*nq/a, (rank+1)*nq/a) of the a2a group's rows; they replace the
+            // local q/k/v for the backward.
+            TS_ASSIGN_OR_RETURN(A.q, cpToHeads(A.q, nq, *mode.comm));
+            TS_ASSIGN_OR_RETURN(A.k, cpToHeads(A.k, ng, *mode.comm));
+            TS_ASSIGN_OR_RETURN(A.v, cpToHeads(A.v, ng, *mode.comm));
+        }
+        TS_ASSIGN_OR_RETURN(TensorPtr out, allocUninitialized(m_exec, T * nq * d));
         TS_ASSIGN_OR_RETURN(A.lse, allocUninitialized(m_exec, int64_t(b) * nq * sl));
-        CpRing::Dims rd{sl, b, nq, ng, d, scale};
+        CpRing::Dims rd{sl * a, b, nq / a, ng / a, d, scale};
         setDropout(rd, drop);
+        rd.headOffset = drop.headOffset + mode.rank * (nq / a);
         rd.sTotal = S;
-        TS_RETURN_IF_ERROR(m_cpRing->forward(rd, A.q, A.k, A.v, A.ctx, A.lse));
+        TS_RETURN_IF_ERROR(m_cpRing->forward(rd, A.q, A.k, A.v, out, A.lse));
         // out and lse are all the backward needs: selective recompute has nothing left to redo.
-        if (bf) roundBf16(A.ctx, T * nq * d);
-        return Status::ok();
+        if (bf) roundBf16(out, T * nq * d);
+        if (a == 1) {
+            A.ctx = out;
+            return Status::ok();
+        }
+        A.ctxHeads = out;
+        TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
+        return cpToSequence(out, nq, A.ctx, *mode.comm);
     }
-    if (m_cfg.cp_comm_type == "a2a") {
+    if (mode.ulysses) {
         const int c = m_ctx.cpSize;
+        Communicator& comm = *mode.comm;
         // The head-sharded whole-sequence q/k/v replace the local ones for the backward.
-        TS_ASSIGN_OR_RETURN(A.q, cpToHeads(A.q, nq));
-        TS_ASSIGN_OR_RETURN(A.k, cpToHeads(A.k, ng));
-        TS_ASSIGN_OR_RETURN(A.v, cpToHeads(A.v, ng));
+        TS_ASSIGN_OR_RETURN(A.q, cpToHeads(A.q, nq, comm));
+        TS_ASSIGN_OR_RETURN(A.k, cpToHeads(A.k, ng, comm));
+        TS_ASSIGN_OR_RETURN(A.v, cpToHeads(A.v, ng, comm));
         // Whole sequence of heads [cpRank*nq/c, (cpRank+1)*nq/c) of this TP rank's nq.
         k::AttnDims ad{S, b, nq / c, ng / c, d, scale};
         setDropout(ad, drop);
-        ad.headOffset = drop.headOffset + m_ctx.cpRank * (nq / c);
+        ad.headOffset = drop.headOffset + mode.rank * (nq / c);
         TS_ASSIGN_OR_RETURN(TensorPtr probs, allocUninitialized(m_exec, int64_t(k::attentionProbsSize(ad))));
         TS_ASSIGN_OR_RETURN(TensorPtr out, allocUninitialized(m_exec, T * nq * d));
         TensorPtr q = A.q, kk = A.k, v = A.v;
@@ -169,7 +217,7 @@ Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng, const k::A
                       if (bf) k::roundToBf16(fp(out), T * nq * d);
                   });
         TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
-        TS_RETURN_IF_ERROR(cpToSequence(out, nq, A.ctx));
+        TS_RETURN_IF_ERROR(cpToSequence(out, nq, A.ctx, comm));
         if (m_o.recomputeGranularity != "selective") A.probs = probs;
         return Status::ok();
     }
@@ -196,18 +244,31 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
     const int b = m_d.microBatch, d = m_d.headDim, sl = m_d.seq, S = m_seqGlobal;
     const int64_t T = int64_t(sl) * b;
     const float scale = 1.0f / std::sqrt(float(d));
-    if (m_cfg.cp_comm_type == "p2p") {
-        CpRing::Dims rd{sl, b, nq, ng, d, scale};
+    const CpMode mode = cpMode();
+    if (mode.ring) {
+        const int a = mode.a2a;
+        CpRing::Dims rd{sl * a, b, nq / a, ng / a, d, scale};
         setDropout(rd, drop);
+        rd.headOffset = drop.headOffset + mode.rank * (nq / a);
         rd.sTotal = S;
-        return m_cpRing->backward(rd, A.q, A.k, A.v, A.ctx, A.lse, dctx, dq, dk, dv);
+        if (a == 1) return m_cpRing->backward(rd, A.q, A.k, A.v, A.ctx, A.lse, dctx, dq, dk, dv);
+        // a2a+p2p: dout to heads, the ring's backward, dQ/dK/dV back to this rank's rows.
+        TS_ASSIGN_OR_RETURN(TensorPtr dout, cpToHeads(dctx, nq, *mode.comm));
+        TS_ASSIGN_OR_RETURN(TensorPtr dqh, allocUninitialized(m_exec, T * nq * d));
+        TS_ASSIGN_OR_RETURN(TensorPtr dkh, allocUninitialized(m_exec, T * ng * d));
+        TS_ASSIGN_OR_RETURN(TensorPtr dvh, allocUninitialized(m_exec, T * ng * d));
+        TS_RETURN_IF_ERROR(m_cpRing->backward(rd, A.q, A.k, A.v, A.ctxHeads, A.lse, dout, dqh, dkh, dvh));
+        TS_RETURN_IF_ERROR(cpToSequence(dqh, nq, dq, *mode.comm));
+        TS_RETURN_IF_ERROR(cpToSequence(dkh, ng, dk, *mode.comm));
+        return cpToSequence(dvh, ng, dv, *mode.comm);
     }
-    if (m_cfg.cp_comm_type == "a2a") {
+    if (mode.ulysses) {
         const int c = m_ctx.cpSize;
+        Communicator& comm = *mode.comm;
         // Whole sequence of heads [cpRank*nq/c, (cpRank+1)*nq/c) of this TP rank's nq.
         k::AttnDims ad{S, b, nq / c, ng / c, d, scale};
         setDropout(ad, drop);
-        ad.headOffset = drop.headOffset + m_ctx.cpRank * (nq / c);
+        ad.headOffset = drop.headOffset + mode.rank * (nq / c);
         TensorPtr q = A.q, kk = A.k, v = A.v, probs = A.probs;
         const bool fs = m_o.fusedSoftmax;
         if (!probs) {
@@ -217,7 +278,7 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
                       uint64_t(4) * k::attentionProbsSize(ad),
                       [=] { k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctxTmp), fs); });
         }
-        TS_ASSIGN_OR_RETURN(TensorPtr dout, cpToHeads(dctx, nq));
+        TS_ASSIGN_OR_RETURN(TensorPtr dout, cpToHeads(dctx, nq, comm));
         TS_ASSIGN_OR_RETURN(TensorPtr dqh, allocUninitialized(m_exec, T * nq * d));
         TS_ASSIGN_OR_RETURN(TensorPtr dkh, allocUninitialized(m_exec, T * ng * d));
         TS_ASSIGN_OR_RETURN(TensorPtr dvh, allocUninitialized(m_exec, T * ng * d));
@@ -228,9 +289,9 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
                       k::attentionBackward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(dout), fp(dqh), fp(dkh), fp(dvh),
                                            fp(scratch), fs);
                   });
-        TS_RETURN_IF_ERROR(cpToSequence(dqh, nq, dq));
-        TS_RETURN_IF_ERROR(cpToSequence(dkh, ng, dk));
-        return cpToSequence(dvh, ng, dv);
+        TS_RETURN_IF_ERROR(cpToSequence(dqh, nq, dq, comm));
+        TS_RETURN_IF_ERROR(cpToSequence(dkh, ng, dk, comm));
+        return cpToSequence(dvh, ng, dv, comm);
     }
     // K and V of the whole sequence again (TE's all-gather variant re-gathers too).
     TS_ASSIGN_OR_RETURN(TensorPtr kg, cpGatherKv(A.k, ng));

@@ -24,6 +24,9 @@ struct GptModel::LayerActs {
     TensorPtr q, k, v;              // after RoPE: [T, nq, d], [T, ng, d], [T, ng, d]
     TensorPtr probs;                // [b, nq, s, s]; null under selective recompute
     TensorPtr lse;                  // cp_comm_type=p2p: log-sum-exp of the softmax rows [b, nq, s]
+                                    // (a2a+p2p: of the head-split rows [b, nq/a, a*s])
+    TensorPtr ctxHeads;             // a2a+p2p (a > 1): the ring's output before the all-to-all back
+                                    // [a*s, b, nq/a, d], what its backward reads
     TensorPtr ctx;                  // core attention output [T, nq*d]
     TensorPtr mask1;                // dropout mask after linear_proj [T*h] (p > 0)
     TensorPtr x2;                   // residual after attention [T, h]

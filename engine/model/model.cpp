@@ -58,8 +58,25 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         auto notYet = [](const std::string& what) {
             return Status::unsupported("context parallel: " + what + " is not executed by the engine yet");
         };
-        if (c.cp_comm_type != "all_gather" && c.cp_comm_type != "p2p" && c.cp_comm_type != "a2a")
-            return notYet("cp_comm_type=" + c.cp_comm_type + "; use p2p, all_gather or a2a");
+        if (c.cp_comm_type != "all_gather" && c.cp_comm_type != "p2p" && c.cp_comm_type != "a2a" &&
+            c.cp_comm_type != "a2a+p2p")
+            return notYet("cp_comm_type=" + c.cp_comm_type + "; use p2p, all_gather, a2a or a2a+p2p");
+        const std::vector<int>& hcp = c.hierarchical_context_parallel_sizes;
+        if (!hcp.empty() && hcp.size() != 2)
+            return notYet("hierarchical_context_parallel_sizes with " + std::to_string(hcp.size()) +
+                          " levels (the engine builds the two CP sub-groups of cp_comm_type=a2a+p2p); give "
+                          "[a2a size, p2p size]");
+        if (c.cp_comm_type == "a2a+p2p") {
+            if (hcp.size() != 2 || int64_t(hcp[0]) * hcp[1] != ds.cp)
+                return bad("cp_comm_type=a2a+p2p needs hierarchical_context_parallel_sizes: [a2a size, p2p size] "
+                           "with product context_parallel_size=" + std::to_string(ds.cp));
+            const int a2a = hcp[0];
+            if (d.heads % (ds.tp * a2a) != 0 || d.groups % (ds.tp * a2a) != 0)
+                return bad("cp_comm_type=a2a+p2p scatters the heads over the hcp-a2a group: num_attention_heads=" +
+                           std::to_string(d.heads) + " and num_query_groups=" + std::to_string(d.groups) +
+                           " must be divisible by tensor_model_parallel_size x hierarchical_context_parallel_sizes[0] "
+                           "= " + std::to_string(ds.tp * a2a) + "; use a smaller a2a size or p2p");
+        }
         if (c.cp_comm_type == "a2a" && (d.heads % (ds.tp * ds.cp) != 0 || d.groups % (ds.tp * ds.cp) != 0))
             return bad("cp_comm_type=a2a scatters the heads over the CP ranks: num_attention_heads=" +
                        std::to_string(d.heads) + " and num_query_groups=" + std::to_string(d.groups) +

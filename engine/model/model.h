@@ -41,6 +41,10 @@ struct ParallelContext {
     Communicator* dp = nullptr;
     Communicator* amax = nullptr;  // FP8 delayed scaling: amax reduction group (tp-dp-cp), compute stream
     Communicator* cp = nullptr;    // context parallel ("cp"), compute stream
+    // cp_comm_type=a2a+p2p: the all-to-all group "hcp-a2a" (compute stream; null when its size is
+    // 1) and this rank's place in it; cpRank = p2p rank * hcpA2aSize + hcpA2aRank.
+    Communicator* hcpA2a = nullptr;
+    int hcpA2aRank = 0, hcpA2aSize = 1;
     Communicator* ep = nullptr;    // expert parallel token all-to-all ("ep"), compute stream
     Communicator* etp = nullptr;   // expert TP: the dispatched rows' all-gather / reduce-scatter ("etp"), compute stream
     // The expert tensor-and-expert-parallel group ("etp-ep", group rank etpRank + etpSize*epRank;

@@ -121,6 +121,9 @@ Result<ParallelLayout> ParallelLayout::create(const ParallelSizes& in) {
                                ") x data_parallel_size (" + std::to_string(s.dp) + ") x pipeline_model_parallel_size (" +
                                std::to_string(s.pp) + ") = " + std::to_string(modelParallel * s.dp));
     }
+    if (s.hcpA2a < 0 || (s.hcpA2a > 0 && s.cp % s.hcpA2a != 0))
+        return Status::invalid("hierarchical_context_parallel_sizes: the a2a size " + std::to_string(s.hcpA2a) +
+                               " does not divide context_parallel_size=" + std::to_string(s.cp));
     const int64_t expertModel = int64_t(s.etp) * s.ep * s.pp;
     if (s.world % expertModel != 0)
         return Status::invalid("world size " + std::to_string(s.world) +
@@ -163,6 +166,17 @@ std::vector<int> ParallelLayout::groupRanks(const std::string& name, int g) cons
         if (std::find(out.begin(), out.end(), g) == out.end()) return {};
         return out;
     }
+    if (name == "hcp-a2a" || name == "hcp-p2p") {
+        if (m_sizes.hcpA2a <= 0) return {};
+        const std::vector<int> cp = groupRanks("cp", g);  // cp index order
+        const int a = m_sizes.hcpA2a, idx = coordsOf(g).cp;
+        std::vector<int> out;
+        if (name == "hcp-a2a")
+            for (int i = idx / a * a; i < idx / a * a + a; ++i) out.push_back(cp[size_t(i)]);
+        else
+            for (int i = idx % a; i < int(cp.size()); i += a) out.push_back(cp[size_t(i)]);
+        return out;
+    }
     bool expert = false;
     std::array<bool, kDims> mask{};
     if (!parseGroup(name, expert, mask)) return {};
@@ -189,12 +203,13 @@ std::vector<std::vector<int>> ParallelLayout::allGroups(const std::string& name)
 const std::vector<std::string>& ParallelLayout::groupNames() {
     static const std::vector<std::string> kNames = {"tp",       "cp",  "dp",       "pp",  "dp-cp",  "tp-cp",
                                                     "tp-dp-cp", "mp",  "embd",     "pos-embd", "ep", "etp",
-                                                    "edp",      "etp-ep", "etp-ep-pp", "world"};
+                                                    "edp",      "etp-ep", "etp-ep-pp", "world",
+                                                    "hcp-a2a",  "hcp-p2p"};
     return kNames;
 }
 
 bool ParallelLayout::isKnownGroup(const std::string& name) {
-    if (name == "embd" || name == "pos-embd") return true;
+    if (name == "embd" || name == "pos-embd" || name == "hcp-a2a" || name == "hcp-p2p") return true;
     bool expert = false;
     std::array<bool, kDims> mask{};
     return parseGroup(name, expert, mask);

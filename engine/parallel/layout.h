@@ -12,6 +12,10 @@
 //   pipeline ends: embd (first and last stage of each pp group; the only stage when pp == 1),
 //           pos-embd (first stage);
 //   expert: ep, etp, edp, etp-ep (Megatron's expert "tp-ep"), etp-ep-pp (expert "tp-ep-pp").
+//   hierarchical CP (hierarchical_context_parallel_sizes [a, p], Megatron's
+//           create_hierarchical_groups over each cp group): hcp-a2a = a consecutive CP ranks
+//           (cp index / a equal), hcp-p2p = the p CP ranks with the same cp index mod a; a rank's
+//           cp index is p2p rank * a + a2a rank (TE's a2a+p2p). Empty when the sizes are not set.
 // This file does not depend on the config type: sizes are plain ints.
 #pragma once
 
@@ -30,6 +34,7 @@ struct ParallelSizes {
     int ep = 1;
     int etp = 0;    // 0 = tp (Megatron: expert_tensor_parallel_size defaults to tp)
     int world = 0;  // 0 = tp*cp*pp*dp (dp must then be given)
+    int hcpA2a = 0; // hierarchical CP: size of "hcp-a2a" (hcp-p2p: cp / hcpA2a); 0 = no such groups
 };
 
 struct RankCoords {

@@ -83,7 +83,7 @@ struct ParallelTrainer::RankState {
     Device* dev = nullptr;
     std::unique_ptr<Stream> compute, dpStream, p2p;
     std::unique_ptr<Stream> tpStream;  // tp_comm_overlap: the SP collectives of the TP linears
-    std::unique_ptr<Stream> cpStream;  // cp_comm_type=p2p: the ring attention's KV/dKV blocks
+    std::unique_ptr<Stream> cpStream;  // cp_comm_type=p2p (a2a+p2p): the ring attention's KV/dKV blocks
     std::unique_ptr<Stream> sharedStream;  // moe_shared_expert_overlap: the MoE shared experts
     std::unique_ptr<Communicator> tpComm, ppComm, dpComm, embdComm, normComm;
     std::unique_ptr<Communicator> tpOverlapComm;  // a second "tp" communicator, used on tpStream only
@@ -94,6 +94,8 @@ struct ParallelTrainer::RankState {
     std::unique_ptr<Communicator> etpComm;        // expert TP rows' all-gather / reduce-scatter ("etp"), compute stream
     std::unique_ptr<Communicator> etpEpComm;      // expert TP x EP ("etp-ep"): token counts, allgather dispatcher
     std::unique_ptr<Communicator> cpRingComm;     // cp_comm_type=p2p: a second "cp", used on cpStream only
+                                                  // (a2a+p2p: "hcp-p2p")
+    std::unique_ptr<Communicator> hcpA2aComm;     // cp_comm_type=a2a+p2p: "hcp-a2a", compute stream
     std::unique_ptr<Communicator> sharedTpComm;   // moe_shared_expert_overlap: a "tp" used on sharedStream only
     std::vector<std::unique_ptr<GptModel>> models;
     std::vector<std::unique_ptr<GradSync>> syncs;
@@ -134,6 +136,9 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     sizes.ep = ds.ep;
     sizes.etp = ds.etp;
     sizes.world = ds.world;
+    // Megatron builds the hierarchical CP groups whenever the sizes are given (parallel_state.py).
+    const std::vector<int>& hcp = c.hierarchical_context_parallel_sizes;
+    if (hcp.size() == 2) sizes.hcpA2a = hcp[0];
     TS_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::create(sizes));
     if (ds.global_batch_size != c.micro_batch_size * ds.dp * ds.num_microbatches)
         return Status::invalid("global_batch_size=" + std::to_string(ds.global_batch_size) +
@@ -205,7 +210,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         R->p2p = R->dev->createStream(trace::TrackKind::P2P, "p2p");
         const bool tpOverlap = c.tp_comm_overlap && c.sequence_parallel && ds.tp > 1;
         if (tpOverlap) R->tpStream = R->dev->createStream(trace::TrackKind::Comm, "tp_comm");
-        const bool cpRing = ds.cp > 1 && c.cp_comm_type == "p2p";
+        // a2a+p2p (TE's cp_group=[a2a, p2p]): the all-to-all over "hcp-a2a" on the compute stream,
+        // the ring over "hcp-p2p" on the CP comm stream; a group of one rank is left out.
+        const bool hier = ds.cp > 1 && c.cp_comm_type == "a2a+p2p" && hcp.size() == 2;
+        const bool cpRing = (ds.cp > 1 && c.cp_comm_type == "p2p") || (hier && hcp[1] > 1);
         if (cpRing) R->cpStream = R->dev->createStream(trace::TrackKind::Comm, "cp_comm");
         // Megatron's SharedExpertMLP.stream: a second compute stream for the shared experts.
         const bool sharedOverlap =
@@ -227,7 +235,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         // Context parallel: the CP group for attention; gradients are reduced (and the distributed
         // optimizer sharded) over Megatron's data-parallel group with CP, "dp-cp".
         if (ds.cp > 1) TS_RETURN_IF_ERROR(join("cp", R->cpComm));
-        if (cpRing) TS_RETURN_IF_ERROR(join("cp", R->cpRingComm));
+        if (cpRing) TS_RETURN_IF_ERROR(join(hier ? "hcp-p2p" : "cp", R->cpRingComm));
+        if (hier) TS_RETURN_IF_ERROR(join("hcp-a2a", R->hcpA2aComm));
         if (sharedOverlap) TS_RETURN_IF_ERROR(join("tp", R->sharedTpComm));
         TS_RETURN_IF_ERROR(join(ds.cp > 1 ? "dp-cp" : "dp", R->dpComm));
         if (expertParallel) TS_RETURN_IF_ERROR(join("ep", R->epComm));
@@ -262,6 +271,11 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             ctx.cpRank = R->coords.cp;
             ctx.cpSize = ds.cp;
             ctx.cp = R->cpComm.get();
+            if (hier) {
+                ctx.hcpA2aSize = hcp[0];
+                ctx.hcpA2aRank = R->coords.cp % hcp[0];
+                ctx.hcpA2a = R->hcpA2aComm.get();
+            }
             ctx.epRank = expertParallel ? R->coords.ep : 0;
             ctx.epSize = expertParallel ? ds.ep : 1;
             ctx.ep = R->epComm.get();
@@ -452,7 +466,7 @@ void ParallelTrainer::abortAfterFailure(int local, const Status& st) {
         for (auto& R : m_ranks)
             for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
                                     R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get(),
-                                    R->cpRingComm.get(), R->epComm.get(), R->edpComm.get(),
+                                    R->cpRingComm.get(), R->hcpA2aComm.get(), R->epComm.get(), R->edpComm.get(),
                                     R->etpComm.get(), R->etpEpComm.get(), R->sharedTpComm.get()})
                 if (c) c->abort(why);
 }
@@ -467,7 +481,7 @@ void ParallelTrainer::abort(const Status& why) {
     for (auto& R : m_ranks)
         for (Communicator* c : {R->tpComm.get(), R->tpOverlapComm.get(), R->ppComm.get(), R->dpComm.get(),
                                 R->embdComm.get(), R->normComm.get(), R->amaxComm.get(), R->cpComm.get(),
-                                R->cpRingComm.get(), R->epComm.get(), R->edpComm.get(),
+                                R->cpRingComm.get(), R->hcpA2aComm.get(), R->epComm.get(), R->edpComm.get(),
                                 R->etpComm.get(), R->etpEpComm.get(), R->sharedTpComm.get()})
             if (c) c->abort(why);
 }

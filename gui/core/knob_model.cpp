@@ -211,6 +211,14 @@ bool KnobModel::parseValue(const QString& type, const QString& text, json* out, 
         if (l == QLatin1String("true") || l == QLatin1String("1") || l == QLatin1String("yes") || l == QLatin1String("on")) *out = true;
         else if (l == QLatin1String("false") || l == QLatin1String("0") || l == QLatin1String("no") || l == QLatin1String("off")) *out = false;
         else { *error = QStringLiteral("'%1' is not true or false").arg(t); return false; }
+    } else if (type == QLatin1String("int_list")) {
+        json arr = json::array();
+        for (const QString& part : t.split(QLatin1Char(','), Qt::SkipEmptyParts)) {
+            const qlonglong v = part.trimmed().toLongLong(&ok);
+            if (!ok) { *error = QStringLiteral("'%1' is not a whole number").arg(part.trimmed()); return false; }
+            arr.push_back(int64_t(v));
+        }
+        *out = arr;
     } else if (type == QLatin1String("string_list")) {
         json arr = json::array();
         for (const QString& part : t.split(QLatin1Char(','), Qt::SkipEmptyParts)) arr.push_back(part.trimmed().toStdString());

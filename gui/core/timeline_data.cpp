@@ -97,7 +97,7 @@ QColor sliceColor(Category c, const QString& group) {
         if (group == "tp") return QColor(0xd6, 0x45, 0x45);
         if (group == "dp") return QColor(0xf0, 0x8a, 0x24);
         if (group == "pp") return QColor(0xe0, 0xb8, 0x20);
-        if (group == "cp") return QColor(0xc2, 0x4f, 0xa8);
+        if (group == "cp" || group == "hcp-a2a" || group == "hcp-p2p") return QColor(0xc2, 0x4f, 0xa8);
         if (group == "ep") return QColor(0xa0, 0x52, 0x2d);
         if (group == "tp-sp" || group == "sp") return QColor(0xff, 0x70, 0x70);
         if (group.isEmpty()) return QColor(0xcc, 0x55, 0x33);

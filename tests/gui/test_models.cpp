@@ -82,6 +82,11 @@ TEST(GuiKnobModel, ParseValueChecksTypes) {
     EXPECT_TRUE(err.contains("maybe"));
     EXPECT_TRUE(KnobModel::parseValue("string_list", "core_attn, mlp", &v, &err));
     EXPECT_EQ(v, json::array({"core_attn", "mlp"}));
+    // hierarchical_context_parallel_sizes (type int_list, sessions/knobs_json.cpp)
+    EXPECT_TRUE(KnobModel::parseValue("int_list", "2, 2", &v, &err));
+    EXPECT_EQ(v, json::array({2, 2}));
+    EXPECT_FALSE(KnobModel::parseValue("int_list", "2, two", &v, &err));
+    EXPECT_TRUE(err.contains("two"));
 }
 
 TEST(GuiRunsModel, SortsByValueAndSearchesEveryTerm) {

@@ -85,6 +85,9 @@ inline engine::Config singleDevice(const engine::Config& par) {
     engine::Config c = par;
     c.tensor_model_parallel_size = c.pipeline_model_parallel_size = c.virtual_pipeline_model_parallel_size = 1;
     c.context_parallel_size = 1;
+    // Megatron's rule: a2a+p2p needs hierarchical sizes whose product is the CP size.
+    c.hierarchical_context_parallel_sizes.clear();
+    if (c.cp_comm_type == "a2a+p2p") c.cp_comm_type = "p2p";
     c.data_parallel_size = 1;
     c.world_size = 0;
     c.sequence_parallel = false;

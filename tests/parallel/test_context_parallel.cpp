@@ -1,14 +1,19 @@
 // Context parallelism (REFERENCE.md §4): the load-balanced split against §4.1 computed here, the
 // CP attention kernel against full attention (forward rows, dQ rows, dK/dV summed over ranks),
-// also with attention dropout, and parallel layouts with CP (with and without dropout) against
-// the single-device run.
+// also with attention dropout, and parallel layouts with CP (with and without dropout, every
+// cp_comm_type including the hierarchical a2a+p2p) against the single-device run.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
+#include "engine/config/knobs.h"
 #include "engine/parallel/context_parallel.h"
+#include "engine/parallel/layout.h"
 #include "kernels/cpu/ops.h"
+#include "tests/parallel/fake_recorder.h"
 #include "tests/parallel/parallel_test_util.h"
 
 namespace ts::test {
@@ -474,6 +479,134 @@ TEST(ContextParallel, WhatIsNotExecutedIsNamed) {
     ASSERT_FALSE(w.isOk());
     EXPECT_NE(w.status().message().find("num_attention_heads=4"), std::string::npos) << w.status().message();
     EXPECT_NE(w.status().message().find("use p2p or all_gather"), std::string::npos) << w.status().message();
+}
+
+// Hierarchical CP (cp_comm_type=a2a+p2p, hierarchical_context_parallel_sizes [a, p]): an
+// all-to-all over "hcp-a2a", ring attention over "hcp-p2p", all-to-all back. Every layout, with
+// and without dropout, equals the cp=1 run; [4, 1] and [1, 4] are TE's fallbacks to a2a / p2p
+// over the sub-group.
+struct HcpLayout {
+    const char* name;
+    int tp, cp, pp, dp, a2a, p2p;
+    const char* recompute;
+    bool dropout = false, distOpt = false;
+};
+class HierarchicalContextParallel : public ::testing::TestWithParam<HcpLayout> {};
+
+engine::Config hcpConfig(const HcpLayout& L) {
+    engine::Config c = withLayout(tinyConfig(2), Layout{L.tp, L.pp, 1, L.dp, 2});
+    c.context_parallel_size = L.cp;
+    c.cp_comm_type = "a2a+p2p";
+    c.hierarchical_context_parallel_sizes = {L.a2a, L.p2p};
+    c.sequence_parallel = L.tp > 1;
+    c.use_distributed_optimizer = L.distOpt;
+    c.adam_eps = 1e-5;  // see ContextParallelLayouts
+    c.recompute_granularity = L.recompute;
+    if (std::string(L.recompute) == "full") {
+        c.recompute_method = "uniform";
+        c.recompute_num_layers = 1;
+    }
+    if (L.dropout) c.hidden_dropout = c.attention_dropout = 0.1;
+    return c;
+}
+
+TEST_P(HierarchicalContextParallel, EqualsSingleDevice) {
+    const HcpLayout L = GetParam();
+    const engine::Config c = hcpConfig(L);
+    const RunResult ref = runSingle(singleDevice(c), 3);
+    auto par = runParallel(c, 3);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, L.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, HierarchicalContextParallel,
+    ::testing::Values(HcpLayout{"cp4_2x2", 1, 4, 1, 1, 2, 2, ""},
+                      HcpLayout{"cp4_2x2_selective", 1, 4, 1, 1, 2, 2, "selective"},
+                      HcpLayout{"cp4_4x1", 1, 4, 1, 1, 4, 1, ""},
+                      HcpLayout{"cp4_1x4", 1, 4, 1, 1, 1, 4, ""},
+                      HcpLayout{"cp2_2x1", 1, 2, 1, 1, 2, 1, ""},
+                      HcpLayout{"tp2_cp4_2x2_sp", 2, 4, 1, 1, 2, 2, ""},
+                      HcpLayout{"cp4_2x2_pp2_full", 1, 4, 2, 1, 2, 2, "full"},
+                      HcpLayout{"cp2_2x1_dp2_distopt", 1, 2, 1, 2, 2, 1, "", false, true},
+                      HcpLayout{"cp4_2x2_dropout", 1, 4, 1, 1, 2, 2, "", true},
+                      HcpLayout{"cp4_1x4_dropout_selective", 1, 4, 1, 1, 1, 4, "selective", true},
+                      HcpLayout{"tp2_cp4_2x2_sp_dropout", 2, 4, 1, 1, 2, 2, "", true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The groups follow Megatron's create_hierarchical_groups over each CP group (a2a level: CP
+// ranks consecutive in the cp index; p2p level: every a2a-th), and the run's traffic is on them:
+// the all-to-alls on "hcp-a2a" (compute stream), the ring's blocks on "hcp-p2p" (the CP comm
+// stream), none on "cp" in attention.
+TEST(ContextParallel, HierarchicalGroupsAndTheirTraffic) {
+    engine::ParallelSizes s;
+    s.tp = 2;
+    s.cp = 4;
+    s.world = 8;
+    s.hcpA2a = 2;
+    auto l = engine::ParallelLayout::create(s);
+    ASSERT_TRUE(l.isOk()) << l.status().toString();
+    using Groups = std::vector<std::vector<int>>;
+    EXPECT_EQ(l->allGroups("cp"), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+    EXPECT_EQ(l->allGroups("hcp-a2a"), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+    EXPECT_EQ(l->allGroups("hcp-p2p"), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+    s.hcpA2a = 3;
+    EXPECT_FALSE(engine::ParallelLayout::create(s).isOk());
+    s.hcpA2a = 0;
+    EXPECT_TRUE(l->groupRanks("hcp-a2a", 0).size() == 2);
+    EXPECT_TRUE(engine::ParallelLayout::create(s)->groupRanks("hcp-a2a", 0).empty());
+
+    const engine::Config c = hcpConfig({"", 1, 4, 1, 1, 2, 2, ""});
+    FakeRecorder rec;
+    auto par = runParallel(c, 1, &rec);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    int a2aCompute = 0, a2aElsewhere = 0, p2pCpComm = 0, p2pElsewhere = 0, cpTraffic = 0;
+    for (const auto& sl : rec.slices) {
+        const trace::TrackDesc& t = rec.trackDesc(sl.track);
+        if (t.kind == trace::TrackKind::HostThread || sl.bytes == 0) continue;
+        const std::string g = rec.str(sl.group);
+        const bool compute = t.kind == trace::TrackKind::Compute;
+        const bool cpComm = t.name.find("cp_comm") != std::string::npos;
+        if (g == "hcp-a2a") ++(compute ? a2aCompute : a2aElsewhere);
+        if (g == "hcp-p2p") ++(cpComm ? p2pCpComm : p2pElsewhere);
+        if (g == "cp") ++cpTraffic;
+    }
+    EXPECT_GT(a2aCompute, 0);
+    EXPECT_EQ(a2aElsewhere, 0) << "all-to-alls off the compute stream";
+    EXPECT_GT(p2pCpComm, 0);
+    EXPECT_EQ(p2pElsewhere, 0) << "ring blocks off the CP comm stream";
+    EXPECT_EQ(cpTraffic, 0) << "attention traffic on \"cp\"";
+}
+
+TEST(ContextParallel, CheckpointOfHierarchicalCpResumesOnOneDevice) {
+    engine::Config c = hcpConfig({"", 1, 4, 1, 1, 2, 2, ""});
+    expectCheckpointResumesOnOneDevice(c, "cp4_a2a_p2p");
+}
+
+TEST(ContextParallel, HierarchicalRefusalsAreNamed) {
+    auto refused = [](const engine::Config& c, const std::string& needle) {
+        auto w = engine::ParallelTrainer::create(c);
+        ASSERT_FALSE(w.isOk()) << needle;
+        EXPECT_NE(w.status().message().find(needle), std::string::npos) << w.status().message();
+    };
+    engine::Config c = hcpConfig({"", 1, 4, 1, 1, 2, 2, ""});
+    c.hierarchical_context_parallel_sizes = {};
+    refused(c, "cp_comm_type=a2a+p2p needs hierarchical_context_parallel_sizes");
+    c.hierarchical_context_parallel_sizes = {2, 3};
+    refused(c, "multiplies to 6, not context_parallel_size=4");
+    c.hierarchical_context_parallel_sizes = {2, 1, 2};
+    refused(c, "hierarchical_context_parallel_sizes with 3 levels");
+    // 4 heads over tp 2 x a2a 4 cannot be split.
+    c = hcpConfig({"", 2, 4, 1, 1, 4, 1, ""});
+    refused(c, "tensor_model_parallel_size x hierarchical_context_parallel_sizes[0] = 8");
+    // The knob takes positive integers only.
+    const engine::KnobDef* k = engine::findKnob("hierarchical_context_parallel_sizes");
+    ASSERT_NE(k, nullptr);
+    engine::Config d;
+    EXPECT_NE(k->set(d, nlohmann::json::array({2, 0})), "");
+    EXPECT_NE(k->set(d, nlohmann::json("2,2")), "");
+    EXPECT_EQ(k->set(d, nlohmann::json::array({2, 2})), "");
+    EXPECT_EQ(d.hierarchical_context_parallel_sizes, (std::vector<int>{2, 2}));
 }
 
 }  // namespace

@@ -211,6 +211,38 @@ TEST(Fp8Parallel, ContextParallelRingAndAllGatherTrackTheSingleDeviceRun) {
     }
 }
 
+// Hierarchical CP (a2a+p2p) with FP8: [2, 2] runs the ring on the all-to-all's heads, so it
+// tracks the single device like p2p above; [2, 1] is the a2a fallback over hcp-a2a and runs the
+// single device's kernel on whole heads: equal to 1e-5 (with dp2, the distributed optimizer).
+TEST(Fp8Parallel, HierarchicalContextParallelWithFp8) {
+    {
+        engine::Config c = withLayout(fp8Config("hybrid", "delayed"), Layout{1, 1, 1, 1, 2});
+        c.context_parallel_size = 4;
+        c.cp_comm_type = "a2a+p2p";
+        c.hierarchical_context_parallel_sizes = {2, 2};
+        c.adam_eps = 1e-5;
+        const RunResult ref = runSingle(singleDevice(c), 4);
+        auto par = runParallel(c, 4);
+        ASSERT_TRUE(par.isOk()) << par.status().toString();
+        ASSERT_EQ(par->losses.size(), ref.losses.size());
+        for (size_t s = 0; s < ref.losses.size(); ++s)
+            EXPECT_NEAR(par->losses[s], ref.losses[s], 1e-3 * ref.losses[s]) << "cp4 [2, 2] step " << s + 1;
+        EXPECT_NEAR(par->losses[0], ref.losses[0], 1e-5 * ref.losses[0]) << "cp4 [2, 2]: the first forward is exact";
+    }
+    engine::Config c = withLayout(fp8Config("hybrid", "tensorwise"), Layout{1, 1, 1, 2, 2});
+    c.use_distributed_optimizer = true;
+    c.context_parallel_size = 2;
+    c.cp_comm_type = "a2a+p2p";
+    c.hierarchical_context_parallel_sizes = {2, 1};
+    c.adam_eps = 1e-5;
+    c.fp8_amax_history_len = 4;
+    c.fp8_amax_compute_algo = "max";
+    const RunResult ref = runSingle(singleDevice(c), 4);
+    auto par = runParallel(c, 4);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, "cp2 [2, 1] dp2 fp8");
+}
+
 // Delayed scaling keeps an amax history per FP8 tensor: a checkpoint carries it, so a resumed
 // run quantizes with the same scales as one that never stopped (without it the first steps
 // after the resume would start from scale 1 and fresh histories, and the weights would differ).

@@ -151,6 +151,7 @@ Config everyKnob(bool on) {
         c.main_grads_dtype = "bf16";
         c.exp_avg_dtype = "bf16";
         c.exp_avg_sq_dtype = "fp8";
+        c.hierarchical_context_parallel_sizes = {1, 1};  // product = context_parallel_size 1
     }
     c.cpu_offloading_num_layers = on ? 2 : 0;
     c.cuda_graph_impl = on ? "transformer_engine" : "none";

@@ -60,4 +60,21 @@ float currentScale(float amax, float fp8Max) {
     return std::isinf(s) ? FLT_MAX : s;
 }
 
+void fp8QuantizeInPlace(const Fp8Recipe& r, Fp8Meta& meta, bool grad, float gradDivisor, float* x, int64_t n) {
+    const kernels::cpu::Fp8Format fmt = grad ? r.backward : r.forward;
+    const float g = grad ? gradDivisor : 1.0f;
+    if (n == 0) {
+        if (!r.delayed) meta.history[0] = 0.0f;
+        return;
+    }
+    const float a = kernels::cpu::amaxOf(x, n) / g;
+    if (r.delayed) {
+        meta.observe(a);
+    } else {
+        meta.scale = currentScale(a, kernels::cpu::fp8Max(fmt));
+        meta.history[0] = a;
+    }
+    kernels::cpu::fp8QuantizeDequantize(x, x, nullptr, n, meta.scale / g, fmt);
+}
+
 }  // namespace ts::engine

@@ -2,8 +2,9 @@
 // the recipe from the config, and the scaling state of one FP8 tensor.
 //
 // What is FP8 (GptModel, gpt_fp8.cpp): the GEMM inputs of the four linears of a transformer layer
-// (linear_qkv, linear_proj, linear_fc1, linear_fc2): the activation and the weight in E4M3 in the
-// forward; the output gradient in E4M3 (fp8=e4m3) or E5M2 (fp8=hybrid) for dgrad and wgrad.
+// (linear_qkv, linear_proj, linear_fc1, linear_fc2), and of every MoE expert's fc1 and fc2 (one
+// scaling state per expert GEMM, as TE's GroupedLinear): the activation and the weight in E4M3 in
+// the forward; the output gradient in E4M3 (fp8=e4m3) or E5M2 (fp8=hybrid) for dgrad and wgrad.
 // Emulated: each tensor is quantized with its scale (round to nearest even, saturating) and
 // dequantized with the inverse scale, and the GEMM runs in fp32 on those values — the numbers an
 // FP8 GEMM with fp32 accumulation computes, up to summation order. Embedding, output layer, norms,
@@ -61,5 +62,13 @@ struct Fp8Meta {
 // Current (tensorwise) scaling (REFERENCE.md §6.3): fp8Max / amax; 1 when amax is 0 or not
 // finite; FLT_MAX when the quotient overflows.
 float currentScale(float amax, float fp8Max);
+
+// Quantizes (and dequantizes) x [n] in place with `meta` under recipe r, on the host (the MoE
+// experts call it inside their ops, where an expert's rows are known). `grad`: an output gradient
+// (the backward format), whose amax and scale are taken for gradDivisor-times smaller values
+// (see GptModel::fp8Quantize). Delayed: the meta's scale, the amax observed; tensorwise: the scale
+// from this tensor's amax. n = 0 observes amax 0: the delayed scale stays; tensorwise records
+// amax 0 and keeps the scale.
+void fp8QuantizeInPlace(const Fp8Recipe& r, Fp8Meta& meta, bool grad, float gradDivisor, float* x, int64_t n);
 
 }  // namespace ts::engine

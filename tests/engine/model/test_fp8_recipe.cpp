@@ -104,5 +104,41 @@ TEST(Fp8Recipe, FromConfig) {
     EXPECT_FALSE(Fp8Recipe::fromConfig(c)->enabled);
 }
 
+// The experts' in-op quantization (fp8QuantizeInPlace): delayed uses the meta's scale and
+// observes the amax; tensorwise takes the scale from this tensor; a gradient's amax and scale
+// are for values gradDivisor times smaller; no rows observe amax 0 and keep the scale.
+TEST(Fp8Recipe, QuantizeInPlaceForExpertRows) {
+    Fp8Recipe r;
+    r.enabled = true;
+    r.backward = kernels::cpu::Fp8Format::E5M2;
+    Fp8Meta m;
+    m.reset(2);
+    m.scale = 2.0f;
+    std::vector<float> x = {1.0f, -3.0f, 0.3f};
+    fp8QuantizeInPlace(r, m, false, 1.0f, x.data(), 3);
+    EXPECT_EQ(m.history[0], 3.0f);
+    EXPECT_EQ(m.scale, 2.0f);
+    EXPECT_EQ(x[1], -3.0f);               // 6 is an E4M3 value
+    EXPECT_EQ(x[2], 0.3125f);             // 0.6 -> 0.625 (E4M3 step 1/16 at [0.5, 1)), / 2
+    std::vector<float> g = {-8.0f, 1.0f};
+    Fp8Meta mg;
+    mg.reset(1);
+    fp8QuantizeInPlace(r, mg, true, 4.0f, g.data(), 2);
+    EXPECT_EQ(mg.history[0], 2.0f);       // 8 / 4
+    fp8QuantizeInPlace(r, mg, true, 4.0f, nullptr, 0);
+    EXPECT_EQ(mg.history[0], 2.0f);       // delayed: amax 0 changes nothing
+    r.delayed = false;
+    std::vector<float> t = {0.5f, -7.0f};
+    Fp8Meta mt;
+    mt.reset(1);
+    fp8QuantizeInPlace(r, mt, false, 1.0f, t.data(), 2);
+    EXPECT_EQ(mt.history[0], 7.0f);
+    EXPECT_EQ(mt.scale, 448.0f / 7.0f);
+    EXPECT_FLOAT_EQ(t[1], -7.0f);
+    fp8QuantizeInPlace(r, mt, false, 1.0f, nullptr, 0);
+    EXPECT_EQ(mt.history[0], 0.0f);
+    EXPECT_EQ(mt.scale, 448.0f / 7.0f);   // kept
+}
+
 }  // namespace
 }  // namespace ts::engine

@@ -212,6 +212,9 @@ private:
     // expert (its edp replicas and etp shards); then the scale update and the counters.
     void fp8ExpertStepUpdate();
     void fp8ExpertInit();
+    // Block recipes (mxfp8, blockwise): the weight's FP8 copy quantized along `in` (rowwise, the
+    // forward GEMM) or along `out` (the dgrad), made once per iteration.
+    Result<const float*> fp8BlockWeight(int wIdx, bool rowwise);
     // Checkpoint entries "layer<L>.expert<E>.<linear_fc1|linear_fc2>.<slot>" (E: global expert).
     void fp8ExpertState(nlohmann::json& out) const;
     Status setFp8ExpertState(const nlohmann::json& state);
@@ -291,6 +294,11 @@ private:
     std::shared_ptr<std::vector<Fp8Meta>> m_fp8ExpMeta;  // [local layer][local expert][fc1, fc2][slot]
     std::vector<Fp8WeightCopy> m_fp8ExpW;                 // [local layer][local expert][fc1, fc2]
     int m_fp8LocalExperts = 0;                            // L = num_moe_experts / ep (0 = dense)
+    struct Fp8BlockWeightCopy {
+        TensorPtr row, col, rowCodes, colCodes;  // dequantized values (workspace) and FP8 bytes with scales (params)
+        int step = -1;
+    };
+    std::map<int, Fp8BlockWeightCopy> m_fp8BlockW;  // block recipes: by weight param index
     std::map<int, std::unique_ptr<MbState>> m_mbs;
     bool m_captureLogits = false;
     std::shared_ptr<std::map<int, std::vector<float>>> m_logits;

@@ -16,6 +16,8 @@
 
 #include "engine/model/gpt_internal.h"
 
+#include "kernels/cpu/fp8_block.h"
+
 #include "common/clock.h"
 
 namespace ts::engine {
@@ -42,7 +44,7 @@ void GptModel::fp8Init() {
 }
 
 nlohmann::json GptModel::fp8State() const {
-    if (!m_fp8Meta) return nullptr;
+    if (!m_fp8Meta || m_o.fp8.isBlock()) return nullptr;  // block recipes keep no scaling state
     nlohmann::json out = nlohmann::json::object();
     for (size_t li = 0; li < m_layers.size(); ++li) {
         if (!fp8Layer(int(li))) continue;
@@ -58,7 +60,7 @@ nlohmann::json GptModel::fp8State() const {
 }
 
 Status GptModel::setFp8State(const nlohmann::json& state) {
-    if (!m_fp8Meta || state.is_null()) return Status::ok();
+    if (!m_fp8Meta || state.is_null() || m_o.fp8.isBlock()) return Status::ok();
     if (!state.is_object()) return Status::invalid("fp8 state must be an object");
     for (size_t li = 0; li < m_layers.size(); ++li) {
         if (!fp8Layer(int(li))) continue;
@@ -96,6 +98,9 @@ Status GptModel::setFp8State(const nlohmann::json& state) {
 
 Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, int64_t n) {
     const Fp8Recipe& r = m_o.fp8;
+    // Block recipes: the tensor stays in high precision; each GEMM quantizes its operands along
+    // its own reduction dimension (fp8BlockOperand, linearBackward).
+    if (r.isBlock()) return Status::ok();
     Fp8Meta* meta = &(*m_fp8Meta)[(size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot)];
     const k::Fp8Format fmt = slot == kFp8Grad ? r.backward : r.forward;
     // Output gradients of a data-parallel rank are dp x the single device's (its loss is averaged
@@ -131,6 +136,7 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
 }
 
 Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
+    if (m_o.fp8.isBlock()) return fp8BlockWeight(wIdx, true);
     Fp8WeightCopy& w = m_fp8W[size_t(li) * kLinears + size_t(lin)];
     const int64_t n = m_params.info(wIdx).numel;
     if (!w.dequantized) {
@@ -170,7 +176,7 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
 }
 
 void GptModel::fp8StepUpdate() {
-    if (!m_fp8Meta) return;
+    if (!m_fp8Meta || m_o.fp8.isBlock()) return;
     const Fp8Recipe r = m_o.fp8;
     auto metas = m_fp8Meta;
     const int64_t n = int64_t(metas->size());
@@ -354,7 +360,7 @@ Status GptModel::setFp8ExpertState(const nlohmann::json& state) {
 }
 
 void GptModel::fp8ExpertStepUpdate() {
-    if (!m_fp8ExpMeta) return;
+    if (!m_fp8ExpMeta || m_o.fp8.isBlock()) return;
     std::vector<int> moe;  // local MoE layers in FP8
     for (size_t li = 0; li < m_layers.size(); ++li)
         if (m_layers[li].routerW >= 0 && fp8Layer(int(li))) moe.push_back(int(li));
@@ -417,6 +423,40 @@ void GptModel::fp8ExpertStepUpdate() {
                     }
         counters();
     });
+}
+
+// ---- block recipes (mxfp8, blockwise) -------------------------------------------------------
+// A weight W [out, in] has two FP8 copies per iteration, both from the high-precision weight:
+// blocks along `in` for the forward GEMM, along `out` for the dgrad (blockwise: the same 128x128
+// tiles). Counted as params: one byte per element plus the scale bytes, per copy (TE keeps the
+// rowwise and the columnwise data).
+Result<const float*> GptModel::fp8BlockWeight(int wIdx, bool rowwise) {
+    Fp8BlockWeightCopy& w = m_fp8BlockW[wIdx];
+    const ParamInfo& info = m_params.info(wIdx);
+    const int64_t out = info.shape.empty() ? 1 : info.shape[0], in = info.numel / std::max<int64_t>(1, out);
+    if (!w.row) {
+        namespace kb = k;
+        const kb::Fp8BlockKind kind = m_o.fp8.block == Fp8Recipe::Block::Mxfp8 ? kb::Fp8BlockKind::Mx1x32
+                                                                              : kb::Fp8BlockKind::Block128x128;
+        TS_ASSIGN_OR_RETURN(w.rowCodes, m_exec.alloc(kb::fp8BlockBytes(out, in, kind, true), MemCategory::Params, 1));
+        TS_ASSIGN_OR_RETURN(w.colCodes, m_exec.alloc(kb::fp8BlockBytes(out, in, kind, false), MemCategory::Params, 1));
+        TS_ASSIGN_OR_RETURN(w.row, m_exec.alloc(info.numel, MemCategory::Workspace));
+        TS_ASSIGN_OR_RETURN(w.col, m_exec.alloc(info.numel, MemCategory::Workspace));
+    }
+    if (w.step != m_step) {
+        w.step = m_step;
+        const Fp8Recipe r = m_o.fp8;
+        const float* W = m_params.modelParam(wIdx);
+        TensorPtr row = w.row, col = w.col;
+        m_exec.op("fp8_quantize_weight", Category::Elementwise, 6.0 * double(info.numel), uint64_t(info.numel) * 12, [=] {
+            std::vector<float> buf;
+            const float* q = fp8BlockOperand(r, W, out, in, true, true, false, buf);
+            std::copy(q, q + out * in, fp(row));
+            q = fp8BlockOperand(r, W, out, in, false, true, false, buf);
+            std::copy(q, q + out * in, fp(col));
+        });
+    }
+    return static_cast<const float*>(fp(rowwise ? w.row : w.col));
 }
 
 }  // namespace ts::engine

@@ -34,7 +34,11 @@ Result<TensorPtr> GptModel::mlpForward(LayerActs& A, const LayerParams& P) {
         const float* B = P.fc1B >= 0 ? m_params.modelParam(P.fc1B) : nullptr;
         TensorPtr a2 = a2Full, fc1 = A.fc1, act = A.act;
         const bool swiglu = m_d.swiglu, fusedAct = m_o.fusedBiasAct;
+        const Fp8Recipe r8 = m_o.fp8;
+        const bool blk = fp8 && r8.isBlock();  // block recipes: the input quantized per block here
         auto gemm = [=](const float* x, float* y, int rows) {
+            std::vector<float> q;
+            if (blk) x = fp8BlockOperand(r8, x, rows, h, true, false, false, q);
             k::linearForward(x, W, nullptr, y, rows, h, F1);
             if (bf) k::roundToBf16(y, int64_t(rows) * F1);
         };
@@ -66,7 +70,13 @@ Result<TensorPtr> GptModel::mlpForward(LayerActs& A, const LayerParams& P) {
             TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Fc2, P.fc2W));
         }
         TensorPtr act = A.act;
-        auto gemm = [=](const float* x, float* y, int rows) { k::linearForward(x, W, nullptr, y, rows, F, h); };
+        const Fp8Recipe r8 = m_o.fp8;
+        const bool blk = fp8 && r8.isBlock();
+        auto gemm = [=](const float* x, float* y, int rows) {
+            std::vector<float> q;
+            if (blk) x = fp8BlockOperand(r8, x, rows, F, true, false, false, q);
+            k::linearForward(x, W, nullptr, y, rows, F, h);
+        };
         if (rsOverlap) {
             TS_ASSIGN_OR_RETURN(fc2, m_tpo->gemmRs("linear_fc2.fwd", act, TL, F, h, 2.0 * F * h, gemm));
         } else {

@@ -113,6 +113,29 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         return bad("seq_length * micro_batch_size is too large");
     if (!c.fp8.empty()) {
         TS_RETURN_IF_ERROR(Fp8Recipe::fromConfig(c).status());
+        if (c.fp8_recipe == "mxfp8" || c.fp8_recipe == "blockwise") {
+            // Block recipes quantize along each GEMM's reduction dimension: a tensor-parallel shard
+            // must hold whole blocks (else its blocks are not the single device's), and the wgrad's
+            // blocks along the tokens would be CP-local with context parallelism.
+            const int blk = c.fp8_recipe == "mxfp8" ? 32 : 128;
+            auto notYet = [&](const std::string& what) {
+                return Status::unsupported("fp8_recipe=" + c.fp8_recipe + " " + what +
+                                           " is not executed by the engine yet; use fp8_recipe=delayed");
+            };
+            if (c.num_moe_experts > 0) return notYet("with MoE experts (num_moe_experts > 0)");
+            if (ds.cp > 1) return notYet("with context_parallel_size > 1");
+            if (tp > 1) {
+                const int64_t qkvOut = int64_t(d.heads + 2 * d.groups) * d.headDim;
+                for (auto [what, n] : {std::pair<const char*, int64_t>{"num_attention_heads x kv_channels", int64_t(d.heads) * d.headDim},
+                                       {"(num_attention_heads + 2 x num_query_groups) x kv_channels", qkvOut},
+                                       {"ffn_hidden_size", d.ffn}})
+                    if ((n / tp) % blk != 0)
+                        return bad("fp8_recipe=" + c.fp8_recipe + " quantizes blocks of " + std::to_string(blk) +
+                                   " along each GEMM's reduction dimension: " + what + " / tensor_model_parallel_size = " +
+                                   std::to_string(n / tp) + " must be a multiple of " + std::to_string(blk) +
+                                   " (or use tensor_model_parallel_size 1 or fp8_recipe=delayed)");
+            }
+        }
         if (c.tp_comm_overlap && c.sequence_parallel && tp > 1)
             return Status::unsupported("fp8 with tp_comm_overlap is not executed by the engine yet; turn one of them off");
     }

@@ -1,5 +1,5 @@
 // bench_fp8: the CPU step time of the bench "tiny"/"small" GPT in bf16 and with FP8 linears
-// (e4m3 / hybrid x delayed / tensorwise). FP8 is emulated on the CPU (quantize + dequantize
+// (e4m3 / hybrid x delayed / tensorwise, e4m3 mxfp8 / blockwise). FP8 is emulated on the CPU (quantize + dequantize
 // around fp32 GEMMs), so it costs time here where a GPU's FP8 GEMM saves it: the number is
 // the emulation's overhead, reported as it is (no target). Prints a table and one JSON line.
 //
@@ -43,7 +43,9 @@ int main(int argc, char** argv) {
                                 {"e4m3_delayed", "e4m3", "delayed"},
                                 {"hybrid_delayed", "hybrid", "delayed"},
                                 {"e4m3_tensorwise", "e4m3", "tensorwise"},
-                                {"hybrid_tensorwise", "hybrid", "tensorwise"}};
+                                {"hybrid_tensorwise", "hybrid", "tensorwise"},
+                                {"e4m3_mxfp8", "e4m3", "mxfp8"},
+                                {"e4m3_blockwise", "e4m3", "blockwise"}};
     nlohmann::json out = {{"bench", "fp8"}, {"config", config}, {"threads", threads}, {"steps", steps}};
     std::printf("%-18s %12s %10s %10s\n", "variant", "step ms", "vs bf16", "loss");
     double base = 0;

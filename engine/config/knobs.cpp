@@ -461,11 +461,15 @@ std::vector<KnobDef> buildRegistry() {
     r.b("bf16", &C::bf16, "--bf16", "", "mixed_precision", "bf16 mixed precision: bf16 params/activations, fp32 main weights and grads (Bridge: the mixed_precision "
         "preset bf16_mixed, or with fp8 the bf16_with_fp8_* preset of fp8_recipe).");
     rules(r.e("fp8", &C::fp8, {"", "e4m3", "hybrid"}, "--fp8-format", "model.fp8",
-              "FP8 GEMMs of the transformer layers' linears (emulated on the CPU): e4m3 everywhere, or hybrid "
-              "(e4m3 forward, e5m2 gradients); \"\" = off."),
+              "FP8 GEMMs of the transformer layers' linears and MoE experts (emulated on the CPU): e4m3 "
+              "everywhere, or hybrid (e4m3 forward, e5m2 gradients); \"\" = off."),
           "requires bf16");
     r.e("fp8_recipe", &C::fp8_recipe, {"delayed", "tensorwise", "mxfp8", "blockwise"}, "--fp8-recipe",
-        "model.fp8_recipe", "FP8 scaling recipe (the engine executes delayed and tensorwise).");
+        "model.fp8_recipe",
+        "FP8 scaling recipe: delayed (amax history), tensorwise (per-tensor current scaling), mxfp8 "
+        "(1x32 blocks, E8M0 scales) or blockwise (1x128 / 128x128 blocks, power-of-two fp32 scales); "
+        "emulated on the CPU. Not executed: tensorwise with MoE experts under tensor/context/expert/"
+        "expert-tensor parallelism, mxfp8/blockwise with experts or context parallelism.");
     r.i("fp8_amax_history_len", &C::fp8_amax_history_len, "--fp8-amax-history-len",
         "model.fp8_amax_history_len", "Amax history length of delayed scaling.");
     r.e("fp8_amax_compute_algo", &C::fp8_amax_compute_algo, {"most_recent", "max"},

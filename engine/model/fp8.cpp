@@ -1,6 +1,8 @@
 // FP8 recipe and scaling state (see fp8.h).
 #include "engine/model/fp8.h"
 
+#include "kernels/cpu/fp8_block.h"
+
 #include <cfloat>
 #include <cmath>
 
@@ -9,12 +11,16 @@ namespace ts::engine {
 Result<Fp8Recipe> Fp8Recipe::fromConfig(const Config& c) {
     Fp8Recipe r;
     if (c.fp8.empty()) return r;
-    if (c.fp8_recipe != "delayed" && c.fp8_recipe != "tensorwise")
+    if (c.fp8_recipe != "delayed" && c.fp8_recipe != "tensorwise" && c.fp8_recipe != "mxfp8" &&
+        c.fp8_recipe != "blockwise")
         return Status::unsupported("fp8_recipe=" + c.fp8_recipe +
-                                   " is not executed by the engine yet; use delayed or tensorwise");
+                                   " is not executed by the engine yet; use delayed, tensorwise, mxfp8 or blockwise");
     r.enabled = true;
+    // Megatron passes --fp8-format to every recipe (MXFP8BlockScaling / Float8BlockScaling(fp8_format=...)).
     r.backward = c.fp8 == "hybrid" ? kernels::cpu::Fp8Format::E5M2 : kernels::cpu::Fp8Format::E4M3;
     r.delayed = c.fp8_recipe == "delayed";
+    if (c.fp8_recipe == "mxfp8") r.block = Block::Mxfp8;
+    if (c.fp8_recipe == "blockwise") r.block = Block::Blockwise;
     r.historyLen = std::max(1, c.fp8_amax_history_len);
     r.algoMax = c.fp8_amax_compute_algo == "max";
     r.margin = c.fp8_margin;
@@ -58,6 +64,49 @@ float currentScale(float amax, float fp8Max) {
     if (!std::isfinite(amax) || amax == 0.0f) return 1.0f;
     const float s = fp8Max / amax;
     return std::isinf(s) ? FLT_MAX : s;
+}
+
+void fp8QuantizeInPlace(const Fp8Recipe& r, Fp8Meta& meta, bool grad, float gradDivisor, float* x, int64_t n) {
+    const kernels::cpu::Fp8Format fmt = grad ? r.backward : r.forward;
+    const float g = grad ? gradDivisor : 1.0f;
+    if (n == 0) {
+        if (!r.delayed) meta.history[0] = 0.0f;
+        return;
+    }
+    const float a = kernels::cpu::amaxOf(x, n) / g;
+    if (r.delayed) {
+        meta.observe(a);
+    } else {
+        meta.scale = currentScale(a, kernels::cpu::fp8Max(fmt));
+        meta.history[0] = a;
+    }
+    kernels::cpu::fp8QuantizeDequantize(x, x, nullptr, n, meta.scale / g, fmt);
+}
+
+const float* fp8BlockOperand(const Fp8Recipe& r, const float* x, int64_t rows, int64_t cols, bool alongRows,
+                             bool weight, bool grad, std::vector<float>& buf) {
+    namespace k = kernels::cpu;
+    if (!r.isBlock()) return x;
+    const k::Fp8BlockKind kind = r.block == Fp8Recipe::Block::Mxfp8 ? k::Fp8BlockKind::Mx1x32
+                                 : weight                           ? k::Fp8BlockKind::Block128x128
+                                                                    : k::Fp8BlockKind::Block1x128;
+    buf.resize(size_t(rows * cols));
+    k::fp8BlockQuantizeDequantize(x, buf.data(), nullptr, nullptr, rows, cols, kind, alongRows,
+                                  grad ? r.backward : r.forward, r.blockPow2);
+    return buf.data();
+}
+
+void fp8BlockLinearBackward(const Fp8Recipe& r, const float* dy, const float* x, const float* Wcol, float* dx,
+                            float* dW, int T, int in, int out) {
+    std::vector<float> b1, b2, b3;
+    if (dx) {
+        const float* dyRow = fp8BlockOperand(r, dy, T, out, true, false, true, b1);
+        kernels::cpu::linearBackward(dyRow, nullptr, Wcol, dx, nullptr, nullptr, T, in, out);
+    }
+    if (!dW) return;
+    const float* dyCol = fp8BlockOperand(r, dy, T, out, false, false, true, b2);
+    const float* xCol = fp8BlockOperand(r, x, T, in, false, false, false, b3);
+    kernels::cpu::linearBackward(dyCol, xCol, nullptr, nullptr, dW, nullptr, T, in, out);
 }
 
 }  // namespace ts::engine

@@ -2,11 +2,15 @@
 // the recipe from the config, and the scaling state of one FP8 tensor.
 //
 // What is FP8 (GptModel, gpt_fp8.cpp): the GEMM inputs of the four linears of a transformer layer
-// (linear_qkv, linear_proj, linear_fc1, linear_fc2): the activation and the weight in E4M3 in the
-// forward; the output gradient in E4M3 (fp8=e4m3) or E5M2 (fp8=hybrid) for dgrad and wgrad.
+// (linear_qkv, linear_proj, linear_fc1, linear_fc2), and of every MoE expert's fc1 and fc2 (one
+// scaling state per expert GEMM, as TE's GroupedLinear): the activation and the weight in E4M3 in
+// the forward; the output gradient in E4M3 (fp8=e4m3) or E5M2 (fp8=hybrid) for dgrad and wgrad.
 // Emulated: each tensor is quantized with its scale (round to nearest even, saturating) and
 // dequantized with the inverse scale, and the GEMM runs in fp32 on those values — the numbers an
-// FP8 GEMM with fp32 accumulation computes, up to summation order. Embedding, output layer, norms,
+// FP8 GEMM with fp32 accumulation computes, up to summation order.
+// Block recipes (mxfp8, blockwise): no scaling state; each GEMM quantizes its operands per block
+// along its own reduction dimension from the high-precision tensors (fp8BlockOperand,
+// fp8BlockLinearBackward; kernels/cpu/fp8_block.h). Embedding, output layer, norms,
 // attention and the first/last layers under first_last_layers_bf16 stay in bf16.
 #pragma once
 
@@ -24,15 +28,20 @@ struct Fp8Recipe {
     bool enabled = false;
     kernels::cpu::Fp8Format forward = kernels::cpu::Fp8Format::E4M3;   // activations and weights
     kernels::cpu::Fp8Format backward = kernels::cpu::Fp8Format::E4M3;  // output gradients (hybrid: E5M2)
-    bool delayed = true;   // fp8_recipe=delayed; false: tensorwise (current scaling)
+    bool delayed = true;   // fp8_recipe=delayed; false: tensorwise (current scaling) or a block recipe
+    // fp8_recipe=mxfp8 / blockwise (kernels/cpu/fp8_block.h): each GEMM operand quantized per
+    // block along the GEMM's reduction dimension, from the high-precision tensor (no scaling state).
+    enum class Block : uint8_t { None = 0, Mxfp8, Blockwise };
+    Block block = Block::None;
+    bool blockPow2 = true;  // blockwise: power-of-two scales (TE's default)
     int historyLen = 1;    // fp8_amax_history_len
     bool algoMax = false;  // fp8_amax_compute_algo=max (else most_recent)
     int margin = 0;        // fp8_margin
     bool wgrad = true;     // fp8_wgrad: false keeps the wgrad GEMM's output gradient in high precision
     int bf16Start = 0, bf16End = 0;  // first/last layers kept in bf16 (first_last_layers_bf16)
 
-    // Unsupported for recipes the engine does not execute (mxfp8, blockwise).
     static Result<Fp8Recipe> fromConfig(const Config& c);
+    bool isBlock() const { return block != Block::None; }
     // Whether global layer `layer` of `numLayers` runs its linears in FP8.
     bool layerInFp8(int layer, int numLayers) const {
         return enabled && layer >= bf16Start && layer < numLayers - bf16End;
@@ -61,5 +70,25 @@ struct Fp8Meta {
 // Current (tensorwise) scaling (REFERENCE.md §6.3): fp8Max / amax; 1 when amax is 0 or not
 // finite; FLT_MAX when the quotient overflows.
 float currentScale(float amax, float fp8Max);
+
+// Quantizes (and dequantizes) x [n] in place with `meta` under recipe r, on the host (the MoE
+// experts call it inside their ops, where an expert's rows are known). `grad`: an output gradient
+// (the backward format), whose amax and scale are taken for gradDivisor-times smaller values
+// (see GptModel::fp8Quantize). Delayed: the meta's scale, the amax observed; tensorwise: the scale
+// from this tensor's amax. n = 0 observes amax 0: the delayed scale stays; tensorwise records
+// amax 0 and keeps the scale.
+void fp8QuantizeInPlace(const Fp8Recipe& r, Fp8Meta& meta, bool grad, float gradDivisor, float* x, int64_t n);
+
+// Block recipes: x [rows, cols] of a GEMM operand quantized per block along `alongRows` (blocks of
+// a row: the GEMM reduces over cols) into buf, which is returned; x itself when r is not a block
+// recipe. Activations and gradients: 1x32 (mxfp8) or 1x128 (blockwise) blocks; weight: 1x32 or
+// 128x128 tiles.
+const float* fp8BlockOperand(const Fp8Recipe& r, const float* x, int64_t rows, int64_t cols, bool alongRows,
+                             bool weight, bool grad, std::vector<float>& buf);
+// Block recipes, the backward of y = x W^T (W [out, in]): dgrad dx = Q(dy along out) Qc(W)
+// where Wcol = Qc(W) is the weight quantized along out (may be null with dx null); wgrad dW +=
+// Q(dy along T)^T Q(x along T); every quantization from the high-precision tensor.
+void fp8BlockLinearBackward(const Fp8Recipe& r, const float* dy, const float* x, const float* Wcol, float* dx,
+                            float* dW, int T, int in, int out);
 
 }  // namespace ts::engine

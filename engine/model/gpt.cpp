@@ -89,6 +89,7 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16));
     m->initWeights();
     m->fp8Init();
+    m->fp8ExpertInit();
     return m;
 }
 
@@ -263,6 +264,7 @@ void GptModel::beginStep(int step, int numMicrobatches) {
     while (!m_held.empty() && m_held.front().done->query()) m_held.pop_front();
     m_exec.setStep(step);
     fp8StepUpdate();
+    fp8ExpertStepUpdate();
 }
 
 int GptModel::localTokens() const {

@@ -128,7 +128,8 @@ public:
     void setTpCommOverlap(Stream& commStream, Communicator& comm);
     bool tpCommOverlap() const { return m_tpo != nullptr; }
     // FP8 scaling state of this chunk's FP8 tensors for checkpoints: {"layer<L>.<linear>.<slot>":
-    // {"history": [...], "scale": s}} with global layer numbers (null without FP8). Call after
+    // {"history": [...], "scale": s}} with global layer numbers, and for the experts of MoE
+    // layers "layer<L>.expert<E>.<linear>.<slot>" with global expert numbers (null without FP8). Call after
     // the streams are idle. setFp8State takes the entries of this chunk's tensors from such an
     // object (others are ignored; a tensor without an entry keeps its fresh state) and checks
     // them: history length as configured (fp8_amax_history_len), finite non-negative values.
@@ -229,6 +230,26 @@ private:
     // The FP8 copy of weight wIdx for this step (quantized by the first forward of the step).
     Result<const float*> fp8Weight(int li, Fp8Linear lin, int wIdx);
     void fp8StepUpdate();  // delayed scaling: amax reduction over tp-dp-cp and the scale update
+    // FP8 inside the experts of MoE layers (gpt_fp8.cpp, after TE's GroupedLinear): one scaling
+    // state per expert GEMM input — [local layer][local expert][fc1, fc2][input, weight, grad].
+    enum Fp8ExpertLinear { kFp8ExpFc1 = 0, kFp8ExpFc2 };
+    Fp8Meta* fp8ExpertMeta(int li, int l, Fp8ExpertLinear lin, Fp8Slot slot) const;
+    // The activations and gradients are quantized inside the expert ops (fp8QuantizeInPlace,
+    // fp8.h): an expert's rows are known only when the ops run.
+    // The FP8 copies of the L local experts' weights of `lin` for this step (quantized by the
+    // first forward of the step), in local expert order.
+    Result<std::vector<const float*>> fp8ExpertWeights(int li, Fp8ExpertLinear lin, const std::vector<int>& wIdx);
+    // Delayed scaling of the experts: amaxes packed by global expert index (zero where a rank does
+    // not hold the expert) and reduced with MAX over tp-dp-cp, i.e. over the ranks holding each
+    // expert (its edp replicas and etp shards); then the scale update and the counters.
+    void fp8ExpertStepUpdate();
+    void fp8ExpertInit();
+    // Block recipes (mxfp8, blockwise): the weight's FP8 copy quantized along `in` (rowwise, the
+    // forward GEMM) or along `out` (the dgrad), made once per iteration.
+    Result<const float*> fp8BlockWeight(int wIdx, bool rowwise);
+    // Checkpoint entries "layer<L>.expert<E>.<linear_fc1|linear_fc2>.<slot>" (E: global expert).
+    void fp8ExpertState(nlohmann::json& out) const;
+    Status setFp8ExpertState(const nlohmann::json& state);
     void tpAllReduce(const TensorPtr& t, int64_t n);
     // tp_comm_overlap backward of a row-parallel linear (proj, fc2): dgrad pipelined with the
     // ring all-gather of dyLocal [TL, out] into dx [T, in], then the wgrad on x [T, in].
@@ -334,6 +355,14 @@ private:
         int step = -1;
     };
     std::vector<Fp8WeightCopy> m_fp8W;  // [local layer][linear]
+    std::shared_ptr<std::vector<Fp8Meta>> m_fp8ExpMeta;  // [local layer][local expert][fc1, fc2][slot]
+    std::vector<Fp8WeightCopy> m_fp8ExpW;                 // [local layer][local expert][fc1, fc2]
+    int m_fp8LocalExperts = 0;                            // L = num_moe_experts / ep (0 = dense)
+    struct Fp8BlockWeightCopy {
+        TensorPtr row, col, rowCodes, colCodes;  // dequantized values (workspace) and FP8 bytes with scales (params)
+        int step = -1;
+    };
+    std::map<int, Fp8BlockWeightCopy> m_fp8BlockW;  // block recipes: by weight param index
     std::map<int, std::unique_ptr<MbState>> m_mbs;
     bool m_captureLogits = false;
     std::shared_ptr<std::map<int, std::vector<float>>> m_logits;

@@ -50,7 +50,11 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
         const float* W = m_params.modelParam(P.qkvW);
         if (fp8) { TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Qkv, P.qkvW)); }
         const float* B = P.qkvB >= 0 ? m_params.modelParam(P.qkvB) : nullptr;
+        const Fp8Recipe r8 = m_o.fp8;
+        const bool blk = fp8 && r8.isBlock();  // block recipes: the input quantized per block here
         auto gemm = [=](const float* x, float* y, int rows) {
+            std::vector<float> q;
+            if (blk) x = fp8BlockOperand(r8, x, rows, h, true, false, false, q);
             k::linearForward(x, W, B, y, rows, h, qkvOut);
             if (bf) k::roundToBf16(y, int64_t(rows) * qkvOut);
         };
@@ -138,7 +142,13 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
         }
         TensorPtr ctx = A.ctx;
         const int in = nq * d;
-        auto gemm = [=](const float* x, float* y, int rows) { k::linearForward(x, W, nullptr, y, rows, in, h); };
+        const Fp8Recipe r8 = m_o.fp8;
+        const bool blk = fp8 && r8.isBlock();
+        auto gemm = [=](const float* x, float* y, int rows) {
+            std::vector<float> q;
+            if (blk) x = fp8BlockOperand(r8, x, rows, in, true, false, false, q);
+            k::linearForward(x, W, nullptr, y, rows, in, h);
+        };
         if (rsOverlap) {
             // tp_comm_overlap_rs: chunk GEMMs pipelined with chunk reduce-scatters.
             TS_ASSIGN_OR_RETURN(proj, m_tpo->gemmRs("linear_proj.fwd", ctx, TL, in, h, 2.0 * in * h, gemm));

@@ -13,9 +13,13 @@
 // over the tp-dp-cp group: every rank that holds part of, or a replica of, a tensor agrees, so a
 // parallel run uses the scales of the single-device run). Tensorwise takes each tensor's amax
 // when it is quantized, reduced with MAX over TP.
+// MoE experts (second half of the file): one scaling state per expert GEMM, the amaxes reduced
+// over the ranks holding each expert (see there).
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
+
+#include "kernels/cpu/fp8_block.h"
 
 #include "common/clock.h"
 
@@ -23,11 +27,16 @@ namespace ts::engine {
 
 namespace {
 constexpr int kLinears = 4, kSlots = 3;
+constexpr int kFirstMlpLinear = 2;  // GptModel::kFp8Fc1: linear_fc1 and linear_fc2 follow qkv and proj
 const char* kLinearNames[kLinears] = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"};
 const char* kSlotNames[kSlots] = {"input", "weight", "grad"};
-// "layer<L>.<linear>.<slot>": the name of an FP8 tensor in counters and checkpoints.
-std::string fp8TensorName(int globalLayer, int lin, int slot) {
-    return "layer" + std::to_string(globalLayer) + "." + kLinearNames[lin] + "." + kSlotNames[slot];
+// "layer<L>.<linear>.<slot>": the name of an FP8 tensor in counters and checkpoints. An MoE layer
+// has no dense linear_fc1/fc2: its shared experts (if any) use those two linears' states, named
+// "layer<L>.shared_experts.<linear>.<slot>"; without shared experts the name is "" (unused).
+std::string fp8TensorName(int globalLayer, int lin, int slot, bool moeLayer = false, bool sharedExperts = false) {
+    if (moeLayer && lin >= kFirstMlpLinear && !sharedExperts) return "";
+    return "layer" + std::to_string(globalLayer) + "." + (moeLayer && lin >= kFirstMlpLinear ? "shared_experts." : "") +
+           kLinearNames[lin] + "." + kSlotNames[slot];
 }
 }  // namespace
 
@@ -43,27 +52,34 @@ void GptModel::fp8Init() {
 }
 
 nlohmann::json GptModel::fp8State() const {
-    if (!m_fp8Meta) return nullptr;
+    if (!m_fp8Meta || m_o.fp8.isBlock()) return nullptr;  // block recipes keep no scaling state
     nlohmann::json out = nlohmann::json::object();
     for (size_t li = 0; li < m_layers.size(); ++li) {
         if (!fp8Layer(int(li))) continue;
         for (int lin = 0; lin < kLinears; ++lin)
             for (int slot = 0; slot < kSlots; ++slot) {
+                // MoE layer: its experts' below; fc1/fc2 are its shared experts' (if any)
+                const std::string key = fp8TensorName(m_ctx.layerBegin + int(li), lin, slot, m_layers[li].routerW >= 0,
+                                                      m_layers[li].shFc1W >= 0);
+                if (key.empty()) continue;
                 const Fp8Meta& m = (*m_fp8Meta)[(li * kLinears + size_t(lin)) * kSlots + size_t(slot)];
-                out[fp8TensorName(m_ctx.layerBegin + int(li), lin, slot)] = {{"history", m.history}, {"scale", m.scale}};
+                out[key] = {{"history", m.history}, {"scale", m.scale}};
             }
     }
+    fp8ExpertState(out);
     return out;
 }
 
 Status GptModel::setFp8State(const nlohmann::json& state) {
-    if (!m_fp8Meta || state.is_null()) return Status::ok();
+    if (!m_fp8Meta || state.is_null() || m_o.fp8.isBlock()) return Status::ok();
     if (!state.is_object()) return Status::invalid("fp8 state must be an object");
     for (size_t li = 0; li < m_layers.size(); ++li) {
         if (!fp8Layer(int(li))) continue;
         for (int lin = 0; lin < kLinears; ++lin)
             for (int slot = 0; slot < kSlots; ++slot) {
-                const std::string key = fp8TensorName(m_ctx.layerBegin + int(li), lin, slot);
+                const std::string key = fp8TensorName(m_ctx.layerBegin + int(li), lin, slot, m_layers[li].routerW >= 0,
+                                                      m_layers[li].shFc1W >= 0);
+                if (key.empty()) continue;
                 auto it = state.find(key);
                 if (it == state.end()) continue;
                 auto bad = [&](const std::string& why) {
@@ -89,11 +105,15 @@ Status GptModel::setFp8State(const nlohmann::json& state) {
                 m.scale = float(sc);
             }
     }
+    TS_RETURN_IF_ERROR(setFp8ExpertState(state));
     return Status::ok();
 }
 
 Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, int64_t n) {
     const Fp8Recipe& r = m_o.fp8;
+    // Block recipes: the tensor stays in high precision; each GEMM quantizes its operands along
+    // its own reduction dimension (fp8BlockOperand, linearBackward).
+    if (r.isBlock()) return Status::ok();
     Fp8Meta* meta = &(*m_fp8Meta)[(size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot)];
     const k::Fp8Format fmt = slot == kFp8Grad ? r.backward : r.forward;
     // Output gradients of a data-parallel rank are dp x the single device's (its loss is averaged
@@ -129,6 +149,7 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
 }
 
 Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
+    if (m_o.fp8.isBlock()) return fp8BlockWeight(wIdx, true);
     Fp8WeightCopy& w = m_fp8W[size_t(li) * kLinears + size_t(lin)];
     const int64_t n = m_params.info(wIdx).numel;
     if (!w.dequantized) {
@@ -168,19 +189,27 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
 }
 
 void GptModel::fp8StepUpdate() {
-    if (!m_fp8Meta) return;
+    if (!m_fp8Meta || m_o.fp8.isBlock()) return;
     const Fp8Recipe r = m_o.fp8;
     auto metas = m_fp8Meta;
     const int64_t n = int64_t(metas->size());
     const TraceTarget tt = m_exec.device().traceTarget();
     const int layerBegin = m_ctx.layerBegin;
+    // MoE layers have no dense fc1/fc2 (their experts' counters: below; their shared experts use them)
+    std::vector<char> moeLayer(m_layers.size()), shared(m_layers.size());
+    for (size_t li = 0; li < m_layers.size(); ++li) {
+        moeLayer[li] = m_layers[li].routerW >= 0;
+        shared[li] = m_layers[li].shFc1W >= 0;
+    }
     auto counters = [=](int step) {
         // amax and scale of every FP8 tensor, as counters "fp8.<layer>.<linear>.<slot>.amax|scale".
         if (!tt.recorder) return;
         const int64_t ts = monotonicNs();
         for (int64_t i = 0; i < n; ++i) {
             const int li = int(i / (kLinears * kSlots)), lin = int(i / kSlots % kLinears), slot = int(i % kSlots);
-            const std::string base = "fp8." + fp8TensorName(layerBegin + li, lin, slot);
+            const std::string name = fp8TensorName(layerBegin + li, lin, slot, moeLayer[size_t(li)], shared[size_t(li)]);
+            if (name.empty()) continue;
+            const std::string base = "fp8." + name;
             const Fp8Meta& m = (*metas)[size_t(i)];
             const float amax = r.delayed ? *std::max_element(m.history.begin(), m.history.end()) : m.history[0];
             tt.recorder->counter({tt.rank, tt.recorder->intern(base + ".amax"), ts, double(amax)});
@@ -210,6 +239,242 @@ void GptModel::fp8StepUpdate() {
         }
         counters(step);
     });
+}
+
+
+// ---- FP8 inside the MoE experts -----------------------------------------------------------
+// As Transformer Engine's GroupedLinear (Megatron's TEGroupedMLP under fp8_autocast): every
+// expert GEMM — fc1 and fc2, forward, dgrad and wgrad — takes FP8 inputs, with one scaling state
+// per GEMM: the expert's input rows, its weight and its output gradient rows. The router stays in
+// high precision. Amax reduction (delayed scaling) differs from TE's: TE reduces the amax buffer
+// by position over the amax group, which under expert parallelism would mix different experts
+// held at the same position on different ranks; here each expert tensor's amax is reduced over
+// the ranks that hold that expert (its edp replicas, and its etp shards so that the whole
+// tensor's amax is used): packed by global expert index, zero where a rank does not hold the
+// expert, reduced with MAX over tp-dp-cp (every rank of the stage). So every layout uses the
+// scales of the single-device run.
+
+namespace {
+const char* kExpLinearNames[2] = {"linear_fc1", "linear_fc2"};
+std::string fp8ExpertTensorName(int globalLayer, int globalExpert, int lin, int slot) {
+    return "layer" + std::to_string(globalLayer) + ".expert" + std::to_string(globalExpert) + "." +
+           kExpLinearNames[lin] + "." + kSlotNames[slot];
+}
+// One checkpoint entry into `m` (same checks as the dense tensors').
+Status readFp8Entry(const nlohmann::json& e, const std::string& key, Fp8Meta& m) {
+    auto bad = [&](const std::string& why) { return Status::invalid("fp8 state of " + key + ": " + why); };
+    if (!e.is_object() || !e.contains("history") || !e.contains("scale") || !e["history"].is_array() ||
+        !e["scale"].is_number())
+        return bad("needs a history array and a scale");
+    const nlohmann::json& h = e["history"];
+    if (h.size() != m.history.size())
+        return bad("amax history of " + std::to_string(h.size()) + " entries, the config has fp8_amax_history_len " +
+                   std::to_string(m.history.size()) + "; resume with the same length");
+    std::vector<float> hist;
+    for (const auto& v : h) {
+        if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+            return bad("amax values must be finite and >= 0");
+        hist.push_back(v.get<float>());
+    }
+    const double sc = e["scale"].get<double>();
+    if (!std::isfinite(sc) || sc <= 0) return bad("scale must be finite and > 0");
+    m.history = std::move(hist);
+    m.scale = float(sc);
+    return Status::ok();
+}
+}  // namespace
+
+void GptModel::fp8ExpertInit() {
+    if (!m_o.fp8.enabled || m_cfg.num_moe_experts <= 0) return;
+    const int L = m_cfg.num_moe_experts / std::max(1, m_ctx.epSize);
+    m_fp8LocalExperts = L;
+    m_fp8ExpMeta = std::make_shared<std::vector<Fp8Meta>>(m_layers.size() * size_t(L) * 2 * kSlots);
+    for (Fp8Meta& m : *m_fp8ExpMeta) m.reset(m_o.fp8.historyLen);
+    m_fp8ExpW.assign(m_layers.size() * size_t(L) * 2, {});
+}
+
+Fp8Meta* GptModel::fp8ExpertMeta(int li, int l, Fp8ExpertLinear lin, Fp8Slot slot) const {
+    const size_t L = size_t(m_fp8LocalExperts);
+    return &(*m_fp8ExpMeta)[((size_t(li) * L + size_t(l)) * 2 + size_t(lin)) * kSlots + size_t(slot)];
+}
+
+Result<std::vector<const float*>> GptModel::fp8ExpertWeights(int li, Fp8ExpertLinear lin, const std::vector<int>& wIdx) {
+    const int L = m_fp8LocalExperts;
+    std::vector<const float*> out(static_cast<size_t>(L));
+    struct Job {
+        const float* W;
+        TensorPtr dq, codes;
+        int64_t n;
+        Fp8Meta* meta;
+    };
+    auto jobs = std::make_shared<std::vector<Job>>();
+    int64_t total = 0;
+    for (int l = 0; l < L; ++l) {
+        Fp8WeightCopy& w = m_fp8ExpW[(size_t(li) * size_t(L) + size_t(l)) * 2 + size_t(lin)];
+        const int64_t n = m_params.info(wIdx[size_t(l)]).numel;
+        if (!w.dequantized) {
+            TS_ASSIGN_OR_RETURN(w.codes, m_exec.alloc(n, MemCategory::Params, 1));
+            TS_ASSIGN_OR_RETURN(w.dequantized, m_exec.alloc(n, MemCategory::Workspace));
+        }
+        if (w.step != m_step) {
+            w.step = m_step;
+            jobs->push_back({m_params.modelParam(wIdx[size_t(l)]), w.dequantized, w.codes, n,
+                             fp8ExpertMeta(li, l, lin, kFp8Weight)});
+            total += n;
+        }
+        out[size_t(l)] = static_cast<const float*>(fp(w.dequantized));
+    }
+    if (jobs->empty()) return out;
+    // One op for the experts' weights of this linear (TE quantizes every GEMM's weight of a
+    // GroupedLinear each step). Tensorwise runs only where an expert's weight is whole on the rank
+    // (modelDimsFromConfig), so its own amax is the tensor's.
+    const Fp8Recipe r = m_o.fp8;
+    const float mx = k::fp8Max(r.forward);
+    m_exec.op("fp8_quantize_expert_weights", Category::Elementwise, 3.0 * double(total), uint64_t(total) * 9, [=] {
+        for (const Job& j : *jobs) {
+            const float a = k::amaxOf(j.W, j.n);
+            if (r.delayed) {
+                j.meta->observe(a);
+            } else {
+                j.meta->scale = currentScale(a, mx);
+                j.meta->history[0] = a;
+            }
+            k::fp8QuantizeDequantize(j.W, fp(j.dq), j.codes->as<uint8_t>(), j.n, j.meta->scale, r.forward);
+        }
+    });
+    return out;
+}
+
+void GptModel::fp8ExpertState(nlohmann::json& out) const {
+    if (!m_fp8ExpMeta) return;
+    const int L = m_fp8LocalExperts, e0 = m_ctx.epRank * L;
+    for (size_t li = 0; li < m_layers.size(); ++li) {
+        if (m_layers[li].routerW < 0 || !fp8Layer(int(li))) continue;
+        for (int l = 0; l < L; ++l)
+            for (int lin = 0; lin < 2; ++lin)
+                for (int slot = 0; slot < kSlots; ++slot) {
+                    const Fp8Meta& m = *fp8ExpertMeta(int(li), l, Fp8ExpertLinear(lin), Fp8Slot(slot));
+                    out[fp8ExpertTensorName(m_ctx.layerBegin + int(li), e0 + l, lin, slot)] = {{"history", m.history},
+                                                                                               {"scale", m.scale}};
+                }
+    }
+}
+
+Status GptModel::setFp8ExpertState(const nlohmann::json& state) {
+    if (!m_fp8ExpMeta || state.is_null() || !state.is_object()) return Status::ok();
+    const int L = m_fp8LocalExperts, e0 = m_ctx.epRank * L;
+    for (size_t li = 0; li < m_layers.size(); ++li) {
+        if (m_layers[li].routerW < 0 || !fp8Layer(int(li))) continue;
+        for (int l = 0; l < L; ++l)
+            for (int lin = 0; lin < 2; ++lin)
+                for (int slot = 0; slot < kSlots; ++slot) {
+                    const std::string key = fp8ExpertTensorName(m_ctx.layerBegin + int(li), e0 + l, lin, slot);
+                    auto it = state.find(key);
+                    if (it == state.end()) continue;
+                    TS_RETURN_IF_ERROR(readFp8Entry(*it, key, *fp8ExpertMeta(int(li), l, Fp8ExpertLinear(lin), Fp8Slot(slot))));
+                }
+    }
+    return Status::ok();
+}
+
+void GptModel::fp8ExpertStepUpdate() {
+    if (!m_fp8ExpMeta || m_o.fp8.isBlock()) return;
+    std::vector<int> moe;  // local MoE layers in FP8
+    for (size_t li = 0; li < m_layers.size(); ++li)
+        if (m_layers[li].routerW >= 0 && fp8Layer(int(li))) moe.push_back(int(li));
+    if (moe.empty()) return;
+    const Fp8Recipe r = m_o.fp8;
+    const int L = m_fp8LocalExperts, E = m_cfg.num_moe_experts, e0 = m_ctx.epRank * L;
+    const int layerBegin = m_ctx.layerBegin;
+    auto metas = m_fp8ExpMeta;
+    auto at = [L](int li, int l, int lin, int slot) {
+        return ((size_t(li) * size_t(L) + size_t(l)) * 2 + size_t(lin)) * kSlots + size_t(slot);
+    };
+    const TraceTarget tt = m_exec.device().traceTarget();
+    auto counters = [=] {
+        // "fp8.layer<L>.expert<E>.<linear>.<slot>.amax|scale" of this rank's experts.
+        if (!tt.recorder) return;
+        const int64_t ts = monotonicNs();
+        for (int li : moe)
+            for (int l = 0; l < L; ++l)
+                for (int lin = 0; lin < 2; ++lin)
+                    for (int slot = 0; slot < kSlots; ++slot) {
+                        const Fp8Meta& m = (*metas)[at(li, l, lin, slot)];
+                        const std::string base = "fp8." + fp8ExpertTensorName(layerBegin + li, e0 + l, lin, slot);
+                        const float amax =
+                            r.delayed ? *std::max_element(m.history.begin(), m.history.end()) : m.history[0];
+                        tt.recorder->counter({tt.rank, tt.recorder->intern(base + ".amax"), ts, double(amax)});
+                        tt.recorder->counter({tt.rank, tt.recorder->intern(base + ".scale"), ts, double(m.scale)});
+                    }
+    };
+    if (!r.delayed) {
+        m_exec.op("fp8_counters", Category::Other, 0, 0, counters);
+        return;
+    }
+    // [moe layer][global expert][fc1, fc2][slot]
+    const int64_t n = int64_t(moe.size()) * E * 2 * kSlots;
+    auto buf = m_exec.alloc(n, MemCategory::Workspace);
+    if (!buf) return;
+    TensorPtr b = *buf;
+    auto packed = [=](size_t mi, int l, int lin, int slot) {
+        return ((mi * size_t(E) + size_t(e0 + l)) * 2 + size_t(lin)) * kSlots + size_t(slot);
+    };
+    m_exec.op("fp8_expert_amax_pack", Category::Elementwise, 0, uint64_t(n) * 8, [=] {
+        std::fill(fp(b), fp(b) + n, 0.0f);
+        for (size_t mi = 0; mi < moe.size(); ++mi)
+            for (int l = 0; l < L; ++l)
+                for (int lin = 0; lin < 2; ++lin)
+                    for (int slot = 0; slot < kSlots; ++slot)
+                        fp(b)[packed(mi, l, lin, slot)] = (*metas)[at(moe[mi], l, lin, slot)].history[0];
+    });
+    if (m_ctx.amax && m_ctx.amax->size() > 1)
+        m_ctx.amax->allReduce(m_exec.stream(), b->data(), b->data(), size_t(n), DType::F32, ReduceOp::Max);
+    const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
+    m_exec.op("fp8_expert_scale_update", Category::Elementwise, double(n), uint64_t(n) * 8, [=] {
+        for (size_t mi = 0; mi < moe.size(); ++mi)
+            for (int l = 0; l < L; ++l)
+                for (int lin = 0; lin < 2; ++lin)
+                    for (int slot = 0; slot < kSlots; ++slot) {
+                        Fp8Meta& m = (*metas)[at(moe[mi], l, lin, slot)];
+                        m.history[0] = fp(b)[packed(mi, l, lin, slot)];
+                        m.update(slot == kFp8Grad ? bwdMax : fwdMax, r.margin, r.algoMax);
+                    }
+        counters();
+    });
+}
+
+// ---- block recipes (mxfp8, blockwise) -------------------------------------------------------
+// A weight W [out, in] has two FP8 copies per iteration, both from the high-precision weight:
+// blocks along `in` for the forward GEMM, along `out` for the dgrad (blockwise: the same 128x128
+// tiles). Counted as params: one byte per element plus the scale bytes, per copy (TE keeps the
+// rowwise and the columnwise data).
+Result<const float*> GptModel::fp8BlockWeight(int wIdx, bool rowwise) {
+    Fp8BlockWeightCopy& w = m_fp8BlockW[wIdx];
+    const ParamInfo& info = m_params.info(wIdx);
+    const int64_t out = info.shape.empty() ? 1 : info.shape[0], in = info.numel / std::max<int64_t>(1, out);
+    if (!w.row) {
+        namespace kb = k;
+        const kb::Fp8BlockKind kind = m_o.fp8.block == Fp8Recipe::Block::Mxfp8 ? kb::Fp8BlockKind::Mx1x32
+                                                                              : kb::Fp8BlockKind::Block128x128;
+        TS_ASSIGN_OR_RETURN(w.rowCodes, m_exec.alloc(kb::fp8BlockBytes(out, in, kind, true), MemCategory::Params, 1));
+        TS_ASSIGN_OR_RETURN(w.colCodes, m_exec.alloc(kb::fp8BlockBytes(out, in, kind, false), MemCategory::Params, 1));
+        TS_ASSIGN_OR_RETURN(w.row, m_exec.alloc(info.numel, MemCategory::Workspace));
+        TS_ASSIGN_OR_RETURN(w.col, m_exec.alloc(info.numel, MemCategory::Workspace));
+    }
+    if (w.step != m_step) {
+        w.step = m_step;
+        const Fp8Recipe r = m_o.fp8;
+        const float* W = m_params.modelParam(wIdx);
+        TensorPtr row = w.row, col = w.col;
+        m_exec.op("fp8_quantize_weight", Category::Elementwise, 6.0 * double(info.numel), uint64_t(info.numel) * 12, [=] {
+            std::vector<float> buf;
+            const float* q = fp8BlockOperand(r, W, out, in, true, true, false, buf);
+            std::copy(q, q + out * in, fp(row));
+            q = fp8BlockOperand(r, W, out, in, false, true, false, buf);
+            std::copy(q, q + out * in, fp(col));
+        });
+    }
+    return static_cast<const float*>(fp(rowwise ? w.row : w.col));
 }
 
 }  // namespace ts::engine

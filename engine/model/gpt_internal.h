@@ -39,6 +39,7 @@ struct GptModel::LayerActs {
     // [T, Fs] (Fs = moe_shared_expert_intermediate_size / t); with the gate, their output before
     // it [TL, h] and the gate score sigmoid(x w_gate) [TL].
     TensorPtr shFc1, shAct, shOut, shGate;
+    TensorPtr shX;  // FP8: the shared experts' own (quantized) copy of a2, which the router keeps in high precision
     // moe_shared_expert_overlap: set by the layer around moeForward/moeBackward, which call it
     // between the token dispatch and the routed experts (Megatron runs the shared experts there,
     // on their own stream, while the dispatcher's all-to-all is in flight).

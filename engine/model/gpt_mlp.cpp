@@ -76,7 +76,11 @@ Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const 
         const float* B = MW.fc1B >= 0 ? m_params.modelParam(MW.fc1B) : nullptr;
         TensorPtr a2 = a2Full, fc1 = *fc1Out, act = *actOut;
         const bool swiglu = m_d.swiglu, fusedAct = m_o.fusedBiasAct;
+        const Fp8Recipe r8 = m_o.fp8;
+        const bool blk = fp8 && r8.isBlock();  // block recipes: the input quantized per block here
         auto gemm = [=](const float* x, float* y, int rows) {
+            std::vector<float> q;
+            if (blk) x = fp8BlockOperand(r8, x, rows, h, true, false, false, q);
             k::linearForward(x, W, nullptr, y, rows, h, F1);
             if (bf) k::roundToBf16(y, int64_t(rows) * F1);
         };
@@ -108,7 +112,13 @@ Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const 
             TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Fc2, MW.fc2W));
         }
         TensorPtr act = *actOut;
-        auto gemm = [=](const float* x, float* y, int rows) { k::linearForward(x, W, nullptr, y, rows, F, h); };
+        const Fp8Recipe r8 = m_o.fp8;
+        const bool blk = fp8 && r8.isBlock();
+        auto gemm = [=](const float* x, float* y, int rows) {
+            std::vector<float> q;
+            if (blk) x = fp8BlockOperand(r8, x, rows, F, true, false, false, q);
+            k::linearForward(x, W, nullptr, y, rows, F, h);
+        };
         if (rsOverlap) {
             TS_ASSIGN_OR_RETURN(fc2, m_tpo->gemmRs(N.fc2Fwd, act, TL, F, h, 2.0 * F * h, gemm));
         } else {
@@ -196,8 +206,20 @@ Result<TensorPtr> GptModel::mlpBlockBackward(int li, const MlpWeights& MW, const
 // weight is replicated over TP and sees this rank's rows only: its grad is summed over TP).
 Result<TensorPtr> GptModel::sharedExpertForward(LayerActs& A, const LayerParams& P) {
     const int li = int(&P - m_layers.data());
-    const MlpWeights W{P.shFc1W, -1, P.shFc2W, m_sharedFfnL, false, sharedNames()};
-    TS_ASSIGN_OR_RETURN(TensorPtr y, mlpBlockForward(li, W, A.a2, &A.shFc1, &A.shAct));
+    const MlpWeights W{P.shFc1W, -1, P.shFc2W, m_sharedFfnL, fp8Layer(li), sharedNames()};
+    // FP8 quantizes the MLP's saved input in place; the shared experts share a2 with the router
+    // and the routed experts, so they quantize a copy of it (TE's FP8 cast of their input).
+    TensorPtr xIn = A.a2;
+    A.shX.reset();
+    if (W.fp8) {
+        const int64_t n = int64_t(localTokens()) * m_d.hidden;
+        TS_ASSIGN_OR_RETURN(A.shX, allocUninitialized(m_exec, n));
+        TensorPtr src = A.a2, dst = A.shX;
+        m_exec.op("shared_experts.input_copy", Category::Elementwise, 0, uint64_t(n) * 8,
+                  [=] { std::memcpy(fp(dst), fp(src), size_t(n) * sizeof(float)); });
+        xIn = A.shX;
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr y, mlpBlockForward(li, W, xIn, &A.shFc1, &A.shAct));
     if (P.shGateW < 0) return y;
     const int TL = localTokens(), h = m_d.hidden;
     const bool bf = m_o.bf16;
@@ -226,7 +248,7 @@ Result<TensorPtr> GptModel::sharedExpertForward(LayerActs& A, const LayerParams&
 
 Result<TensorPtr> GptModel::sharedExpertBackward(LayerActs& A, const LayerParams& P, TensorPtr dout) {
     const int li = int(&P - m_layers.data());
-    const MlpWeights W{P.shFc1W, -1, P.shFc2W, m_sharedFfnL, false, sharedNames()};
+    const MlpWeights W{P.shFc1W, -1, P.shFc2W, m_sharedFfnL, fp8Layer(li), sharedNames()};
     if (!A.shFc1) return Status::internal("shared experts backward without saved activations");
     const int TL = localTokens(), h = m_d.hidden;
     const int64_t ThL = int64_t(TL) * h;
@@ -264,8 +286,15 @@ Result<TensorPtr> GptModel::sharedExpertBackward(LayerActs& A, const LayerParams
             }
         });
     }
+    if (W.fp8 && dy == dout) {
+        // FP8 quantizes the output gradient in place; the routed experts read the same dout.
+        TS_ASSIGN_OR_RETURN(dy, allocUninitialized(m_exec, ThL));
+        TensorPtr src = dout, dst = dy;
+        m_exec.op("shared_experts.grad_copy", Category::Elementwise, 0, uint64_t(ThL) * 8,
+                  [=] { std::memcpy(fp(dst), fp(src), size_t(ThL) * sizeof(float)); });
+    }
     dout.reset();
-    TS_ASSIGN_OR_RETURN(TensorPtr dx, mlpBlockBackward(li, W, A.a2, A.shFc1, A.shAct, std::move(dy)));
+    TS_ASSIGN_OR_RETURN(TensorPtr dx, mlpBlockBackward(li, W, A.shX ? A.shX : A.a2, A.shFc1, A.shAct, std::move(dy)));
     if (dxGate) {
         m_exec.op("shared_experts.gate.dgrad_add", Category::Elementwise, double(ThL), uint64_t(ThL) * 12, [=] {
             k::addInPlace(fp(dx), fp(dxGate), ThL);

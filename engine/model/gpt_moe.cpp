@@ -30,6 +30,8 @@
 // Expert weights' grads are reduced over the expert-data-parallel group (engine/parallel/ddp.h).
 // Shared experts (gpt_layer.cpp, gpt_mlp.cpp) are added to this block's output by the layer;
 // with moe_shared_expert_overlap they run inside it, after the dispatch (A.beforeExperts).
+// FP8 (fp8 set): every expert GEMM takes FP8 inputs with the expert's own scaling state
+// (gpt_fp8.cpp); the router stays in high precision.
 // Context parallel: the layer runs on the CP-local rows; the aux loss counts the routing of the
 // whole microbatch (counts all-reduced over "cp"). Tensor parallel (sequence parallel): each TP
 // rank routes its s/t rows; the counts are all-reduced over "tp" for the aux loss. Expert biases
@@ -74,6 +76,7 @@ struct GptModel::MoeSaved {
     std::vector<int> eoff;       // [L+1] first row of each local expert
     TensorPtr xin, eprob;        // [R, h], [R]
     TensorPtr fc1, act;          // fc1 output [R, F1], activation [R, F]
+    TensorPtr fc2in;             // FP8: fc2's quantized input act * prob [R, F] (the wgrad reads it)
     // alltoall dispatcher with EP or ETP: rows sent to / received from each EP rank; with ETP
     // the rows each "etp" rank received (Megatron's output_splits_tp), padded to etpPad rows each
     // for the all-gather / reduce-scatter over "etp"; and for every expert-side row its place in
@@ -218,28 +221,63 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     TS_ASSIGN_OR_RETURN(s->fc1, allocUninitialized(m_exec, int64_t(R) * F1));
     TS_ASSIGN_OR_RETURN(s->act, allocUninitialized(m_exec, int64_t(R) * F));
     TS_ASSIGN_OR_RETURN(TensorPtr eout, allocUninitialized(m_exec, int64_t(R) * h));
+    // FP8 (gpt_fp8.cpp, TE's GroupedLinear): each expert GEMM's inputs in FP8 with the expert's
+    // own scaling state — fc1's input rows (quantized in place: the wgrad reads the same values),
+    // fc2's input act * prob (kept for the wgrad), and the weights' FP8 copies.
+    const int li = int(&P - m_layers.data());
+    const bool fp8 = m_fp8ExpMeta && fp8Layer(li);
+    const Fp8Recipe fr = m_o.fp8;
+    std::vector<Fp8Meta*> q1(static_cast<size_t>(L)), q2(static_cast<size_t>(L));
+    if (fp8) {
+        TS_ASSIGN_OR_RETURN(s->fc2in, allocUninitialized(m_exec, int64_t(R) * F));
+        for (int l = 0; l < L; ++l) {
+            q1[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc1, kFp8Input);
+            q2[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc2, kFp8Input);
+        }
+    }
     // experts: fc1 -> activation -> * prob -> fc2, rows [eoff[l], eoff[l+1])
     std::vector<const float*> W1(static_cast<size_t>(L)), W2(static_cast<size_t>(L));
     for (int l = 0; l < L; ++l) {
         W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
         W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
     }
+    if (fp8) {
+        TS_ASSIGN_OR_RETURN(W1, fp8ExpertWeights(li, kFp8ExpFc1, P.expFc1W));
+        TS_ASSIGN_OR_RETURN(W2, fp8ExpertWeights(li, kFp8ExpFc2, P.expFc2W));
+    }
     auto expert = [=](int l) {
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
-        if (rows == 0) return;
+        if (rows == 0) {
+            // No rows: amax 0 observed (the delayed scale stays, as TE's update keeps it).
+            if (fp8) {
+                fp8QuantizeInPlace(fr, *q1[size_t(l)], false, 1.f, nullptr, 0);
+                fp8QuantizeInPlace(fr, *q2[size_t(l)], false, 1.f, nullptr, 0);
+            }
+            return;
+        }
         float* f1 = fp(s->fc1) + size_t(r0) * F1;
         float* ac = fp(s->act) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
-        k::linearForward(fp(s->xin) + size_t(r0) * h, W1[size_t(l)], nullptr, f1, rows, h, F1);
+        float* xin = fp(s->xin) + size_t(r0) * h;
+        if (fp8) fp8QuantizeInPlace(fr, *q1[size_t(l)], false, 1.f, xin, int64_t(rows) * h);
+        k::linearForward(xin, W1[size_t(l)], nullptr, f1, rows, h, F1);
         if (bf) k::roundToBf16(f1, int64_t(rows) * F1);
         if (swiglu) k::swigluForward(f1, ac, rows, F);
         else k::biasGeluForward(f1, nullptr, ac, rows, F);
         if (bf) k::roundToBf16(ac, int64_t(rows) * F);
-        std::vector<float> scaled(static_cast<size_t>(rows) * F);
+        std::vector<float> local;
+        float* scaled = nullptr;
+        if (fp8) {
+            scaled = fp(s->fc2in) + size_t(r0) * F;
+        } else {
+            local.resize(size_t(rows) * F);
+            scaled = local.data();
+        }
         for (int r = 0; r < rows; ++r)
             for (int f = 0; f < F; ++f) scaled[size_t(r) * F + f] = ac[size_t(r) * F + f] * prob[r];
-        if (bf) k::roundToBf16(scaled.data(), int64_t(rows) * F);
-        k::linearForward(scaled.data(), W2[size_t(l)], nullptr, fp(eout) + size_t(r0) * h, rows, F, h);
+        if (bf) k::roundToBf16(scaled, int64_t(rows) * F);
+        if (fp8) fp8QuantizeInPlace(fr, *q2[size_t(l)], false, 1.f, scaled, int64_t(rows) * F);
+        k::linearForward(scaled, W2[size_t(l)], nullptr, fp(eout) + size_t(r0) * h, rows, F, h);
     };
     // Without EP the routing is known only when the ops run: the average FLOPs of the experts.
     const double expertFlops = 2.0 * R * (double(h) * F1 + double(F) * h);
@@ -345,18 +383,47 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         G1[size_t(l)] = m_params.mainGrad(P.expFc1W[size_t(l)]);
         G2[size_t(l)] = m_params.mainGrad(P.expFc2W[size_t(l)]);
     }
+    // FP8: the output gradients of fc2 and fc1 in FP8 (each expert's grad state; their amax and
+    // scale for the single device's magnitudes, as GptModel::fp8Quantize), the dgrads with the
+    // weights' FP8 copies, the wgrads with the FP8 inputs saved by the forward.
+    const int li = int(&P - m_layers.data());
+    const bool fp8 = m_fp8ExpMeta && fp8Layer(li) && s->fc2in;
+    const Fp8Recipe fr = m_o.fp8;
+    const float gradDiv = float(m_ctx.dpSize) * float(m_ctx.cpSize);
+    std::vector<Fp8Meta*> g1(static_cast<size_t>(L)), g2(static_cast<size_t>(L));
+    if (fp8) {
+        TS_ASSIGN_OR_RETURN(W1, fp8ExpertWeights(li, kFp8ExpFc1, P.expFc1W));
+        TS_ASSIGN_OR_RETURN(W2, fp8ExpertWeights(li, kFp8ExpFc2, P.expFc2W));
+        for (int l = 0; l < L; ++l) {
+            g1[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc1, kFp8Grad);
+            g2[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc2, kFp8Grad);
+        }
+    }
     auto expert = [=](int l) {
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
-        if (rows == 0) return;
+        if (rows == 0) {
+            if (fp8) {
+                fp8QuantizeInPlace(fr, *g1[size_t(l)], true, gradDiv, nullptr, 0);
+                fp8QuantizeInPlace(fr, *g2[size_t(l)], true, gradDiv, nullptr, 0);
+            }
+            return;
+        }
         const float* ac = fp(s->act) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
-        const float* dy = fp(dyin) + size_t(r0) * h;
-        std::vector<float> scaled(static_cast<size_t>(rows) * F), da(size_t(rows) * F), dact(size_t(rows) * F),
-            dfc1(size_t(rows) * F1);
-        for (int r = 0; r < rows; ++r)
-            for (int f = 0; f < F; ++f) scaled[size_t(r) * F + f] = ac[size_t(r) * F + f] * prob[r];
-        if (bf) k::roundToBf16(scaled.data(), int64_t(rows) * F);
-        k::linearBackward(dy, scaled.data(), W2[size_t(l)], da.data(), G2[size_t(l)], nullptr, rows, F, h);
+        float* dy = fp(dyin) + size_t(r0) * h;  // this backward's own buffer: quantized in place
+        std::vector<float> scaledLocal, da(size_t(rows) * F), dact(size_t(rows) * F), dfc1(size_t(rows) * F1);
+        const float* scaled = nullptr;
+        if (fp8) {
+            scaled = fp(s->fc2in) + size_t(r0) * F;
+            fp8QuantizeInPlace(fr, *g2[size_t(l)], true, gradDiv, dy, int64_t(rows) * h);
+        } else {
+            scaledLocal.resize(size_t(rows) * F);
+            for (int r = 0; r < rows; ++r)
+                for (int f = 0; f < F; ++f) scaledLocal[size_t(r) * F + f] = ac[size_t(r) * F + f] * prob[r];
+            if (bf) k::roundToBf16(scaledLocal.data(), int64_t(rows) * F);
+            scaled = scaledLocal.data();
+        }
+        k::linearBackward(dy, scaled, W2[size_t(l)], da.data(), G2[size_t(l)], nullptr, rows, F, h);
         for (int r = 0; r < rows; ++r) {
             double dp = 0;
             const float p = prob[r];
@@ -370,6 +437,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         if (swiglu) k::swigluBackward(dact.data(), f1, dfc1.data(), rows, F);
         else k::biasGeluBackward(dact.data(), f1, nullptr, dfc1.data(), nullptr, rows, F);
         if (bf) k::roundToBf16(dfc1.data(), int64_t(rows) * F1);
+        if (fp8) fp8QuantizeInPlace(fr, *g1[size_t(l)], true, gradDiv, dfc1.data(), int64_t(rows) * F1);
         k::linearBackward(dfc1.data(), fp(s->xin) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
                           G1[size_t(l)], nullptr, rows, h, F1);
     };

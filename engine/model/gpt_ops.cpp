@@ -172,6 +172,29 @@ Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr 
     const double flops = (dx ? 4.0 : 2.0) * double(T) * in * out;
     const uint64_t bytes = uint64_t(4) * (uint64_t(T) * (in + out) + uint64_t(in) * out);
     const bool bf = m_o.bf16;
+    if (Wq && m_o.fp8.isBlock()) {
+        // FP8 block recipes (mxfp8, blockwise): each GEMM's operands quantized per block along its
+        // reduction dimension, all from high precision: dgrad dy (along out) x W (along out), wgrad
+        // dy^T x (both along T). The FP8 sites take their bias grads before (bIdx = -1).
+        TS_ASSIGN_OR_RETURN(const float* Wc, fp8BlockWeight(wIdx, false));
+        const Fp8Recipe r = m_o.fp8;
+        const int64_t n = int64_t(out) * in;
+        TensorPtr tmp;
+        if (!m_o.gradAccumFusion) { TS_ASSIGN_OR_RETURN(tmp, m_exec.alloc(n, MemCategory::Workspace)); }
+        m_exec.op(name, Category::Gemm, flops, bytes, [=] {
+            if (tmp) std::fill(fp(tmp), fp(tmp) + n, 0.f);
+            fp8BlockLinearBackward(r, fp(dy), fp(x), Wc, dx ? fp(dx) : nullptr, tmp ? fp(tmp) : G, T, in, out);
+            if (GB) k::biasGradAccumulate(fp(dy), GB, T, out);
+            if (bf && dx) k::roundToBf16(fp(dx), int64_t(T) * in);
+        });
+        if (tmp) {
+            m_exec.op("wgrad_accumulate", Category::Elementwise, double(n), uint64_t(n) * 12, [=] {
+                if (bf) k::roundToBf16(fp(tmp), n);
+                k::addInPlace(G, fp(tmp), n);
+            });
+        }
+        return Status::ok();
+    }
     if (m_o.gradAccumFusion) {
         // wgrad GEMM accumulates straight into the fp32 main grad.
         m_exec.op(name, Category::Gemm, flops, bytes, [=] {

@@ -106,7 +106,12 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
             c.moe_router_load_balancing_type != "none")
             return notYet("moe_router_load_balancing_type=" + c.moe_router_load_balancing_type +
                           "; use aux_loss, seq_aux_loss or none");
-        if (!c.fp8.empty()) return notYet("fp8 with experts");
+        // FP8 experts (gpt_fp8.cpp): with current scaling an expert GEMM's scale comes from the rows
+        // it has on a rank; only where those are exactly one microbatch's rows of the expert (no
+        // TP/SP, CP, EP or ETP split of tokens or experts) is that the single device's scale.
+        if (!c.fp8.empty() && c.fp8_recipe == "tensorwise" && (ds.tp > 1 || ds.cp > 1 || ds.ep > 1 || ds.etp > 1))
+            return notYet("fp8_recipe=tensorwise with experts and tensor, context, expert or expert tensor "
+                          "parallelism (each rank's expert rows would set their own scale); use fp8_recipe=delayed");
         if (c.moe_router_topk < 1 || c.moe_router_topk > c.num_moe_experts)
             return bad("moe_router_topk must be in [1, num_moe_experts]");
     }
@@ -121,7 +126,32 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
     if (d.ffn % tp != 0) return bad("tensor_model_parallel_size must divide ffn_hidden_size");
     if (int64_t(d.seq) * d.microBatch > (int64_t(1) << 30))
         return bad("seq_length * micro_batch_size is too large");
-    if (!c.fp8.empty()) TS_RETURN_IF_ERROR(Fp8Recipe::fromConfig(c).status());
+    if (!c.fp8.empty()) {
+        TS_RETURN_IF_ERROR(Fp8Recipe::fromConfig(c).status());
+        if (c.fp8_recipe == "mxfp8" || c.fp8_recipe == "blockwise") {
+            // Block recipes quantize along each GEMM's reduction dimension: a tensor-parallel shard
+            // must hold whole blocks (else its blocks are not the single device's), and the wgrad's
+            // blocks along the tokens would be CP-local with context parallelism.
+            const int blk = c.fp8_recipe == "mxfp8" ? 32 : 128;
+            auto notYet = [&](const std::string& what) {
+                return Status::unsupported("fp8_recipe=" + c.fp8_recipe + " " + what +
+                                           " is not executed by the engine yet; use fp8_recipe=delayed");
+            };
+            if (c.num_moe_experts > 0) return notYet("with MoE experts (num_moe_experts > 0)");
+            if (ds.cp > 1) return notYet("with context_parallel_size > 1");
+            if (tp > 1) {
+                const int64_t qkvOut = int64_t(d.heads + 2 * d.groups) * d.headDim;
+                for (auto [what, n] : {std::pair<const char*, int64_t>{"num_attention_heads x kv_channels", int64_t(d.heads) * d.headDim},
+                                       {"(num_attention_heads + 2 x num_query_groups) x kv_channels", qkvOut},
+                                       {"ffn_hidden_size", d.ffn}})
+                    if ((n / tp) % blk != 0)
+                        return bad("fp8_recipe=" + c.fp8_recipe + " quantizes blocks of " + std::to_string(blk) +
+                                   " along each GEMM's reduction dimension: " + what + " / tensor_model_parallel_size = " +
+                                   std::to_string(n / tp) + " must be a multiple of " + std::to_string(blk) +
+                                   " (or use tensor_model_parallel_size 1 or fp8_recipe=delayed)");
+            }
+        }
+    }
     return d;
 }
 

@@ -1,14 +1,21 @@
 // FP8 linears on the tiny GPT (issue #16): a few hundred steps stay within a stated tolerance of
 // the bf16 run for each format and recipe, FP8 really changes the numbers, parallel layouts
 // equal (or, with TP and the ring/all-gather CP kernels, track) the FP8 single-device run, and
-// tp_comm_overlap equals the same layout without it.
+// tp_comm_overlap equals the same layout without it. FP8 inside MoE experts (Fp8Moe*): the
+// experts' per-GEMM scaling state against the dense FP8 MLP they copy, grouped = per-expert,
+// expert/pipeline/tensor parallel layouts and token dropping against the single device,
+// checkpoints, counters. Block recipes (mxfp8, blockwise; Fp8BlockRecipes, and in the
+// parametrized suites above).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/parallel/fake_recorder.h"
 #include "tests/parallel/parallel_test_util.h"
 
 namespace ts::test {
@@ -58,6 +65,9 @@ TEST_P(Fp8Training, StaysCloseToBf16OverTwoHundredSteps) {
     // the run is within 2 % of bf16's loss: E4M3 keeps 3 mantissa bits (relative rounding error
     // up to 1/16) and E5M2 2 bits (1/8) on every GEMM input, which on this model moves the loss
     // by well under a percent once training settles.
+    // Measured (mean of the last 20 losses vs bf16): delayed e4m3 -0.14 %, hybrid -0.34 %;
+    // tensorwise e4m3 +0.40 %, hybrid -0.16 %; mxfp8 e4m3 -0.46 %, hybrid -0.09 %; blockwise
+    // e4m3 -0.50 %.
     EXPECT_LT(tailLoss(ref), ref.losses[0] * 0.8);
     EXPECT_LT(tailLoss(got), got.losses[0] * 0.8);
     double maxDiff = 0;
@@ -69,7 +79,9 @@ TEST_P(Fp8Training, StaysCloseToBf16OverTwoHundredSteps) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Training,
                          ::testing::Values(Fp8Case{"e4m3", "delayed", 1}, Fp8Case{"hybrid", "delayed", 16},
-                                           Fp8Case{"e4m3", "tensorwise", 1}, Fp8Case{"hybrid", "tensorwise", 1}),
+                                           Fp8Case{"e4m3", "tensorwise", 1}, Fp8Case{"hybrid", "tensorwise", 1},
+                                           Fp8Case{"e4m3", "mxfp8", 1}, Fp8Case{"hybrid", "mxfp8", 1},
+                                           Fp8Case{"e4m3", "blockwise", 1}),
                          [](const auto& info) {
                              return std::string(info.param.fmt) + "_" + info.param.recipe + "_h" +
                                     std::to_string(info.param.history);
@@ -110,7 +122,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Fp8Parallel,
                                            Fp8Layout{"pp2_delayed", 1, 2, 1, false, false, "delayed"},
                                            Fp8Layout{"pp2_dp2_distopt_tensorwise", 1, 2, 2, false, true, "tensorwise"},
                                            Fp8Layout{"cp2_pp2_a2a_delayed", 1, 2, 1, false, false, "delayed", 2, "a2a"},
-                                           Fp8Layout{"cp2_dp2_a2a_tensorwise", 1, 1, 2, false, true, "tensorwise", 2, "a2a"}),
+                                           Fp8Layout{"cp2_dp2_a2a_tensorwise", 1, 1, 2, false, true, "tensorwise", 2, "a2a"},
+                                           Fp8Layout{"dp2_distopt_mxfp8", 1, 1, 2, false, true, "mxfp8"},
+                                           Fp8Layout{"pp2_dp2_blockwise", 1, 2, 2, false, false, "blockwise"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Tensor parallelism cannot reproduce the FP8 single-device run to 1e-5: the row-parallel
@@ -278,6 +292,416 @@ TEST(Fp8Checkpoint, Pp2Dp2CheckpointResumesOnOneDevice) {
     engine::Config c = withLayout(fp8Config("hybrid", "delayed"), Layout{1, 2, 1, 2, 2});
     c.fp8_amax_history_len = 4;
     expectCheckpointResumesOnOneDevice(c, "fp8_pp2_dp2");
+}
+
+// ---- FP8 inside MoE experts ----------------------------------------------------------------
+
+engine::Config fp8MoeConfig(int experts = 4, int topk = 2, const char* recipe = "delayed") {
+    engine::Config c = fp8Config("hybrid", recipe);
+    c.add_bias_linear = false;
+    c.num_moe_experts = experts;
+    c.moe_router_topk = topk;
+    c.ffn_hidden_size = 64;
+    c.fp8_amax_history_len = 4;
+    c.fp8_amax_compute_algo = "max";
+    return c;
+}
+
+std::string expertWeight(int layer, int e, const char* lin) {
+    return "decoder.layers." + std::to_string(layer) + ".mlp.experts.local_experts." + std::to_string(e) + "." + lin +
+           ".weight";
+}
+
+struct Fp8Step {
+    double loss = 0;
+    nlohmann::json fp8;  // the model's FP8 state after the step: history[0] holds its amaxes
+    Params grads;
+};
+
+// One step with lr 0; `edit` may change the freshly initialized weights first.
+Fp8Step fp8Step(engine::Config c, const std::function<void(engine::ParamBuffer&)>& edit = {}) {
+    c.lr = c.min_lr = 0;
+    c.clip_grad = 0;
+    c.weight_decay = 0;
+    Fp8Step out;
+    auto t = engine::Trainer::create(c);
+    EXPECT_TRUE(t.isOk()) << t.status().toString();
+    if (!t.isOk()) return out;
+    engine::ParamBuffer& pb = (*t)->model().params();
+    if (edit) {
+        edit(pb);
+        pb.syncModelParams();
+    }
+    engine::StepProgress p;
+    const Status st = (*t)->step(&p);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    out.loss = p.loss;
+    out.fp8 = (*t)->model().fp8State();
+    for (int i = 0; i < pb.count(); ++i) out.grads[pb.info(i).name].assign(pb.mainGrad(i), pb.mainGrad(i) + pb.info(i).numel);
+    return out;
+}
+
+double amaxOf(const nlohmann::json& state, const std::string& tensor) {
+    return state.at(tensor).at("history").at(0).get<double>();  // this step's, before the next update rolls it
+}
+
+// The independent reference: experts that copy the dense MLP with top-1 routing (prob 1). In the
+// first step every delayed scale is 1, so each expert quantizes its rows exactly as the dense
+// FP8 MLP quantizes those rows, and a token's expert computes the dense MLP's row. Every token
+// goes to one expert, so the largest of the experts' input / weight / fc2-input amaxes is the
+// dense tensor's amax (the experts' are taken on their own rows: they differ), the loss is the
+// dense FP8 model's up to the MoE output's bf16 rounding (the dense MLP adds its fc2 output to
+// the residual before rounding), and the experts' weight gradients sum to the dense ones.
+TEST(Fp8Moe, Top1ExpertsCopyingTheDenseMlpGiveTheFp8DenseModel) {
+    engine::Config dense = fp8MoeConfig();
+    dense.num_moe_experts = 0;
+    Params denseW;
+    {
+        auto t = engine::Trainer::create(dense);
+        ASSERT_TRUE(t.isOk()) << t.status().toString();
+        engine::ParamBuffer& pb = (*t)->model().params();
+        for (int i = 0; i < pb.count(); ++i) denseW[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
+    }
+    const Fp8Step ref = fp8Step(dense);
+    auto copyDense = [&](engine::ParamBuffer& pb) {
+        for (int layer = 0; layer < 2; ++layer)
+            for (int e = 0; e < 4; ++e)
+                for (const char* lin : {"linear_fc1", "linear_fc2"}) {
+                    const auto& w = denseW.at("decoder.layers." + std::to_string(layer) + ".mlp." + lin + ".weight");
+                    const int i = pb.find(expertWeight(layer, e, lin));
+                    ASSERT_GE(i, 0);
+                    std::copy(w.begin(), w.end(), pb.mainParam(i));
+                }
+    };
+    const Fp8Step got = fp8Step(fp8MoeConfig(4, 1), copyDense);
+    engine::Config bf = fp8MoeConfig(4, 1);
+    bf.fp8 = "";
+    const Fp8Step noFp8 = fp8Step(bf, copyDense);
+    // Closer to the FP8 dense model than FP8 is to bf16 by far (FP8 really runs in the experts):
+    // measured 4.1730148 (FP8 MoE), 4.1730142 (FP8 dense), 4.1731251 (bf16 MoE).
+    const double toDense = std::fabs(got.loss - ref.loss), fp8Effect = std::fabs(got.loss - noFp8.loss);
+    EXPECT_LT(toDense, 2e-3 * ref.loss);
+    EXPECT_GT(fp8Effect, 5 * toDense) << "FP8 MoE " << got.loss << ", dense " << ref.loss << ", bf16 MoE " << noFp8.loss;
+    for (int layer = 0; layer < 2; ++layer) {
+        const std::string L = "layer" + std::to_string(layer);
+        // Layer 0's inputs are the same as the dense model's; layer 1's come after layer 0's
+        // MoE output rounding (close, not equal).
+        const double tol = layer == 0 ? 1e-6 : 2e-2;
+        for (const char* lin : {"linear_fc1", "linear_fc2"})
+            for (const char* slot : {"input", "weight"}) {
+                const double want = amaxOf(ref.fp8, L + "." + lin + "." + slot);
+                double mx = 0;
+                std::set<double> distinct;
+                for (int e = 0; e < 4; ++e) {
+                    const double a = amaxOf(got.fp8, L + ".expert" + std::to_string(e) + "." + lin + "." + slot);
+                    mx = std::max(mx, a);
+                    distinct.insert(a);
+                }
+                EXPECT_NEAR(mx, want, tol * want) << L << " " << lin << " " << slot;
+                if (std::string(slot) == "input") {
+                    EXPECT_GT(distinct.size(), 1u) << L << " " << lin << ": one amax for all experts";
+                }
+            }
+        // The dense model has no fc1/fc2 entries for MoE layers: the experts' are their own.
+        EXPECT_FALSE(got.fp8.contains(L + ".linear_fc1.input"));
+        EXPECT_TRUE(got.fp8.contains(L + ".linear_qkv.input"));
+        for (const char* lin : {"linear_fc1", "linear_fc2"}) {
+            const auto& want = ref.grads.at("decoder.layers." + std::to_string(layer) + ".mlp." + lin + ".weight");
+            std::vector<float> sum(want.size(), 0.f);
+            for (int e = 0; e < 4; ++e) {
+                const auto& g = got.grads.at(expertWeight(layer, e, lin));
+                for (size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
+            }
+            // The output gradients reach the experts through layer 1's differently rounded output:
+            // a few E5M2 roundings (step 1/8 relative) land on the neighbouring value, which moves
+            // these sums by a few percent (measured 2.4-4.9 %); a missing or misrouted expert
+            // would move them by tens of percent.
+            EXPECT_LT(relError(sum, want), 0.1) << L << " " << lin;
+            const double g = amaxOf(ref.fp8, L + "." + lin + ".grad");
+            double mx = 0;
+            for (int e = 0; e < 4; ++e)
+                mx = std::max(mx, amaxOf(got.fp8, L + ".expert" + std::to_string(e) + "." + lin + ".grad"));
+            EXPECT_NEAR(mx, g, 2e-2 * g) << L << " " << lin << " grad amax";
+        }
+    }
+}
+
+// moe_grouped_gemm: one op over the experts or one op per expert — the same FP8 math.
+TEST(Fp8Moe, GroupedAndPerExpertAreIdentical) {
+    for (const char* recipe : {"delayed", "tensorwise"}) {
+        engine::Config c = fp8MoeConfig(4, 2, recipe);
+        c.moe_grouped_gemm = true;
+        const RunResult grouped = runSingle(c, 3);
+        c.moe_grouped_gemm = false;
+        const RunResult each = runSingle(c, 3);
+        ASSERT_EQ(grouped.losses.size(), 3u);
+        for (size_t s = 0; s < 3; ++s) EXPECT_EQ(grouped.losses[s], each.losses[s]) << recipe << " step " << s + 1;
+        for (const auto& [name, w] : each.params) EXPECT_EQ(grouped.params.at(name), w) << recipe << " " << name;
+        engine::Config b = c;
+        b.fp8 = "";
+        const RunResult bf = runSingle(b, 3);
+        EXPECT_NE(bf.losses[2], each.losses[2]) << recipe << ": FP8 changed nothing";
+    }
+}
+
+struct Fp8MoeLayout {
+    const char* name;
+    int tp, etp, ep, dp, pp;
+    bool distOpt = false;
+    double capacity = 0;
+    bool pad = false;
+    const char* dispatcher = "alltoall";
+    bool grouped = false;
+    const char* recipe = "delayed";
+};
+void PrintTo(const Fp8MoeLayout& l, std::ostream* os) { *os << l.name; }
+
+engine::Config fp8MoeLayoutConfig(const Fp8MoeLayout& L) {
+    engine::Config c = withLayout(fp8MoeConfig(4, 2, L.recipe), Layout{L.tp, L.pp, 1, L.dp, 2});
+    c.sequence_parallel = L.tp > 1;
+    c.expert_tensor_parallel_size = L.etp;
+    c.expert_model_parallel_size = L.ep;
+    c.use_distributed_optimizer = L.distOpt;
+    c.moe_expert_capacity_factor = L.capacity;
+    c.moe_pad_expert_input_to_capacity = L.pad;
+    c.moe_token_dispatcher_type = L.dispatcher;
+    c.moe_grouped_gemm = L.grouped;
+    c.moe_aux_loss_coeff = 0.01;
+    return c;
+}
+
+// Layouts that keep every GEMM's summation order per row (experts split over ranks, data and
+// pipeline parallel): the FP8 single-device run to 1e-5. Each expert's amax is reduced over the
+// ranks holding it, so its scales are the single device's.
+class Fp8MoeParallel : public ::testing::TestWithParam<Fp8MoeLayout> {};
+
+TEST_P(Fp8MoeParallel, EqualsTheFp8SingleDeviceRun) {
+    const engine::Config c = fp8MoeLayoutConfig(GetParam());
+    const RunResult ref = runSingle(singleDevice(c), 4);
+    auto par = runParallel(c, 4);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    expectSame(*par, ref, 1e-5, GetParam().name);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Fp8MoeParallel,
+    ::testing::Values(Fp8MoeLayout{"ep2", 1, 1, 2, 2, 1}, Fp8MoeLayout{"ep2_edp2_distopt", 1, 1, 2, 4, 1, true},
+                      Fp8MoeLayout{"ep2_allgather_grouped", 1, 1, 2, 2, 1, false, 0, false, "allgather", true},
+                      Fp8MoeLayout{"pp2_dp2_tensorwise", 1, 1, 1, 2, 2, false, 0, false, "alltoall", false, "tensorwise"},
+                      Fp8MoeLayout{"ep2_pp2", 1, 1, 2, 2, 2},
+                      // capacity decided on each rank's own microbatch: the single device's too
+                      Fp8MoeLayout{"ep2_capacity", 1, 1, 2, 2, 1, false, 1.0},
+                      Fp8MoeLayout{"ep2_capacity_padded", 1, 1, 2, 2, 1, false, 1.0, true},
+                      // ETP over data-parallel ranks: the experts' fc1 rows / fc2 columns split
+                      Fp8MoeLayout{"etp2_ep2_dp4", 1, 2, 2, 4, 1}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Tensor parallel with experts (SP, tp2·etp2·ep2): the attention's row-parallel linears and the
+// experts' fc2 (row parallel over etp) sum partial products in another order than the single
+// device, so — exactly as in TensorParallelTracksTheSingleDeviceRun above — an FP8 rounding now
+// and then lands one FP8 step away: the run tracks the single device (losses within 1e-3
+// relative, the tolerance of the dense FP8 TP test; measured 9e-5) and its first forward is exact.
+TEST(Fp8MoeParallel, TensorAndExpertTensorParallelTrackTheSingleDeviceRun) {
+    const engine::Config c = fp8MoeLayoutConfig(Fp8MoeLayout{"tp2_etp2_ep2", 2, 2, 2, 2, 1});
+    const RunResult ref = runSingle(singleDevice(c), 4);
+    auto par = runParallel(c, 4);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    ASSERT_EQ(par->losses.size(), ref.losses.size());
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+        EXPECT_NEAR(par->losses[s], ref.losses[s], 1e-3 * ref.losses[s]) << "step " << s + 1;
+    EXPECT_NEAR(par->losses[0], ref.losses[0], 1e-5 * ref.losses[0]) << "the first forward is exact";
+    EXPECT_LT(ref.losses.back(), ref.losses.front());
+
+}
+
+// Current scaling would take an expert GEMM's scale from the rows it has on a rank, which under
+// TP/CP/EP/ETP are not a microbatch's: refused, naming the knob.
+TEST(Fp8Moe, TensorwiseWithSplitTokensOrExpertsIsRefused) {
+    for (const Fp8MoeLayout& L : {Fp8MoeLayout{"ep2", 1, 1, 2, 2, 1, false, 0, false, "alltoall", false, "tensorwise"},
+                                  Fp8MoeLayout{"tp2", 2, 1, 1, 1, 1, false, 0, false, "alltoall", false, "tensorwise"}}) {
+        auto d = engine::modelDimsFromConfig(fp8MoeLayoutConfig(L));
+        ASSERT_FALSE(d.isOk()) << L.name;
+        EXPECT_NE(d.status().message().find("fp8_recipe=delayed"), std::string::npos) << d.status().message();
+    }
+    EXPECT_TRUE(engine::modelDimsFromConfig(fp8MoeConfig(4, 2, "tensorwise")).isOk());
+    EXPECT_TRUE(engine::modelDimsFromConfig(fp8MoeLayoutConfig(Fp8MoeLayout{"ep2", 1, 1, 2, 2, 1})).isOk());
+}
+
+// first_last_layers_bf16 keeps the first MoE layer's experts in bf16: no state for them.
+TEST(Fp8Moe, FirstLastLayersBf16CoversMoeLayers) {
+    engine::Config c = fp8MoeConfig();
+    c.first_last_layers_bf16 = true;
+    c.num_layers_at_start_in_bf16 = 1;
+    c.num_layers_at_end_in_bf16 = 0;
+    const Fp8Step s = fp8Step(c);
+    EXPECT_FALSE(s.fp8.contains("layer0.expert0.linear_fc1.input"));
+    EXPECT_FALSE(s.fp8.contains("layer0.linear_qkv.input"));
+    EXPECT_TRUE(s.fp8.contains("layer1.expert3.linear_fc2.grad"));
+    EXPECT_GT(amaxOf(s.fp8, "layer1.expert3.linear_fc2.grad"), 0.0);
+}
+
+// The experts' delayed-scaling state is in the checkpoint under global expert numbers: a resumed
+// run continues bit-exactly, also when an ep2 run saved it and one device resumes.
+TEST(Fp8MoeCheckpoint, ResumeKeepsTheExpertsDelayedScalingState) {
+    const engine::Config c = fp8MoeConfig();
+    const std::string dir = ::testing::TempDir() + "/ts_fp8_moe_ckpt";
+    std::filesystem::remove_all(dir);
+    const RunResult straight = runSingle(c, 4);
+    auto saved = trainSingle(c, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    auto resumed = trainSingle(c, 2, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    for (int s = 0; s < 2; ++s) EXPECT_EQ(resumed->losses[size_t(s)], straight.losses[size_t(s) + 2]) << "step " << s + 3;
+    for (const auto& [name, w] : straight.params) EXPECT_EQ(resumed->params.at(name), w) << name;
+    std::ifstream in(dir + "/checkpoint.json");
+    const nlohmann::json j = nlohmann::json::parse(in);
+    // 2 layers x (qkv, proj) x 3 slots + 2 layers x 4 experts x (fc1, fc2) x 3 slots
+    EXPECT_EQ(j["fp8"].size(), 12u + 48u);
+    ASSERT_TRUE(j["fp8"].contains("layer1.expert3.linear_fc1.grad"));
+    EXPECT_EQ(j["fp8"]["layer1.expert3.linear_fc1.grad"]["history"].size(), 4u);
+    // Without the experts' entries the resumed run starts them from fresh state: it differs.
+    nlohmann::json stripped = j;
+    for (auto it = j["fp8"].begin(); it != j["fp8"].end(); ++it)
+        if (it.key().find(".expert") != std::string::npos) stripped["fp8"].erase(it.key());
+    {
+        std::ofstream out(dir + "/checkpoint.json");
+        out << stripped.dump();
+    }
+    auto fresh = trainSingle(c, 2, dir);
+    ASSERT_TRUE(fresh.isOk()) << fresh.status().toString();
+    EXPECT_NE(fresh->losses[1], straight.losses[3]) << "the experts' FP8 state made no difference";
+    std::filesystem::remove_all(dir);
+    expectCheckpointResumesOnOneDevice(fp8MoeLayoutConfig(Fp8MoeLayout{"ep2", 1, 1, 2, 2, 1}), "fp8_moe_ep2");
+}
+
+// Counters "fp8.layer<L>.expert<E>.<linear>.<slot>.amax|scale": each rank records its own
+// experts (ep2: rank 0 experts 0-1, rank 1 experts 2-3), and no dense fc1/fc2 for MoE layers.
+TEST(Fp8Moe, CountersNameTheGlobalExpert) {
+    FakeRecorder rec;
+    auto par = runParallel(fp8MoeLayoutConfig(Fp8MoeLayout{"ep2", 1, 1, 2, 2, 1}), 2, &rec);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    std::map<std::string, std::set<int>> ranksOf;
+    for (const auto& cnt : rec.counters) ranksOf[rec.str(cnt.name)].insert(cnt.rank);
+    for (int e = 0; e < 4; ++e)
+        for (const char* t : {"linear_fc1.input", "linear_fc2.weight", "linear_fc1.grad"}) {
+            const std::string n = "fp8.layer1.expert" + std::to_string(e) + "." + t + ".scale";
+            ASSERT_TRUE(ranksOf.count(n)) << n;
+            EXPECT_EQ(ranksOf[n], std::set<int>{e / 2}) << n;
+        }
+    EXPECT_TRUE(ranksOf.count("fp8.layer0.linear_qkv.input.amax"));
+    EXPECT_FALSE(ranksOf.count("fp8.layer0.linear_fc1.input.amax"));
+}
+
+// Shared experts under FP8: their linears run in FP8 with the layer's linear_fc1/fc2 states (an
+// MoE layer has no dense MLP), named "layer<L>.shared_experts.<linear>.<slot>" in counters and
+// checkpoints; FP8 changes them, and ep2·dp2 (with the overlap) equals the FP8 single device.
+TEST(Fp8Moe, SharedExpertsRunInFp8AndEqualTheSingleDevice) {
+    engine::Config c = fp8MoeLayoutConfig(Fp8MoeLayout{"ep2", 1, 1, 2, 2, 1});
+    c.moe_shared_expert_intermediate_size = 48;
+    // Where the shared experts run (before the router, or between dispatch and routed experts)
+    // changes nothing: they quantize their own copies of the input and of the output gradient,
+    // which the router and the routed experts read in high precision.
+    std::vector<RunResult> single;
+    for (bool overlap : {false, true}) {
+        c.moe_shared_expert_overlap = overlap;
+        FakeRecorder rec;
+        auto par = runParallel(c, 3, &rec);
+        ASSERT_TRUE(par.isOk()) << par.status().toString();
+        single.push_back(runSingle(singleDevice(c), 3));
+        expectSame(*par, single.back(), 1e-5, overlap ? "fp8 shared experts ep2 dp2 overlap" : "fp8 shared experts ep2 dp2");
+        std::set<std::string> names;
+        for (const auto& cnt : rec.counters) names.insert(rec.str(cnt.name));
+        for (const char* n :
+             {"fp8.layer0.shared_experts.linear_fc1.input.amax", "fp8.layer1.shared_experts.linear_fc2.grad.scale"})
+            EXPECT_TRUE(names.count(n)) << n;
+        EXPECT_FALSE(names.count("fp8.layer0.linear_fc1.input.amax"));
+    }
+    EXPECT_EQ(single[0].losses, single[1].losses);
+    // The shared experts' GEMMs are really quantized: their weights move apart from the bf16 run's.
+    engine::Config bf = singleDevice(c);
+    bf.fp8 = "";
+    const RunResult plain = runSingle(bf, 3);
+    const std::string w = "decoder.layers.0.mlp.shared_experts.linear_fc1.weight";
+    ASSERT_TRUE(plain.params.count(w));
+    EXPECT_GT(relError(single[0].params.at(w), plain.params.at(w)), 1e-6) << "shared experts not in FP8";
+    // Their delayed-scaling state is in the checkpoint.
+    const std::string dir = ::testing::TempDir() + "/ts_fp8_shared_ckpt";
+    std::filesystem::remove_all(dir);
+    auto saved = trainSingle(singleDevice(c), 1, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    std::ifstream in(dir + "/checkpoint.json");
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_TRUE(j["fp8"].contains("layer1.shared_experts.linear_fc1.weight"));
+    std::filesystem::remove_all(dir);
+}
+
+// ---- block recipes: mxfp8 and blockwise ------------------------------------------------------
+
+// tp2·dp2 (SP) with each block recipe. The model is sized so that every tensor-parallel shard
+// holds whole blocks along each GEMM's reduction dimension (mxfp8: 32, blockwise: 128; others
+// are refused), so each rank's blocks are the single device's; the row-parallel partial sums
+// still add in another order, so, as TensorParallelTracksTheSingleDeviceRun, the run tracks the
+// single device within 1e-3 and its first forward is exact.
+TEST(Fp8BlockRecipes, TensorParallelTracksTheSingleDeviceRun) {
+    for (const char* recipe : {"mxfp8", "blockwise"}) {
+        engine::Config c = withLayout(fp8Config("e4m3", recipe), Layout{2, 1, 1, 2, 2});
+        c.sequence_parallel = true;
+        c.hidden_size = std::string(recipe) == "mxfp8" ? 64 : 256;
+        const RunResult ref = runSingle(singleDevice(c), 4);
+        auto par = runParallel(c, 4);
+        ASSERT_TRUE(par.isOk()) << recipe << ": " << par.status().toString();
+        ASSERT_EQ(par->losses.size(), ref.losses.size());
+        for (size_t s = 0; s < ref.losses.size(); ++s)
+            EXPECT_NEAR(par->losses[s], ref.losses[s], 1e-3 * ref.losses[s]) << recipe << " step " << s + 1;
+        EXPECT_NEAR(par->losses[0], ref.losses[0], 1e-5 * ref.losses[0]) << recipe << ": the first forward is exact";
+        EXPECT_LT(ref.losses.back(), ref.losses.front()) << recipe;
+        // The recipe is really on: the delayed recipe gives other numbers.
+        engine::Config d = singleDevice(c);
+        d.fp8_recipe = "delayed";
+        EXPECT_NE(runSingle(d, 2).losses[1], ref.losses[1]) << recipe;
+    }
+}
+
+TEST(Fp8BlockRecipes, WhatIsNotExecutedIsRefusedByName) {
+    struct Case {
+        const char* recipe;
+        std::function<void(engine::Config&)> set;
+        const char* want;
+    };
+    for (const Case& k : {Case{"mxfp8", [](engine::Config& c) { c.num_moe_experts = 4; c.add_bias_linear = false; },
+                               "num_moe_experts"},
+                          Case{"blockwise", [](engine::Config& c) { c.context_parallel_size = 2; }, "context_parallel_size"},
+                          // hidden 32 over tp 2: linear_proj's shard of 16 is not whole 32-blocks
+                          Case{"mxfp8", [](engine::Config& c) {
+                                   c.tensor_model_parallel_size = 2;
+                                   c.sequence_parallel = true;
+                               },
+                               "must be a multiple of 32"}}) {
+        engine::Config c = fp8Config("e4m3", k.recipe);
+        k.set(c);
+        auto d = engine::modelDimsFromConfig(c);
+        ASSERT_FALSE(d.isOk()) << k.want;
+        EXPECT_NE(d.status().message().find(k.want), std::string::npos) << d.status().message();
+    }
+    EXPECT_TRUE(engine::modelDimsFromConfig(fp8Config("hybrid", "mxfp8")).isOk());
+}
+
+// No delayed state for block recipes (current scaling per block): the checkpoint carries none,
+// and a resumed run continues exactly.
+TEST(Fp8BlockRecipes, CheckpointsCarryNoScalingState) {
+    engine::Config c = fp8Config("e4m3", "mxfp8");
+    const std::string dir = ::testing::TempDir() + "/ts_fp8_mx_ckpt";
+    std::filesystem::remove_all(dir);
+    const RunResult straight = runSingle(c, 3);
+    auto saved = trainSingle(c, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    std::ifstream in(dir + "/checkpoint.json");
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_TRUE(!j.contains("fp8") || j["fp8"].is_null() || j["fp8"].empty()) << j["fp8"].dump();
+    auto resumed = trainSingle(c, 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    EXPECT_EQ(resumed->losses[0], straight.losses[2]);
+    std::filesystem::remove_all(dir);
 }
 
 }  // namespace

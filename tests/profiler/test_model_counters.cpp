@@ -215,3 +215,25 @@ TEST(ModelCounters, RunWithoutThemHasNoSections) {
     EXPECT_EQ(text.find("MoE router"), std::string::npos) << text;
     EXPECT_EQ(text.find("FP8 ("), std::string::npos) << text;
 }
+
+// FP8 state of MoE experts: "fp8.layer<L>.expert<E>.<linear>.<slot>" is a tensor of layer L,
+// one per global expert; ranks holding the same expert (edp replicas) are merged.
+TEST(ModelCounters, Fp8ExpertTensorsAreTheirOwnTensors) {
+    TraceBuilder b;
+    uint32_t h0 = b.track(0, TrackKind::HostThread), h1 = b.track(1, TrackKind::HostThread);
+    b.putStep(h0, 0, 0, 1000);
+    b.putStep(h1, 0, 0, 1000);
+    fp8(b, 0, "layer3.expert5.linear_fc1.grad", 100, 0.25, 4096);
+    fp8(b, 1, "layer3.expert5.linear_fc1.grad", 110, 0.5, 2048);
+    fp8(b, 1, "layer3.expert12.linear_fc2.input", 110, 2, 224);
+    auto doc = analyzeRun(b.done(), AnalyzeOptions{});
+    ASSERT_TRUE(doc.isOk()) << doc.status().toString();
+    const auto& t = (*doc)["fp8"]["tensors"];
+    ASSERT_EQ(t.size(), 2u);
+    EXPECT_EQ(t[0]["tensor"], "layer3.expert12.linear_fc2.input");  // by layer, then name
+    EXPECT_EQ(t[1]["tensor"], "layer3.expert5.linear_fc1.grad");
+    EXPECT_EQ(t[1]["layer"], 3);
+    EXPECT_EQ(t[1]["ranks"], 2);
+    EXPECT_DOUBLE_EQ(t[1]["amax"].get<double>(), 0.5);
+    EXPECT_DOUBLE_EQ(t[1]["scale_min"].get<double>(), 2048);
+}

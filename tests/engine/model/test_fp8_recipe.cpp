@@ -5,7 +5,11 @@
 #include <cfloat>
 #include <cmath>
 
+#include <random>
+#include <vector>
+
 #include "engine/model/fp8.h"
+#include "kernels/cpu/fp8_block.h"
 
 namespace ts::engine {
 namespace {
@@ -97,11 +101,146 @@ TEST(Fp8Recipe, FromConfig) {
     EXPECT_TRUE(r->layerInFp8(4, 6));
     EXPECT_FALSE(r->layerInFp8(5, 6));
     c.fp8_recipe = "mxfp8";
+    auto mx = Fp8Recipe::fromConfig(c);
+    ASSERT_TRUE(mx.isOk()) << mx.status().message();
+    EXPECT_TRUE(mx->block == Fp8Recipe::Block::Mxfp8 && !mx->delayed);
+    c.fp8_recipe = "blockwise";
+    EXPECT_TRUE(Fp8Recipe::fromConfig(c)->block == Fp8Recipe::Block::Blockwise);
+    c.fp8_recipe = "custom";
     auto bad = Fp8Recipe::fromConfig(c);
     ASSERT_FALSE(bad.isOk());
-    EXPECT_NE(bad.status().message().find("mxfp8"), std::string::npos);
+    EXPECT_NE(bad.status().message().find("custom"), std::string::npos);
     c.fp8 = "";
     EXPECT_FALSE(Fp8Recipe::fromConfig(c)->enabled);
+}
+
+// The experts' in-op quantization (fp8QuantizeInPlace): delayed uses the meta's scale and
+// observes the amax; tensorwise takes the scale from this tensor; a gradient's amax and scale
+// are for values gradDivisor times smaller; no rows observe amax 0 and keep the scale.
+TEST(Fp8Recipe, QuantizeInPlaceForExpertRows) {
+    Fp8Recipe r;
+    r.enabled = true;
+    r.backward = kernels::cpu::Fp8Format::E5M2;
+    Fp8Meta m;
+    m.reset(2);
+    m.scale = 2.0f;
+    std::vector<float> x = {1.0f, -3.0f, 0.3f};
+    fp8QuantizeInPlace(r, m, false, 1.0f, x.data(), 3);
+    EXPECT_EQ(m.history[0], 3.0f);
+    EXPECT_EQ(m.scale, 2.0f);
+    EXPECT_EQ(x[1], -3.0f);               // 6 is an E4M3 value
+    EXPECT_EQ(x[2], 0.3125f);             // 0.6 -> 0.625 (E4M3 step 1/16 at [0.5, 1)), / 2
+    std::vector<float> g = {-8.0f, 1.0f};
+    Fp8Meta mg;
+    mg.reset(1);
+    fp8QuantizeInPlace(r, mg, true, 4.0f, g.data(), 2);
+    EXPECT_EQ(mg.history[0], 2.0f);       // 8 / 4
+    fp8QuantizeInPlace(r, mg, true, 4.0f, nullptr, 0);
+    EXPECT_EQ(mg.history[0], 2.0f);       // delayed: amax 0 changes nothing
+    r.delayed = false;
+    std::vector<float> t = {0.5f, -7.0f};
+    Fp8Meta mt;
+    mt.reset(1);
+    fp8QuantizeInPlace(r, mt, false, 1.0f, t.data(), 2);
+    EXPECT_EQ(mt.history[0], 7.0f);
+    EXPECT_EQ(mt.scale, 448.0f / 7.0f);
+    EXPECT_FLOAT_EQ(t[1], -7.0f);
+    fp8QuantizeInPlace(r, mt, false, 1.0f, nullptr, 0);
+    EXPECT_EQ(mt.history[0], 0.0f);
+    EXPECT_EQ(mt.scale, 448.0f / 7.0f);   // kept
+}
+
+// Block recipes: the backward of y = x W^T takes each GEMM's operands quantized along that GEMM's
+// reduction dimension, all from high precision (REFERENCE.md §6.4): dgrad dy (blocks along out)
+// times W (along out), wgrad dy^T x (both along the tokens). Reference: the block quantizations
+// (kernels/cpu/fp8_block.h, tested against their own reference in tests/kernels) with the
+// directions written out here, and the GEMMs in double.
+TEST(Fp8Recipe, BlockLinearBackwardQuantizesAlongEachGemmsReduction) {
+    namespace kc = kernels::cpu;
+    const int T = 64, in = 64, out = 96;
+    std::mt19937 gen(3);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    // Magnitudes vary along both dimensions (2^18 down a column, 2^12 along a row). With
+    // power-of-two scales a block's scale moves every normal FP8 value by the same power of two,
+    // so the direction shows where a block's range reaches FP8's subnormals: down a column here.
+    auto matrix = [&](int rows, int cols) {
+        std::vector<float> m(static_cast<size_t>(rows) * cols);
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) m[size_t(r) * cols + c] = std::ldexp(nd(gen), (r % 7) * 3 - (c % 5) * 3);
+        return m;
+    };
+    const std::vector<float> dy = matrix(T, out), W = matrix(out, in);
+    // x: every 32nd column 2^20 larger. Along a row, its blocks are dominated by that column and
+    // the rest of the row falls below FP8's smallest subnormal; along a column nothing does.
+    std::vector<float> x = matrix(T, in);
+    for (int t = 0; t < T; ++t)
+        for (int i = 0; i < in; i += 32) x[size_t(t) * in + i] = std::ldexp(x[size_t(t) * in + i], 20);
+    for (const char* recipe : {"mxfp8", "blockwise"}) {
+        Config c;
+        c.bf16 = true;
+        c.fp8 = "hybrid";
+        c.fp8_recipe = recipe;
+        const Fp8Recipe r = *Fp8Recipe::fromConfig(c);
+        const bool mx = r.block == Fp8Recipe::Block::Mxfp8;
+        const kc::Fp8BlockKind act = mx ? kc::Fp8BlockKind::Mx1x32 : kc::Fp8BlockKind::Block1x128;
+        const kc::Fp8BlockKind wk = mx ? kc::Fp8BlockKind::Mx1x32 : kc::Fp8BlockKind::Block128x128;
+        auto q = [&](const std::vector<float>& m, int rows, int cols, kc::Fp8BlockKind kind, bool alongRows,
+                     kc::Fp8Format f) {
+            std::vector<float> y(m.size());
+            kc::fp8BlockQuantizeDequantize(m.data(), y.data(), nullptr, nullptr, rows, cols, kind, alongRows, f);
+            return y;
+        };
+        const auto dyRow = q(dy, T, out, act, true, kc::Fp8Format::E5M2);
+        const auto dyCol = q(dy, T, out, act, false, kc::Fp8Format::E5M2);
+        const auto xCol = q(x, T, in, act, false, kc::Fp8Format::E4M3);
+        const auto wCol = q(W, out, in, wk, false, kc::Fp8Format::E4M3);
+        // The weight copy the model's dgrad uses, and the forward's input and weight (along in).
+        std::vector<float> buf, buf2;
+        const float* Wc = fp8BlockOperand(r, W.data(), out, in, false, true, false, buf);
+        EXPECT_EQ(std::vector<float>(Wc, Wc + W.size()), wCol) << recipe;
+        const float* xr = fp8BlockOperand(r, x.data(), T, in, true, false, false, buf2);
+        EXPECT_EQ(std::vector<float>(xr, xr + x.size()), q(x, T, in, act, true, kc::Fp8Format::E4M3)) << recipe;
+        std::vector<double> dxRef(size_t(T) * in, 0.0), dwRef(size_t(out) * in, 0.0);
+        for (int t = 0; t < T; ++t)
+            for (int o = 0; o < out; ++o)
+                for (int i = 0; i < in; ++i) {
+                    dxRef[size_t(t) * in + i] += double(dyRow[size_t(t) * out + o]) * wCol[size_t(o) * in + i];
+                    dwRef[size_t(o) * in + i] += double(dyCol[size_t(t) * out + o]) * xCol[size_t(t) * in + i];
+                }
+        std::vector<float> dx(size_t(T) * in), dW(size_t(out) * in, 0.f);
+        fp8BlockLinearBackward(r, dy.data(), x.data(), Wc, dx.data(), dW.data(), T, in, out);
+        auto relErr = [](const std::vector<float>& a, const std::vector<double>& ref) {
+            double e = 0, n = 0;
+            for (size_t i = 0; i < ref.size(); ++i) {
+                e += (a[i] - ref[i]) * (a[i] - ref[i]);
+                n += ref[i] * ref[i];
+            }
+            return std::sqrt(e / n);
+        };
+        EXPECT_LT(relErr(dx, dxRef), 1e-6) << recipe;
+        EXPECT_LT(relErr(dW, dwRef), 1e-6) << recipe;
+        // Sensitive to the direction: the wgrad with x quantized along its rows (the forward's
+        // copy, reused) differs from the right one by more than the tolerance above.
+        const auto xRow = q(x, T, in, act, true, kc::Fp8Format::E4M3);
+        std::vector<double> wrong(size_t(out) * in, 0.0);
+        for (int t = 0; t < T; ++t)
+            for (int o = 0; o < out; ++o)
+                for (int i = 0; i < in; ++i)
+                    wrong[size_t(o) * in + i] += double(dyCol[size_t(t) * out + o]) * xRow[size_t(t) * in + i];
+        auto relErrSmallColumns = [&](const std::vector<float>& a, const std::vector<double>& ref) {
+            double e = 0, n = 0;
+            for (int o = 0; o < out; ++o)
+                for (int i = 0; i < in; ++i)
+                    if (i % 32 != 0) {
+                        const double d = a[size_t(o) * in + i] - ref[size_t(o) * in + i];
+                        e += d * d;
+                        n += ref[size_t(o) * in + i] * ref[size_t(o) * in + i];
+                    }
+            return std::sqrt(e / n);
+        };
+        EXPECT_LT(relErrSmallColumns(dW, dwRef), 1e-6) << recipe;
+        EXPECT_GT(relErrSmallColumns(dW, wrong), 0.5) << recipe;
+    }
 }
 
 }  // namespace

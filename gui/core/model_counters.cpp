@@ -92,11 +92,12 @@ Fp8View fp8ViewOf(const json& doc) {
         for (const auto& t : fp8["tensors"]) {
             Fp8TensorRow r;
             r.tensor = str(t, "tensor");
-            // layer<L>.<linear>.<slot>: sortable by linear or by slot (input, weight, grad).
+            // layer<L>.<linear>.<slot>, or with the expert / shared experts in between
+            // (layer<L>.expert<E>.<linear>.<slot>): sortable by linear or by slot.
             const QStringList parts = r.tensor.split(QLatin1Char('.'));
-            if (parts.size() == 3) {
-                r.linear = parts[1];
-                r.slot = parts[2];
+            if (parts.size() >= 3) {
+                r.linear = parts.mid(1, parts.size() - 2).join(QLatin1Char('.'));
+                r.slot = parts.last();
             }
             r.layer = integer(t, "layer", -1);
             r.amax = num(t, "amax");

@@ -138,6 +138,21 @@ TEST(CounterPanels, MoeRunShowsEveryLayerAndExpertAndADenseRunNoTab) {
     EXPECT_TRUE(p->headerText().contains(QStringLiteral("no MoE layers")));
 }
 
+// Tensors of MoE layers carry the expert (or the shared experts) between layer and linear; the
+// Linear column keeps it, the Slot column is the last part.
+TEST(CounterPanels, Fp8TableSplitsExpertAndSharedExpertNames) {
+    const json doc = {{"fp8",
+                       {{"tensor_count", 2},
+                        {"tensors", json::array({{{"tensor", "layer1.expert3.linear_fc1.grad"}, {"layer", 1}, {"amax", 1}, {"scale_min", 2}, {"scale_max", 2}, {"ranks", 1}},
+                                                 {{"tensor", "layer0.shared_experts.linear_fc2.input"}, {"layer", 0}, {"amax", 1}, {"scale_min", 3}, {"scale_max", 3}, {"ranks", 1}}})}}}};
+    const Fp8View v = fp8ViewOf(doc);
+    ASSERT_EQ(v.tensors.size(), 2u);
+    EXPECT_EQ(v.tensors[0].linear, QStringLiteral("expert3.linear_fc1"));
+    EXPECT_EQ(v.tensors[0].slot, QStringLiteral("grad"));
+    EXPECT_EQ(v.tensors[1].linear, QStringLiteral("shared_experts.linear_fc2"));
+    EXPECT_EQ(v.tensors[1].slot, QStringLiteral("input"));
+}
+
 TEST(CounterPanels, Fp8TableSortsByValueAndMarksTheExtremeScales) {
     test::ensureApp();
     const json doc = {

@@ -285,8 +285,8 @@ std::vector<KnobDef> buildRegistry() {
     r.f("init_method_std", &C::init_method_std, "--init-method-std", "model.init_method_std",
         "Std of the normal weight initialization.");
     rules(r.i("num_moe_experts", &C::num_moe_experts, "--num-experts", "model.num_moe_experts",
-              "Number of MoE experts; 0 = dense MLP (every layer becomes MoE: moe_layer_freq 1; the engine runs "
-              "experts dropless, without biases, with expert_model_parallel_size 1 and tensor_model_parallel_size 1)."),
+              "Number of MoE experts; 0 = dense MLP. The layers moe_layer_freq marks (every layer by default) "
+              "become MoE layers; the engine runs their experts without biases (add_bias_linear: false)."),
           "divisible by expert_model_parallel_size");
 
     r.group = "parallel";

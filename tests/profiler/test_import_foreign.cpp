@@ -60,7 +60,9 @@ TEST(ImportForeign, KinetoSyncTritonAnnotationsAndOldMemoryEvents) {
             EXPECT_NE(t.kind, TrackKind::HostThread);
             EXPECT_EQ(t.streamIndex, 7);
         }
-        if (n == "Event Sync") EXPECT_EQ(t.kind, TrackKind::HostThread);  // stream -1: not on a stream
+        if (n == "Event Sync") {
+            EXPECT_EQ(t.kind, TrackKind::HostThread);  // stream -1: not on a stream
+        }
         if (n == "ProfilerStep#1") {
             ++annotations;
             EXPECT_NE(t.kind, TrackKind::HostThread);

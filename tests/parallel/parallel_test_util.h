@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/parallel/parallel_trainer.h"
 #include "engine/train/trainer.h"
 #include "tests/test_baseline_config.h"
@@ -208,6 +210,7 @@ inline void expectCheckpointResumesOnOneDevice(const engine::Config& c, const st
 struct OneStep {
     double loss = 0;
     std::map<std::string, std::vector<float>> grads, params;
+    nlohmann::json fp8;  // the model's FP8 state after the step (history[0] holds its amaxes); null without FP8
 };
 
 inline OneStep oneStep(engine::Config c, const std::function<void(engine::ParamBuffer&)>& edit = {}) {
@@ -228,11 +231,46 @@ inline OneStep oneStep(engine::Config c, const std::function<void(engine::ParamB
     const Status st = (*t)->step(&p);
     EXPECT_TRUE(st.isOk()) << st.toString();
     out.loss = p.loss;
+    out.fp8 = (*t)->model().fp8State();
     for (int i = 0; i < pb.count(); ++i) {
         out.grads[pb.info(i).name].assign(pb.mainGrad(i), pb.mainGrad(i) + pb.info(i).numel);
         out.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
     }
     return out;
+}
+
+// The gradient of `c`'s one-step loss with respect to the entries of each named param with the
+// largest gradients (`perParam` of them) against central finite differences (step eps): within
+// `rel` of the numeric value plus 1e-5. Returns how many entries were checked.
+inline int expectGradientsMatchFiniteDifferences(const engine::Config& c, const std::vector<std::string>& names,
+                                                 int perParam, double rel = 0.05, double eps = 1e-2) {
+    const OneStep base = oneStep(c);
+    int checked = 0;
+    for (const std::string& name : names) {
+        auto git = base.grads.find(name);
+        if (git == base.grads.end()) {
+            ADD_FAILURE() << "no param " << name;
+            continue;
+        }
+        const std::vector<float>& g = git->second;
+        std::vector<size_t> idx(g.size());
+        for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+        const size_t n = std::min(idx.size(), size_t(perParam));
+        std::partial_sort(idx.begin(), idx.begin() + long(n), idx.end(),
+                          [&](size_t a, size_t b) { return std::fabs(g[a]) > std::fabs(g[b]); });
+        for (size_t k = 0; k < n; ++k) {
+            const size_t j = idx[k];
+            double l[2];
+            for (int sgn = 0; sgn < 2; ++sgn)
+                l[sgn] = oneStep(c, [&](engine::ParamBuffer& pb) { pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps); })
+                             .loss;
+            const double numeric = (l[0] - l[1]) / (2 * eps);
+            EXPECT_GT(std::fabs(numeric), 1e-6) << name << "[" << j << "]: a gradient to check";
+            EXPECT_NEAR(g[j], numeric, rel * std::fabs(numeric) + 1e-5) << name << "[" << j << "]";
+            ++checked;
+        }
+    }
+    return checked;
 }
 
 // Losses and grad norms per step and final weights within `tol` relative; the reference trained.

@@ -312,34 +312,6 @@ std::string expertWeight(int layer, int e, const char* lin) {
            ".weight";
 }
 
-struct Fp8Step {
-    double loss = 0;
-    nlohmann::json fp8;  // the model's FP8 state after the step: history[0] holds its amaxes
-    Params grads;
-};
-
-// One step with lr 0; `edit` may change the freshly initialized weights first.
-Fp8Step fp8Step(engine::Config c, const std::function<void(engine::ParamBuffer&)>& edit = {}) {
-    c.lr = c.min_lr = 0;
-    c.clip_grad = 0;
-    c.weight_decay = 0;
-    Fp8Step out;
-    auto t = engine::Trainer::create(c);
-    EXPECT_TRUE(t.isOk()) << t.status().toString();
-    if (!t.isOk()) return out;
-    engine::ParamBuffer& pb = (*t)->model().params();
-    if (edit) {
-        edit(pb);
-        pb.syncModelParams();
-    }
-    engine::StepProgress p;
-    const Status st = (*t)->step(&p);
-    EXPECT_TRUE(st.isOk()) << st.toString();
-    out.loss = p.loss;
-    out.fp8 = (*t)->model().fp8State();
-    for (int i = 0; i < pb.count(); ++i) out.grads[pb.info(i).name].assign(pb.mainGrad(i), pb.mainGrad(i) + pb.info(i).numel);
-    return out;
-}
 
 double amaxOf(const nlohmann::json& state, const std::string& tensor) {
     return state.at(tensor).at("history").at(0).get<double>();  // this step's, before the next update rolls it
@@ -362,7 +334,7 @@ TEST(Fp8Moe, Top1ExpertsCopyingTheDenseMlpGiveTheFp8DenseModel) {
         engine::ParamBuffer& pb = (*t)->model().params();
         for (int i = 0; i < pb.count(); ++i) denseW[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
     }
-    const Fp8Step ref = fp8Step(dense);
+    const OneStep ref = oneStep(dense);
     auto copyDense = [&](engine::ParamBuffer& pb) {
         for (int layer = 0; layer < 2; ++layer)
             for (int e = 0; e < 4; ++e)
@@ -373,10 +345,10 @@ TEST(Fp8Moe, Top1ExpertsCopyingTheDenseMlpGiveTheFp8DenseModel) {
                     std::copy(w.begin(), w.end(), pb.mainParam(i));
                 }
     };
-    const Fp8Step got = fp8Step(fp8MoeConfig(4, 1), copyDense);
+    const OneStep got = oneStep(fp8MoeConfig(4, 1), copyDense);
     engine::Config bf = fp8MoeConfig(4, 1);
     bf.fp8 = "";
-    const Fp8Step noFp8 = fp8Step(bf, copyDense);
+    const OneStep noFp8 = oneStep(bf, copyDense);
     // Closer to the FP8 dense model than FP8 is to bf16 by far (FP8 really runs in the experts):
     // measured 4.1730148 (FP8 MoE), 4.1730142 (FP8 dense), 4.1731251 (bf16 MoE).
     const double toDense = std::fabs(got.loss - ref.loss), fp8Effect = std::fabs(got.loss - noFp8.loss);
@@ -533,7 +505,7 @@ TEST(Fp8Moe, FirstLastLayersBf16CoversMoeLayers) {
     c.first_last_layers_bf16 = true;
     c.num_layers_at_start_in_bf16 = 1;
     c.num_layers_at_end_in_bf16 = 0;
-    const Fp8Step s = fp8Step(c);
+    const OneStep s = oneStep(c);
     EXPECT_FALSE(s.fp8.contains("layer0.expert0.linear_fc1.input"));
     EXPECT_FALSE(s.fp8.contains("layer0.linear_qkv.input"));
     EXPECT_TRUE(s.fp8.contains("layer1.expert3.linear_fc2.grad"));

@@ -71,34 +71,13 @@ TEST(Moe, ExpertsThatCopyTheDenseMlpGiveTheDenseModel) {
 TEST(Moe, RouterAndExpertGradientsMatchFiniteDifferences) {
     engine::Config c = moeConfig(4, 2);
     c.init_method_std = 0.2;  // routing decided by clear margins: small steps do not flip it
-    const OneStep base = oneStep(c);
-    struct Probe {
-        std::string name;
-    };
-    int checked = 0;
-    for (const std::string& name : {std::string("decoder.layers.1.mlp.router.weight"),
-                                    std::string("decoder.layers.0.mlp.router.weight"), expertName(1, 2, "linear_fc1"),
-                                    expertName(0, 1, "linear_fc2")}) {
-        const auto& g = base.grads.at(name);
-        // the entries with the largest gradients
-        std::vector<size_t> idx(g.size());
-        for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-        std::partial_sort(idx.begin(), idx.begin() + 2, idx.end(),
-                          [&](size_t a, size_t b) { return std::fabs(g[a]) > std::fabs(g[b]); });
-        for (int n = 0; n < 2; ++n) {
-            const size_t j = idx[size_t(n)];
-            const double eps = 1e-2;
-            double l[2];
-            for (int sgn = 0; sgn < 2; ++sgn)
-                l[sgn] = oneStep(c, [&](engine::ParamBuffer& pb) {
-                             pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps);
-                         }).loss;
-            const double numeric = (l[0] - l[1]) / (2 * eps);
-            EXPECT_NEAR(g[j], numeric, 0.05 * std::fabs(numeric) + 1e-5) << name << "[" << j << "]";
-            ++checked;
-        }
-    }
-    EXPECT_EQ(checked, 8);
+    // the two entries with the largest gradients of each
+    EXPECT_EQ(expectGradientsMatchFiniteDifferences(c,
+                                                    {"decoder.layers.1.mlp.router.weight",
+                                                     "decoder.layers.0.mlp.router.weight", expertName(1, 2, "linear_fc1"),
+                                                     expertName(0, 1, "linear_fc2")},
+                                                    2),
+              8);
 }
 
 // Router weights of every MoE layer set to 0: equal logits, so uniform routing (ties to the
@@ -246,24 +225,9 @@ TEST(Moe, GradientsWithDroppedTokensMatchFiniteDifferences) {
     engine::Config c = moeConfig(4, 2);
     c.init_method_std = 0.2;
     c.moe_expert_capacity_factor = 0.75;  // cap = 12 of T*k/E = 16 on average: copies are dropped
-    const OneStep base = oneStep(c);
-    int checked = 0;
-    for (const std::string& name :
-         {std::string("decoder.layers.1.mlp.router.weight"), expertName(1, 2, "linear_fc1"), expertName(0, 1, "linear_fc2")}) {
-        const auto& g = base.grads.at(name);
-        size_t j = 0;
-        for (size_t i = 1; i < g.size(); ++i)
-            if (std::fabs(g[i]) > std::fabs(g[j])) j = i;
-        const double eps = 1e-2;
-        double l[2];
-        for (int sgn = 0; sgn < 2; ++sgn)
-            l[sgn] = oneStep(c, [&](engine::ParamBuffer& pb) { pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps); })
-                         .loss;
-        const double numeric = (l[0] - l[1]) / (2 * eps);
-        EXPECT_NEAR(g[j], numeric, 0.05 * std::fabs(numeric) + 1e-5) << name << "[" << j << "]";
-        ++checked;
-    }
-    EXPECT_EQ(checked, 3);
+    EXPECT_EQ(expectGradientsMatchFiniteDifferences(
+                  c, {"decoder.layers.1.mlp.router.weight", expertName(1, 2, "linear_fc1"), expertName(0, 1, "linear_fc2")}, 1),
+              3);
 }
 
 // moe_layer_freq 2: layers 0 and 2 are MoE, 1 and 3 keep the dense MLP (Megatron's pattern

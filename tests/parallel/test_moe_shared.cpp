@@ -139,31 +139,12 @@ TEST(MoeShared, SharedAndGateGradientsMatchFiniteDifferences) {
     engine::Config c = sharedConfig(true);
     c.init_method_std = 0.2;  // routing decided by clear margins: small steps do not flip it
     c.moe_aux_loss_coeff = 0.01;
-    const OneStep base = oneStep(c);
-    int checked = 0;
-    for (const std::string& name :
-         {layerName(1, "shared_experts.linear_fc1.weight"), layerName(0, "shared_experts.linear_fc2.weight"),
-          layerName(0, "shared_experts.gate_weight"), layerName(1, "shared_experts.gate_weight")}) {
-        const auto& g = base.grads.at(name);
-        std::vector<size_t> idx(g.size());
-        for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-        std::partial_sort(idx.begin(), idx.begin() + 2, idx.end(),
-                          [&](size_t a, size_t b) { return std::fabs(g[a]) > std::fabs(g[b]); });
-        for (int n = 0; n < 2; ++n) {
-            const size_t j = idx[size_t(n)];
-            const double eps = 1e-2;
-            double l[2];
-            for (int sgn = 0; sgn < 2; ++sgn)
-                l[sgn] = oneStep(c, [&](engine::ParamBuffer& pb) {
-                             pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps);
-                         }).loss;
-            const double numeric = (l[0] - l[1]) / (2 * eps);
-            EXPECT_GT(std::fabs(numeric), 1e-6) << name << "[" << j << "]: a gradient to check";
-            EXPECT_NEAR(g[j], numeric, 0.05 * std::fabs(numeric) + 1e-5) << name << "[" << j << "]";
-            ++checked;
-        }
-    }
-    EXPECT_EQ(checked, 8);
+    EXPECT_EQ(expectGradientsMatchFiniteDifferences(
+                  c,
+                  {layerName(1, "shared_experts.linear_fc1.weight"), layerName(0, "shared_experts.linear_fc2.weight"),
+                   layerName(0, "shared_experts.gate_weight"), layerName(1, "shared_experts.gate_weight")},
+                  2),
+              8);
 }
 
 TEST(MoeShared, FlopsAddADenseMlpOfTheSharedSizePerMoeLayer) {

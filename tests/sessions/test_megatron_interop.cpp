@@ -132,7 +132,9 @@ std::vector<std::pair<std::string, Config>> exampleConfigs() {
 Config everyKnob(bool on) {
     Config c;
     for (const auto& k : engine::knobRegistry())
-        if (k.type == KnobType::Bool) EXPECT_EQ(k.set(c, json(on)), "") << k.name;
+        if (k.type == KnobType::Bool) {
+            EXPECT_EQ(k.set(c, json(on)), "") << k.name;
+        }
     c.position_embedding_type = "rope";
     c.rotary_base = 500000;
     c.num_moe_experts = 8;
@@ -214,10 +216,12 @@ TEST(MegatronInterop, RegistryDefaultsAreMegatronLMs) {
     for (const auto& k : engine::knobRegistry()) {
         if (k.type == KnobType::Bool) {
             // A knob with only a set-flag is one Megatron defaults off; only a clear-flag, on.
-            if (!k.megatronFlag.empty() && k.megatronFalseFlag.empty())
+            if (!k.megatronFlag.empty() && k.megatronFalseFlag.empty()) {
                 EXPECT_EQ(k.get(defaults), json(false)) << k.name;
-            if (k.megatronFlag.empty() && !k.megatronFalseFlag.empty())
+            }
+            if (k.megatronFlag.empty() && !k.megatronFalseFlag.empty()) {
                 EXPECT_EQ(k.get(defaults), json(true)) << k.name;
+            }
             continue;
         }
         if (k.megatronFlag.empty() || !t.byFlag.count(k.megatronFlag)) continue;
@@ -482,7 +486,9 @@ TEST(BridgeInterop, TableIsGeneratedFromARecordedUpstreamCommit) {
 
 TEST(BridgeInterop, EveryRegistryPathIsAField) {
     for (const auto& k : engine::knobRegistry())
-        if (!k.bridgePath.empty()) EXPECT_TRUE(bridgeTable().byPath.count(k.bridgePath)) << k.name << ": " << k.bridgePath;
+        if (!k.bridgePath.empty()) {
+            EXPECT_TRUE(bridgeTable().byPath.count(k.bridgePath)) << k.name << ": " << k.bridgePath;
+        }
 }
 
 TEST(BridgeInterop, EveryExportIsFieldsWithTheirTypes) {

@@ -38,6 +38,28 @@ std::string fp8TensorName(int globalLayer, int lin, int slot, bool moeLayer = fa
     return "layer" + std::to_string(globalLayer) + "." + (moeLayer && lin >= kFirstMlpLinear ? "shared_experts." : "") +
            kLinearNames[lin] + "." + kSlotNames[slot];
 }
+// One checkpoint entry of an FP8 tensor's delayed-scaling state into `m`, checked (dense and expert tensors).
+Status readFp8Entry(const nlohmann::json& e, const std::string& key, Fp8Meta& m) {
+    auto bad = [&](const std::string& why) { return Status::invalid("fp8 state of " + key + ": " + why); };
+    if (!e.is_object() || !e.contains("history") || !e.contains("scale") || !e["history"].is_array() ||
+        !e["scale"].is_number())
+        return bad("needs a history array and a scale");
+    const nlohmann::json& h = e["history"];
+    if (h.size() != m.history.size())
+        return bad("amax history of " + std::to_string(h.size()) + " entries, the config has fp8_amax_history_len " +
+                   std::to_string(m.history.size()) + "; resume with the same length");
+    std::vector<float> hist;
+    for (const auto& v : h) {
+        if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+            return bad("amax values must be finite and >= 0");
+        hist.push_back(v.get<float>());
+    }
+    const double sc = e["scale"].get<double>();
+    if (!std::isfinite(sc) || sc <= 0) return bad("scale must be finite and > 0");
+    m.history = std::move(hist);
+    m.scale = float(sc);
+    return Status::ok();
+}
 }  // namespace
 
 bool GptModel::fp8Layer(int li) const {
@@ -82,27 +104,8 @@ Status GptModel::setFp8State(const nlohmann::json& state) {
                 if (key.empty()) continue;
                 auto it = state.find(key);
                 if (it == state.end()) continue;
-                auto bad = [&](const std::string& why) {
-                    return Status::invalid("fp8 state of " + key + ": " + why);
-                };
-                if (!it->is_object() || !it->contains("history") || !it->contains("scale") ||
-                    !(*it)["history"].is_array() || !(*it)["scale"].is_number())
-                    return bad("needs a history array and a scale");
-                Fp8Meta& m = (*m_fp8Meta)[(li * kLinears + size_t(lin)) * kSlots + size_t(slot)];
-                const nlohmann::json& h = (*it)["history"];
-                if (h.size() != m.history.size())
-                    return bad("amax history of " + std::to_string(h.size()) + " entries, the config has fp8_amax_history_len " +
-                               std::to_string(m.history.size()) + "; resume with the same length");
-                std::vector<float> hist;
-                for (const auto& v : h) {
-                    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
-                        return bad("amax values must be finite and >= 0");
-                    hist.push_back(v.get<float>());
-                }
-                const double sc = (*it)["scale"].get<double>();
-                if (!std::isfinite(sc) || sc <= 0) return bad("scale must be finite and > 0");
-                m.history = std::move(hist);
-                m.scale = float(sc);
+                TS_RETURN_IF_ERROR(
+                    readFp8Entry(*it, key, (*m_fp8Meta)[(li * kLinears + size_t(lin)) * kSlots + size_t(slot)]));
             }
     }
     TS_RETURN_IF_ERROR(setFp8ExpertState(state));
@@ -259,28 +262,6 @@ const char* kExpLinearNames[2] = {"linear_fc1", "linear_fc2"};
 std::string fp8ExpertTensorName(int globalLayer, int globalExpert, int lin, int slot) {
     return "layer" + std::to_string(globalLayer) + ".expert" + std::to_string(globalExpert) + "." +
            kExpLinearNames[lin] + "." + kSlotNames[slot];
-}
-// One checkpoint entry into `m` (same checks as the dense tensors').
-Status readFp8Entry(const nlohmann::json& e, const std::string& key, Fp8Meta& m) {
-    auto bad = [&](const std::string& why) { return Status::invalid("fp8 state of " + key + ": " + why); };
-    if (!e.is_object() || !e.contains("history") || !e.contains("scale") || !e["history"].is_array() ||
-        !e["scale"].is_number())
-        return bad("needs a history array and a scale");
-    const nlohmann::json& h = e["history"];
-    if (h.size() != m.history.size())
-        return bad("amax history of " + std::to_string(h.size()) + " entries, the config has fp8_amax_history_len " +
-                   std::to_string(m.history.size()) + "; resume with the same length");
-    std::vector<float> hist;
-    for (const auto& v : h) {
-        if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
-            return bad("amax values must be finite and >= 0");
-        hist.push_back(v.get<float>());
-    }
-    const double sc = e["scale"].get<double>();
-    if (!std::isfinite(sc) || sc <= 0) return bad("scale must be finite and > 0");
-    m.history = std::move(hist);
-    m.scale = float(sc);
-    return Status::ok();
 }
 }  // namespace
 

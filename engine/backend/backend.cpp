@@ -40,6 +40,25 @@ const char* backendName(BackendKind k) {
     return "unknown";
 }
 
+namespace {
+thread_local Stream* t_currentStream = nullptr;
+thread_local Status t_kernelError;
+}  // namespace
+
+Stream* currentStream() { return t_currentStream; }
+CurrentStreamScope::CurrentStreamScope(Stream* s) : m_prev(t_currentStream) { t_currentStream = s; }
+CurrentStreamScope::~CurrentStreamScope() { t_currentStream = m_prev; }
+
+void reportKernelError(const Status& s) {
+    if (!s.isOk() && t_kernelError.isOk()) t_kernelError = s;
+}
+
+Status takeKernelError() {
+    Status s = std::move(t_kernelError);
+    t_kernelError = Status::ok();
+    return s;
+}
+
 #ifndef TS_HAVE_CUDA
 Result<std::unique_ptr<Backend>> makeCudaBackend() {
     return Status::unsupported(

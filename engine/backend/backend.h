@@ -134,6 +134,26 @@ public:
     virtual Device& device(int index) = 0;
 };
 
+// The stream whose op this thread is running: a Stream implementation sets it around each fn
+// it runs (CUDA: submit() on the caller's thread; CPU: its worker thread), so the kernel
+// dispatch (engine/backend/kernels.h) launches on that stream. Null outside an op.
+Stream* currentStream();
+class CurrentStreamScope {
+public:
+    explicit CurrentStreamScope(Stream* s);
+    ~CurrentStreamScope();
+    CurrentStreamScope(const CurrentStreamScope&) = delete;
+    CurrentStreamScope& operator=(const CurrentStreamScope&) = delete;
+
+private:
+    Stream* m_prev;
+};
+// A kernel launched through the dispatch inside an op failed to launch (CUDA: bad launch,
+// cuBLAS error). Kept for the op: the stream running it takes it after fn returns
+// (takeKernelError) and fails like a fn returning that Status. The first error of an op wins.
+void reportKernelError(const Status& s);
+Status takeKernelError();
+
 // CPU backend with `virtualDevices` ranks (each a virtual device).
 std::unique_ptr<Backend> makeCpuBackend(int virtualDevices);
 // CUDA backend; Unsupported when not built with CUDA or no device is visible.

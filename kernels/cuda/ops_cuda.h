@@ -1,56 +1,211 @@
-// CUDA kernels: one op per .cu file with its launcher (as in llm.c), checked against the CPU
-// oracle (kernels/cpu/ops.h) by tests/gpu/test_kernels_cuda.cpp. Same shapes and semantics as
-// the CPU ops of the same name; pointers are device pointers, `stream` is a cudaStream_t
-// (nullptr = legacy default stream). Launches are asynchronous: a returned ok Status means the
-// launch was accepted; execution errors surface at the next synchronizing call. This header
-// needs no CUDA headers, so plain C++ code (engine, tests) can include it.
+// CUDA kernels: the CPU oracle's ops (kernels/cpu/ops.h, kernels/cpu/fp8_block.h) on device
+// memory, one op family per .cu file with its launcher (as in llm.c), each checked against the
+// CPU function of the same name by tests/gpu (label gpu).
+//
+// Contract, for every op below:
+// - Same name, arguments, shapes and semantics as the kernels::cpu function of that name
+//   (accumulate (+=) vs overwrite, null pointers meaning "skip", aliasing allowed where the CPU
+//   comment allows it), plus a trailing `stream` (a cudaStream_t; nullptr = legacy default
+//   stream). Pointers are device pointers unless a comment says host.
+// - Launches are asynchronous. The returned Status says whether the launch was accepted
+//   (bad shapes, launch configuration errors, cuBLAS errors); execution errors surface at the
+//   next synchronizing call.
+// - A CPU function that returns a value (a count, a sum) writes it here to a DEVICE scalar
+//   instead, so nothing synchronizes: the caller copies it back when it needs it.
+// - GEMMs go through cuBLAS(Lt) with fp32 accumulation. kernels/cuda keeps one cuBLAS and one
+//   cuBLASLt handle (and workspace) per (host thread, current device), created on first use and
+//   bound to `stream` for each call, so callers pass only the stream.
+// - Results equal the CPU oracle within a tolerance scaled to dtype and magnitude (summation
+//   order differs); element-exact where the op is (dropout masks, FP8 and bf16 rounding,
+//   embedding gathers, RNG).
+// This header needs no CUDA headers, so plain C++ code (engine, tests) can include it.
 #pragma once
 
 #include "common/status.h"
+#include "kernels/cpu/fp8_block.h"
+#include "kernels/cpu/ops.h"
 
 #include <cstddef>
 #include <cstdint>
 
 namespace ts::kernels::cuda {
 
+// The argument structs are the oracle's, so the two backends cannot drift apart.
+using cpu::AdamParams;
+using cpu::AttnDims;
+using cpu::CpAttnDims;
+using cpu::Fp8BlockKind;
+using cpu::Fp8Format;
+
 // --- runtime helpers (thin, Status-returning wrappers so callers need no CUDA headers) -----
 // Number of usable devices; 0 (and an ok Status) when there is no driver or no device.
 Status deviceCount(int* count);
+Status setDevice(int device);
 Status deviceAlloc(void** ptr, size_t bytes);
 Status deviceFree(void* ptr);
+Status hostAllocPinned(void** ptr, size_t bytes);
+Status hostFreePinned(void* ptr);
+// Synchronous copies (whole device).
 Status copyToDevice(void* dst, const void* src, size_t bytes);
 Status copyToHost(void* dst, const void* src, size_t bytes);
+// Asynchronous on `stream` (any direction; cudaMemcpyDefault).
+Status copyAsync(void* dst, const void* src, size_t bytes, void* stream);
+Status memsetAsync(void* dst, int value, size_t bytes, void* stream);
 Status streamCreate(void** stream);
 Status streamDestroy(void* stream);
 Status streamSynchronize(void* stream);
-// cuBLAS handle (cublasHandle_t) for linearForward; one per thread/stream user.
-Status cublasCreateHandle(void** handle);
-Status cublasDestroyHandle(void* handle);
+Status deviceSynchronize();
 
-// --- ops -----------------------------------------------------------------------------------
-// x, y: [T, C]; w, b: [C] (b may be null); mean, rstd: [T]. Biased variance, eps in the sqrt.
+// --- GEMM (row-major, as kernels::cpu) ------------------------------------------------------
+Status gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc, void* stream);
+Status gemmStridedBatched(bool transA, bool transB, int M, int N, int K, float alpha,
+                          const float* A, int lda, int64_t strideA, const float* B, int ldb,
+                          int64_t strideB, float beta, float* C, int ldc, int64_t strideC,
+                          int batch, void* stream);
+
+// --- Linear (y = x W^T + b), W[out, in] -----------------------------------------------------
+Status linearForward(const float* x, const float* W, const float* b, float* y, int T, int in,
+                     int out, void* stream);
+Status linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
+                      float* db, int T, int in, int out, void* stream);
+
+// --- Embedding ------------------------------------------------------------------------------
+// invalidCount (device int, may be null) receives the number of ids outside [0, vocabSize).
+Status embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
+                        int vocabStart, int vocabEnd, int vocabSize, int* invalidCount,
+                        void* stream);
+Status embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
+                         int vocabStart, int vocabEnd, void* stream);
+Status positionEmbeddingForward(const float* table, float* out, int s, int b, int C,
+                                void* stream);
+Status positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C,
+                                 void* stream);
+
+// --- Norms ----------------------------------------------------------------------------------
 Status layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
                         float* rstd, int T, int C, float eps, void* stream);
-// y = gelu_tanh(x + b); x, y: [T, C], b: [C] or null.
+Status layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
+                         const float* rstd, float* dx, float* dw, float* db, int T, int C,
+                         void* stream);
+Status layerNormForwardFused(const float* x, const float* w, const float* b, float* y,
+                             float* mean, float* rstd, int T, int C, float eps, void* stream);
+Status layerNormBackwardFused(const float* dy, const float* x, const float* w,
+                              const float* mean, const float* rstd, float* dx, float* dw,
+                              float* db, int T, int C, void* stream);
+Status rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
+                      float eps, void* stream);
+Status rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd,
+                       float* dx, float* dw, int T, int C, void* stream);
+
+// --- Rotary position embedding ----------------------------------------------------------------
+Status ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset,
+                   void* stream);
+Status ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int posOffset,
+                        void* stream);
+Status ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset,
+                    void* stream);
+Status splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
+                           int ng, int d, float theta, int posOffset, void* stream);
+Status ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv,
+                            int s, int b, int nq, int ng, int d, float theta, int posOffset,
+                            void* stream);
+
+// --- Core attention (causal, GQA; our own kernels, the fallback where cuDNN's is absent) ----
+Status attentionForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                        float* probs, float* out, bool fusedSoftmax, void* stream);
+Status attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                         const float* probs, const float* dout, float* dq, float* dk, float* dv,
+                         float* scratch, bool fusedSoftmax, void* stream);
+// Context parallel. qPos, kPos: device int arrays.
+Status cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q,
+                          const float* k, const float* v, float* probs, float* out,
+                          void* stream);
+Status cpAttentionBackward(const CpAttnDims& dims, const int* qPos, const float* q,
+                           const float* k, const float* v, const float* probs,
+                           const float* dout, float* dq, float* dk, float* dv, void* stream);
+Status cpRingAttentionForward(const CpAttnDims& dims, const int* qPos, const int* kPos,
+                              const float* q, const float* k, const float* v, float* out,
+                              float* lse, bool first, void* stream);
+Status cpRingAttentionDelta(const CpAttnDims& dims, const float* out, const float* dout,
+                            float* delta, void* stream);
+Status cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const int* kPos,
+                               const float* q, const float* k, const float* v, const float* lse,
+                               const float* delta, const float* dout, float* dq, float* dk,
+                               float* dv, void* stream);
+
+// --- Activations ----------------------------------------------------------------------------
 Status biasGeluForward(const float* x, const float* b, float* y, int T, int C, void* stream);
-// torch.optim.AdamW step, see kernels/cpu/ops.h AdamParams (same fields, same formula).
-struct AdamParams {
-    float lr = 1e-3f;
-    float beta1 = 0.9f;
-    float beta2 = 0.999f;
-    float eps = 1e-8f;
-    float weightDecay = 0.0f;
-    int64_t step = 1;
-    float gradScale = 1.0f;  // g = grad * gradScale (clipping folded in), as kernels::cpu
-};
+Status biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C,
+                              void* stream);
+Status biasGeluBackward(const float* dy, const float* x, const float* b, float* dx, float* db,
+                        int T, int C, void* stream);
+Status swigluForward(const float* x, float* y, int T, int F, void* stream);
+Status swigluBackward(const float* dy, const float* x, float* dx, int T, int F, void* stream);
+
+// --- Dropout / residual (the CPU's counter-based RNG, so masks are bit-identical) ----------
+Status dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p,
+                      uint64_t seed, uint64_t offset, void* stream);
+Status dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p,
+                       void* stream);
+Status dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset,
+                   void* stream);
+Status biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
+                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
+                           void* stream);
+Status biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
+                             uint8_t* mask, int T, int C, float p, uint64_t seed,
+                             uint64_t offset, void* stream);
+Status biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db,
+                              int T, int C, float p, void* stream);
+
+// --- Elementwise helpers --------------------------------------------------------------------
+Status add(const float* a, const float* b, float* y, int64_t n, void* stream);
+Status addInPlace(float* y, const float* x, int64_t n, void* stream);
+Status scale(float* y, float alpha, int64_t n, void* stream);
+Status addBias(float* y, const float* b, int T, int C, void* stream);
+Status biasGradAccumulate(const float* dy, float* db, int T, int C, void* stream);
+// Device scalars: *sum = sum of squares (accumulated in double); *finite = 1 if every element
+// is finite else 0; *invalid = number of ids outside [0, vocabSize).
+Status sumSquares(const float* x, int64_t n, double* sum, void* stream);
+Status allFinite(const float* x, int64_t n, int* finite, void* stream);
+Status countInvalidIds(const int32_t* ids, int T, int vocabSize, int* invalid, void* stream);
+
+// --- Cross entropy --------------------------------------------------------------------------
+Status crossEntropyRowMax(const float* logits, float* rowMax, int T, int Vl, void* stream);
+Status crossEntropyStats(const float* logits, const int32_t* targets, const float* rowMax,
+                         float* targetLogit, float* sumExp, int T, int Vl, int vStart,
+                         void* stream);
+Status crossEntropyLoss(const float* targetLogit, const float* sumExp, float* loss, int T,
+                        void* stream);
+Status crossEntropyBackward(const float* logits, const int32_t* targets, const float* rowMax,
+                            const float* sumExp, const float* dloss, float* dlogits, int T,
+                            int Vl, int vStart, void* stream);
+Status crossEntropyForwardUnfused(const float* logits, const int32_t* targets, float* probs,
+                                  float* loss, int T, int V, void* stream);
+Status crossEntropyBackwardUnfused(const float* probs, const int32_t* targets,
+                                   const float* dloss, float* dlogits, int T, int V,
+                                   void* stream);
+Status crossEntropyFused(float* logitsInGradOut, const int32_t* targets, const float* dloss,
+                         float* loss, int T, int V, void* stream);
+
+// --- Optimizer ------------------------------------------------------------------------------
 Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
                  const AdamParams& hp, void* stream);
-// Row-wise cross entropy over the full vocab: logits [T, V], targets [T] -> loss [T].
-// A target outside [0, V) contributes no target term (as the CPU ops; callers validate ids).
-Status crossEntropyForward(const float* logits, const int32_t* targets, float* loss, int T,
-                           int V, void* stream);
-// y[T, out] = x[T, in] W[out, in]^T + b[out] (b may be null), via cuBLAS SGEMM on `stream`.
-Status linearForward(void* cublasHandle, const float* x, const float* W, const float* b,
-                     float* y, int T, int in, int out, void* stream);
+
+// --- bf16 -----------------------------------------------------------------------------------
+Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream);
+Status bf16ToFloat(const uint16_t* x, float* y, int64_t n, void* stream);
+Status roundToBf16(float* x, int64_t n, void* stream);
+
+// --- FP8 (emulated in fp32 storage exactly as the CPU does; REFERENCE.md §6.1) ---------------
+// *amax (device float) = max |x| (NaN if any element is NaN).
+Status amaxOf(const float* x, int64_t n, float* amax, void* stream);
+// scale is a host value here, as on the CPU.
+Status fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale,
+                             Fp8Format f, void* stream);
+Status fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* scales,
+                                  int64_t rows, int64_t cols, Fp8BlockKind kind, bool alongRows,
+                                  Fp8Format f, bool pow2, void* stream);
 
 }  // namespace ts::kernels::cuda

@@ -1,8 +1,6 @@
-// Runtime helpers of ops_cuda.h: device count, memory, streams, cuBLAS handles.
+// Runtime helpers of ops_cuda.h: devices, memory, copies, streams.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
-
-#include <cublas_v2.h>
 
 namespace ts::kernels::cuda {
 
@@ -46,20 +44,24 @@ Status streamSynchronize(void* stream) {
     return fromCuda(cudaStreamSynchronize(detail::asStream(stream)), "cudaStreamSynchronize");
 }
 
-Status cublasCreateHandle(void** handle) {
-    cublasHandle_t h = nullptr;
-    const cublasStatus_t st = cublasCreate(&h);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return Status::internal(std::string("cublasCreate failed: ") + cublasGetStatusString(st));
-    *handle = h;
-    return Status::ok();
+Status setDevice(int device) { return fromCuda(cudaSetDevice(device), "cudaSetDevice"); }
+
+Status hostAllocPinned(void** ptr, size_t bytes) {
+    return fromCuda(cudaMallocHost(ptr, bytes), "cudaMallocHost");
+}
+Status hostFreePinned(void* ptr) { return fromCuda(cudaFreeHost(ptr), "cudaFreeHost"); }
+
+Status copyAsync(void* dst, const void* src, size_t bytes, void* stream) {
+    if (bytes == 0) return Status::ok();
+    return fromCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, detail::asStream(stream)),
+                    "cudaMemcpyAsync");
 }
 
-Status cublasDestroyHandle(void* handle) {
-    const cublasStatus_t st = cublasDestroy(static_cast<cublasHandle_t>(handle));
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return Status::internal(std::string("cublasDestroy failed: ") + cublasGetStatusString(st));
-    return Status::ok();
+Status memsetAsync(void* dst, int value, size_t bytes, void* stream) {
+    if (bytes == 0) return Status::ok();
+    return fromCuda(cudaMemsetAsync(dst, value, bytes, detail::asStream(stream)), "cudaMemsetAsync");
 }
+
+Status deviceSynchronize() { return fromCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 }  // namespace ts::kernels::cuda

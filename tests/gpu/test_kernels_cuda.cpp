@@ -1,5 +1,5 @@
-// CUDA kernels vs the CPU oracle on random data: LayerNorm, bias-GeLU, AdamW, cross entropy
-// and the cuBLAS linear. Skips without a CUDA build or without a device.
+// CUDA kernels vs the CPU oracle on random data: LayerNorm, bias-GeLU, AdamW, the cuBLAS GEMM
+// and the linear layer on it. Skips without a CUDA build or without a device.
 #include <gtest/gtest.h>
 
 #include "tests/gpu/gpu_test_util.h"
@@ -109,8 +109,7 @@ TEST_F(KernelsCuda, AdamWThreeStepsMatchCpu) {
     auto p = randomVec(n, 6);
     std::vector<float> m(n, 0.f), v(n, 0.f);
     DeviceVec<float> dp(p), dm(m), dv(v);
-    cpu::AdamParams hc;
-    cuda::AdamParams hg;
+    cpu::AdamParams hc, hg;  // cuda::AdamParams is the same struct
     hc.lr = hg.lr = 1e-3f;
     hc.beta2 = hg.beta2 = 0.95f;
     hc.weightDecay = hg.weightDecay = 0.1f;
@@ -128,38 +127,44 @@ TEST_F(KernelsCuda, AdamWThreeStepsMatchCpu) {
     expectNear(dv.download(), v, 1e-6, 1e-10, "exp_avg_sq");
 }
 
-TEST_F(KernelsCuda, CrossEntropyForwardMatchesCpu) {
-    const int T = 45, V = 5000;
-    const auto logits = randomVec(static_cast<size_t>(T) * V, 7, -8, 8);
-    std::vector<int32_t> targets(T);
-    for (int t = 0; t < T; ++t) targets[t] = (t * 131) % V;
-    DeviceVec<float> dl(logits), dloss(T);
-    DeviceVec<int32_t> dt(targets);
-    TS_ASSERT_OK(cuda::crossEntropyForward(dl.ptr, dt.ptr, dloss.ptr, T, V, m_stream));
-    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
-    std::vector<float> probs(logits.size()), loss(T);
-    cpu::crossEntropyForwardUnfused(logits.data(), targets.data(), probs.data(), loss.data(), T, V);
-    expectNear(dloss.download(), loss, 1e-5, 1e-5, "loss");
-}
-
-TEST_F(KernelsCuda, LinearForwardMatchesCpu) {
+TEST_F(KernelsCuda, LinearForwardAndBackwardMatchCpu) {
     const int T = 70, in = 96, out = 130;
     const auto x = randomVec(T * in, 8), W = randomVec(out * in, 9), b = randomVec(out, 10);
-    void* handle = nullptr;
-    TS_ASSERT_OK(cuda::cublasCreateHandle(&handle));
+    const auto dy = randomVec(T * out, 11), dW0 = randomVec(out * in, 12), db0 = randomVec(out, 13);
     for (bool bias : {true, false}) {
-        DeviceVec<float> dx(x), dW(W), db(b), dy(T * out);
-        const Status s = cuda::linearForward(handle, dx.ptr, dW.ptr, bias ? db.ptr : nullptr,
-                                             dy.ptr, T, in, out, m_stream);
-        EXPECT_TRUE(s.isOk()) << s.toString();
+        DeviceVec<float> dx(x), dWt(W), dbias(b), dyv(T * out);
+        TS_ASSERT_OK(cuda::linearForward(dx.ptr, dWt.ptr, bias ? dbias.ptr : nullptr, dyv.ptr, T, in, out,
+                                         m_stream));
         TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
         std::vector<float> y(T * out);
         cpu::linearForward(x.data(), W.data(), bias ? b.data() : nullptr, y.data(), T, in, out);
-        // cuBLAS may use TF32 only when asked; default SGEMM is full fp32
-        expectNear(dy.download(), y, 1e-4, 1e-4, "y");
+        expectNear(dyv.download(), y, 1e-4, 1e-4, "y");
     }
-    EXPECT_FALSE(cuda::linearForward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 1, m_stream).isOk());
-    TS_ASSERT_OK(cuda::cublasDestroyHandle(handle));
+    // Backward: dx overwritten, dW and db accumulated onto what is there.
+    DeviceVec<float> ddy(dy), dx(x), dWt(W), gx(T * in), gW(dW0), gb(db0);
+    TS_ASSERT_OK(cuda::linearBackward(ddy.ptr, dx.ptr, dWt.ptr, gx.ptr, gW.ptr, gb.ptr, T, in, out, m_stream));
+    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+    std::vector<float> cx(T * in), cW = dW0, cb = db0;
+    cpu::linearBackward(dy.data(), x.data(), W.data(), cx.data(), cW.data(), cb.data(), T, in, out);
+    expectNear(gx.download(), cx, 1e-4, 1e-4, "dx");
+    expectNear(gW.download(), cW, 1e-4, 1e-4, "dW");
+    expectNear(gb.download(), cb, 1e-4, 1e-4, "db");
+    EXPECT_FALSE(cuda::linearForward(nullptr, nullptr, nullptr, nullptr, 1, 0, 1, m_stream).isOk());
+}
+
+TEST_F(KernelsCuda, GemmTransposesMatchCpu) {
+    const int M = 37, N = 29, K = 41;
+    for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+            const auto A = randomVec(M * K, 20 + ta), B = randomVec(K * N, 22 + tb), C0 = randomVec(M * N, 24);
+            const int lda = ta ? M : K, ldb = tb ? K : N;
+            DeviceVec<float> dA(A), dB(B), dC(C0);
+            TS_ASSERT_OK(cuda::gemm(ta, tb, M, N, K, 0.5f, dA.ptr, lda, dB.ptr, ldb, 2.0f, dC.ptr, N, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            std::vector<float> C = C0;
+            cpu::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, C.data(), N);
+            expectNear(dC.download(), C, 1e-4, 1e-4, ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"));
+        }
 }
 
 }  // namespace

@@ -1,0 +1,155 @@
+// GEMMs on cuBLAS with fp32 accumulation (full fp32: no TF32, matching the CPU oracle), and the
+// linear layer built on them. Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T,
+// so each call swaps the operands. Handles: one per (thread, device), see blas.cuh.
+#include "kernels/cuda/blas.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+#include <map>
+#include <string>
+#include <utility>
+
+namespace ts::kernels::cuda {
+
+namespace detail {
+
+Status fromCublas(cublasStatus_t st, const char* what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
+    std::string msg = std::string(what) + ": " + cublasGetStatusString(st);
+    if (st == CUBLAS_STATUS_ALLOC_FAILED) return {ErrorCode::OutOfMemory, msg};
+    if (st == CUBLAS_STATUS_INVALID_VALUE) return Status::invalid(msg);
+    if (st == CUBLAS_STATUS_NOT_INITIALIZED) return Status::unsupported(msg);
+    return Status::internal(msg);
+}
+
+namespace {
+
+// Handles of this thread, by device. Destroyed at thread exit (the rank threads' lifetime).
+struct ThreadHandles {
+    std::map<int, cublasHandle_t> blas;
+    std::map<int, cublasLtHandle_t> lt;
+    ~ThreadHandles() {
+        for (auto& [dev, h] : blas) { cudaSetDevice(dev); cublasDestroy(h); }
+        for (auto& [dev, h] : lt) { cudaSetDevice(dev); cublasLtDestroy(h); }
+    }
+};
+thread_local ThreadHandles t_handles;
+
+}  // namespace
+
+Status cublasFor(void* stream, cublasHandle_t* handle) {
+    int dev = 0;
+    TS_RETURN_IF_ERROR(fromCuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    auto it = t_handles.blas.find(dev);
+    if (it == t_handles.blas.end()) {
+        cublasHandle_t h = nullptr;
+        TS_RETURN_IF_ERROR(fromCublas(cublasCreate(&h), "cublasCreate"));
+        // Full fp32 like the CPU oracle: never let cuBLAS pick TF32 tensor-core math.
+        TS_RETURN_IF_ERROR(fromCublas(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode"));
+        it = t_handles.blas.emplace(dev, h).first;
+    }
+    TS_RETURN_IF_ERROR(fromCublas(cublasSetStream(it->second, asStream(stream)), "cublasSetStream"));
+    *handle = it->second;
+    return Status::ok();
+}
+
+Status cublasLtFor(cublasLtHandle_t* handle) {
+    int dev = 0;
+    TS_RETURN_IF_ERROR(fromCuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    auto it = t_handles.lt.find(dev);
+    if (it == t_handles.lt.end()) {
+        cublasLtHandle_t h = nullptr;
+        TS_RETURN_IF_ERROR(fromCublas(cublasLtCreate(&h), "cublasLtCreate"));
+        it = t_handles.lt.emplace(dev, h).first;
+    }
+    *handle = it->second;
+    return Status::ok();
+}
+
+}  // namespace detail
+
+namespace {
+
+__global__ void broadcastBiasKernel(const float* __restrict__ b, float* __restrict__ y, int64_t n,
+                                    int out) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        y[i] = b[i % out];
+}
+
+// db[c] += sum_t dy[t, c]: one thread per column, rows walked in order (deterministic).
+__global__ void columnSumKernel(const float* __restrict__ dy, float* __restrict__ db, int T, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0.0f;
+    for (int t = 0; t < T; ++t) s += dy[static_cast<int64_t>(t) * C + c];
+    db[c] += s;
+}
+
+}  // namespace
+
+Status gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc, void* stream) {
+    if (M < 0 || N < 0 || K < 0) return Status::invalid("gemm: negative dimension");
+    if (M == 0 || N == 0) return Status::ok();
+    cublasHandle_t h = nullptr;
+    TS_RETURN_IF_ERROR(detail::cublasFor(stream, &h));
+    return detail::fromCublas(cublasSgemm(h, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                          transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ldb,
+                                          A, lda, &beta, C, ldc),
+                              "gemm cublasSgemm");
+}
+
+Status gemmStridedBatched(bool transA, bool transB, int M, int N, int K, float alpha, const float* A,
+                          int lda, int64_t strideA, const float* B, int ldb, int64_t strideB,
+                          float beta, float* C, int ldc, int64_t strideC, int batch, void* stream) {
+    if (M < 0 || N < 0 || K < 0 || batch < 0) return Status::invalid("gemmStridedBatched: negative dimension");
+    if (M == 0 || N == 0 || batch == 0) return Status::ok();
+    cublasHandle_t h = nullptr;
+    TS_RETURN_IF_ERROR(detail::cublasFor(stream, &h));
+    return detail::fromCublas(
+        cublasSgemmStridedBatched(h, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  N, M, K, &alpha, B, ldb, strideB, A, lda, strideA, &beta, C, ldc,
+                                  strideC, batch),
+        "gemmStridedBatched cublasSgemmStridedBatched");
+}
+
+Status linearForward(const float* x, const float* W, const float* b, float* y, int T, int in, int out,
+                     void* stream) {
+    if (T < 0 || in <= 0 || out <= 0) return Status::invalid("linearForward: need T >= 0, in > 0, out > 0");
+    if (T == 0) return Status::ok();
+    float beta = 0.0f;
+    if (b) {
+        const int64_t n = static_cast<int64_t>(T) * out;
+        constexpr int kThreads = 256;
+        broadcastBiasKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(b, y, n,
+                                                                                                      out);
+        TS_RETURN_IF_ERROR(detail::launchStatus("linearForward bias launch"));
+        beta = 1.0f;
+    }
+    // y[T, out] = x[T, in] W[out, in]^T
+    return gemm(false, true, T, out, in, 1.0f, x, in, W, in, beta, y, out, stream);
+}
+
+Status linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW, float* db,
+                      int T, int in, int out, void* stream) {
+    if (T < 0 || in <= 0 || out <= 0) return Status::invalid("linearBackward: need T >= 0, in > 0, out > 0");
+    if (T == 0) return Status::ok();
+    if (dx) {
+        if (!W) return Status::invalid("linearBackward: dx needs W");
+        TS_RETURN_IF_ERROR(gemm(false, false, T, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in, stream));
+    }
+    if (dW) {
+        if (!x) return Status::invalid("linearBackward: dW needs x");
+        TS_RETURN_IF_ERROR(gemm(true, false, out, in, T, 1.0f, dy, out, x, in, 1.0f, dW, in, stream));
+    }
+    if (db) {
+        constexpr int kThreads = 256;
+        columnSumKernel<<<(out + kThreads - 1) / kThreads, kThreads, 0, detail::asStream(stream)>>>(dy, db, T,
+                                                                                                    out);
+        TS_RETURN_IF_ERROR(detail::launchStatus("linearBackward bias-grad launch"));
+    }
+    return Status::ok();
+}
+
+}  // namespace ts::kernels::cuda

@@ -4,11 +4,11 @@
 #include <cstring>
 #include <utility>
 
-#include "kernels/cpu/ops.h"
+#include "engine/backend/kernels.h"
 
 namespace ts::engine {
 
-namespace k = ts::kernels::cpu;
+namespace k = ts::engine::kern;
 
 namespace {
 // One block of sl keys against the sl local queries.

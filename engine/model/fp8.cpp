@@ -1,7 +1,7 @@
 // FP8 recipe and scaling state (see fp8.h).
 #include "engine/model/fp8.h"
 
-#include "kernels/cpu/fp8_block.h"
+#include "engine/backend/kernels.h"
 
 #include <cfloat>
 #include <cmath>
@@ -73,19 +73,19 @@ void fp8QuantizeInPlace(const Fp8Recipe& r, Fp8Meta& meta, bool grad, float grad
         if (!r.delayed) meta.history[0] = 0.0f;
         return;
     }
-    const float a = kernels::cpu::amaxOf(x, n) / g;
+    const float a = kern::amaxOf(x, n) / g;
     if (r.delayed) {
         meta.observe(a);
     } else {
-        meta.scale = currentScale(a, kernels::cpu::fp8Max(fmt));
+        meta.scale = currentScale(a, kern::fp8Max(fmt));
         meta.history[0] = a;
     }
-    kernels::cpu::fp8QuantizeDequantize(x, x, nullptr, n, meta.scale / g, fmt);
+    kern::fp8QuantizeDequantize(x, x, nullptr, n, meta.scale / g, fmt);
 }
 
 const float* fp8BlockOperand(const Fp8Recipe& r, const float* x, int64_t rows, int64_t cols, bool alongRows,
                              bool weight, bool grad, std::vector<float>& buf) {
-    namespace k = kernels::cpu;
+    namespace k = kern;
     if (!r.isBlock()) return x;
     const k::Fp8BlockKind kind = r.block == Fp8Recipe::Block::Mxfp8 ? k::Fp8BlockKind::Mx1x32
                                  : weight                           ? k::Fp8BlockKind::Block128x128
@@ -101,12 +101,12 @@ void fp8BlockLinearBackward(const Fp8Recipe& r, const float* dy, const float* x,
     std::vector<float> b1, b2, b3;
     if (dx) {
         const float* dyRow = fp8BlockOperand(r, dy, T, out, true, false, true, b1);
-        kernels::cpu::linearBackward(dyRow, nullptr, Wcol, dx, nullptr, nullptr, T, in, out);
+        kern::linearBackward(dyRow, nullptr, Wcol, dx, nullptr, nullptr, T, in, out);
     }
     if (!dW) return;
     const float* dyCol = fp8BlockOperand(r, dy, T, out, false, false, true, b2);
     const float* xCol = fp8BlockOperand(r, x, T, in, false, false, false, b3);
-    kernels::cpu::linearBackward(dyCol, xCol, nullptr, nullptr, dW, nullptr, T, in, out);
+    kern::linearBackward(dyCol, xCol, nullptr, nullptr, dW, nullptr, T, in, out);
 }
 
 }  // namespace ts::engine

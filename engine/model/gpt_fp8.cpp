@@ -19,7 +19,6 @@
 
 #include "engine/model/gpt_internal.h"
 
-#include "kernels/cpu/fp8_block.h"
 
 #include "common/clock.h"
 

@@ -11,11 +11,11 @@
 #include "engine/backend/backend_trace.h"
 #include "engine/comm/communicator.h"
 #include "engine/model/gpt.h"
-#include "kernels/cpu/ops.h"
+#include "engine/backend/kernels.h"
 
 namespace ts::engine {
 
-namespace k = ts::kernels::cpu;
+namespace k = ts::engine::kern;
 using trace::Category;
 
 struct GptModel::LayerActs {

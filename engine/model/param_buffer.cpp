@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "kernels/cpu/ops.h"
+#include "engine/backend/kernels.h"
 
 namespace ts::engine {
 
@@ -65,13 +65,13 @@ void ParamBuffer::zeroGrads() {
 void ParamBuffer::syncModelParams() {
     if (!m_model) return;
     std::memcpy(m_model->data(), m_main->data(), size_t(m_numel) * sizeof(float));
-    kernels::cpu::roundToBf16(m_model->as<float>(), m_numel);
+    kern::roundToBf16(m_model->as<float>(), m_numel);
 }
 
 void ParamBuffer::syncModelParams(int64_t begin, int64_t end) {
     if (!m_model || begin >= end) return;
     std::memcpy(m_model->as<float>() + begin, m_main->as<float>() + begin, size_t(end - begin) * sizeof(float));
-    kernels::cpu::roundToBf16(m_model->as<float>() + begin, end - begin);
+    kern::roundToBf16(m_model->as<float>() + begin, end - begin);
 }
 
 Status ParamBuffer::relayout(Device& dev, const std::vector<int64_t>& offsets, int64_t numel) {

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <numeric>
 
-#include "kernels/cpu/ops.h"
+#include "engine/backend/kernels.h"
 
 namespace ts::engine {
 
-namespace k = ts::kernels::cpu;
+namespace k = ts::engine::kern;
 
 namespace {
 

@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/ops.h"
+#include "engine/backend/kernels.h"
 
 namespace ts::engine {
 
-namespace k = ts::kernels::cpu;
+namespace k = ts::engine::kern;
 
 Result<std::unique_ptr<ShardedAdamW>> ShardedAdamW::create(const Config& c, std::vector<OptimizerChunk> chunks,
                                                            Device& dev, Communicator* normComm) {

@@ -4,11 +4,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/ops.h"
+#include "engine/backend/kernels.h"
 
 namespace ts::engine {
 
-namespace k = ts::kernels::cpu;
+namespace k = ts::engine::kern;
 
 double LrSchedule::lrAt(int64_t i) const {
     if (warmupIters > 0 && i <= warmupIters) return maxLr * double(i) / double(warmupIters);

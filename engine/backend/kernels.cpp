@@ -1,0 +1,393 @@
+// Kernel dispatch (kernels.h): each op runs the CUDA kernel of its name on the current stream's
+// native handle when there is one, else the CPU oracle.
+#include "engine/backend/kernels.h"
+
+#include "engine/backend/backend.h"
+
+#ifdef TS_HAVE_CUDA
+#include <map>
+
+#include "kernels/cuda/ops_cuda.h"
+#endif
+
+namespace ts::engine::kern {
+
+namespace {
+
+// The native (CUDA) stream of the op running on this thread, or null (CPU).
+void* nativeStream() {
+    Stream* s = currentStream();
+    return s ? s->native() : nullptr;
+}
+
+#ifdef TS_HAVE_CUDA
+// Device scratch for the value-returning ops: 16 bytes per native stream, made on first use.
+void* scalarScratch(void* stream) {
+    thread_local std::map<void*, void*> scratch;
+    void*& p = scratch[stream];
+    if (!p) {
+        const Status s = kernels::cuda::deviceAlloc(&p, 16);
+        if (!s.isOk()) {
+            reportKernelError(s);
+            p = nullptr;
+        }
+    }
+    return p;
+}
+
+// Copies the device scalar back once the stream has produced it.
+template <typename T>
+bool readScalar(void* stream, void* dev, T* out) {
+    Status s = kernels::cuda::copyAsync(out, dev, sizeof(T), stream);
+    if (s.isOk()) s = kernels::cuda::streamSynchronize(stream);
+    reportKernelError(s);
+    return s.isOk();
+}
+
+#define TS_KERN_DISPATCH(name, ...)                                        \
+    do {                                                                   \
+        if (void* ts_stream_ = nativeStream()) {                           \
+            reportKernelError(kernels::cuda::name(__VA_ARGS__, ts_stream_)); \
+            return;                                                        \
+        }                                                                  \
+        kernels::cpu::name(__VA_ARGS__);                                   \
+    } while (0)
+#else
+#define TS_KERN_DISPATCH(name, ...) kernels::cpu::name(__VA_ARGS__)
+#endif
+
+}  // namespace
+
+bool onDevice() { return nativeStream() != nullptr; }
+
+int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
+                     int vocabStart, int vocabEnd, int vocabSize) {
+#ifdef TS_HAVE_CUDA
+    if (void* s = nativeStream()) {
+        int* dev = static_cast<int*>(scalarScratch(s));
+        int invalid = 0;
+        if (!dev) return 0;
+        reportKernelError(kernels::cuda::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd,
+                                                          vocabSize, dev, s));
+        return readScalar(s, dev, &invalid) ? invalid : 0;
+    }
+#endif
+    return kernels::cpu::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
+}
+
+double sumSquares(const float* x, int64_t n) {
+#ifdef TS_HAVE_CUDA
+    if (void* s = nativeStream()) {
+        double* dev = static_cast<double*>(scalarScratch(s));
+        double sum = 0;
+        if (!dev) return 0;
+        reportKernelError(kernels::cuda::sumSquares(x, n, dev, s));
+        return readScalar(s, dev, &sum) ? sum : 0;
+    }
+#endif
+    return kernels::cpu::sumSquares(x, n);
+}
+
+bool allFinite(const float* x, int64_t n) {
+#ifdef TS_HAVE_CUDA
+    if (void* s = nativeStream()) {
+        int* dev = static_cast<int*>(scalarScratch(s));
+        int finite = 0;
+        if (!dev) return false;
+        reportKernelError(kernels::cuda::allFinite(x, n, dev, s));
+        return readScalar(s, dev, &finite) && finite != 0;
+    }
+#endif
+    return kernels::cpu::allFinite(x, n);
+}
+
+int countInvalidIds(const int32_t* ids, int T, int vocabSize) {
+#ifdef TS_HAVE_CUDA
+    if (void* s = nativeStream()) {
+        int* dev = static_cast<int*>(scalarScratch(s));
+        int invalid = 0;
+        if (!dev) return 0;
+        reportKernelError(kernels::cuda::countInvalidIds(ids, T, vocabSize, dev, s));
+        return readScalar(s, dev, &invalid) ? invalid : 0;
+    }
+#endif
+    return kernels::cpu::countInvalidIds(ids, T, vocabSize);
+}
+
+float amaxOf(const float* x, int64_t n) {
+#ifdef TS_HAVE_CUDA
+    if (void* s = nativeStream()) {
+        float* dev = static_cast<float*>(scalarScratch(s));
+        float amax = 0;
+        if (!dev) return 0;
+        reportKernelError(kernels::cuda::amaxOf(x, n, dev, s));
+        return readScalar(s, dev, &amax) ? amax : 0;
+    }
+#endif
+    return kernels::cpu::amaxOf(x, n);
+}
+
+void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc) {
+    TS_KERN_DISPATCH(gemm, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemmStridedBatched(bool transA, bool transB, int M, int N, int K, float alpha, const float* A,
+                        int lda, int64_t strideA, const float* B, int ldb, int64_t strideB,
+                        float beta, float* C, int ldc, int64_t strideC, int batch) {
+    TS_KERN_DISPATCH(gemmStridedBatched, transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb,
+                     strideB, beta, C, ldc, strideC, batch);
+}
+
+void linearForward(const float* x, const float* W, const float* b, float* y, int T, int in,
+                   int out) {
+    TS_KERN_DISPATCH(linearForward, x, W, b, y, T, in, out);
+}
+
+void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
+                    float* db, int T, int in, int out) {
+    TS_KERN_DISPATCH(linearBackward, dy, x, W, dx, dW, db, T, in, out);
+}
+
+void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
+                       int vocabStart, int vocabEnd) {
+    TS_KERN_DISPATCH(embeddingBackward, ids, dout, dtable, T, C, vocabStart, vocabEnd);
+}
+
+void positionEmbeddingForward(const float* table, float* out, int s, int b, int C) {
+    TS_KERN_DISPATCH(positionEmbeddingForward, table, out, s, b, C);
+}
+
+void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C) {
+    TS_KERN_DISPATCH(positionEmbeddingBackward, dout, dtable, s, b, C);
+}
+
+void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
+                      float* rstd, int T, int C, float eps) {
+    TS_KERN_DISPATCH(layerNormForward, x, w, b, y, mean, rstd, T, C, eps);
+}
+
+void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
+                       const float* rstd, float* dx, float* dw, float* db, int T, int C) {
+    TS_KERN_DISPATCH(layerNormBackward, dy, x, w, mean, rstd, dx, dw, db, T, C);
+}
+
+void layerNormForwardFused(const float* x, const float* w, const float* b, float* y, float* mean,
+                           float* rstd, int T, int C, float eps) {
+    TS_KERN_DISPATCH(layerNormForwardFused, x, w, b, y, mean, rstd, T, C, eps);
+}
+
+void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,
+                            const float* rstd, float* dx, float* dw, float* db, int T, int C) {
+    TS_KERN_DISPATCH(layerNormBackwardFused, dy, x, w, mean, rstd, dx, dw, db, T, C);
+}
+
+void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
+                    float eps) {
+    TS_KERN_DISPATCH(rmsNormForward, x, w, y, rstd, T, C, eps);
+}
+
+void rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                     float* dw, int T, int C) {
+    TS_KERN_DISPATCH(rmsNormBackward, dy, x, w, rstd, dx, dw, T, C);
+}
+
+void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset) {
+    TS_KERN_DISPATCH(ropeForward, x, s, b, n, d, theta, posOffset);
+}
+
+void ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int posOffset) {
+    TS_KERN_DISPATCH(ropeForwardFused, x, s, b, n, d, theta, posOffset);
+}
+
+void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset) {
+    TS_KERN_DISPATCH(ropeBackward, dx, s, b, n, d, theta, posOffset);
+}
+
+void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
+                         int ng, int d, float theta, int posOffset) {
+    TS_KERN_DISPATCH(splitQkvRopeForward, qkv, q, k, v, s, b, nq, ng, d, theta, posOffset);
+}
+
+void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int s,
+                          int b, int nq, int ng, int d, float theta, int posOffset) {
+    TS_KERN_DISPATCH(ropeBackwardMergeQkv, dq, dk, dv, dqkv, s, b, nq, ng, d, theta, posOffset);
+}
+
+void attentionForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                      float* probs, float* out, bool fusedSoftmax) {
+    TS_KERN_DISPATCH(attentionForward, dims, q, k, v, probs, out, fusedSoftmax);
+}
+
+void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                       const float* probs, const float* dout, float* dq, float* dk, float* dv,
+                       float* scratch, bool fusedSoftmax) {
+    TS_KERN_DISPATCH(attentionBackward, dims, q, k, v, probs, dout, dq, dk, dv, scratch,
+                     fusedSoftmax);
+}
+
+void cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k,
+                        const float* v, float* probs, float* out) {
+    TS_KERN_DISPATCH(cpAttentionForward, dims, qPos, q, k, v, probs, out);
+}
+
+void cpAttentionBackward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k,
+                         const float* v, const float* probs, const float* dout, float* dq,
+                         float* dk, float* dv) {
+    TS_KERN_DISPATCH(cpAttentionBackward, dims, qPos, q, k, v, probs, dout, dq, dk, dv);
+}
+
+void cpRingAttentionForward(const CpAttnDims& dims, const int* qPos, const int* kPos,
+                            const float* q, const float* k, const float* v, float* out, float* lse,
+                            bool first) {
+    TS_KERN_DISPATCH(cpRingAttentionForward, dims, qPos, kPos, q, k, v, out, lse, first);
+}
+
+void cpRingAttentionDelta(const CpAttnDims& dims, const float* out, const float* dout,
+                          float* delta) {
+    TS_KERN_DISPATCH(cpRingAttentionDelta, dims, out, dout, delta);
+}
+
+void cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const int* kPos,
+                             const float* q, const float* k, const float* v, const float* lse,
+                             const float* delta, const float* dout, float* dq, float* dk,
+                             float* dv) {
+    TS_KERN_DISPATCH(cpRingAttentionBackward, dims, qPos, kPos, q, k, v, lse, delta, dout, dq, dk,
+                     dv);
+}
+
+void biasGeluForward(const float* x, const float* b, float* y, int T, int C) {
+    TS_KERN_DISPATCH(biasGeluForward, x, b, y, T, C);
+}
+
+void biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C) {
+    TS_KERN_DISPATCH(biasGeluForwardUnfused, x, b, y, T, C);
+}
+
+void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx, float* db, int T,
+                      int C) {
+    TS_KERN_DISPATCH(biasGeluBackward, dy, x, b, dx, db, T, C);
+}
+
+void swigluForward(const float* x, float* y, int T, int F) {
+    TS_KERN_DISPATCH(swigluForward, x, y, T, F);
+}
+
+void swigluBackward(const float* dy, const float* x, float* dx, int T, int F) {
+    TS_KERN_DISPATCH(swigluBackward, dy, x, dx, T, F);
+}
+
+void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+                    uint64_t offset) {
+    TS_KERN_DISPATCH(dropoutForward, x, y, mask, n, p, seed, offset);
+}
+
+void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p) {
+    TS_KERN_DISPATCH(dropoutBackward, dy, mask, dx, n, p);
+}
+
+void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset) {
+    TS_KERN_DISPATCH(dropoutMask, mask, n, p, seed, offset);
+}
+
+void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
+                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset) {
+    TS_KERN_DISPATCH(biasDropoutAddFused, x, b, residual, out, mask, T, C, p, seed, offset);
+}
+
+void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
+                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset) {
+    TS_KERN_DISPATCH(biasDropoutAddUnfused, x, b, residual, out, mask, T, C, p, seed, offset);
+}
+
+void biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db, int T,
+                            int C, float p) {
+    TS_KERN_DISPATCH(biasDropoutAddBackward, dout, mask, dx, db, T, C, p);
+}
+
+void add(const float* a, const float* b, float* y, int64_t n) {
+    TS_KERN_DISPATCH(add, a, b, y, n);
+}
+
+void addInPlace(float* y, const float* x, int64_t n) {
+    TS_KERN_DISPATCH(addInPlace, y, x, n);
+}
+
+void scale(float* y, float alpha, int64_t n) {
+    TS_KERN_DISPATCH(scale, y, alpha, n);
+}
+
+void addBias(float* y, const float* b, int T, int C) {
+    TS_KERN_DISPATCH(addBias, y, b, T, C);
+}
+
+void biasGradAccumulate(const float* dy, float* db, int T, int C) {
+    TS_KERN_DISPATCH(biasGradAccumulate, dy, db, T, C);
+}
+
+void crossEntropyRowMax(const float* logits, float* rowMax, int T, int Vl) {
+    TS_KERN_DISPATCH(crossEntropyRowMax, logits, rowMax, T, Vl);
+}
+
+void crossEntropyStats(const float* logits, const int32_t* targets, const float* rowMax,
+                       float* targetLogit, float* sumExp, int T, int Vl, int vStart) {
+    TS_KERN_DISPATCH(crossEntropyStats, logits, targets, rowMax, targetLogit, sumExp, T, Vl,
+                     vStart);
+}
+
+void crossEntropyLoss(const float* targetLogit, const float* sumExp, float* loss, int T) {
+    TS_KERN_DISPATCH(crossEntropyLoss, targetLogit, sumExp, loss, T);
+}
+
+void crossEntropyBackward(const float* logits, const int32_t* targets, const float* rowMax,
+                          const float* sumExp, const float* dloss, float* dlogits, int T, int Vl,
+                          int vStart) {
+    TS_KERN_DISPATCH(crossEntropyBackward, logits, targets, rowMax, sumExp, dloss, dlogits, T, Vl,
+                     vStart);
+}
+
+void crossEntropyForwardUnfused(const float* logits, const int32_t* targets, float* probs,
+                                float* loss, int T, int V) {
+    TS_KERN_DISPATCH(crossEntropyForwardUnfused, logits, targets, probs, loss, T, V);
+}
+
+void crossEntropyBackwardUnfused(const float* probs, const int32_t* targets, const float* dloss,
+                                 float* dlogits, int T, int V) {
+    TS_KERN_DISPATCH(crossEntropyBackwardUnfused, probs, targets, dloss, dlogits, T, V);
+}
+
+void crossEntropyFused(float* logitsInGradOut, const int32_t* targets, const float* dloss,
+                       float* loss, int T, int V) {
+    TS_KERN_DISPATCH(crossEntropyFused, logitsInGradOut, targets, dloss, loss, T, V);
+}
+
+void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
+               const AdamParams& hp) {
+    TS_KERN_DISPATCH(adamwStep, param, grad, m, v, n, hp);
+}
+
+void floatToBf16(const float* x, uint16_t* y, int64_t n) {
+    TS_KERN_DISPATCH(floatToBf16, x, y, n);
+}
+
+void bf16ToFloat(const uint16_t* x, float* y, int64_t n) {
+    TS_KERN_DISPATCH(bf16ToFloat, x, y, n);
+}
+
+void roundToBf16(float* x, int64_t n) {
+    TS_KERN_DISPATCH(roundToBf16, x, n);
+}
+
+void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale,
+                           Fp8Format f) {
+    TS_KERN_DISPATCH(fp8QuantizeDequantize, x, y, codes, n, scale, f);
+}
+
+void fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* scales,
+                                int64_t rows, int64_t cols, Fp8BlockKind kind, bool alongRows,
+                                Fp8Format f, bool pow2) {
+    TS_KERN_DISPATCH(fp8BlockQuantizeDequantize, x, y, codes, scales, rows, cols, kind, alongRows,
+                     f, pow2);
+}
+
+}  // namespace ts::engine::kern

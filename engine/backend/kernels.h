@@ -1,0 +1,145 @@
+// Kernel dispatch: the ops of the CPU oracle (kernels/cpu/ops.h, fp8_block.h) under the same
+// names and signatures, run on the backend of the stream whose op is running on this thread
+// (backend.h currentStream()): a stream with a native handle (CUDA) launches the kernels/cuda op
+// of that name on it, anything else (a CPU stream's worker, host code outside any op) runs the
+// CPU function. The engine's model, optimizer and parallel code call kernels only through here
+// (`namespace k = ts::engine::kern;`), so the same code runs on both backends.
+//
+// On CUDA a launch failure is handed to the running stream (reportKernelError), which fails like
+// an op returning that Status. The ops that return a value (embeddingForward, sumSquares,
+// allFinite, countInvalidIds, amaxOf) copy it back and wait for the stream on CUDA: they
+// synchronize, so keep them off the hot path there.
+//
+// A pointer handed to a kernel must live where the stream's kernels run: a device buffer on CUDA.
+// Host code that reads or writes buffer contents directly is CPU-only (see docs/engine.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/fp8_block.h"
+#include "kernels/cpu/ops.h"
+
+namespace ts::engine::kern {
+
+// Argument types and pure host helpers (no device data) are the oracle's own.
+using kernels::cpu::AdamParams;
+using kernels::cpu::AttnDims;
+using kernels::cpu::CpAttnDims;
+using kernels::cpu::Fp8BlockKind;
+using kernels::cpu::Fp8Format;
+using kernels::cpu::attentionProbsSize;
+using kernels::cpu::attentionScratchSize;
+using kernels::cpu::fp8BlockBytes;
+using kernels::cpu::fp8BlockScaleCount;
+using kernels::cpu::fp8Max;
+
+// True when the calling thread is running an op of a stream with a native (CUDA) handle, i.e.
+// when kernels called now run on the GPU.
+bool onDevice();
+
+// --- ops that return a value (synchronize on CUDA) ------------------------------------------
+int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
+                     int vocabStart, int vocabEnd, int vocabSize);
+double sumSquares(const float* x, int64_t n);
+bool allFinite(const float* x, int64_t n);
+int countInvalidIds(const int32_t* ids, int T, int vocabSize);
+float amaxOf(const float* x, int64_t n);
+
+// --- the rest: asynchronous on CUDA ---------------------------------------------------------
+void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+void gemmStridedBatched(bool transA, bool transB, int M, int N, int K, float alpha, const float* A,
+                        int lda, int64_t strideA, const float* B, int ldb, int64_t strideB,
+                        float beta, float* C, int ldc, int64_t strideC, int batch);
+void linearForward(const float* x, const float* W, const float* b, float* y, int T, int in,
+                   int out);
+void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
+                    float* db, int T, int in, int out);
+void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
+                       int vocabStart, int vocabEnd);
+void positionEmbeddingForward(const float* table, float* out, int s, int b, int C);
+void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C);
+void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
+                      float* rstd, int T, int C, float eps);
+void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
+                       const float* rstd, float* dx, float* dw, float* db, int T, int C);
+void layerNormForwardFused(const float* x, const float* w, const float* b, float* y, float* mean,
+                           float* rstd, int T, int C, float eps);
+void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,
+                            const float* rstd, float* dx, float* dw, float* db, int T, int C);
+void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C, float eps);
+void rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                     float* dw, int T, int C);
+void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset);
+void ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int posOffset);
+void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset);
+void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
+                         int ng, int d, float theta, int posOffset);
+void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int s,
+                          int b, int nq, int ng, int d, float theta, int posOffset);
+void attentionForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                      float* probs, float* out, bool fusedSoftmax);
+void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                       const float* probs, const float* dout, float* dq, float* dk, float* dv,
+                       float* scratch, bool fusedSoftmax = true);
+void cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k,
+                        const float* v, float* probs, float* out);
+void cpAttentionBackward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k,
+                         const float* v, const float* probs, const float* dout, float* dq,
+                         float* dk, float* dv);
+void cpRingAttentionForward(const CpAttnDims& dims, const int* qPos, const int* kPos,
+                            const float* q, const float* k, const float* v, float* out, float* lse,
+                            bool first);
+void cpRingAttentionDelta(const CpAttnDims& dims, const float* out, const float* dout,
+                          float* delta);
+void cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const int* kPos,
+                             const float* q, const float* k, const float* v, const float* lse,
+                             const float* delta, const float* dout, float* dq, float* dk,
+                             float* dv);
+void biasGeluForward(const float* x, const float* b, float* y, int T, int C);
+void biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C);
+void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx, float* db, int T,
+                      int C);
+void swigluForward(const float* x, float* y, int T, int F);
+void swigluBackward(const float* dy, const float* x, float* dx, int T, int F);
+void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+                    uint64_t offset);
+void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p);
+void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset);
+void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
+                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
+void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
+                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
+void biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db, int T,
+                            int C, float p);
+void add(const float* a, const float* b, float* y, int64_t n);
+void addInPlace(float* y, const float* x, int64_t n);
+void scale(float* y, float alpha, int64_t n);
+void addBias(float* y, const float* b, int T, int C);
+void biasGradAccumulate(const float* dy, float* db, int T, int C);
+void crossEntropyRowMax(const float* logits, float* rowMax, int T, int Vl);
+void crossEntropyStats(const float* logits, const int32_t* targets, const float* rowMax,
+                       float* targetLogit, float* sumExp, int T, int Vl, int vStart);
+void crossEntropyLoss(const float* targetLogit, const float* sumExp, float* loss, int T);
+void crossEntropyBackward(const float* logits, const int32_t* targets, const float* rowMax,
+                          const float* sumExp, const float* dloss, float* dlogits, int T, int Vl,
+                          int vStart);
+void crossEntropyForwardUnfused(const float* logits, const int32_t* targets, float* probs,
+                                float* loss, int T, int V);
+void crossEntropyBackwardUnfused(const float* probs, const int32_t* targets, const float* dloss,
+                                 float* dlogits, int T, int V);
+void crossEntropyFused(float* logitsInGradOut, const int32_t* targets, const float* dloss,
+                       float* loss, int T, int V);
+void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
+               const AdamParams& hp);
+void floatToBf16(const float* x, uint16_t* y, int64_t n);
+void bf16ToFloat(const uint16_t* x, float* y, int64_t n);
+void roundToBf16(float* x, int64_t n);
+void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale,
+                           Fp8Format f);
+void fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* scales,
+                                int64_t rows, int64_t cols, Fp8BlockKind kind, bool alongRows,
+                                Fp8Format f, bool pow2 = true);
+
+}  // namespace ts::engine::kern

@@ -1,29 +1,17 @@
-// Block-scaled FP8 emulation (see fp8_block.h).
+// Block-scaled FP8 emulation (see fp8_block.h). The scalar conversions (E8M0, the blockwise
+// scale) live in kernels/common/fp8_scalar.h, shared with the CUDA kernels.
 #include "kernels/cpu/fp8_block.h"
 
+#include "kernels/common/fp8_scalar.h"
+
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
-#include <cstring>
 
 namespace ts::kernels::cpu {
 
-uint8_t e8m0FromFloat(float v) {
-    if (std::isnan(v)) return 0xFF;
-    if (std::isinf(v)) return 0xFE;
-    if (v == 0.0f) return 0x00;
-    uint32_t u = 0;
-    std::memcpy(&u, &v, sizeof(u));
-    uint32_t e = (u >> 23) & 0xFF;  // TE reads the bits of a non-negative amax ratio
-    const uint32_t m = u & 0x7FFFFF;
-    if (m > 0 && e != 0xFE && !(e == 0 && m <= 0x400000)) ++e;
-    return uint8_t(e);
-}
+uint8_t e8m0FromFloat(float v) { return fp8s::e8m0FromFloat(v); }
 
-float e8m0ToFloat(uint8_t e) {
-    if (e == 0xFF) return std::nanf("");
-    return std::ldexp(1.0f, int(e) - 127);
-}
+float e8m0ToFloat(uint8_t e) { return fp8s::e8m0ToFloat(e); }
 
 namespace {
 
@@ -44,20 +32,7 @@ int64_t fp8BlockBytes(int64_t rows, int64_t cols, Fp8BlockKind kind, bool alongR
     return rows * cols + scaleBytes * fp8BlockScaleCount(rows, cols, kind, alongRows);
 }
 
-float fp8BlockScale(float amax, float fp8Max, bool pow2) {
-    float s = 1.0f;
-    if (std::isfinite(amax) && amax > 0.0f) {
-        s = fp8Max / amax;
-        if (std::isinf(s)) s = FLT_MAX;
-    }
-    if (pow2) {
-        uint32_t u = 0;
-        std::memcpy(&u, &s, sizeof(u));
-        u &= 0xFF800000u;  // sign and exponent: rounds the scale down to a power of two
-        std::memcpy(&s, &u, sizeof(u));
-    }
-    return s;
-}
+float fp8BlockScale(float amax, float fp8Max, bool pow2) { return fp8s::fp8BlockScale(amax, fp8Max, pow2); }
 
 void fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* scales, int64_t rows, int64_t cols,
                                 Fp8BlockKind kind, bool alongRows, Fp8Format f, bool pow2) {
@@ -74,8 +49,7 @@ void fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* 
         float q, dq;  // multiply before encoding, after decoding
         if (kind == Fp8BlockKind::Mx1x32) {
             const uint8_t e = e8m0FromFloat(amax * (1.0f / mx));
-            // TE's exp2f_rcp: 2^(127 - e), and 1 for e = 0.
-            q = e == 0 ? 1.0f : std::ldexp(1.0f, 127 - int(e));
+            q = fp8s::e8m0EncodeFactor(e);  // TE's exp2f_rcp
             dq = e8m0ToFloat(e);
             if (scales) static_cast<uint8_t*>(scales)[idx] = e;
         } else {

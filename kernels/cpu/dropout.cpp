@@ -3,6 +3,8 @@
 // u_{2k} and u_{2k+1} are the high and low halves of splitmix64 output number k of a stream
 // keyed by splitmix64(seed). So any slice of a mask can be regenerated alone (recompute,
 // sequence shards), nothing depends on thread count, and one 64-bit hash serves two elements.
+// The RNG itself lives in kernels/common/dropout_rng.h, shared with the CUDA kernels.
+#include "kernels/common/dropout_rng.h"
 #include "kernels/cpu/ops.h"
 
 #include <algorithm>
@@ -13,39 +15,25 @@ namespace ts::kernels::cpu {
 
 namespace {
 
-inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-inline uint64_t streamKey(uint64_t seed) { return mix64(seed + kGolden); }
-
-// P(drop) = threshold / 2^32.
-inline uint64_t dropThreshold(float p) {
-    if (!(p > 0.0f)) return 0;
-    if (p >= 1.0f) return uint64_t{1} << 32;
-    return static_cast<uint64_t>(std::llround(static_cast<double>(p) * 4294967296.0));
-}
-
-inline float keepScale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+using hd::dropoutKeepScale;
+using hd::dropoutPairBits;
+using hd::dropoutStreamKey;
+using hd::dropoutThreshold;
 
 // mask[i] = keep bit of stream element start + i, for i < n.
 void keepBits(uint8_t* mask, int64_t n, uint64_t key, uint64_t start, uint64_t thr) {
     int64_t i = 0;
     if (n > 0 && (start & 1)) {  // odd start: low half of pair start/2
-        mask[0] = (mix64(key + (start >> 1) * kGolden) & 0xFFFFFFFFull) >= thr;
+        mask[0] = hd::dropoutKeepLow(dropoutPairBits(key, start >> 1), thr);
         i = 1;
     }
     uint64_t pair = (start + static_cast<uint64_t>(i)) >> 1;
     for (; i + 2 <= n; i += 2, ++pair) {
-        const uint64_t h = mix64(key + pair * kGolden);
-        mask[i] = (h >> 32) >= thr;
-        mask[i + 1] = (h & 0xFFFFFFFFull) >= thr;
+        const uint64_t h = dropoutPairBits(key, pair);
+        mask[i] = hd::dropoutKeepHigh(h, thr);
+        mask[i + 1] = hd::dropoutKeepLow(h, thr);
     }
-    if (i < n) mask[i] = (mix64(key + pair * kGolden) >> 32) >= thr;
+    if (i < n) mask[i] = hd::dropoutKeepHigh(dropoutPairBits(key, pair), thr);
 }
 
 constexpr int64_t kChunk = 2048;  // mask scratch when the caller does not keep the mask
@@ -53,7 +41,7 @@ constexpr int64_t kChunk = 2048;  // mask scratch when the caller does not keep 
 }  // namespace
 
 void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset) {
-    keepBits(mask, n, streamKey(seed), offset, dropThreshold(p));
+    keepBits(mask, n, dropoutStreamKey(seed), offset, dropoutThreshold(p));
 }
 
 void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
@@ -63,8 +51,8 @@ void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p,
         if (mask) std::memset(mask, 1, n);
         return;
     }
-    const uint64_t key = streamKey(seed), thr = dropThreshold(p);
-    const float sc = keepScale(p);
+    const uint64_t key = dropoutStreamKey(seed), thr = dropoutThreshold(p);
+    const float sc = dropoutKeepScale(p);
     uint8_t local[kChunk];
     for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
         const int64_t len = std::min(kChunk, n - c0);
@@ -80,7 +68,7 @@ void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n,
         if (dx != dy) std::memcpy(dx, dy, sizeof(float) * n);
         return;
     }
-    const float sc = keepScale(p);
+    const float sc = dropoutKeepScale(p);
     for (int64_t i = 0; i < n; ++i) dx[i] = mask[i] ? dy[i] * sc : 0.0f;
 }
 
@@ -97,8 +85,8 @@ void biasDropoutAddFused(const float* x, const float* b, const float* residual, 
         if (mask) std::memset(mask, 1, static_cast<size_t>(T) * C);
         return;
     }
-    const uint64_t key = streamKey(seed), thr = dropThreshold(p);
-    const float sc = keepScale(p);
+    const uint64_t key = dropoutStreamKey(seed), thr = dropoutThreshold(p);
+    const float sc = dropoutKeepScale(p);
     uint8_t local[kChunk];
     for (int t = 0; t < T; ++t) {
         const int64_t off = static_cast<int64_t>(t) * C;

@@ -1,0 +1,54 @@
+// fp32 <-> bf16 conversions on device with the CPU oracle's rounding (kernels/common/bf16.h, the
+// same __host__ __device__ functions kernels/cpu/bf16.cpp runs): round to nearest even, NaN kept
+// (quieted), overflow to inf. Integer bit operations only, so bit-identical to the CPU.
+#include "kernels/common/bf16.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace ts::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ inline int64_t globalThread() {
+    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline int64_t gridThreads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+__global__ void floatToBf16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+    for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16FromFloat(x[i]);
+}
+
+__global__ void bf16ToFloatKernel(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
+    for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16ToFloatValue(x[i]);
+}
+
+__global__ void roundToBf16Kernel(float* __restrict__ x, int64_t n) {
+    for (int64_t i = globalThread(); i < n; i += gridThreads()) x[i] = hd::bf16RoundFloat(x[i]);
+}
+
+}  // namespace
+
+Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream) {
+    if (n < 0) return Status::invalid("floatToBf16: negative element count");
+    if (n == 0) return Status::ok();
+    floatToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
+    return detail::launchStatus("floatToBf16 launch");
+}
+
+Status bf16ToFloat(const uint16_t* x, float* y, int64_t n, void* stream) {
+    if (n < 0) return Status::invalid("bf16ToFloat: negative element count");
+    if (n == 0) return Status::ok();
+    bf16ToFloatKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
+    return detail::launchStatus("bf16ToFloat launch");
+}
+
+Status roundToBf16(float* x, int64_t n, void* stream) {
+    if (n < 0) return Status::invalid("roundToBf16: negative element count");
+    if (n == 0) return Status::ok();
+    roundToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, n);
+    return detail::launchStatus("roundToBf16 launch");
+}
+
+}  // namespace ts::kernels::cuda

@@ -43,7 +43,8 @@ private:
 // TODO(merge): use the shared RNG header (kernels/common) instead of this copy of the CPU's
 // counter-based RNG. Element e of stream `seed` keeps iff its 32-bit uniform u_e >= threshold,
 // u_{2k} / u_{2k+1} the high / low half of mix64(key + k*golden), key = mix64(seed + golden),
-// threshold = round(p * 2^32) (2^32 for p >= 1: nothing kept). Bit-identical to dropoutMask.
+// threshold = round(p * 2^32) (2^32 for p >= 1: nothing kept). Bit-identical to dropoutMask;
+// host-callable too, so a host program can check it against dropoutMask without a device.
 constexpr uint64_t kDropGolden = 0x9E3779B97F4A7C15ull;
 
 __host__ __device__ inline uint64_t dropMix64(uint64_t z) {

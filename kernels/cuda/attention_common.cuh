@@ -1,0 +1,128 @@
+// Shared by rope.cu, attention.cu and attention_cp.cu: stream-ordered workspaces, the dropout
+// keep bit of the CPU's counter-based RNG (kernels/cpu/dropout.cpp) on the device, and the
+// masked-attention engine that attentionForward/Backward (causal square) and
+// cpAttentionForward/Backward (query rows at global positions) both run.
+#pragma once
+
+#include "common/status.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+#include <cmath>
+#include <cstdint>
+
+namespace ts::kernels::cuda::detail {
+
+// Device memory allocated and freed in stream order (cudaMallocAsync / cudaFreeAsync): the
+// workspace of one op call, released on the stream when the call's launches are queued.
+class StreamWorkspace {
+public:
+    explicit StreamWorkspace(void* stream) : m_stream(asStream(stream)) {}
+    StreamWorkspace(const StreamWorkspace&) = delete;
+    StreamWorkspace& operator=(const StreamWorkspace&) = delete;
+    ~StreamWorkspace() {
+        if (m_ptr) (void)cudaFreeAsync(m_ptr, m_stream);
+    }
+    // On failure the runtime's last-error state is cleared, so the next launch check does not
+    // report this allocation.
+    Status allocate(size_t bytes, const char* what) {
+        const cudaError_t err = cudaMallocAsync(&m_ptr, bytes, m_stream);
+        if (err != cudaSuccess) {
+            m_ptr = nullptr;
+            (void)cudaGetLastError();
+        }
+        return fromCuda(err, what);
+    }
+    void* get() const { return m_ptr; }
+
+private:
+    cudaStream_t m_stream;
+    void* m_ptr = nullptr;
+};
+
+// --- dropout keep bit ------------------------------------------------------------------------
+// TODO(merge): use the shared RNG header (kernels/common) instead of this copy of the CPU's
+// counter-based RNG. Element e of stream `seed` keeps iff its 32-bit uniform u_e >= threshold,
+// u_{2k} / u_{2k+1} the high / low half of mix64(key + k*golden), key = mix64(seed + golden),
+// threshold = round(p * 2^32) (2^32 for p >= 1: nothing kept). Bit-identical to dropoutMask;
+// host-callable too, so a host program can check it against dropoutMask without a device.
+constexpr uint64_t kDropGolden = 0x9E3779B97F4A7C15ull;
+
+__host__ __device__ inline uint64_t dropMix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__host__ __device__ inline bool dropKeep(uint64_t key, uint64_t e, uint64_t threshold) {
+    const uint64_t h = dropMix64(key + (e >> 1) * kDropGolden);
+    const uint64_t u = (e & 1) ? (h & 0xFFFFFFFFull) : (h >> 32);
+    return u >= threshold;
+}
+
+// The host side of one dropout stream: key, threshold and the kept values' scale 1/(1-p).
+struct DropoutRng {
+    bool on = false;
+    uint64_t key = 0;
+    uint64_t threshold = 0;
+    float keepScale = 1.0f;
+    static DropoutRng make(float p, uint64_t seed) {
+        DropoutRng r;
+        r.on = p > 0.0f;
+        if (!r.on) return r;
+        r.key = dropMix64(seed + kDropGolden);
+        r.threshold = p >= 1.0f ? (uint64_t{1} << 32)
+                                : static_cast<uint64_t>(std::llround(static_cast<double>(p) * 4294967296.0));
+        r.keepScale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+        return r;
+    }
+};
+
+// --- the masked-attention engine --------------------------------------------------------------
+// sq query rows [sq, b, nq, d] against skv keys/values [skv, b, nkv, d]; probs [b, nq, sq, skv].
+// qPos null: the causal square (sq == skv, query i at position i sees keys [0, i]); otherwise
+// query i (global position qPos[i], device array) sees keys [0, min(qPos[i], skv-1)].
+// Dropout element of (bi, head, query i, key j): ((bi*nqTotal + headOffset + head)*S + pos_i)*S
+// + j with S = sTotal (the AttnDims / CpAttnDims numbering).
+struct AttnGeom {
+    int sq = 0, skv = 0, b = 0, nq = 0, nkv = 0, d = 0;
+    float scale = 0.0f;
+    float dropout = 0.0f;
+    uint64_t seed = 0;
+    int headOffset = 0;
+    int nqTotal = 0;  // already resolved (> 0)
+    int sTotal = 0;   // already resolved (> 0)
+    const int* qPos = nullptr;
+};
+
+// fused=false: scores, scale, mask, softmax, dropout as separate kernels; true: one row kernel
+// for scale (folded into the GEMM), mask, softmax and dropout.
+Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k, const float* v,
+                              float* probs, float* out, bool fused, const char* what,
+                              void* stream);
+// dq, dk, dv overwritten. scratch (may be null): scratchFloats floats the caller lends for one
+// head at a time when no larger stream-ordered workspace can be had.
+Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k, const float* v,
+                               const float* probs, const float* dout, float* dq, float* dk,
+                               float* dv, float* scratch, size_t scratchFloats, bool fused,
+                               const char* what, void* stream);
+
+// Heads are processed as GEMM batches: for the replica j < nq/nkv of each query group, the
+// batch runs over i = bi*nkv + g (query head (bi, g*rep + j) = flat head i*rep + j, its k/v
+// head i), so every GEMM has uniform strides. A chunk is [i0, i0 + count) of one j.
+struct HeadChunk {
+    int64_t i0 = 0;
+    int count = 0;
+    int rep = 1;
+    int j = 0;
+    __host__ __device__ int64_t head(int t) const { return (i0 + t) * rep + j; }  // flat bi*nq + h
+};
+
+// Heads per chunk for `perHeadBytes` of workspace each: all of them when they fit in the cap.
+constexpr size_t kWorkspaceCapBytes = size_t{256} << 20;
+inline int chunkHeads(int64_t groups, size_t perHeadBytes) {
+    if (perHeadBytes == 0) return static_cast<int>(groups);
+    const int64_t fit = static_cast<int64_t>(kWorkspaceCapBytes / perHeadBytes);
+    return static_cast<int>(fit < 1 ? 1 : (fit > groups ? groups : fit));
+}
+
+}  // namespace ts::kernels::cuda::detail

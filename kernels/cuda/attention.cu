@@ -94,11 +94,11 @@ __device__ inline const float* probsRow(const RowParams& p, const float* probs, 
          ro < (rows); ro += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32))
 
 __device__ inline float keepFactor(const RowParams& p, uint64_t e) {
-    return dropKeep(p.rng.key, e, p.rng.threshold) ? p.rng.keepScale : 0.0f;
+    return dropoutKeep(p.rng.key, e, p.rng.threshold) ? p.rng.keepScale : 0.0f;
 }
 // x of dropout element e after dropout, as the CPU's dropoutForward/Backward (m ? x*sc : 0).
 __device__ inline float dropValue(const RowParams& p, uint64_t e, float x) {
-    return dropKeep(p.rng.key, e, p.rng.threshold) ? x * p.rng.keepScale : 0.0f;
+    return dropoutKeep(p.rng.key, e, p.rng.threshold) ? x * p.rng.keepScale : 0.0f;
 }
 
 // Fused forward row: probs holds the scaled scores; writes the masked softmax (zeros past the

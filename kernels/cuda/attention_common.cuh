@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common/status.h"
+#include "kernels/common/dropout_rng.h"
 #include "kernels/cuda/cuda_common.cuh"
 
 #include <cmath>
@@ -40,24 +41,8 @@ private:
 };
 
 // --- dropout keep bit ------------------------------------------------------------------------
-// TODO(merge): use the shared RNG header (kernels/common) instead of this copy of the CPU's
-// counter-based RNG. Element e of stream `seed` keeps iff its 32-bit uniform u_e >= threshold,
-// u_{2k} / u_{2k+1} the high / low half of mix64(key + k*golden), key = mix64(seed + golden),
-// threshold = round(p * 2^32) (2^32 for p >= 1: nothing kept). Bit-identical to dropoutMask;
-// host-callable too, so a host program can check it against dropoutMask without a device.
-constexpr uint64_t kDropGolden = 0x9E3779B97F4A7C15ull;
-
-__host__ __device__ inline uint64_t dropMix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-__host__ __device__ inline bool dropKeep(uint64_t key, uint64_t e, uint64_t threshold) {
-    const uint64_t h = dropMix64(key + (e >> 1) * kDropGolden);
-    const uint64_t u = (e & 1) ? (h & 0xFFFFFFFFull) : (h >> 32);
-    return u >= threshold;
-}
+// The CPU's counter-based RNG (kernels/common/dropout_rng.h, the same functions the oracle runs).
+using hd::dropoutKeep;
 
 // The host side of one dropout stream: key, threshold and the kept values' scale 1/(1-p).
 struct DropoutRng {
@@ -69,10 +54,9 @@ struct DropoutRng {
         DropoutRng r;
         r.on = p > 0.0f;
         if (!r.on) return r;
-        r.key = dropMix64(seed + kDropGolden);
-        r.threshold = p >= 1.0f ? (uint64_t{1} << 32)
-                                : static_cast<uint64_t>(std::llround(static_cast<double>(p) * 4294967296.0));
-        r.keepScale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+        r.key = hd::dropoutStreamKey(seed);
+        r.threshold = hd::dropoutThreshold(p);
+        r.keepScale = hd::dropoutKeepScale(p);
         return r;
     }
 };

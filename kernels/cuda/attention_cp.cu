@@ -97,7 +97,7 @@ __global__ void ringForwardRowsKernel(RingParams p, float* __restrict__ S, doubl
             if (j < nv) {
                 e = expf(Sr[j] - mx);
                 if (p.rng.on)
-                    e = detail::dropKeep(p.rng.key, mrow + static_cast<uint64_t>(p.kPos[j]),
+                    e = detail::dropoutKeep(p.rng.key, mrow + static_cast<uint64_t>(p.kPos[j]),
                                          p.rng.threshold)
                             ? e * p.rng.keepScale
                             : 0.0f;
@@ -190,7 +190,7 @@ __global__ void ringBackwardRowsKernel(RingParams p, const float* __restrict__ l
             float pd = 0.0f, ds = 0.0f;
             if (j < nv) {
                 const float pr = expf(Sr[j] - L);
-                const float m = p.rng.on ? (detail::dropKeep(p.rng.key, mrow + static_cast<uint64_t>(p.kPos[j]),
+                const float m = p.rng.on ? (detail::dropoutKeep(p.rng.key, mrow + static_cast<uint64_t>(p.kPos[j]),
                                                              p.rng.threshold)
                                                 ? p.rng.keepScale
                                                 : 0.0f)

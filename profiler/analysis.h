@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/peak_flops.h"
 #include "common/recorder.h"
 #include "common/status.h"
 #include "profiler/store.h"
@@ -250,15 +251,10 @@ struct Fp8Summary {
 // step >= 0: the last samples inside that step; otherwise the last samples of the run.
 Result<Fp8Summary> fp8Summary(TraceStore& store, const std::vector<StepWindow>& windows, int step = -1);
 
-// ---- peak FLOPS table: JSON {"devices": {"<device name>": {"<dtype>": tflops, ...}}}.
-struct PeakFlopsTable {
-    std::map<std::string, std::map<std::string, double>> tflops;  // device -> dtype -> TFLOP/s
-    // Exact name, else the longest table key contained in deviceName (case-insensitive).
-    std::optional<double> lookup(const std::string& deviceName, const std::string& dtype) const;
-};
-Result<PeakFlopsTable> loadPeakFlopsTable(const std::string& path);
-// resources/peak_flops.json of the source tree (TS_SOURCE_DIR), or "" when not found.
-std::string defaultPeakFlopsTablePath();
+// ---- peak FLOPS table: common/peak_flops.h (shared with the CUDA backend's DeviceInfo).
+using ts::PeakFlopsTable;
+using ts::loadPeakFlopsTable;
+using ts::defaultPeakFlopsTablePath;
 
 // ---- critical path of one step across ranks (documented approximation, docs/profiler.md):
 // nodes = compute and communication slices of the step; edges = stream order on each track,

@@ -8,6 +8,7 @@
 #include <climits>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -40,6 +41,11 @@ using sessions::RunSummary;
 using sessions::Workspace;
 
 namespace {
+
+// Said wherever CUDA devices are listed until a GPU session has run the backend's tests.
+constexpr const char* kCudaBackendStatus =
+    "the CUDA backend compiles but has not yet been run on a GPU by its developers; runs use "
+    "device_backend: cpu";
 
 int codeFor(const Status& s) { return exitCodeOf(s); }
 
@@ -141,8 +147,8 @@ Result<std::string> readFile(const std::string& path) {
     return ss.str();
 }
 
-// What `devices` answers on this node: the CUDA devices when this build and machine have
-// them, and always the CPU.
+// What `devices` (the command and the agent's method) answers on this node: the CUDA devices
+// when this build and machine have them, and always the CPU. `cuda` says why there are none.
 json probeDevices() {
     json cpu = sessions::probeCpuDevices();
     json backends = json::array();
@@ -151,10 +157,20 @@ json probeDevices() {
         json devs = json::array();
         for (int i = 0; i < (*cuda)->deviceCount(); ++i) {
             const auto& info = (*cuda)->device(i).info();
-            devs.push_back({{"index", i}, {"name", info.name}, {"memory_total_bytes", info.memoryTotal},
-                            {"memory_free_bytes", info.memoryFree}, {"peak_tflops_bf16", info.peakTflopsBf16}});
+            devs.push_back({{"index", i},
+                            {"name", info.name},
+                            {"memory_total_bytes", info.memoryTotal},
+                            {"memory_free_bytes", info.memoryFree},
+                            {"sm_count", info.smCount},
+                            {"compute_capability", std::to_string(info.computeCapabilityMajor) + "." +
+                                                       std::to_string(info.computeCapabilityMinor)},
+                            {"peak_tflops_fp32", info.peakTflopsFp32},
+                            {"peak_tflops_bf16", info.peakTflopsBf16}});
         }
-        backends.push_back({{"backend", "cuda"}, {"count", devs.size()}, {"devices", devs}});
+        json entry = {{"backend", "cuda"}, {"count", devs.size()}, {"devices", devs}, {"status", kCudaBackendStatus}};
+        const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+        entry["cuda_device_max_connections"] = conns ? json(conns) : json(nullptr);
+        backends.push_back(entry);
     }
     backends.push_back(cpu["backends"][0]);
     json out = backends[0];
@@ -164,6 +180,51 @@ json probeDevices() {
 }
 
 }  // namespace
+
+// ---- devices -----------------------------------------------------------------------------
+
+int cmdDevices(const Args& a) {
+    if (int rc = checkFlags(a, {"--json"})) return rc;
+    const json d = probeDevices();
+    if (a.has("--json")) {
+        std::printf("%s\n", dumpJson(d, 2).c_str());
+        return 0;
+    }
+    auto num = [](const json& j, const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0; };
+    auto str = [](const json& j, const char* k) { return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string(); };
+    for (const auto& b : d["backends"]) {
+        const std::string kind = str(b, "backend");
+        std::printf("%s: %d device%s\n", kind.c_str(), int(num(b, "count")), num(b, "count") == 1 ? "" : "s");
+        for (const auto& dev : b["devices"]) {
+            std::printf("  [%d] %s\n", int(num(dev, "index")), forTerminal(str(dev, "name")).c_str());
+            std::printf("      memory %s total, %s free", human(num(dev, "memory_total_bytes")).c_str(),
+                        human(num(dev, "memory_free_bytes")).c_str());
+            if (kind == "cuda") {
+                std::printf(", %d SMs, compute capability %s", int(num(dev, "sm_count")),
+                            str(dev, "compute_capability").c_str());
+                auto peak = [&](const char* k) {
+                    const double v = num(dev, k);
+                    char buf[32];
+                    std::snprintf(buf, sizeof buf, "%.1f", v);
+                    return v > 0 ? std::string(buf) : std::string("unknown");
+                };
+                std::printf("\n      peak TFLOP/s fp32 %s, bf16 %s (resources/peak_flops.json)", peak("peak_tflops_fp32").c_str(),
+                            peak("peak_tflops_bf16").c_str());
+            } else if (dev.contains("cores")) {
+                std::printf(", %d cores", int(num(dev, "cores")));
+            }
+            std::printf("\n");
+        }
+        if (kind == "cuda") {
+            const json& c = b["cuda_device_max_connections"];
+            std::printf("  CUDA_DEVICE_MAX_CONNECTIONS=%s (Megatron wants 1 with sequence parallel / TP comm overlap)\n",
+                        c.is_string() ? forTerminal(c.get<std::string>()).c_str() : "unset");
+            std::printf("  note: %s\n", kCudaBackendStatus);
+        }
+    }
+    if (d.contains("cuda")) std::printf("cuda: none (%s)\n", forTerminal(d["cuda"].get<std::string>()).c_str());
+    return 0;
+}
 
 // ---- runs --------------------------------------------------------------------------------
 

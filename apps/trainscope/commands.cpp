@@ -168,6 +168,9 @@ const std::vector<Command>& commands() {
          "Protocol and limits: docs/protocol.md."},
         {"gui", "gui [--node URL] [--token-file FILE] [--config FILE] [--run RUN_FILE] [--tour DIR]",
          "open the workbench window (trainscope-gui) on a node; --tour writes a screenshot per view", cmdGui},
+        {"devices", "devices [--json]",
+         "list this node's devices: CUDA GPUs (memory, SMs, compute capability, peak TFLOP/s) when this "
+         "build and machine have them, else why not, and the CPU", cmdDevices},
         {"version", "version", "print version and build configuration", cmdVersion},
     };
     return kCommands;

@@ -85,6 +85,7 @@ int cmdCompare(const Args&);
 int cmdExport(const Args&);
 int cmdConfig(const Args&);
 int cmdGui(const Args&);
+int cmdDevices(const Args&);
 // `run CONFIG --node URL`: runs through the agent on that node and stores the run in the local
 // workspace (cmd_sessions.cpp). cmdRun calls it when --node is given.
 int cmdRunOnNode(const Args&);

@@ -90,8 +90,12 @@ struct DeviceInfo {
     std::string name;            // "cpu:0 (virtual)", "NVIDIA H100 80GB HBM3"
     int64_t memoryTotal = 0;     // bytes (CPU: physical RAM / devices)
     int64_t memoryFree = 0;
-    double peakTflopsFp32 = 0;   // for MFU; 0 = unknown
+    double peakTflopsFp32 = 0;   // for MFU; 0 = unknown (resources/peak_flops.json by name)
     double peakTflopsBf16 = 0;
+    // CUDA only (0 on the CPU backend): streaming multiprocessors, compute capability.
+    int smCount = 0;
+    int computeCapabilityMajor = 0;
+    int computeCapabilityMinor = 0;
 };
 
 // Where a device's trace goes (see setTrace). `generation` is unique per setTrace() call in
@@ -156,7 +160,9 @@ Status takeKernelError();
 
 // CPU backend with `virtualDevices` ranks (each a virtual device).
 std::unique_ptr<Backend> makeCpuBackend(int virtualDevices);
-// CUDA backend; Unsupported when not built with CUDA or no device is visible.
+// CUDA backend (engine/backend/cuda/cuda_backend.h): one Device per visible GPU. Unsupported,
+// with the cause and what to do, when not built with CUDA, without a driver, or when no device
+// is visible (none installed, CUDA_VISIBLE_DEVICES empty).
 Result<std::unique_ptr<Backend>> makeCudaBackend();
 
 }  // namespace ts::engine

@@ -1,6 +1,7 @@
 // Host-thread tracks and NVTX-style ranges (see backend_trace.h).
 #include "engine/backend/backend_trace.h"
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -50,6 +51,11 @@ HostTrackEntry& entryFor(const TraceTarget& target) {
 }  // namespace
 
 uint32_t hostTrack(const TraceTarget& target) { return entryFor(target).track; }
+
+uint64_t nextTraceGeneration() {
+    static std::atomic<uint64_t> generation{0};
+    return ++generation;
+}
 
 int hostRangeDepth(const TraceTarget& target) {
     for (auto& e : t_hostTracks)

@@ -18,6 +18,9 @@ namespace ts::engine {
 // target.recorder != nullptr.
 uint32_t hostTrack(const TraceTarget& target);
 
+// A fresh TraceTarget::generation, unique in the process across every backend (setTrace).
+uint64_t nextTraceGeneration();
+
 // Range nesting depth of the calling thread on `target`'s host track (0 = no open range).
 int hostRangeDepth(const TraceTarget& target);
 

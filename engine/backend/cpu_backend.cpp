@@ -26,8 +26,6 @@ namespace ts::engine {
 
 namespace {
 
-std::atomic<uint64_t> g_traceGeneration{0};
-
 std::string formatBytes(int64_t b) {
     char buf[64];
     const double v = double(b);
@@ -392,7 +390,7 @@ public:
         st->target.recorder = rec;
         st->target.rank = rank;
         st->target.device = m_info.index;
-        st->target.generation = ++g_traceGeneration;
+        st->target.generation = nextTraceGeneration();
         m_trace.store(st.get(), std::memory_order_release);
         m_traceStates.push_back(std::move(st));
     }

@@ -1,0 +1,726 @@
+// CUDA backend implementation (see cuda_backend.h): devices, non-blocking streams that run
+// their launchers on the caller's thread, cudaEvent events, and the caching allocator.
+#include "engine/backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/peak_flops.h"
+#include "engine/backend/backend_trace.h"
+#include "engine/backend/cuda_ops.h"
+
+namespace ts::engine {
+
+namespace {
+
+Status fromCuda(cudaError_t err, const std::string& what) {
+    if (err == cudaSuccess) return Status::ok();
+    std::string msg = what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+    switch (err) {
+        case cudaErrorMemoryAllocation: return {ErrorCode::OutOfMemory, msg};
+        case cudaErrorNoDevice:
+        case cudaErrorInsufficientDriver:
+        case cudaErrorNoKernelImageForDevice: return Status::unsupported(msg);
+        case cudaErrorInvalidValue:
+        case cudaErrorInvalidDevicePointer: return Status::invalid(msg);
+        default: return Status::internal(msg);
+    }
+}
+
+std::string formatBytes(int64_t b) {
+    char buf[64];
+    const double v = double(b);
+    if (b >= (int64_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", v / double(1 << 30));
+    else if (b >= (int64_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", v / double(1 << 20));
+    else if (b >= 1024) std::snprintf(buf, sizeof buf, "%.2f KiB", v / 1024.0);
+    else std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+    return buf;
+}
+
+// Makes `device` current for the scope and restores the caller's device afterwards, so a
+// submit or a free never changes which device the calling thread works on.
+class DeviceGuard {
+public:
+    explicit DeviceGuard(int device) : m_device(device) {
+        if (cudaGetDevice(&m_prev) != cudaSuccess) m_prev = -1;
+        if (m_prev != m_device) m_ok = cudaSetDevice(m_device) == cudaSuccess;
+    }
+    ~DeviceGuard() {
+        if (m_prev >= 0 && m_prev != m_device) (void)cudaSetDevice(m_prev);
+    }
+    bool ok() const { return m_ok; }
+    DeviceGuard(const DeviceGuard&) = delete;
+    DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+private:
+    int m_device;
+    int m_prev = -1;
+    bool m_ok = true;
+};
+
+struct TraceState {
+    TraceTarget target;
+};
+
+// ----- memory -------------------------------------------------------------------------------
+
+// Size class of a request (see cuda_backend.h). cudaMalloc returns 256-byte aligned blocks;
+// 512-byte steps keep every block at least that aligned and bound the number of small classes.
+size_t sizeClass(size_t bytes) {
+    const size_t b = bytes == 0 ? 1 : bytes;
+    if (b <= (size_t(1) << 20)) return (b + 511) / 512 * 512;
+    int msb = 63;
+    while (!(b >> msb)) --msb;
+    const size_t step = size_t(1) << (msb - 3);
+    return (b + step - 1) / step * step;
+}
+
+// A freed block and the events (one per stream live at the free) it waits for before reuse.
+struct CachedBlock {
+    void* ptr = nullptr;
+    std::vector<cudaEvent_t> pending;
+};
+
+// Shared by the device, its streams and its buffers. Every member is guarded by `mutex`; CUDA
+// calls on the device's blocks and events are made with the device current (DeviceGuard).
+struct MemState {
+    std::mutex mutex;
+    int ordinal = 0;
+    MemoryStats stats;
+    int64_t limit = 0;
+    std::string deviceName;
+    std::atomic<const TraceState*>* trace = nullptr;  // owned by the device; null once it is gone
+    bool deviceAlive = true;
+    std::unordered_map<size_t, std::vector<CachedBlock>> freeBlocks;  // size class -> blocks
+    size_t cachedBytes = 0;
+    std::vector<cudaStream_t> liveStreams;  // streams a freed block may still be in use on
+    std::vector<cudaEvent_t> eventPool;     // recycled timing-free events
+
+    ~MemState() {
+        DeviceGuard g(ordinal);
+        releaseCache();
+        for (cudaEvent_t e : eventPool) (void)cudaEventDestroy(e);
+    }
+
+    cudaEvent_t takeEvent() {
+        if (!eventPool.empty()) {
+            cudaEvent_t e = eventPool.back();
+            eventPool.pop_back();
+            return e;
+        }
+        cudaEvent_t e = nullptr;
+        if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return nullptr;
+        }
+        return e;
+    }
+
+    // True when no stream can still use the block; completed events go back to the pool.
+    bool ready(CachedBlock& b) {
+        while (!b.pending.empty()) {
+            const cudaError_t q = cudaEventQuery(b.pending.back());
+            if (q == cudaErrorNotReady) return false;
+            // Success, or an error: a failed context reports it elsewhere (synchronize); the
+            // event will never complete, so waiting for it would only leak the block.
+            if (q != cudaSuccess) (void)cudaGetLastError();
+            eventPool.push_back(b.pending.back());
+            b.pending.pop_back();
+        }
+        return true;
+    }
+
+    // A cached block of class `cls` that no stream still uses, or null.
+    void* takeCached(size_t cls) {
+        auto it = freeBlocks.find(cls);
+        if (it == freeBlocks.end()) return nullptr;
+        auto& blocks = it->second;
+        for (size_t i = blocks.size(); i-- > 0;) {  // newest first: most likely still warm in L2
+            if (!ready(blocks[i])) continue;
+            void* p = blocks[i].ptr;
+            blocks[i] = std::move(blocks.back());
+            blocks.pop_back();
+            cachedBytes -= cls;
+            return p;
+        }
+        return nullptr;
+    }
+
+    // Stream-ordered free: the block waits for everything submitted so far on every live stream.
+    void giveBack(void* p, size_t cls) {
+        CachedBlock b;
+        b.ptr = p;
+        for (cudaStream_t s : liveStreams) {
+            cudaEvent_t e = takeEvent();
+            if (!e || cudaEventRecord(e, s) != cudaSuccess) {
+                // Cannot order the free after this stream: wait for it instead.
+                (void)cudaGetLastError();
+                if (e) eventPool.push_back(e);
+                (void)cudaStreamSynchronize(s);
+                (void)cudaGetLastError();
+                continue;
+            }
+            b.pending.push_back(e);
+        }
+        freeBlocks[cls].push_back(std::move(b));
+        cachedBytes += cls;
+    }
+
+    // cudaFree synchronizes the device, so pending work on the blocks has finished.
+    void releaseCache() {
+        for (auto& [cls, blocks] : freeBlocks)
+            for (CachedBlock& b : blocks) {
+                (void)cudaFree(b.ptr);
+                for (cudaEvent_t e : b.pending) eventPool.push_back(e);
+            }
+        (void)cudaGetLastError();
+        freeBlocks.clear();
+        cachedBytes = 0;
+    }
+
+    void reportCounter(MemCategory cat, int64_t value) {
+        const TraceState* ts = trace ? trace->load(std::memory_order_acquire) : nullptr;
+        if (!ts) return;
+        trace::Counter c;
+        c.rank = ts->target.rank;
+        c.name = ts->target.recorder->intern(std::string("memory.") + trace::memCategoryName(cat));
+        c.tsNs = monotonicNs();
+        c.value = double(value);
+        ts->target.recorder->counter(c);
+    }
+};
+
+class CudaDevice;
+
+class CudaBuffer final : public Buffer {
+public:
+    CudaBuffer(CudaDevice& dev, std::shared_ptr<MemState> mem, void* p, size_t bytes, MemCategory cat)
+        : m_device(dev), m_mem(std::move(mem)), m_data(p), m_bytes(bytes), m_cat(cat) {}
+    ~CudaBuffer() override;
+    void* data() override { return m_data; }
+    const void* data() const override { return m_data; }
+    size_t bytes() const override { return m_bytes; }
+    MemCategory category() const override { return m_cat; }
+    Device& device() override;
+
+private:
+    CudaDevice& m_device;
+    std::shared_ptr<MemState> m_mem;
+    void* m_data;
+    size_t m_bytes;
+    MemCategory m_cat;
+};
+
+// ----- events -------------------------------------------------------------------------------
+
+class CudaEvent final : public Event {
+public:
+    CudaEvent(int ordinal, bool timing) : m_ordinal(ordinal) {
+        DeviceGuard g(ordinal);
+        const cudaError_t err =
+            cudaEventCreateWithFlags(&m_event, timing ? cudaEventDefault : cudaEventDisableTiming);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            m_event = nullptr;
+            m_error = fromCuda(err, "cudaEventCreate");
+        }
+    }
+    ~CudaEvent() override {
+        if (m_event) {
+            DeviceGuard g(m_ordinal);
+            (void)cudaEventDestroy(m_event);
+        }
+    }
+    bool query() override {
+        if (!m_event) return true;
+        const cudaError_t q = cudaEventQuery(m_event);
+        if (q == cudaErrorNotReady) return false;
+        if (q != cudaSuccess) (void)cudaGetLastError();  // will never complete: report done
+        return true;
+    }
+    void synchronize() override {
+        if (m_event && cudaEventSynchronize(m_event) != cudaSuccess) (void)cudaGetLastError();
+    }
+
+    cudaEvent_t event() const { return m_event; }
+    Status error() {
+        std::lock_guard<std::mutex> lock(m_mutex);
+        return m_error;
+    }
+    void setError(Status s) {
+        std::lock_guard<std::mutex> lock(m_mutex);
+        m_error = std::move(s);
+    }
+
+private:
+    int m_ordinal;
+    cudaEvent_t m_event = nullptr;
+    std::mutex m_mutex;
+    Status m_error;  // of the stream that recorded it last (or the creation failure)
+};
+
+// ----- streams ------------------------------------------------------------------------------
+
+class CudaStream final : public Stream {
+public:
+    CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::TrackKind kind, std::string name);
+    ~CudaStream() override;
+
+    void submit(const OpDesc& desc, std::function<Status()> fn) override;
+    void record(Event& e) override;
+    void wait(Event& e) override;
+    Status synchronize() override;
+    void* native() override { return m_stream; }
+    trace::TrackKind kind() const override { return m_kind; }
+    const std::string& name() const override { return m_name; }
+
+private:
+    void fail(Status s);
+    Status error() {
+        std::lock_guard<std::mutex> lock(m_mutex);
+        return m_error;
+    }
+
+    CudaDevice& m_device;
+    std::shared_ptr<MemState> m_mem;
+    int m_ordinal;
+    trace::TrackKind m_kind;
+    std::string m_name;
+    cudaStream_t m_stream = nullptr;
+    std::mutex m_mutex;
+    Status m_error;  // sticky
+    std::atomic<bool> m_failed{false};
+};
+
+// ----- device -------------------------------------------------------------------------------
+
+class CudaDevice final : public Device {
+public:
+    CudaDevice(DeviceInfo info, cudaStream_t allocStream) : m_info(std::move(info)), m_allocStream(allocStream) {
+        m_mem = std::make_shared<MemState>();
+        m_mem->ordinal = m_info.index;
+        m_mem->deviceName = m_info.name;
+        m_mem->trace = &m_trace;
+    }
+    ~CudaDevice() override {
+        {
+            std::lock_guard<std::mutex> lock(m_mem->mutex);
+            m_mem->trace = nullptr;  // buffers that outlive the device must not report into it
+            m_mem->deviceAlive = false;
+        }
+        DeviceGuard g(m_info.index);
+        if (m_allocStream) (void)cudaStreamDestroy(m_allocStream);
+    }
+
+    const DeviceInfo& info() const override { return m_info; }
+    int ordinal() const { return m_info.index; }
+
+    Result<std::unique_ptr<Buffer>> allocate(size_t bytes, MemCategory cat) override {
+        return allocateImpl(bytes, cat, true);
+    }
+    Result<std::unique_ptr<Buffer>> allocateUninitialized(size_t bytes, MemCategory cat) override {
+        return allocateImpl(bytes, cat, false);
+    }
+
+    Result<std::unique_ptr<Buffer>> allocateImpl(size_t bytes, MemCategory cat, bool zero) {
+        if (cat == MemCategory::Count) return Status::invalid("allocate: MemCategory::Count is not a category");
+        const size_t cls = sizeClass(bytes);
+        DeviceGuard guard(m_info.index);
+        if (!guard.ok()) return Status::internal("cannot make " + m_info.name + " the current CUDA device");
+        int64_t current = 0;
+        void* p = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(m_mem->mutex);
+            MemoryStats& st = m_mem->stats;
+            if (m_mem->limit > 0 && st.currentTotal + int64_t(bytes) > m_mem->limit) {
+                std::string inUse;
+                for (size_t c = 0; c < size_t(MemCategory::Count); ++c) {
+                    if (st.current[c] == 0) continue;
+                    if (!inUse.empty()) inUse += ", ";
+                    inUse += std::string(trace::memCategoryName(MemCategory(c))) + " " + formatBytes(st.current[c]);
+                }
+                return Status(ErrorCode::OutOfMemory,
+                              "out of memory on " + m_info.name + ": allocating " + formatBytes(int64_t(bytes)) +
+                                  " (" + std::to_string(bytes) + " bytes) of " + trace::memCategoryName(cat) +
+                                  " would exceed the memory limit of " + formatBytes(m_mem->limit) + "; in use " +
+                                  formatBytes(st.currentTotal) + (inUse.empty() ? "" : " (" + inUse + ")") +
+                                  ". Reduce micro_batch_size, enable recompute or use more model parallelism");
+            }
+            const size_t i = size_t(cat);
+            st.current[i] += int64_t(bytes);
+            st.currentTotal += int64_t(bytes);
+            if (st.current[i] > st.peak[i]) st.peak[i] = st.current[i];
+            if (st.currentTotal > st.peakTotal) st.peakTotal = st.currentTotal;
+            current = st.current[i];
+            p = m_mem->takeCached(cls);
+        }
+        auto undo = [&](Status why) -> Status {
+            std::lock_guard<std::mutex> lock(m_mem->mutex);
+            m_mem->stats.current[size_t(cat)] -= int64_t(bytes);
+            m_mem->stats.currentTotal -= int64_t(bytes);
+            return why;
+        };
+        if (!p) {
+            cudaError_t err = cudaMalloc(&p, cls);
+            if (err == cudaErrorMemoryAllocation) {  // the cache holds the memory: give it back, retry
+                (void)cudaGetLastError();
+                {
+                    std::lock_guard<std::mutex> lock(m_mem->mutex);
+                    m_mem->releaseCache();
+                }
+                err = cudaMalloc(&p, cls);
+            }
+            if (err != cudaSuccess) {
+                (void)cudaGetLastError();
+                size_t freeB = 0, totalB = 0;
+                if (cudaMemGetInfo(&freeB, &totalB) != cudaSuccess) (void)cudaGetLastError();
+                if (err == cudaErrorMemoryAllocation)
+                    return undo(Status(ErrorCode::OutOfMemory,
+                                       "out of memory on " + m_info.name + ": cudaMalloc of " +
+                                           formatBytes(int64_t(cls)) + " for " + trace::memCategoryName(cat) +
+                                           " failed with " + formatBytes(int64_t(freeB)) + " of " +
+                                           formatBytes(int64_t(totalB)) + " free on the device (this process holds " +
+                                           formatBytes(memoryStats().currentTotal) +
+                                           "). Reduce micro_batch_size, enable recompute or use more model "
+                                           "parallelism"));
+                return undo(fromCuda(err, "cudaMalloc of " + formatBytes(int64_t(cls)) + " on " + m_info.name));
+            }
+        }
+        if (zero) {
+            cudaError_t err = cudaMemsetAsync(p, 0, cls, m_allocStream);
+            if (err == cudaSuccess) err = cudaStreamSynchronize(m_allocStream);
+            if (err != cudaSuccess) {
+                (void)cudaGetLastError();
+                {
+                    std::lock_guard<std::mutex> lock(m_mem->mutex);
+                    m_mem->giveBack(p, cls);
+                }
+                return undo(fromCuda(err, "zero-filling a new buffer on " + m_info.name));
+            }
+        }
+        m_mem->reportCounter(cat, current);
+        return std::unique_ptr<Buffer>(std::make_unique<CudaBuffer>(*this, m_mem, p, bytes, cat));
+    }
+
+    std::unique_ptr<Stream> createStream(trace::TrackKind kind, const std::string& name) override {
+        return std::make_unique<CudaStream>(*this, m_mem, kind, name);
+    }
+
+    std::unique_ptr<Event> createEvent() override {
+        return std::make_unique<CudaEvent>(m_info.index, traceState() != nullptr);
+    }
+
+    MemoryStats memoryStats() const override {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        MemoryStats st = m_mem->stats;
+        st.cached = int64_t(m_mem->cachedBytes);
+        return st;
+    }
+
+    void resetPeak() override {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        MemoryStats& st = m_mem->stats;
+        for (size_t c = 0; c < size_t(MemCategory::Count); ++c) st.peak[c] = st.current[c];
+        st.peakTotal = st.currentTotal;
+    }
+
+    void setMemoryLimit(int64_t bytes) override {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        m_mem->limit = bytes < 0 ? 0 : bytes;
+    }
+
+    bool supports(const std::string& op) const override { return isCudaOp(op); }
+
+    void setTrace(trace::Recorder* rec, int rank) override {
+        std::lock_guard<std::mutex> lock(m_traceMutex);
+        if (!rec) {
+            m_trace.store(nullptr, std::memory_order_release);
+            return;
+        }
+        auto st = std::make_unique<TraceState>();
+        st->target.recorder = rec;
+        st->target.rank = rank;
+        st->target.device = m_info.index;
+        st->target.generation = nextTraceGeneration();
+        m_trace.store(st.get(), std::memory_order_release);
+        m_traceStates.push_back(std::move(st));
+    }
+
+    TraceTarget traceTarget() const override {
+        const TraceState* ts = m_trace.load(std::memory_order_acquire);
+        return ts ? ts->target : TraceTarget{};
+    }
+
+    const TraceState* traceState() const { return m_trace.load(std::memory_order_acquire); }
+
+private:
+    DeviceInfo m_info;
+    cudaStream_t m_allocStream;  // zero-fill of new buffers
+    std::shared_ptr<MemState> m_mem;
+    std::mutex m_traceMutex;
+    std::atomic<const TraceState*> m_trace{nullptr};
+    std::vector<std::unique_ptr<TraceState>> m_traceStates;  // kept: readers may hold old ones
+};
+
+CudaBuffer::~CudaBuffer() {
+    DeviceGuard g(m_mem->ordinal);
+    std::lock_guard<std::mutex> lock(m_mem->mutex);
+    m_mem->stats.current[size_t(m_cat)] -= int64_t(m_bytes);
+    m_mem->stats.currentTotal -= int64_t(m_bytes);
+    m_mem->reportCounter(m_cat, m_mem->stats.current[size_t(m_cat)]);
+    if (m_mem->deviceAlive) {
+        m_mem->giveBack(m_data, sizeClass(m_bytes));
+    } else {
+        (void)cudaFree(m_data);  // synchronizes the device: no stream still uses the block
+        (void)cudaGetLastError();
+    }
+}
+
+Device& CudaBuffer::device() { return m_device; }
+
+// ----- stream implementation ------------------------------------------------------------------
+
+CudaStream::CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::TrackKind kind, std::string name)
+    : m_device(dev), m_mem(std::move(mem)), m_ordinal(dev.ordinal()), m_kind(kind), m_name(std::move(name)) {
+    DeviceGuard g(m_ordinal);
+    const cudaError_t err = cudaStreamCreateWithFlags(&m_stream, cudaStreamNonBlocking);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        m_stream = nullptr;
+        fail(fromCuda(err, "creating stream '" + m_name + "' on " + dev.info().name));
+        return;
+    }
+    std::lock_guard<std::mutex> lock(m_mem->mutex);
+    m_mem->liveStreams.push_back(m_stream);
+}
+
+CudaStream::~CudaStream() {
+    if (!m_stream) return;
+    DeviceGuard g(m_ordinal);
+    (void)cudaStreamSynchronize(m_stream);
+    {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        auto& live = m_mem->liveStreams;
+        live.erase(std::remove(live.begin(), live.end(), m_stream), live.end());
+    }
+    (void)cudaStreamDestroy(m_stream);
+    (void)cudaGetLastError();
+}
+
+void CudaStream::fail(Status s) {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    if (m_error.isOk()) {
+        m_error = std::move(s);
+        m_failed.store(true, std::memory_order_release);
+    }
+}
+
+void CudaStream::submit(const OpDesc& desc, std::function<Status()> fn) {
+    if (m_failed.load(std::memory_order_acquire)) return;  // skipped after a failure
+    const char* opName = desc.name ? desc.name : "";
+    const TraceState* ts = m_device.traceState();
+    const int64_t start = ts ? monotonicNs() : 0;
+    Status s;
+    {
+        DeviceGuard g(m_ordinal);
+        CurrentStreamScope scope(this);
+        (void)takeKernelError();     // an error left by code outside any op is not this op's
+        (void)cudaGetLastError();    // same for a launch error of the thread's earlier calls
+        try {
+            s = fn();
+        } catch (const std::exception& ex) {
+            s = Status::internal(std::string("exception: ") + ex.what());
+        } catch (...) {
+            s = Status::internal("unknown exception");
+        }
+        Status kernel = takeKernelError();
+        if (s.isOk() && !kernel.isOk()) s = std::move(kernel);
+        const cudaError_t launch = cudaGetLastError();
+        if (s.isOk() && launch != cudaSuccess) s = fromCuda(launch, "kernel launch");
+    }
+    if (ts) {
+        trace::Recorder* rec = ts->target.recorder;
+        trace::Slice launch;
+        launch.track = hostTrack(ts->target);
+        launch.name = rec->intern(opName);
+        launch.category = trace::Category::Launch;
+        launch.step = desc.step;
+        launch.microbatch = desc.microbatch;
+        launch.chunk = desc.chunk;
+        launch.layer = desc.layer;
+        launch.correlation = rec->nextCorrelation();
+        launch.group = desc.group ? rec->intern(desc.group) : 0;
+        launch.depth = hostRangeDepth(ts->target);
+        launch.startNs = start;
+        launch.durNs = monotonicNs() - start;
+        rec->slice(launch);
+    }
+    if (!s.isOk()) fail(s.withContext("op '" + std::string(opName) + "' on stream '" + m_name + "'"));
+}
+
+void CudaStream::record(Event& e) {
+    auto* ce = dynamic_cast<CudaEvent*>(&e);
+    if (!ce) {
+        fail(Status::invalid("stream '" + m_name + "': record() of an event from another backend"));
+        return;
+    }
+    ce->setError(error());
+    if (!m_stream || !ce->event()) return;
+    DeviceGuard g(m_ordinal);
+    const cudaError_t err = cudaEventRecord(ce->event(), m_stream);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        Status s = fromCuda(err, "stream '" + m_name + "': cudaEventRecord");
+        ce->setError(s);
+        fail(s);
+    }
+}
+
+void CudaStream::wait(Event& e) {
+    auto* ce = dynamic_cast<CudaEvent*>(&e);
+    if (!ce) {
+        fail(Status::invalid("stream '" + m_name + "': wait() on an event from another backend"));
+        return;
+    }
+    const Status theirs = ce->error();
+    if (!theirs.isOk() && !m_failed.load(std::memory_order_acquire))
+        fail(theirs.withContext("stream '" + m_name + "' waited on an event from a failed stream"));
+    if (!m_stream || !ce->event()) return;
+    DeviceGuard g(m_ordinal);
+    const cudaError_t err = cudaStreamWaitEvent(m_stream, ce->event(), 0);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        fail(fromCuda(err, "stream '" + m_name + "': cudaStreamWaitEvent"));
+    }
+}
+
+Status CudaStream::synchronize() {
+    if (m_stream) {
+        DeviceGuard g(m_ordinal);
+        const cudaError_t err = cudaStreamSynchronize(m_stream);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            fail(fromCuda(err, "stream '" + m_name + "' on " + m_device.info().name +
+                                   ": a kernel failed while executing"));
+        }
+    }
+    return error();
+}
+
+// ----- backend ------------------------------------------------------------------------------
+
+class CudaBackend final : public Backend {
+public:
+    BackendKind kind() const override { return BackendKind::Cuda; }
+    int deviceCount() const override { return int(m_devices.size()); }
+    Device& device(int index) override { return *m_devices.at(size_t(index)); }
+    std::vector<std::unique_ptr<CudaDevice>> m_devices;
+};
+
+std::string versionText(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
+// Why there is no usable device, and what to do (the text of makeCudaBackend's Unsupported).
+std::string noDeviceReason(cudaError_t err, int count) {
+    const std::string prefix = "no CUDA device is usable: ";
+    const std::string cpu = "; or use device_backend: cpu";
+    const char* vis = std::getenv("CUDA_VISIBLE_DEVICES");
+    std::string visible = vis ? vis : "";
+    const bool visibleSet = vis != nullptr;
+    if (visibleSet && visible.find_first_not_of(" \t") == std::string::npos)
+        return prefix +
+               "CUDA_VISIBLE_DEVICES is set but empty, which hides every GPU from this process; unset it or list "
+               "the GPUs to use (e.g. CUDA_VISIBLE_DEVICES=0,1)" + cpu;
+    if (err == cudaErrorInsufficientDriver) {
+        int driver = 0, runtime = 0;
+        (void)cudaDriverGetVersion(&driver);
+        (void)cudaRuntimeGetVersion(&runtime);
+        (void)cudaGetLastError();
+        if (driver == 0)
+            return prefix +
+                   "no NVIDIA driver is installed (libcuda.so.1 was not found): this machine has no GPU, or the "
+                   "container was started without the driver (e.g. docker --gpus all); install the NVIDIA driver "
+                   "so that nvidia-smi lists the GPUs" + cpu;
+        return prefix + "the NVIDIA driver supports CUDA " + versionText(driver) + " but this build uses the CUDA " +
+               versionText(runtime) + " runtime; upgrade the driver or build with an older CUDA toolkit" + cpu;
+    }
+    if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0)) {
+        if (visibleSet)
+            return prefix + "the driver finds no GPU among CUDA_VISIBLE_DEVICES=" + visible +
+                   "; check those indices or UUIDs against nvidia-smi -L, or unset it" + cpu;
+        return prefix +
+               "the NVIDIA driver is loaded but reports no CUDA device; check nvidia-smi (in a container: started "
+               "with GPUs, e.g. docker --gpus all)" + cpu;
+    }
+    return prefix + "CUDA initialization failed with " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
+           "); check nvidia-smi and dmesg" + cpu;
+}
+
+}  // namespace
+
+int cudaDeviceOrdinal(const Device& d) {
+    const auto* cd = dynamic_cast<const CudaDevice*>(&d);
+    return cd ? cd->ordinal() : -1;
+}
+
+Status cudaEventStatus(Event& e) {
+    auto* ce = dynamic_cast<CudaEvent*>(&e);
+    return ce ? ce->error() : Status::ok();
+}
+
+Result<std::unique_ptr<Backend>> makeCudaBackend() {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) (void)cudaGetLastError();
+    if (err != cudaSuccess || count <= 0) return Status::unsupported(noDeviceReason(err, count));
+
+    std::optional<PeakFlopsTable> peaks;
+    if (const std::string path = defaultPeakFlopsTablePath(); !path.empty())
+        if (auto t = loadPeakFlopsTable(path)) peaks = std::move(*t);
+
+    auto backend = std::make_unique<CudaBackend>();
+    for (int i = 0; i < count; ++i) {
+        DeviceGuard g(i);
+        if (!g.ok()) {
+            (void)cudaGetLastError();
+            return Status::unsupported("cannot use CUDA device " + std::to_string(i) +
+                                       " (cudaSetDevice failed); check nvidia-smi, or set CUDA_VISIBLE_DEVICES to "
+                                       "the devices to use");
+        }
+        cudaDeviceProp prop{};
+        TS_RETURN_IF_ERROR(fromCuda(cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties(" + std::to_string(i) + ")"));
+        DeviceInfo info;
+        info.backend = BackendKind::Cuda;
+        info.index = i;
+        info.name = prop.name;
+        info.smCount = prop.multiProcessorCount;
+        info.computeCapabilityMajor = prop.major;
+        info.computeCapabilityMinor = prop.minor;
+        size_t freeB = 0, totalB = 0;
+        // Creates the device's primary context (the first CUDA call that needs one).
+        TS_RETURN_IF_ERROR(fromCuda(cudaMemGetInfo(&freeB, &totalB), "cudaMemGetInfo on " + info.name));
+        info.memoryTotal = int64_t(totalB);
+        info.memoryFree = int64_t(freeB);
+        if (peaks) {
+            info.peakTflopsFp32 = peaks->lookup(info.name, "fp32").value_or(0.0);
+            info.peakTflopsBf16 = peaks->lookup(info.name, "bf16").value_or(0.0);
+        }
+        cudaStream_t allocStream = nullptr;
+        TS_RETURN_IF_ERROR(fromCuda(cudaStreamCreateWithFlags(&allocStream, cudaStreamNonBlocking),
+                                    "creating the allocation stream on " + info.name));
+        backend->m_devices.push_back(std::make_unique<CudaDevice>(std::move(info), allocStream));
+    }
+    return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace ts::engine

@@ -1,0 +1,48 @@
+// The CUDA backend's op list (see cuda_ops.h).
+#include "engine/backend/cuda_ops.h"
+
+#include <algorithm>
+
+namespace ts::engine {
+
+const std::vector<std::string>& cudaOpNames() {
+    static const std::vector<std::string> kOps = {
+        // GEMM, linear
+        "gemm", "gemmStridedBatched", "linearForward", "linearBackward",
+        // embeddings
+        "embeddingForward", "embeddingBackward", "positionEmbeddingForward", "positionEmbeddingBackward",
+        // norms
+        "layerNormForward", "layerNormBackward", "layerNormForwardFused", "layerNormBackwardFused",
+        "rmsNormForward", "rmsNormBackward",
+        // rotary embedding
+        "ropeForward", "ropeForwardFused", "ropeBackward", "splitQkvRopeForward", "ropeBackwardMergeQkv",
+        // attention
+        "attentionForward", "attentionBackward", "cpAttentionForward", "cpAttentionBackward",
+        "cpRingAttentionForward", "cpRingAttentionDelta", "cpRingAttentionBackward",
+        // activations
+        "biasGeluForward", "biasGeluForwardUnfused", "biasGeluBackward", "swigluForward", "swigluBackward",
+        // dropout, residual
+        "dropoutForward", "dropoutBackward", "dropoutMask", "biasDropoutAddFused", "biasDropoutAddUnfused",
+        "biasDropoutAddBackward",
+        // elementwise helpers
+        "add", "addInPlace", "scale", "addBias", "biasGradAccumulate", "sumSquares", "allFinite",
+        "countInvalidIds",
+        // cross entropy
+        "crossEntropyRowMax", "crossEntropyStats", "crossEntropyLoss", "crossEntropyBackward",
+        "crossEntropyForwardUnfused", "crossEntropyBackwardUnfused", "crossEntropyFused",
+        // optimizer
+        "adamwStep",
+        // bf16
+        "floatToBf16", "bf16ToFloat", "roundToBf16",
+        // FP8
+        "amaxOf", "fp8QuantizeDequantize", "fp8BlockQuantizeDequantize",
+    };
+    return kOps;
+}
+
+bool isCudaOp(const std::string& op) {
+    const auto& ops = cudaOpNames();
+    return std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+
+}  // namespace ts::engine

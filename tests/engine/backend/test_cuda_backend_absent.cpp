@@ -1,0 +1,97 @@
+// The CUDA backend where there is no GPU (CI, this VM): makeCudaBackend() fails with
+// Unsupported and a message that says why and what to do, never crashes; with
+// CUDA_VISIBLE_DEVICES empty it names that variable. And the backend's op list (supports())
+// names exactly the kernel functions kernels/cuda/ops_cuda.h declares. Runs in every build;
+// on a machine with a GPU the no-device checks skip (tests/gpu covers the backend there).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cuda_ops.h"
+
+namespace ts::engine {
+namespace {
+
+// Sets an environment variable for the scope and restores the previous value.
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const char* value) : m_name(name) {
+        if (const char* old = std::getenv(name)) m_old = old;
+        ::setenv(name, value, 1);
+    }
+    ~ScopedEnv() {
+        if (m_old) ::setenv(m_name, m_old->c_str(), 1);
+        else ::unsetenv(m_name);
+    }
+
+private:
+    const char* m_name;
+    std::optional<std::string> m_old;
+};
+
+bool mentionsAny(const std::string& text, const std::vector<std::string>& words) {
+    for (const auto& w : words)
+        if (text.find(w) != std::string::npos) return true;
+    return false;
+}
+
+TEST(CudaBackendAbsent, FailsWithTheCauseAndWhatToDo) {
+    auto be = makeCudaBackend();
+    if (be) GTEST_SKIP() << "this machine has " << (*be)->deviceCount() << " CUDA device(s); tests/gpu covers them";
+    const Status& s = be.status();
+    EXPECT_EQ(s.code(), ErrorCode::Unsupported) << s.toString();
+    // The cause ...
+    EXPECT_TRUE(mentionsAny(s.message(), {"no CUDA backend", "no NVIDIA driver", "driver supports CUDA",
+                                          "reports no CUDA device", "CUDA_VISIBLE_DEVICES",
+                                          "CUDA initialization failed"}))
+        << s.message();
+    // ... and what to do.
+    EXPECT_NE(s.message().find("device_backend: cpu"), std::string::npos) << s.message();
+    // Asking again gives the same answer (no state left behind by the failed attempt).
+    auto again = makeCudaBackend();
+    ASSERT_FALSE(again.isOk());
+    EXPECT_EQ(again.status().message(), s.message());
+}
+
+TEST(CudaBackendAbsent, EmptyCudaVisibleDevicesIsNamed) {
+#ifndef TS_HAVE_CUDA
+    GTEST_SKIP() << "this build has no CUDA backend";
+#else
+    if (auto be = makeCudaBackend()) GTEST_SKIP() << "a CUDA device is present (the runtime is already initialized)";
+    ScopedEnv env("CUDA_VISIBLE_DEVICES", "");
+    auto be = makeCudaBackend();
+    ASSERT_FALSE(be.isOk());
+    EXPECT_EQ(be.status().code(), ErrorCode::Unsupported);
+    EXPECT_NE(be.status().message().find("CUDA_VISIBLE_DEVICES is set but empty"), std::string::npos)
+        << be.status().message();
+#endif
+}
+
+TEST(CudaOps, ListNamesExactlyTheKernelsOfOpsCudaH) {
+    std::ifstream in(std::string(TS_SOURCE_DIR) + "/kernels/cuda/ops_cuda.h");
+    ASSERT_TRUE(in) << "kernels/cuda/ops_cuda.h not found under " << TS_SOURCE_DIR;
+    // Every `Status name(` declaration after the runtime helpers (which start the header and end
+    // where the GEMM section begins) is an op.
+    std::vector<std::string> declared;
+    bool ops = false;
+    const std::regex decl(R"(^Status\s+([A-Za-z0-9_]+)\s*\()");
+    for (std::string line; std::getline(in, line);) {
+        if (line.find("--- GEMM") != std::string::npos) ops = true;
+        std::smatch m;
+        if (ops && std::regex_search(line, m, decl)) declared.push_back(m[1]);
+    }
+    ASSERT_FALSE(declared.empty());
+    EXPECT_EQ(cudaOpNames(), declared) << "engine/backend/cuda_ops.cpp and kernels/cuda/ops_cuda.h disagree";
+    for (const auto& op : declared) EXPECT_TRUE(isCudaOp(op)) << op;
+    EXPECT_FALSE(isCudaOp("deviceAlloc"));
+    EXPECT_FALSE(isCudaOp("matmul"));
+}
+
+}  // namespace
+}  // namespace ts::engine

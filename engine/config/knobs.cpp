@@ -595,7 +595,9 @@ std::vector<KnobDef> buildRegistry() {
     r.s("data_path", &C::data_path, "--data-path", "dataset.blend",
         "\"\" = the shipped text corpus, \"synthetic\" = random tokens, or a Megatron .bin/.idx prefix.");
     r.e("tokenizer_type", &C::tokenizer_type, {"byte", "bpe"}, "", "", "Tokenizer for the text corpus.");
-    r.e("device_backend", &C::device_backend, {"cpu", "cuda"}, "", "", "Device backend that runs the ranks.");
+    notInEngine(r.e("device_backend", &C::device_backend, {"cpu", "cuda"}, "", "",
+                    "Device backend that runs the ranks. cuda: the CUDA kernels, device backend and NCCL "
+                    "communicator are built, but the engine does not run on them yet (a run refuses it)."));
     r.i("cpu_threads", &C::cpu_threads, "", "", "GEMM threads per rank on the CPU backend; 0 = cores / ranks.");
     r.i("log_interval", &C::log_interval, "--log-interval", "logger.log_interval", "Steps between progress lines.");
     r.s("save", &C::save, "--save", "checkpoint.save", "Checkpoint directory to save to; \"\" = no checkpoints.");

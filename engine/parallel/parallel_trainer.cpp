@@ -123,9 +123,7 @@ struct ParallelTrainer::RankState {
 Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c, trace::Recorder* rec,
                                                                  const ParallelTrainerOptions& opts) {
     TS_RETURN_IF_ERROR(issuesToStatus(validateConfig(c)));
-    if (c.device_backend != "cpu")
-        return Status::unsupported("device_backend=" + c.device_backend +
-                                   ": the parallel engine runs on the CPU backend (virtual devices) only");
+    TS_RETURN_IF_ERROR(checkDeviceBackend(c));
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
     const DerivedSizes ds = deriveSizes(c);
     ParallelSizes sizes;

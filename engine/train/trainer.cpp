@@ -17,6 +17,20 @@ Trainer::~Trainer() {
     m_model.reset();
 }
 
+Status checkDeviceBackend(const Config& c) {
+    if (c.device_backend == "cpu") return Status::ok();
+    if (c.device_backend != "cuda")
+        return Status::invalid("device_backend: " + c.device_backend + " is not a backend (cpu or cuda)");
+    auto cuda = makeCudaBackend();
+    if (!cuda) return Status::unsupported("device_backend: cuda: " + cuda.status().message());
+    const int n = (*cuda)->deviceCount();
+    return Status::unsupported(
+        "device_backend: cuda: " + std::to_string(n) + " GPU(s) visible (" + (*cuda)->device(0).info().name +
+        "), but the training engine does not run on the CUDA backend yet: its kernels, device backend and NCCL "
+        "communicator are built, and the engine's host-side code is being ported (docs/cuda_port.md); use "
+        "device_backend: cpu");
+}
+
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, Stream* compute,
                                                  trace::Recorder* rec) {
     const DerivedSizes ds = deriveSizes(c);
@@ -24,8 +38,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, S
         return Status::unsupported("world size " + std::to_string(ds.world) +
                                    " (tp/pp/cp/dp > 1) runs through the parallel engine; the single-device "
                                    "trainer needs every parallel size = 1");
-    if (c.device_backend != "cpu" && !dev)
-        return Status::unsupported("device_backend=" + c.device_backend + " is not available to this trainer; use cpu");
+    TS_RETURN_IF_ERROR(checkDeviceBackend(c));
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
     std::unique_ptr<Trainer> t(new Trainer());
     t->m_cfg = c;

@@ -46,6 +46,12 @@ nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double
 // The checkpoint rule of train() (Trainer and ParallelTrainer): after an iteration
 // (endOfTrain false) save to c.save when iteration % save_interval == 0; at the end of train()
 // (endOfTrain true) save unless that iteration was just saved. No-op when c.save is empty.
+// Ok for device_backend: cpu. For cuda: why this machine cannot run it (no driver, no GPU:
+// makeCudaBackend's message), or, where GPUs are visible, that the engine does not run on the CUDA
+// backend yet (docs/cuda_port.md). Both trainers call it first, so `cuda` never silently runs on
+// the CPU.
+Status checkDeviceBackend(const Config& c);
+
 Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
                            const std::function<Status(const std::string&)>& save, const TrainerCallbacks& cb);
 

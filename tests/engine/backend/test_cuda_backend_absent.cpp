@@ -14,6 +14,8 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cuda_ops.h"
+#include "engine/parallel/parallel_trainer.h"
+#include "engine/train/trainer.h"
 
 namespace ts::engine {
 namespace {
@@ -71,6 +73,26 @@ TEST(CudaBackendAbsent, EmptyCudaVisibleDevicesIsNamed) {
     EXPECT_NE(be.status().message().find("CUDA_VISIBLE_DEVICES is set but empty"), std::string::npos)
         << be.status().message();
 #endif
+}
+
+// device_backend: cuda never runs on the CPU behind the user's back: both trainers refuse it at
+// create, with makeCudaBackend's reason where there is no GPU (and "not yet" where there is one).
+TEST(CudaBackendAbsent, TrainersRefuseCudaAndSayWhy) {
+    Config c;
+    c.device_backend = "cuda";
+    c.train_iters = 1;
+    auto single = Trainer::create(c);
+    ASSERT_FALSE(single.isOk()) << "device_backend: cuda created a trainer";
+    EXPECT_EQ(single.status().code(), ErrorCode::Unsupported) << single.status().toString();
+    EXPECT_NE(single.status().message().find("device_backend: cuda"), std::string::npos) << single.status().message();
+    EXPECT_NE(single.status().message().find("use device_backend: cpu"), std::string::npos) << single.status().message();
+    if (auto be = makeCudaBackend(); !be)
+        EXPECT_NE(single.status().message().find(be.status().message()), std::string::npos)
+            << "the reason the machine cannot run CUDA is missing: " << single.status().message();
+    c.tensor_model_parallel_size = 2;
+    auto parallel = ParallelTrainer::create(c, nullptr);
+    ASSERT_FALSE(parallel.isOk()) << "device_backend: cuda created a parallel trainer";
+    EXPECT_EQ(parallel.status().message(), single.status().message());
 }
 
 TEST(CudaOps, ListNamesExactlyTheKernelsOfOpsCudaH) {

@@ -183,6 +183,10 @@ void* hostAlias(const void* p);
 bool isEmulatedDevicePointer(const void* p);
 // True for a pointer into an emulated device's host view (what hostAlias returns for it).
 bool isEmulatedHostView(const void* p);
+// The environment asks for the emulated device (TS_EMULATE_DEVICE=1, read here only, once):
+// the default of TrainerOptions::emulateDevice and ParallelTrainerOptions::emulateDevice, so any
+// test or run can be repeated under emulation.
+bool emulatedDeviceRequested();
 // CUDA backend; Unsupported when not built with CUDA or no device is visible.
 Result<std::unique_ptr<Backend>> makeCudaBackend();
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -627,5 +628,13 @@ bool isEmulatedDevicePointer(const void* p) { return slotOfDevice(reinterpret_ca
 bool isEmulatedHostView(const void* p) { return slotOfHost(reinterpret_cast<uintptr_t>(p)) != nullptr; }
 
 std::unique_ptr<Backend> makeEmulatedDeviceBackend(int devices) { return std::make_unique<EmuBackend>(devices); }
+
+bool emulatedDeviceRequested() {
+    static const bool requested = [] {
+        const char* v = std::getenv("TS_EMULATE_DEVICE");
+        return v && std::strcmp(v, "1") == 0;
+    }();
+    return requested;
+}
 
 }  // namespace ts::engine

@@ -23,13 +23,13 @@ namespace ts::engine::kern {
 
 namespace {
 
+#ifdef TS_HAVE_CUDA
 // The native (CUDA) stream of the op running on this thread, or null (CPU).
 void* nativeStream() {
     Stream* s = currentStream();
     return s ? s->native() : nullptr;
 }
 
-#ifdef TS_HAVE_CUDA
 // Device scratch for the value-returning ops: 16 bytes per native stream, made on first use.
 void* scalarScratch(void* stream) {
     thread_local std::map<void*, void*> scratch;

@@ -141,7 +141,8 @@ void segvHandler(int sig, siginfo_t* info, void* uctx) {
         writeDec(addr - s->devBegin.load(std::memory_order_relaxed));
         writeStr("). Buffer memory is device memory: reach it through a kernel of the dispatch "
                  "(engine/backend/kernels.h) or a stream copy, not host code (docs/engine.md, "
-                 "\"Emulated device\"). Backtrace:\n");
+                 "\"Emulated device\"). Backtrace (addr2line -f -C -i -e <binary> <+offsets> names "
+                 "the lines):\n");
         void* frames[64];
         const int n = backtrace(frames, 64);
         backtrace_symbols_fd(frames, n, STDERR_FILENO);
@@ -427,6 +428,8 @@ void EmuStream::submit(const OpDesc& desc, std::function<Status()> fn) {
         WorkerStream::submit(desc, std::move(fn));
         return;
     }
+    // Submitted from inside one of this stream's fns: the outer op's kernels so far go first.
+    if (t_submit && t_submit->stream == this && !t_submit->kernels.empty()) flush(*t_submit, Status::ok());
     m_activeSubmits.fetch_add(1, std::memory_order_acq_rel);
     SubmitCtx ctx;
     ctx.stream = this;

@@ -544,12 +544,17 @@ void CudaStream::submit(const OpDesc& desc, std::function<Status()> fn) {
         CurrentStreamScope scope(this);
         (void)takeKernelError();     // an error left by code outside any op is not this op's
         (void)cudaGetLastError();    // same for a launch error of the thread's earlier calls
-        try {
-            s = fn();
-        } catch (const std::exception& ex) {
-            s = Status::internal(std::string("exception: ") + ex.what());
-        } catch (...) {
-            s = Status::internal("unknown exception");
+        if (!g.ok()) {
+            // fn would launch on whatever device the thread has current: do not run it.
+            s = Status::internal("cannot make CUDA device " + std::to_string(m_ordinal) + " current");
+        } else {
+            try {
+                s = fn();
+            } catch (const std::exception& ex) {
+                s = Status::internal(std::string("exception: ") + ex.what());
+            } catch (...) {
+                s = Status::internal("unknown exception");
+            }
         }
         Status kernel = takeKernelError();
         if (s.isOk() && !kernel.isOk()) s = std::move(kernel);

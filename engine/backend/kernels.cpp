@@ -5,7 +5,10 @@
 #include "engine/backend/backend.h"
 
 #ifdef TS_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include <map>
+#include <utility>
 
 #include "kernels/cuda/ops_cuda.h"
 #endif
@@ -21,10 +24,20 @@ void* nativeStream() {
 }
 
 #ifdef TS_HAVE_CUDA
-// Device scratch for the value-returning ops: 16 bytes per native stream, made on first use.
+// Device scratch for the value-returning ops: 16 bytes per (device, native stream) of this
+// thread, made on first use on the current device (the stream's: submit made it current). The
+// device is part of the key because a destroyed stream's handle can come back for a stream of
+// another device; the same handle on the same device may reuse the scratch, as every use ends
+// with the stream synchronized. Never freed (16 bytes per stream a thread ran value ops on).
 void* scalarScratch(void* stream) {
-    thread_local std::map<void*, void*> scratch;
-    void*& p = scratch[stream];
+    thread_local std::map<std::pair<int, void*>, void*> scratch;
+    int device = -1;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        reportKernelError(Status::internal("value-returning kernel: no current CUDA device"));
+        return nullptr;
+    }
+    void*& p = scratch[{device, stream}];
     if (!p) {
         const Status s = kernels::cuda::deviceAlloc(&p, 16);
         if (!s.isOk()) {

@@ -48,9 +48,15 @@ void* scalarScratch(void* stream) {
     return p;
 }
 
-// Copies the device scalar back once the stream has produced it.
+// Copies the device scalar back once the stream has produced it. `launch` is the kernel's
+// launch status: after a failed launch the scratch still holds an earlier op's value, so nothing
+// is read back (the caller returns its failure value) and the error goes to the stream.
 template <typename T>
-bool readScalar(void* stream, void* dev, T* out) {
+bool readScalar(const Status& launch, void* stream, void* dev, T* out) {
+    if (!launch.isOk()) {
+        reportKernelError(launch);
+        return false;
+    }
     Status s = kernels::cuda::copyAsync(out, dev, sizeof(T), stream);
     if (s.isOk()) s = kernels::cuda::streamSynchronize(stream);
     reportKernelError(s);
@@ -80,9 +86,9 @@ int embeddingForward(const int32_t* ids, const float* table, float* out, int T, 
         int* dev = static_cast<int*>(scalarScratch(s));
         int invalid = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd,
-                                                          vocabSize, dev, s));
-        return readScalar(s, dev, &invalid) ? invalid : 0;
+        const Status launch = kernels::cuda::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd,
+                                                              vocabSize, dev, s);
+        return readScalar(launch, s, dev, &invalid) ? invalid : 0;
     }
 #endif
     return kernels::cpu::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
@@ -94,8 +100,8 @@ double sumSquares(const float* x, int64_t n) {
         double* dev = static_cast<double*>(scalarScratch(s));
         double sum = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::sumSquares(x, n, dev, s));
-        return readScalar(s, dev, &sum) ? sum : 0;
+        const Status launch = kernels::cuda::sumSquares(x, n, dev, s);
+        return readScalar(launch, s, dev, &sum) ? sum : 0;
     }
 #endif
     return kernels::cpu::sumSquares(x, n);
@@ -107,8 +113,8 @@ bool allFinite(const float* x, int64_t n) {
         int* dev = static_cast<int*>(scalarScratch(s));
         int finite = 0;
         if (!dev) return false;
-        reportKernelError(kernels::cuda::allFinite(x, n, dev, s));
-        return readScalar(s, dev, &finite) && finite != 0;
+        const Status launch = kernels::cuda::allFinite(x, n, dev, s);
+        return readScalar(launch, s, dev, &finite) && finite != 0;
     }
 #endif
     return kernels::cpu::allFinite(x, n);
@@ -120,8 +126,8 @@ int countInvalidIds(const int32_t* ids, int T, int vocabSize) {
         int* dev = static_cast<int*>(scalarScratch(s));
         int invalid = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::countInvalidIds(ids, T, vocabSize, dev, s));
-        return readScalar(s, dev, &invalid) ? invalid : 0;
+        const Status launch = kernels::cuda::countInvalidIds(ids, T, vocabSize, dev, s);
+        return readScalar(launch, s, dev, &invalid) ? invalid : 0;
     }
 #endif
     return kernels::cpu::countInvalidIds(ids, T, vocabSize);
@@ -133,8 +139,8 @@ float amaxOf(const float* x, int64_t n) {
         float* dev = static_cast<float*>(scalarScratch(s));
         float amax = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::amaxOf(x, n, dev, s));
-        return readScalar(s, dev, &amax) ? amax : 0;
+        const Status launch = kernels::cuda::amaxOf(x, n, dev, s);
+        return readScalar(launch, s, dev, &amax) ? amax : 0;
     }
 #endif
     return kernels::cpu::amaxOf(x, n);

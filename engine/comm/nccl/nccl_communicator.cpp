@@ -469,6 +469,9 @@ Result<std::unique_ptr<Communicator>> createNcclGroupMpi(const std::string& name
         if (ranks[i] < 0 || ranks[i] >= worldSize)
             return Status::invalid("NCCL group '" + name + "': rank " + std::to_string(ranks[i]) +
                                    " is outside the MPI world of " + std::to_string(worldSize));
+        // MPI_Group_incl with a repeated rank is erroneous (MPI aborts the job): refuse it here.
+        if (std::find(ranks.begin(), ranks.begin() + std::ptrdiff_t(i), ranks[i]) != ranks.begin() + std::ptrdiff_t(i))
+            return Status::invalid("NCCL group '" + name + "' lists MPI rank " + std::to_string(ranks[i]) + " twice");
         if (ranks[i] == worldRank) me = int(i);
     }
     if (me < 0)

@@ -14,7 +14,10 @@
 #include "engine/backend/backend.h"
 
 #ifdef TS_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include <map>
+#include <utility>
 
 #include "kernels/cuda/ops_cuda.h"
 #endif
@@ -30,10 +33,20 @@ void* nativeStream() {
     return s ? s->native() : nullptr;
 }
 
-// Device scratch for the value-returning ops: 16 bytes per native stream, made on first use.
+// Device scratch for the value-returning ops: 16 bytes per (device, native stream) of this
+// thread, made on first use on the current device (the stream's: submit made it current). The
+// device is part of the key because a destroyed stream's handle can come back for a stream of
+// another device; the same handle on the same device may reuse the scratch, as every use ends
+// with the stream synchronized. Never freed (16 bytes per stream a thread ran value ops on).
 void* scalarScratch(void* stream) {
-    thread_local std::map<void*, void*> scratch;
-    void*& p = scratch[stream];
+    thread_local std::map<std::pair<int, void*>, void*> scratch;
+    int device = -1;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        reportKernelError(Status::internal("value-returning kernel: no current CUDA device"));
+        return nullptr;
+    }
+    void*& p = scratch[{device, stream}];
     if (!p) {
         const Status s = kernels::cuda::deviceAlloc(&p, 16);
         if (!s.isOk()) {
@@ -44,9 +57,15 @@ void* scalarScratch(void* stream) {
     return p;
 }
 
-// Copies the device scalar back once the stream has produced it.
+// Copies the device scalar back once the stream has produced it. `launch` is the kernel's
+// launch status: after a failed launch the scratch still holds an earlier op's value, so nothing
+// is read back (the caller returns its failure value) and the error goes to the stream.
 template <typename T>
-bool readScalar(void* stream, void* dev, T* out) {
+bool readScalar(const Status& launch, void* stream, void* dev, T* out) {
+    if (!launch.isOk()) {
+        reportKernelError(launch);
+        return false;
+    }
     Status s = kernels::cuda::copyAsync(out, dev, sizeof(T), stream);
     if (s.isOk()) s = kernels::cuda::streamSynchronize(stream);
     reportKernelError(s);
@@ -171,9 +190,9 @@ int embeddingForward(const int32_t* ids, const float* table, float* out, int T, 
         int* dev = static_cast<int*>(scalarScratch(s));
         int invalid = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd,
-                                                          vocabSize, dev, s));
-        return readScalar(s, dev, &invalid) ? invalid : 0;
+        const Status launch = kernels::cuda::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd,
+                                                              vocabSize, dev, s);
+        return readScalar(launch, s, dev, &invalid) ? invalid : 0;
     }
 #endif
     return TS_KERN_VALUE(int, embeddingForward, ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
@@ -185,8 +204,8 @@ double sumSquares(const float* x, int64_t n) {
         double* dev = static_cast<double*>(scalarScratch(s));
         double sum = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::sumSquares(x, n, dev, s));
-        return readScalar(s, dev, &sum) ? sum : 0;
+        const Status launch = kernels::cuda::sumSquares(x, n, dev, s);
+        return readScalar(launch, s, dev, &sum) ? sum : 0;
     }
 #endif
     return TS_KERN_VALUE(double, sumSquares, x, n);
@@ -198,8 +217,8 @@ bool allFinite(const float* x, int64_t n) {
         int* dev = static_cast<int*>(scalarScratch(s));
         int finite = 0;
         if (!dev) return false;
-        reportKernelError(kernels::cuda::allFinite(x, n, dev, s));
-        return readScalar(s, dev, &finite) && finite != 0;
+        const Status launch = kernels::cuda::allFinite(x, n, dev, s);
+        return readScalar(launch, s, dev, &finite) && finite != 0;
     }
 #endif
     return TS_KERN_VALUE(bool, allFinite, x, n);
@@ -211,8 +230,8 @@ int countInvalidIds(const int32_t* ids, int T, int vocabSize) {
         int* dev = static_cast<int*>(scalarScratch(s));
         int invalid = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::countInvalidIds(ids, T, vocabSize, dev, s));
-        return readScalar(s, dev, &invalid) ? invalid : 0;
+        const Status launch = kernels::cuda::countInvalidIds(ids, T, vocabSize, dev, s);
+        return readScalar(launch, s, dev, &invalid) ? invalid : 0;
     }
 #endif
     return TS_KERN_VALUE(int, countInvalidIds, ids, T, vocabSize);
@@ -224,8 +243,8 @@ float amaxOf(const float* x, int64_t n) {
         float* dev = static_cast<float*>(scalarScratch(s));
         float amax = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::amaxOf(x, n, dev, s));
-        return readScalar(s, dev, &amax) ? amax : 0;
+        const Status launch = kernels::cuda::amaxOf(x, n, dev, s);
+        return readScalar(launch, s, dev, &amax) ? amax : 0;
     }
 #endif
     return TS_KERN_VALUE(float, amaxOf, x, n);

@@ -36,6 +36,7 @@ const char* backendName(BackendKind k) {
     switch (k) {
         case BackendKind::Cpu: return "cpu";
         case BackendKind::Cuda: return "cuda";
+        case BackendKind::EmulatedDevice: return "emulated";
     }
     return "unknown";
 }

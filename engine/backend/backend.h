@@ -3,7 +3,8 @@
 // CPU backend: each rank is a virtual device; every Stream is a worker thread executing its
 // queue in order, so compute/communication overlap is real. CUDA backend: Stream wraps a
 // cudaStream_t and submit() runs the launcher immediately on the calling thread (it enqueues
-// kernels on native()).
+// kernels on native()). Emulated device (emulated_backend.h): CPU threads with CUDA's execution
+// model and memory that host code cannot touch, so device-only code is tested without a GPU.
 #pragma once
 
 #include <cstddef>
@@ -24,7 +25,10 @@ enum class DType : uint8_t { F32 = 0, BF16, F16, FP8E4M3, FP8E5M2, I32, I64, U8 
 size_t dtypeSize(DType t);
 const char* dtypeName(DType t);
 
-enum class BackendKind : uint8_t { Cpu = 0, Cuda };
+// EmulatedDevice: makeEmulatedDeviceBackend. Its own kind so that run metadata and traces never
+// pass an emulated run off as a CPU one; code that needs to know whether kernels run on a device
+// asks kern::onDevice() (true on CUDA and emulated streams), not the kind.
+enum class BackendKind : uint8_t { Cpu = 0, Cuda, EmulatedDevice };
 const char* backendName(BackendKind k);
 
 // Memory accounting per category; current and peak bytes (peak since last resetPeak()).
@@ -82,6 +86,18 @@ public:
     virtual void* native() = 0;            // cudaStream_t on CUDA, nullptr on CPU
     virtual trace::TrackKind kind() const = 0;
     virtual const std::string& name() const = 0;
+
+    // How the kernel dispatch (kernels.h) runs a kernel launched on this thread while this
+    // stream is current (currentStream()). Only the emulated device overrides these.
+    enum class KernelLaunch : uint8_t {
+        Now,          // run it on the calling thread with the pointers as given (CPU)
+        NowHostView,  // run it now, pointers through hostAlias (emulated stream's worker thread)
+        Defer,        // hand it to deferKernel, pointers through hostAlias (emulated submit)
+    };
+    virtual KernelLaunch kernelLaunch() const { return KernelLaunch::Now; }
+    // A kernel over host-view pointers, to run on this stream after everything queued before it
+    // (the emulated stream queues it; CUDA streams enqueue natively instead).
+    virtual void deferKernel(std::function<void()> kernel) { kernel(); }
 };
 
 struct DeviceInfo {
@@ -160,6 +176,21 @@ Status takeKernelError();
 
 // CPU backend with `virtualDevices` ranks (each a virtual device).
 std::unique_ptr<Backend> makeCpuBackend(int virtualDevices);
+// Emulated device backend with `devices` devices (emulated_backend.h): buffers whose data() host
+// code cannot dereference (SIGSEGV), streams whose submit() runs fn at once and queue its kernels.
+std::unique_ptr<Backend> makeEmulatedDeviceBackend(int devices);
+// Where kernels and communicators running on the host reach emulated device memory: for a
+// pointer into an emulated device's memory (interior pointers too) the same byte in its host
+// view; any other pointer unchanged (identity on the CPU and CUDA backends).
+void* hostAlias(const void* p);
+// True for a pointer into an emulated device's memory as Buffer::data() hands it out.
+bool isEmulatedDevicePointer(const void* p);
+// True for a pointer into an emulated device's host view (what hostAlias returns for it).
+bool isEmulatedHostView(const void* p);
+// The environment asks for the emulated device (TS_EMULATE_DEVICE=1, read here only, once):
+// the default of TrainerOptions::emulateDevice and ParallelTrainerOptions::emulateDevice, so any
+// test or run can be repeated under emulation.
+bool emulatedDeviceRequested();
 // CUDA backend (engine/backend/cuda/cuda_backend.h): one Device per visible GPU. Unsupported,
 // with the cause and what to do, when not built with CUDA, without a driver, or when no device
 // is visible (none installed, CUDA_VISIBLE_DEVICES empty).

@@ -1,11 +1,23 @@
 // Kernel dispatch (kernels.h): each op runs the CUDA kernel of its name on the current stream's
-// native handle when there is one, else the CPU oracle.
+// native handle when there is one; else, on an emulated device's stream (emulated_backend.h),
+// the CPU oracle over host-view pointers, queued on that stream at submit (Defer) or run at once
+// on its worker (NowHostView); else the CPU oracle now, pointers as given.
 #include "engine/backend/kernels.h"
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
 
 #include "engine/backend/backend.h"
 
 #ifdef TS_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include <map>
+#include <utility>
 
 #include "kernels/cuda/ops_cuda.h"
 #endif
@@ -14,17 +26,27 @@ namespace ts::engine::kern {
 
 namespace {
 
+#ifdef TS_HAVE_CUDA
 // The native (CUDA) stream of the op running on this thread, or null (CPU).
 void* nativeStream() {
     Stream* s = currentStream();
     return s ? s->native() : nullptr;
 }
 
-#ifdef TS_HAVE_CUDA
-// Device scratch for the value-returning ops: 16 bytes per native stream, made on first use.
+// Device scratch for the value-returning ops: 16 bytes per (device, native stream) of this
+// thread, made on first use on the current device (the stream's: submit made it current). The
+// device is part of the key because a destroyed stream's handle can come back for a stream of
+// another device; the same handle on the same device may reuse the scratch, as every use ends
+// with the stream synchronized. Never freed (16 bytes per stream a thread ran value ops on).
 void* scalarScratch(void* stream) {
-    thread_local std::map<void*, void*> scratch;
-    void*& p = scratch[stream];
+    thread_local std::map<std::pair<int, void*>, void*> scratch;
+    int device = -1;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        reportKernelError(Status::internal("value-returning kernel: no current CUDA device"));
+        return nullptr;
+    }
+    void*& p = scratch[{device, stream}];
     if (!p) {
         const Status s = kernels::cuda::deviceAlloc(&p, 16);
         if (!s.isOk()) {
@@ -35,30 +57,131 @@ void* scalarScratch(void* stream) {
     return p;
 }
 
-// Copies the device scalar back once the stream has produced it.
+// Copies the device scalar back once the stream has produced it. `launch` is the kernel's
+// launch status: after a failed launch the scratch still holds an earlier op's value, so nothing
+// is read back (the caller returns its failure value) and the error goes to the stream.
 template <typename T>
-bool readScalar(void* stream, void* dev, T* out) {
+bool readScalar(const Status& launch, void* stream, void* dev, T* out) {
+    if (!launch.isOk()) {
+        reportKernelError(launch);
+        return false;
+    }
     Status s = kernels::cuda::copyAsync(out, dev, sizeof(T), stream);
     if (s.isOk()) s = kernels::cuda::streamSynchronize(stream);
     reportKernelError(s);
     return s.isOk();
 }
 
-#define TS_KERN_DISPATCH(name, ...)                                        \
-    do {                                                                   \
-        if (void* ts_stream_ = nativeStream()) {                           \
-            reportKernelError(kernels::cuda::name(__VA_ARGS__, ts_stream_)); \
-            return;                                                        \
-        }                                                                  \
-        kernels::cpu::name(__VA_ARGS__);                                   \
-    } while (0)
+#define TS_KERN_CUDA(name, ...)                                            \
+    if (void* ts_stream_ = nativeStream()) {                               \
+        reportKernelError(kernels::cuda::name(__VA_ARGS__, ts_stream_));   \
+        return;                                                            \
+    }
 #else
-#define TS_KERN_DISPATCH(name, ...) kernels::cpu::name(__VA_ARGS__)
+#define TS_KERN_CUDA(name, ...)
 #endif
+
+// ----- host execution (CPU backend, emulated device) ------------------------------------------
+
+// An argument as a kernel on the host reads it: pointers through hostAlias (the host view of
+// emulated device memory; identity elsewhere), everything else unchanged.
+template <typename T>
+T toHost(T v) {
+    if constexpr (std::is_pointer_v<T>) return v ? static_cast<T>(hostAlias(v)) : v;
+    else return v;
+}
+
+// The i-th (0-based) name of a comma-separated argument list ("ids, table, out" -> "table").
+std::string argName(const char* list, int i) {
+    const char* p = list;
+    for (int k = 0; k < i && p; ++k) {
+        p = std::strchr(p, ',');
+        if (p) ++p;
+    }
+    if (!p) return "?";
+    while (*p == ' ') ++p;
+    const char* e = std::strchr(p, ',');
+    return e ? std::string(p, size_t(e - p)) : std::string(p);
+}
+
+template <typename T>
+void checkDeviceArg(const char* op, const char* names, int i, T v, std::string* err) {
+    if constexpr (std::is_pointer_v<T>) {
+        if (!v || !err->empty() || isEmulatedDevicePointer(v) || isEmulatedHostView(v)) return;
+        char addr[32];
+        std::snprintf(addr, sizeof addr, "%p", static_cast<const void*>(v));
+        *err = std::string("kernel ") + op + ": argument '" + argName(names, i) + "' (" + addr +
+               ") is host memory, not a device buffer; a GPU kernel cannot read it. Upload it to a "
+               "Buffer first (emulated device, docs/engine.md)";
+    }
+}
+
+// Ok when every pointer argument is null or emulated device memory.
+template <typename... A>
+Status checkDeviceArgs(const char* op, const char* names, const A&... args) {
+    std::string err;
+    int i = 0;
+    (checkDeviceArg(op, names, i++, args, &err), ...);
+    return err.empty() ? Status::ok() : Status::invalid(err);
+}
+
+// Runs f(args...) as the current stream asks (Stream::KernelLaunch).
+template <typename F, typename... A>
+void runOnHost(const char* op, const char* names, F f, A... args) {
+    Stream* s = currentStream();
+    switch (s ? s->kernelLaunch() : Stream::KernelLaunch::Now) {
+        case Stream::KernelLaunch::Now: f(args...); return;
+        case Stream::KernelLaunch::NowHostView: f(toHost(args)...); return;
+        case Stream::KernelLaunch::Defer: {
+            Status st = checkDeviceArgs(op, names, args...);
+            if (!st.isOk()) {
+                reportKernelError(st);
+                return;
+            }
+            s->deferKernel([f, a = std::make_tuple(toHost(args)...)]() mutable { std::apply(f, a); });
+            return;
+        }
+    }
+}
+
+// The same for an op returning a value: when deferred, the kernel is queued, the stream
+// synchronized and the value returned (R{} when the stream failed), as on CUDA.
+template <typename R, typename F, typename... A>
+R runOnHostValue(const char* op, const char* names, F f, A... args) {
+    Stream* s = currentStream();
+    switch (s ? s->kernelLaunch() : Stream::KernelLaunch::Now) {
+        case Stream::KernelLaunch::Now: return f(args...);
+        case Stream::KernelLaunch::NowHostView: return f(toHost(args)...);
+        case Stream::KernelLaunch::Defer: break;
+    }
+    Status st = checkDeviceArgs(op, names, args...);
+    if (!st.isOk()) {
+        reportKernelError(st);
+        return R{};
+    }
+    auto out = std::make_shared<R>();
+    s->deferKernel([f, out, a = std::make_tuple(toHost(args)...)]() mutable { *out = std::apply(f, a); });
+    (void)s->synchronize();  // a failure fails the stream; the op's end reports it
+    return *out;
+}
+
+#define TS_KERN_DISPATCH(name, ...)                                                          \
+    do {                                                                                     \
+        TS_KERN_CUDA(name, __VA_ARGS__)                                                      \
+        runOnHost(#name, #__VA_ARGS__, [](auto... a) { kernels::cpu::name(a...); },          \
+                  __VA_ARGS__);                                                              \
+    } while (0)
+
+#define TS_KERN_VALUE(type, name, ...)                                                       \
+    runOnHostValue<type>(#name, #__VA_ARGS__,                                                \
+                         [](auto... a) { return kernels::cpu::name(a...); }, __VA_ARGS__)
 
 }  // namespace
 
-bool onDevice() { return nativeStream() != nullptr; }
+bool onDevice() {
+    Stream* s = currentStream();
+    return s && (s->native() != nullptr || s->kernelLaunch() != Stream::KernelLaunch::Now);
+}
 
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
                      int vocabStart, int vocabEnd, int vocabSize) {
@@ -67,12 +190,12 @@ int embeddingForward(const int32_t* ids, const float* table, float* out, int T, 
         int* dev = static_cast<int*>(scalarScratch(s));
         int invalid = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd,
-                                                          vocabSize, dev, s));
-        return readScalar(s, dev, &invalid) ? invalid : 0;
+        const Status launch = kernels::cuda::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd,
+                                                              vocabSize, dev, s);
+        return readScalar(launch, s, dev, &invalid) ? invalid : 0;
     }
 #endif
-    return kernels::cpu::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
+    return TS_KERN_VALUE(int, embeddingForward, ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
 }
 
 double sumSquares(const float* x, int64_t n) {
@@ -81,11 +204,11 @@ double sumSquares(const float* x, int64_t n) {
         double* dev = static_cast<double*>(scalarScratch(s));
         double sum = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::sumSquares(x, n, dev, s));
-        return readScalar(s, dev, &sum) ? sum : 0;
+        const Status launch = kernels::cuda::sumSquares(x, n, dev, s);
+        return readScalar(launch, s, dev, &sum) ? sum : 0;
     }
 #endif
-    return kernels::cpu::sumSquares(x, n);
+    return TS_KERN_VALUE(double, sumSquares, x, n);
 }
 
 bool allFinite(const float* x, int64_t n) {
@@ -94,11 +217,11 @@ bool allFinite(const float* x, int64_t n) {
         int* dev = static_cast<int*>(scalarScratch(s));
         int finite = 0;
         if (!dev) return false;
-        reportKernelError(kernels::cuda::allFinite(x, n, dev, s));
-        return readScalar(s, dev, &finite) && finite != 0;
+        const Status launch = kernels::cuda::allFinite(x, n, dev, s);
+        return readScalar(launch, s, dev, &finite) && finite != 0;
     }
 #endif
-    return kernels::cpu::allFinite(x, n);
+    return TS_KERN_VALUE(bool, allFinite, x, n);
 }
 
 int countInvalidIds(const int32_t* ids, int T, int vocabSize) {
@@ -107,11 +230,11 @@ int countInvalidIds(const int32_t* ids, int T, int vocabSize) {
         int* dev = static_cast<int*>(scalarScratch(s));
         int invalid = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::countInvalidIds(ids, T, vocabSize, dev, s));
-        return readScalar(s, dev, &invalid) ? invalid : 0;
+        const Status launch = kernels::cuda::countInvalidIds(ids, T, vocabSize, dev, s);
+        return readScalar(launch, s, dev, &invalid) ? invalid : 0;
     }
 #endif
-    return kernels::cpu::countInvalidIds(ids, T, vocabSize);
+    return TS_KERN_VALUE(int, countInvalidIds, ids, T, vocabSize);
 }
 
 float amaxOf(const float* x, int64_t n) {
@@ -120,11 +243,11 @@ float amaxOf(const float* x, int64_t n) {
         float* dev = static_cast<float*>(scalarScratch(s));
         float amax = 0;
         if (!dev) return 0;
-        reportKernelError(kernels::cuda::amaxOf(x, n, dev, s));
-        return readScalar(s, dev, &amax) ? amax : 0;
+        const Status launch = kernels::cuda::amaxOf(x, n, dev, s);
+        return readScalar(launch, s, dev, &amax) ? amax : 0;
     }
 #endif
-    return kernels::cpu::amaxOf(x, n);
+    return TS_KERN_VALUE(float, amaxOf, x, n);
 }
 
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,

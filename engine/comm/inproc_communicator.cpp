@@ -348,6 +348,9 @@ Status runCollective(const OpCtx& ctx, uint64_t seq, Post post) {
     const char* op = opKindName(post.kind);
     const auto iseq = int64_t(seq);
     const auto deadline = ctx.deadline();
+    // Emulated device memory is read and written through its host view (identity otherwise).
+    post.send = hostAlias(post.send);
+    post.recv = hostAlias(post.recv);
     std::unique_lock<std::mutex> lock(g.mutex);
     if (!g.aborted.isOk()) return ctx.abortedStatus(op, iseq);
     auto& slotRef = g.slots[seq];
@@ -430,8 +433,9 @@ Status runCollective(const OpCtx& ctx, uint64_t seq, Post post) {
 }
 
 // Executes one batch of sends/receives for member ctx.me.
-Status runBatch(const OpCtx& ctx, const std::vector<P2POp>& ops, uint64_t* sentOut, uint64_t* recvOut) {
+Status runBatch(const OpCtx& ctx, std::vector<P2POp> ops, uint64_t* sentOut, uint64_t* recvOut) {
     GroupState& g = *ctx.group;
+    for (P2POp& p : ops) p.buffer = hostAlias(p.buffer);  // host view of emulated device memory
     const char* op = "send_recv";
     for (const P2POp& p : ops) {
         if (p.peer < 0 || p.peer >= g.n)

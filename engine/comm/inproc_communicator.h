@@ -3,6 +3,8 @@
 // Communicator. Ops are enqueued on the caller's stream and execute on that stream's thread;
 // the members of a group rendezvous through shared memory (mutex + condition variable) and
 // copy/reduce directly out of each other's buffers (zero-copy, like NCCL's P2P/SHM transport).
+// Buffers of an emulated device (emulated_backend.h) are reached through their host view
+// (hostAlias), so the communicator works on that backend as NCCL does on a GPU.
 //
 // Matching: as in NCCL, every member issues the same collectives of a group in the same order;
 // op i of one member meets op i of the others (a per-member sequence number taken at enqueue).

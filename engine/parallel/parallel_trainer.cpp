@@ -166,7 +166,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     if (int(local.size()) != world && (!opts.makeGroup || !opts.gatherHost))
         return Status::invalid("a process running " + std::to_string(local.size()) + " of " + std::to_string(world) +
                                " ranks needs a group factory and a host gather (several processes)");
-    t->m_backend = makeCpuBackend(int(local.size()));
+    t->m_backend = opts.emulateDevice ? makeEmulatedDeviceBackend(int(local.size()))
+                                      : makeCpuBackend(int(local.size()));
     // OpenBLAS threads are process-global: with several rank threads, one GEMM thread each.
     kernels::cpu::setNumThreads(world > 1 ? 1 : std::max(1, c.cpu_threads));
     TS_ASSIGN_OR_RETURN(t->m_data, DataSource::open(c));

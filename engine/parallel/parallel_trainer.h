@@ -74,6 +74,9 @@ struct ParallelTrainerOptions {
     // processes). Null = every rank is local.
     std::function<Status(const std::string& mine, std::vector<std::string>& all)> gatherText;
     std::function<Status(float* data, size_t n)> sumHost;
+    // Every local rank's device is an emulated device (emulated_backend.h) instead of a CPU
+    // virtual device: tests the device-only code path without a GPU.
+    bool emulateDevice = emulatedDeviceRequested();
 };
 
 class ParallelTrainer {

@@ -32,7 +32,7 @@ Status checkDeviceBackend(const Config& c) {
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, Stream* compute,
-                                                 trace::Recorder* rec) {
+                                                 trace::Recorder* rec, const TrainerOptions& opts) {
     const DerivedSizes ds = deriveSizes(c);
     if (ds.world > 1)
         return Status::unsupported("world size " + std::to_string(ds.world) +
@@ -44,7 +44,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, S
     t->m_cfg = c;
     t->m_rec = rec;
     if (!dev) {
-        t->m_ownBackend = makeCpuBackend(1);
+        t->m_ownBackend = opts.emulateDevice ? makeEmulatedDeviceBackend(1) : makeCpuBackend(1);
         dev = &t->m_ownBackend->device(0);
     }
     if (!compute) {

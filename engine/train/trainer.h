@@ -55,13 +55,20 @@ Status checkDeviceBackend(const Config& c);
 Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
                            const std::function<Status(const std::string&)>& save, const TrainerCallbacks& cb);
 
+struct TrainerOptions {
+    // The trainer's own backend (when create() gets no device) is the emulated device
+    // (emulated_backend.h) instead of the CPU: tests the device-only code path without a GPU.
+    bool emulateDevice = emulatedDeviceRequested();
+};
+
 class Trainer {
 public:
     // Uses `dev`/`compute` when given, else creates its own 1-device CPU backend. `rec` (may
     // be null) receives the run metadata; the caller attaches it to the device for the trace.
     static Result<std::unique_ptr<Trainer>> create(const Config& c, Device* dev = nullptr,
                                                    Stream* compute = nullptr,
-                                                   trace::Recorder* rec = nullptr);
+                                                   trace::Recorder* rec = nullptr,
+                                                   const TrainerOptions& opts = {});
     ~Trainer();
 
     // Runs `steps` iterations (<0: until train_iters). Stops early with Cancelled when *cancel

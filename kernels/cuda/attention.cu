@@ -277,8 +277,12 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
                               float* probs, float* out, bool fused, const char* what,
                               void* stream) {
     TS_RETURN_IF_ERROR(validate(g, what));
-    if (g.sq == 0 || g.skv == 0 || g.b == 0 || g.nq == 0 || g.d == 0) return Status::ok();
+    if (g.sq == 0 || g.b == 0 || g.nq == 0 || g.d == 0) return Status::ok();
     const cudaStream_t st = asStream(stream);
+    if (g.skv == 0) {  // no keys (only possible with qPos): out = 0, as the CPU's empty rows
+        const int64_t outElems = static_cast<int64_t>(g.sq) * g.b * g.nq * g.d;
+        return fromCuda(cudaMemsetAsync(out, 0, sizeof(float) * outElems, st), what);
+    }
     const int rep = g.nq / g.nkv;
     const int64_t groups = static_cast<int64_t>(g.b) * g.nkv;
     const int64_t ss = static_cast<int64_t>(g.sq) * g.skv;
@@ -336,8 +340,13 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
                                float* dv, float* scratch, size_t scratchFloats, bool fused,
                                const char* what, void* stream) {
     TS_RETURN_IF_ERROR(validate(g, what));
-    if (g.skv == 0 || g.b == 0 || g.nq == 0 || g.d == 0) return Status::ok();
+    if (g.b == 0 || g.nq == 0 || g.d == 0) return Status::ok();
     const cudaStream_t st = asStream(stream);
+    if (g.skv == 0) {  // no keys (only possible with qPos): dq = 0, as the CPU overwrites it
+        const int64_t qElems = static_cast<int64_t>(g.sq) * g.b * g.nq * g.d;
+        if (qElems == 0) return Status::ok();
+        return fromCuda(cudaMemsetAsync(dq, 0, sizeof(float) * qElems, st), what);
+    }
     const int64_t kvElems = static_cast<int64_t>(g.skv) * g.b * g.nkv * g.d;
     if (g.sq == 0) {  // no query rows: this rank's dk, dv contribution is zero
         TS_RETURN_IF_ERROR(fromCuda(cudaMemsetAsync(dk, 0, sizeof(float) * kvElems, st), what));

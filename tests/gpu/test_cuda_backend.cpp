@@ -1,8 +1,10 @@
 // The CUDA backend (engine/backend/cuda) and the NCCL communicator (engine/comm/nccl) on real
 // GPUs: allocator accounting, limit, zero-fill and stream-ordered reuse; stream order and
 // events across two streams; failure propagation (a failed fn, a kernel error reported through
-// reportKernelError, an event of a failed stream); the host launch slices; and every NCCL
-// collective against the in-process communicator on the same inputs (>= 2 devices).
+// reportKernelError, an event of a failed stream); the host launch slices; the kernel dispatch
+// (kernels.h) inside ops: launch on the op's stream, value readback, failed value ops; and every
+// NCCL collective against the in-process communicator on the same inputs (one rank per device,
+// up to 4; on one GPU a 1-rank group, which still runs every NCCL call and argument mapping).
 // Skips (GTEST_SKIP with the reason) without a CUDA build or a device.
 #include <gtest/gtest.h>
 
@@ -25,6 +27,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/kernels.h"
 #include "engine/comm/inproc_communicator.h"
 #include "kernels/cuda/ops_cuda.h"
 #ifdef TS_HAVE_NCCL
@@ -35,6 +38,7 @@ namespace ts::engine {
 namespace {
 
 namespace kc = ts::kernels::cuda;
+namespace kern = ts::engine::kern;
 
 // Collects what a device records (slices and counters), thread-safe.
 class TestRecorder final : public trace::Recorder {
@@ -341,6 +345,69 @@ TEST_F(CudaBackendTest, TracedSubmitRecordsAHostLaunchSlice) {
     EXPECT_GE(rec.counters.size(), 2u) << "allocation and free report memory counters";
 }
 
+// ----- kernel dispatch (engine/backend/kernels.h) ----------------------------------------------
+
+// Inside an op of a CUDA stream the dispatch launches the CUDA kernel on that stream; the
+// value-returning ops read their result back (synchronizing that stream) and match the CPU
+// oracle; outside any op it is the CPU oracle. A value op whose launch fails returns its failure
+// value (not an earlier op's result left in the scratch) and fails the stream once.
+TEST_F(CudaBackendTest, DispatchRunsOnTheOpsStreamAndReadsValuesBack) {
+    Device& d = dev();
+    auto s1 = d.createStream(trace::TrackKind::Compute, "compute");
+    auto s2 = d.createStream(trace::TrackKind::Comm, "comm");
+    const int64_t n = 100003;  // several blocks of every reduction, not a multiple of anything
+    std::vector<float> hx(static_cast<size_t>(n));
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-2.f, 2.f);
+    for (float& v : hx) v = u(rng);
+    hx[12345] = -3.5f;  // the amax
+    auto x = d.allocateUninitialized(size_t(n) * 4, MemCategory::Activations);
+    auto y = d.allocate(size_t(n) * 4, MemCategory::Activations);
+    ASSERT_TRUE(x.isOk() && y.isOk());
+    auto* px = (*x)->as<float>();
+    auto* py = (*y)->as<float>();
+    TS_ASSERT_OK(kc::copyToDevice(px, hx.data(), hx.size() * 4));
+
+    EXPECT_FALSE(kern::onDevice()) << "outside any op the dispatch is the CPU";
+    double sum1 = -1, sum2 = -1;
+    float amax = -1;
+    bool finite = false, onDev = false;
+    s1->submit(OpDesc{"values"}, [&] {
+        onDev = kern::onDevice();
+        kern::add(px, px, py, n);  // async on s1: y = 2x
+        sum1 = kern::sumSquares(py, n);
+        amax = kern::amaxOf(px, n);
+        finite = kern::allFinite(px, n);
+        return Status::ok();
+    });
+    s2->submit(OpDesc{"values"}, [&] {
+        sum2 = kern::sumSquares(px, n);  // another stream: its own scratch
+        return Status::ok();
+    });
+    TS_ASSERT_OK(s1->synchronize());
+    TS_ASSERT_OK(s2->synchronize());
+    EXPECT_TRUE(onDev);
+    const double want = kernels::cpu::sumSquares(hx.data(), n);
+    EXPECT_NEAR(sum1, 4 * want, 4 * want * 1e-9) << "kern::sumSquares of 2x on stream compute";
+    EXPECT_NEAR(sum2, want, want * 1e-9) << "kern::sumSquares of x on stream comm";
+    EXPECT_EQ(amax, kernels::cpu::amaxOf(hx.data(), n)) << "kern::amaxOf";
+    EXPECT_TRUE(finite) << "kern::allFinite";
+
+    // A failing launch (negative count): failure value, the stream fails with the kernel's error.
+    double bad = -1;
+    s1->submit(OpDesc{"bad_values"}, [&] {
+        bad = kern::sumSquares(px, -1);
+        return Status::ok();
+    });
+    EXPECT_EQ(bad, 0.0) << "a failed kern::sumSquares returned a stale value (the previous op's result "
+                        << sum1 << "?)";
+    const Status st = s1->synchronize();
+    ASSERT_FALSE(st.isOk());
+    EXPECT_NE(st.message().find("negative element count"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("bad_values"), std::string::npos) << st.message();
+    EXPECT_TRUE(takeKernelError().isOk()) << "the stream took the error";
+}
+
 #ifdef TS_HAVE_NCCL
 
 // ----- NCCL against the in-process communicator ------------------------------------------------
@@ -465,6 +532,18 @@ std::vector<Case> makeCases(int n) {
         cases.push_back(c);
     }
     {
+        // ncclAvg on an integer type is NCCL's sum then a division truncating toward zero, as
+        // the in-process one (values are small and mixed in sign: no overflow, both roundings).
+        Case c;
+        c.name = "all_reduce i32 avg";
+        c.dtype = DType::I32;
+        c.inCount = c.outCount = fixed(count);
+        c.run = [count](Communicator& comm, Stream& s, const void* in, void* out, int) {
+            comm.allReduce(s, in, out, count, DType::I32, ReduceOp::Avg);
+        };
+        cases.push_back(c);
+    }
+    {
         Case c;
         c.name = "reduce_scatter f32 sum";
         c.inCount = fixed(count * size_t(n));
@@ -498,8 +577,9 @@ std::vector<Case> makeCases(int n) {
         cases.push_back(c);
     }
     {
-        // Uneven, some zero: rank r sends (r + 2q) % 4 * 37 elements to rank q.
-        auto sendCount = [](int r, int q) { return size_t((r + 2 * q) % 4) * 37; };
+        // Uneven, some zero: rank r sends (r + 2q + 1) % 4 * 37 elements to rank q (the own
+        // part of rank 0, the self copy, is non-empty, so a 1-rank group exercises it too).
+        auto sendCount = [](int r, int q) { return size_t((r + 2 * q + 1) % 4) * 37; };
         Case c;
         c.name = "all_to_allv f32 uneven";
         c.inCount = [n, sendCount](int r) {
@@ -543,8 +623,11 @@ struct RunOutput {
 
 // Runs every case on n rank threads. `join` gives rank r its communicator; device r is the
 // rank's device; host=true: buffers are host memory (CPU backend), else device memory.
+// `abortAll` is called when a rank fails, so the others fail fast instead of waiting forever in
+// a collective the failed rank never joins.
 RunOutput runAll(int n, Backend& backend, bool host, const std::vector<Case>& cases,
-                 const std::function<Result<std::unique_ptr<Communicator>>(int)>& join) {
+                 const std::function<Result<std::unique_ptr<Communicator>>(int)>& join,
+                 const std::function<void(const Status&)>& abortAll) {
     RunOutput out;
     out.results.assign(cases.size(), std::vector<std::vector<uint8_t>>(size_t(n)));
     out.stats.resize(size_t(n));
@@ -552,7 +635,10 @@ RunOutput runAll(int n, Backend& backend, bool host, const std::vector<Case>& ca
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r)
         threads.emplace_back([&, r] {
-            auto fail = [&](const std::string& what) { out.errors[size_t(r)] = "rank " + std::to_string(r) + ": " + what; };
+            auto fail = [&](const std::string& what) {
+                out.errors[size_t(r)] = "rank " + std::to_string(r) + ": " + what;
+                abortAll(Status::comm("test: rank " + std::to_string(r) + " failed"));
+            };
             if (!host && !kc::setDevice(r).isOk()) return fail("cudaSetDevice");
             Device& dev = backend.device(r);
             auto comm = join(r);  // concurrently on every rank thread (NCCL needs that)
@@ -596,9 +682,9 @@ protected:
     void SetUp() override {
         CudaBackendTest::SetUp();
         if (IsSkipped()) return;
-        if (m_backend->deviceCount() < 2)
-            GTEST_SKIP() << "the NCCL tests need at least 2 CUDA devices; this machine has "
-                         << m_backend->deviceCount();
+        // One rank per device (NCCL refuses two ranks on one GPU). On one GPU the group has one
+        // rank: no data crosses a link, but every NCCL call, its dtype/count arguments, the
+        // all-to-all displacements and self copy, send/recv to self, stats and abort still run.
         m_n = std::min(m_backend->deviceCount(), 4);
     }
     int m_n = 0;
@@ -612,11 +698,15 @@ TEST_F(NcclTest, EveryCollectiveMatchesTheInProcessCommunicator) {
 
     auto cpu = makeCpuBackend(n);
     CommWorld inprocWorld(n);
-    const RunOutput want = runAll(n, *cpu, true, cases, [&](int r) { return inprocWorld.join("world", all, r); });
+    const RunOutput want = runAll(
+        n, *cpu, true, cases, [&](int r) { return inprocWorld.join("world", all, r); },
+        [&](const Status& why) { inprocWorld.abort(why); });
     for (const auto& e : want.errors) ASSERT_TRUE(e.empty()) << "in-process: " << e;
 
     NcclWorld ncclWorld(n);
-    const RunOutput got = runAll(n, *m_backend, false, cases, [&](int r) { return ncclWorld.join("world", all, r); });
+    const RunOutput got = runAll(
+        n, *m_backend, false, cases, [&](int r) { return ncclWorld.join("world", all, r); },
+        [&](const Status& why) { ncclWorld.abort(why); });
     for (const auto& e : got.errors) ASSERT_TRUE(e.empty()) << "NCCL: " << e;
 
     for (size_t ci = 0; ci < cases.size(); ++ci) {
@@ -649,7 +739,9 @@ TEST_F(NcclTest, EveryCollectiveMatchesTheInProcessCommunicator) {
 }
 
 TEST_F(NcclTest, AbortFailsLaterOpsWithCommError) {
-    const int n = 2;
+    const int n = std::min(m_n, 2);
+    std::vector<int> members;
+    for (int r = 0; r < n; ++r) members.push_back(r);
     NcclWorld world(n);
     std::vector<std::string> errors(static_cast<size_t>(n));
     std::vector<Status> after(static_cast<size_t>(n));
@@ -662,7 +754,7 @@ TEST_F(NcclTest, AbortFailsLaterOpsWithCommError) {
                 sync.arrive_and_drop();
                 return;
             }
-            auto comm = world.join("dp", {0, 1}, r);
+            auto comm = world.join("dp", members, r);
             if (!comm) {
                 errors[size_t(r)] = comm.status().toString();
                 sync.arrive_and_drop();
@@ -674,7 +766,7 @@ TEST_F(NcclTest, AbortFailsLaterOpsWithCommError) {
             (*comm)->allReduce(*s, (*buf)->data(), (*buf)->data(), 1024, DType::F32, ReduceOp::Sum);
             if (Status st = s->synchronize(); !st.isOk()) errors[size_t(r)] = st.toString();
             sync.arrive_and_wait();
-            if (r == 0) (*comm)->abort(Status::comm("rank 1 failed (test)"));
+            if (r == 0) (*comm)->abort(Status::comm("rank 1 failed (test)"));  // aborts every member's
             sync.arrive_and_wait();
             (*comm)->allReduce(*s, (*buf)->data(), (*buf)->data(), 1024, DType::F32, ReduceOp::Sum);
             after[size_t(r)] = s->synchronize();
@@ -687,7 +779,7 @@ TEST_F(NcclTest, AbortFailsLaterOpsWithCommError) {
             << after[size_t(r)].message();
     }
     EXPECT_FALSE(world.abortStatus().isOk());
-    EXPECT_FALSE(world.join("dp", {0, 1}, 0).isOk()) << "an aborted world refuses new groups";
+    EXPECT_FALSE(world.join("dp", members, 0).isOk()) << "an aborted world refuses new groups";
 }
 
 #endif  // TS_HAVE_NCCL

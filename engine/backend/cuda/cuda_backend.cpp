@@ -177,12 +177,17 @@ struct MemState {
         cachedBytes += cls;
     }
 
-    // cudaFree synchronizes the device, so pending work on the blocks has finished.
+    // Waits for the work still pending on each block (its events), then cudaFree. The wait is
+    // explicit: cudaFree follows default-stream semantics, and our streams are non-blocking, so
+    // its implicit synchronization is not something to free a block in use on.
     void releaseCache() {
         for (auto& [cls, blocks] : freeBlocks)
             for (CachedBlock& b : blocks) {
+                for (cudaEvent_t e : b.pending) {
+                    (void)cudaEventSynchronize(e);
+                    eventPool.push_back(e);
+                }
                 (void)cudaFree(b.ptr);
-                for (cudaEvent_t e : b.pending) eventPool.push_back(e);
             }
         (void)cudaGetLastError();
         freeBlocks.clear();
@@ -482,7 +487,9 @@ CudaBuffer::~CudaBuffer() {
     if (m_mem->deviceAlive) {
         m_mem->giveBack(m_data, sizeClass(m_bytes));
     } else {
-        (void)cudaFree(m_data);  // synchronizes the device: no stream still uses the block
+        // The device (and its stream list) is gone: wait for all work on it, then free.
+        (void)cudaDeviceSynchronize();
+        (void)cudaFree(m_data);
         (void)cudaGetLastError();
     }
 }
@@ -537,12 +544,17 @@ void CudaStream::submit(const OpDesc& desc, std::function<Status()> fn) {
         CurrentStreamScope scope(this);
         (void)takeKernelError();     // an error left by code outside any op is not this op's
         (void)cudaGetLastError();    // same for a launch error of the thread's earlier calls
-        try {
-            s = fn();
-        } catch (const std::exception& ex) {
-            s = Status::internal(std::string("exception: ") + ex.what());
-        } catch (...) {
-            s = Status::internal("unknown exception");
+        if (!g.ok()) {
+            // fn would launch on whatever device the thread has current: do not run it.
+            s = Status::internal("cannot make CUDA device " + std::to_string(m_ordinal) + " current");
+        } else {
+            try {
+                s = fn();
+            } catch (const std::exception& ex) {
+                s = Status::internal(std::string("exception: ") + ex.what());
+            } catch (...) {
+                s = Status::internal("unknown exception");
+            }
         }
         Status kernel = takeKernelError();
         if (s.isOk() && !kernel.isOk()) s = std::move(kernel);

@@ -27,8 +27,10 @@
 //   handed out again only once all those events completed (cudaEventQuery; a block still in
 //   use is skipped and a new one allocated). Work enqueued on streams this backend did not
 //   create (the legacy default stream, another library's stream) is not covered: synchronize
-//   those before freeing buffers they use. Releasing the cache uses cudaFree, which synchronizes
-//   the device, so no pending work can touch a released block.
+//   those before freeing buffers they use. Releasing the cache first waits for each block's events
+//   (cudaEventSynchronize), then cudaFree's it, so no pending work can touch a released block
+//   (cudaFree's own implicit sync follows default-stream semantics, which our non-blocking
+//   streams are exempt from, so it is not relied on).
 // - allocate() zero-fills the whole block with cudaMemsetAsync on the device's allocation
 //   stream and waits for it (cudaStreamSynchronize) before returning, so the buffer is zero for
 //   every stream without an event to wait on; allocateUninitialized() does not touch it.

@@ -291,11 +291,15 @@ private:
                                        " is not the communicator's CUDA device " + std::to_string(sh->device));
             std::unique_lock<std::timed_mutex> lock(sh->mutex);
             if (sh->aborted.load() || !sh->comm) return sh->abortedStatus(opName);
-            Status st = launch(sh->comm, static_cast<cudaStream_t>(native));
+            ncclComm_t comm = sh->comm;
+            Status st = launch(comm, static_cast<cudaStream_t>(native));
+            // An abort that gave up waiting for this op (stuck in NCCL past 100 ms) has called
+            // ncclCommAbort and cleared sh->comm meanwhile: the handle is freed, do not touch it.
+            if (sh->aborted.load()) return sh->abortedStatus(opName);
             if (st.isOk()) {
                 ncclResult_t async = ncclSuccess;
-                if (ncclCommGetAsyncError(sh->comm, &async) == ncclSuccess && async != ncclSuccess)
-                    st = fromNccl(async, "asynchronous NCCL error", sh->comm);
+                if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess)
+                    st = fromNccl(async, "asynchronous NCCL error", comm);
             }
             if (!st.isOk()) return st.withContext(sh->where(opName));
             sh->ops.fetch_add(1, std::memory_order_relaxed);
@@ -465,6 +469,9 @@ Result<std::unique_ptr<Communicator>> createNcclGroupMpi(const std::string& name
         if (ranks[i] < 0 || ranks[i] >= worldSize)
             return Status::invalid("NCCL group '" + name + "': rank " + std::to_string(ranks[i]) +
                                    " is outside the MPI world of " + std::to_string(worldSize));
+        // MPI_Group_incl with a repeated rank is erroneous (MPI aborts the job): refuse it here.
+        if (std::find(ranks.begin(), ranks.begin() + std::ptrdiff_t(i), ranks[i]) != ranks.begin() + std::ptrdiff_t(i))
+            return Status::invalid("NCCL group '" + name + "' lists MPI rank " + std::to_string(ranks[i]) + " twice");
         if (ranks[i] == worldRank) me = int(i);
     }
     if (me < 0)

@@ -86,9 +86,10 @@ TEST(CudaBackendAbsent, TrainersRefuseCudaAndSayWhy) {
     EXPECT_EQ(single.status().code(), ErrorCode::Unsupported) << single.status().toString();
     EXPECT_NE(single.status().message().find("device_backend: cuda"), std::string::npos) << single.status().message();
     EXPECT_NE(single.status().message().find("use device_backend: cpu"), std::string::npos) << single.status().message();
-    if (auto be = makeCudaBackend(); !be)
+    if (auto be = makeCudaBackend(); !be) {
         EXPECT_NE(single.status().message().find(be.status().message()), std::string::npos)
             << "the reason the machine cannot run CUDA is missing: " << single.status().message();
+    }
     c.tensor_model_parallel_size = 2;
     auto parallel = ParallelTrainer::create(c, nullptr);
     ASSERT_FALSE(parallel.isOk()) << "device_backend: cuda created a parallel trainer";

@@ -10,7 +10,6 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
-#include <vector>
 
 #include "engine/backend/backend.h"
 
@@ -182,60 +181,6 @@ R runOnHostValue(const char* op, const char* names, F f, A... args) {
 bool onDevice() {
     Stream* s = currentStream();
     return s && (s->native() != nullptr || s->kernelLaunch() != Stream::KernelLaunch::Now);
-}
-
-bool streamOnDevice(Stream& s) {
-    return s.native() != nullptr || s.kernelLaunch() != Stream::KernelLaunch::Now;
-}
-
-void setBytes(void* dst, int value, size_t bytes) {
-    if (bytes == 0) return;
-#ifdef TS_HAVE_CUDA
-    if (void* s = nativeStream()) {
-        reportKernelError(kernels::cuda::memsetAsync(dst, value, bytes, s));
-        return;
-    }
-#endif
-    runOnHost("setBytes", "dst, value, bytes", [](void* d, int v, size_t n) { std::memset(d, v, n); }, dst, value,
-              bytes);
-}
-
-void copyBytes(void* dst, const void* src, size_t bytes) {
-    if (bytes == 0) return;
-#ifdef TS_HAVE_CUDA
-    if (void* s = nativeStream()) {
-        reportKernelError(kernels::cuda::copyAsync(dst, src, bytes, s));
-        return;
-    }
-#endif
-    Stream* s = currentStream();
-    const auto mode = s ? s->kernelLaunch() : Stream::KernelLaunch::Now;
-    if (mode == Stream::KernelLaunch::Now) {
-        std::memcpy(dst, src, bytes);
-        return;
-    }
-    if (mode == Stream::KernelLaunch::NowHostView) {
-        std::memcpy(hostAlias(dst), hostAlias(src), bytes);
-        return;
-    }
-    // Deferred: a host source is snapshotted now (CUDA stages pageable memory at the call).
-    void* d = hostAlias(dst);
-    if (isEmulatedDevicePointer(src) || isEmulatedHostView(src)) {
-        const void* from = hostAlias(src);
-        s->deferKernel([d, from, bytes] { std::memcpy(d, from, bytes); });
-    } else {
-        auto snap = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
-                                                        static_cast<const char*>(src) + bytes);
-        s->deferKernel([d, snap] { std::memcpy(d, snap->data(), snap->size()); });
-    }
-}
-
-void download(void* dst, const void* src, size_t bytes) {
-    copyBytes(dst, src, bytes);
-    if (!onDevice()) return;
-    Stream* s = currentStream();
-    const Status st = s->synchronize();
-    if (!st.isOk()) reportKernelError(st);
 }
 
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,

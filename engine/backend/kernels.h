@@ -17,8 +17,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine/backend/backend.h"
-
 #include "kernels/cpu/fp8_block.h"
 #include "kernels/cpu/ops.h"
 
@@ -39,21 +37,6 @@ using kernels::cpu::fp8Max;
 // True when the calling thread is running an op of a stream with a native (CUDA) handle, i.e.
 // when kernels called now run on the GPU.
 bool onDevice();
-
-// True when kernels enqueued on `s` see device memory (CUDA, the emulated device): buffers must
-// then be uploaded rather than host data handed to kernels. Host code deciding at enqueue time
-// asks this; inside an op, onDevice().
-bool streamOnDevice(Stream& s);
-
-// --- memory ops on the current stream ------------------------------------------------------
-// dst[0, bytes) = value (device memory).
-void setBytes(void* dst, int value, size_t bytes);
-// An upload (host src), download (host dst) or device copy, in stream order. A host source is
-// read at the call (as cudaMemcpyAsync stages pageable memory), so it may be freed after it; a
-// host destination is written when the stream reaches the copy: use download() to read it.
-void copyBytes(void* dst, const void* src, size_t bytes);
-// Device -> host copy that waits for the stream: dst holds the bytes when it returns.
-void download(void* dst, const void* src, size_t bytes);
 
 // --- ops that return a value (synchronize on CUDA) ------------------------------------------
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,

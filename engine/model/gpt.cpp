@@ -87,7 +87,7 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     }
     TS_RETURN_IF_ERROR(m->registerParams());
     TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16));
-    TS_RETURN_IF_ERROR(m->initWeights());
+    m->initWeights();
     m->fp8Init();
     m->fp8ExpertInit();
     return m;
@@ -220,17 +220,12 @@ Status GptModel::registerParams() {
     return Status::ok();
 }
 
-Status GptModel::initWeights() {
-    // The weights are drawn on the host (fillNormal: the same numbers on every backend), into a
-    // host image of the main-param buffer, then uploaded in one op and the stream synchronized, so
-    // later host work (a checkpoint load) sees them and a device backend never has its memory
-    // touched by host code.
+void GptModel::initWeights() {
     const int tpSize = m_ctx.tpSize, tpRank = m_ctx.tpRank;
-    auto image = std::make_shared<std::vector<float>>(size_t(std::max<int64_t>(m_params.numel(), 1)), 0.0f);
     const float stdOut = m_o.initStd / std::sqrt(2.0f * float(m_d.layers));
     for (int i = 0; i < m_params.count(); ++i) {
         const ParamInfo& p = m_params.info(i);
-        float* dst = image->data() + p.offset;
+        float* dst = m_params.mainParam(i);
         if (p.fullShape.size() == 1) {
             const bool isNormWeight = p.name.find("layernorm.weight") != std::string::npos;
             std::fill(dst, dst + p.numel, isNormWeight ? 1.f : 0.f);
@@ -259,14 +254,7 @@ Status GptModel::initWeights() {
                             size_t(rl * C) * sizeof(float));
         }
     }
-    float* mainParams = m_params.mainParams();
-    ParamBuffer* params = &m_params;
-    const size_t bytes = size_t(m_params.numel()) * sizeof(float);
-    m_exec.op("init_weights", Category::Other, 0, bytes, [=] {
-        k::copyBytes(mainParams, image->data(), bytes);
-        params->syncModelParams();
-    });
-    return m_exec.synchronize();
+    m_params.syncModelParams();
 }
 
 void GptModel::beginStep(int step, int numMicrobatches) {
@@ -313,16 +301,6 @@ int GptModel::recomputeGroupEnd(int li) const {
     return std::min(localLayers(), g0 + std::max(1, m_o.recomputeNumLayers));
 }
 
-Result<const int32_t*> GptModel::kernelIds(const std::vector<int32_t>& host, TensorPtr& dev) {
-    if (!kern::streamOnDevice(m_exec.stream())) return host.data();
-    const size_t bytes = host.size() * sizeof(int32_t);
-    TS_ASSIGN_OR_RETURN(dev, m_exec.alloc(int64_t(host.size()), MemCategory::Activations, sizeof(int32_t)));
-    TensorPtr d = dev;
-    const int32_t* src = host.data();  // read at the call: copyBytes stages a host source
-    m_exec.op("ids.upload", Category::Memcpy, 0, bytes, [=] { k::copyBytes(d->data(), src, bytes); });
-    return static_cast<const int32_t*>(dev->data());
-}
-
 Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorPtr input, TensorPtr output) {
     const int T = m_d.seq * m_d.microBatch;
     const int64_t ThL = stageTensorElems();
@@ -360,8 +338,6 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
     auto st = std::make_unique<MbState>();
     st->data = data;
     st->layers.resize(m_layers.size());
-    if (m_ctx.firstStage) { TS_ASSIGN_OR_RETURN(st->ids, kernelIds(data->tokens, st->idsDev)); }
-    if (m_ctx.lastStage) { TS_ASSIGN_OR_RETURN(st->labels, kernelIds(data->labels, st->labelsDev)); }
     if (m_ctx.firstStage) {
         m_exec.setLayer(-1);
         if (m_forwardPreHook) m_forwardPreHook(embeddingParamList());

@@ -87,10 +87,7 @@ public:
     // std/sqrt(2*num_layers) for linear_proj and linear_fc2 (Megatron's scaled init), zero
     // biases, unit norm weights. Each full tensor is generated from (seed, name) and sharded,
     // so tp>1 ranks hold exactly the slices of the tp=1 tensors. Runs on the host (sync first).
-    Status initWeights();
-    // The ids kernels read: `host` itself on the CPU backend; where kernels see device memory, a
-    // buffer (kept in `dev`) filled by an upload op on the compute stream.
-    Result<const int32_t*> kernelIds(const std::vector<int32_t>& host, TensorPtr& dev);
+    void initWeights();
 
     // Sets step / number of microbatches for the coming forward/backward calls (dropout seeds,
     // loss scale, trace annotations).

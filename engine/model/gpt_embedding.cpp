@@ -20,11 +20,8 @@ Status GptModel::embeddingForward(MbState& st, int mb) {
     TS_ASSIGN_OR_RETURN(TensorPtr emb, m_exec.alloc(Th));
     const float* E = m_params.modelParam(m_embW);
     const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL, V = m_d.paddedVocab;
-    const int32_t* ids = st.ids;
-    TensorPtr idsDev = st.idsDev;  // keeps an uploaded copy alive until the op has run
     m_exec.op("embedding.fwd", Category::Embedding, 0, uint64_t(Th) * 8, [=] {
-        (void)idsDev;
-        k::embeddingForward(ids, E, fp(emb), T, h, vStart, vEnd, V);
+        k::embeddingForward(data->tokens.data(), E, fp(emb), T, h, vStart, vEnd, V);
     });
     if (m_posW >= 0) {
         // Megatron: reduce_scatter_embeddings is off with a position embedding; the word
@@ -106,10 +103,7 @@ Status GptModel::embeddingBackward(MbState& st, TensorPtr dh) {
     auto data = st.data;
     const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL;
     m_exec.op("embedding.bwd", Category::Embedding, double(Th), uint64_t(Th) * 8,
-              [=, ids = st.ids, idsDev = st.idsDev] {
-                  (void)idsDev;
-                  k::embeddingBackward(ids, fp(demb), G, T, h, vStart, vEnd);
-              });
+              [=] { k::embeddingBackward(data->tokens.data(), fp(demb), G, T, h, vStart, vEnd); });
     return Status::ok();
 }
 

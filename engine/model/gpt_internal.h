@@ -56,11 +56,6 @@ struct GptModel::MbState {
     TensorPtr ceProbs;              // unfused CE: softmax [T, V]
     TensorPtr rowMax, sumExp;       // vocab-parallel CE stats [T]
     TensorPtr dloss;                // [T] gradient seed per token
-    // The token ids and labels the kernels read: the microbatch's host arrays on the CPU backend,
-    // uploaded copies (idsDev, labelsDev) where kernels see device memory (kern::streamOnDevice).
-    const int32_t* ids = nullptr;
-    const int32_t* labels = nullptr;
-    TensorPtr idsDev, labelsDev;
     bool backwardDone = false;
 };
 

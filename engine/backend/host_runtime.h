@@ -1,7 +1,8 @@
 // Internal to engine/backend: the pieces the CPU backend (cpu_backend.cpp) and the emulated
 // device (emulated_backend.cpp) share, so both have the same streams, events, trace and memory
 // accounting: worker-thread streams that run a queue of host closures in order, host events,
-// the per-device trace state, and the per-category memory accounting with its limit.
+// the per-device trace state, and the per-category memory accounting with its limit. The CUDA
+// backend (cuda/cuda_backend.cpp) uses the trace state and the memory accounting too.
 // Semantics are those of cpu_backend.h (sticky stream failure, events carrying the recording
 // stream's error, streams drained on destruction).
 #pragma once

@@ -5,6 +5,7 @@
 // must stay alive until the stream has executed the op.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,6 +32,27 @@ struct CommStats {
     uint64_t ops = 0;
     uint64_t bytesSent = 0;
     uint64_t bytesReceived = 0;
+};
+
+// The running totals behind Communicator::stats(), shared by every implementation: an op that
+// succeeded counts once with its bytes; ops may finish on several streams' threads at once.
+class CommCounters {
+public:
+    void add(uint64_t sent, uint64_t received) {
+        m_ops.fetch_add(1, std::memory_order_relaxed);
+        m_bytesSent.fetch_add(sent, std::memory_order_relaxed);
+        m_bytesReceived.fetch_add(received, std::memory_order_relaxed);
+    }
+    CommStats stats() const {
+        CommStats c;
+        c.ops = m_ops.load();
+        c.bytesSent = m_bytesSent.load();
+        c.bytesReceived = m_bytesReceived.load();
+        return c;
+    }
+
+private:
+    std::atomic<uint64_t> m_ops{0}, m_bytesSent{0}, m_bytesReceived{0};
 };
 
 // nccl-tests accounting (doc/PERFORMANCE.md of nccl-tests): for a collective of `size` bytes

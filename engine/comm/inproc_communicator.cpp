@@ -92,10 +92,6 @@ struct GroupState {
     Status aborted;  // guarded by mutex
 };
 
-struct Counters {
-    std::atomic<uint64_t> ops{0}, bytesSent{0}, bytesReceived{0};
-};
-
 // ----- element-wise reduction -----------------------------------------------------------------
 
 inline float bf16ToFloat(uint16_t b) {
@@ -227,7 +223,7 @@ class InprocCommunicator;
 struct OpCtx {
     std::shared_ptr<CommWorld::State> world;
     std::shared_ptr<GroupState> group;
-    std::shared_ptr<Counters> counters;
+    std::shared_ptr<CommCounters> counters;
     int me = 0;
 
     std::string where(const char* op, int64_t seq) const {
@@ -587,21 +583,11 @@ public:
         s.submit(d, [ctx = m_ctx, ops] {
             uint64_t sent = 0, received = 0;
             Status st = runBatch(ctx, ops, &sent, &received);
-            if (st.isOk()) {
-                ctx.counters->ops.fetch_add(1, std::memory_order_relaxed);
-                ctx.counters->bytesSent.fetch_add(sent, std::memory_order_relaxed);
-                ctx.counters->bytesReceived.fetch_add(received, std::memory_order_relaxed);
-            }
+            if (st.isOk()) ctx.counters->add(sent, received);
             return st;
         });
     }
-    CommStats stats() const override {
-        CommStats c;
-        c.ops = m_ctx.counters->ops.load();
-        c.bytesSent = m_ctx.counters->bytesSent.load();
-        c.bytesReceived = m_ctx.counters->bytesReceived.load();
-        return c;
-    }
+    CommStats stats() const override { return m_ctx.counters->stats(); }
     void abort(const Status& why) override {
         m_ctx.world->abortAll(why.isOk() ? Status::comm("aborted") : why);
     }
@@ -616,11 +602,7 @@ private:
         d.bytes = sent;
         s.submit(d, [ctx = m_ctx, seq, p = std::move(p), sent, received]() mutable {
             Status st = runCollective(ctx, seq, std::move(p));
-            if (st.isOk()) {
-                ctx.counters->ops.fetch_add(1, std::memory_order_relaxed);
-                ctx.counters->bytesSent.fetch_add(sent, std::memory_order_relaxed);
-                ctx.counters->bytesReceived.fetch_add(received, std::memory_order_relaxed);
-            }
+            if (st.isOk()) ctx.counters->add(sent, received);
             return st;
         });
     }
@@ -680,7 +662,7 @@ Result<std::unique_ptr<Communicator>> CommWorld::join(const std::string& name, c
     OpCtx ctx;
     ctx.world = m_state;
     ctx.group = g;
-    ctx.counters = std::make_shared<Counters>();
+    ctx.counters = std::make_shared<CommCounters>();
     ctx.me = int(pos - ranks.begin());
     return std::unique_ptr<Communicator>(std::make_unique<InprocCommunicator>(std::move(ctx)));
 }

@@ -101,7 +101,7 @@ struct CommShared {
     std::atomic<bool> aborted{false};
     std::mutex abortMutex;
     Status abortReason;           // guarded by abortMutex
-    std::atomic<uint64_t> ops{0}, bytesSent{0}, bytesReceived{0};
+    CommCounters counters;
 
     std::string where(const char* op) const {
         return std::string(op) + " in NCCL group '" + name + "' (global ranks " + rankList(ranks) + ") on rank " +
@@ -254,13 +254,7 @@ public:
                 });
     }
 
-    CommStats stats() const override {
-        CommStats c;
-        c.ops = m_s->ops.load();
-        c.bytesSent = m_s->bytesSent.load();
-        c.bytesReceived = m_s->bytesReceived.load();
-        return c;
-    }
+    CommStats stats() const override { return m_s->counters.stats(); }
 
     void abort(const Status& why) override {
         if (m_abortAll) m_abortAll(why);
@@ -302,9 +296,7 @@ private:
                     st = fromNccl(async, "asynchronous NCCL error", comm);
             }
             if (!st.isOk()) return st.withContext(sh->where(opName));
-            sh->ops.fetch_add(1, std::memory_order_relaxed);
-            sh->bytesSent.fetch_add(sent, std::memory_order_relaxed);
-            sh->bytesReceived.fetch_add(received, std::memory_order_relaxed);
+            sh->counters.add(sent, received);
             return Status::ok();
         });
     }

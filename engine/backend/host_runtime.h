@@ -77,11 +77,13 @@ private:
 // ----- memory accounting ----------------------------------------------------------------------
 
 // Exact live bytes per category (as requested), peaks, and the limit. Shared by a device and
-// its buffers; the allocator that owns blocks adds its cache on top.
+// its buffers; the allocator that owns blocks adds its cache on top (cachedBytes). The CPU,
+// emulated and CUDA devices all account through it.
 struct MemAccounting {
     std::mutex mutex;
     MemoryStats stats;
     int64_t limit = 0;
+    size_t cachedBytes = 0;  // free blocks the allocator keeps for reuse: not live; MemoryStats::cached
     std::string deviceName;
     std::atomic<const TraceState*>* trace = nullptr;  // owned by the device; null once it is gone
 
@@ -90,8 +92,32 @@ struct MemAccounting {
     Status reserveLocked(size_t bytes, MemCategory cat, int64_t* current);
     // Caller holds `mutex`. Returns the category's new live total.
     int64_t releaseLocked(size_t bytes, MemCategory cat);
-    void resetPeakLocked();
+    // Device::memoryStats, resetPeak and setMemoryLimit (each takes `mutex`).
+    MemoryStats snapshot();
+    void resetPeak();
+    void setLimit(int64_t bytes);  // <= 0: none
     void reportCounter(MemCategory cat, int64_t value);
+};
+
+// A buffer that is one block of its device's allocator, whose state `Mem` (a MemAccounting) it
+// shares; the backend's destructor releases the bytes and gives the block back (CPU, CUDA).
+template <typename Mem>
+class BlockBuffer : public Buffer {
+public:
+    BlockBuffer(Device& dev, std::shared_ptr<Mem> mem, void* p, size_t bytes, MemCategory cat)
+        : m_device(dev), m_mem(std::move(mem)), m_data(p), m_bytes(bytes), m_cat(cat) {}
+    void* data() override { return m_data; }
+    const void* data() const override { return m_data; }
+    size_t bytes() const override { return m_bytes; }
+    MemCategory category() const override { return m_cat; }
+    Device& device() override { return m_device; }
+
+protected:
+    Device& m_device;
+    std::shared_ptr<Mem> m_mem;
+    void* m_data;
+    size_t m_bytes;
+    MemCategory m_cat;
 };
 
 // ----- streams ------------------------------------------------------------------------------

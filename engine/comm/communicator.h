@@ -65,6 +65,14 @@ enum class CollectiveKind : uint8_t { AllReduce = 0, ReduceScatter, AllGather, B
 const char* collectiveName(CollectiveKind k);  // "all_reduce", "reduce_scatter", ...
 double busBwFactor(CollectiveKind k, int groupSize);
 
+// A group's global ranks as messages print them: "0,2,4".
+std::string rankList(const std::vector<int>& ranks);
+// What a world's join() checks of a group: members (global ranks, in group order) that are
+// distinct ranks of a world of `worldSize`, among them globalRank, whose group rank goes to
+// *groupRank. Else Invalid, naming the group and the offending rank.
+Status checkGroupRanks(const std::string& name, const std::vector<int>& ranks, int worldSize, int globalRank,
+                       int* groupRank);
+
 class Communicator {
 public:
     virtual ~Communicator() = default;

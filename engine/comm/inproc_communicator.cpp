@@ -211,12 +211,6 @@ struct CommWorld::State {
 
 namespace {
 
-std::string rankList(const std::vector<int>& ranks) {
-    std::string s;
-    for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-    return s;
-}
-
 class InprocCommunicator;
 
 // Everything an executing op needs; shared with the closures on the stream.
@@ -633,20 +627,8 @@ Status CommWorld::abortStatus() const {
 
 Result<std::unique_ptr<Communicator>> CommWorld::join(const std::string& name, const std::vector<int>& ranks,
                                                       int globalRank) {
-    if (ranks.empty()) return Status::invalid("group '" + name + "' has no members");
-    std::vector<int> sorted = ranks;
-    std::sort(sorted.begin(), sorted.end());
-    for (size_t i = 0; i < sorted.size(); ++i) {
-        if (sorted[i] < 0 || sorted[i] >= m_state->worldSize)
-            return Status::invalid("group '" + name + "': rank " + std::to_string(sorted[i]) +
-                                   " is outside the world of " + std::to_string(m_state->worldSize) + " ranks");
-        if (i && sorted[i] == sorted[i - 1])
-            return Status::invalid("group '" + name + "' lists rank " + std::to_string(sorted[i]) + " twice");
-    }
-    auto pos = std::find(ranks.begin(), ranks.end(), globalRank);
-    if (pos == ranks.end())
-        return Status::invalid("rank " + std::to_string(globalRank) + " is not a member of group '" + name +
-                               "' (" + rankList(ranks) + ")");
+    int me = 0;
+    TS_RETURN_IF_ERROR(checkGroupRanks(name, ranks, m_state->worldSize, globalRank, &me));
     const std::string members = name + "|" + rankList(ranks);
     std::lock_guard<std::mutex> lock(m_state->mutex);
     const int instance = m_state->joins[std::to_string(globalRank) + "|" + members]++;
@@ -663,7 +645,7 @@ Result<std::unique_ptr<Communicator>> CommWorld::join(const std::string& name, c
     ctx.world = m_state;
     ctx.group = g;
     ctx.counters = std::make_shared<CommCounters>();
-    ctx.me = int(pos - ranks.begin());
+    ctx.me = me;
     return std::unique_ptr<Communicator>(std::make_unique<InprocCommunicator>(std::move(ctx)));
 }
 

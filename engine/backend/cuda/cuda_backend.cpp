@@ -88,7 +88,6 @@ struct MemState : host::MemAccounting {
     int ordinal = 0;
     bool deviceAlive = true;
     std::unordered_map<size_t, std::vector<CachedBlock>> freeBlocks;  // size class -> blocks
-    size_t cachedBytes = 0;
     std::vector<cudaStream_t> liveStreams;  // streams a freed block may still be in use on
     std::vector<cudaEvent_t> eventPool;     // recycled timing-free events
 
@@ -180,25 +179,10 @@ struct MemState : host::MemAccounting {
     }
 };
 
-class CudaDevice;
-
-class CudaBuffer final : public Buffer {
+class CudaBuffer final : public host::BlockBuffer<MemState> {
 public:
-    CudaBuffer(CudaDevice& dev, std::shared_ptr<MemState> mem, void* p, size_t bytes, MemCategory cat)
-        : m_device(dev), m_mem(std::move(mem)), m_data(p), m_bytes(bytes), m_cat(cat) {}
+    using BlockBuffer::BlockBuffer;
     ~CudaBuffer() override;
-    void* data() override { return m_data; }
-    const void* data() const override { return m_data; }
-    size_t bytes() const override { return m_bytes; }
-    MemCategory category() const override { return m_cat; }
-    Device& device() override;
-
-private:
-    CudaDevice& m_device;
-    std::shared_ptr<MemState> m_mem;
-    void* m_data;
-    size_t m_bytes;
-    MemCategory m_cat;
 };
 
 // ----- events -------------------------------------------------------------------------------
@@ -250,6 +234,8 @@ private:
 };
 
 // ----- streams ------------------------------------------------------------------------------
+
+class CudaDevice;
 
 class CudaStream final : public Stream {
 public:
@@ -379,22 +365,9 @@ public:
         return std::make_unique<CudaEvent>(m_info.index, traceState() != nullptr);
     }
 
-    MemoryStats memoryStats() const override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        MemoryStats st = m_mem->stats;
-        st.cached = int64_t(m_mem->cachedBytes);
-        return st;
-    }
-
-    void resetPeak() override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        m_mem->resetPeakLocked();
-    }
-
-    void setMemoryLimit(int64_t bytes) override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        m_mem->limit = bytes < 0 ? 0 : bytes;
-    }
+    MemoryStats memoryStats() const override { return m_mem->snapshot(); }
+    void resetPeak() override { m_mem->resetPeak(); }
+    void setMemoryLimit(int64_t bytes) override { m_mem->setLimit(bytes); }
 
     bool supports(const std::string& op) const override { return isCudaOp(op); }
 
@@ -424,8 +397,6 @@ CudaBuffer::~CudaBuffer() {
         (void)cudaGetLastError();
     }
 }
-
-Device& CudaBuffer::device() { return m_device; }
 
 // ----- stream implementation ------------------------------------------------------------------
 

@@ -76,7 +76,6 @@ struct MemState : MemAccounting {
     static constexpr size_t kCacheCap = size_t(4) << 30;
 
     std::unordered_map<size_t, std::vector<void*>> freeBlocks;  // size class -> blocks
-    size_t cachedBytes = 0;
 
     ~MemState() { releaseCache(); }
 
@@ -107,25 +106,10 @@ struct MemState : MemAccounting {
     }
 };
 
-class CpuDevice;
-
-class CpuBuffer final : public Buffer {
+class CpuBuffer final : public host::BlockBuffer<MemState> {
 public:
-    CpuBuffer(CpuDevice& dev, std::shared_ptr<MemState> mem, void* p, size_t bytes, MemCategory cat)
-        : m_device(dev), m_mem(std::move(mem)), m_data(p), m_bytes(bytes), m_cat(cat) {}
+    using BlockBuffer::BlockBuffer;
     ~CpuBuffer() override;
-    void* data() override { return m_data; }
-    const void* data() const override { return m_data; }
-    size_t bytes() const override { return m_bytes; }
-    MemCategory category() const override { return m_cat; }
-    Device& device() override;
-
-private:
-    CpuDevice& m_device;
-    std::shared_ptr<MemState> m_mem;
-    void* m_data;
-    size_t m_bytes;
-    MemCategory m_cat;
 };
 
 // ----- device -------------------------------------------------------------------------------
@@ -201,22 +185,9 @@ public:
 
     std::unique_ptr<Event> createEvent() override { return std::make_unique<HostEvent>(); }
 
-    MemoryStats memoryStats() const override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        MemoryStats st = m_mem->stats;
-        st.cached = int64_t(m_mem->cachedBytes);
-        return st;
-    }
-
-    void resetPeak() override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        m_mem->resetPeakLocked();
-    }
-
-    void setMemoryLimit(int64_t bytes) override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        m_mem->limit = bytes < 0 ? 0 : bytes;
-    }
+    MemoryStats memoryStats() const override { return m_mem->snapshot(); }
+    void resetPeak() override { m_mem->resetPeak(); }
+    void setMemoryLimit(int64_t bytes) override { m_mem->setLimit(bytes); }
 
     bool supports(const std::string&) const override { return true; }  // the reference backend
 
@@ -241,8 +212,6 @@ CpuBuffer::~CpuBuffer() {
         m_mem->giveBack(m_data, sizeClass(m_bytes));
     }
 }
-
-Device& CpuBuffer::device() { return m_device; }
 
 // ----- backend ------------------------------------------------------------------------------
 

@@ -296,7 +296,6 @@ struct EmuMem : MemAccounting {
     Status arenaError;
     std::unordered_map<size_t, std::vector<FreeBlock>> ready;  // class -> reusable blocks
     std::deque<PendingBlock> pending;
-    size_t cachedBytes = 0;
 
     // Live streams of the device (for the fences); guarded by streamMutex, which is taken
     // after `mutex` when both are held.
@@ -553,22 +552,9 @@ public:
 
     std::unique_ptr<Event> createEvent() override { return std::make_unique<HostEvent>(); }
 
-    MemoryStats memoryStats() const override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        MemoryStats st = m_mem->stats;
-        st.cached = int64_t(m_mem->cachedBytes);
-        return st;
-    }
-
-    void resetPeak() override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        m_mem->resetPeakLocked();
-    }
-
-    void setMemoryLimit(int64_t bytes) override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        m_mem->limit = bytes < 0 ? 0 : bytes;
-    }
+    MemoryStats memoryStats() const override { return m_mem->snapshot(); }
+    void resetPeak() override { m_mem->resetPeak(); }
+    void setMemoryLimit(int64_t bytes) override { m_mem->setLimit(bytes); }
 
     bool supports(const std::string&) const override { return true; }  // every op of the CPU oracle
 

@@ -91,9 +91,22 @@ int64_t MemAccounting::releaseLocked(size_t bytes, MemCategory cat) {
     return stats.current[size_t(cat)];
 }
 
-void MemAccounting::resetPeakLocked() {
+MemoryStats MemAccounting::snapshot() {
+    std::lock_guard<std::mutex> lock(mutex);
+    MemoryStats st = stats;
+    st.cached = int64_t(cachedBytes);
+    return st;
+}
+
+void MemAccounting::resetPeak() {
+    std::lock_guard<std::mutex> lock(mutex);
     for (size_t c = 0; c < size_t(MemCategory::Count); ++c) stats.peak[c] = stats.current[c];
     stats.peakTotal = stats.currentTotal;
+}
+
+void MemAccounting::setLimit(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex);
+    limit = bytes < 0 ? 0 : bytes;
 }
 
 void MemAccounting::reportCounter(MemCategory cat, int64_t value) {

@@ -1,7 +1,8 @@
 // Internal to engine/backend: the pieces the CPU backend (cpu_backend.cpp) and the emulated
 // device (emulated_backend.cpp) share, so both have the same streams, events, trace and memory
 // accounting: worker-thread streams that run a queue of host closures in order, host events,
-// the per-device trace state, and the per-category memory accounting with its limit.
+// the per-device trace state, and the per-category memory accounting with its limit. The CUDA
+// backend (cuda/cuda_backend.cpp) uses the trace state and the memory accounting too.
 // Semantics are those of cpu_backend.h (sticky stream failure, events carrying the recording
 // stream's error, streams drained on destruction).
 #pragma once
@@ -76,11 +77,13 @@ private:
 // ----- memory accounting ----------------------------------------------------------------------
 
 // Exact live bytes per category (as requested), peaks, and the limit. Shared by a device and
-// its buffers; the allocator that owns blocks adds its cache on top.
+// its buffers; the allocator that owns blocks adds its cache on top (cachedBytes). The CPU,
+// emulated and CUDA devices all account through it.
 struct MemAccounting {
     std::mutex mutex;
     MemoryStats stats;
     int64_t limit = 0;
+    size_t cachedBytes = 0;  // free blocks the allocator keeps for reuse: not live; MemoryStats::cached
     std::string deviceName;
     std::atomic<const TraceState*>* trace = nullptr;  // owned by the device; null once it is gone
 
@@ -89,8 +92,32 @@ struct MemAccounting {
     Status reserveLocked(size_t bytes, MemCategory cat, int64_t* current);
     // Caller holds `mutex`. Returns the category's new live total.
     int64_t releaseLocked(size_t bytes, MemCategory cat);
-    void resetPeakLocked();
+    // Device::memoryStats, resetPeak and setMemoryLimit (each takes `mutex`).
+    MemoryStats snapshot();
+    void resetPeak();
+    void setLimit(int64_t bytes);  // <= 0: none
     void reportCounter(MemCategory cat, int64_t value);
+};
+
+// A buffer that is one block of its device's allocator, whose state `Mem` (a MemAccounting) it
+// shares; the backend's destructor releases the bytes and gives the block back (CPU, CUDA).
+template <typename Mem>
+class BlockBuffer : public Buffer {
+public:
+    BlockBuffer(Device& dev, std::shared_ptr<Mem> mem, void* p, size_t bytes, MemCategory cat)
+        : m_device(dev), m_mem(std::move(mem)), m_data(p), m_bytes(bytes), m_cat(cat) {}
+    void* data() override { return m_data; }
+    const void* data() const override { return m_data; }
+    size_t bytes() const override { return m_bytes; }
+    MemCategory category() const override { return m_cat; }
+    Device& device() override { return m_device; }
+
+protected:
+    Device& m_device;
+    std::shared_ptr<Mem> m_mem;
+    void* m_data;
+    size_t m_bytes;
+    MemCategory m_cat;
 };
 
 // ----- streams ------------------------------------------------------------------------------

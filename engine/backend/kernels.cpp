@@ -72,13 +72,33 @@ bool readScalar(const Status& launch, void* stream, void* dev, T* out) {
     return s.isOk();
 }
 
+// A value op on CUDA: `launch(dev)` starts the kernel that writes one T into this stream's
+// scratch `dev`; the value read back, or T{} when there is no scratch (nothing is launched) or
+// the launch or the read-back failed (the error goes to the stream).
+template <typename T, typename Launch>
+T runCudaValue(void* stream, Launch launch) {
+    T* dev = static_cast<T*>(scalarScratch(stream));
+    if (!dev) return T{};
+    T value{};
+    return readScalar(launch(dev), stream, dev, &value) ? value : T{};
+}
+
 #define TS_KERN_CUDA(name, ...)                                            \
     if (void* ts_stream_ = nativeStream()) {                               \
         reportKernelError(kernels::cuda::name(__VA_ARGS__, ts_stream_));   \
         return;                                                            \
     }
+
+// `type` is what the op returns, `devType` what its kernel writes (allFinite: an int flag).
+#define TS_KERN_CUDA_VALUE(type, devType, name, ...)                                         \
+    if (void* ts_stream_ = nativeStream()) {                                                 \
+        return static_cast<type>(runCudaValue<devType>(ts_stream_, [&](devType* ts_dev_) {  \
+            return kernels::cuda::name(__VA_ARGS__, ts_dev_, ts_stream_);                    \
+        }));                                                                                 \
+    }
 #else
 #define TS_KERN_CUDA(name, ...)
+#define TS_KERN_CUDA_VALUE(type, devType, name, ...)
 #endif
 
 // ----- host execution (CPU backend, emulated device) ------------------------------------------
@@ -172,9 +192,15 @@ R runOnHostValue(const char* op, const char* names, F f, A... args) {
                   __VA_ARGS__);                                                              \
     } while (0)
 
-#define TS_KERN_VALUE(type, name, ...)                                                       \
-    runOnHostValue<type>(#name, #__VA_ARGS__,                                                \
-                         [](auto... a) { return kernels::cpu::name(a...); }, __VA_ARGS__)
+// The body of a value op: its CUDA kernel through the stream's scratch (runCudaValue) when the
+// stream is native, else the CPU oracle as the stream asks (runOnHostValue).
+#define TS_KERN_VALUE(type, devType, name, ...)                                              \
+    do {                                                                                     \
+        TS_KERN_CUDA_VALUE(type, devType, name, __VA_ARGS__)                                 \
+        return runOnHostValue<type>(#name, #__VA_ARGS__,                                     \
+                                    [](auto... a) { return kernels::cpu::name(a...); },      \
+                                    __VA_ARGS__);                                            \
+    } while (0)
 
 }  // namespace
 
@@ -185,69 +211,24 @@ bool onDevice() {
 
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
                      int vocabStart, int vocabEnd, int vocabSize) {
-#ifdef TS_HAVE_CUDA
-    if (void* s = nativeStream()) {
-        int* dev = static_cast<int*>(scalarScratch(s));
-        int invalid = 0;
-        if (!dev) return 0;
-        const Status launch = kernels::cuda::embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd,
-                                                              vocabSize, dev, s);
-        return readScalar(launch, s, dev, &invalid) ? invalid : 0;
-    }
-#endif
-    return TS_KERN_VALUE(int, embeddingForward, ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
+    TS_KERN_VALUE(int, int, embeddingForward, ids, table, out, T, C, vocabStart, vocabEnd,
+                  vocabSize);
 }
 
 double sumSquares(const float* x, int64_t n) {
-#ifdef TS_HAVE_CUDA
-    if (void* s = nativeStream()) {
-        double* dev = static_cast<double*>(scalarScratch(s));
-        double sum = 0;
-        if (!dev) return 0;
-        const Status launch = kernels::cuda::sumSquares(x, n, dev, s);
-        return readScalar(launch, s, dev, &sum) ? sum : 0;
-    }
-#endif
-    return TS_KERN_VALUE(double, sumSquares, x, n);
+    TS_KERN_VALUE(double, double, sumSquares, x, n);
 }
 
 bool allFinite(const float* x, int64_t n) {
-#ifdef TS_HAVE_CUDA
-    if (void* s = nativeStream()) {
-        int* dev = static_cast<int*>(scalarScratch(s));
-        int finite = 0;
-        if (!dev) return false;
-        const Status launch = kernels::cuda::allFinite(x, n, dev, s);
-        return readScalar(launch, s, dev, &finite) && finite != 0;
-    }
-#endif
-    return TS_KERN_VALUE(bool, allFinite, x, n);
+    TS_KERN_VALUE(bool, int, allFinite, x, n);
 }
 
 int countInvalidIds(const int32_t* ids, int T, int vocabSize) {
-#ifdef TS_HAVE_CUDA
-    if (void* s = nativeStream()) {
-        int* dev = static_cast<int*>(scalarScratch(s));
-        int invalid = 0;
-        if (!dev) return 0;
-        const Status launch = kernels::cuda::countInvalidIds(ids, T, vocabSize, dev, s);
-        return readScalar(launch, s, dev, &invalid) ? invalid : 0;
-    }
-#endif
-    return TS_KERN_VALUE(int, countInvalidIds, ids, T, vocabSize);
+    TS_KERN_VALUE(int, int, countInvalidIds, ids, T, vocabSize);
 }
 
 float amaxOf(const float* x, int64_t n) {
-#ifdef TS_HAVE_CUDA
-    if (void* s = nativeStream()) {
-        float* dev = static_cast<float*>(scalarScratch(s));
-        float amax = 0;
-        if (!dev) return 0;
-        const Status launch = kernels::cuda::amaxOf(x, n, dev, s);
-        return readScalar(launch, s, dev, &amax) ? amax : 0;
-    }
-#endif
-    return TS_KERN_VALUE(float, amaxOf, x, n);
+    TS_KERN_VALUE(float, float, amaxOf, x, n);
 }
 
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,

@@ -1,5 +1,8 @@
-// Names and nccl-tests bandwidth factors shared by every Communicator implementation.
+// Names, nccl-tests bandwidth factors and the group check shared by every Communicator
+// implementation.
 #include "engine/comm/communicator.h"
+
+#include <algorithm>
 
 namespace ts::engine {
 
@@ -26,6 +29,32 @@ double busBwFactor(CollectiveKind k, int n) {
         case CollectiveKind::SendRecv: return 1.0;
     }
     return 1.0;
+}
+
+std::string rankList(const std::vector<int>& ranks) {
+    std::string s;
+    for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+    return s;
+}
+
+Status checkGroupRanks(const std::string& name, const std::vector<int>& ranks, int worldSize, int globalRank,
+                       int* groupRank) {
+    if (ranks.empty()) return Status::invalid("group '" + name + "' has no members");
+    std::vector<int> sorted = ranks;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+        if (sorted[i] < 0 || sorted[i] >= worldSize)
+            return Status::invalid("group '" + name + "': rank " + std::to_string(sorted[i]) +
+                                   " is outside the world of " + std::to_string(worldSize) + " ranks");
+        if (i && sorted[i] == sorted[i - 1])
+            return Status::invalid("group '" + name + "' lists rank " + std::to_string(sorted[i]) + " twice");
+    }
+    const auto pos = std::find(ranks.begin(), ranks.end(), globalRank);
+    if (pos == ranks.end())
+        return Status::invalid("rank " + std::to_string(globalRank) + " is not a member of group '" + name +
+                               "' (" + rankList(ranks) + ")");
+    *groupRank = int(pos - ranks.begin());
+    return Status::ok();
 }
 
 }  // namespace ts::engine

@@ -5,6 +5,7 @@
 // must stay alive until the stream has executed the op.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -33,6 +34,27 @@ struct CommStats {
     uint64_t bytesReceived = 0;
 };
 
+// The running totals behind Communicator::stats(), shared by every implementation: an op that
+// succeeded counts once with its bytes; ops may finish on several streams' threads at once.
+class CommCounters {
+public:
+    void add(uint64_t sent, uint64_t received) {
+        m_ops.fetch_add(1, std::memory_order_relaxed);
+        m_bytesSent.fetch_add(sent, std::memory_order_relaxed);
+        m_bytesReceived.fetch_add(received, std::memory_order_relaxed);
+    }
+    CommStats stats() const {
+        CommStats c;
+        c.ops = m_ops.load();
+        c.bytesSent = m_bytesSent.load();
+        c.bytesReceived = m_bytesReceived.load();
+        return c;
+    }
+
+private:
+    std::atomic<uint64_t> m_ops{0}, m_bytesSent{0}, m_bytesReceived{0};
+};
+
 // nccl-tests accounting (doc/PERFORMANCE.md of nccl-tests): for a collective of `size` bytes
 // (the "size" column: allReduce/broadcast: count*elemSize; reduceScatter: recvCount*n*elemSize;
 // allGather: sendCount*n*elemSize; allToAll: total bytes sent by one rank),
@@ -42,6 +64,14 @@ struct CommStats {
 enum class CollectiveKind : uint8_t { AllReduce = 0, ReduceScatter, AllGather, Broadcast, AllToAll, SendRecv };
 const char* collectiveName(CollectiveKind k);  // "all_reduce", "reduce_scatter", ...
 double busBwFactor(CollectiveKind k, int groupSize);
+
+// A group's global ranks as messages print them: "0,2,4".
+std::string rankList(const std::vector<int>& ranks);
+// What a world's join() checks of a group: members (global ranks, in group order) that are
+// distinct ranks of a world of `worldSize`, among them globalRank, whose group rank goes to
+// *groupRank. Else Invalid, naming the group and the offending rank.
+Status checkGroupRanks(const std::string& name, const std::vector<int>& ranks, int worldSize, int globalRank,
+                       int* groupRank);
 
 class Communicator {
 public:

@@ -92,10 +92,6 @@ struct GroupState {
     Status aborted;  // guarded by mutex
 };
 
-struct Counters {
-    std::atomic<uint64_t> ops{0}, bytesSent{0}, bytesReceived{0};
-};
-
 // ----- element-wise reduction -----------------------------------------------------------------
 
 inline float bf16ToFloat(uint16_t b) {
@@ -215,19 +211,13 @@ struct CommWorld::State {
 
 namespace {
 
-std::string rankList(const std::vector<int>& ranks) {
-    std::string s;
-    for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-    return s;
-}
-
 class InprocCommunicator;
 
 // Everything an executing op needs; shared with the closures on the stream.
 struct OpCtx {
     std::shared_ptr<CommWorld::State> world;
     std::shared_ptr<GroupState> group;
-    std::shared_ptr<Counters> counters;
+    std::shared_ptr<CommCounters> counters;
     int me = 0;
 
     std::string where(const char* op, int64_t seq) const {
@@ -587,21 +577,11 @@ public:
         s.submit(d, [ctx = m_ctx, ops] {
             uint64_t sent = 0, received = 0;
             Status st = runBatch(ctx, ops, &sent, &received);
-            if (st.isOk()) {
-                ctx.counters->ops.fetch_add(1, std::memory_order_relaxed);
-                ctx.counters->bytesSent.fetch_add(sent, std::memory_order_relaxed);
-                ctx.counters->bytesReceived.fetch_add(received, std::memory_order_relaxed);
-            }
+            if (st.isOk()) ctx.counters->add(sent, received);
             return st;
         });
     }
-    CommStats stats() const override {
-        CommStats c;
-        c.ops = m_ctx.counters->ops.load();
-        c.bytesSent = m_ctx.counters->bytesSent.load();
-        c.bytesReceived = m_ctx.counters->bytesReceived.load();
-        return c;
-    }
+    CommStats stats() const override { return m_ctx.counters->stats(); }
     void abort(const Status& why) override {
         m_ctx.world->abortAll(why.isOk() ? Status::comm("aborted") : why);
     }
@@ -616,11 +596,7 @@ private:
         d.bytes = sent;
         s.submit(d, [ctx = m_ctx, seq, p = std::move(p), sent, received]() mutable {
             Status st = runCollective(ctx, seq, std::move(p));
-            if (st.isOk()) {
-                ctx.counters->ops.fetch_add(1, std::memory_order_relaxed);
-                ctx.counters->bytesSent.fetch_add(sent, std::memory_order_relaxed);
-                ctx.counters->bytesReceived.fetch_add(received, std::memory_order_relaxed);
-            }
+            if (st.isOk()) ctx.counters->add(sent, received);
             return st;
         });
     }
@@ -651,20 +627,8 @@ Status CommWorld::abortStatus() const {
 
 Result<std::unique_ptr<Communicator>> CommWorld::join(const std::string& name, const std::vector<int>& ranks,
                                                       int globalRank) {
-    if (ranks.empty()) return Status::invalid("group '" + name + "' has no members");
-    std::vector<int> sorted = ranks;
-    std::sort(sorted.begin(), sorted.end());
-    for (size_t i = 0; i < sorted.size(); ++i) {
-        if (sorted[i] < 0 || sorted[i] >= m_state->worldSize)
-            return Status::invalid("group '" + name + "': rank " + std::to_string(sorted[i]) +
-                                   " is outside the world of " + std::to_string(m_state->worldSize) + " ranks");
-        if (i && sorted[i] == sorted[i - 1])
-            return Status::invalid("group '" + name + "' lists rank " + std::to_string(sorted[i]) + " twice");
-    }
-    auto pos = std::find(ranks.begin(), ranks.end(), globalRank);
-    if (pos == ranks.end())
-        return Status::invalid("rank " + std::to_string(globalRank) + " is not a member of group '" + name +
-                               "' (" + rankList(ranks) + ")");
+    int me = 0;
+    TS_RETURN_IF_ERROR(checkGroupRanks(name, ranks, m_state->worldSize, globalRank, &me));
     const std::string members = name + "|" + rankList(ranks);
     std::lock_guard<std::mutex> lock(m_state->mutex);
     const int instance = m_state->joins[std::to_string(globalRank) + "|" + members]++;
@@ -680,8 +644,8 @@ Result<std::unique_ptr<Communicator>> CommWorld::join(const std::string& name, c
     OpCtx ctx;
     ctx.world = m_state;
     ctx.group = g;
-    ctx.counters = std::make_shared<Counters>();
-    ctx.me = int(pos - ranks.begin());
+    ctx.counters = std::make_shared<CommCounters>();
+    ctx.me = me;
     return std::unique_ptr<Communicator>(std::make_unique<InprocCommunicator>(std::move(ctx)));
 }
 

@@ -6,37 +6,10 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
-#ifndef TS_HD
-#if defined(__CUDACC__)
-#define TS_HD __host__ __device__
-#else
-#define TS_HD
-#endif
-#endif
+#include "kernels/common/float_bits.h"
 
 namespace ts::kernels::hd {
-
-TS_HD inline uint32_t floatBits(float f) {
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
-
-TS_HD inline float floatFromBits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
 
 TS_HD inline uint16_t bf16FromFloat(float f) {
     uint32_t u = floatBits(f);

@@ -13,13 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifndef TS_HD
-#if defined(__CUDACC__)
-#define TS_HD __host__ __device__
-#else
-#define TS_HD
-#endif
-#endif
+#include "kernels/common/hd.h"
 
 namespace ts::kernels::hd {
 

@@ -4,9 +4,9 @@
 // C++ for the host compiler, __host__ __device__ under nvcc.
 //
 // Host code keeps the exact std:: calls the oracle always made (frexp, ldexp, nearbyint,
-// copysign, memcpy); device code uses their CUDA counterparts, which are exact for every input
-// these functions pass (frexpf/ldexpf: power-of-two scaling of representable values, rintf:
-// round half to even, the bit casts). tests/kernels/test_fp8_scalar.cpp pins the results to the
+// copysign, memcpy: the bit casts of float_bits.h); device code uses their CUDA counterparts,
+// which are exact for every input these functions pass (frexpf/ldexpf: power-of-two scaling of
+// representable values, rintf: round half to even, the bit casts). tests/kernels/test_fp8_scalar.cpp pins the results to the
 // oracle's pre-sharing outputs over a million float bit patterns.
 //
 // Not to be included by engine code: use kernels/cpu/ops.h (fp8Encode, fp8Decode, ...) there.
@@ -14,15 +14,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
-#ifndef TS_HD
-#ifdef __CUDACC__
-#define TS_HD __host__ __device__
-#else
-#define TS_HD
-#endif
-#endif
+#include "kernels/common/float_bits.h"
 
 namespace ts::kernels::fp8s {
 
@@ -40,32 +33,12 @@ TS_HD inline Fp8Spec fp8Spec(int format) {
 
 TS_HD inline float fp8MaxOf(int format) { return format == 0 ? 448.0f : 57344.0f; }
 
-TS_HD inline uint32_t bitsOf(float f) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
-
-TS_HD inline float floatOf(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
-
 // The quiet NaN std::nanf("") gives (0x7FC00000), on both sides.
-TS_HD inline float quietNaN() { return floatOf(0x7FC00000u); }
-TS_HD inline float posInf() { return floatOf(0x7F800000u); }
-TS_HD inline bool isNaN(float x) { return (bitsOf(x) & 0x7FFFFFFFu) > 0x7F800000u; }
-TS_HD inline bool isInf(float x) { return (bitsOf(x) & 0x7FFFFFFFu) == 0x7F800000u; }
-TS_HD inline bool signBit(float x) { return (bitsOf(x) >> 31) != 0; }
+TS_HD inline float quietNaN() { return hd::floatFromBits(0x7FC00000u); }
+TS_HD inline float posInf() { return hd::floatFromBits(0x7F800000u); }
+TS_HD inline bool isNaN(float x) { return (hd::floatBits(x) & 0x7FFFFFFFu) > 0x7F800000u; }
+TS_HD inline bool isInf(float x) { return (hd::floatBits(x) & 0x7FFFFFFFu) == 0x7F800000u; }
+TS_HD inline bool signBit(float x) { return (hd::floatBits(x) >> 31) != 0; }
 
 TS_HD inline float absF(float x) {
 #ifdef __CUDA_ARCH__
@@ -185,9 +158,9 @@ struct Fp8Rounder {
     // The value of the FP8 number nearest to v (ties to even; +-max beyond it; NaN stays NaN).
     TS_HD float round(float v) const {
         const float a = absF(v);
-        uint32_t b = bitsOf(a);
+        uint32_t b = hd::floatBits(a);
         b = (b + ((1u << (shift - 1)) - 1u) + ((b >> shift) & 1u)) & ~((1u << shift) - 1u);
-        const float normal = floatOf(b);
+        const float normal = hd::floatFromBits(b);
         const float sub = (a + magic) - magic;
         float r = a < minNormal ? sub : normal;
         r = a < mx ? r : mx;
@@ -200,7 +173,7 @@ struct Fp8Rounder {
         if (r != r) return uint8_t(sign | nanCode);
         const float a = absF(r);
         if (a < minNormal) return uint8_t(sign | int(a * subScale));
-        const uint32_t b = bitsOf(a);
+        const uint32_t b = hd::floatBits(a);
         const int e = int((b >> 23) & 0xFF) - 127 + bias;
         const int m = int((b >> shift) & ((1u << mbits) - 1u));
         return uint8_t(sign | (e << mbits) | m);
@@ -214,7 +187,7 @@ TS_HD inline uint8_t e8m0FromFloat(float v) {
     if (isNaN(v)) return 0xFF;
     if (isInf(v)) return 0xFE;
     if (v == 0.0f) return 0x00;
-    const uint32_t u = bitsOf(v);
+    const uint32_t u = hd::floatBits(v);
     uint32_t e = (u >> 23) & 0xFF;  // TE reads the bits of a non-negative amax ratio
     const uint32_t m = u & 0x7FFFFF;
     if (m > 0 && e != 0xFE && !(e == 0 && m <= 0x400000)) ++e;
@@ -239,7 +212,7 @@ TS_HD inline float fp8BlockScale(float amax, float fp8Max, bool pow2) {
         s = fp8Max / amax;
         if (isInf(s)) s = 3.40282346638528859812e+38f;  // FLT_MAX
     }
-    if (pow2) s = floatOf(bitsOf(s) & 0xFF800000u);  // sign and exponent
+    if (pow2) s = hd::floatFromBits(hd::floatBits(s) & 0xFF800000u);  // sign and exponent
     return s;
 }
 

@@ -24,89 +24,16 @@
 namespace ts::kernels {
 namespace {
 
-std::vector<float> randomVec(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> d(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
+using namespace gputest;
+
+// |gpu - cpu| <= atol + rtol |cpu| element-wise; equal infinities match, NaN never does (no output
+// of these ops may be NaN). Names `what` and the element's index in `shape`.
+void expectNear(const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol,
+                const std::string& what, const std::vector<int>& shape) {
+    expectClose(got, want, rtol, atol, what, shape, {}, /*nanMatchesNan=*/false);
 }
 
-// Device buffer that frees itself; upload/download by vector.
-template <typename T>
-struct DeviceVec {
-    T* ptr = nullptr;
-    size_t n = 0;
-    explicit DeviceVec(size_t count) : n(count) {
-        void* p = nullptr;
-        status = cuda::deviceAlloc(&p, sizeof(T) * (n ? n : 1));
-        ptr = static_cast<T*>(p);
-    }
-    explicit DeviceVec(const std::vector<T>& host) : DeviceVec(host.size()) {
-        if (status.isOk()) status = cuda::copyToDevice(ptr, host.data(), sizeof(T) * n);
-    }
-    DeviceVec(const DeviceVec&) = delete;
-    DeviceVec& operator=(const DeviceVec&) = delete;
-    ~DeviceVec() {
-        if (ptr) (void)cuda::deviceFree(ptr);
-    }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        const Status s = cuda::copyToHost(h.data(), ptr, sizeof(T) * n);
-        EXPECT_TRUE(s.isOk()) << s.toString();
-        return h;
-    }
-    Status status;
-};
-
-std::string indexIn(size_t i, const std::vector<int>& shape) {
-    std::vector<size_t> idx(shape.size());
-    for (size_t a = shape.size(); a-- > 0;) {
-        idx[a] = i % static_cast<size_t>(shape[a]);
-        i /= static_cast<size_t>(shape[a]);
-    }
-    std::ostringstream os;
-    os << "[";
-    for (size_t a = 0; a < idx.size(); ++a) os << (a ? "," : "") << idx[a];
-    os << "]";
-    return os.str();
-}
-
-// |gpu - cpu| <= atol + rtol |cpu| element-wise (equal infinities match; NaN never does). Names
-// `what` and the element's multi-index in `shape` for the first few that differ.
-void expectNear(const std::vector<float>& got, const std::vector<float>& want, double rtol,
-                double atol, const std::string& what, const std::vector<int>& shape) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    size_t total = 1;
-    for (int e : shape) total *= static_cast<size_t>(e);
-    ASSERT_EQ(total, want.size()) << what << ": shape does not match the size";
-    int bad = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        const float g = got[i], w = want[i];
-        const bool ok = (std::isinf(w) && g == w) ||
-                        (std::isfinite(w) && std::isfinite(g) &&
-                         std::fabs(double(g) - double(w)) <= atol + rtol * std::fabs(double(w)));
-        if (!ok && ++bad <= 5)
-            ADD_FAILURE() << what << indexIn(i, shape) << ": gpu " << g << " cpu " << w;
-    }
-    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements differ";
-}
-
-class CudaAttention : public ::testing::Test {
-protected:
-    void SetUp() override {
-        int count = 0;
-        const Status s = cuda::deviceCount(&count);
-        if (!s.isOk() || count == 0)
-            GTEST_SKIP() << "no CUDA device available (" << (s.isOk() ? "0 devices" : s.toString())
-                         << ")";
-        TS_ASSERT_OK(cuda::streamCreate(&m_stream));
-    }
-    void TearDown() override {
-        if (m_stream) (void)cuda::streamDestroy(m_stream);
-    }
-    void* m_stream = nullptr;
-};
+class CudaAttention : public CudaStreamTest {};
 
 std::string caseName(const char* op, bool fused, int rep, float p) {
     std::ostringstream os;

@@ -24,117 +24,13 @@
 namespace ts::kernels {
 namespace {
 
-std::vector<float> uniform(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> d(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
-
-// Device buffer that frees itself; upload/download by vector.
-template <typename T>
-struct DevBuf {
-    T* ptr = nullptr;
-    size_t n = 0;
-    Status status;
-    explicit DevBuf(size_t count) : n(count) {
-        void* p = nullptr;
-        status = cuda::deviceAlloc(&p, sizeof(T) * (n ? n : 1));
-        ptr = static_cast<T*>(p);
-    }
-    explicit DevBuf(const std::vector<T>& host) : DevBuf(host.size()) {
-        if (status.isOk() && n) status = cuda::copyToDevice(ptr, host.data(), sizeof(T) * n);
-    }
-    ~DevBuf() {
-        if (ptr) (void)cuda::deviceFree(ptr);
-    }
-    DevBuf(const DevBuf&) = delete;
-    DevBuf& operator=(const DevBuf&) = delete;
-    std::vector<T> get() const {
-        std::vector<T> h(n);
-        if (n) {
-            const Status s = cuda::copyToHost(h.data(), ptr, sizeof(T) * n);
-            EXPECT_TRUE(s.isOk()) << s.toString();
-        }
-        return h;
-    }
-};
-
-// |got - want| <= atol + rtol * mag[i] (mag: the magnitude of what element i was computed from;
-// empty = |want[i]|). Reports the first few bad elements by op/case name and index.
-void expectClose(const std::vector<float>& got, const std::vector<float>& want, double rtol,
-                 double atol, const std::string& what, const std::vector<double>& mag = {}) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    int bad = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        const double m = mag.empty() ? std::fabs(double(want[i])) : mag[i];
-        const bool ok = std::fabs(double(got[i]) - double(want[i])) <= atol + rtol * m ||
-                        (std::isnan(got[i]) && std::isnan(want[i]));
-        if (!ok && ++bad <= 5)
-            ADD_FAILURE() << what << "[" << i << "]: gpu " << got[i] << " cpu " << want[i]
-                          << " (tol " << atol + rtol * m << ")";
-    }
-    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements differ";
-}
-
-uint32_t bitsOf(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-}
-
-// Bit-exact floats (so -0 != +0); NaN equals NaN whatever the payload.
-void expectSameBits(const std::vector<float>& got, const std::vector<float>& want,
-                    const std::string& what, const std::vector<float>* input = nullptr) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    int bad = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        const bool ok = (std::isnan(got[i]) && std::isnan(want[i])) || bitsOf(got[i]) == bitsOf(want[i]);
-        if (!ok && ++bad <= 5) {
-            auto msg = ::testing::Message() << what << "[" << i << "]: gpu " << got[i] << " (0x" << std::hex
-                                            << bitsOf(got[i]) << ") cpu " << std::dec << want[i] << " (0x"
-                                            << std::hex << bitsOf(want[i]) << ")";
-            if (input) msg << " input 0x" << bitsOf((*input)[i]) << std::dec << " = " << (*input)[i];
-            ADD_FAILURE() << msg;
-        }
-    }
-    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements differ";
-}
-
-template <typename T>
-void expectSameBytes(const std::vector<T>& got, const std::vector<T>& want, const std::string& what,
-                     const std::vector<float>* input = nullptr) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    int bad = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-        if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && ++bad <= 5) {
-            auto msg = ::testing::Message() << what << "[" << i << "]: gpu " << +got[i] << " cpu " << +want[i];
-            if (input) msg << " input 0x" << std::hex << bitsOf((*input)[i]) << std::dec << " = " << (*input)[i];
-            ADD_FAILURE() << msg;
-        }
-    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements differ";
-}
+using namespace gputest;
 
 std::string shape(const char* op, int T, int C, const char* extra = "") {
     return std::string(op) + "(T=" + std::to_string(T) + ", C=" + std::to_string(C) + extra + ")";
 }
 
-class CudaNormCeFp8 : public ::testing::Test {
-protected:
-    void SetUp() override {
-        int count = 0;
-        const Status s = cuda::deviceCount(&count);
-        if (!s.isOk() || count == 0)
-            GTEST_SKIP() << "no CUDA device available (" << (s.isOk() ? "0 devices" : s.toString()) << ")";
-        TS_ASSERT_OK(cuda::streamCreate(&m_stream));
-    }
-    void TearDown() override {
-        if (m_stream) (void)cuda::streamDestroy(m_stream);
-    }
-    void sync() { TS_ASSERT_OK(cuda::streamSynchronize(m_stream)); }
-    void* m_stream = nullptr;
-};
+class CudaNormCeFp8 : public CudaStreamTest {};
 
 // (T, C): odd C, T = 1, C below a warp, and enough rows for several dw/db chunks.
 const std::vector<std::pair<int, int>> kNormShapes = {{67, 300}, {1, 17}, {5, 1}, {33, 1024}, {1000, 96}};
@@ -145,8 +41,8 @@ TEST_F(CudaNormCeFp8, LayerNormForwardUnfusedAndFusedMatchCpu) {
     for (auto [T, C] : kNormShapes)
         for (bool fused : {false, true})
             for (bool bias : {true, false}) {
-                const auto x = uniform(size_t(T) * C, 1 + T, -3, 3), w = uniform(C, 2), b = uniform(C, 3);
-                DevBuf<float> dx(x), dw(w), db(b), dy(size_t(T) * C), dm(T), dr(T);
+                const auto x = randomVec(size_t(T) * C, 1 + T, -3, 3), w = randomVec(C, 2), b = randomVec(C, 3);
+                DeviceVec<float> dx(x), dw(w), db(b), dy(size_t(T) * C), dm(T), dr(T);
                 TS_ASSERT_OK(dx.status);
                 const float* bp = bias ? db.ptr : nullptr;
                 if (fused)
@@ -160,9 +56,9 @@ TEST_F(CudaNormCeFp8, LayerNormForwardUnfusedAndFusedMatchCpu) {
                 const std::string name =
                     shape(fused ? "layerNormForwardFused" : "layerNormForward", T, C, bias ? ", bias" : ", no bias");
                 // y = xhat * w + b with |xhat| up to a few: absolute error ~ 1e-6 * |xhat|
-                expectClose(dy.get(), y, 1e-4, 2e-5, name + " y");
-                expectClose(dm.get(), mean, 1e-4, 2e-6, name + " mean");
-                expectClose(dr.get(), rstd, 2e-4, 0, name + " rstd");
+                expectClose(dy.download(), y, 1e-4, 2e-5, name + " y");
+                expectClose(dm.download(), mean, 1e-4, 2e-6, name + " mean");
+                expectClose(dr.download(), rstd, 2e-4, 0, name + " rstd");
             }
 }
 
@@ -171,15 +67,15 @@ TEST_F(CudaNormCeFp8, LayerNormBackwardUnfusedAndFusedMatchCpu) {
         for (bool fused : {false, true})
             for (bool bias : {true, false}) {
                 const size_t n = size_t(T) * C;
-                const auto x = uniform(n, 10 + T, -2, 2), w = uniform(C, 11), b = uniform(C, 12);
-                const auto dyv = uniform(n, 13 + C), dw0 = uniform(C, 14), db0 = uniform(C, 15);
+                const auto x = randomVec(n, 10 + T, -2, 2), w = randomVec(C, 11), b = randomVec(C, 12);
+                const auto dyv = randomVec(n, 13 + C), dw0 = randomVec(C, 14), db0 = randomVec(C, 15);
                 std::vector<float> y(n), mean(T), rstd(T);
                 cpu::layerNormForward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), T, C, 1e-5f);
                 std::vector<float> dx(n), dw = dw0, db = db0;
                 (fused ? cpu::layerNormBackwardFused : cpu::layerNormBackward)(
                     dyv.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(), dw.data(),
                     bias ? db.data() : nullptr, T, C);
-                DevBuf<float> gdy(dyv), gx(x), gw(w), gm(mean), gr(rstd), gdx(n), gdw(dw0), gdb(db0);
+                DeviceVec<float> gdy(dyv), gx(x), gw(w), gm(mean), gr(rstd), gdx(n), gdw(dw0), gdb(db0);
                 TS_ASSERT_OK(gdb.status);
                 float* dbp = bias ? gdb.ptr : nullptr;
                 if (fused)
@@ -206,31 +102,31 @@ TEST_F(CudaNormCeFp8, LayerNormBackwardUnfusedAndFusedMatchCpu) {
                 }
                 const std::string name = shape(fused ? "layerNormBackwardFused" : "layerNormBackward", T, C,
                                                bias ? ", bias" : ", no bias");
-                expectClose(gdx.get(), dx, 2e-5, 1e-6, name + " dx", magDx);
-                expectClose(gdw.get(), dw, 5e-5, 1e-6, name + " dw (+=)", magW);
+                expectClose(gdx.download(), dx, 2e-5, 1e-6, name + " dx", {}, magDx);
+                expectClose(gdw.download(), dw, 5e-5, 1e-6, name + " dw (+=)", {}, magW);
                 if (bias)
-                    expectClose(gdb.get(), db, 5e-5, 1e-6, name + " db (+=)", magB);
+                    expectClose(gdb.download(), db, 5e-5, 1e-6, name + " db (+=)", {}, magB);
                 else
-                    expectSameBits(gdb.get(), db0, name + " db untouched without bias");
+                    expectSameBits(gdb.download(), db0, name + " db untouched without bias");
             }
 }
 
 TEST_F(CudaNormCeFp8, RmsNormForwardAndBackwardMatchCpu) {
     for (auto [T, C] : kNormShapes) {
         const size_t n = size_t(T) * C;
-        const auto x = uniform(n, 20 + T, -2, 2), w = uniform(C, 21), dyv = uniform(n, 22), dw0 = uniform(C, 23);
+        const auto x = randomVec(n, 20 + T, -2, 2), w = randomVec(C, 21), dyv = randomVec(n, 22), dw0 = randomVec(C, 23);
         std::vector<float> y(n), rstd(T), dx(n), dw = dw0;
         cpu::rmsNormForward(x.data(), w.data(), y.data(), rstd.data(), T, C, 1e-5f);
         cpu::rmsNormBackward(dyv.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(), T, C);
-        DevBuf<float> gx(x), gw(w), gy(n), gr(T), gdy(dyv), gdx(n), gdw(dw0);
+        DeviceVec<float> gx(x), gw(w), gy(n), gr(T), gdy(dyv), gdx(n), gdw(dw0);
         TS_ASSERT_OK(gdw.status);
         TS_ASSERT_OK(cuda::rmsNormForward(gx.ptr, gw.ptr, gy.ptr, gr.ptr, T, C, 1e-5f, m_stream));
         sync();
-        const auto gpuRstd = gr.get();
-        expectClose(gy.get(), y, 1e-4, 1e-5, shape("rmsNormForward", T, C) + " y");
+        const auto gpuRstd = gr.download();
+        expectClose(gy.download(), y, 1e-4, 1e-5, shape("rmsNormForward", T, C) + " y");
         expectClose(gpuRstd, rstd, 1e-4, 0, shape("rmsNormForward", T, C) + " rstd");
         // Backward from the CPU's rstd, so only the backward's own rounding is compared.
-        DevBuf<float> gr2(rstd);
+        DeviceVec<float> gr2(rstd);
         TS_ASSERT_OK(cuda::rmsNormBackward(gdy.ptr, gx.ptr, gw.ptr, gr2.ptr, gdx.ptr, gdw.ptr, T, C, m_stream));
         sync();
         std::vector<double> magDx(n), magW(C, 0.0);
@@ -242,8 +138,8 @@ TEST_F(CudaNormCeFp8, RmsNormForwardAndBackwardMatchCpu) {
                 magW[c] += std::fabs(dyv[i] * xr);
             }
         for (int c = 0; c < C; ++c) magW[c] += std::fabs(dw0[c]);
-        expectClose(gdx.get(), dx, 2e-5, 1e-6, shape("rmsNormBackward", T, C) + " dx", magDx);
-        expectClose(gdw.get(), dw, 5e-5, 1e-6, shape("rmsNormBackward", T, C) + " dw (+=)", magW);
+        expectClose(gdx.download(), dx, 2e-5, 1e-6, shape("rmsNormBackward", T, C) + " dx", {}, magDx);
+        expectClose(gdw.download(), dw, 5e-5, 1e-6, shape("rmsNormBackward", T, C) + " dw (+=)", {}, magW);
     }
 }
 
@@ -271,9 +167,9 @@ TEST_F(CudaNormCeFp8, CrossEntropyVocabParallelStagesMatchCpu) {
     for (const CeShape& s : kCeShapes) {
         const int T = s.T, Vl = s.Vl;
         const size_t n = size_t(T) * Vl;
-        const auto logits = uniform(n, 30 + T, -8, 8);
+        const auto logits = randomVec(n, 30 + T, -8, 8);
         const auto targets = targetsFor(T, s.vStart, Vl, 31);
-        const auto dloss = uniform(T, 32, 0.1f, 2.0f);
+        const auto dloss = randomVec(T, 32, 0.1f, 2.0f);
         std::vector<float> rowMax(T), tl(T), se(T), loss(T), dl(n);
         cpu::crossEntropyRowMax(logits.data(), rowMax.data(), T, Vl);
         cpu::crossEntropyStats(logits.data(), targets.data(), rowMax.data(), tl.data(), se.data(), T, Vl, s.vStart);
@@ -282,8 +178,8 @@ TEST_F(CudaNormCeFp8, CrossEntropyVocabParallelStagesMatchCpu) {
                                   T, Vl, s.vStart);
         const std::string name = " (T=" + std::to_string(T) + ", Vl=" + std::to_string(Vl) +
                                  ", vStart=" + std::to_string(s.vStart) + ")";
-        DevBuf<float> gl(logits), gmax(T), gtl(T), gse(T), gloss(T), gdl(n), gdloss(dloss);
-        DevBuf<int32_t> gt(targets);
+        DeviceVec<float> gl(logits), gmax(T), gtl(T), gse(T), gloss(T), gdl(n), gdloss(dloss);
+        DeviceVec<int32_t> gt(targets);
         TS_ASSERT_OK(gt.status);
         TS_ASSERT_OK(cuda::crossEntropyRowMax(gl.ptr, gmax.ptr, T, Vl, m_stream));
         TS_ASSERT_OK(cuda::crossEntropyStats(gl.ptr, gt.ptr, gmax.ptr, gtl.ptr, gse.ptr, T, Vl, s.vStart, m_stream));
@@ -291,19 +187,19 @@ TEST_F(CudaNormCeFp8, CrossEntropyVocabParallelStagesMatchCpu) {
         TS_ASSERT_OK(cuda::crossEntropyBackward(gl.ptr, gt.ptr, gmax.ptr, gse.ptr, gdloss.ptr, gdl.ptr, T, Vl,
                                                 s.vStart, m_stream));
         sync();
-        expectSameBits(gmax.get(), rowMax, "crossEntropyRowMax" + name + " rowMax");  // a max is exact
-        expectSameBits(gtl.get(), tl, "crossEntropyStats" + name + " targetLogit");  // one subtraction
-        expectClose(gse.get(), se, 1e-5, 0, "crossEntropyStats" + name + " sumExp");
-        expectClose(gloss.get(), loss, 1e-5, 2e-6, "crossEntropyLoss" + name + " loss");
+        expectSameBits(gmax.download(), rowMax, "crossEntropyRowMax" + name + " rowMax");  // a max is exact
+        expectSameBits(gtl.download(), tl, "crossEntropyStats" + name + " targetLogit");  // one subtraction
+        expectClose(gse.download(), se, 1e-5, 0, "crossEntropyStats" + name + " sumExp");
+        expectClose(gloss.download(), loss, 1e-5, 2e-6, "crossEntropyLoss" + name + " loss");
         // dlogits = p * dloss - [target] dloss: error ~ 1e-6 relative to dloss
         std::vector<double> mag(n);
         for (size_t i = 0; i < n; ++i) mag[i] = dloss[i / Vl];
-        expectClose(gdl.get(), dl, 4e-6, 0, "crossEntropyBackward" + name + " dlogits", mag);
+        expectClose(gdl.download(), dl, 4e-6, 0, "crossEntropyBackward" + name + " dlogits", {}, mag);
         // In place: dlogits over the logits.
         TS_ASSERT_OK(cuda::crossEntropyBackward(gl.ptr, gt.ptr, gmax.ptr, gse.ptr, gdloss.ptr, gl.ptr, T, Vl,
                                                 s.vStart, m_stream));
         sync();
-        expectClose(gl.get(), dl, 4e-6, 0, "crossEntropyBackward in place" + name + " dlogits", mag);
+        expectClose(gl.download(), dl, 4e-6, 0, "crossEntropyBackward in place" + name + " dlogits", {}, mag);
     }
 }
 
@@ -311,34 +207,34 @@ TEST_F(CudaNormCeFp8, CrossEntropyUnfusedAndFusedMatchCpu) {
     for (const CeShape& s : kCeShapes) {
         const int T = s.T, V = s.Vl;
         const size_t n = size_t(T) * V;
-        const auto logits = uniform(n, 40 + T, -8, 8);
+        const auto logits = randomVec(n, 40 + T, -8, 8);
         const auto targets = targetsFor(T, 0, V, 41);  // some >= V and some negative: no target term
-        const auto dloss = uniform(T, 42, 0.1f, 2.0f);
+        const auto dloss = randomVec(T, 42, 0.1f, 2.0f);
         std::vector<float> probs(n), loss(T), dl(n), fusedRows = logits, fusedLoss(T);
         cpu::crossEntropyForwardUnfused(logits.data(), targets.data(), probs.data(), loss.data(), T, V);
         cpu::crossEntropyBackwardUnfused(probs.data(), targets.data(), dloss.data(), dl.data(), T, V);
         cpu::crossEntropyFused(fusedRows.data(), targets.data(), dloss.data(), fusedLoss.data(), T, V);
         const std::string name = " (T=" + std::to_string(T) + ", V=" + std::to_string(V) + ")";
-        DevBuf<float> gl(logits), gp(n), gloss(T), gdl(n), gdloss(dloss), gfl(T);
-        DevBuf<int32_t> gt(targets);
+        DeviceVec<float> gl(logits), gp(n), gloss(T), gdl(n), gdloss(dloss), gfl(T);
+        DeviceVec<int32_t> gt(targets);
         TS_ASSERT_OK(gt.status);
         TS_ASSERT_OK(cuda::crossEntropyForwardUnfused(gl.ptr, gt.ptr, gp.ptr, gloss.ptr, T, V, m_stream));
         TS_ASSERT_OK(cuda::crossEntropyBackwardUnfused(gp.ptr, gt.ptr, gdloss.ptr, gdl.ptr, T, V, m_stream));
         sync();
         std::vector<double> mag(n);
         for (size_t i = 0; i < n; ++i) mag[i] = dloss[i / V];
-        expectClose(gp.get(), probs, 1e-5, 1e-9, "crossEntropyForwardUnfused" + name + " probs");
-        expectClose(gloss.get(), loss, 1e-5, 2e-6, "crossEntropyForwardUnfused" + name + " loss");
-        expectClose(gdl.get(), dl, 4e-6, 0, "crossEntropyBackwardUnfused" + name + " dlogits", mag);
+        expectClose(gp.download(), probs, 1e-5, 1e-9, "crossEntropyForwardUnfused" + name + " probs");
+        expectClose(gloss.download(), loss, 1e-5, 2e-6, "crossEntropyForwardUnfused" + name + " loss");
+        expectClose(gdl.download(), dl, 4e-6, 0, "crossEntropyBackwardUnfused" + name + " dlogits", {}, mag);
         // Backward in place over probs.
         TS_ASSERT_OK(cuda::crossEntropyBackwardUnfused(gp.ptr, gt.ptr, gdloss.ptr, gp.ptr, T, V, m_stream));
         sync();
-        expectClose(gp.get(), dl, 4e-6, 0, "crossEntropyBackwardUnfused in place" + name + " dlogits", mag);
+        expectClose(gp.download(), dl, 4e-6, 0, "crossEntropyBackwardUnfused in place" + name + " dlogits", {}, mag);
         // Fused: in place over the logits.
         TS_ASSERT_OK(cuda::crossEntropyFused(gl.ptr, gt.ptr, gdloss.ptr, gfl.ptr, T, V, m_stream));
         sync();
-        expectClose(gfl.get(), fusedLoss, 1e-5, 2e-6, "crossEntropyFused" + name + " loss");
-        expectClose(gl.get(), fusedRows, 4e-6, 0, "crossEntropyFused" + name + " dlogits (in place)", mag);
+        expectClose(gfl.download(), fusedLoss, 1e-5, 2e-6, "crossEntropyFused" + name + " loss");
+        expectClose(gl.download(), fusedRows, 4e-6, 0, "crossEntropyFused" + name + " dlogits (in place)", {}, mag);
     }
 }
 
@@ -346,14 +242,8 @@ TEST_F(CudaNormCeFp8, CrossEntropyUnfusedAndFusedMatchCpu) {
 
 const char* fmtName(cpu::Fp8Format f) { return f == cpu::Fp8Format::E4M3 ? "E4M3" : "E5M2"; }
 
-float fromBits(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
 TEST_F(CudaNormCeFp8, AmaxOfMatchesCpuAndPropagatesNaN) {
-    auto x = uniform(100003, 50, -3, 3);
+    auto x = randomVec(100003, 50, -3, 3);
     x[77777] = -9.5f;
     std::vector<std::pair<std::string, std::vector<float>>> cases = {{"random", x}};
     auto withInf = x;
@@ -365,15 +255,15 @@ TEST_F(CudaNormCeFp8, AmaxOfMatchesCpuAndPropagatesNaN) {
     cases.emplace_back("one element", std::vector<float>{-0.25f});
     cases.emplace_back("zeros", std::vector<float>(1000, -0.0f));
     for (const auto& [name, v] : cases) {
-        DevBuf<float> gx(v), ga(1);
+        DeviceVec<float> gx(v), ga(1);
         TS_ASSERT_OK(cuda::amaxOf(gx.ptr, int64_t(v.size()), ga.ptr, m_stream));
         sync();
-        expectSameBits(ga.get(), {cpu::amaxOf(v.data(), int64_t(v.size()))}, "amaxOf(" + name + ")");
+        expectSameBits(ga.download(), {cpu::amaxOf(v.data(), int64_t(v.size()))}, "amaxOf(" + name + ")");
     }
-    DevBuf<float> ga(std::vector<float>{123.0f});
+    DeviceVec<float> ga(std::vector<float>{123.0f});
     TS_ASSERT_OK(cuda::amaxOf(nullptr, 0, ga.ptr, m_stream));
     sync();
-    expectSameBits(ga.get(), {0.0f}, "amaxOf(n = 0)");
+    expectSameBits(ga.download(), {0.0f}, "amaxOf(n = 0)");
 }
 
 // Inputs that reach every rounding path: each code's value and the midpoints to its neighbour
@@ -395,7 +285,7 @@ std::vector<float> fp8Probe(cpu::Fp8Format f) {
     }
     for (float v : {0.0f, -0.0f, 1e-30f, -1e-42f, INFINITY, -INFINITY, 1e6f, -3e38f, std::nanf(""), -std::nanf("")})
         x.push_back(v);
-    for (uint32_t i = 0; i < (1u << 20); ++i) x.push_back(fromBits(i * 0x9E3779B1u));
+    for (uint32_t i = 0; i < (1u << 20); ++i) x.push_back(floatFromBits(i * 0x9E3779B1u));
     return x;
 }
 
@@ -403,8 +293,8 @@ TEST_F(CudaNormCeFp8, Fp8QuantizeDequantizeIsBitExactWithCpu) {
     for (auto f : {cpu::Fp8Format::E4M3, cpu::Fp8Format::E5M2}) {
         const auto x = fp8Probe(f);
         const int64_t n = int64_t(x.size());
-        DevBuf<float> gx(x), gy(x.size());
-        DevBuf<uint8_t> gc(x.size());
+        DeviceVec<float> gx(x), gy(x.size());
+        DeviceVec<uint8_t> gc(x.size());
         TS_ASSERT_OK(gc.status);
         for (float scale : {1.0f, 37.5f, 0.125f}) {
             std::vector<float> y(x.size());
@@ -414,14 +304,14 @@ TEST_F(CudaNormCeFp8, Fp8QuantizeDequantizeIsBitExactWithCpu) {
             sync();
             const std::string name =
                 std::string("fp8QuantizeDequantize(") + fmtName(f) + ", scale " + std::to_string(scale) + ")";
-            expectSameBytes(gc.get(), codes, name + " codes", &x);
-            expectSameBits(gy.get(), y, name + " y", &x);
+            expectEqualInts(gc.download(), codes, name + " codes", {}, &x);
+            expectSameBits(gy.download(), y, name + " y", {}, &x);
             if (scale == 37.5f) {
                 // In place without codes.
-                DevBuf<float> gio(x);
+                DeviceVec<float> gio(x);
                 TS_ASSERT_OK(cuda::fp8QuantizeDequantize(gio.ptr, gio.ptr, nullptr, n, scale, f, m_stream));
                 sync();
-                expectSameBits(gio.get(), y, name + " y in place, no codes", &x);
+                expectSameBits(gio.download(), y, name + " y in place, no codes", {}, &x);
             }
         }
     }
@@ -436,13 +326,13 @@ TEST_F(CudaNormCeFp8, Fp8All256CodesRoundTripAsOnCpu) {
         std::vector<float> y(256);
         std::vector<uint8_t> codes(256);
         cpu::fp8QuantizeDequantize(x.data(), y.data(), codes.data(), 256, 1.0f, f);
-        DevBuf<float> gx(x), gy(256);
-        DevBuf<uint8_t> gc(256);
+        DeviceVec<float> gx(x), gy(256);
+        DeviceVec<uint8_t> gc(256);
         TS_ASSERT_OK(cuda::fp8QuantizeDequantize(gx.ptr, gy.ptr, gc.ptr, 256, 1.0f, f, m_stream));
         sync();
         const std::string name = std::string("fp8QuantizeDequantize(all 256 codes, ") + fmtName(f) + ")";
-        expectSameBytes(gc.get(), codes, name + " codes", &x);
-        expectSameBits(gy.get(), y, name + " y", &x);
+        expectEqualInts(gc.download(), codes, name + " codes", {}, &x);
+        expectSameBits(gy.download(), y, name + " y", {}, &x);
         // Finite codes only for MXFP8 (a NaN or inf would take its block's scale to NaN/inf).
         std::vector<float> fin;
         for (float v : x)
@@ -452,15 +342,15 @@ TEST_F(CudaNormCeFp8, Fp8All256CodesRoundTripAsOnCpu) {
         std::vector<uint8_t> mc(fin.size()), ms(size_t(cpu::fp8BlockScaleCount(1, cols, cpu::Fp8BlockKind::Mx1x32, true)));
         cpu::fp8BlockQuantizeDequantize(fin.data(), my.data(), mc.data(), ms.data(), 1, cols, cpu::Fp8BlockKind::Mx1x32,
                                         true, f);
-        DevBuf<float> gfin(fin), gmy(fin.size());
-        DevBuf<uint8_t> gmc(fin.size()), gms(ms.size());
+        DeviceVec<float> gfin(fin), gmy(fin.size());
+        DeviceVec<uint8_t> gmc(fin.size()), gms(ms.size());
         TS_ASSERT_OK(cuda::fp8BlockQuantizeDequantize(gfin.ptr, gmy.ptr, gmc.ptr, gms.ptr, 1, cols,
                                                       cpu::Fp8BlockKind::Mx1x32, true, f, true, m_stream));
         sync();
         const std::string mname = std::string("fp8BlockQuantizeDequantize(MXFP8, all finite codes, ") + fmtName(f) + ")";
-        expectSameBytes(gmc.get(), mc, mname + " codes", &fin);
-        expectSameBits(gmy.get(), my, mname + " y", &fin);
-        expectSameBytes(gms.get(), ms, mname + " E8M0 scales");
+        expectEqualInts(gmc.download(), mc, mname + " codes", {}, &fin);
+        expectSameBits(gmy.download(), my, mname + " y", {}, &fin);
+        expectEqualInts(gms.download(), ms, mname + " E8M0 scales");
     }
 }
 
@@ -478,8 +368,8 @@ void checkBlockCase(const std::vector<float>& x, int64_t rows, int64_t cols, cpu
     std::vector<uint8_t> codes(n), escales(mx ? size_t(ns) : 0);
     void* cpuScales = mx ? static_cast<void*>(escales.data()) : static_cast<void*>(fscales.data());
     cpu::fp8BlockQuantizeDequantize(x.data(), y.data(), codes.data(), cpuScales, rows, cols, kind, alongRows, f, pow2);
-    DevBuf<float> gx(x), gy(n), gfs(fscales.size());
-    DevBuf<uint8_t> gc(n), ges(escales.size());
+    DeviceVec<float> gx(x), gy(n), gfs(fscales.size());
+    DeviceVec<uint8_t> gc(n), ges(escales.size());
     ASSERT_TRUE(gx.status.isOk() && gy.status.isOk() && gc.status.isOk());
     void* gpuScales = mx ? static_cast<void*>(ges.ptr) : static_cast<void*>(gfs.ptr);
     TS_ASSERT_OK(cuda::fp8BlockQuantizeDequantize(gx.ptr, gy.ptr, gc.ptr, gpuScales, rows, cols, kind, alongRows, f,
@@ -489,17 +379,17 @@ void checkBlockCase(const std::vector<float>& x, int64_t rows, int64_t cols, cpu
                              (alongRows ? "along rows" : "along columns") + ", " + fmtName(f) +
                              (mx ? "" : (pow2 ? ", pow2" : ", fp32 scales")) + ", " + std::to_string(rows) + "x" +
                              std::to_string(cols) + ", " + tag + ")";
-    expectSameBytes(gc.get(), codes, name + " codes", &x);
-    expectSameBits(gy.get(), y, name + " y", &x);
+    expectEqualInts(gc.download(), codes, name + " codes", {}, &x);
+    expectSameBits(gy.download(), y, name + " y", {}, &x);
     if (mx)
-        expectSameBytes(ges.get(), escales, name + " E8M0 scales");
+        expectEqualInts(ges.download(), escales, name + " E8M0 scales");
     else
-        expectSameBits(gfs.get(), fscales, name + " inverse scales");
-    DevBuf<float> gio(x);
+        expectSameBits(gfs.download(), fscales, name + " inverse scales");
+    DeviceVec<float> gio(x);
     TS_ASSERT_OK(cuda::fp8BlockQuantizeDequantize(gio.ptr, gio.ptr, nullptr, nullptr, rows, cols, kind, alongRows, f,
                                                   pow2, stream));
     TS_ASSERT_OK(cuda::streamSynchronize(stream));
-    expectSameBits(gio.get(), y, name + " y in place, no codes or scales", &x);
+    expectSameBits(gio.download(), y, name + " y in place, no codes or scales", {}, &x);
 }
 
 TEST_F(CudaNormCeFp8, Fp8BlockQuantizeDequantizeIsBitExactWithCpu) {
@@ -526,7 +416,7 @@ TEST_F(CudaNormCeFp8, Fp8BlockQuantizeDequantizeIsBitExactWithCpu) {
                 }
     // Raw bit patterns (NaNs in most blocks: scale 1 / NaN scale paths) and single rows / columns.
     std::vector<float> raw(1u << 16);
-    for (uint32_t i = 0; i < raw.size(); ++i) raw[i] = fromBits(i * 0x9E3779B1u + 12345u);
+    for (uint32_t i = 0; i < raw.size(); ++i) raw[i] = floatFromBits(i * 0x9E3779B1u + 12345u);
     for (auto f : {cpu::Fp8Format::E4M3, cpu::Fp8Format::E5M2})
         for (auto kind : {cpu::Fp8BlockKind::Mx1x32, cpu::Fp8BlockKind::Block1x128, cpu::Fp8BlockKind::Block128x128}) {
             checkBlockCase(raw, 256, 256, kind, true, f, true, m_stream, "raw bit patterns");

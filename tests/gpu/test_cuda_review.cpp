@@ -17,43 +17,13 @@
 namespace ts::kernels {
 namespace {
 
-class CudaReview : public ::testing::Test {
-protected:
-    void SetUp() override {
-        int count = 0;
-        const Status s = cuda::deviceCount(&count);
-        if (!s.isOk() || count == 0)
-            GTEST_SKIP() << "no CUDA device available (" << (s.isOk() ? "0 devices" : s.toString()) << ")";
-        TS_ASSERT_OK(cuda::streamCreate(&m_stream));
-    }
-    void TearDown() override {
-        if (m_stream) (void)cuda::streamDestroy(m_stream);
-    }
-    void* m_stream = nullptr;
-};
+using namespace gputest;
 
-// A device copy of `host` (freed by the caller through deviceFree).
-template <typename T>
-T* upload(const std::vector<T>& host) {
-    void* p = nullptr;
-    if (!cuda::deviceAlloc(&p, sizeof(T) * (host.empty() ? 1 : host.size())).isOk()) return nullptr;
-    if (!host.empty() && !cuda::copyToDevice(p, host.data(), sizeof(T) * host.size()).isOk()) return nullptr;
-    return static_cast<T*>(p);
-}
+class CudaReview : public CudaStreamTest {};
 
-std::vector<float> download(const float* d, size_t n) {
-    std::vector<float> h(n);
-    const Status s = cuda::copyToHost(h.data(), d, sizeof(float) * n);
-    EXPECT_TRUE(s.isOk()) << s.toString();
-    return h;
-}
-
+// Exactly equal (-0 == +0; NaN never matches).
 void expectEqualVec(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    int bad = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-        if (got[i] != want[i] && ++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: gpu " << got[i] << " cpu " << want[i];
-    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements differ";
+    expectClose(got, want, 0, 0, what, {}, {}, /*nanMatchesNan=*/false);
 }
 
 TEST_F(CudaReview, CpAttentionWithNoKeysZeroesOutAndDq) {
@@ -72,19 +42,18 @@ TEST_F(CudaReview, CpAttentionWithNoKeysZeroesOutAndDq) {
     cpu::cpAttentionForward(a, qPos.data(), q.data(), nullptr, nullptr, nullptr, out.data());
     cpu::cpAttentionBackward(a, qPos.data(), q.data(), nullptr, nullptr, nullptr, q.data(), dq.data(), nullptr,
                              nullptr);
-    int* gPos = upload(qPos);
-    float* gq = upload(q);
-    float* gO = upload(garbage);
-    float* gdq = upload(garbage);
-    ASSERT_TRUE(gPos && gq && gO && gdq);
-    TS_ASSERT_OK(cuda::cpAttentionForward(a, gPos, gq, nullptr, nullptr, nullptr, gO, m_stream));
-    TS_ASSERT_OK(cuda::cpAttentionBackward(a, gPos, gq, nullptr, nullptr, nullptr, gq, gdq, nullptr, nullptr,
-                                           m_stream));
-    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
-    expectEqualVec(download(gO, nQ), out, "cpAttentionForward skv=0 out");
-    expectEqualVec(download(gdq, nQ), dq, "cpAttentionBackward skv=0 dq");
-    for (void* p : {static_cast<void*>(gPos), static_cast<void*>(gq), static_cast<void*>(gO), static_cast<void*>(gdq)})
-        (void)cuda::deviceFree(p);
+    DeviceVec<int> gPos(qPos);
+    DeviceVec<float> gq(q), gO(garbage), gdq(garbage);
+    TS_ASSERT_OK(gPos.status);
+    TS_ASSERT_OK(gq.status);
+    TS_ASSERT_OK(gO.status);
+    TS_ASSERT_OK(gdq.status);
+    TS_ASSERT_OK(cuda::cpAttentionForward(a, gPos.ptr, gq.ptr, nullptr, nullptr, nullptr, gO.ptr, m_stream));
+    TS_ASSERT_OK(cuda::cpAttentionBackward(a, gPos.ptr, gq.ptr, nullptr, nullptr, nullptr, gq.ptr, gdq.ptr, nullptr,
+                                           nullptr, m_stream));
+    sync();
+    expectEqualVec(gO.download(), out, "cpAttentionForward skv=0 out");
+    expectEqualVec(gdq.download(), dq, "cpAttentionBackward skv=0 dq");
 }
 
 }  // namespace

@@ -16,64 +16,15 @@
 namespace ts::kernels {
 namespace {
 
-std::vector<float> randomVec(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> d(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
+using namespace gputest;
+
+// |gpu - cpu| <= atol + rtol |cpu| element-wise; NaN never matches.
+void expectNear(const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol,
+                const char* what) {
+    expectClose(got, want, rtol, atol, what, {}, {}, /*nanMatchesNan=*/false);
 }
 
-// Device buffer that frees itself; upload/download by vector.
-template <typename T>
-struct DeviceVec {
-    T* ptr = nullptr;
-    size_t n = 0;
-    explicit DeviceVec(size_t count) : n(count) {
-        void* p = nullptr;
-        status = cuda::deviceAlloc(&p, sizeof(T) * (n ? n : 1));
-        ptr = static_cast<T*>(p);
-    }
-    explicit DeviceVec(const std::vector<T>& host) : DeviceVec(host.size()) {
-        if (status.isOk()) status = cuda::copyToDevice(ptr, host.data(), sizeof(T) * n);
-    }
-    ~DeviceVec() {
-        if (ptr) (void)cuda::deviceFree(ptr);
-    }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        const Status s = cuda::copyToHost(h.data(), ptr, sizeof(T) * n);
-        EXPECT_TRUE(s.isOk()) << s.toString();
-        return h;
-    }
-    Status status;
-};
-
-void expectNear(const std::vector<float>& got, const std::vector<float>& want, double rtol,
-                double atol, const char* what) {
-    ASSERT_EQ(got.size(), want.size());
-    int bad = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-        if (!(std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i])) && ++bad <= 5)
-            ADD_FAILURE() << what << "[" << i << "] gpu " << got[i] << " cpu " << want[i];
-    EXPECT_EQ(bad, 0) << what;
-}
-
-class KernelsCuda : public ::testing::Test {
-protected:
-    void SetUp() override {
-        int count = 0;
-        const Status s = cuda::deviceCount(&count);
-        if (!s.isOk() || count == 0)
-            GTEST_SKIP() << "no CUDA device available (" << (s.isOk() ? "0 devices" : s.toString())
-                         << ")";
-        TS_ASSERT_OK(cuda::streamCreate(&m_stream));
-    }
-    void TearDown() override {
-        if (m_stream) (void)cuda::streamDestroy(m_stream);
-    }
-    void* m_stream = nullptr;
-};
+class KernelsCuda : public CudaStreamTest {};
 
 TEST_F(KernelsCuda, LayerNormForwardMatchesCpu) {
     const int T = 67, C = 300;

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -19,6 +18,7 @@
 #include "common/peak_flops.h"
 #include "engine/backend/backend_trace.h"
 #include "engine/backend/cuda_ops.h"
+#include "engine/backend/host_runtime.h"
 
 namespace ts::engine {
 
@@ -38,15 +38,7 @@ Status fromCuda(cudaError_t err, const std::string& what) {
     }
 }
 
-std::string formatBytes(int64_t b) {
-    char buf[64];
-    const double v = double(b);
-    if (b >= (int64_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", v / double(1 << 30));
-    else if (b >= (int64_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", v / double(1 << 20));
-    else if (b >= 1024) std::snprintf(buf, sizeof buf, "%.2f KiB", v / 1024.0);
-    else std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
-    return buf;
-}
+using host::formatBytes;
 
 // Makes `device` current for the scope and restores the caller's device afterwards, so a
 // submit or a free never changes which device the calling thread works on.
@@ -69,10 +61,6 @@ private:
     bool m_ok = true;
 };
 
-struct TraceState {
-    TraceTarget target;
-};
-
 // ----- memory -------------------------------------------------------------------------------
 
 // Size class of a request (see cuda_backend.h). cudaMalloc returns 256-byte aligned blocks;
@@ -92,18 +80,14 @@ struct CachedBlock {
     std::vector<cudaEvent_t> pending;
 };
 
-// Shared by the device, its streams and its buffers. Every member is guarded by `mutex`; CUDA
-// calls on the device's blocks and events are made with the device current (DeviceGuard).
-struct MemState {
-    std::mutex mutex;
+// Shared by the device, its streams and its buffers: the accounting (live bytes per category,
+// peaks, limit, counters; host_runtime.h, as the CPU backend's) and the block cache. Every member
+// is guarded by `mutex`; CUDA calls on the device's blocks and events are made with the device
+// current (DeviceGuard).
+struct MemState : host::MemAccounting {
     int ordinal = 0;
-    MemoryStats stats;
-    int64_t limit = 0;
-    std::string deviceName;
-    std::atomic<const TraceState*>* trace = nullptr;  // owned by the device; null once it is gone
     bool deviceAlive = true;
     std::unordered_map<size_t, std::vector<CachedBlock>> freeBlocks;  // size class -> blocks
-    size_t cachedBytes = 0;
     std::vector<cudaStream_t> liveStreams;  // streams a freed block may still be in use on
     std::vector<cudaEvent_t> eventPool;     // recycled timing-free events
 
@@ -193,38 +177,12 @@ struct MemState {
         freeBlocks.clear();
         cachedBytes = 0;
     }
-
-    void reportCounter(MemCategory cat, int64_t value) {
-        const TraceState* ts = trace ? trace->load(std::memory_order_acquire) : nullptr;
-        if (!ts) return;
-        trace::Counter c;
-        c.rank = ts->target.rank;
-        c.name = ts->target.recorder->intern(std::string("memory.") + trace::memCategoryName(cat));
-        c.tsNs = monotonicNs();
-        c.value = double(value);
-        ts->target.recorder->counter(c);
-    }
 };
 
-class CudaDevice;
-
-class CudaBuffer final : public Buffer {
+class CudaBuffer final : public host::BlockBuffer<MemState> {
 public:
-    CudaBuffer(CudaDevice& dev, std::shared_ptr<MemState> mem, void* p, size_t bytes, MemCategory cat)
-        : m_device(dev), m_mem(std::move(mem)), m_data(p), m_bytes(bytes), m_cat(cat) {}
+    using BlockBuffer::BlockBuffer;
     ~CudaBuffer() override;
-    void* data() override { return m_data; }
-    const void* data() const override { return m_data; }
-    size_t bytes() const override { return m_bytes; }
-    MemCategory category() const override { return m_cat; }
-    Device& device() override;
-
-private:
-    CudaDevice& m_device;
-    std::shared_ptr<MemState> m_mem;
-    void* m_data;
-    size_t m_bytes;
-    MemCategory m_cat;
 };
 
 // ----- events -------------------------------------------------------------------------------
@@ -277,6 +235,8 @@ private:
 
 // ----- streams ------------------------------------------------------------------------------
 
+class CudaDevice;
+
 class CudaStream final : public Stream {
 public:
     CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::TrackKind kind, std::string name);
@@ -316,7 +276,7 @@ public:
         m_mem = std::make_shared<MemState>();
         m_mem->ordinal = m_info.index;
         m_mem->deviceName = m_info.name;
-        m_mem->trace = &m_trace;
+        m_mem->trace = m_trace.atomic();
     }
     ~CudaDevice() override {
         {
@@ -347,33 +307,12 @@ public:
         void* p = nullptr;
         {
             std::lock_guard<std::mutex> lock(m_mem->mutex);
-            MemoryStats& st = m_mem->stats;
-            if (m_mem->limit > 0 && st.currentTotal + int64_t(bytes) > m_mem->limit) {
-                std::string inUse;
-                for (size_t c = 0; c < size_t(MemCategory::Count); ++c) {
-                    if (st.current[c] == 0) continue;
-                    if (!inUse.empty()) inUse += ", ";
-                    inUse += std::string(trace::memCategoryName(MemCategory(c))) + " " + formatBytes(st.current[c]);
-                }
-                return Status(ErrorCode::OutOfMemory,
-                              "out of memory on " + m_info.name + ": allocating " + formatBytes(int64_t(bytes)) +
-                                  " (" + std::to_string(bytes) + " bytes) of " + trace::memCategoryName(cat) +
-                                  " would exceed the memory limit of " + formatBytes(m_mem->limit) + "; in use " +
-                                  formatBytes(st.currentTotal) + (inUse.empty() ? "" : " (" + inUse + ")") +
-                                  ". Reduce micro_batch_size, enable recompute or use more model parallelism");
-            }
-            const size_t i = size_t(cat);
-            st.current[i] += int64_t(bytes);
-            st.currentTotal += int64_t(bytes);
-            if (st.current[i] > st.peak[i]) st.peak[i] = st.current[i];
-            if (st.currentTotal > st.peakTotal) st.peakTotal = st.currentTotal;
-            current = st.current[i];
-            p = m_mem->takeCached(cls);
+            TS_RETURN_IF_ERROR(m_mem->reserveLocked(bytes, cat, &current));
+            p = m_mem->takeCached(cls);  // same lock as the accounting
         }
         auto undo = [&](Status why) -> Status {
             std::lock_guard<std::mutex> lock(m_mem->mutex);
-            m_mem->stats.current[size_t(cat)] -= int64_t(bytes);
-            m_mem->stats.currentTotal -= int64_t(bytes);
+            m_mem->releaseLocked(bytes, cat);
             return why;
         };
         if (!p) {
@@ -426,64 +365,29 @@ public:
         return std::make_unique<CudaEvent>(m_info.index, traceState() != nullptr);
     }
 
-    MemoryStats memoryStats() const override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        MemoryStats st = m_mem->stats;
-        st.cached = int64_t(m_mem->cachedBytes);
-        return st;
-    }
-
-    void resetPeak() override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        MemoryStats& st = m_mem->stats;
-        for (size_t c = 0; c < size_t(MemCategory::Count); ++c) st.peak[c] = st.current[c];
-        st.peakTotal = st.currentTotal;
-    }
-
-    void setMemoryLimit(int64_t bytes) override {
-        std::lock_guard<std::mutex> lock(m_mem->mutex);
-        m_mem->limit = bytes < 0 ? 0 : bytes;
-    }
+    MemoryStats memoryStats() const override { return m_mem->snapshot(); }
+    void resetPeak() override { m_mem->resetPeak(); }
+    void setMemoryLimit(int64_t bytes) override { m_mem->setLimit(bytes); }
 
     bool supports(const std::string& op) const override { return isCudaOp(op); }
 
-    void setTrace(trace::Recorder* rec, int rank) override {
-        std::lock_guard<std::mutex> lock(m_traceMutex);
-        if (!rec) {
-            m_trace.store(nullptr, std::memory_order_release);
-            return;
-        }
-        auto st = std::make_unique<TraceState>();
-        st->target.recorder = rec;
-        st->target.rank = rank;
-        st->target.device = m_info.index;
-        st->target.generation = nextTraceGeneration();
-        m_trace.store(st.get(), std::memory_order_release);
-        m_traceStates.push_back(std::move(st));
-    }
+    void setTrace(trace::Recorder* rec, int rank) override { m_trace.set(rec, rank, m_info.index); }
 
-    TraceTarget traceTarget() const override {
-        const TraceState* ts = m_trace.load(std::memory_order_acquire);
-        return ts ? ts->target : TraceTarget{};
-    }
+    TraceTarget traceTarget() const override { return m_trace.target(); }
 
-    const TraceState* traceState() const { return m_trace.load(std::memory_order_acquire); }
+    const host::TraceState* traceState() const { return m_trace.state(); }
 
 private:
     DeviceInfo m_info;
     cudaStream_t m_allocStream;  // zero-fill of new buffers
     std::shared_ptr<MemState> m_mem;
-    std::mutex m_traceMutex;
-    std::atomic<const TraceState*> m_trace{nullptr};
-    std::vector<std::unique_ptr<TraceState>> m_traceStates;  // kept: readers may hold old ones
+    host::TracePublisher m_trace;  // keeps every state it published: readers may hold old ones
 };
 
 CudaBuffer::~CudaBuffer() {
     DeviceGuard g(m_mem->ordinal);
     std::lock_guard<std::mutex> lock(m_mem->mutex);
-    m_mem->stats.current[size_t(m_cat)] -= int64_t(m_bytes);
-    m_mem->stats.currentTotal -= int64_t(m_bytes);
-    m_mem->reportCounter(m_cat, m_mem->stats.current[size_t(m_cat)]);
+    m_mem->reportCounter(m_cat, m_mem->releaseLocked(m_bytes, m_cat));
     if (m_mem->deviceAlive) {
         m_mem->giveBack(m_data, sizeClass(m_bytes));
     } else {
@@ -493,8 +397,6 @@ CudaBuffer::~CudaBuffer() {
         (void)cudaGetLastError();
     }
 }
-
-Device& CudaBuffer::device() { return m_device; }
 
 // ----- stream implementation ------------------------------------------------------------------
 
@@ -536,7 +438,7 @@ void CudaStream::fail(Status s) {
 void CudaStream::submit(const OpDesc& desc, std::function<Status()> fn) {
     if (m_failed.load(std::memory_order_acquire)) return;  // skipped after a failure
     const char* opName = desc.name ? desc.name : "";
-    const TraceState* ts = m_device.traceState();
+    const host::TraceState* ts = m_device.traceState();
     const int64_t start = ts ? monotonicNs() : 0;
     Status s;
     {

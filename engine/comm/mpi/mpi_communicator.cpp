@@ -62,10 +62,6 @@ inline uint16_t floatToBf16(float f) {  // round to nearest even; NaN stays NaN
     return uint16_t(u >> 16);
 }
 
-struct Counters {
-    std::atomic<uint64_t> ops{0}, bytesSent{0}, bytesReceived{0};
-};
-
 struct Shared {
     MPI_Comm comm = MPI_COMM_NULL;
     std::string name;
@@ -75,7 +71,7 @@ struct Shared {
     std::atomic<bool> aborted{false};
     std::mutex abortMutex;
     Status abortStatus;
-    Counters counters;
+    CommCounters counters;
 
     ~Shared() {
         if (comm != MPI_COMM_NULL) {
@@ -187,13 +183,7 @@ public:
     const std::string& name() const override { return m_s->name; }
     std::vector<int> globalRanks() const override { return m_s->ranks; }
 
-    CommStats stats() const override {
-        CommStats c;
-        c.ops = m_s->counters.ops.load();
-        c.bytesSent = m_s->counters.bytesSent.load();
-        c.bytesReceived = m_s->counters.bytesReceived.load();
-        return c;
-    }
+    CommStats stats() const override { return m_s->counters.stats(); }
 
     void abort(const Status& why) override {
         {
@@ -214,11 +204,7 @@ protected:
         st.submit(d, [s = m_s, fn = std::move(fn), sent, received]() mutable -> Status {
             if (s->aborted.load()) return s->abortedStatus("collective");
             Status r = fn();
-            if (r.isOk()) {
-                s->counters.ops++;
-                s->counters.bytesSent += sent;
-                s->counters.bytesReceived += received;
-            }
+            if (r.isOk()) s->counters.add(sent, received);
             return r;
         });
     }
@@ -369,9 +355,7 @@ public:
                 }
             }
             TS_RETURN_IF_ERROR(s->wait(reqs, name));
-            s->counters.ops++;
-            s->counters.bytesSent += sent;
-            s->counters.bytesReceived += received;
+            s->counters.add(sent, received);
             return Status::ok();
         });
     }
@@ -612,9 +596,7 @@ public:
                 }
             }
             TS_RETURN_IF_ERROR(s->wait(posted.reqs, name));
-            s->counters.ops++;
-            s->counters.bytesSent += sent;
-            s->counters.bytesReceived += received;
+            s->counters.add(sent, received);
             return Status::ok();
         });
     }

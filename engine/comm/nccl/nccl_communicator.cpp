@@ -20,12 +20,6 @@ namespace ts::engine {
 
 namespace {
 
-std::string rankList(const std::vector<int>& ranks) {
-    std::string s;
-    for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-    return s;
-}
-
 Status fromNccl(ncclResult_t r, const std::string& what, ncclComm_t comm = nullptr) {
     if (r == ncclSuccess) return Status::ok();
     std::string msg = what + ": " + ncclGetErrorString(r);
@@ -101,7 +95,7 @@ struct CommShared {
     std::atomic<bool> aborted{false};
     std::mutex abortMutex;
     Status abortReason;           // guarded by abortMutex
-    std::atomic<uint64_t> ops{0}, bytesSent{0}, bytesReceived{0};
+    CommCounters counters;
 
     std::string where(const char* op) const {
         return std::string(op) + " in NCCL group '" + name + "' (global ranks " + rankList(ranks) + ") on rank " +
@@ -254,13 +248,7 @@ public:
                 });
     }
 
-    CommStats stats() const override {
-        CommStats c;
-        c.ops = m_s->ops.load();
-        c.bytesSent = m_s->bytesSent.load();
-        c.bytesReceived = m_s->bytesReceived.load();
-        return c;
-    }
+    CommStats stats() const override { return m_s->counters.stats(); }
 
     void abort(const Status& why) override {
         if (m_abortAll) m_abortAll(why);
@@ -302,9 +290,7 @@ private:
                     st = fromNccl(async, "asynchronous NCCL error", comm);
             }
             if (!st.isOk()) return st.withContext(sh->where(opName));
-            sh->ops.fetch_add(1, std::memory_order_relaxed);
-            sh->bytesSent.fetch_add(sent, std::memory_order_relaxed);
-            sh->bytesReceived.fetch_add(received, std::memory_order_relaxed);
+            sh->counters.add(sent, received);
             return Status::ok();
         });
     }
@@ -375,21 +361,8 @@ Status NcclWorld::abortStatus() const {
 
 Result<std::unique_ptr<Communicator>> NcclWorld::join(const std::string& name, const std::vector<int>& ranks,
                                                       int globalRank) {
-    if (ranks.empty()) return Status::invalid("group '" + name + "' has no members");
-    std::vector<int> sorted = ranks;
-    std::sort(sorted.begin(), sorted.end());
-    for (size_t i = 0; i < sorted.size(); ++i) {
-        if (sorted[i] < 0 || sorted[i] >= m_state->worldSize)
-            return Status::invalid("group '" + name + "': rank " + std::to_string(sorted[i]) +
-                                   " is outside the world of " + std::to_string(m_state->worldSize) + " ranks");
-        if (i && sorted[i] == sorted[i - 1])
-            return Status::invalid("group '" + name + "' lists rank " + std::to_string(sorted[i]) + " twice");
-    }
-    auto pos = std::find(ranks.begin(), ranks.end(), globalRank);
-    if (pos == ranks.end())
-        return Status::invalid("rank " + std::to_string(globalRank) + " is not a member of group '" + name + "' (" +
-                               rankList(ranks) + ")");
-    const int me = int(pos - ranks.begin());
+    int me = 0;
+    TS_RETURN_IF_ERROR(checkGroupRanks(name, ranks, m_state->worldSize, globalRank, &me));
     const int n = int(ranks.size());
 
     int device = 0;

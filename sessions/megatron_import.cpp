@@ -317,8 +317,10 @@ Result<MegatronImport> configFromMegatronArgs(const std::vector<std::string>& ar
             continue;
         }
         if (k.name == "moe_router_load_balancing_type" && values.size() > 1) {
-            r.notes.push_back(joined() + ": one strategy per layer type is not a knob; the first is used");
-            values.resize(1);
+            // Megatron's list form: several aux losses at once, each with its own coefficient.
+            r.unmapped.push_back(joined() + " (several load-balancing types with a list of --moe-aux-loss-coeff "
+                                            "values are not a trainscope knob; give one type)");
+            continue;
         }
         std::string err;
         json v = valueFor(k, values, err);

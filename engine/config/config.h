@@ -132,6 +132,14 @@ struct Config {
     bool moe_shared_expert_gate = false;          // shared expert output *= sigmoid(x w_gate)
     bool moe_permute_fusion = false;
     std::string moe_router_load_balancing_type = "aux_loss";
+    std::string moe_router_score_function = "softmax";  // softmax | sigmoid | sqrtsoftplus
+    bool moe_router_pre_softmax = false;                 // softmax before the top-k
+    double moe_router_topk_scaling_factor = 0.0;         // 0 = unset (Megatron None): no scaling
+    std::string moe_router_dtype;                        // "" (Megatron None) | fp32 | fp64
+    int moe_router_num_groups = 0;                       // group-limited routing; 0 = off
+    int moe_router_group_topk = 0;                       // groups chosen per token; 0 = off
+    bool moe_router_enable_expert_bias = false;          // aux-loss-free load balancing
+    double moe_router_bias_update_rate = 1e-3;
 
     // --- misc -----------------------------------------------------------------------------
     std::string cuda_graph_impl = "none";  // none | local | transformer_engine | full_iteration

@@ -306,6 +306,40 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
             ck.add("moe_pad_expert_input_to_capacity", "the flex dispatcher (DeepEP backend) does not support "
                                                        "moe_pad_expert_input_to_capacity; use alltoall or allgather");
     }
+    if (c.num_moe_experts > 0) {
+        // Router checks of Megatron-Core's TransformerConfig.__post_init__ and TopKRouter.
+        const std::string& lb = c.moe_router_load_balancing_type;
+        if (c.moe_router_topk == 1 && c.moe_router_score_function == "softmax" && !c.moe_router_pre_softmax &&
+            lb != "sinkhorn")
+            ck.add("moe_router_pre_softmax", "moe_router_topk 1 with the softmax score function needs "
+                                             "moe_router_pre_softmax (a softmax over one chosen expert has no "
+                                             "gradient)");
+        if (c.moe_router_enable_expert_bias && c.moe_router_score_function == "softmax")
+            ck.add("moe_router_enable_expert_bias", "moe_router_enable_expert_bias works only with "
+                                                    "moe_router_score_function sigmoid or sqrtsoftplus");
+        if ((lb == "sinkhorn" || lb == "quantile_balancing") && c.moe_aux_loss_coeff != 0)
+            ck.add("moe_aux_loss_coeff", "moe_router_load_balancing_type=" + lb + " needs moe_aux_loss_coeff 0");
+        if (c.moe_router_group_topk > 0 && c.moe_router_num_groups <= 0)
+            ck.add("moe_router_num_groups", "group-limited routing (moe_router_group_topk) needs moe_router_num_groups");
+        if (c.moe_router_num_groups > 0 && c.moe_router_group_topk <= 0)
+            ck.add("moe_router_group_topk", "moe_router_num_groups needs moe_router_group_topk (groups per token)");
+        if (c.moe_router_num_groups > 0 && c.num_moe_experts % c.moe_router_num_groups != 0)
+            ck.add("moe_router_num_groups", kv("num_moe_experts", c.num_moe_experts) + " is not divisible by " +
+                                                kv("moe_router_num_groups", c.moe_router_num_groups));
+        if (c.moe_router_group_topk > 0 && c.moe_router_num_groups > 0) {
+            if (c.moe_router_group_topk > c.moe_router_num_groups)
+                ck.add("moe_router_group_topk", kv("moe_router_group_topk", c.moe_router_group_topk) +
+                                                    " must be <= " + kv("moe_router_num_groups", c.moe_router_num_groups));
+            else if (c.num_moe_experts % c.moe_router_num_groups == 0 &&
+                     c.moe_router_topk > c.moe_router_group_topk * (c.num_moe_experts / c.moe_router_num_groups))
+                ck.add("moe_router_topk", kv("moe_router_topk", c.moe_router_topk) +
+                                              " exceeds the experts in moe_router_group_topk groups");
+        }
+        if (c.moe_router_topk_scaling_factor < 0)
+            ck.add("moe_router_topk_scaling_factor", "moe_router_topk_scaling_factor must be >= 0 (0 = unset)");
+        if (c.moe_router_num_groups < 0 || c.moe_router_group_topk < 0)
+            ck.add("moe_router_num_groups", "moe_router_num_groups and moe_router_group_topk must be >= 0 (0 = off)");
+    }
     if (c.num_moe_experts > 0 && c.moe_expert_capacity_factor > 0 && (c.moe_router_load_balancing_type == "sinkhorn" || c.moe_router_load_balancing_type == "quantile_balancing"))
         ck.add("moe_expert_capacity_factor", "moe_expert_capacity_factor works only with aux_loss, seq_aux_loss, "
                                              "global_aux_loss or none load balancing");

@@ -554,7 +554,46 @@ std::vector<KnobDef> buildRegistry() {
     r.e("moe_router_load_balancing_type", &C::moe_router_load_balancing_type,
         {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"},
         "--moe-router-load-balancing-type", "model.moe_router_load_balancing_type",
-        "Router load-balancing strategy (the engine runs aux_loss, seq_aux_loss and none).");
+        "Router load-balancing strategy: aux_loss (Switch loss per microbatch), seq_aux_loss (per sequence), "
+        "global_aux_loss (tokens per expert summed over tp-dp-cp and averaged over the step's microbatches), "
+        "sinkhorn (S-BASE: the top-k of the sinkhorn-normalised logits; needs moe_aux_loss_coeff 0) or none. "
+        "quantile_balancing is refused (the engine does not run it yet); Megatron's list form (several types "
+        "with a list of coefficients) is not a knob.");
+    rules(r.e("moe_router_score_function", &C::moe_router_score_function, {"softmax", "sigmoid", "sqrtsoftplus"},
+              "--moe-router-score-function", "model.moe_router_score_function",
+              "Router score function: softmax, or sigmoid / sqrtsoftplus scores renormalised over the k chosen "
+              "experts (DeepSeek-V3); the aux loss uses them renormalised over all experts."),
+          "sigmoid or sqrtsoftplus with moe_router_enable_expert_bias");
+    rules(r.b("moe_router_pre_softmax", &C::moe_router_pre_softmax, "--moe-router-pre-softmax", "",
+              "model.moe_router_pre_softmax",
+              "Softmax over all experts before the top-k (probs not renormalised over the k); off: top-k of "
+              "the logits, then a softmax over the k chosen."),
+          "needed with moe_router_topk 1 and the softmax score function (except sinkhorn)");
+    unsetWhenZero(r.f("moe_router_topk_scaling_factor", &C::moe_router_topk_scaling_factor,
+                      "--moe-router-topk-scaling-factor", "model.moe_router_topk_scaling_factor",
+                      "Multiplies the routing probs of the chosen experts; 0 = unset (no scaling)."));
+    rules(r.e("moe_router_dtype", &C::moe_router_dtype, {"", "fp32", "fp64"}, "--moe-router-dtype",
+              "model.moe_router_dtype",
+              "Precision of the router's logits and routing math; \"\" = unset (Megatron: the input's dtype). "
+              "The engine computes the router in fp32 in every case; fp64 is refused."),
+          "fp64 is not run by the engine");
+    rules(r.i("moe_router_num_groups", &C::moe_router_num_groups, "--moe-router-num-groups",
+              "model.moe_router_num_groups",
+              "Group-limited routing: experts in this many equal groups (e.g. one per EP rank or node); each "
+              "token picks moe_router_group_topk groups by the sum of their top topk/group_topk scores, then "
+              "its top-k inside them; 0 = off."),
+          "divides num_moe_experts; needed with moe_router_group_topk");
+    rules(r.i("moe_router_group_topk", &C::moe_router_group_topk, "--moe-router-group-topk",
+              "model.moe_router_group_topk", "Groups each token may route to (group-limited routing); 0 = off."),
+          "<= moe_router_num_groups; moe_router_topk <= group_topk * experts per group");
+    rules(r.b("moe_router_enable_expert_bias", &C::moe_router_enable_expert_bias, "--moe-router-enable-expert-bias",
+              "", "model.moe_router_enable_expert_bias",
+              "Aux-loss-free load balancing: a per-expert bias added to the scores for the top-k choice only, "
+              "moved by moe_router_bias_update_rate * sign(mean - count) after every step from the tokens per "
+              "expert summed over tp-dp-cp; saved in checkpoints."),
+          "needs moe_router_score_function sigmoid or sqrtsoftplus");
+    r.f("moe_router_bias_update_rate", &C::moe_router_bias_update_rate, "--moe-router-bias-update-rate",
+        "model.moe_router_bias_update_rate", "Step of the expert bias update per iteration (DeepSeek-V3: 1e-3).");
 
     r.group = "misc";
     notInEngine(rules(r.e("cuda_graph_impl", &C::cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"},

@@ -90,6 +90,15 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     m->initWeights();
     m->fp8Init();
     m->fp8ExpertInit();
+    m->m_router = std::make_shared<std::vector<RouterState>>(m->m_layers.size());
+    for (size_t li = 0; li < m->m_layers.size(); ++li) {
+        if (m->m_layers[li].routerW < 0) continue;
+        RouterState& rs = (*m->m_router)[li];
+        const size_t E = size_t(cfg.num_moe_experts);
+        rs.expertBias.assign(E, 0.f);
+        rs.localTokens.assign(E, 0.0);
+        rs.globalTokens.assign(E, 0.0);
+    }
     return m;
 }
 
@@ -402,10 +411,16 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
             // Full recompute: rerun the group's forward from its checkpointed input (same
             // dropout seeds, same kernels -> bit-identical activations), keeping everything.
             st->hidden = st->layers[size_t(g0)].x;
+            m_recomputing = true;
             for (int j = g0; j <= li; ++j) {
-                TS_RETURN_IF_ERROR(layerForward(*st, j, true));
+                const Status fs = layerForward(*st, j, true);
+                if (!fs.isOk()) {
+                    m_recomputing = false;
+                    return fs;
+                }
                 m_exec.throttle();
             }
+            m_recomputing = false;
             st->hidden.reset();
         }
         TensorPtr dx;
@@ -423,6 +438,7 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
         m_exec.op("stage_grad_copy", Category::Memcpy, 0, uint64_t(ThL) * 8,
                   [=] { std::memcpy(gradInput->data(), src->data(), size_t(ThL) * sizeof(float)); });
     }
+    if (m_lastBackward) TS_RETURN_IF_ERROR(moeStepEnd());
     return Status::ok();
 }
 

@@ -135,6 +135,13 @@ public:
     // them: history length as configured (fp8_amax_history_len), finite non-negative values.
     nlohmann::json fp8State() const;
     Status setFp8State(const nlohmann::json& state);
+    // The aux-loss-free expert bias of this chunk's MoE layers (moe_router_enable_expert_bias;
+    // Megatron's persistent router buffer "expert_bias") for checkpoints: {"<global layer>": [E
+    // floats]}; null without it. Every rank holding a layer holds the same bias (it is updated from
+    // counts summed over tp-dp-cp). Call after the streams are idle. setRouterState takes this
+    // chunk's layers from such an object (a layer without an entry keeps its bias) and checks them.
+    nlohmann::json routerState() const;
+    Status setRouterState(const nlohmann::json& state);
     // cp_comm_type=p2p: ring attention over `comm` (a "cp" communicator used on that stream
     // only) with the key/value blocks passed on `commStream` (engine/model/cp_ring.h). Needed
     // before the first forward when context parallel runs with p2p; no-op otherwise.
@@ -336,6 +343,19 @@ private:
     bool m_sp = false;               // sequence parallel active (tp > 1)
     int m_backwardsThisStep = 0;     // backward() calls since beginStep()
     bool m_lastBackward = false;     // the backward being enqueued is the step's last
+    bool m_recomputing = false;      // full recompute is rerunning a forward inside backward()
+    // Router state of the MoE layers (gpt_moe.cpp), by local layer; read and written by the ops.
+    struct RouterState {
+        std::vector<float> expertBias;     // [E] moe_router_enable_expert_bias (fp32, as Megatron keeps it)
+        std::vector<double> localTokens;   // [E] this rank's routed rows this step (the bias update's counts)
+        std::vector<double> globalTokens;  // [E] global_aux_loss: counts summed over tp-dp-cp, this step
+        int gaSteps = 0;                   // microbatches in globalTokens
+    };
+    std::shared_ptr<std::vector<RouterState>> m_router;
+    // After the step's last backward: the expert-bias update from the counts summed over tp-dp-cp
+    // (finalize_model_grads' _update_router_expert_bias) and the reset of the step's counts
+    // (reset_model_temporary_tensors).
+    Status moeStepEnd();
     struct Held {
         std::unique_ptr<Event> done;
         TensorPtr a, b;

@@ -1,11 +1,21 @@
 // GptModel's MoE block (Megatron's MoELayer with its TopKRouter and experts; REFERENCE.md §5),
 // in place of the MLP on the layers moe_layer_freq marks (every layer by default):
-//   router: logits = x W_r^T (fp32); top-k per token on the logits, probs = softmax over the k
-//     chosen (Megatron's default: post-softmax, renormalised); the Switch load-balancing aux loss
-//     aux = E*coeff/(k*T^2) * sum_i (sum_x s_xi) c_i with the full softmax s and the tokens per
-//     expert c_i; the z-loss coeff/T * sum_x logsumexp(logits_x)^2. Neither is added to the LM
-//     loss: as MoEAuxLossAutoScaler does, their gradients join the backward scaled like the
-//     main loss (1/num_microbatches), and their values are counters of the trace.
+//   router: logits = x W_r^T (fp32); the top-k choice and probs of moeRoute (moe_routing.h):
+//     Megatron's default top-k on the logits and a softmax over the k chosen, or softmax before
+//     the top-k (moe_router_pre_softmax), sigmoid / sqrtsoftplus scores renormalised over the k
+//     (moe_router_score_function), times moe_router_topk_scaling_factor, group-limited
+//     (moe_router_num_groups / moe_router_group_topk), the aux-loss-free expert bias on the
+//     choice (moe_router_enable_expert_bias), or the sinkhorn router. The Switch load-balancing
+//     aux loss aux = E*coeff/(k*T^2) * sum_i (sum_x s_xi) c_i with the aux scores s (full softmax;
+//     sigmoid / sqrtsoftplus renormalised over E) and c_i the tokens per expert of the plain
+//     top-k of s (compute_routing_scores_for_aux_loss): per microbatch (aux_loss), per sequence
+//     (seq_aux_loss), or with c_i summed over tp-dp-cp and averaged over the step's microbatches
+//     so far, T = the tokens of the tp-dp-cp group (global_aux_loss, _apply_global_aux_loss); the
+//     z-loss coeff/T * sum_x logsumexp(logits_x)^2. Neither is added to the LM loss: as
+//     MoEAuxLossAutoScaler does, their gradients join the backward scaled like the main loss
+//     (1/num_microbatches), and their values are counters of the trace. The expert bias moves by
+//     rate * sign(mean - count) after each step's last backward, from the routed rows summed over
+//     tp-dp-cp (moeStepEnd, finalize_model_grads' _update_router_expert_bias).
 //   dispatch (dropless): token copies sorted expert-major, token-ascending (Megatron's permute;
 //     the host-side plan, with token dropping, is moeRoute in engine/model/moe_routing.h);
 //   experts: fc1 -> GeLU/SwiGLU -> multiply by the token's prob -> fc2, per expert
@@ -45,6 +55,14 @@
 
 namespace ts::engine {
 
+namespace {
+MoeScore moeScoreFunction(const Config& c) {
+    if (c.moe_router_score_function == "sigmoid") return MoeScore::Sigmoid;
+    if (c.moe_router_score_function == "sqrtsoftplus") return MoeScore::SqrtSoftplus;
+    return MoeScore::Softmax;
+}
+}  // namespace
+
 // What the backward needs from one MoE forward (host-side routing lives here; the ops fill it).
 struct GptModel::MoeSaved {
     int T = 0, E = 0, k = 0;
@@ -57,8 +75,10 @@ struct GptModel::MoeSaved {
     // Context parallel: it counts the routing of the whole group (Megatron sums the counts over
     // the TP x CP group): countsAll = groupCounts summed over "cp" (= groupCounts without CP).
     int groups = 1;
-    std::vector<int> groupCounts;  // [groups][E] copies routed to each expert, before dropping
-    std::vector<int> countsAll;    // [groups][E]
+    std::vector<int> groupCounts;  // [groups][E] the aux loss's routing map's counts (moe_routing.h)
+    // [groups][E]; global_aux_loss: summed over tp-dp-cp and averaged over the step's microbatches so far
+    std::vector<double> countsAll;
+    MoeRouteOptions ro;            // how the router chose (the probs' backward)
     std::vector<double> probSum;   // [groups][E] sum over the group's local tokens of the full softmax
     double zSum = 0;              // sum over local tokens of logsumexp(logits)^2
     int dropped = 0;
@@ -123,10 +143,12 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     TensorPtr x = A.a2;
     const float* Wr = m_params.modelParam(P.routerW);
     const std::string& lb = m_cfg.moe_router_load_balancing_type;
-    const double auxCoeff = lb == "aux_loss" || lb == "seq_aux_loss" ? m_cfg.moe_aux_loss_coeff : 0.0;
+    const bool globalAux = lb == "global_aux_loss";
+    const double auxCoeff = lb == "aux_loss" || lb == "seq_aux_loss" || globalAux ? m_cfg.moe_aux_loss_coeff : 0.0;
     // seq_aux_loss: one aux loss per sequence of the microbatch (tokens t with t % b == bi,
     // sequence-first), averaged over the b sequences.
     const int mbB = m_d.microBatch, G = lb == "seq_aux_loss" ? mbB : 1;
+    const int li = int(&P - m_layers.data());
     s->groups = G;
     const double zCoeff = m_cfg.moe_z_loss_coeff;
     const TraceTarget tt = m_exec.device().traceTarget();
@@ -142,8 +164,24 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     ro.bf16Probs = bf;
     ro.microBatch = mbB;
     ro.groups = G;
+    ro.score = moeScoreFunction(m_cfg);
+    ro.preSoftmax = m_cfg.moe_router_pre_softmax;
+    ro.scale = m_cfg.moe_router_topk_scaling_factor;
+    ro.numGroups = m_cfg.moe_router_num_groups;
+    ro.groupTopk = m_cfg.moe_router_group_topk;
+    ro.sinkhorn = lb == "sinkhorn";
+    s->ro = ro;
+    // The expert bias is read when the op runs (the step-end update is an op of the same stream);
+    // the routed rows are counted once per microbatch (not again by a full recompute).
+    const bool bias = m_cfg.moe_router_enable_expert_bias, count = bias && !m_recomputing;
+    auto router = m_router;
     m_exec.op("router.topk_permute", Category::Elementwise, double(T) * E * 4, uint64_t(T) * (E + K * h) * 4, [=] {
-        MoeRouting r = moeRoute(fp(s->logits), ro);
+        MoeRouteOptions o = ro;
+        if (bias) o.expertBias = (*router)[size_t(li)].expertBias.data();
+        MoeRouting r = moeRoute(fp(s->logits), o);
+        if (count)
+            for (int e = 0; e < E; ++e)
+                (*router)[size_t(li)].localTokens[size_t(e)] += r.offset[size_t(e) + 1] - r.offset[size_t(e)];
         const size_t rows = size_t(r.rows());
         for (size_t i = 0; i < rows; ++i) {
             fp(s->probT)[i] = r.prob[i];
@@ -167,27 +205,44 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // Counts over the TP (sequence parallel: each rank routes its s/t rows) and CP groups, then
     // the router's counters: aux and z of this rank's share of the microbatch x tp x cp (so that
     // their mean over those ranks is the microbatch's losses).
-    const int cp = m_ctx.cpSize, tpShare = m_sp ? m_ctx.tpSize : 1, share = cp * tpShare;
+    // global_aux_loss: over "tp-dp-cp" instead (get_tokens_per_expert_and_token_count's
+    // reduce_group), the counts then accumulated over the step's microbatches.
+    const int cp = m_ctx.cpSize, tpShare = m_sp ? m_ctx.tpSize : 1;
+    const int share = globalAux ? cp * tpShare * m_ctx.dpSize : cp * tpShare;
     TensorPtr cpCounts;
     if (share > 1) {
         TS_ASSIGN_OR_RETURN(cpCounts, allocUninitialized(m_exec, int64_t(G) * E, MemCategory::CommBuffers));
         m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(G) * E * 4, [=] {
             for (int i = 0; i < G * E; ++i) fp(cpCounts)[i] = float(s->groupCounts[size_t(i)]);
         });
-        if (tpShare > 1)
-            m_ctx.tp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
-                                ReduceOp::Sum);
-        if (cp > 1)
-            m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
-                                ReduceOp::Sum);
+        if (globalAux) {
+            if (!m_ctx.tpDpCp || m_ctx.tpDpCp->size() != share)
+                return Status::internal("global_aux_loss needs the tp-dp-cp group");
+            m_ctx.tpDpCp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
+                                    ReduceOp::Sum);
+        } else {
+            if (tpShare > 1)
+                m_ctx.tp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
+                                    ReduceOp::Sum);
+            if (cp > 1)
+                m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
+                                    ReduceOp::Sum);
+        }
         holdUntilDone(cpCounts, cpCounts);
     }
     m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
-        s->countsAll = s->groupCounts;
+        s->countsAll.assign(s->groupCounts.begin(), s->groupCounts.end());
         if (cpCounts)
-            for (int i = 0; i < G * E; ++i) s->countsAll[size_t(i)] = int(fp(cpCounts)[i]);
+            for (int i = 0; i < G * E; ++i) s->countsAll[size_t(i)] = fp(cpCounts)[i];
+        if (globalAux) {
+            RouterState& rs = (*router)[size_t(li)];
+            for (int e = 0; e < E; ++e) rs.globalTokens[size_t(e)] += s->countsAll[size_t(e)];
+            rs.gaSteps++;
+            for (int e = 0; e < E; ++e) s->countsAll[size_t(e)] = rs.globalTokens[size_t(e)] / rs.gaSteps;
+        }
         if (!tt.recorder) return;
-        const double Tg = double(T) * share, Tgrp = Tg / G;  // tokens of the microbatch, of a group
+        // tokens of the microbatch (global_aux_loss: of the tp-dp-cp group's microbatches), of a group
+        const double Tg = double(T) * share, Tgrp = Tg / G;
         double aux = 0;
         for (int i = 0; i < G * E; ++i) aux += s->probSum[size_t(i)] * s->countsAll[size_t(i)];
         aux *= double(E) * auxCoeff / (double(K) * Tgrp * Tgrp) / G * share;
@@ -224,7 +279,6 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // FP8 (gpt_fp8.cpp, TE's GroupedLinear): each expert GEMM's inputs in FP8 with the expert's
     // own scaling state — fc1's input rows (quantized in place: the wgrad reads the same values),
     // fc2's input act * prob (kept for the wgrad), and the weights' FP8 copies.
-    const int li = int(&P - m_layers.data());
     const bool fp8 = m_fp8ExpMeta && fp8Layer(li);
     const Fp8Recipe fr = m_o.fp8;
     std::vector<Fp8Meta*> q1(static_cast<size_t>(L)), q2(static_cast<size_t>(L));
@@ -493,18 +547,20 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     const float* Wr = m_params.modelParam(P.routerW);
     float* Gr = m_params.mainGrad(P.routerW);
     const std::string& lb = m_cfg.moe_router_load_balancing_type;
-    const double auxCoeff = lb == "aux_loss" || lb == "seq_aux_loss" ? m_cfg.moe_aux_loss_coeff : 0.0;
+    const bool globalAux = lb == "global_aux_loss";
+    const double auxCoeff = lb == "aux_loss" || lb == "seq_aux_loss" || globalAux ? m_cfg.moe_aux_loss_coeff : 0.0;
     const double zCoeff = m_cfg.moe_z_loss_coeff;
     // Scaled like the main loss: 1/m, and x cp with context parallel (Megatron's
-    // main_loss_backward_scale; the grads are then averaged over dp-cp). T: the microbatch's tokens.
+    // main_loss_backward_scale; the grads are then averaged over dp-cp). T: the microbatch's tokens
+    // (global_aux_loss: those of the tp-dp-cp group).
     // With SP the router weight's grad is summed over TP (its rows' shares add up).
     const int cp = m_ctx.cpSize;
     const double lossScale = double(cp) / double(m_numMicrobatches);
     const double Tg = double(T) * cp * (m_sp ? m_ctx.tpSize : 1);
+    const double TgAux = globalAux ? Tg * m_ctx.dpSize : Tg;
     const int mbB = m_d.microBatch;  // tokens are sequence-first: token t is in sequence t % b
     m_exec.op("router.bwd", Category::Gemm, 4.0 * T * h * E, uint64_t(T) * (2 * h + E) * 4, [=] {
         const float* L = fp(s->logits);
-        std::vector<float> dl(static_cast<size_t>(T) * E, 0.f);
         // The aux loss counts the routing before any dropping (Megatron computes it from the
         // logits' own top-k).
         const int G = s->groups;
@@ -513,33 +569,33 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         for (int r = 0; r < s->rows; ++r)
             if (s->slotOf[size_t(r)] >= 0)
                 dpk[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = fp(dprob)[r];
-        std::vector<double> kp(static_cast<size_t>(K)), full(static_cast<size_t>(E));
-        for (int t = 0; t < T; ++t) {
-            moeSoftmax(s->topv.data() + size_t(t) * K, K, kp.data());
-            double dot = 0;
-            for (int j = 0; j < K; ++j) dot += kp[size_t(j)] * dpk[size_t(t) * K + size_t(j)];
-            for (int j = 0; j < K; ++j)
-                dl[size_t(t) * E + size_t(s->topi[size_t(t) * K + size_t(j)])] +=
-                    float(kp[size_t(j)] * (dpk[size_t(t) * K + size_t(j)] - dot));
-            if (auxCoeff == 0 && zCoeff == 0) continue;
+        std::vector<double> dld(static_cast<size_t>(T) * E, 0.0);
+        moeProbsBackward(L, s->topi.data(), s->ro, dpk.data(), dld.data());
+        std::vector<double> full(static_cast<size_t>(E)), w(static_cast<size_t>(E)), da(static_cast<size_t>(E));
+        for (int t = 0; t < T && (auxCoeff != 0 || zCoeff != 0); ++t) {
             const float* l = L + size_t(t) * E;
-            moeSoftmax(l, E, full.data());
-            const int* counts = s->countsAll.data() + size_t(t % mbB % G) * E;
-            double g = 0;
-            for (int e = 0; e < E; ++e) g += full[size_t(e)] * double(counts[size_t(e)]);
-            const double Tgrp = Tg / G;
-            const double a = double(E) * auxCoeff / (double(K) * Tgrp * Tgrp) / G;
-            double mx = l[0];
-            for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
-            double se = 0;
-            for (int e = 0; e < E; ++e) se += std::exp(double(l[e]) - mx);
-            const double lse = mx + std::log(se);
-            for (int e = 0; e < E; ++e) {
-                const double aux = a * full[size_t(e)] * (double(counts[size_t(e)]) - g);
-                const double zl = zCoeff / Tg * 2.0 * lse * full[size_t(e)];
-                dl[size_t(t) * E + size_t(e)] += float(lossScale * (aux + zl));
+            double* d = dld.data() + size_t(t) * E;
+            if (auxCoeff != 0) {
+                // d aux / d scores = a * c_e (Switch loss), through the aux scores to the logits
+                const double* counts = s->countsAll.data() + size_t(t % mbB % G) * E;
+                const double Tgrp = TgAux / G;
+                const double a = double(E) * auxCoeff / (double(K) * Tgrp * Tgrp) / G;
+                for (int e = 0; e < E; ++e) w[size_t(e)] = a * counts[size_t(e)];
+                std::fill(da.begin(), da.end(), 0.0);
+                moeAuxScoresBackward(l, E, s->ro.score, w.data(), da.data());
+                for (int e = 0; e < E; ++e) d[e] += lossScale * da[size_t(e)];
+            }
+            if (zCoeff != 0) {
+                moeSoftmax(l, E, full.data());
+                double mx = l[0];
+                for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
+                double se = 0;
+                for (int e = 0; e < E; ++e) se += std::exp(double(l[e]) - mx);
+                const double lse = mx + std::log(se);
+                for (int e = 0; e < E; ++e) d[e] += lossScale * zCoeff / Tg * 2.0 * lse * full[size_t(e)];
             }
         }
+        std::vector<float> dl(dld.begin(), dld.end());
         // dx += dl W_r ; dW_r += dl^T x
         k::linearBackward(dl.data(), fp(x), Wr, fp(dx), Gr, nullptr, T, h, E);
         // experts' input grads, combined per token in permuted order (allgather: already per token)
@@ -555,6 +611,94 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         if (bf) k::roundToBf16(fp(dx), int64_t(T) * h);
     });
     return dx;
+}
+
+// ---- router state: the expert bias and the global aux loss's counts -----------------------
+
+Status GptModel::moeStepEnd() {
+    const bool bias = m_cfg.num_moe_experts > 0 && m_cfg.moe_router_enable_expert_bias;
+    const bool globalAux = m_cfg.num_moe_experts > 0 && m_cfg.moe_router_load_balancing_type == "global_aux_loss";
+    auto router = m_router;
+    if (globalAux)
+        m_exec.op("moe.reset_global_aux_loss", Category::Other, 0, 0, [=] {
+            for (RouterState& rs : *router) {
+                std::fill(rs.globalTokens.begin(), rs.globalTokens.end(), 0.0);
+                rs.gaSteps = 0;
+            }
+        });
+    if (!bias) return Status::ok();
+    std::vector<int> moe;
+    for (int li = 0; li < localLayers(); ++li)
+        if (m_layers[size_t(li)].routerW >= 0) moe.push_back(li);
+    if (moe.empty()) return Status::ok();  // hybrid models: a chunk without MoE layers
+    const int E = m_cfg.num_moe_experts, n = int(moe.size());
+    TS_ASSIGN_OR_RETURN(TensorPtr counts, allocUninitialized(m_exec, int64_t(n) * E, MemCategory::CommBuffers));
+    m_exec.op("moe.expert_bias_counts", Category::Elementwise, 0, uint64_t(n) * E * 4, [=] {
+        for (int i = 0; i < n; ++i)
+            for (int e = 0; e < E; ++e) fp(counts)[size_t(i) * E + e] = float((*router)[size_t(moe[size_t(i)])].localTokens[size_t(e)]);
+    });
+    // Counts summed over tp-dp-cp (get_updated_expert_bias' all-reduce): every rank of the group
+    // holding these layers computes the same bias.
+    if (m_ctx.tpDpCp && m_ctx.tpDpCp->size() > 1)
+        m_ctx.tpDpCp->allReduce(m_exec.stream(), counts->data(), counts->data(), size_t(n) * E, DType::F32,
+                                ReduceOp::Sum);
+    holdUntilDone(counts, counts);
+    const float rate = float(m_cfg.moe_router_bias_update_rate);
+    const TraceTarget tt = m_exec.device().traceTarget();
+    const int layerBegin = m_ctx.layerBegin;
+    m_exec.op("moe.expert_bias_update", Category::Elementwise, double(n) * E, uint64_t(n) * E * 8, [=] {
+        const int64_t ts = monotonicNs();
+        for (int i = 0; i < n; ++i) {
+            RouterState& rs = (*router)[size_t(moe[size_t(i)])];
+            const float* c = fp(counts) + size_t(i) * E;
+            float total = 0;
+            for (int e = 0; e < E; ++e) total += c[e];
+            const float mean = total / float(E);
+            for (int e = 0; e < E; ++e) {
+                const float off = mean - c[e];
+                const float sign = off > 0 ? 1.f : off < 0 ? -1.f : 0.f;
+                rs.expertBias[size_t(e)] += sign * rate;
+                rs.localTokens[size_t(e)] = 0;
+                if (tt.recorder)
+                    tt.recorder->counter({tt.rank,
+                                          tt.recorder->intern("moe.layer" + std::to_string(layerBegin + moe[size_t(i)]) +
+                                                              ".expert_bias.expert" + std::to_string(e)),
+                                          ts, double(rs.expertBias[size_t(e)])});
+            }
+        }
+    });
+    return Status::ok();
+}
+
+nlohmann::json GptModel::routerState() const {
+    if (m_cfg.num_moe_experts <= 0 || !m_cfg.moe_router_enable_expert_bias) return nullptr;
+    nlohmann::json out = nlohmann::json::object();
+    for (size_t li = 0; li < m_layers.size(); ++li)
+        if (m_layers[li].routerW >= 0) out[std::to_string(m_ctx.layerBegin + int(li))] = (*m_router)[li].expertBias;
+    return out;
+}
+
+Status GptModel::setRouterState(const nlohmann::json& state) {
+    if (m_cfg.num_moe_experts <= 0 || !m_cfg.moe_router_enable_expert_bias || state.is_null()) return Status::ok();
+    if (!state.is_object()) return Status::invalid("the expert bias must be an object");
+    const size_t E = size_t(m_cfg.num_moe_experts);
+    for (size_t li = 0; li < m_layers.size(); ++li) {
+        if (m_layers[li].routerW < 0) continue;
+        const std::string key = std::to_string(m_ctx.layerBegin + int(li));
+        auto it = state.find(key);
+        if (it == state.end()) continue;
+        if (!it->is_array() || it->size() != E)
+            return Status::invalid("the expert bias of layer " + key + " must be a list of num_moe_experts=" +
+                                   std::to_string(E) + " numbers");
+        std::vector<float> b(E);
+        for (size_t e = 0; e < E; ++e) {
+            if (!(*it)[e].is_number() || !std::isfinite((*it)[e].get<double>()))
+                return Status::invalid("the expert bias of layer " + key + " has a non-finite entry");
+            b[e] = (*it)[e].get<float>();
+        }
+        (*m_router)[li].expertBias = std::move(b);
+    }
+    return Status::ok();
 }
 
 // ---- expert parallel / expert tensor parallel dispatch (alltoall) ------------------------

@@ -102,10 +102,39 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         if (c.moe_shared_expert_intermediate_size % ds.tp != 0)
             return bad("tensor_model_parallel_size=" + std::to_string(ds.tp) + " must divide "
                        "moe_shared_expert_intermediate_size=" + std::to_string(c.moe_shared_expert_intermediate_size));
-        if (c.moe_router_load_balancing_type != "aux_loss" && c.moe_router_load_balancing_type != "seq_aux_loss" &&
-            c.moe_router_load_balancing_type != "none")
-            return notYet("moe_router_load_balancing_type=" + c.moe_router_load_balancing_type +
-                          "; use aux_loss, seq_aux_loss or none");
+        const std::string& lb = c.moe_router_load_balancing_type;
+        if (lb == "quantile_balancing")
+            return notYet("moe_router_load_balancing_type=quantile_balancing (its per-expert quantile bias from "
+                          "logits gathered over tp-cp); use aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none, "
+                          "or moe_router_enable_expert_bias for bias-based balancing");
+        if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "global_aux_loss" && lb != "sinkhorn" && lb != "none")
+            return bad("moe_router_load_balancing_type=" + lb + " is not one of aux_loss, seq_aux_loss, "
+                       "global_aux_loss, sinkhorn, none");
+        // global_aux_loss: the counts of the step's microbatches accumulate in forward order; a full
+        // recompute reruns the forwards in backward order (Megatron counts only the recompute's).
+        if (lb == "global_aux_loss" && c.recompute_granularity == "full")
+            return notYet("moe_router_load_balancing_type=global_aux_loss with recompute_granularity=full; use "
+                          "selective or no recompute, or aux_loss");
+        if (c.moe_router_dtype == "fp64")
+            return notYet("moe_router_dtype=fp64 (the router runs in fp32); use fp32 or leave it unset");
+        // What Megatron's TransformerConfig and TopKRouter assert (config_rules.cpp says the same).
+        if (lb == "sinkhorn" && c.moe_aux_loss_coeff != 0)
+            return bad("moe_router_load_balancing_type=sinkhorn needs moe_aux_loss_coeff 0 (Megatron: sinkhorn routing "
+                       "does not support aux loss)");
+        if (c.moe_router_enable_expert_bias && c.moe_router_score_function == "softmax")
+            return bad("moe_router_enable_expert_bias needs moe_router_score_function sigmoid or sqrtsoftplus");
+        if (c.moe_router_group_topk > 0 || c.moe_router_num_groups > 0) {
+            const int G = c.moe_router_num_groups, gk = c.moe_router_group_topk;
+            if (G <= 0 || gk <= 0)
+                return bad("group-limited routing needs both moe_router_num_groups and moe_router_group_topk");
+            if (c.num_moe_experts % G != 0)
+                return bad("moe_router_num_groups=" + std::to_string(G) + " must divide num_moe_experts=" +
+                           std::to_string(c.num_moe_experts));
+            if (gk > G) return bad("moe_router_group_topk must be <= moe_router_num_groups");
+            if (c.moe_router_topk > gk * (c.num_moe_experts / G))
+                return bad("moe_router_topk=" + std::to_string(c.moe_router_topk) + " exceeds the experts of " +
+                           std::to_string(gk) + " groups (moe_router_group_topk x num_moe_experts / moe_router_num_groups)");
+        }
         // FP8 experts (gpt_fp8.cpp): with current scaling an expert GEMM's scale comes from the rows
         // it has on a rank; only where those are exactly one microbatch's rows of the expert (no
         // TP/SP, CP, EP or ETP split of tokens or experts) is that the single device's scale.

@@ -40,6 +40,9 @@ struct ParallelContext {
     Communicator* pp = nullptr;
     Communicator* dp = nullptr;
     Communicator* amax = nullptr;  // FP8 delayed scaling: amax reduction group (tp-dp-cp), compute stream
+    // The same "tp-dp-cp" group for the MoE router: global_aux_loss counts (forward) and the
+    // expert-bias update's counts (end of step). Compute stream.
+    Communicator* tpDpCp = nullptr;
     Communicator* cp = nullptr;    // context parallel ("cp"), compute stream
     // cp_comm_type=a2a+p2p: the all-to-all group "hcp-a2a" (compute stream; null when its size is
     // 1) and this rank's place in it; cpRank = p2p rank * hcpA2aSize + hcpA2aRank.

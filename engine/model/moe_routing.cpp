@@ -24,32 +24,167 @@ struct Copy {
 
 }  // namespace
 
+namespace {
+
+double softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
+double sigmoidOf(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// The sigmoid / sqrtsoftplus score and its derivative.
+double scoreOf(MoeScore f, double x) { return f == MoeScore::Sigmoid ? sigmoidOf(x) : std::sqrt(softplus(x)); }
+double scoreGrad(MoeScore f, double x) {
+    if (f == MoeScore::Sigmoid) {
+        const double s = sigmoidOf(x);
+        return s * (1 - s);
+    }
+    return sigmoidOf(x) / (2 * std::sqrt(softplus(x)));
+}
+
+// The k best of v[0..E) (ties: lower index), best first; with groups (gk > 0) only inside the gk
+// groups whose top K/gk values sum highest (group_limited_topk; ties: lower group).
+void topK(const double* v, int E, int K, int G, int gk, int* out) {
+    std::vector<int> cand;
+    const auto better = [&](int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
+    if (gk > 0 && G > 0) {
+        const int per = E / G, kk = K / gk;
+        std::vector<double> gs(static_cast<size_t>(G), 0.0);
+        std::vector<int> in(static_cast<size_t>(per));
+        for (int g = 0; g < G; ++g) {
+            for (int i = 0; i < per; ++i) in[size_t(i)] = g * per + i;
+            std::partial_sort(in.begin(), in.begin() + std::min(kk, per), in.end(), better);
+            for (int i = 0; i < std::min(kk, per); ++i) gs[size_t(g)] += v[in[size_t(i)]];
+        }
+        std::vector<int> groups(static_cast<size_t>(G));
+        for (int g = 0; g < G; ++g) groups[size_t(g)] = g;
+        std::partial_sort(groups.begin(), groups.begin() + gk, groups.end(), [&](int a, int b) {
+            return gs[size_t(a)] > gs[size_t(b)] || (gs[size_t(a)] == gs[size_t(b)] && a < b);
+        });
+        std::sort(groups.begin(), groups.begin() + gk);
+        for (int j = 0; j < gk; ++j)
+            for (int i = 0; i < per; ++i) cand.push_back(groups[size_t(j)] * per + i);
+    } else {
+        cand.resize(size_t(E));
+        for (int e = 0; e < E; ++e) cand[size_t(e)] = e;
+    }
+    std::partial_sort(cand.begin(), cand.begin() + K, cand.end(), better);
+    for (int j = 0; j < K; ++j) out[j] = cand[size_t(j)];
+}
+
+}  // namespace
+
+void moeSinkhorn(const float* cost, int T, int E, float* out, float tol) {
+    std::vector<float> c(size_t(T) * E), d0(size_t(T), 1.f), d1(size_t(E), 1.f), d1old(size_t(E), 1.f);
+    for (size_t i = 0; i < c.size(); ++i) c[i] = std::exp(cost[i]);
+    const float eps = 1e-8f;
+    float error = 1e9f;
+    // Megatron iterates until converged; the cap only guards against a non-finite input.
+    for (int it = 0; error > tol && it < 100000; ++it) {
+        for (int t = 0; t < T; ++t) {
+            float sum = 0;
+            for (int e = 0; e < E; ++e) sum += d1[size_t(e)] * c[size_t(t) * E + size_t(e)];
+            d0[size_t(t)] = (1.f / float(T)) * 1.f / (sum + eps);
+        }
+        for (int e = 0; e < E; ++e) {
+            float sum = 0;
+            for (int t = 0; t < T; ++t) sum += d0[size_t(t)] * c[size_t(t) * E + size_t(e)];
+            d1[size_t(e)] = (1.f / float(E)) * 1.f / (sum + eps);
+        }
+        float diff = 0;
+        for (int e = 0; e < E; ++e) diff += std::fabs(d1old[size_t(e)] - d1[size_t(e)]);
+        error = diff / float(E);
+        d1old = d1;
+    }
+    for (int t = 0; t < T; ++t)
+        for (int e = 0; e < E; ++e) out[size_t(t) * E + size_t(e)] = d1[size_t(e)] * c[size_t(t) * E + size_t(e)] * d0[size_t(t)];
+}
+
+void moeAuxScores(const float* l, int E, MoeScore score, double* p) {
+    if (score == MoeScore::Softmax) {
+        moeSoftmax(l, E, p);
+        return;
+    }
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[e] = scoreOf(score, l[e]));
+    for (int e = 0; e < E; ++e) p[e] /= sum + 1e-20;
+}
+
+void moeAuxScoresBackward(const float* l, int E, MoeScore score, const double* w, double* dl) {
+    std::vector<double> p(static_cast<size_t>(E));
+    moeAuxScores(l, E, score, p.data());
+    double dot = 0;
+    for (int e = 0; e < E; ++e) dot += w[e] * p[size_t(e)];
+    if (score == MoeScore::Softmax) {
+        for (int e = 0; e < E; ++e) dl[e] += p[size_t(e)] * (w[e] - dot);
+        return;
+    }
+    // p_i = s_i / (S + 1e-20): d(w.p)/ds_e = (w_e - w.p) / (S + 1e-20), then ds_e/dl_e.
+    double S = 0;
+    for (int e = 0; e < E; ++e) S += scoreOf(score, l[e]);
+    for (int e = 0; e < E; ++e) dl[e] += (w[e] - dot) / (S + 1e-20) * scoreGrad(score, l[e]);
+}
+
 MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     const int T = o.T, E = o.E, K = o.K, G = std::max(1, o.groups), mbB = std::max(1, o.microBatch);
     MoeRouting r;
     r.topv.assign(size_t(T) * K, 0.f);
     r.topi.assign(size_t(T) * K, 0);
+    r.topp.assign(size_t(T) * K, 0.0);
     r.routed.assign(size_t(E), 0);
     r.groupCounts.assign(size_t(G) * E, 0);
     r.probSum.assign(size_t(G) * E, 0.0);
-    std::vector<int> order(static_cast<size_t>(E));
-    std::vector<double> full(static_cast<size_t>(E));
+    std::vector<float> norm;
+    if (o.sinkhorn) {
+        norm.resize(size_t(T) * E);
+        moeSinkhorn(L, T, E, norm.data());
+    }
+    std::vector<double> v(static_cast<size_t>(E)), sc(static_cast<size_t>(E)), aux(static_cast<size_t>(E));
+    std::vector<int> sel(static_cast<size_t>(K));
     for (int t = 0; t < T; ++t) {
         const float* l = L + size_t(t) * E;
         const size_t g = size_t(t % mbB % G);
-        for (int e = 0; e < E; ++e) order[size_t(e)] = e;
-        // top-k by logit, ties to the lower expert index
-        std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                          [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+        double* p = r.topp.data() + size_t(t) * K;
+        if (o.sinkhorn) {
+            for (int e = 0; e < E; ++e) v[size_t(e)] = norm[size_t(t) * E + size_t(e)];
+            topK(v.data(), E, K, 0, 0, sel.data());
+            if (K == 1) {
+                p[0] = sigmoidOf(l[sel[0]]);
+            } else {
+                moeSoftmax(l, E, sc.data());
+                for (int j = 0; j < K; ++j) p[j] = sc[size_t(sel[size_t(j)])];
+            }
+        } else if (o.score == MoeScore::Softmax && !o.preSoftmax) {
+            for (int e = 0; e < E; ++e) v[size_t(e)] = l[e];
+            topK(v.data(), E, K, o.numGroups, o.groupTopk, sel.data());
+            std::vector<float> chosen(static_cast<size_t>(K));
+            for (int j = 0; j < K; ++j) chosen[size_t(j)] = l[sel[size_t(j)]];
+            moeSoftmax(chosen.data(), K, p);
+        } else if (o.score == MoeScore::Softmax) {
+            moeSoftmax(l, E, sc.data());
+            topK(sc.data(), E, K, o.numGroups, o.groupTopk, sel.data());
+            for (int j = 0; j < K; ++j) p[j] = sc[size_t(sel[size_t(j)])];
+        } else {
+            for (int e = 0; e < E; ++e) {
+                sc[size_t(e)] = scoreOf(o.score, l[e]);
+                v[size_t(e)] = sc[size_t(e)] + (o.expertBias ? double(o.expertBias[e]) : 0.0);
+            }
+            topK(v.data(), E, K, o.numGroups, o.groupTopk, sel.data());
+            double sum = 0;
+            for (int j = 0; j < K; ++j) sum += (p[j] = sc[size_t(sel[size_t(j)])]);
+            if (K > 1)
+                for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
+        }
+        if (!o.sinkhorn && o.scale != 0)
+            for (int j = 0; j < K; ++j) p[j] *= o.scale;
         for (int j = 0; j < K; ++j) {
-            const int e = order[size_t(j)];
+            const int e = sel[size_t(j)];
             r.topi[size_t(t) * K + size_t(j)] = e;
             r.topv[size_t(t) * K + size_t(j)] = l[e];
             r.routed[size_t(e)]++;
-            r.groupCounts[g * E + size_t(e)]++;
         }
-        moeSoftmax(l, E, full.data());
-        for (int e = 0; e < E; ++e) r.probSum[g * E + size_t(e)] += full[size_t(e)];
+        // The aux loss's own routing: the plain top-k of its scores.
+        moeAuxScores(l, E, o.score, aux.data());
+        for (int e = 0; e < E; ++e) r.probSum[g * E + size_t(e)] += aux[size_t(e)];
+        topK(aux.data(), E, K, 0, 0, sel.data());
+        for (int j = 0; j < K; ++j) r.groupCounts[g * E + size_t(sel[size_t(j)])]++;
         double mx = l[0];
         for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
         double se = 0;
@@ -59,11 +194,9 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     }
     // Each expert's token copies in token order, with the renormalised top-k probs.
     std::vector<std::vector<Copy>> byExpert(static_cast<size_t>(E));
-    std::vector<double> kp(static_cast<size_t>(K));
     for (int t = 0; t < T; ++t) {
-        moeSoftmax(r.topv.data() + size_t(t) * K, K, kp.data());
         for (int j = 0; j < K; ++j) {
-            float p = float(kp[size_t(j)]);
+            float p = float(r.topp[size_t(t) * K + size_t(j)]);
             if (o.bf16Probs) kernels::cpu::roundToBf16(&p, 1);
             byExpert[size_t(r.topi[size_t(t) * K + size_t(j)])].push_back({t, j, p});
         }
@@ -106,6 +239,48 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
         }
     }
     return r;
+}
+
+void moeProbsBackward(const float* L, const int* topi, const MoeRouteOptions& o, const double* dprob, double* dl) {
+    const int T = o.T, E = o.E, K = o.K;
+    const double scale = !o.sinkhorn && o.scale != 0 ? o.scale : 1.0;
+    std::vector<double> gk(static_cast<size_t>(K)), full(static_cast<size_t>(E));
+    for (int t = 0; t < T; ++t) {
+        const float* l = L + size_t(t) * E;
+        const int* sel = topi + size_t(t) * K;
+        double* d = dl + size_t(t) * E;
+        for (int j = 0; j < K; ++j) gk[size_t(j)] = dprob[size_t(t) * K + size_t(j)] * scale;
+        const bool fullSoftmax = (o.sinkhorn && K > 1) || (!o.sinkhorn && o.score == MoeScore::Softmax && o.preSoftmax);
+        if (fullSoftmax) {
+            // probs = softmax(l)[sel]: dl_e = s_e (g_e - sum_j s_sel_j g_j)
+            moeSoftmax(l, E, full.data());
+            double dot = 0;
+            for (int j = 0; j < K; ++j) dot += full[size_t(sel[j])] * gk[size_t(j)];
+            for (int e = 0; e < E; ++e) d[e] -= full[size_t(e)] * dot;
+            for (int j = 0; j < K; ++j) d[sel[j]] += full[size_t(sel[j])] * gk[size_t(j)];
+        } else if (o.sinkhorn) {  // k = 1: sigmoid(l_sel)
+            d[sel[0]] += gk[0] * scoreGrad(MoeScore::Sigmoid, l[sel[0]]);
+        } else if (o.score == MoeScore::Softmax) {
+            // probs = softmax over the k chosen logits
+            std::vector<float> chosen(static_cast<size_t>(K));
+            for (int j = 0; j < K; ++j) chosen[size_t(j)] = l[sel[j]];
+            moeSoftmax(chosen.data(), K, full.data());
+            double dot = 0;
+            for (int j = 0; j < K; ++j) dot += full[size_t(j)] * gk[size_t(j)];
+            for (int j = 0; j < K; ++j) d[sel[j]] += full[size_t(j)] * (gk[size_t(j)] - dot);
+        } else {
+            // probs = s_sel / (sum s_sel + 1e-20) for k > 1, else s_sel
+            double S = 0;
+            for (int j = 0; j < K; ++j) S += scoreOf(o.score, l[sel[j]]);
+            double dot = 0;
+            if (K > 1)
+                for (int j = 0; j < K; ++j) dot += gk[size_t(j)] * scoreOf(o.score, l[sel[j]]) / (S + 1e-20);
+            for (int j = 0; j < K; ++j) {
+                const double ds = K > 1 ? (gk[size_t(j)] - dot) / (S + 1e-20) : gk[size_t(j)];
+                d[sel[j]] += ds * scoreGrad(o.score, l[sel[j]]);
+            }
+        }
+    }
 }
 
 }  // namespace ts::engine

@@ -1,16 +1,39 @@
 // The host side of the MoE router (Megatron's TopKRouter + permute; REFERENCE.md §5.2): from the
-// router logits of T tokens over E experts, the top-k choice of each token, its renormalised
-// probs, token dropping at a capacity, and the expert-major permutation the experts consume.
-// Pure function of the logits, so the drop policies and the permutation are tested directly
-// (tests/engine/model/test_moe_routing.cpp); GptModel::moeForward runs it inside its router op.
+// router logits of T tokens over E experts, the top-k choice of each token and its probs
+// (Megatron's topk_routing_with_score_function: softmax after or before the top-k, sigmoid or
+// sqrtsoftplus scores renormalised over the k chosen, the scaling factor, group-limited top-k,
+// the aux-loss-free expert bias; or the sinkhorn router), token dropping at a capacity, and the
+// expert-major permutation the experts consume; the statistics of the aux and z losses; and the
+// backward of the probs and of the aux-loss scores. Pure functions of the logits, so every mode is
+// tested directly (tests/engine/model/test_moe_routing.cpp); GptModel::moeForward runs them inside
+// its router ops.
 #pragma once
 
 #include <vector>
 
 namespace ts::engine {
 
+// moe_router_score_function (moe_utils.py::topk_routing_with_score_function).
+enum class MoeScore { Softmax, Sigmoid, SqrtSoftplus };
+
 struct MoeRouteOptions {
     int T = 0, E = 0, K = 1;  // tokens, experts, top-k
+    MoeScore score = MoeScore::Softmax;
+    // softmax only: softmax over all E before the top-k, probs not renormalised
+    // (moe_router_pre_softmax); else the top-k of the logits and a softmax over the k chosen.
+    bool preSoftmax = false;
+    double scale = 0;  // moe_router_topk_scaling_factor: probs *= scale (0: Megatron's None)
+    // Group-limited routing (group_limited_topk; moe_router_num_groups / moe_router_group_topk,
+    // 0 = off): experts in numGroups equal groups, a group scored by the sum of its top
+    // K/groupTopk scores, the top groupTopk groups kept, the top-k taken inside them.
+    int numGroups = 0, groupTopk = 0;
+    // Aux-loss-free balancing (moe_router_enable_expert_bias): [E] added to the sigmoid /
+    // sqrtsoftplus scores for the choice only (null: none).
+    const float* expertBias = nullptr;
+    // moe_router_load_balancing_type=sinkhorn (TopKRouter.sinkhorn_load_balancing, training):
+    // the choice is the top-k of sinkhorn(logits) over these T tokens; the probs are sigmoid(logit)
+    // for k = 1, else the full softmax at the chosen experts (no renormalisation, no scaling).
+    bool sinkhorn = false;
     // Capacity per expert in token copies (-1: dropless). Over it an expert keeps its `cap`
     // copies with the highest probs (byProb; ties: earlier token) or its first `cap` copies in
     // token order; pad fills every expert up to exactly `cap` rows with the earliest tokens not
@@ -27,9 +50,13 @@ struct MoeRouteOptions {
 struct MoeRouting {
     std::vector<int> topi;          // [T*K] chosen experts, token-major, best first (ties: lower index)
     std::vector<float> topv;        // [T*K] their logits
+    std::vector<double> topp;       // [T*K] their probs (before any bf16 rounding)
     std::vector<int> routed;        // [E] copies routed to each expert, before dropping
-    std::vector<int> groupCounts;   // [groups*E] the same per aux-loss group
-    std::vector<double> probSum;    // [groups*E] sum over the group's tokens of the full softmax
+    // The aux loss's routing map and scores (compute_routing_scores_for_aux_loss): the plain top-k
+    // of the scores (no groups, no bias, not sinkhorn's) per aux-loss group, and the sums of the
+    // scores: softmax over E, or sigmoid / sqrtsoftplus renormalised over E.
+    std::vector<int> groupCounts;   // [groups*E]
+    std::vector<double> probSum;    // [groups*E]
     double zSum = 0;                // sum over tokens of logsumexp(logits)^2
     int dropped = 0;                // copies dropped at the capacity
     // The permuted rows: expert-major, token-ascending inside an expert (Megatron's permute).
@@ -46,5 +73,18 @@ void moeSoftmax(const float* v, int n, double* out);
 
 // logits: [T, E] row-major.
 MoeRouting moeRoute(const float* logits, const MoeRouteOptions& o);
+
+// Megatron's sinkhorn (moe_utils.py): exp(cost) scaled by per-token and per-expert factors,
+// iterated in fp32 until the expert factors move by <= tol on average. cost: [T, E]; out: [T, E].
+void moeSinkhorn(const float* cost, int T, int E, float* out, float tol = 1e-4f);
+
+// The gradient of the loss with respect to the logits through the probs: dl [T, E] +=
+// (d topp / d logits)^T dprob; topi and dprob [T*K] as MoeRouting's topi (the scaling factor included).
+void moeProbsBackward(const float* logits, const int* topi, const MoeRouteOptions& o, const double* dprob,
+                      double* dl);
+
+// The aux loss's scores of one token (p [E]) and the backward of w . p: dl[e] += sum_i w_i dp_i/dl_e.
+void moeAuxScores(const float* l, int E, MoeScore score, double* p);
+void moeAuxScoresBackward(const float* l, int E, MoeScore score, const double* w, double* dl);
 
 }  // namespace ts::engine

@@ -246,7 +246,11 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         }
         // FP8 delayed scaling: amaxes reduced with MAX over Megatron's amax group (TP x DP x CP),
         // on the compute stream, at the start of each iteration.
-        if (!c.fp8.empty() && c.fp8_recipe == "delayed") TS_RETURN_IF_ERROR(join("tp-dp-cp", R->amaxComm));
+        // The MoE router's global_aux_loss counts and expert-bias update use the same group.
+        if ((!c.fp8.empty() && c.fp8_recipe == "delayed") ||
+            (c.num_moe_experts > 0 &&
+             (c.moe_router_enable_expert_bias || c.moe_router_load_balancing_type == "global_aux_loss")))
+            TS_RETURN_IF_ERROR(join("tp-dp-cp", R->amaxComm));
         if (tied && ds.pp > 1) TS_RETURN_IF_ERROR(join("embd", R->embdComm));
         // Grad-norm group: each param counted once. Without the distributed optimizer every DP
         // replica holds the same grads (tp-pp covers the model); with it, DP ranks own
@@ -287,6 +291,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             ctx.pp = R->ppComm.get();
             ctx.dp = R->dpComm.get();
             ctx.amax = R->amaxComm.get();
+            ctx.tpDpCp = R->amaxComm.get();
             TS_ASSIGN_OR_RETURN(ctx.layerBegin, layerOffset(dims.layers, ds.pp, v, ppRank, ch));
             ctx.layerEnd = ctx.layerBegin + dims.layers / (ds.pp * v);
             ctx.firstStage = ppRank == 0 && ch == 0;
@@ -991,6 +996,25 @@ Status ParallelTrainer::save(const std::string& dir) {
         }
     }
     if (anyFp8) st.fp8 = std::move(fp8);
+    // The routers' expert bias: the same on every rank holding a layer; each chunk gives its layers.
+    if (m_cfg.num_moe_experts > 0 && m_cfg.moe_router_enable_expert_bias) {
+        nlohmann::json bias = nlohmann::json::object();
+        for (const auto& R : m_ranks)
+            for (const auto& m : R->models)
+                if (nlohmann::json s = m->routerState(); s.is_object()) bias.update(s);
+        if (int(m_ranks.size()) != worldSize()) {
+            if (!m_opts.gatherText)
+                return Status::unsupported("save: this run's ranks are in several processes and no exchange between them was given");
+            std::vector<std::string> all;
+            TS_RETURN_IF_ERROR(m_opts.gatherText(bias.dump(), all).withContext("save: exchanging the expert bias"));
+            for (const std::string& text : all) {
+                const nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
+                if (!doc.is_object()) return Status::internal("save: a process sent an unreadable expert bias");
+                bias.update(doc);
+            }
+        }
+        st.expertBias = std::move(bias);
+    }
     st.iteration = m_iteration;
     st.samplesConsumed = m_samples;
     st.seed = m_cfg.seed;
@@ -1077,7 +1101,10 @@ Status ParallelTrainer::load(const std::string& dir) {
         R.opt->setStepCount(st.adamSteps);
     }
     for (const auto& R : m_ranks)
-        for (const auto& m : R->models) TS_RETURN_IF_ERROR(m->setFp8State(st.fp8).withContext("checkpoint '" + dir + "'"));
+        for (const auto& m : R->models) {
+            TS_RETURN_IF_ERROR(m->setFp8State(st.fp8).withContext("checkpoint '" + dir + "'"));
+            TS_RETURN_IF_ERROR(m->setRouterState(st.expertBias).withContext("checkpoint '" + dir + "'"));
+        }
     m_iteration = st.iteration;
     m_samples = st.samplesConsumed;
     return Status::ok();

@@ -151,6 +151,7 @@ Status writeCheckpointFiles(const std::string& dir, const std::vector<ParamInfo>
     j["config"] = state.config;
     j["layout"] = state.layout.is_null() ? nlohmann::json::object() : state.layout;
     if (!state.fp8.is_null()) j["fp8"] = state.fp8;
+    if (!state.expertBias.is_null()) j["moe_router_expert_bias"] = state.expertBias;
     auto& t = j["params"];
     t = nlohmann::json::array();
     for (const auto& p : table) t.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
@@ -212,6 +213,11 @@ Status readCheckpointFiles(const std::string& dir, const std::vector<ParamInfo>&
     if (auto fp8 = j.find("fp8"); fp8 != j.end()) {
         if (!fp8->is_object()) return Status::invalid("checkpoint '" + file + "': fp8 must be an object");
         s.fp8 = *fp8;  // GptModel::setFp8State checks every entry
+    }
+    if (auto eb = j.find("moe_router_expert_bias"); eb != j.end()) {
+        if (!eb->is_object())
+            return Status::invalid("checkpoint '" + file + "': moe_router_expert_bias must be an object");
+        s.expertBias = *eb;  // GptModel::setRouterState checks every entry
     }
     TS_ASSIGN_OR_RETURN(int64_t storedNumel, f.integer(j, "numel", 0, INT64_MAX / 16));
     for (const char* obj : {"config", "layout"}) {

@@ -34,6 +34,10 @@ struct CheckpointState {
     // layer); null when the run had none. Restored so a resumed FP8 run scales as if it had not
     // stopped (Transformer Engine keeps it in the module's extra state).
     nlohmann::json fp8;
+    // The MoE routers' aux-loss-free expert bias (moe_router_enable_expert_bias; Megatron keeps it
+    // in the router's state dict): {"<global layer>": [E floats]}, GptModel::routerState of every
+    // chunk merged; null without it. The same on every layout.
+    nlohmann::json expertBias;
 };
 
 Status saveCheckpoint(const std::string& dir, ParamBuffer& params, AdamWOptimizer& opt,

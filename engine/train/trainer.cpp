@@ -185,6 +185,7 @@ Status Trainer::save(const std::string& dir) {
     s.seed = m_cfg.seed;
     s.config = configToJson(m_cfg);
     s.fp8 = m_model->fp8State();
+    s.expertBias = m_model->routerState();
     return saveCheckpoint(dir, m_model->params(), *m_opt, s);
 }
 
@@ -196,6 +197,7 @@ Status Trainer::load(const std::string& dir) {
         return Status::invalid("checkpoint '" + dir + "' was trained with seed " + std::to_string(s.seed) +
                                ", the config has seed " + std::to_string(m_cfg.seed) + "; resume would not be exact");
     TS_RETURN_IF_ERROR(m_model->setFp8State(s.fp8).withContext("checkpoint '" + dir + "'"));
+    TS_RETURN_IF_ERROR(m_model->setRouterState(s.expertBias).withContext("checkpoint '" + dir + "'"));
     m_iteration = s.iteration;
     m_samples = s.samplesConsumed;
     return Status::ok();

@@ -2,11 +2,14 @@
 // model whose MLP every expert copies (the renormalised top-k probs sum to 1, so the MoE layer
 // is that MLP), finite differences for the router and expert gradients, the aux loss of
 // uniform routing (exactly the coefficient), data/pipeline/expert parallel runs against the
-// single device, and checkpoints of expert-parallel runs resumed on other layouts.
+// single device, and checkpoints of expert-parallel runs resumed on other layouts; the router's
+// modes (score functions, pre-softmax, scaling, group-limited, sinkhorn, global_aux_loss, the
+// aux-loss-free expert bias) against finite differences, the single device and checkpoints.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "engine/config/knobs.h"
 #include "engine/model/flops.h"
@@ -162,7 +165,8 @@ TEST(Moe, FlopsCountTheTopKExperts) {
 
 TEST(Moe, UnsupportedSettingsAreNamed) {
     for (auto [knob, set] : std::vector<std::pair<std::string, std::function<void(engine::Config&)>>>{
-             {"moe_router_load_balancing_type", [](engine::Config& c) { c.moe_router_load_balancing_type = "sinkhorn"; }},
+             {"moe_router_load_balancing_type", [](engine::Config& c) { c.moe_router_load_balancing_type = "quantile_balancing"; }},
+             {"moe_router_dtype", [](engine::Config& c) { c.moe_router_dtype = "fp64"; }},
              {"add_bias_linear", [](engine::Config& c) { c.add_bias_linear = true; }},
              {"sequence_parallel", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }}}) {
         engine::Config c = moeConfig();
@@ -848,6 +852,319 @@ TEST(MoeEtpCheckpoint, Tp2Etp2Dp2CheckpointResumesOnEp2Dp2) {
     std::filesystem::remove_all(dir);
 }
 
+
+// ---- router modes ----------------------------------------------------------------------------
+
+struct RouterMode {
+    const char* name;
+    std::function<void(engine::Config&)> set;
+    bool sp = true;  // also compared on tp2·ep2 with sequence parallel
+};
+
+std::vector<RouterMode> routerModes() {
+    return {
+        {"sigmoid_scaled", [](engine::Config& c) {
+             c.moe_router_score_function = "sigmoid";
+             c.moe_router_topk_scaling_factor = 2.5;
+         }},
+        {"sqrtsoftplus", [](engine::Config& c) { c.moe_router_score_function = "sqrtsoftplus"; }},
+        {"pre_softmax", [](engine::Config& c) { c.moe_router_pre_softmax = true; }},
+        {"group_limited", [](engine::Config& c) {
+             c.moe_router_num_groups = 2;
+             c.moe_router_group_topk = 1;
+         }},
+        {"expert_bias", [](engine::Config& c) {
+             c.moe_router_score_function = "sigmoid";
+             c.moe_router_enable_expert_bias = true;
+             c.moe_router_bias_update_rate = 0.05;  // large: the choice moves within three steps
+         }},
+        // sinkhorn normalises over the rank's own tokens (Megatron's too): with sequence parallel a
+        // TP rank's s/t rows are normalised alone, so only layouts that keep whole microbatches match.
+        {"sinkhorn", [](engine::Config& c) {
+             c.moe_router_load_balancing_type = "sinkhorn";
+             c.moe_aux_loss_coeff = 0;
+         }, false},
+        {"global_aux_loss", [](engine::Config& c) { c.moe_router_load_balancing_type = "global_aux_loss"; }},
+    };
+}
+
+engine::Config routerConfig(const RouterMode& m) {
+    engine::Config c = moeConfig(4, 2);
+    c.moe_aux_loss_coeff = 0.01;
+    c.moe_z_loss_coeff = 0.001;
+    m.set(c);
+    return c;
+}
+
+// Every mode changes the run (a knob the engine ignored would leave it as the default's).
+TEST(MoeRouter, EveryModeChangesTheRun) {
+    engine::Config def = moeConfig(4, 2);
+    def.moe_aux_loss_coeff = 0.01;
+    def.moe_z_loss_coeff = 0.001;
+    def.init_method_std = 0.2;
+    def.global_batch_size = 2 * def.micro_batch_size;  // two microbatches (global_aux_loss averages over them)
+    const RunResult ref = runSingle(def, 3);
+    for (const RouterMode& m : routerModes()) {
+        engine::Config c = routerConfig(m);
+        c.init_method_std = 0.2;
+        c.global_batch_size = def.global_batch_size;
+        const RunResult got = runSingle(c, 3);
+        ASSERT_EQ(got.losses.size(), 3u) << m.name;
+        const std::string router = "decoder.layers.0.mlp.router.weight";
+        EXPECT_GT(relError(got.params.at(router), ref.params.at(router)), 1e-7) << m.name;
+        EXPECT_NE(got.losses.back(), ref.losses.back()) << m.name;
+    }
+}
+
+// The router's gradient through the probs of each mode against finite differences of the loss.
+TEST(MoeRouter, RouterGradientsMatchFiniteDifferences) {
+    for (const RouterMode& m : routerModes()) {
+        if (std::string(m.name) == "global_aux_loss") continue;  // its aux term: the next test
+        SCOPED_TRACE(m.name);
+        engine::Config c = routerConfig(m);
+        c.moe_aux_loss_coeff = 0;
+        c.moe_z_loss_coeff = 0;
+        c.moe_router_bias_update_rate = 0;
+        c.init_method_std = 0.5;  // wide logit margins
+        // Few tokens (one sequence per microbatch) and a small step: no token's choice flips.
+        c.micro_batch_size = 1;
+        c.global_batch_size = 2;
+        EXPECT_EQ(expectGradientsMatchFiniteDifferences(
+                      c, {"decoder.layers.1.mlp.router.weight", "decoder.layers.0.mlp.router.weight"}, 2, 0.05, 1e-3),
+                  4)
+            << m.name;
+    }
+}
+
+// The aux loss's gradient with sigmoid scores (renormalised over all experts) and with
+// global_aux_loss (counts accumulated over the step's two microbatches) against finite
+// differences of the loss plus the logged aux and z terms.
+TEST(MoeRouter, AuxLossGradientsOfTheNewScoresMatchFiniteDifferences) {
+    struct Case {
+        const char* name, *score, *lb;
+    };
+    for (const Case& k : {Case{"sigmoid aux_loss", "sigmoid", "aux_loss"}, Case{"softmax global", "softmax", "global_aux_loss"},
+                          Case{"sqrtsoftplus global", "sqrtsoftplus", "global_aux_loss"}}) {
+        SCOPED_TRACE(k.name);
+        engine::Config c = moeConfig(4, 2);
+        c.init_method_std = 0.5;  // wide logit margins
+        c.micro_batch_size = 1;
+        c.global_batch_size = 2;  // two microbatches of one sequence: few tokens, no choice flips
+        c.moe_aux_loss_coeff = 0.5;
+        c.moe_z_loss_coeff = 0.05;
+        c.moe_router_score_function = k.score;
+        c.moe_router_load_balancing_type = k.lb;
+        const OneStep base = oneStep(c);
+        engine::Config lmOnly = c;
+        lmOnly.moe_aux_loss_coeff = 0;
+        lmOnly.moe_z_loss_coeff = 0;
+        const std::string name = "decoder.layers.0.mlp.router.weight";
+        const auto& g = base.grads.at(name);
+        const OneStep lm = oneStep(lmOnly);
+        const auto& gLm = lm.grads.at(name);
+        std::vector<size_t> idx(g.size());
+        for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+        std::partial_sort(idx.begin(), idx.begin() + 2, idx.end(), [&](size_t a, size_t b) {
+            return std::fabs(g[a] - gLm[a]) > std::fabs(g[b] - gLm[b]);
+        });
+        for (int n = 0; n < 2; ++n) {
+            const size_t j = idx[size_t(n)];
+            ASSERT_GT(std::fabs(g[j] - gLm[j]), 1e-5) << k.name << ": the aux terms do not reach the router";
+            const double eps = 1e-3;
+            double l[2];
+            for (int sgn = 0; sgn < 2; ++sgn)
+                l[sgn] = lossWithAuxTerms(c, [&](engine::ParamBuffer& pb) {
+                    pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps);
+                });
+            const double numeric = (l[0] - l[1]) / (2 * eps);
+            EXPECT_NEAR(g[j], numeric, 0.02 * std::fabs(numeric) + 1e-4) << k.name << " [" << j << "]";
+        }
+    }
+}
+
+// ep2·dp2 and tp2·ep2 (sequence parallel) equal the single device in every mode; with
+// global_aux_loss tp2·ep2 (dp 1) too: the counts summed over tp-dp-cp are the microbatch's.
+TEST(MoeRouter, ParallelLayoutsEqualTheSingleDevice) {
+    for (const RouterMode& m : routerModes()) {
+        engine::Config ep = withLayout(routerConfig(m), Layout{1, 1, 1, 2, 2});
+        ep.expert_model_parallel_size = 2;
+        ep.moe_token_dispatcher_type = "alltoall";
+        if (std::string(m.name) != "global_aux_loss") {  // dp2: see GlobalAuxLossOverDataParallelRanks
+            const RunResult ref = runSingle(singleDevice(ep), 3);
+            auto par = runParallel(ep, 3);
+            ASSERT_TRUE(par.isOk()) << m.name << ": " << par.status().toString();
+            expectSame(*par, ref, 1e-5, std::string(m.name) + " ep2_dp2");
+        }
+        if (!m.sp) continue;
+        engine::Config tp = withLayout(routerConfig(m), Layout{2, 1, 1, 1, 2});
+        tp.sequence_parallel = true;
+        tp.expert_tensor_parallel_size = 1;
+        tp.expert_model_parallel_size = 2;
+        tp.moe_token_dispatcher_type = "alltoall";
+        const RunResult ref = runSingle(singleDevice(tp), 3);
+        auto par = runParallel(tp, 3);
+        ASSERT_TRUE(par.isOk()) << m.name << ": " << par.status().toString();
+        expectSame(*par, ref, 1e-5, std::string(m.name) + " tp2_ep2_sp");
+    }
+}
+
+// global_aux_loss over data-parallel ranks (Megatron's _apply_global_aux_loss): each rank's loss
+// uses the counts summed over tp-dp-cp with T = the tokens of all dp ranks' microbatches, and
+// like every router gradient it is then averaged over dp. So dp2 with 2 microbatches of b
+// sequences each is the single device whose 2 microbatches hold both ranks' sequences (the data
+// order: rank d's microbatch j is samples (j*dp + d)*b ..) with half the coefficient.
+TEST(MoeRouter, GlobalAuxLossOverDataParallelRanks) {
+    for (int ep : {1, 2}) {
+        engine::Config c = withLayout(moeConfig(4, 2), Layout{1, 1, 1, 2, 2});
+        c.moe_router_load_balancing_type = "global_aux_loss";
+        c.moe_aux_loss_coeff = 0.1;
+        c.expert_model_parallel_size = ep;
+        c.moe_token_dispatcher_type = "alltoall";
+        engine::Config one = singleDevice(c);
+        one.micro_batch_size = 2 * c.micro_batch_size;
+        one.num_microbatches = 2;
+        one.global_batch_size = one.micro_batch_size * 2;
+        one.moe_aux_loss_coeff = c.moe_aux_loss_coeff / 2;
+        const RunResult ref = runSingle(one, 3);
+        auto par = runParallel(c, 3);
+        ASSERT_TRUE(par.isOk()) << par.status().toString();
+        expectSame(*par, ref, 1e-5, "global_aux_loss dp2 ep" + std::to_string(ep));
+        // ... and the counts are the global ones: with per-microbatch counts it would differ.
+        engine::Config local = one;
+        local.moe_router_load_balancing_type = "aux_loss";
+        const RunResult other = runSingle(local, 3);
+        EXPECT_GT(relError(other.params.at("decoder.layers.0.mlp.router.weight"),
+                           ref.params.at("decoder.layers.0.mlp.router.weight")),
+                  1e-6);
+    }
+}
+
+// The expert bias after three steps (trace counters of the last step) is the same on ep2·dp2
+// as on the single device, has moved, and a checkpoint of it resumes on another layout.
+TEST(MoeRouter, ExpertBiasIsUpdatedAsOnTheSingleDeviceAndResumes) {
+    const RouterMode bias = routerModes()[4];
+    ASSERT_EQ(std::string(bias.name), "expert_bias");
+    engine::Config c = withLayout(routerConfig(bias), Layout{1, 1, 1, 2, 2});
+    c.expert_model_parallel_size = 2;
+    c.moe_token_dispatcher_type = "alltoall";
+    auto lastBias = [](const FakeRecorder& rec) {
+        std::map<std::string, double> out;
+        for (const auto& k : rec.counters)
+            if (rec.str(k.name).find(".expert_bias.") != std::string::npos) out[rec.str(k.name)] = k.value;
+        return out;
+    };
+    FakeRecorder parRec;
+    auto par = trainParallel(c, 3, "", "", &parRec);
+    ASSERT_TRUE(par.isOk()) << par.status().toString();
+    FakeRecorder oneRec;
+    {
+        auto backend = engine::makeCpuBackend(1);
+        engine::Device& dev = backend->device(0);
+        dev.setTrace(&oneRec, 0);
+        auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+        {
+            auto t = engine::Trainer::create(singleDevice(c), &dev, stream.get(), &oneRec);
+            ASSERT_TRUE(t.isOk()) << t.status().toString();
+            for (int s = 0; s < 3; ++s) {
+                engine::StepProgress p;
+                ASSERT_TRUE((*t)->step(&p).isOk());
+            }
+        }
+        dev.setTrace(nullptr, 0);
+    }
+    const auto want = lastBias(oneRec), got = lastBias(parRec);
+    ASSERT_EQ(want.size(), 8u);  // 2 layers x 4 experts
+    double moved = 0;
+    for (const auto& [name, v] : want) {
+        ASSERT_TRUE(got.count(name)) << name;
+        EXPECT_NEAR(got.at(name), v, 1e-6) << name;
+        moved += std::fabs(v);
+    }
+    EXPECT_GT(moved, 0.1) << "the bias did not move";
+    // Saved on ep2·dp2 after two steps, resumed on one device and on tp2·ep2: the third step is
+    // the single device's (the bias steers the choice, so a lost bias would change it).
+    const std::string dir = checkpointDir("moe_expert_bias_ep2_dp2");
+    auto saved = trainParallel(c, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    const RunResult straight = runSingle(singleDevice(c), 3);
+    auto resumed = trainSingle(singleDevice(c), 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+    expectResumedStep(*resumed, straight, "expert bias ep2_dp2 -> one device");
+    engine::Config tp = withLayout(routerConfig(bias), Layout{2, 1, 1, 1, 4});
+    tp.sequence_parallel = true;
+    tp.expert_tensor_parallel_size = 1;
+    tp.expert_model_parallel_size = 2;
+    tp.moe_token_dispatcher_type = "alltoall";
+    tp.make_vocab_size_divisible_by = 32;  // x tp 2: the checkpoint's padded vocab 64
+    auto resumedTp = trainParallel(tp, 1, dir);
+    ASSERT_TRUE(resumedTp.isOk()) << resumedTp.status().toString();
+    expectResumedStep(*resumedTp, straight, "expert bias ep2_dp2 -> tp2_ep2");
+    // Without the bias in the checkpoint the resumed step differs (saved after one step: the
+    // bias is then +-rate everywhere; after two it may have come back to 0).
+    engine::Config one = singleDevice(c);
+    std::filesystem::remove_all(dir);
+    auto savedOne = trainSingle(one, 1, "", dir);
+    ASSERT_TRUE(savedOne.isOk());
+    auto withBias = trainSingle(one, 1, dir);
+    ASSERT_TRUE(withBias.isOk()) << withBias.status().toString();
+    EXPECT_NEAR(withBias->losses[0], straight.losses[1], 1e-5 * straight.losses[1]);
+    {
+        nlohmann::json meta;
+        {
+            std::ifstream in(dir + "/checkpoint.json");
+            in >> meta;
+        }
+        ASSERT_TRUE(meta.contains("moe_router_expert_bias"));
+        for (const auto& [layer, b] : meta["moe_router_expert_bias"].items())
+            for (const auto& v : b) EXPECT_NEAR(std::fabs(v.get<double>()), 0.05, 1e-6) << layer;
+        meta.erase("moe_router_expert_bias");
+        std::ofstream(dir + "/checkpoint.json") << meta.dump();
+    }
+    auto lost = trainSingle(one, 1, dir);
+    ASSERT_TRUE(lost.isOk()) << lost.status().toString();
+    EXPECT_NE(lost->losses[0], withBias->losses[0]) << "the bias made no difference to the resumed step";
+    std::filesystem::remove_all(dir);
+}
+
+// What Megatron asserts is refused with the knob's name.
+TEST(MoeRouter, InvalidRouterSettingsAreNamed) {
+    auto has = [](const engine::Config& cfg, const std::string& knob) {
+        for (const auto& i : engine::validateConfig(cfg))
+            if (i.knob == knob) return true;
+        return false;
+    };
+    engine::Config c = moeConfig(4, 2);
+    EXPECT_FALSE(has(c, "moe_router_enable_expert_bias"));
+    c.moe_router_enable_expert_bias = true;
+    EXPECT_TRUE(has(c, "moe_router_enable_expert_bias"));  // softmax
+    c = moeConfig(4, 1);
+    EXPECT_TRUE(has(c, "moe_router_pre_softmax"));
+    c.moe_router_pre_softmax = true;
+    EXPECT_FALSE(has(c, "moe_router_pre_softmax"));
+    c = moeConfig(4, 2);
+    c.moe_router_group_topk = 1;
+    EXPECT_TRUE(has(c, "moe_router_num_groups"));
+    c.moe_router_num_groups = 3;
+    EXPECT_TRUE(has(c, "moe_router_num_groups"));  // does not divide 4
+    c.moe_router_num_groups = 4;
+    c.moe_router_group_topk = 1;
+    EXPECT_TRUE(has(c, "moe_router_topk"));  // 2 experts from one group of 1
+    c = moeConfig(4, 2);
+    c.moe_router_load_balancing_type = "sinkhorn";
+    c.moe_aux_loss_coeff = 0.01;
+    EXPECT_TRUE(has(c, "moe_aux_loss_coeff"));
+    auto d = engine::modelDimsFromConfig(c);
+    ASSERT_FALSE(d.isOk());
+    EXPECT_NE(d.status().message().find("moe_aux_loss_coeff"), std::string::npos);
+    c = moeConfig(4, 2);
+    c.moe_router_load_balancing_type = "global_aux_loss";
+    c.recompute_granularity = "full";
+    c.recompute_method = "uniform";
+    c.recompute_num_layers = 1;
+    d = engine::modelDimsFromConfig(c);
+    ASSERT_FALSE(d.isOk());
+    EXPECT_NE(d.status().message().find("global_aux_loss"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ts::test
-

@@ -1,10 +1,14 @@
 // The MoE router's host-side plan (engine/model/moe_routing.h) on logits written here: top-k with
 // ties to the lower expert, renormalised probs, the "probs" and "position" drop policies at a
 // capacity (which copies each expert keeps when their probs differ), padding, and the
-// expert-major permutation. Expected values are worked out by hand in the comments.
+// expert-major permutation; the score functions (sigmoid, sqrtsoftplus, pre-softmax), the scaling
+// factor, group-limited routing, the expert bias and the sinkhorn router; the backward of the probs
+// and of the aux scores against finite differences. Expected values are worked out by hand in the
+// comments.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "engine/model/moe_routing.h"
 
@@ -123,6 +127,196 @@ TEST(MoeRouting, TiesGoToTheLowerExpertAndStatisticsAreTheSoftmaxSums) {
     const double z1 = std::log(2 + 2 * std::exp(2.0));  // logsumexp of token 1
     EXPECT_NEAR(r.probSum[4 + 1], std::exp(2.0) / (2 + 2 * std::exp(2.0)), 1e-12);
     EXPECT_NEAR(r.zSum, std::pow(1 + std::log(4.0), 2) + z1 * z1, 1e-9);
+}
+
+// ---- score functions, groups, bias, sinkhorn ------------------------------------------------
+
+MoeRouteOptions one(int T, int E, int K) {
+    MoeRouteOptions o;
+    o.T = T;
+    o.E = E;
+    o.K = K;
+    return o;
+}
+
+// Sigmoid: logits {0, 1, -1, 2} -> scores {.5, s(1), s(-1), s(2)}; the top 2 are experts 3 and 1,
+// their probs s(2)/(s(2)+s(1)) and s(1)/(s(2)+s(1)), times the scaling factor 2.5.
+TEST(MoeRouting, SigmoidRenormalisesTheChosenScoresAndScales) {
+    const std::vector<float> l = {0.f, 1.f, -1.f, 2.f};
+    MoeRouteOptions o = one(1, 4, 2);
+    o.score = MoeScore::Sigmoid;
+    o.scale = 2.5;
+    const MoeRouting r = moeRoute(l.data(), o);
+    EXPECT_EQ(r.topi, (std::vector<int>{3, 1}));
+    const double s1 = sigmoid(1), s2 = sigmoid(2);
+    EXPECT_NEAR(r.topp[0], 2.5 * s2 / (s1 + s2), 1e-12);
+    EXPECT_NEAR(r.topp[1], 2.5 * s1 / (s1 + s2), 1e-12);
+    // The aux scores: sigmoid renormalised over all four experts.
+    const double S = 0.5 + s1 + sigmoid(-1) + s2;
+    EXPECT_NEAR(r.probSum[3], s2 / S, 1e-12);
+    EXPECT_EQ(r.groupCounts, (std::vector<int>{0, 1, 0, 1}));
+    // sqrtsoftplus: the same choice (monotone), probs sqrt(log(1+e^x)) renormalised.
+    o.score = MoeScore::SqrtSoftplus;
+    o.scale = 0;
+    const MoeRouting q = moeRoute(l.data(), o);
+    EXPECT_EQ(q.topi, (std::vector<int>{3, 1}));
+    const double q1 = std::sqrt(std::log1p(std::exp(1.0))), q2 = std::sqrt(std::log1p(std::exp(2.0)));
+    EXPECT_NEAR(q.topp[0], q2 / (q1 + q2), 1e-12);
+}
+
+// Pre-softmax: the probs are the full softmax at the chosen experts, not renormalised; k = 1 keeps
+// a real prob (post-softmax over one expert would be exactly 1).
+TEST(MoeRouting, PreSoftmaxKeepsTheFullSoftmax) {
+    const std::vector<float> l = {1.f, 2.f, 0.f, 3.f};
+    MoeRouteOptions o = one(1, 4, 2);
+    o.preSoftmax = true;
+    const MoeRouting r = moeRoute(l.data(), o);
+    const double Z = std::exp(1.0) + std::exp(2.0) + 1 + std::exp(3.0);
+    EXPECT_EQ(r.topi, (std::vector<int>{3, 1}));
+    EXPECT_NEAR(r.topp[0], std::exp(3.0) / Z, 1e-12);
+    EXPECT_NEAR(r.topp[1], std::exp(2.0) / Z, 1e-12);
+    o.K = 1;
+    EXPECT_NEAR(moeRoute(l.data(), o).topp[0], std::exp(3.0) / Z, 1e-12);
+    o.preSoftmax = false;
+    EXPECT_EQ(moeRoute(l.data(), o).topp[0], 1.0);
+}
+
+// Group-limited: experts {0,1} and {2,3}; one group per token, scored by the sum of its top
+// k/group_topk = 2 logits: group 0 = 3 + (-5) = -2, group 1 = 2 + 1.5 = 3.5, so the token goes to
+// experts 2 and 3 although expert 0 has the highest logit. The aux loss's map stays the plain top-k.
+TEST(MoeRouting, GroupLimitedRoutingPicksTheBestGroupsFirst) {
+    const std::vector<float> l = {3.f, -5.f, 2.f, 1.5f};
+    MoeRouteOptions o = one(1, 4, 2);
+    EXPECT_EQ(moeRoute(l.data(), o).topi, (std::vector<int>{0, 2}));
+    o.numGroups = 2;
+    o.groupTopk = 1;
+    const MoeRouting r = moeRoute(l.data(), o);
+    EXPECT_EQ(r.topi, (std::vector<int>{2, 3}));
+    EXPECT_NEAR(r.topp[0], sigmoid(0.5), 1e-12);  // softmax of {2, 1.5}
+    EXPECT_EQ(r.routed, (std::vector<int>{0, 0, 1, 1}));
+    EXPECT_EQ(r.groupCounts, (std::vector<int>{1, 0, 1, 0}));
+    // Four groups of one expert, two chosen: the two best experts, as without groups.
+    o.numGroups = 4;
+    o.groupTopk = 2;
+    EXPECT_EQ(moeRoute(l.data(), o).topi, (std::vector<int>{0, 2}));
+}
+
+// Expert bias: added to the sigmoid scores for the choice only. Scores s(1) = .73, s(.9) = .71,
+// s(0) + .5 = 1.0: expert 3 is chosen with prob s(0) = .5 (k = 1: not renormalised); the aux loss's
+// map ignores the bias (expert 0).
+TEST(MoeRouting, ExpertBiasMovesTheChoiceButNotTheProbs) {
+    const std::vector<float> l = {1.f, 0.9f, 0.f, 0.f};
+    const std::vector<float> bias = {0.f, 0.f, 0.f, 0.5f};
+    MoeRouteOptions o = one(1, 4, 1);
+    o.score = MoeScore::Sigmoid;
+    EXPECT_EQ(moeRoute(l.data(), o).topi, (std::vector<int>{0}));
+    o.expertBias = bias.data();
+    const MoeRouting r = moeRoute(l.data(), o);
+    EXPECT_EQ(r.topi, (std::vector<int>{3}));
+    EXPECT_NEAR(r.topp[0], 0.5, 1e-12);
+    EXPECT_EQ(r.groupCounts, (std::vector<int>{1, 0, 0, 0}));
+    EXPECT_EQ(r.routed, (std::vector<int>{0, 0, 0, 1}));
+}
+
+// Sinkhorn, two tokens over two experts, logits {2, 0} and {3, 0}: both prefer expert 0, but the
+// doubly normalised matrix is [[x, 1/2-x], [1/2-x, x]] with x/(1/2-x) = sqrt(e^2 * 1 / (1 * e^3))
+// (the scaling keeps the cross ratio), x = .1888: token 0 goes to expert 1, token 1 to expert 0.
+// Probs (k = 1): sigmoid of the chosen logit.
+TEST(MoeRouting, SinkhornBalancesTheChoice) {
+    const std::vector<float> l = {2.f, 0.f, 3.f, 0.f};
+    std::vector<float> norm(4);
+    moeSinkhorn(l.data(), 2, 2, norm.data());
+    const double x = 0.5 * std::exp(-0.5) / (1 + std::exp(-0.5));
+    EXPECT_NEAR(norm[0], x, 1e-3);
+    EXPECT_NEAR(norm[1], 0.5 - x, 1e-3);
+    EXPECT_NEAR(norm[2], 0.5 - x, 1e-3);
+    MoeRouteOptions o = one(2, 2, 1);
+    o.sinkhorn = true;
+    const MoeRouting r = moeRoute(l.data(), o);
+    EXPECT_EQ(r.topi, (std::vector<int>{1, 0}));
+    EXPECT_NEAR(r.topp[0], 0.5, 1e-12);
+    EXPECT_NEAR(r.topp[1], sigmoid(3.0), 1e-12);
+    // k = 2 of 3 experts: the full softmax at the chosen ones.
+    const std::vector<float> l3 = {2.f, 0.f, 1.f, 3.f, 0.f, 1.f};
+    MoeRouteOptions o3 = one(2, 3, 2);
+    o3.sinkhorn = true;
+    const MoeRouting r3 = moeRoute(l3.data(), o3);
+    std::vector<double> sm(3);
+    moeSoftmax(l3.data(), 3, sm.data());
+    EXPECT_NEAR(r3.topp[0], sm[size_t(r3.topi[0])], 1e-12);
+}
+
+// The probs' backward against central differences of sum_tj w_tj p_tj, for every mode (random
+// logits with clear margins: the choice does not flip).
+TEST(MoeRouting, ProbsBackwardMatchesFiniteDifferences) {
+    const int T = 3, E = 6, K = 2;
+    std::mt19937 gen(7);
+    std::uniform_real_distribution<float> u(-2.f, 2.f);
+    std::vector<float> logits(size_t(T) * E);
+    for (int t = 0; t < T; ++t)
+        for (int e = 0; e < E; ++e) logits[size_t(t) * E + e] = float(e) * 0.7f * ((t + e) % 2 ? 1 : -1) + 0.1f * u(gen);
+    std::vector<double> w(size_t(T) * K);
+    for (double& x : w) x = u(gen);
+    const std::vector<float> bias = {0.3f, -0.2f, 0.f, 0.1f, 0.f, -0.4f};
+    struct Mode {
+        const char* name;
+        MoeRouteOptions o;
+    };
+    std::vector<Mode> modes;
+    auto add = [&](const char* n, auto f) {
+        MoeRouteOptions o = one(T, E, K);
+        f(o);
+        modes.push_back({n, o});
+    };
+    add("softmax", [](MoeRouteOptions&) {});
+    add("pre_softmax_scaled", [](MoeRouteOptions& o) { o.preSoftmax = true; o.scale = 1.7; });
+    add("sigmoid_bias_scaled", [&](MoeRouteOptions& o) { o.score = MoeScore::Sigmoid; o.expertBias = bias.data(); o.scale = 2.0; });
+    add("sqrtsoftplus_groups", [](MoeRouteOptions& o) { o.score = MoeScore::SqrtSoftplus; o.numGroups = 3; o.groupTopk = 2; });
+    add("sinkhorn", [](MoeRouteOptions& o) { o.sinkhorn = true; });
+    add("sinkhorn_k1", [](MoeRouteOptions& o) { o.sinkhorn = true; o.K = 1; });
+    add("sigmoid_k1", [](MoeRouteOptions& o) { o.score = MoeScore::Sigmoid; o.K = 1; });
+    for (const Mode& m : modes) {
+        const int k = m.o.K;
+        const MoeRouting base = moeRoute(logits.data(), m.o);
+        std::vector<double> dl(size_t(T) * E, 0.0);
+        moeProbsBackward(logits.data(), base.topi.data(), m.o, w.data(), dl.data());
+        for (size_t i = 0; i < logits.size(); ++i) {
+            double f[2];
+            for (int sg = 0; sg < 2; ++sg) {
+                std::vector<float> l = logits;
+                l[i] += sg ? -1e-3f : 1e-3f;
+                const MoeRouting r = moeRoute(l.data(), m.o);
+                ASSERT_EQ(r.topi, base.topi) << m.name << ": the choice flipped";
+                f[sg] = 0;
+                for (int j = 0; j < T * k; ++j) f[sg] += w[size_t(j)] * r.topp[size_t(j)];
+            }
+            const double h = double(logits[i] + 1e-3f) - double(logits[i] - 1e-3f);  // the float step taken
+            const double numeric = (f[0] - f[1]) / h;
+            EXPECT_NEAR(dl[i], numeric, 2e-3 * std::fabs(numeric) + 2e-4) << m.name << " logit " << i;
+        }
+    }
+}
+
+TEST(MoeRouting, AuxScoresBackwardMatchesFiniteDifferences) {
+    const std::vector<float> l = {0.3f, -1.2f, 2.0f, 0.7f, -0.1f};
+    const std::vector<double> w = {0.5, -1.0, 2.0, 0.25, 1.5};
+    for (MoeScore f : {MoeScore::Softmax, MoeScore::Sigmoid, MoeScore::SqrtSoftplus}) {
+        std::vector<double> dl(5, 0.0), p(5);
+        moeAuxScoresBackward(l.data(), 5, f, w.data(), dl.data());
+        for (int e = 0; e < 5; ++e) {
+            double v[2];
+            for (int sg = 0; sg < 2; ++sg) {
+                std::vector<float> x = l;
+                x[size_t(e)] += sg ? -1e-3f : 1e-3f;
+                moeAuxScores(x.data(), 5, f, p.data());
+                v[sg] = 0;
+                for (int i = 0; i < 5; ++i) v[sg] += w[size_t(i)] * p[size_t(i)];
+            }
+            // the float step actually taken
+            const double h = double(l[size_t(e)] + 1e-3f) - double(l[size_t(e)] - 1e-3f);
+            EXPECT_NEAR(dl[size_t(e)], (v[0] - v[1]) / h, 1e-4) << int(f) << " " << e;
+        }
+    }
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ const std::vector<std::string>& cudaOpNames() {
         "layerNormForward", "layerNormBackward", "layerNormForwardFused", "layerNormBackwardFused",
         "rmsNormForward", "rmsNormBackward",
         // rotary embedding
-        "ropeForward", "ropeForwardFused", "ropeBackward", "splitQkvRopeForward", "ropeBackwardMergeQkv",
+        "ropeForward", "ropeForwardFused", "ropeBackward", "splitQkvRopeForward", "splitQkv", "mergeQkv", "ropeBackwardMergeQkv",
         // attention
         "attentionForward", "attentionBackward", "cpAttentionForward", "cpAttentionBackward",
         "cpRingAttentionForward", "cpRingAttentionDelta", "cpRingAttentionBackward",

@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "engine/backend/backend.h"
 
@@ -209,6 +210,60 @@ bool onDevice() {
     return s && (s->native() != nullptr || s->kernelLaunch() != Stream::KernelLaunch::Now);
 }
 
+bool streamOnDevice(Stream& s) {
+    return s.native() != nullptr || s.kernelLaunch() != Stream::KernelLaunch::Now;
+}
+
+void setBytes(void* dst, int value, size_t bytes) {
+    if (bytes == 0) return;
+#ifdef TS_HAVE_CUDA
+    if (void* s = nativeStream()) {
+        reportKernelError(kernels::cuda::memsetAsync(dst, value, bytes, s));
+        return;
+    }
+#endif
+    runOnHost("setBytes", "dst, value, bytes", [](void* d, int v, size_t n) { std::memset(d, v, n); }, dst, value,
+              bytes);
+}
+
+void copyBytes(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+#ifdef TS_HAVE_CUDA
+    if (void* s = nativeStream()) {
+        reportKernelError(kernels::cuda::copyAsync(dst, src, bytes, s));
+        return;
+    }
+#endif
+    Stream* s = currentStream();
+    const auto mode = s ? s->kernelLaunch() : Stream::KernelLaunch::Now;
+    if (mode == Stream::KernelLaunch::Now) {
+        std::memcpy(dst, src, bytes);
+        return;
+    }
+    if (mode == Stream::KernelLaunch::NowHostView) {
+        std::memcpy(hostAlias(dst), hostAlias(src), bytes);
+        return;
+    }
+    // Deferred: a host source is snapshotted now (CUDA stages pageable memory at the call).
+    void* d = hostAlias(dst);
+    if (isEmulatedDevicePointer(src) || isEmulatedHostView(src)) {
+        const void* from = hostAlias(src);
+        s->deferKernel([d, from, bytes] { std::memcpy(d, from, bytes); });
+    } else {
+        auto snap = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                        static_cast<const char*>(src) + bytes);
+        s->deferKernel([d, snap] { std::memcpy(d, snap->data(), snap->size()); });
+    }
+}
+
+void download(void* dst, const void* src, size_t bytes) {
+    copyBytes(dst, src, bytes);
+    if (!onDevice()) return;
+    Stream* s = currentStream();
+    const Status st = s->synchronize();
+    if (!st.isOk()) reportKernelError(st);
+}
+
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
                      int vocabStart, int vocabEnd, int vocabSize) {
     TS_KERN_VALUE(int, int, embeddingForward, ids, table, out, T, C, vocabStart, vocabEnd,
@@ -229,6 +284,17 @@ int countInvalidIds(const int32_t* ids, int T, int vocabSize) {
 
 float amaxOf(const float* x, int64_t n) {
     TS_KERN_VALUE(float, float, amaxOf, x, n);
+}
+
+void amaxInto(const float* x, int64_t n, float* amax) {
+#ifdef TS_HAVE_CUDA
+    if (void* s = nativeStream()) {
+        reportKernelError(kernels::cuda::amaxOf(x, n, amax, s));
+        return;
+    }
+#endif
+    runOnHost("amaxInto", "x, n, amax", [](const float* v, int64_t m, float* a) { *a = kernels::cpu::amaxOf(v, m); },
+              x, n, amax);
 }
 
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
@@ -311,6 +377,14 @@ void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOff
 void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
                          int ng, int d, float theta, int posOffset) {
     TS_KERN_DISPATCH(splitQkvRopeForward, qkv, q, k, v, s, b, nq, ng, d, theta, posOffset);
+}
+
+void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d) {
+    TS_KERN_DISPATCH(splitQkv, qkv, q, k, v, T, nq, ng, d);
+}
+
+void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d) {
+    TS_KERN_DISPATCH(mergeQkv, dq, dk, dv, dqkv, T, nq, ng, d);
 }
 
 void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int s,

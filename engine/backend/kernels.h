@@ -17,6 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/backend/backend.h"
+
 #include "kernels/cpu/fp8_block.h"
 #include "kernels/cpu/ops.h"
 
@@ -38,6 +40,21 @@ using kernels::cpu::fp8Max;
 // when kernels called now run on the GPU.
 bool onDevice();
 
+// True when kernels enqueued on `s` see device memory (CUDA, the emulated device): buffers must
+// then be uploaded rather than host data handed to kernels. Host code deciding at enqueue time
+// asks this; inside an op, onDevice().
+bool streamOnDevice(Stream& s);
+
+// --- memory ops on the current stream ------------------------------------------------------
+// dst[0, bytes) = value (device memory).
+void setBytes(void* dst, int value, size_t bytes);
+// An upload (host src), download (host dst) or device copy, in stream order. A host source is
+// read at the call (as cudaMemcpyAsync stages pageable memory), so it may be freed after it; a
+// host destination is written when the stream reaches the copy: use download() to read it.
+void copyBytes(void* dst, const void* src, size_t bytes);
+// Device -> host copy that waits for the stream: dst holds the bytes when it returns.
+void download(void* dst, const void* src, size_t bytes);
+
 // --- ops that return a value (synchronize on CUDA) ------------------------------------------
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
                      int vocabStart, int vocabEnd, int vocabSize);
@@ -45,6 +62,9 @@ double sumSquares(const float* x, int64_t n);
 bool allFinite(const float* x, int64_t n);
 int countInvalidIds(const int32_t* ids, int T, int vocabSize);
 float amaxOf(const float* x, int64_t n);
+
+// amaxOf into a buffer element, asynchronous (the value stays where kernels see it).
+void amaxInto(const float* x, int64_t n, float* amax);
 
 // --- the rest: asynchronous on CUDA ---------------------------------------------------------
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
@@ -76,6 +96,8 @@ void ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int pos
 void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset);
 void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
                          int ng, int d, float theta, int posOffset);
+void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d);
+void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d);
 void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int s,
                           int b, int nq, int ng, int d, float theta, int posOffset);
 void attentionForward(const AttnDims& dims, const float* q, const float* k, const float* v,

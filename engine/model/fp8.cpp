@@ -84,28 +84,31 @@ void fp8QuantizeInPlace(const Fp8Recipe& r, Fp8Meta& meta, bool grad, float grad
 }
 
 const float* fp8BlockOperand(const Fp8Recipe& r, const float* x, int64_t rows, int64_t cols, bool alongRows,
-                             bool weight, bool grad, std::vector<float>& buf) {
+                             bool weight, bool grad, float* out) {
     namespace k = kern;
     if (!r.isBlock()) return x;
     const k::Fp8BlockKind kind = r.block == Fp8Recipe::Block::Mxfp8 ? k::Fp8BlockKind::Mx1x32
                                  : weight                           ? k::Fp8BlockKind::Block128x128
                                                                     : k::Fp8BlockKind::Block1x128;
-    buf.resize(size_t(rows * cols));
-    k::fp8BlockQuantizeDequantize(x, buf.data(), nullptr, nullptr, rows, cols, kind, alongRows,
+    k::fp8BlockQuantizeDequantize(x, out, nullptr, nullptr, rows, cols, kind, alongRows,
                                   grad ? r.backward : r.forward, r.blockPow2);
-    return buf.data();
+    return out;
 }
 
+int64_t fp8BlockBackwardWorkElems(int T, int in, int out) { return int64_t(T) * (int64_t(in) + out); }
+
 void fp8BlockLinearBackward(const Fp8Recipe& r, const float* dy, const float* x, const float* Wcol, float* dx,
-                            float* dW, int T, int in, int out) {
-    std::vector<float> b1, b2, b3;
+                            float* dW, int T, int in, int out, float* work) {
+    // work: [T, out] for dy (rowwise for the dgrad, then columnwise for the wgrad), [T, in] for x.
+    float* dyQ = work;
+    float* xQ = work + int64_t(T) * out;
     if (dx) {
-        const float* dyRow = fp8BlockOperand(r, dy, T, out, true, false, true, b1);
+        const float* dyRow = fp8BlockOperand(r, dy, T, out, true, false, true, dyQ);
         kern::linearBackward(dyRow, nullptr, Wcol, dx, nullptr, nullptr, T, in, out);
     }
     if (!dW) return;
-    const float* dyCol = fp8BlockOperand(r, dy, T, out, false, false, true, b2);
-    const float* xCol = fp8BlockOperand(r, x, T, in, false, false, false, b3);
+    const float* dyCol = fp8BlockOperand(r, dy, T, out, false, false, true, dyQ);
+    const float* xCol = fp8BlockOperand(r, x, T, in, false, false, false, xQ);
     kern::linearBackward(dyCol, xCol, nullptr, nullptr, dW, nullptr, T, in, out);
 }
 

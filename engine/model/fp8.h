@@ -80,15 +80,17 @@ float currentScale(float amax, float fp8Max);
 void fp8QuantizeInPlace(const Fp8Recipe& r, Fp8Meta& meta, bool grad, float gradDivisor, float* x, int64_t n);
 
 // Block recipes: x [rows, cols] of a GEMM operand quantized per block along `alongRows` (blocks of
-// a row: the GEMM reduces over cols) into buf, which is returned; x itself when r is not a block
-// recipe. Activations and gradients: 1x32 (mxfp8) or 1x128 (blockwise) blocks; weight: 1x32 or
-// 128x128 tiles.
+// a row: the GEMM reduces over cols) into `out` (rows*cols floats, a buffer kernels see), which is
+// returned; x itself when r is not a block recipe. Activations and gradients: 1x32 (mxfp8) or
+// 1x128 (blockwise) blocks; weight: 1x32 or 128x128 tiles. Runs through the kernel dispatch.
 const float* fp8BlockOperand(const Fp8Recipe& r, const float* x, int64_t rows, int64_t cols, bool alongRows,
-                             bool weight, bool grad, std::vector<float>& buf);
+                             bool weight, bool grad, float* out);
 // Block recipes, the backward of y = x W^T (W [out, in]): dgrad dx = Q(dy along out) Qc(W)
 // where Wcol = Qc(W) is the weight quantized along out (may be null with dx null); wgrad dW +=
-// Q(dy along T)^T Q(x along T); every quantization from the high-precision tensor.
+// Q(dy along T)^T Q(x along T); every quantization from the high-precision tensor. work: a
+// buffer of fp8BlockBackwardWorkElems(T, in, out) floats for the quantized operands.
+int64_t fp8BlockBackwardWorkElems(int T, int in, int out);
 void fp8BlockLinearBackward(const Fp8Recipe& r, const float* dy, const float* x, const float* Wcol, float* dx,
-                            float* dW, int T, int in, int out);
+                            float* dW, int T, int in, int out, float* work);
 
 }  // namespace ts::engine

@@ -87,7 +87,7 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     }
     TS_RETURN_IF_ERROR(m->registerParams());
     TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16));
-    m->initWeights();
+    TS_RETURN_IF_ERROR(m->initWeights());
     m->fp8Init();
     m->fp8ExpertInit();
     m->m_router = std::make_shared<std::vector<RouterState>>(m->m_layers.size());
@@ -229,12 +229,17 @@ Status GptModel::registerParams() {
     return Status::ok();
 }
 
-void GptModel::initWeights() {
+Status GptModel::initWeights() {
+    // The weights are drawn on the host (fillNormal: the same numbers on every backend), into a
+    // host image of the main-param buffer, then uploaded in one op and the stream synchronized, so
+    // later host work (a checkpoint load) sees them and a device backend never has its memory
+    // touched by host code.
     const int tpSize = m_ctx.tpSize, tpRank = m_ctx.tpRank;
+    auto image = std::make_shared<std::vector<float>>(size_t(std::max<int64_t>(m_params.numel(), 1)), 0.0f);
     const float stdOut = m_o.initStd / std::sqrt(2.0f * float(m_d.layers));
     for (int i = 0; i < m_params.count(); ++i) {
         const ParamInfo& p = m_params.info(i);
-        float* dst = m_params.mainParam(i);
+        float* dst = image->data() + p.offset;
         if (p.fullShape.size() == 1) {
             const bool isNormWeight = p.name.find("layernorm.weight") != std::string::npos;
             std::fill(dst, dst + p.numel, isNormWeight ? 1.f : 0.f);
@@ -263,7 +268,14 @@ void GptModel::initWeights() {
                             size_t(rl * C) * sizeof(float));
         }
     }
-    m_params.syncModelParams();
+    float* mainParams = m_params.mainParams();
+    ParamBuffer* params = &m_params;
+    const size_t bytes = size_t(m_params.numel()) * sizeof(float);
+    m_exec.op("init_weights", Category::Other, 0, bytes, [=] {
+        k::copyBytes(mainParams, image->data(), bytes);
+        params->syncModelParams();
+    });
+    return m_exec.synchronize();
 }
 
 void GptModel::beginStep(int step, int numMicrobatches) {
@@ -310,6 +322,15 @@ int GptModel::recomputeGroupEnd(int li) const {
     return std::min(localLayers(), g0 + std::max(1, m_o.recomputeNumLayers));
 }
 
+Result<KernelIds> GptModel::kernelIds(std::shared_ptr<const Microbatch> data, const std::vector<int32_t>& host) {
+    if (!kern::streamOnDevice(m_exec.stream())) return KernelIds{host.data(), data};
+    const size_t bytes = host.size() * sizeof(int32_t);
+    TS_ASSIGN_OR_RETURN(TensorPtr dev, m_exec.alloc(int64_t(host.size()), MemCategory::Activations, sizeof(int32_t)));
+    const int32_t* src = host.data();  // copyBytes reads a host source at the call (staged, as CUDA does)
+    m_exec.op("ids.upload", Category::Memcpy, 0, bytes, [=] { k::copyBytes(dev->data(), src, bytes); (void)data; });
+    return KernelIds{static_cast<const int32_t*>(dev->data()), dev};
+}
+
 Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorPtr input, TensorPtr output) {
     const int T = m_d.seq * m_d.microBatch;
     const int64_t ThL = stageTensorElems();
@@ -347,6 +368,8 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
     auto st = std::make_unique<MbState>();
     st->data = data;
     st->layers.resize(m_layers.size());
+    if (m_ctx.firstStage) { TS_ASSIGN_OR_RETURN(st->ids, kernelIds(data, data->tokens)); }
+    if (m_ctx.lastStage) { TS_ASSIGN_OR_RETURN(st->labels, kernelIds(data, data->labels)); }
     if (m_ctx.firstStage) {
         m_exec.setLayer(-1);
         if (m_forwardPreHook) m_forwardPreHook(embeddingParamList());

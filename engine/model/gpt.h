@@ -50,7 +50,8 @@ struct Microbatch {
     double tokensTotal = 0;
 };
 
-struct MlpOpNames;  // gpt_mlp.cpp: the op names of one kind of MLP
+struct MlpOpNames;
+struct KernelIds;  // gpt_mlp.cpp: the op names of one kind of MLP
 
 class GptModel {
 public:
@@ -87,7 +88,11 @@ public:
     // std/sqrt(2*num_layers) for linear_proj and linear_fc2 (Megatron's scaled init), zero
     // biases, unit norm weights. Each full tensor is generated from (seed, name) and sharded,
     // so tp>1 ranks hold exactly the slices of the tp=1 tensors. Runs on the host (sync first).
-    void initWeights();
+    Status initWeights();
+    // The ids kernels read (gpt_internal.h KernelIds): `host` itself, kept alive by `data`, on the
+    // CPU backend; where kernels see device memory, a buffer filled by an upload op on the compute
+    // stream.
+    Result<KernelIds> kernelIds(std::shared_ptr<const Microbatch> data, const std::vector<int32_t>& host);
 
     // Sets step / number of microbatches for the coming forward/backward calls (dropout seeds,
     // loss scale, trace annotations).

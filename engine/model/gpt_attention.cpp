@@ -52,9 +52,10 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
         const float* B = P.qkvB >= 0 ? m_params.modelParam(P.qkvB) : nullptr;
         const Fp8Recipe r8 = m_o.fp8;
         const bool blk = fp8 && r8.isBlock();  // block recipes: the input quantized per block here
+        TensorPtr q8;  // the quantized input rows (the GEMM chunks run in order on the compute stream)
+        if (blk) { TS_ASSIGN_OR_RETURN(q8, allocUninitialized(m_exec, int64_t(T) * h, MemCategory::Workspace)); }
         auto gemm = [=](const float* x, float* y, int rows) {
-            std::vector<float> q;
-            if (blk) x = fp8BlockOperand(r8, x, rows, h, true, false, false, q);
+            if (blk) x = fp8BlockOperand(r8, x, rows, h, true, false, false, fp(q8));
             k::linearForward(x, W, B, y, rows, h, qkvOut);
             if (bf) k::roundToBf16(y, int64_t(rows) * qkvOut);
         };
@@ -92,7 +93,7 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
                       });
         } else {
             m_exec.op("qkv_split", Category::Elementwise, 0, uint64_t(T) * qkvOut * 8,
-                      [=] { splitQkv(fp(qkv), fp(q), fp(kk), fp(v), T, nq, ng, d); });
+                      [=] { k::splitQkv(fp(qkv), fp(q), fp(kk), fp(v), T, nq, ng, d); });
         }
         if (rope && !fusedRope) {
             m_exec.op("rope.fwd", Category::Elementwise, 6.0 * T * (nq + ng) * d,
@@ -144,9 +145,10 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
         const int in = nq * d;
         const Fp8Recipe r8 = m_o.fp8;
         const bool blk = fp8 && r8.isBlock();
+        TensorPtr q8;
+        if (blk) { TS_ASSIGN_OR_RETURN(q8, allocUninitialized(m_exec, int64_t(T) * in, MemCategory::Workspace)); }
         auto gemm = [=](const float* x, float* y, int rows) {
-            std::vector<float> q;
-            if (blk) x = fp8BlockOperand(r8, x, rows, in, true, false, false, q);
+            if (blk) x = fp8BlockOperand(r8, x, rows, in, true, false, false, fp(q8));
             k::linearForward(x, W, nullptr, y, rows, in, h);
         };
         if (rsOverlap) {
@@ -250,7 +252,7 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
         });
     } else {
         m_exec.op("qkv_merge", Category::Elementwise, 0, uint64_t(T) * qkvOut * 8, [=] {
-            mergeQkv(fp(dq), fp(dk), fp(dv), fp(dqkv), T, nq, ng, d);
+            k::mergeQkv(fp(dq), fp(dk), fp(dv), fp(dqkv), T, nq, ng, d);
             if (bf) k::roundToBf16(fp(dqkv), int64_t(T) * qkvOut);
         });
     }

@@ -20,8 +20,9 @@ Status GptModel::embeddingForward(MbState& st, int mb) {
     TS_ASSIGN_OR_RETURN(TensorPtr emb, m_exec.alloc(Th));
     const float* E = m_params.modelParam(m_embW);
     const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL, V = m_d.paddedVocab;
+    const KernelIds ids = st.ids;
     m_exec.op("embedding.fwd", Category::Embedding, 0, uint64_t(Th) * 8, [=] {
-        k::embeddingForward(data->tokens.data(), E, fp(emb), T, h, vStart, vEnd, V);
+        k::embeddingForward(ids.ptr, E, fp(emb), T, h, vStart, vEnd, V);
     });
     if (m_posW >= 0) {
         // Megatron: reduce_scatter_embeddings is off with a position embedding; the word
@@ -103,7 +104,9 @@ Status GptModel::embeddingBackward(MbState& st, TensorPtr dh) {
     auto data = st.data;
     const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL;
     m_exec.op("embedding.bwd", Category::Embedding, double(Th), uint64_t(Th) * 8,
-              [=] { k::embeddingBackward(data->tokens.data(), fp(demb), G, T, h, vStart, vEnd); });
+              [=, ids = st.ids] {
+                  k::embeddingBackward(ids.ptr, fp(demb), G, T, h, vStart, vEnd);
+              });
     return Status::ok();
 }
 

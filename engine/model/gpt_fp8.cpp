@@ -132,8 +132,7 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
         return Status::ok();
     }
     TS_ASSIGN_OR_RETURN(TensorPtr amax, m_exec.alloc(1, MemCategory::Workspace));
-    m_exec.op("fp8_amax", Category::Elementwise, double(n), uint64_t(n) * 4,
-              [=] { fp(amax)[0] = k::amaxOf(fp(t), n); });
+    m_exec.op("fp8_amax", Category::Elementwise, double(n), uint64_t(n) * 4, [=] { k::amaxInto(fp(t), n, fp(amax)); });
     // The tensor's amax over every rank holding a part of it: TP shards, and the CP ranks'
     // sequence chunks (a microbatch's rows are split over "cp").
     if (m_ctx.tp && m_ctx.tpSize > 1)
@@ -142,7 +141,10 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
         m_ctx.cp->allReduce(m_exec.stream(), amax->data(), amax->data(), 1, DType::F32, ReduceOp::Max);
     const float mx = k::fp8Max(fmt);
     m_exec.op("fp8_quantize", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 8, [=] {
-        const float a = fp(amax)[0] / g;
+        // The scale is host state (counters, checkpoints): the reduced amax comes back first.
+        float a = 0;
+        k::download(&a, fp(amax), sizeof a);
+        a /= g;
         meta->scale = currentScale(a, mx);
         meta->history[0] = a;
         k::fp8QuantizeDequantize(fp(t), fp(t), nullptr, n, meta->scale / g, fmt);
@@ -175,12 +177,13 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
         } else {
             TS_ASSIGN_OR_RETURN(TensorPtr amax, m_exec.alloc(1, MemCategory::Workspace));
             m_exec.op("fp8_amax", Category::Elementwise, double(n), uint64_t(n) * 4,
-                      [=] { fp(amax)[0] = k::amaxOf(W, n); });
+                      [=] { k::amaxInto(W, n, fp(amax)); });
             if (m_ctx.tp && m_ctx.tpSize > 1)
                 m_ctx.tp->allReduce(m_exec.stream(), amax->data(), amax->data(), 1, DType::F32, ReduceOp::Max);
             const float mx = k::fp8Max(fmt);
             m_exec.op("fp8_quantize_weight", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 9, [=] {
-                const float a = fp(amax)[0];
+                float a = 0;
+                k::download(&a, fp(amax), sizeof a);
                 meta->scale = currentScale(a, mx);
                 meta->history[0] = a;
                 k::fp8QuantizeDequantize(W, fp(dq), codes->as<uint8_t>(), n, meta->scale, fmt);
@@ -228,15 +231,19 @@ void GptModel::fp8StepUpdate() {
     if (!buf) return;
     TensorPtr b = *buf;
     m_exec.op("fp8_amax_pack", Category::Elementwise, 0, uint64_t(n) * 8, [=] {
-        for (int64_t i = 0; i < n; ++i) fp(b)[i] = (*metas)[size_t(i)].history[0];
+        std::vector<float> h(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) h[size_t(i)] = (*metas)[size_t(i)].history[0];
+        k::copyBytes(fp(b), h.data(), h.size() * sizeof(float));
     });
     if (m_ctx.amax && m_ctx.amax->size() > 1)
         m_ctx.amax->allReduce(m_exec.stream(), b->data(), b->data(), size_t(n), DType::F32, ReduceOp::Max);
     const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
     m_exec.op("fp8_scale_update", Category::Elementwise, double(n), uint64_t(n) * 8, [=] {
+        std::vector<float> h(static_cast<size_t>(n));
+        k::download(h.data(), fp(b), h.size() * sizeof(float));
         for (int64_t i = 0; i < n; ++i) {
             Fp8Meta& m = (*metas)[size_t(i)];
-            m.history[0] = fp(b)[i];
+            m.history[0] = h[size_t(i)];
             m.update(i % kSlots == kFp8Grad ? bwdMax : fwdMax, r.margin, r.algoMax);
         }
         counters(step);
@@ -400,23 +407,26 @@ void GptModel::fp8ExpertStepUpdate() {
         return ((mi * size_t(E) + size_t(e0 + l)) * 2 + size_t(lin)) * kSlots + size_t(slot);
     };
     m_exec.op("fp8_expert_amax_pack", Category::Elementwise, 0, uint64_t(n) * 8, [=] {
-        std::fill(fp(b), fp(b) + n, 0.0f);
+        std::vector<float> h(static_cast<size_t>(n), 0.0f);
         for (size_t mi = 0; mi < moe.size(); ++mi)
             for (int l = 0; l < L; ++l)
                 for (int lin = 0; lin < 2; ++lin)
                     for (int slot = 0; slot < kSlots; ++slot)
-                        fp(b)[packed(mi, l, lin, slot)] = (*metas)[at(moe[mi], l, lin, slot)].history[0];
+                        h[packed(mi, l, lin, slot)] = (*metas)[at(moe[mi], l, lin, slot)].history[0];
+        k::copyBytes(fp(b), h.data(), h.size() * sizeof(float));
     });
     if (m_ctx.amax && m_ctx.amax->size() > 1)
         m_ctx.amax->allReduce(m_exec.stream(), b->data(), b->data(), size_t(n), DType::F32, ReduceOp::Max);
     const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
     m_exec.op("fp8_expert_scale_update", Category::Elementwise, double(n), uint64_t(n) * 8, [=] {
+        std::vector<float> h(static_cast<size_t>(n));
+        k::download(h.data(), fp(b), h.size() * sizeof(float));
         for (size_t mi = 0; mi < moe.size(); ++mi)
             for (int l = 0; l < L; ++l)
                 for (int lin = 0; lin < 2; ++lin)
                     for (int slot = 0; slot < kSlots; ++slot) {
                         Fp8Meta& m = (*metas)[at(moe[mi], l, lin, slot)];
-                        m.history[0] = fp(b)[packed(mi, l, lin, slot)];
+                        m.history[0] = h[packed(mi, l, lin, slot)];
                         m.update(slot == kFp8Grad ? bwdMax : fwdMax, r.margin, r.algoMax);
                     }
         counters();
@@ -447,11 +457,8 @@ Result<const float*> GptModel::fp8BlockWeight(int wIdx, bool rowwise) {
         const float* W = m_params.modelParam(wIdx);
         TensorPtr row = w.row, col = w.col;
         m_exec.op("fp8_quantize_weight", Category::Elementwise, 6.0 * double(info.numel), uint64_t(info.numel) * 12, [=] {
-            std::vector<float> buf;
-            const float* q = fp8BlockOperand(r, W, out, in, true, true, false, buf);
-            std::copy(q, q + out * in, fp(row));
-            q = fp8BlockOperand(r, W, out, in, false, true, false, buf);
-            std::copy(q, q + out * in, fp(col));
+            fp8BlockOperand(r, W, out, in, true, true, false, fp(row));
+            fp8BlockOperand(r, W, out, in, false, true, false, fp(col));
         });
     }
     return static_cast<const float*>(fp(rowwise ? w.row : w.col));

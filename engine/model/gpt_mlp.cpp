@@ -78,9 +78,10 @@ Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const 
         const bool swiglu = m_d.swiglu, fusedAct = m_o.fusedBiasAct;
         const Fp8Recipe r8 = m_o.fp8;
         const bool blk = fp8 && r8.isBlock();  // block recipes: the input quantized per block here
+        TensorPtr q8;  // the quantized input rows (the GEMM chunks run in order on the compute stream)
+        if (blk) { TS_ASSIGN_OR_RETURN(q8, allocUninitialized(m_exec, int64_t(T) * h, MemCategory::Workspace)); }
         auto gemm = [=](const float* x, float* y, int rows) {
-            std::vector<float> q;
-            if (blk) x = fp8BlockOperand(r8, x, rows, h, true, false, false, q);
+            if (blk) x = fp8BlockOperand(r8, x, rows, h, true, false, false, fp(q8));
             k::linearForward(x, W, nullptr, y, rows, h, F1);
             if (bf) k::roundToBf16(y, int64_t(rows) * F1);
         };
@@ -114,9 +115,10 @@ Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const 
         TensorPtr act = *actOut;
         const Fp8Recipe r8 = m_o.fp8;
         const bool blk = fp8 && r8.isBlock();
+        TensorPtr q8;
+        if (blk) { TS_ASSIGN_OR_RETURN(q8, allocUninitialized(m_exec, int64_t(T) * F, MemCategory::Workspace)); }
         auto gemm = [=](const float* x, float* y, int rows) {
-            std::vector<float> q;
-            if (blk) x = fp8BlockOperand(r8, x, rows, F, true, false, false, q);
+            if (blk) x = fp8BlockOperand(r8, x, rows, F, true, false, false, fp(q8));
             k::linearForward(x, W, nullptr, y, rows, F, h);
         };
         if (rsOverlap) {

@@ -181,9 +181,11 @@ Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr 
         const int64_t n = int64_t(out) * in;
         TensorPtr tmp;
         if (!m_o.gradAccumFusion) { TS_ASSIGN_OR_RETURN(tmp, m_exec.alloc(n, MemCategory::Workspace)); }
+        TS_ASSIGN_OR_RETURN(TensorPtr work, m_exec.alloc(fp8BlockBackwardWorkElems(T, in, out), MemCategory::Workspace));
         m_exec.op(name, Category::Gemm, flops, bytes, [=] {
-            if (tmp) std::fill(fp(tmp), fp(tmp) + n, 0.f);
-            fp8BlockLinearBackward(r, fp(dy), fp(x), Wc, dx ? fp(dx) : nullptr, tmp ? fp(tmp) : G, T, in, out);
+            if (tmp) k::setBytes(fp(tmp), 0, size_t(n) * sizeof(float));
+            fp8BlockLinearBackward(r, fp(dy), fp(x), Wc, dx ? fp(dx) : nullptr, tmp ? fp(tmp) : G, T, in, out,
+                                   fp(work));
             if (GB) k::biasGradAccumulate(fp(dy), GB, T, out);
             if (bf && dx) k::roundToBf16(fp(dx), int64_t(T) * in);
         });
@@ -207,7 +209,7 @@ Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr 
     const int64_t n = int64_t(out) * in;
     TS_ASSIGN_OR_RETURN(TensorPtr tmp, m_exec.alloc(n, MemCategory::Workspace));
     m_exec.op(name, Category::Gemm, flops, bytes, [=] {
-        std::fill(fp(tmp), fp(tmp) + n, 0.f);
+        k::setBytes(fp(tmp), 0, size_t(n) * sizeof(float));
         k::linearBackward(fp(dy), fp(x), W, fp(dx), fp(tmp), GB, T, in, out);
         if (bf && dx) k::roundToBf16(fp(dx), int64_t(T) * in);
     });

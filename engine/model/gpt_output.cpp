@@ -42,20 +42,25 @@ Status GptModel::finalForward(MbState& st) {
     TS_ASSIGN_OR_RETURN(st.dloss, m_exec.alloc(T));
     TS_ASSIGN_OR_RETURN(TensorPtr loss, m_exec.alloc(T));
     auto data = st.data;
+    const KernelIds labels = st.labels;
     TensorPtr dloss = st.dloss;
     const int m = m_numMicrobatches;
     // Context parallel: each rank holds part of the microbatch's tokens; the loss is divided by
     // the whole microbatch's token count and, as Megatron's loss_func, multiplied by cp (the
     // gradients are then averaged over the dp-cp group, so the cp ranks' shares add up).
     const double cpScale = double(m_ctx.cpSize);
-    m_exec.op("loss_scale", Category::Loss, double(T), uint64_t(T) * 8, [=] {
+    // The seed depends only on the host's loss mask: computed here, uploaded by the op.
+    auto seed = std::make_shared<std::vector<float>>(size_t(T));
+    {
         double tokens = data->tokensTotal;
         if (tokens <= 0)
             for (int t = 0; t < T; ++t) tokens += data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)];
         const double denom = std::max(tokens, 1.0) * m / cpScale;
         for (int t = 0; t < T; ++t)
-            fp(dloss)[t] = float((data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)]) / denom);
-    });
+            (*seed)[size_t(t)] = float((data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)]) / denom);
+    }
+    m_exec.op("loss_scale", Category::Loss, double(T), uint64_t(T) * 8,
+              [=] { k::copyBytes(fp(dloss), seed->data(), size_t(T) * sizeof(float)); });
     TensorPtr logits = st.logits;
     if (m_ctx.tpSize > 1) {
         // Vocab-parallel cross entropy: 3 all-reduces of [T] (REFERENCE.md §2.6).
@@ -68,7 +73,7 @@ Status GptModel::finalForward(MbState& st) {
                   [=] { k::crossEntropyRowMax(fp(logits), fp(rowMax), T, Vl); });
         m_ctx.tp->allReduce(m_exec.stream(), rowMax->data(), rowMax->data(), size_t(T), DType::F32, ReduceOp::Max);
         m_exec.op("cross_entropy.stats", Category::Loss, 3.0 * TV, uint64_t(TV) * 4, [=] {
-            k::crossEntropyStats(fp(logits), data->labels.data(), fp(rowMax), fp(target), fp(sumExp), T, Vl, vStart);
+            k::crossEntropyStats(fp(logits), labels.ptr, fp(rowMax), fp(target), fp(sumExp), T, Vl, vStart);
         });
         m_ctx.tp->allReduce(m_exec.stream(), target->data(), target->data(), size_t(T), DType::F32, ReduceOp::Sum);
         m_ctx.tp->allReduce(m_exec.stream(), sumExp->data(), sumExp->data(), size_t(T), DType::F32, ReduceOp::Sum);
@@ -79,24 +84,27 @@ Status GptModel::finalForward(MbState& st) {
         // Loss and dlogits in one sweep; the logits buffer now holds the gradient.
         const int V = Vl;
         m_exec.op("cross_entropy.fused", Category::Loss, 5.0 * TV, uint64_t(TV) * 8, [=] {
-            k::crossEntropyFused(fp(logits), data->labels.data(), fp(dloss), fp(loss), T, V);
+            k::crossEntropyFused(fp(logits), labels.ptr, fp(dloss), fp(loss), T, V);
         });
     } else {
         TS_ASSIGN_OR_RETURN(st.ceProbs, m_exec.alloc(TV));
         TensorPtr probs = st.ceProbs;
         const int V = Vl;
         m_exec.op("cross_entropy.fwd", Category::Loss, 4.0 * TV, uint64_t(TV) * 8, [=] {
-            k::crossEntropyForwardUnfused(fp(logits), data->labels.data(), fp(probs), fp(loss), T, V);
+            k::crossEntropyForwardUnfused(fp(logits), labels.ptr, fp(probs), fp(loss), T, V);
         });
         st.logits.reset();  // the naive path keeps probs, not logits
     }
     auto losses = m_losses;
     const int mb = m_exec.microbatch();
     m_exec.op("loss_reduce", Category::Loss, double(T), uint64_t(T) * 8, [=] {
+        // The per-token losses come back to the host (on a device: a copy and a wait for the stream).
+        std::vector<float> lossHost(static_cast<size_t>(T));
+        k::download(lossHost.data(), fp(loss), size_t(T) * sizeof(float));
         double sum = 0, tokens = 0;
         for (int t = 0; t < T; ++t) {
             const double w = data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)];
-            sum += w * double(fp(loss)[t]);
+            sum += w * double(lossHost[size_t(t)]);
             tokens += w;
         }
         // With context parallel the rank's share: its sum over the whole microbatch's count.
@@ -112,6 +120,7 @@ Status GptModel::finalBackward(MbState& st, TensorPtr* dhidden) {
     const int TL = localTokens();
     const int64_t Th = int64_t(T) * h, ThL = int64_t(TL) * h, TV = int64_t(T) * Vl;
     auto data = st.data;
+    const KernelIds labels = st.labels;
     TensorPtr dloss = st.dloss;
     TensorPtr dlogits;
     if (m_ctx.tpSize > 1) {
@@ -119,7 +128,7 @@ Status GptModel::finalBackward(MbState& st, TensorPtr* dhidden) {
         TensorPtr rowMax = st.rowMax, sumExp = st.sumExp;
         const int vStart = m_vocabStart;
         m_exec.op("cross_entropy.bwd", Category::Loss, 4.0 * TV, uint64_t(TV) * 8, [=] {
-            k::crossEntropyBackward(fp(dlogits), data->labels.data(), fp(rowMax), fp(sumExp), fp(dloss), fp(dlogits), T, Vl,
+            k::crossEntropyBackward(fp(dlogits), labels.ptr, fp(rowMax), fp(sumExp), fp(dloss), fp(dlogits), T, Vl,
                                     vStart);
         });
     } else if (m_o.fusedCrossEntropy) {
@@ -128,7 +137,7 @@ Status GptModel::finalBackward(MbState& st, TensorPtr* dhidden) {
         TS_ASSIGN_OR_RETURN(dlogits, m_exec.alloc(TV));
         TensorPtr probs = st.ceProbs;
         m_exec.op("cross_entropy.bwd", Category::Loss, 2.0 * TV, uint64_t(TV) * 8, [=] {
-            k::crossEntropyBackwardUnfused(fp(probs), data->labels.data(), fp(dloss), fp(dlogits), T, Vl);
+            k::crossEntropyBackwardUnfused(fp(probs), labels.ptr, fp(dloss), fp(dlogits), T, Vl);
         });
         st.ceProbs.reset();
     }

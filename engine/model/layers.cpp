@@ -103,41 +103,4 @@ uint64_t dropoutSeed(uint64_t seed, int step, int microbatch, int layer, int sit
     return hashCombine(h, uint64_t(site));
 }
 
-void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d) {
-    const int r = nq / ng;
-    const size_t row = size_t(ng) * size_t(r + 2) * size_t(d);
-    const size_t bytes = size_t(d) * sizeof(float);
-    for (int t = 0; t < T; ++t) {
-        const float* src = qkv + size_t(t) * row;
-        float* qt = q + size_t(t) * nq * d;
-        float* kt = k + size_t(t) * ng * d;
-        float* vt = v + size_t(t) * ng * d;
-        for (int g = 0; g < ng; ++g) {
-            const float* grp = src + size_t(g) * (r + 2) * d;
-            std::memcpy(qt + size_t(g) * r * d, grp, bytes * size_t(r));
-            std::memcpy(kt + size_t(g) * d, grp + size_t(r) * d, bytes);
-            std::memcpy(vt + size_t(g) * d, grp + size_t(r + 1) * d, bytes);
-        }
-    }
-}
-
-void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq,
-              int ng, int d) {
-    const int r = nq / ng;
-    const size_t row = size_t(ng) * size_t(r + 2) * size_t(d);
-    const size_t bytes = size_t(d) * sizeof(float);
-    for (int t = 0; t < T; ++t) {
-        float* dst = dqkv + size_t(t) * row;
-        const float* qt = dq + size_t(t) * nq * d;
-        const float* kt = dk + size_t(t) * ng * d;
-        const float* vt = dv + size_t(t) * ng * d;
-        for (int g = 0; g < ng; ++g) {
-            float* grp = dst + size_t(g) * (r + 2) * d;
-            std::memcpy(grp, qt + size_t(g) * r * d, bytes * size_t(r));
-            std::memcpy(grp + size_t(r) * d, kt + size_t(g) * d, bytes);
-            std::memcpy(grp + size_t(r + 1) * d, vt + size_t(g) * d, bytes);
-        }
-    }
-}
-
 }  // namespace ts::engine

@@ -77,11 +77,4 @@ void fillNormal(float* out, int64_t n, float std, uint64_t key);
 // reproduces the mask. site: 0 embedding, 1 attention-out, 2 mlp-out.
 uint64_t dropoutSeed(uint64_t seed, int step, int microbatch, int layer, int site);
 
-// --- QKV layout (Megatron per-query-group interleaving, REFERENCE.md §2.1) --------------
-// qkv: [T, ng*(r+2)*d] with per group g: q_{g*r+0..r-1}, k_g, v_g (r = nq/ng).
-// q: [T, nq, d], k, v: [T, ng, d].
-void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d);
-void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq,
-              int ng, int d);
-
 }  // namespace ts::engine

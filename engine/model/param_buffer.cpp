@@ -52,25 +52,24 @@ Status ParamBuffer::finalize(Device& dev, bool bf16) {
         if (!model) return model.status().withContext("allocating bf16 model params");
         m_model = std::move(model).value();
     }
-    std::memset(m_main->data(), 0, bytes);
-    std::memset(m_grad->data(), 0, bytes);
+    // allocate() zero-fills on every backend (no host memset: on a device the memory is not the host's).
     m_finalized = true;
     return Status::ok();
 }
 
 void ParamBuffer::zeroGrads() {
-    if (m_grad) std::memset(m_grad->data(), 0, size_t(m_numel) * sizeof(float));
+    if (m_grad) kern::setBytes(m_grad->data(), 0, size_t(m_numel) * sizeof(float));
 }
 
 void ParamBuffer::syncModelParams() {
     if (!m_model) return;
-    std::memcpy(m_model->data(), m_main->data(), size_t(m_numel) * sizeof(float));
+    kern::copyBytes(m_model->data(), m_main->data(), size_t(m_numel) * sizeof(float));
     kern::roundToBf16(m_model->as<float>(), m_numel);
 }
 
 void ParamBuffer::syncModelParams(int64_t begin, int64_t end) {
     if (!m_model || begin >= end) return;
-    std::memcpy(m_model->as<float>() + begin, m_main->as<float>() + begin, size_t(end - begin) * sizeof(float));
+    kern::copyBytes(m_model->as<float>() + begin, m_main->as<float>() + begin, size_t(end - begin) * sizeof(float));
     kern::roundToBf16(m_model->as<float>() + begin, end - begin);
 }
 

@@ -98,8 +98,7 @@ Result<std::unique_ptr<AdamWOptimizer>> AdamWOptimizer::create(const Config& c, 
     if (!v) return v.status().withContext("allocating Adam exp_avg_sq");
     o->m_m = std::move(m).value();
     o->m_v = std::move(v).value();
-    std::memset(o->m_m->data(), 0, bytes);
-    std::memset(o->m_v->data(), 0, bytes);
+    // allocate() zero-fills exp_avg and exp_avg_sq on every backend.
     return o;
 }
 

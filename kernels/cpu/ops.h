@@ -97,6 +97,9 @@ void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOff
 // Bitwise equal to the split/merge copies with ropeForwardFused / ropeBackward in place.
 void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
                          int ng, int d, float theta, int posOffset);
+// The same layout copies without a rotation (rope off, or apply_rope_fusion off): T tokens.
+void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d);
+void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d);
 void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int s,
                           int b, int nq, int ng, int d, float theta, int posOffset);
 

@@ -135,6 +135,32 @@ void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, flo
                     });
 }
 
+void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d) {
+    const int r = nq / ng;
+    const size_t bytes = sizeof(float) * static_cast<size_t>(d);
+    const int64_t row = static_cast<int64_t>(ng) * (r + 2) * d;  // one token of qkv
+    for (int64_t t = 0; t < T; ++t)
+        for (int g = 0; g < ng; ++g) {
+            const float* grp = qkv + t * row + static_cast<int64_t>(g) * (r + 2) * d;
+            std::memcpy(q + (t * nq + static_cast<int64_t>(g) * r) * d, grp, bytes * static_cast<size_t>(r));
+            std::memcpy(k + (t * ng + g) * d, grp + static_cast<int64_t>(r) * d, bytes);
+            std::memcpy(v + (t * ng + g) * d, grp + static_cast<int64_t>(r + 1) * d, bytes);
+        }
+}
+
+void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d) {
+    const int r = nq / ng;
+    const size_t bytes = sizeof(float) * static_cast<size_t>(d);
+    const int64_t row = static_cast<int64_t>(ng) * (r + 2) * d;
+    for (int64_t t = 0; t < T; ++t)
+        for (int g = 0; g < ng; ++g) {
+            float* grp = dqkv + t * row + static_cast<int64_t>(g) * (r + 2) * d;
+            std::memcpy(grp, dq + (t * nq + static_cast<int64_t>(g) * r) * d, bytes * static_cast<size_t>(r));
+            std::memcpy(grp + static_cast<int64_t>(r) * d, dk + (t * ng + g) * d, bytes);
+            std::memcpy(grp + static_cast<int64_t>(r + 1) * d, dv + (t * ng + g) * d, bytes);
+        }
+}
+
 void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset) {
     // As the PyTorch reference: emb = cat(freqs, freqs) -> cos/sin tables [s, d], then
     // out = x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1], as separate passes.

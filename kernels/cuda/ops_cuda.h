@@ -107,6 +107,9 @@ Status ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posO
                     void* stream);
 Status splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
                            int ng, int d, float theta, int posOffset, void* stream);
+Status splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d, void* stream);
+Status mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d,
+                void* stream);
 Status ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv,
                             int s, int b, int nq, int ng, int d, float theta, int posOffset,
                             void* stream);

@@ -132,9 +132,10 @@ __device__ inline void copyItem(const float* src, float* dst, int i, int half, i
 // The QKV layout walk of both directions. Items: (token t, group g, slot u < r+2, column item i):
 // slot u < r is query head g*r+u, slot r the group's k, slot r+1 its v (copied, never rotated).
 // forward (merge=false): q/k/v <- rope(qkv); backward (merge=true): qkv <- rope^-1(dq/dk), dv.
+// rotate=false: plain layout copies (splitQkv, mergeQkv).
 __global__ void qkvRopeKernel(float* __restrict__ qkv, float* __restrict__ q, float* __restrict__ k,
                               float* __restrict__ v, int64_t tokens, int b, int nq, int ng, int d,
-                              float theta, int posOffset, bool merge) {
+                              float theta, int posOffset, bool merge, bool rotate) {
     const int r = nq / ng;
     const int half = d / 2;
     const int items = half + (d & 1);
@@ -162,7 +163,7 @@ __global__ void qkvRopeKernel(float* __restrict__ qkv, float* __restrict__ q, fl
             head = v + (t * ng + g) * d;
         const float* src = merge ? head : slot;
         float* dst = merge ? slot : head;
-        if (u == r + 1) {
+        if (u == r + 1 || !rotate) {
             copyItem(src, dst, i, half, d);
             continue;
         }
@@ -192,7 +193,7 @@ Status ropeInPlace(const char* what, float* x, int s, int b, int n, int d, float
 }
 
 Status qkvRope(const char* what, float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-               int ng, int d, float theta, int posOffset, bool merge, void* stream) {
+               int ng, int d, float theta, int posOffset, bool merge, bool rotate, void* stream) {
     TS_RETURN_IF_ERROR(checkShape(what, s, b, nq, d));
     if (ng <= 0 || nq % ng != 0)
         return Status::invalid(std::string(what) + ": the query heads (" + std::to_string(nq) +
@@ -202,7 +203,7 @@ Status qkvRope(const char* what, float* qkv, float* q, float* k, float* v, int s
     const int64_t n = tokens * ng * (nq / ng + 2) * items;
     if (n == 0) return Status::ok();
     qkvRopeKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(
-        qkv, q, k, v, tokens, b, nq, ng, d, theta, posOffset, merge);
+        qkv, q, k, v, tokens, b, nq, ng, d, theta, posOffset, merge, rotate);
     return detail::launchStatus(what);
 }
 
@@ -242,7 +243,17 @@ Status splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s
                            int ng, int d, float theta, int posOffset, void* stream) {
     // merge=false only reads qkv
     return qkvRope("splitQkvRopeForward", const_cast<float*>(qkv), q, k, v, s, b, nq, ng, d, theta,
-                   posOffset, false, stream);
+                   posOffset, false, true, stream);
+}
+
+Status splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d, void* stream) {
+    return qkvRope("splitQkv", const_cast<float*>(qkv), q, k, v, T, 1, nq, ng, d, 0.0f, 0, false, false, stream);
+}
+
+Status mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d,
+                void* stream) {
+    return qkvRope("mergeQkv", dqkv, const_cast<float*>(dq), const_cast<float*>(dk), const_cast<float*>(dv), T, 1,
+                   nq, ng, d, 0.0f, 0, true, false, stream);
 }
 
 Status ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv,
@@ -250,7 +261,7 @@ Status ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, f
                             void* stream) {
     // merge=true only reads dq, dk, dv
     return qkvRope("ropeBackwardMergeQkv", dqkv, const_cast<float*>(dq), const_cast<float*>(dk),
-                   const_cast<float*>(dv), s, b, nq, ng, d, theta, posOffset, true, stream);
+                   const_cast<float*>(dv), s, b, nq, ng, d, theta, posOffset, true, true, stream);
 }
 
 }  // namespace ts::kernels::cuda

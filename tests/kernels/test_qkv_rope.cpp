@@ -1,6 +1,7 @@
-// The fused QKV layout copies with RoPE (splitQkvRopeForward, ropeBackwardMergeQkv) against
-// a naive split/merge written here plus the in-place rope kernels (themselves checked against
-// the definition in test_norm_rope.cpp): equal bit for bit, for GQA and MHA, even and odd d.
+// The QKV layout copies (splitQkv, mergeQkv) and the same fused with RoPE (splitQkvRopeForward,
+// ropeBackwardMergeQkv) against a naive split/merge written here, plus the in-place rope kernels
+// (themselves checked against the definition in test_norm_rope.cpp): equal bit for bit, for GQA
+// and MHA, even and odd d.
 #include "kernel_test_util.h"
 #include "kernels/cpu/ops.h"
 
@@ -26,7 +27,41 @@ void expectBitEqual(const std::vector<float>& a, const std::vector<float>& b, co
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what;
 }
 
+// Element by element: q/k/v from qkv (merge=false) or qkv from q/k/v (merge=true).
+void naiveLayout(const Shape& sh, float* qkv, float* q, float* k, float* v, bool merge) {
+    const int r = sh.nq / sh.ng;
+    const int64_t T = int64_t(sh.s) * sh.b;
+    auto move = [merge](float* slot, float* head) { merge ? void(*slot = *head) : void(*head = *slot); };
+    for (int64_t t = 0; t < T; ++t)
+        for (int g = 0; g < sh.ng; ++g)
+            for (int i = 0; i < sh.d; ++i) {
+                for (int j = 0; j < r; ++j) move(&qkv[qkvIndex(sh, t, g, j, i)], &q[((t * sh.nq) + g * r + j) * sh.d + i]);
+                move(&qkv[qkvIndex(sh, t, g, r, i)], &k[(t * sh.ng + g) * sh.d + i]);
+                move(&qkv[qkvIndex(sh, t, g, r + 1, i)], &v[(t * sh.ng + g) * sh.d + i]);
+            }
+}
+
 class QkvRope : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(QkvRope, SplitAndMergeEqualTheNaiveLayoutCopies) {
+    const Shape sh = GetParam();
+    const int r = sh.nq / sh.ng;
+    const int T = sh.s * sh.b;
+    auto qkv = randomVector(size_t(T) * sh.ng * (r + 2) * sh.d, 311);
+    std::vector<float> q(size_t(T) * sh.nq * sh.d), k(size_t(T) * sh.ng * sh.d), v(k.size());
+    naiveLayout(sh, qkv.data(), q.data(), k.data(), v.data(), false);
+    std::vector<float> q2(q.size(), -1.0f), k2(k.size(), -1.0f), v2(v.size(), -1.0f);
+    splitQkv(qkv.data(), q2.data(), k2.data(), v2.data(), T, sh.nq, sh.ng, sh.d);
+    expectBitEqual(q2, q, "q");
+    expectBitEqual(k2, k, "k");
+    expectBitEqual(v2, v, "v");
+
+    auto dq = randomVector(q.size(), 312), dk = randomVector(k.size(), 313), dv = randomVector(v.size(), 314);
+    std::vector<float> want(qkv.size(), -2.0f), got(qkv.size(), -1.0f);
+    naiveLayout(sh, want.data(), dq.data(), dk.data(), dv.data(), true);
+    mergeQkv(dq.data(), dk.data(), dv.data(), got.data(), T, sh.nq, sh.ng, sh.d);
+    expectBitEqual(got, want, "dqkv");
+}
 
 TEST_P(QkvRope, SplitRopeEqualsSplitThenRopeAndMergeEqualsRopeBackThenMerge) {
     const Shape sh = GetParam();

@@ -195,10 +195,10 @@ TEST(Fp8Recipe, BlockLinearBackwardQuantizesAlongEachGemmsReduction) {
         const auto xCol = q(x, T, in, act, false, kc::Fp8Format::E4M3);
         const auto wCol = q(W, out, in, wk, false, kc::Fp8Format::E4M3);
         // The weight copy the model's dgrad uses, and the forward's input and weight (along in).
-        std::vector<float> buf, buf2;
-        const float* Wc = fp8BlockOperand(r, W.data(), out, in, false, true, false, buf);
+        std::vector<float> buf(W.size()), buf2(x.size());
+        const float* Wc = fp8BlockOperand(r, W.data(), out, in, false, true, false, buf.data());
         EXPECT_EQ(std::vector<float>(Wc, Wc + W.size()), wCol) << recipe;
-        const float* xr = fp8BlockOperand(r, x.data(), T, in, true, false, false, buf2);
+        const float* xr = fp8BlockOperand(r, x.data(), T, in, true, false, false, buf2.data());
         EXPECT_EQ(std::vector<float>(xr, xr + x.size()), q(x, T, in, act, true, kc::Fp8Format::E4M3)) << recipe;
         std::vector<double> dxRef(size_t(T) * in, 0.0), dwRef(size_t(out) * in, 0.0);
         for (int t = 0; t < T; ++t)
@@ -208,7 +208,8 @@ TEST(Fp8Recipe, BlockLinearBackwardQuantizesAlongEachGemmsReduction) {
                     dwRef[size_t(o) * in + i] += double(dyCol[size_t(t) * out + o]) * xCol[size_t(t) * in + i];
                 }
         std::vector<float> dx(size_t(T) * in), dW(size_t(out) * in, 0.f);
-        fp8BlockLinearBackward(r, dy.data(), x.data(), Wc, dx.data(), dW.data(), T, in, out);
+        std::vector<float> work(size_t(fp8BlockBackwardWorkElems(T, in, out)));
+        fp8BlockLinearBackward(r, dy.data(), x.data(), Wc, dx.data(), dW.data(), T, in, out, work.data());
         auto relErr = [](const std::vector<float>& a, const std::vector<double>& ref) {
             double e = 0, n = 0;
             for (size_t i = 0; i < ref.size(); ++i) {

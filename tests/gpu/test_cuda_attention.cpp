@@ -114,6 +114,35 @@ TEST_F(CudaAttention, QkvSplitAndMergeRopeMatchCpu) {
         }
 }
 
+TEST_F(CudaAttention, QkvSplitAndMergeWithoutRopeAreTheCpuCopies) {
+    const int T = 26, nq = 4;
+    for (int ng : {2, 4, 1})
+        for (int d : {8, 7}) {
+            const int r = nq / ng;
+            const size_t nQkv = size_t(T) * ng * (r + 2) * d, nQ = size_t(T) * nq * d, nK = size_t(T) * ng * d;
+            const std::string tag = " ng=" + std::to_string(ng) + " d=" + std::to_string(d) + " ";
+            const auto qkv = randomVec(nQkv, 400 + ng * 10 + d, -2, 2);
+            DeviceVec<float> gQkv(qkv), gq(nQ), gk(nK), gv(nK);
+            TS_ASSERT_OK(gQkv.status);
+            TS_ASSERT_OK(cuda::splitQkv(gQkv.ptr, gq.ptr, gk.ptr, gv.ptr, T, nq, ng, d, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            std::vector<float> q(nQ), k(nK), v(nK);
+            cpu::splitQkv(qkv.data(), q.data(), k.data(), v.data(), T, nq, ng, d);
+            expectSameBits(gq.download(), q, "splitQkv" + tag + "q");
+            expectSameBits(gk.download(), k, "splitQkv" + tag + "k");
+            expectSameBits(gv.download(), v, "splitQkv" + tag + "v");
+
+            const auto dq = randomVec(nQ, 500 + ng, -2, 2), dk = randomVec(nK, 501 + ng, -2, 2),
+                       dv = randomVec(nK, 502 + ng, -2, 2);
+            DeviceVec<float> gdq(dq), gdk(dk), gdv(dv), gdqkv(randomVec(nQkv, 503));  // overwritten
+            TS_ASSERT_OK(cuda::mergeQkv(gdq.ptr, gdk.ptr, gdv.ptr, gdqkv.ptr, T, nq, ng, d, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            std::vector<float> dqkv(nQkv);
+            cpu::mergeQkv(dq.data(), dk.data(), dv.data(), dqkv.data(), T, nq, ng, d);
+            expectSameBits(gdqkv.download(), dqkv, "mergeQkv" + tag + "dqkv");
+        }
+}
+
 // --- core attention ---------------------------------------------------------------------------
 
 struct AttnCase {

@@ -264,6 +264,32 @@ void download(void* dst, const void* src, size_t bytes) {
     if (!st.isOk()) reportKernelError(st);
 }
 
+Status runOp(Stream& s, const char* name, std::function<void()> fn) {
+    OpDesc d;
+    d.name = name;
+    d.category = trace::Category::Memcpy;
+    s.submit(d, [fn = std::move(fn)] {
+        fn();
+        return Status::ok();
+    });
+    return s.synchronize();
+}
+
+Status copyToHost(Stream& s, void* dst, const void* src, size_t bytes) {
+    return runOp(s, "copy_to_host", [=] { download(dst, src, bytes); });
+}
+
+Status copyFromHost(Stream& s, void* dst, const void* src, size_t bytes) {
+    // The wait for the stream is runOp's: the host source stays valid until the copy ran.
+    return runOp(s, "copy_from_host", [=] { copyBytes(dst, src, bytes); });
+}
+
+Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n) {
+    std::vector<float> out(static_cast<size_t>(std::max<int64_t>(n, 0)));
+    TS_RETURN_IF_ERROR(copyToHost(s, out.data(), src, out.size() * sizeof(float)));
+    return out;
+}
+
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
                      int vocabStart, int vocabEnd, int vocabSize) {
     TS_KERN_VALUE(int, int, embeddingForward, ids, table, out, T, C, vocabStart, vocabEnd,

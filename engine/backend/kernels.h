@@ -16,6 +16,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "engine/backend/backend.h"
 
@@ -54,6 +56,15 @@ void setBytes(void* dst, int value, size_t bytes);
 void copyBytes(void* dst, const void* src, size_t bytes);
 // Device -> host copy that waits for the stream: dst holds the bytes when it returns.
 void download(void* dst, const void* src, size_t bytes);
+
+// The same from host code outside any op (checkpoints, gathering params, test harnesses): the
+// copy is submitted on `s`, after the work already queued there, and waited for. On every
+// backend; a host pointer on the buffer side is copied as plain memory.
+Status runOp(Stream& s, const char* name, std::function<void()> fn);  // fn as an op on s, waited for
+Status copyToHost(Stream& s, void* dst, const void* src, size_t bytes);
+Status copyFromHost(Stream& s, void* dst, const void* src, size_t bytes);
+// A whole float buffer (or the first n floats of it) as a host vector.
+Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n);
 
 // --- ops that return a value (synchronize on CUDA) ------------------------------------------
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,

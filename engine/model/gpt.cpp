@@ -393,7 +393,7 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
     } else {
         TensorPtr hid = st->hidden;
         m_exec.op("stage_output_copy", Category::Memcpy, 0, uint64_t(ThL) * 8,
-                  [=] { std::memcpy(output->data(), hid->data(), size_t(ThL) * sizeof(float)); });
+                  [=] { k::copyBytes(output->data(), hid->data(), size_t(ThL) * sizeof(float)); });
     }
     st->hidden.reset();
     m_mbs[mb] = std::move(st);
@@ -459,7 +459,7 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
     } else {
         TensorPtr src = dh;
         m_exec.op("stage_grad_copy", Category::Memcpy, 0, uint64_t(ThL) * 8,
-                  [=] { std::memcpy(gradInput->data(), src->data(), size_t(ThL) * sizeof(float)); });
+                  [=] { k::copyBytes(gradInput->data(), src->data(), size_t(ThL) * sizeof(float)); });
     }
     if (m_lastBackward) TS_RETURN_IF_ERROR(moeStepEnd());
     return Status::ok();

@@ -42,7 +42,7 @@ Status GptModel::embeddingForward(MbState& st, int mb) {
             const int64_t off = int64_t(m_ctx.tpRank) * ThL;
             TensorPtr full = emb;
             m_exec.op("embedding_scatter_to_sp", Category::Memcpy, 0, uint64_t(ThL) * 8, [=] {
-                std::memcpy(local->data(), fp(full) + off, size_t(ThL) * sizeof(float));
+                k::copyBytes(local->data(), fp(full) + off, size_t(ThL) * sizeof(float));
             });
             emb = local;
         }

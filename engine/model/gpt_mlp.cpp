@@ -218,7 +218,7 @@ Result<TensorPtr> GptModel::sharedExpertForward(LayerActs& A, const LayerParams&
         TS_ASSIGN_OR_RETURN(A.shX, allocUninitialized(m_exec, n));
         TensorPtr src = A.a2, dst = A.shX;
         m_exec.op("shared_experts.input_copy", Category::Elementwise, 0, uint64_t(n) * 8,
-                  [=] { std::memcpy(fp(dst), fp(src), size_t(n) * sizeof(float)); });
+                  [=] { k::copyBytes(fp(dst), fp(src), size_t(n) * sizeof(float)); });
         xIn = A.shX;
     }
     TS_ASSIGN_OR_RETURN(TensorPtr y, mlpBlockForward(li, W, xIn, &A.shFc1, &A.shAct));
@@ -293,7 +293,7 @@ Result<TensorPtr> GptModel::sharedExpertBackward(LayerActs& A, const LayerParams
         TS_ASSIGN_OR_RETURN(dy, allocUninitialized(m_exec, ThL));
         TensorPtr src = dout, dst = dy;
         m_exec.op("shared_experts.grad_copy", Category::Elementwise, 0, uint64_t(ThL) * 8,
-                  [=] { std::memcpy(fp(dst), fp(src), size_t(ThL) * sizeof(float)); });
+                  [=] { k::copyBytes(fp(dst), fp(src), size_t(ThL) * sizeof(float)); });
     }
     dout.reset();
     TS_ASSIGN_OR_RETURN(TensorPtr dx, mlpBlockBackward(li, W, A.shX ? A.shX : A.a2, A.shFc1, A.shAct, std::move(dy)));

@@ -111,13 +111,16 @@ Status GptModel::syncSequenceParallelGrads(const std::vector<int>& params) {
     TS_ASSIGN_OR_RETURN(TensorPtr pack, m_exec.alloc(n, MemCategory::CommBuffers));
     m_exec.op("sp_grads.pack", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
         float* dst = fp(pack);
-        for (const auto& [g, len] : grads) dst = std::copy(g, g + len, dst);
+        for (const auto& [g, len] : grads) {
+            k::copyBytes(dst, g, size_t(len) * sizeof(float));
+            dst += len;
+        }
     });
     m_ctx.tp->allReduce(m_exec.stream(), pack->data(), pack->data(), size_t(n), DType::F32, ReduceOp::Sum);
     m_exec.op("sp_grads.unpack", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
         const float* src = fp(pack);
         for (const auto& [g, len] : grads) {
-            std::copy(src, src + len, g);
+            k::copyBytes(g, src, size_t(len) * sizeof(float));
             src += len;
         }
     });

@@ -73,7 +73,7 @@ void ParamBuffer::syncModelParams(int64_t begin, int64_t end) {
     kern::roundToBf16(m_model->as<float>() + begin, end - begin);
 }
 
-Status ParamBuffer::relayout(Device& dev, const std::vector<int64_t>& offsets, int64_t numel) {
+Status ParamBuffer::relayout(Device& dev, Stream& stream, const std::vector<int64_t>& offsets, int64_t numel) {
     if (!m_finalized) return Status::internal("ParamBuffer::relayout before finalize");
     if (offsets.size() != m_params.size()) return Status::internal("ParamBuffer::relayout: one offset per param needed");
     for (size_t i = 0; i < m_params.size(); ++i)
@@ -90,18 +90,19 @@ Status ParamBuffer::relayout(Device& dev, const std::vector<int64_t>& offsets, i
         if (!r) return r.status().withContext("allocating bf16 model params");
         model = std::move(r).value();
     }
-    std::memset(main.value()->data(), 0, bytes);
-    std::memset(grad.value()->data(), 0, bytes);
-    for (size_t i = 0; i < m_params.size(); ++i)
-        std::memcpy(main.value()->as<float>() + offsets[i], m_main->as<float>() + m_params[i].offset,
-                    size_t(m_params[i].numel) * sizeof(float));
+    // allocate() zero-fills (the padding); the params move by copies on the stream, waited for.
+    float* from = m_main->as<float>();
+    float* to = main.value()->as<float>();
+    TS_RETURN_IF_ERROR(kern::runOp(stream, "param_relayout", [&] {
+        for (size_t i = 0; i < m_params.size(); ++i)
+            kern::copyBytes(to + offsets[i], from + m_params[i].offset, size_t(m_params[i].numel) * sizeof(float));
+    }));
     m_main = std::move(main).value();
     m_grad = std::move(grad).value();
     m_model = std::move(model);
     for (size_t i = 0; i < m_params.size(); ++i) m_params[i].offset = offsets[i];
     m_numel = numel;
-    syncModelParams();
-    return Status::ok();
+    return kern::runOp(stream, "sync_model_params", [this] { syncModelParams(); });
 }
 
 }  // namespace ts::engine

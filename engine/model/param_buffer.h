@@ -70,8 +70,9 @@ public:
     // Data-parallel engine hook: moves every param to `offsets[i]` (elements, registration
     // index order) in buffers of `numel` elements (>= the unpadded size), e.g. Megatron's
     // distributed-optimizer layout with padding. Keeps the main param values, zeroes grads and
-    // padding. Only after finalize() and while no work using the buffers is in flight.
-    Status relayout(Device& dev, const std::vector<int64_t>& offsets, int64_t numel);
+    // padding. Only after finalize() and while no work using the buffers is in flight; the
+    // copies run on `stream`, waited for.
+    Status relayout(Device& dev, Stream& stream, const std::vector<int64_t>& offsets, int64_t numel);
 
 private:
     std::vector<ParamInfo> m_params;

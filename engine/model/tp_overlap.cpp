@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "engine/backend/kernels.h"
+
 namespace ts::engine {
 
 int tpOverlapChunks(int rows, int want) {
@@ -84,7 +86,7 @@ Result<TensorPtr> TpOverlap::agGemm(const char* name, const TensorPtr& xLocal, i
         TensorPtr src = xLocal, dst = full;
         const int64_t off = shardRows(r) * in;
         m_comm.submit(desc("tp_ag.copy_local", trace::Category::Memcpy, 0, uint64_t(shard) * 8), [=]() -> Status {
-            std::memcpy(fp(dst) + off, fp(src), size_t(shard) * sizeof(float));
+            kern::copyBytes(fp(dst) + off, fp(src), size_t(shard) * sizeof(float));
             return Status::ok();
         });
     }

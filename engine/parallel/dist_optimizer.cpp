@@ -51,8 +51,7 @@ Result<std::unique_ptr<ShardedAdamW>> ShardedAdamW::create(const Config& c, std:
     o->m_m = std::move(m).value();
     o->m_v = std::move(v).value();
     o->m_normBuf = std::move(nb).value();
-    std::memset(o->m_m->data(), 0, bytes);
-    std::memset(o->m_v->data(), 0, bytes);
+    // allocate() zero-fills exp_avg and exp_avg_sq on every backend.
     for (const Piece& p : o->m_pieces) {
         ParamBuffer* pb = chunks[size_t(p.chunk)].params;
         o->m_segments.push_back({pb->mainParams() + p.begin, pb->mainGrads() + p.begin, o->m_m->as<float>() + p.state,
@@ -79,7 +78,8 @@ void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refres
                     if (p.inNorm)
                         s += k::sumSquares((*chunks)[size_t(p.chunk)].params->mainGrads() + p.begin, p.end - p.begin);
                 *localSq = s;
-                normBuf[0] = float(s);
+                const float f = float(s);
+                k::copyBytes(normBuf, &f, sizeof f);  // a host source is read at the call
             });
     if (reduce) m_normComm->allReduce(exec.stream(), normBuf, normBuf, 1, DType::F32, ReduceOp::Sum);
     auto info = m_info;
@@ -87,7 +87,9 @@ void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refres
     const std::vector<AdamSegment>* segs = &m_segments;
     exec.opStatus("optimizer.clip", trace::Category::Optimizer, 0.0, 0,  // scalar: the update applies the coefficient
                   [=]() -> Status {
-                      const double sq = reduce ? double(normBuf[0]) : *localSq;
+                      float reduced = 0;
+                      if (reduce) k::download(&reduced, normBuf, sizeof reduced);
+                      const double sq = reduce ? double(reduced) : *localSq;
                       return clipSegmentGrads(sq, hp, lr, iteration, info.get());
                   });
     const int64_t step = m_steps;

@@ -17,6 +17,7 @@
 #include "engine/parallel/pipeline_executor.h"
 #include "engine/parallel/schedule.h"
 #include "engine/train/checkpoint.h"
+#include "engine/backend/kernels.h"
 #include "kernels/cpu/ops.h"
 
 namespace ts::engine {
@@ -321,7 +322,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             TS_ASSIGN_OR_RETURN(GradBufferLayout gl, computeGradBufferLayout(infos, lo));
             bool same = gl.numel == m.params().numel();
             for (int i = 0; same && i < m.params().count(); ++i) same = gl.paramOffset[size_t(i)] == m.params().info(i).offset;
-            if (!same) TS_RETURN_IF_ERROR(m.params().relayout(*R->dev, gl.paramOffset, gl.numel));
+            if (!same) TS_RETURN_IF_ERROR(m.params().relayout(*R->dev, m.exec().stream(), gl.paramOffset, gl.numel));
             GradSyncOptions so;
             so.dp = dpc;
             so.dpRank = dpcRank;
@@ -730,6 +731,7 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
         const RankCoords& rc = R->coords;
         for (const auto& m : R->models) {
             ParamBuffer& pb = m->params();
+            TS_ASSIGN_OR_RETURN(const auto host, kern::toHost(m->exec().stream(), pb.mainParams(), pb.numel()));
             for (int i = 0; i < pb.count(); ++i) {
                 const ParamInfo& info = pb.info(i);
                 if (info.expert ? rc.edp != dpRank % edp : (rc.dp != dpRank || rc.cp != 0)) continue;
@@ -741,7 +743,8 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
                 for (int64_t d : info.fullShape) full *= d;
                 std::vector<float>& v = out[name];
                 if (v.empty()) v.assign(static_cast<size_t>(full), 0.f);
-                copyShardToFull(info, info.shard == ShardKind::Replicated ? 1 : n, shard, pb.mainParam(i), v.data());
+                copyShardToFull(info, info.shard == ShardKind::Replicated ? 1 : n, shard, host.data() + info.offset,
+                                v.data());
             }
         }
     }
@@ -927,14 +930,19 @@ Status ParallelTrainer::save(const std::string& dir) {
             localM[ch].assign(size_t(R.models[ch]->params().numel()), 0.f);
             localV[ch].assign(size_t(R.models[ch]->params().numel()), 0.f);
         }
-        const float* m = R.opt->expAvg();
-        const float* v = R.opt->expAvgSq();
+        // Host images of the rank's buffers (device memory on a device backend).
+        Stream& rs = R.models[0]->exec().stream();
+        TS_ASSIGN_OR_RETURN(const auto mHost, kern::toHost(rs, R.opt->expAvg(), R.opt->ownedNumel()));
+        TS_ASSIGN_OR_RETURN(const auto vHost, kern::toHost(rs, R.opt->expAvgSq(), R.opt->ownedNumel()));
+        const float* m = mHost.data();
+        const float* v = vHost.data();
         for (const ShardedAdamW::Piece& pc : R.opt->pieces()) {
             std::copy(m + pc.state, m + pc.state + (pc.end - pc.begin), localM[size_t(pc.chunk)].begin() + pc.begin);
             std::copy(v + pc.state, v + pc.state + (pc.end - pc.begin), localV[size_t(pc.chunk)].begin() + pc.begin);
         }
         for (size_t ch = 0; ch < R.models.size(); ++ch) {
             ParamBuffer& pb = R.models[ch]->params();
+            TS_ASSIGN_OR_RETURN(const auto pHost, kern::toHost(rs, pb.mainParams(), pb.numel()));
             for (int i = 0; i < pb.count(); ++i) {
                 const ParamInfo& info = pb.info(i);
                 if (isTiedCopy(info)) continue;
@@ -945,7 +953,7 @@ Status ParallelTrainer::save(const std::string& dir) {
                 const int n = info.expert ? etpN : ds.tp, shard = info.expert ? rc.etp : rc.tp;
                 if (info.shard == ShardKind::Replicated && shard != 0) continue;
                 const bool holder = info.expert ? rc.edp == 0 : rc.dp == 0 && rc.cp == 0;
-                if (holder) copyShardToFull(info, n, shard, pb.mainParam(i), P + off);
+                if (holder) copyShardToFull(info, n, shard, pHost.data() + info.offset, P + off);
                 if (!dist && !holder) continue;
                 int64_t fullNumel = 1;
                 for (int64_t d : info.fullShape) fullNumel *= d;
@@ -1072,10 +1080,13 @@ Status ParallelTrainer::load(const std::string& dir) {
     for (auto& Rp : m_ranks) {
         RankState& R = *Rp;
         std::vector<std::vector<float>> localM(R.models.size()), localV(R.models.size());
+        Stream& rs = R.models[0]->exec().stream();
         for (size_t ch = 0; ch < R.models.size(); ++ch) {
             ParamBuffer& pb = R.models[ch]->params();
             localM[ch].assign(size_t(pb.numel()), 0.f);
             localV[ch].assign(size_t(pb.numel()), 0.f);
+            // The chunk's params as a host image (padding kept), filled below, then uploaded.
+            TS_ASSIGN_OR_RETURN(auto pHost, kern::toHost(rs, pb.mainParams(), pb.numel()));
             for (int i = 0; i < pb.count(); ++i) {
                 const ParamInfo& info = pb.info(i);
                 const auto it = fullOffset.find(info.name);
@@ -1084,20 +1095,23 @@ Status ParallelTrainer::load(const std::string& dir) {
                     return Status::internal("checkpoint table has no '" + info.name + "' for " + coordText(R.coords));
                 // Experts are split over "etp", the rest over "tp".
                 const int n = info.expert ? etpN : ds.tp, t = info.expert ? R.coords.etp : R.coords.tp;
-                copyFullToShard(info, n, t, P + off, pb.mainParam(i));
+                copyFullToShard(info, n, t, P + off, pHost.data() + info.offset);
                 copyFullToShard(info, n, t, M + off, localM[ch].data() + info.offset);
                 copyFullToShard(info, n, t, V + off, localV[ch].data() + info.offset);
             }
-            pb.syncModelParams();
+            TS_RETURN_IF_ERROR(kern::copyFromHost(rs, pb.mainParams(), pHost.data(), pHost.size() * sizeof(float)));
+            TS_RETURN_IF_ERROR(kern::runOp(rs, "sync_model_params", [&pb] { pb.syncModelParams(); }));
         }
-        float* m = R.opt->expAvg();
-        float* v = R.opt->expAvgSq();
+        TS_ASSIGN_OR_RETURN(auto mHost, kern::toHost(rs, R.opt->expAvg(), R.opt->ownedNumel()));
+        TS_ASSIGN_OR_RETURN(auto vHost, kern::toHost(rs, R.opt->expAvgSq(), R.opt->ownedNumel()));
         for (const ShardedAdamW::Piece& pc : R.opt->pieces()) {
             const auto& lm = localM[size_t(pc.chunk)];
             const auto& lv = localV[size_t(pc.chunk)];
-            std::copy(lm.begin() + pc.begin, lm.begin() + pc.end, m + pc.state);
-            std::copy(lv.begin() + pc.begin, lv.begin() + pc.end, v + pc.state);
+            std::copy(lm.begin() + pc.begin, lm.begin() + pc.end, mHost.begin() + pc.state);
+            std::copy(lv.begin() + pc.begin, lv.begin() + pc.end, vHost.begin() + pc.state);
         }
+        TS_RETURN_IF_ERROR(kern::copyFromHost(rs, R.opt->expAvg(), mHost.data(), mHost.size() * sizeof(float)));
+        TS_RETURN_IF_ERROR(kern::copyFromHost(rs, R.opt->expAvgSq(), vHost.data(), vHost.size() * sizeof(float)));
         R.opt->setStepCount(st.adamSteps);
     }
     for (const auto& R : m_ranks)

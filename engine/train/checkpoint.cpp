@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "common/json_text.h"
+#include "engine/backend/kernels.h"
 
 namespace ts::engine {
 
@@ -244,21 +245,29 @@ Status readCheckpointFiles(const std::string& dir, const std::vector<ParamInfo>&
     return Status::ok();
 }
 
-Status saveCheckpoint(const std::string& dir, ParamBuffer& params, AdamWOptimizer& opt,
+Status saveCheckpoint(const std::string& dir, Stream& stream, ParamBuffer& params, AdamWOptimizer& opt,
                       const CheckpointState& state) {
     CheckpointState s = state;
     s.adamSteps = opt.stepCount();
-    return writeCheckpointFiles(dir, params.params(), params.numel(), params.mainParams(), opt.expAvg(),
-                                opt.expAvgSq(), s);
+    // Host images of the buffers (device memory on a device backend), then the files.
+    const int64_t n = params.numel();
+    TS_ASSIGN_OR_RETURN(auto p, kern::toHost(stream, params.mainParams(), n));
+    TS_ASSIGN_OR_RETURN(auto m, kern::toHost(stream, opt.expAvg(), n));
+    TS_ASSIGN_OR_RETURN(auto v, kern::toHost(stream, opt.expAvgSq(), n));
+    return writeCheckpointFiles(dir, params.params(), n, p.data(), m.data(), v.data(), s);
 }
 
-Status loadCheckpoint(const std::string& dir, ParamBuffer& params, AdamWOptimizer& opt,
+Status loadCheckpoint(const std::string& dir, Stream& stream, ParamBuffer& params, AdamWOptimizer& opt,
                       CheckpointState* state) {
     // The table check runs before anything is read, so a mismatch leaves the model untouched.
     CheckpointState s;
-    TS_RETURN_IF_ERROR(readCheckpointFiles(dir, params.params(), params.numel(), params.mainParams(), opt.expAvg(),
-                                           opt.expAvgSq(), &s));
-    params.syncModelParams();
+    const size_t n = size_t(params.numel());
+    std::vector<float> p(n), m(n), v(n);
+    TS_RETURN_IF_ERROR(readCheckpointFiles(dir, params.params(), params.numel(), p.data(), m.data(), v.data(), &s));
+    TS_RETURN_IF_ERROR(kern::copyFromHost(stream, params.mainParams(), p.data(), n * sizeof(float)));
+    TS_RETURN_IF_ERROR(kern::copyFromHost(stream, opt.expAvg(), m.data(), n * sizeof(float)));
+    TS_RETURN_IF_ERROR(kern::copyFromHost(stream, opt.expAvgSq(), v.data(), n * sizeof(float)));
+    TS_RETURN_IF_ERROR(kern::runOp(stream, "sync_model_params", [&params] { params.syncModelParams(); }));
     opt.setStepCount(s.adamSteps);
     if (state) *state = std::move(s);
     return Status::ok();

@@ -40,10 +40,10 @@ struct CheckpointState {
     nlohmann::json expertBias;
 };
 
-Status saveCheckpoint(const std::string& dir, ParamBuffer& params, AdamWOptimizer& opt,
+Status saveCheckpoint(const std::string& dir, Stream& stream, ParamBuffer& params, AdamWOptimizer& opt,
                       const CheckpointState& state);
 // Checks the parameter table (names, shapes, order) matches before touching anything.
-Status loadCheckpoint(const std::string& dir, ParamBuffer& params, AdamWOptimizer& opt,
+Status loadCheckpoint(const std::string& dir, Stream& stream, ParamBuffer& params, AdamWOptimizer& opt,
                       CheckpointState* state);
 
 // Table-level API (what the two above are built on). `table`: the single-device param table

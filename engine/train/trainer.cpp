@@ -186,13 +186,13 @@ Status Trainer::save(const std::string& dir) {
     s.config = configToJson(m_cfg);
     s.fp8 = m_model->fp8State();
     s.expertBias = m_model->routerState();
-    return saveCheckpoint(dir, m_model->params(), *m_opt, s);
+    return saveCheckpoint(dir, m_model->exec().stream(), m_model->params(), *m_opt, s);
 }
 
 Status Trainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(m_model->exec().synchronize());
     CheckpointState s;
-    TS_RETURN_IF_ERROR(loadCheckpoint(dir, m_model->params(), *m_opt, &s));
+    TS_RETURN_IF_ERROR(loadCheckpoint(dir, m_model->exec().stream(), m_model->params(), *m_opt, &s));
     if (s.seed != m_cfg.seed)
         return Status::invalid("checkpoint '" + dir + "' was trained with seed " + std::to_string(s.seed) +
                                ", the config has seed " + std::to_string(m_cfg.seed) + "; resume would not be exact");

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/backend/kernels.h"
 #include "engine/parallel/parallel_trainer.h"
 #include "engine/train/trainer.h"
 #include "tests/test_baseline_config.h"
@@ -124,9 +125,12 @@ inline Result<RunResult> trainSingle(engine::Config c, int steps, const std::str
         out.gradNorms.push_back(p.gradNorm);
     }
     if (!save.empty()) TS_RETURN_IF_ERROR(t->save(save));
+    // Through a copy: on a device backend (TS_EMULATE_DEVICE=1) the buffer is device memory.
     engine::ParamBuffer& pb = t->model().params();
+    TS_ASSIGN_OR_RETURN(const auto host, engine::kern::toHost(t->model().exec().stream(), pb.mainParams(), pb.numel()));
     for (int i = 0; i < pb.count(); ++i)
-        out.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
+        out.params[pb.info(i).name].assign(host.begin() + pb.info(i).offset,
+                                           host.begin() + pb.info(i).offset + pb.info(i).numel);
     return out;
 }
 

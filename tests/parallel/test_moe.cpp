@@ -424,6 +424,40 @@ double lossWithAuxTerms(const engine::Config& cfg, const std::function<void(engi
     return p.loss + terms / engine::deriveSizes(c).num_microbatches;
 }
 
+// The router weight's gradient with the aux and z terms against finite differences of the loss
+// plus those terms, at the `probes` entries where the terms change the gradient most (each must
+// change it by more than minEffect, so the terms are seen to reach the router).
+struct AuxFdCheck {
+    int probes;
+    double minEffect, eps, rel, abs;
+};
+void expectAuxGradientsMatchFiniteDifferences(const engine::Config& c, const std::string& what, const AuxFdCheck& k) {
+    const OneStep base = oneStep(c);
+    engine::Config lmOnly = c;
+    lmOnly.moe_aux_loss_coeff = 0;
+    lmOnly.moe_z_loss_coeff = 0;
+    const std::string name = "decoder.layers.0.mlp.router.weight";
+    const auto& g = base.grads.at(name);
+    const OneStep lm = oneStep(lmOnly);
+    const auto& gLm = lm.grads.at(name);
+    std::vector<size_t> idx(g.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::partial_sort(idx.begin(), idx.begin() + k.probes, idx.end(), [&](size_t a, size_t b) {
+        return std::fabs(g[a] - gLm[a]) > std::fabs(g[b] - gLm[b]);
+    });
+    for (int n = 0; n < k.probes; ++n) {
+        const size_t j = idx[size_t(n)];
+        ASSERT_GT(std::fabs(g[j] - gLm[j]), k.minEffect) << what << ": the aux terms do not reach the router";
+        double l[2];
+        for (int sgn = 0; sgn < 2; ++sgn)
+            l[sgn] = lossWithAuxTerms(c, [&](engine::ParamBuffer& pb) {
+                pb.mainParam(pb.find(name))[j] += float(sgn ? -k.eps : k.eps);
+            });
+        const double numeric = (l[0] - l[1]) / (2 * k.eps);
+        EXPECT_NEAR(g[j], numeric, k.rel * std::fabs(numeric) + k.abs) << what << " " << name << "[" << j << "]";
+    }
+}
+
 // The gradients of aux_loss, seq_aux_loss (two sequences per microbatch) and the z-loss match
 // finite differences of the loss they are the gradient of (routing decided by clear margins).
 TEST(Moe, AuxSequenceAuxAndZLossGradientsMatchFiniteDifferences) {
@@ -435,32 +469,7 @@ TEST(Moe, AuxSequenceAuxAndZLossGradientsMatchFiniteDifferences) {
         c.moe_aux_loss_coeff = 0.5;  // large: the aux term dominates the router's gradient
         c.moe_z_loss_coeff = 0.05;
         c.moe_router_load_balancing_type = lb;
-        const OneStep base = oneStep(c);
-        engine::Config lmOnly = c;
-        lmOnly.moe_aux_loss_coeff = 0;
-        lmOnly.moe_z_loss_coeff = 0;
-        const std::string name = "decoder.layers.0.mlp.router.weight";
-        const auto& g = base.grads.at(name);
-        const OneStep lm = oneStep(lmOnly);
-        const auto& gLm = lm.grads.at(name);
-        // Probe the entries where the aux/z terms change the gradient most.
-        std::vector<size_t> idx(g.size());
-        for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-        std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(), [&](size_t a, size_t b) {
-            return std::fabs(g[a] - gLm[a]) > std::fabs(g[b] - gLm[b]);
-        });
-        for (int n = 0; n < 3; ++n) {
-            const size_t j = idx[size_t(n)];
-            ASSERT_GT(std::fabs(g[j] - gLm[j]), 1e-4) << lb << ": the aux terms do not reach the router";
-            const double eps = 1e-2;
-            double l[2];
-            for (int sgn = 0; sgn < 2; ++sgn)
-                l[sgn] = lossWithAuxTerms(c, [&](engine::ParamBuffer& pb) {
-                    pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps);
-                });
-            const double numeric = (l[0] - l[1]) / (2 * eps);
-            EXPECT_NEAR(g[j], numeric, 0.01 * std::fabs(numeric) + 1e-5) << lb << " " << name << "[" << j << "]";
-        }
+        expectAuxGradientsMatchFiniteDifferences(c, lb, {3, 1e-4, 1e-2, 0.01, 1e-5});
     }
 }
 
@@ -954,31 +963,7 @@ TEST(MoeRouter, AuxLossGradientsOfTheNewScoresMatchFiniteDifferences) {
         c.moe_z_loss_coeff = 0.05;
         c.moe_router_score_function = k.score;
         c.moe_router_load_balancing_type = k.lb;
-        const OneStep base = oneStep(c);
-        engine::Config lmOnly = c;
-        lmOnly.moe_aux_loss_coeff = 0;
-        lmOnly.moe_z_loss_coeff = 0;
-        const std::string name = "decoder.layers.0.mlp.router.weight";
-        const auto& g = base.grads.at(name);
-        const OneStep lm = oneStep(lmOnly);
-        const auto& gLm = lm.grads.at(name);
-        std::vector<size_t> idx(g.size());
-        for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-        std::partial_sort(idx.begin(), idx.begin() + 2, idx.end(), [&](size_t a, size_t b) {
-            return std::fabs(g[a] - gLm[a]) > std::fabs(g[b] - gLm[b]);
-        });
-        for (int n = 0; n < 2; ++n) {
-            const size_t j = idx[size_t(n)];
-            ASSERT_GT(std::fabs(g[j] - gLm[j]), 1e-5) << k.name << ": the aux terms do not reach the router";
-            const double eps = 1e-3;
-            double l[2];
-            for (int sgn = 0; sgn < 2; ++sgn)
-                l[sgn] = lossWithAuxTerms(c, [&](engine::ParamBuffer& pb) {
-                    pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps);
-                });
-            const double numeric = (l[0] - l[1]) / (2 * eps);
-            EXPECT_NEAR(g[j], numeric, 0.02 * std::fabs(numeric) + 1e-4) << k.name << " [" << j << "]";
-        }
+        expectAuxGradientsMatchFiniteDifferences(c, k.name, {2, 1e-5, 1e-3, 0.02, 1e-4});
     }
 }
 

@@ -58,9 +58,10 @@ public:
     struct LayerParams {
         int ln1w = -1, ln1b = -1, qkvW = -1, qkvB = -1, projW = -1, projB = -1;
         int ln2w = -1, ln2b = -1, fc1W = -1, fc1B = -1, fc2W = -1, fc2B = -1;
-        // MoE layer (gpt_moe.cpp): the router and the experts' linears instead of fc1/fc2.
-        int routerW = -1;
-        std::vector<int> expFc1W, expFc2W;
+        // MoE layer (gpt_moe.cpp): the router and the experts' linears instead of fc1/fc2;
+        // with add_bias_linear the router's bias [E] and each expert's fc1 / fc2 biases.
+        int routerW = -1, routerB = -1;
+        std::vector<int> expFc1W, expFc2W, expFc1B, expFc2B;
         // Shared experts of an MoE layer (moe_shared_expert_intermediate_size > 0; Megatron's
         // mlp.shared_experts): fc1 column parallel, fc2 row parallel, the optional gate [1, h].
         int shFc1W = -1, shFc2W = -1, shGateW = -1;

@@ -87,7 +87,7 @@ public:
 
     // Deterministic init from options().seed: normal(0, init_method_std) for weights,
     // std/sqrt(2*num_layers) for linear_proj and linear_fc2 (Megatron's scaled init), zero
-    // biases, unit norm weights. Each full tensor is generated from (seed, name) and sharded,
+    // biases (the MoE router's bias is drawn like a weight, as Megatron's Router), unit norm weights. Each full tensor is generated from (seed, name) and sharded,
     // so tp>1 ranks hold exactly the slices of the tp=1 tensors. Runs on the host (sync first).
     Status initWeights();
     // The ids kernels read (gpt_internal.h KernelIds): `host` itself, kept alive by `data`, on the

@@ -306,6 +306,18 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
             ck.add("moe_pad_expert_input_to_capacity", "the flex dispatcher (DeepEP backend) does not support "
                                                        "moe_pad_expert_input_to_capacity; use alltoall or allgather");
     }
+    if (c.num_moe_experts > 0 && c.add_bias_linear) {
+        // Expert biases: Megatron's TransformerConfig, SharedExpertMLP and TEGroupedMLP asserts.
+        if (d.etp > 1)
+            ck.add("add_bias_linear", "add_bias_linear with MoE needs expert_tensor_parallel_size 1 (Megatron: bias in "
+                                      "MoE is only supported when ETP==1)");
+        if (c.moe_shared_expert_intermediate_size > 0)
+            ck.add("add_bias_linear", "add_bias_linear is not supported with shared experts "
+                                      "(moe_shared_expert_intermediate_size > 0)");
+        if (c.moe_grouped_gemm && c.bias_dropout_fusion)
+            ck.add("bias_dropout_fusion", "add_bias_linear with moe_grouped_gemm needs bias_dropout_fusion: false "
+                                          "(Megatron's TEGroupedMLP asserts it)");
+    }
     if (c.num_moe_experts > 0) {
         // Router checks of Megatron-Core's TransformerConfig.__post_init__ and TopKRouter.
         const std::string& lb = c.moe_router_load_balancing_type;

@@ -277,7 +277,9 @@ std::vector<KnobDef> buildRegistry() {
                          "Separate output-layer weights instead of reusing the word embedding.");
     untie.bridgeNegate = true;
     r.b("add_bias_linear", &C::add_bias_linear, "", "--disable-bias-linear", "model.add_bias_linear",
-        "Bias terms in all linear layers.");
+        "Bias terms in all linear layers; with MoE also the router's bias and each expert's fc1/fc2 biases "
+        "(Megatron allows them only with expert_tensor_parallel_size 1, no shared experts, and with "
+        "moe_grouped_gemm bias_dropout_fusion: false).");
     r.f("hidden_dropout", &C::hidden_dropout, "--hidden-dropout", "model.hidden_dropout",
         "Dropout after attention projection and MLP.");
     r.f("attention_dropout", &C::attention_dropout, "--attention-dropout", "model.attention_dropout",
@@ -286,7 +288,7 @@ std::vector<KnobDef> buildRegistry() {
         "Std of the normal weight initialization.");
     rules(r.i("num_moe_experts", &C::num_moe_experts, "--num-experts", "model.num_moe_experts",
               "Number of MoE experts; 0 = dense MLP. The layers moe_layer_freq marks (every layer by default) "
-              "become MoE layers; the engine runs their experts without biases (add_bias_linear: false)."),
+              "become MoE layers."),
           "divisible by expert_model_parallel_size");
 
     r.group = "parallel";

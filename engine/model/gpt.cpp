@@ -155,6 +155,9 @@ Status GptModel::registerParams() {
             m_moeFfn = m_cfg.moe_ffn_hidden_size > 0 ? m_cfg.moe_ffn_hidden_size : m_d.ffn;
             const int64_t moeFc1 = int64_t(m_d.swiglu ? 2 : 1) * m_moeFfn;
             P.routerW = add(pre + "mlp.router.weight", {m_cfg.num_moe_experts, h}, ShardKind::Replicated);
+            // add_bias_linear: Megatron's Router has a bias [E] too (router.py; drawn like the
+            // weight by init_method, marked sequence_parallel: with SP its grad is summed over TP).
+            if (m_d.bias) P.routerB = add(pre + "mlp.router.bias", {m_cfg.num_moe_experts}, ShardKind::Replicated);
             // Expert parallel: this rank's E/ep experts, named (and initialised) by their global
             // index, so every layout holds the same weights as the single device. Expert tensor
             // parallel (etp > 1): fc1 column parallel (SwiGLU: [gate_r ; up_r], stride 2, as the
@@ -174,12 +177,22 @@ Status GptModel::registerParams() {
                     if (etp > 1 && kind == ShardKind::RowParallel) p.shape[1] /= etp;
                     p.shard = etp > 1 ? kind : ShardKind::Replicated;
                     p.partitionStride = pstride;
+                    p.noWeightDecay = full.size() == 1;
                     p.expert = true;
                     p.name = std::move(name);
                     return m_params.add(std::move(p));
                 };
                 P.expFc1W.push_back(addExpert(ex + "linear_fc1.weight", {moeFc1, h}, ShardKind::ColumnParallel, stride));
                 P.expFc2W.push_back(addExpert(ex + "linear_fc2.weight", {h, m_moeFfn}, ShardKind::RowParallel, 1));
+                // add_bias_linear (Megatron asserts expert_tensor_parallel_size 1 with it, so each
+                // expert's biases are whole on its rank): fc1's [moeFc1] (SwiGLU: [gate ; up]) and
+                // fc2's [h], zero-initialised as TE's / Megatron's linears do. SequentialMLP's
+                // names (TEGroupedMLP's GroupedLinear calls them linear_fc1.bias<l>; Megatron's
+                // sharded state dict maps both to the same global expert).
+                if (m_d.bias) {
+                    P.expFc1B.push_back(addExpert(ex + "linear_fc1.bias", {moeFc1}, ShardKind::ColumnParallel, stride));
+                    P.expFc2B.push_back(addExpert(ex + "linear_fc2.bias", {h}, ShardKind::Replicated, 1));
+                }
             }
             // Shared experts (Megatron's SharedExpertMLP: an MLP with ffn_hidden_size =
             // moe_shared_expert_intermediate_size, no biases; its gate_weight [1, h] is replicated and
@@ -240,6 +253,11 @@ Status GptModel::initWeights() {
     for (int i = 0; i < m_params.count(); ++i) {
         const ParamInfo& p = m_params.info(i);
         float* dst = image->data() + p.offset;
+        if (p.fullShape.size() == 1 && p.name.find("mlp.router.bias") != std::string::npos) {
+            // Megatron's Router.reset_parameters draws its bias with init_method (not zero).
+            fillNormal(dst, p.numel, m_o.initStd, hashCombine(m_o.seed, hashString(p.name)));
+            continue;
+        }
         if (p.fullShape.size() == 1) {
             const bool isNormWeight = p.name.find("layernorm.weight") != std::string::npos;
             std::fill(dst, dst + p.numel, isNormWeight ? 1.f : 0.f);
@@ -475,11 +493,15 @@ std::vector<int> GptModel::layerParamList(int li) const {
     const LayerParams& P = m_layers[size_t(li)];
     std::vector<int> out;
     for (int i : {P.ln1w, P.ln1b, P.qkvW, P.qkvB, P.projW, P.projB, P.ln2w, P.ln2b, P.fc1W, P.fc1B, P.fc2W, P.fc2B,
-                  P.routerW})
+                  P.routerW, P.routerB})
         if (i >= 0) out.push_back(i);
     for (size_t e = 0; e < P.expFc1W.size(); ++e) {
         out.push_back(P.expFc1W[e]);
         out.push_back(P.expFc2W[e]);
+        if (e < P.expFc1B.size()) {
+            out.push_back(P.expFc1B[e]);
+            out.push_back(P.expFc2B[e]);
+        }
     }
     for (int i : {P.shFc1W, P.shFc2W, P.shGateW})
         if (i >= 0) out.push_back(i);

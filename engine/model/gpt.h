@@ -58,9 +58,10 @@ public:
     struct LayerParams {
         int ln1w = -1, ln1b = -1, qkvW = -1, qkvB = -1, projW = -1, projB = -1;
         int ln2w = -1, ln2b = -1, fc1W = -1, fc1B = -1, fc2W = -1, fc2B = -1;
-        // MoE layer (gpt_moe.cpp): the router and the experts' linears instead of fc1/fc2.
-        int routerW = -1;
-        std::vector<int> expFc1W, expFc2W;
+        // MoE layer (gpt_moe.cpp): the router and the experts' linears instead of fc1/fc2;
+        // with add_bias_linear the router's bias [E] and each expert's fc1 / fc2 biases.
+        int routerW = -1, routerB = -1;
+        std::vector<int> expFc1W, expFc2W, expFc1B, expFc2B;
         // Shared experts of an MoE layer (moe_shared_expert_intermediate_size > 0; Megatron's
         // mlp.shared_experts): fc1 column parallel, fc2 row parallel, the optional gate [1, h].
         int shFc1W = -1, shFc2W = -1, shGateW = -1;
@@ -86,7 +87,7 @@ public:
 
     // Deterministic init from options().seed: normal(0, init_method_std) for weights,
     // std/sqrt(2*num_layers) for linear_proj and linear_fc2 (Megatron's scaled init), zero
-    // biases, unit norm weights. Each full tensor is generated from (seed, name) and sharded,
+    // biases (the MoE router's bias is drawn like a weight, as Megatron's Router), unit norm weights. Each full tensor is generated from (seed, name) and sharded,
     // so tp>1 ranks hold exactly the slices of the tp=1 tensors. Runs on the host (sync first).
     Status initWeights();
     // The ids kernels read (gpt_internal.h KernelIds): `host` itself, kept alive by `data`, on the

@@ -20,6 +20,12 @@
 //     the host-side plan, with token dropping, is moeRoute in engine/model/moe_routing.h);
 //   experts: fc1 -> GeLU/SwiGLU -> multiply by the token's prob -> fc2, per expert
 //     (moe_grouped_gemm: one op over all experts; else one op per expert — same math);
+//     with add_bias_linear (Megatron's default) fc1 + b1 before the activation and
+//     fc2 + b2 * prob after it, both inside the experts (experts.py: TEGroupedMLP adds b1 in
+//     its GroupedLinear GEMM and b2 in _apply_bias; SequentialMLP's MLP adds b1 in the
+//     activation and b2 * per_token_scale to its output), so the dispatcher never sees a bias
+//     (moe_layer.py asserts mlp_bias is None); the router's logits get its bias
+//     (router.py Router.gating, router_gating_linear in moe_utils.py);
 //   combine: scatter-add of the k expert outputs back to each token, in permuted order.
 // Expert parallelism (expert_model_parallel_size ep > 1, Megatron's alltoall token dispatcher,
 // REFERENCE.md §5.3): the rank holds experts [r*E/ep, (r+1)*E/ep) of its "ep" group.
@@ -44,8 +50,11 @@
 // (gpt_fp8.cpp); the router stays in high precision.
 // Context parallel: the layer runs on the CP-local rows; the aux loss counts the routing of the
 // whole microbatch (counts all-reduced over "cp"). Tensor parallel (sequence parallel): each TP
-// rank routes its s/t rows; the counts are all-reduced over "tp" for the aux loss. Expert biases
-// are refused by modelDimsFromConfig with the knob to change.
+// rank routes its s/t rows; the counts are all-reduced over "tp" for the aux loss.
+// Biases follow megatron/core/transformer/moe/{experts.py, router.py, moe_layer.py,
+// moe_utils.py}, megatron/core/transformer/mlp.py and extensions/transformer_engine.py
+// (TEGroupedLinear); what Megatron asserts against them (ETP > 1, shared experts, grouped GEMM
+// with bias_dropout_fusion) is refused by modelDimsFromConfig.
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
@@ -142,6 +151,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     TS_ASSIGN_OR_RETURN(TensorPtr out, m_exec.alloc(int64_t(T) * h));
     TensorPtr x = A.a2;
     const float* Wr = m_params.modelParam(P.routerW);
+    const float* Br = P.routerB >= 0 ? m_params.modelParam(P.routerB) : nullptr;  // add_bias_linear
     const std::string& lb = m_cfg.moe_router_load_balancing_type;
     const bool globalAux = lb == "global_aux_loss";
     const double auxCoeff = lb == "aux_loss" || lb == "seq_aux_loss" || globalAux ? m_cfg.moe_aux_loss_coeff : 0.0;
@@ -153,7 +163,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     const double zCoeff = m_cfg.moe_z_loss_coeff;
     const TraceTarget tt = m_exec.device().traceTarget();
     m_exec.op("router.fwd", Category::Gemm, 2.0 * T * h * E, uint64_t(4) * (uint64_t(T) * (h + E) + uint64_t(E) * h),
-              [=] { k::linearForward(fp(x), Wr, nullptr, fp(s->logits), T, h, E); });
+              [=] { k::linearForward(fp(x), Wr, Br, fp(s->logits), T, h, E); });
     MoeRouteOptions ro;
     ro.T = T;
     ro.E = E;
@@ -289,11 +299,16 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             q2[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc2, kFp8Input);
         }
     }
-    // experts: fc1 -> activation -> * prob -> fc2, rows [eoff[l], eoff[l+1])
+    // experts: fc1 (+ b1) -> activation -> * prob -> fc2 (+ b2 * prob), rows [eoff[l], eoff[l+1])
     std::vector<const float*> W1(static_cast<size_t>(L)), W2(static_cast<size_t>(L));
+    std::vector<const float*> B1(static_cast<size_t>(L), nullptr), B2(static_cast<size_t>(L), nullptr);
     for (int l = 0; l < L; ++l) {
         W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
         W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+        if (!P.expFc1B.empty()) {
+            B1[size_t(l)] = m_params.modelParam(P.expFc1B[size_t(l)]);
+            B2[size_t(l)] = m_params.modelParam(P.expFc2B[size_t(l)]);
+        }
     }
     if (fp8) {
         TS_ASSIGN_OR_RETURN(W1, fp8ExpertWeights(li, kFp8ExpFc1, P.expFc1W));
@@ -314,8 +329,17 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         const float* prob = fp(s->eprob) + r0;
         float* xin = fp(s->xin) + size_t(r0) * h;
         if (fp8) fp8QuantizeInPlace(fr, *q1[size_t(l)], false, 1.f, xin, int64_t(rows) * h);
-        k::linearForward(xin, W1[size_t(l)], nullptr, f1, rows, h, F1);
+        // fc1's bias (never quantized): TEGroupedMLP's GroupedLinear adds it in the GEMM
+        // (skip_bias_add=False: one bf16 rounding of x W^T + b); SequentialMLP's experts get it
+        // back from fc1 (skip_bias_add=True) and add it to fc1's bf16 output in the activation
+        // (x + b, or weighted_bias_swiglu's), rounded again. The saved fc1 includes the bias.
+        const float* b1 = B1[size_t(l)];
+        k::linearForward(xin, W1[size_t(l)], grouped ? b1 : nullptr, f1, rows, h, F1);
         if (bf) k::roundToBf16(f1, int64_t(rows) * F1);
+        if (b1 && !grouped) {
+            k::addBias(f1, b1, rows, F1);
+            if (bf) k::roundToBf16(f1, int64_t(rows) * F1);
+        }
         if (swiglu) k::swigluForward(f1, ac, rows, F);
         else k::biasGeluForward(f1, nullptr, ac, rows, F);
         if (bf) k::roundToBf16(ac, int64_t(rows) * F);
@@ -331,7 +355,21 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             for (int f = 0; f < F; ++f) scaled[size_t(r) * F + f] = ac[size_t(r) * F + f] * prob[r];
         if (bf) k::roundToBf16(scaled, int64_t(rows) * F);
         if (fp8) fp8QuantizeInPlace(fr, *q2[size_t(l)], false, 1.f, scaled, int64_t(rows) * F);
-        k::linearForward(scaled, W2[size_t(l)], nullptr, fp(eout) + size_t(r0) * h, rows, F, h);
+        float* o = fp(eout) + size_t(r0) * h;
+        k::linearForward(scaled, W2[size_t(l)], nullptr, o, rows, F, h);
+        if (const float* b2 = B2[size_t(l)]) {
+            // fc2's bias (skip_bias_add=True) weighted by the row's prob, added by the experts
+            // (TEGroupedMLP._apply_bias / MLP with per_token_scale: output + bias * prob, in bf16:
+            // fc2's output, the product and the sum each rounded). Padding rows (prob 0) get none.
+            if (bf) k::roundToBf16(o, int64_t(rows) * h);
+            std::vector<float> bp(static_cast<size_t>(h));
+            for (int r = 0; r < rows; ++r) {
+                for (int i = 0; i < h; ++i) bp[size_t(i)] = b2[i] * prob[r];
+                if (bf) k::roundToBf16(bp.data(), h);
+                for (int i = 0; i < h; ++i) o[size_t(r) * h + i] += bp[size_t(i)];
+            }
+            if (bf) k::roundToBf16(o, int64_t(rows) * h);
+        }
     };
     // Without EP the routing is known only when the ops run: the average FLOPs of the experts.
     const double expertFlops = 2.0 * R * (double(h) * F1 + double(F) * h);
@@ -431,11 +469,19 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     TS_ASSIGN_OR_RETURN(TensorPtr deprob, allocUninitialized(m_exec, int64_t(R)));
     std::vector<const float*> W1(static_cast<size_t>(L)), W2(static_cast<size_t>(L));
     std::vector<float*> G1(static_cast<size_t>(L)), G2(static_cast<size_t>(L));
+    // add_bias_linear: fc2's bias (its prob-weighted term's gradients) and the biases' grads
+    std::vector<const float*> B2(static_cast<size_t>(L), nullptr);
+    std::vector<float*> GB1(static_cast<size_t>(L), nullptr), GB2(static_cast<size_t>(L), nullptr);
     for (int l = 0; l < L; ++l) {
         W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
         W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
         G1[size_t(l)] = m_params.mainGrad(P.expFc1W[size_t(l)]);
         G2[size_t(l)] = m_params.mainGrad(P.expFc2W[size_t(l)]);
+        if (!P.expFc1B.empty()) {
+            B2[size_t(l)] = m_params.modelParam(P.expFc2B[size_t(l)]);
+            GB1[size_t(l)] = m_params.mainGrad(P.expFc1B[size_t(l)]);
+            GB2[size_t(l)] = m_params.mainGrad(P.expFc2B[size_t(l)]);
+        }
     }
     // FP8: the output gradients of fc2 and fc1 in FP8 (each expert's grad state; their amax and
     // scale for the single device's magnitudes, as GptModel::fp8Quantize), the dgrads with the
@@ -466,6 +512,24 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         const float* prob = fp(s->eprob) + r0;
         float* dy = fp(dyin) + size_t(r0) * h;  // this backward's own buffer: quantized in place
         std::vector<float> scaledLocal, da(size_t(rows) * F), dact(size_t(rows) * F), dfc1(size_t(rows) * F1);
+        // fc2's bias term b2 * prob: d b2 += sum_r dY_r prob_r, d prob_r += dY_r . b2 (from the
+        // unquantized dY, before FP8 quantizes it for the GEMMs).
+        std::vector<double> dpBias;
+        if (const float* b2 = B2[size_t(l)]) {
+            dpBias.assign(size_t(rows), 0.0);
+            std::vector<double> gb(size_t(h), 0.0);
+            for (int r = 0; r < rows; ++r) {
+                const float* d = dy + size_t(r) * h;
+                double acc = 0;
+                for (int i = 0; i < h; ++i) {
+                    acc += double(d[i]) * b2[i];
+                    gb[size_t(i)] += double(d[i]) * prob[r];
+                }
+                dpBias[size_t(r)] = acc;
+            }
+            float* g = GB2[size_t(l)];
+            for (int i = 0; i < h; ++i) g[i] += float(gb[size_t(i)]);
+        }
         const float* scaled = nullptr;
         if (fp8) {
             scaled = fp(s->fc2in) + size_t(r0) * F;
@@ -485,12 +549,15 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
                 dp += double(da[size_t(r) * F + f]) * ac[size_t(r) * F + f];
                 dact[size_t(r) * F + f] = da[size_t(r) * F + f] * p;
             }
+            if (!dpBias.empty()) dp += dpBias[size_t(r)];
             fp(deprob)[r0 + r] = float(dp);
         }
         const float* f1 = fp(s->fc1) + size_t(r0) * F1;
         if (swiglu) k::swigluBackward(dact.data(), f1, dfc1.data(), rows, F);
         else k::biasGeluBackward(dact.data(), f1, nullptr, dfc1.data(), nullptr, rows, F);
         if (bf) k::roundToBf16(dfc1.data(), int64_t(rows) * F1);
+        // fc1's bias grad: the sum of fc1's output grads (before FP8 quantizes them)
+        if (GB1[size_t(l)]) k::biasGradAccumulate(dfc1.data(), GB1[size_t(l)], rows, F1);
         if (fp8) fp8QuantizeInPlace(fr, *g1[size_t(l)], true, gradDiv, dfc1.data(), int64_t(rows) * F1);
         k::linearBackward(dfc1.data(), fp(s->xin) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
                           G1[size_t(l)], nullptr, rows, h, F1);
@@ -546,6 +613,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     // logits, then into W_r and x. The aux/z gradients are scaled like the main loss (1/m).
     const float* Wr = m_params.modelParam(P.routerW);
     float* Gr = m_params.mainGrad(P.routerW);
+    float* GrB = P.routerB >= 0 ? m_params.mainGrad(P.routerB) : nullptr;  // add_bias_linear
     const std::string& lb = m_cfg.moe_router_load_balancing_type;
     const bool globalAux = lb == "global_aux_loss";
     const double auxCoeff = lb == "aux_loss" || lb == "seq_aux_loss" || globalAux ? m_cfg.moe_aux_loss_coeff : 0.0;
@@ -596,8 +664,8 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             }
         }
         std::vector<float> dl(dld.begin(), dld.end());
-        // dx += dl W_r ; dW_r += dl^T x
-        k::linearBackward(dl.data(), fp(x), Wr, fp(dx), Gr, nullptr, T, h, E);
+        // dx += dl W_r ; dW_r += dl^T x ; db_r += sum_t dl
+        k::linearBackward(dl.data(), fp(x), Wr, fp(dx), Gr, GrB, T, h, E);
         // experts' input grads, combined per token in permuted order (allgather: already per token)
         if (dxTok) {
             for (int64_t i = 0; i < int64_t(T) * h; ++i) fp(dx)[i] += fp(dxTok)[i];

@@ -97,7 +97,19 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
             return bad("expert_tensor_parallel_size=" + std::to_string(ds.etp) + " must divide the experts' hidden size (" +
                        (c.moe_ffn_hidden_size > 0 ? "moe_ffn_hidden_size" : "ffn_hidden_size") + "=" +
                        std::to_string(moeFfn) + ")");
-        if (c.add_bias_linear) return notYet("expert biases (add_bias_linear: true); set add_bias_linear: false");
+        // Expert biases (add_bias_linear): what Megatron itself asserts against them.
+        if (c.add_bias_linear) {
+            if (ds.etp > 1)
+                return bad("add_bias_linear with MoE needs expert_tensor_parallel_size 1 (Megatron's TransformerConfig: "
+                           "bias in MoE is only supported when ETP==1); set expert_tensor_parallel_size: 1 or "
+                           "add_bias_linear: false");
+            if (c.moe_shared_expert_intermediate_size > 0)
+                return bad("add_bias_linear with shared experts (moe_shared_expert_intermediate_size > 0): Megatron's "
+                           "SharedExpertMLP asserts add_bias_linear=False; set add_bias_linear: false");
+            if (c.moe_grouped_gemm && c.bias_dropout_fusion)
+                return bad("add_bias_linear with moe_grouped_gemm needs bias_dropout_fusion: false (Megatron's "
+                           "TEGroupedMLP asserts it)");
+        }
         // Shared experts (gpt_layer.cpp / gpt_mlp.cpp): a dense MLP TP-sharded like the dense one.
         if (c.moe_shared_expert_intermediate_size % ds.tp != 0)
             return bad("tensor_model_parallel_size=" + std::to_string(ds.tp) + " must divide "

@@ -167,7 +167,6 @@ TEST(Moe, UnsupportedSettingsAreNamed) {
     for (auto [knob, set] : std::vector<std::pair<std::string, std::function<void(engine::Config&)>>>{
              {"moe_router_load_balancing_type", [](engine::Config& c) { c.moe_router_load_balancing_type = "quantile_balancing"; }},
              {"moe_router_dtype", [](engine::Config& c) { c.moe_router_dtype = "fp64"; }},
-             {"add_bias_linear", [](engine::Config& c) { c.add_bias_linear = true; }},
              {"sequence_parallel", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }}}) {
         engine::Config c = moeConfig();
         set(c);

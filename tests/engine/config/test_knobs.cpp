@@ -191,6 +191,9 @@ TEST(ConfigRules, RequiresAndExcludes) {
     sh.moe_shared_expert_overlap = true;
     EXPECT_TRUE(hasIssue(validateConfig(sh), "moe_shared_expert_overlap", "alltoall"));  // default allgather
     sh.moe_token_dispatcher_type = "alltoall";
+    // Megatron's SharedExpertMLP asserts add_bias_linear=False (true by default).
+    EXPECT_TRUE(hasIssue(validateConfig(sh), "add_bias_linear", "shared experts"));
+    sh.add_bias_linear = false;
     EXPECT_TRUE(validateConfig(sh).empty());
     Config rb;
     rb.rotary_base = 10000.5;

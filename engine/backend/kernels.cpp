@@ -256,6 +256,23 @@ void copyBytes(void* dst, const void* src, size_t bytes) {
     }
 }
 
+void copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t widthBytes, size_t height) {
+    if (widthBytes == 0 || height == 0) return;
+#ifdef TS_HAVE_CUDA
+    if (void* s = nativeStream()) {
+        reportKernelError(kernels::cuda::copy2DAsync(dst, dpitch, src, spitch, widthBytes, height, s));
+        return;
+    }
+#endif
+    runOnHost(
+        "copy2D", "dst, dpitch, src, spitch, widthBytes, height",
+        [](void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h) {
+            for (size_t r = 0; r < h; ++r)
+                std::memcpy(static_cast<char*>(d) + r * dp, static_cast<const char*>(s) + r * sp, w);
+        },
+        dst, dpitch, src, spitch, widthBytes, height);
+}
+
 void download(void* dst, const void* src, size_t bytes) {
     copyBytes(dst, src, bytes);
     if (!onDevice()) return;

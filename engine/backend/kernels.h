@@ -54,6 +54,9 @@ void setBytes(void* dst, int value, size_t bytes);
 // read at the call (as cudaMemcpyAsync stages pageable memory), so it may be freed after it; a
 // host destination is written when the stream reaches the copy: use download() to read it.
 void copyBytes(void* dst, const void* src, size_t bytes);
+// copyBytes of `height` rows of `widthBytes` each, rows `dpitch` / `spitch` bytes apart (one
+// cudaMemcpy2DAsync on CUDA): strided packs and unpacks.
+void copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t widthBytes, size_t height);
 // Device -> host copy that waits for the stream: dst holds the bytes when it returns.
 void download(void* dst, const void* src, size_t bytes);
 

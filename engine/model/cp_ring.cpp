@@ -61,17 +61,28 @@ void CpRing::exchange(const TensorPtr& send, const TensorPtr& recv, int64_t n) {
     hold({send, recv});
 }
 
+Status CpRing::uploadPositions() {
+    // Every ring rank's positions, uploaded once where kernels see device memory.
+    if (!m_posK.empty()) return Status::ok();
+    for (const auto& p : m_pos) {
+        TS_ASSIGN_OR_RETURN(KernelIds ids, kernelInts(m_exec, p->data(), p->size(), p, MemCategory::Workspace));
+        m_posK.push_back(std::move(ids));
+    }
+    return Status::ok();
+}
+
 Result<TensorPtr> CpRing::packKv(const TensorPtr& kk, const TensorPtr& v, int64_t n) {
     TS_ASSIGN_OR_RETURN(TensorPtr kv, m_exec.alloc(2 * n, MemCategory::CommBuffers));
     m_exec.op("cp_kv_pack", trace::Category::Memcpy, 0, uint64_t(n) * 16, [=] {
-        std::memcpy(fp(kv), fp(kk), size_t(n) * sizeof(float));
-        std::memcpy(fp(kv) + n, fp(v), size_t(n) * sizeof(float));
+        k::copyBytes(fp(kv), fp(kk), size_t(n) * sizeof(float));
+        k::copyBytes(fp(kv) + n, fp(v), size_t(n) * sizeof(float));
     });
     return kv;
 }
 
 Status CpRing::forward(const Dims& D, const TensorPtr& q, const TensorPtr& kk, const TensorPtr& v,
                        const TensorPtr& out, const TensorPtr& lse) {
+    TS_RETURN_IF_ERROR(uploadPositions());
     const int c = m_size, r = m_rank;
     const int64_t n = int64_t(D.sl) * D.b * D.ng * D.d;  // elements of K (and of V) of one block
     const k::CpAttnDims ad = kernelDims(D);
@@ -94,10 +105,10 @@ Status CpRing::forward(const Dims& D, const TensorPtr& q, const TensorPtr& kk, c
         }
         if (i > 0) m_exec.stream().wait(*arrived);
         const int src = (r - i + c) % c;
-        auto qPos = m_pos[size_t(r)], kPos = m_pos[size_t(src)];
+        const KernelIds qPos = m_posK[size_t(r)], kPos = m_posK[size_t(src)];
         const bool first = i == 0;
         m_exec.op("core_attention.fwd", trace::Category::Attention, flops, bytes, [=] {
-            k::cpRingAttentionForward(ad, qPos->data(), kPos->data(), fp(q), fp(cur), fp(cur) + n, fp(out), fp(lse),
+            k::cpRingAttentionForward(ad, qPos.ptr, kPos.ptr, fp(q), fp(cur), fp(cur) + n, fp(out), fp(lse),
                                       first);
         });
         lastCompute = recordOn(m_exec.stream());
@@ -109,6 +120,7 @@ Status CpRing::forward(const Dims& D, const TensorPtr& q, const TensorPtr& kk, c
 Status CpRing::backward(const Dims& D, const TensorPtr& q, const TensorPtr& kk, const TensorPtr& v,
                         const TensorPtr& out, const TensorPtr& lse, const TensorPtr& dout, const TensorPtr& dq,
                         const TensorPtr& dk, const TensorPtr& dv) {
+    TS_RETURN_IF_ERROR(uploadPositions());
     const int c = m_size, r = m_rank;
     const int64_t n = int64_t(D.sl) * D.b * D.ng * D.d;
     const int64_t nqElems = int64_t(D.sl) * D.b * D.nq * D.d;
@@ -117,7 +129,7 @@ Status CpRing::backward(const Dims& D, const TensorPtr& q, const TensorPtr& kk, 
     m_exec.op("core_attention.bwd_delta", trace::Category::Attention, 2.0 * double(nqElems),
               uint64_t(8) * uint64_t(nqElems), [=] {
                   k::cpRingAttentionDelta(ad, fp(out), fp(dout), fp(delta));
-                  std::memset(fp(dq), 0, size_t(nqElems) * sizeof(float));
+                  k::setBytes(fp(dq), 0, size_t(nqElems) * sizeof(float));
               });
     TensorPtr kvBuf[2];
     TS_ASSIGN_OR_RETURN(kvBuf[0], packKv(kk, v, n));
@@ -136,19 +148,17 @@ Status CpRing::backward(const Dims& D, const TensorPtr& q, const TensorPtr& kk, 
         }
         if (i > 0) m_exec.stream().wait(*kvArrived);
         const int src = (r - i + c) % c;
-        auto qPos = m_pos[size_t(r)], kPos = m_pos[size_t(src)];
+        const KernelIds qPos = m_posK[size_t(r)], kPos = m_posK[size_t(src)];
         TS_ASSIGN_OR_RETURN(TensorPtr part, m_exec.alloc(2 * n, MemCategory::CommBuffers));
         m_exec.op("core_attention.bwd", trace::Category::Attention, flops, bytes, [=] {
-            k::cpRingAttentionBackward(ad, qPos->data(), kPos->data(), fp(q), fp(cur), fp(cur) + n, fp(lse),
+            k::cpRingAttentionBackward(ad, qPos.ptr, kPos.ptr, fp(q), fp(cur), fp(cur) + n, fp(lse),
                                        fp(delta), fp(dout), fp(dq), fp(part), fp(part) + n);
         });
         if (i > 0) {
             m_exec.stream().wait(*dkvArrived);
             TensorPtr in = dkvIn;
             m_exec.op("cp_dkv_accumulate", trace::Category::Elementwise, double(2 * n), uint64_t(n) * 24, [=] {
-                float* p = fp(part);
-                const float* a = fp(in);
-                for (int64_t e = 0; e < 2 * n; ++e) p[e] += a[e];
+                k::addInPlace(fp(part), fp(in), 2 * n);
             });
         }
         lastCompute = recordOn(m_exec.stream());
@@ -163,8 +173,8 @@ Status CpRing::backward(const Dims& D, const TensorPtr& q, const TensorPtr& kk, 
     m_exec.stream().wait(*dkvArrived);
     TensorPtr in = dkvIn;
     m_exec.op("cp_dkv_copy", trace::Category::Memcpy, 0, uint64_t(n) * 16, [=] {
-        std::memcpy(fp(dk), fp(in), size_t(n) * sizeof(float));
-        std::memcpy(fp(dv), fp(in) + n, size_t(n) * sizeof(float));
+        k::copyBytes(fp(dk), fp(in), size_t(n) * sizeof(float));
+        k::copyBytes(fp(dv), fp(in) + n, size_t(n) * sizeof(float));
     });
     return Status::ok();
 }

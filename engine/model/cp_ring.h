@@ -72,6 +72,8 @@ private:
     Stream& m_comm;
     Communicator& m_cp;
     std::vector<std::shared_ptr<const std::vector<int>>> m_pos;
+    std::vector<KernelIds> m_posK;  // m_pos as kernels read them (uploadPositions)
+    Status uploadPositions();
     int m_rank = 0, m_size = 1;
     struct Held {
         std::shared_ptr<Event> done;

@@ -341,12 +341,7 @@ int GptModel::recomputeGroupEnd(int li) const {
 }
 
 Result<KernelIds> GptModel::kernelIds(std::shared_ptr<const Microbatch> data, const std::vector<int32_t>& host) {
-    if (!kern::streamOnDevice(m_exec.stream())) return KernelIds{host.data(), data};
-    const size_t bytes = host.size() * sizeof(int32_t);
-    TS_ASSIGN_OR_RETURN(TensorPtr dev, m_exec.alloc(int64_t(host.size()), MemCategory::Activations, sizeof(int32_t)));
-    const int32_t* src = host.data();  // copyBytes reads a host source at the call (staged, as CUDA does)
-    m_exec.op("ids.upload", Category::Memcpy, 0, bytes, [=] { k::copyBytes(dev->data(), src, bytes); (void)data; });
-    return KernelIds{static_cast<const int32_t*>(dev->data()), dev};
+    return kernelInts(m_exec, host.data(), host.size(), std::move(data));
 }
 
 Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorPtr input, TensorPtr output) {

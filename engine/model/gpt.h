@@ -50,8 +50,7 @@ struct Microbatch {
     double tokensTotal = 0;
 };
 
-struct MlpOpNames;
-struct KernelIds;  // gpt_mlp.cpp: the op names of one kind of MLP
+struct MlpOpNames;  // gpt_mlp.cpp: the op names of one kind of MLP
 
 class GptModel {
 public:
@@ -297,6 +296,8 @@ private:
     };
     std::vector<DropPiece> hiddenDropPieces() const;
     std::vector<int> m_cpPos;   // global position of every local sequence row (cp > 1)
+    KernelIds m_cpPosK;         // m_cpPos as kernels read it (cpPositions)
+    Result<KernelIds> cpPositions();
     int m_seqGlobal = 0;        // s of the whole sequence
     // Core attention of the local queries against the whole sequence (K/V all-gathered over
     // "cp" and put in global order; their grads reduce-scattered back).

@@ -49,8 +49,8 @@ void cpReorderChunks(float* dst, const float* src, int c, int64_t chunkElems, bo
         for (int half = 0; half < 2; ++half) {
             const int64_t global = int64_t(half == 0 ? r : 2 * c - 1 - r) * chunkElems;
             const int64_t rankMajor = (int64_t(2) * r + half) * chunkElems;
-            std::memcpy(dst + (toGlobal ? global : rankMajor), src + (toGlobal ? rankMajor : global),
-                        size_t(chunkElems) * sizeof(float));
+            k::copyBytes(dst + (toGlobal ? global : rankMajor), src + (toGlobal ? rankMajor : global),
+                         size_t(chunkElems) * sizeof(float));
         }
 }
 
@@ -75,6 +75,15 @@ GptModel::CpMode GptModel::cpMode() const {
     // [c, 1]: Ulysses over hcp-a2a (its ranks are the CP group's, in the same order).
     if (p == 1) return {false, true, 1, m_ctx.hcpA2a, m_ctx.hcpA2aRank};
     return {true, false, a, m_ctx.hcpA2a, m_ctx.hcpA2aRank};
+}
+
+Result<KernelIds> GptModel::cpPositions() {
+    // Uploaded once per model where kernels see device memory; the host vector on the CPU.
+    if (!m_cpPosK.keep) {
+        auto host = std::make_shared<const std::vector<int>>(m_cpPos);
+        TS_ASSIGN_OR_RETURN(m_cpPosK, kernelInts(m_exec, host->data(), host->size(), host, MemCategory::Workspace));
+    }
+    return m_cpPosK;
 }
 
 Result<TensorPtr> GptModel::cpGatherKv(const TensorPtr& local, int heads) {
@@ -124,10 +133,10 @@ Result<TensorPtr> GptModel::cpToHeads(const TensorPtr& local, int heads, Communi
     TS_ASSIGN_OR_RETURN(TensorPtr send, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
     m_exec.op("cp_a2a_pack", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
         // peer j gets heads [j*hc, (j+1)*hc) of every local row: [c][sl][b][hc][d]
+        const size_t w = size_t(hc) * d * sizeof(float);
         for (int j = 0; j < c; ++j)
-            for (int64_t rb = 0; rb < int64_t(sl) * b; ++rb)
-                std::memcpy(fp(send) + j * part + rb * hc * d, fp(local) + (rb * heads + int64_t(j) * hc) * d,
-                            size_t(hc) * d * sizeof(float));
+            k::copy2D(fp(send) + j * part, w, fp(local) + int64_t(j) * hc * d, size_t(heads) * d * sizeof(float), w,
+                      size_t(sl) * b);
     });
     TS_ASSIGN_OR_RETURN(TensorPtr recv, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
     const std::vector<size_t> counts(static_cast<size_t>(c), size_t(part));
@@ -155,10 +164,10 @@ Status GptModel::cpToSequence(const TensorPtr& full, int heads, const TensorPtr&
     holdUntilDone(send, recv);
     m_exec.op("cp_a2a_unpack", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
         // from peer j: heads [j*hc, (j+1)*hc) of this rank's rows
+        const size_t w = size_t(hc) * d * sizeof(float);
         for (int j = 0; j < c; ++j)
-            for (int64_t rb = 0; rb < int64_t(sl) * b; ++rb)
-                std::memcpy(fp(out) + (rb * heads + int64_t(j) * hc) * d, fp(recv) + j * part + rb * hc * d,
-                            size_t(hc) * d * sizeof(float));
+            k::copy2D(fp(out) + int64_t(j) * hc * d, size_t(heads) * d * sizeof(float), fp(recv) + j * part, w, w,
+                      size_t(sl) * b);
     });
     return Status::ok();
 }
@@ -228,11 +237,11 @@ Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng, const k::A
     TS_ASSIGN_OR_RETURN(TensorPtr probs, allocUninitialized(m_exec, int64_t(b) * nq * sl * S));
     TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
     TensorPtr q = A.q, ctx = A.ctx;
-    auto pos = std::make_shared<std::vector<int>>(m_cpPos);
+    TS_ASSIGN_OR_RETURN(const KernelIds pos, cpPositions());
     // About half of the s_local x s key pairs are visible (causal).
     m_exec.op("core_attention.fwd", Category::Attention, 2.0 * b * nq * double(sl) * S * d,
               uint64_t(4) * (uint64_t(T) * nq * d * 2 + uint64_t(S) * b * ng * d * 2 + uint64_t(b) * nq * sl * S), [=] {
-                  k::cpAttentionForward(ad, pos->data(), fp(q), fp(kg), fp(vg), fp(probs), fp(ctx));
+                  k::cpAttentionForward(ad, pos.ptr, fp(q), fp(kg), fp(vg), fp(probs), fp(ctx));
                   if (bf) k::roundToBf16(fp(ctx), T * nq * d);
               });
     if (m_o.recomputeGranularity != "selective") A.probs = probs;
@@ -299,27 +308,27 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
     k::CpAttnDims ad{sl, S, b, nq, ng, d, scale};
     setDropout(ad, drop);
     TensorPtr q = A.q, probs = A.probs;
-    auto pos = std::make_shared<std::vector<int>>(m_cpPos);
+    TS_ASSIGN_OR_RETURN(const KernelIds pos, cpPositions());
     if (!probs) {
         TS_ASSIGN_OR_RETURN(probs, allocUninitialized(m_exec, int64_t(b) * nq * sl * S));
         TS_ASSIGN_OR_RETURN(TensorPtr ctxTmp, allocUninitialized(m_exec, T * nq * d));
         m_exec.op("core_attention.recompute", Category::Attention, 2.0 * b * nq * double(sl) * S * d,
                   uint64_t(4) * uint64_t(b) * nq * sl * S,
-                  [=] { k::cpAttentionForward(ad, pos->data(), fp(q), fp(kg), fp(vg), fp(probs), fp(ctxTmp)); });
+                  [=] { k::cpAttentionForward(ad, pos.ptr, fp(q), fp(kg), fp(vg), fp(probs), fp(ctxTmp)); });
     }
     TS_ASSIGN_OR_RETURN(TensorPtr dkg, allocUninitialized(m_exec, int64_t(S) * b * ng * d));
     TS_ASSIGN_OR_RETURN(TensorPtr dvg, allocUninitialized(m_exec, int64_t(S) * b * ng * d));
     m_exec.op("core_attention.bwd", Category::Attention, 4.0 * b * nq * double(sl) * S * d,
               uint64_t(8) * uint64_t(b) * nq * sl * S, [=] {
-                  k::cpAttentionBackward(ad, pos->data(), fp(q), fp(kg), fp(vg), fp(probs), fp(dctx), fp(dq), fp(dkg),
+                  k::cpAttentionBackward(ad, pos.ptr, fp(q), fp(kg), fp(vg), fp(probs), fp(dctx), fp(dq), fp(dkg),
                                          fp(dvg));
               });
     TS_ASSIGN_OR_RETURN(TensorPtr dkl, cpScatterKvGrad(dkg, ng));
     TS_ASSIGN_OR_RETURN(TensorPtr dvl, cpScatterKvGrad(dvg, ng));
     const int64_t n = T * ng * d;
     m_exec.op("cp_kv_grad_copy", Category::Memcpy, 0, uint64_t(n) * 16, [=] {
-        std::memcpy(fp(dk), fp(dkl), size_t(n) * sizeof(float));
-        std::memcpy(fp(dv), fp(dvl), size_t(n) * sizeof(float));
+        k::copyBytes(fp(dk), fp(dkl), size_t(n) * sizeof(float));
+        k::copyBytes(fp(dv), fp(dvl), size_t(n) * sizeof(float));
     });
     return Status::ok();
 }

@@ -46,15 +46,6 @@ struct GptModel::LayerActs {
     std::function<Status()> beforeExperts;
 };
 
-// Token ids or labels as kernels read them, with what keeps that memory alive until the ops that
-// read it have run (ops run later than they are enqueued, after the caller may have dropped the
-// microbatch): the microbatch's host array on the CPU backend, an uploaded copy where kernels see
-// device memory (kern::streamOnDevice). Ops capture the whole struct.
-struct KernelIds {
-    const int32_t* ptr = nullptr;
-    std::shared_ptr<const void> keep;
-};
-
 struct GptModel::MbState {
     std::shared_ptr<const Microbatch> data;
     std::vector<LayerActs> layers;

@@ -1,8 +1,11 @@
 // Op executor, deterministic RNG and QKV layout helpers for the GPT model.
 #include "engine/model/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "engine/backend/kernels.h"
 
 namespace ts::engine {
 
@@ -61,6 +64,19 @@ void Exec::throttle(size_t depth) {
         m_events.front()->synchronize();
         m_events.pop_front();
     }
+}
+
+Result<KernelIds> kernelInts(Exec& ex, const int32_t* host, size_t n, std::shared_ptr<const void> owner,
+                             MemCategory cat) {
+    if (!kern::streamOnDevice(ex.stream())) return KernelIds{host, std::move(owner)};
+    const size_t bytes = n * sizeof(int32_t);
+    TS_ASSIGN_OR_RETURN(TensorPtr dev, ex.alloc(int64_t(std::max<size_t>(n, 1)), cat, sizeof(int32_t)));
+    // copyBytes reads a host source at the call (staged, as CUDA does); owner held to be safe
+    ex.op("ids.upload", trace::Category::Memcpy, 0, bytes, [=] {
+        kern::copyBytes(dev->data(), host, bytes);
+        (void)owner;
+    });
+    return KernelIds{static_cast<const int32_t*>(dev->data()), dev};
 }
 
 uint64_t splitmix64(uint64_t x) {

@@ -66,6 +66,19 @@ private:
     std::deque<std::unique_ptr<Event>> m_events;
 };
 
+// Ints as kernels read them (token ids, labels, CP positions), with what keeps that memory alive
+// until the ops that read it have run (ops run later than they are enqueued): the host array's
+// owner where kernels read host memory (the CPU backend), an uploaded copy where they see device
+// memory (kern::streamOnDevice). Ops capture the whole struct.
+struct KernelIds {
+    const int32_t* ptr = nullptr;
+    std::shared_ptr<const void> keep;
+};
+// host[0..n), kept alive by `owner`: itself on the CPU backend, else a buffer filled by an upload
+// op on ex's stream.
+Result<KernelIds> kernelInts(Exec& ex, const int32_t* host, size_t n, std::shared_ptr<const void> owner,
+                             MemCategory cat = MemCategory::Activations);
+
 // --- deterministic RNG -------------------------------------------------------------------
 uint64_t splitmix64(uint64_t x);
 uint64_t hashCombine(uint64_t a, uint64_t b);

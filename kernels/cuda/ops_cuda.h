@@ -51,6 +51,9 @@ Status copyToHost(void* dst, const void* src, size_t bytes);
 // Asynchronous on `stream` (any direction; cudaMemcpyDefault).
 Status copyAsync(void* dst, const void* src, size_t bytes, void* stream);
 Status memsetAsync(void* dst, int value, size_t bytes, void* stream);
+// `height` rows of `widthBytes`, rows `dpitch` / `spitch` bytes apart (cudaMemcpy2DAsync).
+Status copy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t widthBytes, size_t height,
+                   void* stream);
 Status streamCreate(void** stream);
 Status streamDestroy(void* stream);
 Status streamSynchronize(void* stream);

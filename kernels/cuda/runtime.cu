@@ -57,6 +57,14 @@ Status copyAsync(void* dst, const void* src, size_t bytes, void* stream) {
                     "cudaMemcpyAsync");
 }
 
+Status copy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t widthBytes, size_t height,
+                   void* stream) {
+    if (widthBytes == 0 || height == 0) return Status::ok();
+    return fromCuda(cudaMemcpy2DAsync(dst, dpitch, src, spitch, widthBytes, height, cudaMemcpyDefault,
+                                      detail::asStream(stream)),
+                    "cudaMemcpy2DAsync");
+}
+
 Status memsetAsync(void* dst, int value, size_t bytes, void* stream) {
     if (bytes == 0) return Status::ok();
     return fromCuda(cudaMemsetAsync(dst, value, bytes, detail::asStream(stream)), "cudaMemsetAsync");

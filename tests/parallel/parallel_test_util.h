@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "engine/backend/kernels.h"
@@ -178,7 +180,8 @@ inline double relError(const std::vector<float>& a, const std::vector<float>& re
 
 // An empty checkpoint directory under the test temp dir.
 inline std::string checkpointDir(const std::string& name) {
-    const std::string dir = ::testing::TempDir() + "/ts_ckpt_" + name;
+    // Per process: ctest runs the same test twice at once (plain and on the emulated device).
+    const std::string dir = ::testing::TempDir() + "/ts_ckpt_" + std::to_string(::getpid()) + "_" + name;
     std::filesystem::remove_all(dir);
     return dir;
 }

@@ -263,7 +263,7 @@ TEST(Fp8Parallel, HierarchicalContextParallelWithFp8) {
 TEST(Fp8Checkpoint, ResumeKeepsTheDelayedScalingState) {
     engine::Config c = fp8Config("hybrid", "delayed");
     c.fp8_amax_history_len = 4;
-    const std::string dir = ::testing::TempDir() + "/ts_fp8_ckpt";
+    const std::string dir = checkpointDir("fp8");
     std::filesystem::remove_all(dir);
     const RunResult straight = runSingle(c, 4);
     auto saved = trainSingle(c, 2, "", dir);
@@ -516,7 +516,7 @@ TEST(Fp8Moe, FirstLastLayersBf16CoversMoeLayers) {
 // run continues bit-exactly, also when an ep2 run saved it and one device resumes.
 TEST(Fp8MoeCheckpoint, ResumeKeepsTheExpertsDelayedScalingState) {
     const engine::Config c = fp8MoeConfig();
-    const std::string dir = ::testing::TempDir() + "/ts_fp8_moe_ckpt";
+    const std::string dir = checkpointDir("fp8_moe");
     std::filesystem::remove_all(dir);
     const RunResult straight = runSingle(c, 4);
     auto saved = trainSingle(c, 2, "", dir);
@@ -597,7 +597,7 @@ TEST(Fp8Moe, SharedExpertsRunInFp8AndEqualTheSingleDevice) {
     ASSERT_TRUE(plain.params.count(w));
     EXPECT_GT(relError(single[0].params.at(w), plain.params.at(w)), 1e-6) << "shared experts not in FP8";
     // Their delayed-scaling state is in the checkpoint.
-    const std::string dir = ::testing::TempDir() + "/ts_fp8_shared_ckpt";
+    const std::string dir = checkpointDir("fp8_shared");
     std::filesystem::remove_all(dir);
     auto saved = trainSingle(singleDevice(c), 1, "", dir);
     ASSERT_TRUE(saved.isOk()) << saved.status().toString();
@@ -662,7 +662,7 @@ TEST(Fp8BlockRecipes, WhatIsNotExecutedIsRefusedByName) {
 // and a resumed run continues exactly.
 TEST(Fp8BlockRecipes, CheckpointsCarryNoScalingState) {
     engine::Config c = fp8Config("e4m3", "mxfp8");
-    const std::string dir = ::testing::TempDir() + "/ts_fp8_mx_ckpt";
+    const std::string dir = checkpointDir("fp8_mx");
     std::filesystem::remove_all(dir);
     const RunResult straight = runSingle(c, 3);
     auto saved = trainSingle(c, 2, "", dir);

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "engine/parallel/parallel_trainer.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
@@ -50,7 +52,8 @@ Config resumeConfig() {
 }
 
 std::string tempDir(const std::string& name) {
-    const fs::path p = fs::temp_directory_path() / ("ts_ckpt_" + name + "_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+    // Per process: ctest runs these tests twice at once (plain and on the emulated device).
+    const fs::path p = fs::temp_directory_path() / ("ts_ckpt_" + name + "_" + std::to_string(::getpid()));
     fs::remove_all(p);
     return p.string();
 }

@@ -7,6 +7,8 @@
 // rank that stops the whole run quickly with an error naming the rank and the op.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -181,6 +183,17 @@ TEST(ParallelTrainer, Bf16GradReductionIsCloseButNotExact) {
 }
 
 // DP replicas hold identical weights after training.
+// ctest parallel.EmulatedDevice.Layouts reruns this binary with TS_EMULATE_DEVICE=1: the trainer
+// must then really run on the emulated device (else that run silently repeats the CPU one).
+TEST(ParallelTrainer, RunsOnTheDeviceTheEnvironmentAsksFor) {
+    const char* env = std::getenv("TS_EMULATE_DEVICE");
+    const bool emulate = env && std::string(env) == "1";
+    Config c = withLayout(tinyConfig(), {2, 1, 1, 1, 1});
+    auto t = engine::ParallelTrainer::create(c, nullptr);
+    ASSERT_TRUE(t.isOk()) << t.status().toString();
+    EXPECT_EQ((*t)->backend().kind(), emulate ? engine::BackendKind::EmulatedDevice : engine::BackendKind::Cpu);
+}
+
 TEST(ParallelTrainer, ReplicasStayIdentical) {
     Config par = withLayout(tinyConfig(), {1, 2, 1, 2, 2});
     par.use_distributed_optimizer = true;

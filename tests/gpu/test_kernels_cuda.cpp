@@ -26,6 +26,23 @@ void expectNear(const std::vector<float>& got, const std::vector<float>& want, d
 
 class KernelsCuda : public CudaStreamTest {};
 
+// The strided copy the CP all-to-all pack uses (kern::copy2D): rows of `w` floats out of rows of
+// `spitch` floats into rows of `dpitch` floats, the rest of the destination untouched.
+TEST_F(KernelsCuda, Copy2DMovesTheStridedRows) {
+    const size_t rows = 37, w = 12, spitch = 40, dpitch = 16;
+    const auto src = randomVec(rows * spitch, 77);
+    const auto before = randomVec(rows * dpitch, 78);
+    DeviceVec<float> gs(src), gd(before);
+    TS_ASSERT_OK(gs.status);
+    TS_ASSERT_OK(cuda::copy2DAsync(gd.ptr + 2, dpitch * sizeof(float), gs.ptr + 5, spitch * sizeof(float),
+                                   w * sizeof(float), rows, m_stream));
+    sync();
+    std::vector<float> want = before;
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t i = 0; i < w; ++i) want[2 + r * dpitch + i] = src[5 + r * spitch + i];
+    expectSameBits(gd.download(), want, "copy2DAsync");
+}
+
 TEST_F(KernelsCuda, LayerNormForwardMatchesCpu) {
     const int T = 67, C = 300;
     const auto x = randomVec(T * C, 1, -3, 3), w = randomVec(C, 2), b = randomVec(C, 3);

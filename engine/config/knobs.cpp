@@ -471,7 +471,7 @@ std::vector<KnobDef> buildRegistry() {
         "FP8 scaling recipe: delayed (amax history), tensorwise (per-tensor current scaling), mxfp8 "
         "(1x32 blocks, E8M0 scales) or blockwise (1x128 / 128x128 blocks, power-of-two fp32 scales); "
         "emulated on the CPU. Not executed: tensorwise with MoE experts under tensor/context/expert/"
-        "expert-tensor parallelism, mxfp8/blockwise with experts or context parallelism.");
+        "expert-tensor parallelism, mxfp8/blockwise with context parallelism.");
     r.i("fp8_amax_history_len", &C::fp8_amax_history_len, "--fp8-amax-history-len",
         "model.fp8_amax_history_len", "Amax history length of delayed scaling.");
     r.e("fp8_amax_compute_algo", &C::fp8_amax_compute_algo, {"most_recent", "max"},

@@ -10,7 +10,8 @@
 // FP8 GEMM with fp32 accumulation computes, up to summation order.
 // Block recipes (mxfp8, blockwise): no scaling state; each GEMM quantizes its operands per block
 // along its own reduction dimension from the high-precision tensors (fp8BlockOperand,
-// fp8BlockLinearBackward; kernels/cpu/fp8_block.h). Embedding, output layer, norms,
+// fp8BlockLinearBackward; kernels/cpu/fp8_block.h), inside the MoE experts each expert's rows
+// on their own (fp8BlockExpertsForward / Backward). Embedding, output layer, norms,
 // attention and the first/last layers under first_last_layers_bf16 stay in bf16.
 #pragma once
 
@@ -92,5 +93,18 @@ const float* fp8BlockOperand(const Fp8Recipe& r, const float* x, int64_t rows, i
 int64_t fp8BlockBackwardWorkElems(int T, int in, int out);
 void fp8BlockLinearBackward(const Fp8Recipe& r, const float* dy, const float* x, const float* Wcol, float* dx,
                             float* dW, int T, int in, int out, float* work);
+
+// Block recipes inside the MoE experts (TE's GroupedLinear: the rows of each local expert, its
+// m_split, are quantized as a tensor of their own, with the expert's own weight copies). The rows
+// of all local experts lie in one buffer, expert l's at [off[l], off[l+1]); these run experts
+// [l0, l1). Forward: y_l = Q(x_l along in) Wrow[l]^T (+ b[l] when b and b[l] are given), the
+// quantized rows into xq (off[l1] * in floats, the same row offsets). Backward of the same:
+// per expert fp8BlockLinearBackward on its own rows (the wgrad's blocks along the tokens start
+// at the expert's first row), dx and dW[l] may be null; work: fp8BlockBackwardWorkElems(off[l1],
+// in, out) floats, expert l's part at off[l] * (in + out).
+void fp8BlockExpertsForward(const Fp8Recipe& r, const float* x, const float* const* Wrow, const float* const* b,
+                            float* y, const int* off, int l0, int l1, int in, int out, float* xq);
+void fp8BlockExpertsBackward(const Fp8Recipe& r, const float* dy, const float* x, const float* const* Wcol, float* dx,
+                             float* const* dW, const int* off, int l0, int l1, int in, int out, float* work);
 
 }  // namespace ts::engine

@@ -257,7 +257,7 @@ private:
     void fp8ExpertStepUpdate();
     void fp8ExpertInit();
     // Block recipes (mxfp8, blockwise): the weight's FP8 copy quantized along `in` (rowwise, the
-    // forward GEMM) or along `out` (the dgrad), made once per iteration.
+    // forward GEMM) or along `out` (the dgrad), made once per iteration; dense and expert weights.
     Result<const float*> fp8BlockWeight(int wIdx, bool rowwise);
     // Checkpoint entries "layer<L>.expert<E>.<linear_fc1|linear_fc2>.<slot>" (E: global expert).
     void fp8ExpertState(nlohmann::json& out) const;

@@ -14,7 +14,8 @@
 // parallel run uses the scales of the single-device run). Tensorwise takes each tensor's amax
 // when it is quantized, reduced with MAX over TP.
 // MoE experts (second half of the file): one scaling state per expert GEMM, the amaxes reduced
-// over the ranks holding each expert (see there).
+// over the ranks holding each expert (see there). Block recipes keep no state; the experts'
+// weights get block copies like the dense ones (fp8BlockWeight, by param index).
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"

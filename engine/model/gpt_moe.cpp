@@ -47,7 +47,17 @@
 // Shared experts (gpt_layer.cpp, gpt_mlp.cpp) are added to this block's output by the layer;
 // with moe_shared_expert_overlap they run inside it, after the dispatch (A.beforeExperts).
 // FP8 (fp8 set): every expert GEMM takes FP8 inputs with the expert's own scaling state
-// (gpt_fp8.cpp); the router stays in high precision.
+// (gpt_fp8.cpp); the router stays in high precision. Block recipes (mxfp8, blockwise): each
+// expert GEMM quantizes its operands per block along its reduction dimension, the expert's rows
+// on this rank as one tensor (TE's GroupedLinear m_splits): forward and dgrad blocks run along
+// a row, so they are the single device's whatever the layout; the wgrad's run along the tokens
+// from the expert's first row. With expert parallelism over data-parallel ranks an expert's
+// rows are those of several microbatches one after the other (source rank by source rank, as
+// Megatron's permute 2 orders them), where the single device quantizes each microbatch's rows
+// on their own: the wgrad's token blocks then straddle the microbatches unless each source's
+// rows are whole blocks (see docs/engine.md). Megatron pads each expert's rows to 16 / 32 with
+// zero rows (Fp8Padding, SequentialMLP's _pad_tensor_for_quantization): zero rows change no
+// block's amax and add nothing to a GEMM, so the engine does not materialise them.
 // Context parallel: the layer runs on the CP-local rows; the aux loss counts the routing of the
 // whole microbatch (counts all-reduced over "cp"). Tensor parallel (sequence parallel): each TP
 // rank routes its s/t rows; the counts are all-reduced over "tp" for the aux loss.
@@ -289,12 +299,19 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // FP8 (gpt_fp8.cpp, TE's GroupedLinear): each expert GEMM's inputs in FP8 with the expert's
     // own scaling state — fc1's input rows (quantized in place: the wgrad reads the same values),
     // fc2's input act * prob (kept for the wgrad), and the weights' FP8 copies.
+    // Block recipes (mxfp8, blockwise): nothing is quantized in place; each expert GEMM quantizes
+    // its operands per block from the high-precision rows (the expert's rows on their own, as
+    // TE's GroupedLinear splits them) into the workspace xq, and fc2in keeps the high-precision
+    // act * prob for the wgrad (fp8BlockExpertsForward / Backward, fp8.h).
     const bool fp8 = m_fp8ExpMeta && fp8Layer(li);
     const Fp8Recipe fr = m_o.fp8;
+    const bool blk = fp8 && fr.isBlock();
     std::vector<Fp8Meta*> q1(static_cast<size_t>(L)), q2(static_cast<size_t>(L));
+    TensorPtr xq;
+    if (blk) { TS_ASSIGN_OR_RETURN(xq, allocUninitialized(m_exec, int64_t(R) * std::max(h, F), MemCategory::Workspace)); }
     if (fp8) {
         TS_ASSIGN_OR_RETURN(s->fc2in, allocUninitialized(m_exec, int64_t(R) * F));
-        for (int l = 0; l < L; ++l) {
+        for (int l = 0; l < L && !blk; ++l) {
             q1[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc1, kFp8Input);
             q2[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc2, kFp8Input);
         }
@@ -310,15 +327,23 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             B2[size_t(l)] = m_params.modelParam(P.expFc2B[size_t(l)]);
         }
     }
-    if (fp8) {
+    if (blk) {
+        // each expert's weight copy along `in` (TE quantizes every GEMM's weight of a GroupedLinear)
+        for (int l = 0; l < L; ++l) {
+            TS_ASSIGN_OR_RETURN(W1[size_t(l)], fp8BlockWeight(P.expFc1W[size_t(l)], true));
+            TS_ASSIGN_OR_RETURN(W2[size_t(l)], fp8BlockWeight(P.expFc2W[size_t(l)], true));
+        }
+    } else if (fp8) {
         TS_ASSIGN_OR_RETURN(W1, fp8ExpertWeights(li, kFp8ExpFc1, P.expFc1W));
         TS_ASSIGN_OR_RETURN(W2, fp8ExpertWeights(li, kFp8ExpFc2, P.expFc2W));
     }
+    std::vector<const float*> B1g(static_cast<size_t>(L), nullptr);  // fc1's bias inside the GEMM (grouped)
+    if (grouped) B1g = B1;
     auto expert = [=](int l) {
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) {
             // No rows: amax 0 observed (the delayed scale stays, as TE's update keeps it).
-            if (fp8) {
+            if (fp8 && !blk) {
                 fp8QuantizeInPlace(fr, *q1[size_t(l)], false, 1.f, nullptr, 0);
                 fp8QuantizeInPlace(fr, *q2[size_t(l)], false, 1.f, nullptr, 0);
             }
@@ -328,13 +353,14 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         float* ac = fp(s->act) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
         float* xin = fp(s->xin) + size_t(r0) * h;
-        if (fp8) fp8QuantizeInPlace(fr, *q1[size_t(l)], false, 1.f, xin, int64_t(rows) * h);
+        if (fp8 && !blk) fp8QuantizeInPlace(fr, *q1[size_t(l)], false, 1.f, xin, int64_t(rows) * h);
         // fc1's bias (never quantized): TEGroupedMLP's GroupedLinear adds it in the GEMM
         // (skip_bias_add=False: one bf16 rounding of x W^T + b); SequentialMLP's experts get it
         // back from fc1 (skip_bias_add=True) and add it to fc1's bf16 output in the activation
         // (x + b, or weighted_bias_swiglu's), rounded again. The saved fc1 includes the bias.
         const float* b1 = B1[size_t(l)];
-        k::linearForward(xin, W1[size_t(l)], grouped ? b1 : nullptr, f1, rows, h, F1);
+        if (blk) fp8BlockExpertsForward(fr, fp(s->xin), W1.data(), B1g.data(), fp(s->fc1), s->eoff.data(), l, l + 1, h, F1, fp(xq));
+        else k::linearForward(xin, W1[size_t(l)], grouped ? b1 : nullptr, f1, rows, h, F1);
         if (bf) k::roundToBf16(f1, int64_t(rows) * F1);
         if (b1 && !grouped) {
             k::addBias(f1, b1, rows, F1);
@@ -354,9 +380,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         for (int r = 0; r < rows; ++r)
             for (int f = 0; f < F; ++f) scaled[size_t(r) * F + f] = ac[size_t(r) * F + f] * prob[r];
         if (bf) k::roundToBf16(scaled, int64_t(rows) * F);
-        if (fp8) fp8QuantizeInPlace(fr, *q2[size_t(l)], false, 1.f, scaled, int64_t(rows) * F);
+        if (fp8 && !blk) fp8QuantizeInPlace(fr, *q2[size_t(l)], false, 1.f, scaled, int64_t(rows) * F);
         float* o = fp(eout) + size_t(r0) * h;
-        k::linearForward(scaled, W2[size_t(l)], nullptr, o, rows, F, h);
+        if (blk) fp8BlockExpertsForward(fr, fp(s->fc2in), W2.data(), nullptr, fp(eout), s->eoff.data(), l, l + 1, F, h, fp(xq));
+        else k::linearForward(scaled, W2[size_t(l)], nullptr, o, rows, F, h);
         if (const float* b2 = B2[size_t(l)]) {
             // fc2's bias (skip_bias_add=True) weighted by the row's prob, added by the experts
             // (TEGroupedMLP._apply_bias / MLP with per_token_scale: output + bias * prob, in bf16:
@@ -491,7 +518,21 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     const Fp8Recipe fr = m_o.fp8;
     const float gradDiv = float(m_ctx.dpSize) * float(m_ctx.cpSize);
     std::vector<Fp8Meta*> g1(static_cast<size_t>(L)), g2(static_cast<size_t>(L));
-    if (fp8) {
+    // Block recipes: the dgrads read each expert's weight copy along `out`, the wgrads quantize
+    // the saved high-precision inputs along the tokens; the GEMMs' operands (dY, the experts'
+    // da / dact / dfc1 rows) and their quantized copies live in workspaces (bgrad, bwork).
+    const bool blk = fp8 && fr.isBlock();
+    TensorPtr bgrad, bwork;
+    if (blk) {
+        for (int l = 0; l < L; ++l) {
+            TS_ASSIGN_OR_RETURN(W1[size_t(l)], fp8BlockWeight(P.expFc1W[size_t(l)], false));
+            TS_ASSIGN_OR_RETURN(W2[size_t(l)], fp8BlockWeight(P.expFc2W[size_t(l)], false));
+        }
+        TS_ASSIGN_OR_RETURN(bgrad, allocUninitialized(m_exec, int64_t(R) * (2 * F + F1), MemCategory::Workspace));
+        TS_ASSIGN_OR_RETURN(bwork, allocUninitialized(m_exec, std::max(fp8BlockBackwardWorkElems(R, F, h),
+                                                                       fp8BlockBackwardWorkElems(R, h, F1)),
+                                                      MemCategory::Workspace));
+    } else if (fp8) {
         TS_ASSIGN_OR_RETURN(W1, fp8ExpertWeights(li, kFp8ExpFc1, P.expFc1W));
         TS_ASSIGN_OR_RETURN(W2, fp8ExpertWeights(li, kFp8ExpFc2, P.expFc2W));
         for (int l = 0; l < L; ++l) {
@@ -502,7 +543,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     auto expert = [=](int l) {
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) {
-            if (fp8) {
+            if (fp8 && !blk) {
                 fp8QuantizeInPlace(fr, *g1[size_t(l)], true, gradDiv, nullptr, 0);
                 fp8QuantizeInPlace(fr, *g2[size_t(l)], true, gradDiv, nullptr, 0);
             }
@@ -511,7 +552,21 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         const float* ac = fp(s->act) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
         float* dy = fp(dyin) + size_t(r0) * h;  // this backward's own buffer: quantized in place
-        std::vector<float> scaledLocal, da(size_t(rows) * F), dact(size_t(rows) * F), dfc1(size_t(rows) * F1);
+        std::vector<float> scaledLocal, daLocal, dactLocal, dfc1Local;
+        float *da, *dact, *dfc1;  // [rows, F], [rows, F], [rows, F1]
+        if (blk) {
+            // [R, F] da, [R, F] dact, [R, F1] dfc1: the expert's rows at their row offset r0
+            da = fp(bgrad) + size_t(r0) * F;
+            dact = fp(bgrad) + size_t(R) * F + size_t(r0) * F;
+            dfc1 = fp(bgrad) + size_t(2 * R) * F + size_t(r0) * F1;
+        } else {
+            daLocal.resize(size_t(rows) * F);
+            dactLocal.resize(size_t(rows) * F);
+            dfc1Local.resize(size_t(rows) * F1);
+            da = daLocal.data();
+            dact = dactLocal.data();
+            dfc1 = dfc1Local.data();
+        }
         // fc2's bias term b2 * prob: d b2 += sum_r dY_r prob_r, d prob_r += dY_r . b2 (from the
         // unquantized dY, before FP8 quantizes it for the GEMMs).
         std::vector<double> dpBias;
@@ -531,7 +586,10 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             for (int i = 0; i < h; ++i) g[i] += float(gb[size_t(i)]);
         }
         const float* scaled = nullptr;
-        if (fp8) {
+        if (blk) {
+            fp8BlockExpertsBackward(fr, fp(dyin), fp(s->fc2in), W2.data(), fp(bgrad), G2.data(), s->eoff.data(), l,
+                                    l + 1, F, h, fp(bwork));
+        } else if (fp8) {
             scaled = fp(s->fc2in) + size_t(r0) * F;
             fp8QuantizeInPlace(fr, *g2[size_t(l)], true, gradDiv, dy, int64_t(rows) * h);
         } else {
@@ -541,7 +599,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             if (bf) k::roundToBf16(scaledLocal.data(), int64_t(rows) * F);
             scaled = scaledLocal.data();
         }
-        k::linearBackward(dy, scaled, W2[size_t(l)], da.data(), G2[size_t(l)], nullptr, rows, F, h);
+        if (!blk) k::linearBackward(dy, scaled, W2[size_t(l)], da, G2[size_t(l)], nullptr, rows, F, h);
         for (int r = 0; r < rows; ++r) {
             double dp = 0;
             const float p = prob[r];
@@ -553,13 +611,18 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             fp(deprob)[r0 + r] = float(dp);
         }
         const float* f1 = fp(s->fc1) + size_t(r0) * F1;
-        if (swiglu) k::swigluBackward(dact.data(), f1, dfc1.data(), rows, F);
-        else k::biasGeluBackward(dact.data(), f1, nullptr, dfc1.data(), nullptr, rows, F);
-        if (bf) k::roundToBf16(dfc1.data(), int64_t(rows) * F1);
+        if (swiglu) k::swigluBackward(dact, f1, dfc1, rows, F);
+        else k::biasGeluBackward(dact, f1, nullptr, dfc1, nullptr, rows, F);
+        if (bf) k::roundToBf16(dfc1, int64_t(rows) * F1);
         // fc1's bias grad: the sum of fc1's output grads (before FP8 quantizes them)
-        if (GB1[size_t(l)]) k::biasGradAccumulate(dfc1.data(), GB1[size_t(l)], rows, F1);
-        if (fp8) fp8QuantizeInPlace(fr, *g1[size_t(l)], true, gradDiv, dfc1.data(), int64_t(rows) * F1);
-        k::linearBackward(dfc1.data(), fp(s->xin) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
+        if (GB1[size_t(l)]) k::biasGradAccumulate(dfc1, GB1[size_t(l)], rows, F1);
+        if (blk) {
+            fp8BlockExpertsBackward(fr, fp(bgrad) + size_t(2 * R) * F, fp(s->xin), W1.data(), fp(dxin), G1.data(),
+                                    s->eoff.data(), l, l + 1, h, F1, fp(bwork));
+            return;
+        }
+        if (fp8) fp8QuantizeInPlace(fr, *g1[size_t(l)], true, gradDiv, dfc1, int64_t(rows) * F1);
+        k::linearBackward(dfc1, fp(s->xin) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
                           G1[size_t(l)], nullptr, rows, h, F1);
     };
     const double expertFlops = 4.0 * R * (double(h) * F1 + double(F) * h);

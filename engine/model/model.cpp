@@ -172,14 +172,30 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         if (c.fp8_recipe == "mxfp8" || c.fp8_recipe == "blockwise") {
             // Block recipes quantize along each GEMM's reduction dimension: a tensor-parallel shard
             // must hold whole blocks (else its blocks are not the single device's), and the wgrad's
-            // blocks along the tokens would be CP-local with context parallelism.
+            // blocks along the tokens would be CP-local with context parallelism. MoE experts
+            // (gpt_moe.cpp): the same rule for an expert-tensor-parallel shard of fc1's rows / fc2's
+            // columns (moe_ffn_hidden_size / etp), and for the shared experts' TP shards.
             const int blk = c.fp8_recipe == "mxfp8" ? 32 : 128;
             auto notYet = [&](const std::string& what) {
                 return Status::unsupported("fp8_recipe=" + c.fp8_recipe + " " + what +
                                            " is not executed by the engine yet; use fp8_recipe=delayed");
             };
-            if (c.num_moe_experts > 0) return notYet("with MoE experts (num_moe_experts > 0)");
             if (ds.cp > 1) return notYet("with context_parallel_size > 1");
+            auto whole = [&](const char* what, int64_t n, int parts, const char* knob) -> Status {
+                if ((n / parts) % blk == 0) return Status::ok();
+                return bad("fp8_recipe=" + c.fp8_recipe + " quantizes blocks of " + std::to_string(blk) +
+                           " along each GEMM's reduction dimension: " + what + " / " + knob + " = " +
+                           std::to_string(n / parts) + " must be a multiple of " + std::to_string(blk) + " (or use " +
+                           knob + " 1 or fp8_recipe=delayed)");
+            };
+            if (c.num_moe_experts > 0 && ds.etp > 1) {
+                const int moeFfn = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : d.ffn;
+                TS_RETURN_IF_ERROR(whole(c.moe_ffn_hidden_size > 0 ? "moe_ffn_hidden_size" : "ffn_hidden_size (the experts')",
+                                         moeFfn, ds.etp, "expert_tensor_parallel_size"));
+            }
+            if (c.num_moe_experts > 0 && tp > 1 && c.moe_shared_expert_intermediate_size > 0)
+                TS_RETURN_IF_ERROR(whole("moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size, tp,
+                                         "tensor_model_parallel_size"));
             if (tp > 1) {
                 const int64_t qkvOut = int64_t(d.heads + 2 * d.groups) * d.headDim;
                 for (auto [what, n] : {std::pair<const char*, int64_t>{"num_attention_heads x kv_channels", int64_t(d.heads) * d.headDim},

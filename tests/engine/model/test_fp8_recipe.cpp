@@ -244,5 +244,113 @@ TEST(Fp8Recipe, BlockLinearBackwardQuantizesAlongEachGemmsReduction) {
     }
 }
 
+// One MoE expert GEMM under each block recipe (fp8BlockExpertsForward / Backward, the functions
+// gpt_moe.cpp calls for fc1 and fc2): three local experts with 37, 0 and 70 rows in one buffer.
+// Against a reference that quantizes with kernels/cpu directly, each expert's rows as a tensor of
+// their own (TE's GroupedLinear splits its input by m_splits before quantizing): the forward
+// Q(x along in) Q(W along in)^T, the dgrad Q(dy along out) Q(W along out), the wgrad
+// Q(dy along T)^T Q(x along T). Expert 0's inputs are 2^-24 times expert 2's: quantizing the
+// concatenated rows as one tensor (blocks along the tokens straddling the experts) would take
+// their blocks' scales from expert 2's rows and flush them below FP8's smallest subnormal.
+TEST(Fp8BlockExperts, EachExpertsRowsAreQuantizedAsTheirOwnTensor) {
+    namespace kc = kernels::cpu;
+    const int in = 64, out = 96, L = 3;
+    const int off[L + 1] = {0, 37, 37, 107};
+    const int R = off[L];
+    std::mt19937 gen(5);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto fill = [&](int n) {
+        std::vector<float> v(static_cast<size_t>(n));
+        for (float& e : v) e = nd(gen);
+        return v;
+    };
+    std::vector<float> x = fill(R * in), dy = fill(R * out);
+    for (int r = 0; r < off[1]; ++r)
+        for (int i = 0; i < in; ++i) x[size_t(r) * in + i] = std::ldexp(x[size_t(r) * in + i], -24);
+    std::vector<std::vector<float>> W(L);
+    for (auto& w : W) w = fill(out * in);
+    for (const char* recipe : {"mxfp8", "blockwise"}) {
+        Config c;
+        c.bf16 = true;
+        c.fp8 = "hybrid";
+        c.fp8_recipe = recipe;
+        const Fp8Recipe r = *Fp8Recipe::fromConfig(c);
+        const bool mx = r.block == Fp8Recipe::Block::Mxfp8;
+        const kc::Fp8BlockKind act = mx ? kc::Fp8BlockKind::Mx1x32 : kc::Fp8BlockKind::Block1x128;
+        const kc::Fp8BlockKind wk = mx ? kc::Fp8BlockKind::Mx1x32 : kc::Fp8BlockKind::Block128x128;
+        auto q = [&](const float* m, int rows, int cols, kc::Fp8BlockKind kind, bool alongRows, kc::Fp8Format f) {
+            std::vector<float> y(size_t(rows) * cols);
+            kc::fp8BlockQuantizeDequantize(m, y.data(), nullptr, nullptr, rows, cols, kind, alongRows, f);
+            return y;
+        };
+        // The weight copies as the model makes them (fp8BlockWeight: fp8BlockOperand), checked here.
+        std::vector<std::vector<float>> wRow(L), wCol(L);
+        std::vector<const float*> Wr(L), Wc(L);
+        for (int l = 0; l < L; ++l) {
+            wRow[size_t(l)].resize(W[size_t(l)].size());
+            wCol[size_t(l)].resize(W[size_t(l)].size());
+            Wr[size_t(l)] = fp8BlockOperand(r, W[size_t(l)].data(), out, in, true, true, false, wRow[size_t(l)].data());
+            Wc[size_t(l)] = fp8BlockOperand(r, W[size_t(l)].data(), out, in, false, true, false, wCol[size_t(l)].data());
+            EXPECT_EQ(wRow[size_t(l)], q(W[size_t(l)].data(), out, in, wk, true, kc::Fp8Format::E4M3)) << recipe;
+            EXPECT_EQ(wCol[size_t(l)], q(W[size_t(l)].data(), out, in, wk, false, kc::Fp8Format::E4M3)) << recipe;
+        }
+        // The engine: all experts in one call, and expert by expert as the model's ops call it.
+        std::vector<float> y(size_t(R) * out), y1(size_t(R) * out), xq(size_t(R) * in);
+        fp8BlockExpertsForward(r, x.data(), Wr.data(), nullptr, y.data(), off, 0, L, in, out, xq.data());
+        for (int l = 0; l < L; ++l)
+            fp8BlockExpertsForward(r, x.data(), Wr.data(), nullptr, y1.data(), off, l, l + 1, in, out, xq.data());
+        EXPECT_EQ(y, y1) << recipe;
+        std::vector<float> dx(size_t(R) * in), work(size_t(fp8BlockBackwardWorkElems(R, in, out)));
+        std::vector<std::vector<float>> dW(L, std::vector<float>(size_t(out) * in, 0.f));
+        std::vector<float*> dWp(L);
+        for (int l = 0; l < L; ++l) dWp[size_t(l)] = dW[size_t(l)].data();
+        fp8BlockExpertsBackward(r, dy.data(), x.data(), Wc.data(), dx.data(), dWp.data(), off, 0, L, in, out, work.data());
+        // The reference, expert by expert on its own rows.
+        std::vector<double> yRef(size_t(R) * out, 0.0), dxRef(size_t(R) * in, 0.0);
+        std::vector<std::vector<double>> dwRef(L, std::vector<double>(size_t(out) * in, 0.0));
+        for (int l = 0; l < L; ++l) {
+            const int r0 = off[l], rows = off[l + 1] - r0;
+            if (rows == 0) continue;
+            const auto xr = q(x.data() + size_t(r0) * in, rows, in, act, true, kc::Fp8Format::E4M3);
+            const auto xc = q(x.data() + size_t(r0) * in, rows, in, act, false, kc::Fp8Format::E4M3);
+            const auto dr = q(dy.data() + size_t(r0) * out, rows, out, act, true, kc::Fp8Format::E5M2);
+            const auto dc = q(dy.data() + size_t(r0) * out, rows, out, act, false, kc::Fp8Format::E5M2);
+            const auto& wr = wRow[size_t(l)];
+            const auto& wc = wCol[size_t(l)];
+            for (int t = 0; t < rows; ++t)
+                for (int o = 0; o < out; ++o)
+                    for (int i = 0; i < in; ++i) {
+                        yRef[size_t(r0 + t) * out + o] += double(xr[size_t(t) * in + i]) * wr[size_t(o) * in + i];
+                        dxRef[size_t(r0 + t) * in + i] += double(dr[size_t(t) * out + o]) * wc[size_t(o) * in + i];
+                        dwRef[size_t(l)][size_t(o) * in + i] += double(dc[size_t(t) * out + o]) * xc[size_t(t) * in + i];
+                    }
+        }
+        auto relErr = [](const float* a, const std::vector<double>& ref) {
+            double e = 0, n = 0;
+            for (size_t i = 0; i < ref.size(); ++i) {
+                e += (a[i] - ref[i]) * (a[i] - ref[i]);
+                n += ref[i] * ref[i];
+            }
+            return n > 0 ? std::sqrt(e / n) : std::sqrt(e);
+        };
+        EXPECT_LT(relErr(y.data(), yRef), 1e-6) << recipe;
+        EXPECT_LT(relErr(dx.data(), dxRef), 1e-6) << recipe;
+        for (int l = 0; l < L; ++l) EXPECT_LT(relErr(dW[size_t(l)].data(), dwRef[size_t(l)]), 1e-6) << recipe << " expert " << l;
+        EXPECT_EQ(dW[1], std::vector<float>(size_t(out) * in, 0.f)) << recipe << ": expert 1 has no rows";
+        // The wgrad of expert 0 with the concatenated rows quantized along the tokens as one
+        // tensor: blocks that reach into expert 2's rows flush expert 0's (mxfp8: its rows 32-36,
+        // blockwise: all of them).
+        const auto xAll = q(x.data(), R, in, act, false, kc::Fp8Format::E4M3);
+        const auto dAll = q(dy.data(), R, out, act, false, kc::Fp8Format::E5M2);
+        std::vector<double> wrong(size_t(out) * in, 0.0);
+        for (int t = 0; t < off[1]; ++t)
+            for (int o = 0; o < out; ++o)
+                for (int i = 0; i < in; ++i)
+                    wrong[size_t(o) * in + i] += double(dAll[size_t(t) * out + o]) * xAll[size_t(t) * in + i];
+        const std::vector<float> wrongF(wrong.begin(), wrong.end());
+        EXPECT_GT(relErr(wrongF.data(), dwRef[0]), 0.1) << recipe << ": quantizing the rows together is not told apart";
+    }
+}
+
 }  // namespace
 }  // namespace ts::engine

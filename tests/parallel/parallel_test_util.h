@@ -212,6 +212,20 @@ inline void expectCheckpointResumesOnOneDevice(const engine::Config& c, const st
     std::filesystem::remove_all(dir);
 }
 
+// The reverse: a single-device checkpoint after 2 steps resumed on layout `c` (the step against
+// step 3 of the uninterrupted single-device run, and every weight).
+inline void expectOneDeviceCheckpointResumesOn(const engine::Config& c, const std::string& what) {
+    const engine::Config one = singleDevice(c);
+    const std::string dir = checkpointDir(what);
+    auto saved = trainSingle(one, 2, "", dir);
+    ASSERT_TRUE(saved.isOk()) << what << ": " << saved.status().toString();
+    const RunResult straight = runSingle(one, 3);
+    auto resumed = trainParallel(c, 1, dir);
+    ASSERT_TRUE(resumed.isOk()) << what << ": " << resumed.status().toString();
+    expectResumedStep(*resumed, straight, what);
+    std::filesystem::remove_all(dir);
+}
+
 // One serial step with lr 0 (the grads stay readable, the weights unchanged): its loss, and every
 // param's grad and value by name; `edit` may change the freshly initialized weights first.
 struct OneStep {

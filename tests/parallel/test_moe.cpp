@@ -529,17 +529,7 @@ TEST(Moe, TensorParallelCheckpointResumesOnOneDevice) {
     c.moe_aux_loss_coeff = 0.01;
     expectCheckpointResumesOnOneDevice(c, "moe_tp2_dp2");
     // ... and the other way: a single-device checkpoint resumed on tp2·dp2.
-    {
-        const engine::Config one = singleDevice(c);
-        const std::string dir = checkpointDir("moe_one_to_tp2_dp2");
-        auto saved = trainSingle(one, 2, "", dir);
-        ASSERT_TRUE(saved.isOk()) << saved.status().toString();
-        const RunResult straight = runSingle(one, 3);
-        auto resumed = trainParallel(c, 1, dir);
-        ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
-        expectResumedStep(*resumed, straight, "one device -> tp2_dp2");
-        std::filesystem::remove_all(dir);
-    }
+    expectOneDeviceCheckpointResumesOn(c, "moe_one_to_tp2_dp2");
     c.expert_model_parallel_size = 2;
     c.moe_token_dispatcher_type = "alltoall";
     expectCheckpointResumesOnOneDevice(c, "moe_tp2_etp1_ep2_dp2");
@@ -647,15 +637,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeCheckpoint,
 
 TEST(MoeCheckpoint, OneDeviceCheckpointResumesOnEp2Dp2) {
     const engine::Config c = epConfig(1, 2, false);
-    const engine::Config one = singleDevice(c);
-    const std::string dir = checkpointDir("moe_one_to_ep2_dp2");
-    auto saved = trainSingle(one, 2, "", dir);
-    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
-    const RunResult straight = runSingle(one, 3);
-    auto resumed = trainParallel(c, 1, dir);
-    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
-    expectResumedStep(*resumed, straight, "one device -> ep2_dp2");
-    std::filesystem::remove_all(dir);
+    expectOneDeviceCheckpointResumesOn(c, "moe_one_to_ep2_dp2");
 }
 
 // Pipeline stages and ep ranks both split the table: ep2·pp2·dp2 (distributed optimizer)
@@ -833,15 +815,7 @@ TEST(MoeEtpCheckpoint, Tp2Etp2Ep2CheckpointResumesOnOneDevice) {
 
 TEST(MoeEtpCheckpoint, OneDeviceCheckpointResumesOnTp2Etp2Ep2) {
     const engine::Config c = etpConfig(EtpLayout{"", 2, 2, 2, 2, 1, false, "alltoall", true});
-    const engine::Config one = singleDevice(c);
-    const std::string dir = checkpointDir("moe_one_to_tp2_etp2_ep2");
-    auto saved = trainSingle(one, 2, "", dir);
-    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
-    const RunResult straight = runSingle(one, 3);
-    auto resumed = trainParallel(c, 1, dir);
-    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
-    expectResumedStep(*resumed, straight, "one device -> tp2_etp2_ep2");
-    std::filesystem::remove_all(dir);
+    expectOneDeviceCheckpointResumesOn(c, "moe_one_to_tp2_etp2_ep2");
 }
 
 // Between two expert layouts: tp2·etp2·dp2 (distributed optimizer: experts split over etp 2,

@@ -363,15 +363,7 @@ TEST(MoeBiasCheckpoint, Ep2Dp2CheckpointResumesOnOneDevice) {
 
 TEST(MoeBiasCheckpoint, OneDeviceCheckpointResumesOnEp2Dp2) {
     const engine::Config c = biasLayoutConfig(BiasLayout{"ep2_dp2", 1, 2, 2, 1});
-    const engine::Config one = singleDevice(c);
-    const std::string dir = checkpointDir("moe_bias_one_to_ep2_dp2");
-    auto saved = trainSingle(one, 2, "", dir);
-    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
-    const RunResult straight = runSingle(one, 3);
-    auto resumed = trainParallel(c, 1, dir);
-    ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
-    expectResumedStep(*resumed, straight, "one device -> ep2_dp2");
-    std::filesystem::remove_all(dir);
+    expectOneDeviceCheckpointResumesOn(c, "moe_bias_one_to_ep2_dp2");
 }
 
 // num_parameters counts each bias once (the single device's count), and the biases are exactly

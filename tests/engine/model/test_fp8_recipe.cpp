@@ -150,13 +150,36 @@ TEST(Fp8Recipe, QuantizeInPlaceForExpertRows) {
     EXPECT_EQ(mt.scale, 448.0f / 7.0f);   // kept
 }
 
+namespace kc = kernels::cpu;
+
+// A block recipe by name, with the block kinds of its activations/gradients and weights.
+struct BlockRecipe {
+    Fp8Recipe r;
+    kc::Fp8BlockKind act, weight;
+};
+BlockRecipe blockRecipe(const char* recipe) {
+    Config c;
+    c.bf16 = true;
+    c.fp8 = "hybrid";
+    c.fp8_recipe = recipe;
+    const Fp8Recipe r = *Fp8Recipe::fromConfig(c);
+    const bool mx = r.block == Fp8Recipe::Block::Mxfp8;
+    return {r, mx ? kc::Fp8BlockKind::Mx1x32 : kc::Fp8BlockKind::Block1x128,
+            mx ? kc::Fp8BlockKind::Mx1x32 : kc::Fp8BlockKind::Block128x128};
+}
+// m [rows, cols] block-quantized (and dequantized) straight with the kernels/cpu function.
+std::vector<float> blockQ(const float* m, int rows, int cols, kc::Fp8BlockKind kind, bool alongRows, kc::Fp8Format f) {
+    std::vector<float> y(size_t(rows) * cols);
+    kc::fp8BlockQuantizeDequantize(m, y.data(), nullptr, nullptr, rows, cols, kind, alongRows, f);
+    return y;
+}
+
 // Block recipes: the backward of y = x W^T takes each GEMM's operands quantized along that GEMM's
 // reduction dimension, all from high precision (REFERENCE.md §6.4): dgrad dy (blocks along out)
 // times W (along out), wgrad dy^T x (both along the tokens). Reference: the block quantizations
 // (kernels/cpu/fp8_block.h, tested against their own reference in tests/kernels) with the
 // directions written out here, and the GEMMs in double.
 TEST(Fp8Recipe, BlockLinearBackwardQuantizesAlongEachGemmsReduction) {
-    namespace kc = kernels::cpu;
     const int T = 64, in = 64, out = 96;
     std::mt19937 gen(3);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -176,20 +199,11 @@ TEST(Fp8Recipe, BlockLinearBackwardQuantizesAlongEachGemmsReduction) {
     for (int t = 0; t < T; ++t)
         for (int i = 0; i < in; i += 32) x[size_t(t) * in + i] = std::ldexp(x[size_t(t) * in + i], 20);
     for (const char* recipe : {"mxfp8", "blockwise"}) {
-        Config c;
-        c.bf16 = true;
-        c.fp8 = "hybrid";
-        c.fp8_recipe = recipe;
-        const Fp8Recipe r = *Fp8Recipe::fromConfig(c);
-        const bool mx = r.block == Fp8Recipe::Block::Mxfp8;
-        const kc::Fp8BlockKind act = mx ? kc::Fp8BlockKind::Mx1x32 : kc::Fp8BlockKind::Block1x128;
-        const kc::Fp8BlockKind wk = mx ? kc::Fp8BlockKind::Mx1x32 : kc::Fp8BlockKind::Block128x128;
-        auto q = [&](const std::vector<float>& m, int rows, int cols, kc::Fp8BlockKind kind, bool alongRows,
-                     kc::Fp8Format f) {
-            std::vector<float> y(m.size());
-            kc::fp8BlockQuantizeDequantize(m.data(), y.data(), nullptr, nullptr, rows, cols, kind, alongRows, f);
-            return y;
-        };
+        const BlockRecipe br = blockRecipe(recipe);
+        const Fp8Recipe& r = br.r;
+        const kc::Fp8BlockKind act = br.act, wk = br.weight;
+        auto q = [](const std::vector<float>& m, int rows, int cols, kc::Fp8BlockKind kind, bool alongRows,
+                    kc::Fp8Format f) { return blockQ(m.data(), rows, cols, kind, alongRows, f); };
         const auto dyRow = q(dy, T, out, act, true, kc::Fp8Format::E5M2);
         const auto dyCol = q(dy, T, out, act, false, kc::Fp8Format::E5M2);
         const auto xCol = q(x, T, in, act, false, kc::Fp8Format::E4M3);
@@ -253,7 +267,6 @@ TEST(Fp8Recipe, BlockLinearBackwardQuantizesAlongEachGemmsReduction) {
 // concatenated rows as one tensor (blocks along the tokens straddling the experts) would take
 // their blocks' scales from expert 2's rows and flush them below FP8's smallest subnormal.
 TEST(Fp8BlockExperts, EachExpertsRowsAreQuantizedAsTheirOwnTensor) {
-    namespace kc = kernels::cpu;
     const int in = 64, out = 96, L = 3;
     const int off[L + 1] = {0, 37, 37, 107};
     const int R = off[L];
@@ -270,19 +283,10 @@ TEST(Fp8BlockExperts, EachExpertsRowsAreQuantizedAsTheirOwnTensor) {
     std::vector<std::vector<float>> W(L);
     for (auto& w : W) w = fill(out * in);
     for (const char* recipe : {"mxfp8", "blockwise"}) {
-        Config c;
-        c.bf16 = true;
-        c.fp8 = "hybrid";
-        c.fp8_recipe = recipe;
-        const Fp8Recipe r = *Fp8Recipe::fromConfig(c);
-        const bool mx = r.block == Fp8Recipe::Block::Mxfp8;
-        const kc::Fp8BlockKind act = mx ? kc::Fp8BlockKind::Mx1x32 : kc::Fp8BlockKind::Block1x128;
-        const kc::Fp8BlockKind wk = mx ? kc::Fp8BlockKind::Mx1x32 : kc::Fp8BlockKind::Block128x128;
-        auto q = [&](const float* m, int rows, int cols, kc::Fp8BlockKind kind, bool alongRows, kc::Fp8Format f) {
-            std::vector<float> y(size_t(rows) * cols);
-            kc::fp8BlockQuantizeDequantize(m, y.data(), nullptr, nullptr, rows, cols, kind, alongRows, f);
-            return y;
-        };
+        const BlockRecipe br = blockRecipe(recipe);
+        const Fp8Recipe& r = br.r;
+        const kc::Fp8BlockKind act = br.act, wk = br.weight;
+        const auto q = blockQ;
         // The weight copies as the model makes them (fp8BlockWeight: fp8BlockOperand), checked here.
         std::vector<std::vector<float>> wRow(L), wCol(L);
         std::vector<const float*> Wr(L), Wc(L);

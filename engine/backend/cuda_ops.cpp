@@ -36,6 +36,9 @@ const std::vector<std::string>& cudaOpNames() {
         "floatToBf16", "bf16ToFloat", "roundToBf16",
         // FP8
         "amaxOf", "fp8QuantizeDequantize", "fp8BlockQuantizeDequantize",
+        // MoE
+        "gatherRows", "gatherSumRows", "scaleRows", "moeProbGrad", "weightedColumnSum", "sigmoidGateForward",
+        "sigmoidGateBackward",
     };
     return kOps;
 }

@@ -611,4 +611,35 @@ void fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* 
                      f, pow2);
 }
 
+void gatherRows(const float* src, const int32_t* idx, float* dst, int rows, int cols) {
+    TS_KERN_DISPATCH(gatherRows, src, idx, dst, rows, cols);
+}
+
+void gatherSumRows(const float* src, const int32_t* start, const int32_t* idx, float* dst, int outRows, int cols) {
+    TS_KERN_DISPATCH(gatherSumRows, src, start, idx, dst, outRows, cols);
+}
+
+void scaleRows(const float* x, int64_t xRowStride, const float* s, float* y, int rows, int cols) {
+    TS_KERN_DISPATCH(scaleRows, x, xRowStride, s, y, rows, cols);
+}
+
+void moeProbGrad(const float* da, const float* act, const float* prob, const float* dy, const float* b2, float* dact,
+                 float* dprob, int rows, int F, int h) {
+    TS_KERN_DISPATCH(moeProbGrad, da, act, prob, dy, b2, dact, dprob, rows, F, h);
+}
+
+void weightedColumnSum(const float* dy, const float* w, float* db, int rows, int cols) {
+    TS_KERN_DISPATCH(weightedColumnSum, dy, w, db, rows, cols);
+}
+
+void sigmoidGateForward(const float* x, const float* w, const float* y, float* gate, float* out, int T, int h,
+                        bool bf16Gate) {
+    TS_KERN_DISPATCH(sigmoidGateForward, x, w, y, gate, out, T, h, bf16Gate);
+}
+
+void sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
+                         float* dy, float* dx, float* dw, int T, int h) {
+    TS_KERN_DISPATCH(sigmoidGateBackward, dout, y, x, gate, w, dy, dx, dw, T, h);
+}
+
 }  // namespace ts::engine::kern

@@ -178,4 +178,17 @@ void fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* 
                                 int64_t rows, int64_t cols, Fp8BlockKind kind, bool alongRows,
                                 Fp8Format f, bool pow2 = true);
 
+// MoE row movement and the experts' elementwise parts (kernels/cpu/ops.h): idx / start are
+// int32 arrays where kernels read them (kernelInts, or a buffer the op uploaded the plan into).
+void gatherRows(const float* src, const int32_t* idx, float* dst, int rows, int cols);
+void gatherSumRows(const float* src, const int32_t* start, const int32_t* idx, float* dst, int outRows, int cols);
+void scaleRows(const float* x, int64_t xRowStride, const float* s, float* y, int rows, int cols);
+void moeProbGrad(const float* da, const float* act, const float* prob, const float* dy, const float* b2, float* dact,
+                 float* dprob, int rows, int F, int h);
+void weightedColumnSum(const float* dy, const float* w, float* db, int rows, int cols);
+void sigmoidGateForward(const float* x, const float* w, const float* y, float* gate, float* out, int T, int h,
+                        bool bf16Gate);
+void sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
+                         float* dy, float* dx, float* dw, int T, int h);
+
 }  // namespace ts::engine::kern

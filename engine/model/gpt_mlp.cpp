@@ -232,17 +232,7 @@ Result<TensorPtr> GptModel::sharedExpertForward(LayerActs& A, const LayerParams&
     TensorPtr x = A.a2, gate = A.shGate;
     // x: [TL, h], w_gate: [1, h] -> gate [TL]; out = y * gate (row-wise)
     m_exec.op("shared_experts.gate.fwd", Category::Elementwise, 4.0 * TL * h, uint64_t(TL) * h * 12, [=] {
-        for (int t = 0; t < TL; ++t) {
-            const float* xt = fp(x) + size_t(t) * h;
-            double z = 0;
-            for (int i = 0; i < h; ++i) z += double(xt[i]) * double(Wg[i]);
-            float g = float(1.0 / (1.0 + std::exp(-z)));
-            if (bf) k::roundToBf16(&g, 1);
-            fp(gate)[t] = g;
-            const float* yt = fp(y) + size_t(t) * h;
-            float* o = fp(out) + size_t(t) * h;
-            for (int i = 0; i < h; ++i) o[i] = yt[i] * g;
-        }
+        k::sigmoidGateForward(fp(x), Wg, fp(y), fp(gate), fp(out), TL, h, bf);
         if (bf) k::roundToBf16(fp(out), int64_t(TL) * h);
     });
     return out;
@@ -264,24 +254,7 @@ Result<TensorPtr> GptModel::sharedExpertBackward(LayerActs& A, const LayerParams
         float* Gg = m_params.mainGrad(P.shGateW);
         TensorPtr x = A.a2, gate = A.shGate, y = A.shOut, dyOut = dy, dxg = dxGate;
         m_exec.op("shared_experts.gate.bwd", Category::Elementwise, 8.0 * ThL, uint64_t(ThL) * 20, [=] {
-            std::vector<double> gw(static_cast<size_t>(h), 0.0);
-            for (int t = 0; t < TL; ++t) {
-                const float* d = fp(dout) + size_t(t) * h;
-                const float* yt = fp(y) + size_t(t) * h;
-                const float* xt = fp(x) + size_t(t) * h;
-                const float g = fp(gate)[t];
-                double dg = 0;
-                for (int i = 0; i < h; ++i) dg += double(d[i]) * double(yt[i]);
-                const double dz = dg * double(g) * (1.0 - double(g));
-                float* o = fp(dyOut) + size_t(t) * h;
-                float* dxt = fp(dxg) + size_t(t) * h;
-                for (int i = 0; i < h; ++i) {
-                    o[i] = d[i] * g;
-                    dxt[i] = float(dz * double(Wg[i]));
-                    gw[size_t(i)] += dz * double(xt[i]);
-                }
-            }
-            for (int i = 0; i < h; ++i) Gg[i] += float(gw[size_t(i)]);
+            k::sigmoidGateBackward(fp(dout), fp(y), fp(x), fp(gate), Wg, fp(dyOut), fp(dxg), Gg, TL, h);
             if (bf) {
                 k::roundToBf16(fp(dyOut), ThL);
                 k::roundToBf16(fp(dxg), ThL);

@@ -103,6 +103,17 @@ struct GptModel::MoeSaved {
     int dropped = 0;
     std::vector<int> offset;     // [E+1] first permuted row of each expert
     std::vector<float> prob;     // [T*k] the row's routing prob
+    // The router's logits as the host routed them (read back by router.topk_permute; router.bwd
+    // differentiates the probs and the aux and z losses from them on the host).
+    std::vector<float> logitsHost;
+    // The routing plan where kernels read it, int32, filled by router.topk_permute:
+    // [rowsAlloc] the token of each permuted row, [T+1] + [rowsAlloc] the combine's inverse index
+    // (a token's rows in order), [rowsAlloc] token*E + expert of each row (allgather's dprob).
+    TensorPtr plan;
+    const int32_t* planTok() const { return static_cast<const int32_t*>(plan->data()); }
+    const int32_t* planStart() const { return planTok() + rowsAlloc; }
+    const int32_t* planInv() const { return planStart() + T + 1; }
+    const int32_t* planTokExp() const { return planInv() + rowsAlloc; }
     std::vector<int> slotOf;     // [T*k] which of the token's k choices (-1: padding row, prob 0)
     std::vector<float> topv;     // [T*k] the chosen logits (token-major)
     std::vector<int> topi;       // [T*k] the chosen experts (token-major)
@@ -123,10 +134,16 @@ struct GptModel::MoeSaved {
     std::vector<int> sendRows, recvRows, etpRows;
     int ownRows = 0, etpPad = 0;
     std::vector<int> arrivePos, expPos;
+    // Their gather indexes: the expert-grouped rows from the arrival order (moeToExperts) and back
+    // (moeFromExperts; -1: an ETP padding row, zero).
+    KernelIds toExperts, fromExperts;
     // allgather dispatcher (EP or ETP): the global token (rank-major over the "etp-ep" group) and
     // the expert of every expert-side row.
     bool allgather = false;
     std::vector<int> agToken, agExpert;
+    // Their gather indexes: agToken; its inverse over the T*n tokens (start, rows); and for each
+    // (token, expert) of the group the row computing it (-1: none).
+    KernelIds agTok, agStart, agRows, agDp;
     int gl = 0;  // global layer (counter names)
 };
 
@@ -195,19 +212,36 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // the routed rows are counted once per microbatch (not again by a full recompute).
     const bool bias = m_cfg.moe_router_enable_expert_bias, count = bias && !m_recomputing;
     auto router = m_router;
+    TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, 3 * int64_t(rowsAlloc) + T + 1, MemCategory::Workspace));
     m_exec.op("router.topk_permute", Category::Elementwise, double(T) * E * 4, uint64_t(T) * (E + K * h) * 4, [=] {
+        // The routing runs on the host: the logits are read back (on a device a copy and a wait,
+        // as Megatron's dispatcher waits for its splits), the plan and the probs go back.
+        s->logitsHost.resize(size_t(T) * E);
+        k::download(s->logitsHost.data(), fp(s->logits), s->logitsHost.size() * sizeof(float));
         MoeRouteOptions o = ro;
         if (bias) o.expertBias = (*router)[size_t(li)].expertBias.data();
-        MoeRouting r = moeRoute(fp(s->logits), o);
+        MoeRouting r = moeRoute(s->logitsHost.data(), o);
         if (count)
             for (int e = 0; e < E; ++e)
                 (*router)[size_t(li)].localTokens[size_t(e)] += r.offset[size_t(e) + 1] - r.offset[size_t(e)];
-        const size_t rows = size_t(r.rows());
-        for (size_t i = 0; i < rows; ++i) {
-            fp(s->probT)[i] = r.prob[i];
-            std::memcpy(fp(s->xp) + i * h, fp(x) + size_t(r.tokenOf[i]) * h, size_t(h) * sizeof(float));
+        const int rows = r.rows();
+        std::vector<int32_t> plan(size_t(3 * rowsAlloc + T + 1), 0);
+        int32_t* tok = plan.data();
+        int32_t* start = tok + rowsAlloc;
+        int32_t* inv = start + T + 1;
+        int32_t* tokExp = inv + rowsAlloc;
+        for (int i = 0; i < rows; ++i) {
+            tok[i] = r.tokenOf[size_t(i)];
+            tokExp[i] = r.tokenOf[size_t(i)] * E + r.expertOf[size_t(i)];
+            ++start[tok[i] + 1];
         }
-        s->rows = int(rows);
+        for (int t = 0; t < T; ++t) start[t + 1] += start[t];
+        std::vector<int32_t> cursor(start, start + T);
+        for (int i = 0; i < rows; ++i) inv[cursor[size_t(tok[i])]++] = i;
+        k::copyBytes(s->plan->data(), plan.data(), plan.size() * sizeof(int32_t));
+        k::copyBytes(fp(s->probT), r.prob.data(), size_t(rows) * sizeof(float));
+        k::gatherRows(fp(x), s->planTok(), fp(s->xp), rows, h);
+        s->rows = rows;
         s->topi = std::move(r.topi);
         s->topv = std::move(r.topv);
         s->routed = std::move(r.routed);
@@ -233,7 +267,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     if (share > 1) {
         TS_ASSIGN_OR_RETURN(cpCounts, allocUninitialized(m_exec, int64_t(G) * E, MemCategory::CommBuffers));
         m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(G) * E * 4, [=] {
-            for (int i = 0; i < G * E; ++i) fp(cpCounts)[i] = float(s->groupCounts[size_t(i)]);
+            const std::vector<float> c(s->groupCounts.begin(), s->groupCounts.end());
+            k::copyBytes(cpCounts->data(), c.data(), c.size() * sizeof(float));
         });
         if (globalAux) {
             if (!m_ctx.tpDpCp || m_ctx.tpDpCp->size() != share)
@@ -252,8 +287,11 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     }
     m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
         s->countsAll.assign(s->groupCounts.begin(), s->groupCounts.end());
-        if (cpCounts)
-            for (int i = 0; i < G * E; ++i) s->countsAll[size_t(i)] = fp(cpCounts)[i];
+        if (cpCounts) {
+            std::vector<float> c(size_t(G) * E);
+            k::download(c.data(), fp(cpCounts), c.size() * sizeof(float));
+            for (int i = 0; i < G * E; ++i) s->countsAll[size_t(i)] = c[size_t(i)];
+        }
         if (globalAux) {
             RouterState& rs = (*router)[size_t(li)];
             for (int e = 0; e < E; ++e) rs.globalTokens[size_t(e)] += s->countsAll[size_t(e)];
@@ -307,8 +345,13 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     const Fp8Recipe fr = m_o.fp8;
     const bool blk = fp8 && fr.isBlock();
     std::vector<Fp8Meta*> q1(static_cast<size_t>(L)), q2(static_cast<size_t>(L));
-    TensorPtr xq;
+    TensorPtr xq, scaledWs, biasWs;
     if (blk) { TS_ASSIGN_OR_RETURN(xq, allocUninitialized(m_exec, int64_t(R) * std::max(h, F), MemCategory::Workspace)); }
+    // fc2's input act * prob (FP8: kept in fc2in for the wgrad) and fc2's bias times the prob
+    if (!fp8) { TS_ASSIGN_OR_RETURN(scaledWs, allocUninitialized(m_exec, int64_t(R) * F, MemCategory::Workspace)); }
+    if (!P.expFc2B.empty()) {
+        TS_ASSIGN_OR_RETURN(biasWs, allocUninitialized(m_exec, int64_t(R) * h, MemCategory::Workspace));
+    }
     if (fp8) {
         TS_ASSIGN_OR_RETURN(s->fc2in, allocUninitialized(m_exec, int64_t(R) * F));
         for (int l = 0; l < L && !blk; ++l) {
@@ -369,16 +412,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         if (swiglu) k::swigluForward(f1, ac, rows, F);
         else k::biasGeluForward(f1, nullptr, ac, rows, F);
         if (bf) k::roundToBf16(ac, int64_t(rows) * F);
-        std::vector<float> local;
-        float* scaled = nullptr;
-        if (fp8) {
-            scaled = fp(s->fc2in) + size_t(r0) * F;
-        } else {
-            local.resize(size_t(rows) * F);
-            scaled = local.data();
-        }
-        for (int r = 0; r < rows; ++r)
-            for (int f = 0; f < F; ++f) scaled[size_t(r) * F + f] = ac[size_t(r) * F + f] * prob[r];
+        float* scaled = (fp8 ? fp(s->fc2in) : fp(scaledWs)) + size_t(r0) * F;
+        k::scaleRows(ac, F, prob, scaled, rows, F);
         if (bf) k::roundToBf16(scaled, int64_t(rows) * F);
         if (fp8 && !blk) fp8QuantizeInPlace(fr, *q2[size_t(l)], false, 1.f, scaled, int64_t(rows) * F);
         float* o = fp(eout) + size_t(r0) * h;
@@ -389,12 +424,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             // (TEGroupedMLP._apply_bias / MLP with per_token_scale: output + bias * prob, in bf16:
             // fc2's output, the product and the sum each rounded). Padding rows (prob 0) get none.
             if (bf) k::roundToBf16(o, int64_t(rows) * h);
-            std::vector<float> bp(static_cast<size_t>(h));
-            for (int r = 0; r < rows; ++r) {
-                for (int i = 0; i < h; ++i) bp[size_t(i)] = b2[i] * prob[r];
-                if (bf) k::roundToBf16(bp.data(), h);
-                for (int i = 0; i < h; ++i) o[size_t(r) * h + i] += bp[size_t(i)];
-            }
+            float* bp = fp(biasWs) + size_t(r0) * h;
+            k::scaleRows(b2, 0, prob, bp, rows, h);
+            if (bf) k::roundToBf16(bp, int64_t(rows) * h);
+            k::addInPlace(o, bp, int64_t(rows) * h);
             if (bf) k::roundToBf16(o, int64_t(rows) * h);
         }
     };
@@ -430,13 +463,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         // over the F/etp columns too), summed by reduce-scatter.
         const int n = ep * etp;
         TS_ASSIGN_OR_RETURN(TensorPtr part, m_exec.alloc(int64_t(T) * n * h, MemCategory::CommBuffers));
-        m_exec.op("moe.unpermute", Category::Elementwise, double(R) * h, uint64_t(R) * h * 8, [=] {
-            for (int r = 0; r < s->R; ++r) {
-                const float* src = fp(eout) + size_t(r) * h;
-                float* o = fp(part) + size_t(s->agToken[size_t(r)]) * h;
-                for (int i = 0; i < h; ++i) o[i] += src[i];
-            }
-        });
+        m_exec.op("moe.unpermute", Category::Elementwise, double(R) * h, uint64_t(R) * h * 8,
+                  [=] { k::gatherSumRows(fp(eout), s->agStart.ptr, s->agRows.ptr, fp(part), T * n, h); });
         expertGroup()->reduceScatter(m_exec.stream(), part->data(), out->data(), size_t(T) * h, DType::F32,
                                      ReduceOp::Sum);
         holdUntilDone(part, out);
@@ -447,14 +475,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     if (dispatched) {
         TS_ASSIGN_OR_RETURN(outp, moeFromExperts(*s, eout, h));
     }
+    // the combine: each token's rows summed in permuted order (the inverse index, no atomics)
     m_exec.op("moe.unpermute", Category::Elementwise, double(T) * K * h, uint64_t(T) * K * h * 8, [=] {
-        float* o = fp(out);
-        for (int r = 0; r < s->rows; ++r) {
-            const int t = s->tokenOf[size_t(r)];
-            const float* src = fp(outp) + size_t(r) * h;
-            for (int i = 0; i < h; ++i) o[size_t(t) * h + i] += src[i];
-        }
-        if (bf) k::roundToBf16(o, int64_t(T) * h);
+        k::gatherSumRows(fp(outp), s->planStart(), s->planInv(), fp(out), T, h);
+        if (bf) k::roundToBf16(fp(out), int64_t(T) * h);
     });
     return out;
 }
@@ -473,10 +497,8 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     TS_ASSIGN_OR_RETURN(TensorPtr dx, m_exec.alloc(int64_t(T) * h));
     // dY of every permuted row (the token's gradient: the combine summed the k copies).
     TS_ASSIGN_OR_RETURN(TensorPtr dyp, allocUninitialized(m_exec, int64_t(rowsAlloc) * h));
-    m_exec.op("moe.permute_grad", Category::Elementwise, 0, uint64_t(rowsAlloc) * h * 8, [=] {
-        for (int r = 0; r < s->rows; ++r)
-            std::memcpy(fp(dyp) + size_t(r) * h, fp(dout) + size_t(s->tokenOf[size_t(r)]) * h, size_t(h) * sizeof(float));
-    });
+    m_exec.op("moe.permute_grad", Category::Elementwise, 0, uint64_t(rowsAlloc) * h * 8,
+              [=] { k::gatherRows(fp(dout), s->planTok(), fp(dyp), s->rows, h); });
     TensorPtr dyin = dyp;
     if (s->allgather) {
         // dY of every token of the "etp-ep" group, then the rows of this rank's experts.
@@ -484,10 +506,8 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         expertGroup()->allGather(m_exec.stream(), dout->data(), dg->data(), size_t(T) * h, DType::F32);
         holdUntilDone(dout, dg);
         TS_ASSIGN_OR_RETURN(dyin, allocUninitialized(m_exec, int64_t(R) * h));
-        m_exec.op("moe.permute_grad", Category::Elementwise, 0, uint64_t(R) * h * 8, [=] {
-            for (int r = 0; r < s->R; ++r)
-                std::memcpy(fp(dyin) + size_t(r) * h, fp(dg) + size_t(s->agToken[size_t(r)]) * h, size_t(h) * sizeof(float));
-        });
+        m_exec.op("moe.permute_grad", Category::Elementwise, 0, uint64_t(R) * h * 8,
+                  [=] { k::gatherRows(fp(dg), s->agTok.ptr, fp(dyin), s->R, h); });
     } else if (dispatched) {
         TS_ASSIGN_OR_RETURN(dyin, moeToExperts(*s, dyp, h));
     }
@@ -522,13 +542,20 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     // the saved high-precision inputs along the tokens; the GEMMs' operands (dY, the experts'
     // da / dact / dfc1 rows) and their quantized copies live in workspaces (bgrad, bwork).
     const bool blk = fp8 && fr.isBlock();
-    TensorPtr bgrad, bwork;
+    // [R, F] da, [R, F] dact, [R, F1] dfc1 of every expert at its rows; without FP8 fc2's input
+    // act * prob again (scaledWs); FP8 per tensor with fc2's bias: dY before it is quantized in
+    // place (fc2's bias term reads it).
+    TensorPtr bgrad, bwork, scaledWs, dyBias;
+    TS_ASSIGN_OR_RETURN(bgrad, allocUninitialized(m_exec, int64_t(R) * (2 * F + F1), MemCategory::Workspace));
+    if (!fp8) { TS_ASSIGN_OR_RETURN(scaledWs, allocUninitialized(m_exec, int64_t(R) * F, MemCategory::Workspace)); }
+    if (fp8 && !blk && !P.expFc2B.empty()) {
+        TS_ASSIGN_OR_RETURN(dyBias, allocUninitialized(m_exec, int64_t(R) * h, MemCategory::Workspace));
+    }
     if (blk) {
         for (int l = 0; l < L; ++l) {
             TS_ASSIGN_OR_RETURN(W1[size_t(l)], fp8BlockWeight(P.expFc1W[size_t(l)], false));
             TS_ASSIGN_OR_RETURN(W2[size_t(l)], fp8BlockWeight(P.expFc2W[size_t(l)], false));
         }
-        TS_ASSIGN_OR_RETURN(bgrad, allocUninitialized(m_exec, int64_t(R) * (2 * F + F1), MemCategory::Workspace));
         TS_ASSIGN_OR_RETURN(bwork, allocUninitialized(m_exec, std::max(fp8BlockBackwardWorkElems(R, F, h),
                                                                        fp8BlockBackwardWorkElems(R, h, F1)),
                                                       MemCategory::Workspace));
@@ -552,38 +579,20 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         const float* ac = fp(s->act) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
         float* dy = fp(dyin) + size_t(r0) * h;  // this backward's own buffer: quantized in place
-        std::vector<float> scaledLocal, daLocal, dactLocal, dfc1Local;
-        float *da, *dact, *dfc1;  // [rows, F], [rows, F], [rows, F1]
-        if (blk) {
-            // [R, F] da, [R, F] dact, [R, F1] dfc1: the expert's rows at their row offset r0
-            da = fp(bgrad) + size_t(r0) * F;
-            dact = fp(bgrad) + size_t(R) * F + size_t(r0) * F;
-            dfc1 = fp(bgrad) + size_t(2 * R) * F + size_t(r0) * F1;
-        } else {
-            daLocal.resize(size_t(rows) * F);
-            dactLocal.resize(size_t(rows) * F);
-            dfc1Local.resize(size_t(rows) * F1);
-            da = daLocal.data();
-            dact = dactLocal.data();
-            dfc1 = dfc1Local.data();
-        }
+        float* da = fp(bgrad) + size_t(r0) * F;
+        float* dact = fp(bgrad) + size_t(R) * F + size_t(r0) * F;
+        float* dfc1 = fp(bgrad) + size_t(2 * R) * F + size_t(r0) * F1;
         // fc2's bias term b2 * prob: d b2 += sum_r dY_r prob_r, d prob_r += dY_r . b2 (from the
         // unquantized dY, before FP8 quantizes it for the GEMMs).
-        std::vector<double> dpBias;
-        if (const float* b2 = B2[size_t(l)]) {
-            dpBias.assign(size_t(rows), 0.0);
-            std::vector<double> gb(size_t(h), 0.0);
-            for (int r = 0; r < rows; ++r) {
-                const float* d = dy + size_t(r) * h;
-                double acc = 0;
-                for (int i = 0; i < h; ++i) {
-                    acc += double(d[i]) * b2[i];
-                    gb[size_t(i)] += double(d[i]) * prob[r];
-                }
-                dpBias[size_t(r)] = acc;
+        const float* b2 = B2[size_t(l)];
+        const float* dyB = dy;
+        if (b2) {
+            k::weightedColumnSum(dy, prob, GB2[size_t(l)], rows, h);
+            if (dyBias) {
+                float* keep = fp(dyBias) + size_t(r0) * h;
+                k::copyBytes(keep, dy, size_t(rows) * h * sizeof(float));
+                dyB = keep;
             }
-            float* g = GB2[size_t(l)];
-            for (int i = 0; i < h; ++i) g[i] += float(gb[size_t(i)]);
         }
         const float* scaled = nullptr;
         if (blk) {
@@ -593,23 +602,13 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             scaled = fp(s->fc2in) + size_t(r0) * F;
             fp8QuantizeInPlace(fr, *g2[size_t(l)], true, gradDiv, dy, int64_t(rows) * h);
         } else {
-            scaledLocal.resize(size_t(rows) * F);
-            for (int r = 0; r < rows; ++r)
-                for (int f = 0; f < F; ++f) scaledLocal[size_t(r) * F + f] = ac[size_t(r) * F + f] * prob[r];
-            if (bf) k::roundToBf16(scaledLocal.data(), int64_t(rows) * F);
-            scaled = scaledLocal.data();
+            float* sc = fp(scaledWs) + size_t(r0) * F;
+            k::scaleRows(ac, F, prob, sc, rows, F);
+            if (bf) k::roundToBf16(sc, int64_t(rows) * F);
+            scaled = sc;
         }
         if (!blk) k::linearBackward(dy, scaled, W2[size_t(l)], da, G2[size_t(l)], nullptr, rows, F, h);
-        for (int r = 0; r < rows; ++r) {
-            double dp = 0;
-            const float p = prob[r];
-            for (int f = 0; f < F; ++f) {
-                dp += double(da[size_t(r) * F + f]) * ac[size_t(r) * F + f];
-                dact[size_t(r) * F + f] = da[size_t(r) * F + f] * p;
-            }
-            if (!dpBias.empty()) dp += dpBias[size_t(r)];
-            fp(deprob)[r0 + r] = float(dp);
-        }
+        k::moeProbGrad(da, ac, prob, b2 ? dyB : nullptr, b2, dact, fp(deprob) + r0, rows, F, h);
         const float* f1 = fp(s->fc1) + size_t(r0) * F1;
         if (swiglu) k::swigluBackward(dact, f1, dfc1, rows, F);
         else k::biasGeluBackward(dact, f1, nullptr, dfc1, nullptr, rows, F);
@@ -645,13 +644,8 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         TS_ASSIGN_OR_RETURN(TensorPtr dxPart, m_exec.alloc(G * h, MemCategory::CommBuffers));
         TS_ASSIGN_OR_RETURN(TensorPtr dpPart, m_exec.alloc(G * E, MemCategory::CommBuffers));
         m_exec.op("moe.unpermute_grad", Category::Elementwise, double(R) * h, uint64_t(R) * h * 8, [=] {
-            for (int r = 0; r < s->R; ++r) {
-                const int64_t g = s->agToken[size_t(r)];
-                const float* src = fp(dxin) + size_t(r) * h;
-                float* o = fp(dxPart) + g * h;
-                for (int i = 0; i < h; ++i) o[i] += src[i];
-                fp(dpPart)[g * E + s->agExpert[size_t(r)]] = fp(deprob)[r];
-            }
+            k::gatherSumRows(fp(dxin), s->agStart.ptr, s->agRows.ptr, fp(dxPart), int(G), h);
+            k::gatherRows(fp(deprob), s->agDp.ptr, fp(dpPart), int(G * E), 1);
         });
         TS_ASSIGN_OR_RETURN(dxTok, m_exec.alloc(int64_t(T) * h));
         TS_ASSIGN_OR_RETURN(TensorPtr dpTok, m_exec.alloc(int64_t(T) * E));
@@ -662,10 +656,8 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
                                      ReduceOp::Sum);
         holdUntilDone(dpPart, dpTok);
         TS_ASSIGN_OR_RETURN(dprob, allocUninitialized(m_exec, int64_t(s->rowsAlloc)));
-        m_exec.op("moe.prob_grad_rows", Category::Elementwise, 0, uint64_t(s->rowsAlloc) * 8, [=] {
-            for (int r = 0; r < s->rows; ++r)
-                fp(dprob)[r] = fp(dpTok)[size_t(s->tokenOf[size_t(r)]) * E + size_t(s->expertOf[size_t(r)])];
-        });
+        m_exec.op("moe.prob_grad_rows", Category::Elementwise, 0, uint64_t(s->rowsAlloc) * 8,
+                  [=] { k::gatherRows(fp(dpTok), s->planTokExp(), fp(dprob), s->rows, 1); });
     } else if (dispatched) {
         // With ETP the experts' dX and dprob are partial sums over the F/etp columns: summed by
         // the reduce-scatter over "etp" (the backward of the forward's all-gather).
@@ -690,8 +682,12 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     const double Tg = double(T) * cp * (m_sp ? m_ctx.tpSize : 1);
     const double TgAux = globalAux ? Tg * m_ctx.dpSize : Tg;
     const int mbB = m_d.microBatch;  // tokens are sequence-first: token t is in sequence t % b
+    TS_ASSIGN_OR_RETURN(TensorPtr dlDev, allocUninitialized(m_exec, int64_t(T) * E, MemCategory::Workspace));
     m_exec.op("router.bwd", Category::Gemm, 4.0 * T * h * E, uint64_t(T) * (2 * h + E) * 4, [=] {
-        const float* L = fp(s->logits);
+        // On the host, from the logits the forward routed with and the probs' grads read back.
+        const float* L = s->logitsHost.data();
+        std::vector<float> dpRows(static_cast<size_t>(s->rows));
+        k::download(dpRows.data(), fp(dprob), dpRows.size() * sizeof(float));
         // The aux loss counts the routing before any dropping (Megatron computes it from the
         // logits' own top-k).
         const int G = s->groups;
@@ -699,7 +695,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         std::vector<double> dpk(static_cast<size_t>(T) * K, 0.0);
         for (int r = 0; r < s->rows; ++r)
             if (s->slotOf[size_t(r)] >= 0)
-                dpk[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = fp(dprob)[r];
+                dpk[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = dpRows[size_t(r)];
         std::vector<double> dld(static_cast<size_t>(T) * E, 0.0);
         moeProbsBackward(L, s->topi.data(), s->ro, dpk.data(), dld.data());
         std::vector<double> full(static_cast<size_t>(E)), w(static_cast<size_t>(E)), da(static_cast<size_t>(E));
@@ -726,19 +722,13 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
                 for (int e = 0; e < E; ++e) d[e] += lossScale * zCoeff / Tg * 2.0 * lse * full[size_t(e)];
             }
         }
-        std::vector<float> dl(dld.begin(), dld.end());
+        const std::vector<float> dl(dld.begin(), dld.end());
+        k::copyBytes(dlDev->data(), dl.data(), dl.size() * sizeof(float));
         // dx += dl W_r ; dW_r += dl^T x ; db_r += sum_t dl
-        k::linearBackward(dl.data(), fp(x), Wr, fp(dx), Gr, GrB, T, h, E);
+        k::linearBackward(fp(dlDev), fp(x), Wr, fp(dx), Gr, GrB, T, h, E);
         // experts' input grads, combined per token in permuted order (allgather: already per token)
-        if (dxTok) {
-            for (int64_t i = 0; i < int64_t(T) * h; ++i) fp(dx)[i] += fp(dxTok)[i];
-        } else {
-            for (int r = 0; r < s->rows; ++r) {
-                const int t = s->tokenOf[size_t(r)];
-                const float* src = fp(dxp) + size_t(r) * h;
-                for (int i = 0; i < h; ++i) fp(dx)[size_t(t) * h + i] += src[i];
-            }
-        }
+        if (dxTok) k::addInPlace(fp(dx), fp(dxTok), int64_t(T) * h);
+        else k::gatherSumRows(fp(dxp), s->planStart(), s->planInv(), fp(dx), T, h);
         if (bf) k::roundToBf16(fp(dx), int64_t(T) * h);
     });
     return dx;
@@ -765,8 +755,10 @@ Status GptModel::moeStepEnd() {
     const int E = m_cfg.num_moe_experts, n = int(moe.size());
     TS_ASSIGN_OR_RETURN(TensorPtr counts, allocUninitialized(m_exec, int64_t(n) * E, MemCategory::CommBuffers));
     m_exec.op("moe.expert_bias_counts", Category::Elementwise, 0, uint64_t(n) * E * 4, [=] {
+        std::vector<float> c(size_t(n) * E);
         for (int i = 0; i < n; ++i)
-            for (int e = 0; e < E; ++e) fp(counts)[size_t(i) * E + e] = float((*router)[size_t(moe[size_t(i)])].localTokens[size_t(e)]);
+            for (int e = 0; e < E; ++e) c[size_t(i) * E + e] = float((*router)[size_t(moe[size_t(i)])].localTokens[size_t(e)]);
+        k::copyBytes(counts->data(), c.data(), c.size() * sizeof(float));
     });
     // Counts summed over tp-dp-cp (get_updated_expert_bias' all-reduce): every rank of the group
     // holding these layers computes the same bias.
@@ -779,9 +771,11 @@ Status GptModel::moeStepEnd() {
     const int layerBegin = m_ctx.layerBegin;
     m_exec.op("moe.expert_bias_update", Category::Elementwise, double(n) * E, uint64_t(n) * E * 8, [=] {
         const int64_t ts = monotonicNs();
+        std::vector<float> all(size_t(n) * E);
+        k::download(all.data(), fp(counts), all.size() * sizeof(float));
         for (int i = 0; i < n; ++i) {
             RouterState& rs = (*router)[size_t(moe[size_t(i)])];
-            const float* c = fp(counts) + size_t(i) * E;
+            const float* c = all.data() + size_t(i) * E;
             float total = 0;
             for (int e = 0; e < E; ++e) total += c[e];
             const float mean = total / float(E);
@@ -845,13 +839,16 @@ Status GptModel::moeDispatchPlan(MoeSaved& s) {
     TS_ASSIGN_OR_RETURN(TensorPtr counts, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
     MoeSaved* sp = &s;
     m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(E) * 4, [=] {
-        for (int e = 0; e < E; ++e) fp(counts)[e] = float(sp->offset[size_t(e) + 1] - sp->offset[size_t(e)]);
+        std::vector<float> c(static_cast<size_t>(E));
+        for (int e = 0; e < E; ++e) c[size_t(e)] = float(sp->offset[size_t(e) + 1] - sp->offset[size_t(e)]);
+        k::copyBytes(counts->data(), c.data(), c.size() * sizeof(float));
     });
     TS_ASSIGN_OR_RETURN(TensorPtr all, allocUninitialized(m_exec, int64_t(E) * n, MemCategory::CommBuffers));
     expertGroup()->allGather(m_exec.stream(), counts->data(), all->data(), size_t(E), DType::F32);
+    holdUntilDone(counts, all);
     // The splits of the all-to-all are data-dependent: wait for them (Megatron's D2H sync).
-    TS_RETURN_IF_ERROR(m_exec.stream().synchronize());
-    const float* c = fp(all);
+    TS_ASSIGN_OR_RETURN(const std::vector<float> allHost, k::toHost(m_exec.stream(), fp(all), int64_t(E) * n));
+    const float* c = allHost.data();
     // copies that rank (etp t, ep i) routed to expert e
     auto cnt = [&](int t, int i, int e) { return int(c[size_t(t + etp * i) * E + size_t(e)]); };
     s.sendRows.assign(size_t(ep), 0);
@@ -889,6 +886,16 @@ Status GptModel::moeDispatchPlan(MoeSaved& s) {
                     s.expPos[size_t(r++)] = fill[size_t(l)]++;
                 }
     }
+    // the gathers both ways: grouped[expPos[r]] = arrived[arrivePos[r]]
+    auto toIdx = std::make_shared<std::vector<int32_t>>(size_t(s.R), 0);
+    auto fromIdx = std::make_shared<std::vector<int32_t>>(size_t(etp) * size_t(s.etpPad), -1);
+    for (int i = 0; i < s.R; ++i) {
+        (*toIdx)[size_t(s.expPos[size_t(i)])] = s.arrivePos[size_t(i)];
+        (*fromIdx)[size_t(s.arrivePos[size_t(i)])] = s.expPos[size_t(i)];
+    }
+    TS_ASSIGN_OR_RETURN(s.toExperts, kernelInts(m_exec, toIdx->data(), toIdx->size(), toIdx, MemCategory::Workspace));
+    TS_ASSIGN_OR_RETURN(s.fromExperts,
+                        kernelInts(m_exec, fromIdx->data(), fromIdx->size(), fromIdx, MemCategory::Workspace));
     return Status::ok();
 }
 
@@ -916,9 +923,8 @@ Result<TensorPtr> GptModel::moeToExperts(const MoeSaved& s, const TensorPtr& row
             TS_ASSIGN_OR_RETURN(send, m_exec.alloc(int64_t(s.etpPad) * width, MemCategory::CommBuffers));
             const int own = s.ownRows;
             TensorPtr src = rows, dst = send;
-            m_exec.op("moe.pad_etp_rows", Category::Memcpy, 0, uint64_t(own) * width * 8, [=] {
-                std::memcpy(fp(dst), fp(src), size_t(own) * size_t(width) * sizeof(float));
-            });
+            m_exec.op("moe.pad_etp_rows", Category::Memcpy, 0, uint64_t(own) * width * 8,
+                      [=] { k::copyBytes(fp(dst), fp(src), size_t(own) * size_t(width) * sizeof(float)); });
         }
         TS_ASSIGN_OR_RETURN(TensorPtr gathered,
                             allocUninitialized(m_exec, int64_t(etp) * s.etpPad * width, MemCategory::CommBuffers));
@@ -928,13 +934,9 @@ Result<TensorPtr> GptModel::moeToExperts(const MoeSaved& s, const TensorPtr& row
         arrived = gathered;
     }
     TS_ASSIGN_OR_RETURN(TensorPtr grouped, allocUninitialized(m_exec, int64_t(R) * width));
-    auto from = std::make_shared<std::vector<int>>(s.arrivePos);
-    auto to = std::make_shared<std::vector<int>>(s.expPos);
-    m_exec.op("moe.sort_by_local_expert", Category::Memcpy, 0, uint64_t(R) * width * 8, [=] {
-        for (int r = 0; r < R; ++r)
-            std::memcpy(fp(grouped) + size_t((*to)[size_t(r)]) * width, fp(arrived) + size_t((*from)[size_t(r)]) * width,
-                        size_t(width) * sizeof(float));
-    });
+    const KernelIds idx = s.toExperts;
+    m_exec.op("moe.sort_by_local_expert", Category::Memcpy, 0, uint64_t(R) * width * 8,
+              [=] { k::gatherRows(fp(arrived), idx.ptr, fp(grouped), R, width); });
     return grouped;
 }
 
@@ -946,20 +948,12 @@ Result<TensorPtr> GptModel::moeFromExperts(const MoeSaved& s, const TensorPtr& g
     const int ep = m_ctx.epSize, etp = m_ctx.etpSize, R = s.R;
     const int64_t rowsBack = s.rowsAlloc;
     const int64_t arrivalRows = int64_t(etp) * s.etpPad;
-    // ETP: the padding rows must be zero (they are summed); otherwise every row is written.
-    TensorPtr arrivalOrder;
-    if (etp > 1) {
-        TS_ASSIGN_OR_RETURN(arrivalOrder, m_exec.alloc(arrivalRows * width, MemCategory::CommBuffers));
-    } else {
-        TS_ASSIGN_OR_RETURN(arrivalOrder, allocUninitialized(m_exec, arrivalRows * width, MemCategory::CommBuffers));
-    }
-    auto from = std::make_shared<std::vector<int>>(s.arrivePos);
-    auto to = std::make_shared<std::vector<int>>(s.expPos);
-    m_exec.op("moe.restore_source_order", Category::Memcpy, 0, uint64_t(R) * width * 8, [=] {
-        for (int r = 0; r < R; ++r)
-            std::memcpy(fp(arrivalOrder) + size_t((*from)[size_t(r)]) * width, fp(grouped) + size_t((*to)[size_t(r)]) * width,
-                        size_t(width) * sizeof(float));
-    });
+    // Every row is written; ETP's padding rows (they are summed) as zeros.
+    TS_ASSIGN_OR_RETURN(TensorPtr arrivalOrder,
+                        allocUninitialized(m_exec, arrivalRows * width, MemCategory::CommBuffers));
+    const KernelIds idx = s.fromExperts;
+    m_exec.op("moe.restore_source_order", Category::Memcpy, 0, uint64_t(R) * width * 8,
+              [=] { k::gatherRows(fp(grouped), idx.ptr, fp(arrivalOrder), int(arrivalRows), width); });
     TensorPtr own = arrivalOrder;  // [ownRows (etpPad with ETP), width]
     if (etp > 1) {
         TS_ASSIGN_OR_RETURN(own, allocUninitialized(m_exec, int64_t(s.etpPad) * width, MemCategory::CommBuffers));
@@ -978,9 +972,8 @@ Result<TensorPtr> GptModel::moeFromExperts(const MoeSaved& s, const TensorPtr& g
         holdUntilDone(own, back);
     } else {
         const int rows = s.ownRows;
-        m_exec.op("moe.unpad_etp_rows", Category::Memcpy, 0, uint64_t(rows) * width * 8, [=] {
-            std::memcpy(fp(back), fp(own), size_t(rows) * size_t(width) * sizeof(float));
-        });
+        m_exec.op("moe.unpad_etp_rows", Category::Memcpy, 0, uint64_t(rows) * width * 8,
+                  [=] { k::copyBytes(fp(back), fp(own), size_t(rows) * size_t(width) * sizeof(float)); });
     }
     return back;
 }
@@ -999,11 +992,13 @@ Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
     TS_ASSIGN_OR_RETURN(TensorPtr route, m_exec.alloc(2 * TE, MemCategory::CommBuffers));
     MoeSaved* sp = &s;
     m_exec.op("moe.routing_map", Category::Elementwise, 0, uint64_t(TE) * 8, [=] {
+        std::vector<float> map(size_t(2 * TE), 0.f);
         for (int r = 0; r < sp->rows; ++r) {
             const size_t at = size_t(sp->tokenOf[size_t(r)]) * E + size_t(sp->expertOf[size_t(r)]);
-            fp(route)[at] = 1.f;
-            fp(route)[size_t(TE) + at] = sp->prob[size_t(r)];
+            map[at] = 1.f;
+            map[size_t(TE) + at] = sp->prob[size_t(r)];
         }
+        k::copyBytes(route->data(), map.data(), map.size() * sizeof(float));
     });
     TS_ASSIGN_OR_RETURN(TensorPtr routeAll, allocUninitialized(m_exec, 2 * TE * n, MemCategory::CommBuffers));
     group->allGather(m_exec.stream(), route->data(), routeAll->data(), size_t(2 * TE), DType::F32);
@@ -1012,8 +1007,8 @@ Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
     group->allGather(m_exec.stream(), x->data(), xg->data(), size_t(T) * h, DType::F32);
     holdUntilDone(x, xg);
     // The rows depend on the routing: wait for it (as Megatron's dispatcher syncs for its sizes).
-    TS_RETURN_IF_ERROR(m_exec.stream().synchronize());
-    const float* all = fp(routeAll);  // [etp-ep rank][map, probs][T][E]
+    TS_ASSIGN_OR_RETURN(const std::vector<float> allHost, k::toHost(m_exec.stream(), fp(routeAll), 2 * TE * n));
+    const float* all = allHost.data();  // [etp-ep rank][map, probs][T][E]
     s.eoff.assign(size_t(L) + 1, 0);
     s.agToken.clear();
     s.agExpert.clear();
@@ -1031,15 +1026,32 @@ Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
     }
     s.R = int(s.agToken.size());
     const int R = s.R;
+    // The gather indexes: the rows' tokens; per token of the group its rows (the combine);
+    // per (token, expert) of the group its row or -1 (the probs' grads).
+    const int64_t Tn = int64_t(T) * n;
+    auto tok = std::make_shared<std::vector<int32_t>>(s.agToken.begin(), s.agToken.end());
+    auto start = std::make_shared<std::vector<int32_t>>(size_t(Tn) + 1, 0);
+    auto rowsOf = std::make_shared<std::vector<int32_t>>(size_t(R), 0);
+    auto dp = std::make_shared<std::vector<int32_t>>(size_t(Tn) * E, -1);
+    for (int r = 0; r < R; ++r) {
+        ++(*start)[size_t(s.agToken[size_t(r)]) + 1];
+        (*dp)[size_t(s.agToken[size_t(r)]) * E + size_t(s.agExpert[size_t(r)])] = r;
+    }
+    for (int64_t g = 0; g < Tn; ++g) (*start)[size_t(g) + 1] += (*start)[size_t(g)];
+    std::vector<int32_t> cursor(start->begin(), start->end() - 1);
+    for (int r = 0; r < R; ++r) (*rowsOf)[size_t(cursor[size_t(s.agToken[size_t(r)])]++)] = r;
+    TS_ASSIGN_OR_RETURN(s.agTok, kernelInts(m_exec, tok->data(), tok->size(), tok, MemCategory::Workspace));
+    TS_ASSIGN_OR_RETURN(s.agStart, kernelInts(m_exec, start->data(), start->size(), start, MemCategory::Workspace));
+    TS_ASSIGN_OR_RETURN(s.agRows, kernelInts(m_exec, rowsOf->data(), rowsOf->size(), rowsOf, MemCategory::Workspace));
+    TS_ASSIGN_OR_RETURN(s.agDp, kernelInts(m_exec, dp->data(), dp->size(), dp, MemCategory::Workspace));
     TS_ASSIGN_OR_RETURN(s.xin, allocUninitialized(m_exec, int64_t(R) * h));
     TS_ASSIGN_OR_RETURN(s.eprob, allocUninitialized(m_exec, int64_t(R)));
     auto p = std::make_shared<std::vector<float>>(std::move(probs));
     TensorPtr xin = s.xin, eprob = s.eprob;
+    const KernelIds agTok = s.agTok;
     m_exec.op("moe.permute", Category::Memcpy, 0, uint64_t(R) * h * 8, [=] {
-        for (int r = 0; r < R; ++r) {
-            std::memcpy(fp(xin) + size_t(r) * h, fp(xg) + size_t(sp->agToken[size_t(r)]) * h, size_t(h) * sizeof(float));
-            fp(eprob)[r] = (*p)[size_t(r)];
-        }
+        k::gatherRows(fp(xg), agTok.ptr, fp(xin), R, h);
+        k::copyBytes(fp(eprob), p->data(), size_t(R) * sizeof(float));
     });
     return Status::ok();
 }

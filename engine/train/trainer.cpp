@@ -26,9 +26,9 @@ Status checkDeviceBackend(const Config& c) {
     const int n = (*cuda)->deviceCount();
     return Status::unsupported(
         "device_backend: cuda: " + std::to_string(n) + " GPU(s) visible (" + (*cuda)->device(0).info().name +
-        "), but the training engine does not run on the CUDA backend yet: its kernels, device backend and NCCL "
-        "communicator are built, and the engine's host-side code is being ported (docs/cuda_port.md); use "
-        "device_backend: cpu");
+        "), but the training engine is not enabled on the CUDA backend yet: its kernels, device backend, NCCL "
+        "communicator and the engine's device-memory port are built and checked on an emulated device, and "
+        "have not yet run on a GPU (docs/cuda_port.md); use device_backend: cpu");
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, Stream* compute,

@@ -290,4 +290,32 @@ float amaxOf(const float* x, int64_t n);
 // codes (may be null) receives the FP8 codes. y may alias x.
 void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale, Fp8Format f);
 
+// ---- MoE row movement and the experts' elementwise parts (moe.cpp) ------------------------
+// The token permutation of the dispatcher and its inverse as index-driven row copies, with
+// the index arrays built on the host from the routing plan (engine/model/gpt_moe.cpp). Every
+// sum runs in a fixed order (no atomics), so every backend gives the same bits.
+// dst[i, :] = src[idx[i], :] for i < rows; a negative idx[i] gives a zero row.
+void gatherRows(const float* src, const int32_t* idx, float* dst, int rows, int cols);
+// dst[t, :] += src[idx[j], :] for j = start[t] .. start[t+1]-1 in that order, t < outRows
+// (the combine of a token's expert outputs: an inverse index instead of a scatter-add).
+void gatherSumRows(const float* src, const int32_t* start, const int32_t* idx, float* dst, int outRows,
+                   int cols);
+// y[r, c] = x[r * xRowStride + c] * s[r] (xRowStride 0: the same row x for every r).
+void scaleRows(const float* x, int64_t xRowStride, const float* s, float* y, int rows, int cols);
+// The backward of an expert's act * prob (rows of F): dact = da * prob[r], and
+// dprob[r] = sum_f da[r, f] act[r, f] (+ sum_i dy[r, i] b2[i] when b2 is set: fc2's bias
+// weighted by the prob, dy [rows, h]), each dot in double in index order.
+void moeProbGrad(const float* da, const float* act, const float* prob, const float* dy, const float* b2,
+                 float* dact, float* dprob, int rows, int F, int h);
+// db[c] += sum_r dy[r, c] w[r], summed in double over r in order (fc2's bias weighted by the prob).
+void weightedColumnSum(const float* dy, const float* w, float* db, int rows, int cols);
+// The shared experts' gate (Megatron's SharedExpertMLP with moe_shared_expert_gate):
+// gate[t] = sigmoid(x[t] . w) (dot in double; rounded to bf16 when bf16Gate), out[t] = y[t] * gate[t].
+void sigmoidGateForward(const float* x, const float* w, const float* y, float* gate, float* out, int T, int h,
+                        bool bf16Gate);
+// Its backward: dz_t = (dout[t] . y[t]) g (1 - g) (double), dy[t] = dout[t] * g, dx[t] = dz_t w,
+// dw[i] += sum_t dz_t x[t, i] (double over t in order).
+void sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
+                         float* dy, float* dx, float* dw, int T, int h);
+
 }  // namespace ts::kernels::cpu

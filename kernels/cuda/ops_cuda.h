@@ -214,4 +214,20 @@ Status fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void
                                   int64_t rows, int64_t cols, Fp8BlockKind kind, bool alongRows,
                                   Fp8Format f, bool pow2, void* stream);
 
+// --- MoE row movement and the experts' elementwise parts (moe.cu) ---------------------------
+// idx, start: device int32 arrays. Bit-identical to the oracle (one thread per output element
+// in the oracle's order) except sigmoidGateForward's exp (see moe.cu).
+Status gatherRows(const float* src, const int32_t* idx, float* dst, int rows, int cols, void* stream);
+Status gatherSumRows(const float* src, const int32_t* start, const int32_t* idx, float* dst, int outRows, int cols,
+                     void* stream);
+Status scaleRows(const float* x, int64_t xRowStride, const float* s, float* y, int rows, int cols, void* stream);
+Status moeProbGrad(const float* da, const float* act, const float* prob, const float* dy, const float* b2,
+                   float* dact, float* dprob, int rows, int F, int h, void* stream);
+Status weightedColumnSum(const float* dy, const float* w, float* db, int rows, int cols, void* stream);
+Status sigmoidGateForward(const float* x, const float* w, const float* y, float* gate, float* out, int T, int h,
+                          bool bf16Gate, void* stream);
+// Uses a T-double scratch from the stream-ordered allocator.
+Status sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
+                           float* dy, float* dx, float* dw, int T, int h, void* stream);
+
 }  // namespace ts::kernels::cuda

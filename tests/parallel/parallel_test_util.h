@@ -226,6 +226,40 @@ inline void expectOneDeviceCheckpointResumesOn(const engine::Config& c, const st
     std::filesystem::remove_all(dir);
 }
 
+// A model's main params and grads as host copies, for tests to read and edit by name: on a
+// device backend (TS_EMULATE_DEVICE=1) the buffers are device memory that host code may not
+// touch. upload() writes the params back (and refreshes the bf16 model copy) on `stream`.
+class HostParams {
+public:
+    HostParams(engine::ParamBuffer& pb, engine::Stream& stream) : m_pb(pb), m_stream(stream) {
+        auto p = engine::kern::toHost(stream, pb.mainParams(), pb.numel());
+        auto g = engine::kern::toHost(stream, pb.mainGrads(), pb.numel());
+        EXPECT_TRUE(p.isOk() && g.isOk()) << "reading the params back";
+        if (p.isOk()) m_params = std::move(p).value();
+        if (g.isOk()) m_grads = std::move(g).value();
+        m_params.resize(size_t(pb.numel()));
+        m_grads.resize(size_t(pb.numel()));
+    }
+    int count() const { return m_pb.count(); }
+    const engine::ParamInfo& info(int i) const { return m_pb.info(i); }
+    int find(const std::string& name) const { return m_pb.find(name); }
+    float* mainParam(int i) { return m_params.data() + info(i).offset; }
+    const float* mainGrad(int i) const { return m_grads.data() + info(i).offset; }
+    Status upload() {
+        engine::ParamBuffer& pb = m_pb;
+        const std::vector<float>& p = m_params;
+        return engine::kern::runOp(m_stream, "test.upload_params", [&] {
+            engine::kern::copyBytes(pb.mainParams(), p.data(), p.size() * sizeof(float));
+            pb.syncModelParams();
+        });
+    }
+
+private:
+    engine::ParamBuffer& m_pb;
+    engine::Stream& m_stream;
+    std::vector<float> m_params, m_grads;
+};
+
 // One serial step with lr 0 (the grads stay readable, the weights unchanged): its loss, and every
 // param's grad and value by name; `edit` may change the freshly initialized weights first.
 struct OneStep {
@@ -234,7 +268,7 @@ struct OneStep {
     nlohmann::json fp8;  // the model's FP8 state after the step (history[0] holds its amaxes); null without FP8
 };
 
-inline OneStep oneStep(engine::Config c, const std::function<void(engine::ParamBuffer&)>& edit = {}) {
+inline OneStep oneStep(engine::Config c, const std::function<void(HostParams&)>& edit = {}) {
     c.lr = 0;
     c.min_lr = 0;
     c.clip_grad = 0;
@@ -243,16 +277,20 @@ inline OneStep oneStep(engine::Config c, const std::function<void(engine::ParamB
     auto t = engine::Trainer::create(c);
     EXPECT_TRUE(t.isOk()) << t.status().toString();
     if (!t.isOk()) return out;
-    engine::ParamBuffer& pb = (*t)->model().params();
+    engine::ParamBuffer& params = (*t)->model().params();
+    engine::Stream& stream = (*t)->model().exec().stream();
     if (edit) {
-        edit(pb);
-        pb.syncModelParams();
+        HostParams hp(params, stream);
+        edit(hp);
+        const Status up = hp.upload();
+        EXPECT_TRUE(up.isOk()) << up.toString();
     }
     engine::StepProgress p;
     const Status st = (*t)->step(&p);
     EXPECT_TRUE(st.isOk()) << st.toString();
     out.loss = p.loss;
     out.fp8 = (*t)->model().fp8State();
+    HostParams pb(params, stream);
     for (int i = 0; i < pb.count(); ++i) {
         out.grads[pb.info(i).name].assign(pb.mainGrad(i), pb.mainGrad(i) + pb.info(i).numel);
         out.params[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
@@ -283,7 +321,7 @@ inline int expectGradientsMatchFiniteDifferences(const engine::Config& c, const 
             const size_t j = idx[k];
             double l[2];
             for (int sgn = 0; sgn < 2; ++sgn)
-                l[sgn] = oneStep(c, [&](engine::ParamBuffer& pb) { pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps); })
+                l[sgn] = oneStep(c, [&](HostParams& pb) { pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps); })
                              .loss;
             const double numeric = (l[0] - l[1]) / (2 * eps);
             EXPECT_GT(std::fabs(numeric), 1e-6) << name << "[" << j << "]: a gradient to check";

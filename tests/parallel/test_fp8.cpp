@@ -332,11 +332,11 @@ TEST(Fp8Moe, Top1ExpertsCopyingTheDenseMlpGiveTheFp8DenseModel) {
     {
         auto t = engine::Trainer::create(dense);
         ASSERT_TRUE(t.isOk()) << t.status().toString();
-        engine::ParamBuffer& pb = (*t)->model().params();
+        HostParams pb((*t)->model().params(), (*t)->model().exec().stream());
         for (int i = 0; i < pb.count(); ++i) denseW[pb.info(i).name].assign(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel);
     }
     const OneStep ref = oneStep(dense);
-    auto copyDense = [&](engine::ParamBuffer& pb) {
+    auto copyDense = [&](HostParams& pb) {
         for (int layer = 0; layer < 2; ++layer)
             for (int e = 0; e < 4; ++e)
                 for (const char* lin : {"linear_fc1", "linear_fc2"}) {
@@ -832,7 +832,7 @@ TEST(Fp8BlockMoeParallel, TensorAndExpertParallelTrackTheSingleDeviceRun) {
 // power of two, so the block size matters only for values below E4M3's normal range relative
 // to their block's amax (none in this forward).
 TEST(Fp8BlockMoe, ExpertsAreQuantized) {
-    auto zeroAttention = [](engine::ParamBuffer& pb) {
+    auto zeroAttention = [](HostParams& pb) {
         for (int layer = 0; layer < 2; ++layer)
             for (const char* lin : {"linear_qkv", "linear_proj"}) {
                 const int i = pb.find("decoder.layers." + std::to_string(layer) + ".self_attention." + lin + ".weight");

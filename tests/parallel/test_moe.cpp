@@ -40,7 +40,7 @@ TEST(Moe, ExpertsThatCopyTheDenseMlpGiveTheDenseModel) {
     const OneStep ref = oneStep(dense);
     for (int k : {1, 2, 4}) {
         engine::Config c = moeConfig(4, k);
-        const OneStep got = oneStep(c, [&](engine::ParamBuffer& pb) {
+        const OneStep got = oneStep(c, [&](HostParams& pb) {
             for (int layer = 0; layer < 2; ++layer) {
                 const std::string pre = "decoder.layers." + std::to_string(layer) + ".mlp.";
                 for (int e = 0; e < 4; ++e)
@@ -85,7 +85,7 @@ TEST(Moe, RouterAndExpertGradientsMatchFiniteDifferences) {
 
 // Router weights of every MoE layer set to 0: equal logits, so uniform routing (ties to the
 // lower expert index).
-void zeroRouters(engine::ParamBuffer& pb) {
+void zeroRouters(HostParams& pb) {
     for (int i = 0; i < pb.count(); ++i)
         if (pb.info(i).name.find(".mlp.router.weight") != std::string::npos)
             std::fill(pb.mainParam(i), pb.mainParam(i) + pb.info(i).numel, 0.f);
@@ -100,8 +100,9 @@ void uniformRoutingStep(const engine::Config& c, FakeRecorder& rec) {
     {
         auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
         ASSERT_TRUE(t.isOk()) << t.status().toString();
-        zeroRouters((*t)->model().params());
-        (*t)->model().params().syncModelParams();
+        HostParams hp((*t)->model().params(), (*t)->model().exec().stream());
+        zeroRouters(hp);
+        ASSERT_TRUE(hp.upload().isOk());
         engine::StepProgress p;
         ASSERT_TRUE((*t)->step(&p).isOk());
     }
@@ -181,7 +182,7 @@ TEST(Moe, UnsupportedSettingsAreNamed) {
 // prob 1/2 each; capacity ceil(T*k/E * factor) keeps the first `cap` of them per expert (equal
 // probs: the "probs" policy keeps token order, like "position").
 TEST(Moe, CapacityDropsTheCopiesBeyondItAndPaddingChangesNothing) {
-    const auto uniform = [](engine::ParamBuffer& pb) { zeroRouters(pb); };
+    const auto uniform = [](HostParams& pb) { zeroRouters(pb); };
     auto config = [](double factor, bool pad, const char* policy) {
         engine::Config c = moeConfig(4, 2);
         c.moe_expert_capacity_factor = factor;
@@ -389,7 +390,7 @@ TEST(Moe, SequenceAuxLossPerSequence) {
 // The loss the aux and z terms' gradients belong to: the LM loss plus, per microbatch, every
 // layer's aux and z losses (their counters), averaged over the microbatches as the injected
 // gradients are (MoEAuxLossAutoScaler's 1/num_microbatches).
-double lossWithAuxTerms(const engine::Config& cfg, const std::function<void(engine::ParamBuffer&)>& edit) {
+double lossWithAuxTerms(const engine::Config& cfg, const std::function<void(HostParams&)>& edit) {
     engine::Config c = cfg;
     c.lr = 0;
     c.min_lr = 0;
@@ -405,8 +406,9 @@ double lossWithAuxTerms(const engine::Config& cfg, const std::function<void(engi
         auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
         EXPECT_TRUE(t.isOk()) << t.status().toString();
         if (!t.isOk()) return 0;
-        edit((*t)->model().params());
-        (*t)->model().params().syncModelParams();
+        HostParams hp((*t)->model().params(), (*t)->model().exec().stream());
+        edit(hp);
+        EXPECT_TRUE(hp.upload().isOk());
         EXPECT_TRUE((*t)->step(&p).isOk());
     }
     dev.setTrace(nullptr, 0);
@@ -449,7 +451,7 @@ void expectAuxGradientsMatchFiniteDifferences(const engine::Config& c, const std
         ASSERT_GT(std::fabs(g[j] - gLm[j]), k.minEffect) << what << ": the aux terms do not reach the router";
         double l[2];
         for (int sgn = 0; sgn < 2; ++sgn)
-            l[sgn] = lossWithAuxTerms(c, [&](engine::ParamBuffer& pb) {
+            l[sgn] = lossWithAuxTerms(c, [&](HostParams& pb) {
                 pb.mainParam(pb.find(name))[j] += float(sgn ? -k.eps : k.eps);
             });
         const double numeric = (l[0] - l[1]) / (2 * k.eps);

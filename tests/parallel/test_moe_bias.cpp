@@ -38,7 +38,7 @@ void fillPattern(float* p, int64_t n, float scale, int salt) {
 }
 
 // Every bias of the MoE layers set to a nonzero pattern (so each one matters).
-void setBiases(engine::ParamBuffer& pb, float scale = 0.2f) {
+void setBiases(HostParams& pb, float scale = 0.2f) {
     for (int i = 0; i < pb.count(); ++i) {
         const std::string& n = pb.info(i).name;
         if (n.find(".mlp.experts.") != std::string::npos && n.find(".bias") != std::string::npos)
@@ -50,7 +50,7 @@ void setBiases(engine::ParamBuffer& pb, float scale = 0.2f) {
 
 struct Ref {
     const engine::Config& c;
-    engine::ParamBuffer& pb;
+    HostParams& pb;
     const float* P(const std::string& n) {
         const int i = pb.find(n);
         EXPECT_GE(i, 0) << n;
@@ -146,7 +146,7 @@ void expectLayerMatchesReference(engine::Config c, bool zeroBiases, std::vector<
     auto m = engine::GptModel::create(c, dev, *stream);
     ASSERT_TRUE(m.isOk()) << m.status().toString();
     engine::GptModel& model = **m;
-    engine::ParamBuffer& pb = model.params();
+    HostParams pb(model.params(), *stream);
     for (const char* n : {"decoder.layers.0.self_attention.linear_proj.weight", "decoder.layers.0.self_attention.linear_proj.bias"}) {
         const int i = pb.find(n);
         ASSERT_GE(i, 0) << n;
@@ -156,7 +156,7 @@ void expectLayerMatchesReference(engine::Config c, bool zeroBiases, std::vector<
     // LayerNorm weights/biases away from 1/0 so they are not trivially right
     for (const char* n : {"decoder.layers.0.pre_mlp_layernorm.bias", "decoder.final_layernorm.bias"})
         fillPattern(pb.mainParam(pb.find(n)), c.hidden_size, 0.1f, 7);
-    pb.syncModelParams();
+    ASSERT_TRUE(pb.upload().isOk());
     auto mb = std::make_shared<engine::Microbatch>();
     const int T = c.seq_length * c.micro_batch_size;
     for (int t = 0; t < T; ++t) {
@@ -208,7 +208,7 @@ TEST(MoeBias, EveryBiasChangesTheRun) {
     const OneStep base = oneStep(c);
     for (const std::string& n : {std::string("decoder.layers.1.mlp.router.bias"), expertBias(0, 1, "linear_fc1"),
                                  expertBias(1, 2, "linear_fc2")}) {
-        const OneStep edited = oneStep(c, [&](engine::ParamBuffer& pb) {
+        const OneStep edited = oneStep(c, [&](HostParams& pb) {
             const int i = pb.find(n);
             ASSERT_GE(i, 0) << n;
             fillPattern(pb.mainParam(i), pb.info(i).numel, 0.5f, 3);
@@ -238,7 +238,7 @@ TEST(MoeBias, GradientsMatchFiniteDifferences) {
         c.init_method_std = 0.2;  // routing decided by clear margins: small steps do not flip it
         c.moe_aux_loss_coeff = 0.01;
         const double eps = 1e-2;
-        const OneStep base = oneStep(c, [](engine::ParamBuffer& pb) { setBiases(pb, 0.5f); });
+        const OneStep base = oneStep(c, [](HostParams& pb) { setBiases(pb, 0.5f); });
         int checked = 0;
         for (const std::string& name : {std::string("decoder.layers.0.mlp.router.bias"), std::string("decoder.layers.1.mlp.router.weight"),
                                         expertBias(1, 2, "linear_fc1"), expertBias(0, 1, "linear_fc2"),
@@ -252,7 +252,7 @@ TEST(MoeBias, GradientsMatchFiniteDifferences) {
                 const size_t j = idx[size_t(k)];
                 double l[2];
                 for (int sgn = 0; sgn < 2; ++sgn)
-                    l[sgn] = oneStep(c, [&](engine::ParamBuffer& pb) {
+                    l[sgn] = oneStep(c, [&](HostParams& pb) {
                                  setBiases(pb, 0.5f);
                                  pb.mainParam(pb.find(name))[j] += float(sgn ? -eps : eps);
                              }).loss;

@@ -38,7 +38,7 @@ std::string layerName(int layer, const std::string& rest) {
 
 // Routed experts' linear_fc2 zeroed (they add nothing), the shared experts' linears set to the
 // dense model's MLP (times fc2Scale on fc2), the gate weight (if any) zeroed.
-void becomeTheDenseMlp(engine::ParamBuffer& pb, const OneStep& dense, float fc2Scale) {
+void becomeTheDenseMlp(HostParams& pb, const OneStep& dense, float fc2Scale) {
     for (int layer = 0; layer < 2; ++layer) {
         for (int e = 0; e < 4; ++e) {
             const int i = pb.find(layerName(layer, "experts.local_experts." + std::to_string(e) + ".linear_fc2.weight"));
@@ -89,7 +89,7 @@ TEST(MoeShared, WithSilentRoutedExpertsTheLayerIsTheDenseMlpOfTheSharedSize) {
         engine::Config c = sharedConfig();
         c.moe_shared_expert_overlap = overlap;
         c.moe_token_dispatcher_type = "alltoall";
-        const OneStep got = oneStep(c, [&](engine::ParamBuffer& pb) { becomeTheDenseMlp(pb, ref, 1.f); });
+        const OneStep got = oneStep(c, [&](HostParams& pb) { becomeTheDenseMlp(pb, ref, 1.f); });
         EXPECT_NEAR(got.loss, ref.loss, 1e-6 * ref.loss) << overlap;
         for (int layer = 0; layer < 2; ++layer) {
             for (const char* lin : {"linear_fc1", "linear_fc2"})
@@ -113,14 +113,14 @@ TEST(MoeShared, ZeroGateHalvesTheSharedOutput) {
     dense.moe_shared_expert_intermediate_size = 0;
     dense.ffn_hidden_size = kShared;
     const OneStep full = oneStep(dense);
-    const OneStep half = oneStep(dense, [&](engine::ParamBuffer& pb) {
+    const OneStep half = oneStep(dense, [&](HostParams& pb) {
         for (int layer = 0; layer < 2; ++layer) {
             const int i = pb.find(layerName(layer, "linear_fc2.weight"));
             for (int64_t k = 0; k < pb.info(i).numel; ++k) pb.mainParam(i)[k] *= 0.5f;
         }
     });
     const OneStep got =
-        oneStep(sharedConfig(true), [&](engine::ParamBuffer& pb) { becomeTheDenseMlp(pb, full, 1.f); });
+        oneStep(sharedConfig(true), [&](HostParams& pb) { becomeTheDenseMlp(pb, full, 1.f); });
     EXPECT_NEAR(got.loss, half.loss, 1e-6 * half.loss);
     EXPECT_NE(got.loss, full.loss);
     for (int layer = 0; layer < 2; ++layer) {

@@ -130,6 +130,60 @@ TEST(EmulatedDeviceTrainer, EveryStepEqualsTheCpuBackendBitForBit) {
              c.fp8 = "e4m3";
              c.fp8_recipe = "blockwise";
          }},
+        // MoE (gpt_moe.cpp): the router read back and routed on the host, the plan uploaded,
+        // the permutes and the combine as gather kernels, the experts' scratch in workspaces.
+        {"MoE top-2, grouped GEMM, aux and z loss, bf16", [](Config& c) {
+             c.bf16 = true;
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.moe_grouped_gemm = true;
+             c.add_bias_linear = false;
+             c.moe_aux_loss_coeff = 1e-2;
+             c.moe_z_loss_coeff = 1e-3;
+         }},
+        {"MoE per-expert loop, biases, capacity with padding", [](Config& c) {
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.moe_grouped_gemm = false;
+             c.add_bias_linear = true;
+             c.moe_expert_capacity_factor = 1.0;
+             c.moe_pad_expert_input_to_capacity = true;
+         }},
+        {"MoE gated shared experts, SwiGLU, bf16", [](Config& c) {
+             c.bf16 = true;
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.add_bias_linear = false;
+             c.swiglu = true;
+             c.moe_shared_expert_intermediate_size = 32;
+             c.moe_shared_expert_gate = true;
+         }},
+        {"MoE sigmoid router with expert bias, seq_aux_loss, full recompute", [](Config& c) {
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.moe_router_score_function = "sigmoid";
+             c.moe_router_enable_expert_bias = true;
+             c.moe_router_load_balancing_type = "seq_aux_loss";
+             c.moe_aux_loss_coeff = 1e-2;
+             c.recompute_granularity = "full";
+             c.recompute_method = "uniform";
+             c.recompute_num_layers = 1;
+         }},
+        {"MoE fp8 delayed, biases", [](Config& c) {
+             c.bf16 = true;
+             c.fp8 = "hybrid";
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.add_bias_linear = true;
+             c.bias_dropout_fusion = false;
+         }},
+        {"MoE fp8 mxfp8", [](Config& c) {
+             c.bf16 = true;
+             c.fp8 = "e4m3";
+             c.fp8_recipe = "mxfp8";
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+         }},
         {"precision-aware optimizer, bf16 main grads", [](Config& c) {
              c.bf16 = true;
              c.use_precision_aware_optimizer = true;

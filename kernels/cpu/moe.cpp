@@ -1,0 +1,109 @@
+// MoE row movement and the experts' elementwise parts (ops.h): the CPU oracle. Sums run in
+// index order, in double where the comment in ops.h says so; the CUDA kernels (kernels/cuda/
+// moe.cu) keep the same order per output element.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+
+namespace ts::kernels::cpu {
+
+void gatherRows(const float* src, const int32_t* idx, float* dst, int rows, int cols) {
+    const size_t rowBytes = size_t(cols) * sizeof(float);
+    for (int i = 0; i < rows; ++i) {
+        float* d = dst + int64_t(i) * cols;
+        if (idx[i] < 0) std::memset(d, 0, rowBytes);
+        else std::memcpy(d, src + int64_t(idx[i]) * cols, rowBytes);
+    }
+}
+
+void gatherSumRows(const float* src, const int32_t* start, const int32_t* idx, float* dst, int outRows,
+                   int cols) {
+    for (int t = 0; t < outRows; ++t) {
+        float* d = dst + int64_t(t) * cols;
+        for (int j = start[t]; j < start[t + 1]; ++j) {
+            const float* s = src + int64_t(idx[j]) * cols;
+            for (int c = 0; c < cols; ++c) d[c] += s[c];
+        }
+    }
+}
+
+void scaleRows(const float* x, int64_t xRowStride, const float* s, float* y, int rows, int cols) {
+    for (int r = 0; r < rows; ++r) {
+        const float* xr = x + int64_t(r) * xRowStride;
+        float* yr = y + int64_t(r) * cols;
+        const float p = s[r];
+        for (int c = 0; c < cols; ++c) yr[c] = xr[c] * p;
+    }
+}
+
+void moeProbGrad(const float* da, const float* act, const float* prob, const float* dy, const float* b2,
+                 float* dact, float* dprob, int rows, int F, int h) {
+    for (int r = 0; r < rows; ++r) {
+        const float* d = da + int64_t(r) * F;
+        const float* a = act + int64_t(r) * F;
+        float* o = dact + int64_t(r) * F;
+        const float p = prob[r];
+        double dp = 0;
+        for (int f = 0; f < F; ++f) {
+            dp += double(d[f]) * a[f];
+            o[f] = d[f] * p;
+        }
+        if (b2) {
+            const float* g = dy + int64_t(r) * h;
+            double bias = 0;
+            for (int i = 0; i < h; ++i) bias += double(g[i]) * b2[i];
+            dp += bias;
+        }
+        dprob[r] = float(dp);
+    }
+}
+
+void weightedColumnSum(const float* dy, const float* w, float* db, int rows, int cols) {
+    std::vector<double> acc(size_t(cols), 0.0);
+    for (int r = 0; r < rows; ++r) {
+        const float* d = dy + int64_t(r) * cols;
+        for (int c = 0; c < cols; ++c) acc[size_t(c)] += double(d[c]) * w[r];
+    }
+    for (int c = 0; c < cols; ++c) db[c] += float(acc[size_t(c)]);
+}
+
+void sigmoidGateForward(const float* x, const float* w, const float* y, float* gate, float* out, int T, int h,
+                        bool bf16Gate) {
+    for (int t = 0; t < T; ++t) {
+        const float* xt = x + int64_t(t) * h;
+        double z = 0;
+        for (int i = 0; i < h; ++i) z += double(xt[i]) * double(w[i]);
+        float g = float(1.0 / (1.0 + std::exp(-z)));
+        if (bf16Gate) roundToBf16(&g, 1);
+        gate[t] = g;
+        const float* yt = y + int64_t(t) * h;
+        float* o = out + int64_t(t) * h;
+        for (int i = 0; i < h; ++i) o[i] = yt[i] * g;
+    }
+}
+
+void sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
+                         float* dy, float* dx, float* dw, int T, int h) {
+    std::vector<double> gw(size_t(h), 0.0);
+    for (int t = 0; t < T; ++t) {
+        const float* d = dout + int64_t(t) * h;
+        const float* yt = y + int64_t(t) * h;
+        const float* xt = x + int64_t(t) * h;
+        const float g = gate[t];
+        double dg = 0;
+        for (int i = 0; i < h; ++i) dg += double(d[i]) * double(yt[i]);
+        const double dz = dg * double(g) * (1.0 - double(g));
+        float* o = dy + int64_t(t) * h;
+        float* dxt = dx + int64_t(t) * h;
+        for (int i = 0; i < h; ++i) {
+            o[i] = d[i] * g;
+            dxt[i] = float(dz * double(w[i]));
+            gw[size_t(i)] += dz * double(xt[i]);
+        }
+    }
+    for (int i = 0; i < h; ++i) dw[i] += float(gw[size_t(i)]);
+}
+
+}  // namespace ts::kernels::cpu

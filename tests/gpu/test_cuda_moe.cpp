@@ -1,0 +1,112 @@
+// CUDA kernels of ops_cuda.h's MoE section (kernels/cuda/moe.cu) against the CPU oracle of the
+// same name (kernels/cpu/moe.cpp) on random data with odd sizes: bit for bit (each output element
+// is one thread in the oracle's order), except sigmoidGateForward's gate (double exp: 1e-6
+// relative). Skips without a CUDA build or without a device.
+#include <gtest/gtest.h>
+
+#include "tests/gpu/gpu_test_util.h"
+
+#ifdef TS_HAVE_CUDA
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops_cuda.h"
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace ts::kernels {
+namespace {
+
+using namespace gputest;
+
+class CudaMoe : public CudaStreamTest {};
+
+TEST_F(CudaMoe, GatherAndGatherSumRowsAreBitExact) {
+    const int srcRows = 301, cols = 129, rows = 517, T = 211;
+    const auto src = randomVec(size_t(srcRows) * cols, 1, -3, 3);
+    std::mt19937 rng(7);
+    std::vector<int32_t> idx(rows), tokenOf(srcRows);
+    for (auto& i : idx) i = int32_t(rng() % (srcRows + 20)) - 20;  // some negative: zero rows
+    for (auto& t : tokenOf) t = int32_t(rng() % T);
+    std::vector<int32_t> start(T + 1, 0), inv;
+    for (int t = 0; t < T; ++t) {
+        for (int r = 0; r < srcRows; ++r)
+            if (tokenOf[r] == t) inv.push_back(r);
+        start[t + 1] = int32_t(inv.size());
+    }
+    DeviceVec<float> dsrc(src), ddst(size_t(rows) * cols);
+    DeviceVec<int32_t> didx(idx), dstart(start), dinv(inv);
+    TS_ASSERT_OK(cuda::gatherRows(dsrc.ptr, didx.ptr, ddst.ptr, rows, cols, m_stream));
+    const auto init = randomVec(size_t(T) * cols, 2);
+    DeviceVec<float> dsum(init);
+    TS_ASSERT_OK(cuda::gatherSumRows(dsrc.ptr, dstart.ptr, dinv.ptr, dsum.ptr, T, cols, m_stream));
+    sync();
+    std::vector<float> want(size_t(rows) * cols), sum = init;
+    cpu::gatherRows(src.data(), idx.data(), want.data(), rows, cols);
+    cpu::gatherSumRows(src.data(), start.data(), inv.data(), sum.data(), T, cols);
+    expectSameBits(ddst.download(), want, "gatherRows", {rows, cols});
+    expectSameBits(dsum.download(), sum, "gatherSumRows", {T, cols});
+}
+
+TEST_F(CudaMoe, ScaleRowsProbGradAndWeightedColumnSumAreBitExact) {
+    const int rows = 263, F = 97, h = 131;
+    const auto x = randomVec(size_t(rows) * F, 3), s = randomVec(rows, 4, 0, 1), b = randomVec(h, 5);
+    const auto da = randomVec(size_t(rows) * F, 6), dy = randomVec(size_t(rows) * h, 7), db0 = randomVec(h, 8);
+    DeviceVec<float> dx(x), ds(s), db(b), dda(da), ddy(dy), dy1(size_t(rows) * F), dyb(size_t(rows) * h);
+    DeviceVec<float> dact(size_t(rows) * F), dprob(rows), dact0(size_t(rows) * F), dprob0(rows), dsum(db0);
+    TS_ASSERT_OK(cuda::scaleRows(dx.ptr, F, ds.ptr, dy1.ptr, rows, F, m_stream));
+    TS_ASSERT_OK(cuda::scaleRows(db.ptr, 0, ds.ptr, dyb.ptr, rows, h, m_stream));
+    TS_ASSERT_OK(cuda::moeProbGrad(dda.ptr, dx.ptr, ds.ptr, ddy.ptr, db.ptr, dact.ptr, dprob.ptr, rows, F, h, m_stream));
+    TS_ASSERT_OK(
+        cuda::moeProbGrad(dda.ptr, dx.ptr, ds.ptr, nullptr, nullptr, dact0.ptr, dprob0.ptr, rows, F, h, m_stream));
+    TS_ASSERT_OK(cuda::weightedColumnSum(ddy.ptr, ds.ptr, dsum.ptr, rows, h, m_stream));
+    sync();
+    std::vector<float> y1(size_t(rows) * F), yb(size_t(rows) * h), act(size_t(rows) * F), prob(rows),
+        act0(size_t(rows) * F), prob0(rows), sum = db0;
+    cpu::scaleRows(x.data(), F, s.data(), y1.data(), rows, F);
+    cpu::scaleRows(b.data(), 0, s.data(), yb.data(), rows, h);
+    cpu::moeProbGrad(da.data(), x.data(), s.data(), dy.data(), b.data(), act.data(), prob.data(), rows, F, h);
+    cpu::moeProbGrad(da.data(), x.data(), s.data(), nullptr, nullptr, act0.data(), prob0.data(), rows, F, h);
+    cpu::weightedColumnSum(dy.data(), s.data(), sum.data(), rows, h);
+    expectSameBits(dy1.download(), y1, "scaleRows", {rows, F});
+    expectSameBits(dyb.download(), yb, "scaleRows (broadcast)", {rows, h});
+    expectSameBits(dact.download(), act, "moeProbGrad dact", {rows, F});
+    expectSameBits(dprob.download(), prob, "moeProbGrad dprob (bias)");
+    expectSameBits(dprob0.download(), prob0, "moeProbGrad dprob");
+    expectSameBits(dsum.download(), sum, "weightedColumnSum");
+}
+
+TEST_F(CudaMoe, SigmoidGateMatchesTheCpu) {
+    const int T = 187, h = 133;
+    const auto x = randomVec(size_t(T) * h, 9), w = randomVec(h, 10, -0.2f, 0.2f), y = randomVec(size_t(T) * h, 11);
+    const auto dout = randomVec(size_t(T) * h, 12), dw0 = randomVec(h, 13);
+    for (const bool bf : {false, true}) {
+        DeviceVec<float> dx(x), dw(w), dyv(y), dgate(T), dout2(size_t(T) * h);
+        TS_ASSERT_OK(cuda::sigmoidGateForward(dx.ptr, dw.ptr, dyv.ptr, dgate.ptr, dout2.ptr, T, h, bf, m_stream));
+        sync();
+        std::vector<float> gate(T), out(size_t(T) * h);
+        cpu::sigmoidGateForward(x.data(), w.data(), y.data(), gate.data(), out.data(), T, h, bf);
+        expectClose(dgate.download(), gate, bf ? 8e-3 : 1e-6, 0, bf ? "gate (bf16)" : "gate");
+        expectClose(dout2.download(), out, bf ? 8e-3 : 1e-6, 1e-7, "gate out");
+    }
+    std::vector<float> gate(T), out(size_t(T) * h);
+    cpu::sigmoidGateForward(x.data(), w.data(), y.data(), gate.data(), out.data(), T, h, false);
+    DeviceVec<float> ddout(dout), dyv(y), dx(x), dgate(gate), dw(w), ddy(size_t(T) * h), ddx(size_t(T) * h), ddw(dw0);
+    TS_ASSERT_OK(cuda::sigmoidGateBackward(ddout.ptr, dyv.ptr, dx.ptr, dgate.ptr, dw.ptr, ddy.ptr, ddx.ptr, ddw.ptr, T,
+                                           h, m_stream));
+    sync();
+    std::vector<float> dy(size_t(T) * h), dxh(size_t(T) * h), dwh = dw0;
+    cpu::sigmoidGateBackward(dout.data(), y.data(), x.data(), gate.data(), w.data(), dy.data(), dxh.data(), dwh.data(),
+                             T, h);
+    expectSameBits(ddy.download(), dy, "sigmoidGateBackward dy", {T, h});
+    expectSameBits(ddx.download(), dxh, "sigmoidGateBackward dx", {T, h});
+    expectSameBits(ddw.download(), dwh, "sigmoidGateBackward dw");
+}
+
+}  // namespace
+}  // namespace ts::kernels
+
+#else
+TEST(CudaMoe, NeedsCuda) { GTEST_SKIP() << "built without CUDA (TS_HAVE_CUDA unset)"; }
+#endif

@@ -343,14 +343,25 @@ int cmdRun(const Args& a) {
         auto p = engine::ParallelTrainer::create(c, traceOn ? rec.get() : nullptr, mpi.options);
         if (p) parallel = std::move(*p);
         else created = p.status();
+    } else if (Status ok = engine::checkDeviceBackend(c, engine::unverifiedCudaRequested()); !ok) {
+        created = ok;  // before making a backend: cuda where it cannot run says why
     } else {
-        backend = engine::makeCpuBackend(1);
-        dev = &backend->device(0);
-        if (traceOn) dev->setTrace(rec.get(), 0);
-        stream = dev->createStream(trace::TrackKind::Compute, "compute");
-        auto t = engine::Trainer::create(c, dev, stream.get(), nullptr);
-        if (t) single = std::move(*t);
-        else created = t.status();
+        // device_backend: cuda (with TS_CUDA_UNVERIFIED=1): GPU 0 of the CUDA backend
+        if (c.device_backend == "cuda") {
+            auto be = engine::makeCudaBackend();
+            if (be) backend = std::move(*be);
+            else created = be.status();
+        } else {
+            backend = engine::makeCpuBackend(1);
+        }
+        if (backend) {
+            dev = &backend->device(0);
+            if (traceOn) dev->setTrace(rec.get(), 0);
+            stream = dev->createStream(trace::TrackKind::Compute, "compute");
+            auto t = engine::Trainer::create(c, dev, stream.get(), nullptr);
+            if (t) single = std::move(*t);
+            else created = t.status();
+        }
     }
     mpi.attachWriter(*rec);
     if (!created) {

@@ -195,5 +195,9 @@ bool emulatedDeviceRequested();
 // with the cause and what to do, when not built with CUDA, without a driver, or when no device
 // is visible (none installed, CUDA_VISIBLE_DEVICES empty).
 Result<std::unique_ptr<Backend>> makeCudaBackend();
+// The environment opts in to the single-device trainer on a GPU before that path has been
+// checked against the CPU backend on one (TS_CUDA_UNVERIFIED=1, read once): the default of
+// TrainerOptions::allowUnverifiedCuda, so the gpu tests and a first GPU session can run it.
+bool unverifiedCudaRequested();
 
 }  // namespace ts::engine

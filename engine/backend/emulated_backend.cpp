@@ -618,6 +618,14 @@ bool isEmulatedHostView(const void* p) { return slotOfHost(reinterpret_cast<uint
 
 std::unique_ptr<Backend> makeEmulatedDeviceBackend(int devices) { return std::make_unique<EmuBackend>(devices); }
 
+bool unverifiedCudaRequested() {
+    static const bool requested = [] {
+        const char* v = std::getenv("TS_CUDA_UNVERIFIED");
+        return v && std::strcmp(v, "1") == 0;
+    }();
+    return requested;
+}
+
 bool emulatedDeviceRequested() {
     static const bool requested = [] {
         const char* v = std::getenv("TS_EMULATE_DEVICE");

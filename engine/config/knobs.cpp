@@ -638,7 +638,9 @@ std::vector<KnobDef> buildRegistry() {
     r.e("tokenizer_type", &C::tokenizer_type, {"byte", "bpe"}, "", "", "Tokenizer for the text corpus.");
     notInEngine(r.e("device_backend", &C::device_backend, {"cpu", "cuda"}, "", "",
                     "Device backend that runs the ranks. cuda: the CUDA kernels, device backend and NCCL "
-                    "communicator are built, but the engine does not run on them yet (a run refuses it)."));
+                    "communicator are built and the engine is ported to device memory (checked on an emulated "
+                    "device), but it has not yet run on a GPU, so a run refuses it; TS_CUDA_UNVERIFIED=1 lets a "
+                    "single-device run use GPU 0 anyway."));
     r.i("cpu_threads", &C::cpu_threads, "", "", "GEMM threads per rank on the CPU backend; 0 = cores / ranks.");
     r.i("log_interval", &C::log_interval, "--log-interval", "logger.log_interval", "Steps between progress lines.");
     r.s("save", &C::save, "--save", "checkpoint.save", "Checkpoint directory to save to; \"\" = no checkpoints.");

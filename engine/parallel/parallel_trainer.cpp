@@ -124,7 +124,7 @@ struct ParallelTrainer::RankState {
 Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c, trace::Recorder* rec,
                                                                  const ParallelTrainerOptions& opts) {
     TS_RETURN_IF_ERROR(issuesToStatus(validateConfig(c)));
-    TS_RETURN_IF_ERROR(checkDeviceBackend(c));
+    TS_RETURN_IF_ERROR(checkDeviceBackend(c, false, /*parallel=*/true));
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
     const DerivedSizes ds = deriveSizes(c);
     ParallelSizes sizes;

@@ -17,18 +17,22 @@ Trainer::~Trainer() {
     m_model.reset();
 }
 
-Status checkDeviceBackend(const Config& c) {
+Status checkDeviceBackend(const Config& c, bool unverifiedOk, bool parallel) {
     if (c.device_backend == "cpu") return Status::ok();
     if (c.device_backend != "cuda")
         return Status::invalid("device_backend: " + c.device_backend + " is not a backend (cpu or cuda)");
     auto cuda = makeCudaBackend();
     if (!cuda) return Status::unsupported("device_backend: cuda: " + cuda.status().message());
+    if (unverifiedOk && !parallel) return Status::ok();
     const int n = (*cuda)->deviceCount();
     return Status::unsupported(
         "device_backend: cuda: " + std::to_string(n) + " GPU(s) visible (" + (*cuda)->device(0).info().name +
         "), but the training engine is not enabled on the CUDA backend yet: its kernels, device backend, NCCL "
         "communicator and the engine's device-memory port are built and checked on an emulated device, and "
-        "have not yet run on a GPU (docs/cuda_port.md); use device_backend: cpu");
+        "have not yet run on a GPU (docs/cuda_port.md); use device_backend: cpu" +
+        (parallel ? std::string(" (the parallel trainer does not drive GPUs yet)")
+                  : std::string(", or set TS_CUDA_UNVERIFIED=1 to train on GPU 0 anyway (its results are not yet "
+                                "checked against the CPU backend on a GPU)")));
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, Stream* compute,
@@ -38,13 +42,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, S
         return Status::unsupported("world size " + std::to_string(ds.world) +
                                    " (tp/pp/cp/dp > 1) runs through the parallel engine; the single-device "
                                    "trainer needs every parallel size = 1");
-    TS_RETURN_IF_ERROR(checkDeviceBackend(c));
+    TS_RETURN_IF_ERROR(checkDeviceBackend(c, opts.allowUnverifiedCuda));
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
     std::unique_ptr<Trainer> t(new Trainer());
     t->m_cfg = c;
     t->m_rec = rec;
+    if (dev && (c.device_backend == "cuda") != (dev->info().backend == BackendKind::Cuda))
+        return Status::invalid("device_backend: " + c.device_backend + ", but the trainer was given device " +
+                               dev->info().name + "; create the device on the backend the config names");
     if (!dev) {
-        t->m_ownBackend = opts.emulateDevice ? makeEmulatedDeviceBackend(1) : makeCpuBackend(1);
+        if (c.device_backend == "cuda") {
+            TS_ASSIGN_OR_RETURN(t->m_ownBackend, makeCudaBackend());
+        } else {
+            t->m_ownBackend = opts.emulateDevice ? makeEmulatedDeviceBackend(1) : makeCpuBackend(1);
+        }
         dev = &t->m_ownBackend->device(0);
     }
     if (!compute) {
@@ -92,6 +103,7 @@ nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double
 nlohmann::json Trainer::runMetadata() const {
     nlohmann::json j = baseRunMetadata(m_cfg, m_flops, m_peakTflops, m_data.get());
     j["num_parameters"] = m_model ? m_model->params().numel() : 0;
+    if (m_cfg.device_backend == "cuda") j["cuda_unverified"] = true;  // TrainerOptions::allowUnverifiedCuda
     return j;
 }
 

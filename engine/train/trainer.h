@@ -47,10 +47,11 @@ nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double
 // (endOfTrain false) save to c.save when iteration % save_interval == 0; at the end of train()
 // (endOfTrain true) save unless that iteration was just saved. No-op when c.save is empty.
 // Ok for device_backend: cpu. For cuda: why this machine cannot run it (no driver, no GPU:
-// makeCudaBackend's message), or, where GPUs are visible, that the engine does not run on the CUDA
-// backend yet (docs/cuda_port.md). Both trainers call it first, so `cuda` never silently runs on
-// the CPU.
-Status checkDeviceBackend(const Config& c);
+// makeCudaBackend's message), or, where GPUs are visible, that the engine has not yet been run on
+// the CUDA backend (docs/cuda_port.md) — unless `unverifiedOk` (the single-device trainer with
+// TrainerOptions::allowUnverifiedCuda). Both trainers call it first, so `cuda` never silently runs
+// on the CPU. `parallel`: the message is the parallel trainer's (it does not drive GPUs yet).
+Status checkDeviceBackend(const Config& c, bool unverifiedOk = false, bool parallel = false);
 
 Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
                            const std::function<Status(const std::string&)>& save, const TrainerCallbacks& cb);
@@ -59,6 +60,10 @@ struct TrainerOptions {
     // The trainer's own backend (when create() gets no device) is the emulated device
     // (emulated_backend.h) instead of the CPU: tests the device-only code path without a GPU.
     bool emulateDevice = emulatedDeviceRequested();
+    // device_backend: cuda runs on GPU 0 although that path has not yet been checked against the
+    // CPU backend on a GPU (TS_CUDA_UNVERIFIED=1; the gpu tests set it to do that check). The run
+    // metadata says so (cuda_unverified).
+    bool allowUnverifiedCuda = unverifiedCudaRequested();
 };
 
 class Trainer {

@@ -3,7 +3,7 @@
 // traps host access) against the same run on the CPU backend, bit for bit: every step's loss and
 // grad norm, and the final weights.
 //
-// What runs there so far is the dense single-device path (docs/cuda_port.md, "Status"). A knob
+// What runs there is the dense and the MoE single-device path (docs/cuda_port.md, "Status"). A knob
 // whose path still touches device memory from the host stops the process with the emulated
 // device's message and a backtrace naming the op; the variants below are the ones that run.
 #include <gtest/gtest.h>

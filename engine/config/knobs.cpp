@@ -331,7 +331,8 @@ std::vector<KnobDef> buildRegistry() {
                 "--hierarchical-context-parallel-sizes", "model.hierarchical_context_parallel_sizes",
                 "Sizes [a2a, p2p] of the two CP sub-groups for cp_comm_type=a2a+p2p: hcp-a2a holds consecutive CP "
                 "ranks (all-to-all of heads, e.g. inside a node), hcp-p2p every a2a-th one (ring attention across "
-                "them); [] = not set."),
+                "them); [] = not set. a2a+p2p takes exactly two levels (Transformer Engine's CP attention takes two "
+                "groups); the other cp_comm_types do not use the list."),
           "product = context_parallel_size; required by cp_comm_type=a2a+p2p; heads and query groups divisible "
           "by tp*a2a");
     rules(r.i("expert_model_parallel_size", &C::expert_model_parallel_size, "--expert-model-parallel-size",

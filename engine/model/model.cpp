@@ -61,13 +61,16 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         if (c.cp_comm_type != "all_gather" && c.cp_comm_type != "p2p" && c.cp_comm_type != "a2a" &&
             c.cp_comm_type != "a2a+p2p")
             return notYet("cp_comm_type=" + c.cp_comm_type + "; use p2p, all_gather, a2a or a2a+p2p");
+        // Megatron builds one CP sub-group per level of hierarchical_context_parallel_sizes, but
+        // only a2a+p2p uses them, and Transformer Engine's attention takes exactly two
+        // (context_parallel.py asserts len(cp_group) == 2: the a2a group, then the p2p ring).
         const std::vector<int>& hcp = c.hierarchical_context_parallel_sizes;
-        if (!hcp.empty() && hcp.size() != 2)
-            return notYet("hierarchical_context_parallel_sizes with " + std::to_string(hcp.size()) +
-                          " levels (the engine builds the two CP sub-groups of cp_comm_type=a2a+p2p); give "
-                          "[a2a size, p2p size]");
         if (c.cp_comm_type == "a2a+p2p") {
-            if (hcp.size() != 2 || int64_t(hcp[0]) * hcp[1] != ds.cp)
+            if (hcp.size() != 2)
+                return bad("cp_comm_type=a2a+p2p takes two levels of hierarchical_context_parallel_sizes, [a2a size, "
+                           "p2p size] (Transformer Engine's a2a+p2p attention takes exactly two CP groups), not " +
+                           std::to_string(hcp.size()) + "; multiply the extra levels into one of the two");
+            if (int64_t(hcp[0]) * hcp[1] != ds.cp)
                 return bad("cp_comm_type=a2a+p2p needs hierarchical_context_parallel_sizes: [a2a size, p2p size] "
                            "with product context_parallel_size=" + std::to_string(ds.cp));
             const int a2a = hcp[0];

@@ -594,8 +594,16 @@ TEST(ContextParallel, HierarchicalRefusalsAreNamed) {
     refused(c, "cp_comm_type=a2a+p2p needs hierarchical_context_parallel_sizes");
     c.hierarchical_context_parallel_sizes = {2, 3};
     refused(c, "multiplies to 6, not context_parallel_size=4");
+    // Transformer Engine's a2a+p2p takes exactly two groups; other cp_comm_types do not use the
+    // levels (Megatron builds them regardless), so three are accepted there.
     c.hierarchical_context_parallel_sizes = {2, 1, 2};
-    refused(c, "hierarchical_context_parallel_sizes with 3 levels");
+    refused(c, "takes two levels of hierarchical_context_parallel_sizes");
+    c.cp_comm_type = "p2p";
+    {
+        auto w = engine::ParallelTrainer::create(c);
+        EXPECT_TRUE(w.isOk()) << w.status().toString();
+    }
+    c.cp_comm_type = "a2a+p2p";
     // 4 heads over tp 2 x a2a 4 cannot be split.
     c = hcpConfig({"", 2, 4, 1, 1, 4, 1, ""});
     refused(c, "tensor_model_parallel_size x hierarchical_context_parallel_sizes[0] = 8");

@@ -21,10 +21,8 @@ constexpr int kThreads = 256;
 constexpr float kK0 = 0.79788456080286535588f;  // sqrt(2/pi)
 constexpr float kK1 = 0.044715f;
 
-__device__ inline int64_t globalThread() {
-    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline int64_t gridThreads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+using detail::globalThread;
+using detail::gridThreads;
 
 // exp with the argument clamped to [-80, 80]; the selects (not fminf/fmaxf) keep NaN.
 __device__ inline float expClamped80(float x) {

@@ -11,10 +11,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ inline int64_t globalThread() {
-    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline int64_t gridThreads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+using detail::globalThread;
+using detail::gridThreads;
 
 __global__ void floatToBf16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16FromFloat(x[i]);

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 namespace ts::kernels::cuda::detail {
@@ -42,6 +43,12 @@ __device__ inline float warpMax(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+// Grid-stride loops: this thread's first index and the stride.
+__device__ inline int64_t globalThread() {
+    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline int64_t gridThreads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 inline int blocksFor(int64_t n, int threads, int cap = 65535 * 8) {
     const int64_t b = (n + threads - 1) / threads;

@@ -19,10 +19,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ inline int64_t globalThread() {
-    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline int64_t gridThreads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+using detail::globalThread;
+using detail::gridThreads;
 
 // Number of stream pairs touched by elements offset .. offset + n - 1.
 inline int64_t pairCount(int64_t n, uint64_t offset) { return (n + static_cast<int64_t>(offset & 1) + 1) / 2; }

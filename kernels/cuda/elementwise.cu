@@ -22,10 +22,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ inline int64_t globalThread() {
-    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline int64_t gridThreads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+using detail::globalThread;
+using detail::gridThreads;
 
 // a, b, y: [n]; y may alias a or b.
 __global__ void addKernel(const float* a, const float* b, float* y, int64_t n) {

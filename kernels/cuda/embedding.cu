@@ -21,10 +21,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxRowBlocks = 65535 * 4;
 
-__device__ inline int64_t globalThread() {
-    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline int64_t gridThreads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+using detail::globalThread;
+using detail::gridThreads;
 
 // One block per token row (grid-stride over rows), threads over columns. out: [T, C].
 __global__ void embeddingGatherKernel(const int32_t* __restrict__ ids, const float* __restrict__ table,

@@ -16,10 +16,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ inline int64_t globalThread() {
-    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline int64_t gridThreads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+using detail::globalThread;
+using detail::gridThreads;
 
 __global__ void gatherRowsKernel(const float* __restrict__ src, const int32_t* __restrict__ idx,
                                  float* __restrict__ dst, int rows, int cols) {

@@ -14,55 +14,18 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
-#include "engine/backend/kernels.h"
-#include "engine/model/gpt.h"
-#include "engine/train/trainer.h"
-#include "tests/test_baseline_config.h"
+#include "tests/trainer_backend_run.h"
 
 namespace ts::engine {
 namespace {
 
-struct TrainRun {
-    std::vector<double> losses, gradNorms;
-    std::vector<float> params;
-    std::string device;
-};
+using ts::testing::TrainRun;
 
 TrainRun train(const Config& c) {
     TrainerOptions o;
     o.emulateDevice = false;
     o.allowUnverifiedCuda = true;
-    TrainRun r;
-    auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
-    EXPECT_TRUE(t.isOk()) << t.status().toString();
-    if (!t.isOk()) return r;
-    r.device = (*t)->model().exec().device().info().name;
-    TrainerCallbacks cb;
-    cb.onStep = [&](const StepProgress& p) {
-        r.losses.push_back(p.loss);
-        r.gradNorms.push_back(p.gradNorm);
-    };
-    const Status s = (*t)->train(-1, cb);
-    EXPECT_TRUE(s.isOk()) << s.toString();
-    ParamBuffer& pb = (*t)->model().params();
-    auto host = kern::toHost((*t)->model().exec().stream(), pb.mainParams(), pb.numel());
-    EXPECT_TRUE(host.isOk()) << host.status().toString();
-    if (host.isOk()) r.params = std::move(host).value();
-    return r;
-}
-
-Config tinyConfig() {
-    Config c = ts::testing::testBaselineConfig();
-    c.num_layers = 2;
-    c.hidden_size = 64;
-    c.num_attention_heads = 4;
-    c.seq_length = 32;
-    c.micro_batch_size = 4;
-    c.vocab_size = 256;
-    c.seed = 7;
-    c.train_iters = 3;
-    c.data_path = "";
-    return c;
+    return ts::testing::trainRun(c, o);
 }
 
 struct Variant {
@@ -108,7 +71,7 @@ TEST(CudaTrainer, EveryStepMatchesTheCpuBackend) {
          }, 5e-3, 5e-2},
     };
     for (const Variant& v : variants) {
-        Config c = tinyConfig();
+        Config c = ts::testing::tinyTrainerConfig();
         v.edit(c);
         const TrainRun cpu = train(c);
         c.device_backend = "cuda";

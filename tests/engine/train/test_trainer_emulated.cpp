@@ -17,50 +17,20 @@
 #include "engine/backend/backend.h"
 #include "engine/model/gpt.h"
 #include "engine/train/trainer.h"
-#include "tests/test_baseline_config.h"
+#include "tests/trainer_backend_run.h"
 
 namespace ts::engine {
 namespace {
 
-struct TrainRun {
-    std::vector<double> losses, gradNorms;
-    std::vector<float> params;
-};
+using ts::testing::TrainRun;
 
 TrainRun train(const Config& c, bool emulate) {
     TrainerOptions o;
     o.emulateDevice = emulate;
-    TrainRun r;
-    auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
-    EXPECT_TRUE(t.isOk()) << t.status().toString();
-    if (!t.isOk()) return r;
-    TrainerCallbacks cb;
-    cb.onStep = [&](const StepProgress& p) {
-        r.losses.push_back(p.loss);
-        r.gradNorms.push_back(p.gradNorm);
-    };
-    const Status s = (*t)->train(-1, cb);
-    EXPECT_TRUE(s.isOk()) << s.toString();
-    // train() has waited for the streams; the emulated device's memory is read through its host view.
-    ParamBuffer& pb = (*t)->model().params();
-    const float* p = static_cast<const float*>(emulate ? hostAlias(pb.mainParams()) : pb.mainParams());
-    r.params.assign(p, p + pb.numel());
-    return r;
+    return ts::testing::trainRun(c, o);
 }
 
-Config tinyConfig() {
-    Config c = ts::testing::testBaselineConfig();
-    c.num_layers = 2;
-    c.hidden_size = 64;
-    c.num_attention_heads = 4;
-    c.seq_length = 32;
-    c.micro_batch_size = 4;
-    c.vocab_size = 256;
-    c.seed = 7;
-    c.train_iters = 3;
-    c.data_path = "";
-    return c;
-}
+Config tinyConfig() { return ts::testing::tinyTrainerConfig(); }
 
 void expectBitEqual(const Config& c, const std::string& what) {
     const TrainRun cpu = train(c, false), emu = train(c, true);

@@ -281,6 +281,21 @@ void download(void* dst, const void* src, size_t bytes) {
     if (!st.isOk()) reportKernelError(st);
 }
 
+Bf16GemmScope::Bf16GemmScope(bool on) {
+#ifdef TS_HAVE_CUDA
+    m_prev = kernels::cuda::bf16Gemms();
+    kernels::cuda::setBf16Gemms(on);
+#else
+    (void)on;
+#endif
+}
+
+Bf16GemmScope::~Bf16GemmScope() {
+#ifdef TS_HAVE_CUDA
+    kernels::cuda::setBf16Gemms(m_prev);
+#endif
+}
+
 Status runOp(Stream& s, const char* name, std::function<void()> fn) {
     OpDesc d;
     d.name = name;

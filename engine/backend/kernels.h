@@ -69,6 +69,22 @@ Status copyFromHost(Stream& s, void* dst, const void* src, size_t bytes);
 // A whole float buffer (or the first n floats of it) as a host vector.
 Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n);
 
+// GEMM operands in bf16 for the kernels this thread launches while the scope lives (restores the
+// previous setting after): on CUDA, gemm / gemmStridedBatched / linear* round A and B to bf16 and
+// use the tensor cores with fp32 accumulation (kernels/cuda/ops_cuda.h setBf16Gemms); the CPU
+// oracle and the emulated device keep fp32 GEMMs, which on operands holding bf16 values give the
+// same products. Exec sets it around the ops of a bf16 model (not with FP8).
+class Bf16GemmScope {
+public:
+    explicit Bf16GemmScope(bool on);
+    ~Bf16GemmScope();
+    Bf16GemmScope(const Bf16GemmScope&) = delete;
+    Bf16GemmScope& operator=(const Bf16GemmScope&) = delete;
+
+private:
+    bool m_prev = false;
+};
+
 // --- ops that return a value (synchronize on CUDA) ------------------------------------------
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
                      int vocabStart, int vocabEnd, int vocabSize);

@@ -15,7 +15,12 @@ GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o,
     : m_cfg(cfg), m_d(d), m_o(o), m_ctx(ctx), m_exec(dev, compute),
       m_sp(ctx.sequenceParallel && ctx.tpSize > 1),
       m_logits(std::make_shared<std::map<int, std::vector<float>>>()),
-      m_losses(std::make_shared<std::map<int, std::pair<double, double>>>()) {}
+      m_losses(std::make_shared<std::map<int, std::pair<double, double>>>()) {
+    // bf16 runs store bf16 values, so their GEMMs may take bf16 operands on a GPU's tensor cores
+    // (the same products; kernels.h Bf16GemmScope). FP8 GEMMs take dequantized FP8 values with
+    // any fp32 scale, which bf16 would round: they stay fp32.
+    m_exec.setBf16Gemms(o.bf16 && cfg.fp8.empty());
+}
 
 GptModel::~GptModel() {
     (void)m_exec.synchronize();

@@ -27,8 +27,10 @@ void Exec::op(const char* name, trace::Category cat, double flops, uint64_t byte
     d.microbatch = m_mb;
     d.layer = m_layer;
     const std::atomic<bool>* cancel = m_cancel;
-    m_stream->submit(d, [fn = std::move(fn), cancel]() -> Status {
+    const bool bf16 = m_bf16Gemms;
+    m_stream->submit(d, [fn = std::move(fn), cancel, bf16]() -> Status {
         if (cancel && cancel->load(std::memory_order_relaxed)) return Status::cancelled("run cancelled");
+        kern::Bf16GemmScope gemms(bf16);
         fn();
         return Status::ok();
     });
@@ -45,8 +47,10 @@ void Exec::opStatus(const char* name, trace::Category cat, double flops, uint64_
     d.microbatch = m_mb;
     d.layer = m_layer;
     const std::atomic<bool>* cancel = m_cancel;
-    m_stream->submit(d, [fn = std::move(fn), cancel]() -> Status {
+    const bool bf16 = m_bf16Gemms;
+    m_stream->submit(d, [fn = std::move(fn), cancel, bf16]() -> Status {
         if (cancel && cancel->load(std::memory_order_relaxed)) return Status::cancelled("run cancelled");
+        kern::Bf16GemmScope gemms(bf16);
         return fn();
     });
 }

@@ -38,6 +38,8 @@ public:
         return prev;
     }
     void setCancelFlag(const std::atomic<bool>* flag) { m_cancel = flag; }
+    // The ops' GEMMs take bf16 operands where the backend has bf16 GEMMs (kern::Bf16GemmScope).
+    void setBf16Gemms(bool on) { m_bf16Gemms = on; }
     bool cancelled() const { return m_cancel && m_cancel->load(std::memory_order_relaxed); }
     void setStep(int step) { m_step = step; }
     void setMicrobatch(int mb) { m_mb = mb; }
@@ -62,6 +64,7 @@ private:
     Device& m_dev;
     Stream* m_stream;
     const std::atomic<bool>* m_cancel = nullptr;
+    bool m_bf16Gemms = false;
     int m_step = -1, m_mb = -1, m_layer = -1;
     std::deque<std::unique_ptr<Event>> m_events;
 };

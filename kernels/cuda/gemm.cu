@@ -1,5 +1,5 @@
-// GEMMs on cuBLAS with fp32 accumulation (full fp32: no TF32, matching the CPU oracle), and the
-// linear layer built on them. Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T,
+// GEMMs on cuBLAS with fp32 accumulation (full fp32: no TF32, matching the CPU oracle; or, with
+// setBf16Gemms, bf16 operands on the tensor cores), and the linear layer built on them. Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T,
 // so each call swaps the operands. Handles: one per (thread, device), see blas.cuh.
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/cuda_common.cuh"
@@ -26,31 +26,40 @@ namespace {
 
 // Handles of this thread, by device. Destroyed at thread exit (the rank threads' lifetime).
 struct ThreadHandles {
-    std::map<int, cublasHandle_t> blas;
+    std::map<int, cublasHandle_t> blas, tensorOp;
     std::map<int, cublasLtHandle_t> lt;
     ~ThreadHandles() {
-        for (auto& [dev, h] : blas) { cudaSetDevice(dev); cublasDestroy(h); }
+        for (auto* m : {&blas, &tensorOp})
+            for (auto& [dev, h] : *m) { cudaSetDevice(dev); cublasDestroy(h); }
         for (auto& [dev, h] : lt) { cudaSetDevice(dev); cublasLtDestroy(h); }
     }
 };
 thread_local ThreadHandles t_handles;
 
-}  // namespace
-
-Status cublasFor(void* stream, cublasHandle_t* handle) {
+Status handleFor(std::map<int, cublasHandle_t>& handles, cublasMath_t math, void* stream, cublasHandle_t* handle) {
     int dev = 0;
     TS_RETURN_IF_ERROR(fromCuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    auto it = t_handles.blas.find(dev);
-    if (it == t_handles.blas.end()) {
+    auto it = handles.find(dev);
+    if (it == handles.end()) {
         cublasHandle_t h = nullptr;
         TS_RETURN_IF_ERROR(fromCublas(cublasCreate(&h), "cublasCreate"));
-        // Full fp32 like the CPU oracle: never let cuBLAS pick TF32 tensor-core math.
-        TS_RETURN_IF_ERROR(fromCublas(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode"));
-        it = t_handles.blas.emplace(dev, h).first;
+        TS_RETURN_IF_ERROR(fromCublas(cublasSetMathMode(h, math), "cublasSetMathMode"));
+        it = handles.emplace(dev, h).first;
     }
     TS_RETURN_IF_ERROR(fromCublas(cublasSetStream(it->second, asStream(stream)), "cublasSetStream"));
     *handle = it->second;
     return Status::ok();
+}
+
+}  // namespace
+
+// Full fp32 like the CPU oracle: never let cuBLAS pick TF32 tensor-core math.
+Status cublasFor(void* stream, cublasHandle_t* handle) {
+    return handleFor(t_handles.blas, CUBLAS_PEDANTIC_MATH, stream, handle);
+}
+
+Status cublasTensorOpFor(void* stream, cublasHandle_t* handle) {
+    return handleFor(t_handles.tensorOp, CUBLAS_DEFAULT_MATH, stream, handle);
 }
 
 Status cublasLtFor(cublasLtHandle_t* handle) {
@@ -70,6 +79,43 @@ Status cublasLtFor(cublasLtHandle_t* handle) {
 
 namespace {
 
+thread_local bool t_bf16Gemms = false;
+
+// A bf16 copy of the operand's first n floats, from the stream-ordered allocator; freed with
+// cudaFreeAsync by the caller.
+Status bf16Operand(const float* x, int64_t n, void** out, cudaStream_t s) {
+    *out = nullptr;
+    TS_RETURN_IF_ERROR(detail::fromCuda(cudaMallocAsync(out, sizeof(uint16_t) * static_cast<size_t>(n > 0 ? n : 1), s),
+                                        "bf16 GEMM operand (cudaMallocAsync)"));
+    return floatToBf16(x, static_cast<uint16_t*>(*out), n, s);
+}
+
+// C = alpha op(A) op(B) + beta C over `batch` strided matrices with bf16 copies of A and B.
+Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
+                int64_t strideA, const float* B, int ldb, int64_t strideB, float beta, float* C, int ldc,
+                int64_t strideC, int batch, void* stream) {
+    cudaStream_t s = detail::asStream(stream);
+    cublasHandle_t h = nullptr;
+    TS_RETURN_IF_ERROR(detail::cublasTensorOpFor(stream, &h));
+    // the operands' extents: every matrix of the batch, each [rows, ld]
+    const int rowsA = transA ? K : M, colsA = transA ? M : K, rowsB = transB ? N : K, colsB = transB ? K : N;
+    const int64_t spanA = static_cast<int64_t>(batch - 1) * strideA, spanB = static_cast<int64_t>(batch - 1) * strideB;
+    void *a = nullptr, *b = nullptr;
+    auto run = [&]() -> Status {
+        TS_RETURN_IF_ERROR(bf16Operand(A, spanA + int64_t(rowsA - 1) * lda + colsA, &a, s));
+        TS_RETURN_IF_ERROR(bf16Operand(B, spanB + int64_t(rowsB - 1) * ldb + colsB, &b, s));
+        return detail::fromCublas(
+            cublasGemmStridedBatchedEx(h, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                                       &alpha, b, CUDA_R_16BF, ldb, strideB, a, CUDA_R_16BF, lda, strideA, &beta, C,
+                                       CUDA_R_32F, ldc, strideC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "bf16 gemm cublasGemmStridedBatchedEx");
+    };
+    const Status st = run();
+    const Status freedA = a ? detail::fromCuda(cudaFreeAsync(a, s), "bf16 GEMM operand (cudaFreeAsync)") : Status::ok();
+    const Status freedB = b ? detail::fromCuda(cudaFreeAsync(b, s), "bf16 GEMM operand (cudaFreeAsync)") : Status::ok();
+    return !st.isOk() ? st : !freedA.isOk() ? freedA : freedB;
+}
+
 __global__ void broadcastBiasKernel(const float* __restrict__ b, float* __restrict__ y, int64_t n,
                                     int out) {
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -88,10 +134,15 @@ __global__ void columnSumKernel(const float* __restrict__ dy, float* __restrict_
 
 }  // namespace
 
+void setBf16Gemms(bool on) { t_bf16Gemms = on; }
+bool bf16Gemms() { return t_bf16Gemms; }
+
 Status gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc, void* stream) {
     if (M < 0 || N < 0 || K < 0) return Status::invalid("gemm: negative dimension");
     if (M == 0 || N == 0) return Status::ok();
+    if (t_bf16Gemms && K > 0)
+        return gemmBf16(transA, transB, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, stream);
     cublasHandle_t h = nullptr;
     TS_RETURN_IF_ERROR(detail::cublasFor(stream, &h));
     return detail::fromCublas(cublasSgemm(h, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -105,6 +156,9 @@ Status gemmStridedBatched(bool transA, bool transB, int M, int N, int K, float a
                           float beta, float* C, int ldc, int64_t strideC, int batch, void* stream) {
     if (M < 0 || N < 0 || K < 0 || batch < 0) return Status::invalid("gemmStridedBatched: negative dimension");
     if (M == 0 || N == 0 || batch == 0) return Status::ok();
+    if (t_bf16Gemms && K > 0)
+        return gemmBf16(transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch,
+                        stream);
     cublasHandle_t h = nullptr;
     TS_RETURN_IF_ERROR(detail::cublasFor(stream, &h));
     return detail::fromCublas(

@@ -58,6 +58,15 @@ Status streamCreate(void** stream);
 Status streamDestroy(void* stream);
 Status streamSynchronize(void* stream);
 Status deviceSynchronize();
+// GEMM operand precision of this host thread's calls from now on. Off (the default): full fp32
+// (cuBLAS pedantic math, as the oracle). On: gemm, gemmStridedBatched, linearForward and
+// linearBackward round A and B to bf16 (stream-ordered bf16 copies) and multiply on the tensor
+// cores with fp32 accumulation and an fp32 C, as Megatron's bf16 GEMMs do: where the operands
+// already hold bf16 values (the engine's bf16 mode rounds what it stores) the products are the
+// oracle's exactly, only the summation order differs. engine/backend/kernels.h's Bf16GemmScope
+// sets it around an op's code.
+void setBf16Gemms(bool on);
+bool bf16Gemms();
 
 // --- GEMM (row-major, as kernels::cpu) ------------------------------------------------------
 Status gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,

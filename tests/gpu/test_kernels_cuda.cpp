@@ -9,8 +9,10 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace ts::kernels {
@@ -133,6 +135,70 @@ TEST_F(KernelsCuda, GemmTransposesMatchCpu) {
             cpu::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, C.data(), N);
             expectNear(dC.download(), C, 1e-4, 1e-4, ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"));
         }
+}
+
+// setBf16Gemms: the operands go to bf16 (round to nearest even) and the products are summed in
+// fp32 on the tensor cores. Against the oracle on the bf16-rounded operands (the same products;
+// only the order of the fp32 sums differs): gemm in every transpose, a strided batch with a
+// broadcast operand (stride 0, as attention's GQA), and the linear layer's forward and backward
+// (the wgrad accumulated into an fp32 main grad). With raw fp32 operands the result is the bf16
+// one, not the fp32 one (the rounding really happens).
+TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
+    auto bf = [](std::vector<float> v) {
+        cpu::roundToBf16(v.data(), int64_t(v.size()));
+        return v;
+    };
+    struct Restore {
+        ~Restore() { cuda::setBf16Gemms(false); }
+    } restore;
+    cuda::setBf16Gemms(true);
+    const int M = 67, N = 45, K = 131;
+    for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+            const auto A = randomVec(M * K, 40 + ta), B = randomVec(K * N, 42 + tb), C0 = randomVec(M * N, 44);
+            const int lda = ta ? M : K, ldb = tb ? K : N;
+            DeviceVec<float> dA(A), dB(B), dC(C0);
+            TS_ASSERT_OK(cuda::gemm(ta, tb, M, N, K, 0.5f, dA.ptr, lda, dB.ptr, ldb, 2.0f, dC.ptr, N, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            std::vector<float> C = C0, Cfp32 = C0;
+            const auto Ab = bf(A), Bb = bf(B);
+            cpu::gemm(ta, tb, M, N, K, 0.5f, Ab.data(), lda, Bb.data(), ldb, 2.0f, C.data(), N);
+            cpu::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, Cfp32.data(), N);
+            const auto got = dC.download();
+            const std::string what = std::string("bf16 ") + (ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"));
+            expectNear(got, C, 1e-4, 1e-4, what.c_str());
+            double off = 0;
+            for (size_t i = 0; i < got.size(); ++i) off = std::max(off, double(std::fabs(got[i] - Cfp32[i])));
+            EXPECT_GT(off, 1e-4) << what << ": the fp32 result; the operands were not rounded to bf16";
+        }
+    {
+        // [batch 3] x [M, K] times one shared [K, N] (stride 0)
+        const int batch = 3;
+        const auto A = bf(randomVec(batch * M * K, 50)), B = bf(randomVec(K * N, 51));
+        DeviceVec<float> dA(A), dB(B), dC(size_t(batch) * M * N);
+        TS_ASSERT_OK(cuda::gemmStridedBatched(false, false, M, N, K, 1.0f, dA.ptr, K, int64_t(M) * K, dB.ptr, N, 0, 0.0f,
+                                              dC.ptr, N, int64_t(M) * N, batch, m_stream));
+        TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+        std::vector<float> C(size_t(batch) * M * N);
+        cpu::gemmStridedBatched(false, false, M, N, K, 1.0f, A.data(), K, int64_t(M) * K, B.data(), N, 0, 0.0f, C.data(),
+                                N, int64_t(M) * N, batch);
+        expectNear(dC.download(), C, 1e-4, 1e-4, "bf16 strided batch");
+    }
+    {
+        const int T = 53, in = 96, out = 80;
+        const auto x = bf(randomVec(T * in, 60)), W = bf(randomVec(out * in, 61)), b = randomVec(out, 62);
+        const auto dy = bf(randomVec(T * out, 63)), g0 = randomVec(out * in, 64);
+        DeviceVec<float> dx(x), dW(W), db(b), dy_(dy), dyOut(size_t(T) * out), ddx(size_t(T) * in), dG(g0);
+        TS_ASSERT_OK(cuda::linearForward(dx.ptr, dW.ptr, db.ptr, dyOut.ptr, T, in, out, m_stream));
+        TS_ASSERT_OK(cuda::linearBackward(dy_.ptr, dx.ptr, dW.ptr, ddx.ptr, dG.ptr, nullptr, T, in, out, m_stream));
+        TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+        std::vector<float> y(size_t(T) * out), gx(size_t(T) * in), G = g0;
+        cpu::linearForward(x.data(), W.data(), b.data(), y.data(), T, in, out);
+        cpu::linearBackward(dy.data(), x.data(), W.data(), gx.data(), G.data(), nullptr, T, in, out);
+        expectNear(dyOut.download(), y, 1e-4, 1e-4, "bf16 linearForward");
+        expectNear(ddx.download(), gx, 1e-4, 1e-4, "bf16 linearBackward dx");
+        expectNear(dG.download(), G, 1e-4, 1e-4, "bf16 linearBackward dW (accumulated)");
+    }
 }
 
 }  // namespace

@@ -355,6 +355,10 @@ void amaxInto(const float* x, int64_t n, float* amax) {
               x, n, amax);
 }
 
+void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
+    TS_KERN_DISPATCH(amaxAccumulate, x, n, divisor, slot);
+}
+
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
     TS_KERN_DISPATCH(gemm, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -95,6 +95,8 @@ float amaxOf(const float* x, int64_t n);
 
 // amaxOf into a buffer element, asynchronous (the value stays where kernels see it).
 void amaxInto(const float* x, int64_t n, float* amax);
+// Delayed scaling's observation into a buffer element, asynchronous (kernels/cpu/ops.h).
+void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot);
 
 // --- the rest: asynchronous on CUDA ---------------------------------------------------------
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,

@@ -138,7 +138,9 @@ public:
     // the streams are idle. setFp8State takes the entries of this chunk's tensors from such an
     // object (others are ignored; a tensor without an entry keeps its fresh state) and checks
     // them: history length as configured (fp8_amax_history_len), finite non-negative values.
-    nlohmann::json fp8State() const;
+    // Delayed scaling: history[0] (the amaxes of a step whose scale update has not run yet) lives
+    // in the device pack; fp8State reads it back (a stream op), setFp8State writes it there.
+    nlohmann::json fp8State();
     Status setFp8State(const nlohmann::json& state);
     // The aux-loss-free expert bias of this chunk's MoE layers (moe_router_enable_expert_bias;
     // Megatron's persistent router buffer "expert_bias") for checkpoints: {"<global layer>": [E
@@ -377,6 +379,9 @@ private:
                                                   const std::function<Status()>& fn);
     std::unique_ptr<CpRing> m_cpRing;  // cp_comm_type=p2p  // tp_comm_overlap active (SP + knob + comm stream given)
     std::shared_ptr<std::vector<Fp8Meta>> m_fp8Meta;  // [local layer][linear][slot]
+    // Delayed scaling: this step's observed amax of every m_fp8Meta entry, where kernels see it
+    // (amaxAccumulate, no read-back per tensor); reduced and read back once at the step's end.
+    TensorPtr m_fp8AmaxDev;
     struct Fp8WeightCopy {
         TensorPtr dequantized, codes;  // float values the GEMM uses; the FP8 codes (1 byte each)
         int step = -1;

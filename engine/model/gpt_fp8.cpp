@@ -71,11 +71,21 @@ void GptModel::fp8Init() {
     m_fp8Meta = std::make_shared<std::vector<Fp8Meta>>(m_layers.size() * kLinears * kSlots);
     for (Fp8Meta& m : *m_fp8Meta) m.reset(m_o.fp8.historyLen);
     m_fp8W.assign(m_layers.size() * kLinears, {});
+    if (m_o.fp8.delayed && !m_o.fp8.isBlock()) {
+        auto pack = m_exec.alloc(int64_t(m_fp8Meta->size()), MemCategory::Workspace);  // zeroed
+        if (pack) m_fp8AmaxDev = *pack;
+    }
 }
 
-nlohmann::json GptModel::fp8State() const {
+nlohmann::json GptModel::fp8State() {
     if (!m_fp8Meta || m_o.fp8.isBlock()) return nullptr;  // block recipes keep no scaling state
     nlohmann::json out = nlohmann::json::object();
+    // delayed: the amaxes observed since the last scale update are in the device pack
+    std::vector<float> observed;
+    if (m_fp8AmaxDev) {
+        auto h = k::toHost(m_exec.stream(), fp(m_fp8AmaxDev), int64_t(m_fp8Meta->size()));
+        if (h) observed = std::move(*h);
+    }
     for (size_t li = 0; li < m_layers.size(); ++li) {
         if (!fp8Layer(int(li))) continue;
         for (int lin = 0; lin < kLinears; ++lin)
@@ -84,8 +94,10 @@ nlohmann::json GptModel::fp8State() const {
                 const std::string key = fp8TensorName(m_ctx.layerBegin + int(li), lin, slot, m_layers[li].routerW >= 0,
                                                       m_layers[li].shFc1W >= 0);
                 if (key.empty()) continue;
-                const Fp8Meta& m = (*m_fp8Meta)[(li * kLinears + size_t(lin)) * kSlots + size_t(slot)];
-                out[key] = {{"history", m.history}, {"scale", m.scale}};
+                const size_t at = (li * kLinears + size_t(lin)) * kSlots + size_t(slot);
+                std::vector<float> history = (*m_fp8Meta)[at].history;
+                if (at < observed.size()) history[0] = observed[at];
+                out[key] = {{"history", history}, {"scale", (*m_fp8Meta)[at].scale}};
             }
     }
     fp8ExpertState(out);
@@ -109,6 +121,13 @@ Status GptModel::setFp8State(const nlohmann::json& state) {
             }
     }
     TS_RETURN_IF_ERROR(setFp8ExpertState(state));
+    if (m_fp8AmaxDev) {
+        // delayed: history[0] goes where the step's observations accumulate
+        std::vector<float> observed(m_fp8Meta->size());
+        for (size_t i = 0; i < observed.size(); ++i) observed[i] = (*m_fp8Meta)[i].history[0];
+        TS_RETURN_IF_ERROR(
+            k::copyFromHost(m_exec.stream(), m_fp8AmaxDev->data(), observed.data(), observed.size() * sizeof(float)));
+    }
     return Status::ok();
 }
 
@@ -126,8 +145,13 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
     // values the same way whatever the layout (exactly so when dp x cp is a power of two).
     const float g = slot == kFp8Grad ? float(m_ctx.dpSize) * float(m_ctx.cpSize) : 1.0f;
     if (r.delayed) {
+        // The amax is observed where kernels see it (the step's pack, m_fp8AmaxDev); the scale is
+        // the host's, from the history of the steps before.
+        if (!m_fp8AmaxDev) return Status::internal("FP8 delayed scaling without its amax buffer");
+        TensorPtr pack = m_fp8AmaxDev;
+        const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot);
         m_exec.op("fp8_quantize", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 8, [=] {
-            meta->observe(k::amaxOf(fp(t), n) / g);
+            k::amaxAccumulate(fp(t), n, g, fp(pack) + at);
             k::fp8QuantizeDequantize(fp(t), fp(t), nullptr, n, meta->scale / g, fmt);
         });
         return Status::ok();
@@ -171,8 +195,11 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
         TensorPtr dq = w.dequantized, codes = w.codes;
         const k::Fp8Format fmt = r.forward;
         if (r.delayed) {
+            if (!m_fp8AmaxDev) return Status::internal("FP8 delayed scaling without its amax buffer");
+            TensorPtr pack = m_fp8AmaxDev;
+            const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(kFp8Weight);
             m_exec.op("fp8_quantize_weight", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 9, [=] {
-                meta->observe(k::amaxOf(W, n));
+                k::amaxAccumulate(W, n, 1.0f, fp(pack) + at);
                 k::fp8QuantizeDequantize(W, fp(dq), codes->as<uint8_t>(), n, meta->scale, fmt);
             });
         } else {
@@ -228,20 +255,17 @@ void GptModel::fp8StepUpdate() {
         m_exec.op("fp8_counters", Category::Other, 0, 0, [=] { counters(step); });
         return;
     }
-    auto buf = m_exec.alloc(n, MemCategory::Workspace);
-    if (!buf) return;
-    TensorPtr b = *buf;
-    m_exec.op("fp8_amax_pack", Category::Elementwise, 0, uint64_t(n) * 8, [=] {
-        std::vector<float> h(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) h[size_t(i)] = (*metas)[size_t(i)].history[0];
-        k::copyBytes(fp(b), h.data(), h.size() * sizeof(float));
-    });
+    // The step's observed amaxes are already packed where kernels see them (m_fp8AmaxDev): reduced
+    // in place, read back once, then zeroed for the next step.
+    TensorPtr b = m_fp8AmaxDev;
+    if (!b) return;
     if (m_ctx.amax && m_ctx.amax->size() > 1)
         m_ctx.amax->allReduce(m_exec.stream(), b->data(), b->data(), size_t(n), DType::F32, ReduceOp::Max);
     const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
     m_exec.op("fp8_scale_update", Category::Elementwise, double(n), uint64_t(n) * 8, [=] {
         std::vector<float> h(static_cast<size_t>(n));
         k::download(h.data(), fp(b), h.size() * sizeof(float));
+        k::setBytes(fp(b), 0, h.size() * sizeof(float));
         for (int64_t i = 0; i < n; ++i) {
             Fp8Meta& m = (*metas)[size_t(i)];
             m.history[0] = h[size_t(i)];

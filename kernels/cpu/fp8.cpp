@@ -27,6 +27,13 @@ float amaxOf(const float* x, int64_t n) {
     return m;
 }
 
+void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
+    const float a = amaxOf(x, n) / divisor;
+    float& s = *slot;
+    if (std::isnan(a) || std::isnan(s)) s = NAN;
+    else s = std::max(s, a);
+}
+
 void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale, Fp8Format f) {
     const float inv = 1.0f / scale;
     const fp8s::Fp8Rounder r = fp8s::Fp8Rounder::make(int(f));

@@ -286,6 +286,9 @@ uint8_t fp8Encode(float x, Fp8Format f);
 float fp8Decode(uint8_t code, Fp8Format f);
 // max |x| (NaN if any element is NaN).
 float amaxOf(const float* x, int64_t n);
+// Delayed scaling's observation into an amax slot: *slot = max(*slot, amaxOf(x, n) / divisor),
+// NaN sticking (either side NaN gives NaN), as Fp8Meta::observe does on the host.
+void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot);
 // y = decode(encode(x * scale)) * (1 / scale), the value an FP8 GEMM sees after its scale_inv;
 // codes (may be null) receives the FP8 codes. y may alias x.
 void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale, Fp8Format f);

@@ -194,6 +194,25 @@ Status amaxOf(const float* x, int64_t n, float* amax, void* stream) {
     return detail::launchStatus("amaxOf");
 }
 
+namespace {
+__global__ void amaxCombineKernel(const float* amax, float divisor, float* slot) {
+    const float a = __fdiv_rn(*amax, divisor), s = *slot;
+    *slot = (isnan(a) || isnan(s)) ? __int_as_float(0x7fc00000) : fmaxf(s, a);
+}
+}  // namespace
+
+Status amaxAccumulate(const float* x, int64_t n, float divisor, float* slot, void* stream) {
+    if (n < 0) return Status::invalid("amaxAccumulate: n < 0 (got " + std::to_string(n) + ")");
+    cudaStream_t s = detail::asStream(stream);
+    void* scratch = nullptr;
+    TS_RETURN_IF_ERROR(detail::fromCuda(cudaMallocAsync(&scratch, sizeof(float), s), "amaxAccumulate scratch"));
+    const Status amax = amaxOf(x, n, static_cast<float*>(scratch), stream);
+    if (amax.isOk()) amaxCombineKernel<<<1, 1, 0, s>>>(static_cast<const float*>(scratch), divisor, slot);
+    const Status launched = amax.isOk() ? detail::launchStatus("amaxAccumulate") : amax;
+    const Status freed = detail::fromCuda(cudaFreeAsync(scratch, s), "amaxAccumulate scratch (cudaFreeAsync)");
+    return launched.isOk() ? freed : launched;
+}
+
 Status fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale,
                              Fp8Format f, void* stream) {
     if (n < 0) return Status::invalid("fp8QuantizeDequantize: n < 0 (got " + std::to_string(n) + ")");

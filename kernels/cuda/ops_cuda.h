@@ -216,6 +216,8 @@ Status roundToBf16(float* x, int64_t n, void* stream);
 // --- FP8 (emulated in fp32 storage exactly as the CPU does; REFERENCE.md §6.1) ---------------
 // *amax (device float) = max |x| (NaN if any element is NaN).
 Status amaxOf(const float* x, int64_t n, float* amax, void* stream);
+// *slot (device float) = max(*slot, amax / divisor), NaN sticking; a float of stream-ordered scratch.
+Status amaxAccumulate(const float* x, int64_t n, float divisor, float* slot, void* stream);
 // scale is a host value here, as on the CPU.
 Status fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale,
                              Fp8Format f, void* stream);

@@ -137,6 +137,26 @@ TEST_F(KernelsCuda, GemmTransposesMatchCpu) {
         }
 }
 
+// Delayed scaling's device observation: the running max of amax / divisor, NaN sticking, bit for
+// bit the oracle's (a max and one correctly rounded division).
+TEST_F(KernelsCuda, AmaxAccumulateMatchesCpu) {
+    const auto a = randomVec(100003, 70, -5, 5), b = randomVec(777, 71, -9, 9);
+    std::vector<float> nan = randomVec(33, 72);
+    nan[17] = std::nanf("");
+    DeviceVec<float> da(a), db(b), dn(nan), slot(std::vector<float>{0.5f});
+    float want = 0.5f;
+    TS_ASSERT_OK(cuda::amaxAccumulate(da.ptr, int64_t(a.size()), 3.0f, slot.ptr, m_stream));
+    cpu::amaxAccumulate(a.data(), int64_t(a.size()), 3.0f, &want);
+    TS_ASSERT_OK(cuda::amaxAccumulate(db.ptr, int64_t(b.size()), 0.7f, slot.ptr, m_stream));
+    cpu::amaxAccumulate(b.data(), int64_t(b.size()), 0.7f, &want);
+    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+    expectSameBits(slot.download(), {want}, "amaxAccumulate");
+    TS_ASSERT_OK(cuda::amaxAccumulate(dn.ptr, int64_t(nan.size()), 1.0f, slot.ptr, m_stream));
+    TS_ASSERT_OK(cuda::amaxAccumulate(da.ptr, int64_t(a.size()), 1.0f, slot.ptr, m_stream));
+    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+    EXPECT_TRUE(std::isnan(slot.download()[0])) << "NaN must stick";
+}
+
 // setBf16Gemms: the operands go to bf16 (round to nearest even) and the products are summed in
 // fp32 on the tensor cores. Against the oracle on the bf16-rounded operands (the same products;
 // only the order of the fp32 sums differs): gemm in every transpose, a strided batch with a

@@ -165,5 +165,27 @@ TEST(Fp8, QuantizeDequantizeAppliesTheScaleAndItsInverse) {
     EXPECT_EQ(amaxOf(x.data(), int64_t(x.size())), 7.0f);
 }
 
+// Delayed scaling's observation: the running max of amax / divisor over the calls, NaN sticking
+// from either side (Fp8Meta::observe's rule, which the device pack replaces).
+TEST(Fp8, AmaxAccumulateKeepsTheRunningMaxAndNaNSticks) {
+    const std::vector<float> a = {1.f, -6.f, 2.f}, b = {-3.f, 0.5f}, nan = {1.f, NAN};
+    float slot = 0.f;
+    amaxAccumulate(a.data(), 3, 2.f, &slot);
+    EXPECT_EQ(slot, 3.f);
+    amaxAccumulate(b.data(), 2, 1.f, &slot);
+    EXPECT_EQ(slot, 3.f);  // 3 is not above it
+    amaxAccumulate(b.data(), 2, 0.5f, &slot);
+    EXPECT_EQ(slot, 6.f);
+    amaxAccumulate(a.data(), 0, 1.f, &slot);  // nothing observed: amax 0
+    EXPECT_EQ(slot, 6.f);
+    amaxAccumulate(nan.data(), 2, 1.f, &slot);
+    EXPECT_TRUE(std::isnan(slot));
+    amaxAccumulate(a.data(), 3, 1.f, &slot);
+    EXPECT_TRUE(std::isnan(slot)) << "NaN must stick";
+    float fresh = NAN;
+    amaxAccumulate(a.data(), 3, 1.f, &fresh);
+    EXPECT_TRUE(std::isnan(fresh));
+}
+
 }  // namespace
 }  // namespace ts::kernels::cpu

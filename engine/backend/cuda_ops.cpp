@@ -35,7 +35,7 @@ const std::vector<std::string>& cudaOpNames() {
         // bf16
         "floatToBf16", "bf16ToFloat", "roundToBf16",
         // FP8
-        "amaxOf", "amaxAccumulate", "fp8QuantizeDequantize", "fp8BlockQuantizeDequantize",
+        "amaxOf", "fp8QuantizeCurrent", "amaxAccumulate", "fp8QuantizeDequantize", "fp8BlockQuantizeDequantize",
         // MoE
         "gatherRows", "gatherSumRows", "scaleRows", "moeProbGrad", "weightedColumnSum", "sigmoidGateForward",
         "sigmoidGateBackward",

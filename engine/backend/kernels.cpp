@@ -355,6 +355,11 @@ void amaxInto(const float* x, int64_t n, float* amax) {
               x, n, amax);
 }
 
+void fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax, float divisor,
+                        Fp8Format f, float* observed) {
+    TS_KERN_DISPATCH(fp8QuantizeCurrent, x, y, codes, n, amax, divisor, f, observed);
+}
+
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
     TS_KERN_DISPATCH(amaxAccumulate, x, n, divisor, slot);
 }

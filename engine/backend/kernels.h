@@ -95,6 +95,9 @@ float amaxOf(const float* x, int64_t n);
 
 // amaxOf into a buffer element, asynchronous (the value stays where kernels see it).
 void amaxInto(const float* x, int64_t n, float* amax);
+// Current scaling with the scale taken from a buffer element on the device (kernels/cpu/ops.h).
+void fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax, float divisor,
+                        Fp8Format f, float* observed);
 // Delayed scaling's observation into a buffer element, asynchronous (kernels/cpu/ops.h).
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot);
 

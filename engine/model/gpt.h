@@ -379,8 +379,10 @@ private:
                                                   const std::function<Status()>& fn);
     std::unique_ptr<CpRing> m_cpRing;  // cp_comm_type=p2p  // tp_comm_overlap active (SP + knob + comm stream given)
     std::shared_ptr<std::vector<Fp8Meta>> m_fp8Meta;  // [local layer][linear][slot]
-    // Delayed scaling: this step's observed amax of every m_fp8Meta entry, where kernels see it
-    // (amaxAccumulate, no read-back per tensor); reduced and read back once at the step's end.
+    // Where kernels see it, per m_fp8Meta entry: delayed scaling's amax observed this step
+    // (amaxAccumulate; reduced and read back once at the step's end, then zeroed), or tensorwise
+    // scaling's last amax (fp8QuantizeCurrent: the scale never comes back to the host). No
+    // read-back per tensor either way.
     TensorPtr m_fp8AmaxDev;
     struct Fp8WeightCopy {
         TensorPtr dequantized, codes;  // float values the GEMM uses; the FP8 codes (1 byte each)

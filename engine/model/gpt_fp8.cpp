@@ -71,7 +71,7 @@ void GptModel::fp8Init() {
     m_fp8Meta = std::make_shared<std::vector<Fp8Meta>>(m_layers.size() * kLinears * kSlots);
     for (Fp8Meta& m : *m_fp8Meta) m.reset(m_o.fp8.historyLen);
     m_fp8W.assign(m_layers.size() * kLinears, {});
-    if (m_o.fp8.delayed && !m_o.fp8.isBlock()) {
+    if (!m_o.fp8.isBlock()) {
         auto pack = m_exec.alloc(int64_t(m_fp8Meta->size()), MemCategory::Workspace);  // zeroed
         if (pack) m_fp8AmaxDev = *pack;
     }
@@ -80,7 +80,9 @@ void GptModel::fp8Init() {
 nlohmann::json GptModel::fp8State() {
     if (!m_fp8Meta || m_o.fp8.isBlock()) return nullptr;  // block recipes keep no scaling state
     nlohmann::json out = nlohmann::json::object();
-    // delayed: the amaxes observed since the last scale update are in the device pack
+    // The amaxes are in the device pack: delayed, those observed since the last scale update;
+    // tensorwise, the last one of each tensor (its scale follows from it).
+    const Fp8Recipe& r = m_o.fp8;
     std::vector<float> observed;
     if (m_fp8AmaxDev) {
         auto h = k::toHost(m_exec.stream(), fp(m_fp8AmaxDev), int64_t(m_fp8Meta->size()));
@@ -96,8 +98,12 @@ nlohmann::json GptModel::fp8State() {
                 if (key.empty()) continue;
                 const size_t at = (li * kLinears + size_t(lin)) * kSlots + size_t(slot);
                 std::vector<float> history = (*m_fp8Meta)[at].history;
-                if (at < observed.size()) history[0] = observed[at];
-                out[key] = {{"history", history}, {"scale", (*m_fp8Meta)[at].scale}};
+                float scale = (*m_fp8Meta)[at].scale;
+                if (at < observed.size()) {
+                    history[0] = observed[at];
+                    if (!r.delayed) scale = currentScale(observed[at], k::fp8Max(slot == kFp8Grad ? r.backward : r.forward));
+                }
+                out[key] = {{"history", history}, {"scale", scale}};
             }
     }
     fp8ExpertState(out);
@@ -164,16 +170,13 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
         m_ctx.tp->allReduce(m_exec.stream(), amax->data(), amax->data(), 1, DType::F32, ReduceOp::Max);
     if (m_ctx.cp && m_ctx.cpSize > 1)
         m_ctx.cp->allReduce(m_exec.stream(), amax->data(), amax->data(), 1, DType::F32, ReduceOp::Max);
-    const float mx = k::fp8Max(fmt);
-    m_exec.op("fp8_quantize", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 8, [=] {
-        // The scale is host state (counters, checkpoints): the reduced amax comes back first.
-        float a = 0;
-        k::download(&a, fp(amax), sizeof a);
-        a /= g;
-        meta->scale = currentScale(a, mx);
-        meta->history[0] = a;
-        k::fp8QuantizeDequantize(fp(t), fp(t), nullptr, n, meta->scale / g, fmt);
-    });
+    // The scale is computed where the amax is (no read-back); the amax is kept in the pack for
+    // the counters and the state.
+    if (!m_fp8AmaxDev) return Status::internal("FP8 current scaling without its amax buffer");
+    TensorPtr pack = m_fp8AmaxDev;
+    const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot);
+    m_exec.op("fp8_quantize", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 8,
+              [=] { k::fp8QuantizeCurrent(fp(t), fp(t), nullptr, n, fp(amax), g, fmt, fp(pack) + at); });
     return Status::ok();
 }
 
@@ -208,13 +211,11 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
                       [=] { k::amaxInto(W, n, fp(amax)); });
             if (m_ctx.tp && m_ctx.tpSize > 1)
                 m_ctx.tp->allReduce(m_exec.stream(), amax->data(), amax->data(), 1, DType::F32, ReduceOp::Max);
-            const float mx = k::fp8Max(fmt);
+            if (!m_fp8AmaxDev) return Status::internal("FP8 current scaling without its amax buffer");
+            TensorPtr pack = m_fp8AmaxDev;
+            const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(kFp8Weight);
             m_exec.op("fp8_quantize_weight", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 9, [=] {
-                float a = 0;
-                k::download(&a, fp(amax), sizeof a);
-                meta->scale = currentScale(a, mx);
-                meta->history[0] = a;
-                k::fp8QuantizeDequantize(W, fp(dq), codes->as<uint8_t>(), n, meta->scale, fmt);
+                k::fp8QuantizeCurrent(W, fp(dq), codes->as<uint8_t>(), n, fp(amax), 1.0f, fmt, fp(pack) + at);
             });
         }
     }
@@ -252,7 +253,21 @@ void GptModel::fp8StepUpdate() {
     };
     const int step = m_step;
     if (!r.delayed) {
-        m_exec.op("fp8_counters", Category::Other, 0, 0, [=] { counters(step); });
+        // Tensorwise: the last amaxes come back for the counters only (one read-back per step,
+        // and none without a trace); the host state follows them.
+        if (!tt.recorder || !m_fp8AmaxDev) return;
+        TensorPtr pack = m_fp8AmaxDev;
+        const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
+        m_exec.op("fp8_counters", Category::Other, 0, 0, [=] {
+            std::vector<float> h(static_cast<size_t>(n));
+            k::download(h.data(), fp(pack), h.size() * sizeof(float));
+            for (int64_t i = 0; i < n; ++i) {
+                Fp8Meta& m = (*metas)[size_t(i)];
+                m.history[0] = h[size_t(i)];
+                m.scale = currentScale(h[size_t(i)], i % kSlots == kFp8Grad ? bwdMax : fwdMax);
+            }
+            counters(step);
+        });
         return;
     }
     // The step's observed amaxes are already packed where kernels see them (m_fp8AmaxDev): reduced

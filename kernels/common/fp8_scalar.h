@@ -40,6 +40,15 @@ TS_HD inline bool isNaN(float x) { return (hd::floatBits(x) & 0x7FFFFFFFu) > 0x7
 TS_HD inline bool isInf(float x) { return (hd::floatBits(x) & 0x7FFFFFFFu) == 0x7F800000u; }
 TS_HD inline bool signBit(float x) { return (hd::floatBits(x) >> 31) != 0; }
 
+// Current (tensorwise) scaling's scale (REFERENCE.md §6.3): fp8Max / amax; 1 when amax is 0 or not
+// finite; the largest float when the quotient overflows. The division is IEEE (host and nvcc's
+// default -prec-div=true), so the host and the device agree bit for bit.
+TS_HD inline float currentScaleOf(float amax, float fp8Max) {
+    if (isNaN(amax) || isInf(amax) || amax == 0.0f) return 1.0f;
+    const float s = fp8Max / amax;
+    return isInf(s) ? hd::floatFromBits(0x7F7FFFFFu) : s;
+}
+
 TS_HD inline float absF(float x) {
 #ifdef __CUDA_ARCH__
     return fabsf(x);

@@ -27,6 +27,14 @@ float amaxOf(const float* x, int64_t n) {
     return m;
 }
 
+void fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax, float divisor,
+                        Fp8Format f, float* observed) {
+    const float a = *amax / divisor;
+    if (observed) *observed = a;
+    const float scale = fp8s::currentScaleOf(a, fp8Max(f));
+    fp8QuantizeDequantize(x, y, codes, n, scale / divisor, f);
+}
+
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
     const float a = amaxOf(x, n) / divisor;
     float& s = *slot;

@@ -286,6 +286,12 @@ uint8_t fp8Encode(float x, Fp8Format f);
 float fp8Decode(uint8_t code, Fp8Format f);
 // max |x| (NaN if any element is NaN).
 float amaxOf(const float* x, int64_t n);
+// Current (tensorwise) scaling from an amax where kernels see it (a buffer element, reduced over
+// the ranks holding the tensor): a = *amax / divisor, scale = fp8Max / a (1 for a 0 or non-finite
+// amax, the largest float on overflow), then fp8QuantizeDequantize with scale / divisor; the scale
+// never comes back to the host. *observed = a when observed is not null.
+void fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax, float divisor,
+                        Fp8Format f, float* observed);
 // Delayed scaling's observation into an amax slot: *slot = max(*slot, amaxOf(x, n) / divisor),
 // NaN sticking (either side NaN gives NaN), as Fp8Meta::observe does on the host.
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot);

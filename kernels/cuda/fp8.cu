@@ -195,11 +195,37 @@ Status amaxOf(const float* x, int64_t n, float* amax, void* stream) {
 }
 
 namespace {
+// The scale from the device amax, computed by every thread as the CPU computes it once.
+__global__ void quantizeCurrentKernel(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax,
+                                      float divisor, float fp8Max, float* observed, fp8s::Fp8Rounder r) {
+    const float a = __fdiv_rn(*amax, divisor);
+    const float scale = __fdiv_rn(fp8s::currentScaleOf(a, fp8Max), divisor), inv = __fdiv_rn(1.0f, scale);
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (observed && first == 0) *observed = a;
+    for (int64_t i = first; i < n; i += stride) {
+        const float v = r.round(mulAsCpu(x[i], scale));
+        if (codes) codes[i] = r.code(v);
+        y[i] = __fmul_rn(v, inv);
+    }
+}
+
 __global__ void amaxCombineKernel(const float* amax, float divisor, float* slot) {
     const float a = __fdiv_rn(*amax, divisor), s = *slot;
     *slot = (isnan(a) || isnan(s)) ? __int_as_float(0x7fc00000) : fmaxf(s, a);
 }
 }  // namespace
+
+Status fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax, float divisor,
+                          Fp8Format f, float* observed, void* stream) {
+    if (n < 0) return Status::invalid("fp8QuantizeCurrent: n < 0 (got " + std::to_string(n) + ")");
+    const fp8s::Fp8Rounder r = fp8s::Fp8Rounder::make(static_cast<int>(f));
+    const float mx = fp8s::fp8MaxOf(static_cast<int>(f));
+    // at least one thread (the observed write) even for n = 0
+    quantizeCurrentKernel<<<detail::blocksFor(n > 0 ? n : 1, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+        x, y, codes, n, amax, divisor, mx, observed, r);
+    return detail::launchStatus("fp8QuantizeCurrent");
+}
 
 Status amaxAccumulate(const float* x, int64_t n, float divisor, float* slot, void* stream) {
     if (n < 0) return Status::invalid("amaxAccumulate: n < 0 (got " + std::to_string(n) + ")");

@@ -216,6 +216,9 @@ Status roundToBf16(float* x, int64_t n, void* stream);
 // --- FP8 (emulated in fp32 storage exactly as the CPU does; REFERENCE.md §6.1) ---------------
 // *amax (device float) = max |x| (NaN if any element is NaN).
 Status amaxOf(const float* x, int64_t n, float* amax, void* stream);
+// amax, observed: device floats.
+Status fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax, float divisor,
+                          Fp8Format f, float* observed, void* stream);
 // *slot (device float) = max(*slot, amax / divisor), NaN sticking; a float of stream-ordered scratch.
 Status amaxAccumulate(const float* x, int64_t n, float divisor, float* slot, void* stream);
 // scale is a host value here, as on the CPU.

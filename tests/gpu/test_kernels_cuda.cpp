@@ -157,6 +157,28 @@ TEST_F(KernelsCuda, AmaxAccumulateMatchesCpu) {
     EXPECT_TRUE(std::isnan(slot.download()[0])) << "NaN must stick";
 }
 
+// Current scaling with the amax on the device: codes, values and the observed amax bit for bit.
+TEST_F(KernelsCuda, Fp8QuantizeCurrentMatchesCpu) {
+    const auto x = randomVec(50021, 80, -30, 30);
+    for (const float amax : {0.f, 30.f, 61.5f})
+        for (const float divisor : {1.f, 2.f}) {
+            DeviceVec<float> dx(x), dy(x.size()), da(std::vector<float>{amax}), dobs(std::vector<float>{-1.f});
+            DeviceVec<uint8_t> dc(x.size());
+            TS_ASSERT_OK(cuda::fp8QuantizeCurrent(dx.ptr, dy.ptr, dc.ptr, int64_t(x.size()), da.ptr, divisor,
+                                                  cpu::Fp8Format::E4M3, dobs.ptr, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            std::vector<float> y(x.size());
+            std::vector<uint8_t> codes(x.size());
+            float observed = -1.f;
+            cpu::fp8QuantizeCurrent(x.data(), y.data(), codes.data(), int64_t(x.size()), &amax, divisor,
+                                    cpu::Fp8Format::E4M3, &observed);
+            const std::string what = "fp8QuantizeCurrent amax " + std::to_string(amax) + " / " + std::to_string(divisor);
+            expectSameBits(dy.download(), y, what);
+            EXPECT_EQ(dc.download(), codes) << what;
+            expectSameBits(dobs.download(), {observed}, what + " observed");
+        }
+}
+
 // setBf16Gemms: the operands go to bf16 (round to nearest even) and the products are summed in
 // fp32 on the tensor cores. Against the oracle on the bf16-rounded operands (the same products;
 // only the order of the fp32 sums differs): gemm in every transpose, a strided batch with a

@@ -165,6 +165,30 @@ TEST(Fp8, QuantizeDequantizeAppliesTheScaleAndItsInverse) {
     EXPECT_EQ(amaxOf(x.data(), int64_t(x.size())), 7.0f);
 }
 
+// Current scaling with the amax in memory: the same codes and values as quantizing with the scale
+// fp8Max / (amax / divisor) divided by the divisor, computed here; amax 0 gives scale 1.
+TEST(Fp8, QuantizeCurrentTakesItsScaleFromTheAmaxElement) {
+    const std::vector<float> x = {0.3f, -1.7f, 2.9f, -0.01f, 5.5f};
+    for (const float divisor : {1.0f, 4.0f})
+        for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+            const float amax = 5.5f * 2.0f;  // the tensor's amax over all its ranks (here: larger)
+            std::vector<float> y(x.size()), want(x.size());
+            std::vector<uint8_t> codes(x.size()), wantCodes(x.size());
+            float observed = -1.f;
+            fp8QuantizeCurrent(x.data(), y.data(), codes.data(), int64_t(x.size()), &amax, divisor, f, &observed);
+            const float a = amax / divisor, scale = fp8Max(f) / a;
+            EXPECT_EQ(observed, a);
+            fp8QuantizeDequantize(x.data(), want.data(), wantCodes.data(), int64_t(x.size()), scale / divisor, f);
+            EXPECT_EQ(y, want) << "divisor " << divisor;
+            EXPECT_EQ(codes, wantCodes);
+        }
+    const float zero = 0.f;
+    std::vector<float> y(x.size()), want(x.size());
+    fp8QuantizeCurrent(x.data(), y.data(), nullptr, int64_t(x.size()), &zero, 1.f, Fp8Format::E4M3, nullptr);
+    fp8QuantizeDequantize(x.data(), want.data(), nullptr, int64_t(x.size()), 1.f, Fp8Format::E4M3);
+    EXPECT_EQ(y, want) << "amax 0: scale 1";
+}
+
 // Delayed scaling's observation: the running max of amax / divisor over the calls, NaN sticking
 // from either side (Fp8Meta::observe's rule, which the device pack replaces).
 TEST(Fp8, AmaxAccumulateKeepsTheRunningMaxAndNaNSticks) {

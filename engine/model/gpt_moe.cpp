@@ -10,12 +10,16 @@
 //     sigmoid / sqrtsoftplus renormalised over E) and c_i the tokens per expert of the plain
 //     top-k of s (compute_routing_scores_for_aux_loss): per microbatch (aux_loss), per sequence
 //     (seq_aux_loss), or with c_i summed over tp-dp-cp and averaged over the step's microbatches
-//     so far, T = the tokens of the tp-dp-cp group (global_aux_loss, _apply_global_aux_loss); the
+//     so far, T = the tokens of the tp-dp-cp group (global_aux_loss, _apply_global_aux_loss), or
+//     several of these at once with a coefficient each (Megatron's list form; summed); the
 //     z-loss coeff/T * sum_x logsumexp(logits_x)^2. Neither is added to the LM loss: as
 //     MoEAuxLossAutoScaler does, their gradients join the backward scaled like the main loss
 //     (1/num_microbatches), and their values are counters of the trace. The expert bias moves by
 //     rate * sign(mean - count) after each step's last backward, from the routed rows summed over
-//     tp-dp-cp (moeStepEnd, finalize_model_grads' _update_router_expert_bias).
+//     tp-dp-cp (moeStepEnd, finalize_model_grads' _update_router_expert_bias). Quantile balancing
+//     (moeQbForward / moeQbStepEnd): the choice is the top-k of logits - qb_beta, the microbatch's
+//     column quantile (logits gathered over tp-cp) is summed over the step, and after the last
+//     backward qb_beta takes the mean over the microbatches and dp-cp ranks (ema-blended, centred).
 //   dispatch (dropless): token copies sorted expert-major, token-ascending (Megatron's permute;
 //     the host-side plan, with token dropping, is moeRoute in engine/model/moe_routing.h);
 //   experts: fc1 -> GeLU/SwiGLU -> multiply by the token's prob -> fc2, per expert

@@ -116,7 +116,7 @@ TEST(Moe, UniformRoutingGivesExactlyTheAuxCoefficientAndCountsEveryToken) {
     uniformRoutingStep(c, rec);
     const int T = c.seq_length * c.micro_batch_size;
     const int m = engine::deriveSizes(c).num_microbatches;
-    int aux = 0, z = 0;
+    int aux = 0, z = 0, lb = 0;
     std::map<std::string, double> tokens;
     for (const auto& k : rec.counters) {
         const std::string n = rec.str(k.name);
@@ -129,10 +129,15 @@ TEST(Moe, UniformRoutingGivesExactlyTheAuxCoefficientAndCountsEveryToken) {
             // logsumexp of E equal zeros is log E: z = coeff * (log 4)^2.
             EXPECT_NEAR(k.value, 0.001 * std::log(4.0) * std::log(4.0), 1e-9);
             ++z;
-        } else {
+        } else if (n == "moe.layer0.load_balancing_loss") {
+            // Megatron's metric: the term without its coefficient (aux_loss alone: the whole aux).
+            EXPECT_NEAR(k.value, 1.0, 1e-7);
+            ++lb;
+        } else if (n.find(".tokens.") != std::string::npos) {
             tokens[n] += k.value;
         }
     }
+    EXPECT_EQ(lb, m);
     EXPECT_EQ(aux, m);  // one per microbatch
     EXPECT_EQ(z, m);
     double total = 0;
@@ -165,7 +170,6 @@ TEST(Moe, FlopsCountTheTopKExperts) {
 
 TEST(Moe, UnsupportedSettingsAreNamed) {
     for (auto [knob, set] : std::vector<std::pair<std::string, std::function<void(engine::Config&)>>>{
-             {"moe_router_load_balancing_type", [](engine::Config& c) { c.moe_router_load_balancing_type = "quantile_balancing"; }},
              {"moe_router_dtype", [](engine::Config& c) { c.moe_router_dtype = "fp64"; }},
              {"sequence_parallel", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }}}) {
         engine::Config c = moeConfig();

@@ -230,7 +230,8 @@ TEST(MegatronInterop, LoadBalancingListInEveryFormat) {
     EXPECT_FALSE(cli.moe_aux_loss_coeff.isList());
     EXPECT_FALSE(engine::applyOverride(cli, "moe_aux_loss_coeff=[]").isOk());
     EXPECT_FALSE(engine::applyOverride(cli, "moe_router_load_balancing_type=[aux_loss, bogus]").isOk());
-    // validate: the lengths must match, sinkhorn is not a list entry
+    // validate (MoE rules apply with experts): the lengths must match
+    cli.num_moe_experts = 8;
     cli.moe_aux_loss_coeff = 0.01;
     auto issues = engine::validateConfig(cli);
     ASSERT_FALSE(issues.empty());
@@ -511,8 +512,17 @@ std::string checkBridgeValue(const std::string& path, const BridgeField& f, cons
             for (const auto& e : v) ok = ok && e.is_number_integer();
         }
         if (!ok) return path + "=" + value + ": not an int or a list of ints";
+    } else if (f.type == "Union[float, List[float]]") {
+        bool ok = v.is_number();
+        if (v.is_array()) {
+            ok = !v.empty();
+            for (const auto& e : v) ok = ok && e.is_number();
+        }
+        if (!ok) return path + "=" + value + ": not a float or a list of floats";
     } else if (f.type.rfind("Union[float", 0) == 0) {
         if (!v.is_number()) return path + "=" + value + ": not a float";
+    } else if (f.type == "Union[str, List[str]]") {
+        if (value.empty()) return path + ": empty";
     }
     return "";
 }

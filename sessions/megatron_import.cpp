@@ -214,6 +214,24 @@ struct FlagMap {
 
 json valueFor(const KnobDef& k, const std::vector<std::string>& values, std::string& err) {
     if (k.type == KnobType::StringList) return json(values);
+    // nargs='+' knobs of Megatron's Union[T, List[T]]: one value is the scalar (validate_args).
+    if ((k.type == KnobType::EnumOrList || k.type == KnobType::FloatOrList) && values.size() > 1) {
+        json out = json::array();
+        for (const std::string& v : values) {
+            if (k.type == KnobType::EnumOrList) {
+                out.push_back(v);
+                continue;
+            }
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            if (v.empty() || *end != '\0') {
+                err = "'" + v + "' is not a number";
+                return nullptr;
+            }
+            out.push_back(x);
+        }
+        return out;
+    }
     if (k.type == KnobType::IntList) {
         json out = json::array();
         for (const std::string& v : values) {
@@ -232,7 +250,7 @@ json valueFor(const KnobDef& k, const std::vector<std::string>& values, std::str
         return nullptr;
     }
     const std::string& v = values[0];
-    if (k.type == KnobType::Int || k.type == KnobType::Float) {
+    if (k.type == KnobType::Int || k.type == KnobType::Float || k.type == KnobType::FloatOrList) {
         char* end = nullptr;
         if (k.type == KnobType::Int) {
             const long long x = std::strtoll(v.c_str(), &end, 10);
@@ -314,12 +332,6 @@ Result<MegatronImport> configFromMegatronArgs(const std::vector<std::string>& ar
             }
             std::string err = k.set(r.config, json(it->second.second));
             if (!err.empty()) r.unmapped.push_back(joined() + " (" + err + ")");
-            continue;
-        }
-        if (k.name == "moe_router_load_balancing_type" && values.size() > 1) {
-            // Megatron's list form: several aux losses at once, each with its own coefficient.
-            r.unmapped.push_back(joined() + " (several load-balancing types with a list of --moe-aux-loss-coeff "
-                                            "values are not a trainscope knob; give one type)");
             continue;
         }
         std::string err;

@@ -25,10 +25,10 @@ std::string megatronFlagText(const KnobDef& k) {
 }
 
 std::string typeText(const KnobDef& k) {
-    if (k.type != engine::KnobType::Enum) return engine::knobTypeName(k.type);
+    if (k.type != engine::KnobType::Enum && k.type != engine::KnobType::EnumOrList) return engine::knobTypeName(k.type);
     std::string out;
     for (const auto& a : k.allowed) out += (out.empty() ? "" : "|") + (a.empty() ? std::string("\"\"") : a);
-    return out;
+    return k.type == engine::KnobType::EnumOrList ? out + " or [list]" : out;
 }
 
 }  // namespace

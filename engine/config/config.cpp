@@ -7,6 +7,22 @@
 
 namespace ts::engine {
 
+double moeAuxLossCoeff(const Config& c, std::string_view type) {
+    const auto& types = c.moe_router_load_balancing_type.items;
+    const auto& coeffs = c.moe_aux_loss_coeff.items;
+    for (size_t i = 0; i < types.size(); ++i)
+        if (types[i] == type) return types.size() == 1 ? coeffs[0] : i < coeffs.size() ? coeffs[i] : 0.0;
+    return 0.0;
+}
+
+std::string moeLoadBalancingText(const Config& c) {
+    const auto& types = c.moe_router_load_balancing_type.items;
+    if (types.size() == 1) return types[0];
+    std::string out = "[";
+    for (size_t i = 0; i < types.size(); ++i) out += (i ? ", " : "") + types[i];
+    return out + "]";
+}
+
 DerivedSizes deriveSizes(const Config& c) {
     DerivedSizes d;
     d.tp = std::max(1, c.tensor_model_parallel_size);

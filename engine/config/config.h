@@ -3,11 +3,40 @@
 // help, rules); YAML loading, validation, the CLI, GUI toggles, export and docs all read it.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ts::engine {
+
+// A knob Megatron types as Union[T, List[T]] (moe_router_load_balancing_type,
+// moe_aux_loss_coeff: argparse nargs='+'): one value, or several (the list form). A one-element
+// list is the single value, as Megatron's validate_args unwraps it. Assigning or comparing a
+// single value works as with a plain field (`c.moe_aux_loss_coeff = 0.01`, `lb == "sinkhorn"`);
+// a list equals no single value (Megatron's `routing_type == "sinkhorn"` is False for a list).
+template <typename T>
+struct OneOrList {
+    std::vector<T> items;  // never empty
+    template <typename U>
+        requires std::is_convertible_v<U, T> && (!std::is_same_v<std::decay_t<U>, OneOrList>)
+    OneOrList(U&& v) : items{T(std::forward<U>(v))} {}
+    explicit OneOrList(std::vector<T> v) : items(std::move(v)) {}
+    bool isList() const { return items.size() > 1; }
+    template <typename U>
+        requires requires(const T& a, const U& b) { { a == b } -> std::convertible_to<bool>; } &&
+                 (!std::is_same_v<U, OneOrList>)
+    bool operator==(const U& v) const { return items.size() == 1 && items[0] == v; }
+    bool same(const OneOrList& o) const { return items == o.items; }
+    bool contains(const T& v) const {
+        for (const T& x : items)
+            if (x == v) return true;
+        return false;
+    }
+};
 
 struct Config {
     // --- model shape ----------------------------------------------------------------------
@@ -116,7 +145,8 @@ struct Config {
 
     // --- MoE ------------------------------------------------------------------------------
     int moe_router_topk = 2;
-    double moe_aux_loss_coeff = 0.0;
+    // One coefficient, or one per moe_router_load_balancing_type of its list form.
+    OneOrList<double> moe_aux_loss_coeff = 0.0;
     double moe_z_loss_coeff = 0.0;   // 0 = unset (Megatron None): no z-loss term
     bool moe_grouped_gemm = false;
     std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall | flex
@@ -131,7 +161,10 @@ struct Config {
     bool moe_shared_expert_overlap = false;
     bool moe_shared_expert_gate = false;          // shared expert output *= sigmoid(x w_gate)
     bool moe_permute_fusion = false;
-    std::string moe_router_load_balancing_type = "aux_loss";
+    // aux_loss | seq_aux_loss | global_aux_loss | sinkhorn | quantile_balancing | none, or a list of
+    // aux-loss types (each with its moe_aux_loss_coeff; their losses are summed).
+    OneOrList<std::string> moe_router_load_balancing_type = "aux_loss";
+    double moe_router_quantile_balancing_ema = 0.0;      // quantile_balancing: qb_beta's EMA over global batches
     std::string moe_router_score_function = "softmax";  // softmax | sigmoid | sqrtsoftplus
     bool moe_router_pre_softmax = false;                 // softmax before the top-k
     double moe_router_topk_scaling_factor = 0.0;         // 0 = unset (Megatron None): no scaling
@@ -185,6 +218,13 @@ struct DerivedSizes {
     int kv_channels = 0;
 };
 DerivedSizes deriveSizes(const Config& c);
+
+// Megatron's TopKRouter.get_aux_loss_coeff: the coefficient of an aux-loss type ("aux_loss",
+// "seq_aux_loss", "global_aux_loss"): moe_aux_loss_coeff when the load-balancing type is that one,
+// the matching entry of the coefficient list when it is in the list form, else 0.
+double moeAuxLossCoeff(const Config& c, std::string_view type);
+// The load-balancing type(s) as written: "aux_loss" or "[aux_loss, seq_aux_loss]".
+std::string moeLoadBalancingText(const Config& c);
 
 // moe_layer_freq read as Megatron's moe_freq_type reads it (an integer, or a Python list expression
 // of 0/1 built from list literals, '+' (concatenation) and '*' (repetition by an integer)), expanded

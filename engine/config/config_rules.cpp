@@ -320,7 +320,30 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     }
     if (c.num_moe_experts > 0) {
         // Router checks of Megatron-Core's TransformerConfig.__post_init__ and TopKRouter.
-        const std::string& lb = c.moe_router_load_balancing_type;
+        const auto& lb = c.moe_router_load_balancing_type;
+        const std::string lbText = moeLoadBalancingText(c);
+        // Megatron's list form (TransformerConfig.__post_init__, TopKRouter): a coefficient per type.
+        if (lb.isList() != c.moe_aux_loss_coeff.isList() ||
+            lb.items.size() != c.moe_aux_loss_coeff.items.size())
+            ck.add("moe_aux_loss_coeff", lb.isList() ? "moe_aux_loss_coeff must be a list of the same length as "
+                                                       "moe_router_load_balancing_type=" + lbText
+                                                     : "a list of moe_aux_loss_coeff needs a list of "
+                                                       "moe_router_load_balancing_type of the same length");
+        if (lb.isList()) {
+            for (size_t i = 0; i < lb.items.size(); ++i) {
+                const std::string& t = lb.items[i];
+                if (t == "sinkhorn" || t == "quantile_balancing")
+                    ck.add("moe_router_load_balancing_type",
+                           t + " cannot be in the list form of moe_router_load_balancing_type (Megatron's list holds "
+                               "aux-loss types: aux_loss, seq_aux_loss, global_aux_loss, none); give it alone");
+                for (size_t j = 0; j < i; ++j)
+                    if (lb.items[j] == t && t != "none")
+                        ck.add("moe_router_load_balancing_type", t + " appears twice in moe_router_load_balancing_type=" +
+                                                                     lbText + " (Megatron reads the first one's coefficient)");
+            }
+        }
+        for (double x : c.moe_aux_loss_coeff.items)
+            if (!(x >= 0)) ck.add("moe_aux_loss_coeff", "moe_aux_loss_coeff must be >= 0");
         if (c.moe_router_topk == 1 && c.moe_router_score_function == "softmax" && !c.moe_router_pre_softmax &&
             lb != "sinkhorn")
             ck.add("moe_router_pre_softmax", "moe_router_topk 1 with the softmax score function needs "
@@ -330,7 +353,23 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
             ck.add("moe_router_enable_expert_bias", "moe_router_enable_expert_bias works only with "
                                                     "moe_router_score_function sigmoid or sqrtsoftplus");
         if ((lb == "sinkhorn" || lb == "quantile_balancing") && c.moe_aux_loss_coeff != 0)
-            ck.add("moe_aux_loss_coeff", "moe_router_load_balancing_type=" + lb + " needs moe_aux_loss_coeff 0");
+            ck.add("moe_aux_loss_coeff", "moe_router_load_balancing_type=" + lbText + " needs moe_aux_loss_coeff 0");
+        if (lb == "quantile_balancing") {
+            // Megatron's TopKRouter.quantile_balancing and qb_dual_update assert these.
+            if (c.moe_router_num_groups > 0 || c.moe_router_group_topk > 0)
+                ck.add("moe_router_num_groups", "quantile_balancing does not support group-limited routing; set "
+                                                "moe_router_num_groups and moe_router_group_topk to 0");
+            if (c.moe_router_topk >= c.num_moe_experts)
+                ck.add("moe_router_topk", "quantile_balancing needs moe_router_topk < num_moe_experts (it reads each "
+                                          "token's (topk+1)-th score)");
+            const int64_t routed = int64_t(c.micro_batch_size) * c.seq_length * c.moe_router_topk;
+            if (routed % c.num_moe_experts != 0)
+                ck.add("micro_batch_size", "quantile_balancing needs micro_batch_size*seq_length*moe_router_topk (" +
+                                               std::to_string(routed) + " routed slots of a microbatch) divisible by " +
+                                               kv("num_moe_experts", c.num_moe_experts));
+        }
+        if (c.moe_router_quantile_balancing_ema < 0 || c.moe_router_quantile_balancing_ema > 1)
+            ck.add("moe_router_quantile_balancing_ema", "moe_router_quantile_balancing_ema must be in [0, 1]");
         if (c.moe_router_group_topk > 0 && c.moe_router_num_groups <= 0)
             ck.add("moe_router_num_groups", "group-limited routing (moe_router_group_topk) needs moe_router_num_groups");
         if (c.moe_router_num_groups > 0 && c.moe_router_group_topk <= 0)
@@ -352,7 +391,7 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
         if (c.moe_router_num_groups < 0 || c.moe_router_group_topk < 0)
             ck.add("moe_router_num_groups", "moe_router_num_groups and moe_router_group_topk must be >= 0 (0 = off)");
     }
-    if (c.num_moe_experts > 0 && c.moe_expert_capacity_factor > 0 && (c.moe_router_load_balancing_type == "sinkhorn" || c.moe_router_load_balancing_type == "quantile_balancing"))
+    if (c.num_moe_experts > 0 && c.moe_expert_capacity_factor > 0 && (c.moe_router_load_balancing_type.contains("sinkhorn") || c.moe_router_load_balancing_type.contains("quantile_balancing")))
         ck.add("moe_expert_capacity_factor", "moe_expert_capacity_factor works only with aux_loss, seq_aux_loss, "
                                              "global_aux_loss or none load balancing");
     if (c.cpu_offloading) {

@@ -348,32 +348,41 @@ std::string configToYaml(const Config& c, bool onlyNonDefault) {
         }
         YAML::Emitter e;
         e << YAML::Flow;
-        if (v.is_array()) {
-            e << YAML::BeginSeq;
-            for (const auto& s : v) e << s.get<std::string>();
-            e << YAML::EndSeq;
-        } else if (v.is_string()) {
-            e << YAML::DoubleQuoted << v.get<std::string>();
-        } else if (v.is_boolean()) {
-            e << (v.get<bool>() ? "true" : "false");
-        } else if (v.is_number_float()) {
-            // Shortest text that parses back to the same double; keep a '.' or exponent so it
-            // stays a float.
-            const double d = v.get<double>();
-            std::string s;
-            for (int prec = 1; prec <= 17; ++prec) {
-                std::ostringstream num;
-                num.precision(prec);
-                num << d;
-                s = num.str();
-                if (std::strtod(s.c_str(), nullptr) == d) break;
+        // One scalar: strings quoted, floats as the shortest text that parses back to the same
+        // double and keeps a '.' or exponent (so it stays a float), the rest as JSON writes it.
+        auto scalar = [&](const json& x) {
+            if (x.is_string()) {
+                e << YAML::DoubleQuoted << x.get<std::string>();
+            } else if (x.is_boolean()) {
+                e << (x.get<bool>() ? "true" : "false");
+            } else if (x.is_number_float()) {
+                const double d = x.get<double>();
+                std::string s;
+                for (int prec = 1; prec <= 17; ++prec) {
+                    std::ostringstream num;
+                    num.precision(prec);
+                    num << d;
+                    s = num.str();
+                    if (std::strtod(s.c_str(), nullptr) == d) break;
+                }
+                // Whole numbers as digits (rotary_base: 500000.0, not 5e+05).
+                if (std::fabs(d) < 1e15 && d == std::floor(d)) s = std::to_string(int64_t(d)) + ".0";
+                if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+                e << s;
+            } else {
+                e << x.dump();
             }
-            // Whole numbers as digits (rotary_base: 500000.0, not 5e+05).
-            if (std::fabs(d) < 1e15 && d == std::floor(d)) s = std::to_string(int64_t(d)) + ".0";
-            if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-            e << s;
+        };
+        if (v.is_array()) {
+            // string lists unquoted as before ([core_attn, mlp]); numbers as numbers
+            e << YAML::BeginSeq;
+            for (const auto& x : v) {
+                if (x.is_string()) e << x.get<std::string>();
+                else scalar(x);
+            }
+            e << YAML::EndSeq;
         } else {
-            e << v.dump();
+            scalar(v);
         }
         out << k.name << ": " << e.c_str() << "\n";
     }

@@ -20,6 +20,8 @@ const char* knobTypeName(KnobType t) {
         case KnobType::Enum: return "enum";
         case KnobType::StringList: return "list";
         case KnobType::IntList: return "int_list";
+        case KnobType::EnumOrList: return "enum_or_list";
+        case KnobType::FloatOrList: return "float_or_list";
     }
     return "?";
 }
@@ -148,6 +150,51 @@ void bind<std::vector<int>>(KnobDef& k, std::vector<int> Config::*m) {
             return "expected a list of positive integers, got " + v.dump();
         }
         c.*m = out;
+        return "";
+    };
+}
+
+// Megatron's Union[T, List[T]] knobs: a scalar, or an array (one element: the scalar; empty: an error).
+// Read back as a scalar when there is one value, so YAML and exports keep the scalar form.
+template <>
+void bind<OneOrList<std::string>>(KnobDef& k, OneOrList<std::string> Config::*m) {
+    k.get = [m](const Config& c) { return (c.*m).isList() ? json((c.*m).items) : json((c.*m).items[0]); };
+    k.set = [m, allowed = k.allowed](Config& c, const json& v) -> std::string {
+        std::vector<std::string> out;
+        if (v.is_string()) out.push_back(v.get<std::string>());
+        else if (v.is_array()) {
+            for (const auto& e : v) {
+                if (!e.is_string()) return "expected a value or a list of values, got " + v.dump();
+                out.push_back(e.get<std::string>());
+            }
+        } else return "expected a value or a list of values, got " + v.dump();
+        if (out.empty()) return "expected a value or a list of values, got []";
+        for (const auto& s : out) {
+            if (std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
+                std::string list;
+                for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+                return "'" + s + "' is not one of: " + list;
+            }
+        }
+        c.*m = OneOrList<std::string>(std::move(out));
+        return "";
+    };
+}
+
+template <>
+void bind<OneOrList<double>>(KnobDef& k, OneOrList<double> Config::*m) {
+    k.get = [m](const Config& c) { return (c.*m).isList() ? json((c.*m).items) : json((c.*m).items[0]); };
+    k.set = [m](Config& c, const json& v) -> std::string {
+        std::vector<double> out;
+        if (v.is_number()) out.push_back(v.get<double>());
+        else if (v.is_array()) {
+            for (const auto& e : v) {
+                if (!e.is_number()) return "expected a number or a list of numbers, got " + v.dump();
+                out.push_back(e.get<double>());
+            }
+        } else return "expected a number or a list of numbers, got " + v.dump();
+        if (out.empty()) return "expected a number or a list of numbers, got []";
+        c.*m = OneOrList<double>(std::move(out));
         return "";
     };
 }
@@ -507,8 +554,13 @@ std::vector<KnobDef> buildRegistry() {
     r.group = "moe";
     r.i("moe_router_topk", &C::moe_router_topk, "--moe-router-topk", "model.moe_router_topk",
         "Experts each token is routed to.");
-    r.f("moe_aux_loss_coeff", &C::moe_aux_loss_coeff, "--moe-aux-loss-coeff", "model.moe_aux_loss_coeff",
-        "Load-balancing auxiliary loss coefficient.");
+    rules(r.add("moe_aux_loss_coeff", &C::moe_aux_loss_coeff, KnobType::FloatOrList, "--moe-aux-loss-coeff",
+                "model.moe_aux_loss_coeff",
+                "Load-balancing auxiliary loss coefficient (Megatron suggests 1e-2 to start); with a list of "
+                "moe_router_load_balancing_type a list of as many coefficients, one per type "
+                "([1e-2, 1e-3]; CLI --set 'moe_aux_loss_coeff=[1e-2,1e-3]')."),
+          "a list exactly when moe_router_load_balancing_type is one, of the same length; 0 with sinkhorn and "
+          "quantile_balancing");
     unsetWhenZero(r.f("moe_z_loss_coeff", &C::moe_z_loss_coeff, "--moe-z-loss-coeff", "model.moe_z_loss_coeff",
                       "Router z-loss coefficient; 0 = unset (no z-loss term)."));
     r.b("moe_grouped_gemm", &C::moe_grouped_gemm, "--moe-grouped-gemm", "", "model.moe_grouped_gemm",
@@ -554,14 +606,25 @@ std::vector<KnobDef> buildRegistry() {
           "only with moe_shared_expert_intermediate_size > 0");
     notInEngine(r.b("moe_permute_fusion", &C::moe_permute_fusion, "--moe-permute-fusion", "", "model.moe_permute_fusion",
                     "Fuse the token permutation of the dispatcher."));
-    r.e("moe_router_load_balancing_type", &C::moe_router_load_balancing_type,
-        {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"},
-        "--moe-router-load-balancing-type", "model.moe_router_load_balancing_type",
-        "Router load-balancing strategy: aux_loss (Switch loss per microbatch), seq_aux_loss (per sequence), "
-        "global_aux_loss (tokens per expert summed over tp-dp-cp and averaged over the step's microbatches), "
-        "sinkhorn (S-BASE: the top-k of the sinkhorn-normalised logits; needs moe_aux_loss_coeff 0) or none. "
-        "quantile_balancing is refused (the engine does not run it yet); Megatron's list form (several types "
-        "with a list of coefficients) is not a knob.");
+    rules(r.add("moe_router_load_balancing_type", &C::moe_router_load_balancing_type, KnobType::EnumOrList,
+                "--moe-router-load-balancing-type", "model.moe_router_load_balancing_type",
+                "Router load-balancing strategy: aux_loss (Switch loss per microbatch), seq_aux_loss (per "
+                "sequence), global_aux_loss (tokens per expert summed over tp-dp-cp and averaged over the step's "
+                "microbatches), sinkhorn (S-BASE: the top-k of the sinkhorn-normalised logits), quantile_balancing "
+                "(each token's top-k of the logits minus a per-expert bias qb_beta; qb_beta becomes, after every "
+                "step, the mean over the step's microbatches and the dp-cp ranks of each expert's column "
+                "quantile that would give it tokens*topk/experts tokens (logits gathered over tp-cp), blended by "
+                "moe_router_quantile_balancing_ema and centred; saved in checkpoints) or none. A list of aux-loss "
+                "types ([aux_loss, seq_aux_loss] with moe_aux_loss_coeff [1e-2, 1e-3]) runs each with its "
+                "coefficient and sums their losses.",
+                {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"}),
+          "a list holds only aux_loss, seq_aux_loss, global_aux_loss and none, each once; sinkhorn and "
+          "quantile_balancing need moe_aux_loss_coeff 0; quantile_balancing: no group-limited routing, no "
+          "capacity, micro_batch_size*seq_length*moe_router_topk divisible by num_moe_experts");
+    r.f("moe_router_quantile_balancing_ema", &C::moe_router_quantile_balancing_ema,
+        "--moe-router-quantile-balancing-ema", "model.moe_router_quantile_balancing_ema",
+        "quantile_balancing: qb_beta = ema * qb_beta + (1 - ema) * the step's quantile, then centred; 0 = "
+        "no memory (Megatron's default).");
     rules(r.e("moe_router_score_function", &C::moe_router_score_function, {"softmax", "sigmoid", "sqrtsoftplus"},
               "--moe-router-score-function", "model.moe_router_score_function",
               "Router score function: softmax, or sigmoid / sqrtsoftplus scores renormalised over the k chosen "

@@ -15,7 +15,9 @@
 
 namespace ts::engine {
 
-enum class KnobType { Int, Float, Bool, String, Enum, StringList, IntList };
+// EnumOrList / FloatOrList: Megatron's Union[str, List[str]] / Union[float, List[float]] knobs (nargs='+'):
+// one value, or a list (JSON: a scalar or an array of two or more).
+enum class KnobType { Int, Float, Bool, String, Enum, StringList, IntList, EnumOrList, FloatOrList };
 const char* knobTypeName(KnobType t);
 
 struct KnobDef {

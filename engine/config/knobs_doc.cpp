@@ -32,10 +32,12 @@ std::string knobsMarkdown() {
                    "|---|---|---|---|---|---|\n";
         }
         std::string type = knobTypeName(k.type);
-        if (k.type == KnobType::Enum) {
+        if (k.type == KnobType::Enum || k.type == KnobType::EnumOrList) {
             type.clear();
             for (const auto& a : k.allowed) type += (type.empty() ? "" : ", ") + (a.empty() ? std::string("\"\"") : a);
+            if (k.type == KnobType::EnumOrList) type += "; or a list of them";
         }
+        if (k.type == KnobType::FloatOrList) type = "float, or a list of floats";
         std::string def = knobDefaultText(k);
         if (def.empty()) def = "\"\"";
         std::string flag = k.megatronFlag;

@@ -103,6 +103,10 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
         rs.expertBias.assign(E, 0.f);
         rs.localTokens.assign(E, 0.0);
         rs.globalTokens.assign(E, 0.0);
+        if (cfg.moe_router_load_balancing_type == "quantile_balancing") {
+            rs.qbBeta.assign(E, 0.f);
+            rs.qbAccum.assign(E, 0.f);
+        }
     }
     return m;
 }

@@ -149,6 +149,11 @@ public:
     // chunk's layers from such an object (a layer without an entry keeps its bias) and checks them.
     nlohmann::json routerState() const;
     Status setRouterState(const nlohmann::json& state);
+    // The same for quantile balancing's per-expert bias (moe_router_load_balancing_type=
+    // quantile_balancing; Megatron's persistent router buffer "qb_beta"): {"<global layer>": [E
+    // floats]}; null without it. Every rank holding a layer holds the same qb_beta.
+    nlohmann::json qbBetaState() const;
+    Status setQbBetaState(const nlohmann::json& state);
     // cp_comm_type=p2p: ring attention over `comm` (a "cp" communicator used on that stream
     // only) with the key/value blocks passed on `commStream` (engine/model/cp_ring.h). Needed
     // before the first forward when context parallel runs with p2p; no-op otherwise.
@@ -359,12 +364,20 @@ private:
         std::vector<double> localTokens;   // [E] this rank's routed rows this step (the bias update's counts)
         std::vector<double> globalTokens;  // [E] global_aux_loss: counts summed over tp-dp-cp, this step
         int gaSteps = 0;                   // microbatches in globalTokens
+        // quantile_balancing: qb_beta [E] (fp32), and this step's sum of the per-microbatch column
+        // quantiles with their count (Megatron's qb_beta_accum / qb_beta_count).
+        std::vector<float> qbBeta, qbAccum;
+        int qbCount = 0;
     };
     std::shared_ptr<std::vector<RouterState>> m_router;
     // After the step's last backward: the expert-bias update from the counts summed over tp-dp-cp
-    // (finalize_model_grads' _update_router_expert_bias) and the reset of the step's counts
-    // (reset_model_temporary_tensors).
+    // (finalize_model_grads' _update_router_expert_bias), the qb_beta update (moeQbStepEnd,
+    // _update_router_qb_beta) and the reset of the step's counts (reset_model_temporary_tensors).
     Status moeStepEnd();
+    Status moeQbStepEnd();
+    // quantile_balancing in the forward: the router's logits gathered over tp-cp and this
+    // microbatch's column quantile added to the step's sum (not again by a full recompute).
+    Status moeQbForward(MoeSaved& s, int li);
     struct Held {
         std::unique_ptr<Event> done;
         TensorPtr a, b;

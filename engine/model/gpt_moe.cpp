@@ -10,12 +10,16 @@
 //     sigmoid / sqrtsoftplus renormalised over E) and c_i the tokens per expert of the plain
 //     top-k of s (compute_routing_scores_for_aux_loss): per microbatch (aux_loss), per sequence
 //     (seq_aux_loss), or with c_i summed over tp-dp-cp and averaged over the step's microbatches
-//     so far, T = the tokens of the tp-dp-cp group (global_aux_loss, _apply_global_aux_loss); the
+//     so far, T = the tokens of the tp-dp-cp group (global_aux_loss, _apply_global_aux_loss), or
+//     several of these at once with a coefficient each (Megatron's list form; summed); the
 //     z-loss coeff/T * sum_x logsumexp(logits_x)^2. Neither is added to the LM loss: as
 //     MoEAuxLossAutoScaler does, their gradients join the backward scaled like the main loss
 //     (1/num_microbatches), and their values are counters of the trace. The expert bias moves by
 //     rate * sign(mean - count) after each step's last backward, from the routed rows summed over
-//     tp-dp-cp (moeStepEnd, finalize_model_grads' _update_router_expert_bias).
+//     tp-dp-cp (moeStepEnd, finalize_model_grads' _update_router_expert_bias). Quantile balancing
+//     (moeQbForward / moeQbStepEnd): the choice is the top-k of logits - qb_beta, the microbatch's
+//     column quantile (logits gathered over tp-cp) is summed over the step, and after the last
+//     backward qb_beta takes the mean over the microbatches and dp-cp ranks (ema-blended, centred).
 //   dispatch (dropless): token copies sorted expert-major, token-ascending (Megatron's permute;
 //     the host-side plan, with token dropping, is moeRoute in engine/model/moe_routing.h);
 //   experts: fc1 -> GeLU/SwiGLU -> multiply by the token's prob -> fc2, per expert
@@ -80,6 +84,25 @@ MoeScore moeScoreFunction(const Config& c) {
     if (c.moe_router_score_function == "sqrtsoftplus") return MoeScore::SqrtSoftplus;
     return MoeScore::Softmax;
 }
+
+// The router's aux-loss terms: the coefficient of each type (Megatron's get_aux_loss_coeff; 0 = the
+// term is off). One type, or several with the list form (their losses summed, each logged alone).
+struct AuxTerms {
+    double aux = 0, seq = 0, global = 0;
+    explicit AuxTerms(const Config& c)
+        : aux(moeAuxLossCoeff(c, "aux_loss")), seq(moeAuxLossCoeff(c, "seq_aux_loss")),
+          global(moeAuxLossCoeff(c, "global_aux_loss")) {}
+    bool any() const { return aux != 0 || seq != 0 || global != 0; }
+};
+
+// Switch's aux loss coeff * E/(k*Tg^2) * sum_e (sum_x p_xe) c_e of `groups` token groups (Tg tokens
+// each; seq_aux_loss: one group per sequence), averaged over the groups. probSum, counts: [groups][E].
+double switchAuxLoss(const double* probSum, const double* counts, int groups, int E, int K, double tokensPerGroup,
+                     double coeff) {
+    double sum = 0;
+    for (int i = 0; i < groups * E; ++i) sum += probSum[i] * counts[i];
+    return sum * double(E) * coeff / (double(K) * tokensPerGroup * tokensPerGroup) / groups;
+}
 }  // namespace
 
 // What the backward needs from one MoE forward (host-side routing lives here; the ops fill it).
@@ -97,6 +120,8 @@ struct GptModel::MoeSaved {
     std::vector<int> groupCounts;  // [groups][E] the aux loss's routing map's counts (moe_routing.h)
     // [groups][E]; global_aux_loss: summed over tp-dp-cp and averaged over the step's microbatches so far
     std::vector<double> countsAll;
+    std::vector<double> countsGlobal;  // [E] global_aux_loss: over tp-dp-cp, averaged over the step's microbatches so far
+    std::vector<int> qbIndices;        // [T*k] quantile_balancing: the chosen experts
     MoeRouteOptions ro;            // how the router chose (the probs' backward)
     std::vector<double> probSum;   // [groups][E] sum over the group's local tokens of the full softmax
     double zSum = 0;              // sum over local tokens of logsumexp(logits)^2
@@ -179,12 +204,12 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     TensorPtr x = A.a2;
     const float* Wr = m_params.modelParam(P.routerW);
     const float* Br = P.routerB >= 0 ? m_params.modelParam(P.routerB) : nullptr;  // add_bias_linear
-    const std::string& lb = m_cfg.moe_router_load_balancing_type;
-    const bool globalAux = lb == "global_aux_loss";
-    const double auxCoeff = lb == "aux_loss" || lb == "seq_aux_loss" || globalAux ? m_cfg.moe_aux_loss_coeff : 0.0;
+    const auto& lb = m_cfg.moe_router_load_balancing_type;
+    const AuxTerms terms(m_cfg);
+    const bool globalAux = terms.global != 0;
     // seq_aux_loss: one aux loss per sequence of the microbatch (tokens t with t % b == bi,
-    // sequence-first), averaged over the b sequences.
-    const int mbB = m_d.microBatch, G = lb == "seq_aux_loss" ? mbB : 1;
+    // sequence-first), averaged over the b sequences (aux_loss sums its groups' statistics).
+    const int mbB = m_d.microBatch, G = terms.seq != 0 ? mbB : 1;
     const int li = int(&P - m_layers.data());
     s->groups = G;
     const double zCoeff = m_cfg.moe_z_loss_coeff;
@@ -208,6 +233,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     ro.groupTopk = m_cfg.moe_router_group_topk;
     ro.sinkhorn = lb == "sinkhorn";
     s->ro = ro;
+    const bool qb = lb == "quantile_balancing";
+    if (qb) TS_RETURN_IF_ERROR(moeQbForward(*s, li));
     // The expert bias is read when the op runs (the step-end update is an op of the same stream);
     // the routed rows are counted once per microbatch (not again by a full recompute).
     const bool bias = m_cfg.moe_router_enable_expert_bias, count = bias && !m_recomputing;
@@ -220,6 +247,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         k::download(s->logitsHost.data(), fp(s->logits), s->logitsHost.size() * sizeof(float));
         MoeRouteOptions o = ro;
         if (bias) o.expertBias = (*router)[size_t(li)].expertBias.data();
+        if (qb) o.precomputed = s->qbIndices.data();
         MoeRouting r = moeRoute(s->logitsHost.data(), o);
         if (count)
             for (int e = 0; e < E; ++e)
@@ -259,31 +287,41 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // Counts over the TP (sequence parallel: each rank routes its s/t rows) and CP groups, then
     // the router's counters: aux and z of this rank's share of the microbatch x tp x cp (so that
     // their mean over those ranks is the microbatch's losses).
-    // global_aux_loss: over "tp-dp-cp" instead (get_tokens_per_expert_and_token_count's
-    // reduce_group), the counts then accumulated over the step's microbatches.
+    // global_aux_loss: the counts summed over "tp-dp-cp" instead (get_tokens_per_expert_and_token_count's
+    // reduce_group), then accumulated over the step's microbatches.
     const int cp = m_ctx.cpSize, tpShare = m_sp ? m_ctx.tpSize : 1;
-    const int share = globalAux ? cp * tpShare * m_ctx.dpSize : cp * tpShare;
-    TensorPtr cpCounts;
+    const int dpSize = m_ctx.dpSize, share = cp * tpShare, globalShare = share * dpSize;
+    TensorPtr cpCounts, glCounts;
     if (share > 1) {
         TS_ASSIGN_OR_RETURN(cpCounts, allocUninitialized(m_exec, int64_t(G) * E, MemCategory::CommBuffers));
         m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(G) * E * 4, [=] {
             const std::vector<float> c(s->groupCounts.begin(), s->groupCounts.end());
             k::copyBytes(cpCounts->data(), c.data(), c.size() * sizeof(float));
         });
-        if (globalAux) {
-            if (!m_ctx.tpDpCp || m_ctx.tpDpCp->size() != share)
-                return Status::internal("global_aux_loss needs the tp-dp-cp group");
-            m_ctx.tpDpCp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
-                                    ReduceOp::Sum);
-        } else {
-            if (tpShare > 1)
-                m_ctx.tp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
-                                    ReduceOp::Sum);
-            if (cp > 1)
-                m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
-                                    ReduceOp::Sum);
-        }
+        if (tpShare > 1)
+            m_ctx.tp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
+                                ReduceOp::Sum);
+        if (cp > 1)
+            m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
+                                ReduceOp::Sum);
         holdUntilDone(cpCounts, cpCounts);
+    }
+    if (globalAux && globalShare > 1) {
+        if (!m_ctx.tpDpCp || m_ctx.tpDpCp->size() != globalShare)
+            return Status::internal("global_aux_loss needs the tp-dp-cp group");
+        TS_ASSIGN_OR_RETURN(glCounts, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
+        m_exec.op("moe.count_tokens_global", Category::Elementwise, 0, uint64_t(G) * E * 4, [=] {
+            std::vector<float> counts(static_cast<size_t>(E));
+            for (int e = 0; e < E; ++e) {
+                float c = 0;
+                for (int g = 0; g < G; ++g) c += float(s->groupCounts[size_t(g) * E + size_t(e)]);
+                counts[size_t(e)] = c;
+            }
+            k::copyBytes(glCounts->data(), counts.data(), counts.size() * sizeof(float));
+        });
+        m_ctx.tpDpCp->allReduce(m_exec.stream(), glCounts->data(), glCounts->data(), size_t(E), DType::F32,
+                                ReduceOp::Sum);
+        holdUntilDone(glCounts, glCounts);
     }
     m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
         s->countsAll.assign(s->groupCounts.begin(), s->groupCounts.end());
@@ -292,20 +330,54 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             k::download(c.data(), fp(cpCounts), c.size() * sizeof(float));
             for (int i = 0; i < G * E; ++i) s->countsAll[size_t(i)] = c[size_t(i)];
         }
+        // per expert over the groups: aux_loss's statistics (and global_aux_loss's probs)
+        std::vector<double> probs1(static_cast<size_t>(E), 0.0), counts1(static_cast<size_t>(E), 0.0);
+        for (int g = 0; g < G; ++g)
+            for (int e = 0; e < E; ++e) {
+                probs1[size_t(e)] += s->probSum[size_t(g) * E + size_t(e)];
+                counts1[size_t(e)] += s->countsAll[size_t(g) * E + size_t(e)];
+            }
         if (globalAux) {
             RouterState& rs = (*router)[size_t(li)];
-            for (int e = 0; e < E; ++e) rs.globalTokens[size_t(e)] += s->countsAll[size_t(e)];
+            std::vector<float> gl;
+            if (glCounts) {
+                gl.resize(size_t(E));
+                k::download(gl.data(), fp(glCounts), gl.size() * sizeof(float));
+            }
+            for (int e = 0; e < E; ++e) {
+                double c = 0;
+                if (glCounts) c = gl[size_t(e)];
+                else
+                    for (int g = 0; g < G; ++g) c += s->groupCounts[size_t(g) * E + size_t(e)];
+                rs.globalTokens[size_t(e)] += c;
+            }
             rs.gaSteps++;
-            for (int e = 0; e < E; ++e) s->countsAll[size_t(e)] = rs.globalTokens[size_t(e)] / rs.gaSteps;
+            s->countsGlobal.resize(size_t(E));
+            for (int e = 0; e < E; ++e) s->countsGlobal[size_t(e)] = rs.globalTokens[size_t(e)] / rs.gaSteps;
         }
         if (!tt.recorder) return;
-        // tokens of the microbatch (global_aux_loss: of the tp-dp-cp group's microbatches), of a group
-        const double Tg = double(T) * share, Tgrp = Tg / G;
-        double aux = 0;
-        for (int i = 0; i < G * E; ++i) aux += s->probSum[size_t(i)] * s->countsAll[size_t(i)];
-        aux *= double(E) * auxCoeff / (double(K) * Tgrp * Tgrp) / G * share;
+        // tokens of the microbatch (global_aux_loss: of the tp-dp-cp group's microbatches)
+        const double Tg = double(T) * share;
         const int64_t ts = monotonicNs();
         const std::string base = "moe.layer" + std::to_string(gl) + ".";
+        // Each term of this rank's share, and alone without its coefficient under Megatron's
+        // metric name (attach_and_log_load_balancing_loss logs aux_loss / coeff); aux_loss: their sum.
+        double aux = 0;
+        auto term = [&](const char* name, double value, double coeff) {
+            aux += value;
+            tt.recorder->counter({tt.rank, tt.recorder->intern(base + name), ts, value / coeff});
+        };
+        if (terms.aux != 0)
+            term("load_balancing_loss", switchAuxLoss(probs1.data(), counts1.data(), 1, E, K, Tg, terms.aux) * share,
+                 terms.aux);
+        if (terms.seq != 0)
+            term("seq_load_balancing_loss",
+                 switchAuxLoss(s->probSum.data(), s->countsAll.data(), G, E, K, Tg / G, terms.seq) * share, terms.seq);
+        if (terms.global != 0)
+            term("global_load_balancing_loss",
+                 switchAuxLoss(probs1.data(), s->countsGlobal.data(), 1, E, K, Tg * dpSize, terms.global) *
+                     globalShare,
+                 terms.global);
         tt.recorder->counter({tt.rank, tt.recorder->intern(base + "aux_loss"), ts, aux});
         tt.recorder->counter({tt.rank, tt.recorder->intern(base + "z_loss"), ts, zCoeff * s->zSum / Tg * share});
         for (int e = 0; e < E; ++e)
@@ -669,9 +741,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     const float* Wr = m_params.modelParam(P.routerW);
     float* Gr = m_params.mainGrad(P.routerW);
     float* GrB = P.routerB >= 0 ? m_params.mainGrad(P.routerB) : nullptr;  // add_bias_linear
-    const std::string& lb = m_cfg.moe_router_load_balancing_type;
-    const bool globalAux = lb == "global_aux_loss";
-    const double auxCoeff = lb == "aux_loss" || lb == "seq_aux_loss" || globalAux ? m_cfg.moe_aux_loss_coeff : 0.0;
+    const AuxTerms terms(m_cfg);
     const double zCoeff = m_cfg.moe_z_loss_coeff;
     // Scaled like the main loss: 1/m, and x cp with context parallel (Megatron's
     // main_loss_backward_scale; the grads are then averaged over dp-cp). T: the microbatch's tokens
@@ -679,8 +749,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     // With SP the router weight's grad is summed over TP (its rows' shares add up).
     const int cp = m_ctx.cpSize;
     const double lossScale = double(cp) / double(m_numMicrobatches);
-    const double Tg = double(T) * cp * (m_sp ? m_ctx.tpSize : 1);
-    const double TgAux = globalAux ? Tg * m_ctx.dpSize : Tg;
+    const double Tg = double(T) * cp * (m_sp ? m_ctx.tpSize : 1), TgGlobal = Tg * m_ctx.dpSize;
     const int mbB = m_d.microBatch;  // tokens are sequence-first: token t is in sequence t % b
     TS_ASSIGN_OR_RETURN(TensorPtr dlDev, allocUninitialized(m_exec, int64_t(T) * E, MemCategory::Workspace));
     m_exec.op("router.bwd", Category::Gemm, 4.0 * T * h * E, uint64_t(T) * (2 * h + E) * 4, [=] {
@@ -699,15 +768,29 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         std::vector<double> dld(static_cast<size_t>(T) * E, 0.0);
         moeProbsBackward(L, s->topi.data(), s->ro, dpk.data(), dld.data());
         std::vector<double> full(static_cast<size_t>(E)), w(static_cast<size_t>(E)), da(static_cast<size_t>(E));
-        for (int t = 0; t < T && (auxCoeff != 0 || zCoeff != 0); ++t) {
+        // aux_loss's counts: the microbatch's, summed over the seq_aux_loss groups when those are kept
+        std::vector<double> counts1(static_cast<size_t>(E), 0.0);
+        if (terms.aux != 0)
+            for (int g = 0; g < G; ++g)
+                for (int e = 0; e < E; ++e) counts1[size_t(e)] += s->countsAll[size_t(g) * E + size_t(e)];
+        // d aux / d scores = coeff*E/(k*Tg^2)/groups * c_e of each term (Switch loss), summed over the terms
+        const auto weight = [&](double coeff, double tokens, int groups) {
+            return double(E) * coeff / (double(K) * tokens * tokens) / groups;
+        };
+        for (int t = 0; t < T && (terms.any() || zCoeff != 0); ++t) {
             const float* l = L + size_t(t) * E;
             double* d = dld.data() + size_t(t) * E;
-            if (auxCoeff != 0) {
-                // d aux / d scores = a * c_e (Switch loss), through the aux scores to the logits
-                const double* counts = s->countsAll.data() + size_t(t % mbB % G) * E;
-                const double Tgrp = TgAux / G;
-                const double a = double(E) * auxCoeff / (double(K) * Tgrp * Tgrp) / G;
-                for (int e = 0; e < E; ++e) w[size_t(e)] = a * counts[size_t(e)];
+            if (terms.any()) {
+                std::fill(w.begin(), w.end(), 0.0);
+                if (terms.aux != 0)
+                    for (int e = 0; e < E; ++e) w[size_t(e)] += weight(terms.aux, Tg, 1) * counts1[size_t(e)];
+                if (terms.seq != 0) {
+                    const double* counts = s->countsAll.data() + size_t(t % mbB % G) * E;
+                    for (int e = 0; e < E; ++e) w[size_t(e)] += weight(terms.seq, Tg / G, G) * counts[size_t(e)];
+                }
+                if (terms.global != 0)
+                    for (int e = 0; e < E; ++e)
+                        w[size_t(e)] += weight(terms.global, TgGlobal, 1) * s->countsGlobal[size_t(e)];
                 std::fill(da.begin(), da.end(), 0.0);
                 moeAuxScoresBackward(l, E, s->ro.score, w.data(), da.data());
                 for (int e = 0; e < E; ++e) d[e] += lossScale * da[size_t(e)];
@@ -734,11 +817,148 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     return dx;
 }
 
+// ---- quantile balancing (router.py TopKRouter.quantile_balancing, moe_utils.py qb_dual_update) ----
+
+// The choice: each token's top-k of logits - qb_beta (qb_beta of the previous steps: it changes only
+// at the step end). The quantile: over the microbatch's tokens, so the logits are gathered over
+// tp-cp (all_gather_into_tensor over tp_cp_group: rank-major, tp fastest = our tp then cp
+// gathers); no full-recompute rerun adds it again (Megatron's no-grad first forward adds nothing).
+Status GptModel::moeQbForward(MoeSaved& s, int li) {
+    const int T = s.T, E = s.E, K = s.k;
+    const int tpShare = m_sp ? m_ctx.tpSize : 1, cp = m_ctx.cpSize, n = tpShare * cp;
+    const bool update = !m_recomputing;
+    TensorPtr all = s.logits;
+    if (update && n > 1) {
+        TensorPtr tpAll = s.logits;
+        if (tpShare > 1) {
+            TS_ASSIGN_OR_RETURN(tpAll, allocUninitialized(m_exec, int64_t(tpShare) * T * E, MemCategory::CommBuffers));
+            m_ctx.tp->allGather(m_exec.stream(), s.logits->data(), tpAll->data(), size_t(T) * E, DType::F32);
+        }
+        all = tpAll;
+        if (cp > 1) {
+            TS_ASSIGN_OR_RETURN(all, allocUninitialized(m_exec, int64_t(n) * T * E, MemCategory::CommBuffers));
+            m_ctx.cp->allGather(m_exec.stream(), tpAll->data(), all->data(), size_t(tpShare) * T * E, DType::F32);
+        }
+        holdUntilDone(tpAll, all);
+    }
+    MoeSaved* sp = &s;
+    auto router = m_router;
+    const TensorPtr logits = s.logits;
+    m_exec.op("router.qb_dual_update", Category::Elementwise, double(n + 1) * T * E * 4, uint64_t(n + 1) * T * E * 4,
+              [=] {
+                  RouterState& rs = (*router)[size_t(li)];
+                  // on the host, from the logits read back (as the routing: router.topk_permute)
+                  std::vector<float> own(size_t(T) * E);
+                  k::download(own.data(), fp(logits), own.size() * sizeof(float));
+                  // this rank's rows: the same choice as their rows of the gathered logits
+                  sp->qbIndices.resize(size_t(T) * K);
+                  moeQbDualUpdate(own.data(), T, E, K, rs.qbBeta.data(), sp->qbIndices.data(), nullptr);
+                  if (!update) return;
+                  std::vector<float> gathered;
+                  if (all != logits) {
+                      gathered.resize(size_t(n) * T * E);
+                      k::download(gathered.data(), fp(all), gathered.size() * sizeof(float));
+                  }
+                  std::vector<float> q(static_cast<size_t>(E));
+                  moeQbDualUpdate(all != logits ? gathered.data() : own.data(), n * T, E, K, rs.qbBeta.data(), nullptr,
+                                  q.data());
+                  for (int e = 0; e < E; ++e) rs.qbAccum[size_t(e)] += q[size_t(e)];
+                  rs.qbCount++;
+              });
+    return Status::ok();
+}
+
+// _update_router_qb_beta: each layer's mean quantile over the step's microbatches, averaged over
+// the dp-cp ranks, blended into qb_beta and centred; then the sums reset. Megatron averages over
+// dp_cp; we sum over tp-dp-cp and divide by its size: the TP ranks of a group hold the same
+// quantiles (computed from the same gathered logits), so the mean is the same.
+Status GptModel::moeQbStepEnd() {
+    std::vector<int> moe;
+    for (int li = 0; li < localLayers(); ++li)
+        if (m_layers[size_t(li)].routerW >= 0) moe.push_back(li);
+    if (moe.empty()) return Status::ok();
+    const int E = m_cfg.num_moe_experts, n = int(moe.size());
+    auto router = m_router;
+    TS_ASSIGN_OR_RETURN(TensorPtr mean, allocUninitialized(m_exec, int64_t(n) * E, MemCategory::CommBuffers));
+    m_exec.op("moe.qb_beta_mean", Category::Elementwise, double(n) * E, uint64_t(n) * E * 8, [=] {
+        std::vector<float> h(size_t(n) * E);
+        for (int i = 0; i < n; ++i) {
+            const RouterState& rs = (*router)[size_t(moe[size_t(i)])];
+            const float count = float(std::max(rs.qbCount, 1));
+            for (int e = 0; e < E; ++e) h[size_t(i) * E + e] = rs.qbAccum[size_t(e)] / count;
+        }
+        k::copyBytes(mean->data(), h.data(), h.size() * sizeof(float));
+    });
+    int ranks = 1;
+    if (m_ctx.tpDpCp && m_ctx.tpDpCp->size() > 1) {
+        ranks = m_ctx.tpDpCp->size();
+        m_ctx.tpDpCp->allReduce(m_exec.stream(), mean->data(), mean->data(), size_t(n) * E, DType::F32, ReduceOp::Sum);
+    }
+    holdUntilDone(mean, mean);
+    const double ema = m_cfg.moe_router_quantile_balancing_ema;
+    const TraceTarget tt = m_exec.device().traceTarget();
+    const int layerBegin = m_ctx.layerBegin;
+    m_exec.op("moe.qb_beta_update", Category::Elementwise, double(n) * E * 4, uint64_t(n) * E * 8, [=] {
+        const int64_t ts = monotonicNs();
+        std::vector<float> m(static_cast<size_t>(E)), h(size_t(n) * E);
+        k::download(h.data(), fp(mean), h.size() * sizeof(float));
+        for (int i = 0; i < n; ++i) {
+            RouterState& rs = (*router)[size_t(moe[size_t(i)])];
+            for (int e = 0; e < E; ++e) m[size_t(e)] = h[size_t(i) * E + e] / float(ranks);
+            moeQbBetaUpdate(rs.qbBeta.data(), m.data(), E, ema);
+            std::fill(rs.qbAccum.begin(), rs.qbAccum.end(), 0.f);
+            rs.qbCount = 0;
+            if (tt.recorder)
+                for (int e = 0; e < E; ++e)
+                    tt.recorder->counter({tt.rank,
+                                          tt.recorder->intern("moe.layer" + std::to_string(layerBegin + moe[size_t(i)]) +
+                                                              ".qb_beta.expert" + std::to_string(e)),
+                                          ts, double(rs.qbBeta[size_t(e)])});
+        }
+    });
+    return Status::ok();
+}
+
+nlohmann::json GptModel::qbBetaState() const {
+    if (m_cfg.num_moe_experts <= 0 || !(m_cfg.moe_router_load_balancing_type == "quantile_balancing")) return nullptr;
+    nlohmann::json out = nlohmann::json::object();
+    for (size_t li = 0; li < m_layers.size(); ++li)
+        if (m_layers[li].routerW >= 0) out[std::to_string(m_ctx.layerBegin + int(li))] = (*m_router)[li].qbBeta;
+    return out;
+}
+
+Status GptModel::setQbBetaState(const nlohmann::json& state) {
+    if (m_cfg.num_moe_experts <= 0 || !(m_cfg.moe_router_load_balancing_type == "quantile_balancing") ||
+        state.is_null())
+        return Status::ok();
+    if (!state.is_object()) return Status::invalid("qb_beta must be an object");
+    const size_t E = size_t(m_cfg.num_moe_experts);
+    for (size_t li = 0; li < m_layers.size(); ++li) {
+        if (m_layers[li].routerW < 0) continue;
+        const std::string key = std::to_string(m_ctx.layerBegin + int(li));
+        auto it = state.find(key);
+        if (it == state.end()) continue;
+        if (!it->is_array() || it->size() != E)
+            return Status::invalid("qb_beta of layer " + key + " must be a list of num_moe_experts=" + std::to_string(E) +
+                                   " numbers");
+        std::vector<float> b(E);
+        for (size_t e = 0; e < E; ++e) {
+            if (!(*it)[e].is_number() || !std::isfinite((*it)[e].get<double>()))
+                return Status::invalid("qb_beta of layer " + key + " has a non-finite entry");
+            b[e] = (*it)[e].get<float>();
+        }
+        (*m_router)[li].qbBeta = std::move(b);
+    }
+    return Status::ok();
+}
+
 // ---- router state: the expert bias and the global aux loss's counts -----------------------
 
 Status GptModel::moeStepEnd() {
     const bool bias = m_cfg.num_moe_experts > 0 && m_cfg.moe_router_enable_expert_bias;
-    const bool globalAux = m_cfg.num_moe_experts > 0 && m_cfg.moe_router_load_balancing_type == "global_aux_loss";
+    const bool globalAux = m_cfg.num_moe_experts > 0 && moeAuxLossCoeff(m_cfg, "global_aux_loss") != 0;
+    if (m_cfg.num_moe_experts > 0 && m_cfg.moe_router_load_balancing_type == "quantile_balancing")
+        TS_RETURN_IF_ERROR(moeQbStepEnd());
     auto router = m_router;
     if (globalAux)
         m_exec.op("moe.reset_global_aux_loss", Category::Other, 0, 0, [=] {

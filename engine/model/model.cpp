@@ -117,19 +117,57 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         if (c.moe_shared_expert_intermediate_size % ds.tp != 0)
             return bad("tensor_model_parallel_size=" + std::to_string(ds.tp) + " must divide "
                        "moe_shared_expert_intermediate_size=" + std::to_string(c.moe_shared_expert_intermediate_size));
-        const std::string& lb = c.moe_router_load_balancing_type;
-        if (lb == "quantile_balancing")
-            return notYet("moe_router_load_balancing_type=quantile_balancing (its per-expert quantile bias from "
-                          "logits gathered over tp-cp); use aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none, "
-                          "or moe_router_enable_expert_bias for bias-based balancing");
-        if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "global_aux_loss" && lb != "sinkhorn" && lb != "none")
-            return bad("moe_router_load_balancing_type=" + lb + " is not one of aux_loss, seq_aux_loss, "
-                       "global_aux_loss, sinkhorn, none");
+        // moe_router_load_balancing_type: one type, or Megatron's list of aux-loss types with a list of
+        // coefficients (TopKRouter.get_aux_loss_coeff; TransformerConfig asserts the lengths match).
+        const auto& lb = c.moe_router_load_balancing_type;
+        const std::string lbText = moeLoadBalancingText(c);
+        for (const std::string& t : lb.items)
+            if (t != "aux_loss" && t != "seq_aux_loss" && t != "global_aux_loss" && t != "sinkhorn" &&
+                t != "quantile_balancing" && t != "none")
+                return bad("moe_router_load_balancing_type=" + t + " is not one of aux_loss, seq_aux_loss, "
+                           "global_aux_loss, sinkhorn, quantile_balancing, none");
+        if (lb.isList() != c.moe_aux_loss_coeff.isList() || lb.items.size() != c.moe_aux_loss_coeff.items.size())
+            return bad("moe_aux_loss_coeff must be a list of the same length as moe_router_load_balancing_type=" +
+                       lbText + " (one coefficient per type; a single type takes a single coefficient)");
+        if (lb.isList())
+            for (size_t i = 0; i < lb.items.size(); ++i) {
+                const std::string& t = lb.items[i];
+                // Megatron's router runs sinkhorn / quantile_balancing only as the single type.
+                if (t == "sinkhorn" || t == "quantile_balancing")
+                    return bad(t + " in the list moe_router_load_balancing_type=" + lbText + ": a list holds "
+                               "aux-loss types only (aux_loss, seq_aux_loss, global_aux_loss, none); give " + t +
+                               " alone with moe_aux_loss_coeff 0");
+                for (size_t j = 0; j < i; ++j)
+                    if (lb.items[j] == t && t != "none")
+                        return bad(t + " appears twice in moe_router_load_balancing_type=" + lbText);
+            }
         // global_aux_loss: the counts of the step's microbatches accumulate in forward order; a full
         // recompute reruns the forwards in backward order (Megatron counts only the recompute's).
-        if (lb == "global_aux_loss" && c.recompute_granularity == "full")
+        if (lb.contains("global_aux_loss") && c.recompute_granularity == "full")
             return notYet("moe_router_load_balancing_type=global_aux_loss with recompute_granularity=full; use "
                           "selective or no recompute, or aux_loss");
+        if (lb == "quantile_balancing") {
+            // What TopKRouter.__init__ / quantile_balancing and qb_dual_update assert.
+            if (c.moe_aux_loss_coeff != 0)
+                return bad("moe_router_load_balancing_type=quantile_balancing needs moe_aux_loss_coeff 0 (Megatron: "
+                           "quantile balancing handles load balance via the bias update; aux losses must be disabled)");
+            if (c.moe_router_num_groups > 0 || c.moe_router_group_topk > 0)
+                return bad("moe_router_load_balancing_type=quantile_balancing does not support group-limited "
+                           "routing; set moe_router_num_groups and moe_router_group_topk to 0");
+            if (c.moe_router_topk >= c.num_moe_experts)
+                return bad("moe_router_load_balancing_type=quantile_balancing needs moe_router_topk < "
+                           "num_moe_experts (it reads each token's (topk+1)-th score)");
+            // The tokens the quantile sees: the microbatch's (logits gathered over tp-cp).
+            const int64_t routed = int64_t(c.micro_batch_size) * c.seq_length * c.moe_router_topk;
+            if (routed % c.num_moe_experts != 0)
+                return bad("moe_router_load_balancing_type=quantile_balancing needs the routed slots of a microbatch, "
+                           "micro_batch_size*seq_length*moe_router_topk=" + std::to_string(routed) +
+                           ", divisible by num_moe_experts=" + std::to_string(c.num_moe_experts) +
+                           "; change micro_batch_size, seq_length or moe_router_topk");
+            if (c.moe_expert_capacity_factor > 0)
+                return bad("moe_router_load_balancing_type=quantile_balancing with moe_expert_capacity_factor: Megatron "
+                           "drops tokens only with aux_loss, seq_aux_loss, global_aux_loss or none; unset the capacity");
+        }
         if (c.moe_router_dtype == "fp64")
             return notYet("moe_router_dtype=fp64 (the router runs in fp32); use fp32 or leave it unset");
         // What Megatron's TransformerConfig and TopKRouter assert (config_rules.cpp says the same).

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <functional>
 
 #include "kernels/cpu/ops.h"
 
@@ -97,6 +99,42 @@ void moeSinkhorn(const float* cost, int T, int E, float* out, float tol) {
         for (int e = 0; e < E; ++e) out[size_t(t) * E + size_t(e)] = d1[size_t(e)] * c[size_t(t) * E + size_t(e)] * d0[size_t(t)];
 }
 
+void moeQbDualUpdate(const float* S, int m, int n, int k, const float* beta, int* indices, float* quantile) {
+    // per token: the k+1 best of scores - beta (torch.topk(k + 1, dim=1)); alpha = the (k+1)-th value
+    std::vector<float> v(static_cast<size_t>(n)), alpha(static_cast<size_t>(m));
+    std::vector<int> order(static_cast<size_t>(n));
+    for (int t = 0; t < m; ++t) {
+        const float* s = S + size_t(t) * n;
+        for (int j = 0; j < n; ++j) {
+            v[size_t(j)] = s[j] - beta[j];
+            order[size_t(j)] = j;
+        }
+        std::partial_sort(order.begin(), order.begin() + k + 1, order.end(), [&](int a, int b) {
+            return v[size_t(a)] > v[size_t(b)] || (v[size_t(a)] == v[size_t(b)] && a < b);
+        });
+        if (indices)
+            for (int j = 0; j < k; ++j) indices[size_t(t) * k + size_t(j)] = order[size_t(j)];
+        alpha[size_t(t)] = v[size_t(order[size_t(k)])];
+    }
+    if (!quantile) return;
+    // per expert: the (m*k/n + 1)-th largest of scores[:, j] - alpha (torch.topk(c + 1, dim=0).values[-1])
+    const int c = int(int64_t(m) * k / n);
+    std::vector<float> col(static_cast<size_t>(m));
+    for (int j = 0; j < n; ++j) {
+        for (int t = 0; t < m; ++t) col[size_t(t)] = S[size_t(t) * n + size_t(j)] - alpha[size_t(t)];
+        std::nth_element(col.begin(), col.begin() + c, col.end(), std::greater<float>());
+        quantile[j] = col[size_t(c)];
+    }
+}
+
+void moeQbBetaUpdate(float* beta, const float* mean, int n, double ema) {
+    const float a = float(ema);
+    float total = 0;
+    for (int j = 0; j < n; ++j) total += (beta[j] = a * beta[j] + (1.f - a) * mean[j]);
+    const float centre = total / float(n);
+    for (int j = 0; j < n; ++j) beta[j] -= centre;
+}
+
 void moeAuxScores(const float* l, int E, MoeScore score, double* p) {
     if (score == MoeScore::Softmax) {
         moeSoftmax(l, E, p);
@@ -142,7 +180,23 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
         const float* l = L + size_t(t) * E;
         const size_t g = size_t(t % mbB % G);
         double* p = r.topp.data() + size_t(t) * K;
-        if (o.sinkhorn) {
+        if (o.precomputed) {
+            // Megatron's precomputed_indices: the probs of the score function at the given experts.
+            for (int j = 0; j < K; ++j) sel[size_t(j)] = o.precomputed[size_t(t) * K + size_t(j)];
+            if (o.score == MoeScore::Softmax && !o.preSoftmax) {
+                std::vector<float> chosen(static_cast<size_t>(K));
+                for (int j = 0; j < K; ++j) chosen[size_t(j)] = l[sel[size_t(j)]];
+                moeSoftmax(chosen.data(), K, p);
+            } else if (o.score == MoeScore::Softmax) {
+                moeSoftmax(l, E, sc.data());
+                for (int j = 0; j < K; ++j) p[j] = sc[size_t(sel[size_t(j)])];
+            } else {
+                double sum = 0;
+                for (int j = 0; j < K; ++j) sum += (p[j] = scoreOf(o.score, l[sel[size_t(j)]]));
+                if (K > 1)
+                    for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
+            }
+        } else if (o.sinkhorn) {
             for (int e = 0; e < E; ++e) v[size_t(e)] = norm[size_t(t) * E + size_t(e)];
             topK(v.data(), E, K, 0, 0, sel.data());
             if (K == 1) {

@@ -2,7 +2,7 @@
 // router logits of T tokens over E experts, the top-k choice of each token and its probs
 // (Megatron's topk_routing_with_score_function: softmax after or before the top-k, sigmoid or
 // sqrtsoftplus scores renormalised over the k chosen, the scaling factor, group-limited top-k,
-// the aux-loss-free expert bias; or the sinkhorn router), token dropping at a capacity, and the
+// the aux-loss-free expert bias; or the sinkhorn router; quantile balancing's choice), token dropping at a capacity, and the
 // expert-major permutation the experts consume; the statistics of the aux and z losses; and the
 // backward of the probs and of the aux-loss scores. Pure functions of the logits, so every mode is
 // tested directly (tests/engine/model/test_moe_routing.cpp); GptModel::moeForward runs them inside
@@ -34,6 +34,10 @@ struct MoeRouteOptions {
     // the choice is the top-k of sinkhorn(logits) over these T tokens; the probs are sigmoid(logit)
     // for k = 1, else the full softmax at the chosen experts (no renormalisation, no scaling).
     bool sinkhorn = false;
+    // Chosen experts given by the caller ([T*K], token-major; topk_routing_with_score_function's
+    // precomputed_indices, e.g. quantile balancing's): the score function's own top-k, the groups
+    // and the expert bias are skipped, the probs are computed at these experts (null: none).
+    const int* precomputed = nullptr;
     // Capacity per expert in token copies (-1: dropless). Over it an expert keeps its `cap`
     // copies with the highest probs (byProb; ties: earlier token) or its first `cap` copies in
     // token order; pad fills every expert up to exactly `cap` rows with the earliest tokens not
@@ -77,6 +81,21 @@ MoeRouting moeRoute(const float* logits, const MoeRouteOptions& o);
 // Megatron's sinkhorn (moe_utils.py): exp(cost) scaled by per-token and per-expert factors,
 // iterated in fp32 until the expert factors move by <= tol on average. cost: [T, E]; out: [T, E].
 void moeSinkhorn(const float* cost, int T, int E, float* out, float tol = 1e-4f);
+
+// Quantile balancing (moe_router_load_balancing_type=quantile_balancing; Megatron's qb_dual_update
+// in moe_utils.py), on scores [m, n] (tokens, experts; the fp32 logits), in fp32 as torch does:
+//   indices [m*k] (if non-null): each token's top-k of scores - beta, best first (ties: lower
+//     expert, as everywhere in moeRoute);
+//   quantile [n] (if non-null): with alpha_t the token's (k+1)-th largest of scores_t - beta, each
+//     expert's (m*k/n + 1)-th largest of scores[:, j] - alpha over the m tokens: the bias under
+//     which expert j would get m*k/n tokens (the per-microbatch estimate the step-end update
+//     averages into qb_beta).
+// Needs k < n and m*k divisible by n (modelDimsFromConfig refuses the rest).
+void moeQbDualUpdate(const float* scores, int m, int n, int k, const float* beta, int* indices, float* quantile);
+
+// The step-end update of qb_beta (finalize_model_grads' _update_router_qb_beta): beta = ema * beta +
+// (1 - ema) * mean, then centred (its mean over the n experts subtracted), in fp32.
+void moeQbBetaUpdate(float* beta, const float* mean, int n, double ema);
 
 // The gradient of the loss with respect to the logits through the probs: dl [T, E] +=
 // (d topp / d logits)^T dprob; topi and dprob [T*K] as MoeRouting's topi (the scaling factor included).

@@ -247,10 +247,12 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         }
         // FP8 delayed scaling: amaxes reduced with MAX over Megatron's amax group (TP x DP x CP),
         // on the compute stream, at the start of each iteration.
-        // The MoE router's global_aux_loss counts and expert-bias update use the same group.
+        // The MoE router's global_aux_loss counts, expert-bias update and quantile-balancing update
+        // use the same group.
         if ((!c.fp8.empty() && c.fp8_recipe == "delayed") ||
             (c.num_moe_experts > 0 &&
-             (c.moe_router_enable_expert_bias || c.moe_router_load_balancing_type == "global_aux_loss")))
+             (c.moe_router_enable_expert_bias || c.moe_router_load_balancing_type.contains("global_aux_loss") ||
+              c.moe_router_load_balancing_type == "quantile_balancing")))
             TS_RETURN_IF_ERROR(join("tp-dp-cp", R->amaxComm));
         if (tied && ds.pp > 1) TS_RETURN_IF_ERROR(join("embd", R->embdComm));
         // Grad-norm group: each param counted once. Without the distributed optimizer every DP
@@ -1004,25 +1006,31 @@ Status ParallelTrainer::save(const std::string& dir) {
         }
     }
     if (anyFp8) st.fp8 = std::move(fp8);
-    // The routers' expert bias: the same on every rank holding a layer; each chunk gives its layers.
-    if (m_cfg.num_moe_experts > 0 && m_cfg.moe_router_enable_expert_bias) {
-        nlohmann::json bias = nlohmann::json::object();
+    // The routers' expert bias and qb_beta: the same on every rank holding a layer; each chunk gives
+    // its layers.
+    auto routerLayers = [&](auto state, const char* what, nlohmann::json* out) -> Status {
+        nlohmann::json merged = nlohmann::json::object();
         for (const auto& R : m_ranks)
             for (const auto& m : R->models)
-                if (nlohmann::json s = m->routerState(); s.is_object()) bias.update(s);
+                if (nlohmann::json s = ((*m).*state)(); s.is_object()) merged.update(s);
         if (int(m_ranks.size()) != worldSize()) {
             if (!m_opts.gatherText)
                 return Status::unsupported("save: this run's ranks are in several processes and no exchange between them was given");
             std::vector<std::string> all;
-            TS_RETURN_IF_ERROR(m_opts.gatherText(bias.dump(), all).withContext("save: exchanging the expert bias"));
+            TS_RETURN_IF_ERROR(m_opts.gatherText(merged.dump(), all).withContext(std::string("save: exchanging the ") + what));
             for (const std::string& text : all) {
                 const nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
-                if (!doc.is_object()) return Status::internal("save: a process sent an unreadable expert bias");
-                bias.update(doc);
+                if (!doc.is_object()) return Status::internal(std::string("save: a process sent an unreadable ") + what);
+                merged.update(doc);
             }
         }
-        st.expertBias = std::move(bias);
-    }
+        *out = std::move(merged);
+        return Status::ok();
+    };
+    if (m_cfg.num_moe_experts > 0 && m_cfg.moe_router_enable_expert_bias)
+        TS_RETURN_IF_ERROR(routerLayers(&GptModel::routerState, "expert bias", &st.expertBias));
+    if (m_cfg.num_moe_experts > 0 && m_cfg.moe_router_load_balancing_type == "quantile_balancing")
+        TS_RETURN_IF_ERROR(routerLayers(&GptModel::qbBetaState, "qb_beta", &st.qbBeta));
     st.iteration = m_iteration;
     st.samplesConsumed = m_samples;
     st.seed = m_cfg.seed;
@@ -1118,6 +1126,7 @@ Status ParallelTrainer::load(const std::string& dir) {
         for (const auto& m : R->models) {
             TS_RETURN_IF_ERROR(m->setFp8State(st.fp8).withContext("checkpoint '" + dir + "'"));
             TS_RETURN_IF_ERROR(m->setRouterState(st.expertBias).withContext("checkpoint '" + dir + "'"));
+            TS_RETURN_IF_ERROR(m->setQbBetaState(st.qbBeta).withContext("checkpoint '" + dir + "'"));
         }
     m_iteration = st.iteration;
     m_samples = st.samplesConsumed;

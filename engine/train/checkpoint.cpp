@@ -153,6 +153,7 @@ Status writeCheckpointFiles(const std::string& dir, const std::vector<ParamInfo>
     j["layout"] = state.layout.is_null() ? nlohmann::json::object() : state.layout;
     if (!state.fp8.is_null()) j["fp8"] = state.fp8;
     if (!state.expertBias.is_null()) j["moe_router_expert_bias"] = state.expertBias;
+    if (!state.qbBeta.is_null()) j["moe_router_qb_beta"] = state.qbBeta;
     auto& t = j["params"];
     t = nlohmann::json::array();
     for (const auto& p : table) t.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
@@ -219,6 +220,10 @@ Status readCheckpointFiles(const std::string& dir, const std::vector<ParamInfo>&
         if (!eb->is_object())
             return Status::invalid("checkpoint '" + file + "': moe_router_expert_bias must be an object");
         s.expertBias = *eb;  // GptModel::setRouterState checks every entry
+    }
+    if (auto qb = j.find("moe_router_qb_beta"); qb != j.end()) {
+        if (!qb->is_object()) return Status::invalid("checkpoint '" + file + "': moe_router_qb_beta must be an object");
+        s.qbBeta = *qb;  // GptModel::setQbBetaState checks every entry
     }
     TS_ASSIGN_OR_RETURN(int64_t storedNumel, f.integer(j, "numel", 0, INT64_MAX / 16));
     for (const char* obj : {"config", "layout"}) {

@@ -38,6 +38,9 @@ struct CheckpointState {
     // in the router's state dict): {"<global layer>": [E floats]}, GptModel::routerState of every
     // chunk merged; null without it. The same on every layout.
     nlohmann::json expertBias;
+    // Quantile balancing's per-expert bias (moe_router_load_balancing_type=quantile_balancing;
+    // Megatron's persistent router buffer qb_beta), as expertBias: GptModel::qbBetaState merged.
+    nlohmann::json qbBeta;
 };
 
 Status saveCheckpoint(const std::string& dir, Stream& stream, ParamBuffer& params, AdamWOptimizer& opt,

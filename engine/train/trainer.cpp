@@ -198,6 +198,7 @@ Status Trainer::save(const std::string& dir) {
     s.config = configToJson(m_cfg);
     s.fp8 = m_model->fp8State();
     s.expertBias = m_model->routerState();
+    s.qbBeta = m_model->qbBetaState();
     return saveCheckpoint(dir, m_model->exec().stream(), m_model->params(), *m_opt, s);
 }
 
@@ -210,6 +211,7 @@ Status Trainer::load(const std::string& dir) {
                                ", the config has seed " + std::to_string(m_cfg.seed) + "; resume would not be exact");
     TS_RETURN_IF_ERROR(m_model->setFp8State(s.fp8).withContext("checkpoint '" + dir + "'"));
     TS_RETURN_IF_ERROR(m_model->setRouterState(s.expertBias).withContext("checkpoint '" + dir + "'"));
+    TS_RETURN_IF_ERROR(m_model->setQbBetaState(s.qbBeta).withContext("checkpoint '" + dir + "'"));
     m_iteration = s.iteration;
     m_samples = s.samplesConsumed;
     return Status::ok();

@@ -26,13 +26,15 @@ using nlohmann::json;
 
 namespace {
 
-// Enum knobs get a combo box of their allowed values; the rest a line edit.
+// Enum knobs get a combo box of their allowed values; the rest (lists too) a line edit.
 class KnobDelegate : public QStyledItemDelegate {
 public:
     using QStyledItemDelegate::QStyledItemDelegate;
     QWidget* createEditor(QWidget* parent, const QStyleOptionViewItem& option, const QModelIndex& index) const override {
         const QStringList allowed = index.data(KnobModel::AllowedValuesRole).toStringList();
-        if (allowed.isEmpty()) return QStyledItemDelegate::createEditor(parent, option, index);
+        // A value or a list (enum_or_list): a line edit that takes "a, b".
+        if (allowed.isEmpty() || index.data(KnobModel::KnobTypeRole).toString() == QLatin1String("enum_or_list"))
+            return QStyledItemDelegate::createEditor(parent, option, index);
         auto* combo = new QComboBox(parent);
         for (const QString& a : allowed) combo->addItem(a.isEmpty() ? QStringLiteral("(off)") : a, a);
         return combo;

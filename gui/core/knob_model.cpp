@@ -219,10 +219,25 @@ bool KnobModel::parseValue(const QString& type, const QString& text, json* out, 
             arr.push_back(int64_t(v));
         }
         *out = arr;
-    } else if (type == QLatin1String("string_list")) {
+    } else if (type == QLatin1String("string_list") || type == QLatin1String("list")) {
         json arr = json::array();
         for (const QString& part : t.split(QLatin1Char(','), Qt::SkipEmptyParts)) arr.push_back(part.trimmed().toStdString());
         *out = arr;
+    } else if (type == QLatin1String("enum_or_list") || type == QLatin1String("float_or_list")) {
+        // Megatron's Union[T, List[T]]: "aux_loss" or "aux_loss, seq_aux_loss" (one value: the scalar).
+        json arr = json::array();
+        for (const QString& part : t.split(QLatin1Char(','), Qt::SkipEmptyParts)) {
+            const QString p = part.trimmed();
+            if (type == QLatin1String("float_or_list")) {
+                const double v = p.toDouble(&ok);
+                if (!ok) { *error = QStringLiteral("'%1' is not a number").arg(p); return false; }
+                arr.push_back(v);
+            } else {
+                arr.push_back(p.toStdString());
+            }
+        }
+        if (arr.empty()) { *error = QStringLiteral("give a value or a comma-separated list"); return false; }
+        *out = arr.size() == 1 ? arr[0] : arr;
     } else {
         *out = t.toStdString();
     }

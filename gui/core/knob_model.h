@@ -20,7 +20,7 @@ public:
     enum Column { NameColumn = 0, ValueColumn, DefaultColumn, FlagColumn, ColumnCount };
     enum Role {
         KnobNameRole = Qt::UserRole + 1,  // QString; empty on group rows
-        KnobTypeRole,                     // "int", "float", "bool", "string", "enum", "string_list"
+        KnobTypeRole,                     // "int", "float", "bool", "string", "enum", "list", "int_list", "enum_or_list", "float_or_list"
         AllowedValuesRole,                // QStringList (enum knobs)
         IsDefaultRole,                    // bool
         ExecutedRole,                     // bool: false = accepted and exported, not executed yet

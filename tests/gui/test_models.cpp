@@ -87,6 +87,20 @@ TEST(GuiKnobModel, ParseValueChecksTypes) {
     EXPECT_EQ(v, json::array({2, 2}));
     EXPECT_FALSE(KnobModel::parseValue("int_list", "2, two", &v, &err));
     EXPECT_TRUE(err.contains("two"));
+    // recompute_modules arrives as "list" (engine::knobTypeName)
+    EXPECT_TRUE(KnobModel::parseValue("list", "core_attn, mlp", &v, &err));
+    EXPECT_EQ(v, json::array({"core_attn", "mlp"}));
+    // Megatron's Union[T, List[T]] knobs: one value is the scalar, several a list
+    EXPECT_TRUE(KnobModel::parseValue("enum_or_list", "aux_loss", &v, &err));
+    EXPECT_EQ(v, json("aux_loss"));
+    EXPECT_TRUE(KnobModel::parseValue("enum_or_list", "aux_loss, seq_aux_loss", &v, &err));
+    EXPECT_EQ(v, json::array({"aux_loss", "seq_aux_loss"}));
+    EXPECT_TRUE(KnobModel::parseValue("float_or_list", "0.01", &v, &err));
+    EXPECT_EQ(v, json(0.01));
+    EXPECT_TRUE(KnobModel::parseValue("float_or_list", "1e-2, 1e-3", &v, &err));
+    EXPECT_EQ(v, json::array({1e-2, 1e-3}));
+    EXPECT_FALSE(KnobModel::parseValue("float_or_list", "1e-2, x", &v, &err));
+    EXPECT_TRUE(err.contains("x"));
 }
 
 TEST(GuiRunsModel, SortsByValueAndSearchesEveryTerm) {

@@ -84,6 +84,44 @@ inline engine::Config spConfig(engine::Config c, const SpLayout& L) {
     return c;
 }
 
+// An MoE layout of the parallel tests (2 microbatches per DP rank): tp (sequence parallel when > 1),
+// expert tp (0: Megatron's default, the tp size), ep, dp, pp, cp (p2p ring), the dispatcher, the
+// distributed optimizer, swiglu, grouped GEMM, full recompute of one layer per group, the capacity
+// factor (0: dropless) and padding to it.
+struct ExpertLayout {
+    int tp = 1, etp = 1, ep = 1, dp = 1, pp = 1, cp = 1;
+    bool distOpt = false;
+    const char* dispatcher = "alltoall";
+    bool swiglu = false, grouped = false, recompute = false;
+    double capacity = 0;
+    bool pad = false;
+};
+
+// MoE model `c` on layout L (the model's own knobs, e.g. the router's, stay as `c` has them).
+inline engine::Config moeLayoutConfig(engine::Config c, const ExpertLayout& L) {
+    c = withLayout(std::move(c), Layout{L.tp, L.pp, 1, L.dp, 2});
+    c.sequence_parallel = L.tp > 1;
+    c.expert_tensor_parallel_size = L.etp;
+    c.expert_model_parallel_size = L.ep;
+    c.moe_token_dispatcher_type = L.dispatcher;
+    c.use_distributed_optimizer = L.distOpt;
+    c.swiglu = L.swiglu;
+    c.moe_grouped_gemm = L.grouped;
+    if (L.recompute) {
+        c.recompute_granularity = "full";
+        c.recompute_method = "uniform";
+        c.recompute_num_layers = 1;
+    }
+    c.moe_expert_capacity_factor = L.capacity;
+    c.moe_pad_expert_input_to_capacity = L.pad;
+    if (L.cp > 1) {
+        c.context_parallel_size = L.cp;
+        c.cp_comm_type = "p2p";
+        c.adam_eps = 1e-5;  // see ContextParallelLayouts
+    }
+    return c;
+}
+
 // One device, same model (vocab padded as Megatron pads it for tp) and same global batch.
 inline engine::Config singleDevice(const engine::Config& par) {
     const engine::DerivedSizes ds = engine::deriveSizes(par);

@@ -117,7 +117,7 @@ TEST(Moe, UniformRoutingGivesExactlyTheAuxCoefficientAndCountsEveryToken) {
     uniformRoutingStep(c, rec);
     const int T = c.seq_length * c.micro_batch_size;
     const int m = engine::deriveSizes(c).num_microbatches;
-    int aux = 0, z = 0;
+    int aux = 0, z = 0, lb = 0;
     std::map<std::string, double> tokens;
     for (const auto& k : rec.counters) {
         const std::string n = rec.str(k.name);
@@ -130,10 +130,15 @@ TEST(Moe, UniformRoutingGivesExactlyTheAuxCoefficientAndCountsEveryToken) {
             // logsumexp of E equal zeros is log E: z = coeff * (log 4)^2.
             EXPECT_NEAR(k.value, 0.001 * std::log(4.0) * std::log(4.0), 1e-9);
             ++z;
-        } else {
+        } else if (n == "moe.layer0.load_balancing_loss") {
+            // Megatron's metric: the term without its coefficient (aux_loss alone: the whole aux).
+            EXPECT_NEAR(k.value, 1.0, 1e-7);
+            ++lb;
+        } else if (n.find(".tokens.") != std::string::npos) {
             tokens[n] += k.value;
         }
     }
+    EXPECT_EQ(lb, m);
     EXPECT_EQ(aux, m);  // one per microbatch
     EXPECT_EQ(z, m);
     double total = 0;
@@ -166,7 +171,6 @@ TEST(Moe, FlopsCountTheTopKExperts) {
 
 TEST(Moe, UnsupportedSettingsAreNamed) {
     for (auto [knob, set] : std::vector<std::pair<std::string, std::function<void(engine::Config&)>>>{
-             {"moe_router_load_balancing_type", [](engine::Config& c) { c.moe_router_load_balancing_type = "quantile_balancing"; }},
              {"moe_router_dtype", [](engine::Config& c) { c.moe_router_dtype = "fp64"; }},
              {"sequence_parallel", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }}}) {
         engine::Config c = moeConfig();
@@ -674,28 +678,11 @@ struct EtpLayout {
 void PrintTo(const EtpLayout& l, std::ostream* os) { *os << l.name; }
 
 engine::Config etpConfig(const EtpLayout& L) {
-    engine::Config c = withLayout(moeConfig(4, 2), Layout{L.tp, L.pp, 1, L.dp, 2});
-    c.sequence_parallel = L.tp > 1;
-    c.expert_tensor_parallel_size = L.etp;
-    c.expert_model_parallel_size = L.ep;
-    c.moe_token_dispatcher_type = L.dispatcher;
-    c.use_distributed_optimizer = L.distOpt;
-    c.swiglu = L.swiglu;
-    c.moe_grouped_gemm = L.grouped;
-    if (L.recompute) {
-        c.recompute_granularity = "full";
-        c.recompute_method = "uniform";
-        c.recompute_num_layers = 1;
-    }
-    c.moe_expert_capacity_factor = L.capacity;
-    c.moe_pad_expert_input_to_capacity = L.pad;
+    engine::Config c = moeLayoutConfig(moeConfig(4, 2), ExpertLayout{L.tp, L.etp, L.ep, L.dp, L.pp, L.cp, L.distOpt,
+                                                                  L.dispatcher, L.swiglu, L.grouped, L.recompute,
+                                                                  L.capacity, L.pad});
     c.moe_aux_loss_coeff = 0.01;
     c.moe_z_loss_coeff = 0.001;
-    if (L.cp > 1) {
-        c.context_parallel_size = L.cp;
-        c.cp_comm_type = "p2p";
-        c.adam_eps = 1e-5;  // see ContextParallelLayouts
-    }
     return c;
 }
 
@@ -984,7 +971,7 @@ TEST(MoeRouter, GlobalAuxLossOverDataParallelRanks) {
         one.micro_batch_size = 2 * c.micro_batch_size;
         one.num_microbatches = 2;
         one.global_batch_size = one.micro_batch_size * 2;
-        one.moe_aux_loss_coeff = c.moe_aux_loss_coeff / 2;
+        one.moe_aux_loss_coeff = 0.05;  // half of c's
         const RunResult ref = runSingle(one, 3);
         auto par = runParallel(c, 3);
         ASSERT_TRUE(par.isOk()) << par.status().toString();

@@ -288,21 +288,9 @@ struct BiasLayout {
 void PrintTo(const BiasLayout& l, std::ostream* os) { *os << l.name; }
 
 engine::Config biasLayoutConfig(const BiasLayout& L) {
-    engine::Config c = withLayout(biasConfig(), Layout{L.tp, L.pp, 1, L.dp, 2});
-    c.sequence_parallel = L.tp > 1;
-    c.expert_tensor_parallel_size = 1;  // Megatron: biases in MoE only with ETP 1
-    c.expert_model_parallel_size = L.ep;
-    c.moe_token_dispatcher_type = L.dispatcher;
-    c.use_distributed_optimizer = L.distOpt;
-    c.moe_grouped_gemm = L.grouped;
-    c.swiglu = L.swiglu;
-    if (L.recompute) {
-        c.recompute_granularity = "full";
-        c.recompute_method = "uniform";
-        c.recompute_num_layers = 1;
-    }
-    c.moe_expert_capacity_factor = L.capacity;
-    c.moe_pad_expert_input_to_capacity = L.pad;
+    // Megatron: biases in MoE only with ETP 1
+    engine::Config c = moeLayoutConfig(biasConfig(), ExpertLayout{L.tp, 1, L.ep, L.dp, L.pp, 1, L.distOpt, L.dispatcher,
+                                                               L.swiglu, L.grouped, L.recompute, L.capacity, L.pad});
     c.moe_aux_loss_coeff = 0.01;
     return c;
 }

@@ -5,6 +5,7 @@
 // same config back.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -171,11 +172,72 @@ Config everyKnob(bool on) {
     return c;
 }
 
+// Megatron's list form: several aux-loss types, a coefficient each (nargs='+').
+Config listForm() {
+    Config c = everyKnob(true);
+    c.moe_router_load_balancing_type = engine::OneOrList<std::string>({"aux_loss", "seq_aux_loss"});
+    c.moe_aux_loss_coeff = engine::OneOrList<double>({1e-2, 1e-3});
+    return c;
+}
+
 std::vector<std::pair<std::string, Config>> allConfigs() {
     auto out = exampleConfigs();
     out.emplace_back("every knob on", everyKnob(true));
     out.emplace_back("every knob off", everyKnob(false));
+    out.emplace_back("load-balancing list", listForm());
     return out;
+}
+
+// The list form in every format: Megatron-LM's words, Bridge's list, YAML and the CLI's --set,
+// and each read back as the list; a one-element list is the scalar (validate_args unwraps it).
+TEST(MegatronInterop, LoadBalancingListInEveryFormat) {
+    const Config c = listForm();
+    const auto args = megatronArgs(c);
+    auto at = std::find(args.begin(), args.end(), "--moe-router-load-balancing-type");
+    ASSERT_NE(at, args.end());
+    ASSERT_LT(at + 2, args.end());
+    EXPECT_EQ(at[1], "aux_loss");
+    EXPECT_EQ(at[2], "seq_aux_loss");
+    at = std::find(args.begin(), args.end(), "--moe-aux-loss-coeff");
+    ASSERT_NE(at, args.end());
+    ASSERT_LT(at + 2, args.end());
+    EXPECT_EQ(std::stod(at[1]), 1e-2);
+    EXPECT_EQ(std::stod(at[2]), 1e-3);
+    auto back = configFromMegatronArgs(args);
+    ASSERT_TRUE(back.isOk()) << back.status().toString();
+    EXPECT_TRUE(back->config.moe_router_load_balancing_type.same(c.moe_router_load_balancing_type));
+    EXPECT_TRUE(back->config.moe_aux_loss_coeff.same(c.moe_aux_loss_coeff));
+    auto one = configFromMegatronArgs({"--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "0.5"});
+    ASSERT_TRUE(one.isOk());
+    EXPECT_TRUE(one->config.moe_router_load_balancing_type == "seq_aux_loss");
+    EXPECT_TRUE(one->config.moe_aux_loss_coeff == 0.5);
+
+    const auto overrides = bridgeOverrides(c);
+    EXPECT_NE(std::find(overrides.begin(), overrides.end(), "model.moe_router_load_balancing_type=[aux_loss,seq_aux_loss]"),
+              overrides.end());
+    EXPECT_NE(std::find(overrides.begin(), overrides.end(), "model.moe_aux_loss_coeff=[0.01,0.001]"), overrides.end());
+
+    const auto yaml = engine::parseConfigYaml(engine::configToYaml(c));
+    EXPECT_TRUE(yaml.config.moe_router_load_balancing_type.same(c.moe_router_load_balancing_type));
+    EXPECT_TRUE(yaml.config.moe_aux_loss_coeff.same(c.moe_aux_loss_coeff));
+    Config cli;
+    ASSERT_TRUE(engine::applyOverride(cli, "moe_router_load_balancing_type=[aux_loss, global_aux_loss]").isOk());
+    ASSERT_TRUE(engine::applyOverride(cli, "moe_aux_loss_coeff=[1e-2,1e-3]").isOk());
+    EXPECT_EQ(engine::moeAuxLossCoeff(cli, "global_aux_loss"), 1e-3);
+    EXPECT_EQ(engine::moeAuxLossCoeff(cli, "aux_loss"), 1e-2);
+    EXPECT_EQ(engine::moeAuxLossCoeff(cli, "seq_aux_loss"), 0.0);
+    ASSERT_TRUE(engine::applyOverride(cli, "moe_aux_loss_coeff=[0.25]").isOk());
+    EXPECT_FALSE(cli.moe_aux_loss_coeff.isList());
+    EXPECT_FALSE(engine::applyOverride(cli, "moe_aux_loss_coeff=[]").isOk());
+    EXPECT_FALSE(engine::applyOverride(cli, "moe_router_load_balancing_type=[aux_loss, bogus]").isOk());
+    // validate (MoE rules apply with experts): the lengths must match
+    cli.num_moe_experts = 8;
+    cli.moe_aux_loss_coeff = 0.01;
+    auto issues = engine::validateConfig(cli);
+    ASSERT_FALSE(issues.empty());
+    bool lengths = false;
+    for (const auto& i : issues) lengths |= i.knob == "moe_aux_loss_coeff" && i.message.find("same length") != std::string::npos;
+    EXPECT_TRUE(lengths);
 }
 
 TEST(MegatronInterop, TableIsGeneratedFromARecordedUpstreamCommit) {
@@ -450,8 +512,17 @@ std::string checkBridgeValue(const std::string& path, const BridgeField& f, cons
             for (const auto& e : v) ok = ok && e.is_number_integer();
         }
         if (!ok) return path + "=" + value + ": not an int or a list of ints";
+    } else if (f.type == "Union[float, List[float]]") {
+        bool ok = v.is_number();
+        if (v.is_array()) {
+            ok = !v.empty();
+            for (const auto& e : v) ok = ok && e.is_number();
+        }
+        if (!ok) return path + "=" + value + ": not a float or a list of floats";
     } else if (f.type.rfind("Union[float", 0) == 0) {
         if (!v.is_number()) return path + "=" + value + ": not a float";
+    } else if (f.type == "Union[str, List[str]]") {
+        if (value.empty()) return path + ": empty";
     }
     return "";
 }

@@ -1051,7 +1051,10 @@ Reply Agent::Impl::validate(Fields& f) {
     if (!pc) return *f.error;
     for (auto& i : applyPathPolicy(pc->config, wsCanonical, allowed)) pc->issues.push_back(std::move(i));
     json out = {{"ok", pc->issues.empty()}, {"issues", issuesToJson(pc->issues)}};
-    if (pc->issues.empty()) out["unsupported"] = engine::unsupportedKnobs(pc->config);
+    if (pc->issues.empty()) {
+        out["unsupported"] = engine::unsupportedKnobs(pc->config);
+        out["warnings"] = engine::configWarnings(pc->config);
+    }
     // Also with issues: the config as far as it was read (knobs with problems keep their
     // defaults), so an editor can show the file while it lists what is wrong.
     out["config"] = engine::configToJson(pc->config);

@@ -89,6 +89,7 @@ int cmdValidate(const Args& a) {
             if (!a.has("--json")) std::fprintf(stderr, "%s\n", forTerminal(i.toString(), true).c_str());
         }
         const auto unsupported = loaded.ok() ? engine::unsupportedKnobs(loaded.config) : std::vector<std::string>{};
+        const auto warnings = loaded.ok() ? engine::configWarnings(loaded.config) : std::vector<std::string>{};
         if (!a.has("--json")) {
             if (loaded.ok()) {
                 const auto d = engine::deriveSizes(loaded.config);
@@ -97,12 +98,13 @@ int cmdValidate(const Args& a) {
                             loaded.config.micro_batch_size, d.padded_vocab_size);
                 for (const auto& u : unsupported)
                     std::printf("  note: %s is valid but not executed by the engine yet\n", u.c_str());
+                for (const auto& w : warnings) std::printf("  warning: %s\n", forTerminal(w).c_str());
             } else {
                 std::fprintf(stderr, "%s: %zu problem%s\n", forTerminal(path).c_str(), loaded.issues.size(),
                              loaded.issues.size() == 1 ? "" : "s");
             }
         }
-        report.push_back({{"file", path}, {"ok", loaded.ok()}, {"issues", issues}, {"not_executed", unsupported}});
+        report.push_back({{"file", path}, {"ok", loaded.ok()}, {"issues", issues}, {"not_executed", unsupported}, {"warnings", warnings}});
         if (!loaded.ok()) ++bad;
     }
     if (a.has("--json")) std::printf("%s\n", dumpJson(report, 2).c_str());

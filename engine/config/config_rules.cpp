@@ -409,4 +409,69 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     return ck.issues;
 }
 
+std::vector<std::string> configWarnings(const Config& c) {
+    std::vector<std::string> out;
+    if (c.fp8.empty() || !validateConfig(c).empty()) return out;
+    const DerivedSizes d = deriveSizes(c);
+    const bool moe = c.num_moe_experts > 0;
+    // Where an expert's rows on a rank come from (engine/model/gpt_moe.cpp): the local tokens of
+    // every rank of its etp-ep group. That group is the tp-cp group of one microbatch exactly when
+    // etp x ep = tp x cp (both are the first ranks of the rank order: dense tp-cp-dp-pp, expert
+    // etp-ep-edp-pp); tp counts because MoE with TP needs sequence parallelism (each TP rank routes
+    // its s/tp tokens).
+    const bool oneMicrobatch = d.etp * d.ep == d.tp * d.cp;
+    const std::string layout = "tensor_model_parallel_size=" + std::to_string(d.tp) +
+                               ", context_parallel_size=" + std::to_string(d.cp) +
+                               ", expert_model_parallel_size=" + std::to_string(d.ep) +
+                               ", expert_tensor_parallel_size=" + std::to_string(d.etp);
+    if (c.fp8_recipe == "tensorwise" && moe && !(d.etp == 1 && oneMicrobatch)) {
+        // TE's GroupedLinear reduces no amax: each expert GEMM's scale is that of the rows and the
+        // weight shard it has on the rank.
+        std::string why = d.etp > 1 ? "each expert's weight, fc2 input and fc1 output gradient are "
+                                      "expert_tensor_parallel_size shards, each quantized with its own amax"
+                                    : "";
+        if (!oneMicrobatch) {
+            if (!why.empty()) why += "; ";
+            why += d.etp * d.ep < d.tp * d.cp
+                       ? "an expert GEMM on a rank sees only this rank's share of a microbatch's tokens"
+                       : "an expert GEMM on a rank sees the tokens of several microbatches (its expert-parallel "
+                         "group spans data-parallel replicas)";
+        }
+        out.push_back("fp8_recipe=tensorwise with MoE experts (" + layout + "): " + why +
+                      ", so the experts' FP8 scales depend on the layout (Transformer Engine's semantics; the "
+                      "single device takes one microbatch's rows and the whole weight): an A/B comparison with "
+                      "another layout differs by FP8 rounding in the experts, not only by summation order. "
+                      "fp8_recipe=delayed gives every layout the same scales");
+    }
+    if (c.fp8_recipe == "mxfp8" || c.fp8_recipe == "blockwise") {
+        const int blk = c.fp8_recipe == "mxfp8" ? 32 : 128;
+        const int64_t chunkRows = d.cp > 1 ? int64_t(c.seq_length / (2 * d.cp)) * c.micro_batch_size : 0;
+        if (d.cp > 1 && chunkRows % blk != 0)
+            out.push_back("fp8_recipe=" + c.fp8_recipe + " with context_parallel_size=" + std::to_string(d.cp) +
+                          ": the weight-gradient GEMMs quantize along the tokens in blocks of " + std::to_string(blk) +
+                          " rows of each rank's own [s/cp, b] tokens (Transformer Engine's semantics); a sequence "
+                          "chunk has seq_length / (2 x context_parallel_size) x micro_batch_size = " +
+                          std::to_string(chunkRows) + " rows, not whole blocks, so these blocks are not the single "
+                          "device's and an A/B comparison with another layout differs slightly (power-of-two block "
+                          "scales: only values far below their block's amax move)");
+        // The experts' wgrad blocks run along the expert's rows on the rank, from its first row;
+        // the single device's along one microbatch's rows of the expert in token order. They are
+        // those exactly when the etp-ep group is the TP group of one microbatch without CP (TP
+        // shards are contiguous in the sequence); otherwise only where each source's rows are
+        // whole blocks (routing-dependent).
+        if (moe && !(d.cp == 1 && d.etp * d.ep == d.tp))
+            out.push_back("fp8_recipe=" + c.fp8_recipe + " with MoE experts (" + layout +
+                          "): an expert's weight-gradient GEMM quantizes its rows on the rank along the tokens in "
+                          "blocks of " + std::to_string(blk) + " from the expert's first row (Transformer Engine's "
+                          "GroupedLinear); here those rows are " +
+                          (d.cp > 1 ? std::string("this rank's context-parallel chunks' tokens")
+                                    : d.etp * d.ep < d.tp ? std::string("this rank's share of a microbatch's tokens")
+                                                          : std::string("several microbatches' tokens")) +
+                          ", so the blocks differ from the single device's unless every source's rows are whole "
+                          "blocks (slightly: power-of-two block scales move only values far below their block's "
+                          "amax)");
+    }
+    return out;
+}
+
 }  // namespace ts::engine

@@ -518,8 +518,12 @@ std::vector<KnobDef> buildRegistry() {
         "model.fp8_recipe",
         "FP8 scaling recipe: delayed (amax history), tensorwise (per-tensor current scaling), mxfp8 "
         "(1x32 blocks, E8M0 scales) or blockwise (1x128 / 128x128 blocks, power-of-two fp32 scales); "
-        "emulated on the CPU. Not executed: tensorwise with MoE experts under tensor/context/expert/"
-        "expert-tensor parallelism, mxfp8/blockwise with context parallelism.");
+        "emulated on the CPU. Differs from the single device where Transformer Engine's semantics make "
+        "it so (validate warns): tensorwise MoE experts take the amax of their rows and weight shard on "
+        "the rank (with TP/SP, CP, EP or ETP unless the expert-parallel group is one microbatch's "
+        "tp-cp group and etp is 1); mxfp8/blockwise quantize the wgrad along each rank's own tokens "
+        "(with CP where a sequence chunk's rows are not whole 32/128 blocks, and in experts split "
+        "over ranks).");
     r.i("fp8_amax_history_len", &C::fp8_amax_history_len, "--fp8-amax-history-len",
         "model.fp8_amax_history_len", "Amax history length of delayed scaling.");
     r.e("fp8_amax_compute_algo", &C::fp8_amax_compute_algo, {"most_recent", "max"},

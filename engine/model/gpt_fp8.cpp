@@ -12,9 +12,9 @@
 // amax history (one update per iteration, after the amaxes of iteration n-1 were reduced with MAX
 // over the tp-dp-cp group: every rank that holds part of, or a replica of, a tensor agrees, so a
 // parallel run uses the scales of the single-device run). Tensorwise takes each tensor's amax
-// when it is quantized, reduced with MAX over TP.
-// MoE experts (second half of the file): one scaling state per expert GEMM, the amaxes reduced
-// over the ranks holding each expert (see there). Block recipes keep no state; the experts'
+// when it is quantized, reduced with MAX over TP (and CP for the activations and gradients).
+// MoE experts (second half of the file): one scaling state per expert GEMM; delayed amaxes are
+// reduced over the ranks holding each expert, tensorwise ones are the rank's own (see there). Block recipes keep no state; the experts'
 // weights get block copies like the dense ones (fp8BlockWeight, by param index).
 #include "engine/model/gpt.h"
 
@@ -302,6 +302,16 @@ void GptModel::fp8StepUpdate() {
 // tensor's amax is used): packed by global expert index, zero where a rank does not hold the
 // expert, reduced with MAX over tp-dp-cp (every rank of the stage). So every layout uses the
 // scales of the single-device run.
+// Current scaling (tensorwise) follows TE exactly: GroupedLinear's quantizers reduce no amax
+// (its current-scaling customization sets only epsilon and power-of-two options, and Megatron's
+// TEGroupedLinear hands it tp_size 1 with the expert communication outside), so each expert
+// GEMM's scale is fp8_max over the amax of what that GEMM has on this rank: its rows after the
+// dispatch (the all-to-all over "ep" and the all-gather over "etp"), its weight's ETP shard, its
+// fc2 input's and fc1 output gradient's F/etp columns (fp8QuantizeInPlace on the expert's rows,
+// fp8ExpertWeights on the local weight). Where those are one microbatch's rows and the whole
+// weight (etp 1 and the etp-ep group = the tp-cp group of one microbatch, or no split at all) the
+// scales are the single device's; elsewhere they depend on the layout (configWarnings,
+// docs/engine.md "Inside MoE experts").
 
 namespace {
 const char* kExpLinearNames[2] = {"linear_fc1", "linear_fc2"};
@@ -353,8 +363,8 @@ Result<std::vector<const float*>> GptModel::fp8ExpertWeights(int li, Fp8ExpertLi
     }
     if (jobs->empty()) return out;
     // One op for the experts' weights of this linear (TE quantizes every GEMM's weight of a
-    // GroupedLinear each step). Tensorwise runs only where an expert's weight is whole on the rank
-    // (modelDimsFromConfig), so its own amax is the tensor's.
+    // GroupedLinear each step). Tensorwise: the amax of the weight on this rank — with ETP its
+    // shard, as TE's weight quantizer sees it (no reduction over "etp").
     const Fp8Recipe r = m_o.fp8;
     const float mx = k::fp8Max(r.forward);
     m_exec.op("fp8_quantize_expert_weights", Category::Elementwise, 3.0 * double(total), uint64_t(total) * 9, [=] {

@@ -51,7 +51,8 @@
 // Shared experts (gpt_layer.cpp, gpt_mlp.cpp) are added to this block's output by the layer;
 // with moe_shared_expert_overlap they run inside it, after the dispatch (A.beforeExperts).
 // FP8 (fp8 set): every expert GEMM takes FP8 inputs with the expert's own scaling state
-// (gpt_fp8.cpp); the router stays in high precision. Block recipes (mxfp8, blockwise): each
+// (gpt_fp8.cpp; tensorwise: the scale of the expert's rows on this rank, as TE's GroupedLinear);
+// the router stays in high precision. Block recipes (mxfp8, blockwise): each
 // expert GEMM quantizes its operands per block along its reduction dimension, the expert's rows
 // on this rank as one tensor (TE's GroupedLinear m_splits): forward and dgrad blocks run along
 // a row, so they are the single device's whatever the layout; the wgrad's run along the tokens

@@ -188,12 +188,11 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
                 return bad("moe_router_topk=" + std::to_string(c.moe_router_topk) + " exceeds the experts of " +
                            std::to_string(gk) + " groups (moe_router_group_topk x num_moe_experts / moe_router_num_groups)");
         }
-        // FP8 experts (gpt_fp8.cpp): with current scaling an expert GEMM's scale comes from the rows
-        // it has on a rank; only where those are exactly one microbatch's rows of the expert (no
-        // TP/SP, CP, EP or ETP split of tokens or experts) is that the single device's scale.
-        if (!c.fp8.empty() && c.fp8_recipe == "tensorwise" && (ds.tp > 1 || ds.cp > 1 || ds.ep > 1 || ds.etp > 1))
-            return notYet("fp8_recipe=tensorwise with experts and tensor, context, expert or expert tensor "
-                          "parallelism (each rank's expert rows would set their own scale); use fp8_recipe=delayed");
+        // FP8 experts with current scaling (fp8_recipe=tensorwise) run on every layout with
+        // Transformer Engine's semantics: an expert GEMM's scale comes from the rows (and the weight
+        // shard) it has on the rank — TE's GroupedLinear reduces no amax — so where those are not
+        // one microbatch's rows and the whole weight the scales depend on the layout
+        // (configWarnings in config_rules.cpp says when; docs/engine.md says where).
         if (c.moe_router_topk < 1 || c.moe_router_topk > c.num_moe_experts)
             return bad("moe_router_topk must be in [1, num_moe_experts]");
     }
@@ -212,16 +211,13 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         TS_RETURN_IF_ERROR(Fp8Recipe::fromConfig(c).status());
         if (c.fp8_recipe == "mxfp8" || c.fp8_recipe == "blockwise") {
             // Block recipes quantize along each GEMM's reduction dimension: a tensor-parallel shard
-            // must hold whole blocks (else its blocks are not the single device's), and the wgrad's
-            // blocks along the tokens would be CP-local with context parallelism. MoE experts
+            // must hold whole blocks (else its blocks are not the single device's). Context parallel
+            // runs with TE's semantics: the wgrad's blocks along the tokens are the CP-local
+            // tensor's (equal to the single device's where a chunk's rows are whole blocks;
+            // configWarnings in config_rules.cpp says when they are not). MoE experts
             // (gpt_moe.cpp): the same rule for an expert-tensor-parallel shard of fc1's rows / fc2's
             // columns (moe_ffn_hidden_size / etp), and for the shared experts' TP shards.
             const int blk = c.fp8_recipe == "mxfp8" ? 32 : 128;
-            auto notYet = [&](const std::string& what) {
-                return Status::unsupported("fp8_recipe=" + c.fp8_recipe + " " + what +
-                                           " is not executed by the engine yet; use fp8_recipe=delayed");
-            };
-            if (ds.cp > 1) return notYet("with context_parallel_size > 1");
             auto whole = [&](const char* what, int64_t n, int parts, const char* knob) -> Status {
                 if ((n / parts) % blk == 0) return Status::ok();
                 return bad("fp8_recipe=" + c.fp8_recipe + " quantizes blocks of " + std::to_string(blk) +

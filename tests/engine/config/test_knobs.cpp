@@ -399,3 +399,47 @@ TEST(Knobs, DocsAreGeneratedFromTheRegistry) {
 }
 }  // namespace
 }  // namespace ts::engine
+
+namespace ts::engine {
+namespace {
+
+// configWarnings (printed by `trainscope validate`): where the layout makes FP8 scales or blocks
+// differ from the single device's, and nothing where they are the single device's.
+TEST(Knobs, Fp8LayoutDependenceIsWarned) {
+    Config c;
+    c.bf16 = true;
+    c.fp8 = "e4m3";
+    c.seq_length = 16;
+    c.micro_batch_size = 2;
+    c.num_attention_heads = 4;
+    c.hidden_size = 64;
+    c.fp8_recipe = "mxfp8";
+    ASSERT_TRUE(validateConfig(c).empty()) << validateConfig(c)[0].toString();
+    EXPECT_TRUE(configWarnings(c).empty());
+    c.context_parallel_size = 2;  // chunks of 16 / 4 x 2 = 8 rows: not whole 32-blocks
+    ASSERT_EQ(configWarnings(c).size(), 1u);
+    EXPECT_NE(configWarnings(c)[0].find("= 8 rows"), std::string::npos) << configWarnings(c)[0];
+    c.micro_batch_size = 8;  // 32 rows: whole blocks
+    EXPECT_TRUE(configWarnings(c).empty());
+    c.fp8_recipe = "blockwise";  // 128-row blocks
+    EXPECT_EQ(configWarnings(c).size(), 1u);
+    c.fp8_recipe = "tensorwise";  // dense layers: the single device's scales on every layout
+    EXPECT_TRUE(configWarnings(c).empty());
+    c.num_moe_experts = 4;
+    c.moe_router_topk = 2;
+    c.add_bias_linear = false;
+    ASSERT_TRUE(validateConfig(c).empty()) << validateConfig(c)[0].toString();
+    ASSERT_EQ(configWarnings(c).size(), 1u) << "experts on a CP rank's chunks";
+    EXPECT_NE(configWarnings(c)[0].find("this rank's share"), std::string::npos) << configWarnings(c)[0];
+    c.expert_model_parallel_size = 2;  // the ep group is the CP group: one microbatch's rows
+    EXPECT_TRUE(configWarnings(c).empty());
+    c.fp8_recipe = "delayed";
+    c.expert_model_parallel_size = 1;
+    EXPECT_TRUE(configWarnings(c).empty());
+    c.fp8 = "";
+    c.fp8_recipe = "tensorwise";
+    EXPECT_TRUE(configWarnings(c).empty());
+}
+
+}  // namespace
+}  // namespace ts::engine

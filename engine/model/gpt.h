@@ -370,6 +370,11 @@ private:
         int qbCount = 0;
     };
     std::shared_ptr<std::vector<RouterState>> m_router;
+    // One per-expert vector of every MoE layer's RouterState (the expert bias, qb_beta) as
+    // checkpoint state {"<global layer>": [E floats]}, and back (checked; `what` names it in errors).
+    nlohmann::json routerVectors(std::vector<float> RouterState::*member) const;
+    Status setRouterVectors(const nlohmann::json& state, std::vector<float> RouterState::*member,
+                            const std::string& what);
     // After the step's last backward: the expert-bias update from the counts summed over tp-dp-cp
     // (finalize_model_grads' _update_router_expert_bias), the qb_beta update (moeQbStepEnd,
     // _update_router_qb_beta) and the reset of the step's counts (reset_model_temporary_tensors).

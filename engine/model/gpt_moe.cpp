@@ -80,6 +80,14 @@
 namespace ts::engine {
 
 namespace {
+// A per-expert router vector of a layer as trace counters "moe.layer<L>.<name>.expert<E>".
+void expertCounters(const TraceTarget& tt, int64_t ts, int layer, const char* name, const std::vector<float>& v) {
+    if (!tt.recorder) return;
+    const std::string base = "moe.layer" + std::to_string(layer) + "." + name + ".expert";
+    for (size_t e = 0; e < v.size(); ++e)
+        tt.recorder->counter({tt.rank, tt.recorder->intern(base + std::to_string(e)), ts, double(v[e])});
+}
+
 MoeScore moeScoreFunction(const Config& c) {
     if (c.moe_router_score_function == "sigmoid") return MoeScore::Sigmoid;
     if (c.moe_router_score_function == "sqrtsoftplus") return MoeScore::SqrtSoftplus;
@@ -909,12 +917,7 @@ Status GptModel::moeQbStepEnd() {
             moeQbBetaUpdate(rs.qbBeta.data(), m.data(), E, ema);
             std::fill(rs.qbAccum.begin(), rs.qbAccum.end(), 0.f);
             rs.qbCount = 0;
-            if (tt.recorder)
-                for (int e = 0; e < E; ++e)
-                    tt.recorder->counter({tt.rank,
-                                          tt.recorder->intern("moe.layer" + std::to_string(layerBegin + moe[size_t(i)]) +
-                                                              ".qb_beta.expert" + std::to_string(e)),
-                                          ts, double(rs.qbBeta[size_t(e)])});
+            expertCounters(tt, ts, layerBegin + moe[size_t(i)], "qb_beta", rs.qbBeta);
         }
     });
     return Status::ok();
@@ -922,17 +925,26 @@ Status GptModel::moeQbStepEnd() {
 
 nlohmann::json GptModel::qbBetaState() const {
     if (m_cfg.num_moe_experts <= 0 || !(m_cfg.moe_router_load_balancing_type == "quantile_balancing")) return nullptr;
-    nlohmann::json out = nlohmann::json::object();
-    for (size_t li = 0; li < m_layers.size(); ++li)
-        if (m_layers[li].routerW >= 0) out[std::to_string(m_ctx.layerBegin + int(li))] = (*m_router)[li].qbBeta;
-    return out;
+    return routerVectors(&RouterState::qbBeta);
 }
 
 Status GptModel::setQbBetaState(const nlohmann::json& state) {
     if (m_cfg.num_moe_experts <= 0 || !(m_cfg.moe_router_load_balancing_type == "quantile_balancing") ||
         state.is_null())
         return Status::ok();
-    if (!state.is_object()) return Status::invalid("qb_beta must be an object");
+    return setRouterVectors(state, &RouterState::qbBeta, "qb_beta");
+}
+
+nlohmann::json GptModel::routerVectors(std::vector<float> RouterState::*member) const {
+    nlohmann::json out = nlohmann::json::object();
+    for (size_t li = 0; li < m_layers.size(); ++li)
+        if (m_layers[li].routerW >= 0) out[std::to_string(m_ctx.layerBegin + int(li))] = (*m_router)[li].*member;
+    return out;
+}
+
+Status GptModel::setRouterVectors(const nlohmann::json& state, std::vector<float> RouterState::*member,
+                                  const std::string& what) {
+    if (!state.is_object()) return Status::invalid(what + " must be an object");
     const size_t E = size_t(m_cfg.num_moe_experts);
     for (size_t li = 0; li < m_layers.size(); ++li) {
         if (m_layers[li].routerW < 0) continue;
@@ -940,15 +952,15 @@ Status GptModel::setQbBetaState(const nlohmann::json& state) {
         auto it = state.find(key);
         if (it == state.end()) continue;
         if (!it->is_array() || it->size() != E)
-            return Status::invalid("qb_beta of layer " + key + " must be a list of num_moe_experts=" + std::to_string(E) +
+            return Status::invalid(what + " of layer " + key + " must be a list of num_moe_experts=" + std::to_string(E) +
                                    " numbers");
         std::vector<float> b(E);
         for (size_t e = 0; e < E; ++e) {
             if (!(*it)[e].is_number() || !std::isfinite((*it)[e].get<double>()))
-                return Status::invalid("qb_beta of layer " + key + " has a non-finite entry");
+                return Status::invalid(what + " of layer " + key + " has a non-finite entry");
             b[e] = (*it)[e].get<float>();
         }
-        (*m_router)[li].qbBeta = std::move(b);
+        (*m_router)[li].*member = std::move(b);
     }
     return Status::ok();
 }
@@ -1005,12 +1017,8 @@ Status GptModel::moeStepEnd() {
                 const float sign = off > 0 ? 1.f : off < 0 ? -1.f : 0.f;
                 rs.expertBias[size_t(e)] += sign * rate;
                 rs.localTokens[size_t(e)] = 0;
-                if (tt.recorder)
-                    tt.recorder->counter({tt.rank,
-                                          tt.recorder->intern("moe.layer" + std::to_string(layerBegin + moe[size_t(i)]) +
-                                                              ".expert_bias.expert" + std::to_string(e)),
-                                          ts, double(rs.expertBias[size_t(e)])});
             }
+            expertCounters(tt, ts, layerBegin + moe[size_t(i)], "expert_bias", rs.expertBias);
         }
     });
     return Status::ok();
@@ -1018,33 +1026,12 @@ Status GptModel::moeStepEnd() {
 
 nlohmann::json GptModel::routerState() const {
     if (m_cfg.num_moe_experts <= 0 || !m_cfg.moe_router_enable_expert_bias) return nullptr;
-    nlohmann::json out = nlohmann::json::object();
-    for (size_t li = 0; li < m_layers.size(); ++li)
-        if (m_layers[li].routerW >= 0) out[std::to_string(m_ctx.layerBegin + int(li))] = (*m_router)[li].expertBias;
-    return out;
+    return routerVectors(&RouterState::expertBias);
 }
 
 Status GptModel::setRouterState(const nlohmann::json& state) {
     if (m_cfg.num_moe_experts <= 0 || !m_cfg.moe_router_enable_expert_bias || state.is_null()) return Status::ok();
-    if (!state.is_object()) return Status::invalid("the expert bias must be an object");
-    const size_t E = size_t(m_cfg.num_moe_experts);
-    for (size_t li = 0; li < m_layers.size(); ++li) {
-        if (m_layers[li].routerW < 0) continue;
-        const std::string key = std::to_string(m_ctx.layerBegin + int(li));
-        auto it = state.find(key);
-        if (it == state.end()) continue;
-        if (!it->is_array() || it->size() != E)
-            return Status::invalid("the expert bias of layer " + key + " must be a list of num_moe_experts=" +
-                                   std::to_string(E) + " numbers");
-        std::vector<float> b(E);
-        for (size_t e = 0; e < E; ++e) {
-            if (!(*it)[e].is_number() || !std::isfinite((*it)[e].get<double>()))
-                return Status::invalid("the expert bias of layer " + key + " has a non-finite entry");
-            b[e] = (*it)[e].get<float>();
-        }
-        (*m_router)[li].expertBias = std::move(b);
-    }
-    return Status::ok();
+    return setRouterVectors(state, &RouterState::expertBias, "the expert bias");
 }
 
 // ---- expert parallel / expert tensor parallel dispatch (alltoall) ------------------------

@@ -45,7 +45,7 @@ namespace {
 // Said wherever CUDA devices are listed until a GPU session has run the backend's tests.
 constexpr const char* kCudaBackendStatus =
     "the CUDA backend compiles but has not yet been run on a GPU by its developers; runs use "
-    "device_backend: cpu (TS_CUDA_UNVERIFIED=1 lets a single-device run use GPU 0 unverified)";
+    "device_backend: cpu (TS_CUDA_UNVERIFIED=1 runs them on the GPUs unverified, one rank per GPU)";
 
 int codeFor(const Status& s) { return exitCodeOf(s); }
 

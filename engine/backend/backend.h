@@ -121,6 +121,9 @@ struct TraceTarget {
     int rank = 0;
     int device = 0;
     uint64_t generation = 0;
+    // Ranges are also NVTX ranges (CUDA devices, traced or not: Nsight Systems shows the step /
+    // microbatch / layer structure of any run).
+    bool nvtx = false;
 };
 
 class Device {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -263,6 +264,7 @@ private:
     trace::TrackKind m_kind;
     std::string m_name;
     cudaStream_t m_stream = nullptr;
+    uint64_t m_serial = 0;  // its cudaStreamLabels() entry
     std::mutex m_mutex;
     Status m_error;  // sticky
     std::atomic<bool> m_failed{false};
@@ -373,7 +375,11 @@ public:
 
     void setTrace(trace::Recorder* rec, int rank) override { m_trace.set(rec, rank, m_info.index); }
 
-    TraceTarget traceTarget() const override { return m_trace.target(); }
+    TraceTarget traceTarget() const override {
+        TraceTarget t = m_trace.target();
+        t.nvtx = true;
+        return t;
+    }
 
     const host::TraceState* traceState() const { return m_trace.state(); }
 
@@ -400,6 +406,11 @@ CudaBuffer::~CudaBuffer() {
 
 // ----- stream implementation ------------------------------------------------------------------
 
+// Every live stream of every CUDA device of the process (cudaStreamLabels).
+static std::mutex g_labelsMutex;
+static std::map<uint64_t, CudaStreamLabel> g_labels;  // serial -> label
+static std::atomic<uint64_t> g_nextSerial{0};
+
 CudaStream::CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::TrackKind kind, std::string name)
     : m_device(dev), m_mem(std::move(mem)), m_ordinal(dev.ordinal()), m_kind(kind), m_name(std::move(name)) {
     DeviceGuard g(m_ordinal);
@@ -410,12 +421,21 @@ CudaStream::CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::Tr
         fail(fromCuda(err, "creating stream '" + m_name + "' on " + dev.info().name));
         return;
     }
-    std::lock_guard<std::mutex> lock(m_mem->mutex);
-    m_mem->liveStreams.push_back(m_stream);
+    {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        m_mem->liveStreams.push_back(m_stream);
+    }
+    m_serial = ++g_nextSerial;
+    std::lock_guard<std::mutex> lock(g_labelsMutex);
+    g_labels[m_serial] = {m_serial, m_stream, m_ordinal, m_kind, m_name};
 }
 
 CudaStream::~CudaStream() {
     if (!m_stream) return;
+    {
+        std::lock_guard<std::mutex> lock(g_labelsMutex);
+        g_labels.erase(m_serial);
+    }
     DeviceGuard g(m_ordinal);
     (void)cudaStreamSynchronize(m_stream);
     {
@@ -581,6 +601,13 @@ std::string noDeviceReason(cudaError_t err, int count) {
 }
 
 }  // namespace
+
+std::vector<CudaStreamLabel> cudaStreamLabels() {
+    std::lock_guard<std::mutex> lock(g_labelsMutex);
+    std::vector<CudaStreamLabel> out;
+    for (const auto& [serial, l] : g_labels) out.push_back(l);
+    return out;
+}
 
 int cudaDeviceOrdinal(const Device& d) {
     const auto* cd = dynamic_cast<const CudaDevice*>(&d);

@@ -364,6 +364,11 @@ int cmdRun(const Args& a) {
             else created = t.status();
         }
     }
+    if (parallel)
+        for (const std::string& w : parallel->warnings()) {
+            rec->appendLog("warning", w);
+            if (!jsonOut) std::fprintf(stderr, "trainscope run: warning: %s\n", forTerminal(w).c_str());
+        }
     mpi.attachWriter(*rec);
     if (!created) {
         if (dev) dev->setTrace(nullptr, 0);

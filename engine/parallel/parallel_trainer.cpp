@@ -203,6 +203,21 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
                                            std::to_string(local[i]) + " are both on GPU " +
                                            std::to_string(deviceOf[i]) + "; NCCL needs one GPU per rank");
         }
+        // TP groups of this process's ranks, as GPUs: each should be inside one NVLink domain.
+        if (ds.tp > 1)
+            if (auto topo = probeGpuTopology()) {
+                std::vector<std::vector<int>> groups;
+                for (size_t i = 0; i < local.size(); ++i) {
+                    const std::vector<int> members = layout.groupRanks("tp", local[i]);
+                    if (members.empty() || members.front() != local[i]) continue;  // once per group, from its first rank
+                    std::vector<int> gpus;
+                    for (int m : members)
+                        for (size_t k = 0; k < local.size(); ++k)
+                            if (local[k] == m) gpus.push_back(t->m_backend->device(deviceOf[k]).info().index);
+                    groups.push_back(gpus);
+                }
+                t->m_warnings = tpTopologyWarnings(*topo, groups);
+            }
     } else {
         t->m_backend = opts.emulateDevice ? makeEmulatedDeviceBackend(int(local.size()))
                                           : makeCpuBackend(int(local.size()));

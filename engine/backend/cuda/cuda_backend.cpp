@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cctype>
+#include <fstream>
 #include <atomic>
 #include <cstdlib>
 #include <exception>
@@ -617,6 +619,43 @@ int cudaDeviceOrdinal(const Device& d) {
 Status cudaEventStatus(Event& e) {
     auto* ce = dynamic_cast<CudaEvent*>(&e);
     return ce ? ce->error() : Status::ok();
+}
+
+Result<GpuTopology> probeGpuTopology() {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) (void)cudaGetLastError();
+    if (err != cudaSuccess || count <= 0) return Status::unsupported(noDeviceReason(err, count));
+    GpuTopology t;
+    t.links.assign(size_t(count), std::vector<GpuPeerLink>(size_t(count)));
+    for (int i = 0; i < count; ++i) {
+        char bus[32] = {};
+        if (cudaDeviceGetPCIBusId(bus, sizeof bus, i) != cudaSuccess) {
+            (void)cudaGetLastError();
+            bus[0] = '\0';
+        }
+        std::string id(bus);
+        for (char& ch : id) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+        t.pciBusIds.push_back(id.empty() ? std::string("?") : id);
+        int numa = -1;
+        if (!id.empty()) {
+            std::ifstream f("/sys/bus/pci/devices/" + id + "/numa_node");
+            if (!(f >> numa)) numa = -1;
+        }
+        t.numaNodes.push_back(numa);
+        for (int j = 0; j < count; ++j) {
+            if (i == j) continue;
+            GpuPeerLink& l = t.links[size_t(i)][size_t(j)];
+            int v = 0;
+            if (cudaDeviceGetP2PAttribute(&v, cudaDevP2PAttrAccessSupported, i, j) == cudaSuccess) l.p2p = v != 0;
+            if (l.p2p && cudaDeviceGetP2PAttribute(&v, cudaDevP2PAttrNativeAtomicSupported, i, j) == cudaSuccess)
+                l.nativeAtomics = v != 0;
+            if (l.p2p && cudaDeviceGetP2PAttribute(&v, cudaDevP2PAttrPerformanceRank, i, j) == cudaSuccess)
+                l.performanceRank = v;
+            (void)cudaGetLastError();
+        }
+    }
+    return t;
 }
 
 Result<std::unique_ptr<Backend>> makeCudaBackend() {

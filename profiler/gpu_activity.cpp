@@ -134,6 +134,14 @@ ActivityConverter::ActivityConverter(trace::Recorder& rec, const Options& option
 
 void ActivityConverter::bindHostThread(uint32_t threadId, uint32_t track) { m_hostTracks[threadId] = track; }
 
+void ActivityConverter::nameStream(uint32_t device, uint32_t stream, trace::TrackKind kind, std::string name) {
+    m_streamNames[(uint64_t(device) << 32) | stream] = {kind, std::move(name)};
+}
+
+int32_t ActivityConverter::rankOfDevice(uint32_t device) const {
+    return device < m_opt.rankOfDevice.size() ? m_opt.rankOfDevice[device] : m_opt.rank;
+}
+
 namespace {
 bool badTimes(uint64_t start, uint64_t end) { return start == 0 || end < start; }
 }  // namespace
@@ -328,16 +336,22 @@ void ActivityConverter::flush() {
     }
     for (const auto& [key, m] : fresh) {
         trace::TrackDesc d;
-        d.rank = m_opt.rank;
         d.device = static_cast<int32_t>(key >> 32);
+        d.rank = rankOfDevice(static_cast<uint32_t>(d.device));
         d.streamIndex = static_cast<int32_t>(key & 0xffffffffu);
+        if (auto named = m_streamNames.find(key); named != m_streamNames.end()) {
+            d.kind = named->second.kind;
+            d.name = "rank " + std::to_string(d.rank) + " " + named->second.name;
+            m_streamTracks.emplace(key, m_rec.track(d));
+            continue;
+        }
         if (m.other == 0 && m.copy == 0 && m.collective + m.p2p > 0)
             d.kind = m.collective > 0 ? TrackKind::Comm : TrackKind::P2P;
         else if (m.other == 0 && m.collective + m.p2p == 0 && m.copy > 0)
             d.kind = TrackKind::Copy;
         else
             d.kind = TrackKind::Compute;
-        d.name = "rank " + std::to_string(m_opt.rank) + " gpu " + std::to_string(d.device) + " stream " +
+        d.name = "rank " + std::to_string(d.rank) + " gpu " + std::to_string(d.device) + " stream " +
                  std::to_string(d.streamIndex) + " (" + trace::trackKindName(d.kind) + ")";
         m_streamTracks.emplace(key, m_rec.track(d));
     }

@@ -139,9 +139,12 @@ uint64_t runCorrelation(int32_t rank, uint32_t cuptiCorrelation);
 class ActivityConverter {
 public:
     struct Options {
-        int32_t rank = 0;
+        int32_t rank = 0;              // host thread tracks and correlation ids (one per process)
         int32_t hostDevice = 0;        // TrackDesc.device of host thread tracks
         bool keepAllDriverApi = false; // false: only driver launch/memcpy/memset calls (the rest is noise)
+        // Global rank of each CUDA device's work (index = device id of the records): a process
+        // running one rank per GPU. Devices past its end (or all, when empty) are `rank`'s.
+        std::vector<int32_t> rankOfDevice;
     };
     struct Stats {
         int64_t kernels = 0, memcpys = 0, memsets = 0, apiCalls = 0, ranges = 0, instants = 0;
@@ -160,6 +163,12 @@ public:
     // API calls and ranges of this OS thread go to an existing host track (e.g. the engine's
     // "rank R host" track) instead of a new "rank R thread T" track.
     void bindHostThread(uint32_t threadId, uint32_t track);
+    // The work of CUDA stream `stream` (CUPTI's stream id) on `device` goes to a track of this
+    // kind named "rank R <name>", as the CPU backend names its streams ("rank 0 compute", "rank 0
+    // dp_comm"), instead of a track named by stream id with its kind guessed from its content.
+    // Takes effect for a stream whose track is not registered yet (before its first flush).
+    void nameStream(uint32_t device, uint32_t stream, trace::TrackKind kind, std::string name);
+    int32_t rankOfDevice(uint32_t device) const;
 
     // Staging (no rows written yet). Records may come in any order and from several buffers.
     void add(const KernelRecord& r);
@@ -195,6 +204,11 @@ private:
     void stageDevice(uint32_t device, uint32_t stream, uint64_t start, uint64_t end, trace::Slice s);
     void stageHost(uint32_t threadId, uint64_t start, uint64_t end, trace::Slice s);
     uint32_t hostTrack(uint32_t threadId);
+    struct StreamName {
+        trace::TrackKind kind;
+        std::string name;
+    };
+    std::map<uint64_t, StreamName> m_streamNames;  // device << 32 | stream
     // add() may run on CUPTI's thread while the owner uses the recorder: names are interned
     // locally and only flush() talks to the recorder.
     uint32_t localName(std::string_view text);

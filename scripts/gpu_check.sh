@@ -2,7 +2,9 @@
 # What a session lent a GPU runs for issue #17 (docs/cuda_port.md), as one script: every
 # gpu-labelled test (kernels against the CPU oracle, the CUDA device backend, NCCL, CUPTI, and
 # CudaTrainer: the single-device trainer on GPU 0 against the CPU backend), then the speed checks
-# (bench_gpu_step: step time and MFU of the small and the ~1.3B GPT, bf16 and FP8). Logs, the
+# (bench_gpu_step: step time and MFU of the small and the ~1.3B GPT, bf16 and FP8), and a user's
+# path end to end: `trainscope run` of resources/examples/small.yaml on GPU 0 (CUPTI capture on)
+# and `trainscope analyze` of its run file. Logs, the
 # tests' JSON report and the benchmarks' JSON lines go to $OUT (the device tool's output folder),
 # else build/gpu_check. Device time is scarce: build here first where the machine allows
 # (cmake --preset dev; cmake --build build/dev --target test_gpu bench_gpu_step), or pass --build
@@ -29,7 +31,7 @@ mkdir -p "$out"
 { nvidia-smi; nvidia-smi topo -m; } > "$out/nvidia-smi.txt" 2>&1 || echo "gpu_check: nvidia-smi failed (see $out/nvidia-smi.txt)"
 if [ "$build" = 1 ]; then
     cmake --preset dev -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/configure.log" 2>&1 &&
-        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step > "$out/build.log" 2>&1 ||
+        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step trainscope > "$out/build.log" 2>&1 ||
         { echo "gpu_check: build failed, see $out/build.log"; tail -30 "$out/build.log"; exit 1; }
 fi
 for b in "$bin/tests/test_gpu" "$bin/apps/bench_gpu_step"; do
@@ -39,13 +41,22 @@ status=0
 echo "== test_gpu"
 "$bin/tests/test_gpu" --gtest_output=json:"$out/test_gpu.json" > "$out/test_gpu.log" 2>&1 || status=1
 grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/test_gpu.log" | head -60
-grep -F '[cuda trainer]' "$out/test_gpu.log"
+grep -F -e '[cuda trainer]' -e '[cuda parallel]' -e '[gpu capture]' "$out/test_gpu.log"
+if [ -x "$bin/apps/trainscope" ]; then
+    echo "== trainscope run + analyze on GPU 0"
+    runfile="$out/small_cuda.tsrun"
+    TS_CUDA_UNVERIFIED=1 timeout 180 "$bin/apps/trainscope" run resources/examples/small.yaml --steps 4 \
+        --set device_backend=cuda --set bf16=true --run-file "$runfile" > "$out/run.log" 2>&1 || status=1
+    tail -3 "$out/run.log"
+    timeout 120 "$bin/apps/trainscope" analyze "$runfile" > "$out/analyze.txt" 2>&1 || status=1
+    head -40 "$out/analyze.txt"
+fi
 if [ "$bench" = 1 ]; then
-    for args in "--config small --steps 5 --warmup 2" "--config 1b --steps 5 --warmup 2" \
+    for args in "--config small --steps 5 --warmup 2 --trace 1" "--config 1b --steps 5 --warmup 2 --trace 1" \
                 "--config 1b --steps 5 --warmup 2 --fp8 hybrid"; do
         echo "== bench_gpu_step $args"
         # shellcheck disable=SC2086
-        timeout 240 "$bin/apps/bench_gpu_step" $args 2>&1 | tee -a "$out/bench_gpu_step.log" | tail -2 || status=1
+        timeout 240 "$bin/apps/bench_gpu_step" $args 2>&1 | tee -a "$out/bench_gpu_step.log" | tail -3 || status=1
     done
 fi
 exit "$status"

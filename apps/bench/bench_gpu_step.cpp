@@ -5,28 +5,43 @@
 // (resources/peak_flops.json), then one JSON line. Configs: 1b (the issue's ~1.3B GPT: hidden
 // 2048, 24 layers, 16 heads, seq 2048, micro-batch 1, bf16; target MFU >= 45% on an H100) and
 // small (hidden 1024, 8 layers, seq 1024: a quick look). --fp8 hybrid|e4m3 adds FP8 (delayed
-// scaling; the target: FP8 step >= 1.3x bf16). Without a GPU it says why and exits 1.
+// scaling; the target: FP8 step >= 1.3x bf16). --trace 1 then runs as many steps again
+// traced as `trainscope run` traces (the engine's recorder plus the CUPTI capture, flushed every
+// step) and reports the overhead against the untraced steps (the target: <= 3%). Without
+// a GPU it says why and exits 1.
 //
 // usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 ""|hybrid|e4m3]
-//                       [--micro-batch N]
+//                       [--micro-batch N] [--trace 0|1]
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "apps/bench/bench_args.h"
+#include "apps/trainscope/gpu_capture.h"
+#include "common/clock.h"
 #include "engine/backend/backend.h"
 #include "engine/train/trainer.h"
+#include "profiler/store.h"
 
 namespace {
 
 using namespace ts::engine;
 
 constexpr const char* kUsage =
-    "usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 \"\"|hybrid|e4m3] [--micro-batch N]";
+    "usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 \"\"|hybrid|e4m3] [--micro-batch N] "
+    "[--trace 0|1]";
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
 
 Config gpuConfig(const std::string& name) {
     Config c;
@@ -61,6 +76,7 @@ int main(int argc, char** argv) {
     if (int rc = ts::bench::checkArgs(argc, argv, kUsage); rc >= 0) return rc;
     std::string config = "1b", fp8;
     int steps = 10, warmup = 3, microBatch = 0;
+    bool trace = false;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
         if (a == "--config") config = v;
@@ -68,6 +84,7 @@ int main(int argc, char** argv) {
         else if (a == "--warmup") warmup = std::max(0, std::stoi(v));
         else if (a == "--fp8") fp8 = v;
         else if (a == "--micro-batch") microBatch = std::stoi(v);
+        else if (a == "--trace") trace = v == "1";
         else {
             std::fprintf(stderr, "unknown option %s\n%s\n", a.c_str(), kUsage);
             return 2;
@@ -83,26 +100,69 @@ int main(int argc, char** argv) {
     TrainerOptions o;
     o.emulateDevice = false;
     o.allowUnverifiedCuda = true;
-    auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
+    auto backend = makeCudaBackend();
+    if (!backend) {
+        std::fprintf(stderr, "bench_gpu_step: %s\n", backend.status().toString().c_str());
+        return 1;
+    }
+    Device& device = (*backend)->device(0);
+    auto stream = device.createStream(ts::trace::TrackKind::Compute, "compute");
+    auto t = Trainer::create(c, &device, stream.get(), nullptr, o);
     if (!t) {
         std::fprintf(stderr, "bench_gpu_step: %s\n", t.status().toString().c_str());
         return 1;
     }
-    const DeviceInfo& dev = (*t)->model().exec().device().info();
-    std::vector<double> times;
+    const DeviceInfo& dev = device.info();
     double loss = 0;
-    for (int s = 0; s < warmup + steps; ++s) {
-        StepProgress p;
-        const ts::Status st = (*t)->step(&p);
-        if (!st) {
-            std::fprintf(stderr, "bench_gpu_step: step %d: %s\n", s + 1, st.toString().c_str());
+    // n steps; their step times and wall times (step plus what `after` does, e.g. a capture flush).
+    auto run = [&](int n, std::vector<double>* stepTimes, std::vector<double>* walls,
+                   const std::function<void()>& after) -> bool {
+        for (int s = 0; s < n; ++s) {
+            const int64_t t0 = ts::monotonicNs();
+            StepProgress p;
+            const ts::Status st = (*t)->step(&p);
+            if (!st) {
+                std::fprintf(stderr, "bench_gpu_step: step %d: %s\n", (*t)->iteration() + 1, st.toString().c_str());
+                return false;
+            }
+            if (after) after();
+            if (stepTimes) stepTimes->push_back(p.stepTimeS);
+            if (walls) walls->push_back(double(ts::monotonicNs() - t0) * 1e-9);
+            loss = p.loss;
+        }
+        return true;
+    };
+    std::vector<double> times, walls;
+    if (!run(warmup, nullptr, nullptr, {}) || !run(steps, &times, &walls, {})) return 1;
+    const double med = median(times);
+    // Traced: the engine's trace into a run store plus the CUPTI capture, as `trainscope run` does.
+    double tracedMed = 0, tracedWall = 0;
+    std::string captureNote;
+    if (trace) {
+        // The recorder `trainscope run` uses (per-thread buffers, a writer thread), into a scratch
+        // run file, committed after every step as run does.
+        const std::string path = "/tmp/bench_gpu_step_" + std::to_string(::getpid()) + ".tsrun";
+        auto rec = ts::profiler::CaptureRecorder::create(path);
+        if (!rec) {
+            std::fprintf(stderr, "bench_gpu_step: %s\n", rec.status().toString().c_str());
             return 1;
         }
-        if (s >= warmup) times.push_back(p.stepTimeS);
-        loss = p.loss;
+        device.setTrace(rec->get(), 0);
+        auto capture = ts::cli::GpuCapture::start(**rec, {{0, &device}}, &captureNote);
+        auto flush = [&] {
+            if (capture) (void)capture->flush();
+            (void)(*rec)->flush();
+        };
+        std::vector<double> tt, tw;
+        const bool ok = run(1, nullptr, nullptr, flush) && run(steps, &tt, &tw, flush);
+        if (capture) (void)capture->stop();
+        device.setTrace(nullptr, 0);
+        (void)(*rec)->close();
+        std::remove(path.c_str());
+        if (!ok) return 1;
+        tracedMed = median(tt);
+        tracedWall = median(tw);
     }
-    std::sort(times.begin(), times.end());
-    const double med = times[times.size() / 2];
     const double tokens = double(c.micro_batch_size) * c.seq_length;
     const double tflops = (*t)->modelFlopsPerStep() / med / 1e12;
     const double peak = dev.peakTflopsBf16;
@@ -111,6 +171,12 @@ int main(int argc, char** argv) {
                 "bf16 TFLOP/s; loss %.4f (%lld parameters)\n",
                 config.c_str(), dev.name.c_str(), c.bf16 ? "bf16" : "fp32", fp8.empty() ? "" : (", fp8 " + fp8).c_str(),
                 med * 1e3, tokens / med, tflops, 100 * mfu, peak, loss, (long long)(*t)->model().params().numel());
+    const double untracedWall = median(walls);
+    if (trace)
+        std::printf("traced (engine trace + %s): median step %.1f ms (%+.2f%%), wall per step with the flush %.1f ms "
+                    "(%+.2f%%)\n",
+                    captureNote.empty() ? "CUPTI capture" : ("no CUPTI capture: " + captureNote).c_str(), tracedMed * 1e3,
+                    100 * (tracedMed / med - 1), tracedWall * 1e3, 100 * (tracedWall / untracedWall - 1));
     std::printf("%s\n", nlohmann::json{{"bench", "bench_gpu_step"},
                                        {"config", config},
                                        {"device", dev.name},
@@ -124,7 +190,12 @@ int main(int argc, char** argv) {
                                        {"model_tflops", tflops},
                                        {"peak_bf16_tflops", peak},
                                        {"mfu", mfu},
-                                       {"loss", loss}}
+                                       {"loss", loss},
+                                       {"traced", trace},
+                                       {"cupti", trace && captureNote.empty()},
+                                       {"traced_median_step_s", tracedMed},
+                                       {"trace_overhead", trace ? tracedMed / med - 1 : 0.0},
+                                       {"trace_overhead_wall", trace ? tracedWall / untracedWall - 1 : 0.0}}
                             .dump()
                             .c_str());
     return 0;

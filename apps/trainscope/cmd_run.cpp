@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/trainscope/commands.h"
+#include "apps/trainscope/gpu_capture.h"
 #include "apps/trainscope/mpi_launch.h"
 #include "common/clock.h"
 #include "common/json_text.h"
@@ -363,6 +364,11 @@ int cmdRun(const Args& a) {
             else created = t.status();
         }
     }
+    if (parallel)
+        for (const std::string& w : parallel->warnings()) {
+            rec->appendLog("warning", w);
+            if (!jsonOut) std::fprintf(stderr, "trainscope run: warning: %s\n", forTerminal(w).c_str());
+        }
     mpi.attachWriter(*rec);
     if (!created) {
         if (dev) dev->setTrace(nullptr, 0);
@@ -371,11 +377,18 @@ int cmdRun(const Args& a) {
         (void)finish("failed", why);
         return fail(exitCodeFor(created), created.message());
     }
-    // Peak of one device: the parallel engine runs one GEMM thread per rank.
-    const int threads = parallel ? 1 : (c.cpu_threads > 0 ? c.cpu_threads : kernels::cpu::numThreads());
-    const double peakGflops = kernels::cpu::measureSgemmPeakGflops(threads, 512, 0.2);
-    if (single) single->setPeakTflops(peakGflops / 1e3);
-    else parallel->setPeakTflops(peakGflops / 1e3);
+    // Peak of one device. GPUs: resources/peak_flops.json's dense peak for the run's dtype (0 =
+    // unknown, no MFU); CPU: measured, one GEMM thread per rank on the parallel engine.
+    double peakTflops = 0;
+    if (c.device_backend == "cuda") {
+        const engine::DeviceInfo& info = (single ? *dev : parallel->backend().device(0)).info();
+        peakTflops = c.bf16 ? info.peakTflopsBf16 : info.peakTflopsFp32;
+    } else {
+        const int threads = parallel ? 1 : (c.cpu_threads > 0 ? c.cpu_threads : kernels::cpu::numThreads());
+        peakTflops = kernels::cpu::measureSgemmPeakGflops(threads, 512, 0.2) / 1e3;
+    }
+    if (single) single->setPeakTflops(peakTflops);
+    else parallel->setPeakTflops(peakTflops);
     const json meta = single ? single->runMetadata() : parallel->runMetadata();
     for (auto it = meta.begin(); it != meta.end(); ++it)
         rec->metadata(it.key(), it->is_string() ? it->get<std::string>() : dumpJson(*it));
@@ -391,7 +404,7 @@ int cmdRun(const Args& a) {
                                  {"world_size", ds.world},
                                  {"model_flops_per_step", flopsPerStep},
                                  {"num_parameters", numParams},
-                                 {"peak_tflops_per_device", peakGflops / 1e3},
+                                 {"peak_tflops_per_device", peakTflops},
                                  {"flops_formula", meta.value("flops_formula", std::string())},
                                  {"data", dataText}})
                                 .c_str());
@@ -401,8 +414,20 @@ int cmdRun(const Args& a) {
                      (long long)numParams, info.layout.c_str(), forTerminal(dataText).c_str(),
                      forTerminal(runFile).c_str());
     }
+    // GPUs: their kernels, copies and API calls come from CUPTI (the engine records the host side).
+    std::unique_ptr<GpuCapture> gpuCapture;
+    if (traceOn && c.device_backend == "cuda") {
+        std::string why;
+        gpuCapture = GpuCapture::start(*rec, single ? std::vector<std::pair<int, const engine::Device*>>{{0, dev}}
+                                                    : parallel->localDevices(),
+                                       &why);
+        if (!gpuCapture)
+            rec->appendLog("warning", "the trace has no GPU kernels (only the host side): " + why);
+    }
     engine::TrainerCallbacks cb;
     cb.onStep = [&](const engine::StepProgress& p) {
+        if (gpuCapture)
+            if (Status f = gpuCapture->flush(); !f) rec->appendLog("warning", "GPU capture: " + f.message());
         profiler::StepMetrics m;
         m.step = p.step;
         m.loss = p.loss;
@@ -465,6 +490,10 @@ int cmdRun(const Args& a) {
     if (dev) dev->setTrace(nullptr, 0);
     single.reset();
     parallel.reset();
+    if (gpuCapture) {
+        if (Status s = gpuCapture->stop(); !s) rec->appendLog("warning", "GPU capture: " + s.message());
+        gpuCapture.reset();
+    }
     const bool cancelled = st.code() == ErrorCode::Cancelled && writeError.isOk();
     auto [status, reason] = cancelled ? finish("cancelled", mpi.active ? st.message() : cancelReason(st.message()))
                             : !st && writeError.isOk() ? finish("failed", st.message())

@@ -26,9 +26,13 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/trainscope/commands.h"
+#include "apps/trainscope/gpu_capture.h"
 #include "common/clock.h"
 #include "engine/backend/backend.h"
 #include "engine/comm/communicator.h"
+#ifdef TS_HAVE_NCCL
+#include "engine/comm/nccl/nccl_communicator.h"
+#endif
 #include "engine/config/config.h"
 #include "engine/parallel/layout.h"
 #include "kernels/cpu/ops.h"
@@ -379,7 +383,26 @@ Result<MpiLaunch> mpiLaunchFor(const engine::Config& c) {
 
     l.options.localRanks.clear();
     for (int r = 0; r < perProcess; ++r) l.options.localRanks.push_back(l.process * perProcess + r);
-    if (perProcess == 1) {
+    if (c.device_backend == "cuda") {
+        // GPUs: one rank per process, on the GPU of its place among this host's processes; each
+        // group is an NCCL communicator bootstrapped over MPI.
+        if (perProcess != 1)
+            return Status::unsupported("device_backend: cuda under " + l.env.launcher + " runs one rank per process, on "
+                                       "one GPU each, but " + std::to_string(processes) + " processes share " +
+                                       std::to_string(world) + " ranks; start `mpirun -np " + std::to_string(world) +
+                                       "` (one process per GPU)");
+#ifdef TS_HAVE_NCCL
+        int gpu = 0;
+        for (int p = 0; p < l.process; ++p) gpu += L.hosts[size_t(p)] == L.hosts[size_t(l.process)] ? 1 : 0;
+        l.options.cudaDevices = {gpu};
+        l.options.makeGroup = [gpu](const std::string& name, const std::vector<int>& members, int) {
+            return engine::createNcclGroupMpi(name, members, gpu);
+        };
+#else
+        return Status::unsupported("device_backend: cuda across processes needs NCCL, and this build has none; "
+                                   "install NCCL (libnccl-dev) and rebuild");
+#endif
+    } else if (perProcess == 1) {
         // One rank per process: each group is an MPI communicator over its members' processes.
         l.options.makeGroup = [raw, timeout = l.options.commTimeout](
                                   const std::string& name, const std::vector<int>& members,
@@ -566,9 +589,24 @@ int runMpiFollower(const engine::Config& c, MpiLaunch& launch, bool traceOn, con
     }
     // The same peak measurement as process 0 (which does it before training), so that every
     // process starts its first step at the same time and knows its own device's peak.
-    (*t)->setPeakTflops(kernels::cpu::measureSgemmPeakGflops(1, 512, 0.2) / 1e3);
+    // GPUs: the device's dense peak from resources/peak_flops.json, as process 0 takes it.
+    if (c.device_backend == "cuda") {
+        const engine::DeviceInfo& info = (*t)->backend().device(0).info();
+        (*t)->setPeakTflops(c.bf16 ? info.peakTflopsBf16 : info.peakTflopsFp32);
+    } else {
+        (*t)->setPeakTflops(kernels::cpu::measureSgemmPeakGflops(1, 512, 0.2) / 1e3);
+    }
+    std::unique_ptr<GpuCapture> gpuCapture;
+    if (fwd && c.device_backend == "cuda") {
+        std::string why;
+        gpuCapture = GpuCapture::start(*fwd, (*t)->localDevices(), &why);
+        if (!gpuCapture) fwd->log("warning", "the trace has no GPU kernels (only the host side): " + why);
+    }
     engine::TrainerCallbacks cb;
-    cb.onStep = [&](const engine::StepProgress&) { (void)launch.shipTrace(); };
+    cb.onStep = [&](const engine::StepProgress&) {
+        if (gpuCapture) (void)gpuCapture->flush();
+        (void)launch.shipTrace();
+    };
     cb.onLog = [&](const std::string& s) {
         if (fwd) fwd->log("info", s);
     };
@@ -583,6 +621,10 @@ int runMpiFollower(const engine::Config& c, MpiLaunch& launch, bool traceOn, con
         if (fwd) fwd->log(cancelled ? "warning" : "error", why);
         std::fprintf(stderr, "trainscope run: process %d: %s\n", launch.process, forTerminal(st.message()).c_str());
         rc = cancelled ? 130 : 1;
+    }
+    if (gpuCapture) {
+        (void)(*t)->synchronize();
+        if (Status s = gpuCapture->stop(); !s) fwd->log("warning", "GPU capture: " + s.message());
     }
     (void)launch.shipTrace(true);
     t->reset();

@@ -45,7 +45,7 @@ namespace {
 // Said wherever CUDA devices are listed until a GPU session has run the backend's tests.
 constexpr const char* kCudaBackendStatus =
     "the CUDA backend compiles but has not yet been run on a GPU by its developers; runs use "
-    "device_backend: cpu (TS_CUDA_UNVERIFIED=1 lets a single-device run use GPU 0 unverified)";
+    "device_backend: cpu (TS_CUDA_UNVERIFIED=1 runs them on the GPUs unverified, one rank per GPU)";
 
 int codeFor(const Status& s) { return exitCodeOf(s); }
 
@@ -168,6 +168,18 @@ json probeDevices() {
                             {"peak_tflops_bf16", info.peakTflopsBf16}});
         }
         json entry = {{"backend", "cuda"}, {"count", devs.size()}, {"devices", devs}, {"status", kCudaBackendStatus}};
+        if (auto topo = engine::probeGpuTopology()) {
+            json links = json::array();
+            for (int i = 0; i < topo->count(); ++i) {
+                json row = json::array();
+                for (int j = 0; j < topo->count(); ++j) row.push_back(i == j ? "X" : topo->links[size_t(i)][size_t(j)].kind());
+                links.push_back(row);
+            }
+            entry["topology"] = {{"pci_bus_ids", topo->pciBusIds},
+                                 {"numa_nodes", topo->numaNodes},
+                                 {"links", links},
+                                 {"text", engine::formatGpuTopology(*topo)}};
+        }
         const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
         entry["cuda_device_max_connections"] = conns ? json(conns) : json(nullptr);
         backends.push_back(entry);
@@ -215,6 +227,8 @@ int cmdDevices(const Args& a) {
             }
             std::printf("\n");
         }
+        if (kind == "cuda" && b.contains("topology") && num(b, "count") > 1)
+            std::printf("  topology (CUDA peer access):\n%s", str(b["topology"], "text").c_str());
         if (kind == "cuda") {
             const json& c = b["cuda_device_max_connections"];
             std::printf("  CUDA_DEVICE_MAX_CONNECTIONS=%s (Megatron wants 1 with sequence parallel / TP comm overlap)\n",

@@ -121,6 +121,9 @@ struct TraceTarget {
     int rank = 0;
     int device = 0;
     uint64_t generation = 0;
+    // Ranges are also NVTX ranges (CUDA devices, traced or not: Nsight Systems shows the step /
+    // microbatch / layer structure of any run).
+    bool nvtx = false;
 };
 
 class Device {
@@ -195,6 +198,35 @@ bool emulatedDeviceRequested();
 // with the cause and what to do, when not built with CUDA, without a driver, or when no device
 // is visible (none installed, CUDA_VISIBLE_DEVICES empty).
 Result<std::unique_ptr<Backend>> makeCudaBackend();
+
+// How the visible GPUs reach each other, from the CUDA runtime's peer attributes (NVML is not
+// used: the toolkit ships no header for it and the driver's library may be absent). Link kinds,
+// as `nvidia-smi topo -m` would group them:
+//   NVLink  peer access with native atomics (cudaDevP2PAttrNativeAtomicSupported): NVLink or
+//           NVSwitch; PCIe peer access has no native atomics
+//   PCIe    peer access without native atomics (through a PCIe switch or the root complex)
+//   host    no peer access: NCCL goes through host memory (SHM) or the network
+struct GpuPeerLink {
+    bool p2p = false;
+    bool nativeAtomics = false;
+    int performanceRank = -1;  // cudaDevP2PAttrPerformanceRank: lower is faster; -1 unknown
+    const char* kind() const { return !p2p ? "host" : nativeAtomics ? "NVLink" : "PCIe"; }
+};
+struct GpuTopology {
+    std::vector<std::string> pciBusIds;             // per device: "0000:19:00.0"
+    std::vector<int> numaNodes;                     // per device (sysfs), -1 unknown
+    std::vector<std::vector<GpuPeerLink>> links;    // [i][j], i != j ([i][i] unused)
+    int count() const { return int(pciBusIds.size()); }
+};
+// Unsupported where makeCudaBackend is.
+Result<GpuTopology> probeGpuTopology();
+// The matrix `devices` prints: a row per GPU with the link kind to every other ("X" on the
+// diagonal), its PCI bus id and NUMA node, then the legend.
+std::string formatGpuTopology(const GpuTopology& t);
+// Tensor-parallel groups (CUDA device ordinals of each group's ranks) whose members do not all
+// reach each other over NVLink: one line each, naming the pair and the link (TP's collectives
+// run on every layer, so Megatron keeps a TP group inside an NVLink domain).
+std::vector<std::string> tpTopologyWarnings(const GpuTopology& t, const std::vector<std::vector<int>>& tpGroups);
 // The environment opts in to the single-device trainer on a GPU before that path has been
 // checked against the CPU backend on one (TS_CUDA_UNVERIFIED=1, read once): the default of
 // TrainerOptions::allowUnverifiedCuda, so the gpu tests and a first GPU session can run it.

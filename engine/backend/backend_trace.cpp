@@ -5,9 +5,11 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/nvtx.h"
 
 namespace ts::engine {
 
@@ -65,6 +67,14 @@ int hostRangeDepth(const TraceTarget& target) {
 
 RangeScope::RangeScope(const TraceTarget& target, std::string_view name, const RangeInfo& info)
     : m_target(target), m_info(info) {
+    if (m_target.nvtx && nvtx::kEnabled) {
+        // "forward step 3 mb 1 chunk 0 layer 5": the fields the range has.
+        std::string text(name);
+        for (const auto& [label, v] : {std::pair<const char*, int32_t>{" step ", info.step}, {" mb ", info.microbatch},
+                                       {" chunk ", info.chunk}, {" layer ", info.layer}})
+            if (v >= 0) text += label + std::to_string(v);
+        nvtx::push(text.c_str());
+    }
     if (!m_target.recorder) return;
     HostTrackEntry& e = entryFor(m_target);
     m_track = e.track;
@@ -74,6 +84,7 @@ RangeScope::RangeScope(const TraceTarget& target, std::string_view name, const R
 }
 
 RangeScope::~RangeScope() {
+    if (m_target.nvtx && nvtx::kEnabled) nvtx::pop();
     if (!m_target.recorder) return;
     const int64_t end = monotonicNs();
     // Look the entry up again: t_hostTracks may have grown (and moved) since construction.

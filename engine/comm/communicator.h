@@ -100,4 +100,21 @@ public:
     virtual void abort(const Status& why) = 0;
 };
 
+// Where a process's communicators come from: the in-process CommWorld (CPU and emulated
+// devices) or the NCCL world of one process's rank threads (CUDA). join(): the communicator of
+// `globalRank` in the group `name` whose members are `ranks` (global ranks, group order); the
+// k-th join of the same (name, ranks) by one rank pairs with the k-th join of the others. A join
+// may block until every member has joined (NCCL's does), so the members of one process join
+// from their own threads, concurrently. abort(): every pending and future op (and join) of the
+// world fails with `why`; abortStatus(): Ok, or why it was aborted.
+class CommGroups {
+public:
+    virtual ~CommGroups() = default;
+    virtual int worldSize() const = 0;
+    virtual Result<std::unique_ptr<Communicator>> join(const std::string& name, const std::vector<int>& ranks,
+                                                       int globalRank) = 0;
+    virtual void abort(const Status& why) = 0;
+    virtual Status abortStatus() const = 0;
+};
+
 }  // namespace ts::engine

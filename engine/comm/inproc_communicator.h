@@ -34,25 +34,25 @@ struct CommOptions {
     std::chrono::milliseconds timeout{60'000};
 };
 
-class CommWorld {
+class CommWorld final : public CommGroups {
 public:
     explicit CommWorld(int worldSize, CommOptions options = {});
-    ~CommWorld();
+    ~CommWorld() override;
     CommWorld(const CommWorld&) = delete;
     CommWorld& operator=(const CommWorld&) = delete;
 
-    int worldSize() const;
+    int worldSize() const override;
     // The communicator of `globalRank` in the group `name` whose members are `ranks` (global
     // ranks, in group-rank order). Every member calls this with the same name and ranks; the
     // k-th join of the same (name, ranks) by one rank pairs with the k-th join of the others,
     // so a rank may hold several communicators over the same members (e.g. one per stream).
     // Communicators must not outlive the CommWorld.
     Result<std::unique_ptr<Communicator>> join(const std::string& name, const std::vector<int>& ranks,
-                                               int globalRank);
+                                               int globalRank) override;
     // Fails every pending and future op of every group of this world.
-    void abort(const Status& why);
+    void abort(const Status& why) override;
     // Ok, or why the world was aborted.
-    Status abortStatus() const;
+    Status abortStatus() const override;
     void setTimeout(std::chrono::milliseconds timeout);
 
     struct State;

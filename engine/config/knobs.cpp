@@ -707,8 +707,8 @@ std::vector<KnobDef> buildRegistry() {
     notInEngine(r.e("device_backend", &C::device_backend, {"cpu", "cuda"}, "", "",
                     "Device backend that runs the ranks. cuda: the CUDA kernels, device backend and NCCL "
                     "communicator are built and the engine is ported to device memory (checked on an emulated "
-                    "device), but it has not yet run on a GPU, so a run refuses it; TS_CUDA_UNVERIFIED=1 lets a "
-                    "single-device run use GPU 0 anyway."));
+                    "device), but it has not yet run on a GPU, so a run refuses it; TS_CUDA_UNVERIFIED=1 runs it "
+                    "anyway, one rank per GPU (NCCL between them; mpirun: one process per GPU)."));
     r.i("cpu_threads", &C::cpu_threads, "", "", "GEMM threads per rank on the CPU backend; 0 = cores / ranks.");
     r.i("log_interval", &C::log_interval, "--log-interval", "logger.log_interval", "Steps between progress lines.");
     r.s("save", &C::save, "--save", "checkpoint.save", "Checkpoint directory to save to; \"\" = no checkpoints.");

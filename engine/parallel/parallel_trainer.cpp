@@ -18,6 +18,9 @@
 #include "engine/parallel/schedule.h"
 #include "engine/train/checkpoint.h"
 #include "engine/backend/kernels.h"
+#ifdef TS_HAVE_NCCL
+#include "engine/comm/nccl/nccl_communicator.h"
+#endif
 #include "kernels/cpu/ops.h"
 
 namespace ts::engine {
@@ -108,23 +111,29 @@ struct ParallelTrainer::RankState {
 
     ~RankState() {
         worker.reset();
-        if (compute) (void)compute->synchronize();
-        if (dpStream) (void)dpStream->synchronize();
-        if (p2p) (void)p2p->synchronize();
-        if (tpStream) (void)tpStream->synchronize();
-        if (cpStream) (void)cpStream->synchronize();
-        if (sharedStream) (void)sharedStream->synchronize();
+        release();
+    }
+    // Everything but the worker, in dependency order: drain the streams, then the models and
+    // optimizer, the communicators, the streams. ~ParallelTrainer runs it on the rank's own
+    // thread (NCCL may wait for the group's other members while a communicator is destroyed).
+    void release() {
+        for (Stream* s : {compute.get(), dpStream.get(), p2p.get(), tpStream.get(), cpStream.get(), sharedStream.get()})
+            if (s) (void)s->synchronize();
         pipe.reset();
         opt.reset();
         syncs.clear();
         models.clear();
+        for (auto* c : {&tpComm, &ppComm, &dpComm, &embdComm, &normComm, &tpOverlapComm, &amaxComm, &cpComm, &epComm,
+                        &edpComm, &etpComm, &etpEpComm, &cpRingComm, &hcpA2aComm, &sharedTpComm})
+            c->reset();
+        for (auto* s : {&compute, &dpStream, &p2p, &tpStream, &cpStream, &sharedStream}) s->reset();
     }
 };
 
 Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c, trace::Recorder* rec,
                                                                  const ParallelTrainerOptions& opts) {
     TS_RETURN_IF_ERROR(issuesToStatus(validateConfig(c)));
-    TS_RETURN_IF_ERROR(checkDeviceBackend(c, false, /*parallel=*/true));
+    TS_RETURN_IF_ERROR(checkDeviceBackend(c, opts.allowUnverifiedCuda));
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
     const DerivedSizes ds = deriveSizes(c);
     ParallelSizes sizes;
@@ -167,14 +176,74 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     if (int(local.size()) != world && (!opts.makeGroup || !opts.gatherHost))
         return Status::invalid("a process running " + std::to_string(local.size()) + " of " + std::to_string(world) +
                                " ranks needs a group factory and a host gather (several processes)");
-    t->m_backend = opts.emulateDevice ? makeEmulatedDeviceBackend(int(local.size()))
-                                      : makeCpuBackend(int(local.size()));
+    // Devices: one per local rank. CUDA: local rank i on GPU cudaDevices[i] (default GPU i), one
+    // GPU each (NCCL refuses two members of a group on one GPU).
+    const bool cuda = c.device_backend == "cuda";
+    std::vector<int> deviceOf;  // local index -> device index of m_backend
+    if (cuda) {
+        TS_ASSIGN_OR_RETURN(t->m_backend, makeCudaBackend());
+        const int n = t->m_backend->deviceCount();
+        deviceOf = opts.cudaDevices;
+        if (deviceOf.empty())
+            for (size_t i = 0; i < local.size(); ++i) deviceOf.push_back(int(i));
+        if (deviceOf.size() != local.size())
+            return Status::invalid("cudaDevices names " + std::to_string(deviceOf.size()) + " GPUs for " +
+                                   std::to_string(local.size()) + " local ranks; give one per rank");
+        for (size_t i = 0; i < deviceOf.size(); ++i) {
+            if (deviceOf[i] < 0 || deviceOf[i] >= n)
+                return Status::unsupported(
+                    "device_backend: cuda: this process runs " + std::to_string(local.size()) +
+                    " rank(s) (world_size " + std::to_string(world) + " = tp x cp x pp x dp), one GPU each, but " +
+                    std::to_string(n) + " GPU(s) are visible (GPU " + std::to_string(deviceOf[i]) +
+                    " needed); make the parallel sizes multiply to at most " + std::to_string(n) +
+                    ", or run several processes (mpirun -np <world_size>, one GPU each)");
+            for (size_t j = 0; j < i; ++j)
+                if (deviceOf[j] == deviceOf[i])
+                    return Status::invalid("local ranks " + std::to_string(local[j]) + " and " +
+                                           std::to_string(local[i]) + " are both on GPU " +
+                                           std::to_string(deviceOf[i]) + "; NCCL needs one GPU per rank");
+        }
+        // TP groups of this process's ranks, as GPUs: each should be inside one NVLink domain.
+        if (ds.tp > 1)
+            if (auto topo = probeGpuTopology()) {
+                std::vector<std::vector<int>> groups;
+                for (size_t i = 0; i < local.size(); ++i) {
+                    const std::vector<int> members = layout.groupRanks("tp", local[i]);
+                    if (members.empty() || members.front() != local[i]) continue;  // once per group, from its first rank
+                    std::vector<int> gpus;
+                    for (int m : members)
+                        for (size_t k = 0; k < local.size(); ++k)
+                            if (local[k] == m) gpus.push_back(t->m_backend->device(deviceOf[k]).info().index);
+                    groups.push_back(gpus);
+                }
+                t->m_warnings = tpTopologyWarnings(*topo, groups);
+            }
+    } else {
+        t->m_backend = opts.emulateDevice ? makeEmulatedDeviceBackend(int(local.size()))
+                                          : makeCpuBackend(int(local.size()));
+        for (size_t i = 0; i < local.size(); ++i) deviceOf.push_back(int(i));
+    }
     // OpenBLAS threads are process-global: with several rank threads, one GEMM thread each.
     kernels::cpu::setNumThreads(world > 1 ? 1 : std::max(1, c.cpu_threads));
     TS_ASSIGN_OR_RETURN(t->m_data, DataSource::open(c));
     CommOptions copts;
     copts.timeout = opts.commTimeout;
-    t->m_world = std::make_unique<CommWorld>(world, copts);
+    // Groups: NCCL between the GPUs of this process; else (CPU, emulated devices, and as the
+    // abort flag of a run whose groups come from opts.makeGroup) the in-process CommWorld.
+    if (cuda && !opts.makeGroup && world > 1) {
+#ifdef TS_HAVE_NCCL
+        std::vector<int> gpuOfRank(size_t(world), 0);
+        for (size_t i = 0; i < local.size(); ++i)
+            gpuOfRank[size_t(local[i])] = t->m_backend->device(deviceOf[i]).info().index;
+        t->m_world = std::make_unique<NcclWorld>(world, std::move(gpuOfRank));
+#else
+        return Status::unsupported("device_backend: cuda with world_size " + std::to_string(world) +
+                                   " needs NCCL between the GPUs, and this build has none; install NCCL "
+                                   "(libnccl-dev) and rebuild, or run one rank (all parallel sizes 1)");
+#endif
+    } else {
+        t->m_world = std::make_unique<CommWorld>(world, copts);
+    }
     t->m_lr = LrSchedule::fromConfig(c);
     t->m_numMicrobatches = ds.num_microbatches;
     t->m_globalBatch = ds.global_batch_size;
@@ -196,14 +265,13 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     // Megatron's default tensor_model_parallel_size).
     const bool expertTp = c.num_moe_experts > 0 && ds.etp > 1;
     const int edp = layout.expertDataParallelSize();
-    for (size_t li = 0; li < local.size(); ++li) {
+    // Each rank is built on its own thread, all at once: a join may block until every member of
+    // the group has joined (NCCL's), and the models of different ranks initialize in parallel.
+    auto setupRank = [&](RankState* R, size_t li) -> Status {
         const int r = local[li];
-        auto R = std::make_unique<RankState>();
-        R->rank = r;
-        R->coords = layout.coordsOf(r);
         const int dpcRank = R->coords.cp + ds.cp * R->coords.dp;  // rank in "dp-cp" (cp varies fastest)
         const int edpRank = R->coords.edp;
-        R->dev = &t->m_backend->device(int(li));
+        R->dev = &t->m_backend->device(deviceOf[li]);
         if (rec) R->dev->setTrace(rec, r);
         R->compute = R->dev->createStream(trace::TrackKind::Compute, "compute");
         R->dpStream = R->dev->createStream(trace::TrackKind::Comm, "dp_comm");
@@ -300,7 +368,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             ctx.firstStage = ppRank == 0 && ch == 0;
             ctx.lastStage = ppRank == ds.pp - 1 && ch == v - 1;
             auto model = GptModel::create(c, *R->dev, *R->compute, ctx);
-            if (!model) return model.status().withContext(coordText(R->coords) + " chunk " + std::to_string(ch));
+            if (!model) return model.status().withContext("chunk " + std::to_string(ch));
             GptModel& m = *model.value();
             if (R->tpStream && R->tpOverlapComm) m.setTpCommOverlap(*R->tpStream, *R->tpOverlapComm);
             if (R->cpStream && R->cpRingComm) m.setCpRing(*R->cpStream, *R->cpRingComm);
@@ -355,7 +423,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             R->syncs.push_back(std::move(sync));
         }
         if (R->embdComm && R->embdParam < 0)
-            return Status::internal(coordText(R->coords) + " is in the embedding group but holds no tied weight");
+            return Status::internal("in the embedding group but holds no tied weight");
 
         std::vector<OptimizerChunk> oc;
         for (int ch = 0; ch < v; ++ch) {
@@ -411,8 +479,36 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         po.overlapP2P = overlapP2P;
         R->pipe = std::make_unique<PipelineExecutor>(std::move(sched), std::move(chunks), *R->dev, *R->compute, *R->p2p,
                                                      R->ppComm.get(), po);
+        return Status::ok();
+    };
+    for (size_t li = 0; li < local.size(); ++li) {
+        auto R = std::make_unique<RankState>();
+        R->rank = local[li];
+        R->coords = layout.coordsOf(local[li]);
         R->worker = std::make_unique<RankWorker>();
         t->m_ranks.push_back(std::move(R));
+    }
+    {
+        // The first rank to fail is the cause: it aborts the world so the others' joins fail
+        // instead of waiting for it.
+        std::mutex failMutex;
+        Status cause;
+        std::vector<std::future<Status>> built;
+        for (size_t li = 0; li < local.size(); ++li)
+            built.push_back(t->m_ranks[li]->worker->post([&, li]() -> Status {
+                Status st = setupRank(t->m_ranks[li].get(), li);
+                if (!st.isOk()) {
+                    st = st.withContext(coordText(t->m_ranks[li]->coords));
+                    std::lock_guard<std::mutex> lock(failMutex);
+                    if (cause.isOk()) {
+                        cause = st;
+                        t->m_world->abort(Status::comm("the ranks could not be built: " + st.message()));
+                    }
+                }
+                return st;
+            }));
+        for (auto& f : built) (void)f.get();
+        if (!cause.isOk()) return cause;
     }
     if (!c.load.empty()) TS_RETURN_IF_ERROR(t->load(c.load));
     if (rec) {
@@ -424,14 +520,29 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
 }
 
 ParallelTrainer::~ParallelTrainer() {
-    // Ranks before the world (communicators must not outlive it).
+    // Every rank takes itself down on its own thread, all at once; then the ranks go, before the
+    // world (communicators must not outlive it).
+    std::vector<std::future<Status>> done;
+    for (auto& R : m_ranks)
+        if (R->worker) done.push_back(R->worker->post([r = R.get()] {
+            r->release();
+            return Status::ok();
+        }));
+    for (auto& f : done) f.wait();
     m_ranks.clear();
+}
+
+std::vector<std::pair<int, const Device*>> ParallelTrainer::localDevices() const {
+    std::vector<std::pair<int, const Device*>> out;
+    for (const auto& R : m_ranks) out.emplace_back(R->rank, R->dev);
+    return out;
 }
 
 nlohmann::json ParallelTrainer::runMetadata() const {
     const DerivedSizes ds = deriveSizes(m_cfg);
     nlohmann::json j = baseRunMetadata(m_cfg, m_flops, m_peakTflops, m_data.get());
     j["world"] = ds.world;
+    if (m_cfg.device_backend == "cuda") j["cuda_unverified"] = true;  // ParallelTrainerOptions::allowUnverifiedCuda
     j["tp"] = ds.tp;
     j["dp"] = ds.dp;
     // The unsharded count: every element once, from the rank the checkpoint takes it from (dense

@@ -77,6 +77,12 @@ struct ParallelTrainerOptions {
     // Every local rank's device is an emulated device (emulated_backend.h) instead of a CPU
     // virtual device: tests the device-only code path without a GPU.
     bool emulateDevice = emulatedDeviceRequested();
+    // device_backend: cuda: run on the GPUs although the engine has not yet been checked against
+    // the CPU backend on a GPU (TS_CUDA_UNVERIFIED=1), as TrainerOptions::allowUnverifiedCuda.
+    bool allowUnverifiedCuda = unverifiedCudaRequested();
+    // device_backend: cuda: the GPU (CUDA ordinal) of each local rank, localRanks order; empty =
+    // the i-th local rank on GPU i. One GPU per rank.
+    std::vector<int> cudaDevices;
 };
 
 class ParallelTrainer {
@@ -111,6 +117,11 @@ public:
     double modelFlopsPerStep() const { return m_flops; }
     void setPeakTflops(double t) { m_peakTflops = t; }
     Backend& backend() { return *m_backend; }
+    // What the user should know about this run's placement before it starts (GPUs: tensor-
+    // parallel groups not inside one NVLink domain); the caller shows them (run log, stderr).
+    const std::vector<std::string>& warnings() const { return m_warnings; }
+    // (global rank, its device) for each rank this process runs, in rank order.
+    std::vector<std::pair<int, const Device*>> localDevices() const;
     nlohmann::json runMetadata() const;
 
     // Waits until every stream of every rank is idle; the first error, if any.
@@ -151,7 +162,8 @@ private:
     ParallelLayout m_layout;
     trace::Recorder* m_rec = nullptr;
     std::unique_ptr<Backend> m_backend;
-    std::unique_ptr<CommWorld> m_world;
+    std::unique_ptr<CommGroups> m_world;
+    std::vector<std::string> m_warnings;  // CommWorld, or NcclWorld for the GPUs of this process
     std::unique_ptr<DataSource> m_data;
     std::vector<std::unique_ptr<RankState>> m_ranks;
     std::vector<std::vector<std::shared_ptr<Microbatch>>> m_stepData;  // [dp rank][local mb]

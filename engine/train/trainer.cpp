@@ -17,22 +17,20 @@ Trainer::~Trainer() {
     m_model.reset();
 }
 
-Status checkDeviceBackend(const Config& c, bool unverifiedOk, bool parallel) {
+Status checkDeviceBackend(const Config& c, bool unverifiedOk) {
     if (c.device_backend == "cpu") return Status::ok();
     if (c.device_backend != "cuda")
         return Status::invalid("device_backend: " + c.device_backend + " is not a backend (cpu or cuda)");
     auto cuda = makeCudaBackend();
     if (!cuda) return Status::unsupported("device_backend: cuda: " + cuda.status().message());
-    if (unverifiedOk && !parallel) return Status::ok();
+    if (unverifiedOk) return Status::ok();
     const int n = (*cuda)->deviceCount();
     return Status::unsupported(
         "device_backend: cuda: " + std::to_string(n) + " GPU(s) visible (" + (*cuda)->device(0).info().name +
         "), but the training engine is not enabled on the CUDA backend yet: its kernels, device backend, NCCL "
         "communicator and the engine's device-memory port are built and checked on an emulated device, and "
-        "have not yet run on a GPU (docs/cuda_port.md); use device_backend: cpu" +
-        (parallel ? std::string(" (the parallel trainer does not drive GPUs yet)")
-                  : std::string(", or set TS_CUDA_UNVERIFIED=1 to train on GPU 0 anyway (its results are not yet "
-                                "checked against the CPU backend on a GPU)")));
+        "have not yet run on a GPU (docs/cuda_port.md); use device_backend: cpu, or set TS_CUDA_UNVERIFIED=1 "
+        "to train on the GPUs anyway (its results are not yet checked against the CPU backend on a GPU)");
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, Stream* compute,

@@ -48,10 +48,10 @@ nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double
 // (endOfTrain true) save unless that iteration was just saved. No-op when c.save is empty.
 // Ok for device_backend: cpu. For cuda: why this machine cannot run it (no driver, no GPU:
 // makeCudaBackend's message), or, where GPUs are visible, that the engine has not yet been run on
-// the CUDA backend (docs/cuda_port.md) — unless `unverifiedOk` (the single-device trainer with
-// TrainerOptions::allowUnverifiedCuda). Both trainers call it first, so `cuda` never silently runs
-// on the CPU. `parallel`: the message is the parallel trainer's (it does not drive GPUs yet).
-Status checkDeviceBackend(const Config& c, bool unverifiedOk = false, bool parallel = false);
+// the CUDA backend (docs/cuda_port.md) — unless `unverifiedOk` (TrainerOptions /
+// ParallelTrainerOptions::allowUnverifiedCuda). Both trainers call it first, so `cuda` never
+// silently runs on the CPU.
+Status checkDeviceBackend(const Config& c, bool unverifiedOk = false);
 
 Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
                            const std::function<Status(const std::string&)>& save, const TrainerCallbacks& cb);

@@ -59,10 +59,12 @@ NodeBar::NodeBar(NodeSession* session, QWidget* parent) : QWidget(parent), m_ses
     });
     connect(session, &NodeSession::connected, this, [this](const NodeInfo& info) {
         setStatus(info.summary(), false);
+        m_status->setToolTip(info.details());
         m_connect->setText(QStringLiteral("Reconnect"));
         m_connect->setEnabled(true);
     });
     connect(session, &NodeSession::connectionFailed, this, [this](const QString& url, const QString& message) {
+        m_status->setToolTip(QString());
         setStatus(QStringLiteral("cannot connect to %1: %2").arg(url, message), true);
         m_connect->setText(QStringLiteral("Connect"));
         m_connect->setEnabled(true);

@@ -107,6 +107,7 @@ TourResult runTour(MainWindow& w, const TourOptions& o) {
     if (!waitFor([&] { return w.session()->isConnected(); }, o.timeoutMs))
         return fail(QStringLiteral("connect: %1").arg(w.nodeBar()->statusText()));
     rep["node"] = {{"summary", w.session()->info().summary().toStdString()},
+                   {"details", w.session()->info().details().toStdString()},  // the node bar's tooltip
                    {"knobs", w.session()->info().knobs.value("knobs", json::array()).size()}};
     shot(&w, QStringLiteral("01-node"));
 

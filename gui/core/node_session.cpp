@@ -35,6 +35,43 @@ QString NodeInfo::summary() const {
     return parts.join(QStringLiteral(" · "));
 }
 
+QString NodeInfo::details() const {
+    auto str = [](const json& j, const char* k) {
+        return j.contains(k) && j[k].is_string() ? QString::fromStdString(j[k].get<std::string>()) : QString();
+    };
+    auto num = [](const json& j, const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0; };
+    QStringList lines;
+    const json& backends = deviceReport.contains("backends") && deviceReport["backends"].is_array()
+                               ? deviceReport["backends"]
+                               : json::array();
+    for (const json& b : backends) {
+        if (!b.is_object()) continue;
+        const QString kind = str(b, "backend");
+        const int count = int(num(b, "count"));
+        lines << QStringLiteral("%1: %2 device%3").arg(kind).arg(count).arg(count == 1 ? "" : "s");
+        if (b.contains("devices") && b["devices"].is_array())
+            for (const json& d : b["devices"]) {
+                if (!d.is_object()) continue;
+                QString line = QStringLiteral("  [%1] %2, %3").arg(int(num(d, "index"))).arg(str(d, "name"),
+                                                                                       formatBytes(num(d, "memory_total_bytes")));
+                if (kind == QLatin1String("cuda")) {
+                    line += QStringLiteral(", %1 SMs, compute capability %2").arg(int(num(d, "sm_count"))).arg(str(d, "compute_capability"));
+                    const double bf16 = num(d, "peak_tflops_bf16");
+                    line += bf16 > 0 ? QStringLiteral(", %1 bf16 TFLOP/s peak").arg(bf16, 0, 'f', 0)
+                                     : QStringLiteral(", peak unknown (not in peak_flops.json)");
+                } else if (d.contains("cores")) {
+                    line += QStringLiteral(", %1 cores").arg(int(num(d, "cores")));
+                }
+                lines << line;
+            }
+        if (b.contains("topology") && b["topology"].is_object() && count > 1)
+            lines << QStringLiteral("  topology:") << str(b["topology"], "text").trimmed();
+        if (!str(b, "status").isEmpty()) lines << QStringLiteral("  note: ") + str(b, "status");
+    }
+    if (!str(deviceReport, "cuda").isEmpty()) lines << QStringLiteral("cuda: none (%1)").arg(str(deviceReport, "cuda"));
+    return lines.join(QLatin1Char('\n'));
+}
+
 QString localAgentExecutable() {
     const QByteArray env = qgetenv("TRAINSCOPE_EXE");
     if (!env.isEmpty()) return QString::fromLocal8Bit(env);
@@ -96,6 +133,7 @@ void NodeSession::connectTo(const QString& url, const QString& tokenFile) {
             info.agentPid = hello.value("pid", qint64(0));
             if (auto devices = client->call("devices", json::object(), 30000)) {
                 info.backend = QString::fromStdString(devices->value("backend", std::string()));
+                if (devices->is_object()) info.deviceReport = *devices;
                 if (devices->contains("devices") && (*devices)["devices"].is_array()) info.devices = (*devices)["devices"];
             } else {
                 error = QStringLiteral("devices: ") + QString::fromStdString(devices.status().message());

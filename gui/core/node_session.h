@@ -33,8 +33,13 @@ struct NodeInfo {
     qint64 agentPid = 0;  // the agent's process id on its host
     nlohmann::json devices = nlohmann::json::array();  // [{index, name, memory_total_bytes, ...}]
     nlohmann::json knobs;  // the node's knob registry (sessions/knobs_json.h)
+    nlohmann::json deviceReport = nlohmann::json::object();  // the whole `devices` answer (docs/protocol.md)
     // "host · cpu · 1× Intel Xeon (23.4 GiB) · agent 0.1.0"
     QString summary() const;
+    // Every backend's devices, one line each (memory; GPUs: SMs, compute capability, peak
+    // TFLOP/s), the GPU topology matrix, and what the node says of its CUDA backend (why there
+    // is none, or its status): the node bar's tooltip.
+    QString details() const;
 };
 
 // The trainscope binary that serves the local node: $TRAINSCOPE_EXE, else `trainscope` next to

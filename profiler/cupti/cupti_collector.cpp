@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -64,6 +65,7 @@ struct CuptiCollector::Impl {
     gpu::ActivityConverter converter;
     gpu::ClockSample firstSample;
     Options options;
+    std::set<uint64_t> named;  // StreamLabel serials already named (guarded by mu)
     std::vector<CUpti_ActivityKind> enabled;
     std::unordered_map<uint32_t, std::string> runtimeNames, driverNames;  // cbid -> name (CUPTI thread only)
     bool stopped = false;
@@ -198,6 +200,7 @@ Result<std::unique_ptr<CuptiCollector>> CuptiCollector::start(trace::Recorder& r
     co.rank = options.rank;
     co.hostDevice = options.hostDevice;
     co.keepAllDriverApi = options.keepAllDriverApi;
+    co.rankOfDevice = options.rankOfDevice;
     c->m = std::make_unique<Impl>(rec, co);
     c->m->options = options;
 
@@ -244,7 +247,16 @@ Status CuptiCollector::flush() {
     if (!m || m->stopped) return Status::ok();
     TS_CUPTI_TRY(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
     const gpu::ClockSample now = sampleNow();
+    std::vector<StreamLabel> labels;
+    if (m->options.streams) labels = m->options.streams();
     std::lock_guard<std::mutex> lock(m->mu);
+    for (const StreamLabel& l : labels) {
+        if (!m->named.insert(l.serial).second) continue;
+        uint32_t id = 0;
+        // Context NULL: CUPTI finds the stream's own.
+        if (cuptiGetStreamIdEx(nullptr, static_cast<CUstream>(l.stream), 0, &id) == CUPTI_SUCCESS)
+            m->converter.nameStream(static_cast<uint32_t>(l.device), id, l.kind, l.name);
+    }
     m->converter.setClock(gpu::ClockAlignment::fromSamples(m->firstSample, now));
     m->converter.flush();
     return Status::ok();

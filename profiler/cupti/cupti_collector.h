@@ -13,8 +13,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/recorder.h"
 #include "common/status.h"
@@ -24,6 +26,14 @@ namespace ts::profiler::cupti {
 
 class CuptiCollector {
 public:
+    // A CUDA stream to name (ActivityConverter::nameStream): `serial` unique per stream.
+    struct StreamLabel {
+        uint64_t serial = 0;
+        void* stream = nullptr;  // cudaStream_t
+        int32_t device = 0;
+        trace::TrackKind kind = trace::TrackKind::Compute;
+        std::string name;
+    };
     struct Options {
         int32_t rank = 0;
         int32_t hostDevice = 0;         // TrackDesc.device of the host thread tracks
@@ -31,6 +41,10 @@ public:
         bool keepAllDriverApi = false;  // see ActivityConverter::Options
         bool nvtx = true;
         size_t bufferBytes = 8u << 20;  // one CUPTI activity buffer
+        std::vector<int32_t> rankOfDevice;  // ActivityConverter::Options::rankOfDevice
+        // Called at each flush(): streams to name before their records are written (a stream
+        // named after its first flush keeps the track it got).
+        std::function<std::vector<StreamLabel>()> streams;
     };
 
     // Starts the session (measures the first clock sample). The recorder must outlive the collector.

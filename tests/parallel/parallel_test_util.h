@@ -178,9 +178,10 @@ inline Result<RunResult> trainSingle(engine::Config c, int steps, const std::str
 // `keep` receives the trainer after the run.
 inline Result<RunResult> trainParallel(engine::Config c, int steps, const std::string& load = "",
                                        const std::string& save = "", trace::Recorder* rec = nullptr,
-                                       std::unique_ptr<engine::ParallelTrainer>* keep = nullptr) {
+                                       std::unique_ptr<engine::ParallelTrainer>* keep = nullptr,
+                                       const engine::ParallelTrainerOptions& opts = {}) {
     c.load = load;
-    TS_ASSIGN_OR_RETURN(auto t, engine::ParallelTrainer::create(c, rec));
+    TS_ASSIGN_OR_RETURN(auto t, engine::ParallelTrainer::create(c, rec, opts));
     RunResult out;
     for (int s = 0; s < steps; ++s) {
         engine::StepProgress p;

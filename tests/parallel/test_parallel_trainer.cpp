@@ -10,6 +10,8 @@
 #include <cstdlib>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -430,6 +432,88 @@ TEST(ParallelTrainer, CancelStopsAllRanks) {
     Status st = t.value()->train(3, cb, &cancel);
     EXPECT_EQ(st.code(), ErrorCode::Cancelled) << st.toString();
     EXPECT_EQ(t.value()->iteration(), 1);
+}
+
+// Groups whose join blocks until every member has joined, as ncclCommInitRank does (over an
+// in-process CommWorld). `failRank`/`failGroup`: that rank's join of that group fails instead.
+// A join whose peers do not all come within `deadline` fails (instead of hanging the test).
+class BlockingJoins {
+public:
+    BlockingJoins(int world, std::chrono::milliseconds deadline) : m_world(world), m_deadline(deadline) {}
+    int failRank = -1;
+    std::string failGroup;
+
+    Result<std::unique_ptr<Communicator>> join(const std::string& name, const std::vector<int>& members, int rank) {
+        if (rank == failRank && name == failGroup) return Status::internal("injected join failure of '" + name + "'");
+        std::unique_lock<std::mutex> lock(m_mutex);
+        const std::string key = name + "|" + rankList(members);
+        const int instance = m_count[key + "|" + std::to_string(rank)]++;
+        const std::string k = key + "#" + std::to_string(instance);
+        ++m_arrived[k];
+        m_cv.notify_all();
+        if (!m_cv.wait_for(lock, m_deadline, [&] { return m_arrived[k] == int(members.size()); }))
+            return Status::comm("join of '" + name + "' (ranks " + rankList(members) + ") by rank " +
+                                std::to_string(rank) + ": " + std::to_string(m_arrived[k]) + " of " +
+                                std::to_string(members.size()) + " members came; the others never joined");
+        ++concurrentJoins;  // every member was inside join() at once
+        lock.unlock();
+        return m_world.join(name, members, rank);
+    }
+    int concurrentJoins = 0;  // guarded by m_mutex
+
+private:
+    CommWorld m_world;
+    std::chrono::milliseconds m_deadline;
+    std::mutex m_mutex;
+    std::condition_variable m_cv;
+    std::map<std::string, int> m_count, m_arrived;
+};
+
+// NCCL's rule: ncclCommInitRank returns once every member of the group has called it, so the
+// ranks of one process must join their groups from their own threads at the same time. A layout
+// with every kind of group (tp with overlap, pp, dp-cp, cp, embd, tp-dp-cp) built on such joins
+// trains exactly as on the in-process world.
+TEST(ParallelTrainer, RanksJoinTheirGroupsConcurrentlyAsNcclRequires) {
+    Config par = withLayout(tinyConfig(), {2, 2, 1, 2, 2});
+    par.sequence_parallel = true;
+    par.tp_comm_overlap = true;
+    par.use_distributed_optimizer = true;
+    par.bf16 = true;
+    par.fp8 = "hybrid";
+    par.fp8_recipe = "delayed";
+    auto ref = runParallel(par, 2);
+    ASSERT_TRUE(ref.isOk()) << ref.status().toString();
+
+    BlockingJoins joins(8, std::chrono::milliseconds(20'000));
+    ParallelTrainerOptions o;
+    o.makeGroup = [&](const std::string& name, const std::vector<int>& members, int rank) {
+        return joins.join(name, members, rank);
+    };
+    auto t = ParallelTrainer::create(par, nullptr, o);
+    ASSERT_TRUE(t.isOk()) << t.status().toString();
+    EXPECT_GT(joins.concurrentJoins, 0);
+    for (int s = 0; s < 2; ++s) {
+        StepProgress p;
+        ASSERT_TRUE((*t)->step(&p).isOk());
+        EXPECT_EQ(p.loss, ref->losses[size_t(s)]) << "step " << s + 1;
+    }
+}
+
+// A rank that fails while the ranks are built is the error create() returns, named by its
+// coordinates; the ranks waiting for it in a join do not hang.
+TEST(ParallelTrainer, ARankFailingWhileBuiltIsTheNamedCause) {
+    Config par = withLayout(tinyConfig(), {2, 1, 1, 2, 2});
+    BlockingJoins joins(4, std::chrono::milliseconds(3'000));
+    joins.failRank = 2;
+    joins.failGroup = "tp";
+    ParallelTrainerOptions o;
+    o.makeGroup = [&](const std::string& name, const std::vector<int>& members, int rank) {
+        return joins.join(name, members, rank);
+    };
+    auto t = ParallelTrainer::create(par, nullptr, o);
+    ASSERT_FALSE(t.isOk());
+    EXPECT_NE(t.status().message().find("injected join failure of 'tp'"), std::string::npos) << t.status().toString();
+    EXPECT_NE(t.status().message().find("rank 2 (tp 0"), std::string::npos) << t.status().toString();
 }
 
 TEST(ParallelTrainer, InvalidLayoutsGetClearErrors) {

@@ -228,6 +228,49 @@ TEST(CuptiConvert, NcclKernelsInAllSpellingsGetCommTracks) {
     EXPECT_EQ(gemm[0].track.kind, TrackKind::Compute);
 }
 
+// One process running one rank per GPU: each device's work goes to its rank's tracks, and the
+// engine's streams get the tracks the CPU backend would give them (kind and name as created,
+// whatever the stream ran); an unnamed stream keeps the content rule. Correlation ids stay the
+// process's (the API call and its kernel must agree, whichever GPU ran it).
+TEST(CuptiConvert, DevicesMapToRanksAndEngineStreamsKeepTheirNames) {
+    ActivityConverter::Options opt;
+    opt.rank = 4;
+    opt.rankOfDevice = {4, 5};
+    Fixture f(opt);
+    f.conv->nameStream(0, 13, TrackKind::Compute, "compute");
+    f.conv->nameStream(0, 14, TrackKind::Comm, "dp_comm");
+    f.conv->nameStream(1, 13, TrackKind::Compute, "compute");
+    f.conv->add(kernel("gemm_a", 13, 100, 200, 1, 0));
+    f.conv->add(kernel("reduce_grads", 14, 150, 250, 2, 0));  // not an NCCL name: the name given decides
+    f.conv->add(kernel("gemm_b", 13, 100, 300, 3, 1));
+    f.conv->add(kernel("gemm_c", 20, 100, 300, 4, 1));  // a stream the engine did not name
+    f.conv->add(kernel("gemm_d", 21, 100, 300, 5, 2));  // a device past rankOfDevice
+    f.conv->add(api("cudaLaunchKernel_v7000", 77, 90, 95, 3));
+    f.finish();
+    auto a = f.named("gemm_a"), r = f.named("reduce_grads"), b = f.named("gemm_b"), c = f.named("gemm_c"),
+         d = f.named("gemm_d"), l = f.named("cudaLaunchKernel");
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(r.size(), 1u);
+    ASSERT_EQ(b.size(), 1u);
+    ASSERT_EQ(c.size(), 1u);
+    ASSERT_EQ(d.size(), 1u);
+    ASSERT_EQ(l.size(), 1u);
+    EXPECT_EQ(a[0].track.name, "rank 4 compute");
+    EXPECT_EQ(a[0].track.rank, 4);
+    EXPECT_EQ(a[0].track.kind, TrackKind::Compute);
+    EXPECT_EQ(r[0].track.name, "rank 4 dp_comm");
+    EXPECT_EQ(r[0].track.kind, TrackKind::Comm);
+    EXPECT_EQ(b[0].track.name, "rank 5 compute");
+    EXPECT_EQ(b[0].track.rank, 5);
+    EXPECT_EQ(b[0].track.device, 1);
+    EXPECT_NE(a[0].track.id, b[0].track.id);
+    EXPECT_EQ(c[0].track.rank, 5);
+    EXPECT_EQ(c[0].track.name, "rank 5 gpu 1 stream 20 (compute)");
+    EXPECT_EQ(d[0].track.rank, 4);
+    EXPECT_EQ(l[0].track.rank, 4);
+    EXPECT_EQ(l[0].s.correlation, b[0].s.correlation);
+}
+
 TEST(CuptiConvert, OverlappingKernelsOnTwoStreamsGiveHtaOverlap) {
     Fixture f;
     // compute (stream 7): [0,100) [150,250); NCCL (stream 20): [50,200).

@@ -5,9 +5,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cctype>
+#include <fstream>
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -263,6 +266,7 @@ private:
     trace::TrackKind m_kind;
     std::string m_name;
     cudaStream_t m_stream = nullptr;
+    uint64_t m_serial = 0;  // its cudaStreamLabels() entry
     std::mutex m_mutex;
     Status m_error;  // sticky
     std::atomic<bool> m_failed{false};
@@ -373,7 +377,11 @@ public:
 
     void setTrace(trace::Recorder* rec, int rank) override { m_trace.set(rec, rank, m_info.index); }
 
-    TraceTarget traceTarget() const override { return m_trace.target(); }
+    TraceTarget traceTarget() const override {
+        TraceTarget t = m_trace.target();
+        t.nvtx = true;
+        return t;
+    }
 
     const host::TraceState* traceState() const { return m_trace.state(); }
 
@@ -400,6 +408,11 @@ CudaBuffer::~CudaBuffer() {
 
 // ----- stream implementation ------------------------------------------------------------------
 
+// Every live stream of every CUDA device of the process (cudaStreamLabels).
+static std::mutex g_labelsMutex;
+static std::map<uint64_t, CudaStreamLabel> g_labels;  // serial -> label
+static std::atomic<uint64_t> g_nextSerial{0};
+
 CudaStream::CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::TrackKind kind, std::string name)
     : m_device(dev), m_mem(std::move(mem)), m_ordinal(dev.ordinal()), m_kind(kind), m_name(std::move(name)) {
     DeviceGuard g(m_ordinal);
@@ -410,12 +423,21 @@ CudaStream::CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::Tr
         fail(fromCuda(err, "creating stream '" + m_name + "' on " + dev.info().name));
         return;
     }
-    std::lock_guard<std::mutex> lock(m_mem->mutex);
-    m_mem->liveStreams.push_back(m_stream);
+    {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        m_mem->liveStreams.push_back(m_stream);
+    }
+    m_serial = ++g_nextSerial;
+    std::lock_guard<std::mutex> lock(g_labelsMutex);
+    g_labels[m_serial] = {m_serial, m_stream, m_ordinal, m_kind, m_name};
 }
 
 CudaStream::~CudaStream() {
     if (!m_stream) return;
+    {
+        std::lock_guard<std::mutex> lock(g_labelsMutex);
+        g_labels.erase(m_serial);
+    }
     DeviceGuard g(m_ordinal);
     (void)cudaStreamSynchronize(m_stream);
     {
@@ -582,6 +604,13 @@ std::string noDeviceReason(cudaError_t err, int count) {
 
 }  // namespace
 
+std::vector<CudaStreamLabel> cudaStreamLabels() {
+    std::lock_guard<std::mutex> lock(g_labelsMutex);
+    std::vector<CudaStreamLabel> out;
+    for (const auto& [serial, l] : g_labels) out.push_back(l);
+    return out;
+}
+
 int cudaDeviceOrdinal(const Device& d) {
     const auto* cd = dynamic_cast<const CudaDevice*>(&d);
     return cd ? cd->ordinal() : -1;
@@ -590,6 +619,43 @@ int cudaDeviceOrdinal(const Device& d) {
 Status cudaEventStatus(Event& e) {
     auto* ce = dynamic_cast<CudaEvent*>(&e);
     return ce ? ce->error() : Status::ok();
+}
+
+Result<GpuTopology> probeGpuTopology() {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) (void)cudaGetLastError();
+    if (err != cudaSuccess || count <= 0) return Status::unsupported(noDeviceReason(err, count));
+    GpuTopology t;
+    t.links.assign(size_t(count), std::vector<GpuPeerLink>(size_t(count)));
+    for (int i = 0; i < count; ++i) {
+        char bus[32] = {};
+        if (cudaDeviceGetPCIBusId(bus, sizeof bus, i) != cudaSuccess) {
+            (void)cudaGetLastError();
+            bus[0] = '\0';
+        }
+        std::string id(bus);
+        for (char& ch : id) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+        t.pciBusIds.push_back(id.empty() ? std::string("?") : id);
+        int numa = -1;
+        if (!id.empty()) {
+            std::ifstream f("/sys/bus/pci/devices/" + id + "/numa_node");
+            if (!(f >> numa)) numa = -1;
+        }
+        t.numaNodes.push_back(numa);
+        for (int j = 0; j < count; ++j) {
+            if (i == j) continue;
+            GpuPeerLink& l = t.links[size_t(i)][size_t(j)];
+            int v = 0;
+            if (cudaDeviceGetP2PAttribute(&v, cudaDevP2PAttrAccessSupported, i, j) == cudaSuccess) l.p2p = v != 0;
+            if (l.p2p && cudaDeviceGetP2PAttribute(&v, cudaDevP2PAttrNativeAtomicSupported, i, j) == cudaSuccess)
+                l.nativeAtomics = v != 0;
+            if (l.p2p && cudaDeviceGetP2PAttribute(&v, cudaDevP2PAttrPerformanceRank, i, j) == cudaSuccess)
+                l.performanceRank = v;
+            (void)cudaGetLastError();
+        }
+    }
+    return t;
 }
 
 Result<std::unique_ptr<Backend>> makeCudaBackend() {

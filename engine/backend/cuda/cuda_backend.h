@@ -47,12 +47,29 @@
 //   their device. Destroying a stream synchronizes it first.
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "engine/backend/backend.h"
 
 namespace ts::engine {
 
 // The CUDA device ordinal behind `d` (a Device of the CUDA backend), or -1 for other backends.
 int cudaDeviceOrdinal(const Device& d);
+
+// A live stream of the CUDA backend, for a profiler that sees CUDA streams only by handle (the
+// CUPTI collector names its tracks with these): unique serial, cudaStream_t, device ordinal,
+// and the kind and name it was created with ("compute", "dp_comm", ...).
+struct CudaStreamLabel {
+    uint64_t serial = 0;
+    void* stream = nullptr;
+    int device = 0;
+    trace::TrackKind kind = trace::TrackKind::Compute;
+    std::string name;
+};
+// Every live stream of every CUDA device in the process, in creation order.
+std::vector<CudaStreamLabel> cudaStreamLabels();
 
 // Status an Event of the CUDA backend carries: ok, or the error of the failed stream that
 // recorded it. Ok for events of other backends.

@@ -46,20 +46,21 @@ namespace ts::engine {
 // (blocking until every member joined, see above). Same join(name, ranks, globalRank) shape
 // as CommWorld: the k-th join of the same (name, ranks) by one rank pairs with the k-th join of
 // the others.
-class NcclWorld {
+class NcclWorld final : public CommGroups {
 public:
     // deviceOfRank[g]: the CUDA device ordinal global rank g uses; empty = g % device count.
     explicit NcclWorld(int worldSize, std::vector<int> deviceOfRank = {});
-    ~NcclWorld();
+    ~NcclWorld() override;
     NcclWorld(const NcclWorld&) = delete;
     NcclWorld& operator=(const NcclWorld&) = delete;
 
-    int worldSize() const;
+    int worldSize() const override;
     Result<std::unique_ptr<Communicator>> join(const std::string& name, const std::vector<int>& ranks,
-                                               int globalRank);
-    // ncclCommAbort on every communicator of this world; later joins fail too.
-    void abort(const Status& why);
-    Status abortStatus() const;
+                                               int globalRank) override;
+    // ncclCommAbort on every communicator of this world; later joins fail too (a join already
+    // blocked in ncclCommInitRank waits for its peers: see above).
+    void abort(const Status& why) override;
+    Status abortStatus() const override;
 
     struct State;
 

@@ -93,15 +93,23 @@ TEST(CudaBackendAbsent, TrainersRefuseCudaAndSayWhy) {
             << "the reason the machine cannot run CUDA is missing: " << single.status().message();
     }
     c.tensor_model_parallel_size = 2;
-    auto parallel = ParallelTrainer::create(c, nullptr);
+    ParallelTrainerOptions strictParallel;
+    strictParallel.allowUnverifiedCuda = false;
+    auto parallel = ParallelTrainer::create(c, nullptr, strictParallel);
     ASSERT_FALSE(parallel.isOk()) << "device_backend: cuda created a parallel trainer";
     EXPECT_EQ(parallel.status().code(), ErrorCode::Unsupported) << parallel.status().toString();
+    // No GPU: both say why this machine cannot run CUDA; a GPU: both that the engine is not yet
+    // checked on one. In the same words either way.
+    EXPECT_EQ(parallel.status().message(), single.status().message());
     if (auto be = makeCudaBackend(); !be) {
-        // no GPU: both say why this machine cannot run CUDA, in the same words
-        EXPECT_EQ(parallel.status().message(), single.status().message());
-    } else {
-        EXPECT_NE(parallel.status().message().find("parallel trainer does not drive GPUs"), std::string::npos)
-            << parallel.status().message();
+        // Opting in to the unchecked path does not make a GPU appear: the same reason.
+        ParallelTrainerOptions optIn;
+        optIn.allowUnverifiedCuda = true;
+        auto anyway = ParallelTrainer::create(c, nullptr, optIn);
+        ASSERT_FALSE(anyway.isOk());
+        EXPECT_EQ(anyway.status().code(), ErrorCode::Unsupported) << anyway.status().toString();
+        EXPECT_NE(anyway.status().message().find(be.status().message()), std::string::npos)
+            << anyway.status().message();
     }
 }
 

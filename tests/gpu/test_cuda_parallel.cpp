@@ -1,0 +1,113 @@
+// The parallel trainer on GPUs (device_backend: cuda, ParallelTrainerOptions::allowUnverifiedCuda):
+// one rank thread per GPU, groups over NCCL, against the same layout on the CPU backend (the
+// in-process communicator): every step's loss and grad norm, and the gathered weights. fp32, so
+// the backends differ only in summation order (cuBLAS vs OpenBLAS, NCCL's ring vs the in-process
+// reduction) amplified by three Adam steps; the tolerances are first estimates, as in
+// test_cuda_trainer.cpp. A layout runs when the machine has a GPU per rank; one rank (world 1)
+// runs on any GPU, the others skip with the count they need.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "tests/parallel/parallel_test_util.h"
+
+namespace ts::engine {
+namespace {
+
+using ts::test::Layout;
+using ts::test::relError;
+using ts::test::RunResult;
+using ts::test::tinyConfig;
+using ts::test::trainParallel;
+using ts::test::withLayout;
+
+struct Case {
+    std::string name;
+    Layout layout;
+    std::function<void(Config&)> knobs;
+};
+
+std::vector<Case> cases() {
+    return {
+        {"one rank", {1, 1, 1, 1, 2}, [](Config&) {}},
+        {"tp2 sp overlap", {2, 1, 1, 1, 2}, [](Config& c) {
+             c.sequence_parallel = true;
+             c.tp_comm_overlap = true;
+         }},
+        {"pp2 interleaved", {1, 2, 2, 1, 4}, [](Config&) {}},
+        {"dp2 distributed optimizer, overlapped", {1, 1, 1, 2, 2}, [](Config& c) {
+             c.use_distributed_optimizer = true;
+             c.overlap_grad_reduce = true;
+             c.overlap_param_gather = true;
+         }},
+        {"cp2 p2p", {1, 1, 1, 2, 2}, [](Config& c) {
+             c.context_parallel_size = 2;
+             c.data_parallel_size = 1;
+             c.cp_comm_type = "p2p";
+         }},
+        {"ep2 MoE alltoall", {1, 1, 1, 2, 2}, [](Config& c) {
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.expert_model_parallel_size = 2;
+             c.moe_token_dispatcher_type = "alltoall";
+             c.add_bias_linear = false;
+         }},
+        {"tp2 pp2 dp2", {2, 2, 1, 2, 4}, [](Config& c) { c.sequence_parallel = true; }},
+    };
+}
+
+TEST(CudaParallelTrainer, LayoutsMatchTheCpuBackend) {
+    auto be = makeCudaBackend();
+    if (!be) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
+    const int gpus = (*be)->deviceCount();
+    be->reset();
+    ParallelTrainerOptions cpuOpts;
+    cpuOpts.emulateDevice = false;
+    ParallelTrainerOptions gpuOpts;
+    gpuOpts.allowUnverifiedCuda = true;
+    std::vector<std::string> skipped;
+    for (const Case& k : cases()) {
+        Config c = withLayout(tinyConfig(), k.layout);
+        k.knobs(c);
+        const int world = deriveSizes(c).world;
+        if (world > gpus) {
+            skipped.push_back(k.name + " (" + std::to_string(world) + " GPUs)");
+            continue;
+        }
+        auto cpu = trainParallel(c, 3, "", "", nullptr, nullptr, cpuOpts);
+        ASSERT_TRUE(cpu.isOk()) << k.name << ": " << cpu.status().toString();
+        c.device_backend = "cuda";
+        auto gpu = trainParallel(c, 3, "", "", nullptr, nullptr, gpuOpts);
+        ASSERT_TRUE(gpu.isOk()) << k.name << " on the GPUs: " << gpu.status().toString();
+        ASSERT_EQ(gpu->losses.size(), cpu->losses.size());
+        for (size_t s = 0; s < cpu->losses.size(); ++s) {
+            EXPECT_NEAR(gpu->losses[s], cpu->losses[s], 1e-5 * std::fabs(cpu->losses[s])) << k.name << ": step " << s + 1;
+            EXPECT_NEAR(gpu->gradNorms[s], cpu->gradNorms[s], 1e-5 * std::fabs(cpu->gradNorms[s]) + 1e-7)
+                << k.name << ": grad norm, step " << s + 1;
+        }
+        double worst = 0;
+        for (const auto& [name, w] : cpu->params) {
+            ASSERT_TRUE(gpu->params.count(name)) << k.name << ": " << name << " missing on the GPUs";
+            const double e = relError(gpu->params.at(name), w);
+            EXPECT_LE(e, 1e-4) << k.name << ": " << name;
+            worst = std::max(worst, e);
+        }
+        std::printf("[cuda parallel] %s (world %d): loss %.9g (cpu %.9g), worst weight rel. diff %.3g\n",
+                    k.name.c_str(), world, gpu->losses.back(), cpu->losses.back(), worst);
+    }
+    if (!skipped.empty()) {
+        std::string list;
+        for (const auto& s : skipped) list += (list.empty() ? "" : ", ") + s;
+        if (skipped.size() == cases().size() - 1)
+            GTEST_SKIP() << "only the one-rank layout ran: " << gpus << " GPU(s) visible; not run: " << list;
+        std::printf("[cuda parallel] not run (%d GPU(s) visible): %s\n", gpus, list.c_str());
+    }
+}
+
+}  // namespace
+}  // namespace ts::engine

@@ -116,7 +116,9 @@ const std::vector<Command>& commands() {
          "train the tiny example model on this node and print where the step time goes", cmdDemo},
         {"run", "run CONFIG.yaml [--steps N] [--world-size N] [--set KNOB=VALUE ...] [--json] [--no-trace] [--workspace DIR | --run-file PATH] [--name NAME] [--node ssh://HOST|tcp://HOST:PORT]",
          "train a model with the config's layout and knobs; stores the run in the workspace. Under "
-         "`mpirun -np N` or `srun -n N` each process runs one rank and one run file holds every rank", cmdRun},
+         "`mpirun -np N` or `srun -n N` each process runs one rank and one run file holds every rank. "
+         "device_backend: cuda (not yet verified on a GPU: TS_CUDA_UNVERIFIED=1) runs one rank per GPU, "
+         "NCCL between them, and traces the GPUs' kernels with CUPTI", cmdRun},
         {"knobs", "knobs [--json | --markdown] [--group GROUP]",
          "list every tunable knob: type, default, group, Megatron-LM flag, Bridge path, help", cmdKnobs},
         {"validate", "validate CONFIG.yaml [CONFIG.yaml ...]",
@@ -169,8 +171,8 @@ const std::vector<Command>& commands() {
         {"gui", "gui [--node URL] [--token-file FILE] [--config FILE] [--run RUN_FILE] [--tour DIR]",
          "open the workbench window (trainscope-gui) on a node; --tour writes a screenshot per view", cmdGui},
         {"devices", "devices [--json]",
-         "list this node's devices: CUDA GPUs (memory, SMs, compute capability, peak TFLOP/s) when this "
-         "build and machine have them, else why not, and the CPU", cmdDevices},
+         "list this node's devices: CUDA GPUs (memory, SMs, compute capability, peak TFLOP/s, NVLink/PCIe "
+         "topology) when this build and machine have them, else why not, and the CPU", cmdDevices},
         {"version", "version", "print version and build configuration", cmdVersion},
     };
     return kCommands;

@@ -84,6 +84,7 @@ struct GroupState {
     std::string name;
     std::vector<int> ranks;  // group rank -> global rank
     int n = 0;
+    int joined = 0;  // members that joined (blocking joins wait for n); guarded by mutex
     std::mutex mutex;
     std::condition_variable cv;
     std::map<uint64_t, std::shared_ptr<Slot>> slots;
@@ -191,6 +192,7 @@ inline size_t chunkStart(size_t count, int n, int k) {
 struct CommWorld::State {
     int worldSize = 0;
     std::atomic<int64_t> timeoutMs{60'000};
+    bool blockingJoins = false;
     mutable std::mutex mutex;
     std::map<std::string, std::shared_ptr<GroupState>> groups;  // key: name|ranks|instance
     std::map<std::string, int> joins;                           // "rank|name|ranks" -> count
@@ -610,6 +612,7 @@ private:
 CommWorld::CommWorld(int worldSize, CommOptions options) : m_state(std::make_shared<State>()) {
     m_state->worldSize = worldSize;
     m_state->timeoutMs = options.timeout.count();
+    m_state->blockingJoins = options.blockingJoins;
 }
 
 CommWorld::~CommWorld() = default;
@@ -630,16 +633,38 @@ Result<std::unique_ptr<Communicator>> CommWorld::join(const std::string& name, c
     int me = 0;
     TS_RETURN_IF_ERROR(checkGroupRanks(name, ranks, m_state->worldSize, globalRank, &me));
     const std::string members = name + "|" + rankList(ranks);
-    std::lock_guard<std::mutex> lock(m_state->mutex);
-    const int instance = m_state->joins[std::to_string(globalRank) + "|" + members]++;
-    auto& g = m_state->groups[members + "|" + std::to_string(instance)];
-    if (!g) {
-        g = std::make_shared<GroupState>();
-        g->world = m_state.get();
-        g->name = name;
-        g->ranks = ranks;
-        g->n = int(ranks.size());
-        g->aborted = m_state->aborted;
+    std::shared_ptr<GroupState> g;
+    {
+        std::lock_guard<std::mutex> lock(m_state->mutex);
+        const int instance = m_state->joins[std::to_string(globalRank) + "|" + members]++;
+        auto& slot = m_state->groups[members + "|" + std::to_string(instance)];
+        if (!slot) {
+            slot = std::make_shared<GroupState>();
+            slot->world = m_state.get();
+            slot->name = name;
+            slot->ranks = ranks;
+            slot->n = int(ranks.size());
+            slot->aborted = m_state->aborted;
+        }
+        g = slot;
+    }
+    {
+        std::unique_lock<std::mutex> glock(g->mutex);
+        ++g->joined;
+        g->cv.notify_all();
+        if (m_state->blockingJoins) {
+            const auto timeout = std::chrono::milliseconds(m_state->timeoutMs.load());
+            const bool done = g->cv.wait_for(glock, timeout, [&] { return g->joined >= g->n || !g->aborted.isOk(); });
+            if (!g->aborted.isOk())
+                return Status::comm("joining group '" + name + "' (global ranks " + rankList(ranks) + "): " +
+                                    g->aborted.message());
+            if (!done)
+                return Status::comm("joining group '" + name + "' (global ranks " + rankList(ranks) + ") on global rank " +
+                                    std::to_string(globalRank) + ": " + std::to_string(g->joined) + " of " +
+                                    std::to_string(g->n) + " members joined within " +
+                                    std::to_string(timeout.count()) + " ms; the others never did (a member that "
+                                    "failed, or that joins its groups in another order)");
+        }
     }
     OpCtx ctx;
     ctx.world = m_state;

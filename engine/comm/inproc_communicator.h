@@ -32,6 +32,10 @@ namespace ts::engine {
 
 struct CommOptions {
     std::chrono::milliseconds timeout{60'000};
+    // join() returns only once every member of the group has joined, as ncclCommInitRank does
+    // (a member that does not come within `timeout` fails the join, naming how many came; an
+    // abort fails it at once). Emulated devices use it, so their runs keep NCCL's rule.
+    bool blockingJoins = false;
 };
 
 class CommWorld final : public CommGroups {

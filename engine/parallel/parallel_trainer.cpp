@@ -228,6 +228,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     TS_ASSIGN_OR_RETURN(t->m_data, DataSource::open(c));
     CommOptions copts;
     copts.timeout = opts.commTimeout;
+    // An emulated device stands for a GPU: its groups join as NCCL's do (every member at once).
+    copts.blockingJoins = opts.emulateDevice;
     // Groups: NCCL between the GPUs of this process; else (CPU, emulated devices, and as the
     // abort flag of a run whose groups come from opts.makeGroup) the in-process CommWorld.
     if (cuda && !opts.makeGroup && world > 1) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -523,3 +524,66 @@ TEST(InprocComm, SecondJoinOfTheSameGroupIsAnIndependentCommunicator) {
     EXPECT_EQ(a, (std::vector<float>{3, 3}));
     EXPECT_EQ(b, (std::vector<float>{30, 30}));
 }
+
+// Blocking joins (CommOptions::blockingJoins, ncclCommInitRank's rule): a join returns once every
+// member joined; one member alone fails at the timeout saying how many came; an abort wakes a
+// waiting join at once; non-blocking worlds return at once.
+namespace ts::engine {
+namespace {
+
+TEST(InprocComm, BlockingJoinsWaitForEveryMember) {
+    CommOptions o;
+    o.blockingJoins = true;
+    o.timeout = std::chrono::milliseconds(10'000);
+    CommWorld w(3, o);
+    Result<std::unique_ptr<Communicator>> a = Status::internal("not joined");
+    Result<std::unique_ptr<Communicator>> b = Status::internal("not joined");
+    std::atomic<int> returned{0};
+    std::thread t0([&] {
+        a = w.join("g", {0, 1, 2}, 0);
+        ++returned;
+    });
+    std::thread t1([&] {
+        b = w.join("g", {0, 1, 2}, 1);
+        ++returned;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(returned.load(), 0) << "a blocking join returned before every member joined";
+    auto c = w.join("g", {0, 1, 2}, 2);
+    t0.join();
+    t1.join();
+    ASSERT_TRUE(a.isOk()) << a.status().toString();
+    ASSERT_TRUE(b.isOk()) << b.status().toString();
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    EXPECT_EQ((*b)->rank(), 1);
+}
+
+TEST(InprocComm, ALoneBlockingJoinTimesOutAndAnAbortWakesOne) {
+    CommOptions o;
+    o.blockingJoins = true;
+    o.timeout = std::chrono::milliseconds(100);
+    CommWorld w(2, o);
+    auto alone = w.join("tp", {0, 1}, 0);
+    ASSERT_FALSE(alone.isOk());
+    EXPECT_NE(alone.status().message().find("1 of 2 members joined"), std::string::npos) << alone.status().toString();
+    EXPECT_NE(alone.status().message().find("'tp'"), std::string::npos) << alone.status().toString();
+
+    o.timeout = std::chrono::milliseconds(60'000);
+    CommWorld w2(2, o);
+    Result<std::unique_ptr<Communicator>> waiting = Status::internal("not joined");
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread t([&] { waiting = w2.join("dp", {0, 1}, 0); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    w2.abort(Status::internal("rank 1 failed while built"));
+    t.join();
+    ASSERT_FALSE(waiting.isOk());
+    EXPECT_NE(waiting.status().message().find("rank 1 failed while built"), std::string::npos)
+        << waiting.status().toString();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+
+    CommWorld open(2);  // non-blocking (the default): returns at once
+    EXPECT_TRUE(open.join("tp", {0, 1}, 0).isOk());
+}
+
+}  // namespace
+}  // namespace ts::engine

@@ -195,10 +195,14 @@ TEST(CliHardening, AliasBombIsRefusedByValidateAndRun) {
         y += "]\n";
     }
     writeFile(d / "bomb.yaml", y);
-    // Under a 1 GiB address-space limit the old loader could not even try.
+    // Under a 2 GiB address-space limit the old loader could not even try (9^9 values). The limit
+    // leaves room for what a CUDA build maps at start (cuBLAS, NCCL, CUPTI: about 1 GiB of address
+    // space). One OpenBLAS thread: under an address-space limit an OpenBLAS worker that cannot map
+    // its buffer retries forever, and the exit waits for it.
     for (const std::string& cmd : {std::string("validate"), std::string("run")}) {
         const std::string ws = cmd == "run" ? " --workspace '" + d / "ws" + "'" : "";
-        Output o = sh("ulimit -v 1048576; timeout 60 \"$TS\" " + cmd + " '" + d / "bomb.yaml" + "'" + ws);
+        Output o = sh("ulimit -v 2097152; OPENBLAS_NUM_THREADS=1 timeout 60 \"$TS\" " + cmd + " '" + d / "bomb.yaml" +
+                      "'" + ws);
         EXPECT_EQ(o.code, 2) << cmd << ": " << o.text;
         EXPECT_NE(o.text.find("expands to more than"), std::string::npos) << o.text;
     }

@@ -111,3 +111,36 @@ TEST(CudaParallelTrainer, LayoutsMatchTheCpuBackend) {
 
 }  // namespace
 }  // namespace ts::engine
+
+namespace ts::engine {
+namespace {
+
+// What a user with fewer GPUs than ranks sees, on the real machine: a layout needing one GPU more
+// than are visible is refused naming the counts and the way out; two ranks placed on one GPU are
+// refused before NCCL would be.
+TEST(CudaParallelTrainer, TooFewGpusAndSharedGpusAreRefusedWithTheReason) {
+    auto be = makeCudaBackend();
+    if (!be) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
+    const int gpus = (*be)->deviceCount();
+    be->reset();
+    ParallelTrainerOptions o;
+    o.allowUnverifiedCuda = true;
+    Config c = withLayout(tinyConfig(), {1, 1, 1, gpus + 1, 1});
+    c.device_backend = "cuda";
+    auto t = ParallelTrainer::create(c, nullptr, o);
+    ASSERT_FALSE(t.isOk()) << "world " << gpus + 1 << " on " << gpus << " GPU(s) was accepted";
+    EXPECT_EQ(t.status().code(), ErrorCode::Unsupported) << t.status().toString();
+    EXPECT_NE(t.status().message().find(std::to_string(gpus) + " GPU(s) are visible"), std::string::npos)
+        << t.status().message();
+    EXPECT_NE(t.status().message().find("mpirun"), std::string::npos) << t.status().message();
+
+    Config two = withLayout(tinyConfig(), {1, 1, 1, 2, 1});
+    two.device_backend = "cuda";
+    o.cudaDevices = {0, 0};
+    auto shared = ParallelTrainer::create(two, nullptr, o);
+    ASSERT_FALSE(shared.isOk());
+    EXPECT_NE(shared.status().message().find("both on GPU 0"), std::string::npos) << shared.status().message();
+}
+
+}  // namespace
+}  // namespace ts::engine

@@ -299,6 +299,33 @@ private:
     std::vector<float> m_params, m_grads;
 };
 
+// `steps` steps of the single-device Trainer on a CPU device traced into `rec` (slices, counters,
+// run metadata). `edit`, when set, changes the params before the first step; `last` gets the last
+// step's progress.
+inline Status traceSingle(const engine::Config& c, trace::Recorder& rec, int steps = 1,
+                          const std::function<void(HostParams&)>& edit = {}, engine::StepProgress* last = nullptr) {
+    auto backend = engine::makeCpuBackend(1);
+    engine::Device& dev = backend->device(0);
+    dev.setTrace(&rec, 0);
+    const Status st = [&]() -> Status {
+        auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+        TS_ASSIGN_OR_RETURN(auto t, engine::Trainer::create(c, &dev, stream.get(), &rec));
+        if (edit) {
+            HostParams hp(t->model().params(), t->model().exec().stream());
+            edit(hp);
+            TS_RETURN_IF_ERROR(hp.upload());
+        }
+        for (int s = 0; s < steps; ++s) {
+            engine::StepProgress p;
+            TS_RETURN_IF_ERROR(t->step(&p));
+            if (last) *last = p;
+        }
+        return Status::ok();
+    }();
+    dev.setTrace(nullptr, 0);
+    return st;
+}
+
 // One serial step with lr 0 (the grads stay readable, the weights unchanged): its loss, and every
 // param's grad and value by name; `edit` may change the freshly initialized weights first.
 struct OneStep {

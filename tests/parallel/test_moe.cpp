@@ -93,20 +93,8 @@ void zeroRouters(HostParams& pb) {
 
 // One training step of `c` with uniform routing, its trace counters recorded into `rec`.
 void uniformRoutingStep(const engine::Config& c, FakeRecorder& rec) {
-    auto backend = engine::makeCpuBackend(1);
-    engine::Device& dev = backend->device(0);
-    dev.setTrace(&rec, 0);
-    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
-    {
-        auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
-        ASSERT_TRUE(t.isOk()) << t.status().toString();
-        HostParams hp((*t)->model().params(), (*t)->model().exec().stream());
-        zeroRouters(hp);
-        ASSERT_TRUE(hp.upload().isOk());
-        engine::StepProgress p;
-        ASSERT_TRUE((*t)->step(&p).isOk());
-    }
-    dev.setTrace(nullptr, 0);
+    const Status st = traceSingle(c, rec, 1, zeroRouters);
+    ASSERT_TRUE(st.isOk()) << st.toString();
 }
 
 TEST(Moe, UniformRoutingGivesExactlyTheAuxCoefficientAndCountsEveryToken) {
@@ -401,21 +389,10 @@ double lossWithAuxTerms(const engine::Config& cfg, const std::function<void(Host
     c.clip_grad = 0;
     c.weight_decay = 0;
     FakeRecorder rec;
-    auto backend = engine::makeCpuBackend(1);
-    engine::Device& dev = backend->device(0);
-    dev.setTrace(&rec, 0);
-    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
     engine::StepProgress p;
-    {
-        auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
-        EXPECT_TRUE(t.isOk()) << t.status().toString();
-        if (!t.isOk()) return 0;
-        HostParams hp((*t)->model().params(), (*t)->model().exec().stream());
-        edit(hp);
-        EXPECT_TRUE(hp.upload().isOk());
-        EXPECT_TRUE((*t)->step(&p).isOk());
-    }
-    dev.setTrace(nullptr, 0);
+    const Status st = traceSingle(c, rec, 1, edit, &p);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    if (!st.isOk()) return 0;
     double terms = 0;
     int n = 0;
     for (const auto& k : rec.counters) {
@@ -729,17 +706,8 @@ TEST(MoeEtpDispatch, EveryEtpRankComputesTheRowsOfTheWholeEtpGroup) {
     std::map<std::string, double> want;  // tokens.expert<e> of the single device, summed
     {
         FakeRecorder rec;
-        auto backend = engine::makeCpuBackend(1);
-        engine::Device& dev = backend->device(0);
-        dev.setTrace(&rec, 0);
-        auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
-        {
-            auto t = engine::Trainer::create(one, &dev, stream.get(), &rec);
-            ASSERT_TRUE(t.isOk()) << t.status().toString();
-            engine::StepProgress p;
-            ASSERT_TRUE((*t)->step(&p).isOk());
-        }
-        dev.setTrace(nullptr, 0);
+        const Status st = traceSingle(one, rec);
+        ASSERT_TRUE(st.isOk()) << st.toString();
         for (const auto& k : rec.counters) {
             const std::string n = rec.str(k.name);
             if (n.find(".tokens.expert") != std::string::npos) want[n] += k.value;
@@ -1004,21 +972,8 @@ TEST(MoeRouter, ExpertBiasIsUpdatedAsOnTheSingleDeviceAndResumes) {
     auto par = trainParallel(c, 3, "", "", &parRec);
     ASSERT_TRUE(par.isOk()) << par.status().toString();
     FakeRecorder oneRec;
-    {
-        auto backend = engine::makeCpuBackend(1);
-        engine::Device& dev = backend->device(0);
-        dev.setTrace(&oneRec, 0);
-        auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
-        {
-            auto t = engine::Trainer::create(singleDevice(c), &dev, stream.get(), &oneRec);
-            ASSERT_TRUE(t.isOk()) << t.status().toString();
-            for (int s = 0; s < 3; ++s) {
-                engine::StepProgress p;
-                ASSERT_TRUE((*t)->step(&p).isOk());
-            }
-        }
-        dev.setTrace(nullptr, 0);
-    }
+    const Status traced = traceSingle(singleDevice(c), oneRec, 3);
+    ASSERT_TRUE(traced.isOk()) << traced.toString();
     const auto want = lastBias(oneRec), got = lastBias(parRec);
     ASSERT_EQ(want.size(), 8u);  // 2 layers x 4 experts
     double moved = 0;

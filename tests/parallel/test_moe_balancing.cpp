@@ -324,19 +324,8 @@ engine::Config listConfig(std::vector<std::string> types, std::vector<double> co
 // The first step's router counters of a single-device run ("moe.layer<L>.<name>" -> value).
 std::map<std::string, double> firstStepCounters(const engine::Config& c) {
     FakeRecorder rec;
-    auto backend = engine::makeCpuBackend(1);
-    engine::Device& dev = backend->device(0);
-    dev.setTrace(&rec, 0);
-    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
-    {
-        auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
-        EXPECT_TRUE(t.isOk()) << t.status().toString();
-        if (t.isOk()) {
-            engine::StepProgress p;
-            EXPECT_TRUE((*t)->step(&p).isOk());
-        }
-    }
-    dev.setTrace(nullptr, 0);
+    const Status st = traceSingle(c, rec);
+    EXPECT_TRUE(st.isOk()) << st.toString();
     std::map<std::string, double> out;
     for (const auto& k : rec.counters) {
         const std::string name = rec.str(k.name);

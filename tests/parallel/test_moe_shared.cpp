@@ -191,18 +191,9 @@ struct Order {
 
 Order stepOrder(const engine::Config& c) {
     FakeRecorder rec;
-    auto backend = engine::makeCpuBackend(1);
-    engine::Device& dev = backend->device(0);
-    dev.setTrace(&rec, 0);
-    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
-    {
-        auto t = engine::Trainer::create(c, &dev, stream.get(), &rec);
-        EXPECT_TRUE(t.isOk()) << t.status().toString();
-        if (!t.isOk()) return {};
-        engine::StepProgress p;
-        EXPECT_TRUE((*t)->step(&p).isOk());
-    }
-    dev.setTrace(nullptr, 0);
+    const Status st = traceSingle(c, rec);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    if (!st.isOk()) return {};
     Order o;
     auto first = [](int64_t& at, int64_t ts) {
         if (at < 0 || ts < at) at = ts;

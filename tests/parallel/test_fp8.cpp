@@ -432,16 +432,20 @@ struct Fp8MoeLayout {
 };
 void PrintTo(const Fp8MoeLayout& l, std::ostream* os) { *os << l.name; }
 
+// The FP8 MoE model on the layout, through the parallel tests' one MoE layout builder.
 engine::Config fp8MoeLayoutConfig(const Fp8MoeLayout& L) {
-    engine::Config c = withLayout(fp8MoeConfig(4, 2, L.recipe), Layout{L.tp, L.pp, 1, L.dp, 2});
-    c.sequence_parallel = L.tp > 1;
-    c.expert_tensor_parallel_size = L.etp;
-    c.expert_model_parallel_size = L.ep;
-    c.use_distributed_optimizer = L.distOpt;
-    c.moe_expert_capacity_factor = L.capacity;
-    c.moe_pad_expert_input_to_capacity = L.pad;
-    c.moe_token_dispatcher_type = L.dispatcher;
-    c.moe_grouped_gemm = L.grouped;
+    ExpertLayout e;
+    e.tp = L.tp;
+    e.etp = L.etp;
+    e.ep = L.ep;
+    e.dp = L.dp;
+    e.pp = L.pp;
+    e.distOpt = L.distOpt;
+    e.dispatcher = L.dispatcher;
+    e.grouped = L.grouped;
+    e.capacity = L.capacity;
+    e.pad = L.pad;
+    engine::Config c = moeLayoutConfig(fp8MoeConfig(4, 2, L.recipe), e);
     c.moe_aux_loss_coeff = 0.01;
     return c;
 }

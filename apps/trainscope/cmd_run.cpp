@@ -377,16 +377,10 @@ int cmdRun(const Args& a) {
         (void)finish("failed", why);
         return fail(exitCodeFor(created), created.message());
     }
-    // Peak of one device. GPUs: resources/peak_flops.json's dense peak for the run's dtype (0 =
-    // unknown, no MFU); CPU: measured, one GEMM thread per rank on the parallel engine.
-    double peakTflops = 0;
-    if (c.device_backend == "cuda") {
-        const engine::DeviceInfo& info = (single ? *dev : parallel->backend().device(0)).info();
-        peakTflops = c.bf16 ? info.peakTflopsBf16 : info.peakTflopsFp32;
-    } else {
-        const int threads = parallel ? 1 : (c.cpu_threads > 0 ? c.cpu_threads : kernels::cpu::numThreads());
-        peakTflops = kernels::cpu::measureSgemmPeakGflops(threads, 512, 0.2) / 1e3;
-    }
+    // Peak of one device (the parallel engine runs one GEMM thread per rank).
+    const double peakTflops =
+        devicePeakTflops(c, single ? *dev : parallel->backend().device(0),
+                         parallel ? 1 : (c.cpu_threads > 0 ? c.cpu_threads : kernels::cpu::numThreads()));
     if (single) single->setPeakTflops(peakTflops);
     else parallel->setPeakTflops(peakTflops);
     const json meta = single ? single->runMetadata() : parallel->runMetadata();

@@ -127,6 +127,11 @@ int launcherProcessCount() {
     return e ? e->size : 1;
 }
 
+double devicePeakTflops(const engine::Config& c, const engine::Device& dev, int cpuThreads) {
+    if (c.device_backend == "cuda") return c.bf16 ? dev.info().peakTflopsBf16 : dev.info().peakTflopsFp32;
+    return kernels::cpu::measureSgemmPeakGflops(cpuThreads, 512, 0.2) / 1e3;
+}
+
 #ifdef TS_HAVE_MPI
 
 namespace {
@@ -589,13 +594,7 @@ int runMpiFollower(const engine::Config& c, MpiLaunch& launch, bool traceOn, con
     }
     // The same peak measurement as process 0 (which does it before training), so that every
     // process starts its first step at the same time and knows its own device's peak.
-    // GPUs: the device's dense peak from resources/peak_flops.json, as process 0 takes it.
-    if (c.device_backend == "cuda") {
-        const engine::DeviceInfo& info = (*t)->backend().device(0).info();
-        (*t)->setPeakTflops(c.bf16 ? info.peakTflopsBf16 : info.peakTflopsFp32);
-    } else {
-        (*t)->setPeakTflops(kernels::cpu::measureSgemmPeakGflops(1, 512, 0.2) / 1e3);
-    }
+    (*t)->setPeakTflops(devicePeakTflops(c, (*t)->backend().device(0), 1));
     std::unique_ptr<GpuCapture> gpuCapture;
     if (fwd && c.device_backend == "cuda") {
         std::string why;

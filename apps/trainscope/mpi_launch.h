@@ -95,6 +95,11 @@ Result<MpiLaunch> mpiLaunchFor(const engine::Config& c);
 // runs in this process. Ignored when unset or malformed.
 void applyInjectedFailure(engine::ParallelTrainer& trainer);
 
+// The peak TFLOP/s of one device of the run, for MFU (every process of a run takes it the same
+// way). GPUs: resources/peak_flops.json's dense peak for the run's dtype (0 = unknown, no MFU);
+// CPU: measured with `cpuThreads` GEMM threads (the parallel engine runs one per rank).
+double devicePeakTflops(const engine::Config& c, const engine::Device& dev, int cpuThreads);
+
 // Runs this process's rank of the parallel run; its trace (traceOn) and log lines go to the
 // run file of process 0. Exit code.
 int runMpiFollower(const engine::Config& c, MpiLaunch& launch, bool traceOn, const std::atomic<bool>* cancel);

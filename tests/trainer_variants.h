@@ -132,6 +132,7 @@ inline std::vector<TrainerVariant> trainerVariants() {
              c.attention_dropout = 0.1;
          }},
         {"unfused masked softmax, bias-activation and bias-dropout", [](Config& c) {
+             c.attention_backend = "unfused";
              c.masked_softmax_fusion = false;
              c.bias_activation_fusion = false;
              c.bias_dropout_fusion = false;

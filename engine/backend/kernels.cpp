@@ -471,6 +471,17 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                      fusedSoftmax);
 }
 
+void attentionFlashForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                           float* stats, float* out) {
+    TS_KERN_DISPATCH(attentionFlashForward, dims, q, k, v, stats, out);
+}
+
+void attentionFlashBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                            const float* stats, const float* dout, float* dq, float* dk,
+                            float* dv, float* scratch) {
+    TS_KERN_DISPATCH(attentionFlashBackward, dims, q, k, v, stats, dout, dq, dk, dv, scratch);
+}
+
 void cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k,
                         const float* v, float* probs, float* out) {
     TS_KERN_DISPATCH(cpAttentionForward, dims, qPos, q, k, v, probs, out);

@@ -34,6 +34,8 @@ using kernels::cpu::Fp8BlockKind;
 using kernels::cpu::Fp8Format;
 using kernels::cpu::attentionProbsSize;
 using kernels::cpu::attentionScratchSize;
+using kernels::cpu::attentionFlashScratchSize;
+using kernels::cpu::attentionStatsSize;
 using kernels::cpu::fp8BlockBytes;
 using kernels::cpu::fp8BlockScaleCount;
 using kernels::cpu::fp8Max;
@@ -140,6 +142,11 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
 void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
                        float* scratch, bool fusedSoftmax = true);
+void attentionFlashForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                           float* stats, float* out);
+void attentionFlashBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                            const float* stats, const float* dout, float* dq, float* dk,
+                            float* dv, float* scratch);
 void cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k,
                         const float* v, float* probs, float* out);
 void cpAttentionBackward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k,

@@ -22,7 +22,8 @@ struct GptModel::LayerActs {
     TensorPtr x;                    // layer input (residual stream) [T, h]
     TensorPtr mean1, rstd1, a1;     // input_layernorm stats [T], output [T, h]
     TensorPtr q, k, v;              // after RoPE: [T, nq, d], [T, ng, d], [T, ng, d]
-    TensorPtr probs;                // [b, nq, s, s]; null under selective recompute
+    TensorPtr probs;                // [b, nq, s, s]; null under selective recompute or flash
+    TensorPtr attnStats;            // flash attention: each softmax row's max and 1/sum [b, nq, s, 2]
     TensorPtr lse;                  // cp_comm_type=p2p: log-sum-exp of the softmax rows [b, nq, s]
                                     // (a2a+p2p: of the head-split rows [b, nq/a, a*s])
     TensorPtr ctxHeads;             // a2a+p2p (a > 1): the ring's output before the all-to-all back

@@ -132,6 +132,14 @@ Status attentionForward(const AttnDims& dims, const float* q, const float* k, co
 Status attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                          const float* probs, const float* dout, float* dq, float* dk, float* dv,
                          float* scratch, bool fusedSoftmax, void* stream);
+// Flash attention (kernels/cpu/ops.h): stats [b, nq, s, 2], the row max and the reciprocal of
+// the softmax denominator. The probabilities live per head chunk in a stream-ordered workspace
+// only: the forward's for .V, the backward's rebuilt from the stats by the scores GEMM again.
+Status attentionFlashForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                             float* stats, float* out, void* stream);
+Status attentionFlashBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                              const float* stats, const float* dout, float* dq, float* dk,
+                              float* dv, float* scratch, void* stream);
 // Context parallel. qPos, kPos: device int arrays.
 Status cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q,
                           const float* k, const float* v, float* probs, float* out,

@@ -114,6 +114,17 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
     if (m_ctx.cpSize > 1) {
         TS_RETURN_IF_ERROR(cpCoreAttentionForward(A, nq, ng, ad));
+        if (fp8 && !m_o.fp8.isBlock() && A.lse && !A.ctxHeads) {
+            // linear_proj's FP8 quantizes A.ctx in place below, and the backward of ring blocks
+            // reads the attention output itself (rowsum(dout * out)): it keeps its own copy, as
+            // Transformer Engine's attention saves its output apart from linear_proj's FP8 input.
+            A.attnOut = A.ctx;
+            TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
+            TensorPtr from = A.attnOut, to = A.ctx;
+            const int64_t n = int64_t(T) * nq * d;
+            m_exec.op("core_attention.out_copy", Category::Memcpy, 0, uint64_t(n) * 8,
+                      [=] { k::copyBytes(fp(to), fp(from), size_t(n) * sizeof(float)); });
+        }
     } else {
         TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
         TS_RETURN_IF_ERROR(coreAttentionForward(A, ad, A.q, A.k, A.v, A.ctx));

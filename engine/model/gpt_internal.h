@@ -29,6 +29,8 @@ struct GptModel::LayerActs {
     TensorPtr ctxHeads;             // a2a+p2p (a > 1): the ring's output before the all-to-all back
                                     // [a*s, b, nq/a, d], what its backward reads
     TensorPtr ctx;                  // core attention output [T, nq*d]
+    TensorPtr attnOut;              // CP ring / all_gather flash under in-place FP8: the output the
+                                    // attention backward reads (A.ctx is then linear_proj's FP8 input)
     TensorPtr mask1;                // dropout mask after linear_proj [T*h] (p > 0)
     TensorPtr x2;                   // residual after attention [T, h]
     TensorPtr mean2, rstd2, a2;     // pre_mlp_layernorm

@@ -136,15 +136,6 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
 void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
                        float* scratch, bool fusedSoftmax = true);
-// Context parallel (attention_cp.cpp): sq local query rows [sq, b, nq, d] with global
-// positions qPos[sq] against the whole sequence's keys/values [skv, b, nkv, d] in global order;
-// key j visible iff j <= qPos[i]. probs: [b, nq, sq, skv] (the softmax before dropout).
-// Backward overwrites dq [sq,...] and the full-length dk, dv [skv,...] (this rank's
-// contribution; the owners sum them).
-// Attention dropout (dropout > 0) draws the single device's mask (see AttnDims): the element of
-// (bi, head, query, key) is ((bi*nqTotal + headOffset + head)*sTotal + qPos)*sTotal + kPos with
-// GLOBAL positions, so every CP layout keeps and drops exactly what the cp=1 run does.
-// nqTotal = 0 means nq, sTotal = 0 means skv.
 // Flash attention (attention_backend flash, fused, auto): the same causal attention as the
 // fused path above without keeping anything of size s x s between forward and backward. The
 // forward writes out and, per query row, two floats into stats [b, nq, s, 2]: the row's maximum
@@ -161,6 +152,15 @@ void attentionFlashBackward(const AttnDims& dims, const float* q, const float* k
 size_t attentionStatsSize(const AttnDims& dims);         // 2*b*nq*s
 size_t attentionFlashScratchSize(const AttnDims& dims);  // 2*s*s, 3*s*s with dropout
 
+// Context parallel (attention_cp.cpp): sq local query rows [sq, b, nq, d] with global
+// positions qPos[sq] against the whole sequence's keys/values [skv, b, nkv, d] in global order;
+// key j visible iff j <= qPos[i]. probs: [b, nq, sq, skv] (the softmax before dropout).
+// Backward overwrites dq [sq,...] and the full-length dk, dv [skv,...] (this rank's
+// contribution; the owners sum them).
+// Attention dropout (dropout > 0) draws the single device's mask (see AttnDims): the element of
+// (bi, head, query, key) is ((bi*nqTotal + headOffset + head)*sTotal + qPos)*sTotal + kPos with
+// GLOBAL positions, so every CP layout keeps and drops exactly what the cp=1 run does.
+// nqTotal = 0 means nq, sTotal = 0 means skv.
 struct CpAttnDims {
     int sq = 0, skv = 0, b = 0, nq = 0, nkv = 0, d = 0;
     float scale = 0;

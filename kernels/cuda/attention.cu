@@ -15,7 +15,12 @@
 // fusedSoftmax=true: the scale folded into the scores GEMM, one row kernel for mask + softmax
 // (+ dropout), and in backward one row kernel for the dropout mask, dropout(P) and the softmax
 // backward. Unlike the CPU's fused path the GEMMs still cover the full square (the masked part
-// is exact zeros); a flash kernel that skips it comes later.
+// is exact zeros); a tiled flash kernel that skips it (and never writes the scores out) and
+// cuDNN's fused attention come later.
+// Flash attention (attentionFlashForward/Backward): the fused path with each head chunk's
+// probabilities in the workspace instead of the caller's probs, and each row's max and 1/sum
+// written to stats; the backward rebuilds the chunk's probabilities by the scores GEMM and
+// softmaxFromStatsRowsKernel before the fused backward.
 //
 // Row kernels: one warp per row of one head (rows of any length, no shared memory). Softmax
 // sums and the softmax backward's row dot accumulate in double (the CPU sums in float lanes for
@@ -25,9 +30,11 @@
 // exactly (attention_common.cuh), never stored: backward regenerates them.
 //
 // Workspace: dropout(P) (forward) and dS, dropout(P) (backward) need [sq, skv] floats per head
-// of a GEMM batch. They come from a stream-ordered allocation (cudaMallocAsync) of at most
-// kWorkspaceCapBytes, the heads split into chunks to fit; attentionBackward falls back to the
-// caller's scratch (attentionScratchSize: one head) one head at a time when that allocation fails.
+// of a GEMM batch, flash attention one more (P itself). They come from a stream-ordered
+// allocation (cudaMallocAsync) of at most kWorkspaceCapBytes, the heads split into chunks to fit;
+// the backwards fall back to the caller's scratch (attentionScratchSize or
+// attentionFlashScratchSize: one head) one head at a time when that allocation fails. The
+// forwards have no fallback: a failed allocation fails the op with cudaMallocAsync's error.
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"

@@ -281,6 +281,22 @@ void download(void* dst, const void* src, size_t bytes) {
     if (!st.isOk()) reportKernelError(st);
 }
 
+void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n) {
+#ifdef TS_HAVE_CUDA
+    kernels::cuda::bindBf16Twin(base, twin, n);
+#else
+    (void)base, (void)twin, (void)n;
+#endif
+}
+
+void unbindBf16Twin(const float* base) {
+#ifdef TS_HAVE_CUDA
+    kernels::cuda::unbindBf16Twin(base);
+#else
+    (void)base;
+#endif
+}
+
 Bf16GemmScope::Bf16GemmScope(bool on) {
 #ifdef TS_HAVE_CUDA
     m_prev = kernels::cuda::bf16Gemms();

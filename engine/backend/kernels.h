@@ -76,6 +76,14 @@ Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n);
 // use the tensor cores with fp32 accumulation (kernels/cuda/ops_cuda.h setBf16Gemms); the CPU
 // oracle and the emulated device keep fp32 GEMMs, which on operands holding bf16 values give the
 // same products. Exec sets it around the ops of a bf16 model (not with FP8).
+// The 16-bit twin of a bf16-valued float array (ParamBuffer's bf16 model copy): on CUDA, a bf16
+// GEMM whose operand lies wholly inside [base, base + n) reads twin + (operand - base) instead of
+// converting the operand (kernels/cuda/ops_cuda.h). The caller keeps the twin equal to the
+// array's bf16 bits (floatToBf16 after every write, in stream order) and unbinds it before
+// either is freed. Host calls outside any op; no-ops without CUDA.
+void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n);
+void unbindBf16Twin(const float* base);
+
 class Bf16GemmScope {
 public:
     explicit Bf16GemmScope(bool on);

@@ -34,7 +34,8 @@
 // allocation (cudaMallocAsync) of at most kWorkspaceCapBytes, the heads split into chunks to fit;
 // the backwards fall back to the caller's scratch (attentionScratchSize or
 // attentionFlashScratchSize: one head) one head at a time when that allocation fails. The
-// forwards have no fallback: a failed allocation fails the op with cudaMallocAsync's error.
+// forwards halve their chunk until the allocation succeeds; at one head a failure fails the op
+// with cudaMallocAsync's error.
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -329,11 +330,17 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
     const bool flash = stats != nullptr;  // the chunk's probabilities in the workspace only
     if (flash) fused = true;
     const int64_t perHead = (flash ? ss : 0) + (drop ? ss : 0);
-    const int chunk = chunkHeads(groups, sizeof(float) * perHead);
+    int chunk = chunkHeads(groups, sizeof(float) * perHead);
     StreamWorkspace ws(stream);
-    if (perHead > 0)
-        TS_RETURN_IF_ERROR(ws.allocate(sizeof(float) * perHead * chunk,
-                                       (std::string(what) + ": workspace").c_str()));
+    if (perHead > 0) {
+        // Fewer heads at a time while the memory is short, down to one head.
+        for (;;) {
+            const Status got = ws.allocate(sizeof(float) * perHead * chunk, (std::string(what) + ": workspace").c_str());
+            if (got.isOk()) break;
+            if (chunk == 1) return got;
+            chunk = (chunk + 1) / 2;
+        }
+    }
     float* Pw = flash ? static_cast<float*>(ws.get()) : nullptr;
     float* D = drop ? static_cast<float*>(ws.get()) + (flash ? chunk * ss : 0) : nullptr;
     for (int j = 0; j < rep; ++j) {

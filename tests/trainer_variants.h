@@ -39,10 +39,11 @@ inline std::vector<TrainerVariant> trainerVariants() {
              c.attention_backend = "unfused";
              c.cross_entropy_loss_fusion = false;
          }},
-        {"dropout, selective recompute", [](Config& c) {
+        {"dropout, selective recompute (probabilities kept, then dropped and rebuilt)", [](Config& c) {
              c.hidden_dropout = 0.1;
              c.attention_dropout = 0.1;
              c.recompute_granularity = "selective";
+             c.attention_backend = "unfused";
          }},
         {"full recompute, gradient_accumulation_fusion off, bf16", [](Config& c) {
              c.recompute_granularity = "full";
@@ -132,6 +133,7 @@ inline std::vector<TrainerVariant> trainerVariants() {
              c.attention_dropout = 0.1;
          }},
         {"unfused masked softmax, bias-activation and bias-dropout", [](Config& c) {
+             c.attention_backend = "unfused";
              c.masked_softmax_fusion = false;
              c.bias_activation_fusion = false;
              c.bias_dropout_fusion = false;

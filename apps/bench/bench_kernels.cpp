@@ -115,6 +115,7 @@ void benchShape(const Shape& sh, const std::vector<int>& threadCounts, std::vect
     std::vector<float> probs(cpu::attentionProbsSize(ad)), attOut(static_cast<size_t>(T) * h);
     std::vector<float> dq(static_cast<size_t>(T) * h), dk(dq.size()), dv(dq.size());
     std::vector<float> scratch(static_cast<size_t>(sh.s) * sh.s);
+    std::vector<float> stats(cpu::attentionStatsSize(ad)), flashScratch(cpu::attentionFlashScratchSize(ad));
     const auto logits0 = randomVec(static_cast<size_t>(T) * V, 8, 4.0f);
     std::vector<float> logits(logits0.size()), ceProbs(logits0.size());
     std::vector<int32_t> targets(T);
@@ -171,6 +172,14 @@ void benchShape(const Shape& sh, const std::vector<int>& threadCounts, std::vect
          [&] { cpu::attentionForward(ad, q, k, v, probs.data(), attOut.data(), false); }},
         {"attention_bwd", "", 2.0 * attFwdFlops,
          [&] { cpu::attentionBackward(ad, q, k, v, probs.data(), attOut.data(), dq.data(), dk.data(), dv.data(), scratch.data()); }},
+        // flash: nothing of s x s kept; the backward rebuilds the probabilities (one more GEMM)
+        {"attention_fwd", "flash", attFwdFlops,
+         [&] { cpu::attentionFlashForward(ad, q, k, v, stats.data(), attOut.data()); }},
+        {"attention_bwd", "flash", 2.5 * attFwdFlops,
+         [&] {
+             cpu::attentionFlashBackward(ad, q, k, v, stats.data(), attOut.data(), dq.data(), dk.data(), dv.data(),
+                                         flashScratch.data());
+         }},
         {"cross_entropy fwd+bwd", "fused", 0,
          [&] {
              std::memcpy(logits.data(), logits0.data(), sizeof(float) * logits.size());

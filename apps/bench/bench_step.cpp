@@ -1,11 +1,13 @@
 // bench_step: one full training step (forward, backward, AdamW) of the tiny and small GPT
 // configs on the CPU backend (fp32, tied embedding, GeLU 4h, micro-batch 8, synthetic data),
-// for 1 and 2 threads, fused vs unfused. Prints median step time, tokens/s, achieved model
+// for 1 and 2 threads, fused vs unfused. Paths: fused (every fusion, flash attention: the
+// default), probs (every fusion, attention_backend unfused: the fused softmax keeping the
+// [b, a, s, s] probabilities, what PyTorch's eager attention keeps), unfused. Prints median step time, tokens/s, achieved model
 // GFLOP/s (Megatron formula) and its fraction of the measured sgemm peak, then one JSON line.
 // Compare with apps/bench/bench_step_torch.py (same model in PyTorch).
 //
 // usage: bench_step [--steps N] [--warmup N] [--threads 1,2] [--configs tiny,small]
-//                   [--paths fused,unfused] [--breakdown 1]
+//                   [--paths fused,probs,unfused] [--breakdown 1]
 // --breakdown 1 traces the timed steps and prints, per op name, the time per step, its share
 // of the step and its GFLOP/s (where the op declares FLOPs), longest first.
 #include <algorithm>
@@ -34,10 +36,12 @@ using ts::bench::split;
 
 using namespace ts::engine;
 
-void setFused(Config& c, bool on) {
+void setPath(Config& c, const std::string& path) {
+    const bool on = path != "unfused";
     c.masked_softmax_fusion = c.bias_activation_fusion = c.bias_dropout_fusion = on;
     c.apply_rope_fusion = c.cross_entropy_loss_fusion = on;
     c.gradient_accumulation_fusion = c.persist_layer_norm = on;
+    c.attention_backend = path == "fused" ? "auto" : "unfused";  // flash attention is always fused
 }
 
 // Process CPU seconds: with a loaded machine, CPU time is the load-independent measure
@@ -112,7 +116,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> threadList = {"1", "2"}, configs = {"tiny", "small"};
     std::vector<std::string> paths = {"fused", "unfused"};
     bool breakdown = false;
-    if (const int rc = ts::bench::checkArgs(argc, argv, "usage: bench_step [--steps N] [--warmup N] [--threads 1,2] [--configs tiny,small] [--paths fused,unfused] [--breakdown 0|1]"); rc >= 0) return rc;
+    if (const int rc = ts::bench::checkArgs(argc, argv, "usage: bench_step [--steps N] [--warmup N] [--threads 1,2] [--configs tiny,small] [--paths fused,probs,unfused] [--breakdown 0|1]"); rc >= 0) return rc;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
         if (a == "--steps") steps = std::max(1, std::stoi(v));
@@ -134,9 +138,12 @@ int main(int argc, char** argv) {
         const double peak = ts::kernels::cpu::measureSgemmPeakGflops(threads, 1024, 1.0);
         for (const std::string& name : configs) {
             for (const std::string& path : paths) {
-                const bool fused = path != "unfused";
+                if (path != "fused" && path != "probs" && path != "unfused") {
+                    std::fprintf(stderr, "bench_step: unknown path %s (fused, probs or unfused)\n", path.c_str());
+                    return 2;
+                }
                 Config c = benchConfig(name);
-                setFused(c, fused);
+                setPath(c, path);
                 c.cpu_threads = threads;
                 // Own backend so that the trace (when asked for) can be attached to the device.
                 std::unique_ptr<Backend> backend = makeCpuBackend(1);
@@ -171,13 +178,13 @@ int main(int argc, char** argv) {
                 const double tokens = double(c.micro_batch_size) * c.seq_length;
                 const double gflops = (*t)->modelFlopsPerStep() / med / 1e9;
                 std::printf("%-6s %-3d %-8s %12.2f %12.2f %12.0f %12.2f %10.2f %7.1f%%\n", name.c_str(), threads,
-                            fused ? "fused" : "unfused", med * 1e3, medCpu * 1e3, tokens / med, gflops, peak,
+                            path.c_str(), med * 1e3, medCpu * 1e3, tokens / med, gflops, peak,
                             100 * gflops / peak);
                 if (breakdown) rec->print(steps, med);
                 std::fflush(stdout);
                 results.push_back({{"config", name},
                                    {"threads", threads},
-                                   {"path", fused ? "fused" : "unfused"},
+                                   {"path", path},
                                    {"median_step_s", med},
                                    {"min_step_s", times.front()},
                                    {"median_cpu_s", medCpu},

@@ -17,7 +17,8 @@ const std::vector<std::string>& cudaOpNames() {
         // rotary embedding
         "ropeForward", "ropeForwardFused", "ropeBackward", "splitQkvRopeForward", "splitQkv", "mergeQkv", "ropeBackwardMergeQkv",
         // attention
-        "attentionForward", "attentionBackward", "cpAttentionForward", "cpAttentionBackward",
+        "attentionForward", "attentionBackward", "attentionFlashForward", "attentionFlashBackward",
+        "cpAttentionForward", "cpAttentionBackward",
         "cpRingAttentionForward", "cpRingAttentionDelta", "cpRingAttentionBackward",
         // activations
         "biasGeluForward", "biasGeluForwardUnfused", "biasGeluBackward", "swigluForward", "swigluBackward",

@@ -281,6 +281,22 @@ void download(void* dst, const void* src, size_t bytes) {
     if (!st.isOk()) reportKernelError(st);
 }
 
+void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n) {
+#ifdef TS_HAVE_CUDA
+    kernels::cuda::bindBf16Twin(base, twin, n);
+#else
+    (void)base, (void)twin, (void)n;
+#endif
+}
+
+void unbindBf16Twin(const float* base) {
+#ifdef TS_HAVE_CUDA
+    kernels::cuda::unbindBf16Twin(base);
+#else
+    (void)base;
+#endif
+}
+
 Bf16GemmScope::Bf16GemmScope(bool on) {
 #ifdef TS_HAVE_CUDA
     m_prev = kernels::cuda::bf16Gemms();
@@ -469,6 +485,17 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                        float* scratch, bool fusedSoftmax) {
     TS_KERN_DISPATCH(attentionBackward, dims, q, k, v, probs, dout, dq, dk, dv, scratch,
                      fusedSoftmax);
+}
+
+void attentionFlashForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                           float* stats, float* out) {
+    TS_KERN_DISPATCH(attentionFlashForward, dims, q, k, v, stats, out);
+}
+
+void attentionFlashBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                            const float* stats, const float* dout, float* dq, float* dk,
+                            float* dv, float* scratch) {
+    TS_KERN_DISPATCH(attentionFlashBackward, dims, q, k, v, stats, dout, dq, dk, dv, scratch);
 }
 
 void cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k,

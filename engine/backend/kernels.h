@@ -34,6 +34,8 @@ using kernels::cpu::Fp8BlockKind;
 using kernels::cpu::Fp8Format;
 using kernels::cpu::attentionProbsSize;
 using kernels::cpu::attentionScratchSize;
+using kernels::cpu::attentionFlashScratchSize;
+using kernels::cpu::attentionStatsSize;
 using kernels::cpu::fp8BlockBytes;
 using kernels::cpu::fp8BlockScaleCount;
 using kernels::cpu::fp8Max;
@@ -74,6 +76,14 @@ Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n);
 // use the tensor cores with fp32 accumulation (kernels/cuda/ops_cuda.h setBf16Gemms); the CPU
 // oracle and the emulated device keep fp32 GEMMs, which on operands holding bf16 values give the
 // same products. Exec sets it around the ops of a bf16 model (not with FP8).
+// The 16-bit twin of a bf16-valued float array (ParamBuffer's bf16 model copy): on CUDA, a bf16
+// GEMM whose operand lies wholly inside [base, base + n) reads twin + (operand - base) instead of
+// converting the operand (kernels/cuda/ops_cuda.h). The caller keeps the twin equal to the
+// array's bf16 bits (floatToBf16 after every write, in stream order) and unbinds it before
+// either is freed. Host calls outside any op; no-ops without CUDA.
+void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n);
+void unbindBf16Twin(const float* base);
+
 class Bf16GemmScope {
 public:
     explicit Bf16GemmScope(bool on);
@@ -140,6 +150,11 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
 void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
                        float* scratch, bool fusedSoftmax = true);
+void attentionFlashForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                           float* stats, float* out);
+void attentionFlashBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                            const float* stats, const float* dout, float* dq, float* dk,
+                            float* dv, float* scratch);
 void cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k,
                         const float* v, float* probs, float* out);
 void cpAttentionBackward(const CpAttnDims& dims, const int* qPos, const float* q, const float* k,

@@ -176,7 +176,8 @@ struct Config {
 
     // --- misc -----------------------------------------------------------------------------
     std::string cuda_graph_impl = "none";  // none | local | transformer_engine | full_iteration
-    std::string attention_backend = "auto";  // flash | fused | unfused | local | auto
+    // flash | fused | unfused | local | auto (attentionIsFlash: which keep no probabilities)
+    std::string attention_backend = "auto";
     bool cpu_offloading = false;
     int cpu_offloading_num_layers = 0;
     bool account_for_embedding_in_pipeline_split = false;
@@ -234,5 +235,10 @@ std::vector<int> moeLayerPattern(const std::string& freq, int numLayers, std::st
 // The per-layer flags of a config (num_layers long; all 0 when num_moe_experts is 0 or the
 // pattern is invalid, which validation reports).
 std::vector<int> moeLayerPattern(const Config& c);
+
+// Whether attention_backend runs flash attention (per-row softmax stats kept between forward
+// and backward, no [b, a, s, s] probabilities): flash, fused and auto, as Transformer Engine
+// picks its flash or cuDNN fused attention on GPUs; unfused and local keep the probabilities.
+inline bool attentionIsFlash(const std::string& backend) { return backend != "unfused" && backend != "local"; }
 
 }  // namespace ts::engine

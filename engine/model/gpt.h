@@ -188,6 +188,13 @@ private:
     // bias; backward: its grad dproj -> the grad of A.a1 [TL, h] (TL = localTokens()).
     Result<TensorPtr> attentionForward(LayerActs& A, const LayerParams& P, int gl);
     Result<TensorPtr> attentionBackward(LayerActs& A, const LayerParams& P, int gl, TensorPtr dproj);
+    // Core attention over whole sequences (the layer's, or Ulysses' head-shards): q, k, v ->
+    // out, keeping A.attnStats (flash attention) or A.probs (unless selective recompute drops
+    // them); backward: dout -> dq, dk, dv (overwritten), recomputing dropped probs first.
+    Status coreAttentionForward(LayerActs& A, const kernels::cpu::AttnDims& ad, TensorPtr q, TensorPtr kk, TensorPtr v,
+                                TensorPtr out);
+    Status coreAttentionBackward(LayerActs& A, const kernels::cpu::AttnDims& ad, TensorPtr q, TensorPtr kk, TensorPtr v,
+                                 TensorPtr dout, TensorPtr dq, TensorPtr dk, TensorPtr dv);
     // MLP block: A.a2 -> the linear_fc2 output [TL, h] before its bias; backward likewise.
     Result<TensorPtr> mlpForward(LayerActs& A, const LayerParams& P);
     Result<TensorPtr> mlpBackward(LayerActs& A, const LayerParams& P, TensorPtr dfc2);
@@ -305,6 +312,8 @@ private:
     std::vector<int> m_cpPos;   // global position of every local sequence row (cp > 1)
     KernelIds m_cpPosK;         // m_cpPos as kernels read it (cpPositions)
     Result<KernelIds> cpPositions();
+    KernelIds m_seqPosK;        // 0 .. global seq - 1, the all-gathered keys' positions (seqPositions)
+    Result<KernelIds> seqPositions();
     int m_seqGlobal = 0;        // s of the whole sequence
     // Core attention of the local queries against the whole sequence (K/V all-gathered over
     // "cp" and put in global order; their grads reduce-scattered back).

@@ -112,24 +112,22 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     }
     // core attention
     const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
-    TensorPtr probs;
     if (m_ctx.cpSize > 1) {
         TS_RETURN_IF_ERROR(cpCoreAttentionForward(A, nq, ng, ad));
+        if (fp8 && !m_o.fp8.isBlock() && A.lse && !A.ctxHeads) {
+            // linear_proj's FP8 quantizes A.ctx in place below, and the backward of ring blocks
+            // reads the attention output itself (rowsum(dout * out)): it keeps its own copy, as
+            // Transformer Engine's attention saves its output apart from linear_proj's FP8 input.
+            A.attnOut = A.ctx;
+            TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
+            TensorPtr from = A.attnOut, to = A.ctx;
+            const int64_t n = int64_t(T) * nq * d;
+            m_exec.op("core_attention.out_copy", Category::Memcpy, 0, uint64_t(n) * 8,
+                      [=] { k::copyBytes(fp(to), fp(from), size_t(n) * sizeof(float)); });
+        }
     } else {
-    TS_ASSIGN_OR_RETURN(probs, alloc(int64_t(k::attentionProbsSize(ad))));
-    TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
-    {
-        TensorPtr q = A.q, kk = A.k, v = A.v, ctx = A.ctx;
-        const bool fs = m_o.fusedSoftmax;
-        m_exec.op("core_attention.fwd", Category::Attention, 4.0 * b * nq * double(s) * s * d,
-                  uint64_t(4) * (uint64_t(T) * (2 * nq + 2 * ng) * d + k::attentionProbsSize(ad)), [=] {
-                      k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctx), fs);
-                      if (bf) k::roundToBf16(fp(ctx), int64_t(T) * nq * d);
-                  });
-    }
-    const bool selective = m_o.recomputeGranularity == "selective";
-    if (!selective) A.probs = probs;
-    probs.reset();
+        TS_ASSIGN_OR_RETURN(A.ctx, alloc(int64_t(T) * nq * d));
+        TS_RETURN_IF_ERROR(coreAttentionForward(A, ad, A.q, A.k, A.v, A.ctx));
     }
 
     // linear_proj (row parallel; its bias is added after the reduction, in the layer's
@@ -166,6 +164,67 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     return proj;
 }
 
+Status GptModel::coreAttentionForward(LayerActs& A, const k::AttnDims& ad, TensorPtr q, TensorPtr kk,
+                                      TensorPtr v, TensorPtr out) {
+    const int64_t outElems = int64_t(ad.s) * ad.b * ad.nq * ad.d;
+    const uint64_t qkvoBytes = uint64_t(4) * uint64_t(ad.s) * ad.b * (2 * ad.nq + 2 * ad.nkv) * ad.d;
+    const double flops = 4.0 * ad.b * ad.nq * double(ad.s) * ad.s * ad.d;
+    const bool bf = m_o.bf16;
+    if (m_o.flashAttention) {
+        // Only each row's max and 1/sum are kept: nothing of the "5as/h" term, whatever the
+        // recompute granularity (the backward rebuilds the probabilities from them).
+        TS_ASSIGN_OR_RETURN(TensorPtr stats, allocUninitialized(m_exec, int64_t(k::attentionStatsSize(ad))));
+        m_exec.op("core_attention.fwd", Category::Attention, flops, qkvoBytes + uint64_t(4) * k::attentionStatsSize(ad),
+                  [=] {
+                      k::attentionFlashForward(ad, fp(q), fp(kk), fp(v), fp(stats), fp(out));
+                      if (bf) k::roundToBf16(fp(out), outElems);
+                  });
+        A.attnStats = std::move(stats);
+        return Status::ok();
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr probs, allocUninitialized(m_exec, int64_t(k::attentionProbsSize(ad))));
+    const bool fs = m_o.fusedSoftmax;
+    m_exec.op("core_attention.fwd", Category::Attention, flops, qkvoBytes + uint64_t(4) * k::attentionProbsSize(ad),
+              [=] {
+                  k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(out), fs);
+                  if (bf) k::roundToBf16(fp(out), outElems);
+              });
+    if (m_o.recomputeGranularity != "selective") A.probs = std::move(probs);
+    return Status::ok();
+}
+
+Status GptModel::coreAttentionBackward(LayerActs& A, const k::AttnDims& ad, TensorPtr q, TensorPtr kk,
+                                       TensorPtr v, TensorPtr dout, TensorPtr dq, TensorPtr dk, TensorPtr dv) {
+    const double fwdFlops = 4.0 * ad.b * ad.nq * double(ad.s) * ad.s * ad.d;
+    if (A.attnStats) {
+        TensorPtr stats = A.attnStats;
+        TS_ASSIGN_OR_RETURN(TensorPtr scratch, allocUninitialized(m_exec, int64_t(k::attentionFlashScratchSize(ad)),
+                                                                  MemCategory::Workspace));
+        // The scores GEMM again (a quarter more than the backward's own FLOPs), as flash attention.
+        m_exec.op("core_attention.bwd", Category::Attention, 2.5 * fwdFlops,
+                  uint64_t(4) * uint64_t(ad.s) * ad.b * (4 * ad.nq + 4 * ad.nkv) * ad.d, [=] {
+                      k::attentionFlashBackward(ad, fp(q), fp(kk), fp(v), fp(stats), fp(dout), fp(dq), fp(dk),
+                                                fp(dv), fp(scratch));
+                  });
+        return Status::ok();
+    }
+    TensorPtr probs = A.probs;
+    const bool fs = m_o.fusedSoftmax;
+    if (!probs) {
+        // Selective recompute: redo QK^T/softmax (the "5as/h" activations were not kept).
+        TS_ASSIGN_OR_RETURN(probs, allocUninitialized(m_exec, int64_t(k::attentionProbsSize(ad))));
+        TS_ASSIGN_OR_RETURN(TensorPtr ctxTmp, allocUninitialized(m_exec, int64_t(ad.s) * ad.b * ad.nq * ad.d));
+        m_exec.op("core_attention.recompute", Category::Attention, fwdFlops, uint64_t(4) * k::attentionProbsSize(ad),
+                  [=] { k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctxTmp), fs); });
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr scratch, allocUninitialized(m_exec, int64_t(k::attentionScratchSize(ad)),
+                                                              MemCategory::Workspace));
+    m_exec.op("core_attention.bwd", Category::Attention, 2.0 * fwdFlops, uint64_t(8) * k::attentionProbsSize(ad), [=] {
+        k::attentionBackward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(dout), fp(dq), fp(dk), fp(dv), fp(scratch), fs);
+    });
+    return Status::ok();
+}
+
 Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P, int gl, TensorPtr dproj) {
     const int s = m_d.seq, b = m_d.microBatch, T = s * b, h = m_d.hidden, d = m_d.headDim;
     const int nq = m_nqL, ng = m_ngL;
@@ -197,33 +256,13 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
 
     // same dims (and so the same dropout mask) as the forward
     const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
-    TensorPtr probs = A.probs;
-    TensorPtr q = A.q, kk = A.k, v = A.v;
     TS_ASSIGN_OR_RETURN(TensorPtr dq, alloc(int64_t(T) * nq * d));
     TS_ASSIGN_OR_RETURN(TensorPtr dk, alloc(int64_t(T) * ng * d));
     TS_ASSIGN_OR_RETURN(TensorPtr dv, alloc(int64_t(T) * ng * d));
     if (m_ctx.cpSize > 1) {
         TS_RETURN_IF_ERROR(cpCoreAttentionBackward(A, nq, ng, ad, dctx, dq, dk, dv));
     } else {
-    if (!probs) {
-        // Selective recompute: redo QK^T/softmax (the "5as/h" activations were not kept).
-        TS_ASSIGN_OR_RETURN(probs, alloc(int64_t(k::attentionProbsSize(ad))));
-        TS_ASSIGN_OR_RETURN(TensorPtr ctxTmp, alloc(int64_t(T) * nq * d));
-        const bool fs = m_o.fusedSoftmax;
-        m_exec.op("core_attention.recompute", Category::Attention, 4.0 * b * nq * double(s) * s * d,
-                  uint64_t(4) * k::attentionProbsSize(ad),
-                  [=] { k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctxTmp), fs); });
-    }
-    TS_ASSIGN_OR_RETURN(TensorPtr scratch, allocUninitialized(m_exec, int64_t(k::attentionScratchSize(ad)),
-                                                              MemCategory::Workspace));
-    const bool fusedSoftmax = m_o.fusedSoftmax;
-    m_exec.op("core_attention.bwd", Category::Attention, 8.0 * b * nq * double(s) * s * d,
-              uint64_t(8) * k::attentionProbsSize(ad), [=] {
-                  k::attentionBackward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(dctx), fp(dq), fp(dk), fp(dv),
-                                       fp(scratch), fusedSoftmax);
-              });
-    probs.reset();
-    scratch.reset();
+        TS_RETURN_IF_ERROR(coreAttentionBackward(A, ad, A.q, A.k, A.v, dctx, dq, dk, dv));
     }
     dctx.reset();
     const bool ropeMerge = m_d.rope && m_o.fusedRope;  // rope backward fused into the merge copy

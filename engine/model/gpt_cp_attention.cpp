@@ -86,6 +86,16 @@ Result<KernelIds> GptModel::cpPositions() {
     return m_cpPosK;
 }
 
+Result<KernelIds> GptModel::seqPositions() {
+    if (!m_seqPosK.keep) {
+        auto host = std::make_shared<std::vector<int>>(size_t(m_seqGlobal));
+        for (int i = 0; i < m_seqGlobal; ++i) (*host)[size_t(i)] = i;
+        std::shared_ptr<const std::vector<int>> keep = host;
+        TS_ASSIGN_OR_RETURN(m_seqPosK, kernelInts(m_exec, keep->data(), keep->size(), keep, MemCategory::Workspace));
+    }
+    return m_seqPosK;
+}
+
 Result<TensorPtr> GptModel::cpGatherKv(const TensorPtr& local, int heads) {
     const int b = m_d.microBatch, d = m_d.headDim, cp = m_ctx.cpSize, S = m_seqGlobal;
     const int sl = m_d.seq;
@@ -216,28 +226,32 @@ Status GptModel::cpCoreAttentionForward(LayerActs& A, int nq, int ng, const k::A
         k::AttnDims ad{S, b, nq / c, ng / c, d, scale};
         setDropout(ad, drop);
         ad.headOffset = drop.headOffset + mode.rank * (nq / c);
-        TS_ASSIGN_OR_RETURN(TensorPtr probs, allocUninitialized(m_exec, int64_t(k::attentionProbsSize(ad))));
         TS_ASSIGN_OR_RETURN(TensorPtr out, allocUninitialized(m_exec, T * nq * d));
-        TensorPtr q = A.q, kk = A.k, v = A.v;
-        const bool fs = m_o.fusedSoftmax;
-        m_exec.op("core_attention.fwd", Category::Attention, 4.0 * b * (nq / c) * double(S) * S * d,
-                  uint64_t(4) * (uint64_t(T) * (2 * nq + 2 * ng) * d + k::attentionProbsSize(ad)), [=] {
-                      k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(out), fs);
-                      if (bf) k::roundToBf16(fp(out), T * nq * d);
-                  });
+        TS_RETURN_IF_ERROR(coreAttentionForward(A, ad, A.q, A.k, A.v, out));
         TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
-        TS_RETURN_IF_ERROR(cpToSequence(out, nq, A.ctx, comm));
-        if (m_o.recomputeGranularity != "selective") A.probs = probs;
-        return Status::ok();
+        return cpToSequence(out, nq, A.ctx, comm);
     }
     TS_ASSIGN_OR_RETURN(TensorPtr kg, cpGatherKv(A.k, ng));
     TS_ASSIGN_OR_RETURN(TensorPtr vg, cpGatherKv(A.v, ng));
     k::CpAttnDims ad{sl, S, b, nq, ng, d, scale};
     setDropout(ad, drop);
-    TS_ASSIGN_OR_RETURN(TensorPtr probs, allocUninitialized(m_exec, int64_t(b) * nq * sl * S));
     TS_ASSIGN_OR_RETURN(A.ctx, allocUninitialized(m_exec, T * nq * d));
     TensorPtr q = A.q, ctx = A.ctx;
     TS_ASSIGN_OR_RETURN(const KernelIds pos, cpPositions());
+    if (m_o.flashAttention) {
+        // Flash: the gathered keys as one ring block (their positions 0 .. S-1), so only each
+        // row's log-sum-exp is kept, as the p2p ring keeps it.
+        TS_ASSIGN_OR_RETURN(const KernelIds kpos, seqPositions());
+        TS_ASSIGN_OR_RETURN(TensorPtr lse, allocUninitialized(m_exec, int64_t(b) * nq * sl));
+        m_exec.op("core_attention.fwd", Category::Attention, 2.0 * b * nq * double(sl) * S * d,
+                  uint64_t(4) * (uint64_t(T) * nq * d * 2 + uint64_t(S) * b * ng * d * 2), [=] {
+                      k::cpRingAttentionForward(ad, pos.ptr, kpos.ptr, fp(q), fp(kg), fp(vg), fp(ctx), fp(lse), true);
+                      if (bf) k::roundToBf16(fp(ctx), T * nq * d);
+                  });
+        A.lse = std::move(lse);
+        return Status::ok();
+    }
+    TS_ASSIGN_OR_RETURN(TensorPtr probs, allocUninitialized(m_exec, int64_t(b) * nq * sl * S));
     // About half of the s_local x s key pairs are visible (causal).
     m_exec.op("core_attention.fwd", Category::Attention, 2.0 * b * nq * double(sl) * S * d,
               uint64_t(4) * (uint64_t(T) * nq * d * 2 + uint64_t(S) * b * ng * d * 2 + uint64_t(b) * nq * sl * S), [=] {
@@ -260,7 +274,7 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
         setDropout(rd, drop);
         rd.headOffset = drop.headOffset + mode.rank * (nq / a);
         rd.sTotal = S;
-        if (a == 1) return m_cpRing->backward(rd, A.q, A.k, A.v, A.ctx, A.lse, dctx, dq, dk, dv);
+        if (a == 1) return m_cpRing->backward(rd, A.q, A.k, A.v, A.attnOut ? A.attnOut : A.ctx, A.lse, dctx, dq, dk, dv);
         // a2a+p2p: dout to heads, the ring's backward, dQ/dK/dV back to this rank's rows.
         TS_ASSIGN_OR_RETURN(TensorPtr dout, cpToHeads(dctx, nq, *mode.comm));
         TS_ASSIGN_OR_RETURN(TensorPtr dqh, allocUninitialized(m_exec, T * nq * d));
@@ -278,26 +292,11 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
         k::AttnDims ad{S, b, nq / c, ng / c, d, scale};
         setDropout(ad, drop);
         ad.headOffset = drop.headOffset + mode.rank * (nq / c);
-        TensorPtr q = A.q, kk = A.k, v = A.v, probs = A.probs;
-        const bool fs = m_o.fusedSoftmax;
-        if (!probs) {
-            TS_ASSIGN_OR_RETURN(probs, allocUninitialized(m_exec, int64_t(k::attentionProbsSize(ad))));
-            TS_ASSIGN_OR_RETURN(TensorPtr ctxTmp, allocUninitialized(m_exec, T * nq * d));
-            m_exec.op("core_attention.recompute", Category::Attention, 4.0 * b * (nq / c) * double(S) * S * d,
-                      uint64_t(4) * k::attentionProbsSize(ad),
-                      [=] { k::attentionForward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(ctxTmp), fs); });
-        }
         TS_ASSIGN_OR_RETURN(TensorPtr dout, cpToHeads(dctx, nq, comm));
         TS_ASSIGN_OR_RETURN(TensorPtr dqh, allocUninitialized(m_exec, T * nq * d));
         TS_ASSIGN_OR_RETURN(TensorPtr dkh, allocUninitialized(m_exec, T * ng * d));
         TS_ASSIGN_OR_RETURN(TensorPtr dvh, allocUninitialized(m_exec, T * ng * d));
-        TS_ASSIGN_OR_RETURN(TensorPtr scratch, allocUninitialized(m_exec, int64_t(k::attentionScratchSize(ad)),
-                                                                  MemCategory::Workspace));
-        m_exec.op("core_attention.bwd", Category::Attention, 8.0 * b * (nq / c) * double(S) * S * d,
-                  uint64_t(8) * k::attentionProbsSize(ad), [=] {
-                      k::attentionBackward(ad, fp(q), fp(kk), fp(v), fp(probs), fp(dout), fp(dqh), fp(dkh), fp(dvh),
-                                           fp(scratch), fs);
-                  });
+        TS_RETURN_IF_ERROR(coreAttentionBackward(A, ad, A.q, A.k, A.v, dout, dqh, dkh, dvh));
         TS_RETURN_IF_ERROR(cpToSequence(dqh, nq, dq, comm));
         TS_RETURN_IF_ERROR(cpToSequence(dkh, ng, dk, comm));
         return cpToSequence(dvh, ng, dv, comm);
@@ -309,6 +308,21 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
     setDropout(ad, drop);
     TensorPtr q = A.q, probs = A.probs;
     TS_ASSIGN_OR_RETURN(const KernelIds pos, cpPositions());
+    TS_ASSIGN_OR_RETURN(TensorPtr dkg, allocUninitialized(m_exec, int64_t(S) * b * ng * d));
+    TS_ASSIGN_OR_RETURN(TensorPtr dvg, allocUninitialized(m_exec, int64_t(S) * b * ng * d));
+    if (A.lse) {
+        // Flash (see the forward): the block's backward from the kept log-sum-exps; dq accumulates.
+        TS_ASSIGN_OR_RETURN(const KernelIds kpos, seqPositions());
+        TS_ASSIGN_OR_RETURN(TensorPtr delta, allocUninitialized(m_exec, int64_t(b) * nq * sl, MemCategory::Workspace));
+        TensorPtr lse = A.lse, ctx = A.attnOut ? A.attnOut : A.ctx;  // the unquantized output
+        m_exec.op("core_attention.bwd", Category::Attention, 5.0 * b * nq * double(sl) * S * d,
+                  uint64_t(4) * (uint64_t(T) * nq * d * 4 + uint64_t(S) * b * ng * d * 4), [=] {
+                      k::cpRingAttentionDelta(ad, fp(ctx), fp(dctx), fp(delta));
+                      k::setBytes(fp(dq), 0, size_t(T) * nq * d * sizeof(float));
+                      k::cpRingAttentionBackward(ad, pos.ptr, kpos.ptr, fp(q), fp(kg), fp(vg), fp(lse), fp(delta),
+                                                 fp(dctx), fp(dq), fp(dkg), fp(dvg));
+                  });
+    } else {
     if (!probs) {
         TS_ASSIGN_OR_RETURN(probs, allocUninitialized(m_exec, int64_t(b) * nq * sl * S));
         TS_ASSIGN_OR_RETURN(TensorPtr ctxTmp, allocUninitialized(m_exec, T * nq * d));
@@ -316,13 +330,12 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
                   uint64_t(4) * uint64_t(b) * nq * sl * S,
                   [=] { k::cpAttentionForward(ad, pos.ptr, fp(q), fp(kg), fp(vg), fp(probs), fp(ctxTmp)); });
     }
-    TS_ASSIGN_OR_RETURN(TensorPtr dkg, allocUninitialized(m_exec, int64_t(S) * b * ng * d));
-    TS_ASSIGN_OR_RETURN(TensorPtr dvg, allocUninitialized(m_exec, int64_t(S) * b * ng * d));
     m_exec.op("core_attention.bwd", Category::Attention, 4.0 * b * nq * double(sl) * S * d,
               uint64_t(8) * uint64_t(b) * nq * sl * S, [=] {
                   k::cpAttentionBackward(ad, pos.ptr, fp(q), fp(kg), fp(vg), fp(probs), fp(dctx), fp(dq), fp(dkg),
                                          fp(dvg));
               });
+    }
     TS_ASSIGN_OR_RETURN(TensorPtr dkl, cpScatterKvGrad(dkg, ng));
     TS_ASSIGN_OR_RETURN(TensorPtr dvl, cpScatterKvGrad(dvg, ng));
     const int64_t n = T * ng * d;

@@ -22,12 +22,15 @@ struct GptModel::LayerActs {
     TensorPtr x;                    // layer input (residual stream) [T, h]
     TensorPtr mean1, rstd1, a1;     // input_layernorm stats [T], output [T, h]
     TensorPtr q, k, v;              // after RoPE: [T, nq, d], [T, ng, d], [T, ng, d]
-    TensorPtr probs;                // [b, nq, s, s]; null under selective recompute
+    TensorPtr probs;                // [b, nq, s, s]; null under selective recompute or flash
+    TensorPtr attnStats;            // flash attention: each softmax row's max and 1/sum [b, nq, s, 2]
     TensorPtr lse;                  // cp_comm_type=p2p: log-sum-exp of the softmax rows [b, nq, s]
                                     // (a2a+p2p: of the head-split rows [b, nq/a, a*s])
     TensorPtr ctxHeads;             // a2a+p2p (a > 1): the ring's output before the all-to-all back
                                     // [a*s, b, nq/a, d], what its backward reads
     TensorPtr ctx;                  // core attention output [T, nq*d]
+    TensorPtr attnOut;              // CP ring / all_gather flash under in-place FP8: the output the
+                                    // attention backward reads (A.ctx is then linear_proj's FP8 input)
     TensorPtr mask1;                // dropout mask after linear_proj [T*h] (p > 0)
     TensorPtr x2;                   // residual after attention [T, h]
     TensorPtr mean2, rstd2, a2;     // pre_mlp_layernorm

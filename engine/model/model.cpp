@@ -252,6 +252,7 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
 ModelOptions modelOptionsFromConfig(const Config& c) {
     ModelOptions o;
     o.fusedSoftmax = c.masked_softmax_fusion;
+    o.flashAttention = attentionIsFlash(c.attention_backend);
     o.fusedBiasAct = c.bias_activation_fusion;
     o.fusedBiasDropout = c.bias_dropout_fusion;
     o.fusedRope = c.apply_rope_fusion;

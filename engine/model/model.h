@@ -90,6 +90,9 @@ struct ModelDims {
 // Execution options (all from Config knobs).
 struct ModelOptions {
     bool fusedSoftmax = true;        // masked_softmax_fusion
+    // attention_backend flash, fused or auto: core attention keeps per-row softmax stats instead of
+    // the [b, a, s, s] probabilities (Megatron's TE/cuDNN default); unfused, local: probs kept.
+    bool flashAttention = true;
     bool fusedBiasAct = true;        // bias_activation_fusion
     bool fusedBiasDropout = true;    // bias_dropout_fusion
     bool fusedRope = true;           // apply_rope_fusion

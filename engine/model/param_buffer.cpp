@@ -30,6 +30,24 @@ int ParamBuffer::find(const std::string& name) const {
     return -1;
 }
 
+ParamBuffer::~ParamBuffer() { dropTwin(); }
+
+Status ParamBuffer::makeTwin(Device& dev) {
+    dropTwin();
+    if (!m_model || dev.info().backend == BackendKind::Cpu) return Status::ok();
+    auto twin = dev.allocate(size_t(std::max<int64_t>(m_numel, 1)) * sizeof(uint16_t), MemCategory::Params);
+    if (!twin) return twin.status().withContext("allocating the bf16 model params' 16-bit copy");
+    m_twin = std::move(twin).value();
+    kern::bindBf16Twin(m_model->as<float>(), static_cast<uint16_t*>(m_twin->data()), m_numel);
+    return Status::ok();
+}
+
+void ParamBuffer::dropTwin() {
+    if (!m_twin) return;
+    kern::unbindBf16Twin(m_model->as<float>());
+    m_twin.reset();
+}
+
 Status ParamBuffer::finalize(Device& dev, bool bf16) {
     if (m_finalized) return Status::internal("ParamBuffer::finalize called twice");
     // Reverse registration order: the last registered param starts at offset 0.
@@ -51,6 +69,7 @@ Status ParamBuffer::finalize(Device& dev, bool bf16) {
         auto model = dev.allocate(bytes, MemCategory::Params);
         if (!model) return model.status().withContext("allocating bf16 model params");
         m_model = std::move(model).value();
+        TS_RETURN_IF_ERROR(makeTwin(dev));  // zero-filled too: bf16 zeros, the zero copy's bits
     }
     // allocate() zero-fills on every backend (no host memset: on a device the memory is not the host's).
     m_finalized = true;
@@ -65,12 +84,15 @@ void ParamBuffer::syncModelParams() {
     if (!m_model) return;
     kern::copyBytes(m_model->data(), m_main->data(), size_t(m_numel) * sizeof(float));
     kern::roundToBf16(m_model->as<float>(), m_numel);
+    if (m_twin) kern::floatToBf16(m_model->as<float>(), static_cast<uint16_t*>(m_twin->data()), m_numel);
 }
 
 void ParamBuffer::syncModelParams(int64_t begin, int64_t end) {
     if (!m_model || begin >= end) return;
     kern::copyBytes(m_model->as<float>() + begin, m_main->as<float>() + begin, size_t(end - begin) * sizeof(float));
     kern::roundToBf16(m_model->as<float>() + begin, end - begin);
+    if (m_twin)
+        kern::floatToBf16(m_model->as<float>() + begin, static_cast<uint16_t*>(m_twin->data()) + begin, end - begin);
 }
 
 Status ParamBuffer::relayout(Device& dev, Stream& stream, const std::vector<int64_t>& offsets, int64_t numel) {
@@ -97,11 +119,13 @@ Status ParamBuffer::relayout(Device& dev, Stream& stream, const std::vector<int6
         for (size_t i = 0; i < m_params.size(); ++i)
             kern::copyBytes(to + offsets[i], from + m_params[i].offset, size_t(m_params[i].numel) * sizeof(float));
     }));
+    dropTwin();  // bound to the old copy
     m_main = std::move(main).value();
     m_grad = std::move(grad).value();
     m_model = std::move(model);
     for (size_t i = 0; i < m_params.size(); ++i) m_params[i].offset = offsets[i];
     m_numel = numel;
+    TS_RETURN_IF_ERROR(makeTwin(dev));
     return kern::runOp(stream, "sync_model_params", [this] { syncModelParams(); });
 }
 

@@ -41,6 +41,10 @@ struct ParamInfo {
 
 class ParamBuffer {
 public:
+    ParamBuffer() = default;
+    ~ParamBuffer();
+    ParamBuffer(const ParamBuffer&) = delete;
+    ParamBuffer& operator=(const ParamBuffer&) = delete;
     // Registers a parameter; returns its index. Only before finalize().
     int add(ParamInfo info);
     // Lays out (reverse registration order) and allocates: main params (Params), main grads
@@ -60,6 +64,12 @@ public:
     float* mainGrad(int i) { return mainGrads() + info(i).offset; }
     // What forward/backward read: the bf16-rounded copy with bf16, else the main params.
     float* modelParam(int i) { return (m_model ? m_model->as<float>() : mainParams()) + info(i).offset; }
+    // Where kernels see device memory (CUDA, the emulated device), a bf16 model copy has a 16-bit
+    // twin: the same values as bf16 bits, refreshed with the copy (syncModelParams) and bound to
+    // it (kern::bindBf16Twin), so a bf16 GEMM reading a weight takes the twin's bits instead of
+    // converting the fp32 copy at every call. Null otherwise.
+    const uint16_t* bf16Twin() const { return m_twin ? static_cast<const uint16_t*>(m_twin->data()) : nullptr; }
+    const float* modelParams() const { return m_model ? m_model->as<float>() : m_main->as<float>(); }
 
     void zeroGrads();
     // Refreshes the bf16 model copy from the main params (no-op in fp32).
@@ -76,7 +86,10 @@ public:
 
 private:
     std::vector<ParamInfo> m_params;
-    std::unique_ptr<Buffer> m_main, m_grad, m_model;
+    std::unique_ptr<Buffer> m_main, m_grad, m_model, m_twin;
+    // Allocates and binds the model copy's 16-bit twin where kernels see device memory.
+    Status makeTwin(Device& dev);
+    void dropTwin();
     int64_t m_numel = 0;
     bool m_bf16 = false;
     bool m_finalized = false;

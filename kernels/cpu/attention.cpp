@@ -53,12 +53,27 @@ struct Views {
     }
 };
 
-// Row r of raw scores (already scaled): softmax over columns [0, r], zeros in (r, end).
-inline void causalSoftmaxRow(float* row, int r, int end) {
+// Row r of raw scores (already scaled): softmax over columns [0, r], zeros in (r, end). With
+// stats, its maximum and the reciprocal of its denominator go to stats[0], stats[1].
+inline void causalSoftmaxRow(float* row, int r, int end, float* stats = nullptr) {
     const int n = r + 1;
     const float m = detail::maxLanes(row, n);
     const float sum = detail::expShiftSum(row, row, m, n);
     const float inv = 1.0f / sum;
+    for (int j = 0; j < n; ++j) row[j] *= inv;
+    std::fill(row + n, row + end, 0.0f);
+    if (stats) {
+        stats[0] = m;
+        stats[1] = inv;
+    }
+}
+
+// The same row again from its raw scores and the forward's stats: the same exp of the same
+// shifted scores times the same reciprocal, so the same bits as causalSoftmaxRow gave.
+inline void causalSoftmaxRowFromStats(float* row, int r, int end, const float* stats) {
+    const int n = r + 1;
+    (void)detail::expShiftSum(row, row, stats[0], n);
+    const float inv = stats[1];
     for (int j = 0; j < n; ++j) row[j] *= inv;
     std::fill(row + n, row + end, 0.0f);
 }
@@ -85,23 +100,30 @@ float* threadPanels(size_t n) {
     if (buf.size() < n) buf.resize(n);
     return buf.data();
 }
+// Per-thread row block of flash attention's probabilities (kBlock x s).
+float* threadBlock(size_t n) {
+    thread_local std::vector<float> buf;
+    if (buf.size() < n) buf.resize(n);
+    return buf.data();
+}
 uint8_t* threadMaskRow(size_t n) {
     thread_local std::vector<uint8_t> buf;
     if (buf.size() < n) buf.resize(n);
     return buf.data();
 }
 
-// S[r, c] = alpha * A(r) . Bt(c) for the rows [r0, r1) of a head and every column c <= r, as
-// 16-column strips (c in [j, j+16) for j < r1) over the 6-row tiles (aligned to r0) from the
+// S[r - r0, c] = alpha * A(r) . Bt(c) for the rows [r0, r1) of a head and every column c <= r,
+// as 16-column strips (c in [j, j+16) for j < r1) over the 6-row tiles (aligned to r0) from the
 // first one that holds a row >= j. A is the [s, d] operand with row stride lda, Bt the panels
-// of the [d, s] operand. Entries of a tile above the diagonal come out as finite garbage.
+// of the [d, s] operand, S holds row r0 first (row stride s). Entries of a tile above the
+// diagonal come out as finite garbage.
 inline void causalScores(int r0, int r1, int d, float alpha, const float* A, int64_t lda,
                          const float* Bt, float* S, int s) {
     for (int j = 0; j < r1; j += kStrip) {
         const int first = r0 + (std::max(j, r0) - r0) / kTileRows * kTileRows;
         detail::smallGemm(r1 - first, std::min(kStrip, r1 - j), d, alpha, A + first * lda, lda,
                           1, Bt + static_cast<int64_t>(j) * d, kStrip, 0, false,
-                          S + static_cast<int64_t>(first) * s + j, s);
+                          S + static_cast<int64_t>(first - r0) * s + j, s);
     }
 }
 
@@ -147,8 +169,20 @@ size_t attentionScratchSize(const AttnDims& dims) {
     return dims.dropout > 0.0f ? 2 * ss : ss;
 }
 
-void attentionForward(const AttnDims& dims, const float* q, const float* k, const float* v,
-                      float* probs, float* out, bool fusedSoftmax) {
+size_t attentionStatsSize(const AttnDims& dims) {
+    return 2 * static_cast<size_t>(dims.b) * dims.nq * dims.s;
+}
+
+size_t attentionFlashScratchSize(const AttnDims& dims) {
+    return attentionScratchSize(dims) + static_cast<size_t>(dims.s) * dims.s;
+}
+
+namespace {
+
+// The forward of both ways: probs set (materialized; fusedSoftmax picks the path), or stats set
+// (flash: the fused path with each row block's probabilities in a per-thread block).
+void attentionForwardImpl(const AttnDims& dims, const float* q, const float* k, const float* v,
+                          float* probs, float* stats, float* out, bool fusedSoftmax) {
     const int s = dims.s, d = dims.d;
     if (s <= 0 || dims.b <= 0 || dims.nq <= 0 || dims.nkv <= 0 || d <= 0) return;
     const Views vw(dims);
@@ -171,6 +205,7 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                                                                     detail::panelFloats(s, d)))
                                  : nullptr;
         float* Vp = fusedSoftmax ? Kt + detail::panelFloats(d, s) : nullptr;
+        float* block = stats ? threadBlock(static_cast<size_t>(kBlock) * s) : nullptr;
         for (int bi = biBegin; bi < biEnd; ++bi) {
             for (int h = 0; h < dims.nq; ++h) {
                 const int g = h / rep;
@@ -178,7 +213,8 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                 const float* K = k + vw.kOff(bi, g);
                 const float* V = v + vw.kOff(bi, g);
                 float* O = out + vw.qOff(bi, h);
-                float* P = vw.probs(probs, bi, h);  // [s, s]
+                float* P = stats ? nullptr : vw.probs(probs, bi, h);  // [s, s]
+                float* St = stats ? stats + 2 * ((static_cast<int64_t>(bi) * dims.nq + h) * s) : nullptr;
                 const uint64_t base = drop ? maskBase(dims, bi, h) : 0;
                 if (fusedSoftmax) {
                     if (h % rep == 0) {  // first query head of the group
@@ -187,11 +223,14 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                     }
                     for (int r0 = 0; r0 < s; r0 += kBlock) {
                         const int r1 = std::min(s, r0 + kBlock);
-                        // P[r, c] = scale * Q[r] . K[c] for c <= r (and some c > r, see above)
-                        causalScores(r0, r1, d, dims.scale, Q, ldq, Kt, P, s);
+                        // the block's rows: in probs, or (flash) in the per-thread block
+                        float* Pb = stats ? block : P + static_cast<int64_t>(r0) * s;
+                        // Pb[r - r0, c] = scale * Q[r] . K[c] for c <= r (and some c > r, see above)
+                        causalScores(r0, r1, d, dims.scale, Q, ldq, Kt, Pb, s);
                         for (int r = r0; r < r1; ++r) {
-                            float* row = P + static_cast<int64_t>(r) * s;
-                            causalSoftmaxRow(row, r, s);  // the upper triangle of probs is 0
+                            float* row = Pb + static_cast<int64_t>(r - r0) * s;
+                            // the upper triangle of probs is 0
+                            causalSoftmaxRow(row, r, s, St ? St + 2 * r : nullptr);
                             if (!drop) continue;
                             // dropout while the row is in cache; D keeps the block's rows with the
                             // masked part zero up to the block end (the .V below reads that far)
@@ -203,7 +242,7 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
                             std::fill(drow + n, drow + r1, 0.0f);
                         }
                         // O[r0:r1] = dropout(P)[r0:r1, 0:r1] V[0:r1], causal per row tile
-                        const float* A = drop ? D : P + static_cast<int64_t>(r0) * s;
+                        const float* A = drop ? D : Pb;
                         causalTimes(r0, r1, s, d, 1.0f, A, s, Vp, O, vw.ldq);
                     }
                 } else {
@@ -226,6 +265,18 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
         }
     };
     forBatchRanges(dims.b, fusedSoftmax, range);
+}
+
+}  // namespace
+
+void attentionForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                      float* probs, float* out, bool fusedSoftmax) {
+    attentionForwardImpl(dims, q, k, v, probs, nullptr, out, fusedSoftmax);
+}
+
+void attentionFlashForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                           float* stats, float* out) {
+    attentionForwardImpl(dims, q, k, v, nullptr, stats, out, true);
 }
 
 // With P the probs, M the dropout keep mask (scaled: Md = M/(1-p), all ones without dropout),
@@ -272,9 +323,13 @@ void attentionBackwardHeadUnfused(const AttnDims& dims, const float* Q, const fl
 
 }  // namespace
 
-void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
-                       const float* probs, const float* dout, float* dq, float* dk, float* dv,
-                       float* scratch, bool fusedSoftmax) {
+namespace {
+
+// The backward of both ways: probs set (materialized), or stats set (flash: the fused path,
+// each head's probabilities rebuilt row block by row block into scratch first).
+void attentionBackwardImpl(const AttnDims& dims, const float* q, const float* k, const float* v,
+                           const float* probs, const float* stats, const float* dout, float* dq,
+                           float* dk, float* dv, float* scratch, bool fusedSoftmax) {
     const int s = dims.s, d = dims.d;
     if (s <= 0 || dims.b <= 0 || dims.nq <= 0 || dims.nkv <= 0 || d <= 0) return;
     const Views vw(dims);
@@ -289,11 +344,13 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
         std::vector<float> own;
         float* sbuf = scratch;
         if (worker > 0) {
-            own.resize(attentionScratchSize(dims));
+            own.resize(stats ? attentionFlashScratchSize(dims) : attentionScratchSize(dims));
             sbuf = own.data();
         }
+        const int64_t ss = static_cast<int64_t>(s) * s;
         float* dS = sbuf;                                             // [s, s]
-        float* Pd = drop ? sbuf + static_cast<int64_t>(s) * s : nullptr;  // [s, s]
+        float* Pd = drop ? sbuf + ss : nullptr;  // [s, s]
+        float* Pr = stats ? sbuf + (drop ? 2 : 1) * ss : nullptr;     // flash: the head's P [s, s]
         uint8_t* mrow = drop ? threadMaskRow(static_cast<size_t>(s)) : nullptr;
         // fused: smallGemm panels of the group's K and V^T and of the head's dO and Q
         const int64_t pf = detail::panelFloats(s, d);
@@ -301,12 +358,14 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
         float* Vt = nullptr;
         float* dOp = nullptr;
         float* Qp = nullptr;
+        float* Kt = nullptr;  // flash: the group's K^T ([d, s]) for the scores
         if (fusedSoftmax) {
             const int64_t vtf = detail::panelFloats(d, s);
-            Kp = threadPanels(static_cast<size_t>(3 * pf + vtf));
+            Kp = threadPanels(static_cast<size_t>(3 * pf + (stats ? 2 : 1) * vtf));
             dOp = Kp + pf;
             Qp = dOp + pf;
             Vt = Qp + pf;
+            if (stats) Kt = Vt + vtf;
         }
         for (int bi = biBegin; bi < biEnd; ++bi) {
             for (int h = 0; h < dims.nq; ++h) {
@@ -320,7 +379,8 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                 float* dQ = dq + vw.qOff(bi, h);
                 float* dK = dk + vw.kOff(bi, g);
                 float* dV = dv + vw.kOff(bi, g);
-                const float* P = vw.probs(probs, bi, h);
+                const float* P = stats ? Pr : vw.probs(probs, bi, h);
+                const float* St = stats ? stats + 2 * ((static_cast<int64_t>(bi) * dims.nq + h) * s) : nullptr;
                 const uint64_t base = drop ? maskBase(dims, bi, h) : 0;
                 if (!fusedSoftmax) {
                     attentionBackwardHeadUnfused(dims, Q, K, V, P, dO, dQ, dK, dV, beta, dS, Pd, base,
@@ -330,13 +390,20 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
                 if (h % rep == 0) {  // the group's K ([s, d]) and V^T ([d, s]) as panels
                     detail::packPanels(s, d, K, ldk, 1, Kp);
                     detail::packPanels(d, s, V, 1, ldk, Vt);
+                    if (Kt) detail::packPanels(d, s, K, 1, ldk, Kt);
                 }
                 detail::packPanels(s, d, dO, ldq, 1, dOp);
                 detail::packPanels(s, d, Q, ldq, 1, Qp);
                 for (int r0 = 0; r0 < s; r0 += kBlock) {
                     const int r1 = std::min(s, r0 + kBlock);
+                    if (stats) {  // flash: the block's probabilities again, as the forward made them
+                        float* Pb = Pr + static_cast<int64_t>(r0) * s;
+                        causalScores(r0, r1, d, dims.scale, Q, ldq, Kt, Pb, s);
+                        for (int r = r0; r < r1; ++r)
+                            causalSoftmaxRowFromStats(Pb + static_cast<int64_t>(r - r0) * s, r, s, St + 2 * r);
+                    }
                     // dP[r, c] = dO[r] . V[c] for c <= r (and some c > r)
-                    causalScores(r0, r1, d, 1.0f, dO, ldq, Vt, dS, s);
+                    causalScores(r0, r1, d, 1.0f, dO, ldq, Vt, dS + static_cast<int64_t>(r0) * s, s);
                     for (int r = r0; r < r1; ++r) {
                         const float* pr = P + static_cast<int64_t>(r) * s;
                         float* dr = dS + static_cast<int64_t>(r) * s;
@@ -381,6 +448,20 @@ void attentionBackward(const AttnDims& dims, const float* q, const float* k, con
         }
     };
     forBatchRanges(dims.b, fusedSoftmax, range);
+}
+
+}  // namespace
+
+void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                       const float* probs, const float* dout, float* dq, float* dk, float* dv,
+                       float* scratch, bool fusedSoftmax) {
+    attentionBackwardImpl(dims, q, k, v, probs, nullptr, dout, dq, dk, dv, scratch, fusedSoftmax);
+}
+
+void attentionFlashBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                            const float* stats, const float* dout, float* dq, float* dk,
+                            float* dv, float* scratch) {
+    attentionBackwardImpl(dims, q, k, v, nullptr, stats, dout, dq, dk, dv, scratch, true);
 }
 
 }  // namespace ts::kernels::cpu

@@ -136,6 +136,22 @@ void attentionForward(const AttnDims& dims, const float* q, const float* k, cons
 void attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
                        float* scratch, bool fusedSoftmax = true);
+// Flash attention (attention_backend flash, fused, auto): the same causal attention as the
+// fused path above without keeping anything of size s x s between forward and backward. The
+// forward writes out and, per query row, two floats into stats [b, nq, s, 2]: the row's maximum
+// scaled score m and the reciprocal of its softmax denominator; the backward recomputes each
+// head's probabilities from q, k and those stats, P = exp(score - m) * inv, the very bits the
+// forward used (same GEMM tiles, same exp), so flash equals the fused path bit for bit. On the
+// CPU the backward rebuilds one head at a time in scratch (attentionFlashScratchSize floats:
+// P and dS, and dropout(P) with dropout), which is workspace, not a saved activation.
+void attentionFlashForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                           float* stats, float* out);
+void attentionFlashBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                            const float* stats, const float* dout, float* dq, float* dk,
+                            float* dv, float* scratch);
+size_t attentionStatsSize(const AttnDims& dims);         // 2*b*nq*s
+size_t attentionFlashScratchSize(const AttnDims& dims);  // 2*s*s, 3*s*s with dropout
+
 // Context parallel (attention_cp.cpp): sq local query rows [sq, b, nq, d] with global
 // positions qPos[sq] against the whole sequence's keys/values [skv, b, nkv, d] in global order;
 // key j visible iff j <= qPos[i]. probs: [b, nq, sq, skv] (the softmax before dropout).

@@ -15,7 +15,12 @@
 // fusedSoftmax=true: the scale folded into the scores GEMM, one row kernel for mask + softmax
 // (+ dropout), and in backward one row kernel for the dropout mask, dropout(P) and the softmax
 // backward. Unlike the CPU's fused path the GEMMs still cover the full square (the masked part
-// is exact zeros); a flash kernel that skips it comes later.
+// is exact zeros); a tiled flash kernel that skips it (and never writes the scores out) and
+// cuDNN's fused attention come later.
+// Flash attention (attentionFlashForward/Backward): the fused path with each head chunk's
+// probabilities in the workspace instead of the caller's probs, and each row's max and 1/sum
+// written to stats; the backward rebuilds the chunk's probabilities by the scores GEMM and
+// softmaxFromStatsRowsKernel before the fused backward.
 //
 // Row kernels: one warp per row of one head (rows of any length, no shared memory). Softmax
 // sums and the softmax backward's row dot accumulate in double (the CPU sums in float lanes for
@@ -25,9 +30,12 @@
 // exactly (attention_common.cuh), never stored: backward regenerates them.
 //
 // Workspace: dropout(P) (forward) and dS, dropout(P) (backward) need [sq, skv] floats per head
-// of a GEMM batch. They come from a stream-ordered allocation (cudaMallocAsync) of at most
-// kWorkspaceCapBytes, the heads split into chunks to fit; attentionBackward falls back to the
-// caller's scratch (attentionScratchSize: one head) one head at a time when that allocation fails.
+// of a GEMM batch, flash attention one more (P itself). They come from a stream-ordered
+// allocation (cudaMallocAsync) of at most kWorkspaceCapBytes, the heads split into chunks to fit;
+// the backwards fall back to the caller's scratch (attentionScratchSize or
+// attentionFlashScratchSize: one head) one head at a time when that allocation fails. The
+// forwards halve their chunk until the allocation succeeds; at one head a failure fails the op
+// with cudaMallocAsync's error.
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -60,6 +68,10 @@ struct RowParams {
     int64_t nqTotal = 0;
     int headOffset = 0;
     int64_t sTotal = 0;
+    // Flash attention: probs holds the chunk's rows only (row ro of the chunk at ro * skv, a
+    // workspace), and each row's max and reciprocal denominator go to / come from stats.
+    bool localProbs = false;
+    float* stats = nullptr;
 };
 
 struct RowInfo {
@@ -67,6 +79,7 @@ struct RowInfo {
     int r;             // query row
     int n;             // visible keys [0, n) (n <= 0: none)
     uint64_t maskRow;  // dropout element of key 0
+    int64_t ro;        // row of the chunk
 };
 
 __device__ inline RowInfo rowInfo(const RowParams& p, int64_t ro) {
@@ -78,14 +91,22 @@ __device__ inline RowInfo rowInfo(const RowParams& p, int64_t ro) {
     ri.n = p.qPos ? min(pos, p.skv - 1) + 1 : ri.r + 1;
     const int64_t bi = ri.head / p.nq, h = ri.head % p.nq;
     ri.maskRow = static_cast<uint64_t>(((bi * p.nqTotal + p.headOffset + h) * p.sTotal + pos) * p.sTotal);
+    ri.ro = ro;
     return ri;
 }
 
+__device__ inline int64_t probsRowOffset(const RowParams& p, const RowInfo& ri) {
+    return (p.localProbs ? ri.ro : ri.head * p.sq + ri.r) * static_cast<int64_t>(p.skv);
+}
 __device__ inline float* probsRow(const RowParams& p, float* probs, const RowInfo& ri) {
-    return probs + (ri.head * p.sq + ri.r) * static_cast<int64_t>(p.skv);
+    return probs + probsRowOffset(p, ri);
 }
 __device__ inline const float* probsRow(const RowParams& p, const float* probs, const RowInfo& ri) {
-    return probs + (ri.head * p.sq + ri.r) * static_cast<int64_t>(p.skv);
+    return probs + probsRowOffset(p, ri);
+}
+// The flash stats of a row: [b, nq, sq, 2] over the flat head.
+__device__ inline float* statsRow(const RowParams& p, const RowInfo& ri) {
+    return p.stats + 2 * (ri.head * p.sq + ri.r);
 }
 
 // The warp's rows: ro in [0, rows), all lanes of a warp on the same row.
@@ -116,12 +137,30 @@ __global__ void fusedSoftmaxRowsKernel(RowParams p, float* __restrict__ probs, f
         for (int j = lane; j < ri.n; j += 32) sum += expf(P[j] - mx);
         sum = warpSumD(sum);
         const float inv = ri.n > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
+        if (p.stats && lane == 0) {
+            float* st = statsRow(p, ri);
+            st[0] = mx;
+            st[1] = inv;
+        }
         float* Dr = D ? D + ro * p.skv : nullptr;
         for (int j = lane; j < p.skv; j += 32) {
             const float pj = j < ri.n ? expf(P[j] - mx) * inv : 0.0f;
             P[j] = pj;
             if (Dr) Dr[j] = j < ri.n ? dropValue(p, ri.maskRow + j, pj) : 0.0f;
         }
+    }
+}
+
+// Flash backward: probs holds the scaled scores again; the row's probabilities from the
+// forward's stats (the same expf of the same shifted scores times the same reciprocal).
+__global__ void softmaxFromStatsRowsKernel(RowParams p, float* __restrict__ probs, int64_t rows) {
+    const int lane = threadIdx.x % 32;
+    TS_FOR_EACH_WARP_ROW(ro, rows) {
+        const RowInfo ri = rowInfo(p, ro);
+        float* P = probsRow(p, probs, ri);
+        const float* st = statsRow(p, ri);
+        const float mx = st[0], inv = st[1];
+        for (int j = lane; j < p.skv; j += 32) P[j] = j < ri.n ? expf(P[j] - mx) * inv : 0.0f;
     }
 }
 
@@ -275,7 +314,7 @@ struct ChunkViews {
 
 Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k, const float* v,
                               float* probs, float* out, bool fused, const char* what,
-                              void* stream) {
+                              void* stream, float* stats) {
     TS_RETURN_IF_ERROR(validate(g, what));
     if (g.sq == 0 || g.b == 0 || g.nq == 0 || g.d == 0) return Status::ok();
     const cudaStream_t st = asStream(stream);
@@ -288,12 +327,22 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
     const int64_t ss = static_cast<int64_t>(g.sq) * g.skv;
     const int ldq = g.b * g.nq * g.d, ldk = g.b * g.nkv * g.d;
     const bool drop = g.dropout > 0.0f;
-    const int chunk = chunkHeads(groups, drop ? sizeof(float) * ss : 0);
+    const bool flash = stats != nullptr;  // the chunk's probabilities in the workspace only
+    if (flash) fused = true;
+    const int64_t perHead = (flash ? ss : 0) + (drop ? ss : 0);
+    int chunk = chunkHeads(groups, sizeof(float) * perHead);
     StreamWorkspace ws(stream);
-    if (drop)
-        TS_RETURN_IF_ERROR(ws.allocate(sizeof(float) * ss * chunk,
-                                       (std::string(what) + ": dropout workspace").c_str()));
-    float* D = static_cast<float*>(ws.get());
+    if (perHead > 0) {
+        // Fewer heads at a time while the memory is short, down to one head.
+        for (;;) {
+            const Status got = ws.allocate(sizeof(float) * perHead * chunk, (std::string(what) + ": workspace").c_str());
+            if (got.isOk()) break;
+            if (chunk == 1) return got;
+            chunk = (chunk + 1) / 2;
+        }
+    }
+    float* Pw = flash ? static_cast<float*>(ws.get()) : nullptr;
+    float* D = drop ? static_cast<float*>(ws.get()) + (flash ? chunk * ss : 0) : nullptr;
     for (int j = 0; j < rep; ++j) {
         for (int64_t i0 = 0; i0 < groups; i0 += chunk) {
             HeadChunk ch;
@@ -302,15 +351,19 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
             ch.rep = rep;
             ch.j = j;
             const ChunkViews cv(g, ch);
-            const RowParams rp = rowParams(g, ch);
+            RowParams rp = rowParams(g, ch);
+            rp.localProbs = flash;
+            rp.stats = stats;
             const int64_t rows = static_cast<int64_t>(ch.count) * g.sq;
+            float* Pc = flash ? Pw : probs + cv.pOff;  // the chunk's first head's probabilities
+            const int64_t pStride = flash ? ss : rep * ss;
             // probs = (scale) Q K^T
             TS_RETURN_IF_ERROR(gemmStridedBatched(false, true, g.sq, g.skv, g.d, fused ? g.scale : 1.0f,
                                                   q + cv.qOff, ldq, static_cast<int64_t>(rep) * g.d,
-                                                  k + cv.kOff, ldk, g.d, 0.0f, probs + cv.pOff, g.skv,
-                                                  rep * ss, ch.count, stream));
+                                                  k + cv.kOff, ldk, g.d, 0.0f, Pc, g.skv,
+                                                  pStride, ch.count, stream));
             if (fused) {
-                fusedSoftmaxRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, D, rows);
+                fusedSoftmaxRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, flash ? Pw : probs, D, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
             } else {
                 scaleRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
@@ -325,9 +378,9 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
                 }
             }
             // out = dropout(P) V
-            const float* A = drop ? D : probs + cv.pOff;
+            const float* A = drop ? D : Pc;
             TS_RETURN_IF_ERROR(gemmStridedBatched(false, false, g.sq, g.d, g.skv, 1.0f, A, g.skv,
-                                                  drop ? ss : rep * ss, v + cv.kOff, ldk, g.d, 0.0f,
+                                                  drop ? ss : pStride, v + cv.kOff, ldk, g.d, 0.0f,
                                                   out + cv.qOff, ldq, static_cast<int64_t>(rep) * g.d,
                                                   ch.count, stream));
         }
@@ -338,7 +391,7 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
 Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k, const float* v,
                                const float* probs, const float* dout, float* dq, float* dk,
                                float* dv, float* scratch, size_t scratchFloats, bool fused,
-                               const char* what, void* stream) {
+                               const char* what, void* stream, const float* stats) {
     TS_RETURN_IF_ERROR(validate(g, what));
     if (g.b == 0 || g.nq == 0 || g.d == 0) return Status::ok();
     const cudaStream_t st = asStream(stream);
@@ -357,7 +410,9 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
     const int64_t ss = static_cast<int64_t>(g.sq) * g.skv;
     const int ldq = g.b * g.nq * g.d, ldk = g.b * g.nkv * g.d;
     const bool drop = g.dropout > 0.0f;
-    const int64_t perHead = drop ? 2 * ss : ss;  // dS (+ dropout(P)) floats
+    const bool flash = stats != nullptr;  // the probabilities rebuilt per chunk from the stats
+    if (flash) fused = true;
+    const int64_t perHead = (drop ? 2 * ss : ss) + (flash ? ss : 0);  // dS (+ dropout(P)) (+ P)
     int chunk = chunkHeads(groups, sizeof(float) * perHead);
     float* buf = nullptr;
     StreamWorkspace ws(stream);
@@ -378,6 +433,7 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
     }
     float* dS = buf;                                            // [chunk, sq, skv]
     float* Pd = drop ? buf + static_cast<int64_t>(chunk) * ss : nullptr;  // [chunk, sq, skv]
+    float* Pw = flash ? buf + static_cast<int64_t>(chunk) * ss * (drop ? 2 : 1) : nullptr;
     for (int j = 0; j < rep; ++j) {
         const float beta = j == 0 ? 0.0f : 1.0f;  // the group's first query head overwrites dK/dV
         for (int64_t i0 = 0; i0 < groups; i0 += chunk) {
@@ -387,12 +443,22 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
             ch.rep = rep;
             ch.j = j;
             const ChunkViews cv(g, ch);
-            const RowParams rp = rowParams(g, ch);
+            RowParams rp = rowParams(g, ch);
+            rp.localProbs = flash;
+            rp.stats = const_cast<float*>(stats);  // read only here
             const int64_t rows = static_cast<int64_t>(ch.count) * g.sq;
             const int64_t qStride = static_cast<int64_t>(rep) * g.d;
-            const float* P = probs + cv.pOff;
+            if (flash) {  // P = exp(scale Q K^T - max) * inv, as the forward had it
+                TS_RETURN_IF_ERROR(gemmStridedBatched(false, true, g.sq, g.skv, g.d, g.scale, q + cv.qOff, ldq,
+                                                      qStride, k + cv.kOff, ldk, g.d, 0.0f, Pw, g.skv, ss,
+                                                      ch.count, stream));
+                softmaxFromStatsRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, Pw, rows);
+                TS_RETURN_IF_ERROR(launchStatus(what));
+            }
+            const float* rowProbs = flash ? Pw : probs;  // what the row kernels index
+            const float* P = flash ? Pw : probs + cv.pOff;
             const float* PV = drop ? Pd : P;  // what multiplied V in forward
-            const int64_t pvStride = drop ? ss : rep * ss;
+            const int64_t pvStride = drop || flash ? ss : rep * ss;
             auto dvGemm = [&] {  // dV (+)= dropout(P)^T dO
                 return gemmStridedBatched(true, false, g.skv, g.d, g.sq, 1.0f, PV, g.skv, pvStride,
                                           dout + cv.qOff, ldq, qStride, beta, dv + cv.kOff, ldk, g.d,
@@ -418,7 +484,7 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
                 TS_RETURN_IF_ERROR(launchStatus(what));
             } else {
                 TS_RETURN_IF_ERROR(dsGemm());
-                fusedSoftmaxBackwardRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, dS, Pd,
+                fusedSoftmaxBackwardRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, rowProbs, dS, Pd,
                                                                                     rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
             }
@@ -456,10 +522,11 @@ detail::AttnGeom squareGeom(const AttnDims& dims) {
     return g;
 }
 
-// kernels::cpu::attentionScratchSize (the CPU library is not linked into this one).
-size_t cpuScratchFloats(const AttnDims& dims) {
+// kernels::cpu::attentionScratchSize / attentionFlashScratchSize (the CPU library is not
+// linked into this one).
+size_t cpuScratchFloats(const AttnDims& dims, bool flash = false) {
     const size_t ss = static_cast<size_t>(dims.s) * dims.s;
-    return dims.dropout > 0.0f ? 2 * ss : ss;
+    return (dims.dropout > 0.0f ? 2 * ss : ss) + (flash ? ss : 0);
 }
 
 }  // namespace
@@ -476,6 +543,22 @@ Status attentionBackward(const AttnDims& dims, const float* q, const float* k, c
     return detail::maskedAttentionBackward(squareGeom(dims), q, k, v, probs, dout, dq, dk, dv,
                                            scratch, cpuScratchFloats(dims),
                                            fusedSoftmax, "attentionBackward", stream);
+}
+
+Status attentionFlashForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                             float* stats, float* out, void* stream) {
+    if (!stats) return Status::invalid("attentionFlashForward: no stats buffer");
+    return detail::maskedAttentionForward(squareGeom(dims), q, k, v, nullptr, out, true,
+                                          "attentionFlashForward", stream, stats);
+}
+
+Status attentionFlashBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                              const float* stats, const float* dout, float* dq, float* dk,
+                              float* dv, float* scratch, void* stream) {
+    if (!stats) return Status::invalid("attentionFlashBackward: no stats buffer");
+    return detail::maskedAttentionBackward(squareGeom(dims), q, k, v, nullptr, dout, dq, dk, dv,
+                                           scratch, cpuScratchFloats(dims, true), true,
+                                           "attentionFlashBackward", stream, stats);
 }
 
 }  // namespace ts::kernels::cuda

@@ -79,16 +79,19 @@ struct AttnGeom {
 };
 
 // fused=false: scores, scale, mask, softmax, dropout as separate kernels; true: one row kernel
-// for scale (folded into the GEMM), mask, softmax and dropout.
+// for scale (folded into the GEMM), mask, softmax and dropout. stats set (flash attention):
+// probs is not used, each head chunk's probabilities live in the workspace, and every row's
+// max and reciprocal softmax denominator go to stats [b, nq, sq, 2] (implies fused).
 Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k, const float* v,
                               float* probs, float* out, bool fused, const char* what,
-                              void* stream);
+                              void* stream, float* stats = nullptr);
 // dq, dk, dv overwritten. scratch (may be null): scratchFloats floats the caller lends for one
-// head at a time when no larger stream-ordered workspace can be had.
+// head at a time when no larger stream-ordered workspace can be had. stats set (flash): probs
+// is not used, each chunk's probabilities are rebuilt from the scores GEMM and the stats.
 Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k, const float* v,
                                const float* probs, const float* dout, float* dq, float* dk,
                                float* dv, float* scratch, size_t scratchFloats, bool fused,
-                               const char* what, void* stream);
+                               const char* what, void* stream, const float* stats = nullptr);
 
 // Heads are processed as GEMM batches: for the replica j < nq/nkv of each query group, the
 // batch runs over i = bi*nkv + g (query head (bi, g*rep + j) = flat head i*rep + j, its k/v

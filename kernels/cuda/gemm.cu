@@ -6,6 +6,7 @@
 #include "kernels/cuda/ops_cuda.h"
 
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -81,13 +82,30 @@ namespace {
 
 thread_local bool t_bf16Gemms = false;
 
-// A bf16 copy of the operand's first n floats, from the stream-ordered allocator; freed with
-// cudaFreeAsync by the caller.
-Status bf16Operand(const float* x, int64_t n, void** out, cudaStream_t s) {
-    *out = nullptr;
-    TS_RETURN_IF_ERROR(detail::fromCuda(cudaMallocAsync(out, sizeof(uint16_t) * static_cast<size_t>(n > 0 ? n : 1), s),
+// The bound twins by base address: [base, base + n) -> twin.
+struct Twin {
+    int64_t n = 0;
+    const uint16_t* bits = nullptr;
+};
+std::mutex g_twinMutex;
+std::map<const float*, Twin>& twins() {
+    static std::map<const float*, Twin> m;
+    return m;
+}
+
+// The operand's first n floats as bf16: the bound twin's bits where one covers them (`use`
+// set, `owned` null), else a bf16 copy from the stream-ordered allocator (`use` == `owned`,
+// freed with cudaFreeAsync by the caller).
+Status bf16Operand(const float* x, int64_t n, const void** use, void** owned, cudaStream_t s) {
+    *owned = nullptr;
+    if (const uint16_t* bits = boundBf16Twin(x, n)) {
+        *use = bits;
+        return Status::ok();
+    }
+    TS_RETURN_IF_ERROR(detail::fromCuda(cudaMallocAsync(owned, sizeof(uint16_t) * static_cast<size_t>(n > 0 ? n : 1), s),
                                         "bf16 GEMM operand (cudaMallocAsync)"));
-    return floatToBf16(x, static_cast<uint16_t*>(*out), n, s);
+    *use = *owned;
+    return floatToBf16(x, static_cast<uint16_t*>(*owned), n, s);
 }
 
 // C = alpha op(A) op(B) + beta C over `batch` strided matrices with bf16 copies of A and B.
@@ -100,13 +118,14 @@ Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, cons
     // the operands' extents: every matrix of the batch, each [rows, ld]
     const int rowsA = transA ? K : M, colsA = transA ? M : K, rowsB = transB ? N : K, colsB = transB ? K : N;
     const int64_t spanA = static_cast<int64_t>(batch - 1) * strideA, spanB = static_cast<int64_t>(batch - 1) * strideB;
-    void *a = nullptr, *b = nullptr;
+    void *a = nullptr, *b = nullptr;  // the copies made here (null where a twin was read)
+    const void *useA = nullptr, *useB = nullptr;
     auto run = [&]() -> Status {
-        TS_RETURN_IF_ERROR(bf16Operand(A, spanA + int64_t(rowsA - 1) * lda + colsA, &a, s));
-        TS_RETURN_IF_ERROR(bf16Operand(B, spanB + int64_t(rowsB - 1) * ldb + colsB, &b, s));
+        TS_RETURN_IF_ERROR(bf16Operand(A, spanA + int64_t(rowsA - 1) * lda + colsA, &useA, &a, s));
+        TS_RETURN_IF_ERROR(bf16Operand(B, spanB + int64_t(rowsB - 1) * ldb + colsB, &useB, &b, s));
         return detail::fromCublas(
             cublasGemmStridedBatchedEx(h, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
-                                       &alpha, b, CUDA_R_16BF, ldb, strideB, a, CUDA_R_16BF, lda, strideA, &beta, C,
+                                       &alpha, useB, CUDA_R_16BF, ldb, strideB, useA, CUDA_R_16BF, lda, strideA, &beta, C,
                                        CUDA_R_32F, ldc, strideC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "bf16 gemm cublasGemmStridedBatchedEx");
     };
@@ -136,6 +155,29 @@ __global__ void columnSumKernel(const float* __restrict__ dy, float* __restrict_
 
 void setBf16Gemms(bool on) { t_bf16Gemms = on; }
 bool bf16Gemms() { return t_bf16Gemms; }
+
+void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n) {
+    std::lock_guard<std::mutex> lock(g_twinMutex);
+    twins()[base] = Twin{n, twin};
+}
+
+void unbindBf16Twin(const float* base) {
+    std::lock_guard<std::mutex> lock(g_twinMutex);
+    twins().erase(base);
+}
+
+const uint16_t* boundBf16Twin(const float* x, int64_t n) {
+    std::lock_guard<std::mutex> lock(g_twinMutex);
+    auto& m = twins();
+    auto it = m.upper_bound(x);  // the first base past x; the one before may cover x
+    if (it == m.begin()) return nullptr;
+    --it;
+    const uintptr_t bytes = reinterpret_cast<uintptr_t>(x) - reinterpret_cast<uintptr_t>(it->first);
+    if (bytes % sizeof(float) != 0 || n < 0) return nullptr;
+    const int64_t off = static_cast<int64_t>(bytes / sizeof(float));
+    if (off + n > it->second.n) return nullptr;
+    return it->second.bits + off;
+}
 
 Status gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc, void* stream) {

@@ -67,6 +67,14 @@ Status deviceSynchronize();
 // sets it around an op's code.
 void setBf16Gemms(bool on);
 bool bf16Gemms();
+// The 16-bit twin of a bf16-valued float array (the engine's bf16 model copy): a bf16 GEMM
+// operand lying wholly inside [base, base + n) is read from twin + (operand - base), no copy
+// made. The caller keeps the twin equal to the array's bf16 bits and unbinds before freeing
+// either. Thread-safe (one registry per process; device pointers are unique under UVA).
+void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n);
+void unbindBf16Twin(const float* base);
+// The twin bits of floats [x, x + n) if a bound twin covers them all, else null.
+const uint16_t* boundBf16Twin(const float* x, int64_t n);
 
 // --- GEMM (row-major, as kernels::cpu) ------------------------------------------------------
 Status gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
@@ -132,6 +140,14 @@ Status attentionForward(const AttnDims& dims, const float* q, const float* k, co
 Status attentionBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
                          const float* probs, const float* dout, float* dq, float* dk, float* dv,
                          float* scratch, bool fusedSoftmax, void* stream);
+// Flash attention (kernels/cpu/ops.h): stats [b, nq, s, 2], the row max and the reciprocal of
+// the softmax denominator. The probabilities live per head chunk in a stream-ordered workspace
+// only: the forward's for .V, the backward's rebuilt from the stats by the scores GEMM again.
+Status attentionFlashForward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                             float* stats, float* out, void* stream);
+Status attentionFlashBackward(const AttnDims& dims, const float* q, const float* k, const float* v,
+                              const float* stats, const float* dout, float* dq, float* dk,
+                              float* dv, float* scratch, void* stream);
 // Context parallel. qPos, kPos: device int arrays.
 Status cpAttentionForward(const CpAttnDims& dims, const int* qPos, const float* q,
                           const float* k, const float* v, float* probs, float* out,

@@ -1,6 +1,6 @@
 // CUDA rotary embedding and core attention vs the CPU oracle (kernels/cpu/rope.cpp,
 // attention.cpp, attention_cp.cpp) on small random shapes: s not a multiple of 16, GQA with
-// nq/nkv = 2 and 1, b = 2, fused and unfused softmax, attention dropout 0 and 0.1 (the keep bits
+// nq/nkv = 2 and 1, b = 2, fused and unfused softmax and flash attention, attention dropout 0 and 0.1 (the keep bits
 // must be the CPU's exactly, else the values differ by far more than the tolerance), the
 // context-parallel all-gather op, and ring blocks of every kind (fully visible, diagonal,
 // invisible, mixed) merged with first=true/false. Each failure names the op, the case, the
@@ -217,6 +217,44 @@ TEST_F(CudaAttention, AttentionBackwardMatchesCpu) {
                 expectNear(gdk.download(), dk, 1e-4, 2e-5, tag + "dk", {dm.s, dm.b, dm.nkv, dm.d});
                 expectNear(gdv.download(), dv, 1e-4, 2e-5, tag + "dv", {dm.s, dm.b, dm.nkv, dm.d});
             }
+}
+
+// Flash attention: the forward's out and stats (row max, 1/sum) against the CPU's, and the
+// backward from the CPU's stats (so only the backward's own error is measured) against the
+// CPU's flash backward; the GPU's own forward stats then drive its backward to the same result.
+TEST_F(CudaAttention, FlashAttentionMatchesCpu) {
+    for (int nkv : {2, 4})
+        for (float p : {0.0f, 0.1f}) {
+            const AttnCase c = makeAttnCase(nkv, p);
+            const auto& dm = c.dims;
+            const std::string tag = caseName("attentionFlash", true, dm.nq / nkv, p);
+            std::vector<float> St(cpu::attentionStatsSize(dm)), O(c.q.size());
+            cpu::attentionFlashForward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), O.data());
+            DeviceVec<float> gq(c.q), gk(c.k), gv(c.v), gdo(c.dout);
+            DeviceVec<float> gSt(randomVec(St.size(), 1)), gO(randomVec(c.q.size(), 5));
+            TS_ASSERT_OK(gq.status);
+            TS_ASSERT_OK(cuda::attentionFlashForward(dm, gq.ptr, gk.ptr, gv.ptr, gSt.ptr, gO.ptr, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            expectNear(gSt.download(), St, 1e-5, 1e-6, tag + "stats", {dm.b, dm.nq, dm.s, 2});
+            expectNear(gO.download(), O, 1e-4, 1e-5, tag + "out", {dm.s, dm.b, dm.nq, dm.d});
+
+            std::vector<float> dq(c.q.size()), dk(c.k.size()), dv(c.k.size()),
+                scratch(cpu::attentionFlashScratchSize(dm));
+            cpu::attentionFlashBackward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), c.dout.data(), dq.data(),
+                                        dk.data(), dv.data(), scratch.data());
+            for (bool ownStats : {false, true}) {
+                const std::string t = tag + (ownStats ? "(GPU stats) " : "(CPU stats) ");
+                DeviceVec<float> gStCpu(St);
+                DeviceVec<float> gdq(randomVec(c.q.size(), 2)), gdk(randomVec(c.k.size(), 3)),
+                    gdv(randomVec(c.k.size(), 4)), gScratch(cpu::attentionFlashScratchSize(dm));
+                TS_ASSERT_OK(cuda::attentionFlashBackward(dm, gq.ptr, gk.ptr, gv.ptr, ownStats ? gSt.ptr : gStCpu.ptr,
+                                                          gdo.ptr, gdq.ptr, gdk.ptr, gdv.ptr, gScratch.ptr, m_stream));
+                TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+                expectNear(gdq.download(), dq, 1e-4, 2e-5, t + "dq", {dm.s, dm.b, dm.nq, dm.d});
+                expectNear(gdk.download(), dk, 1e-4, 2e-5, t + "dk", {dm.s, dm.b, dm.nkv, dm.d});
+                expectNear(gdv.download(), dv, 1e-4, 2e-5, t + "dv", {dm.s, dm.b, dm.nkv, dm.d});
+            }
+        }
 }
 
 // --- context parallel ---------------------------------------------------------------------------

@@ -243,6 +243,48 @@ TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
     }
 }
 
+// A bound 16-bit twin is what a bf16 GEMM reads for an operand inside its array: W's twin bound
+// with the bits of 2*W gives exactly the GEMM of 2*W (the twin really is read, not W), a weight
+// slice at an offset reads the twin at that offset, an operand sticking out of the array is
+// converted as before, and after unbinding W itself is read again.
+TEST_F(KernelsCuda, Bf16GemmsReadTheBoundTwinOfAnOperand) {
+    struct Restore {
+        ~Restore() { cuda::setBf16Gemms(false); }
+    } restore;
+    cuda::setBf16Gemms(true);
+    auto bf = [](std::vector<float> v) {
+        cpu::roundToBf16(v.data(), int64_t(v.size()));
+        return v;
+    };
+    const int T = 37, in = 64, out = 48, rows = out + 16;  // W is rows [8, 8 + out) of a bigger array
+    const auto x = bf(randomVec(T * in, 70)), big = bf(randomVec(size_t(rows) * in, 71));
+    std::vector<float> twice = big;
+    for (float& v : twice) v *= 2.0f;  // exact in bf16
+    std::vector<uint16_t> twinBits(twice.size());
+    cpu::floatToBf16(twice.data(), twinBits.data(), int64_t(twice.size()));
+    DeviceVec<float> dx(x), dBig(big), dy(size_t(T) * out);
+    DeviceVec<uint16_t> dTwin(twinBits);
+    const float* W = dBig.ptr + 8 * in;
+    auto run = [&] {
+        EXPECT_TRUE(cuda::linearForward(dx.ptr, W, nullptr, dy.ptr, T, in, out, m_stream).isOk());
+        EXPECT_TRUE(cuda::streamSynchronize(m_stream).isOk());
+        return dy.download();
+    };
+    auto want = [&](const std::vector<float>& from) {
+        std::vector<float> y(size_t(T) * out);
+        cpu::linearForward(x.data(), from.data() + 8 * in, nullptr, y.data(), T, in, out);
+        return y;
+    };
+    cuda::bindBf16Twin(dBig.ptr, dTwin.ptr, int64_t(big.size()));
+    EXPECT_EQ(cuda::boundBf16Twin(W, int64_t(out) * in), dTwin.ptr + 8 * in);
+    EXPECT_EQ(cuda::boundBf16Twin(W, int64_t(rows - 8) * in + 1), nullptr) << "past the array's end";
+    EXPECT_EQ(cuda::boundBf16Twin(dx.ptr, 1), nullptr) << "another array";
+    expectNear(run(), want(twice), 1e-4, 1e-4, "GEMM through the twin (2W)");
+    cuda::unbindBf16Twin(dBig.ptr);
+    EXPECT_EQ(cuda::boundBf16Twin(W, 1), nullptr);
+    expectNear(run(), want(big), 1e-4, 1e-4, "GEMM after unbinding (W)");
+}
+
 }  // namespace
 }  // namespace ts::kernels
 

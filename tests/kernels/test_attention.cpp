@@ -182,5 +182,49 @@ TEST(KernelsAttention, BatchSplitOverThreadsIsBitIdentical) {
     for (int i = 0; i < 5; ++i) EXPECT_EQ(res[0][i], res[1][i]) << names[i];
 }
 
+// Flash attention keeps only each row's max and 1/sum; its forward is the fused path's and its
+// backward rebuilds the fused path's probabilities bit for bit, so every output equals the
+// fused path's exactly: GQA, several row blocks with a tail, dropout, one and two threads.
+TEST(KernelsAttention, FlashEqualsTheFusedPathBitForBit) {
+    const int before = numThreads();
+    for (float p : {0.0f, 0.2f}) {
+        for (int threads : {1, 2}) {
+            AttnDims dm = dims(150, 3, 4, 2, 24);
+            dm.dropout = p;
+            dm.dropoutSeed = 91;
+            SCOPED_TRACE(::testing::Message() << "dropout=" << p << " threads=" << threads);
+            setNumThreads(threads);
+            const auto q = randomVector(static_cast<size_t>(dm.s) * dm.b * dm.nq * dm.d, 80, -2, 2);
+            const auto k = randomVector(static_cast<size_t>(dm.s) * dm.b * dm.nkv * dm.d, 81, -2, 2);
+            const auto v = randomVector(k.size(), 82);
+            const auto dout = randomVector(q.size(), 83);
+            std::vector<float> probs(attentionProbsSize(dm), 7.f), out(q.size(), 7.f);
+            attentionForward(dm, q.data(), k.data(), v.data(), probs.data(), out.data(), true);
+            std::vector<float> dq(q.size(), 5.f), dk(k.size(), 5.f), dv(v.size(), 5.f);
+            std::vector<float> scratch(attentionScratchSize(dm), 3.f);
+            attentionBackward(dm, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(),
+                              dv.data(), scratch.data(), true);
+
+            ASSERT_EQ(attentionStatsSize(dm), size_t(2) * dm.b * dm.nq * dm.s);
+            std::vector<float> stats(attentionStatsSize(dm), 7.f), fout(q.size(), 9.f);
+            attentionFlashForward(dm, q.data(), k.data(), v.data(), stats.data(), fout.data());
+            EXPECT_EQ(fout, out) << "flash forward";
+            // the stats are each probs row's max score and 1/sum: row 0 sees one key (p = 1)
+            for (int64_t hd = 0; hd < int64_t(dm.b) * dm.nq; ++hd) {
+                EXPECT_EQ(stats[size_t(2 * hd * dm.s + 1)], 1.0f) << "head " << hd;
+                EXPECT_EQ(probs[size_t(hd * dm.s * dm.s)], 1.0f) << "head " << hd;
+            }
+            std::vector<float> fdq(q.size(), 6.f), fdk(k.size(), 6.f), fdv(v.size(), 6.f);
+            std::vector<float> fscratch(attentionFlashScratchSize(dm), 4.f);
+            attentionFlashBackward(dm, q.data(), k.data(), v.data(), stats.data(), dout.data(), fdq.data(),
+                                   fdk.data(), fdv.data(), fscratch.data());
+            EXPECT_EQ(fdq, dq) << "dq";
+            EXPECT_EQ(fdk, dk) << "dk";
+            EXPECT_EQ(fdv, dv) << "dv";
+        }
+    }
+    setNumThreads(before);
+}
+
 }  // namespace
 }  // namespace ts::kernels::cpu

@@ -307,6 +307,7 @@ struct CpLayout {
     int tp, cp, pp, vpp, dp;
     bool sp, distOpt;
     const char* recompute;
+    const char* attention;  // attention_backend: auto (flash) or unfused (probabilities kept)
 };
 class ContextParallelLayouts : public ::testing::TestWithParam<CpLayout> {};
 
@@ -319,6 +320,7 @@ TEST_P(ContextParallelLayouts, EqualSingleDevice) {
     c.use_distributed_optimizer = L.distOpt;
     if (L.vpp > 1) c.overlap_p2p_comm = true;
     c.recompute_granularity = L.recompute;
+    c.attention_backend = L.attention;
     // The attention key bias's gradient is 0 in exact arithmetic (softmax ignores a shift of all
     // keys); with CP its dK is summed over the CP ranks in another order, so its fp32 noise differs
     // and Adam turns noise into updates of up to lr*noise/eps. A larger eps than tinyConfig's
@@ -337,20 +339,24 @@ TEST_P(ContextParallelLayouts, EqualSingleDevice) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ContextParallelLayouts,
-    ::testing::Values(CpLayout{"cp2", "all_gather", 1, 2, 1, 1, 1, false, false, ""},
-                      CpLayout{"cp4_selective", "all_gather", 1, 4, 1, 1, 1, false, false, "selective"},
-                      CpLayout{"tp2_cp2_sp", "all_gather", 2, 2, 1, 1, 1, true, false, ""},
-                      CpLayout{"cp2_dp2_distopt", "all_gather", 1, 2, 1, 1, 2, false, true, ""},
-                      CpLayout{"cp2_pp2_vpp2_full", "all_gather", 1, 2, 2, 2, 1, false, false, "full"},
-                      CpLayout{"tp2_cp2_dp2", "all_gather", 2, 2, 1, 1, 2, true, true, ""},
-                      CpLayout{"p2p_cp2", "p2p", 1, 2, 1, 1, 1, false, false, ""},
-                      CpLayout{"p2p_cp4_selective", "p2p", 1, 4, 1, 1, 1, false, false, "selective"},
-                      CpLayout{"p2p_tp2_cp2_dp2", "p2p", 2, 2, 1, 1, 2, true, true, ""},
-                      CpLayout{"p2p_cp2_pp2_vpp2_full", "p2p", 1, 2, 2, 2, 1, false, false, "full"},
-                      CpLayout{"a2a_cp2", "a2a", 1, 2, 1, 1, 1, false, false, ""},
-                      CpLayout{"a2a_cp4_selective", "a2a", 1, 4, 1, 1, 1, false, false, "selective"},
-                      CpLayout{"a2a_tp2_cp2_dp2", "a2a", 2, 2, 1, 1, 2, true, true, ""},
-                      CpLayout{"a2a_cp2_pp2_vpp2_full", "a2a", 1, 2, 2, 2, 1, false, false, "full"}),
+    ::testing::Values(CpLayout{"cp2", "all_gather", 1, 2, 1, 1, 1, false, false, "", "auto"},
+                      CpLayout{"cp4_selective", "all_gather", 1, 4, 1, 1, 1, false, false, "selective", "auto"},
+                      CpLayout{"tp2_cp2_sp", "all_gather", 2, 2, 1, 1, 1, true, false, "", "auto"},
+                      CpLayout{"cp2_dp2_distopt", "all_gather", 1, 2, 1, 1, 2, false, true, "", "auto"},
+                      CpLayout{"cp2_pp2_vpp2_full", "all_gather", 1, 2, 2, 2, 1, false, false, "full", "auto"},
+                      CpLayout{"tp2_cp2_dp2", "all_gather", 2, 2, 1, 1, 2, true, true, "", "auto"},
+                      CpLayout{"p2p_cp2", "p2p", 1, 2, 1, 1, 1, false, false, "", "auto"},
+                      CpLayout{"p2p_cp4_selective", "p2p", 1, 4, 1, 1, 1, false, false, "selective", "auto"},
+                      CpLayout{"p2p_tp2_cp2_dp2", "p2p", 2, 2, 1, 1, 2, true, true, "", "auto"},
+                      CpLayout{"p2p_cp2_pp2_vpp2_full", "p2p", 1, 2, 2, 2, 1, false, false, "full", "auto"},
+                      CpLayout{"a2a_cp2", "a2a", 1, 2, 1, 1, 1, false, false, "", "auto"},
+                      CpLayout{"a2a_cp4_selective", "a2a", 1, 4, 1, 1, 1, false, false, "selective", "auto"},
+                      CpLayout{"a2a_tp2_cp2_dp2", "a2a", 2, 2, 1, 1, 2, true, true, "", "auto"},
+                      CpLayout{"a2a_cp2_pp2_vpp2_full", "a2a", 1, 2, 2, 2, 1, false, false, "full", "auto"},
+                      // the probabilities kept (and dropped by selective recompute)
+                      CpLayout{"cp2_unfused", "all_gather", 1, 2, 1, 1, 1, false, false, "", "unfused"},
+                      CpLayout{"cp4_selective_unfused", "all_gather", 1, 4, 1, 1, 1, false, false, "selective", "unfused"},
+                      CpLayout{"a2a_cp2_selective_unfused", "a2a", 1, 2, 1, 1, 1, false, false, "selective", "unfused"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // tp_comm_overlap works on the CP-local rows like any other: tp2·cp2 with the overlapped SP

@@ -24,9 +24,13 @@ class GoldenTest : public ::testing::TestWithParam<Case> {};
 void applyPath(Config& c, const std::string& path) {
     const bool unfused = path == "unfused";
     c.masked_softmax_fusion = c.bias_activation_fusion = c.bias_dropout_fusion = !unfused;
+    if (unfused) c.attention_backend = "unfused";  // the default (flash) has no unfused softmax
     c.apply_rope_fusion = c.cross_entropy_loss_fusion = !unfused;
     c.gradient_accumulation_fusion = c.persist_layer_norm = !unfused;
-    if (path == "selective") c.recompute_granularity = "selective";
+    if (path == "selective") {
+        c.recompute_granularity = "selective";
+        c.attention_backend = "unfused";  // flash attention keeps nothing for it to drop
+    }
     if (path == "full_uniform") {
         c.recompute_granularity = "full";
         c.recompute_method = "uniform";

@@ -21,6 +21,7 @@ TEST(GptPaths, FusedEqualsUnfusedWithDropout) {
     fused.swiglu = false;
     Config unfused = fused;
     unfused.masked_softmax_fusion = unfused.bias_activation_fusion = unfused.bias_dropout_fusion = false;
+    unfused.attention_backend = "unfused";
     unfused.apply_rope_fusion = unfused.cross_entropy_loss_fusion = false;
     unfused.gradient_accumulation_fusion = unfused.persist_layer_norm = false;
     const StepsResult a = runSteps(fused, 2), b = runSteps(unfused, 2);
@@ -32,7 +33,8 @@ TEST(GptPaths, FusedEqualsUnfusedWithDropout) {
 
 // Each fusion knob alone, so a wrong path cannot hide behind another.
 TEST(GptPaths, EachFusionKnobAloneAgrees) {
-    const Config base = smallConfig();
+    Config base = smallConfig();
+    base.attention_backend = "unfused";  // where masked_softmax_fusion applies
     const StepsResult ref = runSteps(base, 1);
     ASSERT_EQ(ref.losses.size(), 1u);
     using Knob = bool Config::*;
@@ -55,7 +57,10 @@ TEST(GptPaths, EachFusionKnobAloneAgrees) {
 }
 
 TEST(GptPaths, RecomputeIsBitIdenticalAndSavesMemory) {
-    const Config base = smallConfig();
+    // The attention that keeps its probabilities, which selective recompute drops (flash
+    // attention keeps none: FlashAttentionEqualsTheFusedPathAndKeepsNoProbabilities).
+    Config base = smallConfig();
+    base.attention_backend = "unfused";
     const StepsResult ref = runSteps(base, 2);
     ASSERT_EQ(ref.losses.size(), 2u);
     struct R { const char* gran; const char* method; int n; };
@@ -73,6 +78,43 @@ TEST(GptPaths, RecomputeIsBitIdenticalAndSavesMemory) {
         EXPECT_EQ(0, std::memcmp(r.params.data(), ref.params.data(), r.params.size() * sizeof(float))) << what;
         EXPECT_LT(r.peakActivations, ref.peakActivations) << what << " peak " << r.peakActivations << " vs " << ref.peakActivations;
     }
+}
+
+// attention_backend flash (and auto, the default) keeps each softmax row's max and 1/sum instead
+// of the [b, a, s, s] probabilities and rebuilds them in backward: the same bits as the fused
+// path that keeps them (several causal blocks, dropout), the probabilities' bytes less at the
+// activation peak, and nothing left for selective recompute to drop.
+TEST(GptPaths, FlashAttentionEqualsTheFusedPathAndKeepsNoProbabilities) {
+    Config kept = smallConfig();
+    kept.seq_length = 96;
+    kept.attention_dropout = 0.1;
+    kept.attention_backend = "unfused";
+    Config flash = kept;
+    flash.attention_backend = "flash";
+    Config flashSelective = flash;
+    flashSelective.recompute_granularity = "selective";
+    const StepsResult a = runSteps(kept, 2), f = runSteps(flash, 2), fs = runSteps(flashSelective, 2);
+    ASSERT_EQ(a.losses.size(), 2u);
+    for (const StepsResult* r : {&f, &fs}) {
+        EXPECT_EQ(r->losses, a.losses);
+        ASSERT_EQ(r->grads.size(), a.grads.size());
+        EXPECT_EQ(0, std::memcmp(r->grads.data(), a.grads.data(), a.grads.size() * sizeof(float)));
+        EXPECT_EQ(0, std::memcmp(r->params.data(), a.params.data(), a.params.size() * sizeof(float)));
+    }
+    // All layers' probabilities are alive at the end of a microbatch's forward.
+    const int64_t probsBytes = int64_t(4) * kept.num_layers * kept.micro_batch_size * kept.num_attention_heads *
+                               kept.seq_length * kept.seq_length;
+    const int64_t statsBytes = int64_t(4) * kept.num_layers * kept.micro_batch_size * kept.num_attention_heads *
+                               kept.seq_length * 2;
+    EXPECT_LE(f.peakActivations, a.peakActivations - probsBytes + statsBytes)
+        << "flash " << f.peakActivations << " vs kept probabilities " << a.peakActivations;
+    EXPECT_EQ(fs.peakActivations, f.peakActivations) << "selective recompute has nothing to drop under flash";
+    EXPECT_EQ(Config().attention_backend, "auto");
+    Config byDefault = kept;
+    byDefault.attention_backend = "auto";
+    const StepsResult d = runSteps(byDefault, 1);
+    ASSERT_EQ(d.losses.size(), 1u);
+    EXPECT_EQ(d.peakActivations, runSteps(flash, 1).peakActivations) << "auto is flash attention";
 }
 
 TEST(GptPaths, FullRecomputeSavesMoreThanSelective) {

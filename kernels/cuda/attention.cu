@@ -14,9 +14,10 @@
 // dP GEMM, dropout backward and softmax backward as separate kernels, dQ/dK GEMMs.
 // fusedSoftmax=true: the scale folded into the scores GEMM, one row kernel for mask + softmax
 // (+ dropout), and in backward one row kernel for the dropout mask, dropout(P) and the softmax
-// backward. Unlike the CPU's fused path the GEMMs still cover the full square (the masked part
-// is exact zeros); a tiled flash kernel that skips it (and never writes the scores out) and
-// cuDNN's fused attention come later.
+// backward. On the causal square the fused path's GEMMs run in causal row blocks
+// (kernels/common/causal_gemms.h: about 1/2 + 1/(2 nb) of the square for nb blocks, the CPU's
+// fused path skips at tile granularity); a tiled flash kernel that never writes the scores out
+// and cuDNN's fused attention come later.
 // Flash attention (attentionFlashForward/Backward): the fused path with each head chunk's
 // probabilities in the workspace instead of the caller's probs, and each row's max and 1/sum
 // written to stats; the backward rebuilds the chunk's probabilities by the scores GEMM and
@@ -36,6 +37,7 @@
 // attentionFlashScratchSize: one head) one head at a time when that allocation fails. The
 // forwards halve their chunk until the allocation succeeds; at one head a failure fails the op
 // with cudaMallocAsync's error.
+#include "kernels/common/causal_gemms.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -301,6 +303,16 @@ RowParams rowParams(const AttnGeom& g, const HeadChunk& ch) {
     return p;
 }
 
+// gemmStridedBatched on `stream`, as kernels/common/causal_gemms.h calls it.
+struct StreamGemm {
+    void* stream;
+    Status operator()(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, int64_t sA,
+                      const float* B, int ldb, int64_t sB, float beta, float* C, int ldc, int64_t sC,
+                      int batch) const {
+        return gemmStridedBatched(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, stream);
+    }
+};
+
 // Pointers of one chunk: the first head's [sq, d] / [skv, d] views and [sq, skv] probs.
 struct ChunkViews {
     int64_t qOff, kOff, pOff;  // element offsets into q/out/dout/dq, k/v/dk/dv, probs
@@ -343,6 +355,7 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
     }
     float* Pw = flash ? static_cast<float*>(ws.get()) : nullptr;
     float* D = drop ? static_cast<float*>(ws.get()) + (flash ? chunk * ss : 0) : nullptr;
+    const bool causalBlocks = fused && !g.qPos;  // kernels/common/causal_gemms.h
     for (int j = 0; j < rep; ++j) {
         for (int64_t i0 = 0; i0 < groups; i0 += chunk) {
             HeadChunk ch;
@@ -357,11 +370,17 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
             const int64_t rows = static_cast<int64_t>(ch.count) * g.sq;
             float* Pc = flash ? Pw : probs + cv.pOff;  // the chunk's first head's probabilities
             const int64_t pStride = flash ? ss : rep * ss;
-            // probs = (scale) Q K^T
-            TS_RETURN_IF_ERROR(gemmStridedBatched(false, true, g.sq, g.skv, g.d, fused ? g.scale : 1.0f,
-                                                  q + cv.qOff, ldq, static_cast<int64_t>(rep) * g.d,
-                                                  k + cv.kOff, ldk, g.d, 0.0f, Pc, g.skv,
-                                                  pStride, ch.count, stream));
+            // probs = (scale) Q K^T; the fused square in causal row blocks (the row kernel reads
+            // only the visible keys and writes whole rows)
+            if (causalBlocks)
+                TS_RETURN_IF_ERROR(causal::rowsTimesKeysT(StreamGemm{stream}, g.sq, g.d, g.scale, q + cv.qOff, ldq,
+                                                          static_cast<int64_t>(rep) * g.d, k + cv.kOff, ldk, g.d, Pc,
+                                                          pStride, ch.count));
+            else
+                TS_RETURN_IF_ERROR(gemmStridedBatched(false, true, g.sq, g.skv, g.d, fused ? g.scale : 1.0f,
+                                                      q + cv.qOff, ldq, static_cast<int64_t>(rep) * g.d,
+                                                      k + cv.kOff, ldk, g.d, 0.0f, Pc, g.skv,
+                                                      pStride, ch.count, stream));
             if (fused) {
                 fusedSoftmaxRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, flash ? Pw : probs, D, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
@@ -379,10 +398,15 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
             }
             // out = dropout(P) V
             const float* A = drop ? D : Pc;
-            TS_RETURN_IF_ERROR(gemmStridedBatched(false, false, g.sq, g.d, g.skv, 1.0f, A, g.skv,
-                                                  drop ? ss : pStride, v + cv.kOff, ldk, g.d, 0.0f,
-                                                  out + cv.qOff, ldq, static_cast<int64_t>(rep) * g.d,
-                                                  ch.count, stream));
+            if (causalBlocks)
+                TS_RETURN_IF_ERROR(causal::rowsTimesKeys(StreamGemm{stream}, g.sq, g.d, 1.0f, A, drop ? ss : pStride,
+                                                         v + cv.kOff, ldk, g.d, out + cv.qOff, ldq,
+                                                         static_cast<int64_t>(rep) * g.d, ch.count));
+            else
+                TS_RETURN_IF_ERROR(gemmStridedBatched(false, false, g.sq, g.d, g.skv, 1.0f, A, g.skv,
+                                                      drop ? ss : pStride, v + cv.kOff, ldk, g.d, 0.0f,
+                                                      out + cv.qOff, ldq, static_cast<int64_t>(rep) * g.d,
+                                                      ch.count, stream));
         }
     }
     return Status::ok();
@@ -434,6 +458,10 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
     float* dS = buf;                                            // [chunk, sq, skv]
     float* Pd = drop ? buf + static_cast<int64_t>(chunk) * ss : nullptr;  // [chunk, sq, skv]
     float* Pw = flash ? buf + static_cast<int64_t>(chunk) * ss * (drop ? 2 : 1) : nullptr;
+    // The fused square's GEMMs in causal row blocks: every row kernel reads only the visible keys
+    // and writes whole rows (zeros past them), so what the blocks skip is never read.
+    const bool causalBlocks = fused && !g.qPos;
+    const StreamGemm sg{stream};
     for (int j = 0; j < rep; ++j) {
         const float beta = j == 0 ? 0.0f : 1.0f;  // the group's first query head overwrites dK/dV
         for (int64_t i0 = 0; i0 < groups; i0 += chunk) {
@@ -449,9 +477,13 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
             const int64_t rows = static_cast<int64_t>(ch.count) * g.sq;
             const int64_t qStride = static_cast<int64_t>(rep) * g.d;
             if (flash) {  // P = exp(scale Q K^T - max) * inv, as the forward had it
-                TS_RETURN_IF_ERROR(gemmStridedBatched(false, true, g.sq, g.skv, g.d, g.scale, q + cv.qOff, ldq,
-                                                      qStride, k + cv.kOff, ldk, g.d, 0.0f, Pw, g.skv, ss,
-                                                      ch.count, stream));
+                if (causalBlocks)
+                    TS_RETURN_IF_ERROR(causal::rowsTimesKeysT(sg, g.sq, g.d, g.scale, q + cv.qOff, ldq, qStride,
+                                                              k + cv.kOff, ldk, g.d, Pw, ss, ch.count));
+                else
+                    TS_RETURN_IF_ERROR(gemmStridedBatched(false, true, g.sq, g.skv, g.d, g.scale, q + cv.qOff, ldq,
+                                                          qStride, k + cv.kOff, ldk, g.d, 0.0f, Pw, g.skv, ss,
+                                                          ch.count, stream));
                 softmaxFromStatsRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, Pw, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
             }
@@ -460,11 +492,17 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
             const float* PV = drop ? Pd : P;  // what multiplied V in forward
             const int64_t pvStride = drop || flash ? ss : rep * ss;
             auto dvGemm = [&] {  // dV (+)= dropout(P)^T dO
+                if (causalBlocks)
+                    return causal::keysTimesRows(sg, g.sq, g.d, 1.0f, PV, pvStride, dout + cv.qOff, ldq, qStride, beta,
+                                                 dv + cv.kOff, ldk, g.d, ch.count);
                 return gemmStridedBatched(true, false, g.skv, g.d, g.sq, 1.0f, PV, g.skv, pvStride,
                                           dout + cv.qOff, ldq, qStride, beta, dv + cv.kOff, ldk, g.d,
                                           ch.count, stream);
             };
             auto dsGemm = [&] {  // dS = dO V^T
+                if (causalBlocks)
+                    return causal::rowsTimesKeysT(sg, g.sq, g.d, 1.0f, dout + cv.qOff, ldq, qStride, v + cv.kOff, ldk,
+                                                  g.d, dS, ss, ch.count);
                 return gemmStridedBatched(false, true, g.sq, g.skv, g.d, 1.0f, dout + cv.qOff, ldq,
                                           qStride, v + cv.kOff, ldk, g.d, 0.0f, dS, g.skv, ss,
                                           ch.count, stream);
@@ -488,14 +526,21 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
                                                                                     rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
             }
-            // dQ = scale dS K (overwritten per head)
-            TS_RETURN_IF_ERROR(gemmStridedBatched(false, false, g.sq, g.d, g.skv, g.scale, dS, g.skv, ss,
-                                                  k + cv.kOff, ldk, g.d, 0.0f, dq + cv.qOff, ldq,
-                                                  qStride, ch.count, stream));
-            // dK (+)= scale dS^T Q
-            TS_RETURN_IF_ERROR(gemmStridedBatched(true, false, g.skv, g.d, g.sq, g.scale, dS, g.skv, ss,
-                                                  q + cv.qOff, ldq, qStride, beta, dk + cv.kOff, ldk,
-                                                  g.d, ch.count, stream));
+            if (causalBlocks) {
+                TS_RETURN_IF_ERROR(causal::rowsTimesKeys(sg, g.sq, g.d, g.scale, dS, ss, k + cv.kOff, ldk, g.d,
+                                                         dq + cv.qOff, ldq, qStride, ch.count));
+                TS_RETURN_IF_ERROR(causal::keysTimesRows(sg, g.sq, g.d, g.scale, dS, ss, q + cv.qOff, ldq, qStride, beta,
+                                                         dk + cv.kOff, ldk, g.d, ch.count));
+            } else {
+                // dQ = scale dS K (overwritten per head)
+                TS_RETURN_IF_ERROR(gemmStridedBatched(false, false, g.sq, g.d, g.skv, g.scale, dS, g.skv, ss,
+                                                      k + cv.kOff, ldk, g.d, 0.0f, dq + cv.qOff, ldq,
+                                                      qStride, ch.count, stream));
+                // dK (+)= scale dS^T Q
+                TS_RETURN_IF_ERROR(gemmStridedBatched(true, false, g.skv, g.d, g.sq, g.scale, dS, g.skv, ss,
+                                                      q + cv.qOff, ldq, qStride, beta, dk + cv.kOff, ldk,
+                                                      g.d, ch.count, stream));
+            }
             if (fused) TS_RETURN_IF_ERROR(dvGemm());
         }
     }

@@ -150,10 +150,10 @@ struct AttnCase {
     std::vector<float> q, k, v, dout;
 };
 
-AttnCase makeAttnCase(int nkv, float p) {
+AttnCase makeAttnCase(int nkv, float p, int s = 13) {
     AttnCase c;
     auto& dm = c.dims;
-    dm.s = 13;
+    dm.s = s;
     dm.b = 2;
     dm.nq = 4;
     dm.nkv = nkv;
@@ -173,12 +173,13 @@ AttnCase makeAttnCase(int nkv, float p) {
 }
 
 TEST_F(CudaAttention, AttentionForwardMatchesCpu) {
+    for (int s : {13, 300})  // 300: the fused path's causal row blocks
     for (int nkv : {2, 4})
         for (float p : {0.0f, 0.1f})
             for (bool fused : {true, false}) {
-                const AttnCase c = makeAttnCase(nkv, p);
+                const AttnCase c = makeAttnCase(nkv, p, s);
                 const auto& dm = c.dims;
-                const std::string tag = caseName("attentionForward", fused, dm.nq / nkv, p);
+                const std::string tag = caseName("attentionForward", fused, dm.nq / nkv, p) + "s=" + std::to_string(s) + " ";
                 DeviceVec<float> gq(c.q), gk(c.k), gv(c.v);
                 DeviceVec<float> gP(randomVec(cpu::attentionProbsSize(dm), 1)), gO(c.q.size());
                 TS_ASSERT_OK(gq.status);
@@ -192,12 +193,13 @@ TEST_F(CudaAttention, AttentionForwardMatchesCpu) {
 }
 
 TEST_F(CudaAttention, AttentionBackwardMatchesCpu) {
+    for (int s : {13, 300})
     for (int nkv : {2, 4})
         for (float p : {0.0f, 0.1f})
             for (bool fused : {true, false}) {
-                const AttnCase c = makeAttnCase(nkv, p);
+                const AttnCase c = makeAttnCase(nkv, p, s);
                 const auto& dm = c.dims;
-                const std::string tag = caseName("attentionBackward", fused, dm.nq / nkv, p);
+                const std::string tag = caseName("attentionBackward", fused, dm.nq / nkv, p) + "s=" + std::to_string(s) + " ";
                 // the CPU's saved probs feed both backward passes
                 std::vector<float> P(cpu::attentionProbsSize(dm)), O(c.q.size());
                 cpu::attentionForward(dm, c.q.data(), c.k.data(), c.v.data(), P.data(), O.data(), fused);
@@ -222,12 +224,14 @@ TEST_F(CudaAttention, AttentionBackwardMatchesCpu) {
 // Flash attention: the forward's out and stats (row max, 1/sum) against the CPU's, and the
 // backward from the CPU's stats (so only the backward's own error is measured) against the
 // CPU's flash backward; the GPU's own forward stats then drive its backward to the same result.
+// s = 300: the causal row blocks (kernels/common/causal_gemms.h) of the fused square's GEMMs.
 TEST_F(CudaAttention, FlashAttentionMatchesCpu) {
-    for (int nkv : {2, 4})
+    for (int s : {13, 300})
+        for (int nkv : {2, 4})
         for (float p : {0.0f, 0.1f}) {
-            const AttnCase c = makeAttnCase(nkv, p);
+            const AttnCase c = makeAttnCase(nkv, p, s);
             const auto& dm = c.dims;
-            const std::string tag = caseName("attentionFlash", true, dm.nq / nkv, p);
+            const std::string tag = caseName("attentionFlash", true, dm.nq / nkv, p) + "s=" + std::to_string(s) + " ";
             std::vector<float> St(cpu::attentionStatsSize(dm)), O(c.q.size());
             cpu::attentionFlashForward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), O.data());
             DeviceVec<float> gq(c.q), gk(c.k), gv(c.v), gdo(c.dout);

@@ -2,7 +2,8 @@
 # What a session lent a GPU runs for issue #17 (docs/cuda_port.md), as one script: every
 # gpu-labelled test (kernels against the CPU oracle, the CUDA device backend, NCCL, CUPTI, and
 # CudaTrainer: the single-device trainer on GPU 0 against the CPU backend), then the speed checks
-# (bench_gpu_step: step time and MFU of the small and the ~1.3B GPT, bf16 and FP8), and a user's
+# (bench_gpu_step: step time, MFU and peak memory of the small and the ~1.3B GPT, bf16 and FP8,
+# flash attention and, once, the probabilities kept), and a user's
 # path end to end: `trainscope run` of resources/examples/small.yaml on GPU 0 (CUPTI capture on)
 # and `trainscope analyze` of its run file. Logs, the
 # tests' JSON report and the benchmarks' JSON lines go to $OUT (the device tool's output folder),
@@ -53,7 +54,7 @@ if [ -x "$bin/apps/trainscope" ]; then
 fi
 if [ "$bench" = 1 ]; then
     for args in "--config small --steps 5 --warmup 2 --trace 1" "--config 1b --steps 5 --warmup 2 --trace 1" \
-                "--config 1b --steps 5 --warmup 2 --fp8 hybrid"; do
+                "--config 1b --steps 5 --warmup 2 --fp8 hybrid" "--config 1b --steps 5 --warmup 2 --attention unfused"; do
         echo "== bench_gpu_step $args"
         # shellcheck disable=SC2086
         timeout 240 "$bin/apps/bench_gpu_step" $args 2>&1 | tee -a "$out/bench_gpu_step.log" | tail -3 || status=1

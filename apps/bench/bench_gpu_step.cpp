@@ -8,10 +8,11 @@
 // scaling; the target: FP8 step >= 1.3x bf16). --trace 1 then runs as many steps again
 // traced as `trainscope run` traces (the engine's recorder plus the CUPTI capture, flushed every
 // step) and reports the overhead against the untraced steps (the target: <= 3%). Without
-// a GPU it says why and exits 1.
+// a GPU it says why and exits 1. --attention sets attention_backend (auto, flash attention, the
+// default; unfused keeps the probabilities): the peak device memory is printed with the step.
 //
 // usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 ""|hybrid|e4m3]
-//                       [--micro-batch N] [--trace 0|1]
+//                       [--micro-batch N] [--trace 0|1] [--attention auto|unfused]
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,7 +37,7 @@ using namespace ts::engine;
 
 constexpr const char* kUsage =
     "usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 \"\"|hybrid|e4m3] [--micro-batch N] "
-    "[--trace 0|1]";
+    "[--trace 0|1] [--attention auto|unfused]";
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -74,7 +75,7 @@ Config gpuConfig(const std::string& name) {
 
 int main(int argc, char** argv) {
     if (int rc = ts::bench::checkArgs(argc, argv, kUsage); rc >= 0) return rc;
-    std::string config = "1b", fp8;
+    std::string config = "1b", fp8, attention = "auto";
     int steps = 10, warmup = 3, microBatch = 0;
     bool trace = false;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
         else if (a == "--fp8") fp8 = v;
         else if (a == "--micro-batch") microBatch = std::stoi(v);
         else if (a == "--trace") trace = v == "1";
+        else if (a == "--attention") attention = v;
         else {
             std::fprintf(stderr, "unknown option %s\n%s\n", a.c_str(), kUsage);
             return 2;
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
     }
     Config c = gpuConfig(config);
     c.fp8 = fp8;
+    c.attention_backend = attention;
     if (microBatch > 0) c.micro_batch_size = microBatch;
     TrainerOptions o;
     o.emulateDevice = false;
@@ -135,6 +138,7 @@ int main(int argc, char** argv) {
     std::vector<double> times, walls;
     if (!run(warmup, nullptr, nullptr, {}) || !run(steps, &times, &walls, {})) return 1;
     const double med = median(times);
+    const double peakGiB = double(device.memoryStats().peakTotal) / double(1 << 30);
     // Traced: the engine's trace into a run store plus the CUPTI capture, as `trainscope run` does.
     double tracedMed = 0, tracedWall = 0;
     std::string captureNote;
@@ -167,10 +171,11 @@ int main(int argc, char** argv) {
     const double tflops = (*t)->modelFlopsPerStep() / med / 1e12;
     const double peak = dev.peakTflopsBf16;
     const double mfu = peak > 0 ? tflops / peak : 0;
-    std::printf("%s on %s (%s%s): median step %.1f ms, %.0f tokens/s, %.1f model TFLOP/s, MFU %.1f%% of %.0f "
-                "bf16 TFLOP/s; loss %.4f (%lld parameters)\n",
+    std::printf("%s on %s (%s%s, attention %s): median step %.1f ms, %.0f tokens/s, %.1f model TFLOP/s, MFU %.1f%% "
+                "of %.0f bf16 TFLOP/s; peak memory %.2f GiB; loss %.4f (%lld parameters)\n",
                 config.c_str(), dev.name.c_str(), c.bf16 ? "bf16" : "fp32", fp8.empty() ? "" : (", fp8 " + fp8).c_str(),
-                med * 1e3, tokens / med, tflops, 100 * mfu, peak, loss, (long long)(*t)->model().params().numel());
+                attention.c_str(), med * 1e3, tokens / med, tflops, 100 * mfu, peak, peakGiB, loss,
+                (long long)(*t)->model().params().numel());
     const double untracedWall = median(walls);
     if (trace)
         std::printf("traced (engine trace + %s): median step %.1f ms (%+.2f%%), wall per step with the flush %.1f ms "
@@ -181,6 +186,8 @@ int main(int argc, char** argv) {
                                        {"config", config},
                                        {"device", dev.name},
                                        {"fp8", fp8},
+                                       {"attention_backend", attention},
+                                       {"peak_memory_bytes", device.memoryStats().peakTotal},
                                        {"micro_batch_size", c.micro_batch_size},
                                        {"steps", steps},
                                        {"median_step_s", med},

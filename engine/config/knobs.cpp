@@ -492,6 +492,12 @@ std::vector<KnobDef> buildRegistry() {
     rules(r.b("masked_softmax_fusion", &C::masked_softmax_fusion, "", "--no-masked-softmax-fusion",
               "model.masked_softmax_fusion", "Fuse scale + causal mask + softmax into one kernel."),
           "applies where attention_backend is unfused or local (flash attention is always fused)");
+    r.e("attention_backend", &C::attention_backend, {"flash", "fused", "unfused", "local", "auto"},
+        "--attention-backend", "model.attention_backend",
+        "Core attention: flash, fused and auto (Transformer Engine's flash or cuDNN attention, Megatron's default) "
+        "keep each softmax row's max and 1/sum and rebuild the probabilities in backward, so the 5as/h activation term "
+        "is gone; unfused and local keep the [b, a, s, s] probabilities (masked_softmax_fusion applies to them). On "
+        "both backends flash and fused run our own flash kernel (cuDNN's is not wired yet).");
     r.b("bias_activation_fusion", &C::bias_activation_fusion, "", "--no-bias-gelu-fusion", "model.bias_activation_fusion",
         "Fuse bias add + GeLU/SwiGLU (Megatron flag --no-bias-swiglu-fusion when swiglu).");
     r.b("bias_dropout_fusion", &C::bias_dropout_fusion, "", "--no-bias-dropout-fusion", "model.bias_dropout_fusion",
@@ -672,12 +678,6 @@ std::vector<KnobDef> buildRegistry() {
                           "CUDA graph capture: none, Megatron-Core's per-layer graphs (local), Transformer Engine's, or "
                           "the whole iteration (replaces the deprecated enable_cuda_graph)."),
                       "not none only with device_backend=cuda"));
-    r.e("attention_backend", &C::attention_backend, {"flash", "fused", "unfused", "local", "auto"},
-        "--attention-backend", "model.attention_backend",
-        "Core attention: flash, fused and auto (Transformer Engine's flash or cuDNN attention, Megatron's default) "
-        "keep each softmax row's max and 1/sum and rebuild the probabilities in backward, so the 5as/h activation term "
-        "is gone; unfused and local keep the [b, a, s, s] probabilities (masked_softmax_fusion applies to them). On "
-        "both backends flash and fused run our own flash kernel (cuDNN's is not wired yet).");
     notInEngine(r.b("defer_embedding_wgrad_compute", &C::defer_embedding_wgrad_compute,
                     "--defer-embedding-wgrad-compute", "", "comm_overlap.defer_embedding_wgrad_compute",
                     "Defer the output-embedding weight-gradient GEMMs into the pipeline flush."));

@@ -411,7 +411,13 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
 
 std::vector<std::string> configWarnings(const Config& c) {
     std::vector<std::string> out;
-    if (c.fp8.empty() || !validateConfig(c).empty()) return out;
+    if (!validateConfig(c).empty()) return out;
+    if (!c.masked_softmax_fusion && attentionIsFlash(c.attention_backend))
+        out.push_back("masked_softmax_fusion=false changes nothing with attention_backend=" + c.attention_backend +
+                      ": flash attention always fuses its softmax (as in Megatron, where the flag only reaches the "
+                      "unfused attention); set attention_backend: unfused to run the separate scale, mask and softmax "
+                      "passes");
+    if (c.fp8.empty()) return out;
     const DerivedSizes d = deriveSizes(c);
     const bool moe = c.num_moe_experts > 0;
     // Where an expert's rows on a rank come from (engine/model/gpt_moe.cpp): the local tokens of

@@ -75,10 +75,11 @@ LoadedConfig parseConfigYaml(const std::string& text, const std::string& fileNam
 LoadedConfig loadConfigFile(const std::string& path);
 // Cross-knob rules (divisibility, requires/excludes, ranges). Issues carry no line numbers.
 std::vector<ConfigIssue> validateConfig(const Config& c);
-// What a valid config runs but a user comparing layouts should know (`trainscope validate` prints
-// them as warnings): where the layout makes FP8 scales or blocks differ from the single device's
+// What a valid config runs but a user should know (`trainscope validate` prints them as
+// warnings): where the layout makes FP8 scales or blocks differ from the single device's
 // (fp8_recipe=tensorwise with MoE experts split over ranks; block recipes with context
-// parallelism or with experts split over ranks). Empty for an invalid config.
+// parallelism or with experts split over ranks), and a knob that changes nothing as set
+// (masked_softmax_fusion=false under flash attention). Empty for an invalid config.
 std::vector<std::string> configWarnings(const Config& c);
 // Joins issues into one Status (InvalidArgument) or ok.
 Status issuesToStatus(const std::vector<ConfigIssue>& issues);

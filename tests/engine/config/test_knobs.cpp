@@ -403,6 +403,20 @@ TEST(Knobs, DocsAreGeneratedFromTheRegistry) {
 namespace ts::engine {
 namespace {
 
+// masked_softmax_fusion=false does nothing under flash attention (the default): warned, naming
+// the backend that would run it; not warned where it applies.
+TEST(Knobs, UnfusedSoftmaxUnderFlashAttentionIsWarned) {
+    Config c;
+    EXPECT_TRUE(configWarnings(c).empty());
+    c.masked_softmax_fusion = false;
+    ASSERT_EQ(configWarnings(c).size(), 1u);
+    EXPECT_NE(configWarnings(c)[0].find("attention_backend: unfused"), std::string::npos) << configWarnings(c)[0];
+    for (const char* kept : {"unfused", "local"}) {
+        c.attention_backend = kept;
+        EXPECT_TRUE(configWarnings(c).empty()) << kept;
+    }
+}
+
 // configWarnings (printed by `trainscope validate`): where the layout makes FP8 scales or blocks
 // differ from the single device's, and nothing where they are the single device's.
 TEST(Knobs, Fp8LayoutDependenceIsWarned) {

@@ -34,7 +34,7 @@ ParamBuffer::~ParamBuffer() { dropTwin(); }
 
 Status ParamBuffer::makeTwin(Device& dev) {
     dropTwin();
-    if (!m_model || dev.info().backend == BackendKind::Cpu) return Status::ok();
+    if (!m_model || !m_bf16Gemms || dev.info().backend == BackendKind::Cpu) return Status::ok();
     auto twin = dev.allocate(size_t(std::max<int64_t>(m_numel, 1)) * sizeof(uint16_t), MemCategory::Params);
     if (!twin) return twin.status().withContext("allocating the bf16 model params' 16-bit copy");
     m_twin = std::move(twin).value();
@@ -48,7 +48,7 @@ void ParamBuffer::dropTwin() {
     m_twin.reset();
 }
 
-Status ParamBuffer::finalize(Device& dev, bool bf16) {
+Status ParamBuffer::finalize(Device& dev, bool bf16, bool bf16Gemms) {
     if (m_finalized) return Status::internal("ParamBuffer::finalize called twice");
     // Reverse registration order: the last registered param starts at offset 0.
     int64_t off = 0;
@@ -65,6 +65,7 @@ Status ParamBuffer::finalize(Device& dev, bool bf16) {
     m_main = std::move(main).value();
     m_grad = std::move(grad).value();
     m_bf16 = bf16;
+    m_bf16Gemms = bf16Gemms;
     if (bf16) {
         auto model = dev.allocate(bytes, MemCategory::Params);
         if (!model) return model.status().withContext("allocating bf16 model params");

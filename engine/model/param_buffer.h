@@ -48,8 +48,10 @@ public:
     // Registers a parameter; returns its index. Only before finalize().
     int add(ParamInfo info);
     // Lays out (reverse registration order) and allocates: main params (Params), main grads
-    // (Grads) and, with bf16, the model copy (Params). Memory is zeroed.
-    Status finalize(Device& dev, bool bf16);
+    // (Grads) and, with bf16, the model copy (Params), with its 16-bit twin where kernels see
+    // device memory and `bf16Gemms` says the GEMMs take bf16 operands (not with FP8). Memory is
+    // zeroed.
+    Status finalize(Device& dev, bool bf16, bool bf16Gemms = true);
 
     int count() const { return int(m_params.size()); }
     const ParamInfo& info(int i) const { return m_params[size_t(i)]; }
@@ -92,6 +94,7 @@ private:
     void dropTwin();
     int64_t m_numel = 0;
     bool m_bf16 = false;
+    bool m_bf16Gemms = true;  // finalize's: whether a twin serves any GEMM
     bool m_finalized = false;
 };
 

@@ -355,7 +355,9 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
     }
     float* Pw = flash ? static_cast<float*>(ws.get()) : nullptr;
     float* D = drop ? static_cast<float*>(ws.get()) + (flash ? chunk * ss : 0) : nullptr;
-    const bool causalBlocks = fused && !g.qPos;  // kernels/common/causal_gemms.h
+    // kernels/common/causal_gemms.h. Not with bf16 GEMMs: each call converts its operands' whole
+    // strided span to bf16, so every block would convert the chunk's squares again.
+    const bool causalBlocks = fused && !g.qPos && !bf16Gemms();
     for (int j = 0; j < rep; ++j) {
         for (int64_t i0 = 0; i0 < groups; i0 += chunk) {
             HeadChunk ch;
@@ -459,8 +461,9 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
     float* Pd = drop ? buf + static_cast<int64_t>(chunk) * ss : nullptr;  // [chunk, sq, skv]
     float* Pw = flash ? buf + static_cast<int64_t>(chunk) * ss * (drop ? 2 : 1) : nullptr;
     // The fused square's GEMMs in causal row blocks: every row kernel reads only the visible keys
-    // and writes whole rows (zeros past them), so what the blocks skip is never read.
-    const bool causalBlocks = fused && !g.qPos;
+    // and writes whole rows (zeros past them), so what the blocks skip is never read. Not with
+    // bf16 GEMMs (see the forward).
+    const bool causalBlocks = fused && !g.qPos && !bf16Gemms();
     const StreamGemm sg{stream};
     for (int j = 0; j < rep; ++j) {
         const float beta = j == 0 ? 0.0f : 1.0f;  // the group's first query head overwrites dK/dV

@@ -124,10 +124,16 @@ TEST(EmulatedDeviceTrainer, Bf16TwinHoldsTheModelCopysBitsAfterEveryWrite) {
     ASSERT_NE(pb.bf16Twin(), nullptr);
     EXPECT_EQ(twinOf(st, pb), bitsOf(st, pb)) << "after relayout";
 
-    // The CPU backend's GEMMs read the fp32 copy: no twin there.
+    // The CPU backend's GEMMs read the fp32 copy: no twin there; nor with FP8, whose GEMMs stay
+    // fp32 on every backend.
     auto cpu = Trainer::create(c, nullptr, nullptr, nullptr, TrainerOptions{});
     ASSERT_TRUE(cpu.isOk());
     EXPECT_EQ((*cpu)->model().params().bf16Twin(), nullptr);
+    Config fp8 = c;
+    fp8.fp8 = "hybrid";
+    auto f = Trainer::create(fp8, nullptr, nullptr, nullptr, o);
+    ASSERT_TRUE(f.isOk()) << f.status().toString();
+    EXPECT_EQ((*f)->model().params().bf16Twin(), nullptr);
 }
 
 }  // namespace

@@ -71,11 +71,6 @@ Status copyFromHost(Stream& s, void* dst, const void* src, size_t bytes);
 // A whole float buffer (or the first n floats of it) as a host vector.
 Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n);
 
-// GEMM operands in bf16 for the kernels this thread launches while the scope lives (restores the
-// previous setting after): on CUDA, gemm / gemmStridedBatched / linear* round A and B to bf16 and
-// use the tensor cores with fp32 accumulation (kernels/cuda/ops_cuda.h setBf16Gemms); the CPU
-// oracle and the emulated device keep fp32 GEMMs, which on operands holding bf16 values give the
-// same products. Exec sets it around the ops of a bf16 model (not with FP8).
 // The 16-bit twin of a bf16-valued float array (ParamBuffer's bf16 model copy): on CUDA, a bf16
 // GEMM whose operand lies wholly inside [base, base + n) reads twin + (operand - base) instead of
 // converting the operand (kernels/cuda/ops_cuda.h). The caller keeps the twin equal to the
@@ -84,6 +79,11 @@ Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n);
 void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n);
 void unbindBf16Twin(const float* base);
 
+// GEMM operands in bf16 for the kernels this thread launches while the scope lives (restores the
+// previous setting after): on CUDA, gemm / gemmStridedBatched / linear* round A and B to bf16 and
+// use the tensor cores with fp32 accumulation (kernels/cuda/ops_cuda.h setBf16Gemms); the CPU
+// oracle and the emulated device keep fp32 GEMMs, which on operands holding bf16 values give the
+// same products. Exec sets it around the ops of a bf16 model (not with FP8).
 class Bf16GemmScope {
 public:
     explicit Bf16GemmScope(bool on);

@@ -91,7 +91,7 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
         m->m_ropeSegs = {{0, d.seq, 0}};
     }
     TS_RETURN_IF_ERROR(m->registerParams());
-    TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16, o.bf16 && cfg.fp8.empty()));
+    TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16, m->m_exec.bf16Gemms()));
     TS_RETURN_IF_ERROR(m->initWeights());
     m->fp8Init();
     m->fp8ExpertInit();

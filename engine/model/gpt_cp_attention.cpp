@@ -323,18 +323,18 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
                                                  fp(dctx), fp(dq), fp(dkg), fp(dvg));
                   });
     } else {
-    if (!probs) {
-        TS_ASSIGN_OR_RETURN(probs, allocUninitialized(m_exec, int64_t(b) * nq * sl * S));
-        TS_ASSIGN_OR_RETURN(TensorPtr ctxTmp, allocUninitialized(m_exec, T * nq * d));
-        m_exec.op("core_attention.recompute", Category::Attention, 2.0 * b * nq * double(sl) * S * d,
-                  uint64_t(4) * uint64_t(b) * nq * sl * S,
-                  [=] { k::cpAttentionForward(ad, pos.ptr, fp(q), fp(kg), fp(vg), fp(probs), fp(ctxTmp)); });
-    }
-    m_exec.op("core_attention.bwd", Category::Attention, 4.0 * b * nq * double(sl) * S * d,
-              uint64_t(8) * uint64_t(b) * nq * sl * S, [=] {
-                  k::cpAttentionBackward(ad, pos.ptr, fp(q), fp(kg), fp(vg), fp(probs), fp(dctx), fp(dq), fp(dkg),
-                                         fp(dvg));
-              });
+        if (!probs) {
+            TS_ASSIGN_OR_RETURN(probs, allocUninitialized(m_exec, int64_t(b) * nq * sl * S));
+            TS_ASSIGN_OR_RETURN(TensorPtr ctxTmp, allocUninitialized(m_exec, T * nq * d));
+            m_exec.op("core_attention.recompute", Category::Attention, 2.0 * b * nq * double(sl) * S * d,
+                      uint64_t(4) * uint64_t(b) * nq * sl * S,
+                      [=] { k::cpAttentionForward(ad, pos.ptr, fp(q), fp(kg), fp(vg), fp(probs), fp(ctxTmp)); });
+        }
+        m_exec.op("core_attention.bwd", Category::Attention, 4.0 * b * nq * double(sl) * S * d,
+                  uint64_t(8) * uint64_t(b) * nq * sl * S, [=] {
+                      k::cpAttentionBackward(ad, pos.ptr, fp(q), fp(kg), fp(vg), fp(probs), fp(dctx), fp(dq), fp(dkg),
+                                             fp(dvg));
+                  });
     }
     TS_ASSIGN_OR_RETURN(TensorPtr dkl, cpScatterKvGrad(dkg, ng));
     TS_ASSIGN_OR_RETURN(TensorPtr dvl, cpScatterKvGrad(dvg, ng));

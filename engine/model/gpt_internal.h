@@ -24,7 +24,8 @@ struct GptModel::LayerActs {
     TensorPtr q, k, v;              // after RoPE: [T, nq, d], [T, ng, d], [T, ng, d]
     TensorPtr probs;                // [b, nq, s, s]; null under selective recompute or flash
     TensorPtr attnStats;            // flash attention: each softmax row's max and 1/sum [b, nq, s, 2]
-    TensorPtr lse;                  // cp_comm_type=p2p: log-sum-exp of the softmax rows [b, nq, s]
+    TensorPtr lse;                  // cp_comm_type=p2p, and all_gather under flash attention:
+                                    // log-sum-exp of the softmax rows [b, nq, s]
                                     // (a2a+p2p: of the head-split rows [b, nq/a, a*s])
     TensorPtr ctxHeads;             // a2a+p2p (a > 1): the ring's output before the all-to-all back
                                     // [a*s, b, nq/a, d], what its backward reads

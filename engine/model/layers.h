@@ -40,6 +40,7 @@ public:
     void setCancelFlag(const std::atomic<bool>* flag) { m_cancel = flag; }
     // The ops' GEMMs take bf16 operands where the backend has bf16 GEMMs (kern::Bf16GemmScope).
     void setBf16Gemms(bool on) { m_bf16Gemms = on; }
+    bool bf16Gemms() const { return m_bf16Gemms; }
     bool cancelled() const { return m_cancel && m_cancel->load(std::memory_order_relaxed); }
     void setStep(int step) { m_step = step; }
     void setMicrobatch(int mb) { m_mb = mb; }

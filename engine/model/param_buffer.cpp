@@ -81,12 +81,7 @@ void ParamBuffer::zeroGrads() {
     if (m_grad) kern::setBytes(m_grad->data(), 0, size_t(m_numel) * sizeof(float));
 }
 
-void ParamBuffer::syncModelParams() {
-    if (!m_model) return;
-    kern::copyBytes(m_model->data(), m_main->data(), size_t(m_numel) * sizeof(float));
-    kern::roundToBf16(m_model->as<float>(), m_numel);
-    if (m_twin) kern::floatToBf16(m_model->as<float>(), static_cast<uint16_t*>(m_twin->data()), m_numel);
-}
+void ParamBuffer::syncModelParams() { syncModelParams(0, m_numel); }
 
 void ParamBuffer::syncModelParams(int64_t begin, int64_t end) {
     if (!m_model || begin >= end) return;

@@ -167,7 +167,7 @@ __global__ void softmaxFromStatsRowsKernel(RowParams p, float* __restrict__ prob
 }
 
 // --- the unfused passes (whole rows) ---
-__global__ void scaleRowsKernel(RowParams p, float* __restrict__ probs, int64_t rows) {
+__global__ void attentionScaleRowsKernel(RowParams p, float* __restrict__ probs, int64_t rows) {
     const int lane = threadIdx.x % 32;
     TS_FOR_EACH_WARP_ROW(ro, rows) {
         float* P = probsRow(p, probs, rowInfo(p, ro));
@@ -175,7 +175,7 @@ __global__ void scaleRowsKernel(RowParams p, float* __restrict__ probs, int64_t 
     }
 }
 
-__global__ void maskRowsKernel(RowParams p, float* __restrict__ probs, int64_t rows) {
+__global__ void attentionMaskRowsKernel(RowParams p, float* __restrict__ probs, int64_t rows) {
     const int lane = threadIdx.x % 32;
     TS_FOR_EACH_WARP_ROW(ro, rows) {
         const RowInfo ri = rowInfo(p, ro);
@@ -387,9 +387,9 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
                 fusedSoftmaxRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, flash ? Pw : probs, D, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
             } else {
-                scaleRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
+                attentionScaleRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
-                maskRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
+                attentionMaskRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
                 softmaxRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));

@@ -14,15 +14,15 @@ constexpr int kThreads = 256;
 using detail::globalThread;
 using detail::gridThreads;
 
-__global__ void floatToBf16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+__global__ void castFloatToBf16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16FromFloat(x[i]);
 }
 
-__global__ void bf16ToFloatKernel(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
+__global__ void castBf16ToFloatKernel(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16ToFloatValue(x[i]);
 }
 
-__global__ void roundToBf16Kernel(float* __restrict__ x, int64_t n) {
+__global__ void roundToBf16CastKernel(float* __restrict__ x, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) x[i] = hd::bf16RoundFloat(x[i]);
 }
 
@@ -31,21 +31,21 @@ __global__ void roundToBf16Kernel(float* __restrict__ x, int64_t n) {
 Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream) {
     if (n < 0) return Status::invalid("floatToBf16: negative element count");
     if (n == 0) return Status::ok();
-    floatToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
+    castFloatToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
     return detail::launchStatus("floatToBf16 launch");
 }
 
 Status bf16ToFloat(const uint16_t* x, float* y, int64_t n, void* stream) {
     if (n < 0) return Status::invalid("bf16ToFloat: negative element count");
     if (n == 0) return Status::ok();
-    bf16ToFloatKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
+    castBf16ToFloatKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
     return detail::launchStatus("bf16ToFloat launch");
 }
 
 Status roundToBf16(float* x, int64_t n, void* stream) {
     if (n < 0) return Status::invalid("roundToBf16: negative element count");
     if (n == 0) return Status::ok();
-    roundToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, n);
+    roundToBf16CastKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, n);
     return detail::launchStatus("roundToBf16 launch");
 }
 

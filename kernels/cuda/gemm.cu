@@ -143,7 +143,7 @@ __global__ void broadcastBiasKernel(const float* __restrict__ b, float* __restri
 }
 
 // db[c] += sum_t dy[t, c]: one thread per column, rows walked in order (deterministic).
-__global__ void columnSumKernel(const float* __restrict__ dy, float* __restrict__ db, int T, int C) {
+__global__ void columnSumReduceKernel(const float* __restrict__ dy, float* __restrict__ db, int T, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float s = 0.0f;
@@ -241,7 +241,7 @@ Status linearBackward(const float* dy, const float* x, const float* W, float* dx
     }
     if (db) {
         constexpr int kThreads = 256;
-        columnSumKernel<<<(out + kThreads - 1) / kThreads, kThreads, 0, detail::asStream(stream)>>>(dy, db, T,
+        columnSumReduceKernel<<<(out + kThreads - 1) / kThreads, kThreads, 0, detail::asStream(stream)>>>(dy, db, T,
                                                                                                     out);
         TS_RETURN_IF_ERROR(detail::launchStatus("linearBackward bias-grad launch"));
     }

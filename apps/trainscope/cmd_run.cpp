@@ -383,7 +383,13 @@ int cmdRun(const Args& a) {
                          parallel ? 1 : (c.cpu_threads > 0 ? c.cpu_threads : kernels::cpu::numThreads()));
     if (single) single->setPeakTflops(peakTflops);
     else parallel->setPeakTflops(peakTflops);
-    const json meta = single ? single->runMetadata() : parallel->runMetadata();
+    json meta = single ? single->runMetadata() : parallel->runMetadata();
+    if (c.device_backend == "cuda") {
+        // What `analyze` looks MFU's peak up by (resources/peak_flops.json), as an imported
+        // Nsight or Kineto trace says it; a CPU run keeps its measured peak_tflops instead.
+        meta["device_name"] = (single ? *dev : parallel->backend().device(0)).info().name;
+        meta["dtype"] = c.bf16 ? "bf16" : "fp32";
+    }
     for (auto it = meta.begin(); it != meta.end(); ++it)
         rec->metadata(it.key(), it->is_string() ? it->get<std::string>() : dumpJson(*it));
     const std::string dataText = single ? single->data().description() : meta.value("data", std::string());

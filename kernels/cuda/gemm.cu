@@ -4,6 +4,7 @@
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/workspace.cuh"
 
 #include <map>
 #include <mutex>
@@ -231,6 +232,9 @@ Status linearBackward(const float* dy, const float* x, const float* W, float* dx
                       int T, int in, int out, void* stream) {
     if (T < 0 || in <= 0 || out <= 0) return Status::invalid("linearBackward: need T >= 0, in > 0, out > 0");
     if (T == 0) return Status::ok();
+    // bf16 GEMMs: dy in bf16 once for both GEMMs instead of once per GEMM.
+    detail::Bf16Twin tdy(stream);
+    if (t_bf16Gemms && dx && dW) (void)tdy.cover(dy, static_cast<int64_t>(T) * out, true);
     if (dx) {
         if (!W) return Status::invalid("linearBackward: dx needs W");
         TS_RETURN_IF_ERROR(gemm(false, false, T, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in, stream));

@@ -9,6 +9,7 @@
 // numbers of the first GPU run (docs/cuda_port.md). Skips without a CUDA build or device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -61,7 +62,11 @@ TEST(CudaTrainer, EveryStepMatchesTheCpuBackend) {
                           << " GPU steps of " << c.train_iters;
             continue;
         }
+        double worstLoss = 0, worstNorm = 0;  // relative, over the steps (printed below)
         for (size_t s = 0; s < cpu.losses.size(); ++s) {
+            worstLoss = std::max(worstLoss, std::fabs(gpu.losses[s] - cpu.losses[s]) / std::fabs(cpu.losses[s]));
+            worstNorm = std::max(worstNorm, std::fabs(gpu.gradNorms[s] - cpu.gradNorms[s]) /
+                                                std::max(std::fabs(cpu.gradNorms[s]), 1e-30));
             EXPECT_NEAR(gpu.losses[s], cpu.losses[s], tol.loss * std::fabs(cpu.losses[s]))
                 << v.name << ": loss, step " << s + 1 << " on " << gpu.device;
             EXPECT_NEAR(gpu.gradNorms[s], cpu.gradNorms[s], tol.loss * std::fabs(cpu.gradNorms[s]) + 1e-7)
@@ -79,8 +84,10 @@ TEST(CudaTrainer, EveryStepMatchesTheCpuBackend) {
             norm += double(cpu.params[i]) * cpu.params[i];
         }
         EXPECT_LE(std::sqrt(diff), tol.params * std::sqrt(norm)) << v.name << ": final weights";
-        std::printf("[cuda trainer] %s on %s: loss %.9g (cpu %.9g), weights rel. L2 diff %.3g\n", v.name.c_str(),
-                    gpu.device.c_str(), gpu.losses.back(), cpu.losses.back(), std::sqrt(diff / std::max(norm, 1e-30)));
+        std::printf("[cuda trainer] %s on %s: loss %.9g (cpu %.9g), weights rel. L2 diff %.3g, worst step rel. diff: "
+                    "loss %.3g, grad norm %.3g\n",
+                    v.name.c_str(), gpu.device.c_str(), gpu.losses.back(), cpu.losses.back(),
+                    std::sqrt(diff / std::max(norm, 1e-30)), worstLoss, worstNorm);
     }
 }
 

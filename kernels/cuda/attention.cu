@@ -392,7 +392,7 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
         tq.cover(q, int64_t(g.sq) * ldq, true);
         tk.cover(k, int64_t(g.skv) * ldk, true);
         tv.cover(v, int64_t(g.skv) * ldk, true);
-        if (flash) tP.cover(Pw, chunk * ss, false);
+        if (flash && !drop) tP.cover(Pw, chunk * ss, false);  // with dropout .V reads D
         if (fused && drop) tD.cover(D, chunk * ss, false);
     }
     // kernels/common/causal_gemms.h. Not with bf16 GEMMs: on an H200 (1.3B GPT, s = 2048) the
@@ -511,7 +511,7 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
         tk.cover(k, int64_t(g.skv) * ldk, true);
         tv.cover(v, int64_t(g.skv) * ldk, true);
         tdo.cover(dout, int64_t(g.sq) * ldq, true);
-        if (flash) tP.cover(Pw, chunk * ss, false);
+        if (flash && !drop) tP.cover(Pw, chunk * ss, false);  // with dropout dV reads Pd
         if (fused && drop) tPd.cover(Pd, chunk * ss, false);
         if (fused) tdS.cover(dS, chunk * ss, false);
     }

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace ts::kernels::cuda {
 
@@ -83,14 +84,18 @@ namespace {
 
 thread_local bool t_bf16Gemms = false;
 
-// The bound twins by base address: [base, base + n) -> twin.
+// The bound twins by base address: [base, base + n) -> twin; the last bound of a base wins (a
+// stack per base, so unbinding an inner twin leaves an outer one of the same base bound). One map
+// for the process, read when a GEMM is enqueued, not in stream order: this holds because each
+// device's ops are issued by one host thread, which binds, enqueues and unbinds in order, and
+// different devices' buffers have different addresses.
 struct Twin {
     int64_t n = 0;
     const uint16_t* bits = nullptr;
 };
 std::mutex g_twinMutex;
-std::map<const float*, Twin>& twins() {
-    static std::map<const float*, Twin> m;
+std::map<const float*, std::vector<Twin>>& twins() {
+    static std::map<const float*, std::vector<Twin>> m;
     return m;
 }
 
@@ -159,12 +164,16 @@ bool bf16Gemms() { return t_bf16Gemms; }
 
 void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n) {
     std::lock_guard<std::mutex> lock(g_twinMutex);
-    twins()[base] = Twin{n, twin};
+    twins()[base].push_back(Twin{n, twin});
 }
 
 void unbindBf16Twin(const float* base) {
     std::lock_guard<std::mutex> lock(g_twinMutex);
-    twins().erase(base);
+    auto& m = twins();
+    auto it = m.find(base);
+    if (it == m.end()) return;
+    it->second.pop_back();
+    if (it->second.empty()) m.erase(it);
 }
 
 const uint16_t* boundBf16Twin(const float* x, int64_t n) {
@@ -176,8 +185,9 @@ const uint16_t* boundBf16Twin(const float* x, int64_t n) {
     const uintptr_t bytes = reinterpret_cast<uintptr_t>(x) - reinterpret_cast<uintptr_t>(it->first);
     if (bytes % sizeof(float) != 0 || n < 0) return nullptr;
     const int64_t off = static_cast<int64_t>(bytes / sizeof(float));
-    if (off + n > it->second.n) return nullptr;
-    return it->second.bits + off;
+    const Twin& t = it->second.back();
+    if (off + n > t.n) return nullptr;
+    return t.bits + off;
 }
 
 Status gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,

@@ -39,11 +39,12 @@ private:
 
 // A stream-ordered bf16 array bound as the twin of the floats [base, base + n) while it lives
 // (ops_cuda.h bindBf16Twin), so that the bf16 GEMMs enqueued meanwhile read it instead of
-// converting their operand's whole span per call. cover(..., true) converts base once; with
-// false the caller's row kernels write the bits next to the floats they write, before any GEMM
-// reads them. Unbound on destruction, then freed in stream order (after the GEMMs queued). A
-// span that already has a twin is left alone; where the allocation fails nothing is bound and
-// the GEMMs convert per call as before.
+// converting their operand's whole span per call. cover(..., true) converts base once (a span
+// another twin already covers is left to it); with false the caller's row kernels write the bits
+// next to the floats they write, before any GEMM reads them, so that span always gets its own
+// twin (bound over any outer one: the GEMMs' lookup finds the innermost). Unbound on destruction,
+// then freed in stream order (after the GEMMs queued). Where the allocation fails nothing is
+// bound and bits() is null: the GEMMs convert per call as before.
 class Bf16Twin {
 public:
     explicit Bf16Twin(void* stream) : m_ws(stream), m_stream(stream) {}
@@ -55,7 +56,7 @@ public:
     // True when [base, base + n) has a twin afterwards.
     bool cover(const float* base, int64_t n, bool convert) {
         if (!base || n <= 0) return false;
-        if (boundBf16Twin(base, n)) return true;
+        if (convert && boundBf16Twin(base, n)) return true;
         if (!m_ws.allocate(sizeof(uint16_t) * static_cast<size_t>(n), "bf16 twin").isOk()) return false;
         uint16_t* b = static_cast<uint16_t*>(m_ws.get());
         if (convert && !floatToBf16(base, b, n, m_stream).isOk()) return false;

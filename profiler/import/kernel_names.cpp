@@ -166,6 +166,13 @@ trace::Category classifyKernel(std::string_view name) {
         return Category::Norm;
     if (any({"softmax"})) return Category::Softmax;
     if (any({"embedding", "embed_"})) return Category::Embedding;
+    // Collectives that are not NCCL's: PyTorch SymmetricMemory (one_shot_all_reduce,
+    // multimem_all_reduce), vLLM's and TensorRT-LLM's custom all-reduce, MSCCL++, Transformer
+    // Engine's userbuffers reduce-scatter / all-gather. Before the element-wise words, whose
+    // "reduce" would take them.
+    if (any({"all_reduce", "allreduce", "reduce_scatter", "reducescatter", "all_gather", "allgather", "all_to_all",
+             "alltoall", "cross_device_reduce", "userbuffers"}))
+        return Category::Collective;
     // PyTorch ATen element-wise and reduction kernels, Triton pointwise/reduction kernels
     // (triton_poi_*, triton_red_*, triton_per_*), CUB reductions, Transformer Engine
     // cast/transpose, amax and FP8 quantization, MoE permutation; trainscope's own kernels
@@ -176,8 +183,8 @@ trace::Category classifyKernel(std::string_view name) {
              "gather", "where", "masked", "nchwtonhwc", "nhwctonchw", "permute", "sigmoid", "bias", "scale",
              "reduce", "amax", "quantize"}))
         return Category::Elementwise;
-    // Anything else (including reductions and kernels named only by their library) is Other:
-    // better unclassified than put in a class the name merely resembles.
+    // Anything else (kernels named only by their library, say) is Other: better unclassified than
+    // put in a class the name merely resembles.
     return Category::Other;
 }
 

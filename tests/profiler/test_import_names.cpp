@@ -99,6 +99,18 @@ TEST(ImportNames, CategoryTable) {
         {"volta_fp16_s884gemm_fp16_128x128_ldg8_f2f_nn", Category::Gemm},
         {"void gemv2T_kernel_val<int, int, float, float, float, 128, 16, 4, 4, false, false>(...)", Category::Gemm},
         {"void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >(Flash_fwd_params)", Category::Attention},
+        // Collectives outside NCCL are communication, not the element-wise "reduce" kernels.
+        {"void c10d::symmetric_memory::one_shot_all_reduce_kernel<float, 8>(float*, unsigned long, ...)",
+         Category::Collective},
+        {"void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(...)", Category::Collective},
+        {"void userbuffers_fp16_sum_inplace_gpu_rr_rs(int, int, int, int, int, int, void**, int, unsigned long)",
+         Category::Collective},
+        // ... while reductions and FP8 casts are element-wise.
+        {"void cub::DeviceReduceKernel<cub::DeviceReducePolicy<float, int, cuda::std::plus<float> >::Policy600, "
+         "float*, float*, int, cuda::std::plus<float> >(float*, float*, int, cuda::std::plus<float>)",
+         Category::Elementwise},
+        {"void transformer_engine::amax_kernel<4, __nv_bfloat16>(__nv_bfloat16 const*, float*, unsigned long)",
+         Category::Elementwise},
         {"cutlass::device_kernel<flash::FlashAttnFwdSm90<...> >", Category::Attention},
         {"fmha_cutlassF_f16_aligned_64x64_rf_sm80", Category::Attention},
         // A softmax alone is not attention (it is also MoE routing, sampling, ...).

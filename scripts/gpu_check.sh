@@ -55,6 +55,18 @@ limit() {
     [ "$left" -lt "$1" ] && { echo "$left"; return; }
     echo "$1"
 }
+# Runs the command under the step's limit (see limit), or not at all past the deadline (timeout 0
+# would mean no limit).
+within() {
+    local t
+    t=$(limit "$1")
+    shift
+    if [ "$t" = 0 ]; then
+        echo "gpu_check: not run (deadline): $*" >&2
+        return 124
+    fi
+    timeout "$t" "$@"
+}
 finish() {
     # The device tool brings back files of at most 16 MiB: run files and other large files stay.
     find "$work" -type f -size +4M -printf 'gpu_check: left out of the tarball: %P (%s bytes)\n'
@@ -64,11 +76,13 @@ finish() {
     exit "$status"
 }
 
+# Stopped from outside (the device tool's limit): still bring back what there is.
+trap 'echo "gpu_check: stopped by a signal"; status=1; finish' TERM INT
 { nvidia-smi; nvidia-smi topo -m; } > "$work/nvidia-smi.txt" 2>&1 || echo "gpu_check: nvidia-smi failed (see nvidia-smi.txt)"
 head -12 "$work/nvidia-smi.txt" | grep -E 'Driver|NVIDIA H|MiB' | head -3
 if [ -n "$bundle" ]; then
     bin="$work.bin"
-    mkdir -p "$bin" && tar -C "$bin" -xJf "$bundle" || { echo "gpu_check: cannot unpack $bundle"; finish; }
+    mkdir -p "$bin" && tar -C "$bin" -xJf "$bundle" || { echo "gpu_check: cannot unpack $bundle"; status=1; finish; }
     # CUDA's libraries from the machine: the toolkit's folders, then Python's nvidia wheels.
     dirs=""
     for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcupti.so.13 libnccl.so.2; do
@@ -91,7 +105,9 @@ missing=$(ldd "$bin/tests/test_gpu" "$bin/apps/bench_gpu_step" 2>&1 | grep 'not 
 [ -z "$missing" ] || { echo "gpu_check: libraries not found:"; echo "$missing"; status=1; finish; }
 
 echo "== test_gpu (one suite per process)"
-for suite in $("$bin/tests/test_gpu" --gtest_list_tests | grep -E '^[A-Za-z][A-Za-z0-9_/]*\.$' | tr -d '.'); do
+suites=$("$bin/tests/test_gpu" --gtest_list_tests | grep -E '^[A-Za-z][A-Za-z0-9_/]*\.$' | tr -d '.')
+[ -n "$suites" ] || { echo "gpu_check: test_gpu lists no test suites"; status=1; }
+for suite in $suites; do
     [ "$quick" = 1 ] && case "$suite" in CudaAttention|CudaTrainer) ;; *) continue ;; esac
     t=$(limit 150)
     [ "$t" = 0 ] && { echo "$suite: not run (deadline)"; status=1; continue; }
@@ -113,21 +129,21 @@ done | head -150
 if [ "$quick" = 0 ] && [ -x "$bin/apps/trainscope" ] && [ "$(limit 120)" != 0 ]; then
     echo "== trainscope run + analyze on GPU 0"
     runfile="$work/small_cuda.tsrun"
-    timeout "$(limit 120)" "$bin/apps/trainscope" run resources/examples/small.yaml --steps 4 \
+    within 120 "$bin/apps/trainscope" run resources/examples/small.yaml --steps 4 \
         --set device_backend=cuda --set bf16=true --run-file "$runfile" > "$work/run.log" 2>&1 || status=1
     tail -2 "$work/run.log"
-    timeout "$(limit 60)" "$bin/apps/trainscope" analyze "$runfile" --step 3 > "$work/analyze.txt" 2>&1 || status=1
+    within 60 "$bin/apps/trainscope" analyze "$runfile" --step 3 > "$work/analyze.txt" 2>&1 || status=1
     sed -n '/^step 3/,/^  critical/p; /^MFU inputs/p' "$work/analyze.txt"
 fi
 if [ "$bench" = 1 ] && [ "$quick" = 0 ] && [ -x "$bin/apps/trainscope" ] && [ "$(limit 150)" != 0 ]; then
     # Where the ~1.3B GPT's step goes: its last step's kernel mix, as `trainscope analyze` shows it.
     echo "== trainscope run + analyze: the ~1.3B GPT, bf16, 3 steps"
-    timeout "$(limit 150)" "$bin/apps/trainscope" run resources/examples/small.yaml --steps 3 \
+    within 150 "$bin/apps/trainscope" run resources/examples/small.yaml --steps 3 \
         --set device_backend=cuda --set bf16=true --set hidden_size=2048 --set num_layers=24 \
         --set num_attention_heads=16 --set seq_length=2048 --set micro_batch_size=1 --set vocab_size=50304 \
         --run-file "$work/gpt1b_cuda.tsrun" > "$work/run_1b.log" 2>&1 || status=1
     tail -2 "$work/run_1b.log"
-    timeout "$(limit 60)" "$bin/apps/trainscope" analyze "$work/gpt1b_cuda.tsrun" --step 2 --top 30 \
+    within 60 "$bin/apps/trainscope" analyze "$work/gpt1b_cuda.tsrun" --step 2 --top 30 \
         > "$work/analyze_1b.txt" 2>&1 || status=1
     sed -n '/^step 2/,/^MFU inputs/p' "$work/analyze_1b.txt"
 fi

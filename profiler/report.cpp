@@ -14,6 +14,7 @@
 
 #include "profiler/analysis.h"
 #include "profiler/analysis_internal.h"
+#include "profiler/import/kernel_names.h"
 
 namespace ts::profiler {
 
@@ -528,7 +529,7 @@ std::string formatAnalysisText(const json& doc) {
     o << "\nkernels (rank " << (doc["ranks"].empty() ? 0 : doc["ranks"][0]["rank"].get<int>()) << ", top by total time):\n";
     if (!doc["ranks"].empty()) {
         for (const auto& k : doc["ranks"][0]["kernels"]["top"]) {
-            std::snprintf(line, sizeof line, "  %-40s %-12s %8lld %10s ms %6s %%\n", k["name"].get<std::string>().substr(0, 40).c_str(),
+            std::snprintf(line, sizeof line, "  %-40s %-12s %8lld %10s ms %6s %%\n", import::kernelShortName(k["name"].get<std::string>()).substr(0, 40).c_str(),
                           k["category"].get<std::string>().c_str(), (long long)k["count"].get<int64_t>(),
                           ms(k["total_s"]).c_str(), pct(k["pct"]).c_str());
             o << line;

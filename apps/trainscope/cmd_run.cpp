@@ -347,7 +347,7 @@ int cmdRun(const Args& a) {
     } else if (Status ok = engine::checkDeviceBackend(c, engine::unverifiedCudaRequested()); !ok) {
         created = ok;  // before making a backend: cuda where it cannot run says why
     } else {
-        // device_backend: cuda (with TS_CUDA_UNVERIFIED=1): GPU 0 of the CUDA backend
+        // device_backend: cuda: GPU 0 of the CUDA backend
         if (c.device_backend == "cuda") {
             auto be = engine::makeCudaBackend();
             if (be) backend = std::move(*be);
@@ -383,7 +383,14 @@ int cmdRun(const Args& a) {
                          parallel ? 1 : (c.cpu_threads > 0 ? c.cpu_threads : kernels::cpu::numThreads()));
     if (single) single->setPeakTflops(peakTflops);
     else parallel->setPeakTflops(peakTflops);
-    const json meta = single ? single->runMetadata() : parallel->runMetadata();
+    json meta = single ? single->runMetadata() : parallel->runMetadata();
+    if (c.device_backend == "cuda") {
+        // What `analyze` looks MFU's peak up by (resources/peak_flops.json), as an imported
+        // Nsight or Kineto trace says it; a CPU run keeps its measured peak_tflops instead.
+        meta["device_name"] = (single ? *dev : parallel->backend().device(0)).info().name;
+        // FP8 runs count against the bf16 peak too (Megatron's MFU; our FP8 GEMMs are not FP8 yet).
+        meta["dtype"] = c.bf16 ? "bf16" : "fp32";
+    }
     for (auto it = meta.begin(); it != meta.end(); ++it)
         rec->metadata(it.key(), it->is_string() ? it->get<std::string>() : dumpJson(*it));
     const std::string dataText = single ? single->data().description() : meta.value("data", std::string());

@@ -117,8 +117,8 @@ const std::vector<Command>& commands() {
         {"run", "run CONFIG.yaml [--steps N] [--world-size N] [--set KNOB=VALUE ...] [--json] [--no-trace] [--workspace DIR | --run-file PATH] [--name NAME] [--node ssh://HOST|tcp://HOST:PORT]",
          "train a model with the config's layout and knobs; stores the run in the workspace. Under "
          "`mpirun -np N` or `srun -n N` each process runs one rank and one run file holds every rank. "
-         "device_backend: cuda (not yet verified on a GPU: TS_CUDA_UNVERIFIED=1) runs one rank per GPU, "
-         "NCCL between them, and traces the GPUs' kernels with CUPTI", cmdRun},
+         "device_backend: cuda runs one rank per GPU, NCCL between them (several GPUs not yet verified: "
+         "TS_CUDA_UNVERIFIED=1), and traces the GPUs' kernels with CUPTI", cmdRun},
         {"knobs", "knobs [--json | --markdown] [--group GROUP]",
          "list every tunable knob: type, default, group, Megatron-LM flag, Bridge path, help", cmdKnobs},
         {"validate", "validate CONFIG.yaml [CONFIG.yaml ...]",

@@ -227,9 +227,9 @@ std::string formatGpuTopology(const GpuTopology& t);
 // reach each other over NVLink: one line each, naming the pair and the link (TP's collectives
 // run on every layer, so Megatron keeps a TP group inside an NVLink domain).
 std::vector<std::string> tpTopologyWarnings(const GpuTopology& t, const std::vector<std::vector<int>>& tpGroups);
-// The environment opts in to the single-device trainer on a GPU before that path has been
-// checked against the CPU backend on one (TS_CUDA_UNVERIFIED=1, read once): the default of
-// TrainerOptions::allowUnverifiedCuda, so the gpu tests and a first GPU session can run it.
+// The environment opts in to layouts over several GPUs before they have been checked against the
+// CPU backend on a machine with several (TS_CUDA_UNVERIFIED=1, read once): the default of
+// TrainerOptions / ParallelTrainerOptions::allowUnverifiedCuda. One GPU needs no opt-in.
 bool unverifiedCudaRequested();
 
 }  // namespace ts::engine

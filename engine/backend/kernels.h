@@ -208,6 +208,7 @@ void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
 void floatToBf16(const float* x, uint16_t* y, int64_t n);
 void bf16ToFloat(const uint16_t* x, float* y, int64_t n);
 void roundToBf16(float* x, int64_t n);
+void bf16ModelCopy(const float* main, float* model, uint16_t* twin, int64_t n);
 void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale,
                            Fp8Format f);
 void fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* scales,

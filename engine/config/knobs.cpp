@@ -709,11 +709,10 @@ std::vector<KnobDef> buildRegistry() {
     r.s("data_path", &C::data_path, "--data-path", "dataset.blend",
         "\"\" = the shipped text corpus, \"synthetic\" = random tokens, or a Megatron .bin/.idx prefix.");
     r.e("tokenizer_type", &C::tokenizer_type, {"byte", "bpe"}, "", "", "Tokenizer for the text corpus.");
-    notInEngine(r.e("device_backend", &C::device_backend, {"cpu", "cuda"}, "", "",
-                    "Device backend that runs the ranks. cuda: the CUDA kernels, device backend and NCCL "
-                    "communicator are built and the engine is ported to device memory (checked on an emulated "
-                    "device), but it has not yet run on a GPU, so a run refuses it; TS_CUDA_UNVERIFIED=1 runs it "
-                    "anyway, one rank per GPU (NCCL between them; mpirun: one process per GPU)."));
+    r.e("device_backend", &C::device_backend, {"cpu", "cuda"}, "", "",
+        "Device backend that runs the ranks. cuda: one rank trains on GPU 0 (checked against the CPU backend on "
+        "an H200); layouts over several GPUs (one rank per GPU, NCCL between them; mpirun: one process per GPU) "
+        "have not yet run on a machine with several, so a run refuses them unless TS_CUDA_UNVERIFIED=1.");
     r.i("cpu_threads", &C::cpu_threads, "", "", "GEMM threads per rank on the CPU backend; 0 = cores / ranks.");
     r.i("log_interval", &C::log_interval, "--log-interval", "logger.log_interval", "Steps between progress lines.");
     r.s("save", &C::save, "--save", "checkpoint.save", "Checkpoint directory to save to; \"\" = no checkpoints.");

@@ -85,10 +85,8 @@ void ParamBuffer::syncModelParams() { syncModelParams(0, m_numel); }
 
 void ParamBuffer::syncModelParams(int64_t begin, int64_t end) {
     if (!m_model || begin >= end) return;
-    kern::copyBytes(m_model->as<float>() + begin, m_main->as<float>() + begin, size_t(end - begin) * sizeof(float));
-    kern::roundToBf16(m_model->as<float>() + begin, end - begin);
-    if (m_twin)
-        kern::floatToBf16(m_model->as<float>() + begin, static_cast<uint16_t*>(m_twin->data()) + begin, end - begin);
+    kern::bf16ModelCopy(m_main->as<float>() + begin, m_model->as<float>() + begin,
+                        m_twin ? static_cast<uint16_t*>(m_twin->data()) + begin : nullptr, end - begin);
 }
 
 Status ParamBuffer::relayout(Device& dev, Stream& stream, const std::vector<int64_t>& offsets, int64_t numel) {

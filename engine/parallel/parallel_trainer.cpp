@@ -544,7 +544,8 @@ nlohmann::json ParallelTrainer::runMetadata() const {
     const DerivedSizes ds = deriveSizes(m_cfg);
     nlohmann::json j = baseRunMetadata(m_cfg, m_flops, m_peakTflops, m_data.get());
     j["world"] = ds.world;
-    if (m_cfg.device_backend == "cuda") j["cuda_unverified"] = true;  // ParallelTrainerOptions::allowUnverifiedCuda
+    // Several GPUs run only behind ParallelTrainerOptions::allowUnverifiedCuda (checkDeviceBackend).
+    if (m_cfg.device_backend == "cuda" && ds.world > 1) j["cuda_unverified"] = true;
     j["tp"] = ds.tp;
     j["dp"] = ds.dp;
     // The unsharded count: every element once, from the rank the checkpoint takes it from (dense

@@ -77,8 +77,10 @@ struct ParallelTrainerOptions {
     // Every local rank's device is an emulated device (emulated_backend.h) instead of a CPU
     // virtual device: tests the device-only code path without a GPU.
     bool emulateDevice = emulatedDeviceRequested();
-    // device_backend: cuda: run on the GPUs although the engine has not yet been checked against
-    // the CPU backend on a GPU (TS_CUDA_UNVERIFIED=1), as TrainerOptions::allowUnverifiedCuda.
+    // device_backend: cuda with world size > 1: run on the GPUs although layouts over several GPUs
+    // have not yet been checked against the CPU backend on a machine with several
+    // (TS_CUDA_UNVERIFIED=1); one rank on one GPU needs no opt-in. The run metadata says so
+    // (cuda_unverified).
     bool allowUnverifiedCuda = unverifiedCudaRequested();
     // device_backend: cuda: the GPU (CUDA ordinal) of each local rank, localRanks order; empty =
     // the i-th local rank on GPU i. One GPU per rank.

@@ -47,8 +47,9 @@ nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double
 // (endOfTrain false) save to c.save when iteration % save_interval == 0; at the end of train()
 // (endOfTrain true) save unless that iteration was just saved. No-op when c.save is empty.
 // Ok for device_backend: cpu. For cuda: why this machine cannot run it (no driver, no GPU:
-// makeCudaBackend's message), or, where GPUs are visible, that the engine has not yet been run on
-// the CUDA backend (docs/cuda_port.md) — unless `unverifiedOk` (TrainerOptions /
+// makeCudaBackend's message); ok for one rank (world size 1, checked against the CPU backend on
+// a GPU); for several ranks, that layouts over several GPUs have not yet been checked
+// (docs/cuda_port.md) — unless `unverifiedOk` (TrainerOptions /
 // ParallelTrainerOptions::allowUnverifiedCuda). Both trainers call it first, so `cuda` never
 // silently runs on the CPU.
 Status checkDeviceBackend(const Config& c, bool unverifiedOk = false);
@@ -60,9 +61,8 @@ struct TrainerOptions {
     // The trainer's own backend (when create() gets no device) is the emulated device
     // (emulated_backend.h) instead of the CPU: tests the device-only code path without a GPU.
     bool emulateDevice = emulatedDeviceRequested();
-    // device_backend: cuda runs on GPU 0 although that path has not yet been checked against the
-    // CPU backend on a GPU (TS_CUDA_UNVERIFIED=1; the gpu tests set it to do that check). The run
-    // metadata says so (cuda_unverified).
+    // Passed to checkDeviceBackend: the single-device trainer runs on GPU 0 without it (that path
+    // is checked against the CPU backend on a GPU); it only matters to layouts over several GPUs.
     bool allowUnverifiedCuda = unverifiedCudaRequested();
 };
 

@@ -24,6 +24,7 @@
 
 #include "gui/app/counter_panels.h"
 #include "gui/core/format.h"
+#include "profiler/import/kernel_names.h"
 
 namespace ts::gui {
 
@@ -444,7 +445,8 @@ void AnalysisPanels::rebuild() {
         for (int i = 0; i < int(s.topKernels.size()); ++i) {
             const KernelRow& k = s.topKernels[size_t(i)];
             auto item = [](const QString& t) { return new QTableWidgetItem(t); };
-            m_kernels->setItem(i, 0, item(k.name));
+            m_kernels->setItem(i, 0, item(QString::fromStdString(profiler::import::kernelShortName(k.name.toStdString()))));
+            m_kernels->item(i, 0)->setToolTip(k.name);
             m_kernels->setItem(i, 1, item(k.category));
             m_kernels->setItem(i, 2, item(QString::number(int64_t(k.count))));
             m_kernels->setItem(i, 3, item(formatDurationNs(k.totalS * 1e9)));

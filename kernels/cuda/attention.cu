@@ -37,6 +37,7 @@
 // attentionFlashScratchSize: one head) one head at a time when that allocation fails. The
 // forwards halve their chunk until the allocation succeeds; at one head a failure fails the op
 // with cudaMallocAsync's error.
+#include "kernels/common/bf16.h"
 #include "kernels/common/causal_gemms.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_common.cuh"
@@ -74,6 +75,11 @@ struct RowParams {
     // workspace), and each row's max and reciprocal denominator go to / come from stats.
     bool localProbs = false;
     float* stats = nullptr;
+    // bf16 GEMMs: the bf16 bits of what the fused row kernels write, at the same index as the
+    // floats (probs, D / Pd, dS), so the next GEMMs read them as operands (Bf16Twin); null: none.
+    uint16_t* probsBits = nullptr;
+    uint16_t* dropBits = nullptr;
+    uint16_t* dsBits = nullptr;
 };
 
 struct RowInfo {
@@ -145,10 +151,17 @@ __global__ void fusedSoftmaxRowsKernel(RowParams p, float* __restrict__ probs, f
             st[1] = inv;
         }
         float* Dr = D ? D + ro * p.skv : nullptr;
+        uint16_t* Pb = p.probsBits ? p.probsBits + probsRowOffset(p, ri) : nullptr;
+        uint16_t* Db = p.dropBits && Dr ? p.dropBits + ro * p.skv : nullptr;
         for (int j = lane; j < p.skv; j += 32) {
             const float pj = j < ri.n ? expf(P[j] - mx) * inv : 0.0f;
             P[j] = pj;
-            if (Dr) Dr[j] = j < ri.n ? dropValue(p, ri.maskRow + j, pj) : 0.0f;
+            if (Pb) Pb[j] = hd::bf16FromFloat(pj);
+            if (Dr) {
+                const float dj = j < ri.n ? dropValue(p, ri.maskRow + j, pj) : 0.0f;
+                Dr[j] = dj;
+                if (Db) Db[j] = hd::bf16FromFloat(dj);
+            }
         }
     }
 }
@@ -162,12 +175,17 @@ __global__ void softmaxFromStatsRowsKernel(RowParams p, float* __restrict__ prob
         float* P = probsRow(p, probs, ri);
         const float* st = statsRow(p, ri);
         const float mx = st[0], inv = st[1];
-        for (int j = lane; j < p.skv; j += 32) P[j] = j < ri.n ? expf(P[j] - mx) * inv : 0.0f;
+        uint16_t* Pb = p.probsBits ? p.probsBits + probsRowOffset(p, ri) : nullptr;
+        for (int j = lane; j < p.skv; j += 32) {
+            const float pj = j < ri.n ? expf(P[j] - mx) * inv : 0.0f;
+            P[j] = pj;
+            if (Pb) Pb[j] = hd::bf16FromFloat(pj);
+        }
     }
 }
 
 // --- the unfused passes (whole rows) ---
-__global__ void scaleRowsKernel(RowParams p, float* __restrict__ probs, int64_t rows) {
+__global__ void attentionScaleRowsKernel(RowParams p, float* __restrict__ probs, int64_t rows) {
     const int lane = threadIdx.x % 32;
     TS_FOR_EACH_WARP_ROW(ro, rows) {
         float* P = probsRow(p, probs, rowInfo(p, ro));
@@ -175,7 +193,7 @@ __global__ void scaleRowsKernel(RowParams p, float* __restrict__ probs, int64_t 
     }
 }
 
-__global__ void maskRowsKernel(RowParams p, float* __restrict__ probs, int64_t rows) {
+__global__ void attentionMaskRowsKernel(RowParams p, float* __restrict__ probs, int64_t rows) {
     const int lane = threadIdx.x % 32;
     TS_FOR_EACH_WARP_ROW(ro, rows) {
         const RowInfo ri = rowInfo(p, ro);
@@ -254,7 +272,10 @@ __global__ void fusedSoftmaxBackwardRowsKernel(RowParams p, const float* __restr
         double dot = 0.0;
         for (int j = lane; j < p.skv; j += 32) {
             if (j >= ri.n) {
-                if (pdr) pdr[j] = 0.0f;
+                if (pdr) {
+                    pdr[j] = 0.0f;
+                    if (p.dropBits) p.dropBits[ro * p.skv + j] = 0;
+                }
                 continue;
             }
             float dp = dr[j];
@@ -262,13 +283,21 @@ __global__ void fusedSoftmaxBackwardRowsKernel(RowParams p, const float* __restr
                 const float m = keepFactor(p, ri.maskRow + j);
                 dp *= m;
                 dr[j] = dp;
-                pdr[j] = P[j] * m;
+                if (pdr) {
+                    pdr[j] = P[j] * m;
+                    if (p.dropBits) p.dropBits[ro * p.skv + j] = hd::bf16FromFloat(pdr[j]);
+                }
             }
             dot += static_cast<double>(P[j]) * dp;
         }
         // each lane re-reads only the elements it wrote above: no synchronisation needed
         const float dt = static_cast<float>(warpSumD(dot));
-        for (int j = lane; j < p.skv; j += 32) dr[j] = j < ri.n ? P[j] * (dr[j] - dt) : 0.0f;
+        uint16_t* db = p.dsBits ? p.dsBits + ro * p.skv : nullptr;
+        for (int j = lane; j < p.skv; j += 32) {
+            const float ds = j < ri.n ? P[j] * (dr[j] - dt) : 0.0f;
+            dr[j] = ds;
+            if (db) db[j] = hd::bf16FromFloat(ds);
+        }
     }
 }
 
@@ -355,8 +384,20 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
     }
     float* Pw = flash ? static_cast<float*>(ws.get()) : nullptr;
     float* D = drop ? static_cast<float*>(ws.get()) + (flash ? chunk * ss : 0) : nullptr;
-    // kernels/common/causal_gemms.h. Not with bf16 GEMMs: each call converts its operands' whole
-    // strided span to bf16, so every block would convert the chunk's squares again.
+    // bf16 GEMMs: q, k, v in bf16 once per call, and the fused row kernel writes the bits of the
+    // chunk's probabilities and dropout(P) next to them (a GEMM converts its operand's whole
+    // strided span per call: the whole tensor for every chunk).
+    Bf16Twin tq(stream), tk(stream), tv(stream), tP(stream), tD(stream);
+    if (bf16Gemms()) {  // where a twin cannot be made, the GEMMs convert per call as without
+        tq.cover(q, int64_t(g.sq) * ldq, true);
+        tk.cover(k, int64_t(g.skv) * ldk, true);
+        tv.cover(v, int64_t(g.skv) * ldk, true);
+        if (flash && !drop) tP.cover(Pw, chunk * ss, false);  // with dropout .V reads D
+        if (fused && drop) tD.cover(D, chunk * ss, false);
+    }
+    // kernels/common/causal_gemms.h. Not with bf16 GEMMs: on an H200 (1.3B GPT, s = 2048) the
+    // blocks' smaller bf16 GEMMs took longer than the full squares (37.0 against 33.5 ms of GEMMs
+    // per step), where the fp32 GEMMs gain from skipping half the square.
     const bool causalBlocks = fused && !g.qPos && !bf16Gemms();
     for (int j = 0; j < rep; ++j) {
         for (int64_t i0 = 0; i0 < groups; i0 += chunk) {
@@ -369,6 +410,8 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
             RowParams rp = rowParams(g, ch);
             rp.localProbs = flash;
             rp.stats = stats;
+            rp.probsBits = tP.bits();
+            rp.dropBits = tD.bits();
             const int64_t rows = static_cast<int64_t>(ch.count) * g.sq;
             float* Pc = flash ? Pw : probs + cv.pOff;  // the chunk's first head's probabilities
             const int64_t pStride = flash ? ss : rep * ss;
@@ -387,9 +430,9 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
                 fusedSoftmaxRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, flash ? Pw : probs, D, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
             } else {
-                scaleRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
+                attentionScaleRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
-                maskRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
+                attentionMaskRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
                 softmaxRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, probs, rows);
                 TS_RETURN_IF_ERROR(launchStatus(what));
@@ -460,6 +503,18 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
     float* dS = buf;                                            // [chunk, sq, skv]
     float* Pd = drop ? buf + static_cast<int64_t>(chunk) * ss : nullptr;  // [chunk, sq, skv]
     float* Pw = flash ? buf + static_cast<int64_t>(chunk) * ss * (drop ? 2 : 1) : nullptr;
+    // bf16 GEMMs (see the forward): q, k, v, dout converted once; the fused row kernels write the
+    // bits of the rebuilt probabilities, dropout(P) and dS, the operands of the GEMMs after them.
+    Bf16Twin tq(stream), tk(stream), tv(stream), tdo(stream), tP(stream), tPd(stream), tdS(stream);
+    if (bf16Gemms()) {  // where a twin cannot be made, the GEMMs convert per call as without
+        tq.cover(q, int64_t(g.sq) * ldq, true);
+        tk.cover(k, int64_t(g.skv) * ldk, true);
+        tv.cover(v, int64_t(g.skv) * ldk, true);
+        tdo.cover(dout, int64_t(g.sq) * ldq, true);
+        if (flash && !drop) tP.cover(Pw, chunk * ss, false);  // with dropout dV reads Pd
+        if (fused && drop) tPd.cover(Pd, chunk * ss, false);
+        if (fused) tdS.cover(dS, chunk * ss, false);
+    }
     // The fused square's GEMMs in causal row blocks: every row kernel reads only the visible keys
     // and writes whole rows (zeros past them), so what the blocks skip is never read. Not with
     // bf16 GEMMs (see the forward).
@@ -477,6 +532,9 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
             RowParams rp = rowParams(g, ch);
             rp.localProbs = flash;
             rp.stats = const_cast<float*>(stats);  // read only here
+            rp.probsBits = tP.bits();
+            rp.dropBits = tPd.bits();
+            rp.dsBits = tdS.bits();
             const int64_t rows = static_cast<int64_t>(ch.count) * g.sq;
             const int64_t qStride = static_cast<int64_t>(rep) * g.d;
             if (flash) {  // P = exp(scale Q K^T - max) * inv, as the forward had it

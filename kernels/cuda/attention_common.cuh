@@ -1,4 +1,4 @@
-// Shared by rope.cu, attention.cu and attention_cp.cu: stream-ordered workspaces, the dropout
+// Shared by rope.cu, attention.cu and attention_cp.cu: the dropout
 // keep bit of the CPU's counter-based RNG (kernels/cpu/dropout.cpp) on the device, and the
 // masked-attention engine that attentionForward/Backward (causal square) and
 // cpAttentionForward/Backward (query rows at global positions) both run.
@@ -7,38 +7,12 @@
 #include "common/status.h"
 #include "kernels/common/dropout_rng.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/workspace.cuh"
 
 #include <cmath>
 #include <cstdint>
 
 namespace ts::kernels::cuda::detail {
-
-// Device memory allocated and freed in stream order (cudaMallocAsync / cudaFreeAsync): the
-// workspace of one op call, released on the stream when the call's launches are queued.
-class StreamWorkspace {
-public:
-    explicit StreamWorkspace(void* stream) : m_stream(asStream(stream)) {}
-    StreamWorkspace(const StreamWorkspace&) = delete;
-    StreamWorkspace& operator=(const StreamWorkspace&) = delete;
-    ~StreamWorkspace() {
-        if (m_ptr) (void)cudaFreeAsync(m_ptr, m_stream);
-    }
-    // On failure the runtime's last-error state is cleared, so the next launch check does not
-    // report this allocation.
-    Status allocate(size_t bytes, const char* what) {
-        const cudaError_t err = cudaMallocAsync(&m_ptr, bytes, m_stream);
-        if (err != cudaSuccess) {
-            m_ptr = nullptr;
-            (void)cudaGetLastError();
-        }
-        return fromCuda(err, what);
-    }
-    void* get() const { return m_ptr; }
-
-private:
-    cudaStream_t m_stream;
-    void* m_ptr = nullptr;
-};
 
 // --- dropout keep bit ------------------------------------------------------------------------
 // The CPU's counter-based RNG (kernels/common/dropout_rng.h, the same functions the oracle runs).

@@ -76,7 +76,7 @@ __device__ inline uint64_t ringMaskRow(const RingParams& p, int64_t head, int qp
 // S (workspace rows, scaled scores on entry) -> the block's unnormalised, dropped probabilities
 // exp(s - max) (masked past the visible prefix); stats[2*ro] = lse of the block's row (max +
 // log(sum), double), stats[2*ro+1] = the undropped sum (0: no visible key).
-__global__ void ringForwardRowsKernel(RingParams p, float* __restrict__ S, double* __restrict__ stats,
+__global__ void ringAttentionForwardRowsKernel(RingParams p, float* __restrict__ S, double* __restrict__ stats,
                                       int64_t rows) {
     const int lane = threadIdx.x % 32;
     TS_FOR_EACH_WARP_ROW(ro, rows) {
@@ -114,7 +114,7 @@ __global__ void ringForwardRowsKernel(RingParams p, float* __restrict__ S, doubl
 // Folds the block (acc = its unnormalised dropout(P) V rows [chunk, sq, d], stats) into out and
 // lse [b, nq, sq] exactly as the CPU: first starts from (0, -inf); a row with no visible key is
 // left alone; lse = -inf takes the block's normalised result; otherwise the log-sum-exp merge.
-__global__ void ringMergeKernel(RingParams p, const float* __restrict__ acc,
+__global__ void ringAttentionMergeKernel(RingParams p, const float* __restrict__ acc,
                                 const double* __restrict__ stats, float* __restrict__ out,
                                 float* __restrict__ lse, bool first, int64_t rows) {
     const int lane = threadIdx.x % 32;
@@ -148,7 +148,7 @@ __global__ void ringMergeKernel(RingParams p, const float* __restrict__ acc,
 }
 
 // out = 0, lse = -inf for first=true against an empty block.
-__global__ void ringInitKernel(float* __restrict__ out, int64_t outElems, float* __restrict__ lse,
+__global__ void ringAttentionInitKernel(float* __restrict__ out, int64_t outElems, float* __restrict__ lse,
                                int64_t lseElems) {
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < outElems; i += stride)
@@ -158,7 +158,7 @@ __global__ void ringInitKernel(float* __restrict__ out, int64_t outElems, float*
 }
 
 // delta[bi, hq, i] = sum_e out*dout of row (i, bi, hq), in double. Rows: ro = (bi*nq + hq)*sq + i.
-__global__ void ringDeltaKernel(const float* __restrict__ out, const float* __restrict__ dout,
+__global__ void ringAttentionDeltaKernel(const float* __restrict__ out, const float* __restrict__ dout,
                                 float* __restrict__ delta, int b, int nq, int sq, int d, int64_t rows) {
     const int lane = threadIdx.x % 32;
     TS_FOR_EACH_WARP_ROW(ro, rows) {
@@ -173,7 +173,7 @@ __global__ void ringDeltaKernel(const float* __restrict__ out, const float* __re
 
 // Backward rows from the final lse and delta: S (scaled scores) -> dropout(P), dP (dO.V^T) ->
 // dS = P (M dP - delta) * scale; zeros past the visible prefix and for rows with lse = -inf.
-__global__ void ringBackwardRowsKernel(RingParams p, const float* __restrict__ lse,
+__global__ void ringAttentionBackwardRowsKernel(RingParams p, const float* __restrict__ lse,
                                        const float* __restrict__ delta, float* __restrict__ S,
                                        float* __restrict__ dP, int64_t rows) {
     const int lane = threadIdx.x % 32;
@@ -291,7 +291,7 @@ Status cpRingAttentionForward(const CpAttnDims& dims, const int* qPos, const int
     if (dims.skv == 0) {  // an empty block: only first=true has something to do
         if (!first) return Status::ok();
         const int64_t rowsAll = static_cast<int64_t>(dims.b) * dims.nq * dims.sq;
-        ringInitKernel<<<detail::blocksFor(rowsAll * dims.d, kThreads), kThreads, 0, st>>>(
+        ringAttentionInitKernel<<<detail::blocksFor(rowsAll * dims.d, kThreads), kThreads, 0, st>>>(
             out, rowsAll * dims.d, lse, rowsAll);
         return detail::launchStatus(what);
     }
@@ -319,13 +319,13 @@ Status cpRingAttentionForward(const CpAttnDims& dims, const int* qPos, const int
             TS_RETURN_IF_ERROR(gemmStridedBatched(false, true, dims.sq, dims.skv, dims.d, dims.scale, q + qOff,
                                                   ldq, qStride, k + kOff, ldk, dims.d, 0.0f, S, dims.skv, ss,
                                                   ch.count, stream));
-            ringForwardRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, S, stats, rows);
+            ringAttentionForwardRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, S, stats, rows);
             TS_RETURN_IF_ERROR(detail::launchStatus(what));
             // acc = dropout(exp(S - max)) V
             TS_RETURN_IF_ERROR(gemmStridedBatched(false, false, dims.sq, dims.d, dims.skv, 1.0f, S, dims.skv,
                                                   ss, v + kOff, ldk, dims.d, 0.0f, acc, dims.d, sd, ch.count,
                                                   stream));
-            ringMergeKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, acc, stats, out, lse, first, rows);
+            ringAttentionMergeKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, acc, stats, out, lse, first, rows);
             TS_RETURN_IF_ERROR(detail::launchStatus(what));
         }
     }
@@ -337,7 +337,7 @@ Status cpRingAttentionDelta(const CpAttnDims& dims, const float* out, const floa
     TS_RETURN_IF_ERROR(validateCp(dims, "cpRingAttentionDelta"));
     const int64_t rows = static_cast<int64_t>(dims.b) * dims.nq * dims.sq;
     if (rows == 0) return Status::ok();
-    ringDeltaKernel<<<rowBlocks(rows), kThreads, 0, detail::asStream(stream)>>>(
+    ringAttentionDeltaKernel<<<rowBlocks(rows), kThreads, 0, detail::asStream(stream)>>>(
         out, dout, delta, dims.b, dims.nq, dims.sq, dims.d, rows);
     return detail::launchStatus("cpRingAttentionDelta");
 }
@@ -379,7 +379,7 @@ Status cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const in
             TS_RETURN_IF_ERROR(gemmStridedBatched(false, true, dims.sq, dims.skv, dims.d, 1.0f, dout + qOff, ldq,
                                                   qStride, v + kOff, ldk, dims.d, 0.0f, dP, dims.skv, ss,
                                                   ch.count, stream));
-            ringBackwardRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, lse, delta, S, dP, rows);
+            ringAttentionBackwardRowsKernel<<<rowBlocks(rows), kThreads, 0, st>>>(rp, lse, delta, S, dP, rows);
             TS_RETURN_IF_ERROR(detail::launchStatus(what));
             // dv (+)= dropout(P)^T dO
             TS_RETURN_IF_ERROR(gemmStridedBatched(true, false, dims.skv, dims.d, dims.sq, 1.0f, S, dims.skv, ss,

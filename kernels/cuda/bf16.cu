@@ -14,38 +14,55 @@ constexpr int kThreads = 256;
 using detail::globalThread;
 using detail::gridThreads;
 
-__global__ void floatToBf16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+__global__ void castFloatToBf16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16FromFloat(x[i]);
 }
 
-__global__ void bf16ToFloatKernel(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
+__global__ void castBf16ToFloatKernel(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16ToFloatValue(x[i]);
 }
 
-__global__ void roundToBf16Kernel(float* __restrict__ x, int64_t n) {
+__global__ void roundToBf16CastKernel(float* __restrict__ x, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) x[i] = hd::bf16RoundFloat(x[i]);
+}
+
+__global__ void bf16ModelCopyCastKernel(const float* __restrict__ main, float* __restrict__ model,
+                                        uint16_t* __restrict__ twin, int64_t n) {
+    for (int64_t i = globalThread(); i < n; i += gridThreads()) {
+        const uint16_t h = hd::bf16FromFloat(main[i]);
+        model[i] = hd::bf16ToFloatValue(h);
+        if (twin) twin[i] = h;
+    }
 }
 
 }  // namespace
 
+Status bf16ModelCopy(const float* main, float* model, uint16_t* twin, int64_t n, void* stream) {
+    if (n < 0) return Status::invalid("bf16ModelCopy: negative element count");
+    if (n == 0) return Status::ok();
+    bf16ModelCopyCastKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(main, model,
+                                                                                                     twin, n);
+    return detail::launchStatus("bf16ModelCopy launch");
+}
+
 Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream) {
     if (n < 0) return Status::invalid("floatToBf16: negative element count");
     if (n == 0) return Status::ok();
-    floatToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
+    castFloatToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
     return detail::launchStatus("floatToBf16 launch");
 }
 
 Status bf16ToFloat(const uint16_t* x, float* y, int64_t n, void* stream) {
     if (n < 0) return Status::invalid("bf16ToFloat: negative element count");
     if (n == 0) return Status::ok();
-    bf16ToFloatKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
+    castBf16ToFloatKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
     return detail::launchStatus("bf16ToFloat launch");
 }
 
 Status roundToBf16(float* x, int64_t n, void* stream) {
     if (n < 0) return Status::invalid("roundToBf16: negative element count");
     if (n == 0) return Status::ok();
-    roundToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, n);
+    roundToBf16CastKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, n);
     return detail::launchStatus("roundToBf16 launch");
 }
 

@@ -59,7 +59,7 @@ __device__ float rowMaxOf(const float* row, int n, float* sh) {
 
 int gridFor(int T) { return T < kMaxGrid ? T : kMaxGrid; }
 
-__global__ void rowMaxKernel(const float* __restrict__ logits, float* __restrict__ rowMax, int T,
+__global__ void crossEntropyRowMaxKernel(const float* __restrict__ logits, float* __restrict__ rowMax, int T,
                              int Vl) {
     __shared__ float sh[kWarps];
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
@@ -68,7 +68,7 @@ __global__ void rowMaxKernel(const float* __restrict__ logits, float* __restrict
     }
 }
 
-__global__ void statsKernel(const float* __restrict__ logits, const int32_t* __restrict__ targets,
+__global__ void crossEntropyStatsKernel(const float* __restrict__ logits, const int32_t* __restrict__ targets,
                             const float* __restrict__ rowMax, float* __restrict__ targetLogit,
                             float* __restrict__ sumExp, int T, int Vl, int vStart) {
     __shared__ float sh[kWarps];
@@ -86,7 +86,7 @@ __global__ void statsKernel(const float* __restrict__ logits, const int32_t* __r
     }
 }
 
-__global__ void lossKernel(const float* __restrict__ targetLogit, const float* __restrict__ sumExp,
+__global__ void crossEntropyLossKernel(const float* __restrict__ targetLogit, const float* __restrict__ sumExp,
                            float* __restrict__ loss, int T) {
     for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x)
         loss[t] = logf(sumExp[t]) - targetLogit[t];
@@ -94,7 +94,7 @@ __global__ void lossKernel(const float* __restrict__ targetLogit, const float* _
 
 // dlogits = exp(z - max) * (dloss / sumExp), minus dloss at the owned target. dlogits may be
 // logits: no __restrict__ on the pair.
-__global__ void backwardKernel(const float* logits, const int32_t* __restrict__ targets,
+__global__ void crossEntropyBackwardKernel(const float* logits, const int32_t* __restrict__ targets,
                                const float* __restrict__ rowMax, const float* __restrict__ sumExp,
                                const float* __restrict__ dloss, float* dlogits, int T, int Vl,
                                int vStart) {
@@ -113,7 +113,7 @@ __global__ void backwardKernel(const float* logits, const int32_t* __restrict__ 
 
 // probs = softmax(z) (exp(z - max) * (1 / sum)); loss = -log(probs[target]), or log(sum) for a
 // target outside [0, V).
-__global__ void forwardUnfusedKernel(const float* __restrict__ logits,
+__global__ void crossEntropyForwardUnfusedKernel(const float* __restrict__ logits,
                                      const int32_t* __restrict__ targets, float* probs,
                                      float* __restrict__ loss, int T, int V) {
     __shared__ float sh[kWarps];
@@ -139,7 +139,7 @@ __global__ void forwardUnfusedKernel(const float* __restrict__ logits,
     }
 }
 
-__global__ void backwardUnfusedKernel(const float* probs, const int32_t* __restrict__ targets,
+__global__ void crossEntropyBackwardUnfusedKernel(const float* probs, const int32_t* __restrict__ targets,
                                       const float* __restrict__ dloss, float* dlogits, int T,
                                       int V) {
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
@@ -155,7 +155,7 @@ __global__ void backwardUnfusedKernel(const float* probs, const int32_t* __restr
 
 // In place: row <- exp(z - max) * (dloss / sum), minus dloss at the target; loss = log(sum) -
 // (z_target - max).
-__global__ void fusedKernel(float* logits, const int32_t* __restrict__ targets,
+__global__ void crossEntropyFusedKernel(float* logits, const int32_t* __restrict__ targets,
                             const float* __restrict__ dloss, float* __restrict__ loss, int T,
                             int V) {
     __shared__ float sh[kWarps];
@@ -196,7 +196,7 @@ Status checkRows(const char* op, int T, int V) {
 Status crossEntropyRowMax(const float* logits, float* rowMax, int T, int Vl, void* stream) {
     TS_RETURN_IF_ERROR(checkRows("crossEntropyRowMax", T, Vl));
     if (T == 0) return Status::ok();
-    rowMaxKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(logits, rowMax, T, Vl);
+    crossEntropyRowMaxKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(logits, rowMax, T, Vl);
     return detail::launchStatus("crossEntropyRowMax");
 }
 
@@ -205,7 +205,7 @@ Status crossEntropyStats(const float* logits, const int32_t* targets, const floa
                          void* stream) {
     TS_RETURN_IF_ERROR(checkRows("crossEntropyStats", T, Vl));
     if (T == 0) return Status::ok();
-    statsKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(
+    crossEntropyStatsKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(
         logits, targets, rowMax, targetLogit, sumExp, T, Vl, vStart);
     return detail::launchStatus("crossEntropyStats");
 }
@@ -214,7 +214,7 @@ Status crossEntropyLoss(const float* targetLogit, const float* sumExp, float* lo
                         void* stream) {
     TS_RETURN_IF_ERROR(checkRows("crossEntropyLoss", T, 0));
     if (T == 0) return Status::ok();
-    lossKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+    crossEntropyLossKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, detail::asStream(stream)>>>(
         targetLogit, sumExp, loss, T);
     return detail::launchStatus("crossEntropyLoss");
 }
@@ -224,7 +224,7 @@ Status crossEntropyBackward(const float* logits, const int32_t* targets, const f
                             int Vl, int vStart, void* stream) {
     TS_RETURN_IF_ERROR(checkRows("crossEntropyBackward", T, Vl));
     if (T == 0 || Vl == 0) return Status::ok();
-    backwardKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(
+    crossEntropyBackwardKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(
         logits, targets, rowMax, sumExp, dloss, dlogits, T, Vl, vStart);
     return detail::launchStatus("crossEntropyBackward");
 }
@@ -233,7 +233,7 @@ Status crossEntropyForwardUnfused(const float* logits, const int32_t* targets, f
                                   float* loss, int T, int V, void* stream) {
     TS_RETURN_IF_ERROR(checkRows("crossEntropyForwardUnfused", T, V));
     if (T == 0) return Status::ok();
-    forwardUnfusedKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(
+    crossEntropyForwardUnfusedKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(
         logits, targets, probs, loss, T, V);
     return detail::launchStatus("crossEntropyForwardUnfused");
 }
@@ -243,7 +243,7 @@ Status crossEntropyBackwardUnfused(const float* probs, const int32_t* targets,
                                    void* stream) {
     TS_RETURN_IF_ERROR(checkRows("crossEntropyBackwardUnfused", T, V));
     if (T == 0 || V == 0) return Status::ok();
-    backwardUnfusedKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(
+    crossEntropyBackwardUnfusedKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(
         probs, targets, dloss, dlogits, T, V);
     return detail::launchStatus("crossEntropyBackwardUnfused");
 }
@@ -252,7 +252,7 @@ Status crossEntropyFused(float* logitsInGradOut, const int32_t* targets, const f
                          float* loss, int T, int V, void* stream) {
     TS_RETURN_IF_ERROR(checkRows("crossEntropyFused", T, V));
     if (T == 0) return Status::ok();
-    fusedKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(logitsInGradOut, targets,
+    crossEntropyFusedKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(logitsInGradOut, targets,
                                                                        dloss, loss, T, V);
     return detail::launchStatus("crossEntropyFused");
 }

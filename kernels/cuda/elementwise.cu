@@ -26,11 +26,11 @@ using detail::globalThread;
 using detail::gridThreads;
 
 // a, b, y: [n]; y may alias a or b.
-__global__ void addKernel(const float* a, const float* b, float* y, int64_t n) {
+__global__ void elementwiseAddKernel(const float* a, const float* b, float* y, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = __fadd_rn(a[i], b[i]);
 }
 
-__global__ void addInPlaceKernel(float* y, const float* x, int64_t n) {
+__global__ void elementwiseAddInPlaceKernel(float* y, const float* x, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = __fadd_rn(y[i], x[i]);
 }
 
@@ -46,7 +46,7 @@ __global__ void addBiasKernel(float* __restrict__ y, const float* __restrict__ b
 // db[c] += sum_t dy[t, c]. Block (32, kColLanes): threadIdx.x picks the column inside the block's
 // 32 (coalesced 128-byte rows), threadIdx.y the row lane.
 constexpr int kColLanes = 32;
-__global__ void columnSumKernel(const float* __restrict__ dy, float* __restrict__ db, int T, int C) {
+__global__ void columnSumReduceKernel(const float* __restrict__ dy, float* __restrict__ db, int T, int C) {
     __shared__ float part[kColLanes][33];
     const int c = blockIdx.x * 32 + threadIdx.x;
     float s = 0.0f;
@@ -78,7 +78,7 @@ __device__ double blockSumDouble(double v) {
 }
 
 // Per-block partial sums of x^2 in double; out[blockIdx.x] (out = the result when gridDim is 1).
-__global__ void sumSquaresPartialKernel(const float* __restrict__ x, int64_t n, double* __restrict__ out) {
+__global__ void sumSquaresReduceKernel(const float* __restrict__ x, int64_t n, double* __restrict__ out) {
     double acc = 0.0;
     for (int64_t i = globalThread(); i < n; i += gridThreads()) {
         const double v = x[i];
@@ -89,23 +89,23 @@ __global__ void sumSquaresPartialKernel(const float* __restrict__ x, int64_t n, 
 }
 
 // One block: *sum = sum of partial[0..count) (count <= blockDim.x).
-__global__ void sumPartialsKernel(const double* __restrict__ partial, int count, double* __restrict__ sum) {
+__global__ void sumPartialsReduceKernel(const double* __restrict__ partial, int count, double* __restrict__ sum) {
     double v = static_cast<int>(threadIdx.x) < count ? partial[threadIdx.x] : 0.0;
     v = blockSumDouble(v);
     if (threadIdx.x == 0) *sum = v;
 }
 
-__global__ void setIntKernel(int* p, int value) { *p = value; }
+__global__ void fillIntKernel(int* p, int value) { *p = value; }
 
 // Every thread that sees a non-finite element stores 0 (same value: a benign race).
-__global__ void allFiniteKernel(const float* __restrict__ x, int64_t n, int* __restrict__ finite) {
+__global__ void allFiniteReduceKernel(const float* __restrict__ x, int64_t n, int* __restrict__ finite) {
     bool bad = false;
     for (int64_t i = globalThread(); i < n; i += gridThreads()) bad |= !isfinite(x[i]);
     if (__any_sync(0xffffffffu, bad) && threadIdx.x % 32 == 0) *finite = 0;
 }
 
 // *invalid (zeroed before) += number of ids outside [0, vocabSize); integer atomics, so exact.
-__global__ void countInvalidKernel(const int32_t* __restrict__ ids, int T, int vocabSize,
+__global__ void countInvalidIdsReduceKernel(const int32_t* __restrict__ ids, int T, int vocabSize,
                                    int* __restrict__ invalid) {
     int bad = 0;
     for (int64_t t = globalThread(); t < T; t += gridThreads())
@@ -122,9 +122,9 @@ constexpr int64_t kSumPerThread = 16;
 
 // Block partials into `partial`, then one block adds them into *sum.
 Status sumSquaresTwoPass(const float* x, int64_t n, int blocks, double* partial, double* sum, cudaStream_t s) {
-    sumSquaresPartialKernel<<<blocks, kSumThreads, 0, s>>>(x, n, partial);
+    sumSquaresReduceKernel<<<blocks, kSumThreads, 0, s>>>(x, n, partial);
     TS_RETURN_IF_ERROR(detail::launchStatus("sumSquares launch"));
-    sumPartialsKernel<<<1, kSumMaxBlocks, 0, s>>>(partial, blocks, sum);
+    sumPartialsReduceKernel<<<1, kSumMaxBlocks, 0, s>>>(partial, blocks, sum);
     return detail::launchStatus("sumSquares final launch");
 }
 
@@ -133,14 +133,14 @@ Status sumSquaresTwoPass(const float* x, int64_t n, int blocks, double* partial,
 Status add(const float* a, const float* b, float* y, int64_t n, void* stream) {
     if (n < 0) return Status::invalid("add: negative element count");
     if (n == 0) return Status::ok();
-    addKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(a, b, y, n);
+    elementwiseAddKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(a, b, y, n);
     return detail::launchStatus("add launch");
 }
 
 Status addInPlace(float* y, const float* x, int64_t n, void* stream) {
     if (n < 0) return Status::invalid("addInPlace: negative element count");
     if (n == 0) return Status::ok();
-    addInPlaceKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(y, x, n);
+    elementwiseAddInPlaceKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(y, x, n);
     return detail::launchStatus("addInPlace launch");
 }
 
@@ -163,7 +163,7 @@ Status biasGradAccumulate(const float* dy, float* db, int T, int C, void* stream
     if (T < 0 || C < 0) return Status::invalid("biasGradAccumulate: need T >= 0 and C >= 0");
     if (T == 0 || C == 0) return Status::ok();
     const dim3 block(32, kColLanes);
-    columnSumKernel<<<(C + 31) / 32, block, 0, detail::asStream(stream)>>>(dy, db, T, C);
+    columnSumReduceKernel<<<(C + 31) / 32, block, 0, detail::asStream(stream)>>>(dy, db, T, C);
     return detail::launchStatus("biasGradAccumulate launch");
 }
 
@@ -175,7 +175,7 @@ Status sumSquares(const float* x, int64_t n, double* sum, void* stream) {
     const int64_t want = (n + kSumThreads * kSumPerThread - 1) / (kSumThreads * kSumPerThread);
     const int blocks = static_cast<int>(want < kSumMaxBlocks ? want : kSumMaxBlocks);
     if (blocks == 1) {
-        sumSquaresPartialKernel<<<1, kSumThreads, 0, s>>>(x, n, sum);
+        sumSquaresReduceKernel<<<1, kSumThreads, 0, s>>>(x, n, sum);
         return detail::launchStatus("sumSquares launch");
     }
     void* partial = nullptr;
@@ -190,10 +190,10 @@ Status allFinite(const float* x, int64_t n, int* finite, void* stream) {
     if (n < 0) return Status::invalid("allFinite: negative element count");
     if (!finite) return Status::invalid("allFinite: null result pointer");
     cudaStream_t s = detail::asStream(stream);
-    setIntKernel<<<1, 1, 0, s>>>(finite, 1);
+    fillIntKernel<<<1, 1, 0, s>>>(finite, 1);
     TS_RETURN_IF_ERROR(detail::launchStatus("allFinite init launch"));
     if (n == 0) return Status::ok();
-    allFiniteKernel<<<detail::blocksFor(n, kThreads, 4096), kThreads, 0, s>>>(x, n, finite);
+    allFiniteReduceKernel<<<detail::blocksFor(n, kThreads, 4096), kThreads, 0, s>>>(x, n, finite);
     return detail::launchStatus("allFinite launch");
 }
 
@@ -203,7 +203,7 @@ Status countInvalidIds(const int32_t* ids, int T, int vocabSize, int* invalid, v
     cudaStream_t s = detail::asStream(stream);
     TS_RETURN_IF_ERROR(detail::fromCuda(cudaMemsetAsync(invalid, 0, sizeof(int), s), "countInvalidIds zero"));
     if (T == 0) return Status::ok();
-    countInvalidKernel<<<detail::blocksFor(T, kThreads, 1024), kThreads, 0, s>>>(ids, T, vocabSize, invalid);
+    countInvalidIdsReduceKernel<<<detail::blocksFor(T, kThreads, 1024), kThreads, 0, s>>>(ids, T, vocabSize, invalid);
     return detail::launchStatus("countInvalidIds launch");
 }
 

@@ -112,7 +112,7 @@ __device__ inline void quantizeOne(const float* x, float* y, uint8_t* codes, int
 }
 
 // Along rows: one warp per block of `len` (32 or 128) consecutive elements of a row.
-__global__ void blockRowsKernel(const float* x, float* y, uint8_t* codes, void* scales,
+__global__ void quantizeBlockRowsKernel(const float* x, float* y, uint8_t* codes, void* scales,
                                 BlockParams p, int len) {
     const int64_t blocksPerRow = (p.cols + len - 1) / len;
     const int64_t total = p.rows * blocksPerRow;
@@ -134,7 +134,7 @@ __global__ void blockRowsKernel(const float* x, float* y, uint8_t* codes, void* 
 }
 
 // Along columns: one thread per (row block, column), blocks of `len` rows.
-__global__ void blockColsKernel(const float* x, float* y, uint8_t* codes, void* scales,
+__global__ void quantizeBlockColsKernel(const float* x, float* y, uint8_t* codes, void* scales,
                                 BlockParams p, int len) {
     const int64_t rowBlocks = (p.rows + len - 1) / len;
     const int64_t total = rowBlocks * p.cols;
@@ -153,7 +153,7 @@ __global__ void blockColsKernel(const float* x, float* y, uint8_t* codes, void* 
 }
 
 // 128x128 tiles: one thread block per tile (tiles grid-strided).
-__global__ void blockTilesKernel(const float* x, float* y, uint8_t* codes, void* scales,
+__global__ void quantizeBlockTilesKernel(const float* x, float* y, uint8_t* codes, void* scales,
                                  BlockParams p) {
     constexpr int kTile = 128;
     __shared__ uint32_t sh[kWarps];
@@ -269,13 +269,13 @@ Status fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void
     const int len = kind == Fp8BlockKind::Mx1x32 ? 32 : 128;
     if (kind == Fp8BlockKind::Block128x128) {
         const int64_t tiles = ((rows + 127) / 128) * ((cols + 127) / 128);
-        blockTilesKernel<<<gridCap(tiles, 1), kThreads, 0, s>>>(x, y, codes, scales, p);
+        quantizeBlockTilesKernel<<<gridCap(tiles, 1), kThreads, 0, s>>>(x, y, codes, scales, p);
     } else if (alongRows) {
         const int64_t blocks = rows * ((cols + len - 1) / len);
-        blockRowsKernel<<<gridCap(blocks, kWarps), kThreads, 0, s>>>(x, y, codes, scales, p, len);
+        quantizeBlockRowsKernel<<<gridCap(blocks, kWarps), kThreads, 0, s>>>(x, y, codes, scales, p, len);
     } else {
         const int64_t threads = ((rows + len - 1) / len) * cols;
-        blockColsKernel<<<gridCap(threads, kThreads), kThreads, 0, s>>>(x, y, codes, scales, p,
+        quantizeBlockColsKernel<<<gridCap(threads, kThreads), kThreads, 0, s>>>(x, y, codes, scales, p,
                                                                          len);
     }
     return detail::launchStatus("fp8BlockQuantizeDequantize");

@@ -4,11 +4,13 @@
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/workspace.cuh"
 
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace ts::kernels::cuda {
 
@@ -82,14 +84,18 @@ namespace {
 
 thread_local bool t_bf16Gemms = false;
 
-// The bound twins by base address: [base, base + n) -> twin.
+// The bound twins by base address: [base, base + n) -> twin; the last bound of a base wins (a
+// stack per base, so unbinding an inner twin leaves an outer one of the same base bound). One map
+// for the process, read when a GEMM is enqueued, not in stream order: this holds because each
+// device's ops are issued by one host thread, which binds, enqueues and unbinds in order, and
+// different devices' buffers have different addresses.
 struct Twin {
     int64_t n = 0;
     const uint16_t* bits = nullptr;
 };
 std::mutex g_twinMutex;
-std::map<const float*, Twin>& twins() {
-    static std::map<const float*, Twin> m;
+std::map<const float*, std::vector<Twin>>& twins() {
+    static std::map<const float*, std::vector<Twin>> m;
     return m;
 }
 
@@ -143,7 +149,7 @@ __global__ void broadcastBiasKernel(const float* __restrict__ b, float* __restri
 }
 
 // db[c] += sum_t dy[t, c]: one thread per column, rows walked in order (deterministic).
-__global__ void columnSumKernel(const float* __restrict__ dy, float* __restrict__ db, int T, int C) {
+__global__ void columnSumReduceKernel(const float* __restrict__ dy, float* __restrict__ db, int T, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float s = 0.0f;
@@ -158,12 +164,16 @@ bool bf16Gemms() { return t_bf16Gemms; }
 
 void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n) {
     std::lock_guard<std::mutex> lock(g_twinMutex);
-    twins()[base] = Twin{n, twin};
+    twins()[base].push_back(Twin{n, twin});
 }
 
 void unbindBf16Twin(const float* base) {
     std::lock_guard<std::mutex> lock(g_twinMutex);
-    twins().erase(base);
+    auto& m = twins();
+    auto it = m.find(base);
+    if (it == m.end()) return;
+    it->second.pop_back();
+    if (it->second.empty()) m.erase(it);
 }
 
 const uint16_t* boundBf16Twin(const float* x, int64_t n) {
@@ -175,8 +185,9 @@ const uint16_t* boundBf16Twin(const float* x, int64_t n) {
     const uintptr_t bytes = reinterpret_cast<uintptr_t>(x) - reinterpret_cast<uintptr_t>(it->first);
     if (bytes % sizeof(float) != 0 || n < 0) return nullptr;
     const int64_t off = static_cast<int64_t>(bytes / sizeof(float));
-    if (off + n > it->second.n) return nullptr;
-    return it->second.bits + off;
+    const Twin& t = it->second.back();
+    if (off + n > t.n) return nullptr;
+    return t.bits + off;
 }
 
 Status gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
@@ -231,6 +242,9 @@ Status linearBackward(const float* dy, const float* x, const float* W, float* dx
                       int T, int in, int out, void* stream) {
     if (T < 0 || in <= 0 || out <= 0) return Status::invalid("linearBackward: need T >= 0, in > 0, out > 0");
     if (T == 0) return Status::ok();
+    // bf16 GEMMs: dy in bf16 once for both GEMMs instead of once per GEMM.
+    detail::Bf16Twin tdy(stream);
+    if (t_bf16Gemms && dx && dW) (void)tdy.cover(dy, static_cast<int64_t>(T) * out, true);
     if (dx) {
         if (!W) return Status::invalid("linearBackward: dx needs W");
         TS_RETURN_IF_ERROR(gemm(false, false, T, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in, stream));
@@ -241,7 +255,7 @@ Status linearBackward(const float* dy, const float* x, const float* W, float* dx
     }
     if (db) {
         constexpr int kThreads = 256;
-        columnSumKernel<<<(out + kThreads - 1) / kThreads, kThreads, 0, detail::asStream(stream)>>>(dy, db, T,
+        columnSumReduceKernel<<<(out + kThreads - 1) / kThreads, kThreads, 0, detail::asStream(stream)>>>(dy, db, T,
                                                                                                     out);
         TS_RETURN_IF_ERROR(detail::launchStatus("linearBackward bias-grad launch"));
     }

@@ -51,7 +51,7 @@ __global__ void scaleRowsKernel(const float* __restrict__ x, int64_t xRowStride,
 }
 
 // One thread per row: the dots in double in index order, dact elementwise.
-__global__ void moeProbGradKernel(const float* __restrict__ da, const float* __restrict__ act,
+__global__ void moeProbGradReduceKernel(const float* __restrict__ da, const float* __restrict__ act,
                                   const float* __restrict__ prob, const float* __restrict__ dy,
                                   const float* __restrict__ b2, float* __restrict__ dact, float* __restrict__ dprob,
                                   int rows, int F, int h) {
@@ -77,7 +77,7 @@ __global__ void moeProbGradKernel(const float* __restrict__ da, const float* __r
 }
 
 // One thread per column, rows in order.
-__global__ void weightedColumnSumKernel(const float* __restrict__ dy, const float* __restrict__ w,
+__global__ void weightedColumnSumReduceKernel(const float* __restrict__ dy, const float* __restrict__ w,
                                         float* __restrict__ db, int rows, int cols) {
     for (int64_t c = globalThread(); c < cols; c += gridThreads()) {
         double acc = 0;
@@ -178,7 +178,7 @@ Status moeProbGrad(const float* da, const float* act, const float* prob, const f
                    float* dact, float* dprob, int rows, int F, int h, void* stream) {
     TS_RETURN_IF_ERROR(checkShape("moeProbGrad", rows, F));
     if (rows == 0) return Status::ok();
-    moeProbGradKernel<<<detail::blocksFor(rows, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+    moeProbGradReduceKernel<<<detail::blocksFor(rows, kThreads), kThreads, 0, detail::asStream(stream)>>>(
         da, act, prob, dy, b2, dact, dprob, rows, F, h);
     return detail::launchStatus("moeProbGrad launch");
 }
@@ -186,7 +186,7 @@ Status moeProbGrad(const float* da, const float* act, const float* prob, const f
 Status weightedColumnSum(const float* dy, const float* w, float* db, int rows, int cols, void* stream) {
     TS_RETURN_IF_ERROR(checkShape("weightedColumnSum", rows, cols));
     if (cols == 0) return Status::ok();
-    weightedColumnSumKernel<<<detail::blocksFor(cols, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+    weightedColumnSumReduceKernel<<<detail::blocksFor(cols, kThreads), kThreads, 0, detail::asStream(stream)>>>(
         dy, w, db, rows, cols);
     return detail::launchStatus("weightedColumnSum launch");
 }

@@ -33,7 +33,7 @@ int rowBlocks(int T) { return (T + kRowsPerBlock - 1) / kRowsPerBlock; }
 enum class NormKind { LayerTwoPass, LayerShifted, Rms };
 
 template <NormKind kKind>
-__global__ void normForwardKernel(const float* __restrict__ x, const float* __restrict__ w,
+__global__ void layerOrRmsNormForwardKernel(const float* __restrict__ x, const float* __restrict__ w,
                                   const float* __restrict__ b, float* __restrict__ y,
                                   float* __restrict__ mean, float* __restrict__ rstd, int T,
                                   int C, float eps) {
@@ -94,7 +94,7 @@ __global__ void normForwardKernel(const float* __restrict__ x, const float* __re
 // dx for one row per warp. LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat));
 // RMSNorm (mean == nullptr): dx = rstd * (g - x * rstd^2 * mean(g * x)); g = dy * w.
 template <bool kRms>
-__global__ void normBackwardDxKernel(const float* __restrict__ dy, const float* __restrict__ x,
+__global__ void layerOrRmsNormBackwardDxKernel(const float* __restrict__ dy, const float* __restrict__ x,
                                      const float* __restrict__ w, const float* __restrict__ mean,
                                      const float* __restrict__ rstd, float* dx, int T, int C) {
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
@@ -137,7 +137,7 @@ constexpr int kColTile = 32;
 constexpr int kRowLanes = 8;
 
 template <bool kRms>
-__global__ void normParamGradKernel(const float* __restrict__ dy, const float* __restrict__ x,
+__global__ void layerOrRmsNormParamGradKernel(const float* __restrict__ dy, const float* __restrict__ x,
                                     const float* __restrict__ mean,
                                     const float* __restrict__ rstd, float* dw, float* db,
                                     float* partW, float* partB, int T, int C, int rowsPerChunk,
@@ -182,7 +182,7 @@ __global__ void normParamGradKernel(const float* __restrict__ dy, const float* _
 }
 
 // Stage 2: dw[c] += sum over chunks in chunk order (and db).
-__global__ void addChunksKernel(const float* __restrict__ partW, const float* __restrict__ partB,
+__global__ void layerOrRmsNormAddChunksKernel(const float* __restrict__ partW, const float* __restrict__ partB,
                                 float* dw, float* db, int nChunks, int C) {
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
         float sw = 0.0f, sb = 0.0f;
@@ -208,7 +208,7 @@ Status launchForward(const char* op, const float* x, const float* w, const float
                      float* mean, float* rstd, int T, int C, float eps, void* stream) {
     TS_RETURN_IF_ERROR(checkShape(op, T, C));
     if (T == 0) return Status::ok();
-    normForwardKernel<kKind><<<rowBlocks(T), kThreads, 0, detail::asStream(stream)>>>(
+    layerOrRmsNormForwardKernel<kKind><<<rowBlocks(T), kThreads, 0, detail::asStream(stream)>>>(
         x, w, b, y, mean, rstd, T, C, eps);
     return detail::launchStatus(op);
 }
@@ -246,7 +246,7 @@ Status launchParamGrads(const char* op, const float* dy, const float* x, const f
     float* partB = part && db ? part + static_cast<int64_t>(nChunks) * C : nullptr;
     const dim3 grid(colBlocks, static_cast<unsigned>(nChunks));
     const dim3 block(kColTile, kRowLanes);
-    normParamGradKernel<kRms><<<grid, block, 0, s>>>(dy, x, mean, rstd, dw, db, partW, partB, T,
+    layerOrRmsNormParamGradKernel<kRms><<<grid, block, 0, s>>>(dy, x, mean, rstd, dw, db, partW, partB, T,
                                                      C, rowsPerChunk, direct);
     const Status first = detail::launchStatus(op);
     if (direct) return first;
@@ -254,7 +254,7 @@ Status launchParamGrads(const char* op, const float* dy, const float* x, const f
         (void)cudaFreeAsync(part, s);
         return first;
     }
-    addChunksKernel<<<detail::blocksFor(C, kThreads), kThreads, 0, s>>>(
+    layerOrRmsNormAddChunksKernel<<<detail::blocksFor(C, kThreads), kThreads, 0, s>>>(
         partW, partB, dw, db, static_cast<int>(nChunks), C);
     const Status second = detail::launchStatus(op);
     const Status freed = detail::fromCuda(cudaFreeAsync(part, s), "cudaFreeAsync");
@@ -268,7 +268,7 @@ Status launchBackward(const char* op, const float* dy, const float* x, const flo
     TS_RETURN_IF_ERROR(checkShape(op, T, C));
     if (T == 0) return Status::ok();
     TS_RETURN_IF_ERROR(launchParamGrads<kRms>(op, dy, x, mean, rstd, dw, db, T, C, stream));
-    normBackwardDxKernel<kRms><<<rowBlocks(T), kThreads, 0, detail::asStream(stream)>>>(
+    layerOrRmsNormBackwardDxKernel<kRms><<<rowBlocks(T), kThreads, 0, detail::asStream(stream)>>>(
         dy, x, w, mean, rstd, dx, T, C);
     return detail::launchStatus(op);
 }

@@ -41,7 +41,7 @@ __device__ inline void ropeCosSin(int pos, int i, int d, float theta, float* c, 
 }
 
 // In place on x: [s, b*n rows of d]. Items: (row, i), i < half. sign = +1 forward, -1 backward.
-__global__ void ropeInPlaceKernel(float* __restrict__ x, int64_t rows, int rowsPerPos, int d,
+__global__ void rotaryInPlaceKernel(float* __restrict__ x, int64_t rows, int rowsPerPos, int d,
                                   float theta, int posOffset, float sign) {
     const int half = d / 2;
     const int64_t n = rows * half;
@@ -63,7 +63,7 @@ __global__ void ropeInPlaceKernel(float* __restrict__ x, int64_t rows, int rowsP
 
 // The unfused reference's tables: cosT, sinT [s, d]; columns i and half+i hold pair i's values,
 // column d-1 of odd d is 0 (as the CPU's zero-initialised vectors).
-__global__ void ropeTablesKernel(float* __restrict__ cosT, float* __restrict__ sinT, int s, int d,
+__global__ void rotaryTablesKernel(float* __restrict__ cosT, float* __restrict__ sinT, int s, int d,
                                  float theta, int posOffset) {
     const int half = d / 2;
     const int64_t n = static_cast<int64_t>(s) * d;
@@ -81,7 +81,7 @@ __global__ void ropeTablesKernel(float* __restrict__ cosT, float* __restrict__ s
 
 // out = x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1] (and 0 in the odd last
 // column), in place. Items: (row, i), i < half + (d odd).
-__global__ void ropeApplyTablesKernel(float* __restrict__ x, const float* __restrict__ cosT,
+__global__ void rotaryApplyTablesKernel(float* __restrict__ x, const float* __restrict__ cosT,
                                       const float* __restrict__ sinT, int64_t rows, int rowsPerPos,
                                       int d) {
     const int half = d / 2;
@@ -133,7 +133,7 @@ __device__ inline void copyItem(const float* src, float* dst, int i, int half, i
 // slot u < r is query head g*r+u, slot r the group's k, slot r+1 its v (copied, never rotated).
 // forward (merge=false): q/k/v <- rope(qkv); backward (merge=true): qkv <- rope^-1(dq/dk), dv.
 // rotate=false: plain layout copies (splitQkv, mergeQkv).
-__global__ void qkvRopeKernel(float* __restrict__ qkv, float* __restrict__ q, float* __restrict__ k,
+__global__ void qkvRotaryKernel(float* __restrict__ qkv, float* __restrict__ q, float* __restrict__ k,
                               float* __restrict__ v, int64_t tokens, int b, int nq, int ng, int d,
                               float theta, int posOffset, bool merge, bool rotate) {
     const int r = nq / ng;
@@ -187,7 +187,7 @@ Status ropeInPlace(const char* what, float* x, int s, int b, int n, int d, float
     TS_RETURN_IF_ERROR(checkShape(what, s, b, n, d));
     const int64_t rows = static_cast<int64_t>(s) * b * n;
     if (rows == 0 || d / 2 == 0) return Status::ok();
-    ropeInPlaceKernel<<<detail::blocksFor(rows * (d / 2), kThreads), kThreads, 0,
+    rotaryInPlaceKernel<<<detail::blocksFor(rows * (d / 2), kThreads), kThreads, 0,
                         detail::asStream(stream)>>>(x, rows, b * n, d, theta, posOffset, sign);
     return detail::launchStatus(what);
 }
@@ -202,7 +202,7 @@ Status qkvRope(const char* what, float* qkv, float* q, float* k, float* v, int s
     const int items = d / 2 + (d & 1);
     const int64_t n = tokens * ng * (nq / ng + 2) * items;
     if (n == 0) return Status::ok();
-    qkvRopeKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+    qkvRotaryKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(
         qkv, q, k, v, tokens, b, nq, ng, d, theta, posOffset, merge, rotate);
     return detail::launchStatus(what);
 }
@@ -220,11 +220,11 @@ Status ropeForward(float* x, int s, int b, int n, int d, float theta, int posOff
     TS_RETURN_IF_ERROR(ws.allocate(sizeof(float) * 2 * tab, "ropeForward cos/sin tables"));
     float* cosT = static_cast<float*>(ws.get());
     float* sinT = cosT + tab;
-    ropeTablesKernel<<<detail::blocksFor(tab, kThreads), kThreads, 0, st>>>(cosT, sinT, s, d, theta,
+    rotaryTablesKernel<<<detail::blocksFor(tab, kThreads), kThreads, 0, st>>>(cosT, sinT, s, d, theta,
                                                                            posOffset);
     TS_RETURN_IF_ERROR(detail::launchStatus("ropeForward tables launch"));
     const int items = d / 2 + (d & 1);
-    ropeApplyTablesKernel<<<detail::blocksFor(rows * items, kThreads), kThreads, 0, st>>>(
+    rotaryApplyTablesKernel<<<detail::blocksFor(rows * items, kThreads), kThreads, 0, st>>>(
         x, cosT, sinT, rows, b * n, d);
     return detail::launchStatus("ropeForward apply launch");
 }

@@ -21,8 +21,12 @@ Status deviceCount(int* count) {
 Status deviceAlloc(void** ptr, size_t bytes) { return fromCuda(cudaMalloc(ptr, bytes), "cudaMalloc"); }
 Status deviceFree(void* ptr) { return fromCuda(cudaFree(ptr), "cudaFree"); }
 
+// cudaMemcpy from pageable memory returns once the source is staged, maybe before the copy has
+// landed, and the streams kernels run on are non-blocking (they do not wait for the legacy
+// stream): wait for the copy, so that a kernel launched next reads the data.
 Status copyToDevice(void* dst, const void* src, size_t bytes) {
-    return fromCuda(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "copy to device");
+    TS_RETURN_IF_ERROR(fromCuda(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "copy to device"));
+    return fromCuda(cudaStreamSynchronize(cudaStreamLegacy), "copy to device (wait)");
 }
 
 Status copyToHost(void* dst, const void* src, size_t bytes) {

@@ -166,16 +166,57 @@ trace::Category classifyKernel(std::string_view name) {
         return Category::Norm;
     if (any({"softmax"})) return Category::Softmax;
     if (any({"embedding", "embed_"})) return Category::Embedding;
+    // Collectives that are not NCCL's: PyTorch SymmetricMemory (one_shot_all_reduce,
+    // multimem_all_reduce), vLLM's and TensorRT-LLM's custom all-reduce, MSCCL++, Transformer
+    // Engine's userbuffers reduce-scatter / all-gather. Before the element-wise words, whose
+    // "reduce" would take them.
+    if (any({"all_reduce", "allreduce", "reduce_scatter", "reducescatter", "all_gather", "allgather", "all_to_all",
+             "alltoall", "cross_device_reduce", "userbuffers"}))
+        return Category::Collective;
     // PyTorch ATen element-wise and reduction kernels, Triton pointwise/reduction kernels
-    // (triton_poi_*, triton_red_*, triton_per_*), Transformer Engine cast/transpose.
+    // (triton_poi_*, triton_red_*, triton_per_*), CUB reductions, Transformer Engine
+    // cast/transpose, amax and FP8 quantization, MoE permutation; trainscope's own kernels
+    // (kernels/cuda) are named to land here or above.
     if (starts({"triton_poi_", "triton_red_", "triton_per_"}) ||
         any({"elementwise", "vectorized", "unrolled", "reduce_kernel", "gelu", "silu", "swiglu", "relu", "dropout",
              "rotary", "_rope", "fill", "copy", "cast_transpose", "cast", "transpose", "cat_", "index", "scatter",
-             "gather", "where", "masked", "nchwtonhwc", "nhwctonchw"}))
+             "gather", "where", "masked", "nchwtonhwc", "nhwctonchw", "permute", "sigmoid", "bias", "scale",
+             "reduce", "amax", "quantize"}))
         return Category::Elementwise;
-    // Anything else (including reductions and kernels named only by their library) is Other:
-    // better unclassified than put in a class the name merely resembles.
+    // Anything else (kernels named only by their library, say) is Other: better unclassified than
+    // put in a class the name merely resembles.
     return Category::Other;
+}
+
+std::string kernelShortName(std::string_view name) {
+    std::string_view n = name;
+    while (!n.empty() && n.back() == ' ') n.remove_suffix(1);
+    // Plain names ("Memcpy DtoH", "nvjet_...") are no signatures: nothing to drop.
+    const bool signature = (!n.empty() && n.back() == ')') || n.find("::") != std::string_view::npos;
+    if (!signature) return std::string(name);
+    // The parameter list: the parenthesis that closes the name and its match.
+    if (n.back() == ')') {
+        int depth = 0;
+        for (size_t i = n.size(); i-- > 0;) {
+            if (n[i] == ')') ++depth;
+            else if (n[i] == '(' && --depth == 0) {
+                n = n.substr(0, i);
+                break;
+            }
+        }
+    }
+    // The last component outside template arguments and parentheses: what follows the last
+    // top-level "::" (namespaces, classes, "(anonymous namespace)") or space (the return type).
+    int depth = 0;
+    size_t start = n.size();
+    for (; start > 0; --start) {
+        const char c = n[start - 1];
+        if (c == '>' || c == ')') ++depth;
+        else if (c == '<' || c == '(') --depth;
+        else if (depth == 0 && (c == ' ' || (c == ':' && start >= 2 && n[start - 2] == ':'))) break;
+    }
+    const std::string_view shortName = n.substr(start);
+    return shortName.empty() ? std::string(name) : std::string(shortName);
 }
 
 int dtypeBytes(std::string_view dtype) {

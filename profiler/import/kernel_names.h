@@ -37,6 +37,13 @@ NcclKernelInfo parseNcclKernel(std::string_view name);
 // reduce/activation kernels -> Elementwise; anything else -> Other.
 trace::Category classifyKernel(std::string_view name);
 
+// The name a kernel table shows, as Nsight Systems' short names do but keeping template
+// arguments (cutlass::Kernel2<cutlass_80_tensorop_...> says which GEMM it is): a demangled
+// signature loses its parameter list, return type and enclosing namespaces and classes, so
+// "void ts::kernels::cuda::(anonymous namespace)::layerOrRmsNormForwardKernel(float const*, int)"
+// reads "layerOrRmsNormForwardKernel". Names that are not signatures come back as they are.
+std::string kernelShortName(std::string_view name);
+
 // Size in bytes of one element of a canonical NCCL/PyTorch dtype name ("f32", "float",
 // "bf16", "c10::BFloat16", "Half" ...); 0 when unknown.
 int dtypeBytes(std::string_view dtype);

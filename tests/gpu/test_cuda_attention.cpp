@@ -261,6 +261,105 @@ TEST_F(CudaAttention, FlashAttentionMatchesCpu) {
         }
 }
 
+// Flash attention with bf16 GEMMs (a bf16 model's attention): q, k, v and dout converted once
+// per call, the row kernels writing the bf16 bits of the probabilities, dropout(P) and dS for the
+// GEMMs after them. Against the CPU's flash attention
+// on the same bf16-valued inputs: the GPU also rounds P and dS to bf16 (as Megatron's bf16
+// attention does), so the tolerance is bf16's; a stale or misplaced bit array is off by far more.
+TEST_F(CudaAttention, Bf16FlashAttentionMatchesCpu) {
+    struct Restore {
+        ~Restore() { cuda::setBf16Gemms(false); }
+    } restore;
+    auto bf16Values = [](std::vector<float> x) {
+        cpu::roundToBf16(x.data(), int64_t(x.size()));
+        return x;
+    };
+    for (int s : {13, 300})
+        for (int nkv : {2, 4})
+            for (float p : {0.0f, 0.1f}) {
+                AttnCase c = makeAttnCase(nkv, p, s);
+                c.q = bf16Values(c.q);
+                c.k = bf16Values(c.k);
+                c.v = bf16Values(c.v);
+                c.dout = bf16Values(c.dout);
+                const auto& dm = c.dims;
+                const std::string tag = caseName("attentionFlash bf16", true, dm.nq / nkv, p) + "s=" + std::to_string(s) + " ";
+                std::vector<float> St(cpu::attentionStatsSize(dm)), O(c.q.size());
+                cpu::attentionFlashForward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), O.data());
+                std::vector<float> dq(c.q.size()), dk(c.k.size()), dv(c.k.size()), scratch(cpu::attentionFlashScratchSize(dm));
+                cpu::attentionFlashBackward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), c.dout.data(), dq.data(),
+                                            dk.data(), dv.data(), scratch.data());
+                DeviceVec<float> gq(c.q), gk(c.k), gv(c.v), gdo(c.dout);
+                DeviceVec<float> gSt(randomVec(St.size(), 1)), gO(randomVec(c.q.size(), 5));
+                DeviceVec<float> gdq(randomVec(c.q.size(), 2)), gdk(randomVec(c.k.size(), 3)),
+                    gdv(randomVec(c.k.size(), 4)), gScratch(cpu::attentionFlashScratchSize(dm));
+                TS_ASSERT_OK(gq.status);
+                cuda::setBf16Gemms(true);
+                TS_ASSERT_OK(cuda::attentionFlashForward(dm, gq.ptr, gk.ptr, gv.ptr, gSt.ptr, gO.ptr, m_stream));
+                TS_ASSERT_OK(cuda::attentionFlashBackward(dm, gq.ptr, gk.ptr, gv.ptr, gSt.ptr, gdo.ptr, gdq.ptr, gdk.ptr,
+                                                          gdv.ptr, gScratch.ptr, m_stream));
+                cuda::setBf16Gemms(false);
+                TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+                // The scores' GEMM has exact bf16 products: the stats are fp32-close.
+                expectNear(gSt.download(), St, 1e-4, 1e-5, tag + "stats", {dm.b, dm.nq, dm.s, 2});
+                expectNear(gO.download(), O, 2e-2, 5e-3, tag + "out", {dm.s, dm.b, dm.nq, dm.d});
+                expectNear(gdq.download(), dq, 3e-2, 1e-2, tag + "dq", {dm.s, dm.b, dm.nq, dm.d});
+                expectNear(gdk.download(), dk, 3e-2, 1e-2, tag + "dk", {dm.s, dm.b, dm.nkv, dm.d});
+                expectNear(gdv.download(), dv, 3e-2, 1e-2, tag + "dv", {dm.s, dm.b, dm.nkv, dm.d});
+                // Every twin was unbound when the calls returned.
+                EXPECT_EQ(cuda::boundBf16Twin(gq.ptr, 1), nullptr) << tag;
+                EXPECT_EQ(cuda::boundBf16Twin(gdo.ptr, 1), nullptr) << tag;
+            }
+}
+
+// The attention that keeps its probabilities (fused and unfused softmax, dropout on and off) with
+// bf16 GEMMs: q, k, v, dout twinned once per call, the fused row kernels writing the bits of
+// dropout(P) and dS, the unfused ones none (their GEMMs convert per call). The CPU on the same
+// bf16-valued inputs, to bf16's tolerance as above; the saved probabilities come from the exact
+// bf16 products of the scores, so they are fp32-close.
+TEST_F(CudaAttention, Bf16AttentionMatchesCpu) {
+    struct Restore {
+        ~Restore() { cuda::setBf16Gemms(false); }
+    } restore;
+    auto bf16Values = [](std::vector<float> x) {
+        cpu::roundToBf16(x.data(), int64_t(x.size()));
+        return x;
+    };
+    for (int nkv : {2, 4})
+        for (float p : {0.0f, 0.1f})
+            for (bool fused : {true, false}) {
+                AttnCase c = makeAttnCase(nkv, p, 300);
+                c.q = bf16Values(c.q);
+                c.k = bf16Values(c.k);
+                c.v = bf16Values(c.v);
+                c.dout = bf16Values(c.dout);
+                const auto& dm = c.dims;
+                const std::string tag = caseName("attention bf16", fused, dm.nq / nkv, p);
+                std::vector<float> P(cpu::attentionProbsSize(dm)), O(c.q.size());
+                cpu::attentionForward(dm, c.q.data(), c.k.data(), c.v.data(), P.data(), O.data(), fused);
+                std::vector<float> dq(c.q.size()), dk(c.k.size()), dv(c.k.size()), scratch(cpu::attentionScratchSize(dm));
+                cpu::attentionBackward(dm, c.q.data(), c.k.data(), c.v.data(), P.data(), c.dout.data(), dq.data(),
+                                       dk.data(), dv.data(), scratch.data(), fused);
+                DeviceVec<float> gq(c.q), gk(c.k), gv(c.v), gdo(c.dout);
+                DeviceVec<float> gP(randomVec(P.size(), 1)), gO(randomVec(c.q.size(), 5));
+                DeviceVec<float> gdq(randomVec(c.q.size(), 2)), gdk(randomVec(c.k.size(), 3)),
+                    gdv(randomVec(c.k.size(), 4)), gScratch(cpu::attentionScratchSize(dm));
+                TS_ASSERT_OK(gq.status);
+                cuda::setBf16Gemms(true);
+                TS_ASSERT_OK(cuda::attentionForward(dm, gq.ptr, gk.ptr, gv.ptr, gP.ptr, gO.ptr, fused, m_stream));
+                TS_ASSERT_OK(cuda::attentionBackward(dm, gq.ptr, gk.ptr, gv.ptr, gP.ptr, gdo.ptr, gdq.ptr, gdk.ptr,
+                                                     gdv.ptr, gScratch.ptr, fused, m_stream));
+                cuda::setBf16Gemms(false);
+                TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+                expectNear(gP.download(), P, 1e-4, 1e-5, tag + "probs", {dm.b, dm.nq, dm.s, dm.s});
+                expectNear(gO.download(), O, 2e-2, 5e-3, tag + "out", {dm.s, dm.b, dm.nq, dm.d});
+                expectNear(gdq.download(), dq, 3e-2, 1e-2, tag + "dq", {dm.s, dm.b, dm.nq, dm.d});
+                expectNear(gdk.download(), dk, 3e-2, 1e-2, tag + "dk", {dm.s, dm.b, dm.nkv, dm.d});
+                expectNear(gdv.download(), dv, 3e-2, 1e-2, tag + "dv", {dm.s, dm.b, dm.nkv, dm.d});
+                EXPECT_EQ(cuda::boundBf16Twin(gq.ptr, 1), nullptr) << tag;
+            }
+}
+
 // --- context parallel ---------------------------------------------------------------------------
 
 // The query rows of a cp=2 rank with load-balanced chunks: positions [8, 13) and [20, 25).

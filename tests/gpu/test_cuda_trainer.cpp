@@ -1,4 +1,4 @@
-// The single-device trainer on GPU 0 (device_backend: cuda, TrainerOptions::allowUnverifiedCuda)
+// The single-device trainer on GPU 0 (device_backend: cuda, no TS_CUDA_UNVERIFIED opt-in)
 // against the same run on the CPU backend: every step's loss and grad norm, and the final
 // weights, within a tolerance per precision, for every knob path of tests/trainer_variants.h (the
 // list the emulated device checks bit for bit). The two backends differ only in summation order
@@ -9,6 +9,7 @@
 // numbers of the first GPU run (docs/cuda_port.md). Skips without a CUDA build or device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -26,21 +27,24 @@ using ts::testing::TrainRun;
 TrainRun train(const Config& c) {
     TrainerOptions o;
     o.emulateDevice = false;
-    o.allowUnverifiedCuda = true;
+    o.allowUnverifiedCuda = false;  // one GPU needs no opt-in: this test is what verified it
     return ts::testing::trainRun(c, o);
 }
 
 // Relative tolerances of a variant: per-step loss / grad norm, and the L2 norm of the weight
 // difference. fp32 runs agree to float rounding amplified by three Adam steps (MoE: a token near a
 // routing tie may go to another expert); bf16 and FP8 round those differences to their precision.
+// The weights' bounds are about ten times the worst an H200 measured (2026-11-27: fp32 2.2e-7,
+// MoE fp32 2.4e-7, bf16 5.4e-4, FP8 1.1e-3); the per-step ones are the first estimates still
+// (the session printed the final losses only: within 1.5e-5 bf16, 6.4e-5 FP8).
 struct Tolerance {
     double loss, params;
 };
 Tolerance toleranceOf(const Config& c) {
-    if (!c.fp8.empty()) return {5e-3, 5e-2};
-    if (c.bf16) return {2e-3, 2e-2};
-    if (c.num_moe_experts > 0) return {1e-4, 1e-3};
-    return {1e-5, 1e-4};
+    if (!c.fp8.empty()) return {5e-3, 1e-2};
+    if (c.bf16) return {2e-3, 5e-3};
+    if (c.num_moe_experts > 0) return {1e-4, 3e-6};
+    return {1e-5, 3e-6};
 }
 
 TEST(CudaTrainer, EveryStepMatchesTheCpuBackend) {
@@ -58,7 +62,11 @@ TEST(CudaTrainer, EveryStepMatchesTheCpuBackend) {
                           << " GPU steps of " << c.train_iters;
             continue;
         }
+        double worstLoss = 0, worstNorm = 0;  // relative, over the steps (printed below)
         for (size_t s = 0; s < cpu.losses.size(); ++s) {
+            worstLoss = std::max(worstLoss, std::fabs(gpu.losses[s] - cpu.losses[s]) / std::fabs(cpu.losses[s]));
+            worstNorm = std::max(worstNorm, std::fabs(gpu.gradNorms[s] - cpu.gradNorms[s]) /
+                                                std::max(std::fabs(cpu.gradNorms[s]), 1e-30));
             EXPECT_NEAR(gpu.losses[s], cpu.losses[s], tol.loss * std::fabs(cpu.losses[s]))
                 << v.name << ": loss, step " << s + 1 << " on " << gpu.device;
             EXPECT_NEAR(gpu.gradNorms[s], cpu.gradNorms[s], tol.loss * std::fabs(cpu.gradNorms[s]) + 1e-7)
@@ -76,8 +84,10 @@ TEST(CudaTrainer, EveryStepMatchesTheCpuBackend) {
             norm += double(cpu.params[i]) * cpu.params[i];
         }
         EXPECT_LE(std::sqrt(diff), tol.params * std::sqrt(norm)) << v.name << ": final weights";
-        std::printf("[cuda trainer] %s on %s: loss %.9g (cpu %.9g), weights rel. L2 diff %.3g\n", v.name.c_str(),
-                    gpu.device.c_str(), gpu.losses.back(), cpu.losses.back(), std::sqrt(diff / std::max(norm, 1e-30)));
+        std::printf("[cuda trainer] %s on %s: loss %.9g (cpu %.9g), weights rel. L2 diff %.3g, worst step rel. diff: "
+                    "loss %.3g, grad norm %.3g\n",
+                    v.name.c_str(), gpu.device.c_str(), gpu.losses.back(), cpu.losses.back(),
+                    std::sqrt(diff / std::max(norm, 1e-30)), worstLoss, worstNorm);
     }
 }
 

@@ -34,7 +34,6 @@ TEST(GpuRunCapture, KernelsLandOnTheRanksNamedTracksAndAnalyze) {
     auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
     engine::TrainerOptions o;
     o.emulateDevice = false;
-    o.allowUnverifiedCuda = true;
     auto t = engine::Trainer::create(c, &dev, stream.get(), &writer, o);
     ASSERT_TRUE(t.isOk()) << t.status().toString();
     std::string why;

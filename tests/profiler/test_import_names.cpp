@@ -3,6 +3,12 @@
 // older NCCL_KERN_NAME macros), not from the parser's output.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+
 #include "profiler/import/kernel_names.h"
 #include "profiler/import/kineto_import.h"
 #include "profiler/import/nsys_import.h"
@@ -93,6 +99,18 @@ TEST(ImportNames, CategoryTable) {
         {"volta_fp16_s884gemm_fp16_128x128_ldg8_f2f_nn", Category::Gemm},
         {"void gemv2T_kernel_val<int, int, float, float, float, 128, 16, 4, 4, false, false>(...)", Category::Gemm},
         {"void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >(Flash_fwd_params)", Category::Attention},
+        // Collectives outside NCCL are communication, not the element-wise "reduce" kernels.
+        {"void c10d::symmetric_memory::one_shot_all_reduce_kernel<float, 8>(float*, unsigned long, ...)",
+         Category::Collective},
+        {"void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(...)", Category::Collective},
+        {"void userbuffers_fp16_sum_inplace_gpu_rr_rs(int, int, int, int, int, int, void**, int, unsigned long)",
+         Category::Collective},
+        // ... while reductions and FP8 casts are element-wise.
+        {"void cub::DeviceReduceKernel<cub::DeviceReducePolicy<float, int, cuda::std::plus<float> >::Policy600, "
+         "float*, float*, int, cuda::std::plus<float> >(float*, float*, int, cuda::std::plus<float>)",
+         Category::Elementwise},
+        {"void transformer_engine::amax_kernel<4, __nv_bfloat16>(__nv_bfloat16 const*, float*, unsigned long)",
+         Category::Elementwise},
         {"cutlass::device_kernel<flash::FlashAttnFwdSm90<...> >", Category::Attention},
         {"fmha_cutlassF_f16_aligned_64x64_rf_sm80", Category::Attention},
         // A softmax alone is not attention (it is also MoE routing, sampling, ...).
@@ -147,6 +165,74 @@ TEST(ImportNames, CategoryTable) {
         SCOPED_TRACE(name);
         EXPECT_EQ(classifyKernel(name), category);
     }
+}
+
+// Our own CUDA kernels land in the kernel mix by name, as any tool's would: every __global__
+// function in kernels/cuda/ must carry a word classifyKernel knows, and the category its file's
+// work belongs to. Read from the sources, so a new kernel with a bare name fails here.
+TEST(ImportNames, OurCudaKernelsAreClassifiedByTheirFilesWork) {
+    const std::map<std::string, std::set<Category>> expected = {
+        {"activation.cu", {Category::Elementwise}},
+        {"adamw.cu", {Category::Optimizer}},
+        // The softmax and dropout rows between the attention's batched GEMMs read as Megatron's
+        // own kernels do in Nsight (scaled_masked_softmax_*, dropout): softmax and elementwise.
+        {"attention.cu", {Category::Attention, Category::Softmax, Category::Elementwise}},
+        {"attention_cp.cu", {Category::Attention}},
+        {"bf16.cu", {Category::Elementwise}},
+        {"cross_entropy.cu", {Category::Loss}},
+        {"dropout.cu", {Category::Elementwise}},
+        // Reductions of the gradient norm and the finite check belong to the optimizer step.
+        {"elementwise.cu", {Category::Elementwise, Category::Optimizer}},
+        {"embedding.cu", {Category::Embedding}},
+        {"fp8.cu", {Category::Elementwise}},
+        {"gemm.cu", {Category::Elementwise}},
+        {"moe.cu", {Category::Elementwise}},
+        {"norm.cu", {Category::Norm}},
+        {"rope.cu", {Category::Elementwise}},
+    };
+    const std::filesystem::path dir = std::filesystem::path(TS_SOURCE_DIR) / "kernels" / "cuda";
+    const std::regex global(R"(__global__\s+void\s+(\w+))");
+    int kernels = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+        const std::string file = entry.path().filename().string();
+        if (entry.path().extension() != ".cu") continue;
+        std::ifstream in(entry.path());
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        auto it = expected.find(file);
+        const bool hasKernels = std::regex_search(text, global);
+        if (it == expected.end()) {
+            EXPECT_FALSE(hasKernels) << file << " has kernels: add it to this table";
+            continue;
+        }
+        for (std::sregex_iterator m(text.begin(), text.end(), global), end; m != end; ++m) {
+            ++kernels;
+            // What CUPTI reports, demangled: namespaces, then the parameters.
+            const std::string name = "ts::kernels::cuda::(anonymous namespace)::" + (*m)[1].str() + "(float const*, long)";
+            const Category c = classifyKernel(name);
+            EXPECT_TRUE(it->second.count(c)) << file << ": " << (*m)[1].str() << " is classified "
+                                             << trace::categoryName(c);
+        }
+    }
+    EXPECT_GT(kernels, 50);
+}
+
+TEST(ImportNames, ShortNamesDropSignaturesNotTemplates) {
+    EXPECT_EQ(kernelShortName("void ts::kernels::cuda::(anonymous namespace)::layerOrRmsNormForwardKernel(float const*, "
+                              "float const*, float*, int)"),
+              "layerOrRmsNormForwardKernel");
+    EXPECT_EQ(kernelShortName("ts::kernels::cuda::(anonymous namespace)::addKernel(float const*, long)"), "addKernel");
+    EXPECT_EQ(kernelShortName("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+                              "at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)"),
+              "vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >");
+    EXPECT_EQ(kernelShortName("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_128x64_64x4_tn_align8>("
+                              "cutlass_80_tensorop_bf16_s16816gemm_bf16_128x64_64x4_tn_align8::Params)"),
+              "Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_128x64_64x4_tn_align8>");
+    EXPECT_EQ(kernelShortName("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+              "ncclDevKernel_AllReduce_Sum_f32_RING_LL");
+    EXPECT_EQ(kernelShortName("nvjet_sm90_tss_128x64_64x8_1x2_h_bz_NNT"), "nvjet_sm90_tss_128x64_64x8_1x2_h_bz_NNT");
+    EXPECT_EQ(kernelShortName("Memcpy HtoD (Pageable -> Device)"), "Memcpy HtoD (Pageable -> Device)");
+    EXPECT_EQ(kernelShortName("Memcpy DtoH"), "Memcpy DtoH");
+    EXPECT_EQ(kernelShortName(""), "");
 }
 
 TEST(ImportNames, DtypeSizes) {

@@ -260,12 +260,19 @@ AnalysisPanels::AnalysisPanels(QWidget* parent) : QTabWidget(parent) {
     m_kernels = new QTableWidget(m_kernelPage);
     m_kernels->setColumnCount(6);
     m_kernels->setHorizontalHeaderLabels({QStringLiteral("Kernel (rank 0)"), QStringLiteral("Category"), QStringLiteral("Count"),
-                                          QStringLiteral("Total"), QStringLiteral("% of kernel time"), QStringLiteral("Achieved")});
+                                          QStringLiteral("Total"), QStringLiteral("% time"), QStringLiteral("Achieved")});
+    m_kernels->horizontalHeaderItem(4)->setToolTip(QStringLiteral("Share of rank 0's kernel time"));
+    m_kernels->horizontalHeaderItem(5)->setToolTip(QStringLiteral("Achieved FLOP/s, where the kernel's FLOPs are known"));
+    // The name gets what the numbers leave: one line each, cut at the end (the full name is the
+    // tooltip); the numeric columns fit their contents.
+    m_kernels->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
     m_kernels->horizontalHeader()->setSectionResizeMode(0, QHeaderView::Stretch);
+    m_kernels->setWordWrap(false);
+    m_kernels->setTextElideMode(Qt::ElideRight);
     m_kernels->verticalHeader()->hide();
     m_kernels->setEditTriggers(QAbstractItemView::NoEditTriggers);
-    kLayout->addWidget(m_categories, 1);
-    kLayout->addWidget(m_kernels, 1);
+    kLayout->addWidget(m_categories, 2);
+    kLayout->addWidget(m_kernels, 3);
     m_mfu = new QLabel(this);
     m_mfu->setObjectName(QStringLiteral("mfuText"));
     m_mfu->setWordWrap(true);
@@ -441,6 +448,7 @@ void AnalysisPanels::rebuild() {
         setBarAxes(chart, series, labels, QStringLiteral("ms (whole trace)"), maxMs);
         chart->legend()->setVisible(false);
         m_categories->setToolTip(QStringLiteral("Device-stream kernel time by category, summed over ranks and the whole trace."));
+        m_kernels->horizontalHeaderItem(0)->setText(QStringLiteral("Kernel (rank %1)").arg(s.topKernelsRank));
         m_kernels->setRowCount(int(s.topKernels.size()));
         for (int i = 0; i < int(s.topKernels.size()); ++i) {
             const KernelRow& k = s.topKernels[size_t(i)];

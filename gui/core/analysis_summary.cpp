@@ -92,10 +92,12 @@ AnalysisSummary summarizeAnalysis(const json& doc, int step) {
     for (const auto& r : arr(doc, "ranks")) {
         const json kernels = r.contains("kernels") ? r["kernels"] : json::object();
         for (const auto& c : arr(kernels, "by_category")) cats[str(c, "category")] += num(c, "total_s");
-        if (first)
+        if (first) {
+            s.topKernelsRank = r.contains("rank") && r["rank"].is_number_integer() ? r["rank"].get<int>() : 0;
             for (const auto& k : arr(kernels, "top"))
                 s.topKernels.push_back({str(k, "name"), str(k, "category"), num(k, "total_s"), num(k, "max_s"), num(k, "pct"),
                                         num(k, "flops"), num(k, "count")});
+        }
         first = false;
     }
     for (auto& [c, t] : cats) s.categories.push_back({c, t});

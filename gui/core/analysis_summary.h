@@ -47,7 +47,8 @@ struct AnalysisSummary {
     std::vector<CommRow> comm;       // by exposed time, largest first
     std::map<QString, double> exposedCommByGroup;  // summed over ranks, mean per step
     std::vector<CategoryTime> categories;          // by total time, largest first
-    std::vector<KernelRow> topKernels;             // rank 0's top kernels
+    std::vector<KernelRow> topKernels;             // the first rank's top kernels (rank 0 of our runs)
+    int topKernelsRank = 0;                        // which rank that is (an imported trace's own)
     double stepTimeS = 0;            // mean of the steps' step time (max over ranks)
     double modelTflops = 0, modelTflopsPerDevice = 0;
     double mfu = NAN;                // NaN: no peak known

@@ -173,6 +173,23 @@ TEST(GuiAnalysisSummary, MeansOverStepsAfterWarmupAndSplitsTheStep) {
     EXPECT_NEAR(summarizeAnalysis(doc, 0).stepTimeS, 10.0, 1e-12);
 }
 
+TEST(GuiAnalysisSummary, TopKernelsAreTheFirstRanksAndSayWhichRankThatIs) {
+    // An imported trace of one process: its rank is 3, not 0.
+    json doc = {{"world_size", 1}, {"steps", json::array()}};
+    doc["ranks"] = json::array(
+        {{{"rank", 3},
+          {"kernels",
+           {{"top", json::array({{{"name", "void at::native::vectorized_elementwise_kernel<4>(int)"}, {"category", "elementwise"},
+                                  {"total_s", 0.5}, {"count", 7}, {"pct", 50.0}}})},
+            {"by_category", json::array({{{"category", "elementwise"}, {"total_s", 0.5}}})}}}},
+         {{"rank", 5},
+          {"kernels", {{"top", json::array({{{"name", "other"}, {"category", "gemm"}, {"total_s", 1.0}}})}}}}});
+    const AnalysisSummary s = summarizeAnalysis(doc);
+    EXPECT_EQ(s.topKernelsRank, 3);
+    ASSERT_EQ(s.topKernels.size(), 1u);
+    EXPECT_EQ(s.topKernels[0].name.toStdString(), "void at::native::vectorized_elementwise_kernel<4>(int)");
+}
+
 TEST(GuiLayoutGrid, MatchesMegatronRankOrder) {
     const LayoutGrid g = layoutGridOf({{"tensor_model_parallel_size", 2}, {"pipeline_model_parallel_size", 2}, {"data_parallel_size", 2}});
     ASSERT_TRUE(g.error.isEmpty()) << g.error.toStdString();

@@ -261,34 +261,49 @@ TEST_F(CudaAttention, FlashAttentionMatchesCpu) {
         }
 }
 
-// Flash attention with bf16 GEMMs (a bf16 model's attention): q, k, v and dout converted once
-// per call, the row kernels writing the bf16 bits of the probabilities, dropout(P) and dS for the
-// GEMMs after them. Against the CPU's flash attention
-// on the same bf16-valued inputs: the GPU also rounds P and dS to bf16 (as Megatron's bf16
-// attention does), so the tolerance is bf16's; a stale or misplaced bit array is off by far more.
+// --- bf16 GEMMs (a bf16 model's attention) ------------------------------------------------------
+
+// makeAttnCase with bf16-valued inputs, what a bf16 model stores.
+AttnCase makeBf16AttnCase(int nkv, float p, int s) {
+    AttnCase c = makeAttnCase(nkv, p, s);
+    for (std::vector<float>* x : {&c.q, &c.k, &c.v, &c.dout}) cpu::roundToBf16(x->data(), int64_t(x->size()));
+    return c;
+}
+
+// The GPU's out, dq, dk, dv against the CPU's on the same bf16-valued inputs: the GPU also rounds
+// P and dS to bf16 (as Megatron's bf16 attention does), so the tolerance is bf16's; a stale or
+// misplaced bit array is off by far more. Every twin is unbound once the calls have returned.
+struct AttnResult {
+    std::vector<float> out, dq, dk, dv;
+};
+void expectBf16Close(const AttnResult& gpu, const AttnResult& cpu, const AttnCase& c, const float* gq,
+                     const std::string& tag) {
+    const auto& dm = c.dims;
+    expectNear(gpu.out, cpu.out, 2e-2, 5e-3, tag + "out", {dm.s, dm.b, dm.nq, dm.d});
+    expectNear(gpu.dq, cpu.dq, 3e-2, 1e-2, tag + "dq", {dm.s, dm.b, dm.nq, dm.d});
+    expectNear(gpu.dk, cpu.dk, 3e-2, 1e-2, tag + "dk", {dm.s, dm.b, dm.nkv, dm.d});
+    expectNear(gpu.dv, cpu.dv, 3e-2, 1e-2, tag + "dv", {dm.s, dm.b, dm.nkv, dm.d});
+    EXPECT_EQ(cuda::boundBf16Twin(gq, 1), nullptr) << tag;
+}
+
+// Flash attention: q, k, v and dout converted once per call, the row kernels writing the bf16
+// bits of the probabilities, dropout(P) and dS for the GEMMs after them.
 TEST_F(CudaAttention, Bf16FlashAttentionMatchesCpu) {
     struct Restore {
         ~Restore() { cuda::setBf16Gemms(false); }
     } restore;
-    auto bf16Values = [](std::vector<float> x) {
-        cpu::roundToBf16(x.data(), int64_t(x.size()));
-        return x;
-    };
     for (int s : {13, 300})
         for (int nkv : {2, 4})
             for (float p : {0.0f, 0.1f}) {
-                AttnCase c = makeAttnCase(nkv, p, s);
-                c.q = bf16Values(c.q);
-                c.k = bf16Values(c.k);
-                c.v = bf16Values(c.v);
-                c.dout = bf16Values(c.dout);
+                const AttnCase c = makeBf16AttnCase(nkv, p, s);
                 const auto& dm = c.dims;
                 const std::string tag = caseName("attentionFlash bf16", true, dm.nq / nkv, p) + "s=" + std::to_string(s) + " ";
-                std::vector<float> St(cpu::attentionStatsSize(dm)), O(c.q.size());
-                cpu::attentionFlashForward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), O.data());
-                std::vector<float> dq(c.q.size()), dk(c.k.size()), dv(c.k.size()), scratch(cpu::attentionFlashScratchSize(dm));
-                cpu::attentionFlashBackward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), c.dout.data(), dq.data(),
-                                            dk.data(), dv.data(), scratch.data());
+                AttnResult want{std::vector<float>(c.q.size()), std::vector<float>(c.q.size()),
+                                std::vector<float>(c.k.size()), std::vector<float>(c.k.size())};
+                std::vector<float> St(cpu::attentionStatsSize(dm)), scratch(cpu::attentionFlashScratchSize(dm));
+                cpu::attentionFlashForward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), want.out.data());
+                cpu::attentionFlashBackward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), c.dout.data(),
+                                            want.dq.data(), want.dk.data(), want.dv.data(), scratch.data());
                 DeviceVec<float> gq(c.q), gk(c.k), gv(c.v), gdo(c.dout);
                 DeviceVec<float> gSt(randomVec(St.size(), 1)), gO(randomVec(c.q.size(), 5));
                 DeviceVec<float> gdq(randomVec(c.q.size(), 2)), gdk(randomVec(c.k.size(), 3)),
@@ -302,44 +317,30 @@ TEST_F(CudaAttention, Bf16FlashAttentionMatchesCpu) {
                 TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
                 // The scores' GEMM has exact bf16 products: the stats are fp32-close.
                 expectNear(gSt.download(), St, 1e-4, 1e-5, tag + "stats", {dm.b, dm.nq, dm.s, 2});
-                expectNear(gO.download(), O, 2e-2, 5e-3, tag + "out", {dm.s, dm.b, dm.nq, dm.d});
-                expectNear(gdq.download(), dq, 3e-2, 1e-2, tag + "dq", {dm.s, dm.b, dm.nq, dm.d});
-                expectNear(gdk.download(), dk, 3e-2, 1e-2, tag + "dk", {dm.s, dm.b, dm.nkv, dm.d});
-                expectNear(gdv.download(), dv, 3e-2, 1e-2, tag + "dv", {dm.s, dm.b, dm.nkv, dm.d});
-                // Every twin was unbound when the calls returned.
-                EXPECT_EQ(cuda::boundBf16Twin(gq.ptr, 1), nullptr) << tag;
-                EXPECT_EQ(cuda::boundBf16Twin(gdo.ptr, 1), nullptr) << tag;
+                expectBf16Close({gO.download(), gdq.download(), gdk.download(), gdv.download()}, want, c, gq.ptr, tag);
             }
 }
 
-// The attention that keeps its probabilities (fused and unfused softmax, dropout on and off) with
-// bf16 GEMMs: q, k, v, dout twinned once per call, the fused row kernels writing the bits of
-// dropout(P) and dS, the unfused ones none (their GEMMs convert per call). The CPU on the same
-// bf16-valued inputs, to bf16's tolerance as above; the saved probabilities come from the exact
-// bf16 products of the scores, so they are fp32-close.
+// The attention that keeps its probabilities (fused and unfused softmax, dropout on and off): q,
+// k, v, dout twinned once per call, the fused row kernels writing the bits of dropout(P) and dS,
+// the unfused ones none (their GEMMs convert per call). The saved probabilities come from the
+// exact bf16 products of the scores, so they are fp32-close.
 TEST_F(CudaAttention, Bf16AttentionMatchesCpu) {
     struct Restore {
         ~Restore() { cuda::setBf16Gemms(false); }
     } restore;
-    auto bf16Values = [](std::vector<float> x) {
-        cpu::roundToBf16(x.data(), int64_t(x.size()));
-        return x;
-    };
     for (int nkv : {2, 4})
         for (float p : {0.0f, 0.1f})
             for (bool fused : {true, false}) {
-                AttnCase c = makeAttnCase(nkv, p, 300);
-                c.q = bf16Values(c.q);
-                c.k = bf16Values(c.k);
-                c.v = bf16Values(c.v);
-                c.dout = bf16Values(c.dout);
+                const AttnCase c = makeBf16AttnCase(nkv, p, 300);
                 const auto& dm = c.dims;
                 const std::string tag = caseName("attention bf16", fused, dm.nq / nkv, p);
-                std::vector<float> P(cpu::attentionProbsSize(dm)), O(c.q.size());
-                cpu::attentionForward(dm, c.q.data(), c.k.data(), c.v.data(), P.data(), O.data(), fused);
-                std::vector<float> dq(c.q.size()), dk(c.k.size()), dv(c.k.size()), scratch(cpu::attentionScratchSize(dm));
-                cpu::attentionBackward(dm, c.q.data(), c.k.data(), c.v.data(), P.data(), c.dout.data(), dq.data(),
-                                       dk.data(), dv.data(), scratch.data(), fused);
+                AttnResult want{std::vector<float>(c.q.size()), std::vector<float>(c.q.size()),
+                                std::vector<float>(c.k.size()), std::vector<float>(c.k.size())};
+                std::vector<float> P(cpu::attentionProbsSize(dm)), scratch(cpu::attentionScratchSize(dm));
+                cpu::attentionForward(dm, c.q.data(), c.k.data(), c.v.data(), P.data(), want.out.data(), fused);
+                cpu::attentionBackward(dm, c.q.data(), c.k.data(), c.v.data(), P.data(), c.dout.data(), want.dq.data(),
+                                       want.dk.data(), want.dv.data(), scratch.data(), fused);
                 DeviceVec<float> gq(c.q), gk(c.k), gv(c.v), gdo(c.dout);
                 DeviceVec<float> gP(randomVec(P.size(), 1)), gO(randomVec(c.q.size(), 5));
                 DeviceVec<float> gdq(randomVec(c.q.size(), 2)), gdk(randomVec(c.k.size(), 3)),
@@ -352,11 +353,7 @@ TEST_F(CudaAttention, Bf16AttentionMatchesCpu) {
                 cuda::setBf16Gemms(false);
                 TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
                 expectNear(gP.download(), P, 1e-4, 1e-5, tag + "probs", {dm.b, dm.nq, dm.s, dm.s});
-                expectNear(gO.download(), O, 2e-2, 5e-3, tag + "out", {dm.s, dm.b, dm.nq, dm.d});
-                expectNear(gdq.download(), dq, 3e-2, 1e-2, tag + "dq", {dm.s, dm.b, dm.nq, dm.d});
-                expectNear(gdk.download(), dk, 3e-2, 1e-2, tag + "dk", {dm.s, dm.b, dm.nkv, dm.d});
-                expectNear(gdv.download(), dv, 3e-2, 1e-2, tag + "dv", {dm.s, dm.b, dm.nkv, dm.d});
-                EXPECT_EQ(cuda::boundBf16Twin(gq.ptr, 1), nullptr) << tag;
+                expectBf16Close({gO.download(), gdq.download(), gdk.download(), gdv.download()}, want, c, gq.ptr, tag);
             }
 }
 

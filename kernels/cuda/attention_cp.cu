@@ -77,7 +77,7 @@ __device__ inline uint64_t ringMaskRow(const RingParams& p, int64_t head, int qp
 // exp(s - max) (masked past the visible prefix); stats[2*ro] = lse of the block's row (max +
 // log(sum), double), stats[2*ro+1] = the undropped sum (0: no visible key).
 __global__ void ringAttentionForwardRowsKernel(RingParams p, float* __restrict__ S, double* __restrict__ stats,
-                                      int64_t rows) {
+                                               int64_t rows) {
     const int lane = threadIdx.x % 32;
     TS_FOR_EACH_WARP_ROW(ro, rows) {
         const int t = static_cast<int>(ro / p.sq), r = static_cast<int>(ro % p.sq);
@@ -115,8 +115,8 @@ __global__ void ringAttentionForwardRowsKernel(RingParams p, float* __restrict__
 // lse [b, nq, sq] exactly as the CPU: first starts from (0, -inf); a row with no visible key is
 // left alone; lse = -inf takes the block's normalised result; otherwise the log-sum-exp merge.
 __global__ void ringAttentionMergeKernel(RingParams p, const float* __restrict__ acc,
-                                const double* __restrict__ stats, float* __restrict__ out,
-                                float* __restrict__ lse, bool first, int64_t rows) {
+                                         const double* __restrict__ stats, float* __restrict__ out,
+                                         float* __restrict__ lse, bool first, int64_t rows) {
     const int lane = threadIdx.x % 32;
     TS_FOR_EACH_WARP_ROW(ro, rows) {
         const int t = static_cast<int>(ro / p.sq), r = static_cast<int>(ro % p.sq);
@@ -149,7 +149,7 @@ __global__ void ringAttentionMergeKernel(RingParams p, const float* __restrict__
 
 // out = 0, lse = -inf for first=true against an empty block.
 __global__ void ringAttentionInitKernel(float* __restrict__ out, int64_t outElems, float* __restrict__ lse,
-                               int64_t lseElems) {
+                                        int64_t lseElems) {
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < outElems; i += stride)
         out[i] = 0.0f;
@@ -159,7 +159,7 @@ __global__ void ringAttentionInitKernel(float* __restrict__ out, int64_t outElem
 
 // delta[bi, hq, i] = sum_e out*dout of row (i, bi, hq), in double. Rows: ro = (bi*nq + hq)*sq + i.
 __global__ void ringAttentionDeltaKernel(const float* __restrict__ out, const float* __restrict__ dout,
-                                float* __restrict__ delta, int b, int nq, int sq, int d, int64_t rows) {
+                                         float* __restrict__ delta, int b, int nq, int sq, int d, int64_t rows) {
     const int lane = threadIdx.x % 32;
     TS_FOR_EACH_WARP_ROW(ro, rows) {
         const int64_t head = ro / sq, i = ro % sq;
@@ -174,8 +174,8 @@ __global__ void ringAttentionDeltaKernel(const float* __restrict__ out, const fl
 // Backward rows from the final lse and delta: S (scaled scores) -> dropout(P), dP (dO.V^T) ->
 // dS = P (M dP - delta) * scale; zeros past the visible prefix and for rows with lse = -inf.
 __global__ void ringAttentionBackwardRowsKernel(RingParams p, const float* __restrict__ lse,
-                                       const float* __restrict__ delta, float* __restrict__ S,
-                                       float* __restrict__ dP, int64_t rows) {
+                                                const float* __restrict__ delta, float* __restrict__ S,
+                                                float* __restrict__ dP, int64_t rows) {
     const int lane = threadIdx.x % 32;
     TS_FOR_EACH_WARP_ROW(ro, rows) {
         const int t = static_cast<int>(ro / p.sq), r = static_cast<int>(ro % p.sq);

@@ -60,7 +60,7 @@ __device__ float rowMaxOf(const float* row, int n, float* sh) {
 int gridFor(int T) { return T < kMaxGrid ? T : kMaxGrid; }
 
 __global__ void crossEntropyRowMaxKernel(const float* __restrict__ logits, float* __restrict__ rowMax, int T,
-                             int Vl) {
+                                         int Vl) {
     __shared__ float sh[kWarps];
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
         const float m = rowMaxOf(logits + static_cast<int64_t>(t) * Vl, Vl, sh);
@@ -69,8 +69,8 @@ __global__ void crossEntropyRowMaxKernel(const float* __restrict__ logits, float
 }
 
 __global__ void crossEntropyStatsKernel(const float* __restrict__ logits, const int32_t* __restrict__ targets,
-                            const float* __restrict__ rowMax, float* __restrict__ targetLogit,
-                            float* __restrict__ sumExp, int T, int Vl, int vStart) {
+                                        const float* __restrict__ rowMax, float* __restrict__ targetLogit,
+                                        float* __restrict__ sumExp, int T, int Vl, int vStart) {
     __shared__ float sh[kWarps];
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
         const float* row = logits + static_cast<int64_t>(t) * Vl;
@@ -87,7 +87,7 @@ __global__ void crossEntropyStatsKernel(const float* __restrict__ logits, const 
 }
 
 __global__ void crossEntropyLossKernel(const float* __restrict__ targetLogit, const float* __restrict__ sumExp,
-                           float* __restrict__ loss, int T) {
+                                       float* __restrict__ loss, int T) {
     for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x)
         loss[t] = logf(sumExp[t]) - targetLogit[t];
 }
@@ -95,9 +95,9 @@ __global__ void crossEntropyLossKernel(const float* __restrict__ targetLogit, co
 // dlogits = exp(z - max) * (dloss / sumExp), minus dloss at the owned target. dlogits may be
 // logits: no __restrict__ on the pair.
 __global__ void crossEntropyBackwardKernel(const float* logits, const int32_t* __restrict__ targets,
-                               const float* __restrict__ rowMax, const float* __restrict__ sumExp,
-                               const float* __restrict__ dloss, float* dlogits, int T, int Vl,
-                               int vStart) {
+                                           const float* __restrict__ rowMax, const float* __restrict__ sumExp,
+                                           const float* __restrict__ dloss, float* dlogits, int T, int Vl,
+                                           int vStart) {
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
         const int64_t off = static_cast<int64_t>(t) * Vl;
         const float m = rowMax[t];
@@ -114,8 +114,8 @@ __global__ void crossEntropyBackwardKernel(const float* logits, const int32_t* _
 // probs = softmax(z) (exp(z - max) * (1 / sum)); loss = -log(probs[target]), or log(sum) for a
 // target outside [0, V).
 __global__ void crossEntropyForwardUnfusedKernel(const float* __restrict__ logits,
-                                     const int32_t* __restrict__ targets, float* probs,
-                                     float* __restrict__ loss, int T, int V) {
+                                                 const int32_t* __restrict__ targets, float* probs,
+                                                 float* __restrict__ loss, int T, int V) {
     __shared__ float sh[kWarps];
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
         const int64_t off = static_cast<int64_t>(t) * V;
@@ -140,8 +140,8 @@ __global__ void crossEntropyForwardUnfusedKernel(const float* __restrict__ logit
 }
 
 __global__ void crossEntropyBackwardUnfusedKernel(const float* probs, const int32_t* __restrict__ targets,
-                                      const float* __restrict__ dloss, float* dlogits, int T,
-                                      int V) {
+                                                  const float* __restrict__ dloss, float* dlogits, int T,
+                                                  int V) {
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
         const int64_t off = static_cast<int64_t>(t) * V;
         const float g = dloss[t];
@@ -156,8 +156,8 @@ __global__ void crossEntropyBackwardUnfusedKernel(const float* probs, const int3
 // In place: row <- exp(z - max) * (dloss / sum), minus dloss at the target; loss = log(sum) -
 // (z_target - max).
 __global__ void crossEntropyFusedKernel(float* logits, const int32_t* __restrict__ targets,
-                            const float* __restrict__ dloss, float* __restrict__ loss, int T,
-                            int V) {
+                                        const float* __restrict__ dloss, float* __restrict__ loss, int T,
+                                        int V) {
     __shared__ float sh[kWarps];
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
         float* row = logits + static_cast<int64_t>(t) * V;
@@ -253,7 +253,7 @@ Status crossEntropyFused(float* logitsInGradOut, const int32_t* targets, const f
     TS_RETURN_IF_ERROR(checkRows("crossEntropyFused", T, V));
     if (T == 0) return Status::ok();
     crossEntropyFusedKernel<<<gridFor(T), kThreads, 0, detail::asStream(stream)>>>(logitsInGradOut, targets,
-                                                                       dloss, loss, T, V);
+                                                                                   dloss, loss, T, V);
     return detail::launchStatus("crossEntropyFused");
 }
 

@@ -106,7 +106,7 @@ __global__ void allFiniteReduceKernel(const float* __restrict__ x, int64_t n, in
 
 // *invalid (zeroed before) += number of ids outside [0, vocabSize); integer atomics, so exact.
 __global__ void countInvalidIdsReduceKernel(const int32_t* __restrict__ ids, int T, int vocabSize,
-                                   int* __restrict__ invalid) {
+                                            int* __restrict__ invalid) {
     int bad = 0;
     for (int64_t t = globalThread(); t < T; t += gridThreads())
         bad += (ids[t] < 0 || ids[t] >= vocabSize) ? 1 : 0;

@@ -70,7 +70,7 @@ __global__ void embeddingSegmentAddKernel(const int* __restrict__ rowOf, const i
 
 // out[(i*b + j), c] += table[i, c]; n = s * b * C.
 __global__ void positionEmbeddingForwardKernel(const float* __restrict__ table, float* __restrict__ out, int64_t n,
-                                      int b, int C) {
+                                               int b, int C) {
     for (int64_t k = globalThread(); k < n; k += gridThreads()) {
         const int64_t row = k / C, c = k % C;
         out[k] = __fadd_rn(out[k], table[(row / b) * C + c]);
@@ -79,7 +79,7 @@ __global__ void positionEmbeddingForwardKernel(const float* __restrict__ table, 
 
 // dtable[i, c] += dout[i*b + 0, c] + ... in j order (as the CPU); n = s * C.
 __global__ void positionEmbeddingBackwardKernel(const float* __restrict__ dout, float* __restrict__ dtable, int64_t n,
-                                       int b, int C) {
+                                                int b, int C) {
     for (int64_t k = globalThread(); k < n; k += gridThreads()) {
         const int64_t i = k / C, c = k % C;
         float acc = dtable[k];
@@ -161,7 +161,7 @@ Status positionEmbeddingForward(const float* table, float* out, int s, int b, in
     const int64_t n = static_cast<int64_t>(s) * b * C;
     if (n == 0) return Status::ok();
     positionEmbeddingForwardKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(table, out,
-                                                                                                    n, b, C);
+                                                                                                              n, b, C);
     return detail::launchStatus("positionEmbeddingForward launch");
 }
 
@@ -170,7 +170,7 @@ Status positionEmbeddingBackward(const float* dout, float* dtable, int s, int b,
     const int64_t n = static_cast<int64_t>(s) * C;
     if (n == 0 || b == 0) return Status::ok();
     positionEmbeddingBackwardKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(dout, dtable,
-                                                                                                     n, b, C);
+                                                                                                               n, b, C);
     return detail::launchStatus("positionEmbeddingBackward launch");
 }
 

@@ -113,7 +113,7 @@ __device__ inline void quantizeOne(const float* x, float* y, uint8_t* codes, int
 
 // Along rows: one warp per block of `len` (32 or 128) consecutive elements of a row.
 __global__ void quantizeBlockRowsKernel(const float* x, float* y, uint8_t* codes, void* scales,
-                                BlockParams p, int len) {
+                                        BlockParams p, int len) {
     const int64_t blocksPerRow = (p.cols + len - 1) / len;
     const int64_t total = p.rows * blocksPerRow;
     const int lane = threadIdx.x % 32;
@@ -135,7 +135,7 @@ __global__ void quantizeBlockRowsKernel(const float* x, float* y, uint8_t* codes
 
 // Along columns: one thread per (row block, column), blocks of `len` rows.
 __global__ void quantizeBlockColsKernel(const float* x, float* y, uint8_t* codes, void* scales,
-                                BlockParams p, int len) {
+                                        BlockParams p, int len) {
     const int64_t rowBlocks = (p.rows + len - 1) / len;
     const int64_t total = rowBlocks * p.cols;
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -154,7 +154,7 @@ __global__ void quantizeBlockColsKernel(const float* x, float* y, uint8_t* codes
 
 // 128x128 tiles: one thread block per tile (tiles grid-strided).
 __global__ void quantizeBlockTilesKernel(const float* x, float* y, uint8_t* codes, void* scales,
-                                 BlockParams p) {
+                                         BlockParams p) {
     constexpr int kTile = 128;
     __shared__ uint32_t sh[kWarps];
     const int64_t tileRows = (p.rows + kTile - 1) / kTile;
@@ -276,7 +276,7 @@ Status fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void
     } else {
         const int64_t threads = ((rows + len - 1) / len) * cols;
         quantizeBlockColsKernel<<<gridCap(threads, kThreads), kThreads, 0, s>>>(x, y, codes, scales, p,
-                                                                         len);
+                                                                                len);
     }
     return detail::launchStatus("fp8BlockQuantizeDequantize");
 }

@@ -255,8 +255,8 @@ Status linearBackward(const float* dy, const float* x, const float* W, float* dx
     }
     if (db) {
         constexpr int kThreads = 256;
-        columnSumReduceKernel<<<(out + kThreads - 1) / kThreads, kThreads, 0, detail::asStream(stream)>>>(dy, db, T,
-                                                                                                    out);
+        columnSumReduceKernel<<<(out + kThreads - 1) / kThreads, kThreads, 0, detail::asStream(stream)>>>(
+            dy, db, T, out);
         TS_RETURN_IF_ERROR(detail::launchStatus("linearBackward bias-grad launch"));
     }
     return Status::ok();

@@ -52,9 +52,9 @@ __global__ void scaleRowsKernel(const float* __restrict__ x, int64_t xRowStride,
 
 // One thread per row: the dots in double in index order, dact elementwise.
 __global__ void moeProbGradReduceKernel(const float* __restrict__ da, const float* __restrict__ act,
-                                  const float* __restrict__ prob, const float* __restrict__ dy,
-                                  const float* __restrict__ b2, float* __restrict__ dact, float* __restrict__ dprob,
-                                  int rows, int F, int h) {
+                                        const float* __restrict__ prob, const float* __restrict__ dy,
+                                        const float* __restrict__ b2, float* __restrict__ dact,
+                                        float* __restrict__ dprob, int rows, int F, int h) {
     for (int64_t r = globalThread(); r < rows; r += gridThreads()) {
         const float* d = da + r * F;
         const float* a = act + r * F;
@@ -78,7 +78,7 @@ __global__ void moeProbGradReduceKernel(const float* __restrict__ da, const floa
 
 // One thread per column, rows in order.
 __global__ void weightedColumnSumReduceKernel(const float* __restrict__ dy, const float* __restrict__ w,
-                                        float* __restrict__ db, int rows, int cols) {
+                                              float* __restrict__ db, int rows, int cols) {
     for (int64_t c = globalThread(); c < cols; c += gridThreads()) {
         double acc = 0;
         for (int r = 0; r < rows; ++r)

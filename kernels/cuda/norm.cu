@@ -34,9 +34,9 @@ enum class NormKind { LayerTwoPass, LayerShifted, Rms };
 
 template <NormKind kKind>
 __global__ void layerOrRmsNormForwardKernel(const float* __restrict__ x, const float* __restrict__ w,
-                                  const float* __restrict__ b, float* __restrict__ y,
-                                  float* __restrict__ mean, float* __restrict__ rstd, int T,
-                                  int C, float eps) {
+                                            const float* __restrict__ b, float* __restrict__ y,
+                                            float* __restrict__ mean, float* __restrict__ rstd, int T,
+                                            int C, float eps) {
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= T) return;  // whole warps leave together: row is uniform across the warp
@@ -95,8 +95,8 @@ __global__ void layerOrRmsNormForwardKernel(const float* __restrict__ x, const f
 // RMSNorm (mean == nullptr): dx = rstd * (g - x * rstd^2 * mean(g * x)); g = dy * w.
 template <bool kRms>
 __global__ void layerOrRmsNormBackwardDxKernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                     const float* __restrict__ w, const float* __restrict__ mean,
-                                     const float* __restrict__ rstd, float* dx, int T, int C) {
+                                               const float* __restrict__ w, const float* __restrict__ mean,
+                                               const float* __restrict__ rstd, float* dx, int T, int C) {
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= T) return;
@@ -138,10 +138,10 @@ constexpr int kRowLanes = 8;
 
 template <bool kRms>
 __global__ void layerOrRmsNormParamGradKernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                    const float* __restrict__ mean,
-                                    const float* __restrict__ rstd, float* dw, float* db,
-                                    float* partW, float* partB, int T, int C, int rowsPerChunk,
-                                    bool direct) {
+                                              const float* __restrict__ mean,
+                                              const float* __restrict__ rstd, float* dw, float* db,
+                                              float* partW, float* partB, int T, int C, int rowsPerChunk,
+                                              bool direct) {
     __shared__ float sW[kRowLanes][kColTile + 1];
     __shared__ float sB[kRowLanes][kColTile + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
@@ -183,7 +183,7 @@ __global__ void layerOrRmsNormParamGradKernel(const float* __restrict__ dy, cons
 
 // Stage 2: dw[c] += sum over chunks in chunk order (and db).
 __global__ void layerOrRmsNormAddChunksKernel(const float* __restrict__ partW, const float* __restrict__ partB,
-                                float* dw, float* db, int nChunks, int C) {
+                                              float* dw, float* db, int nChunks, int C) {
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
         float sw = 0.0f, sb = 0.0f;
         for (int k = 0; k < nChunks; ++k) {

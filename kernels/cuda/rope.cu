@@ -42,7 +42,7 @@ __device__ inline void ropeCosSin(int pos, int i, int d, float theta, float* c, 
 
 // In place on x: [s, b*n rows of d]. Items: (row, i), i < half. sign = +1 forward, -1 backward.
 __global__ void rotaryInPlaceKernel(float* __restrict__ x, int64_t rows, int rowsPerPos, int d,
-                                  float theta, int posOffset, float sign) {
+                                    float theta, int posOffset, float sign) {
     const int half = d / 2;
     const int64_t n = rows * half;
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -64,7 +64,7 @@ __global__ void rotaryInPlaceKernel(float* __restrict__ x, int64_t rows, int row
 // The unfused reference's tables: cosT, sinT [s, d]; columns i and half+i hold pair i's values,
 // column d-1 of odd d is 0 (as the CPU's zero-initialised vectors).
 __global__ void rotaryTablesKernel(float* __restrict__ cosT, float* __restrict__ sinT, int s, int d,
-                                 float theta, int posOffset) {
+                                   float theta, int posOffset) {
     const int half = d / 2;
     const int64_t n = static_cast<int64_t>(s) * d;
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -82,8 +82,8 @@ __global__ void rotaryTablesKernel(float* __restrict__ cosT, float* __restrict__
 // out = x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1] (and 0 in the odd last
 // column), in place. Items: (row, i), i < half + (d odd).
 __global__ void rotaryApplyTablesKernel(float* __restrict__ x, const float* __restrict__ cosT,
-                                      const float* __restrict__ sinT, int64_t rows, int rowsPerPos,
-                                      int d) {
+                                        const float* __restrict__ sinT, int64_t rows, int rowsPerPos,
+                                        int d) {
     const int half = d / 2;
     const int items = half + (d & 1);
     const int64_t n = rows * items;
@@ -134,8 +134,8 @@ __device__ inline void copyItem(const float* src, float* dst, int i, int half, i
 // forward (merge=false): q/k/v <- rope(qkv); backward (merge=true): qkv <- rope^-1(dq/dk), dv.
 // rotate=false: plain layout copies (splitQkv, mergeQkv).
 __global__ void qkvRotaryKernel(float* __restrict__ qkv, float* __restrict__ q, float* __restrict__ k,
-                              float* __restrict__ v, int64_t tokens, int b, int nq, int ng, int d,
-                              float theta, int posOffset, bool merge, bool rotate) {
+                                float* __restrict__ v, int64_t tokens, int b, int nq, int ng, int d,
+                                float theta, int posOffset, bool merge, bool rotate) {
     const int r = nq / ng;
     const int half = d / 2;
     const int items = half + (d & 1);
@@ -221,7 +221,7 @@ Status ropeForward(float* x, int s, int b, int n, int d, float theta, int posOff
     float* cosT = static_cast<float*>(ws.get());
     float* sinT = cosT + tab;
     rotaryTablesKernel<<<detail::blocksFor(tab, kThreads), kThreads, 0, st>>>(cosT, sinT, s, d, theta,
-                                                                           posOffset);
+                                                                              posOffset);
     TS_RETURN_IF_ERROR(detail::launchStatus("ropeForward tables launch"));
     const int items = d / 2 + (d & 1);
     rotaryApplyTablesKernel<<<detail::blocksFor(rows * items, kThreads), kThreads, 0, st>>>(

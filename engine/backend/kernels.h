@@ -74,8 +74,8 @@ Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n);
 // The 16-bit twin of a bf16-valued float array (ParamBuffer's bf16 model copy): on CUDA, a bf16
 // GEMM whose operand lies wholly inside [base, base + n) reads twin + (operand - base) instead of
 // converting the operand (kernels/cuda/ops_cuda.h). The caller keeps the twin equal to the
-// array's bf16 bits (floatToBf16 after every write, in stream order) and unbinds it before
-// either is freed. Host calls outside any op; no-ops without CUDA.
+// array's bf16 bits (bf16ModelCopy writes both, in stream order) and unbinds it before either is
+// freed. Host calls outside any op; no-ops without CUDA.
 void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n);
 void unbindBf16Twin(const float* base);
 

@@ -274,7 +274,7 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
         setDropout(rd, drop);
         rd.headOffset = drop.headOffset + mode.rank * (nq / a);
         rd.sTotal = S;
-        if (a == 1) return m_cpRing->backward(rd, A.q, A.k, A.v, A.attnOut ? A.attnOut : A.ctx, A.lse, dctx, dq, dk, dv);
+        if (a == 1) return m_cpRing->backward(rd, A.q, A.k, A.v, A.attentionOutput(), A.lse, dctx, dq, dk, dv);
         // a2a+p2p: dout to heads, the ring's backward, dQ/dK/dV back to this rank's rows.
         TS_ASSIGN_OR_RETURN(TensorPtr dout, cpToHeads(dctx, nq, *mode.comm));
         TS_ASSIGN_OR_RETURN(TensorPtr dqh, allocUninitialized(m_exec, T * nq * d));
@@ -314,7 +314,7 @@ Status GptModel::cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const k::
         // Flash (see the forward): the block's backward from the kept log-sum-exps; dq accumulates.
         TS_ASSIGN_OR_RETURN(const KernelIds kpos, seqPositions());
         TS_ASSIGN_OR_RETURN(TensorPtr delta, allocUninitialized(m_exec, int64_t(b) * nq * sl, MemCategory::Workspace));
-        TensorPtr lse = A.lse, ctx = A.attnOut ? A.attnOut : A.ctx;  // the unquantized output
+        TensorPtr lse = A.lse, ctx = A.attentionOutput();  // the unquantized output
         m_exec.op("core_attention.bwd", Category::Attention, 5.0 * b * nq * double(sl) * S * d,
                   uint64_t(4) * (uint64_t(T) * nq * d * 4 + uint64_t(S) * b * ng * d * 4), [=] {
                       k::cpRingAttentionDelta(ad, fp(ctx), fp(dctx), fp(delta));

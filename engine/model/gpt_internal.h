@@ -32,6 +32,8 @@ struct GptModel::LayerActs {
     TensorPtr ctx;                  // core attention output [T, nq*d]
     TensorPtr attnOut;              // CP ring / all_gather flash under in-place FP8: the output the
                                     // attention backward reads (A.ctx is then linear_proj's FP8 input)
+    // The attention's own output, as its backward reads it: attnOut where one was kept, else ctx.
+    const TensorPtr& attentionOutput() const { return attnOut ? attnOut : ctx; }
     TensorPtr mask1;                // dropout mask after linear_proj [T*h] (p > 0)
     TensorPtr x2;                   // residual after attention [T, h]
     TensorPtr mean2, rstd2, a2;     // pre_mlp_layernorm

@@ -261,7 +261,7 @@ AnalysisPanels::AnalysisPanels(QWidget* parent) : QTabWidget(parent) {
     m_kernels->setColumnCount(6);
     m_kernels->setHorizontalHeaderLabels({QStringLiteral("Kernel (rank 0)"), QStringLiteral("Category"), QStringLiteral("Count"),
                                           QStringLiteral("Total"), QStringLiteral("% time"), QStringLiteral("Achieved")});
-    m_kernels->horizontalHeaderItem(4)->setToolTip(QStringLiteral("Share of rank 0's kernel time"));
+    m_kernels->horizontalHeaderItem(4)->setToolTip(QStringLiteral("Share of this rank's kernel time"));
     m_kernels->horizontalHeaderItem(5)->setToolTip(QStringLiteral("Achieved FLOP/s, where the kernel's FLOPs are known"));
     // The name gets what the numbers leave: one line each, cut at the end (the full name is the
     // tooltip); the numeric columns fit their contents.

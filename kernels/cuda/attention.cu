@@ -269,13 +269,12 @@ __global__ void fusedSoftmaxBackwardRowsKernel(RowParams p, const float* __restr
         const float* P = probsRow(p, probs, ri);
         float* dr = dS + ro * p.skv;
         float* pdr = Pd ? Pd + ro * p.skv : nullptr;
+        uint16_t* pdb = pdr && p.dropBits ? p.dropBits + ro * p.skv : nullptr;
         double dot = 0.0;
         for (int j = lane; j < p.skv; j += 32) {
             if (j >= ri.n) {
-                if (pdr) {
-                    pdr[j] = 0.0f;
-                    if (p.dropBits) p.dropBits[ro * p.skv + j] = 0;
-                }
+                if (pdr) pdr[j] = 0.0f;
+                if (pdb) pdb[j] = 0;
                 continue;
             }
             float dp = dr[j];
@@ -283,10 +282,8 @@ __global__ void fusedSoftmaxBackwardRowsKernel(RowParams p, const float* __restr
                 const float m = keepFactor(p, ri.maskRow + j);
                 dp *= m;
                 dr[j] = dp;
-                if (pdr) {
-                    pdr[j] = P[j] * m;
-                    if (p.dropBits) p.dropBits[ro * p.skv + j] = hd::bf16FromFloat(pdr[j]);
-                }
+                if (pdr) pdr[j] = P[j] * m;
+                if (pdb) pdb[j] = hd::bf16FromFloat(pdr[j]);
             }
             dot += static_cast<double>(P[j]) * dp;
         }

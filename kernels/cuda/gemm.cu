@@ -244,7 +244,7 @@ Status linearBackward(const float* dy, const float* x, const float* W, float* dx
     if (T == 0) return Status::ok();
     // bf16 GEMMs: dy in bf16 once for both GEMMs instead of once per GEMM.
     detail::Bf16Twin tdy(stream);
-    if (t_bf16Gemms && dx && dW) (void)tdy.cover(dy, static_cast<int64_t>(T) * out, true);
+    if (t_bf16Gemms && dx && dW) tdy.cover(dy, static_cast<int64_t>(T) * out, true);
     if (dx) {
         if (!W) return Status::invalid("linearBackward: dx needs W");
         TS_RETURN_IF_ERROR(gemm(false, false, T, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in, stream));

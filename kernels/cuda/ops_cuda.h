@@ -67,10 +67,12 @@ Status deviceSynchronize();
 // sets it around an op's code.
 void setBf16Gemms(bool on);
 bool bf16Gemms();
-// The 16-bit twin of a bf16-valued float array (the engine's bf16 model copy): a bf16 GEMM
-// operand lying wholly inside [base, base + n) is read from twin + (operand - base), no copy
-// made. The caller keeps the twin equal to the array's bf16 bits and unbinds before freeing
-// either. Thread-safe (one registry per process; device pointers are unique under UVA).
+// The 16-bit twin of a bf16-valued float array (the engine's bf16 model copy, or an operand an
+// op converts once for its GEMMs: workspace.cuh Bf16Twin): a bf16 GEMM operand lying wholly
+// inside [base, base + n) is read from twin + (operand - base), no copy made; the innermost twin
+// bound at an address wins, and binds of one base stack. The caller keeps the twin equal to the
+// array's bf16 bits and unbinds before freeing either. Thread-safe (one registry per process;
+// device pointers are unique under UVA).
 void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n);
 void unbindBf16Twin(const float* base);
 // The twin bits of floats [x, x + n) if a bound twin covers them all, else null.

@@ -53,16 +53,14 @@ public:
     ~Bf16Twin() {
         if (m_base) unbindBf16Twin(m_base);
     }
-    // True when [base, base + n) has a twin afterwards.
-    bool cover(const float* base, int64_t n, bool convert) {
-        if (!base || n <= 0) return false;
-        if (convert && boundBf16Twin(base, n)) return true;
-        if (!m_ws.allocate(sizeof(uint16_t) * static_cast<size_t>(n), "bf16 twin").isOk()) return false;
+    void cover(const float* base, int64_t n, bool convert) {
+        if (!base || n <= 0) return;
+        if (convert && boundBf16Twin(base, n)) return;
+        if (!m_ws.allocate(sizeof(uint16_t) * static_cast<size_t>(n), "bf16 twin").isOk()) return;
         uint16_t* b = static_cast<uint16_t*>(m_ws.get());
-        if (convert && !floatToBf16(base, b, n, m_stream).isOk()) return false;
+        if (convert && !floatToBf16(base, b, n, m_stream).isOk()) return;
         bindBf16Twin(base, b, n);
         m_base = base;
-        return true;
     }
     // The bits a row kernel writes (null unless this object bound a twin).
     uint16_t* bits() const { return m_base ? static_cast<uint16_t*>(m_ws.get()) : nullptr; }

@@ -178,8 +178,8 @@ trace::Category classifyKernel(std::string_view name) {
     // cast/transpose, amax and FP8 quantization, MoE permutation; trainscope's own kernels
     // (kernels/cuda) are named to land here or above.
     if (starts({"triton_poi_", "triton_red_", "triton_per_"}) ||
-        any({"elementwise", "vectorized", "unrolled", "reduce_kernel", "gelu", "silu", "swiglu", "relu", "dropout",
-             "rotary", "_rope", "fill", "copy", "cast_transpose", "cast", "transpose", "cat_", "index", "scatter",
+        any({"elementwise", "vectorized", "unrolled", "gelu", "silu", "swiglu", "relu", "dropout",
+             "rotary", "_rope", "fill", "copy", "cast", "transpose", "cat_", "index", "scatter",
              "gather", "where", "masked", "nchwtonhwc", "nhwctonchw", "permute", "sigmoid", "bias", "scale",
              "reduce", "amax", "quantize"}))
         return Category::Elementwise;

@@ -198,6 +198,15 @@ bool emulatedDeviceRequested();
 // with the cause and what to do, when not built with CUDA, without a driver, or when no device
 // is visible (none installed, CUDA_VISIBLE_DEVICES empty).
 Result<std::unique_ptr<Backend>> makeCudaBackend();
+// CUDA backend of `devices` Devices over the visible GPUs, device i on GPU i % count: several
+// ranks on one GPU, to check a layout on fewer GPUs than it has ranks (NCCL refuses two members of
+// one group on a GPU). Each Device keeps its own caching allocator, accounting and streams, as a
+// rank's GPU would; its memory total is its GPU's divided among the devices on it. Buffers are
+// CUDA managed memory, so the in-process communicator reaches them from the host once the stream
+// that wrote them has finished (hostSynchronized, communicator.h). Timings of such a run are not
+// a real layout's: the ranks share the GPU, and collectives go through host memory. Unsupported
+// where makeCudaBackend is, for devices < 1, and on a GPU without concurrent managed access.
+Result<std::unique_ptr<Backend>> makeSharedCudaBackend(int devices);
 
 // How the visible GPUs reach each other, from the CUDA runtime's peer attributes (NVML is not
 // used: the toolkit ships no header for it and the driver's library may be absent). Link kinds,
@@ -231,5 +240,13 @@ std::vector<std::string> tpTopologyWarnings(const GpuTopology& t, const std::vec
 // CPU backend on a machine with several (TS_CUDA_UNVERIFIED=1, read once): the default of
 // TrainerOptions / ParallelTrainerOptions::allowUnverifiedCuda. One GPU needs no opt-in.
 bool unverifiedCudaRequested();
+// The environment asks for the ranks of a CUDA run to share the visible GPUs
+// (TS_CUDA_SHARE_GPUS=1, read once): the default of ParallelTrainerOptions::shareCudaGpus.
+bool sharedCudaGpusRequested();
+// The environment asks for host-synchronized collectives on every backend
+// (TS_HOST_SYNC_COLLECTIVES=1, read once): the default of
+// ParallelTrainerOptions::hostSyncCollectives, so the CPU suite can check the order a
+// shared-GPU run (which always synchronizes) puts collectives in.
+bool hostSyncCollectivesRequested();
 
 }  // namespace ts::engine

@@ -712,7 +712,9 @@ std::vector<KnobDef> buildRegistry() {
     r.e("device_backend", &C::device_backend, {"cpu", "cuda"}, "", "",
         "Device backend that runs the ranks. cuda: one rank trains on GPU 0 (checked against the CPU backend on "
         "an H200); layouts over several GPUs (one rank per GPU, NCCL between them; mpirun: one process per GPU) "
-        "have not yet run on a machine with several, so a run refuses them unless TS_CUDA_UNVERIFIED=1.");
+        "have not yet run on a machine with several, so a run refuses them unless TS_CUDA_UNVERIFIED=1. "
+        "TS_CUDA_SHARE_GPUS=1 runs a layout's ranks on fewer GPUs (sharing them, collectives through host "
+        "memory) to check its results; its timings are not the layout's.");
     r.i("cpu_threads", &C::cpu_threads, "", "", "GEMM threads per rank on the CPU backend; 0 = cores / ranks.");
     r.i("log_interval", &C::log_interval, "--log-interval", "logger.log_interval", "Steps between progress lines.");
     r.s("save", &C::save, "--save", "checkpoint.save", "Checkpoint directory to save to; \"\" = no checkpoints.");

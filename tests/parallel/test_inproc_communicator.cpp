@@ -587,3 +587,41 @@ TEST(InprocComm, ALoneBlockingJoinTimesOutAndAnAbortWakesOne) {
 
 }  // namespace
 }  // namespace ts::engine
+
+// hostSynchronized (ranks sharing a GPU run the in-process op on the host, between kernels): the
+// op starts only after the work queued before it on its stream, and is done when the call returns,
+// without the caller synchronizing. Without the wrapper the read below would see the zeros the
+// slow fill has not yet overwritten.
+TEST(HostSynchronized, AnOpWaitsForItsStreamAndIsDoneOnReturn) {
+    Rig rig(2);
+    std::vector<std::unique_ptr<Communicator>> comms;
+    for (auto& c : rig.all(2)) comms.push_back(hostSynchronized(std::move(c)));
+    ASSERT_EQ(comms[1]->rank(), 1);
+    ASSERT_EQ(comms[0]->size(), 2);
+    EXPECT_EQ(comms[0]->name(), "world");
+    constexpr size_t n = 1000;
+    std::vector<std::vector<float>> bufs(2, std::vector<float>(n, 0.f));
+    std::vector<float> lo(2, -1.f), hi(2, -1.f);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+        threads.emplace_back([&, r] {
+            float* b = bufs[size_t(r)].data();
+            OpDesc fill;
+            fill.name = "slow fill";
+            rig.s(r).submit(fill, [b, r] {
+                std::this_thread::sleep_for(150ms);
+                std::fill(b, b + n, float(r + 1));
+                return Status::ok();
+            });
+            comms[size_t(r)]->allReduce(rig.s(r), b, b, n, DType::F32, ReduceOp::Sum);
+            lo[size_t(r)] = *std::min_element(b, b + n);
+            hi[size_t(r)] = *std::max_element(b, b + n);
+        });
+    for (auto& t : threads) t.join();
+    rig.syncAll();
+    for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(lo[size_t(r)], 3.f) << "rank " << r;
+        EXPECT_EQ(hi[size_t(r)], 3.f) << "rank " << r;
+    }
+    EXPECT_EQ(comms[0]->stats().ops, 1u);
+}

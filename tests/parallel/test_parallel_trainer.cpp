@@ -196,6 +196,41 @@ TEST(ParallelTrainer, RunsOnTheDeviceTheEnvironmentAsksFor) {
     EXPECT_EQ((*t)->backend().kind(), emulate ? engine::BackendKind::EmulatedDevice : engine::BackendKind::Cpu);
 }
 
+// TS_HOST_SYNC_COLLECTIVES=1 (ctest parallel.HostSyncCollectives.Layouts reruns this suite so):
+// every communicator is host-synchronized, and the run says so in its metadata.
+TEST(ParallelTrainer, SynchronizesCollectivesWhenTheEnvironmentAsks) {
+    const char* env = std::getenv("TS_HOST_SYNC_COLLECTIVES");
+    const bool hostSync = env && std::string(env) == "1";
+    Config c = withLayout(tinyConfig(), {2, 1, 1, 1, 1});
+    auto t = engine::ParallelTrainer::create(c, nullptr);
+    ASSERT_TRUE(t.isOk()) << t.status().toString();
+    EXPECT_EQ((*t)->runMetadata().value("host_sync_collectives", false), hostSync);
+}
+
+// Host-synchronized collectives (what ranks sharing a GPU use) change when each op runs, not what
+// it computes: a layout with overlapped data-parallel reduction and gathers, sequence parallel TP
+// and a pipeline gives the same run bit for bit, and no rank waits on another in a cycle.
+TEST(ParallelTrainer, HostSynchronizedCollectivesGiveTheSameRun) {
+    Config c = withLayout(tinyConfig(), {2, 2, 1, 2, 4});
+    c.sequence_parallel = true;
+    c.use_distributed_optimizer = true;
+    c.overlap_grad_reduce = true;
+    c.overlap_param_gather = true;
+    engine::ParallelTrainerOptions plain;
+    plain.hostSyncCollectives = false;
+    engine::ParallelTrainerOptions synced;
+    synced.hostSyncCollectives = true;
+    std::unique_ptr<ParallelTrainer> keep;
+    auto a = trainParallel(c, 2, "", "", nullptr, nullptr, plain);
+    ASSERT_TRUE(a.isOk()) << a.status().toString();
+    auto b = trainParallel(c, 2, "", "", nullptr, &keep, synced);
+    ASSERT_TRUE(b.isOk()) << b.status().toString();
+    EXPECT_TRUE(keep->runMetadata().value("host_sync_collectives", false));
+    EXPECT_EQ(b->losses, a->losses);
+    EXPECT_EQ(b->gradNorms, a->gradNorms);
+    for (const auto& [name, w] : a->params) EXPECT_EQ(b->params.at(name), w) << name;
+}
+
 TEST(ParallelTrainer, ReplicasStayIdentical) {
     Config par = withLayout(tinyConfig(), {1, 2, 1, 2, 2});
     par.use_distributed_optimizer = true;

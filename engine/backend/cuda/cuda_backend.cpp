@@ -276,7 +276,9 @@ private:
 
 class CudaDevice final : public Device {
 public:
-    CudaDevice(DeviceInfo info, cudaStream_t allocStream) : m_info(std::move(info)), m_allocStream(allocStream) {
+    // managed: buffers are CUDA managed memory (makeSharedCudaBackend), host-reachable.
+    CudaDevice(DeviceInfo info, cudaStream_t allocStream, bool managed)
+        : m_info(std::move(info)), m_allocStream(allocStream), m_managed(managed) {
         m_mem = std::make_shared<MemState>();
         m_mem->ordinal = m_info.index;
         m_mem->deviceName = m_info.name;
@@ -320,14 +322,15 @@ public:
             return why;
         };
         if (!p) {
-            cudaError_t err = cudaMalloc(&p, cls);
+            auto malloc = [&] { return m_managed ? cudaMallocManaged(&p, cls) : cudaMalloc(&p, cls); };
+            cudaError_t err = malloc();
             if (err == cudaErrorMemoryAllocation) {  // the cache holds the memory: give it back, retry
                 (void)cudaGetLastError();
                 {
                     std::lock_guard<std::mutex> lock(m_mem->mutex);
                     m_mem->releaseCache();
                 }
-                err = cudaMalloc(&p, cls);
+                err = malloc();
             }
             if (err != cudaSuccess) {
                 (void)cudaGetLastError();
@@ -388,6 +391,7 @@ public:
 private:
     DeviceInfo m_info;
     cudaStream_t m_allocStream;  // zero-fill of new buffers
+    bool m_managed = false;
     std::shared_ptr<MemState> m_mem;
     host::TracePublisher m_trace;  // keeps every state it published: readers may hold old ones
 };
@@ -410,7 +414,8 @@ CudaBuffer::~CudaBuffer() {
 
 // Every live stream of every CUDA device of the process (cudaStreamLabels).
 static std::mutex g_labelsMutex;
-static std::map<uint64_t, CudaStreamLabel> g_labels;  // serial -> label
+// serial -> label, and the device whose trace rank the label reports (streams die before it)
+static std::map<uint64_t, std::pair<CudaStreamLabel, const CudaDevice*>> g_labels;
 static std::atomic<uint64_t> g_nextSerial{0};
 
 CudaStream::CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::TrackKind kind, std::string name)
@@ -429,7 +434,7 @@ CudaStream::CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::Tr
     }
     m_serial = ++g_nextSerial;
     std::lock_guard<std::mutex> lock(g_labelsMutex);
-    g_labels[m_serial] = {m_serial, m_stream, m_ordinal, m_kind, m_name};
+    g_labels[m_serial] = {CudaStreamLabel{m_serial, m_stream, m_ordinal, m_kind, m_name, -1}, &dev};
 }
 
 CudaStream::~CudaStream() {
@@ -607,7 +612,11 @@ std::string noDeviceReason(cudaError_t err, int count) {
 std::vector<CudaStreamLabel> cudaStreamLabels() {
     std::lock_guard<std::mutex> lock(g_labelsMutex);
     std::vector<CudaStreamLabel> out;
-    for (const auto& [serial, l] : g_labels) out.push_back(l);
+    for (const auto& [serial, entry] : g_labels) {
+        out.push_back(entry.first);
+        const TraceTarget t = entry.second->traceTarget();
+        out.back().rank = t.recorder ? t.rank : -1;
+    }
     return out;
 }
 
@@ -658,7 +667,11 @@ Result<GpuTopology> probeGpuTopology() {
     return t;
 }
 
-Result<std::unique_ptr<Backend>> makeCudaBackend() {
+namespace {
+
+// The devices of makeCudaBackend (shared = 0: one per GPU) and makeSharedCudaBackend (`shared`
+// devices, device i on GPU i % count, managed memory).
+Result<std::unique_ptr<Backend>> makeCudaDevices(int shared) {
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) (void)cudaGetLastError();
@@ -669,7 +682,11 @@ Result<std::unique_ptr<Backend>> makeCudaBackend() {
         if (auto t = loadPeakFlopsTable(path)) peaks = std::move(*t);
 
     auto backend = std::make_unique<CudaBackend>();
-    for (int i = 0; i < count; ++i) {
+    const int devices = shared > 0 ? shared : count;
+    for (int d = 0; d < devices; ++d) {
+        const int i = d % count;
+        // Devices on GPU i: its memory is divided among them.
+        const int sharers = shared > 0 ? (devices - 1 - i) / count + 1 : 1;
         DeviceGuard g(i);
         if (!g.ok()) {
             (void)cudaGetLastError();
@@ -679,6 +696,12 @@ Result<std::unique_ptr<Backend>> makeCudaBackend() {
         }
         cudaDeviceProp prop{};
         TS_RETURN_IF_ERROR(fromCuda(cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties(" + std::to_string(i) + ")"));
+        if (shared > 0 && !prop.concurrentManagedAccess)
+            return Status::unsupported(
+                std::string("ranks sharing GPU ") + std::to_string(i) + " (" + prop.name +
+                ") reach each other's buffers through CUDA managed memory, and this GPU has no concurrent managed "
+                "access (Windows/WSL, or a GPU older than Pascal); give each rank its own GPU (unset "
+                "TS_CUDA_SHARE_GPUS) or use device_backend: cpu for the layout");
         DeviceInfo info;
         info.backend = BackendKind::Cuda;
         info.index = i;
@@ -689,8 +712,8 @@ Result<std::unique_ptr<Backend>> makeCudaBackend() {
         size_t freeB = 0, totalB = 0;
         // Creates the device's primary context (the first CUDA call that needs one).
         TS_RETURN_IF_ERROR(fromCuda(cudaMemGetInfo(&freeB, &totalB), "cudaMemGetInfo on " + info.name));
-        info.memoryTotal = int64_t(totalB);
-        info.memoryFree = int64_t(freeB);
+        info.memoryTotal = int64_t(totalB) / sharers;
+        info.memoryFree = int64_t(freeB) / sharers;
         if (peaks) {
             info.peakTflopsFp32 = peaks->lookup(info.name, "fp32").value_or(0.0);
             info.peakTflopsBf16 = peaks->lookup(info.name, "bf16").value_or(0.0);
@@ -698,9 +721,19 @@ Result<std::unique_ptr<Backend>> makeCudaBackend() {
         cudaStream_t allocStream = nullptr;
         TS_RETURN_IF_ERROR(fromCuda(cudaStreamCreateWithFlags(&allocStream, cudaStreamNonBlocking),
                                     "creating the allocation stream on " + info.name));
-        backend->m_devices.push_back(std::make_unique<CudaDevice>(std::move(info), allocStream));
+        backend->m_devices.push_back(std::make_unique<CudaDevice>(std::move(info), allocStream, shared > 0));
     }
     return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> makeCudaBackend() { return makeCudaDevices(0); }
+
+Result<std::unique_ptr<Backend>> makeSharedCudaBackend(int devices) {
+    if (devices < 1)
+        return Status::invalid("makeSharedCudaBackend: " + std::to_string(devices) + " devices; give at least 1");
+    return makeCudaDevices(devices);
 }
 
 }  // namespace ts::engine

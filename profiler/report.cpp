@@ -139,7 +139,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         return it != meta.end() && (it->second == "true" || it->second == "1");
     };
     if (flag("cuda_shared_gpus"))
-        caveats.push_back("the ranks shared GPUs (TS_CUDA_SHARE_GPUS=1) and their collectives went through host "
+        caveats.push_back("the ranks shared GPUs (cuda_share_gpus) and their collectives went through host "
                           "memory: the losses and memory are the layout's, the step times and communication are not");
     else if (flag("host_sync_collectives"))
         caveats.push_back("every collective held its rank's host until done (TS_HOST_SYNC_COLLECTIVES=1): nothing "

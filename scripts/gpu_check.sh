@@ -139,8 +139,9 @@ if [ "$quick" = 0 ] && [ -x "$bin/apps/trainscope" ] && [ "$(limit 120)" != 0 ];
     # Four ranks (TP 2 with SP, PP 2) on however many GPUs there are, sharing them: the CUDA paths
     # of a layout and the capture's per-rank tracks, end to end, on one GPU.
     echo "== trainscope run + analyze: tp2 pp2, the ranks sharing the GPUs"
-    within 120 env TS_CUDA_SHARE_GPUS=1 TS_CUDA_UNVERIFIED=1 "$bin/apps/trainscope" run resources/examples/small.yaml \
-        --steps 3 --set device_backend=cuda --set tensor_model_parallel_size=2 --set sequence_parallel=true \
+    within 120 env TS_CUDA_UNVERIFIED=1 "$bin/apps/trainscope" run resources/examples/small.yaml \
+        --steps 3 --set device_backend=cuda --set cuda_share_gpus=true --set tensor_model_parallel_size=2 \
+        --set sequence_parallel=true \
         --set pipeline_model_parallel_size=2 --run-file "$work/shared_cuda.tsrun" > "$work/run_shared.log" 2>&1 || status=1
     tail -2 "$work/run_shared.log"
     within 60 "$bin/apps/trainscope" analyze "$work/shared_cuda.tsrun" --step 2 > "$work/analyze_shared.txt" 2>&1 || status=1

@@ -46,7 +46,7 @@ namespace {
 constexpr const char* kCudaBackendStatus =
     "device_backend: cuda runs one rank on GPU 0 (checked against the CPU backend on an H200); layouts "
     "over several GPUs are not yet verified (TS_CUDA_UNVERIFIED=1 runs them, one rank per GPU; with "
-    "TS_CUDA_SHARE_GPUS=1 too, ranks share GPUs to check a layout's results)";
+    "cuda_share_gpus: true too, ranks share GPUs to check a layout's results)";
 
 int codeFor(const Status& s) { return exitCodeOf(s); }
 

@@ -240,9 +240,6 @@ std::vector<std::string> tpTopologyWarnings(const GpuTopology& t, const std::vec
 // CPU backend on a machine with several (TS_CUDA_UNVERIFIED=1, read once): the default of
 // TrainerOptions / ParallelTrainerOptions::allowUnverifiedCuda. One GPU needs no opt-in.
 bool unverifiedCudaRequested();
-// The environment asks for the ranks of a CUDA run to share the visible GPUs
-// (TS_CUDA_SHARE_GPUS=1, read once): the default of ParallelTrainerOptions::shareCudaGpus.
-bool sharedCudaGpusRequested();
 // The environment asks for host-synchronized collectives on every backend
 // (TS_HOST_SYNC_COLLECTIVES=1, read once): the default of
 // ParallelTrainerOptions::hostSyncCollectives, so the CPU suite can check the order a

@@ -630,11 +630,6 @@ bool unverifiedCudaRequested() {
     return requested;
 }
 
-bool sharedCudaGpusRequested() {
-    static const bool requested = envIsOne("TS_CUDA_SHARE_GPUS");
-    return requested;
-}
-
 bool hostSyncCollectivesRequested() {
     static const bool requested = envIsOne("TS_HOST_SYNC_COLLECTIVES");
     return requested;

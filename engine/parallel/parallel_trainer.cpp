@@ -179,18 +179,21 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     // Devices: one per local rank. CUDA: local rank i on GPU cudaDevices[i] (default GPU i), one
     // GPU each (NCCL refuses two members of a group on one GPU), unless the ranks share the GPUs.
     const bool cuda = c.device_backend == "cuda";
-    const bool sharedGpus = cuda && opts.shareCudaGpus;
+    // cuda_share_gpus: the local ranks share the visible GPUs, rank i on GPU i % count
+    // (makeSharedCudaBackend), and their groups are the in-process communicator, host-synchronized,
+    // instead of NCCL. Needs allowUnverifiedCuda for world size > 1, as any CUDA layout.
+    const bool sharedGpus = cuda && c.cuda_share_gpus;
     std::vector<int> deviceOf;  // local index -> device index of m_backend
     if (sharedGpus) {
         if (!opts.cudaDevices.empty())
-            return Status::invalid("ranks sharing the GPUs (TS_CUDA_SHARE_GPUS=1) are placed round-robin; give no "
+            return Status::invalid("ranks sharing the GPUs (cuda_share_gpus) are placed round-robin; give no "
                                    "cudaDevices with it");
         TS_ASSIGN_OR_RETURN(t->m_backend, makeSharedCudaBackend(int(local.size())));
         for (size_t i = 0; i < local.size(); ++i) deviceOf.push_back(int(i));
         int gpus = 0;  // devices are placed round-robin: the GPUs used are 0 .. the largest index
         for (int i = 0; i < t->m_backend->deviceCount(); ++i) gpus = std::max(gpus, t->m_backend->device(i).info().index + 1);
         t->m_warnings.push_back(std::to_string(local.size()) + " ranks share " + std::to_string(gpus) +
-                                " GPU(s) (TS_CUDA_SHARE_GPUS=1) and their collectives go through host memory: the "
+                                " GPU(s) (cuda_share_gpus) and their collectives go through host memory: the "
                                 "losses and memory are the layout's, the step times and communication are not");
     } else if (cuda) {
         TS_ASSIGN_OR_RETURN(t->m_backend, makeCudaBackend());
@@ -209,14 +212,14 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
                     std::to_string(n) + " GPU(s) are visible (GPU " + std::to_string(deviceOf[i]) +
                     " needed); make the parallel sizes multiply to at most " + std::to_string(n) +
                     ", or run several processes (mpirun -np <world_size>, one GPU each); to check the layout's "
-                    "results on these GPUs, set TS_CUDA_SHARE_GPUS=1 (ranks share GPUs, timings are not the "
+                    "results on these GPUs, set cuda_share_gpus: true (ranks share GPUs, timings are not the "
                     "layout's)");
             for (size_t j = 0; j < i; ++j)
                 if (deviceOf[j] == deviceOf[i])
                     return Status::invalid("local ranks " + std::to_string(local[j]) + " and " +
                                            std::to_string(local[i]) + " are both on GPU " +
                                            std::to_string(deviceOf[i]) +
-                                           "; NCCL needs one GPU per rank (TS_CUDA_SHARE_GPUS=1 lets ranks share "
+                                           "; NCCL needs one GPU per rank (cuda_share_gpus: true lets ranks share "
                                            "GPUs, without NCCL, to check a layout's results)");
         }
         // TP groups of this process's ranks, as GPUs: each should be inside one NVLink domain.
@@ -566,7 +569,7 @@ nlohmann::json ParallelTrainer::runMetadata() const {
     j["world"] = ds.world;
     // Several GPUs run only behind ParallelTrainerOptions::allowUnverifiedCuda (checkDeviceBackend).
     if (m_cfg.device_backend == "cuda" && ds.world > 1) j["cuda_unverified"] = true;
-    if (m_cfg.device_backend == "cuda" && m_opts.shareCudaGpus) j["cuda_shared_gpus"] = true;
+    if (m_cfg.device_backend == "cuda" && m_cfg.cuda_share_gpus) j["cuda_shared_gpus"] = true;
     if (m_opts.hostSyncCollectives) j["host_sync_collectives"] = true;
     j["tp"] = ds.tp;
     j["dp"] = ds.dp;

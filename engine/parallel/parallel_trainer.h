@@ -85,14 +85,8 @@ struct ParallelTrainerOptions {
     // device_backend: cuda: the GPU (CUDA ordinal) of each local rank, localRanks order; empty =
     // the i-th local rank on GPU i. One GPU per rank.
     std::vector<int> cudaDevices;
-    // device_backend: cuda: the local ranks share the visible GPUs (TS_CUDA_SHARE_GPUS=1): rank i
-    // on GPU i % count (makeSharedCudaBackend), the groups the in-process communicator,
-    // host-synchronized, instead of NCCL. It checks a layout's results on fewer GPUs than ranks
-    // (one GPU runs them all); its timings are not the layout's. Needs allowUnverifiedCuda for
-    // world size > 1, as any CUDA layout; cudaDevices must be empty. Metadata: cuda_shared_gpus.
-    bool shareCudaGpus = sharedCudaGpusRequested();
     // Every group's communicator host-synchronized (hostSynchronized, communicator.h) on any
-    // backend (TS_HOST_SYNC_COLLECTIVES=1); implied by shareCudaGpus on CUDA. Metadata:
+    // backend (TS_HOST_SYNC_COLLECTIVES=1); implied by the knob cuda_share_gpus. Metadata:
     // host_sync_collectives.
     bool hostSyncCollectives = hostSyncCollectivesRequested();
 };

@@ -692,7 +692,9 @@ TEST(CudaSharedBackend, RanksShareAGpuWithTheirOwnAccountingAndHostReachableBuff
     ASSERT_TRUE(be.isOk()) << be.status().toString();
     ASSERT_EQ((*be)->deviceCount(), 3);
     for (int i = 0; i < 3; ++i) EXPECT_EQ((*be)->device(i).info().index, i % gpus) << "device " << i;
-    if (gpus == 1) EXPECT_EQ((*be)->device(0).info().memoryTotal, gpuMemory / 3);
+    if (gpus == 1) {
+        EXPECT_EQ((*be)->device(0).info().memoryTotal, gpuMemory / 3);
+    }
     Device& a = (*be)->device(0);
     Device& b = (*be)->device(1);
     const int64_t bBefore = b.memoryStats().currentTotal;

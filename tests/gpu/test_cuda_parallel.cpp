@@ -4,7 +4,7 @@
 // the backends differ only in summation order (cuBLAS vs OpenBLAS, NCCL's ring vs the in-process
 // reduction) amplified by three Adam steps; the tolerances are first estimates, as in
 // test_cuda_trainer.cpp. A layout runs with NCCL when the machine has a GPU per rank; with fewer
-// its ranks share the GPUs (ParallelTrainerOptions::shareCudaGpus), so one GPU checks them all.
+// its ranks share the GPUs (the knob cuda_share_gpus), so one GPU checks them all.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,20 +74,21 @@ TEST(CudaParallelTrainer, LayoutsMatchTheCpuBackend) {
         k.knobs(c);
         const int world = deriveSizes(c).world;
         // A GPU per rank: NCCL between them. Fewer: the ranks share the GPUs, with the in-process
-        // communicator through managed memory (TS_CUDA_SHARE_GPUS), which checks every CUDA path
+        // communicator through managed memory (cuda_share_gpus), which checks every CUDA path
         // of the layout but NCCL's.
         ParallelTrainerOptions gpuOpts;
         gpuOpts.allowUnverifiedCuda = true;
-        gpuOpts.shareCudaGpus = world > gpus;
         gpuOpts.hostSyncCollectives = false;
-        const char* how = world == 1 ? "one GPU" : gpuOpts.shareCudaGpus ? "sharing the GPUs" : "NCCL, a GPU each";
+        const bool share = world > gpus;
+        const char* how = world == 1 ? "one GPU" : share ? "sharing the GPUs" : "NCCL, a GPU each";
         auto cpu = trainParallel(c, 3, "", "", nullptr, nullptr, cpuOpts);
         ASSERT_TRUE(cpu.isOk()) << k.name << ": " << cpu.status().toString();
         c.device_backend = "cuda";
+        c.cuda_share_gpus = share;
         std::unique_ptr<ParallelTrainer> keep;
         auto gpu = trainParallel(c, 3, "", "", nullptr, &keep, gpuOpts);
         ASSERT_TRUE(gpu.isOk()) << k.name << " on the GPUs (" << how << "): " << gpu.status().toString();
-        EXPECT_EQ(keep->runMetadata().value("cuda_shared_gpus", false), gpuOpts.shareCudaGpus) << k.name;
+        EXPECT_EQ(keep->runMetadata().value("cuda_shared_gpus", false), share) << k.name;
         keep.reset();
         ASSERT_EQ(gpu->losses.size(), cpu->losses.size());
         for (size_t s = 0; s < cpu->losses.size(); ++s) {
@@ -123,7 +124,6 @@ TEST(CudaParallelTrainer, TooFewGpusAndSharedGpusAreRefusedWithTheReason) {
     be->reset();
     ParallelTrainerOptions o;
     o.allowUnverifiedCuda = true;
-    o.shareCudaGpus = false;
     Config c = withLayout(tinyConfig(), {1, 1, 1, gpus + 1, 1});
     c.device_backend = "cuda";
     auto t = ParallelTrainer::create(c, nullptr, o);
@@ -132,7 +132,7 @@ TEST(CudaParallelTrainer, TooFewGpusAndSharedGpusAreRefusedWithTheReason) {
     EXPECT_NE(t.status().message().find(std::to_string(gpus) + " GPU(s) are visible"), std::string::npos)
         << t.status().message();
     EXPECT_NE(t.status().message().find("mpirun"), std::string::npos) << t.status().message();
-    EXPECT_NE(t.status().message().find("TS_CUDA_SHARE_GPUS=1"), std::string::npos) << t.status().message();
+    EXPECT_NE(t.status().message().find("cuda_share_gpus: true"), std::string::npos) << t.status().message();
 
     Config two = withLayout(tinyConfig(), {1, 1, 1, 2, 1});
     two.device_backend = "cuda";
@@ -142,7 +142,7 @@ TEST(CudaParallelTrainer, TooFewGpusAndSharedGpusAreRefusedWithTheReason) {
     EXPECT_NE(shared.status().message().find("both on GPU 0"), std::string::npos) << shared.status().message();
 
     // Asked to share, the ranks are placed round-robin: a placement of one's own is refused.
-    o.shareCudaGpus = true;
+    two.cuda_share_gpus = true;
     auto placed = ParallelTrainer::create(two, nullptr, o);
     ASSERT_FALSE(placed.isOk());
     EXPECT_NE(placed.status().message().find("give no cudaDevices"), std::string::npos) << placed.status().message();

@@ -271,7 +271,7 @@ TEST(CuptiConvert, DevicesMapToRanksAndEngineStreamsKeepTheirNames) {
     EXPECT_EQ(l[0].s.correlation, b[0].s.correlation);
 }
 
-// Ranks sharing a GPU (TS_CUDA_SHARE_GPUS): rankOfDevice can name one rank per device, so each
+// Ranks sharing a GPU (cuda_share_gpus): rankOfDevice can name one rank per device, so each
 // engine stream says which rank it works for, and its work goes to that rank's tracks.
 TEST(CuptiConvert, StreamsOfRanksSharingAGpuGoToTheirOwnRanks) {
     ActivityConverter::Options opt;

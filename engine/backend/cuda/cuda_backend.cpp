@@ -701,7 +701,7 @@ Result<std::unique_ptr<Backend>> makeCudaDevices(int shared) {
                 std::string("ranks sharing GPU ") + std::to_string(i) + " (" + prop.name +
                 ") reach each other's buffers through CUDA managed memory, and this GPU has no concurrent managed "
                 "access (Windows/WSL, or a GPU older than Pascal); give each rank its own GPU (unset "
-                "TS_CUDA_SHARE_GPUS) or use device_backend: cpu for the layout");
+                "cuda_share_gpus) or use device_backend: cpu for the layout");
         DeviceInfo info;
         info.backend = BackendKind::Cuda;
         info.index = i;

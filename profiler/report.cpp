@@ -144,6 +144,10 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     else if (flag("host_sync_collectives"))
         caveats.push_back("every collective held its rank's host until done (TS_HOST_SYNC_COLLECTIVES=1): nothing "
                           "overlapped communication, so step times are longer than the layout's");
+    if (auto it = meta.find("bf16_storage"); it != meta.end() && it->second == "fp32")
+        caveats.push_back("bf16 run whose activations and bf16 model copy are fp32 words holding bf16 values "
+                          "(emulated bf16 storage): their memory is about twice what Megatron-LM keeps for them; "
+                          "fp32 main params, grads and optimizer state are as Megatron's");
     if (flag("cuda_unverified"))
         caveats.push_back("a CUDA layout over several ranks (TS_CUDA_UNVERIFIED=1): not yet checked against the CPU "
                           "backend on a machine with several GPUs (docs/cuda_port.md)");

@@ -151,18 +151,30 @@ TEST(Report, CaveatsFromTheRunsMetadataComeFirst) {
         EXPECT_TRUE((*doc)["caveats"].empty());
         EXPECT_EQ(formatAnalysisText(*doc).find("caution:"), std::string::npos);
     }
+    {
+        // Host-synchronized collectives alone (the CPU suite's variant) are said too.
+        TraceBuilder b;
+        buildPipeline(b);
+        b.writer->metadata("host_sync_collectives", "true");
+        auto doc = analyzeRun(b.done(), AnalyzeOptions{});
+        ASSERT_TRUE(doc.isOk()) << doc.status().toString();
+        ASSERT_EQ((*doc)["caveats"].size(), 1u);
+        EXPECT_NE((*doc)["caveats"][0].get<std::string>().find("nothing overlapped"), std::string::npos);
+    }
     TraceBuilder b;
     buildPipeline(b);
     b.writer->metadata("cuda_shared_gpus", "true");
     b.writer->metadata("host_sync_collectives", "true");
     b.writer->metadata("cuda_unverified", "true");
+    b.writer->metadata("bf16_storage", "fp32");
     auto doc = analyzeRun(b.done(), AnalyzeOptions{});
     ASSERT_TRUE(doc.isOk()) << doc.status().toString();
     const auto& caveats = (*doc)["caveats"];
-    ASSERT_EQ(caveats.size(), 2u) << caveats.dump();  // sharing GPUs implies the host sync: said once
+    ASSERT_EQ(caveats.size(), 3u) << caveats.dump();  // sharing GPUs implies the host sync: said once
     EXPECT_NE(caveats[0].get<std::string>().find("shared GPUs"), std::string::npos) << caveats.dump();
     EXPECT_NE(caveats[0].get<std::string>().find("step times"), std::string::npos) << caveats.dump();
-    EXPECT_NE(caveats[1].get<std::string>().find("TS_CUDA_UNVERIFIED"), std::string::npos) << caveats.dump();
+    EXPECT_NE(caveats[1].get<std::string>().find("twice"), std::string::npos) << caveats.dump();
+    EXPECT_NE(caveats[2].get<std::string>().find("TS_CUDA_UNVERIFIED"), std::string::npos) << caveats.dump();
     const std::string text = formatAnalysisText(*doc);
     const size_t caution = text.find("caution: the ranks shared GPUs");
     ASSERT_NE(caution, std::string::npos) << text;

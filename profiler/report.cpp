@@ -139,8 +139,9 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         return it != meta.end() && (it->second == "true" || it->second == "1");
     };
     if (flag("cuda_shared_gpus"))
-        caveats.push_back("the ranks shared GPUs (cuda_share_gpus) and their collectives went through host "
-                          "memory: the losses and memory are the layout's, the step times and communication are not");
+        caveats.push_back("the ranks shared GPUs (cuda_share_gpus: threads of one process on the visible GPUs, "
+                          "collectives through host memory instead of NCCL): the losses and memory are the layout's, "
+                          "the step times and communication are not");
     else if (flag("host_sync_collectives"))
         caveats.push_back("every collective held its rank's host until done (TS_HOST_SYNC_COLLECTIVES=1): nothing "
                           "overlapped communication, so step times are longer than the layout's");

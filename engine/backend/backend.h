@@ -102,7 +102,8 @@ public:
 
 struct DeviceInfo {
     BackendKind backend = BackendKind::Cpu;
-    int index = 0;               // device index within the process
+    int index = 0;               // CPU: the virtual device; CUDA: the GPU's ordinal (ranks sharing a
+                                 // GPU, makeSharedCudaBackend, have the same)
     std::string name;            // "cpu:0 (virtual)", "NVIDIA H100 80GB HBM3"
     int64_t memoryTotal = 0;     // bytes (CPU: physical RAM / devices)
     int64_t memoryFree = 0;

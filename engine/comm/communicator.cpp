@@ -91,10 +91,17 @@ public:
 
 private:
     // A failed stream skips the op (the Stream contract) and keeps its error for the caller's
-    // next synchronize; the group's other members then fail with the world's abort.
+    // next synchronize. The members already waiting for this one would wait until the deadlock
+    // guard's timeout: abort the group's world with the error instead, so they fail at once.
     template <typename Op>
-    static void around(Stream& s, Op op) {
-        (void)s.synchronize();
+    void around(Stream& s, Op op) {
+        if (Status st = s.synchronize(); !st.isOk()) {
+            const std::vector<int> ranks = globalRanks();
+            const int me = rank() < int(ranks.size()) ? ranks[size_t(rank())] : rank();
+            m_inner->abort(st.withContext("rank " + std::to_string(me) + " failed before a collective of group '" +
+                                          name() + "'"));
+            return;
+        }
         op();
         (void)s.synchronize();
     }

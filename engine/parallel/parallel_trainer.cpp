@@ -182,9 +182,15 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     // cuda_share_gpus: the local ranks share the visible GPUs, rank i on GPU i % count
     // (makeSharedCudaBackend), and their groups are the in-process communicator, host-synchronized,
     // instead of NCCL. Needs allowUnverifiedCuda for world size > 1, as any CUDA layout.
-    const bool sharedGpus = cuda && c.cuda_share_gpus;
+    // One rank has nothing to share: the knob changes nothing then.
+    const bool sharedGpus = cuda && c.cuda_share_gpus && world > 1;
     std::vector<int> deviceOf;  // local index -> device index of m_backend
     if (sharedGpus) {
+        if (opts.makeGroup || int(local.size()) != world)
+            return Status::unsupported(
+                "cuda_share_gpus runs every rank as a thread of one process (their collectives go through its "
+                "memory), so it does not run under mpirun/srun; start `trainscope run` without a launcher, or drop "
+                "cuda_share_gpus to run one rank per GPU and process");
         if (!opts.cudaDevices.empty())
             return Status::invalid("ranks sharing the GPUs (cuda_share_gpus) are placed round-robin; give no "
                                    "cudaDevices with it");
@@ -192,9 +198,9 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         for (size_t i = 0; i < local.size(); ++i) deviceOf.push_back(int(i));
         int gpus = 0;  // devices are placed round-robin: the GPUs used are 0 .. the largest index
         for (int i = 0; i < t->m_backend->deviceCount(); ++i) gpus = std::max(gpus, t->m_backend->device(i).info().index + 1);
-        t->m_warnings.push_back(std::to_string(local.size()) + " ranks share " + std::to_string(gpus) +
-                                " GPU(s) (cuda_share_gpus) and their collectives go through host memory: the "
-                                "losses and memory are the layout's, the step times and communication are not");
+        t->m_warnings.push_back(std::to_string(local.size()) + " ranks on " + std::to_string(gpus) +
+                                " GPU(s) (cuda_share_gpus): their collectives go through host memory instead of NCCL; "
+                                "the losses and memory are the layout's, the step times and communication are not");
     } else if (cuda) {
         TS_ASSIGN_OR_RETURN(t->m_backend, makeCudaBackend());
         const int n = t->m_backend->deviceCount();
@@ -569,7 +575,7 @@ nlohmann::json ParallelTrainer::runMetadata() const {
     j["world"] = ds.world;
     // Several GPUs run only behind ParallelTrainerOptions::allowUnverifiedCuda (checkDeviceBackend).
     if (m_cfg.device_backend == "cuda" && ds.world > 1) j["cuda_unverified"] = true;
-    if (m_cfg.device_backend == "cuda" && m_cfg.cuda_share_gpus) j["cuda_shared_gpus"] = true;
+    if (m_cfg.device_backend == "cuda" && m_cfg.cuda_share_gpus && ds.world > 1) j["cuda_shared_gpus"] = true;
     if (m_opts.hostSyncCollectives) j["host_sync_collectives"] = true;
     j["tp"] = ds.tp;
     j["dp"] = ds.dp;

@@ -134,8 +134,9 @@ ActivityConverter::ActivityConverter(trace::Recorder& rec, const Options& option
 
 void ActivityConverter::bindHostThread(uint32_t threadId, uint32_t track) { m_hostTracks[threadId] = track; }
 
-void ActivityConverter::nameStream(uint32_t device, uint32_t stream, trace::TrackKind kind, std::string name) {
-    m_streamNames[(uint64_t(device) << 32) | stream] = {kind, std::move(name)};
+void ActivityConverter::nameStream(uint32_t device, uint32_t stream, trace::TrackKind kind, std::string name,
+                                   int32_t rank) {
+    m_streamNames[(uint64_t(device) << 32) | stream] = {kind, std::move(name), rank};
 }
 
 int32_t ActivityConverter::rankOfDevice(uint32_t device) const {
@@ -340,6 +341,7 @@ void ActivityConverter::flush() {
         d.rank = rankOfDevice(static_cast<uint32_t>(d.device));
         d.streamIndex = static_cast<int32_t>(key & 0xffffffffu);
         if (auto named = m_streamNames.find(key); named != m_streamNames.end()) {
+            if (named->second.rank >= 0) d.rank = named->second.rank;
             d.kind = named->second.kind;
             d.name = "rank " + std::to_string(d.rank) + " " + named->second.name;
             m_streamTracks.emplace(key, m_rec.track(d));

@@ -167,7 +167,8 @@ public:
     // kind named "rank R <name>", as the CPU backend names its streams ("rank 0 compute", "rank 0
     // dp_comm"), instead of a track named by stream id with its kind guessed from its content.
     // Takes effect for a stream whose track is not registered yet (before its first flush).
-    void nameStream(uint32_t device, uint32_t stream, trace::TrackKind kind, std::string name);
+    // `rank` >= 0: the stream works for that rank (ranks sharing a GPU); else rankOfDevice's.
+    void nameStream(uint32_t device, uint32_t stream, trace::TrackKind kind, std::string name, int32_t rank = -1);
     int32_t rankOfDevice(uint32_t device) const;
 
     // Staging (no rows written yet). Records may come in any order and from several buffers.
@@ -207,6 +208,7 @@ private:
     struct StreamName {
         trace::TrackKind kind;
         std::string name;
+        int32_t rank = -1;
     };
     std::map<uint64_t, StreamName> m_streamNames;  // device << 32 | stream
     // add() may run on CUPTI's thread while the owner uses the recorder: names are interned

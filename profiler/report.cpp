@@ -131,6 +131,28 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         doc["run"] = json::object();
     }
     doc["run"]["file"] = store.path();
+    // What the run's numbers are not, from its metadata (the text and the workbench show these
+    // before the numbers).
+    json caveats = json::array();
+    auto flag = [&](const char* key) {
+        auto it = meta.find(key);
+        return it != meta.end() && (it->second == "true" || it->second == "1");
+    };
+    if (flag("cuda_shared_gpus"))
+        caveats.push_back("the ranks shared GPUs (cuda_share_gpus: threads of one process on the visible GPUs, "
+                          "collectives through host memory instead of NCCL): the losses and memory are the layout's, "
+                          "the step times and communication are not");
+    else if (flag("host_sync_collectives"))
+        caveats.push_back("every collective held its rank's host until done (TS_HOST_SYNC_COLLECTIVES=1): nothing "
+                          "overlapped communication, so step times are longer than the layout's");
+    if (auto it = meta.find("bf16_storage"); it != meta.end() && it->second == "fp32")
+        caveats.push_back("bf16 run whose activations and bf16 model copy are fp32 words holding bf16 values "
+                          "(emulated bf16 storage): their memory is about twice what Megatron-LM keeps for them; "
+                          "fp32 main params, grads and optimizer state are as Megatron's");
+    if (flag("cuda_unverified"))
+        caveats.push_back("a CUDA layout over several ranks (TS_CUDA_UNVERIFIED=1): not yet checked against the CPU "
+                          "backend on a machine with several GPUs (docs/cuda_port.md)");
+    doc["caveats"] = caveats;
     json defs = json::object();
     for (auto& [k, v] : kDefinitions) defs[k] = v;
     doc["definitions"] = defs;
@@ -421,7 +443,9 @@ std::string formatAnalysisText(const json& doc) {
     o << "run " << run.value("name", std::string()) << " (" << run.value("file", std::string()) << ")";
     if (doc.value("definitions_set", std::string()) == "hta") o << "  definitions: HTA's defaults";
     if (!run.value("layout", std::string()).empty()) o << "  layout " << run.value("layout", std::string());
-    o << "  world " << doc.value("world_size", 0) << "\n\n";
+    o << "  world " << doc.value("world_size", 0) << "\n";
+    for (const auto& c : doc.value("caveats", json::array())) o << "caution: " << c.get<std::string>() << "\n";
+    o << "\n";
 
     const json steps = doc.value("steps", json::array());
     for (const auto& s : steps) {

@@ -4,7 +4,7 @@
 # CudaTrainer: the single-device trainer on GPU 0 against the CPU backend), one test suite per
 # process under its own time limit, then a user's path end to end (`trainscope run` of
 # resources/examples/small.yaml on GPU 0 with the CUPTI capture on, and `trainscope analyze` of its
-# run file), then the speed checks (bench_gpu_step: step time, MFU and peak memory of the small and
+# run file; once more as TP 2 x PP 2 with the four ranks sharing the GPUs), then the speed checks (bench_gpu_step: step time, MFU and peak memory of the small and
 # the ~1.3B GPT, bf16 and FP8, flash attention and, once, the probabilities kept).
 # Logs, the tests' JSON reports and the benchmarks' JSON lines go into one tarball,
 # gpu_check.tar.gz, in $OUT (the device tool's output folder, which brings back few files), else in
@@ -134,6 +134,19 @@ if [ "$quick" = 0 ] && [ -x "$bin/apps/trainscope" ] && [ "$(limit 120)" != 0 ];
     tail -2 "$work/run.log"
     within 60 "$bin/apps/trainscope" analyze "$runfile" --step 3 > "$work/analyze.txt" 2>&1 || status=1
     sed -n '/^step 3/,/^  critical/p; /^MFU inputs/p' "$work/analyze.txt"
+fi
+if [ "$quick" = 0 ] && [ -x "$bin/apps/trainscope" ] && [ "$(limit 120)" != 0 ]; then
+    # Four ranks (TP 2 with SP, PP 2) on however many GPUs there are, sharing them: the CUDA paths
+    # of a layout and the capture's per-rank tracks, end to end, on one GPU.
+    echo "== trainscope run + analyze: tp2 pp2, the ranks sharing the GPUs"
+    within 120 env TS_CUDA_UNVERIFIED=1 "$bin/apps/trainscope" run resources/examples/small.yaml \
+        --steps 3 --set device_backend=cuda --set cuda_share_gpus=true --set tensor_model_parallel_size=2 \
+        --set sequence_parallel=true \
+        --set pipeline_model_parallel_size=2 --run-file "$work/shared_cuda.tsrun" > "$work/run_shared.log" 2>&1 || status=1
+    tail -2 "$work/run_shared.log"
+    within 60 "$bin/apps/trainscope" analyze "$work/shared_cuda.tsrun" --step 2 > "$work/analyze_shared.txt" 2>&1 || status=1
+    sed -n '1,/^step 2/p' "$work/analyze_shared.txt" | grep -E '^run|^caution'
+    sed -n '/^step 2/,/^  critical/p' "$work/analyze_shared.txt"
 fi
 if [ "$bench" = 1 ] && [ "$quick" = 0 ] && [ -x "$bin/apps/trainscope" ] && [ "$(limit 150)" != 0 ]; then
     # Where the ~1.3B GPT's step goes: its last step's kernel mix, as `trainscope analyze` shows it.

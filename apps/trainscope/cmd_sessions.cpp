@@ -45,7 +45,8 @@ namespace {
 // Said wherever CUDA devices are listed until layouts over several GPUs have been checked.
 constexpr const char* kCudaBackendStatus =
     "device_backend: cuda runs one rank on GPU 0 (checked against the CPU backend on an H200); layouts "
-    "over several GPUs are not yet verified (TS_CUDA_UNVERIFIED=1 runs them, one rank per GPU)";
+    "over several GPUs are not yet verified (TS_CUDA_UNVERIFIED=1 runs them, one rank per GPU; with "
+    "cuda_share_gpus: true too, ranks share GPUs to check a layout's results)";
 
 int codeFor(const Status& s) { return exitCodeOf(s); }
 

@@ -118,7 +118,8 @@ const std::vector<Command>& commands() {
          "train a model with the config's layout and knobs; stores the run in the workspace. Under "
          "`mpirun -np N` or `srun -n N` each process runs one rank and one run file holds every rank. "
          "device_backend: cuda runs one rank per GPU, NCCL between them (several GPUs not yet verified: "
-         "TS_CUDA_UNVERIFIED=1), and traces the GPUs' kernels with CUPTI", cmdRun},
+         "TS_CUDA_UNVERIFIED=1; the knob cuda_share_gpus puts several ranks on one GPU to check a layout's "
+         "results), and traces the GPUs' kernels with CUPTI", cmdRun},
         {"knobs", "knobs [--json | --markdown] [--group GROUP]",
          "list every tunable knob: type, default, group, Megatron-LM flag, Bridge path, help", cmdKnobs},
         {"validate", "validate CONFIG.yaml [CONFIG.yaml ...]",

@@ -42,7 +42,7 @@ std::unique_ptr<GpuCapture> GpuCapture::start(trace::Recorder& rec,
     o.streams = [] {
         std::vector<CuptiCollector::StreamLabel> out;
         for (const engine::CudaStreamLabel& l : engine::cudaStreamLabels())
-            out.push_back({l.serial, l.stream, l.device, l.kind, l.name});
+            out.push_back({l.serial, l.stream, l.device, l.kind, l.name, l.rank});
         return out;
     };
     auto c = CuptiCollector::start(rec, o);

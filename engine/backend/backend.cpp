@@ -71,6 +71,8 @@ Result<std::unique_ptr<Backend>> makeCudaBackend() {
         "TS_ENABLE_CUDA=ON); use device_backend: cpu");
 }
 
+Result<std::unique_ptr<Backend>> makeSharedCudaBackend(int) { return makeCudaBackend().status(); }
+
 Result<GpuTopology> probeGpuTopology() { return makeCudaBackend().status(); }
 #endif
 

@@ -102,7 +102,8 @@ public:
 
 struct DeviceInfo {
     BackendKind backend = BackendKind::Cpu;
-    int index = 0;               // device index within the process
+    int index = 0;               // CPU: the virtual device; CUDA: the GPU's ordinal (ranks sharing a
+                                 // GPU, makeSharedCudaBackend, have the same)
     std::string name;            // "cpu:0 (virtual)", "NVIDIA H100 80GB HBM3"
     int64_t memoryTotal = 0;     // bytes (CPU: physical RAM / devices)
     int64_t memoryFree = 0;
@@ -198,6 +199,15 @@ bool emulatedDeviceRequested();
 // with the cause and what to do, when not built with CUDA, without a driver, or when no device
 // is visible (none installed, CUDA_VISIBLE_DEVICES empty).
 Result<std::unique_ptr<Backend>> makeCudaBackend();
+// CUDA backend of `devices` Devices over the visible GPUs, device i on GPU i % count: several
+// ranks on one GPU, to check a layout on fewer GPUs than it has ranks (NCCL refuses two members of
+// one group on a GPU). Each Device keeps its own caching allocator, accounting and streams, as a
+// rank's GPU would; its memory total is its GPU's divided among the devices on it. Buffers are
+// CUDA managed memory, so the in-process communicator reaches them from the host once the stream
+// that wrote them has finished (hostSynchronized, communicator.h). Timings of such a run are not
+// a real layout's: the ranks share the GPU, and collectives go through host memory. Unsupported
+// where makeCudaBackend is, for devices < 1, and on a GPU without concurrent managed access.
+Result<std::unique_ptr<Backend>> makeSharedCudaBackend(int devices);
 
 // How the visible GPUs reach each other, from the CUDA runtime's peer attributes (NVML is not
 // used: the toolkit ships no header for it and the driver's library may be absent). Link kinds,
@@ -231,5 +241,10 @@ std::vector<std::string> tpTopologyWarnings(const GpuTopology& t, const std::vec
 // CPU backend on a machine with several (TS_CUDA_UNVERIFIED=1, read once): the default of
 // TrainerOptions / ParallelTrainerOptions::allowUnverifiedCuda. One GPU needs no opt-in.
 bool unverifiedCudaRequested();
+// The environment asks for host-synchronized collectives on every backend
+// (TS_HOST_SYNC_COLLECTIVES=1, read once): the default of
+// ParallelTrainerOptions::hostSyncCollectives, so the CPU suite can check the order a
+// shared-GPU run (which always synchronizes) puts collectives in.
+bool hostSyncCollectivesRequested();
 
 }  // namespace ts::engine

@@ -618,19 +618,25 @@ bool isEmulatedHostView(const void* p) { return slotOfHost(reinterpret_cast<uint
 
 std::unique_ptr<Backend> makeEmulatedDeviceBackend(int devices) { return std::make_unique<EmuBackend>(devices); }
 
+namespace {
+bool envIsOne(const char* name) {
+    const char* v = std::getenv(name);
+    return v && std::strcmp(v, "1") == 0;
+}
+}  // namespace
+
 bool unverifiedCudaRequested() {
-    static const bool requested = [] {
-        const char* v = std::getenv("TS_CUDA_UNVERIFIED");
-        return v && std::strcmp(v, "1") == 0;
-    }();
+    static const bool requested = envIsOne("TS_CUDA_UNVERIFIED");
+    return requested;
+}
+
+bool hostSyncCollectivesRequested() {
+    static const bool requested = envIsOne("TS_HOST_SYNC_COLLECTIVES");
     return requested;
 }
 
 bool emulatedDeviceRequested() {
-    static const bool requested = [] {
-        const char* v = std::getenv("TS_EMULATE_DEVICE");
-        return v && std::strcmp(v, "1") == 0;
-    }();
+    static const bool requested = envIsOne("TS_EMULATE_DEVICE");
     return requested;
 }
 

@@ -100,6 +100,17 @@ public:
     virtual void abort(const Status& why) = 0;
 };
 
+// `inner` with every op complete when the call returns: the op first waits for everything
+// submitted to its stream before it, runs, and is waited for. For ranks that share a GPU
+// (makeSharedCudaBackend): there the in-process communicator's op runs at submit, on the calling
+// thread, and reads and writes managed memory from the host, so the kernels that wrote its
+// buffers must have finished and the kernels after it must not start before it has. Every op
+// then holds its rank's host thread until the whole group has come, so the order in which a
+// rank's host issues ops of different groups (and streams) matters, as for blocking
+// collectives: TS_HOST_SYNC_COLLECTIVES=1 uses this wrapper on the CPU and emulated backends too,
+// which is how the suite checks that the engine's order has no cycle.
+std::unique_ptr<Communicator> hostSynchronized(std::unique_ptr<Communicator> inner);
+
 // Where a process's communicators come from: the in-process CommWorld (CPU and emulated
 // devices) or the NCCL world of one process's rank threads (CUDA). join(): the communicator of
 // `globalRank` in the group `name` whose members are `ranks` (global ranks, group order); the

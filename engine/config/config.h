@@ -198,6 +198,7 @@ struct Config {
     std::string data_path = "";      // "" = shipped corpus; "synthetic"; or Megatron .bin/.idx prefix
     std::string tokenizer_type = "byte";  // byte | bpe
     std::string device_backend = "cpu";   // cpu | cuda
+    bool cuda_share_gpus = false;    // cuda: the ranks share the visible GPUs (checks, not timings)
     int cpu_threads = 0;             // GEMM threads per rank on the CPU backend; 0 = auto
     int log_interval = 100;
     std::string save = "";           // checkpoint dir ("" = none)

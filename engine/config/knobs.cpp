@@ -712,7 +712,14 @@ std::vector<KnobDef> buildRegistry() {
     r.e("device_backend", &C::device_backend, {"cpu", "cuda"}, "", "",
         "Device backend that runs the ranks. cuda: one rank trains on GPU 0 (checked against the CPU backend on "
         "an H200); layouts over several GPUs (one rank per GPU, NCCL between them; mpirun: one process per GPU) "
-        "have not yet run on a machine with several, so a run refuses them unless TS_CUDA_UNVERIFIED=1.");
+        "have not yet run on a machine with several, so a run refuses them unless TS_CUDA_UNVERIFIED=1. "
+        "cuda_share_gpus runs a layout's ranks on fewer GPUs to check its results.");
+    rules(r.b("cuda_share_gpus", &C::cuda_share_gpus, "", "", "",
+              "device_backend: cuda: the ranks share the visible GPUs (rank i on GPU i % count, each with its own "
+              "memory accounting and streams) and their collectives go through host memory instead of NCCL, so a "
+              "layout's results (losses, weights, memory) can be checked on fewer GPUs than ranks, down to one. Its "
+              "step times and communication are not the layout's; analyze says so. Not a Megatron-LM option."),
+          "needs device_backend=cuda");
     r.i("cpu_threads", &C::cpu_threads, "", "", "GEMM threads per rank on the CPU backend; 0 = cores / ranks.");
     r.i("log_interval", &C::log_interval, "--log-interval", "logger.log_interval", "Steps between progress lines.");
     r.s("save", &C::save, "--save", "checkpoint.save", "Checkpoint directory to save to; \"\" = no checkpoints.");

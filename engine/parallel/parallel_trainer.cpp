@@ -177,10 +177,31 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         return Status::invalid("a process running " + std::to_string(local.size()) + " of " + std::to_string(world) +
                                " ranks needs a group factory and a host gather (several processes)");
     // Devices: one per local rank. CUDA: local rank i on GPU cudaDevices[i] (default GPU i), one
-    // GPU each (NCCL refuses two members of a group on one GPU).
+    // GPU each (NCCL refuses two members of a group on one GPU), unless the ranks share the GPUs.
     const bool cuda = c.device_backend == "cuda";
+    // cuda_share_gpus: the local ranks share the visible GPUs, rank i on GPU i % count
+    // (makeSharedCudaBackend), and their groups are the in-process communicator, host-synchronized,
+    // instead of NCCL. Needs allowUnverifiedCuda for world size > 1, as any CUDA layout.
+    // One rank has nothing to share: the knob changes nothing then.
+    const bool sharedGpus = cuda && c.cuda_share_gpus && world > 1;
     std::vector<int> deviceOf;  // local index -> device index of m_backend
-    if (cuda) {
+    if (sharedGpus) {
+        if (opts.makeGroup || int(local.size()) != world)
+            return Status::unsupported(
+                "cuda_share_gpus runs every rank as a thread of one process (their collectives go through its "
+                "memory), so it does not run under mpirun/srun; start `trainscope run` without a launcher, or drop "
+                "cuda_share_gpus to run one rank per GPU and process");
+        if (!opts.cudaDevices.empty())
+            return Status::invalid("ranks sharing the GPUs (cuda_share_gpus) are placed round-robin; give no "
+                                   "cudaDevices with it");
+        TS_ASSIGN_OR_RETURN(t->m_backend, makeSharedCudaBackend(int(local.size())));
+        for (size_t i = 0; i < local.size(); ++i) deviceOf.push_back(int(i));
+        int gpus = 0;  // devices are placed round-robin: the GPUs used are 0 .. the largest index
+        for (int i = 0; i < t->m_backend->deviceCount(); ++i) gpus = std::max(gpus, t->m_backend->device(i).info().index + 1);
+        t->m_warnings.push_back(std::to_string(local.size()) + " ranks on " + std::to_string(gpus) +
+                                " GPU(s) (cuda_share_gpus): their collectives go through host memory instead of NCCL; "
+                                "the losses and memory are the layout's, the step times and communication are not");
+    } else if (cuda) {
         TS_ASSIGN_OR_RETURN(t->m_backend, makeCudaBackend());
         const int n = t->m_backend->deviceCount();
         deviceOf = opts.cudaDevices;
@@ -196,12 +217,16 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
                     " rank(s) (world_size " + std::to_string(world) + " = tp x cp x pp x dp), one GPU each, but " +
                     std::to_string(n) + " GPU(s) are visible (GPU " + std::to_string(deviceOf[i]) +
                     " needed); make the parallel sizes multiply to at most " + std::to_string(n) +
-                    ", or run several processes (mpirun -np <world_size>, one GPU each)");
+                    ", or run several processes (mpirun -np <world_size>, one GPU each); to check the layout's "
+                    "results on these GPUs, set cuda_share_gpus: true (ranks share GPUs, timings are not the "
+                    "layout's)");
             for (size_t j = 0; j < i; ++j)
                 if (deviceOf[j] == deviceOf[i])
                     return Status::invalid("local ranks " + std::to_string(local[j]) + " and " +
                                            std::to_string(local[i]) + " are both on GPU " +
-                                           std::to_string(deviceOf[i]) + "; NCCL needs one GPU per rank");
+                                           std::to_string(deviceOf[i]) +
+                                           "; NCCL needs one GPU per rank (cuda_share_gpus: true lets ranks share "
+                                           "GPUs, without NCCL, to check a layout's results)");
         }
         // TP groups of this process's ranks, as GPUs: each should be inside one NVLink domain.
         if (ds.tp > 1)
@@ -232,7 +257,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     copts.blockingJoins = opts.emulateDevice;
     // Groups: NCCL between the GPUs of this process; else (CPU, emulated devices, and as the
     // abort flag of a run whose groups come from opts.makeGroup) the in-process CommWorld.
-    if (cuda && !opts.makeGroup && world > 1) {
+    if (cuda && !sharedGpus && !opts.makeGroup && world > 1) {
 #ifdef TS_HAVE_NCCL
         std::vector<int> gpuOfRank(size_t(world), 0);
         for (size_t i = 0; i < local.size(); ++i)
@@ -246,6 +271,9 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     } else {
         t->m_world = std::make_unique<CommWorld>(world, copts);
     }
+    // Ranks sharing a GPU reach each other's managed memory from the host (hostSynchronized).
+    const bool hostSync = opts.hostSyncCollectives || sharedGpus;
+    t->m_opts.hostSyncCollectives = hostSync;
     t->m_lr = LrSchedule::fromConfig(c);
     t->m_numMicrobatches = ds.num_microbatches;
     t->m_globalBatch = ds.global_batch_size;
@@ -294,9 +322,10 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             if (members.size() < 2) return Status::ok();
             if (opts.makeGroup) {
                 TS_ASSIGN_OR_RETURN(out, opts.makeGroup(name, members, r));
-                return Status::ok();
+            } else {
+                TS_ASSIGN_OR_RETURN(out, t->m_world->join(name, members, r));
             }
-            TS_ASSIGN_OR_RETURN(out, t->m_world->join(name, members, r));
+            if (hostSync) out = hostSynchronized(std::move(out));
             return Status::ok();
         };
         TS_RETURN_IF_ERROR(join("tp", R->tpComm));
@@ -546,6 +575,8 @@ nlohmann::json ParallelTrainer::runMetadata() const {
     j["world"] = ds.world;
     // Several GPUs run only behind ParallelTrainerOptions::allowUnverifiedCuda (checkDeviceBackend).
     if (m_cfg.device_backend == "cuda" && ds.world > 1) j["cuda_unverified"] = true;
+    if (m_cfg.device_backend == "cuda" && m_cfg.cuda_share_gpus && ds.world > 1) j["cuda_shared_gpus"] = true;
+    if (m_opts.hostSyncCollectives) j["host_sync_collectives"] = true;
     j["tp"] = ds.tp;
     j["dp"] = ds.dp;
     // The unsharded count: every element once, from the rank the checkpoint takes it from (dense

@@ -85,6 +85,10 @@ struct ParallelTrainerOptions {
     // device_backend: cuda: the GPU (CUDA ordinal) of each local rank, localRanks order; empty =
     // the i-th local rank on GPU i. One GPU per rank.
     std::vector<int> cudaDevices;
+    // Every group's communicator host-synchronized (hostSynchronized, communicator.h) on any
+    // backend (TS_HOST_SYNC_COLLECTIVES=1); implied by the knob cuda_share_gpus. Metadata:
+    // host_sync_collectives.
+    bool hostSyncCollectives = hostSyncCollectivesRequested();
 };
 
 class ParallelTrainer {

@@ -99,6 +99,9 @@ nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double
     j["config"] = configToJson(c).dump();
     j["peak_tflops"] = peakTflops;
     j["data"] = data ? data->description() : std::string();
+    // bf16 values are kept in fp32 words (emulated bf16 storage, docs/engine.md "Precision"):
+    // `analyze` says what that does to the memory numbers.
+    if (c.bf16) j["bf16_storage"] = "fp32";
     return j;
 }
 

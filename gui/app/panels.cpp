@@ -292,6 +292,13 @@ AnalysisPanels::AnalysisPanels(QWidget* parent) : QTabWidget(parent) {
     setTabVisible(addTab(m_moe, QStringLiteral("MoE routing")), false);
     setTabVisible(addTab(m_fp8, QStringLiteral("FP8")), false);
     connect(m_memoryRank, &QComboBox::activated, this, [this](int) { loadMemory(m_memoryRank->currentData().toInt()); });
+    // What the run's numbers are not (ranks that shared GPUs, collectives held by the host): on
+    // every tab, in the tab bar's corner, the sentences in its tooltip and on the MFU tab.
+    m_caution = new QLabel(this);
+    m_caution->setObjectName(QStringLiteral("runCaution"));
+    m_caution->setStyleSheet(QStringLiteral("QLabel { color: #8a4b00; font-weight: bold; padding: 0 8px; }"));
+    m_caution->hide();
+    setCornerWidget(m_caution, Qt::TopRightCorner);
 }
 
 QWidget* AnalysisPanels::page(const QString& name) const {
@@ -341,6 +348,13 @@ void AnalysisPanels::setStep(int step) {
 void AnalysisPanels::rebuild() {
     m_summary = summarizeAnalysis(m_doc, m_step);
     const AnalysisSummary& s = m_summary;
+    QStringList cautions;
+    for (const QString& c : s.caveats) cautions << c;
+    m_caution->setText(cautions.isEmpty() ? QString()
+                       : cautions.size() == 1 ? QStringLiteral("\u26A0 Caution (hover; MFU tab)")
+                                              : QStringLiteral("\u26A0 %1 cautions (hover; MFU tab)").arg(cautions.size()));
+    m_caution->setToolTip(cautions.join(QStringLiteral("\n\n")));
+    m_caution->setVisible(!cautions.isEmpty());
     const QString stepsText = s.steps.empty() ? QStringLiteral("no steps")
                               : m_step >= 0 ? QStringLiteral("step %1").arg(m_step)
                                             : QStringLiteral("mean of steps %1–%2").arg(s.steps.front()).arg(s.steps.back());
@@ -465,7 +479,10 @@ void AnalysisPanels::rebuild() {
     }
     // MFU with its formula.
     {
-        QString html = QStringLiteral("<h3>MFU %1</h3>").arg(std::isnan(s.mfu) ? QStringLiteral("unknown (no peak for this device)") : formatPercent(s.mfu));
+        QString html;
+        for (const QString& c : s.caveats)
+            html += QStringLiteral("<p style='color:#8a4b00'><b>Caution:</b> %1</p>").arg(c.toHtmlEscaped());
+        html += QStringLiteral("<h3>MFU %1</h3>").arg(std::isnan(s.mfu) ? QStringLiteral("unknown (no peak for this device)") : formatPercent(s.mfu));
         html += QStringLiteral("<p>%1, %2</p>").arg(stepsText, s.steps.empty() ? QString() : QStringLiteral("step time %1").arg(formatDurationNs(s.stepTimeS * 1e9)));
         html += QStringLiteral("<table cellspacing=4>");
         auto row = [&html](const QString& k, const QString& v) { html += QStringLiteral("<tr><td><b>%1</b></td><td>%2</td></tr>").arg(k, v); };

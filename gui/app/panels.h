@@ -115,6 +115,7 @@ private:
     QChartView* m_categories;
     QTableWidget* m_kernels;
     QLabel* m_mfu;
+    QLabel* m_caution;  // tab bar corner: the run's caveats, when it has any
     QWidget* m_memoryPage;
     QWidget* m_kernelPage;
     MoePanel* m_moe;

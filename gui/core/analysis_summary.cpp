@@ -103,6 +103,8 @@ AnalysisSummary summarizeAnalysis(const json& doc, int step) {
     for (auto& [c, t] : cats) s.categories.push_back({c, t});
     std::sort(s.categories.begin(), s.categories.end(), [](const auto& a, const auto& b) { return a.totalS > b.totalS; });
 
+    for (const auto& c : arr(doc, "caveats"))
+        if (c.is_string()) s.caveats.push_back(QString::fromStdString(c.get<std::string>()));
     const json in = doc.is_object() && doc.contains("mfu_inputs") ? doc["mfu_inputs"] : json::object();
     s.device = str(in, "device");
     s.dtype = str(in, "dtype");

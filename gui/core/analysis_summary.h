@@ -55,6 +55,7 @@ struct AnalysisSummary {
     double peakTflopsPerDevice = NAN;
     int worldSize = 0, pp = 1;
     QString device, dtype, peakSource, flopsFormula, flopsSource;
+    std::vector<QString> caveats;    // what the run's numbers are not (the document's `caveats`)
     std::map<QString, QString> definitions;  // the document's own (one source with the CLI)
     QString definition(const QString& key) const;
 };

@@ -255,7 +255,7 @@ Status CuptiCollector::flush() {
         uint32_t id = 0;
         // Context NULL: CUPTI finds the stream's own.
         if (cuptiGetStreamIdEx(nullptr, static_cast<CUstream>(l.stream), 0, &id) == CUPTI_SUCCESS)
-            m->converter.nameStream(static_cast<uint32_t>(l.device), id, l.kind, l.name);
+            m->converter.nameStream(static_cast<uint32_t>(l.device), id, l.kind, l.name, l.rank);
     }
     m->converter.setClock(gpu::ClockAlignment::fromSamples(m->firstSample, now));
     m->converter.flush();

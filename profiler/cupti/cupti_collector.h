@@ -33,6 +33,7 @@ public:
         int32_t device = 0;
         trace::TrackKind kind = trace::TrackKind::Compute;
         std::string name;
+        int32_t rank = -1;  // the rank it works for; -1: Options::rankOfDevice decides
     };
     struct Options {
         int32_t rank = 0;

@@ -677,6 +677,47 @@ RunOutput runAll(int n, Backend& backend, bool host, const std::vector<Case>& ca
     return out;
 }
 
+// makeSharedCudaBackend: three ranks' devices over the visible GPUs (all on one GPU where there is
+// one), each with its own accounting; their managed buffers are reached from the host once their
+// stream is synchronized, and a kernel on one rank's stream reads what the host wrote into another
+// rank's buffer: the in-process communicator's way between ranks sharing a GPU.
+TEST(CudaSharedBackend, RanksShareAGpuWithTheirOwnAccountingAndHostReachableBuffers) {
+    auto one = makeCudaBackend();
+    if (!one) GTEST_SKIP() << "no CUDA backend: " << one.status().message();
+    const int gpus = (*one)->deviceCount();
+    const int64_t gpuMemory = (*one)->device(0).info().memoryTotal;
+    one->reset();
+    EXPECT_EQ(makeSharedCudaBackend(0).status().code(), ErrorCode::InvalidArgument);
+    auto be = makeSharedCudaBackend(3);
+    ASSERT_TRUE(be.isOk()) << be.status().toString();
+    ASSERT_EQ((*be)->deviceCount(), 3);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ((*be)->device(i).info().index, i % gpus) << "device " << i;
+    if (gpus == 1) {
+        EXPECT_EQ((*be)->device(0).info().memoryTotal, gpuMemory / 3);
+    }
+    Device& a = (*be)->device(0);
+    Device& b = (*be)->device(1);
+    const int64_t bBefore = b.memoryStats().currentTotal;
+    const int64_t n = 4099;
+    auto x = a.allocate(size_t(n) * 4, MemCategory::Activations);
+    auto y = b.allocate(size_t(n) * 4, MemCategory::Activations);
+    ASSERT_TRUE(x.isOk() && y.isOk());
+    EXPECT_EQ(b.memoryStats().currentTotal - bBefore, n * 4) << "device 0's buffer is not device 1's";
+    float* px = (*x)->as<float>();
+    float* py = (*y)->as<float>();
+    for (int64_t i = 0; i < n; ++i) px[i] = float(i % 97) - 48.f;  // the host writes rank 0's buffer
+    auto sb = b.createStream(trace::TrackKind::Compute, "compute");
+    sb->submit(OpDesc{"add"}, [&] {
+        kern::add(px, px, py, n);  // rank 1's stream: y = 2x
+        return Status::ok();
+    });
+    TS_ASSERT_OK(sb->synchronize());
+    int64_t wrong = -1;
+    for (int64_t i = 0; i < n && wrong < 0; ++i)
+        if (py[i] != 2.f * (float(i % 97) - 48.f)) wrong = i;  // the host reads rank 1's buffer
+    EXPECT_EQ(wrong, -1) << "y[" << wrong << "] = " << (wrong >= 0 ? py[wrong] : 0.f);
+}
+
 class NcclTest : public CudaBackendTest {
 protected:
     void SetUp() override {

@@ -3,8 +3,8 @@
 // in-process communicator): every step's loss and grad norm, and the gathered weights. fp32, so
 // the backends differ only in summation order (cuBLAS vs OpenBLAS, NCCL's ring vs the in-process
 // reduction) amplified by three Adam steps; the tolerances are first estimates, as in
-// test_cuda_trainer.cpp. A layout runs when the machine has a GPU per rank; one rank (world 1)
-// runs on any GPU, the others skip with the count they need.
+// test_cuda_trainer.cpp. A layout runs with NCCL when the machine has a GPU per rank; with fewer
+// its ranks share the GPUs (the knob cuda_share_gpus), so one GPU checks them all.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -68,22 +68,28 @@ TEST(CudaParallelTrainer, LayoutsMatchTheCpuBackend) {
     be->reset();
     ParallelTrainerOptions cpuOpts;
     cpuOpts.emulateDevice = false;
-    ParallelTrainerOptions gpuOpts;
-    gpuOpts.allowUnverifiedCuda = true;
-    std::vector<std::string> skipped;
+    cpuOpts.hostSyncCollectives = false;
     for (const Case& k : cases()) {
         Config c = withLayout(tinyConfig(), k.layout);
         k.knobs(c);
         const int world = deriveSizes(c).world;
-        if (world > gpus) {
-            skipped.push_back(k.name + " (" + std::to_string(world) + " GPUs)");
-            continue;
-        }
+        // A GPU per rank: NCCL between them. Fewer: the ranks share the GPUs, with the in-process
+        // communicator through managed memory (cuda_share_gpus), which checks every CUDA path
+        // of the layout but NCCL's.
+        ParallelTrainerOptions gpuOpts;
+        gpuOpts.allowUnverifiedCuda = true;
+        gpuOpts.hostSyncCollectives = false;
+        const bool share = world > gpus;
+        const char* how = world == 1 ? "one GPU" : share ? "sharing the GPUs" : "NCCL, a GPU each";
         auto cpu = trainParallel(c, 3, "", "", nullptr, nullptr, cpuOpts);
         ASSERT_TRUE(cpu.isOk()) << k.name << ": " << cpu.status().toString();
         c.device_backend = "cuda";
-        auto gpu = trainParallel(c, 3, "", "", nullptr, nullptr, gpuOpts);
-        ASSERT_TRUE(gpu.isOk()) << k.name << " on the GPUs: " << gpu.status().toString();
+        c.cuda_share_gpus = share;
+        std::unique_ptr<ParallelTrainer> keep;
+        auto gpu = trainParallel(c, 3, "", "", nullptr, &keep, gpuOpts);
+        ASSERT_TRUE(gpu.isOk()) << k.name << " on the GPUs (" << how << "): " << gpu.status().toString();
+        EXPECT_EQ(keep->runMetadata().value("cuda_shared_gpus", false), share) << k.name;
+        keep.reset();
         ASSERT_EQ(gpu->losses.size(), cpu->losses.size());
         for (size_t s = 0; s < cpu->losses.size(); ++s) {
             EXPECT_NEAR(gpu->losses[s], cpu->losses[s], 1e-5 * std::fabs(cpu->losses[s])) << k.name << ": step " << s + 1;
@@ -97,15 +103,8 @@ TEST(CudaParallelTrainer, LayoutsMatchTheCpuBackend) {
             EXPECT_LE(e, 1e-4) << k.name << ": " << name;
             worst = std::max(worst, e);
         }
-        std::printf("[cuda parallel] %s (world %d): loss %.9g (cpu %.9g), worst weight rel. diff %.3g\n",
-                    k.name.c_str(), world, gpu->losses.back(), cpu->losses.back(), worst);
-    }
-    if (!skipped.empty()) {
-        std::string list;
-        for (const auto& s : skipped) list += (list.empty() ? "" : ", ") + s;
-        if (skipped.size() == cases().size() - 1)
-            GTEST_SKIP() << "only the one-rank layout ran: " << gpus << " GPU(s) visible; not run: " << list;
-        std::printf("[cuda parallel] not run (%d GPU(s) visible): %s\n", gpus, list.c_str());
+        std::printf("[cuda parallel] %s (world %d, %s): loss %.9g (cpu %.9g), worst weight rel. diff %.3g\n",
+                    k.name.c_str(), world, how, gpu->losses.back(), cpu->losses.back(), worst);
     }
 }
 
@@ -133,6 +132,7 @@ TEST(CudaParallelTrainer, TooFewGpusAndSharedGpusAreRefusedWithTheReason) {
     EXPECT_NE(t.status().message().find(std::to_string(gpus) + " GPU(s) are visible"), std::string::npos)
         << t.status().message();
     EXPECT_NE(t.status().message().find("mpirun"), std::string::npos) << t.status().message();
+    EXPECT_NE(t.status().message().find("cuda_share_gpus: true"), std::string::npos) << t.status().message();
 
     Config two = withLayout(tinyConfig(), {1, 1, 1, 2, 1});
     two.device_backend = "cuda";
@@ -140,6 +140,12 @@ TEST(CudaParallelTrainer, TooFewGpusAndSharedGpusAreRefusedWithTheReason) {
     auto shared = ParallelTrainer::create(two, nullptr, o);
     ASSERT_FALSE(shared.isOk());
     EXPECT_NE(shared.status().message().find("both on GPU 0"), std::string::npos) << shared.status().message();
+
+    // Asked to share, the ranks are placed round-robin: a placement of one's own is refused.
+    two.cuda_share_gpus = true;
+    auto placed = ParallelTrainer::create(two, nullptr, o);
+    ASSERT_FALSE(placed.isOk());
+    EXPECT_NE(placed.status().message().find("give no cudaDevices"), std::string::npos) << placed.status().message();
 }
 
 }  // namespace

@@ -190,6 +190,16 @@ TEST(GuiAnalysisSummary, TopKernelsAreTheFirstRanksAndSayWhichRankThatIs) {
     EXPECT_EQ(s.topKernels[0].name.toStdString(), "void at::native::vectorized_elementwise_kernel<4>(int)");
 }
 
+TEST(GuiAnalysisSummary, CarriesTheRunsCaveats) {
+    json doc = {{"world_size", 4}, {"steps", json::array()}, {"ranks", json::array()}};
+    EXPECT_TRUE(summarizeAnalysis(doc).caveats.empty());
+    doc["caveats"] = json::array({"the ranks shared GPUs", "not yet checked"});
+    const AnalysisSummary s = summarizeAnalysis(doc);
+    ASSERT_EQ(s.caveats.size(), 2u);
+    EXPECT_EQ(s.caveats[0].toStdString(), "the ranks shared GPUs");
+    EXPECT_EQ(s.caveats[1].toStdString(), "not yet checked");
+}
+
 TEST(GuiLayoutGrid, MatchesMegatronRankOrder) {
     const LayoutGrid g = layoutGridOf({{"tensor_model_parallel_size", 2}, {"pipeline_model_parallel_size", 2}, {"data_parallel_size", 2}});
     ASSERT_TRUE(g.error.isEmpty()) << g.error.toStdString();

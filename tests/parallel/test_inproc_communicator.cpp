@@ -587,3 +587,128 @@ TEST(InprocComm, ALoneBlockingJoinTimesOutAndAnAbortWakesOne) {
 
 }  // namespace
 }  // namespace ts::engine
+
+// A stream with CUDA's execution model for communication: their fn runs at submit, on the calling
+// thread (CudaStream::submit), while other ops queue on a CPU stream. What the in-process
+// communicator meets on ranks that share a GPU.
+class RunAtSubmitStream final : public Stream {
+public:
+    explicit RunAtSubmitStream(std::unique_ptr<Stream> queue) : m_q(std::move(queue)) {}
+    void submit(const OpDesc& d, std::function<Status()> fn) override {
+        if (d.category != trace::Category::Collective && d.category != trace::Category::P2P) {
+            m_q->submit(d, std::move(fn));
+            return;
+        }
+        CurrentStreamScope scope(this);
+        if (Status st = fn(); !st.isOk() && m_error.isOk()) m_error = st;
+    }
+    void record(Event& e) override { m_q->record(e); }
+    void wait(Event& e) override { m_q->wait(e); }
+    Status synchronize() override {
+        Status s = m_q->synchronize();
+        return s.isOk() ? m_error : s;
+    }
+    void* native() override { return nullptr; }
+    trace::TrackKind kind() const override { return m_q->kind(); }
+    const std::string& name() const override { return m_q->name(); }
+
+private:
+    std::unique_ptr<Stream> m_q;
+    Status m_error;
+};
+
+// hostSynchronized (ranks sharing a GPU run the in-process op on the host, between kernels): the
+// op starts only after the work queued before it on its stream, and is done when the call returns,
+// without the caller synchronizing. Without the wrapper the read below would see the zeros the
+// slow fill has not yet overwritten.
+TEST(HostSynchronized, AnOpWaitsForItsStreamAndIsDoneOnReturn) {
+    Rig rig(2);
+    std::vector<std::unique_ptr<Communicator>> comms;
+    for (auto& c : rig.all(2)) comms.push_back(hostSynchronized(std::move(c)));
+    ASSERT_EQ(comms[1]->rank(), 1);
+    ASSERT_EQ(comms[0]->size(), 2);
+    EXPECT_EQ(comms[0]->name(), "world");
+    constexpr size_t n = 1000;
+    std::vector<std::vector<float>> bufs(2, std::vector<float>(n, 0.f));
+    std::vector<float> lo(2, -1.f), hi(2, -1.f);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+        threads.emplace_back([&, r] {
+            float* b = bufs[size_t(r)].data();
+            OpDesc fill;
+            fill.name = "slow fill";
+            rig.s(r).submit(fill, [b, r] {
+                std::this_thread::sleep_for(150ms);
+                std::fill(b, b + n, float(r + 1));
+                return Status::ok();
+            });
+            comms[size_t(r)]->allReduce(rig.s(r), b, b, n, DType::F32, ReduceOp::Sum);
+            lo[size_t(r)] = *std::min_element(b, b + n);
+            hi[size_t(r)] = *std::max_element(b, b + n);
+        });
+    for (auto& t : threads) t.join();
+    rig.syncAll();
+    for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(lo[size_t(r)], 3.f) << "rank " << r;
+        EXPECT_EQ(hi[size_t(r)], 3.f) << "rank " << r;
+    }
+    EXPECT_EQ(comms[0]->stats().ops, 1u);
+}
+
+// A member whose stream failed before the collective does not leave the others to the deadlock
+// guard: it aborts the group with its error, which the others' ops then name.
+TEST(HostSynchronized, AFailedStreamAbortsTheGroupWithItsError) {
+    Rig rig(2);
+    std::vector<std::unique_ptr<Communicator>> comms;
+    for (auto& c : rig.all(2)) comms.push_back(hostSynchronized(std::move(c)));
+    std::vector<float> a(8, 1.f), b(8, 1.f);
+    std::thread peer([&] { comms[1]->allReduce(rig.s(1), b.data(), b.data(), b.size(), DType::F32, ReduceOp::Sum); });
+    OpDesc bad;
+    bad.name = "bad kernel";
+    rig.s(0).submit(bad, [] { return Status::internal("illegal address"); });
+    comms[0]->allReduce(rig.s(0), a.data(), a.data(), a.size(), DType::F32, ReduceOp::Sum);
+    peer.join();
+    const Status mine = rig.sync(0), theirs = rig.sync(1);
+    EXPECT_NE(mine.message().find("illegal address"), std::string::npos) << mine.toString();
+    ASSERT_FALSE(theirs.isOk());
+    EXPECT_NE(theirs.message().find("rank 0 failed before a collective of group 'world'"), std::string::npos)
+        << theirs.toString();
+    EXPECT_NE(theirs.message().find("illegal address"), std::string::npos) << theirs.toString();
+}
+
+// Where the op runs at submit (CUDA), the wait before it is what keeps it from reading buffers the
+// stream's earlier work has not written yet: unwrapped, the same all-reduce sums the zeros.
+TEST(HostSynchronized, AnOpRunAtSubmitStartsAfterItsStreamsEarlierWork) {
+    for (const bool wrapped : {true, false}) {
+        Rig rig(2);
+        for (auto& s : rig.streams) s = std::make_unique<RunAtSubmitStream>(std::move(s));
+        std::vector<std::unique_ptr<Communicator>> comms;
+        for (auto& c : rig.all(2)) comms.push_back(wrapped ? hostSynchronized(std::move(c)) : std::move(c));
+        constexpr size_t n = 1000;
+        std::vector<std::vector<float>> send(2, std::vector<float>(n, 0.f)), recv(2, std::vector<float>(n, -1.f));
+        std::vector<std::thread> threads;
+        for (int r = 0; r < 2; ++r)
+            threads.emplace_back([&, r] {
+                float* b = send[size_t(r)].data();
+                OpDesc fill;
+                fill.name = "slow fill";
+                rig.s(r).submit(fill, [b, r] {
+                    std::this_thread::sleep_for(150ms);
+                    std::fill(b, b + n, float(r + 1));
+                    return Status::ok();
+                });
+                comms[size_t(r)]->allReduce(rig.s(r), b, recv[size_t(r)].data(), n, DType::F32, ReduceOp::Sum);
+            });
+        for (auto& t : threads) t.join();
+        rig.syncAll();
+        for (int r = 0; r < 2; ++r) {
+            const auto [lo, hi] = std::minmax_element(recv[size_t(r)].begin(), recv[size_t(r)].end());
+            if (wrapped) {
+                EXPECT_EQ(*lo, 3.f) << "rank " << r;
+                EXPECT_EQ(*hi, 3.f) << "rank " << r;
+            } else {
+                EXPECT_EQ(*hi, 0.f) << "rank " << r << ": the stream model no longer shows the hazard";
+            }
+        }
+    }
+}

@@ -7,6 +7,7 @@
 // rank that stops the whole run quickly with an error naming the rank and the op.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <chrono>
@@ -194,6 +195,75 @@ TEST(ParallelTrainer, RunsOnTheDeviceTheEnvironmentAsksFor) {
     auto t = engine::ParallelTrainer::create(c, nullptr);
     ASSERT_TRUE(t.isOk()) << t.status().toString();
     EXPECT_EQ((*t)->backend().kind(), emulate ? engine::BackendKind::EmulatedDevice : engine::BackendKind::Cpu);
+}
+
+// TS_HOST_SYNC_COLLECTIVES=1 (ctest parallel.HostSyncCollectives.Layouts reruns this suite so):
+// every communicator is host-synchronized, and the run says so in its metadata.
+TEST(ParallelTrainer, SynchronizesCollectivesWhenTheEnvironmentAsks) {
+    const char* env = std::getenv("TS_HOST_SYNC_COLLECTIVES");
+    const bool hostSync = env && std::string(env) == "1";
+    Config c = withLayout(tinyConfig(), {2, 1, 1, 1, 1});
+    auto t = engine::ParallelTrainer::create(c, nullptr);
+    ASSERT_TRUE(t.isOk()) << t.status().toString();
+    EXPECT_EQ((*t)->runMetadata().value("host_sync_collectives", false), hostSync);
+}
+
+// Communication ops of a traced run still executing when their rank's host launched its next op
+// (the launch after the op's own, on the same host track; execution and launch slices share the
+// correlation id). Host-synchronized collectives leave none.
+int commOpsOverlappingTheNextLaunch(const test::FakeRecorder& rec) {
+    std::map<uint64_t, const trace::Slice*> launchOf;
+    std::map<uint32_t, std::vector<const trace::Slice*>> launches;  // host track -> by start
+    for (const trace::Slice& s : rec.slices)
+        if (s.category == trace::Category::Launch) {
+            launchOf[s.correlation] = &s;
+            launches[s.track].push_back(&s);
+        }
+    for (auto& [track, v] : launches)
+        std::sort(v.begin(), v.end(), [](const trace::Slice* a, const trace::Slice* b) { return a->startNs < b->startNs; });
+    int overlapping = 0;
+    for (const trace::Slice& s : rec.slices) {
+        if (s.category != trace::Category::Collective && s.category != trace::Category::P2P) continue;
+        auto l = launchOf.find(s.correlation);
+        if (l == launchOf.end()) continue;
+        const trace::Slice& mine = *l->second;
+        for (const trace::Slice* next : launches[mine.track])
+            if (next->startNs > mine.startNs + mine.durNs) {
+                if (next->startNs < s.startNs + s.durNs) ++overlapping;
+                break;
+            }
+    }
+    return overlapping;
+}
+
+// Host-synchronized collectives (what ranks sharing a GPU use) change when each op runs, not what
+// it computes: a layout with overlapped data-parallel reduction and gathers, sequence parallel TP
+// and a pipeline gives the same run bit for bit, and no rank waits on another in a cycle. The
+// trace shows the change: every communication op has ended before its rank's host launches the
+// next op, which the asynchronous run's do not.
+TEST(ParallelTrainer, HostSynchronizedCollectivesGiveTheSameRun) {
+    Config c = withLayout(tinyConfig(), {2, 2, 1, 2, 4});
+    c.sequence_parallel = true;
+    c.use_distributed_optimizer = true;
+    c.overlap_grad_reduce = true;
+    c.overlap_param_gather = true;
+    engine::ParallelTrainerOptions plain;
+    plain.hostSyncCollectives = false;
+    engine::ParallelTrainerOptions synced;
+    synced.hostSyncCollectives = true;
+    std::unique_ptr<ParallelTrainer> keep;
+    test::FakeRecorder plainTrace, syncedTrace;
+    auto a = trainParallel(c, 2, "", "", &plainTrace, nullptr, plain);
+    ASSERT_TRUE(a.isOk()) << a.status().toString();
+    auto b = trainParallel(c, 2, "", "", &syncedTrace, &keep, synced);
+    ASSERT_TRUE(b.isOk()) << b.status().toString();
+    EXPECT_TRUE(keep->runMetadata().value("host_sync_collectives", false));
+    keep.reset();
+    EXPECT_GT(commOpsOverlappingTheNextLaunch(plainTrace), 0) << "the check cannot tell the two apart";
+    EXPECT_EQ(commOpsOverlappingTheNextLaunch(syncedTrace), 0);
+    EXPECT_EQ(b->losses, a->losses);
+    EXPECT_EQ(b->gradNorms, a->gradNorms);
+    for (const auto& [name, w] : a->params) EXPECT_EQ(b->params.at(name), w) << name;
 }
 
 TEST(ParallelTrainer, ReplicasStayIdentical) {

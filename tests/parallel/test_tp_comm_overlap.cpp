@@ -144,7 +144,11 @@ struct TpTrace {
 TpTrace traceOneStep(const Config& c) {
     test::FakeRecorder rec;
     {
-        auto t = ParallelTrainer::create(c, &rec);
+        // Overlap is what this measures: never host-synchronized (TS_HOST_SYNC_COLLECTIVES=1
+        // serializes communication with compute by design).
+        engine::ParallelTrainerOptions opts;
+        opts.hostSyncCollectives = false;
+        auto t = ParallelTrainer::create(c, &rec, opts);
         EXPECT_TRUE(t.isOk()) << t.status().toString();
         if (!t.isOk()) return {};
         EXPECT_TRUE(t.value()->train(1).isOk());

@@ -271,6 +271,34 @@ TEST(CuptiConvert, DevicesMapToRanksAndEngineStreamsKeepTheirNames) {
     EXPECT_EQ(l[0].s.correlation, b[0].s.correlation);
 }
 
+// Ranks sharing a GPU (cuda_share_gpus): rankOfDevice can name one rank per device, so each
+// engine stream says which rank it works for, and its work goes to that rank's tracks.
+TEST(CuptiConvert, StreamsOfRanksSharingAGpuGoToTheirOwnRanks) {
+    ActivityConverter::Options opt;
+    opt.rank = 0;
+    opt.rankOfDevice = {2};  // the last rank placed on GPU 0
+    Fixture f(opt);
+    f.conv->nameStream(0, 13, TrackKind::Compute, "compute", 0);
+    f.conv->nameStream(0, 14, TrackKind::Compute, "compute", 1);
+    f.conv->nameStream(0, 15, TrackKind::Comm, "dp_comm", 2);
+    f.conv->add(kernel("gemm_r0", 13, 100, 200, 1, 0));
+    f.conv->add(kernel("gemm_r1", 14, 100, 200, 2, 0));
+    f.conv->add(kernel("reduce_r2", 15, 100, 200, 3, 0));
+    f.finish();
+    auto r0 = f.named("gemm_r0"), r1 = f.named("gemm_r1"), r2 = f.named("reduce_r2");
+    ASSERT_EQ(r0.size(), 1u);
+    ASSERT_EQ(r1.size(), 1u);
+    ASSERT_EQ(r2.size(), 1u);
+    EXPECT_EQ(r0[0].track.name, "rank 0 compute");
+    EXPECT_EQ(r0[0].track.rank, 0);
+    EXPECT_EQ(r1[0].track.name, "rank 1 compute");
+    EXPECT_EQ(r1[0].track.rank, 1);
+    EXPECT_EQ(r2[0].track.name, "rank 2 dp_comm");
+    EXPECT_EQ(r2[0].track.rank, 2);
+    EXPECT_EQ(r0[0].track.device, 0);
+    EXPECT_EQ(r1[0].track.device, 0);
+}
+
 TEST(CuptiConvert, OverlappingKernelsOnTwoStreamsGiveHtaOverlap) {
     Fixture f;
     // compute (stream 7): [0,100) [150,250); NCCL (stream 20): [50,200).

@@ -138,6 +138,49 @@ TEST(Report, OverlapShareOfARankWithoutCommunicationIsUnknown) {
     EXPECT_FALSE(std::regex_search(text, std::regex("\\bnan\\b"))) << text;
 }
 
+// The run's metadata says what its numbers are not: ranks sharing GPUs, host-synchronized
+// collectives, an unverified CUDA layout; the text report prints each before the steps. An
+// ordinary run has none.
+TEST(Report, CaveatsFromTheRunsMetadataComeFirst) {
+    {
+        TraceBuilder b;
+        buildPipeline(b);
+        auto doc = analyzeRun(b.done(), AnalyzeOptions{});
+        ASSERT_TRUE(doc.isOk()) << doc.status().toString();
+        EXPECT_TRUE((*doc)["caveats"].is_array());
+        EXPECT_TRUE((*doc)["caveats"].empty());
+        EXPECT_EQ(formatAnalysisText(*doc).find("caution:"), std::string::npos);
+    }
+    {
+        // Host-synchronized collectives alone (the CPU suite's variant) are said too.
+        TraceBuilder b;
+        buildPipeline(b);
+        b.writer->metadata("host_sync_collectives", "true");
+        auto doc = analyzeRun(b.done(), AnalyzeOptions{});
+        ASSERT_TRUE(doc.isOk()) << doc.status().toString();
+        ASSERT_EQ((*doc)["caveats"].size(), 1u);
+        EXPECT_NE((*doc)["caveats"][0].get<std::string>().find("nothing overlapped"), std::string::npos);
+    }
+    TraceBuilder b;
+    buildPipeline(b);
+    b.writer->metadata("cuda_shared_gpus", "true");
+    b.writer->metadata("host_sync_collectives", "true");
+    b.writer->metadata("cuda_unverified", "true");
+    b.writer->metadata("bf16_storage", "fp32");
+    auto doc = analyzeRun(b.done(), AnalyzeOptions{});
+    ASSERT_TRUE(doc.isOk()) << doc.status().toString();
+    const auto& caveats = (*doc)["caveats"];
+    ASSERT_EQ(caveats.size(), 3u) << caveats.dump();  // sharing GPUs implies the host sync: said once
+    EXPECT_NE(caveats[0].get<std::string>().find("shared GPUs"), std::string::npos) << caveats.dump();
+    EXPECT_NE(caveats[0].get<std::string>().find("step times"), std::string::npos) << caveats.dump();
+    EXPECT_NE(caveats[1].get<std::string>().find("twice"), std::string::npos) << caveats.dump();
+    EXPECT_NE(caveats[2].get<std::string>().find("TS_CUDA_UNVERIFIED"), std::string::npos) << caveats.dump();
+    const std::string text = formatAnalysisText(*doc);
+    const size_t caution = text.find("caution: the ranks shared GPUs");
+    ASSERT_NE(caution, std::string::npos) << text;
+    EXPECT_LT(caution, text.find("step 1:")) << text;
+}
+
 TEST(Report, PeakTableLookupAndErrors) {
     std::string path = std::filesystem::temp_directory_path() / ("ts_peak_" + std::to_string(::getpid()) + ".json");
     std::ofstream(path) << R"({"devices": {"H100": {"bf16": 989.4}, "NVIDIA H100 PCIe": {"bf16": 756}}})";

@@ -43,6 +43,31 @@ Status fromCuda(cudaError_t err, const std::string& what) {
 
 using host::formatBytes;
 
+// Every live stream of every CUDA device of the process (cudaStreamLabels): serial -> label, and
+// the Device it belongs to as an identity key (never dereferenced), so that setTrace can give
+// its streams' labels the rank it now traces for.
+std::mutex g_labelsMutex;
+std::map<uint64_t, std::pair<CudaStreamLabel, const void*>> g_labels;
+std::atomic<uint64_t> g_nextSerial{0};
+
+uint64_t addStreamLabel(CudaStreamLabel label, const void* device) {
+    label.serial = ++g_nextSerial;
+    std::lock_guard<std::mutex> lock(g_labelsMutex);
+    g_labels[label.serial] = {label, device};
+    return label.serial;
+}
+
+void dropStreamLabel(uint64_t serial) {
+    std::lock_guard<std::mutex> lock(g_labelsMutex);
+    g_labels.erase(serial);
+}
+
+void setStreamLabelsRank(const void* device, int rank) {
+    std::lock_guard<std::mutex> lock(g_labelsMutex);
+    for (auto& [serial, entry] : g_labels)
+        if (entry.second == device) entry.first.rank = rank;
+}
+
 // Makes `device` current for the scope and restores the caller's device afterwards, so a
 // submit or a free never changes which device the calling thread works on.
 class DeviceGuard {
@@ -276,11 +301,25 @@ private:
 
 class CudaDevice final : public Device {
 public:
-    CudaDevice(DeviceInfo info, cudaStream_t allocStream) : m_info(std::move(info)), m_allocStream(allocStream) {
+    // sharers > 0 (makeSharedCudaBackend): this rank's device is one of `sharers` on its GPU;
+    // buffers are CUDA managed memory (host-reachable), and allocations past the rank's share
+    // of the GPU's memory fail at once (managed memory would otherwise oversubscribe the GPU and
+    // page instead of failing).
+    CudaDevice(DeviceInfo info, cudaStream_t allocStream, int sharers)
+        : m_info(std::move(info)), m_allocStream(allocStream), m_managed(sharers > 0) {
         m_mem = std::make_shared<MemState>();
         m_mem->ordinal = m_info.index;
         m_mem->deviceName = m_info.name;
+        if (m_managed) {
+            m_mem->deviceName += " (one of " + std::to_string(sharers) + " ranks sharing GPU " +
+                                 std::to_string(m_info.index) + ", cuda_share_gpus)";
+            m_mem->setLimit(m_info.memoryTotal);
+        }
         m_mem->trace = m_trace.atomic();
+        // The zero-fill memsets of allocate() run here: named, so a capture puts them on this
+        // rank's tracks rather than on the GPU's (several ranks may share it).
+        if (m_allocStream)
+            m_allocLabel = addStreamLabel({0, m_allocStream, m_info.index, trace::TrackKind::Copy, "alloc", -1}, this);
     }
     ~CudaDevice() override {
         {
@@ -288,12 +327,14 @@ public:
             m_mem->trace = nullptr;  // buffers that outlive the device must not report into it
             m_mem->deviceAlive = false;
         }
+        if (m_allocLabel) dropStreamLabel(m_allocLabel);
         DeviceGuard g(m_info.index);
         if (m_allocStream) (void)cudaStreamDestroy(m_allocStream);
     }
 
     const DeviceInfo& info() const override { return m_info; }
     int ordinal() const { return m_info.index; }
+    bool shared() const { return m_managed; }
 
     Result<std::unique_ptr<Buffer>> allocate(size_t bytes, MemCategory cat) override {
         return allocateImpl(bytes, cat, true);
@@ -320,14 +361,15 @@ public:
             return why;
         };
         if (!p) {
-            cudaError_t err = cudaMalloc(&p, cls);
+            auto malloc = [&] { return m_managed ? cudaMallocManaged(&p, cls) : cudaMalloc(&p, cls); };
+            cudaError_t err = malloc();
             if (err == cudaErrorMemoryAllocation) {  // the cache holds the memory: give it back, retry
                 (void)cudaGetLastError();
                 {
                     std::lock_guard<std::mutex> lock(m_mem->mutex);
                     m_mem->releaseCache();
                 }
-                err = cudaMalloc(&p, cls);
+                err = malloc();
             }
             if (err != cudaSuccess) {
                 (void)cudaGetLastError();
@@ -335,14 +377,16 @@ public:
                 if (cudaMemGetInfo(&freeB, &totalB) != cudaSuccess) (void)cudaGetLastError();
                 if (err == cudaErrorMemoryAllocation)
                     return undo(Status(ErrorCode::OutOfMemory,
-                                       "out of memory on " + m_info.name + ": cudaMalloc of " +
+                                       "out of memory on " + m_mem->deviceName + ": " +
+                                           (m_managed ? "cudaMallocManaged" : "cudaMalloc") + " of " +
                                            formatBytes(int64_t(cls)) + " for " + trace::memCategoryName(cat) +
                                            " failed with " + formatBytes(int64_t(freeB)) + " of " +
-                                           formatBytes(int64_t(totalB)) + " free on the device (this process holds " +
+                                           formatBytes(int64_t(totalB)) + " free on the GPU (this rank's device holds " +
                                            formatBytes(memoryStats().currentTotal) +
                                            "). Reduce micro_batch_size, enable recompute or use more model "
                                            "parallelism"));
-                return undo(fromCuda(err, "cudaMalloc of " + formatBytes(int64_t(cls)) + " on " + m_info.name));
+                return undo(fromCuda(err, std::string(m_managed ? "cudaMallocManaged" : "cudaMalloc") + " of " +
+                                              formatBytes(int64_t(cls)) + " on " + m_info.name));
             }
         }
         if (zero) {
@@ -375,7 +419,10 @@ public:
 
     bool supports(const std::string& op) const override { return isCudaOp(op); }
 
-    void setTrace(trace::Recorder* rec, int rank) override { m_trace.set(rec, rank, m_info.index); }
+    void setTrace(trace::Recorder* rec, int rank) override {
+        m_trace.set(rec, rank, m_info.index);
+        setStreamLabelsRank(this, rec ? rank : -1);
+    }
 
     TraceTarget traceTarget() const override {
         TraceTarget t = m_trace.target();
@@ -388,6 +435,8 @@ public:
 private:
     DeviceInfo m_info;
     cudaStream_t m_allocStream;  // zero-fill of new buffers
+    uint64_t m_allocLabel = 0;   // its cudaStreamLabels() entry
+    bool m_managed = false;
     std::shared_ptr<MemState> m_mem;
     host::TracePublisher m_trace;  // keeps every state it published: readers may hold old ones
 };
@@ -408,11 +457,6 @@ CudaBuffer::~CudaBuffer() {
 
 // ----- stream implementation ------------------------------------------------------------------
 
-// Every live stream of every CUDA device of the process (cudaStreamLabels).
-static std::mutex g_labelsMutex;
-static std::map<uint64_t, CudaStreamLabel> g_labels;  // serial -> label
-static std::atomic<uint64_t> g_nextSerial{0};
-
 CudaStream::CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::TrackKind kind, std::string name)
     : m_device(dev), m_mem(std::move(mem)), m_ordinal(dev.ordinal()), m_kind(kind), m_name(std::move(name)) {
     DeviceGuard g(m_ordinal);
@@ -427,17 +471,13 @@ CudaStream::CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::Tr
         std::lock_guard<std::mutex> lock(m_mem->mutex);
         m_mem->liveStreams.push_back(m_stream);
     }
-    m_serial = ++g_nextSerial;
-    std::lock_guard<std::mutex> lock(g_labelsMutex);
-    g_labels[m_serial] = {m_serial, m_stream, m_ordinal, m_kind, m_name};
+    const TraceTarget t = dev.traceTarget();
+    m_serial = addStreamLabel({0, m_stream, m_ordinal, m_kind, m_name, t.recorder ? t.rank : -1}, &dev);
 }
 
 CudaStream::~CudaStream() {
     if (!m_stream) return;
-    {
-        std::lock_guard<std::mutex> lock(g_labelsMutex);
-        g_labels.erase(m_serial);
-    }
+    dropStreamLabel(m_serial);
     DeviceGuard g(m_ordinal);
     (void)cudaStreamSynchronize(m_stream);
     {
@@ -548,7 +588,11 @@ Status CudaStream::synchronize() {
         if (err != cudaSuccess) {
             (void)cudaGetLastError();
             fail(fromCuda(err, "stream '" + m_name + "' on " + m_device.info().name +
-                                   ": a kernel failed while executing"));
+                                   ": a kernel failed while executing" +
+                                   (m_device.shared() ? std::string(" (GPU ") + std::to_string(m_ordinal) +
+                                                            " is shared by several ranks, cuda_share_gpus: the failed "
+                                                            "kernel may be another rank's)"
+                                                      : std::string())));
         }
     }
     return error();
@@ -607,7 +651,7 @@ std::string noDeviceReason(cudaError_t err, int count) {
 std::vector<CudaStreamLabel> cudaStreamLabels() {
     std::lock_guard<std::mutex> lock(g_labelsMutex);
     std::vector<CudaStreamLabel> out;
-    for (const auto& [serial, l] : g_labels) out.push_back(l);
+    for (const auto& [serial, entry] : g_labels) out.push_back(entry.first);
     return out;
 }
 
@@ -658,7 +702,11 @@ Result<GpuTopology> probeGpuTopology() {
     return t;
 }
 
-Result<std::unique_ptr<Backend>> makeCudaBackend() {
+namespace {
+
+// The devices of makeCudaBackend (shared = 0: one per GPU) and makeSharedCudaBackend (`shared`
+// devices, device i on GPU i % count, managed memory).
+Result<std::unique_ptr<Backend>> makeCudaDevices(int shared) {
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) (void)cudaGetLastError();
@@ -669,7 +717,11 @@ Result<std::unique_ptr<Backend>> makeCudaBackend() {
         if (auto t = loadPeakFlopsTable(path)) peaks = std::move(*t);
 
     auto backend = std::make_unique<CudaBackend>();
-    for (int i = 0; i < count; ++i) {
+    const int devices = shared > 0 ? shared : count;
+    for (int d = 0; d < devices; ++d) {
+        const int i = d % count;
+        // Devices on GPU i: its memory is divided among them.
+        const int sharers = shared > 0 ? (devices - 1 - i) / count + 1 : 1;
         DeviceGuard g(i);
         if (!g.ok()) {
             (void)cudaGetLastError();
@@ -679,6 +731,12 @@ Result<std::unique_ptr<Backend>> makeCudaBackend() {
         }
         cudaDeviceProp prop{};
         TS_RETURN_IF_ERROR(fromCuda(cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties(" + std::to_string(i) + ")"));
+        if (shared > 0 && !prop.concurrentManagedAccess)
+            return Status::unsupported(
+                std::string("ranks sharing GPU ") + std::to_string(i) + " (" + prop.name +
+                ") reach each other's buffers through CUDA managed memory, and this GPU has no concurrent managed "
+                "access (Windows/WSL, or a GPU older than Pascal); give each rank its own GPU (unset "
+                "cuda_share_gpus) or use device_backend: cpu for the layout");
         DeviceInfo info;
         info.backend = BackendKind::Cuda;
         info.index = i;
@@ -689,8 +747,8 @@ Result<std::unique_ptr<Backend>> makeCudaBackend() {
         size_t freeB = 0, totalB = 0;
         // Creates the device's primary context (the first CUDA call that needs one).
         TS_RETURN_IF_ERROR(fromCuda(cudaMemGetInfo(&freeB, &totalB), "cudaMemGetInfo on " + info.name));
-        info.memoryTotal = int64_t(totalB);
-        info.memoryFree = int64_t(freeB);
+        info.memoryTotal = int64_t(totalB) / sharers;
+        info.memoryFree = int64_t(freeB) / sharers;
         if (peaks) {
             info.peakTflopsFp32 = peaks->lookup(info.name, "fp32").value_or(0.0);
             info.peakTflopsBf16 = peaks->lookup(info.name, "bf16").value_or(0.0);
@@ -698,9 +756,19 @@ Result<std::unique_ptr<Backend>> makeCudaBackend() {
         cudaStream_t allocStream = nullptr;
         TS_RETURN_IF_ERROR(fromCuda(cudaStreamCreateWithFlags(&allocStream, cudaStreamNonBlocking),
                                     "creating the allocation stream on " + info.name));
-        backend->m_devices.push_back(std::make_unique<CudaDevice>(std::move(info), allocStream));
+        backend->m_devices.push_back(std::make_unique<CudaDevice>(std::move(info), allocStream, shared > 0 ? sharers : 0));
     }
     return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> makeCudaBackend() { return makeCudaDevices(0); }
+
+Result<std::unique_ptr<Backend>> makeSharedCudaBackend(int devices) {
+    if (devices < 1)
+        return Status::invalid("makeSharedCudaBackend: " + std::to_string(devices) + " devices; give at least 1");
+    return makeCudaDevices(devices);
 }
 
 }  // namespace ts::engine

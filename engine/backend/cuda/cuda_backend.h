@@ -43,6 +43,9 @@
 //   so that kernels reach the GPU in issue order and a communication kernel is not starved by
 //   compute issued after it; set it in the launch environment (docs/engine.md, "CUDA backend").
 //   `trainscope devices` shows its value.
+// - makeSharedCudaBackend: the same Device per rank, several on one GPU, each with its own cache,
+//   accounting and streams; blocks come from cudaMallocManaged instead of cudaMalloc (host code
+//   may read and write them once the streams that used them are synchronized).
 // - Buffers must not outlive the Backend (as on the CPU); streams must be destroyed before
 //   their device. Destroying a stream synchronizes it first.
 #pragma once
@@ -60,13 +63,16 @@ int cudaDeviceOrdinal(const Device& d);
 
 // A live stream of the CUDA backend, for a profiler that sees CUDA streams only by handle (the
 // CUPTI collector names its tracks with these): unique serial, cudaStream_t, device ordinal,
-// and the kind and name it was created with ("compute", "dp_comm", ...).
+// the kind and name it was created with ("compute", "dp_comm", ...), and the global rank its
+// Device traces for now (Device::setTrace; -1 untraced): ranks sharing a GPU tell their streams
+// apart by it.
 struct CudaStreamLabel {
     uint64_t serial = 0;
     void* stream = nullptr;
     int device = 0;
     trace::TrackKind kind = trace::TrackKind::Compute;
     std::string name;
+    int rank = -1;
 };
 // Every live stream of every CUDA device in the process, in creation order.
 std::vector<CudaStreamLabel> cudaStreamLabels();

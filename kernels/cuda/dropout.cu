@@ -102,9 +102,10 @@ __global__ void biasAddKernel(const float* x, const float* __restrict__ b, float
     for (int64_t i = globalThread(); i < n; i += gridThreads()) out[i] = __fadd_rn(x[i], b[i % C]);
 }
 
+// cudaMemcpyDefault: the buffers may be managed memory (ranks sharing a GPU, cuda_share_gpus).
 Status copyIfDistinct(float* dst, const float* src, int64_t n, void* stream, const char* what) {
     if (dst == src) return Status::ok();
-    return detail::fromCuda(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice,
+    return detail::fromCuda(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDefault,
                                             detail::asStream(stream)),
                             what);
 }

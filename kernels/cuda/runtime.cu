@@ -25,12 +25,12 @@ Status deviceFree(void* ptr) { return fromCuda(cudaFree(ptr), "cudaFree"); }
 // landed, and the streams kernels run on are non-blocking (they do not wait for the legacy
 // stream): wait for the copy, so that a kernel launched next reads the data.
 Status copyToDevice(void* dst, const void* src, size_t bytes) {
-    TS_RETURN_IF_ERROR(fromCuda(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "copy to device"));
+    TS_RETURN_IF_ERROR(fromCuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy to device"));
     return fromCuda(cudaStreamSynchronize(cudaStreamLegacy), "copy to device (wait)");
 }
 
 Status copyToHost(void* dst, const void* src, size_t bytes) {
-    return fromCuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "copy to host");
+    return fromCuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy to host");
 }
 
 Status streamCreate(void** stream) {

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 
@@ -21,6 +22,11 @@ namespace ts::profiler {
 
 namespace {
 
+struct TextHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
 struct ThreadBuffer {
     std::mutex mu;  // producer vs. the writer's swap; uncontended otherwise
     std::vector<trace::Slice> slices;
@@ -28,6 +34,10 @@ struct ThreadBuffer {
     // Writer-side spares, swapped in so producers keep their capacity (no realloc storms).
     std::vector<trace::Slice> spareSlices;
     std::vector<trace::Counter> spareCounters;
+    // The strings this thread has interned and their ids (its own thread only, no lock): an op's
+    // name is interned at every launch, and the shared table's mutex is contended by every rank
+    // and stream thread.
+    std::unordered_map<std::string, uint32_t, TextHash, std::equal_to<>> interned;
 };
 
 std::atomic<uint64_t> g_generation{1};
@@ -247,13 +257,20 @@ uint32_t CaptureRecorder::track(const trace::TrackDesc& desc) {
 
 uint32_t CaptureRecorder::intern(std::string_view text) {
     if (text.empty()) return 0;
-    std::lock_guard<std::mutex> g(m->internMu);
-    auto [it, inserted] = m->strings.try_emplace(std::string(text), m->nextString);
-    if (inserted) {
-        ++m->nextString;
-        m->pendingStrings.emplace_back(it->second, it->first);
+    ThreadBuffer* local = m->localBuffer();
+    if (auto hit = local->interned.find(text); hit != local->interned.end()) return hit->second;
+    uint32_t id = 0;
+    {
+        std::lock_guard<std::mutex> g(m->internMu);
+        auto [it, inserted] = m->strings.try_emplace(std::string(text), m->nextString);
+        if (inserted) {
+            ++m->nextString;
+            m->pendingStrings.emplace_back(it->second, it->first);
+        }
+        id = it->second;
     }
-    return it->second;
+    local->interned.emplace(std::string(text), id);
+    return id;
 }
 
 void CaptureRecorder::slice(const trace::Slice& s) {

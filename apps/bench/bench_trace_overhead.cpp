@@ -6,7 +6,11 @@
 // time per step (CPU time includes the recorder's writer thread, flushed inside the traced
 // step's window, i.e. the whole cost of tracing) and the overhead in percent. Target (issue #5): <= 3 %.
 //
-// usage: bench_trace_overhead [--steps N] [--warmup N] [--configs tiny,small] [--threads T]
+// --per-op: instead, the host cost of recording one op as a stream's submit does (intern its name
+// and group, take a correlation id, append a slice), from 1 and from T threads at once into one
+// recorder: on a GPU this host time is a launch's, paid on every kernel.
+//
+// usage: bench_trace_overhead [--steps N] [--warmup N] [--configs tiny,small] [--threads T] [--per-op]
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +18,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -77,22 +82,88 @@ Status timedStep(Side& s, profiler::CaptureRecorder* flushRec) {
     return Status::ok();
 }
 
+// ns per recorded op with `threads` producers at once (wall time / ops of one producer).
+double perOpNs(profiler::CaptureRecorder& rec, int threads, int ops) {
+    const char* names[] = {"linear_fc1.fwd", "layer_norm.fwd", "attention_core.bwd", "all_reduce", "bias_dropout_add.fwd"};
+    std::vector<std::thread> pool;
+    const int64_t t0 = monotonicNs();
+    for (int t = 0; t < threads; ++t)
+        pool.emplace_back([&rec, &names, t, ops] {
+            trace::TrackDesc d;
+            d.rank = t;
+            d.kind = trace::TrackKind::Compute;
+            d.name = "rank " + std::to_string(t) + " compute";
+            const uint32_t track = rec.track(d);
+            for (int i = 0; i < ops; ++i) {
+                trace::Slice s;
+                s.track = track;
+                s.name = rec.intern(names[i % 5]);
+                s.group = rec.intern("tp");
+                s.category = trace::Category::Gemm;
+                s.correlation = rec.nextCorrelation();
+                s.startNs = monotonicNs();
+                s.durNs = 1000;
+                rec.slice(s);
+            }
+        });
+    for (auto& p : pool) p.join();
+    return double(monotonicNs() - t0) / ops;
+}
+
+int perOp(int threads) {
+    const std::string runFile = std::filesystem::temp_directory_path().string() + "/bench_trace_per_op_" +
+                                std::to_string(::getpid()) + ".sqlite";
+    std::filesystem::remove(runFile);
+    auto rec = profiler::CaptureRecorder::create(runFile);
+    if (!rec) {
+        std::fprintf(stderr, "bench_trace_overhead: %s\n", rec.status().message().c_str());
+        return 1;
+    }
+    const int ops = 200000;
+    nlohmann::json results = nlohmann::json::array();
+    for (int n : {1, threads}) {
+        (void)perOpNs(**rec, n, ops / 10);  // warm: tracks, strings, buffers
+        (void)(*rec)->flush();
+        const double ns = perOpNs(**rec, n, ops);
+        (void)(*rec)->flush();
+        std::printf("record one op, %d producer thread(s): %.0f ns\n", n, ns);
+        results.push_back({{"threads", n}, {"ns_per_op", ns}});
+        if (threads == 1) break;
+    }
+    (void)(*rec)->close();
+    std::filesystem::remove(runFile);
+    std::filesystem::remove(runFile + "-wal");
+    std::filesystem::remove(runFile + "-shm");
+    std::printf("%s\n", nlohmann::json{{"bench", "bench_trace_overhead"}, {"mode", "per_op"}, {"results", results}}.dump().c_str());
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     int steps = 8, warmup = 1, threads = 1;
+    bool perOpMode = false;
     std::vector<std::string> configs = {"tiny", "small"};
-    if (const int rc = ts::bench::checkArgs(argc, argv, "usage: bench_trace_overhead [--steps N] [--warmup N] [--configs tiny,small] [--threads T]"); rc >= 0) return rc;
+    const char* usage = "usage: bench_trace_overhead [--steps N] [--warmup N] [--configs tiny,small] [--threads T] [--per-op]";
+    std::vector<char*> args = {argv[0]};
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--per-op")) perOpMode = true;
+        else args.push_back(argv[i]);
+    }
+    argc = int(args.size());
+    argv = args.data();
+    if (const int rc = ts::bench::checkArgs(argc, argv, usage); rc >= 0) return rc;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!std::strcmp(argv[i], "--steps")) steps = std::max(1, std::atoi(argv[i + 1]));
         else if (!std::strcmp(argv[i], "--warmup")) warmup = std::max(0, std::atoi(argv[i + 1]));
         else if (!std::strcmp(argv[i], "--threads")) threads = std::max(1, std::atoi(argv[i + 1]));
         else if (!std::strcmp(argv[i], "--configs")) configs = split(argv[i + 1]);
         else {
-            std::fprintf(stderr, "usage: bench_trace_overhead [--steps N] [--warmup N] [--configs tiny,small] [--threads T]\n");
+            std::fprintf(stderr, "%s\n", usage);
             return 2;
         }
     }
+    if (perOpMode) return perOp(threads);
     const std::string dir = std::filesystem::temp_directory_path().string();
     nlohmann::json results = nlohmann::json::array();
     std::printf("%-6s %12s %12s %9s %12s %12s %9s %10s\n", "config", "wall off(s)", "wall on(s)", "wall +%",

@@ -271,6 +271,34 @@ TEST(Capture, ConcurrentProducersArriveExactlyOnce) {
     EXPECT_EQ(std::count(strs->begin(), strs->end(), "op"), 1);
 }
 
+// intern() answers from a per-thread cache of each recorder: a text has one id per recorder,
+// whichever thread asks and in whatever order recorders are used, and two recorders keep their own
+// ids for the same text.
+TEST(Capture, InternedIdsArePerRecorderWhateverThreadAsks) {
+    auto a = CaptureRecorder::create(tempPath("intern_a.db"));
+    auto b = CaptureRecorder::create(tempPath("intern_b.db"));
+    ASSERT_TRUE(a.isOk() && b.isOk());
+    const uint32_t aX = (*a)->intern("x"), aY = (*a)->intern("y");
+    const uint32_t bY = (*b)->intern("y"), bX = (*b)->intern("x");
+    EXPECT_NE(aX, aY);
+    EXPECT_EQ(aX, bY);  // each recorder numbers its texts in its own first-seen order
+    EXPECT_EQ(aY, bX);
+    for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ((*a)->intern("x"), aX);
+        EXPECT_EQ((*b)->intern("x"), bX);
+        const std::string y = std::string("y");  // another buffer with the same text
+        EXPECT_EQ((*a)->intern(y), aY);
+        EXPECT_EQ((*b)->intern(y), bY);
+    }
+    std::thread other([&] {
+        EXPECT_EQ((*b)->intern("x"), bX);
+        EXPECT_EQ((*a)->intern("y"), aY);
+        EXPECT_EQ((*a)->intern("z"), std::max(aX, aY) + 1);
+    });
+    other.join();
+    EXPECT_EQ((*a)->intern("z"), std::max(aX, aY) + 1);
+}
+
 TEST(Capture, OverflowIsDroppedAndCounted) {
     std::string path = tempPath("drop.db");
     CaptureRecorder::Options o;

@@ -66,21 +66,21 @@ float currentScale(float amax, float fp8Max) {
     return std::isinf(s) ? FLT_MAX : s;
 }
 
-void fp8QuantizeInPlace(const Fp8Recipe& r, Fp8Meta& meta, bool grad, float gradDivisor, float* x, int64_t n) {
+void fp8QuantizeTensor(const Fp8Recipe& r, const Fp8TensorSlots& q, bool grad, float gradDivisor, const float* x,
+                       float* y, uint8_t* codes, int64_t n) {
     const kernels::cpu::Fp8Format fmt = grad ? r.backward : r.forward;
     const float g = grad ? gradDivisor : 1.0f;
     if (n == 0) {
-        if (!r.delayed) meta.history[0] = 0.0f;
+        if (!r.delayed) kern::setBytes(q.observed, 0, sizeof(float));
         return;
     }
-    const float a = kern::amaxOf(x, n) / g;
     if (r.delayed) {
-        meta.observe(a);
-    } else {
-        meta.scale = currentScale(a, kern::fp8Max(fmt));
-        meta.history[0] = a;
+        kern::amaxAccumulate(x, n, g, q.observed);
+        kern::fp8QuantizeDequantize(x, y, codes, n, q.meta->scale / g, fmt);
+        return;
     }
-    kern::fp8QuantizeDequantize(x, x, nullptr, n, meta.scale / g, fmt);
+    kern::amaxInto(x, n, q.amax);
+    kern::fp8QuantizeCurrent(x, y, codes, n, q.amax, g, fmt, q.observed);
 }
 
 const float* fp8BlockOperand(const Fp8Recipe& r, const float* x, int64_t rows, int64_t cols, bool alongRows,

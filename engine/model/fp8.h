@@ -72,13 +72,25 @@ struct Fp8Meta {
 // finite; FLT_MAX when the quotient overflows.
 float currentScale(float amax, float fp8Max);
 
-// Quantizes (and dequantizes) x [n] in place with `meta` under recipe r, on the host (the MoE
-// experts call it inside their ops, where an expert's rows are known). `grad`: an output gradient
-// (the backward format), whose amax and scale are taken for gradDivisor-times smaller values
-// (see GptModel::fp8Quantize). Delayed: the meta's scale, the amax observed; tensorwise: the scale
-// from this tensor's amax. n = 0 observes amax 0: the delayed scale stays; tensorwise records
-// amax 0 and keeps the scale.
-void fp8QuantizeInPlace(const Fp8Recipe& r, Fp8Meta& meta, bool grad, float gradDivisor, float* x, int64_t n);
+// Where one FP8 tensor's scaling state is while the ops that quantize it run: its host meta
+// (delayed: the scale from the steps before) and two floats of buffers kernels see: `observed`,
+// the amax it reports (delayed: the step's observations, accumulated; tensorwise: its last), and
+// `amax`, tensorwise's scratch for the raw amax. No value goes back to the host per tensor.
+struct Fp8TensorSlots {
+    const Fp8Meta* meta = nullptr;
+    float* observed = nullptr;
+    float* amax = nullptr;
+};
+
+// Quantizes x [n] to FP8 and back into y (in place when y == x; codes: the FP8 bytes, or null)
+// under recipe r, through the kernel dispatch, inside an op (the MoE experts, whose rows are known
+// only when their ops run). `grad`: an output gradient (the backward format), whose amax and scale
+// are taken for gradDivisor-times smaller values (see GptModel::fp8Quantize). Delayed: the meta's
+// scale; the amax accumulated into *observed. Tensorwise: the scale from this tensor's amax,
+// computed on the device; *observed = that amax. n = 0: delayed observes nothing, tensorwise
+// records amax 0.
+void fp8QuantizeTensor(const Fp8Recipe& r, const Fp8TensorSlots& q, bool grad, float gradDivisor, const float* x,
+                       float* y, uint8_t* codes, int64_t n);
 
 // Block recipes: x [rows, cols] of a GEMM operand quantized per block along `alongRows` (blocks of
 // a row: the GEMM reduces over cols) into `out` (rows*cols floats, a buffer kernels see), which is

@@ -260,8 +260,10 @@ private:
     // state per expert GEMM input — [local layer][local expert][fc1, fc2][input, weight, grad].
     enum Fp8ExpertLinear { kFp8ExpFc1 = 0, kFp8ExpFc2 };
     Fp8Meta* fp8ExpertMeta(int li, int l, Fp8ExpertLinear lin, Fp8Slot slot) const;
-    // The activations and gradients are quantized inside the expert ops (fp8QuantizeInPlace,
-    // fp8.h): an expert's rows are known only when the ops run.
+    // The activations and gradients are quantized inside the expert ops (fp8QuantizeTensor,
+    // fp8.h): an expert's rows are known only when the ops run. Their amaxes stay on the device,
+    // in m_fp8ExpAmaxDev at the meta's index.
+    Fp8TensorSlots fp8ExpertSlots(int li, int l, Fp8ExpertLinear lin, Fp8Slot slot) const;
     // The FP8 copies of the L local experts' weights of `lin` for this step (quantized by the
     // first forward of the step), in local expert order.
     Result<std::vector<const float*>> fp8ExpertWeights(int li, Fp8ExpertLinear lin, const std::vector<int>& wIdx);
@@ -273,8 +275,9 @@ private:
     // Block recipes (mxfp8, blockwise): the weight's FP8 copy quantized along `in` (rowwise, the
     // forward GEMM) or along `out` (the dgrad), made once per iteration; dense and expert weights.
     Result<const float*> fp8BlockWeight(int wIdx, bool rowwise);
-    // Checkpoint entries "layer<L>.expert<E>.<linear_fc1|linear_fc2>.<slot>" (E: global expert).
-    void fp8ExpertState(nlohmann::json& out) const;
+    // Checkpoint entries "layer<L>.expert<E>.<linear_fc1|linear_fc2>.<slot>" (E: global expert);
+    // the amaxes come from the device pack (a stream op).
+    void fp8ExpertState(nlohmann::json& out);
     Status setFp8ExpertState(const nlohmann::json& state);
     void tpAllReduce(const TensorPtr& t, int64_t n);
     // tp_comm_overlap backward of a row-parallel linear (proj, fc2): dgrad pipelined with the
@@ -419,6 +422,11 @@ private:
     std::shared_ptr<std::vector<Fp8Meta>> m_fp8ExpMeta;  // [local layer][local expert][fc1, fc2][slot]
     std::vector<Fp8WeightCopy> m_fp8ExpW;                 // [local layer][local expert][fc1, fc2]
     int m_fp8LocalExperts = 0;                            // L = num_moe_experts / ep (0 = dense)
+    // The experts' amaxes where kernels see them (not with block recipes), indexed as m_fp8ExpMeta:
+    // delayed, the step's observations (reduced and read back once per step by
+    // fp8ExpertStepUpdate, then zeroed); tensorwise, each tensor's last. m_fp8ExpAmaxRaw: the
+    // tensorwise raw amax of each, scratch.
+    TensorPtr m_fp8ExpAmaxDev, m_fp8ExpAmaxRaw;
     struct Fp8BlockWeightCopy {
         TensorPtr row, col, rowCodes, colCodes;  // dequantized values (workspace) and FP8 bytes with scales (params)
         int step = -1;

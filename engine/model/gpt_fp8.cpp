@@ -307,8 +307,13 @@ void GptModel::fp8StepUpdate() {
 // TEGroupedLinear hands it tp_size 1 with the expert communication outside), so each expert
 // GEMM's scale is fp8_max over the amax of what that GEMM has on this rank: its rows after the
 // dispatch (the all-to-all over "ep" and the all-gather over "etp"), its weight's ETP shard, its
-// fc2 input's and fc1 output gradient's F/etp columns (fp8QuantizeInPlace on the expert's rows,
-// fp8ExpertWeights on the local weight). Where those are one microbatch's rows and the whole
+// fc2 input's and fc1 output gradient's F/etp columns (fp8QuantizeTensor on the expert's rows,
+// fp8ExpertWeights on the local weight).
+// Every amax stays on the device (m_fp8ExpAmaxDev, one float per expert tensor, as the dense
+// linears' pack): delayed scaling accumulates the step's observations there and reads them back
+// once per step for the scale update; tensorwise computes each scale on the device from the amax
+// it has just taken, and the host reads the last amaxes back only for the counters (traced) and
+// the checkpoint. Where those are one microbatch's rows and the whole
 // weight (etp 1 and the etp-ep group = the tp-cp group of one microbatch, or no split at all) the
 // scales are the single device's; elsewhere they depend on the layout (configWarnings,
 // docs/engine.md "Inside MoE experts").
@@ -328,6 +333,24 @@ void GptModel::fp8ExpertInit() {
     m_fp8ExpMeta = std::make_shared<std::vector<Fp8Meta>>(m_layers.size() * size_t(L) * 2 * kSlots);
     for (Fp8Meta& m : *m_fp8ExpMeta) m.reset(m_o.fp8.historyLen);
     m_fp8ExpW.assign(m_layers.size() * size_t(L) * 2, {});
+    if (!m_o.fp8.isBlock()) {
+        auto pack = m_exec.alloc(int64_t(m_fp8ExpMeta->size()), MemCategory::Workspace);  // zeroed
+        auto raw = m_exec.alloc(int64_t(m_fp8ExpMeta->size()), MemCategory::Workspace);
+        if (pack && raw) {
+            m_fp8ExpAmaxDev = *pack;
+            m_fp8ExpAmaxRaw = *raw;
+        }
+    }
+}
+
+Fp8TensorSlots GptModel::fp8ExpertSlots(int li, int l, Fp8ExpertLinear lin, Fp8Slot slot) const {
+    const size_t L = size_t(m_fp8LocalExperts);
+    const size_t at = ((size_t(li) * L + size_t(l)) * 2 + size_t(lin)) * kSlots + size_t(slot);
+    Fp8TensorSlots q;
+    q.meta = &(*m_fp8ExpMeta)[at];
+    if (m_fp8ExpAmaxDev) q.observed = fp(m_fp8ExpAmaxDev) + at;
+    if (m_fp8ExpAmaxRaw) q.amax = fp(m_fp8ExpAmaxRaw) + at;
+    return q;
 }
 
 Fp8Meta* GptModel::fp8ExpertMeta(int li, int l, Fp8ExpertLinear lin, Fp8Slot slot) const {
@@ -342,7 +365,7 @@ Result<std::vector<const float*>> GptModel::fp8ExpertWeights(int li, Fp8ExpertLi
         const float* W;
         TensorPtr dq, codes;
         int64_t n;
-        Fp8Meta* meta;
+        Fp8TensorSlots q;
     };
     auto jobs = std::make_shared<std::vector<Job>>();
     int64_t total = 0;
@@ -356,43 +379,51 @@ Result<std::vector<const float*>> GptModel::fp8ExpertWeights(int li, Fp8ExpertLi
         if (w.step != m_step) {
             w.step = m_step;
             jobs->push_back({m_params.modelParam(wIdx[size_t(l)]), w.dequantized, w.codes, n,
-                             fp8ExpertMeta(li, l, lin, kFp8Weight)});
+                             fp8ExpertSlots(li, l, lin, kFp8Weight)});
             total += n;
         }
         out[size_t(l)] = static_cast<const float*>(fp(w.dequantized));
     }
     if (jobs->empty()) return out;
+    if (!m_fp8ExpAmaxDev) return Status::internal("FP8 experts without their amax buffer");
     // One op for the experts' weights of this linear (TE quantizes every GEMM's weight of a
     // GroupedLinear each step). Tensorwise: the amax of the weight on this rank — with ETP its
     // shard, as TE's weight quantizer sees it (no reduction over "etp").
     const Fp8Recipe r = m_o.fp8;
-    const float mx = k::fp8Max(r.forward);
     m_exec.op("fp8_quantize_expert_weights", Category::Elementwise, 3.0 * double(total), uint64_t(total) * 9, [=] {
-        for (const Job& j : *jobs) {
-            const float a = k::amaxOf(j.W, j.n);
-            if (r.delayed) {
-                j.meta->observe(a);
-            } else {
-                j.meta->scale = currentScale(a, mx);
-                j.meta->history[0] = a;
-            }
-            k::fp8QuantizeDequantize(j.W, fp(j.dq), j.codes->as<uint8_t>(), j.n, j.meta->scale, r.forward);
-        }
+        for (const Job& j : *jobs)
+            fp8QuantizeTensor(r, j.q, false, 1.0f, j.W, fp(j.dq), j.codes->as<uint8_t>(), j.n);
     });
     return out;
 }
 
-void GptModel::fp8ExpertState(nlohmann::json& out) const {
+void GptModel::fp8ExpertState(nlohmann::json& out) {
     if (!m_fp8ExpMeta) return;
     const int L = m_fp8LocalExperts, e0 = m_ctx.epRank * L;
+    // The amaxes are in the device pack (as the dense linears'): delayed, those observed since the
+    // last scale update; tensorwise, each tensor's last, its scale following from it.
+    const Fp8Recipe& r = m_o.fp8;
+    std::vector<float> observed;
+    if (m_fp8ExpAmaxDev) {
+        auto h = k::toHost(m_exec.stream(), fp(m_fp8ExpAmaxDev), int64_t(m_fp8ExpMeta->size()));
+        if (h) observed = std::move(*h);
+    }
     for (size_t li = 0; li < m_layers.size(); ++li) {
         if (m_layers[li].routerW < 0 || !fp8Layer(int(li))) continue;
         for (int l = 0; l < L; ++l)
             for (int lin = 0; lin < 2; ++lin)
                 for (int slot = 0; slot < kSlots; ++slot) {
-                    const Fp8Meta& m = *fp8ExpertMeta(int(li), l, Fp8ExpertLinear(lin), Fp8Slot(slot));
-                    out[fp8ExpertTensorName(m_ctx.layerBegin + int(li), e0 + l, lin, slot)] = {{"history", m.history},
-                                                                                               {"scale", m.scale}};
+                    const size_t at = ((li * size_t(L) + size_t(l)) * 2 + size_t(lin)) * kSlots + size_t(slot);
+                    const Fp8Meta& m = (*m_fp8ExpMeta)[at];
+                    std::vector<float> history = m.history;
+                    float scale = m.scale;
+                    if (at < observed.size()) {
+                        history[0] = observed[at];
+                        if (!r.delayed)
+                            scale = currentScale(observed[at], k::fp8Max(slot == kFp8Grad ? r.backward : r.forward));
+                    }
+                    out[fp8ExpertTensorName(m_ctx.layerBegin + int(li), e0 + l, lin, slot)] = {{"history", history},
+                                                                                               {"scale", scale}};
                 }
     }
 }
@@ -410,6 +441,13 @@ Status GptModel::setFp8ExpertState(const nlohmann::json& state) {
                     if (it == state.end()) continue;
                     TS_RETURN_IF_ERROR(readFp8Entry(*it, key, *fp8ExpertMeta(int(li), l, Fp8ExpertLinear(lin), Fp8Slot(slot))));
                 }
+    }
+    if (m_fp8ExpAmaxDev) {
+        // history[0] goes where the step's observations (delayed) or the last amax (tensorwise) are
+        std::vector<float> observed(m_fp8ExpMeta->size());
+        for (size_t i = 0; i < observed.size(); ++i) observed[i] = (*m_fp8ExpMeta)[i].history[0];
+        TS_RETURN_IF_ERROR(k::copyFromHost(m_exec.stream(), m_fp8ExpAmaxDev->data(), observed.data(),
+                                           observed.size() * sizeof(float)));
     }
     return Status::ok();
 }
@@ -444,26 +482,39 @@ void GptModel::fp8ExpertStepUpdate() {
                         tt.recorder->counter({tt.rank, tt.recorder->intern(base + ".scale"), ts, double(m.scale)});
                     }
     };
+    TensorPtr pack = m_fp8ExpAmaxDev;
+    if (!pack) return;
+    const int64_t local = int64_t(metas->size());
     if (!r.delayed) {
-        m_exec.op("fp8_counters", Category::Other, 0, 0, counters);
+        // Tensorwise: the last amaxes come back for the counters only (one read-back per step,
+        // none without a trace); the host state follows them.
+        if (!tt.recorder) return;
+        const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
+        m_exec.op("fp8_counters", Category::Other, 0, 0, [=] {
+            std::vector<float> h(static_cast<size_t>(local));
+            k::download(h.data(), fp(pack), h.size() * sizeof(float));
+            for (int64_t i = 0; i < local; ++i) {
+                Fp8Meta& m = (*metas)[size_t(i)];
+                m.history[0] = h[size_t(i)];
+                m.scale = currentScale(h[size_t(i)], i % kSlots == kFp8Grad ? bwdMax : fwdMax);
+            }
+            counters();
+        });
         return;
     }
-    // [moe layer][global expert][fc1, fc2][slot]
+    // [moe layer][global expert][fc1, fc2][slot]: each MoE layer's local block of the pack
+    // ([local expert][fc1, fc2][slot], contiguous) goes to its experts' place, zeros elsewhere.
     const int64_t n = int64_t(moe.size()) * E * 2 * kSlots;
-    auto buf = m_exec.alloc(n, MemCategory::Workspace);
+    auto buf = m_exec.alloc(n, MemCategory::Workspace);  // zeroed
     if (!buf) return;
     TensorPtr b = *buf;
     auto packed = [=](size_t mi, int l, int lin, int slot) {
         return ((mi * size_t(E) + size_t(e0 + l)) * 2 + size_t(lin)) * kSlots + size_t(slot);
     };
+    const size_t block = size_t(L) * 2 * kSlots;
     m_exec.op("fp8_expert_amax_pack", Category::Elementwise, 0, uint64_t(n) * 8, [=] {
-        std::vector<float> h(static_cast<size_t>(n), 0.0f);
         for (size_t mi = 0; mi < moe.size(); ++mi)
-            for (int l = 0; l < L; ++l)
-                for (int lin = 0; lin < 2; ++lin)
-                    for (int slot = 0; slot < kSlots; ++slot)
-                        h[packed(mi, l, lin, slot)] = (*metas)[at(moe[mi], l, lin, slot)].history[0];
-        k::copyBytes(fp(b), h.data(), h.size() * sizeof(float));
+            k::copyBytes(fp(b) + packed(mi, 0, 0, 0), fp(pack) + at(moe[mi], 0, 0, 0), block * sizeof(float));
     });
     if (m_ctx.amax && m_ctx.amax->size() > 1)
         m_ctx.amax->allReduce(m_exec.stream(), b->data(), b->data(), size_t(n), DType::F32, ReduceOp::Max);
@@ -471,6 +522,7 @@ void GptModel::fp8ExpertStepUpdate() {
     m_exec.op("fp8_expert_scale_update", Category::Elementwise, double(n), uint64_t(n) * 8, [=] {
         std::vector<float> h(static_cast<size_t>(n));
         k::download(h.data(), fp(b), h.size() * sizeof(float));
+        k::setBytes(fp(pack), 0, size_t(local) * sizeof(float));  // the next step's observations start at 0
         for (size_t mi = 0; mi < moe.size(); ++mi)
             for (int l = 0; l < L; ++l)
                 for (int lin = 0; lin < 2; ++lin)

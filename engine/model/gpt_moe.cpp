@@ -425,7 +425,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     const bool fp8 = m_fp8ExpMeta && fp8Layer(li);
     const Fp8Recipe fr = m_o.fp8;
     const bool blk = fp8 && fr.isBlock();
-    std::vector<Fp8Meta*> q1(static_cast<size_t>(L)), q2(static_cast<size_t>(L));
+    std::vector<Fp8TensorSlots> q1(static_cast<size_t>(L)), q2(static_cast<size_t>(L));
     TensorPtr xq, scaledWs, biasWs;
     if (blk) { TS_ASSIGN_OR_RETURN(xq, allocUninitialized(m_exec, int64_t(R) * std::max(h, F), MemCategory::Workspace)); }
     // fc2's input act * prob (FP8: kept in fc2in for the wgrad) and fc2's bias times the prob
@@ -433,11 +433,12 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     if (!P.expFc2B.empty()) {
         TS_ASSIGN_OR_RETURN(biasWs, allocUninitialized(m_exec, int64_t(R) * h, MemCategory::Workspace));
     }
+    if (fp8 && !blk && !m_fp8ExpAmaxDev) return Status::internal("FP8 experts without their amax buffer");
     if (fp8) {
         TS_ASSIGN_OR_RETURN(s->fc2in, allocUninitialized(m_exec, int64_t(R) * F));
         for (int l = 0; l < L && !blk; ++l) {
-            q1[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc1, kFp8Input);
-            q2[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc2, kFp8Input);
+            q1[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc1, kFp8Input);
+            q2[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc2, kFp8Input);
         }
     }
     // experts: fc1 (+ b1) -> activation -> * prob -> fc2 (+ b2 * prob), rows [eoff[l], eoff[l+1])
@@ -468,8 +469,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         if (rows == 0) {
             // No rows: amax 0 observed (the delayed scale stays, as TE's update keeps it).
             if (fp8 && !blk) {
-                fp8QuantizeInPlace(fr, *q1[size_t(l)], false, 1.f, nullptr, 0);
-                fp8QuantizeInPlace(fr, *q2[size_t(l)], false, 1.f, nullptr, 0);
+                fp8QuantizeTensor(fr, q1[size_t(l)], false, 1.f, nullptr, nullptr, nullptr, 0);
+                fp8QuantizeTensor(fr, q2[size_t(l)], false, 1.f, nullptr, nullptr, nullptr, 0);
             }
             return;
         }
@@ -477,7 +478,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         float* ac = fp(s->act) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
         float* xin = fp(s->xin) + size_t(r0) * h;
-        if (fp8 && !blk) fp8QuantizeInPlace(fr, *q1[size_t(l)], false, 1.f, xin, int64_t(rows) * h);
+        if (fp8 && !blk) fp8QuantizeTensor(fr, q1[size_t(l)], false, 1.f, xin, xin, nullptr, int64_t(rows) * h);
         // fc1's bias (never quantized): TEGroupedMLP's GroupedLinear adds it in the GEMM
         // (skip_bias_add=False: one bf16 rounding of x W^T + b); SequentialMLP's experts get it
         // back from fc1 (skip_bias_add=True) and add it to fc1's bf16 output in the activation
@@ -496,7 +497,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         float* scaled = (fp8 ? fp(s->fc2in) : fp(scaledWs)) + size_t(r0) * F;
         k::scaleRows(ac, F, prob, scaled, rows, F);
         if (bf) k::roundToBf16(scaled, int64_t(rows) * F);
-        if (fp8 && !blk) fp8QuantizeInPlace(fr, *q2[size_t(l)], false, 1.f, scaled, int64_t(rows) * F);
+        if (fp8 && !blk) fp8QuantizeTensor(fr, q2[size_t(l)], false, 1.f, scaled, scaled, nullptr, int64_t(rows) * F);
         float* o = fp(eout) + size_t(r0) * h;
         if (blk) fp8BlockExpertsForward(fr, fp(s->fc2in), W2.data(), nullptr, fp(eout), s->eoff.data(), l, l + 1, F, h, fp(xq));
         else k::linearForward(scaled, W2[size_t(l)], nullptr, o, rows, F, h);
@@ -618,7 +619,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     const bool fp8 = m_fp8ExpMeta && fp8Layer(li) && s->fc2in;
     const Fp8Recipe fr = m_o.fp8;
     const float gradDiv = float(m_ctx.dpSize) * float(m_ctx.cpSize);
-    std::vector<Fp8Meta*> g1(static_cast<size_t>(L)), g2(static_cast<size_t>(L));
+    std::vector<Fp8TensorSlots> g1(static_cast<size_t>(L)), g2(static_cast<size_t>(L));
     // Block recipes: the dgrads read each expert's weight copy along `out`, the wgrads quantize
     // the saved high-precision inputs along the tokens; the GEMMs' operands (dY, the experts'
     // da / dact / dfc1 rows) and their quantized copies live in workspaces (bgrad, bwork).
@@ -644,16 +645,16 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         TS_ASSIGN_OR_RETURN(W1, fp8ExpertWeights(li, kFp8ExpFc1, P.expFc1W));
         TS_ASSIGN_OR_RETURN(W2, fp8ExpertWeights(li, kFp8ExpFc2, P.expFc2W));
         for (int l = 0; l < L; ++l) {
-            g1[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc1, kFp8Grad);
-            g2[size_t(l)] = fp8ExpertMeta(li, l, kFp8ExpFc2, kFp8Grad);
+            g1[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc1, kFp8Grad);
+            g2[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc2, kFp8Grad);
         }
     }
     auto expert = [=](int l) {
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) {
             if (fp8 && !blk) {
-                fp8QuantizeInPlace(fr, *g1[size_t(l)], true, gradDiv, nullptr, 0);
-                fp8QuantizeInPlace(fr, *g2[size_t(l)], true, gradDiv, nullptr, 0);
+                fp8QuantizeTensor(fr, g1[size_t(l)], true, gradDiv, nullptr, nullptr, nullptr, 0);
+                fp8QuantizeTensor(fr, g2[size_t(l)], true, gradDiv, nullptr, nullptr, nullptr, 0);
             }
             return;
         }
@@ -681,7 +682,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
                                     l + 1, F, h, fp(bwork));
         } else if (fp8) {
             scaled = fp(s->fc2in) + size_t(r0) * F;
-            fp8QuantizeInPlace(fr, *g2[size_t(l)], true, gradDiv, dy, int64_t(rows) * h);
+            fp8QuantizeTensor(fr, g2[size_t(l)], true, gradDiv, dy, dy, nullptr, int64_t(rows) * h);
         } else {
             float* sc = fp(scaledWs) + size_t(r0) * F;
             k::scaleRows(ac, F, prob, sc, rows, F);
@@ -701,7 +702,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
                                     s->eoff.data(), l, l + 1, h, F1, fp(bwork));
             return;
         }
-        if (fp8) fp8QuantizeInPlace(fr, *g1[size_t(l)], true, gradDiv, dfc1, int64_t(rows) * F1);
+        if (fp8) fp8QuantizeTensor(fr, g1[size_t(l)], true, gradDiv, dfc1, dfc1, nullptr, int64_t(rows) * F1);
         k::linearBackward(dfc1, fp(s->xin) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
                           G1[size_t(l)], nullptr, rows, h, F1);
     };

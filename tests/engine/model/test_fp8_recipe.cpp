@@ -114,40 +114,47 @@ TEST(Fp8Recipe, FromConfig) {
     EXPECT_FALSE(Fp8Recipe::fromConfig(c)->enabled);
 }
 
-// The experts' in-op quantization (fp8QuantizeInPlace): delayed uses the meta's scale and
-// observes the amax; tensorwise takes the scale from this tensor; a gradient's amax and scale
-// are for values gradDivisor times smaller; no rows observe amax 0 and keep the scale.
-TEST(Fp8Recipe, QuantizeInPlaceForExpertRows) {
+// The experts' in-op quantization (fp8QuantizeTensor), here on the CPU with the slots in host
+// floats: delayed uses the meta's scale and accumulates the amax into `observed`; tensorwise
+// takes the scale from this tensor's amax and reports it; a gradient's amax and scale are for
+// values gradDivisor times smaller; no rows observe nothing (delayed) or amax 0 (tensorwise).
+TEST(Fp8Recipe, QuantizeTensorForExpertRows) {
     Fp8Recipe r;
     r.enabled = true;
     r.backward = kernels::cpu::Fp8Format::E5M2;
     Fp8Meta m;
     m.reset(2);
     m.scale = 2.0f;
+    float observed = 1.0f, raw = -1.0f;
+    Fp8TensorSlots q{&m, &observed, &raw};
     std::vector<float> x = {1.0f, -3.0f, 0.3f};
-    fp8QuantizeInPlace(r, m, false, 1.0f, x.data(), 3);
-    EXPECT_EQ(m.history[0], 3.0f);
+    fp8QuantizeTensor(r, q, false, 1.0f, x.data(), x.data(), nullptr, 3);
+    EXPECT_EQ(observed, 3.0f);            // max(1, 3)
     EXPECT_EQ(m.scale, 2.0f);
     EXPECT_EQ(x[1], -3.0f);               // 6 is an E4M3 value
     EXPECT_EQ(x[2], 0.3125f);             // 0.6 -> 0.625 (E4M3 step 1/16 at [0.5, 1)), / 2
     std::vector<float> g = {-8.0f, 1.0f};
     Fp8Meta mg;
     mg.reset(1);
-    fp8QuantizeInPlace(r, mg, true, 4.0f, g.data(), 2);
-    EXPECT_EQ(mg.history[0], 2.0f);       // 8 / 4
-    fp8QuantizeInPlace(r, mg, true, 4.0f, nullptr, 0);
-    EXPECT_EQ(mg.history[0], 2.0f);       // delayed: amax 0 changes nothing
+    float og = 0.0f;
+    fp8QuantizeTensor(r, {&mg, &og, &raw}, true, 4.0f, g.data(), g.data(), nullptr, 2);
+    EXPECT_EQ(og, 2.0f);                  // 8 / 4
+    fp8QuantizeTensor(r, {&mg, &og, &raw}, true, 4.0f, nullptr, nullptr, nullptr, 0);
+    EXPECT_EQ(og, 2.0f);                  // delayed: no rows change nothing
     r.delayed = false;
-    std::vector<float> t = {0.5f, -7.0f};
+    std::vector<float> t = {0.5f, -7.0f}, y(2, 0.0f);
+    std::vector<uint8_t> codes(2, 0);
     Fp8Meta mt;
     mt.reset(1);
-    fp8QuantizeInPlace(r, mt, false, 1.0f, t.data(), 2);
-    EXPECT_EQ(mt.history[0], 7.0f);
-    EXPECT_EQ(mt.scale, 448.0f / 7.0f);
-    EXPECT_FLOAT_EQ(t[1], -7.0f);
-    fp8QuantizeInPlace(r, mt, false, 1.0f, nullptr, 0);
-    EXPECT_EQ(mt.history[0], 0.0f);
-    EXPECT_EQ(mt.scale, 448.0f / 7.0f);   // kept
+    float ot = 5.0f;
+    fp8QuantizeTensor(r, {&mt, &ot, &raw}, false, 1.0f, t.data(), y.data(), codes.data(), 2);
+    EXPECT_EQ(ot, 7.0f);                  // the last amax, not accumulated
+    EXPECT_EQ(raw, 7.0f);
+    EXPECT_FLOAT_EQ(y[1], -7.0f);         // scale 448 / 7: -7 -> -448, exact
+    EXPECT_EQ(t[1], -7.0f);               // x untouched when y is another buffer
+    EXPECT_EQ(codes[1], kernels::cpu::fp8Encode(-448.0f, kernels::cpu::Fp8Format::E4M3));
+    fp8QuantizeTensor(r, {&mt, &ot, &raw}, false, 1.0f, nullptr, nullptr, nullptr, 0);
+    EXPECT_EQ(ot, 0.0f);
 }
 
 namespace kc = kernels::cpu;

@@ -27,6 +27,7 @@ namespace ts::engine {
 
 namespace {
 constexpr int kLinears = 4, kSlots = 3;
+constexpr int kGradSlot = 2;  // GptModel::kFp8Grad: slots input, weight, grad
 constexpr int kFirstMlpLinear = 2;  // GptModel::kFp8Fc1: linear_fc1 and linear_fc2 follow qkv and proj
 const char* kLinearNames[kLinears] = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"};
 const char* kSlotNames[kSlots] = {"input", "weight", "grad"};
@@ -59,6 +60,17 @@ Status readFp8Entry(const nlohmann::json& e, const std::string& key, Fp8Meta& m)
     m.history = std::move(hist);
     m.scale = float(sc);
     return Status::ok();
+}
+// Tensorwise: the host metas follow the last amaxes of a pack (one float per meta, slot
+// fastest), read back for the counters: each amax and the scale it gives.
+void followLastAmaxes(std::vector<Fp8Meta>& metas, const float* pack, const Fp8Recipe& r) {
+    std::vector<float> h(metas.size());
+    k::download(h.data(), pack, h.size() * sizeof(float));
+    const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
+    for (size_t i = 0; i < h.size(); ++i) {
+        metas[i].history[0] = h[i];
+        metas[i].scale = currentScale(h[i], i % kSlots == kGradSlot ? bwdMax : fwdMax);
+    }
 }
 }  // namespace
 
@@ -257,15 +269,8 @@ void GptModel::fp8StepUpdate() {
         // and none without a trace); the host state follows them.
         if (!tt.recorder || !m_fp8AmaxDev) return;
         TensorPtr pack = m_fp8AmaxDev;
-        const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
         m_exec.op("fp8_counters", Category::Other, 0, 0, [=] {
-            std::vector<float> h(static_cast<size_t>(n));
-            k::download(h.data(), fp(pack), h.size() * sizeof(float));
-            for (int64_t i = 0; i < n; ++i) {
-                Fp8Meta& m = (*metas)[size_t(i)];
-                m.history[0] = h[size_t(i)];
-                m.scale = currentScale(h[size_t(i)], i % kSlots == kFp8Grad ? bwdMax : fwdMax);
-            }
+            followLastAmaxes(*metas, fp(pack), r);
             counters(step);
         });
         return;
@@ -489,15 +494,8 @@ void GptModel::fp8ExpertStepUpdate() {
         // Tensorwise: the last amaxes come back for the counters only (one read-back per step,
         // none without a trace); the host state follows them.
         if (!tt.recorder) return;
-        const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
         m_exec.op("fp8_counters", Category::Other, 0, 0, [=] {
-            std::vector<float> h(static_cast<size_t>(local));
-            k::download(h.data(), fp(pack), h.size() * sizeof(float));
-            for (int64_t i = 0; i < local; ++i) {
-                Fp8Meta& m = (*metas)[size_t(i)];
-                m.history[0] = h[size_t(i)];
-                m.scale = currentScale(h[size_t(i)], i % kSlots == kFp8Grad ? bwdMax : fwdMax);
-            }
+            followLastAmaxes(*metas, fp(pack), r);
             counters();
         });
         return;

@@ -617,6 +617,17 @@ private:
     Status m_error;
 };
 
+// An op that fills b [n] with `value` after 150 ms: earlier work a collective must wait for.
+void submitSlowFill(Stream& s, float* b, size_t n, float value) {
+    OpDesc fill;
+    fill.name = "slow fill";
+    s.submit(fill, [b, n, value] {
+        std::this_thread::sleep_for(150ms);
+        std::fill(b, b + n, value);
+        return Status::ok();
+    });
+}
+
 // hostSynchronized (ranks sharing a GPU run the in-process op on the host, between kernels): the
 // op starts only after the work queued before it on its stream, and is done when the call returns,
 // without the caller synchronizing. Without the wrapper the read below would see the zeros the
@@ -635,13 +646,7 @@ TEST(HostSynchronized, AnOpWaitsForItsStreamAndIsDoneOnReturn) {
     for (int r = 0; r < 2; ++r)
         threads.emplace_back([&, r] {
             float* b = bufs[size_t(r)].data();
-            OpDesc fill;
-            fill.name = "slow fill";
-            rig.s(r).submit(fill, [b, r] {
-                std::this_thread::sleep_for(150ms);
-                std::fill(b, b + n, float(r + 1));
-                return Status::ok();
-            });
+            submitSlowFill(rig.s(r), b, n, float(r + 1));
             comms[size_t(r)]->allReduce(rig.s(r), b, b, n, DType::F32, ReduceOp::Sum);
             lo[size_t(r)] = *std::min_element(b, b + n);
             hi[size_t(r)] = *std::max_element(b, b + n);
@@ -690,13 +695,7 @@ TEST(HostSynchronized, AnOpRunAtSubmitStartsAfterItsStreamsEarlierWork) {
         for (int r = 0; r < 2; ++r)
             threads.emplace_back([&, r] {
                 float* b = send[size_t(r)].data();
-                OpDesc fill;
-                fill.name = "slow fill";
-                rig.s(r).submit(fill, [b, r] {
-                    std::this_thread::sleep_for(150ms);
-                    std::fill(b, b + n, float(r + 1));
-                    return Status::ok();
-                });
+                submitSlowFill(rig.s(r), b, n, float(r + 1));
                 comms[size_t(r)]->allReduce(rig.s(r), b, recv[size_t(r)].data(), n, DType::F32, ReduceOp::Sum);
             });
         for (auto& t : threads) t.join();

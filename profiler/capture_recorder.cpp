@@ -38,6 +38,7 @@ struct ThreadBuffer {
     // name is interned at every launch, and the shared table's mutex is contended by every rank
     // and stream thread.
     std::unordered_map<std::string, uint32_t, TextHash, std::equal_to<>> interned;
+    std::thread::id owner;  // the thread that appends here (guarded by the recorder's regMu)
 };
 
 std::atomic<uint64_t> g_generation{1};
@@ -64,7 +65,7 @@ struct CaptureRecorder::Impl {
     std::vector<std::unique_ptr<ThreadBuffer>> buffers;
 
     std::mutex internMu;
-    std::unordered_map<std::string, uint32_t> strings;
+    std::unordered_map<std::string, uint32_t, TextHash, std::equal_to<>> strings;
     uint32_t nextString = 1;
     std::vector<std::pair<uint32_t, std::string>> pendingStrings;
     uint32_t nextTrack = 1;
@@ -88,14 +89,24 @@ struct CaptureRecorder::Impl {
     bool stop = false, writerExited = false;
     Status writerError;  // guarded by wakeMu
 
+    // This thread's buffer: from the thread-local cache, else the one registered for this thread
+    // before (its cache entry was evicted by other recorders: the buffer and its interned strings
+    // are kept rather than registered again), else a new one. A thread id reused after its thread
+    // ended takes over that thread's buffer, which nothing else appends to any more.
     ThreadBuffer* localBuffer() {
         for (auto& e : t_cache)
             if (e.generation == generation) return e.buffer;
-        auto buf = std::make_unique<ThreadBuffer>();
-        ThreadBuffer* raw = buf.get();
+        const std::thread::id me = std::this_thread::get_id();
+        ThreadBuffer* raw = nullptr;
         {
             std::lock_guard<std::mutex> g(regMu);
-            buffers.push_back(std::move(buf));
+            for (auto& b : buffers)
+                if (b->owner == me) raw = b.get();
+            if (!raw) {
+                buffers.push_back(std::make_unique<ThreadBuffer>());
+                raw = buffers.back().get();
+                raw->owner = me;
+            }
         }
         t_cache[t_next++ % kTlsEntries] = {generation, raw};
         return raw;
@@ -262,12 +273,13 @@ uint32_t CaptureRecorder::intern(std::string_view text) {
     uint32_t id = 0;
     {
         std::lock_guard<std::mutex> g(m->internMu);
-        auto [it, inserted] = m->strings.try_emplace(std::string(text), m->nextString);
-        if (inserted) {
-            ++m->nextString;
-            m->pendingStrings.emplace_back(it->second, it->first);
+        if (auto it = m->strings.find(text); it != m->strings.end()) {
+            id = it->second;
+        } else {
+            id = m->nextString++;
+            m->strings.emplace(std::string(text), id);
+            m->pendingStrings.emplace_back(id, std::string(text));
         }
-        id = it->second;
     }
     local->interned.emplace(std::string(text), id);
     return id;

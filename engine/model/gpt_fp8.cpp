@@ -366,6 +366,7 @@ Fp8Meta* GptModel::fp8ExpertMeta(int li, int l, Fp8ExpertLinear lin, Fp8Slot slo
 Result<std::vector<const float*>> GptModel::fp8ExpertWeights(int li, Fp8ExpertLinear lin, const std::vector<int>& wIdx) {
     const int L = m_fp8LocalExperts;
     std::vector<const float*> out(static_cast<size_t>(L));
+    if (!m_o.fp8.isBlock() && !m_fp8ExpAmaxDev) return Status::internal("FP8 experts without their amax buffer");
     struct Job {
         const float* W;
         TensorPtr dq, codes;
@@ -390,7 +391,6 @@ Result<std::vector<const float*>> GptModel::fp8ExpertWeights(int li, Fp8ExpertLi
         out[size_t(l)] = static_cast<const float*>(fp(w.dequantized));
     }
     if (jobs->empty()) return out;
-    if (!m_fp8ExpAmaxDev) return Status::internal("FP8 experts without their amax buffer");
     // One op for the experts' weights of this linear (TE quantizes every GEMM's weight of a
     // GroupedLinear each step). Tensorwise: the amax of the weight on this rank — with ETP its
     // shard, as TE's weight quantizer sees it (no reduction over "etp").

@@ -161,7 +161,9 @@ if [ "$bench" = 1 ] && [ "$quick" = 0 ] && [ -x "$bin/apps/trainscope" ] && [ "$
     sed -n '/^step 2/,/^MFU inputs/p' "$work/analyze_1b.txt"
 fi
 if [ "$bench" = 1 ]; then
+    # --trace engine: the engine's recorder alone, to split the trace overhead into its share and CUPTI's
     benches=("--config small --steps 5 --warmup 2 --trace 1" "--config 1b --steps 5 --warmup 2 --trace 1"
+             "--config 1b --steps 5 --warmup 2 --trace engine"
              "--config 1b --steps 5 --warmup 2 --fp8 hybrid" "--config 1b --steps 5 --warmup 2 --attention unfused")
     [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2")
     for args in "${benches[@]}"; do

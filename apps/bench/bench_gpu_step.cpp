@@ -6,12 +6,14 @@
 // small (hidden 1024, 8 layers, seq 1024: a quick look). --fp8 hybrid|e4m3 adds FP8 (delayed
 // scaling; the target: FP8 step >= 1.3x bf16). --trace 1 then runs as many steps again
 // traced as `trainscope run` traces (the engine's recorder plus the CUPTI capture, flushed every
-// step) and reports the overhead against the untraced steps (the target: <= 3%). Without
+// step) and reports the overhead against the untraced steps (the target: <= 3%); --trace
+// engine the same with the engine's recorder alone (no CUPTI), which splits that overhead into
+// the host's recording of each launch and CUPTI's share. Without
 // a GPU it says why and exits 1. --attention sets attention_backend (auto, flash attention, the
 // default; unfused keeps the probabilities): the peak device memory is printed with the step.
 //
 // usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 ""|hybrid|e4m3]
-//                       [--micro-batch N] [--trace 0|1] [--attention auto|unfused]
+//                       [--micro-batch N] [--trace 0|1|engine] [--attention auto|unfused]
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,7 +38,7 @@ using namespace ts::engine;
 
 constexpr const char* kUsage =
     "usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 \"\"|hybrid|e4m3] [--micro-batch N] "
-    "[--trace 0|1] [--attention auto|unfused]";
+    "[--trace 0|1|engine] [--attention auto|unfused]";
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -76,7 +78,7 @@ int main(int argc, char** argv) {
     if (int rc = ts::bench::checkArgs(argc, argv, kUsage); rc >= 0) return rc;
     std::string config = "1b", fp8, attention = "auto";
     int steps = 10, warmup = 3, microBatch = 0;
-    bool trace = false;
+    bool trace = false, cupti = true;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
         if (a == "--config") config = v;
@@ -84,7 +86,14 @@ int main(int argc, char** argv) {
         else if (a == "--warmup") warmup = std::max(0, std::stoi(v));
         else if (a == "--fp8") fp8 = v;
         else if (a == "--micro-batch") microBatch = std::stoi(v);
-        else if (a == "--trace") trace = v == "1";
+        else if (a == "--trace") {
+            if (v != "0" && v != "1" && v != "engine") {
+                std::fprintf(stderr, "--trace %s: use 0, 1 or engine\n%s\n", v.c_str(), kUsage);
+                return 2;
+            }
+            trace = v != "0";
+            cupti = v != "engine";
+        }
         else if (a == "--attention") attention = v;
         else {
             std::fprintf(stderr, "unknown option %s\n%s\n", a.c_str(), kUsage);
@@ -150,7 +159,9 @@ int main(int argc, char** argv) {
             return 1;
         }
         device.setTrace(rec->get(), 0);
-        auto capture = ts::cli::GpuCapture::start(**rec, {{0, &device}}, &captureNote);
+        std::unique_ptr<ts::cli::GpuCapture> capture;
+        if (cupti) capture = ts::cli::GpuCapture::start(**rec, {{0, &device}}, &captureNote);
+        else captureNote = "--trace engine";
         auto flush = [&] {
             if (capture) (void)capture->flush();
             (void)(*rec)->flush();
@@ -197,6 +208,7 @@ int main(int argc, char** argv) {
                                        {"mfu", mfu},
                                        {"loss", loss},
                                        {"traced", trace},
+                                       {"trace_mode", !trace ? "off" : cupti ? "engine+cupti" : "engine"},
                                        {"cupti", trace && captureNote.empty()},
                                        {"traced_median_step_s", tracedMed},
                                        {"trace_overhead", trace ? tracedMed / med - 1 : 0.0},

@@ -185,27 +185,21 @@ TEST(ParallelTrainer, Bf16GradReductionIsCloseButNotExact) {
     EXPECT_GT(maxErr, 1e-6) << "bf16 reduction gave bit-identical weights: the knob did nothing";
 }
 
-// DP replicas hold identical weights after training.
-// ctest parallel.EmulatedDevice.Layouts reruns this binary with TS_EMULATE_DEVICE=1: the trainer
-// must then really run on the emulated device (else that run silently repeats the CPU one).
-TEST(ParallelTrainer, RunsOnTheDeviceTheEnvironmentAsksFor) {
-    const char* env = std::getenv("TS_EMULATE_DEVICE");
-    const bool emulate = env && std::string(env) == "1";
+// ctest parallel.EmulatedDevice.Layouts reruns this binary with TS_EMULATE_DEVICE=1, and
+// parallel.HostSyncCollectives.Layouts with TS_HOST_SYNC_COLLECTIVES=1 as well: the trainer must
+// then really run on the emulated device, with every communicator host-synchronized (and say so
+// in its metadata); else those runs silently repeat the plain CPU one.
+TEST(ParallelTrainer, RunsAsTheEnvironmentAsks) {
+    auto envIsOne = [](const char* name) {
+        const char* v = std::getenv(name);
+        return v && std::string(v) == "1";
+    };
     Config c = withLayout(tinyConfig(), {2, 1, 1, 1, 1});
     auto t = engine::ParallelTrainer::create(c, nullptr);
     ASSERT_TRUE(t.isOk()) << t.status().toString();
-    EXPECT_EQ((*t)->backend().kind(), emulate ? engine::BackendKind::EmulatedDevice : engine::BackendKind::Cpu);
-}
-
-// TS_HOST_SYNC_COLLECTIVES=1 (ctest parallel.HostSyncCollectives.Layouts reruns this suite so):
-// every communicator is host-synchronized, and the run says so in its metadata.
-TEST(ParallelTrainer, SynchronizesCollectivesWhenTheEnvironmentAsks) {
-    const char* env = std::getenv("TS_HOST_SYNC_COLLECTIVES");
-    const bool hostSync = env && std::string(env) == "1";
-    Config c = withLayout(tinyConfig(), {2, 1, 1, 1, 1});
-    auto t = engine::ParallelTrainer::create(c, nullptr);
-    ASSERT_TRUE(t.isOk()) << t.status().toString();
-    EXPECT_EQ((*t)->runMetadata().value("host_sync_collectives", false), hostSync);
+    EXPECT_EQ((*t)->backend().kind(),
+              envIsOne("TS_EMULATE_DEVICE") ? engine::BackendKind::EmulatedDevice : engine::BackendKind::Cpu);
+    EXPECT_EQ((*t)->runMetadata().value("host_sync_collectives", false), envIsOne("TS_HOST_SYNC_COLLECTIVES"));
 }
 
 // Communication ops of a traced run still executing when their rank's host launched its next op

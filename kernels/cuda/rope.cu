@@ -3,7 +3,12 @@
 // [s, b, ng, d]. Pair i < d/2 of position pos turns by pos * inv_freq[i].
 //
 // One thread per (row, column item): item i < d/2 is the pair (i, i + d/2), item d/2 (odd d only)
-// is the unrotated last element. The pair's angle is computed by the thread itself.
+// is the unrotated last element. The pair's cos and sin come from tables [s, d/2] made once per
+// (GPU, s, d, theta, first position) by ropeCosSin and kept for the process (ropeTables): RoPE
+// runs at every layer, microbatch and step with the same positions, and the double-precision
+// pow and sincos per item were most of its time. The tables hold exactly what each thread used
+// to compute, so the results are the same bits. Past kMaxRopeTables distinct tables the threads
+// compute their angles again.
 //
 // Differences from the CPU, and why:
 // - inv_freq = 1 / theta^(2i/d) and cos/sin are evaluated in double and rounded to float, where
@@ -18,7 +23,11 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 namespace ts::kernels::cuda {
 
@@ -40,9 +49,33 @@ __device__ inline void ropeCosSin(int pos, int i, int d, float theta, float* c, 
     *sn = static_cast<float>(sd);
 }
 
+// Pair i of position index si (position posOffset + si): from the tables when there are some
+// ([s, half] each), else computed.
+__device__ inline void ropePair(const float* __restrict__ cosT, const float* __restrict__ sinT, int si, int i,
+                                int d, float theta, int posOffset, float* c, float* sn) {
+    if (cosT) {
+        const int64_t at = static_cast<int64_t>(si) * (d / 2) + i;
+        *c = cosT[at];
+        *sn = sinT[at];
+        return;
+    }
+    ropeCosSin(posOffset + si, i, d, theta, c, sn);
+}
+
+// The tables of ropeTables: cosT, sinT [s, half].
+__global__ void rotaryPairTablesKernel(float* __restrict__ cosT, float* __restrict__ sinT, int s, int d,
+                                       float theta, int posOffset) {
+    const int half = d / 2;
+    const int64_t n = static_cast<int64_t>(s) * half;
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t it = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; it < n; it += stride)
+        ropeCosSin(posOffset + static_cast<int>(it / half), static_cast<int>(it % half), d, theta, &cosT[it], &sinT[it]);
+}
+
 // In place on x: [s, b*n rows of d]. Items: (row, i), i < half. sign = +1 forward, -1 backward.
 __global__ void rotaryInPlaceKernel(float* __restrict__ x, int64_t rows, int rowsPerPos, int d,
-                                    float theta, int posOffset, float sign) {
+                                    float theta, int posOffset, float sign, const float* __restrict__ cosT,
+                                    const float* __restrict__ sinT) {
     const int half = d / 2;
     const int64_t n = rows * half;
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -52,7 +85,7 @@ __global__ void rotaryInPlaceKernel(float* __restrict__ x, int64_t rows, int row
         const int i = static_cast<int>(it % half);
         const int si = static_cast<int>(row / rowsPerPos);
         float c, sn;
-        ropeCosSin(posOffset + si, i, d, theta, &c, &sn);
+        ropePair(cosT, sinT, si, i, d, theta, posOffset, &c, &sn);
         sn *= sign;
         float* xr = x + row * d;
         const float a = xr[i], bb = xr[half + i];
@@ -135,7 +168,8 @@ __device__ inline void copyItem(const float* src, float* dst, int i, int half, i
 // rotate=false: plain layout copies (splitQkv, mergeQkv).
 __global__ void qkvRotaryKernel(float* __restrict__ qkv, float* __restrict__ q, float* __restrict__ k,
                                 float* __restrict__ v, int64_t tokens, int b, int nq, int ng, int d,
-                                float theta, int posOffset, bool merge, bool rotate) {
+                                float theta, int posOffset, bool merge, bool rotate, const float* __restrict__ cosT,
+                                const float* __restrict__ sinT) {
     const int r = nq / ng;
     const int half = d / 2;
     const int items = half + (d & 1);
@@ -169,11 +203,65 @@ __global__ void qkvRotaryKernel(float* __restrict__ qkv, float* __restrict__ q, 
         }
         float c = 1.0f, sn = 0.0f;
         if (i < half) {
-            ropeCosSin(posOffset + si, i, d, theta, &c, &sn);
+            ropePair(cosT, sinT, si, i, d, theta, posOffset, &c, &sn);
             sn *= sign;
         }
         rotateItem(src, dst, i, half, d, c, sn);
     }
+}
+
+// The tables of (this GPU, s, d, theta, posOffset), made the first time on `st` and waited for, so
+// that every stream may read them afterwards; kept for the process. No lock is held while they are
+// made: a rank thread waiting for its own stream must not hold up another rank's (whose collective
+// that stream may be waiting for). Null tables (the kernels then compute the angles) past
+// kMaxRopeTables, or where the allocation fails.
+constexpr size_t kMaxRopeTables = 64;
+struct RopeTables {
+    const float* cosT = nullptr;
+    const float* sinT = nullptr;
+};
+Status ropeTables(int s, int d, float theta, int posOffset, cudaStream_t st, RopeTables* out) {
+    *out = {};
+    const int half = d / 2;
+    if (s <= 0 || half <= 0) return Status::ok();
+    int device = 0;
+    TS_RETURN_IF_ERROR(detail::fromCuda(cudaGetDevice(&device), "cudaGetDevice"));
+    uint32_t thetaBits = 0;
+    std::memcpy(&thetaBits, &theta, sizeof thetaBits);
+    using Key = std::tuple<int, int, int, uint32_t, int>;
+    static std::mutex mu;
+    static std::map<Key, float*> tables;  // cos [s*half], then sin [s*half]
+    const Key key{device, s, d, thetaBits, posOffset};
+    const int64_t n = static_cast<int64_t>(s) * half;
+    auto use = [&](float* p) {
+        out->cosT = p;
+        out->sinT = p + n;
+    };
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (auto found = tables.find(key); found != tables.end()) {
+            use(found->second);
+            return Status::ok();
+        }
+        if (tables.size() >= kMaxRopeTables) return Status::ok();
+    }
+    float* p = nullptr;
+    if (cudaMalloc(&p, sizeof(float) * 2 * static_cast<size_t>(n)) != cudaSuccess) {
+        (void)cudaGetLastError();  // compute the angles instead
+        return Status::ok();
+    }
+    rotaryPairTablesKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, st>>>(p, p + n, s, d, theta, posOffset);
+    const Status launched = detail::launchStatus("rope tables");
+    const Status made = launched.isOk() ? detail::fromCuda(cudaStreamSynchronize(st), "rope tables (wait)") : launched;
+    if (!made.isOk()) {
+        (void)cudaFree(p);
+        return made;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    auto [at, inserted] = tables.emplace(key, p);
+    if (!inserted) (void)cudaFree(p);  // another thread made the same tables meanwhile (ours are done)
+    use(at->second);
+    return Status::ok();
 }
 
 Status checkShape(const char* what, int s, int b, int n, int d) {
@@ -187,8 +275,11 @@ Status ropeInPlace(const char* what, float* x, int s, int b, int n, int d, float
     TS_RETURN_IF_ERROR(checkShape(what, s, b, n, d));
     const int64_t rows = static_cast<int64_t>(s) * b * n;
     if (rows == 0 || d / 2 == 0) return Status::ok();
-    rotaryInPlaceKernel<<<detail::blocksFor(rows * (d / 2), kThreads), kThreads, 0,
-                        detail::asStream(stream)>>>(x, rows, b * n, d, theta, posOffset, sign);
+    const cudaStream_t st = detail::asStream(stream);
+    RopeTables tab;
+    TS_RETURN_IF_ERROR(ropeTables(s, d, theta, posOffset, st, &tab));
+    rotaryInPlaceKernel<<<detail::blocksFor(rows * (d / 2), kThreads), kThreads, 0, st>>>(
+        x, rows, b * n, d, theta, posOffset, sign, tab.cosT, tab.sinT);
     return detail::launchStatus(what);
 }
 
@@ -202,8 +293,11 @@ Status qkvRope(const char* what, float* qkv, float* q, float* k, float* v, int s
     const int items = d / 2 + (d & 1);
     const int64_t n = tokens * ng * (nq / ng + 2) * items;
     if (n == 0) return Status::ok();
-    qkvRotaryKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(
-        qkv, q, k, v, tokens, b, nq, ng, d, theta, posOffset, merge, rotate);
+    const cudaStream_t st = detail::asStream(stream);
+    RopeTables tab;
+    if (rotate) TS_RETURN_IF_ERROR(ropeTables(s, d, theta, posOffset, st, &tab));
+    qkvRotaryKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, st>>>(qkv, q, k, v, tokens, b, nq, ng, d, theta,
+                                                                        posOffset, merge, rotate, tab.cosT, tab.sinT);
     return detail::launchStatus(what);
 }
 

@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "engine/config/knobs.h"
+#include "engine/train/trainer.h"
 #include "profiler/store.h"
 #include "sessions/knobs_json.h"
 #include "sessions/process.h"
@@ -1054,6 +1055,8 @@ Reply Agent::Impl::validate(Fields& f) {
     if (pc->issues.empty()) {
         out["unsupported"] = engine::unsupportedKnobs(pc->config);
         out["warnings"] = engine::configWarnings(pc->config);
+        // A valid config this node cannot run (its devices): said now, not when a run fails.
+        out["node_issues"] = engine::nodeRunIssues(pc->config);
     }
     // Also with issues: the config as far as it was read (knobs with problems keep their
     // defaults), so an editor can show the file while it lists what is wrong.

@@ -37,6 +37,21 @@ Status checkDeviceBackend(const Config& c, bool unverifiedOk) {
         "train on the GPUs anyway (its results are not yet checked against the CPU backend there)");
 }
 
+std::vector<std::string> nodeRunIssues(const Config& c) {
+    if (c.device_backend != "cuda") return {};
+    if (Status s = checkDeviceBackend(c, unverifiedCudaRequested()); !s) return {s.message()};
+    const int world = deriveSizes(c).world;
+    if (world <= 1 || c.cuda_share_gpus) return {};
+    auto cuda = makeCudaBackend();
+    if (!cuda) return {"device_backend: cuda: " + cuda.status().message()};
+    const int gpus = (*cuda)->deviceCount();
+    if (world <= gpus) return {};
+    return {"device_backend: cuda: the layout has " + std::to_string(world) + " ranks (tp x cp x pp x dp), one GPU each, "
+            "and this node has " + std::to_string(gpus) + " GPU(s); set cuda_share_gpus: true to check its results "
+            "with the ranks sharing the GPUs (timings are not the layout's), or make the parallel sizes multiply to at "
+            "most " + std::to_string(gpus)};
+}
+
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, Stream* compute,
                                                  trace::Recorder* rec, const TrainerOptions& opts) {
     const DerivedSizes ds = deriveSizes(c);

@@ -53,6 +53,11 @@ nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double
 // ParallelTrainerOptions::allowUnverifiedCuda). Both trainers call it first, so `cuda` never
 // silently runs on the CPU.
 Status checkDeviceBackend(const Config& c, bool unverifiedOk = false);
+// What keeps this machine from running `c` as one process (a node's `validate`, so the workbench
+// says it before a run fails): checkDeviceBackend's reason (with TS_CUDA_UNVERIFIED as this
+// process's environment says), and a CUDA layout with more ranks than visible GPUs unless they
+// share them (cuda_share_gpus). Empty: nothing known against it (the CPU backend runs any layout).
+std::vector<std::string> nodeRunIssues(const Config& c);
 
 Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
                            const std::function<Status(const std::string&)>& save, const TrainerCallbacks& cb);

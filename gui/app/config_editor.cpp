@@ -309,14 +309,23 @@ void ConfigEditor::applyValidation(const Result<json>& r) {
     m_valid = r->value("ok", false);
     QString html;
     for (const QString& l : lines) html += QStringLiteral("<div style='color:#b00020'>✗ %1</div>").arg(l.toHtmlEscaped());
+    // A valid config the node cannot run (its devices): Run stays off, saying why.
+    QStringList nodeIssues;
+    if (r->contains("node_issues") && (*r)["node_issues"].is_array())
+        for (const auto& n : (*r)["node_issues"])
+            if (n.is_string()) nodeIssues << QString::fromStdString(n.get<std::string>());
+    for (const QString& n : nodeIssues)
+        html += QStringLiteral("<div style='color:#b00020'>✗ cannot run on %1: %2</div>")
+                    .arg(m_session->url().toHtmlEscaped(), n.toHtmlEscaped());
     if (r->contains("unsupported") && (*r)["unsupported"].is_array() && !(*r)["unsupported"].empty()) {
         html += QStringLiteral("<div style='color:#8a6d00'>Accepted but not executed by the engine yet:</div>");
         for (const auto& u : (*r)["unsupported"])
             if (u.is_string()) html += QStringLiteral("<div style='color:#8a6d00'>• %1</div>").arg(QString::fromStdString(u.get<std::string>()).toHtmlEscaped());
     }
-    if (m_valid && lines.isEmpty()) html.prepend(QStringLiteral("<div style='color:#1b7f3b'>✓ valid on %1</div>").arg(m_session->url().toHtmlEscaped()));
+    if (m_valid && lines.isEmpty() && nodeIssues.isEmpty())
+        html.prepend(QStringLiteral("<div style='color:#1b7f3b'>✓ valid on %1</div>").arg(m_session->url().toHtmlEscaped()));
     m_issues->setText(html);
-    m_run->setEnabled(m_valid);
+    m_run->setEnabled(m_valid && nodeIssues.isEmpty());
     emit validated(m_valid);
 }
 

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
                                            "and write one PNG per view and tour.json into DIR, then exit (0 when every step worked)."),
                             QStringLiteral("DIR"));
     QCommandLineOption shot(QStringLiteral("screenshot"),
-                            QStringLiteral("With --run: once the run is shown (after --screenshot-delay ms), save the window "
+                            QStringLiteral("With --run or --config: once it is shown (after --screenshot-delay ms), save the window "
                                            "as this PNG and exit (0 when saved)."),
                             QStringLiteral("PNG"));
     QCommandLineOption shotDelay(QStringLiteral("screenshot-delay"), QStringLiteral("Milliseconds before --screenshot (default 3000)."),
@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
     if (parser.isSet(shot)) window.resize(1600, 980);
     window.show();
     window.nodeBar()->openNode(parser.value(node), parser.value(token));
-    if (parser.isSet(config)) window.configEditor()->openFile(parser.value(config));
+    if (parser.isSet(config)) window.openConfigFile(parser.value(config));
     if (parser.isSet(run) && parser.isSet(tab)) {
         // The MoE and FP8 tabs appear only once the analysis says the run has them.
         const QString name = parser.value(tab);

@@ -159,15 +159,13 @@ void MainWindow::buildMenus() {
     });
     file->addAction(QStringLiteral("Open config…"), this, [this] {
         const QString f = QFileDialog::getOpenFileName(this, QStringLiteral("Open config"), QString(), QStringLiteral("YAML (*.yaml *.yml)"));
-        if (!f.isEmpty() && m_config->openFile(f)) m_left->setCurrentWidget(m_config);
+        if (!f.isEmpty()) openConfigFile(f);
     });
     QMenu* recent = file->addMenu(QStringLiteral("Recent configs"));
     connect(recent, &QMenu::aboutToShow, this, [this, recent] {
         recent->clear();
         for (const QString& f : QSettings().value(QStringLiteral("config/recent")).toStringList())
-            recent->addAction(f, this, [this, f] {
-                if (m_config->openFile(f)) m_left->setCurrentWidget(m_config);
-            });
+            recent->addAction(f, this, [this, f] { openConfigFile(f); });
     });
     file->addAction(QStringLiteral("Import traces…"), this, [this] {
         const QStringList files = QFileDialog::getOpenFileNames(this, QStringLiteral("Import traces"), QString(),
@@ -206,6 +204,12 @@ void MainWindow::showTab(const QString& name) {
 ExportDialog* MainWindow::exportDialog() {
     if (!m_export) m_export = new ExportDialog(this);
     return m_export;
+}
+
+bool MainWindow::openConfigFile(const QString& file) {
+    if (!m_config->openFile(file)) return false;
+    m_left->setCurrentWidget(m_config);
+    return true;
 }
 
 void MainWindow::openRunFile(const QString& path, const QString& name) {

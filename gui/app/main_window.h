@@ -36,6 +36,8 @@ public:
     RunController* runs() { return m_runs; }
     NodeBar* nodeBar() { return m_nodeBar; }
     ConfigEditor* configEditor() { return m_config; }
+    // Opens a YAML config in the editor and shows the Config tab (false: it could not be read).
+    bool openConfigFile(const QString& file);
     RunsBrowser* runsBrowser() { return m_browser; }
     LivePanel* livePanel() { return m_live; }
     AnalysisPanels* panels() { return m_panels; }

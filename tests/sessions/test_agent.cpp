@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/backend/backend.h"
 #include "profiler/store.h"
 #include "sessions/agent.h"
 #include "sessions/jsonrpc.h"
@@ -231,6 +232,35 @@ TEST(Agent, ValidateReportsIssues) {
     r = c.call(2, "validate", {{"yaml", "num_attention_heads: 3\nhidden_size: 64\n"}});
     EXPECT_EQ(r["result"]["ok"], false);
     EXPECT_FALSE(r["result"]["issues"].empty());
+}
+
+// A valid config this node cannot run says so in validate's node_issues (the workbench keeps Run
+// off): device_backend: cuda where the CUDA backend is unusable names why (no build, no driver,
+// no GPU); where there is one, a layout with more ranks than GPUs is named. The CPU runs anything.
+TEST(Agent, ValidateSaysWhatThisNodeCannotRun) {
+    TempDir dir("ts_agent_test");
+    auto agent = makeAgent(dir, "ok");
+    RawConn c(*agent, false);
+    json r = c.call(1, "validate", {{"yaml", kTinyYaml}});
+    ASSERT_EQ(r["result"]["ok"], true) << r.dump();
+    EXPECT_TRUE(r["result"]["node_issues"].empty()) << r.dump();
+    auto cuda = ts::engine::makeCudaBackend();
+    const int gpus = cuda ? (*cuda)->deviceCount() : 0;
+    const std::string yaml = std::string(kTinyYaml) + "device_backend: cuda\ntensor_model_parallel_size: 2\n" +
+                             "data_parallel_size: " + std::to_string(gpus + 1) + "\n";
+    r = c.call(2, "validate", {{"yaml", yaml}});
+    ASSERT_EQ(r["result"]["ok"], true) << r.dump();  // the config itself is fine
+    const json& issues = r["result"]["node_issues"];
+    ASSERT_EQ(issues.size(), 1u) << r.dump();
+    const std::string why = issues[0].get<std::string>();
+    EXPECT_NE(why.find("device_backend: cuda"), std::string::npos) << why;
+    if (!cuda) {
+        EXPECT_NE(why.find(cuda.status().message()), std::string::npos) << why;
+    } else if (std::getenv("TS_CUDA_UNVERIFIED")) {
+        EXPECT_NE(why.find("cuda_share_gpus: true"), std::string::npos) << why;
+    } else {
+        EXPECT_NE(why.find("TS_CUDA_UNVERIFIED=1"), std::string::npos) << why;
+    }
 }
 
 TEST(Agent, TcpRefusesMissingOrWrongTokenAndAcceptsTheRightOne) {

@@ -61,6 +61,36 @@ Status readFp8Entry(const nlohmann::json& e, const std::string& key, Fp8Meta& m)
     m.scale = float(sc);
     return Status::ok();
 }
+// A pack of amaxes (one float per meta, slot fastest: the dense linears' and the experts') and the
+// host metas beside it, for the checkpoint: read back (empty when it cannot be), and an entry
+// whose history[0] is the pack's (delayed: the observations since the last update; tensorwise:
+// the last amax, the scale following from it); and written from the metas' history[0] on load.
+std::vector<float> readPack(Stream& s, const TensorPtr& pack, size_t n) {
+    if (!pack) return {};
+    auto h = k::toHost(s, fp(pack), int64_t(n));
+    return h ? std::move(*h) : std::vector<float>();
+}
+nlohmann::json stateEntry(const Fp8Meta& m, const std::vector<float>& observed, size_t at, const Fp8Recipe& r) {
+    std::vector<float> history = m.history;
+    float scale = m.scale;
+    if (at < observed.size()) {
+        history[0] = observed[at];
+        if (!r.delayed) scale = currentScale(observed[at], k::fp8Max(at % kSlots == kGradSlot ? r.backward : r.forward));
+    }
+    return {{"history", history}, {"scale", scale}};
+}
+Status writePack(Stream& s, const TensorPtr& pack, const std::vector<Fp8Meta>& metas) {
+    if (!pack) return Status::ok();
+    std::vector<float> observed(metas.size());
+    for (size_t i = 0; i < observed.size(); ++i) observed[i] = metas[i].history[0];
+    return k::copyFromHost(s, pack->data(), observed.data(), observed.size() * sizeof(float));
+}
+// The index of expert tensor (local layer li, local expert l, fc1/fc2 lin, slot) among L local
+// experts: in the experts' metas and their pack.
+size_t expertAt(size_t L, int li, int l, int lin, int slot) {
+    return ((size_t(li) * L + size_t(l)) * 2 + size_t(lin)) * kSlots + size_t(slot);
+}
+
 // Tensorwise: the host metas follow the last amaxes of a pack (one float per meta, slot
 // fastest), read back for the counters: each amax and the scale it gives.
 void followLastAmaxes(std::vector<Fp8Meta>& metas, const float* pack, const Fp8Recipe& r) {
@@ -94,12 +124,7 @@ nlohmann::json GptModel::fp8State() {
     nlohmann::json out = nlohmann::json::object();
     // The amaxes are in the device pack: delayed, those observed since the last scale update;
     // tensorwise, the last one of each tensor (its scale follows from it).
-    const Fp8Recipe& r = m_o.fp8;
-    std::vector<float> observed;
-    if (m_fp8AmaxDev) {
-        auto h = k::toHost(m_exec.stream(), fp(m_fp8AmaxDev), int64_t(m_fp8Meta->size()));
-        if (h) observed = std::move(*h);
-    }
+    const std::vector<float> observed = readPack(m_exec.stream(), m_fp8AmaxDev, m_fp8Meta->size());
     for (size_t li = 0; li < m_layers.size(); ++li) {
         if (!fp8Layer(int(li))) continue;
         for (int lin = 0; lin < kLinears; ++lin)
@@ -109,13 +134,7 @@ nlohmann::json GptModel::fp8State() {
                                                       m_layers[li].shFc1W >= 0);
                 if (key.empty()) continue;
                 const size_t at = (li * kLinears + size_t(lin)) * kSlots + size_t(slot);
-                std::vector<float> history = (*m_fp8Meta)[at].history;
-                float scale = (*m_fp8Meta)[at].scale;
-                if (at < observed.size()) {
-                    history[0] = observed[at];
-                    if (!r.delayed) scale = currentScale(observed[at], k::fp8Max(slot == kFp8Grad ? r.backward : r.forward));
-                }
-                out[key] = {{"history", history}, {"scale", scale}};
+                out[key] = stateEntry((*m_fp8Meta)[at], observed, at, m_o.fp8);
             }
     }
     fp8ExpertState(out);
@@ -139,14 +158,7 @@ Status GptModel::setFp8State(const nlohmann::json& state) {
             }
     }
     TS_RETURN_IF_ERROR(setFp8ExpertState(state));
-    if (m_fp8AmaxDev) {
-        // delayed: history[0] goes where the step's observations accumulate
-        std::vector<float> observed(m_fp8Meta->size());
-        for (size_t i = 0; i < observed.size(); ++i) observed[i] = (*m_fp8Meta)[i].history[0];
-        TS_RETURN_IF_ERROR(
-            k::copyFromHost(m_exec.stream(), m_fp8AmaxDev->data(), observed.data(), observed.size() * sizeof(float)));
-    }
-    return Status::ok();
+    return writePack(m_exec.stream(), m_fp8AmaxDev, *m_fp8Meta);
 }
 
 Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, int64_t n) {
@@ -313,15 +325,15 @@ void GptModel::fp8StepUpdate() {
 // GEMM's scale is fp8_max over the amax of what that GEMM has on this rank: its rows after the
 // dispatch (the all-to-all over "ep" and the all-gather over "etp"), its weight's ETP shard, its
 // fc2 input's and fc1 output gradient's F/etp columns (fp8QuantizeTensor on the expert's rows,
-// fp8ExpertWeights on the local weight).
+// fp8ExpertWeights on the local weight). Where those are one microbatch's rows and the whole
+// weight (etp 1 and the etp-ep group = the tp-cp group of one microbatch, or no split at all) the
+// scales are the single device's; elsewhere they depend on the layout (configWarnings,
+// docs/engine.md "Inside MoE experts").
 // Every amax stays on the device (m_fp8ExpAmaxDev, one float per expert tensor, as the dense
 // linears' pack): delayed scaling accumulates the step's observations there and reads them back
 // once per step for the scale update; tensorwise computes each scale on the device from the amax
 // it has just taken, and the host reads the last amaxes back only for the counters (traced) and
-// the checkpoint. Where those are one microbatch's rows and the whole
-// weight (etp 1 and the etp-ep group = the tp-cp group of one microbatch, or no split at all) the
-// scales are the single device's; elsewhere they depend on the layout (configWarnings,
-// docs/engine.md "Inside MoE experts").
+// the checkpoint.
 
 namespace {
 const char* kExpLinearNames[2] = {"linear_fc1", "linear_fc2"};
@@ -349,8 +361,7 @@ void GptModel::fp8ExpertInit() {
 }
 
 Fp8TensorSlots GptModel::fp8ExpertSlots(int li, int l, Fp8ExpertLinear lin, Fp8Slot slot) const {
-    const size_t L = size_t(m_fp8LocalExperts);
-    const size_t at = ((size_t(li) * L + size_t(l)) * 2 + size_t(lin)) * kSlots + size_t(slot);
+    const size_t at = expertAt(size_t(m_fp8LocalExperts), li, l, lin, slot);
     Fp8TensorSlots q;
     q.meta = &(*m_fp8ExpMeta)[at];
     if (m_fp8ExpAmaxDev) q.observed = fp(m_fp8ExpAmaxDev) + at;
@@ -359,8 +370,7 @@ Fp8TensorSlots GptModel::fp8ExpertSlots(int li, int l, Fp8ExpertLinear lin, Fp8S
 }
 
 Fp8Meta* GptModel::fp8ExpertMeta(int li, int l, Fp8ExpertLinear lin, Fp8Slot slot) const {
-    const size_t L = size_t(m_fp8LocalExperts);
-    return &(*m_fp8ExpMeta)[((size_t(li) * L + size_t(l)) * 2 + size_t(lin)) * kSlots + size_t(slot)];
+    return &(*m_fp8ExpMeta)[expertAt(size_t(m_fp8LocalExperts), li, l, lin, slot)];
 }
 
 Result<std::vector<const float*>> GptModel::fp8ExpertWeights(int li, Fp8ExpertLinear lin, const std::vector<int>& wIdx) {
@@ -407,28 +417,15 @@ void GptModel::fp8ExpertState(nlohmann::json& out) {
     const int L = m_fp8LocalExperts, e0 = m_ctx.epRank * L;
     // The amaxes are in the device pack (as the dense linears'): delayed, those observed since the
     // last scale update; tensorwise, each tensor's last, its scale following from it.
-    const Fp8Recipe& r = m_o.fp8;
-    std::vector<float> observed;
-    if (m_fp8ExpAmaxDev) {
-        auto h = k::toHost(m_exec.stream(), fp(m_fp8ExpAmaxDev), int64_t(m_fp8ExpMeta->size()));
-        if (h) observed = std::move(*h);
-    }
+    const std::vector<float> observed = readPack(m_exec.stream(), m_fp8ExpAmaxDev, m_fp8ExpMeta->size());
     for (size_t li = 0; li < m_layers.size(); ++li) {
         if (m_layers[li].routerW < 0 || !fp8Layer(int(li))) continue;
         for (int l = 0; l < L; ++l)
             for (int lin = 0; lin < 2; ++lin)
                 for (int slot = 0; slot < kSlots; ++slot) {
-                    const size_t at = ((li * size_t(L) + size_t(l)) * 2 + size_t(lin)) * kSlots + size_t(slot);
-                    const Fp8Meta& m = (*m_fp8ExpMeta)[at];
-                    std::vector<float> history = m.history;
-                    float scale = m.scale;
-                    if (at < observed.size()) {
-                        history[0] = observed[at];
-                        if (!r.delayed)
-                            scale = currentScale(observed[at], k::fp8Max(slot == kFp8Grad ? r.backward : r.forward));
-                    }
-                    out[fp8ExpertTensorName(m_ctx.layerBegin + int(li), e0 + l, lin, slot)] = {{"history", history},
-                                                                                               {"scale", scale}};
+                    const size_t at = expertAt(size_t(L), int(li), l, lin, slot);
+                    out[fp8ExpertTensorName(m_ctx.layerBegin + int(li), e0 + l, lin, slot)] =
+                        stateEntry((*m_fp8ExpMeta)[at], observed, at, m_o.fp8);
                 }
     }
 }
@@ -447,14 +444,7 @@ Status GptModel::setFp8ExpertState(const nlohmann::json& state) {
                     TS_RETURN_IF_ERROR(readFp8Entry(*it, key, *fp8ExpertMeta(int(li), l, Fp8ExpertLinear(lin), Fp8Slot(slot))));
                 }
     }
-    if (m_fp8ExpAmaxDev) {
-        // history[0] goes where the step's observations (delayed) or the last amax (tensorwise) are
-        std::vector<float> observed(m_fp8ExpMeta->size());
-        for (size_t i = 0; i < observed.size(); ++i) observed[i] = (*m_fp8ExpMeta)[i].history[0];
-        TS_RETURN_IF_ERROR(k::copyFromHost(m_exec.stream(), m_fp8ExpAmaxDev->data(), observed.data(),
-                                           observed.size() * sizeof(float)));
-    }
-    return Status::ok();
+    return writePack(m_exec.stream(), m_fp8ExpAmaxDev, *m_fp8ExpMeta);
 }
 
 void GptModel::fp8ExpertStepUpdate() {
@@ -467,9 +457,7 @@ void GptModel::fp8ExpertStepUpdate() {
     const int L = m_fp8LocalExperts, E = m_cfg.num_moe_experts, e0 = m_ctx.epRank * L;
     const int layerBegin = m_ctx.layerBegin;
     auto metas = m_fp8ExpMeta;
-    auto at = [L](int li, int l, int lin, int slot) {
-        return ((size_t(li) * size_t(L) + size_t(l)) * 2 + size_t(lin)) * kSlots + size_t(slot);
-    };
+    auto at = [L](int li, int l, int lin, int slot) { return expertAt(size_t(L), li, l, lin, slot); };
     const TraceTarget tt = m_exec.device().traceTarget();
     auto counters = [=] {
         // "fp8.layer<L>.expert<E>.<linear>.<slot>.amax|scale" of this rank's experts.

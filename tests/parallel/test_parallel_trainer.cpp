@@ -26,6 +26,7 @@
 #include "engine/train/trainer.h"
 #include "fake_recorder.h"
 #include "parallel_test_util.h"
+#include "tests/scoped_env.h"
 
 using namespace ts;
 using namespace ts::engine;
@@ -183,6 +184,79 @@ TEST(ParallelTrainer, Bf16GradReductionIsCloseButNotExact) {
         maxErr = std::max(maxErr, e);
     }
     EXPECT_GT(maxErr, 1e-6) << "bf16 reduction gave bit-identical weights: the knob did nothing";
+}
+
+// A bf16 run keeps the layers' saved activations as bf16 bits between forward and backward
+// (GptModel::saveBf16). On the layouts whose saved tensors are their own (SP shards, the
+// interleaved pipeline's chunks, CP's head-split and ring outputs, FP8's kept attention output,
+// shared experts beside expert parallel), the run is the same bits as keeping them in fp32 words.
+TEST(ParallelTrainer, Bf16SavedActivationsGiveTheSameRunOnEveryLayout) {
+    struct Case {
+        const char* name;
+        Layout layout;
+        std::function<void(Config&)> edit;
+    };
+    const std::vector<Case> cases = {
+        {"tp2 SP, interleaved pp2, dropout", {2, 2, 2, 1, 4}, [](Config& c) {
+             c.sequence_parallel = true;
+             c.overlap_p2p_comm = true;
+             c.hidden_dropout = 0.1;
+         }},
+        {"tp2 SP, tp_comm_overlap", {2, 1, 1, 1, 2}, [](Config& c) {
+             c.sequence_parallel = true;
+             c.tp_comm_overlap = true;
+         }},
+        {"cp2 p2p, FP8 delayed (the attention keeps its own output)", {1, 1, 1, 1, 2}, [](Config& c) {
+             c.context_parallel_size = 2;
+             c.cp_comm_type = "p2p";
+             c.fp8 = "hybrid";
+         }},
+        {"cp4 a2a+p2p [2, 2] (the ring's head-split output)", {1, 1, 1, 1, 2}, [](Config& c) {
+             c.context_parallel_size = 4;
+             c.cp_comm_type = "a2a+p2p";
+             c.hierarchical_context_parallel_sizes = {2, 2};
+         }},
+        {"cp2 a2a, selective recompute", {1, 1, 1, 1, 2}, [](Config& c) {
+             c.context_parallel_size = 2;
+             c.cp_comm_type = "a2a";
+             c.attention_backend = "unfused";
+             c.recompute_granularity = "selective";
+         }},
+        {"ep2 dp2, gated shared experts", {1, 1, 1, 2, 2}, [](Config& c) {
+             c.expert_model_parallel_size = 2;
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.moe_shared_expert_intermediate_size = 32;
+             c.moe_shared_expert_gate = true;
+             c.add_bias_linear = false;
+         }},
+        {"pp2 dp2, full recompute of two-layer groups", {1, 2, 1, 2, 2}, [](Config& c) {
+             c.recompute_granularity = "full";
+             c.recompute_method = "uniform";
+             c.recompute_num_layers = 2;
+         }},
+    };
+    for (const Case& k : cases) {
+        Config c = withLayout(tinyConfig(), k.layout);
+        c.bf16 = true;
+        k.edit(c);
+        Result<RunResult> words = Status::internal("not run"), packed = Status::internal("not run");
+        {
+            ts::testing::ScopedEnv env("TS_BF16_SAVED_FP32", "1");
+            words = runParallel(c, 2);
+        }
+        {
+            ts::testing::ScopedEnv env("TS_BF16_SAVED_FP32", nullptr);
+            packed = runParallel(c, 2);
+        }
+        ASSERT_TRUE(words.isOk()) << k.name << ": " << words.status().toString();
+        ASSERT_TRUE(packed.isOk()) << k.name << ": " << packed.status().toString();
+        ASSERT_EQ(words->losses.size(), 2u) << k.name;
+        EXPECT_EQ(packed->losses, words->losses) << k.name;
+        EXPECT_EQ(packed->gradNorms, words->gradNorms) << k.name;
+        ASSERT_EQ(packed->params.size(), words->params.size()) << k.name;
+        for (const auto& [name, w] : words->params) EXPECT_EQ(packed->params.at(name), w) << k.name << ": " << name;
+    }
 }
 
 // ctest parallel.EmulatedDevice.Layouts reruns this binary with TS_EMULATE_DEVICE=1, and

@@ -192,9 +192,9 @@ private:
     // A tensor saveBf16 may pack: a field of a layer's LayerActs or of its MoeSaved.
     struct SavedTensor {
         TensorPtr* tensor;
-        bool fp8Input;  // an FP8 layer's linear quantizes it in place: then it holds scaled FP8 values
+        bool fp8Input;  // an FP8 layer's linear (per-tensor recipes) quantizes it in place: scaled FP8 values
     };
-    static std::vector<SavedTensor> bf16SavedTensors(LayerActs& A);
+    std::vector<SavedTensor> bf16SavedTensors(LayerActs& A) const;
     static void moeBf16SavedTensors(MoeSaved& s, std::vector<SavedTensor>& out);  // gpt_moe.cpp
     // Attention block of global layer gl: A.a1 -> the linear_proj output [TL, h] before its
     // bias; backward: its grad dproj -> the grad of A.a1 [TL, h] (TL = localTokens()).

@@ -155,24 +155,31 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
 // between keep computing on floats, so only the layer being run holds its tensors in fp32 words.
 // MoE layers pack their routed experts' rows too (moeBf16SavedTensors). Not packed: what is not a
 // bf16 value (the norms' statistics, the flash and ring statistics, the attention probabilities,
-// the router's logits and probs, FP8 linears' inputs, which they quantize in place) and the
-// dropout masks (bytes already). Ops read what they use through their own pointers, never
+// the router's logits and probs, FP8 linears' inputs, which the per-tensor recipes quantize in
+// place, SwiGLU's fc1 with its bias) and the dropout masks (bytes already). Ops read what they use through their own pointers, never
 // through LayerActs or MoeSaved when they run, so the host may swap the fields meanwhile.
 // A test packs every path both ways: GptPaths.Bf16SavedActivationsAreTheSameBitsInHalfTheBytes,
 // ParallelTrainer.Bf16SavedActivationsGiveTheSameRunOnEveryLayout.
-std::vector<GptModel::SavedTensor> GptModel::bf16SavedTensors(LayerActs& A) {
+std::vector<GptModel::SavedTensor> GptModel::bf16SavedTensors(LayerActs& A) const {
+    // An MoE layer's a2 is the router's input, which FP8 leaves alone (the shared experts quantize
+    // their own copy, shX; the experts their rows).
+    const bool moe = A.moe != nullptr;
     std::vector<SavedTensor> t = {
         {&A.x, false},     {&A.a1, true},    {&A.q, false},       {&A.k, false},
         {&A.v, false},     {&A.ctx, true},   {&A.attnOut, false}, {&A.ctxHeads, false},
-        {&A.x2, false},    {&A.a2, true},    {&A.fc1, false},     {&A.act, true},
+        {&A.x2, false},    {&A.a2, !moe},    {&A.act, true},
         {&A.shFc1, false}, {&A.shAct, true}};  // not shOut: linear_fc2's output, not rounded before the gate
+    // SwiGLU's saved fc1 includes the bias added after the GEMM's rounding: not a bf16 value then.
+    if (!(m_d.swiglu && m_d.bias)) t.push_back({&A.fc1, false});
     if (MoeSaved* m = A.moe.get()) moeBf16SavedTensors(*m, t);
     return t;
 }
 
 Status GptModel::saveBf16(LayerActs& A, int li) {
     if (!m_o.bf16SavedPacked || !A.packed.empty()) return Status::ok();
-    const bool fp8 = fp8Layer(li);
+    // FP8 quantizes those inputs in place under the per-tensor recipes; the block recipes
+    // quantize into workspaces and leave them bf16.
+    const bool fp8 = fp8Layer(li) && !m_o.fp8.isBlock();
     const std::vector<SavedTensor> all = bf16SavedTensors(A);
     std::vector<const Buffer*> made;  // the bits made here: a tensor already pointing at them is done
     for (const SavedTensor& sv : all) {

@@ -94,12 +94,7 @@ Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const 
         m_exec.op(swiglu ? N.swigluFwd : N.geluFwd, Category::Elementwise, 10.0 * T * F,
                   uint64_t(T) * (F1 + F) * 4, [=] {
                       if (swiglu) {
-                          if (B) {
-                              // The saved fc1 includes the bias, a bf16 tensor as the GEMM's output
-                              // with the bias in it is under Transformer Engine (and the experts').
-                              k::addBias(fp(fc1), B, T, F1);
-                              if (bf) k::roundToBf16(fp(fc1), int64_t(T) * F1);
-                          }
+                          if (B) k::addBias(fp(fc1), B, T, F1);  // saved fc1 includes the bias
                           k::swigluForward(fp(fc1), fp(act), T, F);
                       } else if (fusedAct) {
                           k::biasGeluForward(fp(fc1), B, fp(act), T, F);

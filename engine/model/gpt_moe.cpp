@@ -664,6 +664,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             g2[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc2, kFp8Grad);
         }
     }
+    const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // as the forward's experts
     auto expert = [=](int l) {
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) {
@@ -673,7 +674,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             }
             return;
         }
-        const float* ac = fp(s->act) + size_t(r0) * F;
+        const float* ac = fp(actT) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
         float* dy = fp(dyin) + size_t(r0) * h;  // this backward's own buffer: quantized in place
         float* da = fp(bgrad) + size_t(r0) * F;
@@ -706,19 +707,19 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         }
         if (!blk) k::linearBackward(dy, scaled, W2[size_t(l)], da, G2[size_t(l)], nullptr, rows, F, h);
         k::moeProbGrad(da, ac, prob, b2 ? dyB : nullptr, b2, dact, fp(deprob) + r0, rows, F, h);
-        const float* f1 = fp(s->fc1) + size_t(r0) * F1;
+        const float* f1 = fp(fc1T) + size_t(r0) * F1;
         if (swiglu) k::swigluBackward(dact, f1, dfc1, rows, F);
         else k::biasGeluBackward(dact, f1, nullptr, dfc1, nullptr, rows, F);
         if (bf) k::roundToBf16(dfc1, int64_t(rows) * F1);
         // fc1's bias grad: the sum of fc1's output grads (before FP8 quantizes them)
         if (GB1[size_t(l)]) k::biasGradAccumulate(dfc1, GB1[size_t(l)], rows, F1);
         if (blk) {
-            fp8BlockExpertsBackward(fr, fp(bgrad) + size_t(2 * R) * F, fp(s->xin), W1.data(), fp(dxin), G1.data(),
+            fp8BlockExpertsBackward(fr, fp(bgrad) + size_t(2 * R) * F, fp(xinT), W1.data(), fp(dxin), G1.data(),
                                     s->eoff.data(), l, l + 1, h, F1, fp(bwork));
             return;
         }
         if (fp8) fp8QuantizeTensor(fr, g1[size_t(l)], true, gradDiv, dfc1, dfc1, nullptr, int64_t(rows) * F1);
-        k::linearBackward(dfc1, fp(s->xin) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
+        k::linearBackward(dfc1, fp(xinT) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
                           G1[size_t(l)], nullptr, rows, h, F1);
     };
     const double expertFlops = 4.0 * R * (double(h) * F1 + double(F) * h);

@@ -115,8 +115,8 @@ struct ModelOptions {
     bool bf16SavedPacked = false;
 };
 
-// TS_BF16_SAVED_FP32=1: a bf16 run keeps its saved activations in fp32 words, as before they were
-// packed (the same bits; for comparing memory and for tests).
+// TS_BF16_SAVED_FP32=1: a bf16 run keeps its saved activations in fp32 words (the same bits as
+// packing them; for comparing memory and for tests).
 bool bf16SavedInFp32Words();
 
 // Derives dims/options from a config and checks that the shapes fit this engine

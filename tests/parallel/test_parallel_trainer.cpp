@@ -230,6 +230,27 @@ TEST(ParallelTrainer, Bf16SavedActivationsGiveTheSameRunOnEveryLayout) {
              c.moe_shared_expert_gate = true;
              c.add_bias_linear = false;
          }},
+        {"ep2 FP8 delayed experts (their rows quantized in place, apart from the permuted ones)", {1, 1, 1, 2, 2},
+         [](Config& c) {
+             c.expert_model_parallel_size = 2;
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.fp8 = "hybrid";
+         }},
+        {"ep2 allgather dispatcher, mxfp8 (block recipes leave the inputs bf16)", {1, 1, 1, 2, 2}, [](Config& c) {
+             c.expert_model_parallel_size = 2;
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.moe_token_dispatcher_type = "allgather";
+             c.fp8 = "e4m3";
+             c.fp8_recipe = "mxfp8";
+         }},
+        {"cp2 all_gather, flash, FP8 tensorwise", {1, 1, 1, 1, 2}, [](Config& c) {
+             c.context_parallel_size = 2;
+             c.cp_comm_type = "all_gather";
+             c.fp8 = "hybrid";
+             c.fp8_recipe = "tensorwise";
+         }},
         {"pp2 dp2, full recompute of two-layer groups", {1, 2, 1, 2, 2}, [](Config& c) {
              c.recompute_granularity = "full";
              c.recompute_method = "uniform";
@@ -241,14 +262,21 @@ TEST(ParallelTrainer, Bf16SavedActivationsGiveTheSameRunOnEveryLayout) {
         c.bf16 = true;
         k.edit(c);
         Result<RunResult> words = Status::internal("not run"), packed = Status::internal("not run");
+        test::FakeRecorder wordsRec, packedRec;
         {
             ts::testing::ScopedEnv env("TS_BF16_SAVED_FP32", "1");
-            words = runParallel(c, 2);
+            words = runParallel(c, 2, &wordsRec);
         }
         {
             ts::testing::ScopedEnv env("TS_BF16_SAVED_FP32", nullptr);
-            packed = runParallel(c, 2);
+            packed = runParallel(c, 2, &packedRec);
         }
+        // The packing really ran, and only where asked for.
+        auto ran = [](const test::FakeRecorder& r, const char* op) {
+            return std::find(r.strings.begin(), r.strings.end(), op) != r.strings.end();
+        };
+        EXPECT_TRUE(ran(packedRec, "bf16.save") && ran(packedRec, "bf16.restore")) << k.name;
+        EXPECT_FALSE(ran(wordsRec, "bf16.save")) << k.name;
         ASSERT_TRUE(words.isOk()) << k.name << ": " << words.status().toString();
         ASSERT_TRUE(packed.isOk()) << k.name << ": " << packed.status().toString();
         ASSERT_EQ(words->losses.size(), 2u) << k.name;

@@ -149,6 +149,13 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         caveats.push_back("bf16 run whose activations and bf16 model copy are fp32 words holding bf16 values "
                           "(emulated bf16 storage): their memory is about twice what Megatron-LM keeps for them; "
                           "fp32 main params, grads and optimizer state are as Megatron's");
+    else if (it != meta.end() && it->second == "saved_bf16")
+        caveats.push_back("bf16 run: the layers' saved activations are bf16 (2 bytes, as Megatron-LM keeps them), but "
+                          "the bf16 model copy and the working tensors of the layer being run are fp32 words holding "
+                          "bf16 values (twice Megatron-LM's bytes), and some saved tensors stay fp32 (4 bytes): the "
+                          "probabilities the unfused attention keeps, FP8 linears' inputs (1 byte in Megatron-LM), "
+                          "SwiGLU's fc1 with its bias, the final norm and the logits; fp32 main params, grads and "
+                          "optimizer state are as Megatron's");
     if (flag("cuda_unverified"))
         caveats.push_back("a CUDA layout over several ranks (TS_CUDA_UNVERIFIED=1): not yet checked against the CPU "
                           "backend on a machine with several GPUs (docs/cuda_port.md)");

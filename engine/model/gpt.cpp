@@ -403,6 +403,7 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
         const bool keep = recomputeGroupStart(li) < 0;
         if (m_forwardPreHook) m_forwardPreHook(layerParamList(li));
         TS_RETURN_IF_ERROR(layerForward(*st, li, keep));
+        TS_RETURN_IF_ERROR(saveBf16(st->layers[size_t(li)], li));
         m_exec.throttle();
     }
     if (m_ctx.lastStage) {
@@ -455,6 +456,7 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
         if (g0 >= 0 && li == recomputeGroupEnd(li) - 1) {
             // Full recompute: rerun the group's forward from its checkpointed input (same
             // dropout seeds, same kernels -> bit-identical activations), keeping everything.
+            TS_RETURN_IF_ERROR(restoreBf16(st->layers[size_t(g0)]));
             st->hidden = st->layers[size_t(g0)].x;
             m_recomputing = true;
             for (int j = g0; j <= li; ++j) {
@@ -469,6 +471,7 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
             st->hidden.reset();
         }
         TensorPtr dx;
+        TS_RETURN_IF_ERROR(restoreBf16(st->layers[size_t(li)]));
         TS_RETURN_IF_ERROR(layerBackward(*st, li, dh, &dx));
         TS_RETURN_IF_ERROR(gradsReady(layerParamList(li)));
         st->layers[size_t(li)] = LayerActs{};

@@ -184,6 +184,18 @@ private:
     Status embeddingBackward(MbState& st, TensorPtr dh);
     Status layerForward(MbState& st, int li, bool keep);
     Status layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* dx);
+    // bf16 runs (ModelOptions::bf16SavedPacked): layer li's saved activations wait for the
+    // backward as bf16 bits; restoreBf16 makes them floats again before the layer's backward or
+    // the recompute that starts from it (gpt_layer.cpp).
+    Status saveBf16(LayerActs& A, int li);
+    Status restoreBf16(LayerActs& A);
+    // A tensor saveBf16 may pack: a field of a layer's LayerActs or of its MoeSaved.
+    struct SavedTensor {
+        TensorPtr* tensor;
+        bool fp8Input;  // an FP8 layer's linear (per-tensor recipes) quantizes it in place: scaled FP8 values
+    };
+    std::vector<SavedTensor> bf16SavedTensors(LayerActs& A) const;
+    static void moeBf16SavedTensors(MoeSaved& s, std::vector<SavedTensor>& out);  // gpt_moe.cpp
     // Attention block of global layer gl: A.a1 -> the linear_proj output [TL, h] before its
     // bias; backward: its grad dproj -> the grad of A.a1 [TL, h] (TL = localTokens()).
     Result<TensorPtr> attentionForward(LayerActs& A, const LayerParams& P, int gl);

@@ -50,6 +50,15 @@ struct GptModel::LayerActs {
     // between the token dispatch and the routed experts (Megatron runs the shared experts there,
     // on their own stream, while the dispatcher's all-to-all is in flight).
     std::function<Status()> beforeExperts;
+    // bf16 runs, from the end of the layer's forward to the start of its backward: the tensors
+    // (fields of this struct or of *moe) that hold bf16 bits instead of floats
+    // (GptModel::saveBf16), with their element counts. The layer's entry in MbState::layers,
+    // which is not resized meanwhile, and *moe hold those fields in place.
+    struct Packed {
+        TensorPtr* tensor;
+        int64_t n;
+    };
+    std::vector<Packed> packed;
 };
 
 struct GptModel::MbState {

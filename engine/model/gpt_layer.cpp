@@ -149,6 +149,72 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     return Status::ok();
 }
 
+// bf16 runs keep a layer's saved activations as bf16 bits between its forward and its backward,
+// 2 bytes an element as Megatron-LM keeps its bf16 tensors: each was rounded to bf16 by the op
+// that made it, so the bits hold it exactly and restoreBf16 gives the same floats back. The ops in
+// between keep computing on floats, so only the layer being run holds its tensors in fp32 words.
+// MoE layers pack their routed experts' rows too (moeBf16SavedTensors). Not packed: what is not a
+// bf16 value (the norms' statistics, the flash and ring statistics, the attention probabilities,
+// the router's logits and probs, FP8 linears' inputs, which the per-tensor recipes quantize in
+// place, SwiGLU's fc1 with its bias) and the dropout masks (bytes already). Ops read what they use through their own pointers, never
+// through LayerActs or MoeSaved when they run, so the host may swap the fields meanwhile.
+// A test packs every path both ways: GptPaths.Bf16SavedActivationsAreTheSameBitsInHalfTheBytes,
+// ParallelTrainer.Bf16SavedActivationsGiveTheSameRunOnEveryLayout.
+std::vector<GptModel::SavedTensor> GptModel::bf16SavedTensors(LayerActs& A) const {
+    // An MoE layer's a2 is the router's input, which FP8 leaves alone (the shared experts quantize
+    // their own copy, shX; the experts their rows).
+    const bool moe = A.moe != nullptr;
+    std::vector<SavedTensor> t = {
+        {&A.x, false},     {&A.a1, true},    {&A.q, false},       {&A.k, false},
+        {&A.v, false},     {&A.ctx, true},   {&A.attnOut, false}, {&A.ctxHeads, false},
+        {&A.x2, false},    {&A.a2, !moe},    {&A.act, true},
+        {&A.shFc1, false}, {&A.shAct, true}};  // not shOut: linear_fc2's output, not rounded before the gate
+    // SwiGLU's saved fc1 includes the bias added after the GEMM's rounding: not a bf16 value then.
+    if (!(m_d.swiglu && m_d.bias)) t.push_back({&A.fc1, false});
+    if (MoeSaved* m = A.moe.get()) moeBf16SavedTensors(*m, t);
+    return t;
+}
+
+Status GptModel::saveBf16(LayerActs& A, int li) {
+    if (!m_o.bf16SavedPacked || !A.packed.empty()) return Status::ok();
+    // FP8 quantizes those inputs in place under the per-tensor recipes; the block recipes
+    // quantize into workspaces and leave them bf16.
+    const bool fp8 = fp8Layer(li) && !m_o.fp8.isBlock();
+    const std::vector<SavedTensor> all = bf16SavedTensors(A);
+    std::vector<const Buffer*> made;  // the bits made here: a tensor already pointing at them is done
+    for (const SavedTensor& sv : all) {
+        TensorPtr& t = *sv.tensor;
+        if (!t || (fp8 && sv.fp8Input) || std::find(made.begin(), made.end(), t.get()) != made.end()) continue;
+        const int64_t n = int64_t(t->bytes() / sizeof(float));
+        TS_ASSIGN_OR_RETURN(TensorPtr bits, allocUninitialized(m_exec, (n + 1) / 2));
+        TensorPtr src = t;
+        m_exec.op("bf16.save", Category::Elementwise, 0, uint64_t(n) * 6,
+                  [=] { k::floatToBf16(fp(src), bits->as<uint16_t>(), n); });
+        // One tensor under two names (an alias) gets one copy of its bits.
+        for (const SavedTensor& g : all)
+            if (g.tensor->get() == src.get()) *g.tensor = bits;
+        made.push_back(bits.get());
+        A.packed.push_back({sv.tensor, n});
+    }
+    return Status::ok();
+}
+
+Status GptModel::restoreBf16(LayerActs& A) {
+    if (A.packed.empty()) return Status::ok();
+    const std::vector<SavedTensor> all = bf16SavedTensors(A);
+    for (const LayerActs::Packed& pk : A.packed) {
+        TensorPtr bits = *pk.tensor;
+        const int64_t n = pk.n;
+        TS_ASSIGN_OR_RETURN(TensorPtr floats, allocUninitialized(m_exec, n));
+        m_exec.op("bf16.restore", Category::Elementwise, 0, uint64_t(n) * 6,
+                  [=] { k::bf16ToFloat(bits->as<uint16_t>(), fp(floats), n); });
+        for (const SavedTensor& g : all)
+            if (g.tensor->get() == bits.get()) *g.tensor = floats;
+    }
+    A.packed.clear();
+    return Status::ok();
+}
+
 // An MoE layer's MLP part (Megatron's MoELayer.forward): the routed experts (gpt_moe.cpp) plus,
 // with moe_shared_expert_intermediate_size > 0, the shared experts, whose output is added to the
 // routed experts' (postprocess). They run before the router (Megatron's default), or with

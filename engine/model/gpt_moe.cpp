@@ -181,6 +181,17 @@ struct GptModel::MoeSaved {
     int gl = 0;  // global layer (counter names)
 };
 
+// What of the routed experts' saved state holds bf16 values (GptModel::saveBf16): the permuted
+// and the expert-side input rows (copies of the layer's normed input; FP8 experts quantize the
+// expert-side rows in place, and without EP they are the permuted rows themselves), and each
+// row's fc1 output and activation. Not the router's logits and probs (fp32, as Megatron's router).
+void GptModel::moeBf16SavedTensors(MoeSaved& s, std::vector<SavedTensor>& out) {
+    out.push_back({&s.xp, true});
+    out.push_back({&s.xin, true});
+    out.push_back({&s.fc1, false});
+    out.push_back({&s.act, false});
+}
+
 
 Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int gl) {
     const int T = localTokens(), h = m_d.hidden;  // SP: this rank's s/t rows
@@ -249,6 +260,9 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     const bool bias = m_cfg.moe_router_enable_expert_bias, count = bias && !m_recomputing;
     auto router = m_router;
     TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, 3 * int64_t(rowsAlloc) + T + 1, MemCategory::Workspace));
+    // The ops read the tensors the layer saves through their own pointers: the host replaces those
+    // in MoeSaved when it packs them for the backward (GptModel::saveBf16), maybe before they run.
+    TensorPtr xp = s->xp;
     m_exec.op("router.topk_permute", Category::Elementwise, double(T) * E * 4, uint64_t(T) * (E + K * h) * 4, [=] {
         // The routing runs on the host: the logits are read back (on a device a copy and a wait,
         // as Megatron's dispatcher waits for its splits), the plan and the probs go back.
@@ -277,7 +291,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         for (int i = 0; i < rows; ++i) inv[cursor[size_t(tok[i])]++] = i;
         k::copyBytes(s->plan->data(), plan.data(), plan.size() * sizeof(int32_t));
         k::copyBytes(fp(s->probT), r.prob.data(), size_t(rows) * sizeof(float));
-        k::gatherRows(fp(x), s->planTok(), fp(s->xp), rows, h);
+        k::gatherRows(fp(x), s->planTok(), fp(xp), rows, h);
         s->rows = rows;
         s->topi = std::move(r.topi);
         s->topv = std::move(r.topv);
@@ -464,6 +478,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     }
     std::vector<const float*> B1g(static_cast<size_t>(L), nullptr);  // fc1's bias inside the GEMM (grouped)
     if (grouped) B1g = B1;
+    const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // see router.topk_permute
     auto expert = [=](int l) {
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) {
@@ -474,17 +489,17 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             }
             return;
         }
-        float* f1 = fp(s->fc1) + size_t(r0) * F1;
-        float* ac = fp(s->act) + size_t(r0) * F;
+        float* f1 = fp(fc1T) + size_t(r0) * F1;
+        float* ac = fp(actT) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
-        float* xin = fp(s->xin) + size_t(r0) * h;
+        float* xin = fp(xinT) + size_t(r0) * h;
         if (fp8 && !blk) fp8QuantizeTensor(fr, q1[size_t(l)], false, 1.f, xin, xin, nullptr, int64_t(rows) * h);
         // fc1's bias (never quantized): TEGroupedMLP's GroupedLinear adds it in the GEMM
         // (skip_bias_add=False: one bf16 rounding of x W^T + b); SequentialMLP's experts get it
         // back from fc1 (skip_bias_add=True) and add it to fc1's bf16 output in the activation
         // (x + b, or weighted_bias_swiglu's), rounded again. The saved fc1 includes the bias.
         const float* b1 = B1[size_t(l)];
-        if (blk) fp8BlockExpertsForward(fr, fp(s->xin), W1.data(), B1g.data(), fp(s->fc1), s->eoff.data(), l, l + 1, h, F1, fp(xq));
+        if (blk) fp8BlockExpertsForward(fr, fp(xinT), W1.data(), B1g.data(), fp(fc1T), s->eoff.data(), l, l + 1, h, F1, fp(xq));
         else k::linearForward(xin, W1[size_t(l)], grouped ? b1 : nullptr, f1, rows, h, F1);
         if (bf) k::roundToBf16(f1, int64_t(rows) * F1);
         if (b1 && !grouped) {
@@ -649,6 +664,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             g2[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc2, kFp8Grad);
         }
     }
+    const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // as the forward's experts
     auto expert = [=](int l) {
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) {
@@ -658,7 +674,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             }
             return;
         }
-        const float* ac = fp(s->act) + size_t(r0) * F;
+        const float* ac = fp(actT) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
         float* dy = fp(dyin) + size_t(r0) * h;  // this backward's own buffer: quantized in place
         float* da = fp(bgrad) + size_t(r0) * F;
@@ -691,19 +707,19 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         }
         if (!blk) k::linearBackward(dy, scaled, W2[size_t(l)], da, G2[size_t(l)], nullptr, rows, F, h);
         k::moeProbGrad(da, ac, prob, b2 ? dyB : nullptr, b2, dact, fp(deprob) + r0, rows, F, h);
-        const float* f1 = fp(s->fc1) + size_t(r0) * F1;
+        const float* f1 = fp(fc1T) + size_t(r0) * F1;
         if (swiglu) k::swigluBackward(dact, f1, dfc1, rows, F);
         else k::biasGeluBackward(dact, f1, nullptr, dfc1, nullptr, rows, F);
         if (bf) k::roundToBf16(dfc1, int64_t(rows) * F1);
         // fc1's bias grad: the sum of fc1's output grads (before FP8 quantizes them)
         if (GB1[size_t(l)]) k::biasGradAccumulate(dfc1, GB1[size_t(l)], rows, F1);
         if (blk) {
-            fp8BlockExpertsBackward(fr, fp(bgrad) + size_t(2 * R) * F, fp(s->xin), W1.data(), fp(dxin), G1.data(),
+            fp8BlockExpertsBackward(fr, fp(bgrad) + size_t(2 * R) * F, fp(xinT), W1.data(), fp(dxin), G1.data(),
                                     s->eoff.data(), l, l + 1, h, F1, fp(bwork));
             return;
         }
         if (fp8) fp8QuantizeTensor(fr, g1[size_t(l)], true, gradDiv, dfc1, dfc1, nullptr, int64_t(rows) * F1);
-        k::linearBackward(dfc1, fp(s->xin) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
+        k::linearBackward(dfc1, fp(xinT) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
                           G1[size_t(l)], nullptr, rows, h, F1);
     };
     const double expertFlops = 4.0 * R * (double(h) * F1 + double(F) * h);

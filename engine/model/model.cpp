@@ -3,6 +3,7 @@
 
 #include "engine/model/fp8.h"
 
+#include <cstdlib>
 #include <string>
 
 namespace ts::engine {
@@ -268,7 +269,13 @@ ModelOptions modelOptionsFromConfig(const Config& c) {
     o.recomputeMethod = c.recompute_method;
     o.recomputeNumLayers = c.recompute_num_layers;
     if (auto r = Fp8Recipe::fromConfig(c); r.isOk()) o.fp8 = *r;  // modelDimsFromConfig reports the error
+    o.bf16SavedPacked = c.bf16 && !bf16SavedInFp32Words();
     return o;
+}
+
+bool bf16SavedInFp32Words() {
+    const char* v = std::getenv("TS_BF16_SAVED_FP32");
+    return v && *v && std::string(v) != "0";
 }
 
 std::vector<int> cpLocalPositions(int seq, int cp, int rank) {

@@ -109,7 +109,15 @@ struct ModelOptions {
     std::string recomputeMethod;
     int recomputeNumLayers = 0;
     Fp8Recipe fp8;  // FP8 linears (engine/model/fp8.h); off unless fp8 is set
+    // bf16 runs: each layer's saved activations wait for their backward as bf16 bits, 2 bytes an
+    // element as Megatron-LM keeps them (GptModel::saveBf16); false keeps them in fp32 words
+    // (TS_BF16_SAVED_FP32=1, to compare).
+    bool bf16SavedPacked = false;
 };
+
+// TS_BF16_SAVED_FP32=1: a bf16 run keeps its saved activations in fp32 words (the same bits as
+// packing them; for comparing memory and for tests).
+bool bf16SavedInFp32Words();
 
 // Derives dims/options from a config and checks that the shapes fit this engine
 // (InvalidArgument with the knob names otherwise).

@@ -114,9 +114,9 @@ nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double
     j["config"] = configToJson(c).dump();
     j["peak_tflops"] = peakTflops;
     j["data"] = data ? data->description() : std::string();
-    // bf16 values are kept in fp32 words (emulated bf16 storage, docs/engine.md "Precision"):
-    // `analyze` says what that does to the memory numbers.
-    if (c.bf16) j["bf16_storage"] = "fp32";
+    // Where bf16 values are kept in fp32 words (docs/engine.md "Precision"): `analyze` says what
+    // that does to the memory numbers. saved_bf16: the layers' saved activations are bf16 bits.
+    if (c.bf16) j["bf16_storage"] = bf16SavedInFp32Words() ? "fp32" : "saved_bf16";
     return j;
 }
 

@@ -26,6 +26,7 @@
 #include "engine/train/trainer.h"
 #include "fake_recorder.h"
 #include "parallel_test_util.h"
+#include "tests/scoped_env.h"
 
 using namespace ts;
 using namespace ts::engine;
@@ -183,6 +184,107 @@ TEST(ParallelTrainer, Bf16GradReductionIsCloseButNotExact) {
         maxErr = std::max(maxErr, e);
     }
     EXPECT_GT(maxErr, 1e-6) << "bf16 reduction gave bit-identical weights: the knob did nothing";
+}
+
+// A bf16 run keeps the layers' saved activations as bf16 bits between forward and backward
+// (GptModel::saveBf16). On the layouts whose saved tensors are their own (SP shards, the
+// interleaved pipeline's chunks, CP's head-split and ring outputs, FP8's kept attention output,
+// shared experts beside expert parallel), the run is the same bits as keeping them in fp32 words.
+TEST(ParallelTrainer, Bf16SavedActivationsGiveTheSameRunOnEveryLayout) {
+    struct Case {
+        const char* name;
+        Layout layout;
+        std::function<void(Config&)> edit;
+    };
+    const std::vector<Case> cases = {
+        {"tp2 SP, interleaved pp2, dropout", {2, 2, 2, 1, 4}, [](Config& c) {
+             c.sequence_parallel = true;
+             c.overlap_p2p_comm = true;
+             c.hidden_dropout = 0.1;
+         }},
+        {"tp2 SP, tp_comm_overlap", {2, 1, 1, 1, 2}, [](Config& c) {
+             c.sequence_parallel = true;
+             c.tp_comm_overlap = true;
+         }},
+        {"cp2 p2p, FP8 delayed (the attention keeps its own output)", {1, 1, 1, 1, 2}, [](Config& c) {
+             c.context_parallel_size = 2;
+             c.cp_comm_type = "p2p";
+             c.fp8 = "hybrid";
+         }},
+        {"cp4 a2a+p2p [2, 2] (the ring's head-split output)", {1, 1, 1, 1, 2}, [](Config& c) {
+             c.context_parallel_size = 4;
+             c.cp_comm_type = "a2a+p2p";
+             c.hierarchical_context_parallel_sizes = {2, 2};
+         }},
+        {"cp2 a2a, selective recompute", {1, 1, 1, 1, 2}, [](Config& c) {
+             c.context_parallel_size = 2;
+             c.cp_comm_type = "a2a";
+             c.attention_backend = "unfused";
+             c.recompute_granularity = "selective";
+         }},
+        {"ep2 dp2, gated shared experts", {1, 1, 1, 2, 2}, [](Config& c) {
+             c.expert_model_parallel_size = 2;
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.moe_shared_expert_intermediate_size = 32;
+             c.moe_shared_expert_gate = true;
+             c.add_bias_linear = false;
+         }},
+        {"ep2 FP8 delayed experts (their rows quantized in place, apart from the permuted ones)", {1, 1, 1, 2, 2},
+         [](Config& c) {
+             c.expert_model_parallel_size = 2;
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.fp8 = "hybrid";
+         }},
+        {"ep2 allgather dispatcher, mxfp8 (block recipes leave the inputs bf16)", {1, 1, 1, 2, 2}, [](Config& c) {
+             c.expert_model_parallel_size = 2;
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.moe_token_dispatcher_type = "allgather";
+             c.fp8 = "e4m3";
+             c.fp8_recipe = "mxfp8";
+         }},
+        {"cp2 all_gather, flash, FP8 tensorwise", {1, 1, 1, 1, 2}, [](Config& c) {
+             c.context_parallel_size = 2;
+             c.cp_comm_type = "all_gather";
+             c.fp8 = "hybrid";
+             c.fp8_recipe = "tensorwise";
+         }},
+        {"pp2 dp2, full recompute of two-layer groups", {1, 2, 1, 2, 2}, [](Config& c) {
+             c.recompute_granularity = "full";
+             c.recompute_method = "uniform";
+             c.recompute_num_layers = 2;
+         }},
+    };
+    for (const Case& k : cases) {
+        Config c = withLayout(tinyConfig(), k.layout);
+        c.bf16 = true;
+        k.edit(c);
+        Result<RunResult> words = Status::internal("not run"), packed = Status::internal("not run");
+        test::FakeRecorder wordsRec, packedRec;
+        {
+            ts::testing::ScopedEnv env("TS_BF16_SAVED_FP32", "1");
+            words = runParallel(c, 2, &wordsRec);
+        }
+        {
+            ts::testing::ScopedEnv env("TS_BF16_SAVED_FP32", nullptr);
+            packed = runParallel(c, 2, &packedRec);
+        }
+        // The packing really ran, and only where asked for.
+        auto ran = [](const test::FakeRecorder& r, const char* op) {
+            return std::find(r.strings.begin(), r.strings.end(), op) != r.strings.end();
+        };
+        EXPECT_TRUE(ran(packedRec, "bf16.save") && ran(packedRec, "bf16.restore")) << k.name;
+        EXPECT_FALSE(ran(wordsRec, "bf16.save")) << k.name;
+        ASSERT_TRUE(words.isOk()) << k.name << ": " << words.status().toString();
+        ASSERT_TRUE(packed.isOk()) << k.name << ": " << packed.status().toString();
+        ASSERT_EQ(words->losses.size(), 2u) << k.name;
+        EXPECT_EQ(packed->losses, words->losses) << k.name;
+        EXPECT_EQ(packed->gradNorms, words->gradNorms) << k.name;
+        ASSERT_EQ(packed->params.size(), words->params.size()) << k.name;
+        for (const auto& [name, w] : words->params) EXPECT_EQ(packed->params.at(name), w) << k.name << ": " << name;
+    }
 }
 
 // ctest parallel.EmulatedDevice.Layouts reruns this binary with TS_EMULATE_DEVICE=1, and

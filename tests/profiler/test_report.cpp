@@ -161,6 +161,18 @@ TEST(Report, CaveatsFromTheRunsMetadataComeFirst) {
         ASSERT_EQ((*doc)["caveats"].size(), 1u);
         EXPECT_NE((*doc)["caveats"][0].get<std::string>().find("nothing overlapped"), std::string::npos);
     }
+    {
+        // A bf16 run whose saved activations are bf16 bits: what is still in fp32 words is named.
+        TraceBuilder b;
+        buildPipeline(b);
+        b.writer->metadata("bf16_storage", "saved_bf16");
+        auto doc = analyzeRun(b.done(), AnalyzeOptions{});
+        ASSERT_TRUE(doc.isOk()) << doc.status().toString();
+        ASSERT_EQ((*doc)["caveats"].size(), 1u);
+        const std::string c = (*doc)["caveats"][0].get<std::string>();
+        EXPECT_NE(c.find("saved activations are bf16"), std::string::npos) << c;
+        EXPECT_NE(c.find("bf16 model copy"), std::string::npos) << c;
+    }
     TraceBuilder b;
     buildPipeline(b);
     b.writer->metadata("cuda_shared_gpus", "true");

@@ -16,26 +16,12 @@
 #include "engine/backend/cuda_ops.h"
 #include "engine/parallel/parallel_trainer.h"
 #include "engine/train/trainer.h"
+#include "tests/scoped_env.h"
 
 namespace ts::engine {
 namespace {
 
-// Sets an environment variable for the scope and restores the previous value.
-class ScopedEnv {
-public:
-    ScopedEnv(const char* name, const char* value) : m_name(name) {
-        if (const char* old = std::getenv(name)) m_old = old;
-        ::setenv(name, value, 1);
-    }
-    ~ScopedEnv() {
-        if (m_old) ::setenv(m_name, m_old->c_str(), 1);
-        else ::unsetenv(m_name);
-    }
-
-private:
-    const char* m_name;
-    std::optional<std::string> m_old;
-};
+using ts::testing::ScopedEnv;
 
 bool mentionsAny(const std::string& text, const std::vector<std::string>& words) {
     for (const auto& w : words)

@@ -7,6 +7,9 @@
 
 #include "engine/train/data.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/trainer_backend_run.h"
+#include "tests/scoped_env.h"
+#include "tests/trainer_variants.h"
 
 namespace ts::engine {
 namespace {
@@ -15,6 +18,7 @@ using testutil::Harness;
 using testutil::runSteps;
 using testutil::smallConfig;
 using testutil::StepsResult;
+using ts::testing::ScopedEnv;
 
 TEST(GptPaths, FusedEqualsUnfusedWithDropout) {
     Config fused = smallConfig();
@@ -141,6 +145,51 @@ TEST(GptPaths, Bf16TrainsAndTracksFp32) {
     EXPECT_NEAR(r.losses[0], f.losses[0], 0.02 * f.losses[0]);
     EXPECT_LT(r.losses.back(), r.losses.front() - 0.5);
     EXPECT_NE(r.losses[0], f.losses[0]);  // the bf16 path really rounds
+}
+
+// A bf16 run keeps each layer's saved activations as bf16 bits until its backward (2 bytes an
+// element, as Megatron-LM keeps them): the same bits as keeping them in fp32 words
+// (TS_BF16_SAVED_FP32=1) on every single-device path, in less memory.
+TEST(GptPaths, Bf16SavedActivationsAreTheSameBitsInHalfTheBytes) {
+    std::vector<ts::testing::TrainerVariant> cases = ts::testing::trainerVariants();
+    // Paths the shared list does not take whose saved tensors are made differently.
+    cases.push_back({"SwiGLU with biases (fc1 saved with its bias)", [](Config& c) { c.swiglu = true; }});
+    cases.push_back({"MoE shared experts without the gate, overlapped, dropout", [](Config& c) {
+                         c.num_moe_experts = 4;
+                         c.moe_router_topk = 2;
+                         c.add_bias_linear = false;
+                         c.moe_shared_expert_intermediate_size = 32;
+                         c.moe_shared_expert_overlap = true;
+                         c.hidden_dropout = 0.1;
+                     }});
+    for (const auto& [name, edit] : cases) {
+        Config c = ts::testing::tinyTrainerConfig();
+        edit(c);
+        c.bf16 = true;
+        c.num_layers = 8;
+        StepsResult words, packed;
+        {
+            ScopedEnv env("TS_BF16_SAVED_FP32", "1");
+            words = runSteps(c, 2);
+        }
+        {
+            ScopedEnv env("TS_BF16_SAVED_FP32", nullptr);
+            packed = runSteps(c, 2);
+        }
+        ASSERT_EQ(words.losses.size(), 2u) << name;
+        EXPECT_EQ(packed.losses, words.losses) << name;
+        ASSERT_EQ(packed.grads.size(), words.grads.size()) << name;
+        EXPECT_EQ(0, std::memcmp(packed.grads.data(), words.grads.data(), words.grads.size() * sizeof(float))) << name;
+        EXPECT_EQ(0, std::memcmp(packed.params.data(), words.params.data(), words.params.size() * sizeof(float)))
+            << name;
+        // Every layer keeps at least its input, the attention's q, k, v and the residual after it
+        // in bf16 (FP8 layers keep their linears' inputs in fp32 words): 4 [s*b, h] tensors, of
+        // which 2 bytes an element are saved in each layer but the one being run.
+        const int64_t Th = int64_t(c.seq_length) * c.micro_batch_size * c.hidden_size;
+        const int64_t atLeast = c.recompute_granularity == "full" ? 2 * Th : 2 * 4 * Th * (c.num_layers - 1);
+        EXPECT_LE(packed.peakActivations, words.peakActivations - atLeast)
+            << name << ": peak " << packed.peakActivations << " against " << words.peakActivations << " in fp32 words";
+    }
 }
 
 TEST(GptPaths, InitIsDeterministicAndScaled) {

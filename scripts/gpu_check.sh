@@ -5,7 +5,8 @@
 # process under its own time limit, then a user's path end to end (`trainscope run` of
 # resources/examples/small.yaml on GPU 0 with the CUPTI capture on, and `trainscope analyze` of its
 # run file; once more as TP 2 x PP 2 with the four ranks sharing the GPUs), then the speed checks (bench_gpu_step: step time, MFU and peak memory of the small and
-# the ~1.3B GPT, bf16 and FP8, flash attention and, once, the probabilities kept).
+# the ~1.3B GPT, bf16 and FP8, flash attention and, once, the probabilities kept; once with the
+# saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing).
 # Logs, the tests' JSON reports and the benchmarks' JSON lines go into one tarball,
 # gpu_check.tar.gz, in $OUT (the device tool's output folder, which brings back few files), else in
 # build/gpu_check; a summary goes to stdout.
@@ -161,17 +162,22 @@ if [ "$bench" = 1 ] && [ "$quick" = 0 ] && [ -x "$bin/apps/trainscope" ] && [ "$
     sed -n '/^step 2/,/^MFU inputs/p' "$work/analyze_1b.txt"
 fi
 if [ "$bench" = 1 ]; then
-    # --trace engine: the engine's recorder alone, to split the trace overhead into its share and CUPTI's
+    # --trace engine: the engine's recorder alone, to split the trace overhead into its share and CUPTI's.
+    # TS_BF16_SAVED_FP32=1: the saved activations in fp32 words, to measure what packing them to
+    # bf16 saves in memory and costs in time (an entry's leading NAME=VALUE words are its environment).
     benches=("--config small --steps 5 --warmup 2 --trace 1" "--config 1b --steps 5 --warmup 2 --trace 1"
              "--config 1b --steps 5 --warmup 2 --trace engine"
+             "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
              "--config 1b --steps 5 --warmup 2 --fp8 hybrid" "--config 1b --steps 5 --warmup 2 --attention unfused")
-    [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2")
+    [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2" "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2")
     for args in "${benches[@]}"; do
+        envs=()
+        while [[ "$args" == TS_*=*" "* ]]; do envs+=("${args%% *}"); args="${args#* }"; done
         t=$(limit 150)
-        [ "$t" = 0 ] && { echo "bench_gpu_step $args: not run (deadline)"; continue; }
-        echo "== bench_gpu_step $args"
+        [ "$t" = 0 ] && { echo "bench_gpu_step ${envs[*]} $args: not run (deadline)"; continue; }
+        echo "== bench_gpu_step ${envs[*]:+${envs[*]} }$args"
         # shellcheck disable=SC2086
-        timeout "$t" "$bin/apps/bench_gpu_step" $args > "$work/bench.log" 2>&1 || status=1
+        timeout "$t" env "${envs[@]}" "$bin/apps/bench_gpu_step" $args > "$work/bench.log" 2>&1 || status=1
         tail -4 "$work/bench.log"
         cat "$work/bench.log" >> "$work/bench_gpu_step.log"
     done

@@ -59,6 +59,17 @@ struct GptModel::LayerActs {
         int64_t n;
     };
     std::vector<Packed> packed;
+    // On a device, from restoreBf16 to the end of the layer's backward: each restored tensor's
+    // bits stay bound as its bf16 twin (kern::bindBf16Twin), so the backward's bf16 GEMMs read
+    // them instead of converting the floats again. The binding holds the floats and the bits and
+    // unbinds before it lets them go (declared last: the first member destroyed).
+    struct TwinBinding {
+        std::vector<std::pair<TensorPtr, TensorPtr>> floatsAndBits;
+        ~TwinBinding() {
+            for (const auto& fb : floatsAndBits) kern::unbindBf16Twin(fb.first->as<float>());
+        }
+    };
+    std::shared_ptr<TwinBinding> twins;
 };
 
 struct GptModel::MbState {

@@ -202,6 +202,9 @@ Status GptModel::saveBf16(LayerActs& A, int li) {
 Status GptModel::restoreBf16(LayerActs& A) {
     if (A.packed.empty()) return Status::ok();
     const std::vector<SavedTensor> all = bf16SavedTensors(A);
+    // Nothing in a layer's backward writes into what it saved, so the bits stay its floats' bits.
+    const bool bind = kern::streamOnDevice(m_exec.stream());
+    if (bind && !A.twins) A.twins = std::make_shared<LayerActs::TwinBinding>();
     for (const LayerActs::Packed& pk : A.packed) {
         TensorPtr bits = *pk.tensor;
         const int64_t n = pk.n;
@@ -210,6 +213,10 @@ Status GptModel::restoreBf16(LayerActs& A) {
                   [=] { k::bf16ToFloat(bits->as<uint16_t>(), fp(floats), n); });
         for (const SavedTensor& g : all)
             if (g.tensor->get() == bits.get()) *g.tensor = floats;
+        if (bind) {
+            kern::bindBf16Twin(fp(floats), bits->as<uint16_t>(), n);
+            A.twins->floatsAndBits.push_back({floats, bits});
+        }
     }
     A.packed.clear();
     return Status::ok();

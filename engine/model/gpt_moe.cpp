@@ -414,10 +414,12 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     s->allgather = (ep > 1 || etp > 1) && m_cfg.moe_token_dispatcher_type == "allgather";
     if (s->allgather) {
         TS_RETURN_IF_ERROR(moeAllGatherDispatch(*s, x));
+        s->xp.reset();  // the experts' rows come from the gathered tokens; nothing reads the permuted ones
     } else if (ep > 1 || etp > 1) {
         TS_RETURN_IF_ERROR(moeDispatchPlan(*s));
         TS_ASSIGN_OR_RETURN(s->xin, moeToExperts(*s, s->xp, h));
         TS_ASSIGN_OR_RETURN(s->eprob, moeToExperts(*s, s->probT, 1));
+        s->xp.reset();  // sent: the experts and their backward read xin
     } else {
         s->R = rowsAlloc;  // allocation bound; the experts read their rows from eoff
         s->xin = s->xp;

@@ -190,6 +190,12 @@ TEST(ParallelTrainer, Bf16GradReductionIsCloseButNotExact) {
 // (GptModel::saveBf16). On the layouts whose saved tensors are their own (SP shards, the
 // interleaved pipeline's chunks, CP's head-split and ring outputs, FP8's kept attention output,
 // shared experts beside expert parallel), the run is the same bits as keeping them in fp32 words.
+void fourExpertsTopTwoOverEp2(Config& c) {
+    c.expert_model_parallel_size = 2;
+    c.num_moe_experts = 4;
+    c.moe_router_topk = 2;
+}
+
 TEST(ParallelTrainer, Bf16SavedActivationsGiveTheSameRunOnEveryLayout) {
     struct Case {
         const char* name;
@@ -223,24 +229,18 @@ TEST(ParallelTrainer, Bf16SavedActivationsGiveTheSameRunOnEveryLayout) {
              c.recompute_granularity = "selective";
          }},
         {"ep2 dp2, gated shared experts", {1, 1, 1, 2, 2}, [](Config& c) {
-             c.expert_model_parallel_size = 2;
-             c.num_moe_experts = 4;
-             c.moe_router_topk = 2;
+             fourExpertsTopTwoOverEp2(c);
              c.moe_shared_expert_intermediate_size = 32;
              c.moe_shared_expert_gate = true;
              c.add_bias_linear = false;
          }},
         {"ep2 FP8 delayed experts (their rows quantized in place, apart from the permuted ones)", {1, 1, 1, 2, 2},
          [](Config& c) {
-             c.expert_model_parallel_size = 2;
-             c.num_moe_experts = 4;
-             c.moe_router_topk = 2;
+             fourExpertsTopTwoOverEp2(c);
              c.fp8 = "hybrid";
          }},
         {"ep2 allgather dispatcher, mxfp8 (block recipes leave the inputs bf16)", {1, 1, 1, 2, 2}, [](Config& c) {
-             c.expert_model_parallel_size = 2;
-             c.num_moe_experts = 4;
-             c.moe_router_topk = 2;
+             fourExpertsTopTwoOverEp2(c);
              c.moe_token_dispatcher_type = "allgather";
              c.fp8 = "e4m3";
              c.fp8_recipe = "mxfp8";

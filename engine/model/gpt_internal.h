@@ -61,8 +61,8 @@ struct GptModel::LayerActs {
     std::vector<Packed> packed;
     // On a device, from restoreBf16 to the end of the layer's backward: each restored tensor's
     // bits stay bound as its bf16 twin (kern::bindBf16Twin), so the backward's bf16 GEMMs read
-    // them instead of converting the floats again. The binding holds the floats and the bits and
-    // unbinds before it lets them go (declared last: the first member destroyed).
+    // them instead of converting the floats again. The binding holds the floats and the bits, so
+    // it unbinds before either can be freed, in whatever order LayerActs lets its fields go.
     struct TwinBinding {
         std::vector<std::pair<TensorPtr, TensorPtr>> floatsAndBits;
         ~TwinBinding() {

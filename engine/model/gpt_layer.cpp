@@ -156,8 +156,9 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
 // MoE layers pack their routed experts' rows too (moeBf16SavedTensors). Not packed: what is not a
 // bf16 value (the norms' statistics, the flash and ring statistics, the attention probabilities,
 // the router's logits and probs, FP8 linears' inputs, which the per-tensor recipes quantize in
-// place, SwiGLU's fc1 with its bias) and the dropout masks (bytes already). Ops read what they use through their own pointers, never
-// through LayerActs or MoeSaved when they run, so the host may swap the fields meanwhile.
+// place, SwiGLU's fc1 with its bias) and the dropout masks (bytes already). Ops read what they
+// use through their own pointers, never through LayerActs or MoeSaved when they run, so the host
+// may swap the fields meanwhile.
 // A test packs every path both ways: GptPaths.Bf16SavedActivationsAreTheSameBitsInHalfTheBytes,
 // ParallelTrainer.Bf16SavedActivationsGiveTheSameRunOnEveryLayout.
 std::vector<GptModel::SavedTensor> GptModel::bf16SavedTensors(LayerActs& A) const {

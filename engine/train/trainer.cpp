@@ -17,17 +17,18 @@ Trainer::~Trainer() {
     m_model.reset();
 }
 
-Status checkDeviceBackend(const Config& c, bool unverifiedOk) {
+Status checkDeviceBackend(const Config& c, bool unverifiedOk, int* cudaDevices) {
     if (c.device_backend == "cpu") return Status::ok();
     if (c.device_backend != "cuda")
         return Status::invalid("device_backend: " + c.device_backend + " is not a backend (cpu or cuda)");
     auto cuda = makeCudaBackend();
     if (!cuda) return Status::unsupported("device_backend: cuda: " + cuda.status().message());
+    const int n = (*cuda)->deviceCount();
+    if (cudaDevices) *cudaDevices = n;
     // One GPU is checked: the single-device trainer matched the CPU backend on an H200 (the gpu
     // test CudaTrainer.EveryStepMatchesTheCpuBackend). Several are not yet.
     const int world = deriveSizes(c).world;
     if (world == 1 || unverifiedOk) return Status::ok();
-    const int n = (*cuda)->deviceCount();
     return Status::unsupported(
         "device_backend: cuda with world size " + std::to_string(world) + ": " + std::to_string(n) +
         " GPU(s) visible (" + (*cuda)->device(0).info().name +
@@ -39,13 +40,10 @@ Status checkDeviceBackend(const Config& c, bool unverifiedOk) {
 
 std::vector<std::string> nodeRunIssues(const Config& c) {
     if (c.device_backend != "cuda") return {};
-    if (Status s = checkDeviceBackend(c, unverifiedCudaRequested()); !s) return {s.message()};
+    int gpus = 0;
+    if (Status s = checkDeviceBackend(c, unverifiedCudaRequested(), &gpus); !s) return {s.message()};
     const int world = deriveSizes(c).world;
-    if (world <= 1 || c.cuda_share_gpus) return {};
-    auto cuda = makeCudaBackend();
-    if (!cuda) return {"device_backend: cuda: " + cuda.status().message()};
-    const int gpus = (*cuda)->deviceCount();
-    if (world <= gpus) return {};
+    if (world <= gpus || c.cuda_share_gpus) return {};
     return {"device_backend: cuda: the layout has " + std::to_string(world) + " ranks (tp x cp x pp x dp), one GPU each, "
             "and this node has " + std::to_string(gpus) + " GPU(s); set cuda_share_gpus: true to check its results "
             "with the ranks sharing the GPUs (timings are not the layout's), or make the parallel sizes multiply to at "

@@ -52,7 +52,8 @@ nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double
 // (docs/cuda_port.md) — unless `unverifiedOk` (TrainerOptions /
 // ParallelTrainerOptions::allowUnverifiedCuda). Both trainers call it first, so `cuda` never
 // silently runs on the CPU.
-Status checkDeviceBackend(const Config& c, bool unverifiedOk = false);
+// cudaDevices (if set): the visible GPUs, where the CUDA backend was made.
+Status checkDeviceBackend(const Config& c, bool unverifiedOk = false, int* cudaDevices = nullptr);
 // What keeps this machine from running `c` as one process (a node's `validate`, so the workbench
 // says it before a run fails): checkDeviceBackend's reason (with TS_CUDA_UNVERIFIED as this
 // process's environment says), and a CUDA layout with more ranks than visible GPUs unless they

@@ -7,7 +7,6 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <optional>
 #include <regex>
 #include <string>
 #include <vector>

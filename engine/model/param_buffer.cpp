@@ -1,6 +1,7 @@
 // Contiguous main-param / main-grad buffers in Megatron's reverse-registration layout.
 #include "engine/model/param_buffer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/backend/kernels.h"
@@ -85,12 +86,109 @@ void ParamBuffer::syncModelParams() { syncModelParams(0, m_numel); }
 
 void ParamBuffer::syncModelParams(int64_t begin, int64_t end) {
     if (!m_model || begin >= end) return;
-    kern::bf16ModelCopy(m_main->as<float>() + begin, m_model->as<float>() + begin,
-                        m_twin ? static_cast<uint16_t*>(m_twin->data()) + begin : nullptr, end - begin);
+    uint16_t* twin = bf16TwinData();
+    if (!m_mainSharded) {
+        kern::bf16ModelCopy(m_main->as<float>() + begin, m_model->as<float>() + begin, twin ? twin + begin : nullptr,
+                            end - begin);
+        return;
+    }
+    for (size_t r = 0; r < m_mainRanges.size(); ++r) {
+        const int64_t lo = std::max(begin, m_mainRanges[r].begin), hi = std::min(end, m_mainRanges[r].end);
+        if (lo >= hi) continue;
+        kern::bf16ModelCopy(m_main->as<float>() + m_mainRangeAt[r] + (lo - m_mainRanges[r].begin),
+                            m_model->as<float>() + lo, twin ? twin + lo : nullptr, hi - lo);
+    }
+}
+
+void ParamBuffer::refreshTwin(int64_t begin, int64_t end) {
+    if (m_twin && begin < end) kern::floatToBf16(m_model->as<float>() + begin, bf16TwinData() + begin, end - begin);
+}
+
+float* ParamBuffer::mainParamsAt(int64_t begin, int64_t end) {
+    if (!m_mainSharded) return m_main->as<float>() + begin;
+    for (size_t r = 0; r < m_mainRanges.size(); ++r)
+        if (begin >= m_mainRanges[r].begin && end <= m_mainRanges[r].end)
+            return m_main->as<float>() + m_mainRangeAt[r] + (begin - m_mainRanges[r].begin);
+    return nullptr;
+}
+
+Status ParamBuffer::shardMainParams(Device& dev, Stream& stream, std::vector<ElementRange> ranges) {
+    if (!m_finalized) return Status::internal("ParamBuffer::shardMainParams before finalize");
+    if (m_mainSharded) return Status::internal("ParamBuffer::shardMainParams called twice");
+    if (!m_bf16) return Status::ok();  // fp32: the main params are what forward reads
+    int64_t prevEnd = 0;
+    for (const ElementRange& r : ranges) {
+        if (r.begin < prevEnd || r.end < r.begin || r.end > m_numel)
+            return Status::internal("ParamBuffer::shardMainParams: ranges must be disjoint, ascending, in the buffer");
+        prevEnd = r.end;
+    }
+    ranges.erase(std::remove_if(ranges.begin(), ranges.end(), [](const ElementRange& r) { return r.begin == r.end; }),
+                 ranges.end());
+    std::vector<int64_t> at;
+    int64_t kept = 0;
+    for (const ElementRange& r : ranges) {
+        at.push_back(kept);
+        kept += r.end - r.begin;
+    }
+    auto shard = dev.allocate(size_t(std::max<int64_t>(kept, 1)) * sizeof(float), MemCategory::Params);
+    if (!shard) return shard.status().withContext("allocating the main params' shard");
+    float* from = m_main->as<float>();
+    float* to = shard.value()->as<float>();
+    TS_RETURN_IF_ERROR(kern::runOp(stream, "shard_main_params", [&] {
+        for (size_t r = 0; r < ranges.size(); ++r)
+            kern::copyBytes(to + at[r], from + ranges[r].begin, size_t(ranges[r].end - ranges[r].begin) * sizeof(float));
+    }));
+    m_main = std::move(shard).value();
+    m_mainSharded = true;
+    m_mainRanges = std::move(ranges);
+    m_mainRangeAt = std::move(at);
+    return Status::ok();
+}
+
+Result<std::vector<float>> ParamBuffer::mainParamsToHost(Stream& stream, std::vector<char>* kept) {
+    if (!m_mainSharded) {
+        if (kept) kept->assign(size_t(m_numel), 1);
+        return kern::toHost(stream, m_main->as<float>(), m_numel);
+    }
+    TS_ASSIGN_OR_RETURN(std::vector<float> image, kern::toHost(stream, m_model->as<float>(), m_numel));
+    int64_t shardNumel = 0;
+    for (const ElementRange& r : m_mainRanges) shardNumel += r.end - r.begin;
+    TS_ASSIGN_OR_RETURN(const std::vector<float> shard, kern::toHost(stream, m_main->as<float>(), shardNumel));
+    if (kept) kept->assign(size_t(m_numel), 0);
+    for (size_t r = 0; r < m_mainRanges.size(); ++r) {
+        const ElementRange& g = m_mainRanges[r];
+        std::copy(shard.begin() + m_mainRangeAt[r], shard.begin() + m_mainRangeAt[r] + (g.end - g.begin),
+                  image.begin() + g.begin);
+        if (kept) std::fill(kept->begin() + g.begin, kept->begin() + g.end, char(1));
+    }
+    return image;
+}
+
+Status ParamBuffer::mainParamsFromHost(Stream& stream, const std::vector<float>& image) {
+    if (int64_t(image.size()) != m_numel)
+        return Status::internal("ParamBuffer::mainParamsFromHost: the image has " + std::to_string(image.size()) +
+                                " elements, the buffer " + std::to_string(m_numel));
+    if (!m_mainSharded) {
+        TS_RETURN_IF_ERROR(kern::copyFromHost(stream, m_main->as<float>(), image.data(), image.size() * sizeof(float)));
+        return kern::runOp(stream, "sync_model_params", [this] { syncModelParams(); });
+    }
+    for (size_t r = 0; r < m_mainRanges.size(); ++r) {
+        const ElementRange& g = m_mainRanges[r];
+        if (g.begin == g.end) continue;
+        TS_RETURN_IF_ERROR(kern::copyFromHost(stream, m_main->as<float>() + m_mainRangeAt[r], image.data() + g.begin,
+                                              size_t(g.end - g.begin) * sizeof(float)));
+    }
+    // The whole model copy from the image, rounded in place as syncModelParams rounds a main.
+    TS_RETURN_IF_ERROR(kern::copyFromHost(stream, m_model->as<float>(), image.data(), image.size() * sizeof(float)));
+    float* model = m_model->as<float>();
+    uint16_t* twin = bf16TwinData();
+    const int64_t n = m_numel;
+    return kern::runOp(stream, "sync_model_params", [=] { kern::bf16ModelCopy(model, model, twin, n); });
 }
 
 Status ParamBuffer::relayout(Device& dev, Stream& stream, const std::vector<int64_t>& offsets, int64_t numel) {
     if (!m_finalized) return Status::internal("ParamBuffer::relayout before finalize");
+    if (m_mainSharded) return Status::internal("ParamBuffer::relayout after shardMainParams");
     if (offsets.size() != m_params.size()) return Status::internal("ParamBuffer::relayout: one offset per param needed");
     for (size_t i = 0; i < m_params.size(); ++i)
         if (offsets[i] < 0 || offsets[i] + m_params[i].numel > numel)

@@ -4,7 +4,10 @@
 // data-parallel engine can cut the grad buffer into buckets whose first bucket holds the
 // last layers. With bf16 a separate model copy (fp32 storage holding bf16-rounded values,
 // i.e. emulated bf16 storage) is what forward/backward read; the optimizer updates the fp32
-// main params and refreshes the copy.
+// main params and refreshes the copy. With bf16 and the distributed optimizer the fp32 main
+// params exist only for the ranges this rank's optimizer owns (shardMainParams, Megatron's
+// "6 + 12/d bytes per parameter", REFERENCE.md §7.1), and the param all-gather fills the rest
+// of the model copy.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +42,10 @@ struct ParamInfo {
     int64_t offset = 0;              // elements from the buffer start (after finalize)
 };
 
+struct ElementRange {
+    int64_t begin = 0, end = 0;  // elements of a chunk's buffer
+};
+
 class ParamBuffer {
 public:
     ParamBuffer() = default;
@@ -60,9 +67,35 @@ public:
     int64_t numel() const { return m_numel; }
     bool bf16() const { return m_bf16; }
 
-    float* mainParams() { return m_main->as<float>(); }
+    // The whole fp32 main-param buffer; null once shardMainParams has kept only a shard (use
+    // mainParamsAt, mainParamsToHost / mainParamsFromHost).
+    float* mainParams() { return m_mainSharded ? nullptr : m_main->as<float>(); }
     float* mainGrads() { return m_grad->as<float>(); }
     float* mainParam(int i) { return mainParams() + info(i).offset; }
+    // The main param of buffer element `begin`, which with a sharded main must lie in a kept
+    // range (so does the run [begin, end) the caller reads through it; null otherwise).
+    float* mainParamsAt(int64_t begin, int64_t end);
+    // With bf16, keeps the fp32 main params of `ranges` only (disjoint, ascending, inside the
+    // buffer) in one compact buffer and frees the whole one: the distributed optimizer's layout,
+    // where a rank updates the main params it owns and the param all-gather brings the rest of
+    // the model copy. The values move on `stream`, waited for. Once, after finalize / relayout;
+    // no-op without bf16.
+    Status shardMainParams(Device& dev, Stream& stream, std::vector<ElementRange> ranges);
+    bool mainSharded() const { return m_mainSharded; }
+    const std::vector<ElementRange>& mainRanges() const { return m_mainRanges; }
+    // Host image of the whole main-param buffer: the fp32 main params where this buffer keeps
+    // them, elsewhere (a sharded main) the bf16 model copy's values; `kept` (optional) gets 1
+    // where the value is a main param. Waits for `stream`.
+    Result<std::vector<float>> mainParamsToHost(Stream& stream, std::vector<char>* kept = nullptr);
+    // Sets the main params this buffer keeps from a host image of the whole buffer and refreshes
+    // the whole model copy from it, on `stream`, waited for.
+    Status mainParamsFromHost(Stream& stream, const std::vector<float>& image);
+    // The bf16 model copy's storage (fp32 words), for the param all-gather; null in fp32.
+    float* modelCopy() { return m_model ? m_model->as<float>() : nullptr; }
+    uint16_t* bf16TwinData() { return m_twin ? static_cast<uint16_t*>(m_twin->data()) : nullptr; }
+    // Rewrites the 16-bit twin of model-copy elements [begin, end) from the copy (after the copy
+    // was written by other means than syncModelParams, e.g. an all-gather). No-op without a twin.
+    void refreshTwin(int64_t begin, int64_t end);
     float* mainGrad(int i) { return mainGrads() + info(i).offset; }
     // What forward/backward read: the bf16-rounded copy with bf16, else the main params.
     float* modelParam(int i) { return (m_model ? m_model->as<float>() : mainParams()) + info(i).offset; }
@@ -76,7 +109,9 @@ public:
     void zeroGrads();
     // Refreshes the bf16 model copy from the main params (no-op in fp32).
     void syncModelParams();
-    // Refreshes the bf16 model copy of elements [begin, end) of the buffer (no-op in fp32).
+    // Refreshes the bf16 model copy of elements [begin, end) of the buffer (no-op in fp32). With
+    // a sharded main, only the kept ranges' part of [begin, end) is refreshed (the whole-buffer
+    // form: every kept range).
     void syncModelParams(int64_t begin, int64_t end);
 
     // Data-parallel engine hook: moves every param to `offsets[i]` (elements, registration
@@ -89,6 +124,10 @@ public:
 private:
     std::vector<ParamInfo> m_params;
     std::unique_ptr<Buffer> m_main, m_grad, m_model, m_twin;
+    // With a sharded main: the kept ranges, and where each starts in the compact m_main.
+    std::vector<ElementRange> m_mainRanges;
+    std::vector<int64_t> m_mainRangeAt;
+    bool m_mainSharded = false;
     // Allocates and binds the model copy's 16-bit twin where kernels see device memory.
     Status makeTwin(Device& dev);
     void dropTwin();

@@ -137,6 +137,24 @@ void GradSync::finishGradSync() {
     }
 }
 
+uint16_t* GradSync::bf16Scratch(const char* opName) {
+    if (!m_bf16Scratch) {
+        int64_t maxNumel = 1;
+        for (const GradBucket& gb : m_layout.buckets) maxNumel = std::max(maxNumel, gb.numel);
+        auto r = m_dev.allocate(size_t(maxNumel) * 2, MemCategory::CommBuffers);
+        if (!r) {
+            const Status st = r.status().withContext("allocating the DP engine's bf16 communication buffer");
+            OpDesc d;
+            d.name = opName;
+            d.step = m_step;
+            m_dpStream.submit(d, [st] { return st; });
+            return nullptr;
+        }
+        m_bf16Scratch = std::move(r).value();
+    }
+    return m_bf16Scratch->as<uint16_t>();
+}
+
 GradSync::Group GradSync::groupOf(const GradBucket& b) const {
     if (b.group == 1) return {m_opts.expertDp, m_opts.expertDpRank, m_opts.expertComm};
     return {m_opts.dp, m_opts.dpRank, m_comm};
@@ -183,19 +201,8 @@ void GradSync::enqueueReduction(int b) {
     }
     // bf16 reduction: the bucket goes through a bf16 comm buffer (one per GradSync, reused
     // bucket after bucket because the DP stream runs them in order).
-    if (!m_bf16Scratch) {
-        int64_t maxNumel = 1;
-        for (const GradBucket& gb : m_layout.buckets) maxNumel = std::max(maxNumel, gb.numel);
-        auto r = m_dev.allocate(size_t(maxNumel) * 2, MemCategory::CommBuffers);
-        if (!r) {
-            const Status st = r.status().withContext("allocating the bf16 grad-reduction buffer");
-            d.name = "grad_to_bf16";
-            m_dpStream.submit(d, [st] { return st; });
-            return;
-        }
-        m_bf16Scratch = std::move(r).value();
-    }
-    uint16_t* bf = m_bf16Scratch->as<uint16_t>();
+    uint16_t* bf = bf16Scratch("grad_to_bf16");
+    if (!bf) return;
     d.name = "grad_to_bf16";
     d.bytes = uint64_t(n) * 6;
     m_dpStream.submit(d, [=] {
@@ -219,25 +226,48 @@ void GradSync::startParamGather() {
     auto e = m_dev.createEvent();
     m_compute.record(*e);
     m_dpStream.wait(*e);
-    float* params = m_params.mainParams();
     ParamBuffer* pb = &m_params;
     // Last bucket first: it holds the first layers, which the next forward needs first.
     for (size_t b = m_layout.buckets.size(); b-- > 0;) {
         const GradBucket& bucket = m_layout.buckets[b];
         const Group g = groupOf(bucket);
         if (bucket.numel == 0 || g.size <= 1 || !g.comm) continue;
-        const int64_t shard = bucket.numel / g.size;
-        float* base = params + bucket.offset;
-        g.comm->allGather(m_dpStream, base + int64_t(g.rank) * shard, base, size_t(shard), DType::F32);
-        if (m_params.bf16()) {
-            OpDesc d;
-            d.name = "param_copy_bf16";
-            d.category = trace::Category::Optimizer;
-            d.step = m_step;
-            d.bytes = uint64_t(bucket.numel) * 8;
-            const int64_t lo = bucket.offset, hi = bucket.offset + bucket.numel;
-            m_dpStream.submit(d, [pb, lo, hi] {
-                pb->syncModelParams(lo, hi);
+        const int64_t shard = bucket.numel / g.size, mine = int64_t(g.rank) * shard;
+        const int64_t lo = bucket.offset, hi = bucket.offset + bucket.numel;
+        OpDesc d;
+        d.category = trace::Category::Optimizer;
+        d.step = m_step;
+        if (!m_params.mainSharded()) {
+            // fp32 main params everywhere: gather them, then round the bucket's model copy.
+            float* base = m_params.mainParams() + bucket.offset;
+            g.comm->allGather(m_dpStream, base + mine, base, size_t(shard), DType::F32);
+            if (m_params.bf16()) {
+                d.name = "param_copy_bf16";
+                d.bytes = uint64_t(bucket.numel) * 8;
+                m_dpStream.submit(d, [pb, lo, hi] {
+                    pb->syncModelParams(lo, hi);
+                    return Status::ok();
+                });
+            }
+        } else {
+            // bf16 with sharded main params (Megatron's param_data all-gather): the step refreshed
+            // this rank's shard of the model copy; its bf16 bits go round the group, into the
+            // copy's 16-bit twin where it has one (a device), else through the bf16 comm buffer.
+            uint16_t* twin = m_params.bf16TwinData();
+            uint16_t* bits = twin ? twin + lo : bf16Scratch("param_to_bf16");
+            if (!bits) return;
+            float* model = m_params.modelCopy() + lo;
+            d.name = "param_to_bf16";
+            d.bytes = uint64_t(shard) * 6;
+            m_dpStream.submit(d, [=] {
+                k::floatToBf16(model + mine, bits + mine, shard);
+                return Status::ok();
+            });
+            g.comm->allGather(m_dpStream, bits + mine, bits, size_t(shard), DType::BF16);
+            d.name = "param_from_bf16";
+            d.bytes = uint64_t(bucket.numel) * 6;
+            m_dpStream.submit(d, [=] {
+                k::bf16ToFloat(bits, model, hi - lo);
                 return Status::ok();
             });
         }

@@ -107,7 +107,8 @@ public:
 
     // Distributed optimizer, after the optimizer step was enqueued on the compute stream:
     // all-gathers the updated params of every bucket on the DP stream (last bucket first, i.e.
-    // first layers first). Without overlap_param_gather the compute stream waits for all of
+    // first layers first): the fp32 main params, or with sharded main params (bf16) the model
+    // copy's bf16 bits. Without overlap_param_gather the compute stream waits for all of
     // them now; with it, onForwardPre() makes the compute stream wait per bucket just before
     // the forward first reads it.
     void startParamGather();
@@ -124,6 +125,9 @@ private:
         Communicator* comm = nullptr;
     };
     Group groupOf(const GradBucket& b) const;
+    // The bf16 communication buffer (the largest bucket's size; the DP stream uses it bucket
+    // after bucket), allocated at first use. Null after failing the stream with an op `opName`.
+    uint16_t* bf16Scratch(const char* opName);
 
     ParamBuffer& m_params;
     GradBufferLayout m_layout;
@@ -137,7 +141,7 @@ private:
     std::vector<char> m_paramReady;
     std::vector<char> m_launched;
     std::vector<std::unique_ptr<Event>> m_gatherDone;  // per bucket; null = nothing pending
-    std::unique_ptr<Buffer> m_bf16Scratch;   // grad_reduce_in_fp32 = false
+    std::unique_ptr<Buffer> m_bf16Scratch;   // bf16 grad reduction, sharded-main param gather
     bool m_armed = false;
     int m_step = 0;
     int m_launchedEarly = 0;

@@ -489,6 +489,12 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             }
             oc.push_back(std::move(o));
         }
+        // bf16 with the distributed optimizer: fp32 main params for the owned shard only.
+        if (dist)
+            for (int ch = 0; ch < v; ++ch) {
+                GptModel& m = *R->models[size_t(ch)];
+                TS_RETURN_IF_ERROR(m.params().shardMainParams(*R->dev, m.exec().stream(), oc[size_t(ch)].owned));
+            }
         TS_ASSIGN_OR_RETURN(R->opt, ShardedAdamW::create(c, std::move(oc), *R->dev, R->normComm.get()));
 
         ScheduleParams sp;
@@ -873,15 +879,22 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
     // Dense params from the ranks of data-parallel rank dpRank (cp 0), each TP shard from its tp
     // rank; expert weights from the ranks of expert-data-parallel rank dpRank % edp, each ETP
     // shard from its etp rank (the ep coordinate tells which experts a rank holds: by name).
+    // With sharded main params (bf16, distributed optimizer) every rank of the replica's group
+    // holds the fp32 values of its own shard only: each element comes from the rank that keeps
+    // it (the replicas are the same params, so dpRank picks nothing then).
     const int edp = m_layout.expertDataParallelSize();
+    std::vector<float> keptFull, valueFull;
     for (const auto& R : m_ranks) {
         const RankCoords& rc = R->coords;
         for (const auto& m : R->models) {
             ParamBuffer& pb = m->params();
-            TS_ASSIGN_OR_RETURN(const auto host, kern::toHost(m->exec().stream(), pb.mainParams(), pb.numel()));
+            const bool sharded = pb.mainSharded();
+            std::vector<char> kept;
+            TS_ASSIGN_OR_RETURN(const auto host, pb.mainParamsToHost(m->exec().stream(), &kept));
+            std::vector<float> keptF(kept.begin(), kept.end());
             for (int i = 0; i < pb.count(); ++i) {
                 const ParamInfo& info = pb.info(i);
-                if (info.expert ? rc.edp != dpRank % edp : (rc.dp != dpRank || rc.cp != 0)) continue;
+                if (!sharded && (info.expert ? rc.edp != dpRank % edp : (rc.dp != dpRank || rc.cp != 0))) continue;
                 const int n = info.expert ? ds.etp : ds.tp, shard = info.expert ? rc.etp : rc.tp;
                 if (info.shard == ShardKind::Replicated && shard != 0) continue;
                 std::string name = info.name;
@@ -890,8 +903,17 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
                 for (int64_t d : info.fullShape) full *= d;
                 std::vector<float>& v = out[name];
                 if (v.empty()) v.assign(static_cast<size_t>(full), 0.f);
-                copyShardToFull(info, info.shard == ShardKind::Replicated ? 1 : n, shard, host.data() + info.offset,
-                                v.data());
+                const int parts = info.shard == ShardKind::Replicated ? 1 : n;
+                if (!sharded) {
+                    copyShardToFull(info, parts, shard, host.data() + info.offset, v.data());
+                    continue;
+                }
+                keptFull.assign(size_t(full), 0.f);
+                valueFull.assign(size_t(full), 0.f);
+                copyShardToFull(info, parts, shard, keptF.data() + info.offset, keptFull.data());
+                copyShardToFull(info, parts, shard, host.data() + info.offset, valueFull.data());
+                for (int64_t k = 0; k < full; ++k)
+                    if (keptFull[size_t(k)] != 0.f) v[size_t(k)] = valueFull[size_t(k)];
             }
         }
     }
@@ -1063,7 +1085,8 @@ Status ParallelTrainer::save(const std::string& dir) {
     //     rank for experts), a param every rank of that group holds whole from its rank 0;
     //   Adam state: without the distributed optimizer from the same rank; with it from every
     //     rank, each adding the pieces it owns (dense buckets are sharded over dp-cp, expert
-    //     buckets over edp), except the copies of a TP-replicated dense param on tp ranks > 0.
+    //     buckets over edp), except the copies of a TP-replicated dense param on tp ranks > 0;
+    //     bf16 main params under the distributed optimizer likewise (each rank keeps its shard).
     // Expert parallel: the ep coordinate only tells which experts a rank holds (by name).
     const bool dist = m_cfg.use_distributed_optimizer;
     const int etpN = m_cfg.num_moe_experts > 0 ? ds.etp : 1;
@@ -1089,7 +1112,14 @@ Status ParallelTrainer::save(const std::string& dir) {
         }
         for (size_t ch = 0; ch < R.models.size(); ++ch) {
             ParamBuffer& pb = R.models[ch]->params();
-            TS_ASSIGN_OR_RETURN(const auto pHost, kern::toHost(rs, pb.mainParams(), pb.numel()));
+            // Sharded main params (bf16, distributed optimizer) are summed like the Adam state:
+            // each rank's image holds the values it keeps, zeros elsewhere.
+            const bool sharded = pb.mainSharded();
+            std::vector<char> kept;
+            TS_ASSIGN_OR_RETURN(auto pHost, pb.mainParamsToHost(rs, &kept));
+            if (sharded)
+                for (size_t k = 0; k < pHost.size(); ++k)
+                    if (!kept[k]) pHost[k] = 0.f;
             for (int i = 0; i < pb.count(); ++i) {
                 const ParamInfo& info = pb.info(i);
                 if (isTiedCopy(info)) continue;
@@ -1100,11 +1130,13 @@ Status ParallelTrainer::save(const std::string& dir) {
                 const int n = info.expert ? etpN : ds.tp, shard = info.expert ? rc.etp : rc.tp;
                 if (info.shard == ShardKind::Replicated && shard != 0) continue;
                 const bool holder = info.expert ? rc.edp == 0 : rc.dp == 0 && rc.cp == 0;
-                if (holder) copyShardToFull(info, n, shard, pHost.data() + info.offset, P + off);
+                if (holder && !sharded) copyShardToFull(info, n, shard, pHost.data() + info.offset, P + off);
                 if (!dist && !holder) continue;
                 int64_t fullNumel = 1;
                 for (int64_t d : info.fullShape) fullNumel *= d;
-                for (auto [local, full] : {std::pair{&localM[ch], M}, std::pair{&localV[ch], V}}) {
+                std::vector<std::pair<const std::vector<float>*, float*>> summed = {{&localM[ch], M}, {&localV[ch], V}};
+                if (sharded) summed.push_back({&pHost, P});
+                for (auto [local, full] : summed) {
                     tmp.assign(size_t(fullNumel), 0.f);
                     copyShardToFull(info, n, shard, local->data() + info.offset, tmp.data());
                     for (int64_t k = 0; k < fullNumel; ++k) full[off + k] += tmp[size_t(k)];
@@ -1239,7 +1271,7 @@ Status ParallelTrainer::load(const std::string& dir) {
             localM[ch].assign(size_t(pb.numel()), 0.f);
             localV[ch].assign(size_t(pb.numel()), 0.f);
             // The chunk's params as a host image (padding kept), filled below, then uploaded.
-            TS_ASSIGN_OR_RETURN(auto pHost, kern::toHost(rs, pb.mainParams(), pb.numel()));
+            TS_ASSIGN_OR_RETURN(auto pHost, pb.mainParamsToHost(rs));
             for (int i = 0; i < pb.count(); ++i) {
                 const ParamInfo& info = pb.info(i);
                 const auto it = fullOffset.find(info.name);
@@ -1252,8 +1284,7 @@ Status ParallelTrainer::load(const std::string& dir) {
                 copyFullToShard(info, n, t, M + off, localM[ch].data() + info.offset);
                 copyFullToShard(info, n, t, V + off, localV[ch].data() + info.offset);
             }
-            TS_RETURN_IF_ERROR(kern::copyFromHost(rs, pb.mainParams(), pHost.data(), pHost.size() * sizeof(float)));
-            TS_RETURN_IF_ERROR(kern::runOp(rs, "sync_model_params", [&pb] { pb.syncModelParams(); }));
+            TS_RETURN_IF_ERROR(pb.mainParamsFromHost(rs, pHost));
         }
         TS_ASSIGN_OR_RETURN(auto mHost, kern::toHost(rs, R.opt->expAvg(), R.opt->ownedNumel()));
         TS_ASSIGN_OR_RETURN(auto vHost, kern::toHost(rs, R.opt->expAvgSq(), R.opt->ownedNumel()));
@@ -1281,6 +1312,8 @@ Status ParallelTrainer::load(const std::string& dir) {
 const GradSync& ParallelTrainer::gradSync(int rank, int chunk) const {
     return *m_ranks.at(size_t(rank))->syncs.at(size_t(chunk));
 }
+
+GptModel& ParallelTrainer::rankModel(int rank, int chunk) { return *m_ranks.at(size_t(rank))->models.at(size_t(chunk)); }
 
 int ParallelTrainer::numChunks() const { return m_ranks.empty() ? 0 : int(m_ranks[0]->models.size()); }
 

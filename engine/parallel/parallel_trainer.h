@@ -139,6 +139,7 @@ public:
 
     // Introspection for tests and the benchmark.
     const GradSync& gradSync(int rank, int chunk) const;
+    GptModel& rankModel(int rank, int chunk);
     int numChunks() const;
     int64_t optimizerOwnedNumel(int rank) const;
     // Buckets whose reduction started from a grad-ready hook during the last step (all ranks).

@@ -15,6 +15,8 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     const int gl = m_ctx.layerBegin + li;
     m_exec.setLayer(gl);
     RangeScope range(m_exec.device(), range::kLayer, {m_step, m_exec.microbatch(), m_ctx.vppChunk, gl});
+    TS_RETURN_IF_ERROR(useWeights(layerParamList(li)));
+    WeightsInUse weights{*this};
     const int h = m_d.hidden;
     // SP regions hold TL = T/t rows (this rank's s-shard); the TP region between the
     // all-gather and the reduce-scatter holds all T rows. Without SP, TL = T.
@@ -102,6 +104,8 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     const int gl = m_ctx.layerBegin + li;
     m_exec.setLayer(gl);
     RangeScope range(m_exec.device(), range::kLayer, {m_step, m_exec.microbatch(), m_ctx.vppChunk, gl});
+    TS_RETURN_IF_ERROR(useWeights(layerParamList(li)));
+    WeightsInUse weights{*this};
     const int h = m_d.hidden;
     const int TL = localTokens();  // rows in SP regions (= T without SP)
     const int64_t ThL = int64_t(TL) * h;

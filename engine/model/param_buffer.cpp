@@ -2,9 +2,12 @@
 #include "engine/model/param_buffer.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/backend/kernels.h"
+#include "kernels/cpu/ops.h"
 
 namespace ts::engine {
 
@@ -31,22 +34,12 @@ int ParamBuffer::find(const std::string& name) const {
     return -1;
 }
 
-ParamBuffer::~ParamBuffer() { dropTwin(); }
+ParamBuffer::~ParamBuffer() = default;
 
-Status ParamBuffer::makeTwin(Device& dev) {
-    dropTwin();
-    if (!m_model || !m_bf16Gemms || dev.info().backend == BackendKind::Cpu) return Status::ok();
-    auto twin = dev.allocate(size_t(std::max<int64_t>(m_numel, 1)) * sizeof(uint16_t), MemCategory::Params);
-    if (!twin) return twin.status().withContext("allocating the bf16 model params' 16-bit copy");
-    m_twin = std::move(twin).value();
-    kern::bindBf16Twin(m_model->as<float>(), static_cast<uint16_t*>(m_twin->data()), m_numel);
-    return Status::ok();
-}
-
-void ParamBuffer::dropTwin() {
-    if (!m_twin) return;
-    kern::unbindBf16Twin(m_model->as<float>());
-    m_twin.reset();
+void ParamBuffer::workingMissing(int i) const {
+    std::fprintf(stderr, "internal error: bf16 param '%s' read outside the part of the model that unpacked it\n",
+                 info(i).name.c_str());
+    std::abort();
 }
 
 Status ParamBuffer::finalize(Device& dev, bool bf16, bool bf16Gemms) {
@@ -68,10 +61,10 @@ Status ParamBuffer::finalize(Device& dev, bool bf16, bool bf16Gemms) {
     m_bf16 = bf16;
     m_bf16Gemms = bf16Gemms;
     if (bf16) {
-        auto model = dev.allocate(bytes, MemCategory::Params);
+        auto model = dev.allocate(size_t(std::max<int64_t>(m_numel, 1)) * sizeof(uint16_t), MemCategory::Params);
         if (!model) return model.status().withContext("allocating bf16 model params");
-        m_model = std::move(model).value();
-        TS_RETURN_IF_ERROR(makeTwin(dev));  // zero-filled too: bf16 zeros, the zero copy's bits
+        m_model = std::move(model).value();  // zero-filled: the bits of the zero main params
+        clearWorking();
     }
     // allocate() zero-fills on every backend (no host memset: on a device the memory is not the host's).
     m_finalized = true;
@@ -86,22 +79,16 @@ void ParamBuffer::syncModelParams() { syncModelParams(0, m_numel); }
 
 void ParamBuffer::syncModelParams(int64_t begin, int64_t end) {
     if (!m_model || begin >= end) return;
-    uint16_t* twin = bf16TwinData();
+    uint16_t* bits = modelBits();
     if (!m_mainSharded) {
-        kern::bf16ModelCopy(m_main->as<float>() + begin, m_model->as<float>() + begin, twin ? twin + begin : nullptr,
-                            end - begin);
+        kern::floatToBf16(m_main->as<float>() + begin, bits + begin, end - begin);
         return;
     }
     for (size_t r = 0; r < m_mainRanges.size(); ++r) {
         const int64_t lo = std::max(begin, m_mainRanges[r].begin), hi = std::min(end, m_mainRanges[r].end);
         if (lo >= hi) continue;
-        kern::bf16ModelCopy(m_main->as<float>() + m_mainRangeAt[r] + (lo - m_mainRanges[r].begin),
-                            m_model->as<float>() + lo, twin ? twin + lo : nullptr, hi - lo);
+        kern::floatToBf16(m_main->as<float>() + m_mainRangeAt[r] + (lo - m_mainRanges[r].begin), bits + lo, hi - lo);
     }
-}
-
-void ParamBuffer::refreshTwin(int64_t begin, int64_t end) {
-    if (m_twin && begin < end) kern::floatToBf16(m_model->as<float>() + begin, bf16TwinData() + begin, end - begin);
 }
 
 float* ParamBuffer::mainParamsAt(int64_t begin, int64_t end) {
@@ -150,7 +137,10 @@ Result<std::vector<float>> ParamBuffer::mainParamsToHost(Stream& stream, std::ve
         if (kept) kept->assign(size_t(m_numel), 1);
         return kern::toHost(stream, m_main->as<float>(), m_numel);
     }
-    TS_ASSIGN_OR_RETURN(std::vector<float> image, kern::toHost(stream, m_model->as<float>(), m_numel));
+    std::vector<uint16_t> bits(static_cast<size_t>(m_numel));
+    TS_RETURN_IF_ERROR(kern::copyToHost(stream, bits.data(), modelBits(), bits.size() * sizeof(uint16_t)));
+    std::vector<float> image(bits.size());
+    kernels::cpu::bf16ToFloat(bits.data(), image.data(), m_numel);
     int64_t shardNumel = 0;
     for (const ElementRange& r : m_mainRanges) shardNumel += r.end - r.begin;
     TS_ASSIGN_OR_RETURN(const std::vector<float> shard, kern::toHost(stream, m_main->as<float>(), shardNumel));
@@ -178,12 +168,10 @@ Status ParamBuffer::mainParamsFromHost(Stream& stream, const std::vector<float>&
         TS_RETURN_IF_ERROR(kern::copyFromHost(stream, m_main->as<float>() + m_mainRangeAt[r], image.data() + g.begin,
                                               size_t(g.end - g.begin) * sizeof(float)));
     }
-    // The whole model copy from the image, rounded in place as syncModelParams rounds a main.
-    TS_RETURN_IF_ERROR(kern::copyFromHost(stream, m_model->as<float>(), image.data(), image.size() * sizeof(float)));
-    float* model = m_model->as<float>();
-    uint16_t* twin = bf16TwinData();
-    const int64_t n = m_numel;
-    return kern::runOp(stream, "sync_model_params", [=] { kern::bf16ModelCopy(model, model, twin, n); });
+    // The whole model copy from the image (rounded as syncModelParams rounds a main).
+    std::vector<uint16_t> bits(image.size());
+    kernels::cpu::floatToBf16(image.data(), bits.data(), m_numel);
+    return kern::copyFromHost(stream, modelBits(), bits.data(), bits.size() * sizeof(uint16_t));
 }
 
 Status ParamBuffer::relayout(Device& dev, Stream& stream, const std::vector<int64_t>& offsets, int64_t numel) {
@@ -200,7 +188,7 @@ Status ParamBuffer::relayout(Device& dev, Stream& stream, const std::vector<int6
     if (!grad) return grad.status().withContext("allocating main grads");
     std::unique_ptr<Buffer> model;
     if (m_bf16) {
-        auto r = dev.allocate(bytes, MemCategory::Params);
+        auto r = dev.allocate(size_t(std::max<int64_t>(numel, 1)) * sizeof(uint16_t), MemCategory::Params);
         if (!r) return r.status().withContext("allocating bf16 model params");
         model = std::move(r).value();
     }
@@ -211,13 +199,11 @@ Status ParamBuffer::relayout(Device& dev, Stream& stream, const std::vector<int6
         for (size_t i = 0; i < m_params.size(); ++i)
             kern::copyBytes(to + offsets[i], from + m_params[i].offset, size_t(m_params[i].numel) * sizeof(float));
     }));
-    dropTwin();  // bound to the old copy
     m_main = std::move(main).value();
     m_grad = std::move(grad).value();
     m_model = std::move(model);
     for (size_t i = 0; i < m_params.size(); ++i) m_params[i].offset = offsets[i];
     m_numel = numel;
-    TS_RETURN_IF_ERROR(makeTwin(dev));
     return kern::runOp(stream, "sync_model_params", [this] { syncModelParams(); });
 }
 

@@ -137,24 +137,6 @@ void GradSync::finishGradSync() {
     }
 }
 
-uint16_t* GradSync::bf16Scratch(const char* opName) {
-    if (!m_bf16Scratch) {
-        int64_t maxNumel = 1;
-        for (const GradBucket& gb : m_layout.buckets) maxNumel = std::max(maxNumel, gb.numel);
-        auto r = m_dev.allocate(size_t(maxNumel) * 2, MemCategory::CommBuffers);
-        if (!r) {
-            const Status st = r.status().withContext("allocating the DP engine's bf16 communication buffer");
-            OpDesc d;
-            d.name = opName;
-            d.step = m_step;
-            m_dpStream.submit(d, [st] { return st; });
-            return nullptr;
-        }
-        m_bf16Scratch = std::move(r).value();
-    }
-    return m_bf16Scratch->as<uint16_t>();
-}
-
 GradSync::Group GradSync::groupOf(const GradBucket& b) const {
     if (b.group == 1) return {m_opts.expertDp, m_opts.expertDpRank, m_opts.expertComm};
     return {m_opts.dp, m_opts.dpRank, m_comm};
@@ -201,8 +183,19 @@ void GradSync::enqueueReduction(int b) {
     }
     // bf16 reduction: the bucket goes through a bf16 comm buffer (one per GradSync, reused
     // bucket after bucket because the DP stream runs them in order).
-    uint16_t* bf = bf16Scratch("grad_to_bf16");
-    if (!bf) return;
+    if (!m_bf16Scratch) {
+        int64_t maxNumel = 1;
+        for (const GradBucket& gb : m_layout.buckets) maxNumel = std::max(maxNumel, gb.numel);
+        auto r = m_dev.allocate(size_t(maxNumel) * 2, MemCategory::CommBuffers);
+        if (!r) {
+            const Status st = r.status().withContext("allocating the bf16 grad-reduction buffer");
+            d.name = "grad_to_bf16";
+            m_dpStream.submit(d, [st] { return st; });
+            return;
+        }
+        m_bf16Scratch = std::move(r).value();
+    }
+    uint16_t* bf = m_bf16Scratch->as<uint16_t>();
     d.name = "grad_to_bf16";
     d.bytes = uint64_t(n) * 6;
     m_dpStream.submit(d, [=] {
@@ -250,26 +243,10 @@ void GradSync::startParamGather() {
                 });
             }
         } else {
-            // bf16 with sharded main params (Megatron's param_data all-gather): the step refreshed
-            // this rank's shard of the model copy; its bf16 bits go round the group, into the
-            // copy's 16-bit twin where it has one (a device), else through the bf16 comm buffer.
-            uint16_t* twin = m_params.bf16TwinData();
-            uint16_t* bits = twin ? twin + lo : bf16Scratch("param_to_bf16");
-            if (!bits) return;
-            float* model = m_params.modelCopy() + lo;
-            d.name = "param_to_bf16";
-            d.bytes = uint64_t(shard) * 6;
-            m_dpStream.submit(d, [=] {
-                k::floatToBf16(model + mine, bits + mine, shard);
-                return Status::ok();
-            });
+            // bf16 with sharded main params (Megatron's param_data all-gather): the step wrote
+            // this rank's shard of the model copy's bf16 bits; they go round the group in place.
+            uint16_t* bits = m_params.modelBits() + lo;
             g.comm->allGather(m_dpStream, bits + mine, bits, size_t(shard), DType::BF16);
-            d.name = "param_from_bf16";
-            d.bytes = uint64_t(bucket.numel) * 6;
-            m_dpStream.submit(d, [=] {
-                k::bf16ToFloat(bits, model, hi - lo);
-                return Status::ok();
-            });
         }
         m_gatherDone[b] = m_dev.createEvent();
         m_dpStream.record(*m_gatherDone[b]);

@@ -125,9 +125,6 @@ private:
         Communicator* comm = nullptr;
     };
     Group groupOf(const GradBucket& b) const;
-    // The bf16 communication buffer (the largest bucket's size; the DP stream uses it bucket
-    // after bucket), allocated at first use. Null after failing the stream with an op `opName`.
-    uint16_t* bf16Scratch(const char* opName);
 
     ParamBuffer& m_params;
     GradBufferLayout m_layout;
@@ -141,7 +138,7 @@ private:
     std::vector<char> m_paramReady;
     std::vector<char> m_launched;
     std::vector<std::unique_ptr<Event>> m_gatherDone;  // per bucket; null = nothing pending
-    std::unique_ptr<Buffer> m_bf16Scratch;   // bf16 grad reduction, sharded-main param gather
+    std::unique_ptr<Buffer> m_bf16Scratch;   // grad_reduce_in_fp32 = false
     bool m_armed = false;
     int m_step = 0;
     int m_launchedEarly = 0;

@@ -386,9 +386,9 @@ TEST(ParallelTrainer, ReplicasStayIdentical) {
 }
 
 // bf16 with the distributed optimizer keeps Megatron-LM's bytes per parameter (REFERENCE.md
-// §7.1, 6 + 12/d): a rank keeps fp32 main params for its shard only, next to the whole bf16 model
-// copy (here fp32 words, plus its 16-bit twin on a device), and the param all-gather leaves every
-// DP replica the same model copy, the main params rounded to bf16.
+// §7.1, 6 + 12/d): a rank keeps fp32 main params for its shard only, next to the whole model
+// copy in bf16 bits, and the param all-gather leaves every DP replica the same model copy, the
+// main params rounded to bf16.
 TEST(ParallelTrainer, Bf16DistributedOptimizerKeepsTheMainParamsOfItsShard) {
     Config par = withLayout(tinyConfig(), {2, 1, 1, 2, 2});
     par.bf16 = par.use_distributed_optimizer = par.overlap_grad_reduce = par.overlap_param_gather = true;
@@ -398,7 +398,7 @@ TEST(ParallelTrainer, Bf16DistributedOptimizerKeepsTheMainParamsOfItsShard) {
     ASSERT_TRUE(got.isOk()) << got.status().toString();
     ASSERT_TRUE(t->synchronize().isOk());
     const int dp = 2;
-    std::map<int, std::vector<float>> copyOfTp;  // tp rank -> the model copy of its first replica
+    std::map<int, std::vector<uint16_t>> copyOfTp;  // tp rank -> the model copy of its first replica
     for (int r = 0; r < t->worldSize(); ++r) {
         GptModel& m = t->rankModel(r, 0);
         ParamBuffer& pb = m.params();
@@ -409,25 +409,25 @@ TEST(ParallelTrainer, Bf16DistributedOptimizerKeepsTheMainParamsOfItsShard) {
         int64_t kept = 0;
         for (const ElementRange& g : pb.mainRanges()) kept += g.end - g.begin;
         EXPECT_EQ(kept * dp, n) << "rank " << r << " keeps 1/dp of every bucket";
-        const int64_t twin = pb.bf16Twin() ? 2 * n : 0;
-        EXPECT_EQ(t->memoryStats(r).current[size_t(MemCategory::Params)], 4 * n + 4 * kept + twin) << "rank " << r;
+        EXPECT_EQ(t->memoryStats(r).current[size_t(MemCategory::Params)], 2 * n + 4 * kept) << "rank " << r;
+        EXPECT_EQ(t->memoryStats(r).current[size_t(MemCategory::OptimizerState)], 2 * 4 * t->optimizerOwnedNumel(r));
 
         std::vector<char> keptMask;
         auto main = pb.mainParamsToHost(m.exec().stream(), &keptMask);
-        auto copy = kern::toHost(m.exec().stream(), pb.modelCopy(), n);
-        ASSERT_TRUE(main.isOk() && copy.isOk());
-        std::vector<float> rounded = *main;
-        ts::kernels::cpu::roundToBf16(rounded.data(), n);
+        ASSERT_TRUE(main.isOk());
+        std::vector<uint16_t> copy(static_cast<size_t>(n)), rounded(static_cast<size_t>(n));
+        ASSERT_TRUE(kern::copyToHost(m.exec().stream(), copy.data(), pb.modelBits(), copy.size() * 2).isOk());
+        ts::kernels::cpu::floatToBf16(main->data(), rounded.data(), n);
         int64_t keptSeen = 0;
         for (int64_t k = 0; k < n; ++k)
             if (keptMask[size_t(k)]) {
                 ++keptSeen;
-                ASSERT_EQ((*copy)[size_t(k)], rounded[size_t(k)]) << "rank " << r << " element " << k;
+                ASSERT_EQ(copy[size_t(k)], rounded[size_t(k)]) << "rank " << r << " element " << k;
             }
         EXPECT_EQ(keptSeen, kept);
         const int tp = r % 2;  // Megatron order: tp fastest
-        if (!copyOfTp.count(tp)) copyOfTp[tp] = *copy;
-        else EXPECT_EQ(*copy, copyOfTp[tp]) << "rank " << r << ": the DP replicas' model copies differ";
+        if (!copyOfTp.count(tp)) copyOfTp[tp] = copy;
+        else EXPECT_EQ(copy, copyOfTp[tp]) << "rank " << r << ": the DP replicas' model copies differ";
     }
 }
 

@@ -132,5 +132,34 @@ TEST(EmulatedDeviceTrainer, Bf16ModelCopyIsTheMainParamsBitsAfterEveryWrite) {
     }
 }
 
+// The fp32 working copy of the weights exists only while a part of the model runs: a step
+// unpacks each part's weights (the largest part's copy is Workspace memory for a while) and
+// leaves no copy behind, and reading a bf16 weight outside a part stops the process naming it.
+TEST(EmulatedDeviceTrainer, Bf16WorkingWeightsLiveOnlyWhileTheirPartRuns) {
+    for (bool emulate : {true, false}) {
+        const std::string where = emulate ? "emulated device" : "CPU backend";
+        Config c = tinyConfig();
+        c.bf16 = true;
+        TrainerOptions o;
+        o.emulateDevice = emulate;
+        auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
+        ASSERT_TRUE(t.isOk()) << t.status().toString();
+        GptModel& m = (*t)->model();
+        const Device& dev = m.exec().device();
+        const size_t ws = size_t(MemCategory::Workspace);
+        const int64_t before = dev.memoryStats().current[ws];
+        int64_t largestPart = 0, layer = 0;
+        for (int i = 0; i < m.params().count(); ++i)
+            if (m.params().info(i).name.rfind("decoder.layers.0.", 0) == 0) layer += m.params().info(i).numel;
+        largestPart = std::max(layer, m.params().info(m.params().find("embedding.word_embeddings.weight")).numel);
+        StepProgress p;
+        ASSERT_TRUE((*t)->step(&p).isOk()) << where;
+        ASSERT_TRUE(m.exec().synchronize().isOk());
+        EXPECT_GE(dev.memoryStats().peak[ws] - before, 4 * largestPart) << where;
+        EXPECT_EQ(dev.memoryStats().current[ws], before) << where << ": a working copy outlived its part";
+        EXPECT_DEATH((void)m.params().modelParam(0), "read outside the part of the model that unpacked it") << where;
+    }
+}
+
 }  // namespace
 }  // namespace ts::engine

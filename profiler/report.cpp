@@ -150,7 +150,7 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
         "(1 byte in Megatron-LM), SwiGLU's fc1 with its bias, the final norm and the logits";
     const std::string workingWeights =
         "the part of the model being run (a layer, the embedding, the output layer) reads its weights from an fp32 "
-        "working copy unpacked from them (Workspace memory; Megatron-LM's GEMMs read the bf16 params)";
+        "working copy of them (Workspace memory; Megatron-LM's GEMMs read the bf16 params)";
     if (auto it = meta.find("bf16_storage"); it != meta.end() && it->second == "bf16")
         caveats.push_back("bf16 run: the bf16 params and the layers' saved activations are bf16 (2 bytes, as "
                           "Megatron-LM keeps them), but " + workingWeights +

@@ -77,14 +77,22 @@ std::vector<uint16_t> roundedMainOf(Stream& st, ParamBuffer& pb) {
     return bits;
 }
 
+Config bf16Config() {
+    Config c = tinyConfig();
+    c.bf16 = true;
+    return c;
+}
+Result<std::unique_ptr<Trainer>> bf16Trainer(bool emulate) {
+    TrainerOptions o;
+    o.emulateDevice = emulate;
+    return Trainer::create(bf16Config(), nullptr, nullptr, nullptr, o);
+}
+
 TEST(EmulatedDeviceTrainer, Bf16ModelCopyIsTheMainParamsBitsAfterEveryWrite) {
     for (bool emulate : {true, false}) {
         const std::string where = emulate ? "emulated device" : "CPU backend";
-        Config c = tinyConfig();
-        c.bf16 = true;
-        TrainerOptions o;
-        o.emulateDevice = emulate;
-        auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
+        const Config c = bf16Config();
+        auto t = bf16Trainer(emulate);
         ASSERT_TRUE(t.isOk()) << t.status().toString();
         ParamBuffer& pb = (*t)->model().params();
         Stream& st = (*t)->model().exec().stream();
@@ -138,11 +146,7 @@ TEST(EmulatedDeviceTrainer, Bf16ModelCopyIsTheMainParamsBitsAfterEveryWrite) {
 TEST(EmulatedDeviceTrainer, Bf16WorkingWeightsLiveOnlyWhileTheirPartRuns) {
     for (bool emulate : {true, false}) {
         const std::string where = emulate ? "emulated device" : "CPU backend";
-        Config c = tinyConfig();
-        c.bf16 = true;
-        TrainerOptions o;
-        o.emulateDevice = emulate;
-        auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
+        auto t = bf16Trainer(emulate);
         ASSERT_TRUE(t.isOk()) << t.status().toString();
         GptModel& m = (*t)->model();
         const Device& dev = m.exec().device();

@@ -29,7 +29,7 @@ GptModel::~GptModel() {
 }
 
 Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& dev, Stream& compute,
-                                                   const ParallelContext& ctxIn) {
+                                                   const ParallelContext& ctxIn, const PlaceParams& place) {
     TS_ASSIGN_OR_RETURN(ModelDims d, modelDimsFromConfig(cfg));
     ParallelContext ctx = ctxIn;
     if (ctx.layerEnd < 0) ctx.layerEnd = d.layers;
@@ -91,7 +91,12 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
         m->m_ropeSegs = {{0, d.seq, 0}};
     }
     TS_RETURN_IF_ERROR(m->registerParams());
-    TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16, m->m_exec.bf16Gemms()));
+    if (place) {
+        TS_ASSIGN_OR_RETURN(const ParamPlacement pl, place(m->m_params.params()));
+        TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16, m->m_exec.bf16Gemms(), &pl));
+    } else {
+        TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16, m->m_exec.bf16Gemms()));
+    }
     TS_RETURN_IF_ERROR(m->initWeights());
     m->fp8Init();
     m->fp8ExpertInit();
@@ -295,13 +300,9 @@ Status GptModel::initWeights() {
                             size_t(rl * C) * sizeof(float));
         }
     }
-    float* mainParams = m_params.mainParams();
-    ParamBuffer* params = &m_params;
-    const size_t bytes = size_t(m_params.numel()) * sizeof(float);
-    m_exec.op("init_weights", Category::Other, 0, bytes, [=] {
-        k::copyBytes(mainParams, image->data(), bytes);
-        params->syncModelParams();
-    });
+    // The main params this buffer keeps (all, or with a sharded main its ranges) and the model copy.
+    image->resize(size_t(m_params.numel()));
+    TS_RETURN_IF_ERROR(m_params.mainParamsFromHost(m_exec.stream(), *image));
     return m_exec.synchronize();
 }
 

@@ -68,8 +68,11 @@ public:
     };
 
     // Builds the model (params registered and allocated, zero) for `ctx`.
+    // `place` (optional) decides where the registered params go before their memory is allocated
+    // (the data-parallel engine's layout, ParamPlacement).
+    using PlaceParams = std::function<Result<ParamPlacement>(const std::vector<ParamInfo>&)>;
     static Result<std::unique_ptr<GptModel>> create(const Config& cfg, Device& dev, Stream& compute,
-                                                     const ParallelContext& ctx = {});
+                                                     const ParallelContext& ctx = {}, const PlaceParams& place = {});
     ~GptModel();
 
     const ModelDims& dims() const { return m_d; }

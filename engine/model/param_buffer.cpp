@@ -42,24 +42,38 @@ void ParamBuffer::workingMissing(int i) const {
     std::abort();
 }
 
-Status ParamBuffer::finalize(Device& dev, bool bf16, bool bf16Gemms) {
+Status ParamBuffer::finalize(Device& dev, bool bf16, bool bf16Gemms, const ParamPlacement* placement) {
     if (m_finalized) return Status::internal("ParamBuffer::finalize called twice");
-    // Reverse registration order: the last registered param starts at offset 0.
-    int64_t off = 0;
-    for (size_t i = m_params.size(); i-- > 0;) {
-        m_params[i].offset = off;
-        off += m_params[i].numel;
+    if (placement) {
+        if (placement->offsets.size() != m_params.size())
+            return Status::internal("ParamBuffer::finalize: one offset per param needed");
+        for (size_t i = 0; i < m_params.size(); ++i) {
+            if (placement->offsets[i] < 0 || placement->offsets[i] + m_params[i].numel > placement->numel)
+                return Status::internal("ParamBuffer::finalize: param '" + m_params[i].name + "' does not fit");
+            m_params[i].offset = placement->offsets[i];
+        }
+        m_numel = placement->numel;
+    } else {
+        // Reverse registration order: the last registered param starts at offset 0.
+        int64_t off = 0;
+        for (size_t i = m_params.size(); i-- > 0;) {
+            m_params[i].offset = off;
+            off += m_params[i].numel;
+        }
+        m_numel = off;
     }
-    m_numel = off;
-    const size_t bytes = size_t(std::max<int64_t>(m_numel, 1)) * sizeof(float);
-    auto main = dev.allocate(bytes, MemCategory::Params);
-    if (!main) return main.status().withContext("allocating main params");
-    auto grad = dev.allocate(bytes, MemCategory::Grads);
+    m_bf16 = bf16;
+    m_bf16Gemms = bf16Gemms;
+    int64_t mainNumel = m_numel;
+    std::vector<int64_t> at;
+    if (bf16 && placement && placement->shardMain)
+        TS_RETURN_IF_ERROR(setMainRanges(placement->mainRanges, &at, &mainNumel));
+    auto main = dev.allocate(size_t(std::max<int64_t>(mainNumel, 1)) * sizeof(float), MemCategory::Params);
+    if (!main) return main.status().withContext(m_mainSharded ? "allocating the main params' shard" : "allocating main params");
+    auto grad = dev.allocate(size_t(std::max<int64_t>(m_numel, 1)) * sizeof(float), MemCategory::Grads);
     if (!grad) return grad.status().withContext("allocating main grads");
     m_main = std::move(main).value();
     m_grad = std::move(grad).value();
-    m_bf16 = bf16;
-    m_bf16Gemms = bf16Gemms;
     if (bf16) {
         auto model = dev.allocate(size_t(std::max<int64_t>(m_numel, 1)) * sizeof(uint16_t), MemCategory::Params);
         if (!model) return model.status().withContext("allocating bf16 model params");
@@ -99,36 +113,24 @@ float* ParamBuffer::mainParamsAt(int64_t begin, int64_t end) {
     return nullptr;
 }
 
-Status ParamBuffer::shardMainParams(Device& dev, Stream& stream, std::vector<ElementRange> ranges) {
-    if (!m_finalized) return Status::internal("ParamBuffer::shardMainParams before finalize");
-    if (m_mainSharded) return Status::internal("ParamBuffer::shardMainParams called twice");
-    if (!m_bf16) return Status::ok();  // fp32: the main params are what forward reads
+Status ParamBuffer::setMainRanges(std::vector<ElementRange> ranges, std::vector<int64_t>* at, int64_t* kept) {
     int64_t prevEnd = 0;
     for (const ElementRange& r : ranges) {
         if (r.begin < prevEnd || r.end < r.begin || r.end > m_numel)
-            return Status::internal("ParamBuffer::shardMainParams: ranges must be disjoint, ascending, in the buffer");
+            return Status::internal("ParamBuffer: the kept main-param ranges must be disjoint, ascending, in the buffer");
         prevEnd = r.end;
     }
     ranges.erase(std::remove_if(ranges.begin(), ranges.end(), [](const ElementRange& r) { return r.begin == r.end; }),
                  ranges.end());
-    std::vector<int64_t> at;
-    int64_t kept = 0;
+    at->clear();
+    *kept = 0;
     for (const ElementRange& r : ranges) {
-        at.push_back(kept);
-        kept += r.end - r.begin;
+        at->push_back(*kept);
+        *kept += r.end - r.begin;
     }
-    auto shard = dev.allocate(size_t(std::max<int64_t>(kept, 1)) * sizeof(float), MemCategory::Params);
-    if (!shard) return shard.status().withContext("allocating the main params' shard");
-    float* from = m_main->as<float>();
-    float* to = shard.value()->as<float>();
-    TS_RETURN_IF_ERROR(kern::runOp(stream, "shard_main_params", [&] {
-        for (size_t r = 0; r < ranges.size(); ++r)
-            kern::copyBytes(to + at[r], from + ranges[r].begin, size_t(ranges[r].end - ranges[r].begin) * sizeof(float));
-    }));
-    m_main = std::move(shard).value();
     m_mainSharded = true;
     m_mainRanges = std::move(ranges);
-    m_mainRangeAt = std::move(at);
+    m_mainRangeAt = *at;
     return Status::ok();
 }
 
@@ -172,39 +174,6 @@ Status ParamBuffer::mainParamsFromHost(Stream& stream, const std::vector<float>&
     std::vector<uint16_t> bits(image.size());
     kernels::cpu::floatToBf16(image.data(), bits.data(), m_numel);
     return kern::copyFromHost(stream, modelBits(), bits.data(), bits.size() * sizeof(uint16_t));
-}
-
-Status ParamBuffer::relayout(Device& dev, Stream& stream, const std::vector<int64_t>& offsets, int64_t numel) {
-    if (!m_finalized) return Status::internal("ParamBuffer::relayout before finalize");
-    if (m_mainSharded) return Status::internal("ParamBuffer::relayout after shardMainParams");
-    if (offsets.size() != m_params.size()) return Status::internal("ParamBuffer::relayout: one offset per param needed");
-    for (size_t i = 0; i < m_params.size(); ++i)
-        if (offsets[i] < 0 || offsets[i] + m_params[i].numel > numel)
-            return Status::internal("ParamBuffer::relayout: param '" + m_params[i].name + "' does not fit");
-    const size_t bytes = size_t(std::max<int64_t>(numel, 1)) * sizeof(float);
-    auto main = dev.allocate(bytes, MemCategory::Params);
-    if (!main) return main.status().withContext("allocating main params");
-    auto grad = dev.allocate(bytes, MemCategory::Grads);
-    if (!grad) return grad.status().withContext("allocating main grads");
-    std::unique_ptr<Buffer> model;
-    if (m_bf16) {
-        auto r = dev.allocate(size_t(std::max<int64_t>(numel, 1)) * sizeof(uint16_t), MemCategory::Params);
-        if (!r) return r.status().withContext("allocating bf16 model params");
-        model = std::move(r).value();
-    }
-    // allocate() zero-fills (the padding); the params move by copies on the stream, waited for.
-    float* from = m_main->as<float>();
-    float* to = main.value()->as<float>();
-    TS_RETURN_IF_ERROR(kern::runOp(stream, "param_relayout", [&] {
-        for (size_t i = 0; i < m_params.size(); ++i)
-            kern::copyBytes(to + offsets[i], from + m_params[i].offset, size_t(m_params[i].numel) * sizeof(float));
-    }));
-    m_main = std::move(main).value();
-    m_grad = std::move(grad).value();
-    m_model = std::move(model);
-    for (size_t i = 0; i < m_params.size(); ++i) m_params[i].offset = offsets[i];
-    m_numel = numel;
-    return kern::runOp(stream, "sync_model_params", [this] { syncModelParams(); });
 }
 
 }  // namespace ts::engine

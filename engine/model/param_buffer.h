@@ -5,10 +5,10 @@
 // last layers. With bf16 a separate model copy, the params' bf16 bits (2 bytes an element, as
 // Megatron-LM's bf16 params), is what forward/backward read: GptModel unpacks the part of the
 // model it runs into fp32 words (setWorking; on a device the bf16 GEMMs read the bits); the
-// optimizer updates the fp32 main params and refreshes the copy. With bf16 and the distributed optimizer the fp32 main
-// params exist only for the ranges this rank's optimizer owns (shardMainParams, Megatron's
-// "6 + 12/d bytes per parameter", REFERENCE.md §7.1), and the param all-gather fills the rest
-// of the model copy.
+// optimizer updates the fp32 main params and refreshes the copy. With bf16 and the distributed
+// optimizer the fp32 main params exist only for the ranges this rank's optimizer owns
+// (ParamPlacement::shardMain, Megatron's "6 + 12/d bytes per parameter", REFERENCE.md §7.1),
+// and the param all-gather fills the rest of the model copy.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,16 @@ struct ElementRange {
     int64_t begin = 0, end = 0;  // elements of a chunk's buffer
 };
 
+// Where finalize puts the params: the data-parallel engine's layout (Megatron's padded buckets),
+// decided from the registered params before any memory is allocated.
+struct ParamPlacement {
+    std::vector<int64_t> offsets;  // per param, registration index order
+    int64_t numel = 0;             // >= the unpadded size
+    // bf16 with the distributed optimizer: the fp32 main params kept (the distributed optimizer's owned ranges).
+    bool shardMain = false;
+    std::vector<ElementRange> mainRanges;
+};
+
 class ParamBuffer {
 public:
     ParamBuffer() = default;
@@ -59,7 +69,9 @@ public:
     // (Grads) and, with bf16, the model copy as bf16 bits (Params). `bf16Gemms`: the GEMMs take
     // bf16 operands (not with FP8), so a device's GEMMs may read the bits directly. Memory is
     // zeroed.
-    Status finalize(Device& dev, bool bf16, bool bf16Gemms = true);
+    // With `placement`, the params go where it says (and with bf16 and shardMain only the kept
+    // main params are allocated): no buffer is moved or allocated twice.
+    Status finalize(Device& dev, bool bf16, bool bf16Gemms = true, const ParamPlacement* placement = nullptr);
 
     int count() const { return int(m_params.size()); }
     const ParamInfo& info(int i) const { return m_params[size_t(i)]; }
@@ -68,7 +80,7 @@ public:
     int64_t numel() const { return m_numel; }
     bool bf16() const { return m_bf16; }
 
-    // The whole fp32 main-param buffer; null once shardMainParams has kept only a shard (use
+    // The whole fp32 main-param buffer; null when only a shard is kept (ParamPlacement::shardMain) (use
     // mainParamsAt, mainParamsToHost / mainParamsFromHost).
     float* mainParams() { return m_mainSharded ? nullptr : m_main->as<float>(); }
     float* mainGrads() { return m_grad->as<float>(); }
@@ -76,12 +88,9 @@ public:
     // The main param of buffer element `begin`, which with a sharded main must lie in a kept
     // range (so does the run [begin, end) the caller reads through it; null otherwise).
     float* mainParamsAt(int64_t begin, int64_t end);
-    // With bf16, keeps the fp32 main params of `ranges` only (disjoint, ascending, inside the
-    // buffer) in one compact buffer and frees the whole one: the distributed optimizer's layout,
-    // where a rank updates the main params it owns and the param all-gather brings the rest of
-    // the model copy. The values move on `stream`, waited for. Once, after finalize / relayout;
-    // no-op without bf16.
-    Status shardMainParams(Device& dev, Stream& stream, std::vector<ElementRange> ranges);
+    // bf16 with a placement's shardMain: only the fp32 main params of its ranges exist, in one
+    // compact buffer (the distributed optimizer's layout: a rank updates the main params it owns
+    // and the param all-gather brings the rest of the model copy).
     bool mainSharded() const { return m_mainSharded; }
     const std::vector<ElementRange>& mainRanges() const { return m_mainRanges; }
     // Host image of the whole main-param buffer: the fp32 main params where this buffer keeps
@@ -122,13 +131,6 @@ public:
     // form: every kept range).
     void syncModelParams(int64_t begin, int64_t end);
 
-    // Data-parallel engine hook: moves every param to `offsets[i]` (elements, registration
-    // index order) in buffers of `numel` elements (>= the unpadded size), e.g. Megatron's
-    // distributed-optimizer layout with padding. Keeps the main param values, zeroes grads and
-    // padding. Only after finalize() and while no work using the buffers is in flight; the
-    // copies run on `stream`, waited for.
-    Status relayout(Device& dev, Stream& stream, const std::vector<int64_t>& offsets, int64_t numel);
-
 private:
     std::vector<ParamInfo> m_params;
     std::unique_ptr<Buffer> m_main, m_grad, m_model;  // m_model: bf16 bits
@@ -138,6 +140,8 @@ private:
     std::vector<int64_t> m_mainRangeAt;
     bool m_mainSharded = false;
     [[noreturn]] void workingMissing(int i) const;
+    // Sets the kept main-param ranges (finalize with a sharding placement).
+    Status setMainRanges(std::vector<ElementRange> ranges, std::vector<int64_t>* at, int64_t* kept);
     int64_t m_numel = 0;
     bool m_bf16 = false;
     bool m_bf16Gemms = true;  // finalize's: whether the GEMMs take bf16 operands

@@ -4,7 +4,7 @@
 //     bucket; Adam's exp_avg / exp_avg_sq exist only for that slice (OptimizerState memory is
 //     1/dp of the non-distributed optimizer), the step updates only those main params, and the
 //     DP engine all-gathers the result (GradSync::startParamGather). With bf16 the fp32 main
-//     params are kept for that slice only too (ParamBuffer::shardMainParams, done by the
+//     params are kept for that slice only too (ParamPlacement::shardMain, set by the
 //     trainer before create): the step refreshes the slice's bf16 model copy, and the
 //     all-gather is of the model copy in bf16, as Megatron-LM's;
 //   - non-distributed: the owned range of a chunk is its whole buffer (every DP replica runs

@@ -398,32 +398,44 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             ctx.layerEnd = ctx.layerBegin + dims.layers / (ds.pp * v);
             ctx.firstStage = ppRank == 0 && ch == 0;
             ctx.lastStage = ppRank == ds.pp - 1 && ch == v - 1;
-            auto model = GptModel::create(c, *R->dev, *R->compute, ctx);
+            // The params go straight into the DP engine's layout (Megatron's buckets, padded with
+            // the distributed optimizer), which the model's registered params decide; with bf16 and
+            // the distributed optimizer only this rank's shard of the fp32 main params is allocated.
+            GradBufferLayout gl;
+            auto place = [&](const std::vector<ParamInfo>& registered) -> Result<ParamPlacement> {
+                GradLayoutOptions lo;
+                lo.bucketSize = effectiveBucketSize(c, dpc, ppRank, ch);
+                lo.dp = dpc;
+                lo.distributedOptimizer = dist;
+                if (expertGrads) {
+                    for (const ParamInfo& pi : registered) lo.expert.push_back(pi.expert ? 1 : 0);
+                    lo.expertDp = edp;
+                }
+                // Megatron marks the tied weight shared_embedding on BOTH ends of the pipeline (its
+                // own bucket, so the "embd" all-reduce after a reduce-scatter adds matching shards);
+                // GptModel flags the first stage's embedding only when it also holds the output.
+                std::vector<ParamInfo> infos = registered;
+                if (tied && ctx.firstStage)
+                    for (ParamInfo& pi : infos)
+                        if (pi.name == "embedding.word_embeddings.weight") pi.sharedEmbedding = true;
+                TS_ASSIGN_OR_RETURN(gl, computeGradBufferLayout(infos, lo));
+                ParamPlacement pl;
+                pl.offsets = gl.paramOffset;
+                pl.numel = gl.numel;
+                pl.shardMain = dist && c.bf16;
+                if (pl.shardMain)
+                    for (const GradBucket& b : gl.buckets) {
+                        auto [lo2, hi2] = b.group == 1 ? shardOf(b, edp, edpRank) : shardOf(b, dpc, dpcRank);
+                        pl.mainRanges.push_back({lo2, hi2});
+                    }
+                return pl;
+            };
+            auto model = GptModel::create(c, *R->dev, *R->compute, ctx, place);
             if (!model) return model.status().withContext("chunk " + std::to_string(ch));
             GptModel& m = *model.value();
             if (R->tpStream && R->tpOverlapComm) m.setTpCommOverlap(*R->tpStream, *R->tpOverlapComm);
             if (R->cpStream && R->cpRingComm) m.setCpRing(*R->cpStream, *R->cpRingComm);
             if (R->sharedStream) m.setSharedExpertStream(*R->sharedStream, R->sharedTpComm.get());
-            GradLayoutOptions lo;
-            lo.bucketSize = effectiveBucketSize(c, dpc, ppRank, ch);
-            lo.dp = dpc;
-            lo.distributedOptimizer = dist;
-            if (expertGrads) {
-                for (const ParamInfo& pi : m.params().params()) lo.expert.push_back(pi.expert ? 1 : 0);
-                lo.expertDp = edp;
-            }
-            // Megatron marks the tied weight shared_embedding on BOTH ends of the pipeline (its
-            // own bucket, so the "embd" all-reduce after a reduce-scatter adds matching shards);
-            // GptModel flags the first stage's embedding only when it also holds the output.
-            std::vector<ParamInfo> infos = m.params().params();
-            if (tied && ctx.firstStage) {
-                const int e = m.params().find("embedding.word_embeddings.weight");
-                if (e >= 0) infos[size_t(e)].sharedEmbedding = true;
-            }
-            TS_ASSIGN_OR_RETURN(GradBufferLayout gl, computeGradBufferLayout(infos, lo));
-            bool same = gl.numel == m.params().numel();
-            for (int i = 0; same && i < m.params().count(); ++i) same = gl.paramOffset[size_t(i)] == m.params().info(i).offset;
-            if (!same) TS_RETURN_IF_ERROR(m.params().relayout(*R->dev, m.exec().stream(), gl.paramOffset, gl.numel));
             GradSyncOptions so;
             so.dp = dpc;
             so.dpRank = dpcRank;
@@ -489,12 +501,6 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             }
             oc.push_back(std::move(o));
         }
-        // bf16 with the distributed optimizer: fp32 main params for the owned shard only.
-        if (dist)
-            for (int ch = 0; ch < v; ++ch) {
-                GptModel& m = *R->models[size_t(ch)];
-                TS_RETURN_IF_ERROR(m.params().shardMainParams(*R->dev, m.exec().stream(), oc[size_t(ch)].owned));
-            }
         TS_ASSIGN_OR_RETURN(R->opt, ShardedAdamW::create(c, std::move(oc), *R->dev, R->normComm.get()));
 
         ScheduleParams sp;

@@ -387,8 +387,8 @@ TEST(ParallelTrainer, ReplicasStayIdentical) {
 
 // bf16 with the distributed optimizer keeps Megatron-LM's bytes per parameter (REFERENCE.md
 // §7.1, 6 + 12/d): a rank keeps fp32 main params for its shard only, next to the whole model
-// copy in bf16 bits, and the param all-gather leaves every DP replica the same model copy, the
-// main params rounded to bf16.
+// copy in bf16 bits, from its creation on, and the param all-gather leaves every DP replica the
+// same model copy, the main params rounded to bf16.
 TEST(ParallelTrainer, Bf16DistributedOptimizerKeepsTheMainParamsOfItsShard) {
     Config par = withLayout(tinyConfig(), {2, 1, 1, 2, 2});
     par.bf16 = par.use_distributed_optimizer = par.overlap_grad_reduce = par.overlap_param_gather = true;
@@ -410,6 +410,9 @@ TEST(ParallelTrainer, Bf16DistributedOptimizerKeepsTheMainParamsOfItsShard) {
         for (const ElementRange& g : pb.mainRanges()) kept += g.end - g.begin;
         EXPECT_EQ(kept * dp, n) << "rank " << r << " keeps 1/dp of every bucket";
         EXPECT_EQ(t->memoryStats(r).current[size_t(MemCategory::Params)], 2 * n + 4 * kept) << "rank " << r;
+        // Created in its final layout: never a whole fp32 main-param buffer, nor a second copy.
+        EXPECT_EQ(t->memoryStats(r).peak[size_t(MemCategory::Params)], 2 * n + 4 * kept) << "rank " << r;
+        EXPECT_EQ(t->memoryStats(r).peak[size_t(MemCategory::Grads)], 4 * n) << "rank " << r;
         EXPECT_EQ(t->memoryStats(r).current[size_t(MemCategory::OptimizerState)], 2 * 4 * t->optimizerOwnedNumel(r));
 
         std::vector<char> keptMask;

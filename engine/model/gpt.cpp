@@ -311,11 +311,10 @@ Status GptModel::useWeights(const std::vector<int>& params) {
     std::vector<int> key;
     for (int i : params)
         if (i >= 0) key.push_back(i);
+    std::sort(key.begin(), key.end());
     if (m_workingDepth > 0) {
         for (int i : key)
-            if (!std::any_of(m_workingSpans.begin(), m_workingSpans.end(), [&](const auto& s) {
-                    return m_params.info(i).offset >= s[0] && m_params.info(i).offset < s[1];
-                }))
+            if (!std::binary_search(m_workingParams.begin(), m_workingParams.end(), i))
                 return Status::internal("weights of '" + m_params.info(i).name + "' used inside another part's");
         ++m_workingDepth;
         return Status::ok();
@@ -336,7 +335,8 @@ Status GptModel::useWeights(const std::vector<int>& params) {
         spans.push_back({lo, hi, total});
         total += hi - lo;
     }
-    TS_ASSIGN_OR_RETURN(TensorPtr work, m_exec.alloc(std::max<int64_t>(total, 1), MemCategory::Workspace));
+    // Not zeroed: bf16.weights writes every span (padding included).
+    TS_ASSIGN_OR_RETURN(TensorPtr work, allocUninitialized(m_exec, std::max<int64_t>(total, 1), MemCategory::Workspace));
     float* w = fp(work);
     for (int i : key) {
         const int64_t off = m_params.info(i).offset;
@@ -353,6 +353,7 @@ Status GptModel::useWeights(const std::vector<int>& params) {
         for (const auto& s : spans) k::bindBf16Twin(w + s[2], bits + s[0], s[1] - s[0]);
     m_working = std::move(work);
     m_workingSpans = std::move(spans);
+    m_workingParams = std::move(key);
     m_workingDepth = 1;
     return Status::ok();
 }
@@ -363,6 +364,7 @@ void GptModel::releaseWeights() {
     if (m_params.bf16Gemms() && m_exec.device().info().backend != BackendKind::Cpu)
         for (const auto& s : m_workingSpans) k::unbindBf16Twin(fp(work) + s[2]);
     m_workingSpans.clear();
+    m_workingParams.clear();
     m_params.clearWorking();
     m_exec.op("bf16.weights.free", Category::Memcpy, 0, 0, [work] {});  // holds it until the part's ops ran
 }

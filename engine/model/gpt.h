@@ -398,10 +398,11 @@ private:
     int m_backwardsThisStep = 0;     // backward() calls since beginStep()
     bool m_lastBackward = false;     // the backward being enqueued is the step's last
     bool m_recomputing = false;      // full recompute is rerunning a forward inside backward()
-    // useWeights' working copy, its spans of the buffer (begin, end, offset in the copy), and how
-    // many parts use it now.
+    // useWeights' working copy, its spans of the buffer (begin, end, offset in the copy), the
+    // params it holds (sorted), and how many parts use it now.
     TensorPtr m_working;
     std::vector<std::array<int64_t, 3>> m_workingSpans;
+    std::vector<int> m_workingParams;
     int m_workingDepth = 0;
     // Router state of the MoE layers (gpt_moe.cpp), by local layer; read and written by the ops.
     struct RouterState {

@@ -887,7 +887,12 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
     // shard from its etp rank (the ep coordinate tells which experts a rank holds: by name).
     // With sharded main params (bf16, distributed optimizer) every rank of the replica's group
     // holds the fp32 values of its own shard only: each element comes from the rank that keeps
-    // it (the replicas are the same params, so dpRank picks nothing then).
+    // it, and there is no replica to choose.
+    for (const auto& R : m_ranks)
+        for (const auto& m : R->models)
+            if (m->params().mainSharded() && dpRank != 0)
+                return Status::invalid("bf16 with the distributed optimizer keeps each fp32 main param on one rank of "
+                                       "its data-parallel group: there is only gatherParams(0)");
     const int edp = m_layout.expertDataParallelSize();
     std::vector<float> keptFull, valueFull;
     for (const auto& R : m_ranks) {

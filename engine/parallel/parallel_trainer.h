@@ -134,7 +134,7 @@ public:
     Status synchronize();
     // Full (TP-unsharded) main params by name, read from DP replica `dpRank` after
     // synchronize(); with bf16 and the distributed optimizer each element from the rank that
-    // keeps its fp32 main param (the replicas share them: dpRank picks nothing). The last
+    // keeps its fp32 main param (the replicas share them: dpRank must be 0). The last
     // stage's copy of a tied embedding is listed as "output_layer.weight[tied copy]".
     Result<std::map<std::string, std::vector<float>>> gatherParams(int dpRank = 0);
 

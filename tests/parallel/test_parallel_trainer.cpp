@@ -432,6 +432,10 @@ TEST(ParallelTrainer, Bf16DistributedOptimizerKeepsTheMainParamsOfItsShard) {
         if (!copyOfTp.count(tp)) copyOfTp[tp] = copy;
         else EXPECT_EQ(copy, copyOfTp[tp]) << "rank " << r << ": the DP replicas' model copies differ";
     }
+    // No replica holds every fp32 main param: asking for replica 1 is an error, not a copy of 0.
+    auto replica1 = t->gatherParams(1);
+    ASSERT_FALSE(replica1.isOk());
+    EXPECT_NE(replica1.status().message().find("gatherParams(0)"), std::string::npos) << replica1.status().message();
 }
 
 // ---- bucket layout: Megatron's rules worked out by hand --------------------------------------

@@ -52,7 +52,8 @@ struct ElementRange {
 struct ParamPlacement {
     std::vector<int64_t> offsets;  // per param, registration index order
     int64_t numel = 0;             // >= the unpadded size
-    // bf16 with the distributed optimizer: the fp32 main params kept (the distributed optimizer's owned ranges).
+    // bf16 with the distributed optimizer: only the fp32 main params of the ranges this rank's
+    // optimizer owns are kept.
     bool shardMain = false;
     std::vector<ElementRange> mainRanges;
 };
@@ -80,8 +81,8 @@ public:
     int64_t numel() const { return m_numel; }
     bool bf16() const { return m_bf16; }
 
-    // The whole fp32 main-param buffer; null when only a shard is kept (ParamPlacement::shardMain) (use
-    // mainParamsAt, mainParamsToHost / mainParamsFromHost).
+    // The whole fp32 main-param buffer; null when only a shard is kept (ParamPlacement::shardMain:
+    // use mainParamsAt, mainParamsToHost / mainParamsFromHost).
     float* mainParams() { return m_mainSharded ? nullptr : m_main->as<float>(); }
     float* mainGrads() { return m_grad->as<float>(); }
     float* mainParam(int i) { return m_mainSharded ? nullptr : mainParams() + info(i).offset; }

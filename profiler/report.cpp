@@ -145,7 +145,23 @@ Result<json> analyzeRun(TraceStore& store, const AnalyzeOptions& opt) {
     else if (flag("host_sync_collectives"))
         caveats.push_back("every collective held its rank's host until done (TS_HOST_SYNC_COLLECTIVES=1): nothing "
                           "overlapped communication, so step times are longer than the layout's");
-    if (auto it = meta.find("bf16_storage"); it != meta.end() && it->second == "fp32")
+    const std::string stillFp32 =
+        "some saved tensors stay fp32 (4 bytes): the probabilities the unfused attention keeps, FP8 linears' inputs "
+        "(1 byte in Megatron-LM), SwiGLU's fc1 with its bias, the final norm and the logits";
+    const std::string workingWeights =
+        "the part of the model being run (a layer, the embedding, the output layer) reads its weights from an fp32 "
+        "working copy of them (Workspace memory; Megatron-LM's GEMMs read the bf16 params)";
+    if (auto it = meta.find("bf16_storage"); it != meta.end() && it->second == "bf16")
+        caveats.push_back("bf16 run: the bf16 params and the layers' saved activations are bf16 (2 bytes, as "
+                          "Megatron-LM keeps them), but " + workingWeights +
+                          ", the working tensors of the layer being run are fp32 words holding bf16 values, and " +
+                          stillFp32 + "; fp32 main params, grads and optimizer state are as Megatron's");
+    else if (it != meta.end() && it->second == "params_bf16")
+        caveats.push_back("bf16 run whose activations are fp32 words holding bf16 values (TS_BF16_SAVED_FP32=1): "
+                          "their memory is about twice what Megatron-LM keeps for them; the bf16 params are 2 bytes, "
+                          "but " + workingWeights + "; fp32 main params, grads and optimizer state are as Megatron's");
+    // Run files of earlier versions, whose bf16 model copy was fp32 words.
+    else if (it != meta.end() && it->second == "fp32")
         caveats.push_back("bf16 run whose activations and bf16 model copy are fp32 words holding bf16 values "
                           "(emulated bf16 storage): their memory is about twice what Megatron-LM keeps for them; "
                           "fp32 main params, grads and optimizer state are as Megatron's");

@@ -650,10 +650,6 @@ void roundToBf16(float* x, int64_t n) {
     TS_KERN_DISPATCH(roundToBf16, x, n);
 }
 
-void bf16ModelCopy(const float* main, float* model, uint16_t* twin, int64_t n) {
-    TS_KERN_DISPATCH(bf16ModelCopy, main, model, twin, n);
-}
-
 void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale,
                            Fp8Format f) {
     TS_KERN_DISPATCH(fp8QuantizeDequantize, x, y, codes, n, scale, f);

@@ -71,11 +71,12 @@ Status copyFromHost(Stream& s, void* dst, const void* src, size_t bytes);
 // A whole float buffer (or the first n floats of it) as a host vector.
 Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n);
 
-// The 16-bit twin of a bf16-valued float array (ParamBuffer's bf16 model copy): on CUDA, a bf16
+// The 16-bit twin of a bf16-valued float array (the working copy of a part's weights and their
+// bf16 bits, GptModel::useWeights; saved activations and their packed bits): on CUDA, a bf16
 // GEMM whose operand lies wholly inside [base, base + n) reads twin + (operand - base) instead of
 // converting the operand (kernels/cuda/ops_cuda.h). The caller keeps the twin equal to the
-// array's bf16 bits (bf16ModelCopy writes both, in stream order) and unbinds it before either is
-// freed. Host calls outside any op; no-ops without CUDA.
+// array's bf16 bits and unbinds it before either is freed. Host calls outside any op; no-ops
+// without CUDA.
 void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n);
 void unbindBf16Twin(const float* base);
 
@@ -208,7 +209,6 @@ void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
 void floatToBf16(const float* x, uint16_t* y, int64_t n);
 void bf16ToFloat(const uint16_t* x, float* y, int64_t n);
 void roundToBf16(float* x, int64_t n);
-void bf16ModelCopy(const float* main, float* model, uint16_t* twin, int64_t n);
 void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale,
                            Fp8Format f);
 void fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* scales,

@@ -416,7 +416,7 @@ std::vector<KnobDef> buildRegistry() {
               "Overlap the distributed optimizer's parameter all-gather with the next forward."),
           "requires use_distributed_optimizer and overlap_grad_reduce");
     r.b("use_distributed_optimizer", &C::use_distributed_optimizer, "--use-distributed-optimizer", "",
-        "ddp.use_distributed_optimizer", "Shard optimizer state across DP ranks (reduce-scatter grads, all-gather params).");
+        "ddp.use_distributed_optimizer", "Shard optimizer state across DP ranks (reduce-scatter grads, all-gather params); with bf16 the fp32 main params too (6 + 12/dp bytes a parameter).");
     notInEngine(rules(r.b("overlap_param_gather_with_optimizer_step", &C::overlap_param_gather_with_optimizer_step,
                           "--overlap-param-gather-with-optimizer-step", "",
                           "comm_overlap.overlap_param_gather_with_optimizer_step",

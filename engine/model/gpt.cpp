@@ -29,7 +29,7 @@ GptModel::~GptModel() {
 }
 
 Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& dev, Stream& compute,
-                                                   const ParallelContext& ctxIn) {
+                                                   const ParallelContext& ctxIn, const PlaceParams& place) {
     TS_ASSIGN_OR_RETURN(ModelDims d, modelDimsFromConfig(cfg));
     ParallelContext ctx = ctxIn;
     if (ctx.layerEnd < 0) ctx.layerEnd = d.layers;
@@ -91,7 +91,12 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
         m->m_ropeSegs = {{0, d.seq, 0}};
     }
     TS_RETURN_IF_ERROR(m->registerParams());
-    TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16, m->m_exec.bf16Gemms()));
+    if (place) {
+        TS_ASSIGN_OR_RETURN(const ParamPlacement pl, place(m->m_params.params()));
+        TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16, m->m_exec.bf16Gemms(), &pl));
+    } else {
+        TS_RETURN_IF_ERROR(m->m_params.finalize(dev, o.bf16, m->m_exec.bf16Gemms()));
+    }
     TS_RETURN_IF_ERROR(m->initWeights());
     m->fp8Init();
     m->fp8ExpertInit();
@@ -295,14 +300,73 @@ Status GptModel::initWeights() {
                             size_t(rl * C) * sizeof(float));
         }
     }
-    float* mainParams = m_params.mainParams();
-    ParamBuffer* params = &m_params;
-    const size_t bytes = size_t(m_params.numel()) * sizeof(float);
-    m_exec.op("init_weights", Category::Other, 0, bytes, [=] {
-        k::copyBytes(mainParams, image->data(), bytes);
-        params->syncModelParams();
-    });
+    // The main params this buffer keeps (all, or with a sharded main its ranges) and the model copy.
+    image->resize(size_t(m_params.numel()));
+    TS_RETURN_IF_ERROR(m_params.mainParamsFromHost(m_exec.stream(), *image));
     return m_exec.synchronize();
+}
+
+Status GptModel::useWeights(const std::vector<int>& params) {
+    if (!m_params.bf16()) return Status::ok();
+    std::vector<int> key;
+    for (int i : params)
+        if (i >= 0) key.push_back(i);
+    std::sort(key.begin(), key.end());
+    if (m_workingDepth > 0) {
+        for (int i : key)
+            if (!std::binary_search(m_workingParams.begin(), m_workingParams.end(), i))
+                return Status::internal("weights of '" + m_params.info(i).name + "' used inside another part's");
+        ++m_workingDepth;
+        return Status::ok();
+    }
+    // The params' ranges of the buffer, merged across the distributed optimizer's padding.
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (int i : key) ranges.push_back({m_params.info(i).offset, m_params.info(i).offset + m_params.info(i).numel});
+    std::sort(ranges.begin(), ranges.end());
+    std::vector<std::array<int64_t, 3>> spans;  // begin, end, offset in the working copy
+    int64_t total = 0;
+    constexpr int64_t kMergeGap = 256;
+    for (const auto& [lo, hi] : ranges) {
+        if (!spans.empty() && lo <= spans.back()[1] + kMergeGap) {
+            total += std::max<int64_t>(0, hi - spans.back()[1]);
+            spans.back()[1] = std::max(spans.back()[1], hi);
+            continue;
+        }
+        spans.push_back({lo, hi, total});
+        total += hi - lo;
+    }
+    // Not zeroed: bf16.weights writes every span (padding included).
+    TS_ASSIGN_OR_RETURN(TensorPtr work, allocUninitialized(m_exec, std::max<int64_t>(total, 1), MemCategory::Workspace));
+    float* w = fp(work);
+    for (int i : key) {
+        const int64_t off = m_params.info(i).offset;
+        for (const auto& s : spans)
+            if (off >= s[0] && off < s[1]) m_params.setWorking(i, w + s[2] + (off - s[0]));
+    }
+    const uint16_t* bits = m_params.modelBits();
+    auto sp = std::make_shared<std::vector<std::array<int64_t, 3>>>(spans);
+    m_exec.op("bf16.weights", Category::Memcpy, 0, uint64_t(total) * 6, [=] {
+        for (const auto& s : *sp) k::bf16ToFloat(bits + s[0], w + s[2], s[1] - s[0]);
+    });
+    // A device's bf16 GEMMs read the bits instead of converting the working copy again.
+    if (m_params.bf16Gemms() && m_exec.device().info().backend != BackendKind::Cpu)
+        for (const auto& s : spans) k::bindBf16Twin(w + s[2], bits + s[0], s[1] - s[0]);
+    m_working = std::move(work);
+    m_workingSpans = std::move(spans);
+    m_workingParams = std::move(key);
+    m_workingDepth = 1;
+    return Status::ok();
+}
+
+void GptModel::releaseWeights() {
+    if (m_workingDepth == 0 || --m_workingDepth > 0) return;
+    TensorPtr work = std::move(m_working);
+    if (m_params.bf16Gemms() && m_exec.device().info().backend != BackendKind::Cpu)
+        for (const auto& s : m_workingSpans) k::unbindBf16Twin(fp(work) + s[2]);
+    m_workingSpans.clear();
+    m_workingParams.clear();
+    m_params.clearWorking();
+    m_exec.op("bf16.weights.free", Category::Memcpy, 0, 0, [work] {});  // holds it until the part's ops ran
 }
 
 void GptModel::beginStep(int step, int numMicrobatches) {
@@ -413,6 +477,7 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
             m_forwardPreHook(ps);
         }
         TS_RETURN_IF_ERROR(finalForward(*st));
+        m_exec.throttle();  // the output layer is a part like a layer: its working copies too
     } else {
         TensorPtr hid = st->hidden;
         m_exec.op("stage_output_copy", Category::Memcpy, 0, uint64_t(ThL) * 8,
@@ -442,6 +507,7 @@ Status GptModel::backward(int mb, TensorPtr gradOutput, TensorPtr gradInput) {
     TensorPtr dh;
     if (m_ctx.lastStage) {
         TS_RETURN_IF_ERROR(finalBackward(*st, &dh));
+        m_exec.throttle();
         {
             std::vector<int> ps{m_lnfW};
             if (m_lnfB >= 0) ps.push_back(m_lnfB);

@@ -23,6 +23,7 @@
 // num_microbatches, i.e. the gradient seed of each token is mask / (num_tokens * m).
 #pragma once
 
+#include <array>
 #include <deque>
 #include <functional>
 #include <map>
@@ -67,8 +68,11 @@ public:
     };
 
     // Builds the model (params registered and allocated, zero) for `ctx`.
+    // `place` (optional) decides where the registered params go before their memory is allocated
+    // (the data-parallel engine's layout, ParamPlacement).
+    using PlaceParams = std::function<Result<ParamPlacement>(const std::vector<ParamInfo>&)>;
     static Result<std::unique_ptr<GptModel>> create(const Config& cfg, Device& dev, Stream& compute,
-                                                     const ParallelContext& ctx = {});
+                                                     const ParallelContext& ctx = {}, const PlaceParams& place = {});
     ~GptModel();
 
     const ModelDims& dims() const { return m_d; }
@@ -180,6 +184,18 @@ private:
     // gpt_layer.cpp (norms, residuals, dropouts) with its blocks gpt_attention.cpp and
     // gpt_mlp.cpp, gpt_output.cpp (final norm, output layer, loss); gpt_ops.cpp holds the ops
     // they share. A new kind of block (MoE, context-parallel attention) is a new file beside them.
+    // bf16: the part of the model being run (the embedding, a layer, the output) reads its
+    // weights as fp32 words from a working copy unpacked from the model copy's bf16 bits (op
+    // bf16.weights, Workspace memory; on a device the bf16 GEMMs read the bits, bound as the
+    // copy's twin). The WeightsInUse guard ends it: op bf16.weights.free holds the copy until the
+    // ops enqueued meanwhile ran. A part run inside another (nothing yet) reads the outer copy.
+    // No-op in fp32.
+    Status useWeights(const std::vector<int>& params);
+    void releaseWeights();
+    struct WeightsInUse {
+        GptModel& m;
+        ~WeightsInUse() { m.releaseWeights(); }
+    };
     Status embeddingForward(MbState& st, int mb);  // first stage: the lookup -> st.hidden
     Status embeddingBackward(MbState& st, TensorPtr dh);
     Status layerForward(MbState& st, int li, bool keep);
@@ -382,6 +398,12 @@ private:
     int m_backwardsThisStep = 0;     // backward() calls since beginStep()
     bool m_lastBackward = false;     // the backward being enqueued is the step's last
     bool m_recomputing = false;      // full recompute is rerunning a forward inside backward()
+    // useWeights' working copy, its spans of the buffer (begin, end, offset in the copy), the
+    // params it holds (sorted), and how many parts use it now.
+    TensorPtr m_working;
+    std::vector<std::array<int64_t, 3>> m_workingSpans;
+    std::vector<int> m_workingParams;
+    int m_workingDepth = 0;
     // Router state of the MoE layers (gpt_moe.cpp), by local layer; read and written by the ops.
     struct RouterState {
         std::vector<float> expertBias;     // [E] moe_router_enable_expert_bias (fp32, as Megatron keeps it)

@@ -17,6 +17,8 @@ Status GptModel::embeddingForward(MbState& st, int mb) {
     const int64_t Th = int64_t(T) * h, ThL = stageTensorElems();
     const bool bf = m_o.bf16;
     auto data = st.data;
+    TS_RETURN_IF_ERROR(useWeights(embeddingParamList()));  // the backward reads no weight
+    WeightsInUse weights{*this};
     TS_ASSIGN_OR_RETURN(TensorPtr emb, m_exec.alloc(Th));
     const float* E = m_params.modelParam(m_embW);
     const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL, V = m_d.paddedVocab;

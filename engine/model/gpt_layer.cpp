@@ -15,6 +15,8 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     const int gl = m_ctx.layerBegin + li;
     m_exec.setLayer(gl);
     RangeScope range(m_exec.device(), range::kLayer, {m_step, m_exec.microbatch(), m_ctx.vppChunk, gl});
+    TS_RETURN_IF_ERROR(useWeights(layerParamList(li)));
+    WeightsInUse weights{*this};
     const int h = m_d.hidden;
     // SP regions hold TL = T/t rows (this rank's s-shard); the TP region between the
     // all-gather and the reduce-scatter holds all T rows. Without SP, TL = T.
@@ -102,6 +104,8 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     const int gl = m_ctx.layerBegin + li;
     m_exec.setLayer(gl);
     RangeScope range(m_exec.device(), range::kLayer, {m_step, m_exec.microbatch(), m_ctx.vppChunk, gl});
+    TS_RETURN_IF_ERROR(useWeights(layerParamList(li)));
+    WeightsInUse weights{*this};
     const int h = m_d.hidden;
     const int TL = localTokens();  // rows in SP regions (= T without SP)
     const int64_t ThL = int64_t(TL) * h;
@@ -282,9 +286,11 @@ Result<TensorPtr> GptModel::moeLayerForward(LayerActs& A, const LayerParams& P, 
     }
     auto routed = moeForward(A, P, gl);
     A.beforeExperts = nullptr;
+    // Before anything returns: the shared experts' ops read the layer's working weights, which
+    // the compute stream frees after the layer.
+    if (sharedDone) m_exec.stream().wait(*sharedDone);
     if (!routed.isOk()) return routed.status();
     if (!shared) return Status::internal("MoE layer " + std::to_string(gl) + ": the shared experts did not run");
-    if (sharedDone) m_exec.stream().wait(*sharedDone);
     TensorPtr out = std::move(routed).value();
     const int64_t ThL = int64_t(localTokens()) * m_d.hidden;
     const bool bf = m_o.bf16;
@@ -318,11 +324,12 @@ Result<TensorPtr> GptModel::moeLayerBackward(LayerActs& A, const LayerParams& P,
     }
     auto routed = moeBackward(A, P, dout);
     A.beforeExperts = nullptr;
+    // Before anything returns (the shared experts' ops read the layer's working weights); also
+    // orders the shared weights' grads (accumulated on their stream) before the grad-ready hook.
+    if (sharedDone) m_exec.stream().wait(*sharedDone);
     if (!routed.isOk()) return routed.status();
     if (!overlap) { TS_ASSIGN_OR_RETURN(dshared, sharedExpertBackward(A, P, dout)); }
     if (!dshared) return Status::internal("MoE layer backward: the shared experts did not run");
-    // Also orders the shared weights' grads (accumulated on their stream) before the grad-ready hook.
-    if (sharedDone) m_exec.stream().wait(*sharedDone);
     TensorPtr dx = std::move(routed).value();
     const int64_t ThL = int64_t(localTokens()) * m_d.hidden;
     const bool bf = m_o.bf16;

@@ -10,6 +10,8 @@ namespace ts::engine {
 
 Status GptModel::finalForward(MbState& st) {
     m_exec.setLayer(-1);
+    TS_RETURN_IF_ERROR(useWeights({m_lnfW, m_lnfB, m_outW}));
+    WeightsInUse weights{*this};
     const int T = m_d.seq * m_d.microBatch, h = m_d.hidden, Vl = m_vocabL;
     const int TL = localTokens();
     const int64_t ThL = int64_t(TL) * h, TV = int64_t(T) * Vl;
@@ -116,6 +118,8 @@ Status GptModel::finalForward(MbState& st) {
 
 Status GptModel::finalBackward(MbState& st, TensorPtr* dhidden) {
     m_exec.setLayer(-1);
+    TS_RETURN_IF_ERROR(useWeights({m_lnfW, m_lnfB, m_outW}));
+    WeightsInUse weights{*this};
     const int T = m_d.seq * m_d.microBatch, h = m_d.hidden, Vl = m_vocabL;
     const int TL = localTokens();
     const int64_t Th = int64_t(T) * h, ThL = int64_t(TL) * h, TV = int64_t(T) * Vl;

@@ -2,9 +2,13 @@
 // and one contiguous fp32 main-grad buffer (Megatron's ParamAndGradBuffer, REFERENCE.md
 // §3.1). Parameters are laid out in REVERSE registration order (backprop order), so the
 // data-parallel engine can cut the grad buffer into buckets whose first bucket holds the
-// last layers. With bf16 a separate model copy (fp32 storage holding bf16-rounded values,
-// i.e. emulated bf16 storage) is what forward/backward read; the optimizer updates the fp32
-// main params and refreshes the copy.
+// last layers. With bf16 a separate model copy, the params' bf16 bits (2 bytes an element, as
+// Megatron-LM's bf16 params), is what forward/backward read: GptModel unpacks the part of the
+// model it runs into fp32 words (setWorking; on a device the bf16 GEMMs read the bits); the
+// optimizer updates the fp32 main params and refreshes the copy. With bf16 and the distributed
+// optimizer the fp32 main params exist only for the ranges this rank's optimizer owns
+// (ParamPlacement::shardMain, Megatron's "6 + 12/d bytes per parameter", REFERENCE.md §7.1),
+// and the param all-gather fills the rest of the model copy.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +43,21 @@ struct ParamInfo {
     int64_t offset = 0;              // elements from the buffer start (after finalize)
 };
 
+struct ElementRange {
+    int64_t begin = 0, end = 0;  // elements of a chunk's buffer
+};
+
+// Where finalize puts the params: the data-parallel engine's layout (Megatron's padded buckets),
+// decided from the registered params before any memory is allocated.
+struct ParamPlacement {
+    std::vector<int64_t> offsets;  // per param, registration index order
+    int64_t numel = 0;             // >= the unpadded size
+    // bf16 with the distributed optimizer: only the fp32 main params of the ranges this rank's
+    // optimizer owns are kept.
+    bool shardMain = false;
+    std::vector<ElementRange> mainRanges;
+};
+
 class ParamBuffer {
 public:
     ParamBuffer() = default;
@@ -48,10 +67,12 @@ public:
     // Registers a parameter; returns its index. Only before finalize().
     int add(ParamInfo info);
     // Lays out (reverse registration order) and allocates: main params (Params), main grads
-    // (Grads) and, with bf16, the model copy (Params), with its 16-bit twin where kernels see
-    // device memory and `bf16Gemms` says the GEMMs take bf16 operands (not with FP8). Memory is
+    // (Grads) and, with bf16, the model copy as bf16 bits (Params). `bf16Gemms`: the GEMMs take
+    // bf16 operands (not with FP8), so a device's GEMMs may read the bits directly. Memory is
     // zeroed.
-    Status finalize(Device& dev, bool bf16, bool bf16Gemms = true);
+    // With `placement`, the params go where it says (and with bf16 and shardMain only the kept
+    // main params are allocated): no buffer is moved or allocated twice.
+    Status finalize(Device& dev, bool bf16, bool bf16Gemms = true, const ParamPlacement* placement = nullptr);
 
     int count() const { return int(m_params.size()); }
     const ParamInfo& info(int i) const { return m_params[size_t(i)]; }
@@ -60,41 +81,71 @@ public:
     int64_t numel() const { return m_numel; }
     bool bf16() const { return m_bf16; }
 
-    float* mainParams() { return m_main->as<float>(); }
+    // The whole fp32 main-param buffer; null when only a shard is kept (ParamPlacement::shardMain:
+    // use mainParamsAt, mainParamsToHost / mainParamsFromHost).
+    float* mainParams() { return m_mainSharded ? nullptr : m_main->as<float>(); }
     float* mainGrads() { return m_grad->as<float>(); }
-    float* mainParam(int i) { return mainParams() + info(i).offset; }
+    float* mainParam(int i) { return m_mainSharded ? nullptr : mainParams() + info(i).offset; }
+    // The main param of buffer element `begin`, which with a sharded main must lie in a kept
+    // range (so does the run [begin, end) the caller reads through it; null otherwise).
+    float* mainParamsAt(int64_t begin, int64_t end);
+    // bf16 with a placement's shardMain: only the fp32 main params of its ranges exist, in one
+    // compact buffer (the distributed optimizer's layout: a rank updates the main params it owns
+    // and the param all-gather brings the rest of the model copy).
+    bool mainSharded() const { return m_mainSharded; }
+    const std::vector<ElementRange>& mainRanges() const { return m_mainRanges; }
+    // Host image of the whole main-param buffer: the fp32 main params where this buffer keeps
+    // them, elsewhere (a sharded main) the bf16 model copy's values; `kept` (optional) gets 1
+    // where the value is a main param. Waits for `stream`.
+    Result<std::vector<float>> mainParamsToHost(Stream& stream, std::vector<char>* kept = nullptr);
+    // Sets the main params this buffer keeps from a host image of the whole buffer and refreshes
+    // the whole model copy from it, on `stream`, waited for.
+    Status mainParamsFromHost(Stream& stream, const std::vector<float>& image);
     float* mainGrad(int i) { return mainGrads() + info(i).offset; }
-    // What forward/backward read: the bf16-rounded copy with bf16, else the main params.
-    float* modelParam(int i) { return (m_model ? m_model->as<float>() : mainParams()) + info(i).offset; }
-    // Where kernels see device memory (CUDA, the emulated device), a bf16 model copy has a 16-bit
-    // twin: the same values as bf16 bits, refreshed with the copy (syncModelParams) and bound to
-    // it (kern::bindBf16Twin), so a bf16 GEMM reading a weight takes the twin's bits instead of
-    // converting the fp32 copy at every call. Null otherwise.
-    const uint16_t* bf16Twin() const { return m_twin ? static_cast<const uint16_t*>(m_twin->data()) : nullptr; }
-    const float* modelParams() const { return m_model ? m_model->as<float>() : m_main->as<float>(); }
+    // The bf16 model copy: the params' bf16 bits, 2 bytes an element (Megatron-LM's bf16
+    // params); null in fp32.
+    uint16_t* modelBits() { return m_model ? m_model->as<uint16_t>() : nullptr; }
+    const uint16_t* modelBits() const { return m_model ? m_model->as<uint16_t>() : nullptr; }
+    // What forward/backward read as fp32 words: in fp32 the main params; with bf16 the working
+    // copy GptModel unpacked from the model bits for the part of the model it runs
+    // (setWorking). Reading a bf16 param outside that part is a bug and aborts, naming it.
+    float* modelParam(int i) {
+        if (!m_model) return mainParams() + info(i).offset;
+        float* p = m_working.empty() ? nullptr : m_working[size_t(i)];
+        if (!p) workingMissing(i);
+        return p;
+    }
+    // bf16: where modelParam(i) points until clearWorking.
+    void setWorking(int i, float* p) {
+        m_working.resize(m_params.size(), nullptr);
+        m_working[size_t(i)] = p;
+    }
+    void clearWorking() { m_working.assign(m_params.size(), nullptr); }
+    // Whether kernels with bf16 GEMMs see the model bits (finalize's bf16Gemms: not with FP8).
+    bool bf16Gemms() const { return m_bf16Gemms; }
 
     void zeroGrads();
     // Refreshes the bf16 model copy from the main params (no-op in fp32).
     void syncModelParams();
-    // Refreshes the bf16 model copy of elements [begin, end) of the buffer (no-op in fp32).
+    // Refreshes the bf16 model copy of elements [begin, end) of the buffer (no-op in fp32). With
+    // a sharded main, only the kept ranges' part of [begin, end) is refreshed (the whole-buffer
+    // form: every kept range).
     void syncModelParams(int64_t begin, int64_t end);
-
-    // Data-parallel engine hook: moves every param to `offsets[i]` (elements, registration
-    // index order) in buffers of `numel` elements (>= the unpadded size), e.g. Megatron's
-    // distributed-optimizer layout with padding. Keeps the main param values, zeroes grads and
-    // padding. Only after finalize() and while no work using the buffers is in flight; the
-    // copies run on `stream`, waited for.
-    Status relayout(Device& dev, Stream& stream, const std::vector<int64_t>& offsets, int64_t numel);
 
 private:
     std::vector<ParamInfo> m_params;
-    std::unique_ptr<Buffer> m_main, m_grad, m_model, m_twin;
-    // Allocates and binds the model copy's 16-bit twin where kernels see device memory.
-    Status makeTwin(Device& dev);
-    void dropTwin();
+    std::unique_ptr<Buffer> m_main, m_grad, m_model;  // m_model: bf16 bits
+    std::vector<float*> m_working;                     // per param, bf16: modelParam's pointer
+    // With a sharded main: the kept ranges, and where each starts in the compact m_main.
+    std::vector<ElementRange> m_mainRanges;
+    std::vector<int64_t> m_mainRangeAt;
+    bool m_mainSharded = false;
+    [[noreturn]] void workingMissing(int i) const;
+    // Sets the kept main-param ranges (finalize with a sharding placement).
+    Status setMainRanges(std::vector<ElementRange> ranges, std::vector<int64_t>* at, int64_t* kept);
     int64_t m_numel = 0;
     bool m_bf16 = false;
-    bool m_bf16Gemms = true;  // finalize's: whether a twin serves any GEMM
+    bool m_bf16Gemms = true;  // finalize's: whether the GEMMs take bf16 operands
     bool m_finalized = false;
 };
 

@@ -219,27 +219,34 @@ void GradSync::startParamGather() {
     auto e = m_dev.createEvent();
     m_compute.record(*e);
     m_dpStream.wait(*e);
-    float* params = m_params.mainParams();
     ParamBuffer* pb = &m_params;
     // Last bucket first: it holds the first layers, which the next forward needs first.
     for (size_t b = m_layout.buckets.size(); b-- > 0;) {
         const GradBucket& bucket = m_layout.buckets[b];
         const Group g = groupOf(bucket);
         if (bucket.numel == 0 || g.size <= 1 || !g.comm) continue;
-        const int64_t shard = bucket.numel / g.size;
-        float* base = params + bucket.offset;
-        g.comm->allGather(m_dpStream, base + int64_t(g.rank) * shard, base, size_t(shard), DType::F32);
-        if (m_params.bf16()) {
-            OpDesc d;
-            d.name = "param_copy_bf16";
-            d.category = trace::Category::Optimizer;
-            d.step = m_step;
-            d.bytes = uint64_t(bucket.numel) * 8;
-            const int64_t lo = bucket.offset, hi = bucket.offset + bucket.numel;
-            m_dpStream.submit(d, [pb, lo, hi] {
-                pb->syncModelParams(lo, hi);
-                return Status::ok();
-            });
+        const int64_t shard = bucket.numel / g.size, mine = int64_t(g.rank) * shard;
+        const int64_t lo = bucket.offset, hi = bucket.offset + bucket.numel;
+        OpDesc d;
+        d.category = trace::Category::Optimizer;
+        d.step = m_step;
+        if (!m_params.mainSharded()) {
+            // fp32 main params everywhere: gather them, then round the bucket's model copy.
+            float* base = m_params.mainParams() + bucket.offset;
+            g.comm->allGather(m_dpStream, base + mine, base, size_t(shard), DType::F32);
+            if (m_params.bf16()) {
+                d.name = "param_copy_bf16";
+                d.bytes = uint64_t(bucket.numel) * 8;
+                m_dpStream.submit(d, [pb, lo, hi] {
+                    pb->syncModelParams(lo, hi);
+                    return Status::ok();
+                });
+            }
+        } else {
+            // bf16 with sharded main params (Megatron's param_data all-gather): the step wrote
+            // this rank's shard of the model copy's bf16 bits; they go round the group in place.
+            uint16_t* bits = m_params.modelBits() + lo;
+            g.comm->allGather(m_dpStream, bits + mine, bits, size_t(shard), DType::BF16);
         }
         m_gatherDone[b] = m_dev.createEvent();
         m_dpStream.record(*m_gatherDone[b]);

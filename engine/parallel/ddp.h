@@ -107,7 +107,8 @@ public:
 
     // Distributed optimizer, after the optimizer step was enqueued on the compute stream:
     // all-gathers the updated params of every bucket on the DP stream (last bucket first, i.e.
-    // first layers first). Without overlap_param_gather the compute stream waits for all of
+    // first layers first): the fp32 main params, or with sharded main params (bf16) the model
+    // copy's bf16 bits. Without overlap_param_gather the compute stream waits for all of
     // them now; with it, onForwardPre() makes the compute stream wait per bucket just before
     // the forward first reads it.
     void startParamGather();

@@ -54,7 +54,11 @@ Result<std::unique_ptr<ShardedAdamW>> ShardedAdamW::create(const Config& c, std:
     // allocate() zero-fills exp_avg and exp_avg_sq on every backend.
     for (const Piece& p : o->m_pieces) {
         ParamBuffer* pb = chunks[size_t(p.chunk)].params;
-        o->m_segments.push_back({pb->mainParams() + p.begin, pb->mainGrads() + p.begin, o->m_m->as<float>() + p.state,
+        float* main = pb->mainParamsAt(p.begin, p.end);
+        if (!main)
+            return Status::internal("optimizer piece of '" + pb->info(p.param).name +
+                                    "' outside the main params this rank keeps");
+        o->m_segments.push_back({main, pb->mainGrads() + p.begin, o->m_m->as<float>() + p.state,
                                  o->m_v->as<float>() + p.state, p.end - p.begin, p.noWeightDecay});
     }
     o->m_chunks = std::move(chunks);

@@ -3,7 +3,10 @@
 //   - distributed optimizer (ZeRO-1-like): each DP rank owns a contiguous 1/dp slice of every
 //     bucket; Adam's exp_avg / exp_avg_sq exist only for that slice (OptimizerState memory is
 //     1/dp of the non-distributed optimizer), the step updates only those main params, and the
-//     DP engine all-gathers the result (GradSync::startParamGather);
+//     DP engine all-gathers the result (GradSync::startParamGather). With bf16 the fp32 main
+//     params are kept for that slice only too (ParamPlacement::shardMain, set by the
+//     trainer before create): the step refreshes the slice's bf16 model copy, and the
+//     all-gather is of the model copy in bf16, as Megatron-LM's;
 //   - non-distributed: the owned range of a chunk is its whole buffer (every DP replica runs
 //     the same step on the same all-reduced grads).
 // Gradient clipping uses the norm of the WHOLE model: each rank sums the squares of the grads
@@ -26,9 +29,7 @@
 
 namespace ts::engine {
 
-struct OwnedRange {
-    int64_t begin = 0, end = 0;  // elements of the chunk's buffer
-};
+using OwnedRange = ElementRange;  // elements of the chunk's buffer
 
 struct OptimizerChunk {
     ParamBuffer* params = nullptr;

@@ -398,32 +398,44 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             ctx.layerEnd = ctx.layerBegin + dims.layers / (ds.pp * v);
             ctx.firstStage = ppRank == 0 && ch == 0;
             ctx.lastStage = ppRank == ds.pp - 1 && ch == v - 1;
-            auto model = GptModel::create(c, *R->dev, *R->compute, ctx);
+            // The params go straight into the DP engine's layout (Megatron's buckets, padded with
+            // the distributed optimizer), which the model's registered params decide; with bf16 and
+            // the distributed optimizer only this rank's shard of the fp32 main params is allocated.
+            GradBufferLayout gl;
+            auto place = [&](const std::vector<ParamInfo>& registered) -> Result<ParamPlacement> {
+                GradLayoutOptions lo;
+                lo.bucketSize = effectiveBucketSize(c, dpc, ppRank, ch);
+                lo.dp = dpc;
+                lo.distributedOptimizer = dist;
+                if (expertGrads) {
+                    for (const ParamInfo& pi : registered) lo.expert.push_back(pi.expert ? 1 : 0);
+                    lo.expertDp = edp;
+                }
+                // Megatron marks the tied weight shared_embedding on BOTH ends of the pipeline (its
+                // own bucket, so the "embd" all-reduce after a reduce-scatter adds matching shards);
+                // GptModel flags the first stage's embedding only when it also holds the output.
+                std::vector<ParamInfo> infos = registered;
+                if (tied && ctx.firstStage)
+                    for (ParamInfo& pi : infos)
+                        if (pi.name == "embedding.word_embeddings.weight") pi.sharedEmbedding = true;
+                TS_ASSIGN_OR_RETURN(gl, computeGradBufferLayout(infos, lo));
+                ParamPlacement pl;
+                pl.offsets = gl.paramOffset;
+                pl.numel = gl.numel;
+                pl.shardMain = dist && c.bf16;
+                if (pl.shardMain)
+                    for (const GradBucket& b : gl.buckets) {
+                        auto [lo2, hi2] = b.group == 1 ? shardOf(b, edp, edpRank) : shardOf(b, dpc, dpcRank);
+                        pl.mainRanges.push_back({lo2, hi2});
+                    }
+                return pl;
+            };
+            auto model = GptModel::create(c, *R->dev, *R->compute, ctx, place);
             if (!model) return model.status().withContext("chunk " + std::to_string(ch));
             GptModel& m = *model.value();
             if (R->tpStream && R->tpOverlapComm) m.setTpCommOverlap(*R->tpStream, *R->tpOverlapComm);
             if (R->cpStream && R->cpRingComm) m.setCpRing(*R->cpStream, *R->cpRingComm);
             if (R->sharedStream) m.setSharedExpertStream(*R->sharedStream, R->sharedTpComm.get());
-            GradLayoutOptions lo;
-            lo.bucketSize = effectiveBucketSize(c, dpc, ppRank, ch);
-            lo.dp = dpc;
-            lo.distributedOptimizer = dist;
-            if (expertGrads) {
-                for (const ParamInfo& pi : m.params().params()) lo.expert.push_back(pi.expert ? 1 : 0);
-                lo.expertDp = edp;
-            }
-            // Megatron marks the tied weight shared_embedding on BOTH ends of the pipeline (its
-            // own bucket, so the "embd" all-reduce after a reduce-scatter adds matching shards);
-            // GptModel flags the first stage's embedding only when it also holds the output.
-            std::vector<ParamInfo> infos = m.params().params();
-            if (tied && ctx.firstStage) {
-                const int e = m.params().find("embedding.word_embeddings.weight");
-                if (e >= 0) infos[size_t(e)].sharedEmbedding = true;
-            }
-            TS_ASSIGN_OR_RETURN(GradBufferLayout gl, computeGradBufferLayout(infos, lo));
-            bool same = gl.numel == m.params().numel();
-            for (int i = 0; same && i < m.params().count(); ++i) same = gl.paramOffset[size_t(i)] == m.params().info(i).offset;
-            if (!same) TS_RETURN_IF_ERROR(m.params().relayout(*R->dev, m.exec().stream(), gl.paramOffset, gl.numel));
             GradSyncOptions so;
             so.dp = dpc;
             so.dpRank = dpcRank;
@@ -873,15 +885,27 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
     // Dense params from the ranks of data-parallel rank dpRank (cp 0), each TP shard from its tp
     // rank; expert weights from the ranks of expert-data-parallel rank dpRank % edp, each ETP
     // shard from its etp rank (the ep coordinate tells which experts a rank holds: by name).
+    // With sharded main params (bf16, distributed optimizer) every rank of the replica's group
+    // holds the fp32 values of its own shard only: each element comes from the rank that keeps
+    // it, and there is no replica to choose.
+    for (const auto& R : m_ranks)
+        for (const auto& m : R->models)
+            if (m->params().mainSharded() && dpRank != 0)
+                return Status::invalid("bf16 with the distributed optimizer keeps each fp32 main param on one rank of "
+                                       "its data-parallel group: there is only gatherParams(0)");
     const int edp = m_layout.expertDataParallelSize();
+    std::vector<float> keptFull, valueFull;
     for (const auto& R : m_ranks) {
         const RankCoords& rc = R->coords;
         for (const auto& m : R->models) {
             ParamBuffer& pb = m->params();
-            TS_ASSIGN_OR_RETURN(const auto host, kern::toHost(m->exec().stream(), pb.mainParams(), pb.numel()));
+            const bool sharded = pb.mainSharded();
+            std::vector<char> kept;
+            TS_ASSIGN_OR_RETURN(const auto host, pb.mainParamsToHost(m->exec().stream(), &kept));
+            std::vector<float> keptF(kept.begin(), kept.end());
             for (int i = 0; i < pb.count(); ++i) {
                 const ParamInfo& info = pb.info(i);
-                if (info.expert ? rc.edp != dpRank % edp : (rc.dp != dpRank || rc.cp != 0)) continue;
+                if (!sharded && (info.expert ? rc.edp != dpRank % edp : (rc.dp != dpRank || rc.cp != 0))) continue;
                 const int n = info.expert ? ds.etp : ds.tp, shard = info.expert ? rc.etp : rc.tp;
                 if (info.shard == ShardKind::Replicated && shard != 0) continue;
                 std::string name = info.name;
@@ -890,8 +914,17 @@ Result<std::map<std::string, std::vector<float>>> ParallelTrainer::gatherParams(
                 for (int64_t d : info.fullShape) full *= d;
                 std::vector<float>& v = out[name];
                 if (v.empty()) v.assign(static_cast<size_t>(full), 0.f);
-                copyShardToFull(info, info.shard == ShardKind::Replicated ? 1 : n, shard, host.data() + info.offset,
-                                v.data());
+                const int parts = info.shard == ShardKind::Replicated ? 1 : n;
+                if (!sharded) {
+                    copyShardToFull(info, parts, shard, host.data() + info.offset, v.data());
+                    continue;
+                }
+                keptFull.assign(size_t(full), 0.f);
+                valueFull.assign(size_t(full), 0.f);
+                copyShardToFull(info, parts, shard, keptF.data() + info.offset, keptFull.data());
+                copyShardToFull(info, parts, shard, host.data() + info.offset, valueFull.data());
+                for (int64_t k = 0; k < full; ++k)
+                    if (keptFull[size_t(k)] != 0.f) v[size_t(k)] = valueFull[size_t(k)];
             }
         }
     }
@@ -1063,7 +1096,8 @@ Status ParallelTrainer::save(const std::string& dir) {
     //     rank for experts), a param every rank of that group holds whole from its rank 0;
     //   Adam state: without the distributed optimizer from the same rank; with it from every
     //     rank, each adding the pieces it owns (dense buckets are sharded over dp-cp, expert
-    //     buckets over edp), except the copies of a TP-replicated dense param on tp ranks > 0.
+    //     buckets over edp), except the copies of a TP-replicated dense param on tp ranks > 0;
+    //     bf16 main params under the distributed optimizer likewise (each rank keeps its shard).
     // Expert parallel: the ep coordinate only tells which experts a rank holds (by name).
     const bool dist = m_cfg.use_distributed_optimizer;
     const int etpN = m_cfg.num_moe_experts > 0 ? ds.etp : 1;
@@ -1089,7 +1123,14 @@ Status ParallelTrainer::save(const std::string& dir) {
         }
         for (size_t ch = 0; ch < R.models.size(); ++ch) {
             ParamBuffer& pb = R.models[ch]->params();
-            TS_ASSIGN_OR_RETURN(const auto pHost, kern::toHost(rs, pb.mainParams(), pb.numel()));
+            // Sharded main params (bf16, distributed optimizer) are summed like the Adam state:
+            // each rank's image holds the values it keeps, zeros elsewhere.
+            const bool sharded = pb.mainSharded();
+            std::vector<char> kept;
+            TS_ASSIGN_OR_RETURN(auto pHost, pb.mainParamsToHost(rs, &kept));
+            if (sharded)
+                for (size_t k = 0; k < pHost.size(); ++k)
+                    if (!kept[k]) pHost[k] = 0.f;
             for (int i = 0; i < pb.count(); ++i) {
                 const ParamInfo& info = pb.info(i);
                 if (isTiedCopy(info)) continue;
@@ -1100,11 +1141,13 @@ Status ParallelTrainer::save(const std::string& dir) {
                 const int n = info.expert ? etpN : ds.tp, shard = info.expert ? rc.etp : rc.tp;
                 if (info.shard == ShardKind::Replicated && shard != 0) continue;
                 const bool holder = info.expert ? rc.edp == 0 : rc.dp == 0 && rc.cp == 0;
-                if (holder) copyShardToFull(info, n, shard, pHost.data() + info.offset, P + off);
+                if (holder && !sharded) copyShardToFull(info, n, shard, pHost.data() + info.offset, P + off);
                 if (!dist && !holder) continue;
                 int64_t fullNumel = 1;
                 for (int64_t d : info.fullShape) fullNumel *= d;
-                for (auto [local, full] : {std::pair{&localM[ch], M}, std::pair{&localV[ch], V}}) {
+                std::vector<std::pair<const std::vector<float>*, float*>> summed = {{&localM[ch], M}, {&localV[ch], V}};
+                if (sharded) summed.push_back({&pHost, P});
+                for (auto [local, full] : summed) {
                     tmp.assign(size_t(fullNumel), 0.f);
                     copyShardToFull(info, n, shard, local->data() + info.offset, tmp.data());
                     for (int64_t k = 0; k < fullNumel; ++k) full[off + k] += tmp[size_t(k)];
@@ -1239,7 +1282,7 @@ Status ParallelTrainer::load(const std::string& dir) {
             localM[ch].assign(size_t(pb.numel()), 0.f);
             localV[ch].assign(size_t(pb.numel()), 0.f);
             // The chunk's params as a host image (padding kept), filled below, then uploaded.
-            TS_ASSIGN_OR_RETURN(auto pHost, kern::toHost(rs, pb.mainParams(), pb.numel()));
+            TS_ASSIGN_OR_RETURN(auto pHost, pb.mainParamsToHost(rs));
             for (int i = 0; i < pb.count(); ++i) {
                 const ParamInfo& info = pb.info(i);
                 const auto it = fullOffset.find(info.name);
@@ -1252,8 +1295,7 @@ Status ParallelTrainer::load(const std::string& dir) {
                 copyFullToShard(info, n, t, M + off, localM[ch].data() + info.offset);
                 copyFullToShard(info, n, t, V + off, localV[ch].data() + info.offset);
             }
-            TS_RETURN_IF_ERROR(kern::copyFromHost(rs, pb.mainParams(), pHost.data(), pHost.size() * sizeof(float)));
-            TS_RETURN_IF_ERROR(kern::runOp(rs, "sync_model_params", [&pb] { pb.syncModelParams(); }));
+            TS_RETURN_IF_ERROR(pb.mainParamsFromHost(rs, pHost));
         }
         TS_ASSIGN_OR_RETURN(auto mHost, kern::toHost(rs, R.opt->expAvg(), R.opt->ownedNumel()));
         TS_ASSIGN_OR_RETURN(auto vHost, kern::toHost(rs, R.opt->expAvgSq(), R.opt->ownedNumel()));
@@ -1281,6 +1323,8 @@ Status ParallelTrainer::load(const std::string& dir) {
 const GradSync& ParallelTrainer::gradSync(int rank, int chunk) const {
     return *m_ranks.at(size_t(rank))->syncs.at(size_t(chunk));
 }
+
+GptModel& ParallelTrainer::rankModel(int rank, int chunk) { return *m_ranks.at(size_t(rank))->models.at(size_t(chunk)); }
 
 int ParallelTrainer::numChunks() const { return m_ranks.empty() ? 0 : int(m_ranks[0]->models.size()); }
 

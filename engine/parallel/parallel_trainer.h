@@ -133,12 +133,14 @@ public:
     // Waits until every stream of every rank is idle; the first error, if any.
     Status synchronize();
     // Full (TP-unsharded) main params by name, read from DP replica `dpRank` after
-    // synchronize(). The last stage's copy of a tied embedding is listed as
-    // "output_layer.weight[tied copy]".
+    // synchronize(); with bf16 and the distributed optimizer each element from the rank that
+    // keeps its fp32 main param (the replicas share them: dpRank must be 0). The last
+    // stage's copy of a tied embedding is listed as "output_layer.weight[tied copy]".
     Result<std::map<std::string, std::vector<float>>> gatherParams(int dpRank = 0);
 
     // Introspection for tests and the benchmark.
     const GradSync& gradSync(int rank, int chunk) const;
+    GptModel& rankModel(int rank, int chunk);
     int numChunks() const;
     int64_t optimizerOwnedNumel(int rank) const;
     // Buckets whose reduction started from a grad-ready hook during the last step (all ranks).

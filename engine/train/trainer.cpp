@@ -113,8 +113,11 @@ nlohmann::json baseRunMetadata(const Config& c, double modelFlopsPerStep, double
     j["peak_tflops"] = peakTflops;
     j["data"] = data ? data->description() : std::string();
     // Where bf16 values are kept in fp32 words (docs/engine.md "Precision"): `analyze` says what
-    // that does to the memory numbers. saved_bf16: the layers' saved activations are bf16 bits.
-    if (c.bf16) j["bf16_storage"] = bf16SavedInFp32Words() ? "fp32" : "saved_bf16";
+    // that does to the memory numbers.
+    // "bf16": the model copy and the saved activations in bf16 bits; "params_bf16": the saved
+    // activations in fp32 words (TS_BF16_SAVED_FP32=1). Earlier versions wrote "saved_bf16" and
+    // "fp32" (the model copy in fp32 words too): profiler/report.cpp reads both.
+    if (c.bf16) j["bf16_storage"] = bf16SavedInFp32Words() ? "params_bf16" : "bf16";
     return j;
 }
 

@@ -21,12 +21,4 @@ void roundToBf16(float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] = bf16ToFloatValue(bf16FromFloat(x[i]));
 }
 
-void bf16ModelCopy(const float* main, float* model, uint16_t* twin, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = bf16FromFloat(main[i]);
-        model[i] = bf16ToFloatValue(h);
-        if (twin) twin[i] = h;
-    }
-}
-
 }  // namespace ts::kernels::cpu

@@ -292,9 +292,6 @@ void floatToBf16(const float* x, uint16_t* y, int64_t n);
 void bf16ToFloat(const uint16_t* x, float* y, int64_t n);
 // Round fp32 values through bf16 in place (emulates bf16 storage of an fp32 buffer).
 void roundToBf16(float* x, int64_t n);
-// The bf16 model copy of fp32 main params in one pass: model = main rounded through bf16, and
-// (twin not null) twin = those values' bf16 bits. copy + roundToBf16 + floatToBf16 in one read.
-void bf16ModelCopy(const float* main, float* model, uint16_t* twin, int64_t n);
 
 // ---- FP8 emulation (fp8.cpp; REFERENCE.md §6.1) -------------------------------------------
 enum class Fp8Format : uint8_t { E4M3 = 0, E5M2 };

@@ -26,24 +26,8 @@ __global__ void roundToBf16CastKernel(float* __restrict__ x, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) x[i] = hd::bf16RoundFloat(x[i]);
 }
 
-__global__ void bf16ModelCopyCastKernel(const float* __restrict__ main, float* __restrict__ model,
-                                        uint16_t* __restrict__ twin, int64_t n) {
-    for (int64_t i = globalThread(); i < n; i += gridThreads()) {
-        const uint16_t h = hd::bf16FromFloat(main[i]);
-        model[i] = hd::bf16ToFloatValue(h);
-        if (twin) twin[i] = h;
-    }
-}
-
 }  // namespace
 
-Status bf16ModelCopy(const float* main, float* model, uint16_t* twin, int64_t n, void* stream) {
-    if (n < 0) return Status::invalid("bf16ModelCopy: negative element count");
-    if (n == 0) return Status::ok();
-    bf16ModelCopyCastKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(main, model,
-                                                                                                     twin, n);
-    return detail::launchStatus("bf16ModelCopy launch");
-}
 
 Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream) {
     if (n < 0) return Status::invalid("floatToBf16: negative element count");

@@ -230,7 +230,6 @@ Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
 Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream);
 Status bf16ToFloat(const uint16_t* x, float* y, int64_t n, void* stream);
 Status roundToBf16(float* x, int64_t n, void* stream);
-Status bf16ModelCopy(const float* main, float* model, uint16_t* twin, int64_t n, void* stream);
 
 // --- FP8 (emulated in fp32 storage exactly as the CPU does; REFERENCE.md §6.1) ---------------
 // *amax (device float) = max |x| (NaN if any element is NaN).

@@ -58,6 +58,15 @@ std::vector<Case> cases() {
              c.add_bias_linear = false;
          }},
         {"tp2 pp2 dp2", {2, 2, 1, 2, 4}, [](Config& c) { c.sequence_parallel = true; }},
+        // bf16: 2-byte params read through working copies bound to the bits, main params kept per
+        // shard, the params' bf16 bits all-gathered in place.
+        {"pp2 dp2 bf16 distributed optimizer, overlapped", {1, 2, 1, 2, 2}, [](Config& c) {
+             c.bf16 = true;
+             c.use_distributed_optimizer = true;
+             c.overlap_grad_reduce = true;
+             c.overlap_param_gather = true;
+             c.bucket_size = 2500;
+         }},
     };
 }
 
@@ -91,16 +100,19 @@ TEST(CudaParallelTrainer, LayoutsMatchTheCpuBackend) {
         EXPECT_EQ(keep->runMetadata().value("cuda_shared_gpus", false), share) << k.name;
         keep.reset();
         ASSERT_EQ(gpu->losses.size(), cpu->losses.size());
+        // bf16: the GPU's bf16 GEMMs sum in another order, and bf16 rounds that (the single-GPU
+        // trainer test's tolerances).
+        const double lossTol = c.bf16 ? 2e-3 : 1e-5, weightTol = c.bf16 ? 5e-2 : 1e-4;
         for (size_t s = 0; s < cpu->losses.size(); ++s) {
-            EXPECT_NEAR(gpu->losses[s], cpu->losses[s], 1e-5 * std::fabs(cpu->losses[s])) << k.name << ": step " << s + 1;
-            EXPECT_NEAR(gpu->gradNorms[s], cpu->gradNorms[s], 1e-5 * std::fabs(cpu->gradNorms[s]) + 1e-7)
+            EXPECT_NEAR(gpu->losses[s], cpu->losses[s], lossTol * std::fabs(cpu->losses[s])) << k.name << ": step " << s + 1;
+            EXPECT_NEAR(gpu->gradNorms[s], cpu->gradNorms[s], lossTol * std::fabs(cpu->gradNorms[s]) + 1e-7)
                 << k.name << ": grad norm, step " << s + 1;
         }
         double worst = 0;
         for (const auto& [name, w] : cpu->params) {
             ASSERT_TRUE(gpu->params.count(name)) << k.name << ": " << name << " missing on the GPUs";
             const double e = relError(gpu->params.at(name), w);
-            EXPECT_LE(e, 1e-4) << k.name << ": " << name;
+            EXPECT_LE(e, weightTol) << k.name << ": " << name;
             worst = std::max(worst, e);
         }
         std::printf("[cuda parallel] %s (world %d, %s): loss %.9g (cpu %.9g), worst weight rel. diff %.3g\n",

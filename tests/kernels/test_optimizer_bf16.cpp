@@ -163,16 +163,6 @@ TEST(KernelsBf16, RandomValuesMatchNearestSearchAndRoundTrip) {
         ASSERT_EQ(bits(back[i]), static_cast<uint32_t>(h[i]) << 16);
         ASSERT_EQ(bits(y[i]), bits(back[i]));
     }
-    // The model copy in one pass: the rounded values and their bits, with and without the twin.
-    std::vector<float> model(x.size(), -1.0f), modelOnly(x.size(), -1.0f);
-    std::vector<uint16_t> twin(x.size(), 0xFFFF);
-    bf16ModelCopy(x.data(), model.data(), twin.data(), static_cast<int64_t>(x.size()));
-    bf16ModelCopy(x.data(), modelOnly.data(), nullptr, static_cast<int64_t>(x.size()));
-    for (size_t i = 0; i < x.size(); ++i) {
-        ASSERT_EQ(bits(model[i]), bits(y[i]));
-        ASSERT_EQ(bits(modelOnly[i]), bits(y[i]));
-        ASSERT_EQ(twin[i], h[i]);
-    }
 }
 
 TEST(KernelsVecMath, ExpApproxAccurateAndEdgeCases) {

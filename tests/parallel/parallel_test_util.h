@@ -167,7 +167,7 @@ inline Result<RunResult> trainSingle(engine::Config c, int steps, const std::str
     if (!save.empty()) TS_RETURN_IF_ERROR(t->save(save));
     // Through a copy: on a device backend (TS_EMULATE_DEVICE=1) the buffer is device memory.
     engine::ParamBuffer& pb = t->model().params();
-    TS_ASSIGN_OR_RETURN(const auto host, engine::kern::toHost(t->model().exec().stream(), pb.mainParams(), pb.numel()));
+    TS_ASSIGN_OR_RETURN(const auto host, pb.mainParamsToHost(t->model().exec().stream()));
     for (int i = 0; i < pb.count(); ++i)
         out.params[pb.info(i).name].assign(host.begin() + pb.info(i).offset,
                                            host.begin() + pb.info(i).offset + pb.info(i).numel);
@@ -268,10 +268,12 @@ inline void expectOneDeviceCheckpointResumesOn(const engine::Config& c, const st
 // A model's main params and grads as host copies, for tests to read and edit by name: on a
 // device backend (TS_EMULATE_DEVICE=1) the buffers are device memory that host code may not
 // touch. upload() writes the params back (and refreshes the bf16 model copy) on `stream`.
+// With sharded main params (bf16, distributed optimizer) the elements this rank does not keep
+// read as the model copy's values.
 class HostParams {
 public:
     HostParams(engine::ParamBuffer& pb, engine::Stream& stream) : m_pb(pb), m_stream(stream) {
-        auto p = engine::kern::toHost(stream, pb.mainParams(), pb.numel());
+        auto p = pb.mainParamsToHost(stream);
         auto g = engine::kern::toHost(stream, pb.mainGrads(), pb.numel());
         EXPECT_TRUE(p.isOk() && g.isOk()) << "reading the params back";
         if (p.isOk()) m_params = std::move(p).value();
@@ -284,14 +286,7 @@ public:
     int find(const std::string& name) const { return m_pb.find(name); }
     float* mainParam(int i) { return m_params.data() + info(i).offset; }
     const float* mainGrad(int i) const { return m_grads.data() + info(i).offset; }
-    Status upload() {
-        engine::ParamBuffer& pb = m_pb;
-        const std::vector<float>& p = m_params;
-        return engine::kern::runOp(m_stream, "test.upload_params", [&] {
-            engine::kern::copyBytes(pb.mainParams(), p.data(), p.size() * sizeof(float));
-            pb.syncModelParams();
-        });
-    }
+    Status upload() { return m_pb.mainParamsFromHost(m_stream, m_params); }
 
 private:
     engine::ParamBuffer& m_pb;

@@ -113,6 +113,24 @@ INSTANTIATE_TEST_SUITE_P(
                                          c.bucket_size = 4000;  // several buckets, so DP shards cut params
                                      }},
                       SameLayoutCase{"tp2_sp", {2, 1, 1, 1, 2}, [](Config& c) { c.sequence_parallel = true; }},
+                      // bf16: each rank keeps the fp32 main params of its shard only.
+                      SameLayoutCase{"bf16_tp2_dp2_distopt", {2, 1, 1, 2, 2},
+                                     [](Config& c) {
+                                         c.bf16 = true;
+                                         c.use_distributed_optimizer = true;
+                                         c.overlap_param_gather = true;
+                                         c.overlap_grad_reduce = true;
+                                         c.bucket_size = 4000;
+                                     }},
+                      // ... and the experts' per expert-data-parallel shard (ep2 over dp4: edp 2).
+                      SameLayoutCase{"bf16_ep2_dp4_distopt", {1, 1, 1, 4, 1},
+                                     [](Config& c) {
+                                         c.bf16 = true;
+                                         c.use_distributed_optimizer = true;
+                                         c.num_moe_experts = 4;
+                                         c.moe_router_topk = 2;
+                                         c.expert_model_parallel_size = 2;
+                                     }},
                       // Megatron's default learned_absolute: the position table is saved/loaded too.
                       SameLayoutCase{"tp2_sp_dp2_distopt_learned_pos", {2, 1, 1, 2, 2},
                                      [](Config& c) {

@@ -25,6 +25,7 @@
 #include "engine/parallel/parallel_trainer.h"
 #include "engine/train/trainer.h"
 #include "fake_recorder.h"
+#include "kernels/cpu/ops.h"
 #include "parallel_test_util.h"
 #include "tests/scoped_env.h"
 
@@ -128,6 +129,14 @@ std::vector<Case> cases() {
         {"dp2_pp2_vpp2", {1, 2, 2, 2, 2},
          [](Config& c) { c.overlap_p2p_comm = true; c.batch_p2p_comm = false; c.overlap_grad_reduce = true; }},
         {"dp2_pp4", {1, 4, 1, 2, 4}, [](Config& c) { c.use_distributed_optimizer = true; }},
+        // bf16 with the distributed optimizer: each rank keeps the fp32 main params of its shard
+        // only, and the param all-gather is of the bf16 model copy.
+        {"bf16_dp2_distopt", {1, 1, 1, 2, 2}, [](Config& c) { c.bf16 = c.use_distributed_optimizer = true; }},
+        {"bf16_dp2_pp2_distopt_param_gather", {1, 2, 1, 2, 2},
+         [](Config& c) {
+             c.bf16 = c.use_distributed_optimizer = c.overlap_grad_reduce = c.overlap_param_gather = true;
+             c.bucket_size = 2500;
+         }},
         {"tp2", {2, 1, 1, 1, 2}, none},
         {"tp2_dp2_distopt", {2, 1, 1, 2, 2}, [](Config& c) { c.use_distributed_optimizer = true; }},
         {"tp2_pp2", {2, 2, 1, 1, 2}, none},
@@ -374,6 +383,59 @@ TEST(ParallelTrainer, ReplicasStayIdentical) {
     auto other = t->gatherParams(1);
     ASSERT_TRUE(other.isOk());
     for (const auto& [name, w] : got->params) EXPECT_EQ(other->at(name), w) << name;
+}
+
+// bf16 with the distributed optimizer keeps Megatron-LM's bytes per parameter (REFERENCE.md
+// §7.1, 6 + 12/d): a rank keeps fp32 main params for its shard only, next to the whole model
+// copy in bf16 bits, from its creation on, and the param all-gather leaves every DP replica the
+// same model copy, the main params rounded to bf16.
+TEST(ParallelTrainer, Bf16DistributedOptimizerKeepsTheMainParamsOfItsShard) {
+    Config par = withLayout(tinyConfig(), {2, 1, 1, 2, 2});
+    par.bf16 = par.use_distributed_optimizer = par.overlap_grad_reduce = par.overlap_param_gather = true;
+    par.bucket_size = 2500;
+    std::unique_ptr<ParallelTrainer> t;
+    auto got = trainParallel(par, 2, "", "", nullptr, &t);
+    ASSERT_TRUE(got.isOk()) << got.status().toString();
+    ASSERT_TRUE(t->synchronize().isOk());
+    const int dp = 2;
+    std::map<int, std::vector<uint16_t>> copyOfTp;  // tp rank -> the model copy of its first replica
+    for (int r = 0; r < t->worldSize(); ++r) {
+        GptModel& m = t->rankModel(r, 0);
+        ParamBuffer& pb = m.params();
+        ASSERT_TRUE(pb.mainSharded()) << "rank " << r;
+        EXPECT_EQ(pb.mainParams(), nullptr);
+        const int64_t n = pb.numel();
+        EXPECT_EQ(n, t->gradSync(r, 0).layout().numel);
+        int64_t kept = 0;
+        for (const ElementRange& g : pb.mainRanges()) kept += g.end - g.begin;
+        EXPECT_EQ(kept * dp, n) << "rank " << r << " keeps 1/dp of every bucket";
+        EXPECT_EQ(t->memoryStats(r).current[size_t(MemCategory::Params)], 2 * n + 4 * kept) << "rank " << r;
+        // Created in its final layout: never a whole fp32 main-param buffer, nor a second copy.
+        EXPECT_EQ(t->memoryStats(r).peak[size_t(MemCategory::Params)], 2 * n + 4 * kept) << "rank " << r;
+        EXPECT_EQ(t->memoryStats(r).peak[size_t(MemCategory::Grads)], 4 * n) << "rank " << r;
+        EXPECT_EQ(t->memoryStats(r).current[size_t(MemCategory::OptimizerState)], 2 * 4 * t->optimizerOwnedNumel(r));
+
+        std::vector<char> keptMask;
+        auto main = pb.mainParamsToHost(m.exec().stream(), &keptMask);
+        ASSERT_TRUE(main.isOk());
+        std::vector<uint16_t> copy(static_cast<size_t>(n)), rounded(static_cast<size_t>(n));
+        ASSERT_TRUE(kern::copyToHost(m.exec().stream(), copy.data(), pb.modelBits(), copy.size() * 2).isOk());
+        ts::kernels::cpu::floatToBf16(main->data(), rounded.data(), n);
+        int64_t keptSeen = 0;
+        for (int64_t k = 0; k < n; ++k)
+            if (keptMask[size_t(k)]) {
+                ++keptSeen;
+                ASSERT_EQ(copy[size_t(k)], rounded[size_t(k)]) << "rank " << r << " element " << k;
+            }
+        EXPECT_EQ(keptSeen, kept);
+        const int tp = r % 2;  // Megatron order: tp fastest
+        if (!copyOfTp.count(tp)) copyOfTp[tp] = copy;
+        else EXPECT_EQ(copy, copyOfTp[tp]) << "rank " << r << ": the DP replicas' model copies differ";
+    }
+    // No replica holds every fp32 main param: asking for replica 1 is an error, not a copy of 0.
+    auto replica1 = t->gatherParams(1);
+    ASSERT_FALSE(replica1.isOk());
+    EXPECT_NE(replica1.status().message().find("gatherParams(0)"), std::string::npos) << replica1.status().message();
 }
 
 // ---- bucket layout: Megatron's rules worked out by hand --------------------------------------

@@ -161,8 +161,24 @@ TEST(Report, CaveatsFromTheRunsMetadataComeFirst) {
         ASSERT_EQ((*doc)["caveats"].size(), 1u);
         EXPECT_NE((*doc)["caveats"][0].get<std::string>().find("nothing overlapped"), std::string::npos);
     }
+    for (const char* storage : {"bf16", "params_bf16"}) {
+        // A bf16 run of this version: the params are bf16 bits; what is still in fp32 words is
+        // named (under TS_BF16_SAVED_FP32=1 the activations too).
+        TraceBuilder b;
+        buildPipeline(b);
+        b.writer->metadata("bf16_storage", storage);
+        auto doc = analyzeRun(b.done(), AnalyzeOptions{});
+        ASSERT_TRUE(doc.isOk()) << doc.status().toString();
+        ASSERT_EQ((*doc)["caveats"].size(), 1u) << storage;
+        const std::string c = (*doc)["caveats"][0].get<std::string>();
+        EXPECT_NE(c.find("the bf16 params"), std::string::npos) << c;
+        EXPECT_NE(c.find("fp32 working copy"), std::string::npos) << c;
+        EXPECT_EQ(c.find("bf16 model copy"), std::string::npos) << c;
+        EXPECT_EQ(c.find("twice") != std::string::npos, std::string(storage) == "params_bf16") << c;
+    }
     {
-        // A bf16 run whose saved activations are bf16 bits: what is still in fp32 words is named.
+        // A run file of the previous version, whose saved activations were bf16 bits and whose
+        // model copy was fp32 words: what was still in fp32 words is named.
         TraceBuilder b;
         buildPipeline(b);
         b.writer->metadata("bf16_storage", "saved_bf16");

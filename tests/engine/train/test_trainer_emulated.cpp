@@ -60,80 +60,99 @@ TEST(EmulatedDeviceTrainer, EveryStepEqualsTheCpuBackendBitForBit) {
     }
 }
 
-// The bf16 model copy's 16-bit twin (what bf16 GEMMs read on CUDA instead of converting each
-// weight at every call) holds the copy's bf16 bits after every kind of write: the whole copy
-// (init, optimizer step, checkpoint load) and ranges of it (the distributed optimizer's pieces),
-// and after a relayout moves the buffers (it is bound to the new copy).
-std::vector<uint16_t> twinOf(Stream& st, const ParamBuffer& pb) {
+// The bf16 model copy is the params' bf16 bits (2 bytes an element, what a device's bf16 GEMMs
+// read): they are the main params rounded after every kind of write: the whole copy (init,
+// optimizer step, checkpoint load) and ranges of it (the distributed optimizer's pieces). On the
+// CPU backend and the emulated device alike.
+std::vector<uint16_t> bitsOf(Stream& st, const ParamBuffer& pb) {
     std::vector<uint16_t> bits(size_t(pb.numel()));
-    EXPECT_TRUE(kern::copyToHost(st, bits.data(), pb.bf16Twin(), bits.size() * sizeof(uint16_t)).isOk());
+    EXPECT_TRUE(kern::copyToHost(st, bits.data(), pb.modelBits(), bits.size() * sizeof(uint16_t)).isOk());
     return bits;
 }
-std::vector<uint16_t> bitsOf(Stream& st, const ParamBuffer& pb) {
-    auto model = kern::toHost(st, pb.modelParams(), pb.numel());
-    EXPECT_TRUE(model.isOk()) << model.status().toString();
+std::vector<uint16_t> roundedMainOf(Stream& st, ParamBuffer& pb) {
+    auto main = pb.mainParamsToHost(st);
+    EXPECT_TRUE(main.isOk()) << main.status().toString();
     std::vector<uint16_t> bits(size_t(pb.numel()));
-    if (model.isOk()) kernels::cpu::floatToBf16(model->data(), bits.data(), pb.numel());
+    if (main.isOk()) kernels::cpu::floatToBf16(main->data(), bits.data(), pb.numel());
     return bits;
 }
 
-TEST(EmulatedDeviceTrainer, Bf16TwinHoldsTheModelCopysBitsAfterEveryWrite) {
+Config bf16Config() {
     Config c = tinyConfig();
     c.bf16 = true;
+    return c;
+}
+Result<std::unique_ptr<Trainer>> bf16Trainer(bool emulate) {
     TrainerOptions o;
-    o.emulateDevice = true;
-    auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
-    ASSERT_TRUE(t.isOk()) << t.status().toString();
-    ParamBuffer& pb = (*t)->model().params();
-    Stream& st = (*t)->model().exec().stream();
-    ASSERT_NE(pb.bf16Twin(), nullptr) << "a device's bf16 model copy has a twin";
-    EXPECT_EQ(twinOf(st, pb), bitsOf(st, pb)) << "after init";
-    int steps = 0;
-    TrainerCallbacks cb;
-    cb.onStep = [&](const StepProgress&) {
-        ++steps;
-        EXPECT_EQ(twinOf(st, pb), bitsOf(st, pb)) << "after step " << steps;
-    };
-    ASSERT_TRUE((*t)->train(-1, cb).isOk());
-    EXPECT_EQ(steps, c.train_iters);
-    // A range of the main params changed and synced (the distributed optimizer's pieces): the
-    // twin follows there and only there.
-    const int64_t n = pb.numel(), lo = n / 3, hi = n / 2;
-    const std::vector<uint16_t> before = twinOf(st, pb);
-    ASSERT_TRUE(kern::runOp(st, "edit", [&] {
-                    kern::scale(pb.mainParams(), 3.0f, n);
-                    pb.syncModelParams(lo, hi);
-                }).isOk());
-    const std::vector<uint16_t> after = twinOf(st, pb), want = bitsOf(st, pb);
-    EXPECT_EQ(after, want);
-    size_t changed = 0, outside = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        changed += after[size_t(i)] != before[size_t(i)];
-        outside += (i < lo || i >= hi) && after[size_t(i)] != before[size_t(i)];
-    }
-    EXPECT_GT(changed, 0u);
-    EXPECT_EQ(outside, 0u);
-    // A relayout (the distributed optimizer's padded layout) binds a new twin to the new copy.
-    std::vector<int64_t> offsets;
-    int64_t off = 0;
-    for (int i = 0; i < pb.count(); ++i) {
-        offsets.push_back(off);
-        off += pb.info(i).numel + 8;
-    }
-    ASSERT_TRUE(pb.relayout((*t)->model().exec().device(), st, offsets, off).isOk());
-    ASSERT_NE(pb.bf16Twin(), nullptr);
-    EXPECT_EQ(twinOf(st, pb), bitsOf(st, pb)) << "after relayout";
+    o.emulateDevice = emulate;
+    return Trainer::create(bf16Config(), nullptr, nullptr, nullptr, o);
+}
 
-    // The CPU backend's GEMMs read the fp32 copy: no twin there; nor with FP8, whose GEMMs stay
-    // fp32 on every backend.
-    auto cpu = Trainer::create(c, nullptr, nullptr, nullptr, TrainerOptions{});
-    ASSERT_TRUE(cpu.isOk());
-    EXPECT_EQ((*cpu)->model().params().bf16Twin(), nullptr);
-    Config fp8 = c;
-    fp8.fp8 = "hybrid";
-    auto f = Trainer::create(fp8, nullptr, nullptr, nullptr, o);
-    ASSERT_TRUE(f.isOk()) << f.status().toString();
-    EXPECT_EQ((*f)->model().params().bf16Twin(), nullptr);
+TEST(EmulatedDeviceTrainer, Bf16ModelCopyIsTheMainParamsBitsAfterEveryWrite) {
+    for (bool emulate : {true, false}) {
+        const std::string where = emulate ? "emulated device" : "CPU backend";
+        const Config c = bf16Config();
+        auto t = bf16Trainer(emulate);
+        ASSERT_TRUE(t.isOk()) << t.status().toString();
+        ParamBuffer& pb = (*t)->model().params();
+        Stream& st = (*t)->model().exec().stream();
+        ASSERT_NE(pb.modelBits(), nullptr);
+        // fp32 main params and the 2-byte model copy: nothing else of the params stays.
+        EXPECT_EQ((*t)->model().exec().device().memoryStats().current[size_t(MemCategory::Params)], 6 * pb.numel())
+            << where;
+        EXPECT_EQ(bitsOf(st, pb), roundedMainOf(st, pb)) << where << ", after init";
+        int steps = 0;
+        TrainerCallbacks cb;
+        cb.onStep = [&](const StepProgress&) {
+            ++steps;
+            EXPECT_EQ(bitsOf(st, pb), roundedMainOf(st, pb)) << where << ", after step " << steps;
+        };
+        ASSERT_TRUE((*t)->train(-1, cb).isOk());
+        EXPECT_EQ(steps, c.train_iters);
+        // A range of the main params changed and synced (the distributed optimizer's pieces):
+        // the copy follows there and only there.
+        const int64_t n = pb.numel(), lo = n / 3, hi = n / 2;
+        const std::vector<uint16_t> before = bitsOf(st, pb);
+        ASSERT_TRUE(kern::runOp(st, "edit", [&] {
+                        kern::scale(pb.mainParams(), 3.0f, n);
+                        pb.syncModelParams(lo, hi);
+                    }).isOk());
+        const std::vector<uint16_t> after = bitsOf(st, pb), want = roundedMainOf(st, pb);
+        size_t changed = 0, outside = 0, wrong = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            changed += after[size_t(i)] != before[size_t(i)];
+            outside += (i < lo || i >= hi) && after[size_t(i)] != before[size_t(i)];
+            wrong += i >= lo && i < hi && after[size_t(i)] != want[size_t(i)];
+        }
+        EXPECT_GT(changed, 0u) << where;
+        EXPECT_EQ(outside, 0u) << where;
+        EXPECT_EQ(wrong, 0u) << where;
+    }
+}
+
+// The fp32 working copy of the weights exists only while a part of the model runs: a step
+// unpacks each part's weights (the largest part's copy is Workspace memory for a while) and
+// leaves no copy behind, and reading a bf16 weight outside a part stops the process naming it.
+TEST(EmulatedDeviceTrainer, Bf16WorkingWeightsLiveOnlyWhileTheirPartRuns) {
+    for (bool emulate : {true, false}) {
+        const std::string where = emulate ? "emulated device" : "CPU backend";
+        auto t = bf16Trainer(emulate);
+        ASSERT_TRUE(t.isOk()) << t.status().toString();
+        GptModel& m = (*t)->model();
+        const Device& dev = m.exec().device();
+        const size_t ws = size_t(MemCategory::Workspace);
+        const int64_t before = dev.memoryStats().current[ws];
+        int64_t largestPart = 0, layer = 0;
+        for (int i = 0; i < m.params().count(); ++i)
+            if (m.params().info(i).name.rfind("decoder.layers.0.", 0) == 0) layer += m.params().info(i).numel;
+        largestPart = std::max(layer, m.params().info(m.params().find("embedding.word_embeddings.weight")).numel);
+        StepProgress p;
+        ASSERT_TRUE((*t)->step(&p).isOk()) << where;
+        ASSERT_TRUE(m.exec().synchronize().isOk());
+        EXPECT_GE(dev.memoryStats().peak[ws] - before, 4 * largestPart) << where;
+        EXPECT_EQ(dev.memoryStats().current[ws], before) << where << ": a working copy outlived its part";
+        EXPECT_DEATH((void)m.params().modelParam(0), "read outside the part of the model that unpacked it") << where;
+    }
 }
 
 }  // namespace

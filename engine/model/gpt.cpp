@@ -349,7 +349,8 @@ Status GptModel::useWeights(const std::vector<int>& params) {
         for (const auto& s : *sp) k::bf16ToFloat(bits + s[0], w + s[2], s[1] - s[0]);
     });
     // A device's bf16 GEMMs read the bits instead of converting the working copy again.
-    if (m_params.bf16Gemms() && m_exec.device().info().backend != BackendKind::Cpu)
+    m_workingTwins = m_params.bf16Gemms() && k::streamOnDevice(m_exec.stream());
+    if (m_workingTwins)
         for (const auto& s : spans) k::bindBf16Twin(w + s[2], bits + s[0], s[1] - s[0]);
     m_working = std::move(work);
     m_workingSpans = std::move(spans);
@@ -361,7 +362,7 @@ Status GptModel::useWeights(const std::vector<int>& params) {
 void GptModel::releaseWeights() {
     if (m_workingDepth == 0 || --m_workingDepth > 0) return;
     TensorPtr work = std::move(m_working);
-    if (m_params.bf16Gemms() && m_exec.device().info().backend != BackendKind::Cpu)
+    if (m_workingTwins)
         for (const auto& s : m_workingSpans) k::unbindBf16Twin(fp(work) + s[2]);
     m_workingSpans.clear();
     m_workingParams.clear();

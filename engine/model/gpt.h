@@ -399,11 +399,13 @@ private:
     bool m_lastBackward = false;     // the backward being enqueued is the step's last
     bool m_recomputing = false;      // full recompute is rerunning a forward inside backward()
     // useWeights' working copy, its spans of the buffer (begin, end, offset in the copy), the
-    // params it holds (sorted), and how many parts use it now.
+    // params it holds (sorted), how many parts use it now, and whether its spans are bound as
+    // twins (unbound on release as they were bound).
     TensorPtr m_working;
     std::vector<std::array<int64_t, 3>> m_workingSpans;
     std::vector<int> m_workingParams;
     int m_workingDepth = 0;
+    bool m_workingTwins = false;
     // Router state of the MoE layers (gpt_moe.cpp), by local layer; read and written by the ops.
     struct RouterState {
         std::vector<float> expertBias;     // [E] moe_router_enable_expert_bias (fp32, as Megatron keeps it)

@@ -65,9 +65,10 @@ Status ParamBuffer::finalize(Device& dev, bool bf16, bool bf16Gemms, const Param
     m_bf16 = bf16;
     m_bf16Gemms = bf16Gemms;
     int64_t mainNumel = m_numel;
-    std::vector<int64_t> at;
-    if (bf16 && placement && placement->shardMain)
-        TS_RETURN_IF_ERROR(setMainRanges(placement->mainRanges, &at, &mainNumel));
+    if (bf16 && placement && placement->shardMain) {
+        TS_RETURN_IF_ERROR(setMainRanges(placement->mainRanges));
+        mainNumel = m_mainKept;
+    }
     auto main = dev.allocate(size_t(std::max<int64_t>(mainNumel, 1)) * sizeof(float), MemCategory::Params);
     if (!main) return main.status().withContext(m_mainSharded ? "allocating the main params' shard" : "allocating main params");
     auto grad = dev.allocate(size_t(std::max<int64_t>(m_numel, 1)) * sizeof(float), MemCategory::Grads);
@@ -113,7 +114,7 @@ float* ParamBuffer::mainParamsAt(int64_t begin, int64_t end) {
     return nullptr;
 }
 
-Status ParamBuffer::setMainRanges(std::vector<ElementRange> ranges, std::vector<int64_t>* at, int64_t* kept) {
+Status ParamBuffer::setMainRanges(std::vector<ElementRange> ranges) {
     int64_t prevEnd = 0;
     for (const ElementRange& r : ranges) {
         if (r.begin < prevEnd || r.end < r.begin || r.end > m_numel)
@@ -122,15 +123,14 @@ Status ParamBuffer::setMainRanges(std::vector<ElementRange> ranges, std::vector<
     }
     ranges.erase(std::remove_if(ranges.begin(), ranges.end(), [](const ElementRange& r) { return r.begin == r.end; }),
                  ranges.end());
-    at->clear();
-    *kept = 0;
+    m_mainRangeAt.clear();
+    m_mainKept = 0;
     for (const ElementRange& r : ranges) {
-        at->push_back(*kept);
-        *kept += r.end - r.begin;
+        m_mainRangeAt.push_back(m_mainKept);
+        m_mainKept += r.end - r.begin;
     }
     m_mainSharded = true;
     m_mainRanges = std::move(ranges);
-    m_mainRangeAt = *at;
     return Status::ok();
 }
 
@@ -143,9 +143,7 @@ Result<std::vector<float>> ParamBuffer::mainParamsToHost(Stream& stream, std::ve
     TS_RETURN_IF_ERROR(kern::copyToHost(stream, bits.data(), modelBits(), bits.size() * sizeof(uint16_t)));
     std::vector<float> image(bits.size());
     kernels::cpu::bf16ToFloat(bits.data(), image.data(), m_numel);
-    int64_t shardNumel = 0;
-    for (const ElementRange& r : m_mainRanges) shardNumel += r.end - r.begin;
-    TS_ASSIGN_OR_RETURN(const std::vector<float> shard, kern::toHost(stream, m_main->as<float>(), shardNumel));
+    TS_ASSIGN_OR_RETURN(const std::vector<float> shard, kern::toHost(stream, m_main->as<float>(), m_mainKept));
     if (kept) kept->assign(size_t(m_numel), 0);
     for (size_t r = 0; r < m_mainRanges.size(); ++r) {
         const ElementRange& g = m_mainRanges[r];
@@ -166,7 +164,6 @@ Status ParamBuffer::mainParamsFromHost(Stream& stream, const std::vector<float>&
     }
     for (size_t r = 0; r < m_mainRanges.size(); ++r) {
         const ElementRange& g = m_mainRanges[r];
-        if (g.begin == g.end) continue;
         TS_RETURN_IF_ERROR(kern::copyFromHost(stream, m_main->as<float>() + m_mainRangeAt[r], image.data() + g.begin,
                                               size_t(g.end - g.begin) * sizeof(float)));
     }

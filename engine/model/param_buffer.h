@@ -111,15 +111,12 @@ public:
     // (setWorking). Reading a bf16 param outside that part is a bug and aborts, naming it.
     float* modelParam(int i) {
         if (!m_model) return mainParams() + info(i).offset;
-        float* p = m_working.empty() ? nullptr : m_working[size_t(i)];
+        float* p = m_working[size_t(i)];
         if (!p) workingMissing(i);
         return p;
     }
     // bf16: where modelParam(i) points until clearWorking.
-    void setWorking(int i, float* p) {
-        m_working.resize(m_params.size(), nullptr);
-        m_working[size_t(i)] = p;
-    }
+    void setWorking(int i, float* p) { m_working[size_t(i)] = p; }
     void clearWorking() { m_working.assign(m_params.size(), nullptr); }
     // Whether kernels with bf16 GEMMs see the model bits (finalize's bf16Gemms: not with FP8).
     bool bf16Gemms() const { return m_bf16Gemms; }
@@ -135,14 +132,16 @@ public:
 private:
     std::vector<ParamInfo> m_params;
     std::unique_ptr<Buffer> m_main, m_grad, m_model;  // m_model: bf16 bits
-    std::vector<float*> m_working;                     // per param, bf16: modelParam's pointer
-    // With a sharded main: the kept ranges, and where each starts in the compact m_main.
+    std::vector<float*> m_working;                     // per param, bf16 (sized by finalize): modelParam's pointer
+    // With a sharded main: the kept ranges (none empty), where each starts in the compact m_main,
+    // and how many elements they hold.
     std::vector<ElementRange> m_mainRanges;
     std::vector<int64_t> m_mainRangeAt;
+    int64_t m_mainKept = 0;
     bool m_mainSharded = false;
     [[noreturn]] void workingMissing(int i) const;
-    // Sets the kept main-param ranges (finalize with a sharding placement).
-    Status setMainRanges(std::vector<ElementRange> ranges, std::vector<int64_t>* at, int64_t* kept);
+    // Sets the kept main-param ranges (finalize with a sharding placement) and m_mainKept.
+    Status setMainRanges(std::vector<ElementRange> ranges);
     int64_t m_numel = 0;
     bool m_bf16 = false;
     bool m_bf16Gemms = true;  // finalize's: whether the GEMMs take bf16 operands

@@ -363,6 +363,16 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
         TS_RETURN_IF_ERROR(join(dist || expertGrads ? "world" : "tp-pp", R->normComm));
 
         const int ppRank = R->coords.pp;
+        // Distributed optimizer: the ranges of a chunk's buffer this rank owns, its shard of every
+        // bucket (over dp-cp, expert buckets over edp). Its fp32 main params with bf16, its Adam state.
+        auto ownedShards = [&](const GradBufferLayout& L) {
+            std::vector<ElementRange> owned;
+            for (const GradBucket& b : L.buckets) {
+                auto [lo, hi] = b.group == 1 ? shardOf(b, edp, edpRank) : shardOf(b, dpc, dpcRank);
+                owned.push_back({lo, hi});
+            }
+            return owned;
+        };
         for (int ch = 0; ch < v; ++ch) {
             ParallelContext ctx;
             ctx.tpRank = R->coords.tp;
@@ -423,11 +433,7 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
                 pl.offsets = gl.paramOffset;
                 pl.numel = gl.numel;
                 pl.shardMain = dist && c.bf16;
-                if (pl.shardMain)
-                    for (const GradBucket& b : gl.buckets) {
-                        auto [lo2, hi2] = b.group == 1 ? shardOf(b, edp, edpRank) : shardOf(b, dpc, dpcRank);
-                        pl.mainRanges.push_back({lo2, hi2});
-                    }
+                if (pl.shardMain) pl.mainRanges = ownedShards(gl);
                 return pl;
             };
             auto model = GptModel::create(c, *R->dev, *R->compute, ctx, place);
@@ -473,14 +479,8 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
             OptimizerChunk o;
             ParamBuffer& pb = R->models[size_t(ch)]->params();
             o.params = &pb;
-            if (dist) {
-                for (const GradBucket& b : R->syncs[size_t(ch)]->layout().buckets) {
-                    auto [lo2, hi2] = b.group == 1 ? shardOf(b, edp, edpRank) : shardOf(b, dpc, dpcRank);
-                    o.owned.push_back({lo2, hi2});
-                }
-            } else {
-                o.owned.push_back({0, pb.numel()});
-            }
+            if (dist) o.owned = ownedShards(R->syncs[size_t(ch)]->layout());
+            else o.owned.push_back({0, pb.numel()});
             o.countInNorm.assign(size_t(pb.count()), 1);
             for (int i = 0; i < pb.count(); ++i) {
                 const ParamInfo& info = pb.info(i);

@@ -238,4 +238,27 @@ inline StepsResult runSteps(const Config& c, int steps) {
     return r;
 }
 
+// The activation bytes one microbatch keeps from its forward to its backward: what is live once
+// the stream has run the forward. Exact, unlike the live peak, which also counts the buffers
+// whose last op the stream has not run yet: the host runs up to a layer ahead, so the peak
+// varies between runs by up to a layer's transients.
+inline int64_t savedActivations(const Config& c) {
+    Harness h;
+    const Status st = h.build(c);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    if (!st) return -1;
+    const auto act = [&] { return h.dev.memoryStats().current[size_t(MemCategory::Activations)]; };
+    EXPECT_TRUE(h.model->exec().synchronize().isOk());
+    const int64_t before = act();
+    h.model->params().zeroGrads();
+    h.model->beginStep(0, 1);
+    EXPECT_TRUE(h.model->forward(0, batches(c, 0)[0]).isOk());
+    EXPECT_TRUE(h.model->exec().synchronize().isOk());
+    const int64_t saved = act() - before;
+    EXPECT_TRUE(h.model->backward(0).isOk());
+    EXPECT_TRUE(h.model->exec().synchronize().isOk());
+    EXPECT_EQ(act(), before) << "the backward frees what the forward kept";
+    return saved;
+}
+
 }  // namespace ts::engine::testutil

@@ -459,11 +459,12 @@ Result<MpiLaunch> mpiLaunchFor(const engine::Config& c) {
         }
         return Status::ok();
     };
-    l.options.sumHost = [lp](float* data, size_t n) -> Status {
+    // The words' integer sum: each is nonzero in at most one process, so it is that one's bits.
+    l.options.mergeHost = [lp](uint32_t* words, size_t n) -> Status {
         constexpr size_t kChunk = size_t(1) << 28;  // MPI counts are ints
         for (size_t at = 0; at < n; at += kChunk) {
             const size_t len = std::min(kChunk, n - at);
-            lp->host->allReduce(*lp->hostStream, data + at, data + at, len, engine::DType::F32, engine::ReduceOp::Sum);
+            lp->host->allReduce(*lp->hostStream, words + at, words + at, len, engine::DType::I32, engine::ReduceOp::Sum);
             TS_RETURN_IF_ERROR(lp->hostStream->synchronize());
         }
         return Status::ok();

@@ -2,6 +2,7 @@
 #include "engine/parallel/parallel_trainer.h"
 
 #include <cmath>
+#include <cstring>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -1079,6 +1080,18 @@ static ParallelTrainer::RankState* stageHolder(const std::vector<std::unique_ptr
     return nullptr;
 }
 
+// dst |= src, word by word: merges images whose every element one of them holds (zero bits in
+// the others) into the held bits exactly.
+static void orWords(float* dst, const float* src, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) {
+        uint32_t a, b;
+        std::memcpy(&a, dst + k, 4);
+        std::memcpy(&b, src + k, 4);
+        a |= b;
+        std::memcpy(dst + k, &a, 4);
+    }
+}
+
 Status ParallelTrainer::save(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
     const DerivedSizes ds = deriveSizes(m_cfg);
@@ -1089,8 +1102,10 @@ Status ParallelTrainer::save(const std::string& dir) {
     float *P = img.params.data(), *M = img.expAvg.data(), *V = img.expAvgSq.data();
     std::map<std::string, int64_t> fullOffset;  // name -> offset in P/M/V
     for (const ParamInfo& p : img.table) fullOffset[p.name] = p.offset;
-    // Every element of the image comes from exactly one rank, so the images of several
-    // processes (each filling what its ranks hold, zeros elsewhere) sum to the whole:
+    // Every element of the image comes from exactly one rank, so the images of the ranks and of
+    // several processes (each filling what its ranks hold, zero bits elsewhere) merge into the
+    // whole by OR-ing their words: the bits of the one rank that holds an element, -0.0
+    // included (a float sum would make it +0.0). The elements come from:
     //   values: dense params from data-parallel rank 0 (cp 0), expert weights from
     //     expert-data-parallel rank 0; each TP shard from its tp rank (ETP shard from its etp
     //     rank for experts), a param every rank of that group holds whole from its rank 0;
@@ -1123,8 +1138,8 @@ Status ParallelTrainer::save(const std::string& dir) {
         }
         for (size_t ch = 0; ch < R.models.size(); ++ch) {
             ParamBuffer& pb = R.models[ch]->params();
-            // Sharded main params (bf16, distributed optimizer) are summed like the Adam state:
-            // each rank's image holds the values it keeps, zeros elsewhere.
+            // Sharded main params (bf16, distributed optimizer) are merged like the Adam state:
+            // each rank's image holds the values it keeps, zero bits elsewhere.
             const bool sharded = pb.mainSharded();
             std::vector<char> kept;
             TS_ASSIGN_OR_RETURN(auto pHost, pb.mainParamsToHost(rs, &kept));
@@ -1150,7 +1165,7 @@ Status ParallelTrainer::save(const std::string& dir) {
                 for (auto [local, full] : summed) {
                     tmp.assign(size_t(fullNumel), 0.f);
                     copyShardToFull(info, n, shard, local->data() + info.offset, tmp.data());
-                    for (int64_t k = 0; k < fullNumel; ++k) full[off + k] += tmp[size_t(k)];
+                    orWords(full + off, tmp.data(), fullNumel);
                 }
             }
         }
@@ -1234,18 +1249,20 @@ Status ParallelTrainer::save(const std::string& dir) {
                  {"sequence_parallel", m_cfg.sequence_parallel},
                  {"use_distributed_optimizer", m_cfg.use_distributed_optimizer}};
     if (int(m_ranks.size()) == worldSize()) return writeCheckpointFiles(dir, img.table, img.numel, P, M, V, st);
-    // Several processes: the sums, then the process of global rank 0 writes; every process
-    // learns whether that worked (the last sum doubles as the barrier after the write).
-    if (!m_opts.sumHost)
+    // Several processes: the merges, then the process of global rank 0 writes; every process
+    // learns whether that worked (the last merge doubles as the barrier after the write).
+    if (!m_opts.mergeHost)
         return Status::unsupported("save: this run's ranks are in several processes and no exchange between them was given");
+    static_assert(sizeof(float) == sizeof(uint32_t));
     for (std::vector<float>* v : {&img.params, &img.expAvg, &img.expAvgSq})
-        TS_RETURN_IF_ERROR(m_opts.sumHost(v->data(), v->size()).withContext("save: gathering the checkpoint"));
+        TS_RETURN_IF_ERROR(m_opts.mergeHost(reinterpret_cast<uint32_t*>(v->data()), v->size())
+                               .withContext("save: gathering the checkpoint"));
     Status wrote;
     if (localRankState(0)) wrote = writeCheckpointFiles(dir, img.table, img.numel, P, M, V, st);
-    float failed = wrote.isOk() ? 0.f : 1.f;
-    TS_RETURN_IF_ERROR(m_opts.sumHost(&failed, 1).withContext("save: waiting for the checkpoint to be written"));
+    uint32_t failed = wrote.isOk() ? 0 : 1;
+    TS_RETURN_IF_ERROR(m_opts.mergeHost(&failed, 1).withContext("save: waiting for the checkpoint to be written"));
     if (!wrote.isOk()) return wrote;
-    if (failed != 0.f)
+    if (failed != 0)
         return Status::io("save: the process of rank 0 could not write checkpoint '" + dir + "' (see its log)");
     return Status::ok();
 }

@@ -70,10 +70,11 @@ struct ParallelTrainerOptions {
     // for abort() from outside): several processes use it to tell the others at once.
     std::function<void(const Status&)> onFailure;
     // Several processes: checkpoints exchange the parameter table (gatherText: every process's
-    // text, process order) and sum the partial checkpoint images (sumHost: in place, over the
-    // processes). Null = every rank is local.
+    // text, process order) and merge the partial checkpoint images (mergeHost: in place, over
+    // the processes; every word is nonzero in at most one process, so a bitwise OR, or the
+    // integer sum, gives the holder's bits). Null = every rank is local.
     std::function<Status(const std::string& mine, std::vector<std::string>& all)> gatherText;
-    std::function<Status(float* data, size_t n)> sumHost;
+    std::function<Status(uint32_t* words, size_t n)> mergeHost;
     // Every local rank's device is an emulated device (emulated_backend.h) instead of a CPU
     // virtual device: tests the device-only code path without a GPU.
     bool emulateDevice = emulatedDeviceRequested();

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
@@ -436,6 +437,42 @@ TEST(ParallelTrainer, Bf16DistributedOptimizerKeepsTheMainParamsOfItsShard) {
     auto replica1 = t->gatherParams(1);
     ASSERT_FALSE(replica1.isOk());
     EXPECT_NE(replica1.status().message().find("gatherParams(0)"), std::string::npos) << replica1.status().message();
+
+    // A checkpoint takes each main param from the rank that keeps it, bits and all: a -0.0 (a
+    // weight decayed to zero from below) stays -0.0, which a sum of the ranks' images loses.
+    struct Planted { int rank; int64_t element; };
+    std::vector<Planted> planted;
+    const auto setElement = [&](const Planted& p, float v) {
+        ParamBuffer& pb = t->rankModel(p.rank, 0).params();
+        Stream& s = t->rankModel(p.rank, 0).exec().stream();
+        auto image = pb.mainParamsToHost(s);
+        ASSERT_TRUE(image.isOk());
+        (*image)[size_t(p.element)] = v;
+        ASSERT_TRUE(pb.mainParamsFromHost(s, *image).isOk());
+    };
+    for (int r = 0; r < t->worldSize(); ++r) {
+        ParamBuffer& pb = t->rankModel(r, 0).params();
+        std::vector<char> keptMask;
+        ASSERT_TRUE(pb.mainParamsToHost(t->rankModel(r, 0).exec().stream(), &keptMask).isOk());
+        for (int i = 0; i < pb.count() && int(planted.size()) == r; ++i) {
+            const int64_t k = pb.info(i).offset + pb.info(i).numel / 2;  // a param's element
+            if (keptMask[size_t(k)]) planted.push_back({r, k});
+        }
+        ASSERT_EQ(int(planted.size()), r + 1) << "rank " << r << " keeps no param element";
+        setElement(planted.back(), -0.0f);
+    }
+    const std::string dir = ::testing::TempDir() + "/ts_signed_zero_" + std::to_string(::getpid());
+    ASSERT_TRUE(t->save(dir).isOk());
+    for (const Planted& p : planted) setElement(p, 1.0f);
+    ASSERT_TRUE(t->load(dir).isOk());
+    for (const Planted& p : planted) {
+        ParamBuffer& pb = t->rankModel(p.rank, 0).params();
+        auto image = pb.mainParamsToHost(t->rankModel(p.rank, 0).exec().stream());
+        ASSERT_TRUE(image.isOk());
+        const float v = (*image)[size_t(p.element)];
+        EXPECT_TRUE(v == 0.f && std::signbit(v)) << "rank " << p.rank << " element " << p.element << ": " << v;
+    }
+    std::filesystem::remove_all(dir);
 }
 
 // ---- bucket layout: Megatron's rules worked out by hand --------------------------------------

@@ -81,6 +81,15 @@ public:
     // and synchronize() returns that Status.
     virtual void submit(const OpDesc& desc, std::function<Status()> fn) = 0;
     virtual void record(Event& e) = 0;     // e completes when all work submitted so far did
+    // Keeps `owner` (buffers that work submitted so far reads or writes through raw pointers,
+    // such as a collective's) alive until that work no longer needs it, and no longer. CPU:
+    // dropped on the stream's thread when it gets there. CUDA: dropped now, since a freed
+    // block is reused only after the work pending on every stream when it was freed.
+    virtual void keepUntilPassed(std::shared_ptr<const void> owner) {
+        OpDesc d;
+        d.name = "keep";
+        submit(d, [owner = std::move(owner)] { return Status::ok(); });
+    }
     virtual void wait(Event& e) = 0;       // work submitted after this waits for e
     virtual Status synchronize() = 0;      // host waits for all submitted work
     virtual void* native() = 0;            // cudaStream_t on CUDA, nullptr on CPU

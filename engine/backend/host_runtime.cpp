@@ -239,6 +239,13 @@ void WorkerStream::record(Event& e) {
     enqueue(std::move(item));
 }
 
+void WorkerStream::keepUntilPassed(std::shared_ptr<const void> owner) {
+    WorkItem item;
+    item.kind = WorkItem::Release;
+    item.keep = std::move(owner);
+    enqueue(std::move(item));
+}
+
 void WorkerStream::wait(Event& e) {
     auto* he = dynamic_cast<HostEvent*>(&e);
     if (!he) {
@@ -319,6 +326,9 @@ void WorkerStream::execute(WorkItem& item) {
                 fail(theirs.withContext("stream '" + m_name + "' waited on an event from a failed stream"));
             return;
         }
+        case WorkItem::Release:
+            item.keep.reset();  // here, in the stream's order, also after a failure
+            return;
         case WorkItem::Work: break;
     }
     if (m_failed.load(std::memory_order_acquire)) return;  // skipped after a failure

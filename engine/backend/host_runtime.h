@@ -123,8 +123,9 @@ protected:
 // ----- streams ------------------------------------------------------------------------------
 
 struct WorkItem {
-    enum Kind : uint8_t { Work, Record, Wait } kind = Work;
+    enum Kind : uint8_t { Work, Record, Wait, Release } kind = Work;
     std::function<Status()> fn;
+    std::shared_ptr<const void> keep;  // Release: dropped when the worker gets to the item
     std::string name;  // for error messages
     std::shared_ptr<EventState> event;
     uint64_t eventSeq = 0;
@@ -156,6 +157,7 @@ public:
 
     void submit(const OpDesc& desc, std::function<Status()> fn) override;
     void record(Event& e) override;
+    void keepUntilPassed(std::shared_ptr<const void> owner) override;
     void wait(Event& e) override;
     Status synchronize() override;
     void* native() override { return nullptr; }

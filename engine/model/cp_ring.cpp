@@ -31,9 +31,7 @@ CpRing::CpRing(Exec& exec, Stream& commStream, Communicator& cp, std::vector<std
 CpRing::~CpRing() { (void)synchronize(); }
 
 Status CpRing::synchronize() {
-    Status st = m_comm.synchronize();
-    m_held.clear();
-    return st;
+    return m_comm.synchronize();
 }
 
 std::shared_ptr<Event> CpRing::recordOn(Stream& s) {
@@ -43,8 +41,7 @@ std::shared_ptr<Event> CpRing::recordOn(Stream& s) {
 }
 
 void CpRing::hold(std::vector<TensorPtr> tensors) {
-    while (!m_held.empty() && m_held.front().done->query()) m_held.pop_front();
-    m_held.push_back({recordOn(m_comm), std::move(tensors)});
+    m_comm.keepUntilPassed(std::make_shared<std::vector<TensorPtr>>(std::move(tensors)));
 }
 
 void CpRing::exchange(const TensorPtr& send, const TensorPtr& recv, int64_t n) {

@@ -75,11 +75,6 @@ private:
     std::vector<KernelIds> m_posK;  // m_pos as kernels read them (uploadPositions)
     Status uploadPositions();
     int m_rank = 0, m_size = 1;
-    struct Held {
-        std::shared_ptr<Event> done;
-        std::vector<TensorPtr> tensors;
-    };
-    std::deque<Held> m_held;
 };
 
 }  // namespace ts::engine

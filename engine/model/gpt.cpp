@@ -25,7 +25,6 @@ GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o,
 GptModel::~GptModel() {
     (void)m_exec.synchronize();
     if (m_sharedStream) (void)m_sharedStream->synchronize();
-    m_held.clear();
 }
 
 Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& dev, Stream& compute,
@@ -367,14 +366,13 @@ void GptModel::releaseWeights() {
     m_workingSpans.clear();
     m_workingParams.clear();
     m_params.clearWorking();
-    m_exec.op("bf16.weights.free", Category::Memcpy, 0, 0, [work] {});  // holds it until the part's ops ran
+    m_exec.stream().keepUntilPassed(std::move(work));  // until the part's ops ran
 }
 
 void GptModel::beginStep(int step, int numMicrobatches) {
     m_step = step;
     m_numMicrobatches = std::max(1, numMicrobatches);
     m_backwardsThisStep = 0;
-    while (!m_held.empty() && m_held.front().done->query()) m_held.pop_front();
     m_exec.setStep(step);
     fp8StepUpdate();
     fp8ExpertStepUpdate();

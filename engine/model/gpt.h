@@ -187,8 +187,8 @@ private:
     // bf16: the part of the model being run (the embedding, a layer, the output) reads its
     // weights as fp32 words from a working copy unpacked from the model copy's bf16 bits (op
     // bf16.weights, Workspace memory; on a device the bf16 GEMMs read the bits, bound as the
-    // copy's twin). The WeightsInUse guard ends it: op bf16.weights.free holds the copy until the
-    // ops enqueued meanwhile ran. A part run inside another (nothing yet) reads the outer copy.
+    // copy's twin). The WeightsInUse guard ends it: the stream keeps the copy until the ops
+    // enqueued meanwhile ran (Stream::keepUntilPassed). A part run inside another (nothing yet) reads the outer copy.
     // No-op in fp32.
     Status useWeights(const std::vector<int>& params);
     void releaseWeights();
@@ -371,7 +371,8 @@ private:
     Status cpCoreAttentionForward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop);
     Status cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop, TensorPtr dctx,
                                    TensorPtr dq, TensorPtr dk, TensorPtr dv);
-    // Collectives get raw pointers: keeps both buffers alive until the stream passed the op.
+    // Collectives get raw pointers: keeps both buffers alive until the stream passed the op
+    // (Stream::keepUntilPassed), and no longer.
     void holdUntilDone(TensorPtr a, TensorPtr b);
     // Sums the grads of the SP params among `params` over TP (one packed all-reduce), in the
     // last backward of the step only (finalize_model_grads' _allreduce_non_tensor_model_parallel_grads).
@@ -431,11 +432,6 @@ private:
     // quantile_balancing in the forward: the router's logits gathered over tp-cp and this
     // microbatch's column quantile added to the step's sum (not again by a full recompute).
     Status moeQbForward(MoeSaved& s, int li);
-    struct Held {
-        std::unique_ptr<Event> done;
-        TensorPtr a, b;
-    };
-    std::deque<Held> m_held;         // buffers of enqueued SP collectives, oldest first
     std::unique_ptr<TpOverlap> m_tpo;
     Stream* m_sharedStream = nullptr;     // moe_shared_expert_overlap: the shared experts' stream
     Communicator* m_sharedTp = nullptr;   // ... and its "tp" communicator

@@ -27,10 +27,7 @@ Result<TensorPtr> GptModel::seqReduceScatter(const TensorPtr& full, int64_t n) {
 }
 
 void GptModel::holdUntilDone(TensorPtr a, TensorPtr b) {
-    while (!m_held.empty() && m_held.front().done->query()) m_held.pop_front();
-    Held h{m_exec.device().createEvent(), std::move(a), std::move(b)};
-    m_exec.stream().record(*h.done);
-    m_held.push_back(std::move(h));
+    m_exec.stream().keepUntilPassed(std::make_shared<std::pair<TensorPtr, TensorPtr>>(std::move(a), std::move(b)));
 }
 
 void GptModel::setTpCommOverlap(Stream& commStream, Communicator& comm) {

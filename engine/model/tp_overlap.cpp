@@ -21,9 +21,7 @@ TpOverlap::TpOverlap(Exec& exec, Stream& commStream, Communicator& tp, TpOverlap
 TpOverlap::~TpOverlap() { (void)synchronize(); }
 
 Status TpOverlap::synchronize() {
-    Status st = m_comm.synchronize();
-    m_held.clear();
-    return st;
+    return m_comm.synchronize();
 }
 
 OpDesc TpOverlap::desc(const char* name, trace::Category cat, double flops, uint64_t bytes) const {
@@ -49,8 +47,7 @@ void TpOverlap::commAfterCompute() {
 }
 
 void TpOverlap::hold(std::vector<TensorPtr> tensors) {
-    while (!m_held.empty() && m_held.front().done->query()) m_held.pop_front();
-    m_held.push_back({recordOn(m_comm), std::move(tensors)});
+    m_comm.keepUntilPassed(std::make_shared<std::vector<TensorPtr>>(std::move(tensors)));
 }
 
 TensorPtr TpOverlap::wait(Pending& p) {

@@ -106,11 +106,6 @@ private:
     Communicator& m_tp;
     TpOverlapOptions m_opts;
     int m_rank = 0, m_size = 1;
-    struct Held {
-        std::shared_ptr<Event> done;
-        std::vector<TensorPtr> tensors;
-    };
-    std::deque<Held> m_held;
 };
 
 // Largest divisor of `rows` that is <= `want` (>= 1): the chunk count gemmRs really uses.

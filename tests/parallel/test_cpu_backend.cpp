@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <future>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -73,6 +74,54 @@ TEST(CpuBackend, SubmitDoesNotWaitForTheWork) {
     release.set_value();
     ASSERT_TRUE(s->synchronize().isOk());
     EXPECT_TRUE(ran.load());
+}
+
+// keepUntilPassed: what earlier work uses through raw pointers lives until the stream has run
+// that work, then goes at once, in the stream's order (also on a failed stream), untraced.
+TEST(CpuBackend, KeepUntilPassedHoldsUntilTheEarlierWorkRan) {
+    test::FakeRecorder rec;
+    auto be = makeCpuBackend(1);
+    Device& d = be->device(0);
+    d.setTrace(&rec, 0);
+    auto s = d.createStream(trace::TrackKind::Compute, "compute");
+    auto buf = d.allocate(4096, MemCategory::Activations);
+    ASSERT_TRUE(buf.isOk());
+    std::shared_ptr<Buffer> owned(std::move(*buf));
+    std::weak_ptr<Buffer> watch = owned;
+    std::promise<void> release;
+    auto released = release.get_future().share();
+    s->submit(op("collective"), [&, p = owned->data()] {
+        released.wait();
+        static_cast<char*>(p)[0] = 1;  // the raw pointer is still good
+        return Status::ok();
+    });
+    s->keepUntilPassed(std::move(owned));
+    std::atomic<bool> afterSawItFreed{false};
+    s->submit(op("later"), [&] {
+        afterSawItFreed = watch.expired();
+        return Status::ok();
+    });
+    std::this_thread::sleep_for(20ms);
+    EXPECT_FALSE(watch.expired()) << "freed before the work that uses it ran";
+    EXPECT_EQ(d.memoryStats().current[size_t(MemCategory::Activations)], 4096);
+    release.set_value();
+    ASSERT_TRUE(s->synchronize().isOk());
+    EXPECT_TRUE(afterSawItFreed.load()) << "not freed before the stream's next item";
+    EXPECT_EQ(d.memoryStats().current[size_t(MemCategory::Activations)], 0);
+    ASSERT_FALSE(rec.slices.empty());
+    for (const trace::Slice& sl : rec.slices)  // the two ops' launches and runs, nothing else
+        EXPECT_TRUE(rec.str(sl.name) == "collective" || rec.str(sl.name) == "later") << rec.str(sl.name);
+
+    // A failed stream skips work but still lets go of what it kept.
+    auto t = d.createStream(trace::TrackKind::Compute, "failing");
+    auto other = d.allocate(64, MemCategory::Activations);
+    ASSERT_TRUE(other.isOk());
+    std::shared_ptr<Buffer> kept(std::move(*other));
+    std::weak_ptr<Buffer> keptWatch = kept;
+    t->submit(op("fails"), [] { return Status::internal("broken"); });
+    t->keepUntilPassed(std::move(kept));
+    EXPECT_FALSE(t->synchronize().isOk());
+    EXPECT_TRUE(keptWatch.expired());
 }
 
 TEST(CpuBackend, EventOrdersWorkAcrossDevices) {

@@ -475,6 +475,49 @@ TEST(ParallelTrainer, Bf16DistributedOptimizerKeepsTheMainParamsOfItsShard) {
     std::filesystem::remove_all(dir);
 }
 
+// Buffers that collectives read through raw pointers (sequence-parallel gathers, the CP ring,
+// tp_comm_overlap, the MoE dispatch) are freed once the stream has run the collective, not
+// whenever the host next looks: after the step has run, no activation is left on any rank, so
+// the memory timeline and the next step's peak hold nothing of this one.
+TEST(ParallelTrainer, NoActivationOutlivesTheStepThatMadeIt) {
+    struct Case {
+        const char* name;
+        Layout layout;
+        std::function<void(Config&)> edit;
+    };
+    const std::vector<Case> cases = {
+        {"tp2 SP", {2, 1, 1, 1, 2}, [](Config& c) { c.sequence_parallel = true; }},
+        {"tp2 SP, tp_comm_overlap", {2, 1, 1, 1, 2}, [](Config& c) {
+             c.sequence_parallel = true;
+             c.tp_comm_overlap = true;
+         }},
+        {"cp2 p2p ring", {1, 1, 1, 1, 2}, [](Config& c) {
+             c.context_parallel_size = 2;
+             c.cp_comm_type = "p2p";
+         }},
+        {"tp2 SP ep2 MoE, bf16", {2, 1, 1, 2, 2}, [](Config& c) {
+             c.sequence_parallel = true;
+             c.add_bias_linear = false;
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.expert_model_parallel_size = 2;
+             c.bf16 = true;
+         }},
+    };
+    for (const Case& k : cases) {
+        Config c = withLayout(tinyConfig(), k.layout);
+        k.edit(c);
+        std::unique_ptr<ParallelTrainer> t;
+        auto got = trainParallel(c, 2, "", "", nullptr, &t);
+        ASSERT_TRUE(got.isOk()) << k.name << ": " << got.status().toString();
+        ASSERT_TRUE(t->synchronize().isOk()) << k.name;
+        for (int r = 0; r < t->worldSize(); ++r) {
+            const MemoryStats m = t->memoryStats(r);
+            EXPECT_EQ(m.current[size_t(MemCategory::Activations)], 0) << k.name << ", rank " << r;
+        }
+    }
+}
+
 // ---- bucket layout: Megatron's rules worked out by hand --------------------------------------
 
 std::vector<ParamInfo> paramsOf(const std::vector<int64_t>& numels, int sharedIndex = -1) {

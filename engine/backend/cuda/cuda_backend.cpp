@@ -272,6 +272,8 @@ public:
 
     void submit(const OpDesc& desc, std::function<Status()> fn) override;
     void record(Event& e) override;
+    // The allocator reuses a freed block only after the work every stream had pending then.
+    void keepUntilPassed(std::shared_ptr<const void>) override {}
     void wait(Event& e) override;
     Status synchronize() override;
     void* native() override { return m_stream; }

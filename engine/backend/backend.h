@@ -83,8 +83,8 @@ public:
     virtual void record(Event& e) = 0;     // e completes when all work submitted so far did
     // Keeps `owner` (buffers that work submitted so far reads or writes through raw pointers,
     // such as a collective's) alive until that work no longer needs it, and no longer. CPU:
-    // dropped on the stream's thread when it gets there. CUDA: dropped now, since a freed
-    // block is reused only after the work pending on every stream when it was freed.
+    // dropped on the stream's thread when it gets there. CUDA and the emulated device: dropped
+    // now, since a freed block is reused only after the work pending on every stream then.
     virtual void keepUntilPassed(std::shared_ptr<const void> owner) {
         OpDesc d;
         d.name = "keep";

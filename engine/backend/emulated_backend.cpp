@@ -368,6 +368,8 @@ public:
 
     void submit(const OpDesc& desc, std::function<Status()> fn) override;
     Status synchronize() override;
+    // As CUDA: dropped at once, a freed block waits for the work queued on every stream (fences).
+    void keepUntilPassed(std::shared_ptr<const void>) override {}
     KernelLaunch kernelLaunch() const override {
         return t_submit && t_submit->stream == this ? KernelLaunch::Defer : KernelLaunch::NowHostView;
     }

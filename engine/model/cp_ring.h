@@ -24,7 +24,6 @@
 // The communicator must be used on the comm stream only (a second "cp" communicator).
 #pragma once
 
-#include <deque>
 #include <memory>
 #include <vector>
 

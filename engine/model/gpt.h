@@ -24,7 +24,6 @@
 #pragma once
 
 #include <array>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>

@@ -34,7 +34,6 @@
 // ops never interleave with the TP collectives that stay on the compute stream).
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>

@@ -866,7 +866,9 @@ Status ParallelTrainer::train(int steps, const TrainerCallbacks& cb, const std::
 Status ParallelTrainer::synchronize() {
     Status first;
     for (auto& R : m_ranks) {
-        for (Stream* s : {R->compute.get(), R->dpStream.get(), R->p2p.get()}) {
+        for (Stream* s : {R->compute.get(), R->dpStream.get(), R->p2p.get(), R->tpStream.get(), R->cpStream.get(),
+                          R->sharedStream.get()}) {
+            if (!s) continue;
             Status st = s->synchronize();
             if (first.isOk() && !st.isOk()) first = st.withContext(coordText(R->coords));
         }

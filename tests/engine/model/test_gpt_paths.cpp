@@ -200,7 +200,6 @@ TEST(GptPaths, Bf16SavedActivationsAreTheSameBitsInHalfTheBytes) {
         }
         EXPECT_LE(savedPacked, savedWords - atLeast) << name << ": " << savedPacked << " bytes kept against "
                                                      << savedWords << " in fp32 words";
-        EXPECT_LE(packed.peakActivations, words.peakActivations) << name;
     }
 }
 

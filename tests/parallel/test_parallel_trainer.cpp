@@ -81,6 +81,13 @@ void expectMatches(const RunResult& par, const RunResult& ref, double tol, doubl
     EXPECT_EQ(compared, ref.params.size());
 }
 
+// A layout and the knobs a test sets on it, named for the failure messages.
+struct EditedLayout {
+    const char* name;
+    Layout layout;
+    std::function<void(Config&)> edit;
+};
+
 struct Case {
     const char* name;
     Layout layout;
@@ -215,12 +222,7 @@ void fourExpertsTopTwoOverEp2(Config& c) {
 // interleaved pipeline's chunks, CP's head-split and ring outputs, FP8's kept attention output,
 // shared experts beside expert parallel), the run is the same bits as keeping them in fp32 words.
 TEST(ParallelTrainer, Bf16SavedActivationsGiveTheSameRunOnEveryLayout) {
-    struct Case {
-        const char* name;
-        Layout layout;
-        std::function<void(Config&)> edit;
-    };
-    const std::vector<Case> cases = {
+    const std::vector<EditedLayout> cases = {
         {"tp2 SP, interleaved pp2, dropout", {2, 2, 2, 1, 4}, [](Config& c) {
              c.sequence_parallel = true;
              c.overlap_p2p_comm = true;
@@ -275,7 +277,7 @@ TEST(ParallelTrainer, Bf16SavedActivationsGiveTheSameRunOnEveryLayout) {
              c.recompute_num_layers = 2;
          }},
     };
-    for (const Case& k : cases) {
+    for (const EditedLayout& k : cases) {
         Config c = withLayout(tinyConfig(), k.layout);
         c.bf16 = true;
         k.edit(c);
@@ -481,12 +483,7 @@ TEST(ParallelTrainer, Bf16DistributedOptimizerKeepsTheMainParamsOfItsShard) {
 // whenever the host next looks: after the step has run, no activation is left on any rank, so
 // the memory timeline and the next step's peak hold nothing of this one.
 TEST(ParallelTrainer, NoActivationOutlivesTheStepThatMadeIt) {
-    struct Case {
-        const char* name;
-        Layout layout;
-        std::function<void(Config&)> edit;
-    };
-    const std::vector<Case> cases = {
+    const std::vector<EditedLayout> cases = {
         {"tp2 SP", {2, 1, 1, 1, 2}, [](Config& c) { c.sequence_parallel = true; }},
         {"tp2 SP, tp_comm_overlap", {2, 1, 1, 1, 2}, [](Config& c) {
              c.sequence_parallel = true;
@@ -505,7 +502,7 @@ TEST(ParallelTrainer, NoActivationOutlivesTheStepThatMadeIt) {
              c.bf16 = true;
          }},
     };
-    for (const Case& k : cases) {
+    for (const EditedLayout& k : cases) {
         Config c = withLayout(tinyConfig(), k.layout);
         k.edit(c);
         std::unique_ptr<ParallelTrainer> t;

@@ -370,9 +370,6 @@ private:
     Status cpCoreAttentionForward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop);
     Status cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop, TensorPtr dctx,
                                    TensorPtr dq, TensorPtr dk, TensorPtr dv);
-    // Collectives get raw pointers: keeps both buffers alive until the stream passed the op
-    // (Stream::keepUntilPassed), and no longer.
-    void holdUntilDone(TensorPtr a, TensorPtr b);
     // Sums the grads of the SP params among `params` over TP (one packed all-reduce), in the
     // last backward of the step only (finalize_model_grads' _allreduce_non_tensor_model_parallel_grads).
     Status syncSequenceParallelGrads(const std::vector<int>& params);

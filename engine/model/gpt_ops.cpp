@@ -15,20 +15,17 @@ void GptModel::tpAllReduce(const TensorPtr& t, int64_t n) {
 Result<TensorPtr> GptModel::seqGather(const TensorPtr& local, int64_t n) {
     TS_ASSIGN_OR_RETURN(TensorPtr full, m_exec.alloc(n * m_ctx.tpSize));
     m_ctx.tp->allGather(m_exec.stream(), local->data(), full->data(), size_t(n), DType::F32);
-    holdUntilDone(local, full);
+    keepUntilPassed(m_exec.stream(), {local, full});
     return full;
 }
 
 Result<TensorPtr> GptModel::seqReduceScatter(const TensorPtr& full, int64_t n) {
     TS_ASSIGN_OR_RETURN(TensorPtr local, m_exec.alloc(n));
     m_ctx.tp->reduceScatter(m_exec.stream(), full->data(), local->data(), size_t(n), DType::F32, ReduceOp::Sum);
-    holdUntilDone(full, local);
+    keepUntilPassed(m_exec.stream(), {full, local});
     return local;
 }
 
-void GptModel::holdUntilDone(TensorPtr a, TensorPtr b) {
-    m_exec.stream().keepUntilPassed(std::make_shared<std::pair<TensorPtr, TensorPtr>>(std::move(a), std::move(b)));
-}
 
 void GptModel::setTpCommOverlap(Stream& commStream, Communicator& comm) {
     if (!m_sp || !m_cfg.tp_comm_overlap) return;

@@ -461,8 +461,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     std::vector<const float*> W1(static_cast<size_t>(L)), W2(static_cast<size_t>(L));
     std::vector<const float*> B1(static_cast<size_t>(L), nullptr), B2(static_cast<size_t>(L), nullptr);
     for (int l = 0; l < L; ++l) {
-        W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
-        W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+        if (!fp8) {  // FP8: the weights' copies below
+            W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
+            W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+        }
         if (!P.expFc1B.empty()) {
             B1[size_t(l)] = m_params.modelParam(P.expFc1B[size_t(l)]);
             B2[size_t(l)] = m_params.modelParam(P.expFc2B[size_t(l)]);
@@ -618,9 +620,16 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     // add_bias_linear: fc2's bias (its prob-weighted term's gradients) and the biases' grads
     std::vector<const float*> B2(static_cast<size_t>(L), nullptr);
     std::vector<float*> GB1(static_cast<size_t>(L), nullptr), GB2(static_cast<size_t>(L), nullptr);
+    // FP8: the output gradients of fc2 and fc1 in FP8 (each expert's grad state; their amax and
+    // scale for the single device's magnitudes, as GptModel::fp8Quantize), the dgrads with the
+    // weights' FP8 copies, the wgrads with the FP8 inputs saved by the forward.
+    const int li = int(&P - m_layers.data());
+    const bool fp8 = m_fp8ExpMeta && fp8Layer(li) && s->fc2in;
     for (int l = 0; l < L; ++l) {
-        W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
-        W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+        if (!fp8) {  // FP8: the weights' copies below
+            W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
+            W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+        }
         G1[size_t(l)] = m_params.mainGrad(P.expFc1W[size_t(l)]);
         G2[size_t(l)] = m_params.mainGrad(P.expFc2W[size_t(l)]);
         if (!P.expFc1B.empty()) {
@@ -629,11 +638,6 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             GB2[size_t(l)] = m_params.mainGrad(P.expFc2B[size_t(l)]);
         }
     }
-    // FP8: the output gradients of fc2 and fc1 in FP8 (each expert's grad state; their amax and
-    // scale for the single device's magnitudes, as GptModel::fp8Quantize), the dgrads with the
-    // weights' FP8 copies, the wgrads with the FP8 inputs saved by the forward.
-    const int li = int(&P - m_layers.data());
-    const bool fp8 = m_fp8ExpMeta && fp8Layer(li) && s->fc2in;
     const Fp8Recipe fr = m_o.fp8;
     const float gradDiv = float(m_ctx.dpSize) * float(m_ctx.cpSize);
     std::vector<Fp8TensorSlots> g1(static_cast<size_t>(L)), g2(static_cast<size_t>(L));

@@ -163,7 +163,7 @@ void GptModel::normBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, 
 
 Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, TensorPtr x,
                                 TensorPtr dx, int T, int in, int out, const float* Wq) {
-    const float* W = Wq ? Wq : m_params.modelParam(wIdx);
+    const float* W = Wq ? Wq : dx ? m_params.modelParam(wIdx) : nullptr;  // only the dgrad reads it
     float* G = m_params.mainGrad(wIdx);
     float* GB = bIdx >= 0 ? m_params.mainGrad(bIdx) : nullptr;
     const double flops = (dx ? 4.0 : 2.0) * double(T) * in * out;

@@ -321,6 +321,10 @@ private:
     Status rowParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx, TensorPtr dyLocal,
                                          TensorPtr x, TensorPtr dx, int T, int in, int out,
                                          const float* Wq = nullptr);
+    // The dgrad GEMM of a chunk of rows of both (dy [rows, out] -> dx [rows, in]), as
+    // linearBackward's dgrad: FP8 block recipes quantize the chunk's dy along `out` first.
+    Result<std::function<void(const float*, float*, int)>> overlappedDgrad(int wIdx, int T, int in, int out,
+                                                                            const float* Wq);
     // ... of a column-parallel one (QKV, fc1): dy [T, out], saved input shard xLocal [TL, in];
     // bulk (or pipelined, tp_comm_overlap_rs_dgrad) overlap; returns the dX shard [TL, in].
     Result<TensorPtr> columnParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,

@@ -10,7 +10,8 @@ const std::vector<std::string>& cudaOpNames() {
         // GEMM, linear
         "gemm", "gemmStridedBatched", "linearForward", "linearBackward",
         // embeddings
-        "embeddingForward", "embeddingBackward", "positionEmbeddingForward", "positionEmbeddingBackward",
+        "embeddingForward", "embeddingLookup", "embeddingLookupBf16", "embeddingBackward", "positionEmbeddingForward",
+        "positionEmbeddingForwardBf16", "positionEmbeddingBackward",
         // norms
         "layerNormForward", "layerNormBackward", "layerNormForwardFused", "layerNormBackwardFused",
         "rmsNormForward", "rmsNormBackward",

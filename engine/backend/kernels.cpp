@@ -411,6 +411,20 @@ void positionEmbeddingForward(const float* table, float* out, int s, int b, int 
     TS_KERN_DISPATCH(positionEmbeddingForward, table, out, s, b, C);
 }
 
+void positionEmbeddingForwardBf16(const uint16_t* table, float* out, int s, int b, int C) {
+    TS_KERN_DISPATCH(positionEmbeddingForwardBf16, table, out, s, b, C);
+}
+
+void embeddingLookup(const int32_t* ids, const float* table, float* out, int T, int C, int vocabStart,
+                     int vocabEnd, int vocabSize) {
+    TS_KERN_DISPATCH(embeddingLookup, ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
+}
+
+void embeddingLookupBf16(const int32_t* ids, const uint16_t* table, float* out, int T, int C, int vocabStart,
+                         int vocabEnd, int vocabSize) {
+    TS_KERN_DISPATCH(embeddingLookupBf16, ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
+}
+
 void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C) {
     TS_KERN_DISPATCH(positionEmbeddingBackward, dout, dtable, s, b, C);
 }

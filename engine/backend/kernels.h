@@ -122,9 +122,16 @@ void linearForward(const float* x, const float* W, const float* b, float* y, int
                    int out);
 void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                     float* db, int T, int in, int out);
+// The lookup without embeddingForward's invalid-id count, so nothing synchronizes: from an fp32
+// table, or from a bf16 model copy's bits (no fp32 copy of the table needed).
+void embeddingLookup(const int32_t* ids, const float* table, float* out, int T, int C, int vocabStart,
+                     int vocabEnd, int vocabSize);
+void embeddingLookupBf16(const int32_t* ids, const uint16_t* table, float* out, int T, int C, int vocabStart,
+                         int vocabEnd, int vocabSize);
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
                        int vocabStart, int vocabEnd);
 void positionEmbeddingForward(const float* table, float* out, int s, int b, int C);
+void positionEmbeddingForwardBf16(const uint16_t* table, float* out, int s, int b, int C);
 void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C);
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
                       float* rstd, int T, int C, float eps);

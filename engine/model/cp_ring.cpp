@@ -40,9 +40,6 @@ std::shared_ptr<Event> CpRing::recordOn(Stream& s) {
     return e;
 }
 
-void CpRing::hold(std::vector<TensorPtr> tensors) {
-    m_comm.keepUntilPassed(std::make_shared<std::vector<TensorPtr>>(std::move(tensors)));
-}
 
 void CpRing::exchange(const TensorPtr& send, const TensorPtr& recv, int64_t n) {
     std::vector<P2POp> ops(2);
@@ -55,7 +52,7 @@ void CpRing::exchange(const TensorPtr& send, const TensorPtr& recv, int64_t n) {
     ops[1].buffer = fp(recv);
     ops[1].count = size_t(n);
     m_cp.batchSendRecv(m_comm, ops);
-    hold({send, recv});
+    keepUntilPassed(m_comm, {send, recv});
 }
 
 Status CpRing::uploadPositions() {

@@ -62,7 +62,6 @@ public:
 
 private:
     std::shared_ptr<Event> recordOn(Stream& s);
-    void hold(std::vector<TensorPtr> tensors);
     // Comm stream: send `send` to rank r+1 and receive `recv` from rank r-1 (n floats each).
     void exchange(const TensorPtr& send, const TensorPtr& recv, int64_t n);
     Result<TensorPtr> packKv(const TensorPtr& k, const TensorPtr& v, int64_t n);

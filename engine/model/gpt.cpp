@@ -309,7 +309,7 @@ Status GptModel::useWeights(const std::vector<int>& params) {
     if (!m_params.bf16()) return Status::ok();
     std::vector<int> key;
     for (int i : params)
-        if (i >= 0) key.push_back(i);
+        if (i >= 0 && !fp8CopyCurrent(i)) key.push_back(i);
     std::sort(key.begin(), key.end());
     if (m_workingDepth > 0) {
         for (int i : key)

@@ -183,8 +183,8 @@ private:
     // gpt_layer.cpp (norms, residuals, dropouts) with its blocks gpt_attention.cpp and
     // gpt_mlp.cpp, gpt_output.cpp (final norm, output layer, loss); gpt_ops.cpp holds the ops
     // they share. A new kind of block (MoE, context-parallel attention) is a new file beside them.
-    // bf16: the part of the model being run (the embedding, a layer, the output) reads its
-    // weights as fp32 words from a working copy unpacked from the model copy's bf16 bits (op
+    // bf16: the part of the model being run (a layer, the output; the embedding gathers from the
+    // bits) reads its weights as fp32 words from a working copy unpacked from the model copy's bf16 bits (op
     // bf16.weights, Workspace memory; on a device the bf16 GEMMs read the bits, bound as the
     // copy's twin). The WeightsInUse guard ends it: the stream keeps the copy until the ops
     // enqueued meanwhile ran (Stream::keepUntilPassed). A part run inside another (nothing yet) reads the outer copy.
@@ -282,6 +282,12 @@ private:
     Status fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, int64_t n);
     // The FP8 copy of weight wIdx for this step (quantized by the first forward of the step).
     Result<const float*> fp8Weight(int li, Fp8Linear lin, int wIdx);
+    // Weight wIdx has its FP8 copies for this step (fp8Weight, fp8ExpertWeights, fp8BlockWeight
+    // note it when they quantize). Its GEMMs read those copies, and quantizing was the only read of
+    // its own words, so a bf16 run's useWeights leaves it out of the working copy for the rest of
+    // the step (TE likewise casts a weight once per step, on the first microbatch).
+    void fp8CopyMade(int wIdx);
+    bool fp8CopyCurrent(int wIdx) const;
     void fp8StepUpdate();  // delayed scaling: amax reduction over tp-dp-cp and the scale update
     // FP8 inside the experts of MoE layers (gpt_fp8.cpp, after TE's GroupedLinear): one scaling
     // state per expert GEMM input — [local layer][local expert][fc1, fc2][input, weight, grad].
@@ -315,6 +321,10 @@ private:
     Status rowParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx, TensorPtr dyLocal,
                                          TensorPtr x, TensorPtr dx, int T, int in, int out,
                                          const float* Wq = nullptr);
+    // The dgrad GEMM of a chunk of rows of both (dy [rows, out] -> dx [rows, in]), as
+    // linearBackward's dgrad: FP8 block recipes quantize the chunk's dy along `out` first.
+    Result<std::function<void(const float*, float*, int)>> overlappedDgrad(int wIdx, int T, int in, int out,
+                                                                            const float* Wq);
     // ... of a column-parallel one (QKV, fc1): dy [T, out], saved input shard xLocal [TL, in];
     // bulk (or pipelined, tp_comm_overlap_rs_dgrad) overlap; returns the dX shard [TL, in].
     Result<TensorPtr> columnParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,
@@ -370,9 +380,6 @@ private:
     Status cpCoreAttentionForward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop);
     Status cpCoreAttentionBackward(LayerActs& A, int nq, int ng, const kernels::cpu::AttnDims& drop, TensorPtr dctx,
                                    TensorPtr dq, TensorPtr dk, TensorPtr dv);
-    // Collectives get raw pointers: keeps both buffers alive until the stream passed the op
-    // (Stream::keepUntilPassed), and no longer.
-    void holdUntilDone(TensorPtr a, TensorPtr b);
     // Sums the grads of the SP params among `params` over TP (one packed all-reduce), in the
     // last backward of the step only (finalize_model_grads' _allreduce_non_tensor_model_parallel_grads).
     Status syncSequenceParallelGrads(const std::vector<int>& params);
@@ -463,6 +470,7 @@ private:
         int step = -1;
     };
     std::map<int, Fp8BlockWeightCopy> m_fp8BlockW;  // block recipes: by weight param index
+    std::vector<int> m_fp8CopyStep;                  // by param index: the step of its FP8 copies (-1 none)
     std::map<int, std::unique_ptr<MbState>> m_mbs;
     bool m_captureLogits = false;
     std::shared_ptr<std::map<int, std::vector<float>>> m_logits;

@@ -47,8 +47,9 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     // linear_qkv (column parallel; bias sharded with the rows)
     TS_ASSIGN_OR_RETURN(TensorPtr qkv, alloc(int64_t(T) * qkvOut));
     {
-        const float* W = m_params.modelParam(P.qkvW);
+        const float* W = nullptr;
         if (fp8) { TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Qkv, P.qkvW)); }
+        else W = m_params.modelParam(P.qkvW);
         const float* B = P.qkvB >= 0 ? m_params.modelParam(P.qkvB) : nullptr;
         const Fp8Recipe r8 = m_o.fp8;
         const bool blk = fp8 && r8.isBlock();  // block recipes: the input quantized per block here
@@ -134,10 +135,12 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
     // bias-dropout-add)
     TensorPtr proj;
     {
-        const float* W = m_params.modelParam(P.projW);
+        const float* W = nullptr;
         if (fp8) {
             TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Proj, kFp8Input, A.ctx, int64_t(T) * nq * d));
             TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Proj, P.projW));
+        } else {
+            W = m_params.modelParam(P.projW);
         }
         TensorPtr ctx = A.ctx;
         const int in = nq * d;

@@ -102,7 +102,7 @@ Result<TensorPtr> GptModel::cpGatherKv(const TensorPtr& local, int heads) {
     const int64_t n = int64_t(sl) * b * heads * d;
     TS_ASSIGN_OR_RETURN(TensorPtr gathered, allocUninitialized(m_exec, n * cp));
     m_ctx.cp->allGather(m_exec.stream(), local->data(), gathered->data(), size_t(n), DType::F32);
-    holdUntilDone(local, gathered);
+    keepUntilPassed(m_exec.stream(), {local, gathered});
     TS_ASSIGN_OR_RETURN(TensorPtr global, allocUninitialized(m_exec, n * cp));
     const int64_t row = int64_t(b) * heads * d;  // one sequence position, every sample and head
     const int64_t chunkElems = int64_t(S / (2 * cp)) * row;
@@ -122,7 +122,7 @@ Result<TensorPtr> GptModel::cpScatterKvGrad(const TensorPtr& global, int heads) 
               [=] { cpReorderChunks(fp(rankMajor), fp(global), cp, chunkElems, false); });
     TS_ASSIGN_OR_RETURN(TensorPtr local, allocUninitialized(m_exec, n));
     m_ctx.cp->reduceScatter(m_exec.stream(), rankMajor->data(), local->data(), size_t(n), DType::F32, ReduceOp::Sum);
-    holdUntilDone(rankMajor, local);
+    keepUntilPassed(m_exec.stream(), {rankMajor, local});
     return local;
 }
 
@@ -151,7 +151,7 @@ Result<TensorPtr> GptModel::cpToHeads(const TensorPtr& local, int heads, Communi
     TS_ASSIGN_OR_RETURN(TensorPtr recv, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
     const std::vector<size_t> counts(static_cast<size_t>(c), size_t(part));
     comm.allToAllv(m_exec.stream(), send->data(), counts, recv->data(), counts, DType::F32);
-    holdUntilDone(send, recv);
+    keepUntilPassed(m_exec.stream(), {send, recv});
     TS_ASSIGN_OR_RETURN(TensorPtr full, allocUninitialized(m_exec, n));
     const int64_t chunkElems = int64_t(chunk) * b * hc * d;  // one chunk of the head group
     // from group rank i its two chunks -> slots i and 2c-1-i (with c = cp: global order; in
@@ -171,7 +171,7 @@ Status GptModel::cpToSequence(const TensorPtr& full, int heads, const TensorPtr&
     TS_ASSIGN_OR_RETURN(TensorPtr recv, allocUninitialized(m_exec, n, MemCategory::CommBuffers));
     const std::vector<size_t> counts(static_cast<size_t>(c), size_t(part));
     comm.allToAllv(m_exec.stream(), send->data(), counts, recv->data(), counts, DType::F32);
-    holdUntilDone(send, recv);
+    keepUntilPassed(m_exec.stream(), {send, recv});
     m_exec.op("cp_a2a_unpack", Category::Memcpy, 0, uint64_t(n) * 8, [=] {
         // from peer j: heads [j*hc, (j+1)*hc) of this rank's rows
         const size_t w = size_t(hc) * d * sizeof(float);

@@ -17,27 +17,37 @@ Status GptModel::embeddingForward(MbState& st, int mb) {
     const int64_t Th = int64_t(T) * h, ThL = stageTensorElems();
     const bool bf = m_o.bf16;
     auto data = st.data;
-    TS_RETURN_IF_ERROR(useWeights(embeddingParamList()));  // the backward reads no weight
-    WeightsInUse weights{*this};
+    // The tables are only gathered from, so bf16 reads the model copy's bits (no working copy:
+    // useWeights is not needed), fp32 the main params. The backward reads no weight.
+    const uint16_t* bits = m_params.modelBits();
+    auto bitsOf = [&](int i) { return bits + m_params.info(i).offset; };
     TS_ASSIGN_OR_RETURN(TensorPtr emb, m_exec.alloc(Th));
-    const float* E = m_params.modelParam(m_embW);
     const int vStart = m_vocabStart, vEnd = m_vocabStart + m_vocabL, V = m_d.paddedVocab;
     const KernelIds ids = st.ids;
-    m_exec.op("embedding.fwd", Category::Embedding, 0, uint64_t(Th) * 8, [=] {
-        k::embeddingForward(ids.ptr, E, fp(emb), T, h, vStart, vEnd, V);
-    });
+    {
+        const float* E = bits ? nullptr : m_params.modelParam(m_embW);
+        const uint16_t* Eb = bits ? bitsOf(m_embW) : nullptr;
+        m_exec.op("embedding.fwd", Category::Embedding, 0, uint64_t(Th) * 4 + uint64_t(Th) * (bits ? 2 : 4), [=] {
+            if (Eb) k::embeddingLookupBf16(ids.ptr, Eb, fp(emb), T, h, vStart, vEnd, V);
+            else k::embeddingLookup(ids.ptr, E, fp(emb), T, h, vStart, vEnd, V);
+        });
+    }
     if (m_posW >= 0) {
         // Megatron: reduce_scatter_embeddings is off with a position embedding; the word
         // embedding is all-reduced, the positions added, then scatter_to_sequence_parallel_region.
         tpAllReduce(emb, Th);
-        const float* Pw = m_params.modelParam(m_posW);
+        const float* Pw = bits ? nullptr : m_params.modelParam(m_posW);
+        const uint16_t* Pb = bits ? bitsOf(m_posW) : nullptr;
         const int b = m_d.microBatch;
         // Per contiguous segment of rows with its first global position (context parallel: the
         // rank's two sequence chunks; otherwise the whole sequence from 0).
         auto segs = std::make_shared<std::vector<RopeSegment>>(m_ropeSegs);
-        m_exec.op("position_embedding.fwd", Category::Embedding, double(Th), uint64_t(Th) * 12, [=] {
-            for (const RopeSegment& sg : *segs)
-                k::positionEmbeddingForward(Pw + int64_t(sg.pos) * h, fp(emb) + int64_t(sg.start) * b * h, sg.len, b, h);
+        m_exec.op("position_embedding.fwd", Category::Embedding, double(Th), uint64_t(Th) * (bits ? 10 : 12), [=] {
+            for (const RopeSegment& sg : *segs) {
+                float* rows = fp(emb) + int64_t(sg.start) * b * h;
+                if (Pb) k::positionEmbeddingForwardBf16(Pb + int64_t(sg.pos) * h, rows, sg.len, b, h);
+                else k::positionEmbeddingForward(Pw + int64_t(sg.pos) * h, rows, sg.len, b, h);
+            }
         });
         if (m_sp) {
             TS_ASSIGN_OR_RETURN(TensorPtr local, allocUninitialized(m_exec, ThL));

@@ -204,6 +204,15 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
     return Status::ok();
 }
 
+void GptModel::fp8CopyMade(int wIdx) {
+    if (m_fp8CopyStep.size() < size_t(m_params.count())) m_fp8CopyStep.resize(size_t(m_params.count()), -1);
+    m_fp8CopyStep[size_t(wIdx)] = m_step;
+}
+
+bool GptModel::fp8CopyCurrent(int wIdx) const {
+    return size_t(wIdx) < m_fp8CopyStep.size() && m_fp8CopyStep[size_t(wIdx)] == m_step;
+}
+
 Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
     if (m_o.fp8.isBlock()) return fp8BlockWeight(wIdx, true);
     Fp8WeightCopy& w = m_fp8W[size_t(li) * kLinears + size_t(lin)];
@@ -216,6 +225,7 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
     }
     if (w.step != m_step) {
         w.step = m_step;
+        fp8CopyMade(wIdx);
         const Fp8Recipe& r = m_o.fp8;
         Fp8Meta* meta = &(*m_fp8Meta)[(size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(kFp8Weight)];
         const float* W = m_params.modelParam(wIdx);
@@ -394,6 +404,7 @@ Result<std::vector<const float*>> GptModel::fp8ExpertWeights(int li, Fp8ExpertLi
         }
         if (w.step != m_step) {
             w.step = m_step;
+            fp8CopyMade(wIdx[size_t(l)]);
             jobs->push_back({m_params.modelParam(wIdx[size_t(l)]), w.dequantized, w.codes, n,
                              fp8ExpertSlots(li, l, lin, kFp8Weight)});
             total += n;
@@ -541,6 +552,7 @@ Result<const float*> GptModel::fp8BlockWeight(int wIdx, bool rowwise) {
     }
     if (w.step != m_step) {
         w.step = m_step;
+        fp8CopyMade(wIdx);
         const Fp8Recipe r = m_o.fp8;
         const float* W = m_params.modelParam(wIdx);
         TensorPtr row = w.row, col = w.col;

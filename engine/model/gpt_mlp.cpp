@@ -71,8 +71,9 @@ Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const 
     TS_ASSIGN_OR_RETURN(*fc1Out, alloc(int64_t(T) * F1));
     TS_ASSIGN_OR_RETURN(*actOut, alloc(int64_t(T) * F));
     {
-        const float* W = m_params.modelParam(MW.fc1W);
+        const float* W = nullptr;
         if (fp8) { TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Fc1, MW.fc1W)); }
+        else W = m_params.modelParam(MW.fc1W);
         const float* B = MW.fc1B >= 0 ? m_params.modelParam(MW.fc1B) : nullptr;
         TensorPtr a2 = a2Full, fc1 = *fc1Out, act = *actOut;
         const bool swiglu = m_d.swiglu, fusedAct = m_o.fusedBiasAct;
@@ -107,10 +108,12 @@ Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const 
     a2Full.reset();
     TensorPtr fc2;
     {
-        const float* W = m_params.modelParam(MW.fc2W);
+        const float* W = nullptr;
         if (fp8) {
             TS_RETURN_IF_ERROR(fp8Quantize(li, kFp8Fc2, kFp8Input, *actOut, int64_t(T) * F));
             TS_ASSIGN_OR_RETURN(W, fp8Weight(li, kFp8Fc2, MW.fc2W));
+        } else {
+            W = m_params.modelParam(MW.fc2W);
         }
         TensorPtr act = *actOut;
         const Fp8Recipe r8 = m_o.fp8;

@@ -327,7 +327,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         if (cp > 1)
             m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
                                 ReduceOp::Sum);
-        holdUntilDone(cpCounts, cpCounts);
+        keepUntilPassed(m_exec.stream(), {cpCounts});
     }
     if (globalAux && globalShare > 1) {
         if (!m_ctx.tpDpCp || m_ctx.tpDpCp->size() != globalShare)
@@ -344,7 +344,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         });
         m_ctx.tpDpCp->allReduce(m_exec.stream(), glCounts->data(), glCounts->data(), size_t(E), DType::F32,
                                 ReduceOp::Sum);
-        holdUntilDone(glCounts, glCounts);
+        keepUntilPassed(m_exec.stream(), {glCounts});
     }
     m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
         s->countsAll.assign(s->groupCounts.begin(), s->groupCounts.end());
@@ -461,8 +461,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     std::vector<const float*> W1(static_cast<size_t>(L)), W2(static_cast<size_t>(L));
     std::vector<const float*> B1(static_cast<size_t>(L), nullptr), B2(static_cast<size_t>(L), nullptr);
     for (int l = 0; l < L; ++l) {
-        W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
-        W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+        if (!fp8) {  // FP8: the weights' copies below
+            W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
+            W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+        }
         if (!P.expFc1B.empty()) {
             B1[size_t(l)] = m_params.modelParam(P.expFc1B[size_t(l)]);
             B2[size_t(l)] = m_params.modelParam(P.expFc2B[size_t(l)]);
@@ -566,7 +568,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
                   [=] { k::gatherSumRows(fp(eout), s->agStart.ptr, s->agRows.ptr, fp(part), T * n, h); });
         expertGroup()->reduceScatter(m_exec.stream(), part->data(), out->data(), size_t(T) * h, DType::F32,
                                      ReduceOp::Sum);
-        holdUntilDone(part, out);
+        keepUntilPassed(m_exec.stream(), {part, out});
         if (bf) roundBf16(out, int64_t(T) * h);
         return out;
     }
@@ -603,7 +605,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         // dY of every token of the "etp-ep" group, then the rows of this rank's experts.
         TS_ASSIGN_OR_RETURN(TensorPtr dg, allocUninitialized(m_exec, int64_t(T) * n * h, MemCategory::CommBuffers));
         expertGroup()->allGather(m_exec.stream(), dout->data(), dg->data(), size_t(T) * h, DType::F32);
-        holdUntilDone(dout, dg);
+        keepUntilPassed(m_exec.stream(), {dout, dg});
         TS_ASSIGN_OR_RETURN(dyin, allocUninitialized(m_exec, int64_t(R) * h));
         m_exec.op("moe.permute_grad", Category::Elementwise, 0, uint64_t(R) * h * 8,
                   [=] { k::gatherRows(fp(dg), s->agTok.ptr, fp(dyin), s->R, h); });
@@ -618,9 +620,16 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     // add_bias_linear: fc2's bias (its prob-weighted term's gradients) and the biases' grads
     std::vector<const float*> B2(static_cast<size_t>(L), nullptr);
     std::vector<float*> GB1(static_cast<size_t>(L), nullptr), GB2(static_cast<size_t>(L), nullptr);
+    // FP8: the output gradients of fc2 and fc1 in FP8 (each expert's grad state; their amax and
+    // scale for the single device's magnitudes, as GptModel::fp8Quantize), the dgrads with the
+    // weights' FP8 copies, the wgrads with the FP8 inputs saved by the forward.
+    const int li = int(&P - m_layers.data());
+    const bool fp8 = m_fp8ExpMeta && fp8Layer(li) && s->fc2in;
     for (int l = 0; l < L; ++l) {
-        W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
-        W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+        if (!fp8) {  // FP8: the weights' copies below
+            W1[size_t(l)] = m_params.modelParam(P.expFc1W[size_t(l)]);
+            W2[size_t(l)] = m_params.modelParam(P.expFc2W[size_t(l)]);
+        }
         G1[size_t(l)] = m_params.mainGrad(P.expFc1W[size_t(l)]);
         G2[size_t(l)] = m_params.mainGrad(P.expFc2W[size_t(l)]);
         if (!P.expFc1B.empty()) {
@@ -629,11 +638,6 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             GB2[size_t(l)] = m_params.mainGrad(P.expFc2B[size_t(l)]);
         }
     }
-    // FP8: the output gradients of fc2 and fc1 in FP8 (each expert's grad state; their amax and
-    // scale for the single device's magnitudes, as GptModel::fp8Quantize), the dgrads with the
-    // weights' FP8 copies, the wgrads with the FP8 inputs saved by the forward.
-    const int li = int(&P - m_layers.data());
-    const bool fp8 = m_fp8ExpMeta && fp8Layer(li) && s->fc2in;
     const Fp8Recipe fr = m_o.fp8;
     const float gradDiv = float(m_ctx.dpSize) * float(m_ctx.cpSize);
     std::vector<Fp8TensorSlots> g1(static_cast<size_t>(L)), g2(static_cast<size_t>(L));
@@ -751,10 +755,10 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         TS_ASSIGN_OR_RETURN(TensorPtr dpTok, m_exec.alloc(int64_t(T) * E));
         expertGroup()->reduceScatter(m_exec.stream(), dxPart->data(), dxTok->data(), size_t(T) * h, DType::F32,
                                      ReduceOp::Sum);
-        holdUntilDone(dxPart, dxTok);
+        keepUntilPassed(m_exec.stream(), {dxPart, dxTok});
         expertGroup()->reduceScatter(m_exec.stream(), dpPart->data(), dpTok->data(), size_t(T) * E, DType::F32,
                                      ReduceOp::Sum);
-        holdUntilDone(dpPart, dpTok);
+        keepUntilPassed(m_exec.stream(), {dpPart, dpTok});
         TS_ASSIGN_OR_RETURN(dprob, allocUninitialized(m_exec, int64_t(s->rowsAlloc)));
         m_exec.op("moe.prob_grad_rows", Category::Elementwise, 0, uint64_t(s->rowsAlloc) * 8,
                   [=] { k::gatherRows(fp(dpTok), s->planTokExp(), fp(dprob), s->rows, 1); });
@@ -867,7 +871,7 @@ Status GptModel::moeQbForward(MoeSaved& s, int li) {
             TS_ASSIGN_OR_RETURN(all, allocUninitialized(m_exec, int64_t(n) * T * E, MemCategory::CommBuffers));
             m_ctx.cp->allGather(m_exec.stream(), tpAll->data(), all->data(), size_t(tpShare) * T * E, DType::F32);
         }
-        holdUntilDone(tpAll, all);
+        keepUntilPassed(m_exec.stream(), {tpAll, all});
     }
     MoeSaved* sp = &s;
     auto router = m_router;
@@ -922,7 +926,7 @@ Status GptModel::moeQbStepEnd() {
         ranks = m_ctx.tpDpCp->size();
         m_ctx.tpDpCp->allReduce(m_exec.stream(), mean->data(), mean->data(), size_t(n) * E, DType::F32, ReduceOp::Sum);
     }
-    holdUntilDone(mean, mean);
+    keepUntilPassed(m_exec.stream(), {mean});
     const double ema = m_cfg.moe_router_quantile_balancing_ema;
     const TraceTarget tt = m_exec.device().traceTarget();
     const int layerBegin = m_ctx.layerBegin;
@@ -1017,7 +1021,7 @@ Status GptModel::moeStepEnd() {
     if (m_ctx.tpDpCp && m_ctx.tpDpCp->size() > 1)
         m_ctx.tpDpCp->allReduce(m_exec.stream(), counts->data(), counts->data(), size_t(n) * E, DType::F32,
                                 ReduceOp::Sum);
-    holdUntilDone(counts, counts);
+    keepUntilPassed(m_exec.stream(), {counts});
     const float rate = float(m_cfg.moe_router_bias_update_rate);
     const TraceTarget tt = m_exec.device().traceTarget();
     const int layerBegin = m_ctx.layerBegin;
@@ -1072,7 +1076,7 @@ Status GptModel::moeDispatchPlan(MoeSaved& s) {
     });
     TS_ASSIGN_OR_RETURN(TensorPtr all, allocUninitialized(m_exec, int64_t(E) * n, MemCategory::CommBuffers));
     expertGroup()->allGather(m_exec.stream(), counts->data(), all->data(), size_t(E), DType::F32);
-    holdUntilDone(counts, all);
+    keepUntilPassed(m_exec.stream(), {counts, all});
     // The splits of the all-to-all are data-dependent: wait for them (Megatron's D2H sync).
     TS_ASSIGN_OR_RETURN(const std::vector<float> allHost, k::toHost(m_exec.stream(), fp(all), int64_t(E) * n));
     const float* c = allHost.data();
@@ -1140,7 +1144,7 @@ Result<TensorPtr> GptModel::moeToExperts(const MoeSaved& s, const TensorPtr& row
         }
         TS_ASSIGN_OR_RETURN(arrived, m_exec.alloc(int64_t(s.etpPad) * width, MemCategory::CommBuffers));
         m_ctx.ep->allToAllv(m_exec.stream(), rows->data(), sendCounts, arrived->data(), recvCounts, DType::F32);
-        holdUntilDone(rows, arrived);
+        keepUntilPassed(m_exec.stream(), {rows, arrived});
     }
     if (etp > 1) {
         // Megatron gathers the variable splits output_splits_tp; here every block is padded to
@@ -1157,7 +1161,7 @@ Result<TensorPtr> GptModel::moeToExperts(const MoeSaved& s, const TensorPtr& row
                             allocUninitialized(m_exec, int64_t(etp) * s.etpPad * width, MemCategory::CommBuffers));
         m_ctx.etp->allGather(m_exec.stream(), send->data(), gathered->data(), size_t(s.etpPad) * size_t(width),
                              DType::F32);
-        holdUntilDone(send, gathered);
+        keepUntilPassed(m_exec.stream(), {send, gathered});
         arrived = gathered;
     }
     TS_ASSIGN_OR_RETURN(TensorPtr grouped, allocUninitialized(m_exec, int64_t(R) * width));
@@ -1186,7 +1190,7 @@ Result<TensorPtr> GptModel::moeFromExperts(const MoeSaved& s, const TensorPtr& g
         TS_ASSIGN_OR_RETURN(own, allocUninitialized(m_exec, int64_t(s.etpPad) * width, MemCategory::CommBuffers));
         m_ctx.etp->reduceScatter(m_exec.stream(), arrivalOrder->data(), own->data(), size_t(s.etpPad) * size_t(width),
                                  DType::F32, ReduceOp::Sum);
-        holdUntilDone(arrivalOrder, own);
+        keepUntilPassed(m_exec.stream(), {arrivalOrder, own});
     }
     TS_ASSIGN_OR_RETURN(TensorPtr back, allocUninitialized(m_exec, rowsBack * width));
     if (ep > 1) {
@@ -1196,7 +1200,7 @@ Result<TensorPtr> GptModel::moeFromExperts(const MoeSaved& s, const TensorPtr& g
             recvCounts[size_t(j)] = size_t(s.sendRows[size_t(j)]) * size_t(width);
         }
         m_ctx.ep->allToAllv(m_exec.stream(), own->data(), sendCounts, back->data(), recvCounts, DType::F32);
-        holdUntilDone(own, back);
+        keepUntilPassed(m_exec.stream(), {own, back});
     } else {
         const int rows = s.ownRows;
         m_exec.op("moe.unpad_etp_rows", Category::Memcpy, 0, uint64_t(rows) * width * 8,
@@ -1229,10 +1233,10 @@ Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
     });
     TS_ASSIGN_OR_RETURN(TensorPtr routeAll, allocUninitialized(m_exec, 2 * TE * n, MemCategory::CommBuffers));
     group->allGather(m_exec.stream(), route->data(), routeAll->data(), size_t(2 * TE), DType::F32);
-    holdUntilDone(route, routeAll);
+    keepUntilPassed(m_exec.stream(), {route, routeAll});
     TS_ASSIGN_OR_RETURN(TensorPtr xg, allocUninitialized(m_exec, int64_t(T) * n * h, MemCategory::CommBuffers));
     group->allGather(m_exec.stream(), x->data(), xg->data(), size_t(T) * h, DType::F32);
-    holdUntilDone(x, xg);
+    keepUntilPassed(m_exec.stream(), {x, xg});
     // The rows depend on the routing: wait for it (as Megatron's dispatcher syncs for its sizes).
     TS_ASSIGN_OR_RETURN(const std::vector<float> allHost, k::toHost(m_exec.stream(), fp(routeAll), 2 * TE * n));
     const float* all = allHost.data();  // [etp-ep rank][map, probs][T][E]

@@ -15,20 +15,17 @@ void GptModel::tpAllReduce(const TensorPtr& t, int64_t n) {
 Result<TensorPtr> GptModel::seqGather(const TensorPtr& local, int64_t n) {
     TS_ASSIGN_OR_RETURN(TensorPtr full, m_exec.alloc(n * m_ctx.tpSize));
     m_ctx.tp->allGather(m_exec.stream(), local->data(), full->data(), size_t(n), DType::F32);
-    holdUntilDone(local, full);
+    keepUntilPassed(m_exec.stream(), {local, full});
     return full;
 }
 
 Result<TensorPtr> GptModel::seqReduceScatter(const TensorPtr& full, int64_t n) {
     TS_ASSIGN_OR_RETURN(TensorPtr local, m_exec.alloc(n));
     m_ctx.tp->reduceScatter(m_exec.stream(), full->data(), local->data(), size_t(n), DType::F32, ReduceOp::Sum);
-    holdUntilDone(full, local);
+    keepUntilPassed(m_exec.stream(), {full, local});
     return local;
 }
 
-void GptModel::holdUntilDone(TensorPtr a, TensorPtr b) {
-    m_exec.stream().keepUntilPassed(std::make_shared<std::pair<TensorPtr, TensorPtr>>(std::move(a), std::move(b)));
-}
 
 void GptModel::setTpCommOverlap(Stream& commStream, Communicator& comm) {
     if (!m_sp || !m_cfg.tp_comm_overlap) return;
@@ -47,15 +44,30 @@ Status GptModel::rowParallelBackwardOverlapped(const char* dgradName, const char
                                                int out, const float* Wq) {
     // dY [TL, out] is ring-gathered while the dgrad GEMM of the shards already here runs;
     // the wgrad (a sum over all T rows) runs once on the gathered dY.
-    const float* W = Wq ? Wq : m_params.modelParam(wIdx);
-    const bool bf = m_o.bf16;
-    auto dgrad = [=](const float* dy, float* dxr, int rows) {
-        k::linearBackward(dy, nullptr, W, dxr, nullptr, nullptr, rows, in, out);
-        if (bf) k::roundToBf16(dxr, int64_t(rows) * in);
-    };
+    TS_ASSIGN_OR_RETURN(auto dgrad, overlappedDgrad(wIdx, T, in, out, Wq));
     TS_ASSIGN_OR_RETURN(TensorPtr dyFull,
                         m_tpo->agGemm(dgradName, dyLocal, localTokens(), out, dx, in, 2.0 * in * out, dgrad));
-    return linearBackward(wgradName, wIdx, -1, dyFull, x, nullptr, T, in, out);
+    return linearBackward(wgradName, wIdx, -1, dyFull, x, nullptr, T, in, out, Wq);
+}
+
+Result<std::function<void(const float*, float*, int)>> GptModel::overlappedDgrad(int wIdx, int T, int in, int out,
+                                                                                  const float* Wq) {
+    const float* W = Wq ? Wq : m_params.modelParam(wIdx);
+    const bool bf = m_o.bf16;
+    // FP8 block recipes: dY quantized along `out` (within each row, so chunk by chunk as in one
+    // piece) against the weight's copy along `out` (Wq is the forward's, along `in`), as
+    // linearBackward's dgrad; the chunks run in order on the compute stream and share one scratch.
+    const Fp8Recipe r8 = m_o.fp8;
+    TensorPtr q8;
+    if (Wq && r8.isBlock()) {
+        TS_ASSIGN_OR_RETURN(W, fp8BlockWeight(wIdx, false));
+        TS_ASSIGN_OR_RETURN(q8, allocUninitialized(m_exec, int64_t(T) * out, MemCategory::Workspace));
+    }
+    return std::function<void(const float*, float*, int)>([=](const float* dy, float* dxr, int rows) {
+        if (q8) dy = fp8BlockOperand(r8, dy, rows, out, true, false, true, fp(q8));
+        k::linearBackward(dy, nullptr, W, dxr, nullptr, nullptr, rows, in, out);
+        if (bf) k::roundToBf16(dxr, int64_t(rows) * in);
+    });
 }
 
 Result<TensorPtr> GptModel::columnParallelBackwardOverlapped(const char* dgradName, const char* wgradName, int wIdx,
@@ -65,12 +77,7 @@ Result<TensorPtr> GptModel::columnParallelBackwardOverlapped(const char* dgradNa
     const int TL = localTokens();
     const int64_t n = int64_t(TL) * in;
     const TpOverlapOptions& o = m_tpo->options();
-    const float* W = Wq ? Wq : m_params.modelParam(wIdx);
-    const bool bf = m_o.bf16;
-    auto dgrad = [=](const float* dyr, float* dxr, int rows) {
-        k::linearBackward(dyr, nullptr, W, dxr, nullptr, nullptr, rows, in, out);
-        if (bf) k::roundToBf16(dxr, int64_t(rows) * in);
-    };
+    TS_ASSIGN_OR_RETURN(auto dgrad, overlappedDgrad(wIdx, T, in, out, Wq));
     // Bulk dgrad: the re-gather of the saved input for the wgrad runs during the dgrad GEMM.
     TpOverlap::Pending xFull, dxPending;
     if (o.bulkDgrad) { TS_ASSIGN_OR_RETURN(xFull, m_tpo->gatherAsync(xLocal, n)); }
@@ -88,7 +95,7 @@ Result<TensorPtr> GptModel::columnParallelBackwardOverlapped(const char* dgradNa
     TensorPtr x;
     if (o.bulkDgrad) x = m_tpo->wait(xFull);
     else { TS_ASSIGN_OR_RETURN(x, seqGather(xLocal, n)); }
-    TS_RETURN_IF_ERROR(linearBackward(wgradName, wIdx, bIdx, dy, x, nullptr, T, in, out));
+    TS_RETURN_IF_ERROR(linearBackward(wgradName, wIdx, bIdx, dy, x, nullptr, T, in, out, Wq));
     if (dxPending.tensor) dxLocal = m_tpo->wait(dxPending);
     return dxLocal;
 }
@@ -166,7 +173,7 @@ void GptModel::normBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, 
 
 Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, TensorPtr x,
                                 TensorPtr dx, int T, int in, int out, const float* Wq) {
-    const float* W = Wq ? Wq : m_params.modelParam(wIdx);
+    const float* W = Wq ? Wq : dx ? m_params.modelParam(wIdx) : nullptr;  // only the dgrad reads it
     float* G = m_params.mainGrad(wIdx);
     float* GB = bIdx >= 0 ? m_params.mainGrad(bIdx) : nullptr;
     const double flops = (dx ? 4.0 : 2.0) * double(T) * in * out;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/recorder.h"
 #include "common/status.h"
@@ -23,6 +24,12 @@ namespace ts::engine {
 
 using TensorPtr = std::shared_ptr<Buffer>;
 inline float* fp(const TensorPtr& t) { return t ? t->as<float>() : nullptr; }
+
+// Keeps `tensors` alive until the work already queued on `s` has run (Stream::keepUntilPassed):
+// the buffers a collective or a raw-pointer op reads, released in stream order.
+inline void keepUntilPassed(Stream& s, std::vector<TensorPtr> tensors) {
+    s.keepUntilPassed(std::make_shared<std::vector<TensorPtr>>(std::move(tensors)));
+}
 
 class Exec {
 public:

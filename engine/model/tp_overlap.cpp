@@ -46,9 +46,6 @@ void TpOverlap::commAfterCompute() {
     m_comm.wait(*e);
 }
 
-void TpOverlap::hold(std::vector<TensorPtr> tensors) {
-    m_comm.keepUntilPassed(std::make_shared<std::vector<TensorPtr>>(std::move(tensors)));
-}
 
 TensorPtr TpOverlap::wait(Pending& p) {
     if (p.ready) {
@@ -103,7 +100,7 @@ Result<TensorPtr> TpOverlap::agGemm(const char* name, const TensorPtr& xLocal, i
         m_tp.batchSendRecv(m_comm, ops);
         arrived[size_t(recvShard)] = recordOn(m_comm);
     }
-    hold({xLocal, full});
+    keepUntilPassed(m_comm, {xLocal, full});
 
     // Compute stream: own rows first (no wait), then each shard as soon as it arrived.
     gemmShard(r, xLocal, 0);
@@ -142,7 +139,7 @@ Result<TensorPtr> TpOverlap::gemmRs(const char* name, const TensorPtr& x, int TL
                            size_t(int64_t(rc) * out), DType::F32, ReduceOp::Sum);
     }
     auto done = recordOn(m_comm);
-    hold({staging, local});
+    keepUntilPassed(m_comm, {staging, local});
     m_exec.stream().wait(*done);
     return local;
 }
@@ -152,7 +149,7 @@ Result<TpOverlap::Pending> TpOverlap::gatherAsync(const TensorPtr& local, int64_
     commAfterCompute();
     m_tp.allGather(m_comm, local->data(), full->data(), size_t(n), DType::F32);
     Pending p{full, recordOn(m_comm)};
-    hold({local, full});
+    keepUntilPassed(m_comm, {local, full});
     return p;
 }
 
@@ -161,7 +158,7 @@ Result<TpOverlap::Pending> TpOverlap::reduceScatterAsync(const TensorPtr& full, 
     commAfterCompute();
     m_tp.reduceScatter(m_comm, full->data(), local->data(), size_t(n), DType::F32, ReduceOp::Sum);
     Pending p{local, recordOn(m_comm)};
-    hold({full, local});
+    keepUntilPassed(m_comm, {full, local});
     return p;
 }
 

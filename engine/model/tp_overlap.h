@@ -96,8 +96,6 @@ private:
     // Comm stream waits for the compute work enqueued so far.
     void commAfterCompute();
     std::shared_ptr<Event> recordOn(Stream& s);
-    // Keeps `tensors` alive until the comm stream has passed the ops enqueued so far.
-    void hold(std::vector<TensorPtr> tensors);
     OpDesc desc(const char* name, trace::Category cat, double flops, uint64_t bytes) const;
 
     Exec& m_exec;

@@ -1,6 +1,8 @@
 // Elementwise helpers (add, scale, bias) and the embedding lookup.
 #include "kernels/cpu/ops.h"
 
+#include "kernels/common/bf16.h"
+
 #include <cmath>
 #include <cstring>
 
@@ -77,6 +79,25 @@ int embeddingForward(const int32_t* ids, const float* table, float* out, int T, 
     return invalid;
 }
 
+void embeddingLookup(const int32_t* ids, const float* table, float* out, int T, int C, int vocabStart,
+                     int vocabEnd, int vocabSize) {
+    (void)embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
+}
+
+void embeddingLookupBf16(const int32_t* ids, const uint16_t* table, float* out, int T, int C,
+                         int vocabStart, int vocabEnd, int vocabSize) {
+    for (int t = 0; t < T; ++t) {
+        const int32_t id = ids[t];
+        float* row = out + static_cast<int64_t>(t) * C;
+        if (id >= vocabStart && id < vocabEnd && id < vocabSize && id >= 0) {
+            const uint16_t* src = table + static_cast<int64_t>(id - vocabStart) * C;
+            for (int c = 0; c < C; ++c) row[c] = hd::bf16ToFloatValue(src[c]);
+        } else {
+            std::memset(row, 0, sizeof(float) * C);
+        }
+    }
+}
+
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
                        int vocabStart, int vocabEnd) {
     for (int t = 0; t < T; ++t) {
@@ -94,6 +115,16 @@ void positionEmbeddingForward(const float* table, float* out, int s, int b, int 
         for (int j = 0; j < b; ++j) {
             float* row = out + (static_cast<int64_t>(i) * b + j) * C;
             for (int c = 0; c < C; ++c) row[c] += src[c];
+        }
+    }
+}
+
+void positionEmbeddingForwardBf16(const uint16_t* table, float* out, int s, int b, int C) {
+    for (int i = 0; i < s; ++i) {
+        const uint16_t* src = table + static_cast<int64_t>(i) * C;
+        for (int j = 0; j < b; ++j) {
+            float* row = out + (static_cast<int64_t>(i) * b + j) * C;
+            for (int c = 0; c < C; ++c) row[c] += hd::bf16ToFloatValue(src[c]);
         }
     }
 }

@@ -54,12 +54,19 @@ void linearBackward(const float* dy, const float* x, const float* W, float* dx, 
 // (the caller turns that into an error; such rows are zero).
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
                      int vocabStart, int vocabEnd, int vocabSize);
+// The same lookup without the count (the engine's: its data loader validated the ids), from an
+// fp32 table or from a bf16 model copy's bits (the rows' exact values, no fp32 copy of the table).
+void embeddingLookup(const int32_t* ids, const float* table, float* out, int T, int C, int vocabStart,
+                     int vocabEnd, int vocabSize);
+void embeddingLookupBf16(const int32_t* ids, const uint16_t* table, float* out, int T, int C,
+                         int vocabStart, int vocabEnd, int vocabSize);
 // dtable (+=) rows of owned tokens.
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
                        int vocabStart, int vocabEnd);
 // Learned absolute position embedding on sequence-first rows (row = i*b + j is position i):
 // forward out[i*b+j, :] += table[i, :]; backward dtable[i, :] += sum_j dout[i*b+j, :].
 void positionEmbeddingForward(const float* table, float* out, int s, int b, int C);
+void positionEmbeddingForwardBf16(const uint16_t* table, float* out, int s, int b, int C);  // bf16 bits
 void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C);
 
 // --- Norms ------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // Token embedding (vocab-parallel aware) and learned position embedding, forward and backward,
 // as kernels/cpu/elementwise.cpp. All four are bit-identical to the CPU:
 // - embeddingForward gathers rows (zero rows for ids outside [vocabStart, vocabEnd) or invalid);
-//   the invalid-id count goes to a device int through countInvalidIds.
+//   the invalid-id count goes to a device int through countInvalidIds. embeddingLookup is the
+//   gather alone; the Bf16 variants (lookup, position forward) read a bf16 model copy's bits.
 // - embeddingBackward: dtable[id - vocabStart] += dout[t] for owned tokens, where several tokens
 //   may hit one row. The CPU adds them to the row in token order; here the owned tokens are
 //   stably sorted by row (CUB radix sort of (row, t) pairs, so equal rows keep increasing t),
@@ -9,6 +10,7 @@
 //   the same additions in the same order, no atomics. Scratch (keys, values, CUB's temporary
 //   storage) comes from the stream-ordered allocator (cudaMallocAsync), so nothing synchronizes.
 // - positionEmbeddingBackward: one thread per (position, column) adds the b batch rows in order.
+#include "kernels/common/bf16.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -24,16 +26,21 @@ constexpr int kMaxRowBlocks = 65535 * 4;
 using detail::globalThread;
 using detail::gridThreads;
 
+// A table element as a float: fp32 words, or a bf16 model copy's bits (exact).
+__device__ inline float tableValue(const float* p) { return *p; }
+__device__ inline float tableValue(const uint16_t* p) { return hd::bf16ToFloatValue(*p); }
+
 // One block per token row (grid-stride over rows), threads over columns. out: [T, C].
-__global__ void embeddingGatherKernel(const int32_t* __restrict__ ids, const float* __restrict__ table,
+template <typename Table>
+__global__ void embeddingGatherKernel(const int32_t* __restrict__ ids, const Table* __restrict__ table,
                                       float* __restrict__ out, int T, int C, int vocabStart, int vocabEnd,
                                       int vocabSize) {
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
         const int32_t id = ids[t];
         float* row = out + static_cast<int64_t>(t) * C;
         if (id >= vocabStart && id < vocabEnd && id < vocabSize && id >= 0) {
-            const float* src = table + static_cast<int64_t>(id - vocabStart) * C;
-            for (int c = threadIdx.x; c < C; c += blockDim.x) row[c] = src[c];
+            const Table* src = table + static_cast<int64_t>(id - vocabStart) * C;
+            for (int c = threadIdx.x; c < C; c += blockDim.x) row[c] = tableValue(src + c);
         } else {
             for (int c = threadIdx.x; c < C; c += blockDim.x) row[c] = 0.0f;
         }
@@ -69,12 +76,34 @@ __global__ void embeddingSegmentAddKernel(const int* __restrict__ rowOf, const i
 }
 
 // out[(i*b + j), c] += table[i, c]; n = s * b * C.
-__global__ void positionEmbeddingForwardKernel(const float* __restrict__ table, float* __restrict__ out, int64_t n,
+template <typename Table>
+__global__ void positionEmbeddingForwardKernel(const Table* __restrict__ table, float* __restrict__ out, int64_t n,
                                                int b, int C) {
     for (int64_t k = globalThread(); k < n; k += gridThreads()) {
         const int64_t row = k / C, c = k % C;
-        out[k] = __fadd_rn(out[k], table[(row / b) * C + c]);
+        out[k] = __fadd_rn(out[k], tableValue(table + (row / b) * C + c));
     }
+}
+
+template <typename Table>
+Status gather(const int32_t* ids, const Table* table, float* out, int T, int C, int vocabStart, int vocabEnd,
+              int vocabSize, void* stream) {
+    if (T < 0 || C < 0) return Status::invalid("embedding lookup: need T >= 0 and C >= 0");
+    if (T == 0 || C == 0) return Status::ok();
+    const int blocks = T < kMaxRowBlocks ? T : kMaxRowBlocks;
+    embeddingGatherKernel<Table><<<blocks, kThreads, 0, detail::asStream(stream)>>>(ids, table, out, T, C,
+                                                                                   vocabStart, vocabEnd, vocabSize);
+    return detail::launchStatus("embedding lookup launch");
+}
+
+template <typename Table>
+Status addPositions(const Table* table, float* out, int s, int b, int C, void* stream) {
+    if (s < 0 || b < 0 || C < 0) return Status::invalid("positionEmbeddingForward: need s, b, C >= 0");
+    const int64_t n = static_cast<int64_t>(s) * b * C;
+    if (n == 0) return Status::ok();
+    positionEmbeddingForwardKernel<Table>
+        <<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(table, out, n, b, C);
+    return detail::launchStatus("positionEmbeddingForward launch");
 }
 
 // dtable[i, c] += dout[i*b + 0, c] + ... in j order (as the CPU); n = s * C.
@@ -125,11 +154,17 @@ Status embeddingForward(const int32_t* ids, const float* table, float* out, int 
                         int vocabEnd, int vocabSize, int* invalidCount, void* stream) {
     if (T < 0 || C < 0) return Status::invalid("embeddingForward: need T >= 0 and C >= 0");
     if (invalidCount) TS_RETURN_IF_ERROR(countInvalidIds(ids, T, vocabSize, invalidCount, stream));
-    if (T == 0 || C == 0) return Status::ok();
-    const int blocks = T < kMaxRowBlocks ? T : kMaxRowBlocks;
-    embeddingGatherKernel<<<blocks, kThreads, 0, detail::asStream(stream)>>>(ids, table, out, T, C, vocabStart,
-                                                                            vocabEnd, vocabSize);
-    return detail::launchStatus("embeddingForward launch");
+    return gather(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize, stream);
+}
+
+Status embeddingLookup(const int32_t* ids, const float* table, float* out, int T, int C, int vocabStart,
+                       int vocabEnd, int vocabSize, void* stream) {
+    return gather(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize, stream);
+}
+
+Status embeddingLookupBf16(const int32_t* ids, const uint16_t* table, float* out, int T, int C, int vocabStart,
+                           int vocabEnd, int vocabSize, void* stream) {
+    return gather(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize, stream);
 }
 
 Status embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C, int vocabStart,
@@ -157,12 +192,11 @@ Status embeddingBackward(const int32_t* ids, const float* dout, float* dtable, i
 }
 
 Status positionEmbeddingForward(const float* table, float* out, int s, int b, int C, void* stream) {
-    if (s < 0 || b < 0 || C < 0) return Status::invalid("positionEmbeddingForward: need s, b, C >= 0");
-    const int64_t n = static_cast<int64_t>(s) * b * C;
-    if (n == 0) return Status::ok();
-    positionEmbeddingForwardKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(table, out,
-                                                                                                              n, b, C);
-    return detail::launchStatus("positionEmbeddingForward launch");
+    return addPositions(table, out, s, b, C, stream);
+}
+
+Status positionEmbeddingForwardBf16(const uint16_t* table, float* out, int s, int b, int C, void* stream) {
+    return addPositions(table, out, s, b, C, stream);
 }
 
 Status positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C, void* stream) {

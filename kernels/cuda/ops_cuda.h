@@ -97,10 +97,17 @@ Status linearBackward(const float* dy, const float* x, const float* W, float* dx
 Status embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
                         int vocabStart, int vocabEnd, int vocabSize, int* invalidCount,
                         void* stream);
+// The lookup without the count, asynchronous (kernels/cpu/ops.h): from an fp32 table or from a
+// bf16 model copy's bits.
+Status embeddingLookup(const int32_t* ids, const float* table, float* out, int T, int C, int vocabStart,
+                       int vocabEnd, int vocabSize, void* stream);
+Status embeddingLookupBf16(const int32_t* ids, const uint16_t* table, float* out, int T, int C,
+                           int vocabStart, int vocabEnd, int vocabSize, void* stream);
 Status embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
                          int vocabStart, int vocabEnd, void* stream);
 Status positionEmbeddingForward(const float* table, float* out, int s, int b, int C,
                                 void* stream);
+Status positionEmbeddingForwardBf16(const uint16_t* table, float* out, int s, int b, int C, void* stream);
 Status positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C,
                                  void* stream);
 

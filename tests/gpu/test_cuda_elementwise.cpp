@@ -434,6 +434,42 @@ TEST_F(CudaElementwise, EmbeddingForwardGathersAndCountsInvalidIds) {
     }
 }
 
+// The engine's lookups: embeddingLookup (no count, nothing synchronizes) and the Bf16 variants
+// reading a bf16 model copy's bits, bit for bit the CPU's.
+TEST_F(CudaElementwise, EmbeddingLookupsAndTheirBf16VariantsAreBitExact) {
+    const int T = 4099, C = 67, V = 1000;
+    const auto ids = tokenIds(T, -5, V + 5, 34);
+    for (const auto& [start, end] : {std::pair{0, V}, std::pair{250, 700}}) {
+        const auto table = randomVec(static_cast<size_t>(end - start) * C, 35);
+        std::vector<uint16_t> bits(table.size());
+        cpu::floatToBf16(table.data(), bits.data(), static_cast<int64_t>(table.size()));
+        std::vector<float> want(static_cast<size_t>(T) * C), wantBits(want.size());
+        cpu::embeddingLookup(ids.data(), table.data(), want.data(), T, C, start, end, V);
+        cpu::embeddingLookupBf16(ids.data(), bits.data(), wantBits.data(), T, C, start, end, V);
+        DeviceVec<int32_t> gids(ids);
+        DeviceVec<float> gtable(table), gout(std::vector<float>(want.size(), 5.0f)),
+            goutBits(std::vector<float>(want.size(), 5.0f));
+        DeviceVec<uint16_t> gbits(bits);
+        TS_ASSERT_OK(cuda::embeddingLookup(gids.ptr, gtable.ptr, gout.ptr, T, C, start, end, V, m_stream));
+        TS_ASSERT_OK(cuda::embeddingLookupBf16(gids.ptr, gbits.ptr, goutBits.ptr, T, C, start, end, V, m_stream));
+        sync();
+        const std::string what = "vocab [" + std::to_string(start) + ", " + std::to_string(end) + ")";
+        expectSameBits(gout.download(), want, "embeddingLookup " + what, {T, C});
+        expectSameBits(goutBits.download(), wantBits, "embeddingLookupBf16 " + what, {T, C});
+    }
+    const int s = 37, b = 3, C2 = 129;
+    const auto table = randomVec(static_cast<size_t>(s) * C2, 36), out0 = randomVec(static_cast<size_t>(s) * b * C2, 37);
+    std::vector<uint16_t> bits(table.size());
+    cpu::floatToBf16(table.data(), bits.data(), static_cast<int64_t>(table.size()));
+    auto out = out0;
+    cpu::positionEmbeddingForwardBf16(bits.data(), out.data(), s, b, C2);
+    DeviceVec<uint16_t> gbits(bits);
+    DeviceVec<float> gout(out0);
+    TS_ASSERT_OK(cuda::positionEmbeddingForwardBf16(gbits.ptr, gout.ptr, s, b, C2, m_stream));
+    sync();
+    expectSameBits(gout.download(), out, "positionEmbeddingForwardBf16 out", {s * b, C2});
+}
+
 TEST_F(CudaElementwise, EmbeddingBackwardIsDeterministicAndBitExact) {
     const int T = 4099, C = 67;
     // Many tokens per row (ids from a small range) so rows take several additions in token order.

@@ -3,6 +3,7 @@
 #include "kernel_test_util.h"
 #include "kernels/cpu/ops.h"
 
+#include <cstring>
 #include <thread>
 
 namespace ts::kernels::cpu {
@@ -161,6 +162,35 @@ TEST(KernelsEmbedding, VocabPartitionsSumToFullLookupAndCountInvalid) {
             EXPECT_EQ(part0[t * C + c] + part1[t * C + c], want);
         }
     EXPECT_EQ(countInvalidIds(ids.data(), T, V), 2);
+}
+
+// The lookups the engine runs: embeddingLookup is embeddingForward without the count, and the
+// Bf16 variants read a bf16 model copy's bits and give exactly the rows of the unpacked table
+// (bf16 -> fp32 is exact), zero rows where embeddingForward has them; the position table too.
+TEST(KernelsEmbedding, LookupsFromTheBf16BitsEqualTheUnpackedTable) {
+    const int V = 10, C = 5, T = 7;
+    const std::vector<int32_t> ids = {0, 9, 4, 5, -1, 10, 7};
+    const auto table = randomVector(V * C, 19);
+    std::vector<uint16_t> bits(table.size());
+    floatToBf16(table.data(), bits.data(), int64_t(table.size()));
+    std::vector<float> unpacked(table.size());
+    bf16ToFloat(bits.data(), unpacked.data(), int64_t(bits.size()));
+    for (const auto& [start, end] : {std::pair{0, V}, std::pair{3, 8}}) {
+        std::vector<float> want(T * C, 7.0f), plain(T * C, 8.0f), fromBits(T * C, 9.0f);
+        embeddingForward(ids.data(), unpacked.data() + start * C, want.data(), T, C, start, end, V);
+        embeddingLookup(ids.data(), unpacked.data() + start * C, plain.data(), T, C, start, end, V);
+        embeddingLookupBf16(ids.data(), bits.data() + start * C, fromBits.data(), T, C, start, end, V);
+        EXPECT_EQ(0, std::memcmp(plain.data(), want.data(), want.size() * sizeof(float))) << start;
+        EXPECT_EQ(0, std::memcmp(fromBits.data(), want.data(), want.size() * sizeof(float))) << start;
+        EXPECT_NE(want[size_t(2 * C)], 0.0f);  // id 4 is owned by both ranges: a real row, not zeros
+    }
+    const int s = 3, b = 2;
+    const auto out0 = randomVector(s * b * C, 20);
+    auto want = out0, got = out0;
+    positionEmbeddingForward(unpacked.data(), want.data(), s, b, C);
+    positionEmbeddingForwardBf16(bits.data(), got.data(), s, b, C);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)));
+    EXPECT_NE(0, std::memcmp(got.data(), out0.data(), out0.size() * sizeof(float)));
 }
 
 TEST(KernelsEmbedding, BackwardScatterAddsOwnedRows) {

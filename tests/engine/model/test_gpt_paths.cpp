@@ -7,6 +7,7 @@
 
 #include "engine/train/data.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/parallel/fake_recorder.h"
 #include "tests/trainer_backend_run.h"
 #include "tests/scoped_env.h"
 #include "tests/trainer_variants.h"
@@ -200,6 +201,118 @@ TEST(GptPaths, Bf16SavedActivationsAreTheSameBitsInHalfTheBytes) {
         }
         EXPECT_LE(savedPacked, savedWords - atLeast) << name << ": " << savedPacked << " bytes kept against "
                                                      << savedWords << " in fp32 words";
+    }
+}
+
+// A bf16 FP8 layer reads its linears' weights once a step, to quantize them on the first
+// microbatch (TE casts a weight once per step too); from then on its GEMMs read the FP8 copies.
+// So only the first forward of a step unpacks those weights into the fp32 working copy (op
+// bf16.weights): every later forward, backward and recompute of the layer unpacks its norms and
+// biases alone. Layers kept in bf16 (first_last_layers_bf16) unpack all their weights every
+// time. Reading a weight that was left out stops the process (ParamBuffer::modelParam), so
+// every variant training to the end is the check that nothing else reads them.
+TEST(GptPaths, Fp8LayersUnpackTheirLinearWeightsOnlyToQuantizeThem) {
+    std::vector<ts::testing::TrainerVariant> cases;
+    for (const auto& v : ts::testing::trainerVariants())
+        if (v.name.find("fp8") != std::string::npos) cases.push_back(v);
+    ASSERT_GE(cases.size(), 6u);
+    cases.push_back({"fp8 hybrid, full recompute, first and last layers in bf16", [](Config& c) {
+                         c.bf16 = true;
+                         c.fp8 = "hybrid";
+                         c.first_last_layers_bf16 = true;
+                         c.recompute_granularity = "full";
+                         c.recompute_method = "uniform";
+                         c.recompute_num_layers = 1;
+                     }});
+    cases.push_back({"fp8 tensorwise, MoE shared experts, SwiGLU", [](Config& c) {
+                         c.bf16 = true;
+                         c.fp8 = "e4m3";
+                         c.fp8_recipe = "tensorwise";
+                         c.num_moe_experts = 4;
+                         c.moe_router_topk = 2;
+                         c.swiglu = true;
+                         c.add_bias_linear = false;
+                         c.moe_shared_expert_intermediate_size = 32;
+                     }});
+    for (const auto& [name, edit] : cases) {
+        Config c = ts::testing::tinyTrainerConfig();
+        edit(c);
+        c.num_layers = 4;
+        c.num_microbatches = 3;
+        Harness h;
+        test::FakeRecorder rec;
+        h.dev.setTrace(&rec, 0);
+        ASSERT_TRUE(h.build(c).isOk()) << name;
+        ParamBuffer& pb = h.model->params();
+        for (int step = 0; step < 2; ++step) {
+            rec.slices.clear();
+            auto loss = h.forwardBackward(step, testutil::batches(c, step));
+            ASSERT_TRUE(loss.isOk()) << name << ": " << loss.status().toString();
+            ASSERT_TRUE(h.optimizerStep(step).isOk()) << name;
+            // Per layer: all its params, and those an FP8 layer's GEMMs read from FP8 copies.
+            for (int layer = 0; layer < c.num_layers; ++layer) {
+                const std::string prefix = "decoder.layers." + std::to_string(layer) + ".";
+                int64_t all = 0, linears = 0;
+                for (int i = 0; i < pb.count(); ++i) {
+                    const std::string& n = pb.info(i).name;
+                    if (n.rfind(prefix, 0) != 0) continue;
+                    all += pb.info(i).numel;
+                    const bool linearWeight = n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0 &&
+                                              (n.find("linear_") != std::string::npos);
+                    if (linearWeight) linears += pb.info(i).numel;
+                }
+                ASSERT_GT(linears, 0) << name << ", layer " << layer;
+                const bool fp8 = !c.first_last_layers_bf16 || (layer > 0 && layer < c.num_layers - 1);
+                std::vector<const trace::Slice*> unpacks;
+                for (const trace::Slice& sl : rec.slices)
+                    if (sl.category != trace::Category::Launch && sl.layer == layer &&
+                        rec.str(sl.name) == "bf16.weights")
+                        unpacks.push_back(&sl);
+                // a forward and a backward per microbatch, and the recomputed forward
+                const size_t want = size_t(c.num_microbatches) * (c.recompute_granularity == "full" ? 3 : 2);
+                ASSERT_EQ(unpacks.size(), want) << name << ", layer " << layer << ", step " << step;
+                EXPECT_EQ(unpacks[0]->microbatch, 0) << name;
+                EXPECT_GE(unpacks[0]->bytes, uint64_t(6 * all)) << name << ", layer " << layer;
+                for (size_t u = 1; u < unpacks.size(); ++u) {
+                    const std::string where = name + ", layer " + std::to_string(layer) + ", step " +
+                                              std::to_string(step) + ", unpack " + std::to_string(u);
+                    if (fp8) EXPECT_LE(unpacks[u]->bytes, uint64_t(6 * (all - linears))) << where;
+                    else EXPECT_GE(unpacks[u]->bytes, uint64_t(6 * all)) << where;
+                }
+            }
+        }
+        h.dev.setTrace(nullptr, 0);
+    }
+}
+
+// The embedding part only gathers rows from its tables, so a bf16 run looks them up in the
+// model copy's bits (embeddingLookupBf16, positionEmbeddingForwardBf16) and unpacks no working
+// copy for them: of the parts outside the layers only the output layer unpacks, once in its
+// forward and once in its backward per microbatch. The lookup's values are the unpacked table's
+// bit for bit (KernelsEmbedding.LookupsFromTheBf16BitsEqualTheUnpackedTable); the bf16 layouts
+// against the single device (tests/parallel) check that each rank reads its own rows.
+TEST(GptPaths, Bf16EmbeddingIsLookedUpInTheModelBits) {
+    for (const bool tied : {true, false}) {
+        Config c = ts::testing::tinyTrainerConfig();
+        c.bf16 = true;
+        c.position_embedding_type = "learned_absolute";
+        c.untie_embeddings_and_output_weights = !tied;
+        c.num_microbatches = 2;
+        Harness h;
+        test::FakeRecorder rec;
+        h.dev.setTrace(&rec, 0);
+        ASSERT_TRUE(h.build(c).isOk());
+        auto loss = h.forwardBackward(0, testutil::batches(c, 0));
+        ASSERT_TRUE(loss.isOk()) << loss.status().toString();
+        h.dev.setTrace(nullptr, 0);
+        int outside = 0, lookups = 0;
+        for (const trace::Slice& sl : rec.slices) {
+            if (sl.category == trace::Category::Launch) continue;
+            outside += sl.layer < 0 && rec.str(sl.name) == "bf16.weights";
+            lookups += rec.str(sl.name) == "embedding.fwd";
+        }
+        EXPECT_EQ(lookups, c.num_microbatches) << "tied " << tied;
+        EXPECT_EQ(outside, 2 * c.num_microbatches) << "tied " << tied;
     }
 }
 

@@ -145,6 +145,10 @@ public:
     // in the device pack; fp8State reads it back (a stream op), setFp8State writes it there.
     nlohmann::json fp8State();
     Status setFp8State(const nlohmann::json& state);
+    // The params were replaced outside a step (a checkpoint load): the FP8 copies of the weights
+    // are remade at their next use even within the step they were made in (they are otherwise
+    // kept for the step, fp8CopyCurrent).
+    void weightsReplaced();
     // The aux-loss-free expert bias of this chunk's MoE layers (moe_router_enable_expert_bias;
     // Megatron's persistent router buffer "expert_bias") for checkpoints: {"<global layer>": [E
     // floats]}; null without it. Every rank holding a layer holds the same bias (it is updated from

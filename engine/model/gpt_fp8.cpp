@@ -204,6 +204,13 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
     return Status::ok();
 }
 
+void GptModel::weightsReplaced() {
+    for (Fp8WeightCopy& w : m_fp8W) w.step = -1;
+    for (Fp8WeightCopy& w : m_fp8ExpW) w.step = -1;
+    for (auto& [idx, w] : m_fp8BlockW) w.step = -1;
+    m_fp8CopyStep.clear();
+}
+
 void GptModel::fp8CopyMade(int wIdx) {
     if (m_fp8CopyStep.size() < size_t(m_params.count())) m_fp8CopyStep.resize(size_t(m_params.count()), -1);
     m_fp8CopyStep[size_t(wIdx)] = m_step;

@@ -1271,6 +1271,8 @@ Status ParallelTrainer::save(const std::string& dir) {
 
 Status ParallelTrainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(synchronize());
+    for (const auto& R : m_ranks)
+        for (const auto& m : R->models) m->weightsReplaced();  // even if the load fails part way
     const DerivedSizes ds = deriveSizes(m_cfg);
     const int epN = m_cfg.num_moe_experts > 0 && ds.ep > 1 ? ds.ep : 1;
     // Every process reads the files (a shared or copied checkpoint directory) and takes its

@@ -225,6 +225,7 @@ Status Trainer::save(const std::string& dir) {
 Status Trainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(m_model->exec().synchronize());
     CheckpointState s;
+    m_model->weightsReplaced();  // even if the load fails part way
     TS_RETURN_IF_ERROR(loadCheckpoint(dir, m_model->exec().stream(), m_model->params(), *m_opt, &s));
     if (s.seed != m_cfg.seed)
         return Status::invalid("checkpoint '" + dir + "' was trained with seed " + std::to_string(s.seed) +

@@ -146,6 +146,34 @@ INSTANTIATE_TEST_SUITE_P(
 
 // tp2pp2 (world 4) trains 3 steps and saves; the single-device Trainer loads it and trains 3
 // more; reference: 6 single-device steps.
+// A parallel trainer that loads a checkpoint after training continues as one made from it: the
+// ranks' FP8 weight copies of the step index it resumes at are remade from the loaded weights.
+TEST(ParallelCheckpoint, LoadingAfterTrainingRemakesTheFp8WeightCopies) {
+    Config c = withLayout(tinyConfig(2), {2, 1, 1, 1, 2});
+    c.sequence_parallel = true;
+    c.hidden_size = 64;  // TP shards of whole mxfp8 blocks
+    c.bf16 = true;
+    c.fp8 = "e4m3";
+    c.fp8_recipe = "mxfp8";
+    c.train_iters = 4;
+    const std::string dir = tempDir("fp8_reload");
+    ASSERT_TRUE(trainParallel(c, 1, "", dir).isOk());
+    Config other = c;
+    other.lr = 10 * c.lr;  // weights after its first step differ from the checkpoint's
+    std::unique_ptr<engine::ParallelTrainer> y;
+    ASSERT_TRUE(trainParallel(other, 2, "", "", nullptr, &y).isOk());  // copies made at step index 1
+    ASSERT_TRUE(y->load(dir).isOk());
+    engine::StepProgress p;
+    ASSERT_TRUE(y->step(&p).isOk());
+    auto reloaded = y->gatherParams(0);
+    ASSERT_TRUE(reloaded.isOk());
+    auto fresh = trainParallel(other, 1, dir);
+    ASSERT_TRUE(fresh.isOk()) << fresh.status().toString();
+    EXPECT_EQ(p.loss, fresh->losses[0]);
+    expectSameParams(*reloaded, fresh->params, 0, "tp2 mxfp8 reloaded");
+    fs::remove_all(dir);
+}
+
 TEST(ParallelCheckpoint, Tp2Pp2CheckpointContinuesOnOneDevice) {
     Config par = withLayout(resumeConfig(), {2, 2, 1, 1, 2});
     par.sequence_parallel = true;

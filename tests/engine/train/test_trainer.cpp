@@ -104,6 +104,57 @@ TEST(Trainer, ResumeIsBitExact) {
     fs::remove_all(dir);
 }
 
+// A trainer that loads a checkpoint after it has trained continues as one made from the
+// checkpoint: the FP8 copies of the weights, kept for the step they were made in, are remade from
+// the loaded weights (GptModel::weightsReplaced), here at the step index they were made at.
+TEST(Trainer, LoadingAfterTrainingRemakesTheFp8WeightCopies) {
+    for (const char* recipe : {"delayed", "mxfp8"}) {
+        Config c = tinyCorpusConfig();
+        c.bf16 = true;
+        c.fp8 = std::string(recipe) == "delayed" ? "hybrid" : "e4m3";
+        c.fp8_recipe = recipe;
+        c.train_iters = 4;
+        const std::string dir = tempDir(std::string("fp8_reload_") + recipe);
+        {
+            auto x = Trainer::create(c);
+            ASSERT_TRUE(x.isOk()) << x.status().toString();
+            ASSERT_TRUE((*x)->train(1).isOk());
+            ASSERT_TRUE((*x)->save(dir).isOk());
+        }
+        Config other = c;
+        other.lr = 10 * c.lr;  // weights after its first step differ from the checkpoint's
+        std::vector<float> reloaded, fresh;
+        double lossReloaded = 0, lossFresh = 0;
+        {
+            auto y = Trainer::create(other);
+            ASSERT_TRUE(y.isOk());
+            ASSERT_TRUE((*y)->train(2).isOk());  // FP8 copies made at step index 1
+            ASSERT_TRUE((*y)->load(dir).isOk());
+            ASSERT_EQ((*y)->iteration(), 1);
+            TrainerCallbacks cb;
+            cb.onStep = [&](const StepProgress& p) { lossReloaded = p.loss; };
+            ASSERT_TRUE((*y)->train(1, cb).isOk());
+            ParamBuffer& p = (*y)->model().params();
+            reloaded.assign(p.mainParams(), p.mainParams() + p.numel());
+        }
+        {
+            Config r = other;
+            r.load = dir;
+            auto z = Trainer::create(r);
+            ASSERT_TRUE(z.isOk()) << z.status().toString();
+            TrainerCallbacks cb;
+            cb.onStep = [&](const StepProgress& p) { lossFresh = p.loss; };
+            ASSERT_TRUE((*z)->train(1, cb).isOk());
+            ParamBuffer& p = (*z)->model().params();
+            fresh.assign(p.mainParams(), p.mainParams() + p.numel());
+        }
+        EXPECT_EQ(lossReloaded, lossFresh) << recipe;
+        ASSERT_EQ(reloaded.size(), fresh.size());
+        EXPECT_EQ(0, std::memcmp(reloaded.data(), fresh.data(), fresh.size() * sizeof(float))) << recipe;
+        fs::remove_all(dir);
+    }
+}
+
 TEST(Trainer, CheckpointOfAnotherModelIsRejected) {
     Config c = tinyCorpusConfig();
     const std::string dir = tempDir("othermodel");

@@ -40,7 +40,6 @@ std::shared_ptr<Event> CpRing::recordOn(Stream& s) {
     return e;
 }
 
-
 void CpRing::exchange(const TensorPtr& send, const TensorPtr& recv, int64_t n) {
     std::vector<P2POp> ops(2);
     ops[0].kind = P2POp::Send;

@@ -26,7 +26,6 @@ Result<TensorPtr> GptModel::seqReduceScatter(const TensorPtr& full, int64_t n) {
     return local;
 }
 
-
 void GptModel::setTpCommOverlap(Stream& commStream, Communicator& comm) {
     if (!m_sp || !m_cfg.tp_comm_overlap) return;
     TpOverlapOptions o;

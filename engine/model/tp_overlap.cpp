@@ -46,7 +46,6 @@ void TpOverlap::commAfterCompute() {
     m_comm.wait(*e);
 }
 
-
 TensorPtr TpOverlap::wait(Pending& p) {
     if (p.ready) {
         m_exec.stream().wait(*p.ready);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/emulated_backend.h"
 #include "engine/backend/kernels.h"
 #include "engine/model/gpt.h"
 #include "engine/model/param_buffer.h"
@@ -152,6 +153,23 @@ TEST(EmulatedDeviceTrainer, Bf16WorkingWeightsLiveOnlyWhileTheirPartRuns) {
         EXPECT_GE(dev.memoryStats().peak[ws] - before, 4 * largestPart) << where;
         EXPECT_EQ(dev.memoryStats().current[ws], before) << where << ": a working copy outlived its part";
         EXPECT_DEATH((void)m.params().modelParam(0), "read outside the part of the model that unpacked it") << where;
+    }
+}
+
+TEST(EmulatedDeviceProbe, PrintHostWaits) {
+    for (const auto& [name, edit] : ts::testing::trainerVariants()) {
+        Config c = tinyConfig();
+        edit(c);
+        c.train_iters = 2;
+        c.num_microbatches = 2;
+        TrainerOptions o;
+        o.emulateDevice = true;
+        auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
+        ASSERT_TRUE(t.isOk());
+        ASSERT_TRUE((*t)->train(-1, {}).isOk());
+        std::string s;
+        for (auto& [op, n] : emulatedHostWaits((*t)->model().exec().device())) s += " " + op + "=" + std::to_string(n);
+        std::printf("%-50s%s\n", name.c_str(), s.c_str());
     }
 }
 

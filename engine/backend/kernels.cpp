@@ -707,4 +707,9 @@ void sigmoidGateBackward(const float* dout, const float* y, const float* x, cons
     TS_KERN_DISPATCH(sigmoidGateBackward, dout, y, x, gate, w, dy, dx, dw, T, h);
 }
 
+void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
+                            const float* b, const float* c, const float* full, float* dl, int T, int K, int E) {
+    TS_KERN_DISPATCH(moeRouterProbsBackward, dprob, rowOf, sel, a, b, c, full, dl, T, K, E);
+}
+
 }  // namespace ts::engine::kern

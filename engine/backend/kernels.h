@@ -234,5 +234,7 @@ void sigmoidGateForward(const float* x, const float* w, const float* y, float* g
                         bool bf16Gate);
 void sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
                          float* dy, float* dx, float* dw, int T, int h);
+void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
+                            const float* b, const float* c, const float* full, float* dl, int T, int K, int E);
 
 }  // namespace ts::engine::kern

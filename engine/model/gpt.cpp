@@ -14,8 +14,7 @@ GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o,
                    Stream& compute, const ParallelContext& ctx)
     : m_cfg(cfg), m_d(d), m_o(o), m_ctx(ctx), m_exec(dev, compute),
       m_sp(ctx.sequenceParallel && ctx.tpSize > 1),
-      m_logits(std::make_shared<std::map<int, std::vector<float>>>()),
-      m_losses(std::make_shared<std::map<int, std::pair<double, double>>>()) {
+      m_logits(std::make_shared<std::map<int, std::vector<float>>>()) {
     // bf16 runs store bf16 values, so their GEMMs may take bf16 operands on a GPU's tensor cores
     // (the same products; kernels.h Bf16GemmScope). FP8 GEMMs take dequantized FP8 values with
     // any fp32 scale, which bf16 would round: they stay fp32.
@@ -580,9 +579,39 @@ std::vector<int> GptModel::layerParamList(int li) const {
     return out;
 }
 
-double GptModel::microbatchLoss(int mb) const {
-    auto it = m_losses->find(mb);
-    if (it == m_losses->end() || it->second.second <= 0) return std::nan("");
+Status GptModel::readBackLosses() {
+    auto pending = std::move(m_pendingLosses);
+    m_pendingLosses.clear();
+    std::map<int, std::vector<float>> host;
+    for (auto& [mb, p] : pending) host[mb].resize(size_t(p.T));
+    // Copies in stream order, then one wait: the last one's download.
+    TS_RETURN_IF_ERROR(kern::runOp(m_exec.stream(), "loss_reduce", [&] {
+        for (auto it = pending.begin(); it != pending.end(); ++it) {
+            std::vector<float>& dst = host[it->first];
+            if (std::next(it) == pending.end()) k::download(dst.data(), fp(it->second.loss), dst.size() * sizeof(float));
+            else k::copyBytes(dst.data(), fp(it->second.loss), dst.size() * sizeof(float));
+        }
+    }));
+    for (auto& [mb, p] : pending) {
+        const std::vector<float>& loss = host[mb];
+        const Microbatch& data = *p.data;
+        double sum = 0, tokens = 0;
+        for (size_t t = 0; t < loss.size(); ++t) {
+            const double w = data.lossMask.empty() ? 1.0 : data.lossMask[t];
+            sum += w * double(loss[t]);
+            tokens += w;
+        }
+        // With context parallel the rank's share: its sum over the whole microbatch's count.
+        if (data.tokensTotal > 0) tokens = data.tokensTotal;
+        m_losses[mb] = {sum, tokens};
+    }
+    return Status::ok();
+}
+
+double GptModel::microbatchLoss(int mb) {
+    if (!m_pendingLosses.empty() && !readBackLosses().isOk()) return std::nan("");
+    auto it = m_losses.find(mb);
+    if (it == m_losses.end() || it->second.second <= 0) return std::nan("");
     return it->second.first / it->second.second;
 }
 
@@ -594,7 +623,8 @@ const std::vector<float>& GptModel::capturedLogits(int mb) const {
 
 void GptModel::clearCaptured() {
     m_logits->clear();
-    m_losses->clear();
+    m_pendingLosses.clear();
+    m_losses.clear();
 }
 
 }  // namespace ts::engine

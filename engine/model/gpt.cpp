@@ -6,6 +6,8 @@
 // gpt_ops.cpp holds the norm/linear ops and the TP collectives they share.
 #include "engine/model/gpt.h"
 
+#include <cstdlib>
+
 #include "engine/model/gpt_internal.h"
 
 namespace ts::engine {
@@ -346,8 +348,13 @@ Status GptModel::useWeights(const std::vector<int>& params) {
     m_exec.op("bf16.weights", Category::Memcpy, 0, uint64_t(total) * 6, [=] {
         for (const auto& s : *sp) k::bf16ToFloat(bits + s[0], w + s[2], s[1] - s[0]);
     });
-    // A device's bf16 GEMMs read the bits instead of converting the working copy again.
-    m_workingTwins = m_params.bf16Gemms() && k::streamOnDevice(m_exec.stream());
+    // A device's bf16 GEMMs read the bits instead of converting the working copy again (the same
+    // values; TS_BF16_WEIGHT_TWINS=0 converts instead, to tell the two apart on a GPU).
+    static const bool twinsOff = [] {
+        const char* v = std::getenv("TS_BF16_WEIGHT_TWINS");
+        return v && std::string(v) == "0";
+    }();
+    m_workingTwins = m_params.bf16Gemms() && k::streamOnDevice(m_exec.stream()) && !twinsOff;
     if (m_workingTwins)
         for (const auto& s : spans) k::bindBf16Twin(w + s[2], bits + s[0], s[1] - s[0]);
     m_working = std::move(work);

@@ -27,7 +27,8 @@ const std::vector<std::string>& cudaOpNames() {
         "dropoutForward", "dropoutBackward", "dropoutMask", "biasDropoutAddFused", "biasDropoutAddUnfused",
         "biasDropoutAddBackward",
         // elementwise helpers
-        "add", "addInPlace", "scale", "addBias", "biasGradAccumulate", "sumSquares", "allFinite",
+        "add", "addInPlace", "scale", "addBias", "biasGradAccumulate", "sumSquares", "sumSquaresAccumulate",
+        "allFinite",
         "countInvalidIds",
         // cross entropy
         "crossEntropyRowMax", "crossEntropyStats", "crossEntropyLoss", "crossEntropyBackward",

@@ -348,6 +348,10 @@ double sumSquares(const float* x, int64_t n) {
     TS_KERN_VALUE(double, double, sumSquares, x, n);
 }
 
+void sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat) {
+    TS_KERN_DISPATCH(sumSquaresAccumulate, x, n, acc, accAsFloat);
+}
+
 bool allFinite(const float* x, int64_t n) {
     TS_KERN_VALUE(bool, int, allFinite, x, n);
 }

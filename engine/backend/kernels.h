@@ -100,6 +100,9 @@ private:
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
                      int vocabStart, int vocabEnd, int vocabSize);
 double sumSquares(const float* x, int64_t n);
+// Waits for nothing: *acc += sumSquares(x, n) where acc is (device memory), and *accAsFloat =
+// float(*acc) when set (kernels/cpu/ops.h).
+void sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat);
 bool allFinite(const float* x, int64_t n);
 int countInvalidIds(const int32_t* ids, int T, int vocabSize);
 float amaxOf(const float* x, int64_t n);

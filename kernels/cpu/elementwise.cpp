@@ -50,6 +50,11 @@ double sumSquares(const float* x, int64_t n) {
     return s;
 }
 
+void sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat) {
+    *acc += sumSquares(x, n);
+    if (accAsFloat) *accAsFloat = float(*acc);
+}
+
 bool allFinite(const float* x, int64_t n) {
     // x - x is 0 for finite x and NaN for inf/NaN; OR-ing the comparison keeps it branch-free.
     int bad = 0;

@@ -243,6 +243,9 @@ void scale(float* y, float alpha, int64_t n);                          // y *= a
 void addBias(float* y, const float* b, int T, int C);                  // y[t,:] += b
 void biasGradAccumulate(const float* dy, float* db, int T, int C);     // db += sum_t dy
 double sumSquares(const float* x, int64_t n);                          // in double
+// *acc += sumSquares(x, n), and *accAsFloat = float(*acc) when accAsFloat is set: a norm summed
+// over several tensors where it stays (a device's memory), read back once.
+void sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat);
 bool allFinite(const float* x, int64_t n);
 // Number of ids outside [0, vocabSize) (token ids / CE targets); the caller turns it into an
 // error. The CE functions treat such a target as "not owned" (no target term).

@@ -208,6 +208,8 @@ Status biasGradAccumulate(const float* dy, float* db, int T, int C, void* stream
 // Device scalars: *sum = sum of squares (accumulated in double); *finite = 1 if every element
 // is finite else 0; *invalid = number of ids outside [0, vocabSize).
 Status sumSquares(const float* x, int64_t n, double* sum, void* stream);
+// acc, accAsFloat (may be null): device scalars; the sum through a stream-ordered scratch double.
+Status sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat, void* stream);
 Status allFinite(const float* x, int64_t n, int* finite, void* stream);
 Status countInvalidIds(const int32_t* ids, int T, int vocabSize, int* invalid, void* stream);
 

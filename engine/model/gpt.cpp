@@ -589,22 +589,28 @@ std::vector<int> GptModel::layerParamList(int li) const {
 Status GptModel::readBackLosses() {
     auto pending = std::move(m_pendingLosses);
     m_pendingLosses.clear();
-    std::map<int, std::vector<float>> host;
-    for (auto& [mb, p] : pending) host[mb].resize(size_t(p.T));
-    // Copies in stream order, then one wait: the last one's download.
+    // Gathered into one buffer by stream copies, then one download: one wait, also on CUDA (whose
+    // copies into pageable host memory each block).
+    int64_t total = 0;
+    for (const auto& [mb, p] : pending) total += p.T;
+    TS_ASSIGN_OR_RETURN(TensorPtr all, m_exec.alloc(std::max<int64_t>(total, 1), MemCategory::Workspace));
+    std::vector<float> flat(static_cast<size_t>(total));
     TS_RETURN_IF_ERROR(kern::runOp(m_exec.stream(), "loss_reduce", [&] {
-        for (auto it = pending.begin(); it != pending.end(); ++it) {
-            std::vector<float>& dst = host[it->first];
-            if (std::next(it) == pending.end()) k::download(dst.data(), fp(it->second.loss), dst.size() * sizeof(float));
-            else k::copyBytes(dst.data(), fp(it->second.loss), dst.size() * sizeof(float));
+        int64_t off = 0;
+        for (const auto& [mb, p] : pending) {
+            k::copyBytes(fp(all) + off, fp(p.loss), size_t(p.T) * sizeof(float));
+            off += p.T;
         }
+        k::download(flat.data(), fp(all), flat.size() * sizeof(float));
     }));
-    for (auto& [mb, p] : pending) {
-        const std::vector<float>& loss = host[mb];
+    int64_t off = 0;
+    for (const auto& [mb, p] : pending) {
+        const float* loss = flat.data() + off;
+        off += p.T;
         const Microbatch& data = *p.data;
         double sum = 0, tokens = 0;
-        for (size_t t = 0; t < loss.size(); ++t) {
-            const double w = data.lossMask.empty() ? 1.0 : data.lossMask[t];
+        for (int t = 0; t < p.T; ++t) {
+            const double w = data.lossMask.empty() ? 1.0 : data.lossMask[size_t(t)];
             sum += w * double(loss[t]);
             tokens += w;
         }

@@ -142,8 +142,10 @@ __global__ void sigmoidGateWeightKernel(const float* __restrict__ x, const doubl
 }
 
 // One thread per token: the dot over its slots in order, then each expert's value in double (the
-// oracle's moeRouterProbsBackward). A token has at most kMaxRouterK slots (Megatron's top-k is small).
-constexpr int kMaxRouterK = 32;
+// oracle's moeRouterProbsBackward); a slot's grad is read again where it is used (any top-k).
+__device__ double routerSlotGrad(const float* dprob, int32_t row) {
+    return row < 0 ? 0.0 : static_cast<double>(dprob[row]);
+}
 __global__ void moeRouterProbsGradReduceKernel(const float* __restrict__ dprob, const int32_t* __restrict__ rowOf,
                                              const int32_t* __restrict__ sel, const float* __restrict__ a,
                                              const float* __restrict__ b, const float* __restrict__ c,
@@ -151,13 +153,9 @@ __global__ void moeRouterProbsGradReduceKernel(const float* __restrict__ dprob, 
                                              int E) {
     for (int64_t t = globalThread(); t < T; t += gridThreads()) {
         const int64_t tk = t * K;
-        double g[kMaxRouterK];
         double dot = 0;
-        for (int j = 0; j < K; ++j) {
-            const int32_t r = rowOf[tk + j];
-            g[j] = r < 0 ? 0.0 : static_cast<double>(dprob[r]);
-            dot = __dadd_rn(dot, __dmul_rn(static_cast<double>(b[tk + j]), g[j]));
-        }
+        for (int j = 0; j < K; ++j)
+            dot = __dadd_rn(dot, __dmul_rn(static_cast<double>(b[tk + j]), routerSlotGrad(dprob, rowOf[tk + j])));
         float* d = dl + t * E;
         const float* f = full ? full + t * E : nullptr;
         for (int e = 0; e < E; ++e) {
@@ -165,7 +163,8 @@ __global__ void moeRouterProbsGradReduceKernel(const float* __restrict__ dprob, 
             if (f) v = __dsub_rn(v, __dmul_rn(static_cast<double>(f[e]), dot));
             for (int j = 0; j < K; ++j)
                 if (sel[tk + j] == e)
-                    v = __dadd_rn(v, __dsub_rn(__dmul_rn(static_cast<double>(a[tk + j]), g[j]),
+                    v = __dadd_rn(v, __dsub_rn(__dmul_rn(static_cast<double>(a[tk + j]),
+                                                         routerSlotGrad(dprob, rowOf[tk + j])),
                                                __dmul_rn(static_cast<double>(c[tk + j]), dot)));
             d[e] = static_cast<float>(v);
         }
@@ -256,9 +255,7 @@ Status moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const in
                               const float* b, const float* c, const float* full, float* dl, int T, int K, int E,
                               void* stream) {
     TS_RETURN_IF_ERROR(checkShape("moeRouterProbsBackward", T, E));
-    if (K < 0 || K > kMaxRouterK)
-        return Status::invalid("moeRouterProbsBackward: top-k " + std::to_string(K) + " is over the kernel's " +
-                               std::to_string(kMaxRouterK));
+    if (K < 0) return Status::invalid("moeRouterProbsBackward: negative top-k");
     if (T == 0 || K == 0) return Status::ok();
     moeRouterProbsGradReduceKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, detail::asStream(stream)>>>(
         dprob, rowOf, sel, a, b, c, full, dl, T, K, E);

@@ -149,6 +149,7 @@ TEST(EmulatedDeviceWaits, OnlyTheRouterWaitsWithinAMicrobatch) {
     for (const Case& k : cases()) {
         ParallelTrainerOptions o;
         o.emulateDevice = true;
+        o.hostSyncCollectives = false;  // the GPU's asynchronous collectives, whatever the environment
         auto t = ParallelTrainer::create(k.c, nullptr, o);
         ASSERT_TRUE(t.isOk()) << k.name << ": " << t.status().toString();
         for (int s = 0; s < steps; ++s) {
@@ -167,6 +168,9 @@ TEST(EmulatedDeviceWaits, OnlyTheRouterWaitsWithinAMicrobatch) {
         for (const auto& [rank, dev] : (*t)->localDevices()) {
             const auto waits = emulatedHostWaits(const_cast<Device&>(*dev));
             EXPECT_EQ(waits.count("optimizer.clip"), 1u) << k.name << ", rank " << rank << ": the norm is read once";
+            const bool lastStage = (*t)->layout().coordsOf(rank).pp == k.c.pipeline_model_parallel_size - 1;
+            EXPECT_EQ(waits.count("loss_reduce"), lastStage ? 1u : 0u)
+                << k.name << ", rank " << rank << ": the last stage reads its losses back";
             for (const auto& [op, n] : waits) {
                 if (perStep.count(op)) {
                     EXPECT_EQ(n, steps) << k.name << ", rank " << rank << ": " << op << " should wait once per step";

@@ -270,6 +270,7 @@ TEST(MoeRouting, ProbsBackwardMatchesFiniteDifferences) {
         modes.push_back({n, o});
     };
     add("softmax", [](MoeRouteOptions&) {});
+    add("softmax_scaled", [](MoeRouteOptions& o) { o.scale = 1.3; });
     add("pre_softmax_scaled", [](MoeRouteOptions& o) { o.preSoftmax = true; o.scale = 1.7; });
     add("sigmoid_bias_scaled", [&](MoeRouteOptions& o) { o.score = MoeScore::Sigmoid; o.expertBias = bias.data(); o.scale = 2.0; });
     add("sqrtsoftplus_groups", [](MoeRouteOptions& o) { o.score = MoeScore::SqrtSoftplus; o.numGroups = 3; o.groupTopk = 2; });

@@ -27,7 +27,8 @@ const std::vector<std::string>& cudaOpNames() {
         "dropoutForward", "dropoutBackward", "dropoutMask", "biasDropoutAddFused", "biasDropoutAddUnfused",
         "biasDropoutAddBackward",
         // elementwise helpers
-        "add", "addInPlace", "scale", "addBias", "biasGradAccumulate", "sumSquares", "allFinite",
+        "add", "addInPlace", "scale", "addBias", "biasGradAccumulate", "sumSquares", "sumSquaresAccumulate",
+        "allFinite",
         "countInvalidIds",
         // cross entropy
         "crossEntropyRowMax", "crossEntropyStats", "crossEntropyLoss", "crossEntropyBackward",
@@ -40,7 +41,7 @@ const std::vector<std::string>& cudaOpNames() {
         "amaxOf", "fp8QuantizeCurrent", "amaxAccumulate", "fp8QuantizeDequantize", "fp8BlockQuantizeDequantize",
         // MoE
         "gatherRows", "gatherSumRows", "scaleRows", "moeProbGrad", "weightedColumnSum", "sigmoidGateForward",
-        "sigmoidGateBackward",
+        "sigmoidGateBackward", "moeRouterProbsBackward",
     };
     return kOps;
 }

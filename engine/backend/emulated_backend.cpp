@@ -303,6 +303,11 @@ struct EmuMem : MemAccounting {
     std::map<uint64_t, EmuStream*> streams;
     uint64_t nextStreamId = 1;
 
+    // The ops whose host code waited for one of the device's streams (a download, a
+    // value-returning kernel), with how often: emulatedHostWaits().
+    std::mutex waitsMutex;
+    std::map<std::string, int64_t> hostWaits;
+
     std::vector<std::pair<uint64_t, uint64_t>> fencesNow();
     bool fencesPassed(const std::vector<std::pair<uint64_t, uint64_t>>& fences);
 
@@ -459,6 +464,10 @@ void EmuStream::submit(const OpDesc& desc, std::function<Status()> fn) {
 }
 
 Status EmuStream::synchronize() {
+    if (t_submit) {  // inside an op: its host code waits for the device (a sync on CUDA)
+        std::lock_guard<std::mutex> lock(m_mem->waitsMutex);
+        ++m_mem->hostWaits[t_submit->desc->name];
+    }
     // Called from inside this stream's fn (a value-returning kernel): its kernels so far go first.
     if (t_submit && t_submit->stream == this && !t_submit->kernels.empty()) flush(*t_submit, Status::ok());
     return WorkerStream::synchronize();
@@ -563,6 +572,11 @@ public:
     void setTrace(trace::Recorder* rec, int rank) override { m_trace.set(rec, rank, m_info.index); }
     TraceTarget traceTarget() const override { return m_trace.target(); }
 
+    std::map<std::string, int64_t> hostWaits() {
+        std::lock_guard<std::mutex> lock(m_mem->waitsMutex);
+        return m_mem->hostWaits;
+    }
+
 private:
     DeviceInfo m_info;
     std::shared_ptr<EmuMem> m_mem;
@@ -612,6 +626,11 @@ void* hostAlias(const void* p) {
         return reinterpret_cast<void*>(s->hostBegin.load(std::memory_order_relaxed) +
                                        (u - s->devBegin.load(std::memory_order_relaxed)));
     return const_cast<void*>(p);
+}
+
+std::map<std::string, int64_t> emulatedHostWaits(Device& device) {
+    auto* emu = dynamic_cast<EmuDevice*>(&device);
+    return emu ? emu->hostWaits() : std::map<std::string, int64_t>{};
 }
 
 bool isEmulatedDevicePointer(const void* p) { return slotOfDevice(reinterpret_cast<uintptr_t>(p)) != nullptr; }

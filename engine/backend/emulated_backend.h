@@ -48,11 +48,21 @@
 // held before (not poisoned).
 #pragma once
 
+#include <cstdint>
+#include <map>
+#include <string>
+
 #include "engine/backend/backend.h"
 
 namespace ts::engine {
 
 // Reserved address space per view of each emulated device's arena (bytes).
 inline constexpr size_t kEmulatedArenaReserve = size_t(64) << 30;
+
+// The ops whose host code made the host wait for one of an emulated device's streams (a
+// download, a value-returning kernel: a stream synchronize on CUDA, where the host then stops
+// queueing work ahead of the GPU), each with how often since the device was made. Empty for any
+// other device. Synchronizes outside ops (a step's end) are not counted.
+std::map<std::string, int64_t> emulatedHostWaits(Device& device);
 
 }  // namespace ts::engine

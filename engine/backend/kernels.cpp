@@ -348,6 +348,10 @@ double sumSquares(const float* x, int64_t n) {
     TS_KERN_VALUE(double, double, sumSquares, x, n);
 }
 
+void sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat) {
+    TS_KERN_DISPATCH(sumSquaresAccumulate, x, n, acc, accAsFloat);
+}
+
 bool allFinite(const float* x, int64_t n) {
     TS_KERN_VALUE(bool, int, allFinite, x, n);
 }
@@ -705,6 +709,11 @@ void sigmoidGateForward(const float* x, const float* w, const float* y, float* g
 void sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
                          float* dy, float* dx, float* dw, int T, int h) {
     TS_KERN_DISPATCH(sigmoidGateBackward, dout, y, x, gate, w, dy, dx, dw, T, h);
+}
+
+void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
+                            const float* b, const float* c, const float* full, float* dl, int T, int K, int E) {
+    TS_KERN_DISPATCH(moeRouterProbsBackward, dprob, rowOf, sel, a, b, c, full, dl, T, K, E);
 }
 
 }  // namespace ts::engine::kern

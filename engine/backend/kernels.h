@@ -100,6 +100,9 @@ private:
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
                      int vocabStart, int vocabEnd, int vocabSize);
 double sumSquares(const float* x, int64_t n);
+// Waits for nothing: *acc += sumSquares(x, n) where acc is (device memory), and *accAsFloat =
+// float(*acc) when set (kernels/cpu/ops.h).
+void sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat);
 bool allFinite(const float* x, int64_t n);
 int countInvalidIds(const int32_t* ids, int T, int vocabSize);
 float amaxOf(const float* x, int64_t n);
@@ -234,5 +237,7 @@ void sigmoidGateForward(const float* x, const float* w, const float* y, float* g
                         bool bf16Gate);
 void sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
                          float* dy, float* dx, float* dw, int T, int h);
+void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
+                            const float* b, const float* c, const float* full, float* dl, int T, int K, int E);
 
 }  // namespace ts::engine::kern

@@ -6,6 +6,8 @@
 // gpt_ops.cpp holds the norm/linear ops and the TP collectives they share.
 #include "engine/model/gpt.h"
 
+#include <cstdlib>
+
 #include "engine/model/gpt_internal.h"
 
 namespace ts::engine {
@@ -14,8 +16,7 @@ GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o,
                    Stream& compute, const ParallelContext& ctx)
     : m_cfg(cfg), m_d(d), m_o(o), m_ctx(ctx), m_exec(dev, compute),
       m_sp(ctx.sequenceParallel && ctx.tpSize > 1),
-      m_logits(std::make_shared<std::map<int, std::vector<float>>>()),
-      m_losses(std::make_shared<std::map<int, std::pair<double, double>>>()) {
+      m_logits(std::make_shared<std::map<int, std::vector<float>>>()) {
     // bf16 runs store bf16 values, so their GEMMs may take bf16 operands on a GPU's tensor cores
     // (the same products; kernels.h Bf16GemmScope). FP8 GEMMs take dequantized FP8 values with
     // any fp32 scale, which bf16 would round: they stay fp32.
@@ -347,8 +348,13 @@ Status GptModel::useWeights(const std::vector<int>& params) {
     m_exec.op("bf16.weights", Category::Memcpy, 0, uint64_t(total) * 6, [=] {
         for (const auto& s : *sp) k::bf16ToFloat(bits + s[0], w + s[2], s[1] - s[0]);
     });
-    // A device's bf16 GEMMs read the bits instead of converting the working copy again.
-    m_workingTwins = m_params.bf16Gemms() && k::streamOnDevice(m_exec.stream());
+    // A device's bf16 GEMMs read the bits instead of converting the working copy again (the same
+    // values; TS_BF16_WEIGHT_TWINS=0 converts instead, to tell the two apart on a GPU).
+    static const bool twinsOff = [] {
+        const char* v = std::getenv("TS_BF16_WEIGHT_TWINS");
+        return v && std::string(v) == "0";
+    }();
+    m_workingTwins = m_params.bf16Gemms() && k::streamOnDevice(m_exec.stream()) && !twinsOff;
     if (m_workingTwins)
         for (const auto& s : spans) k::bindBf16Twin(w + s[2], bits + s[0], s[1] - s[0]);
     m_working = std::move(work);
@@ -580,9 +586,45 @@ std::vector<int> GptModel::layerParamList(int li) const {
     return out;
 }
 
-double GptModel::microbatchLoss(int mb) const {
-    auto it = m_losses->find(mb);
-    if (it == m_losses->end() || it->second.second <= 0) return std::nan("");
+Status GptModel::readBackLosses() {
+    auto pending = std::move(m_pendingLosses);
+    m_pendingLosses.clear();
+    // Gathered into one buffer by stream copies, then one download: one wait, also on CUDA (whose
+    // copies into pageable host memory each block).
+    int64_t total = 0;
+    for (const auto& [mb, p] : pending) total += p.T;
+    TS_ASSIGN_OR_RETURN(TensorPtr all, m_exec.alloc(std::max<int64_t>(total, 1), MemCategory::Workspace));
+    std::vector<float> flat(static_cast<size_t>(total));
+    TS_RETURN_IF_ERROR(kern::runOp(m_exec.stream(), "loss_reduce", [&] {
+        int64_t off = 0;
+        for (const auto& [mb, p] : pending) {
+            k::copyBytes(fp(all) + off, fp(p.loss), size_t(p.T) * sizeof(float));
+            off += p.T;
+        }
+        k::download(flat.data(), fp(all), flat.size() * sizeof(float));
+    }));
+    int64_t off = 0;
+    for (const auto& [mb, p] : pending) {
+        const float* loss = flat.data() + off;
+        off += p.T;
+        const Microbatch& data = *p.data;
+        double sum = 0, tokens = 0;
+        for (int t = 0; t < p.T; ++t) {
+            const double w = data.lossMask.empty() ? 1.0 : data.lossMask[size_t(t)];
+            sum += w * double(loss[t]);
+            tokens += w;
+        }
+        // With context parallel the rank's share: its sum over the whole microbatch's count.
+        if (data.tokensTotal > 0) tokens = data.tokensTotal;
+        m_losses[mb] = {sum, tokens};
+    }
+    return Status::ok();
+}
+
+double GptModel::microbatchLoss(int mb) {
+    if (!m_pendingLosses.empty() && !readBackLosses().isOk()) return std::nan("");
+    auto it = m_losses.find(mb);
+    if (it == m_losses.end() || it->second.second <= 0) return std::nan("");
     return it->second.first / it->second.second;
 }
 
@@ -594,7 +636,8 @@ const std::vector<float>& GptModel::capturedLogits(int mb) const {
 
 void GptModel::clearCaptured() {
     m_logits->clear();
-    m_losses->clear();
+    m_pendingLosses.clear();
+    m_losses.clear();
 }
 
 }  // namespace ts::engine

@@ -112,9 +112,11 @@ public:
     // activations once executed.
     Status backward(int mb, TensorPtr gradOutput = nullptr, TensorPtr gradInput = nullptr);
 
-    // After synchronize(): the microbatch's mean per-token loss (not divided by m), and its
-    // token count. NaN if it was not computed.
-    double microbatchLoss(int mb) const;
+    // After synchronize(): the microbatch's mean per-token loss (not divided by m). NaN if it was
+    // not computed. The per-token losses stay where the loss op wrote them (on a device, in its
+    // memory: no wait in the microbatch) until the first call after the step, which reads back
+    // those of every microbatch in one op ("loss_reduce") on the compute stream.
+    double microbatchLoss(int mb);
     // Debug/test hook: copy the logits [T, V/t] of every forward into capturedLogits(mb).
     void setCaptureLogits(bool on) { m_captureLogits = on; }
     const std::vector<float>& capturedLogits(int mb) const;
@@ -478,7 +480,15 @@ private:
     std::map<int, std::unique_ptr<MbState>> m_mbs;
     bool m_captureLogits = false;
     std::shared_ptr<std::map<int, std::vector<float>>> m_logits;
-    std::shared_ptr<std::map<int, std::pair<double, double>>> m_losses;  // mb -> (sum, tokens)
+    // The microbatches' per-token losses not read back yet, and the sums of those that were.
+    struct PendingLoss {
+        TensorPtr loss;                          // [T]
+        int T = 0;
+        std::shared_ptr<const Microbatch> data;  // its loss mask and token count
+    };
+    std::map<int, PendingLoss> m_pendingLosses;
+    std::map<int, std::pair<double, double>> m_losses;  // mb -> (sum, tokens)
+    Status readBackLosses();
     ParamHook m_gradReadyHook, m_forwardPreHook;
     std::vector<int> layerParamList(int li) const;
     std::vector<int> embeddingParamList() const;  // word (+ position) embedding

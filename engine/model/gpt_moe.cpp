@@ -784,22 +784,38 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     const double Tg = double(T) * cp * (m_sp ? m_ctx.tpSize : 1), TgGlobal = Tg * m_ctx.dpSize;
     const int mbB = m_d.microBatch;  // tokens are sequence-first: token t is in sequence t % b
     TS_ASSIGN_OR_RETURN(TensorPtr dlDev, allocUninitialized(m_exec, int64_t(T) * E, MemCategory::Workspace));
+    // The probs' backward as coefficients per token (moeProbsBackwardCoefficients), for the kernel
+    // that applies them to the probs' grads where they are: [T*K] a, b, c, and the softmax over all
+    // E when the probs are one; int32 [T*K] the slots' permuted rows and experts.
+    const bool fullProbs = (s->ro.sinkhorn && K > 1) ||
+                           (!s->ro.sinkhorn && s->ro.score == MoeScore::Softmax && s->ro.preSoftmax);
+    const int64_t TK = int64_t(T) * K;
+    TS_ASSIGN_OR_RETURN(TensorPtr coef, allocUninitialized(m_exec, 5 * TK + (fullProbs ? int64_t(T) * E : 0),
+                                                           MemCategory::Workspace));
     m_exec.op("router.bwd", Category::Gemm, 4.0 * T * h * E, uint64_t(T) * (2 * h + E) * 4, [=] {
-        // On the host, from the logits the forward routed with and the probs' grads read back.
+        // On the host, from the logits the forward routed with: the aux and z losses' gradient
+        // (into dl) and the probs' coefficients; the kernel then adds the probs' part from their
+        // grads on the stream, so nothing is read back.
         const float* L = s->logitsHost.data();
-        std::vector<float> dpRows(static_cast<size_t>(s->rows));
-        k::download(dpRows.data(), fp(dprob), dpRows.size() * sizeof(float));
         // The aux loss counts the routing before any dropping (Megatron computes it from the
         // logits' own top-k).
         const int G = s->groups;
-        // per token: dprob of its k slots (a dropped copy's is 0; padding rows have none)
-        std::vector<double> dpk(static_cast<size_t>(T) * K, 0.0);
+        std::vector<float> host(size_t(5 * TK) + (fullProbs ? size_t(T) * E : 0));
+        float* a = host.data();
+        float* b = a + TK;
+        float* c = b + TK;
+        int32_t* rowOf = reinterpret_cast<int32_t*>(c + TK);
+        int32_t* sel = rowOf + TK;
+        float* full = fullProbs ? reinterpret_cast<float*>(sel + TK) : nullptr;
+        // Float and int32 words share the buffer (both 4 bytes), as the forward's plan does.
+        static_assert(sizeof(int32_t) == sizeof(float));
+        moeProbsBackwardCoefficients(L, s->topi.data(), s->ro, a, b, c, full);
+        std::fill(rowOf, rowOf + TK, -1);  // a dropped copy's grad is 0; padding rows have no slot
         for (int r = 0; r < s->rows; ++r)
-            if (s->slotOf[size_t(r)] >= 0)
-                dpk[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = dpRows[size_t(r)];
+            if (s->slotOf[size_t(r)] >= 0) rowOf[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = r;
+        for (int64_t i = 0; i < TK; ++i) sel[i] = s->topi[size_t(i)];
         std::vector<double> dld(static_cast<size_t>(T) * E, 0.0);
-        moeProbsBackward(L, s->topi.data(), s->ro, dpk.data(), dld.data());
-        std::vector<double> full(static_cast<size_t>(E)), w(static_cast<size_t>(E)), da(static_cast<size_t>(E));
+        std::vector<double> full1(static_cast<size_t>(E)), w(static_cast<size_t>(E)), da(static_cast<size_t>(E));
         // aux_loss's counts: the microbatch's, summed over the seq_aux_loss groups when those are kept
         std::vector<double> counts1(static_cast<size_t>(E), 0.0);
         if (terms.aux != 0)
@@ -828,17 +844,23 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
                 for (int e = 0; e < E; ++e) d[e] += lossScale * da[size_t(e)];
             }
             if (zCoeff != 0) {
-                moeSoftmax(l, E, full.data());
+                moeSoftmax(l, E, full1.data());
                 double mx = l[0];
                 for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
                 double se = 0;
                 for (int e = 0; e < E; ++e) se += std::exp(double(l[e]) - mx);
                 const double lse = mx + std::log(se);
-                for (int e = 0; e < E; ++e) d[e] += lossScale * zCoeff / Tg * 2.0 * lse * full[size_t(e)];
+                for (int e = 0; e < E; ++e) d[e] += lossScale * zCoeff / Tg * 2.0 * lse * full1[size_t(e)];
             }
         }
         const std::vector<float> dl(dld.begin(), dld.end());
         k::copyBytes(dlDev->data(), dl.data(), dl.size() * sizeof(float));
+        k::copyBytes(coef->data(), host.data(), host.size() * sizeof(float));
+        const float* cA = fp(coef);
+        const int32_t* cRow = reinterpret_cast<const int32_t*>(cA + 3 * TK);
+        k::moeRouterProbsBackward(fp(dprob), cRow, cRow + TK, cA, cA + TK, cA + 2 * TK,
+                                  fullProbs ? reinterpret_cast<const float*>(cRow + 2 * TK) : nullptr, fp(dlDev), T, K,
+                                  E);
         // dx += dl W_r ; dW_r += dl^T x ; db_r += sum_t dl
         k::linearBackward(fp(dlDev), fp(x), Wr, fp(dx), Gr, GrB, T, h, E);
         // experts' input grads, combined per token in permuted order (allgather: already per token)

@@ -42,7 +42,9 @@ Status GptModel::finalForward(MbState& st) {
     }
     // Gradient seed per token: mask / (num_tokens * num_microbatches) (Megatron §1.1).
     TS_ASSIGN_OR_RETURN(st.dloss, m_exec.alloc(T));
-    TS_ASSIGN_OR_RETURN(TensorPtr loss, m_exec.alloc(T));
+    // The per-token losses stay until the step's end (microbatchLoss reads them back then): not an
+    // activation the backward frees, a step's workspace.
+    TS_ASSIGN_OR_RETURN(TensorPtr loss, m_exec.alloc(T, MemCategory::Workspace));
     auto data = st.data;
     const KernelIds labels = st.labels;
     TensorPtr dloss = st.dloss;
@@ -97,22 +99,8 @@ Status GptModel::finalForward(MbState& st) {
         });
         st.logits.reset();  // the naive path keeps probs, not logits
     }
-    auto losses = m_losses;
-    const int mb = m_exec.microbatch();
-    m_exec.op("loss_reduce", Category::Loss, double(T), uint64_t(T) * 8, [=] {
-        // The per-token losses come back to the host (on a device: a copy and a wait for the stream).
-        std::vector<float> lossHost(static_cast<size_t>(T));
-        k::download(lossHost.data(), fp(loss), size_t(T) * sizeof(float));
-        double sum = 0, tokens = 0;
-        for (int t = 0; t < T; ++t) {
-            const double w = data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)];
-            sum += w * double(lossHost[size_t(t)]);
-            tokens += w;
-        }
-        // With context parallel the rank's share: its sum over the whole microbatch's count.
-        if (data->tokensTotal > 0) tokens = data->tokensTotal;
-        (*losses)[mb] = {sum, tokens};
-    });
+    // Read back after the step (microbatchLoss), not here: on a device that would wait for the stream.
+    m_pendingLosses[m_exec.microbatch()] = {loss, T, data};
     return Status::ok();
 }
 

@@ -295,46 +295,57 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     return r;
 }
 
-void moeProbsBackward(const float* L, const int* topi, const MoeRouteOptions& o, const double* dprob, double* dl) {
+bool moeProbsBackwardCoefficients(const float* L, const int* topi, const MoeRouteOptions& o, float* a, float* b,
+                                  float* c, float* full) {
     const int T = o.T, E = o.E, K = o.K;
     const double scale = !o.sinkhorn && o.scale != 0 ? o.scale : 1.0;
-    std::vector<double> gk(static_cast<size_t>(K)), full(static_cast<size_t>(E));
+    const bool fullSoftmax = (o.sinkhorn && K > 1) || (!o.sinkhorn && o.score == MoeScore::Softmax && o.preSoftmax);
+    std::vector<double> p(static_cast<size_t>(std::max(E, K)));
+    std::vector<float> chosen(static_cast<size_t>(K));
     for (int t = 0; t < T; ++t) {
         const float* l = L + size_t(t) * E;
         const int* sel = topi + size_t(t) * K;
-        double* d = dl + size_t(t) * E;
-        for (int j = 0; j < K; ++j) gk[size_t(j)] = dprob[size_t(t) * K + size_t(j)] * scale;
-        const bool fullSoftmax = (o.sinkhorn && K > 1) || (!o.sinkhorn && o.score == MoeScore::Softmax && o.preSoftmax);
+        float* at = a + size_t(t) * K;
+        float* bt = b + size_t(t) * K;
+        float* ct = c + size_t(t) * K;
         if (fullSoftmax) {
-            // probs = softmax(l)[sel]: dl_e = s_e (g_e - sum_j s_sel_j g_j)
-            moeSoftmax(l, E, full.data());
-            double dot = 0;
-            for (int j = 0; j < K; ++j) dot += full[size_t(sel[j])] * gk[size_t(j)];
-            for (int e = 0; e < E; ++e) d[e] -= full[size_t(e)] * dot;
-            for (int j = 0; j < K; ++j) d[sel[j]] += full[size_t(sel[j])] * gk[size_t(j)];
+            // probs = scale softmax(l)[sel]: dl_e = s_e (g_e - sum_j s_sel_j g_j), g = scale dprob
+            moeSoftmax(l, E, p.data());
+            for (int e = 0; e < E; ++e) full[size_t(t) * E + size_t(e)] = float(p[size_t(e)]);
+            for (int j = 0; j < K; ++j) {
+                at[j] = bt[j] = float(p[size_t(sel[j])] * scale);
+                ct[j] = 0;
+            }
         } else if (o.sinkhorn) {  // k = 1: sigmoid(l_sel)
-            d[sel[0]] += gk[0] * scoreGrad(MoeScore::Sigmoid, l[sel[0]]);
+            at[0] = float(scoreGrad(MoeScore::Sigmoid, l[sel[0]]));
+            bt[0] = ct[0] = 0;
         } else if (o.score == MoeScore::Softmax) {
-            // probs = softmax over the k chosen logits
-            std::vector<float> chosen(static_cast<size_t>(K));
+            // probs = scale softmax over the k chosen logits: dl_sel_j = p_j (g_j - sum_i p_i g_i)
             for (int j = 0; j < K; ++j) chosen[size_t(j)] = l[sel[j]];
-            moeSoftmax(chosen.data(), K, full.data());
-            double dot = 0;
-            for (int j = 0; j < K; ++j) dot += full[size_t(j)] * gk[size_t(j)];
-            for (int j = 0; j < K; ++j) d[sel[j]] += full[size_t(j)] * (gk[size_t(j)] - dot);
+            moeSoftmax(chosen.data(), K, p.data());
+            for (int j = 0; j < K; ++j) {
+                at[j] = bt[j] = float(p[size_t(j)] * scale);
+                ct[j] = float(p[size_t(j)]);
+            }
         } else {
-            // probs = s_sel / (sum s_sel + 1e-20) for k > 1, else s_sel
+            // probs = scale s_sel / (sum s_sel + 1e-20) for k > 1, else scale s_sel:
+            // dl_sel_j = s'_j (g_j - sum_i g_i s_i / (S + 1e-20)) / (S + 1e-20)
             double S = 0;
             for (int j = 0; j < K; ++j) S += scoreOf(o.score, l[sel[j]]);
-            double dot = 0;
-            if (K > 1)
-                for (int j = 0; j < K; ++j) dot += gk[size_t(j)] * scoreOf(o.score, l[sel[j]]) / (S + 1e-20);
             for (int j = 0; j < K; ++j) {
-                const double ds = K > 1 ? (gk[size_t(j)] - dot) / (S + 1e-20) : gk[size_t(j)];
-                d[sel[j]] += ds * scoreGrad(o.score, l[sel[j]]);
+                const double ds = scoreGrad(o.score, l[sel[j]]);
+                if (K > 1) {
+                    at[j] = float(ds / (S + 1e-20) * scale);
+                    bt[j] = float(scoreOf(o.score, l[sel[j]]) / (S + 1e-20) * scale);
+                    ct[j] = float(ds / (S + 1e-20));
+                } else {
+                    at[j] = float(ds * scale);
+                    bt[j] = ct[j] = 0;
+                }
             }
         }
     }
+    return fullSoftmax;
 }
 
 }  // namespace ts::engine

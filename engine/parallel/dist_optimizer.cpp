@@ -46,7 +46,8 @@ Result<std::unique_ptr<ShardedAdamW>> ShardedAdamW::create(const Config& c, std:
     if (!m) return m.status().withContext("allocating Adam exp_avg");
     auto v = dev.allocate(bytes, MemCategory::OptimizerState);
     if (!v) return v.status().withContext("allocating Adam exp_avg_sq");
-    auto nb = dev.allocate(sizeof(float), MemCategory::Workspace);
+    // The local sum of squares (double) and its float for the all-reduce over the norm group.
+    auto nb = dev.allocate(sizeof(double) + sizeof(float), MemCategory::Workspace);
     if (!nb) return nb.status();
     o->m_m = std::move(m).value();
     o->m_v = std::move(v).value();
@@ -72,18 +73,18 @@ void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refres
     // Shared with the ops: pieces and chunk pointers are immutable after create().
     const std::vector<Piece>* pieces = &m_pieces;
     const std::vector<OptimizerChunk>* chunks = &m_chunks;
-    float* normBuf = m_normBuf->as<float>();
-    auto localSq = std::make_shared<double>(0.0);
+    void* normBytes = m_normBuf->data();
+    double* localSq = m_normBuf->as<double>();
+    float* normBuf = reinterpret_cast<float*>(localSq + 1);
     const bool reduce = m_normComm && m_normComm->size() > 1;
+    // Summed piece by piece (in double, in order) where the grads are; read back once, by the clip.
     exec.op("optimizer.grad_norm_local", trace::Category::Optimizer, 2.0 * double(m_ownedNumel),
             uint64_t(m_ownedNumel) * 4, [=] {
-                double s = 0;
+                k::setBytes(normBytes, 0, sizeof(double) + sizeof(float));
                 for (const Piece& p : *pieces)
                     if (p.inNorm)
-                        s += k::sumSquares((*chunks)[size_t(p.chunk)].params->mainGrads() + p.begin, p.end - p.begin);
-                *localSq = s;
-                const float f = float(s);
-                k::copyBytes(normBuf, &f, sizeof f);  // a host source is read at the call
+                        k::sumSquaresAccumulate((*chunks)[size_t(p.chunk)].params->mainGrads() + p.begin,
+                                                p.end - p.begin, localSq, reduce ? normBuf : nullptr);
             });
     if (reduce) m_normComm->allReduce(exec.stream(), normBuf, normBuf, 1, DType::F32, ReduceOp::Sum);
     auto info = m_info;
@@ -91,9 +92,14 @@ void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refres
     const std::vector<AdamSegment>* segs = &m_segments;
     exec.opStatus("optimizer.clip", trace::Category::Optimizer, 0.0, 0,  // scalar: the update applies the coefficient
                   [=]() -> Status {
-                      float reduced = 0;
-                      if (reduce) k::download(&reduced, normBuf, sizeof reduced);
-                      const double sq = reduce ? double(reduced) : *localSq;
+                      double sq = 0;
+                      if (reduce) {
+                          float reduced = 0;
+                          k::download(&reduced, normBuf, sizeof reduced);
+                          sq = reduced;
+                      } else {
+                          k::download(&sq, localSq, sizeof sq);
+                      }
                       return clipSegmentGrads(sq, hp, lr, iteration, info.get());
                   });
     const int64_t step = m_steps;

@@ -725,15 +725,16 @@ Status ParallelTrainer::rankStep(int local, int it, const std::atomic<bool>* can
         if (st.isOk()) st = sd;
         for (auto& model : R.models) model->exec().clearThrottle();
         R.pipe->endStep();
+        // Inside the step's range: the read-back of the losses (an op and a wait) is the step's.
+        R.losses.clear();
+        GptModel& lastChunk = *R.models.back();
+        if (st.isOk() && lastChunk.context().lastStage)
+            for (int j = 0; j < m; ++j) R.losses.push_back(lastChunk.microbatchLoss(j * dp + dpRank));
     }
     if (!st.isOk()) {
         failRank(local, st);
         return st;
     }
-    R.losses.clear();
-    GptModel& lastChunk = *R.models.back();
-    if (lastChunk.context().lastStage)
-        for (int j = 0; j < m; ++j) R.losses.push_back(lastChunk.microbatchLoss(j * dp + dpRank));
     return Status::ok();
 }
 

@@ -50,6 +50,11 @@ double sumSquares(const float* x, int64_t n) {
     return s;
 }
 
+void sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat) {
+    *acc += sumSquares(x, n);
+    if (accAsFloat) *accAsFloat = float(*acc);
+}
+
 bool allFinite(const float* x, int64_t n) {
     // x - x is 0 for finite x and NaN for inf/NaN; OR-ing the comparison keeps it branch-free.
     int bad = 0;
@@ -63,39 +68,55 @@ int countInvalidIds(const int32_t* ids, int T, int vocabSize) {
     return bad;
 }
 
-int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
-                     int vocabStart, int vocabEnd, int vocabSize) {
-    int invalid = 0;
-    for (int t = 0; t < T; ++t) {
-        const int32_t id = ids[t];
-        float* row = out + static_cast<int64_t>(t) * C;
-        if (id < 0 || id >= vocabSize) ++invalid;
-        if (id >= vocabStart && id < vocabEnd && id < vocabSize && id >= 0)
-            std::memcpy(row, table + static_cast<int64_t>(id - vocabStart) * C,
-                        sizeof(float) * C);
-        else
-            std::memset(row, 0, sizeof(float) * C);
-    }
-    return invalid;
-}
+namespace {
+// A table element as a float: fp32 as is, bf16 bits widened (exact).
+inline float tableValue(float v) { return v; }
+inline float tableValue(uint16_t bits) { return hd::bf16ToFloatValue(bits); }
 
-void embeddingLookup(const int32_t* ids, const float* table, float* out, int T, int C, int vocabStart,
-                     int vocabEnd, int vocabSize) {
-    (void)embeddingForward(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
-}
-
-void embeddingLookupBf16(const int32_t* ids, const uint16_t* table, float* out, int T, int C,
-                         int vocabStart, int vocabEnd, int vocabSize) {
+// out[t] = the table's row of ids[t] where the id is in [vocabStart, vocabEnd) and a valid id,
+// else zeros (the vocabulary-parallel lookup; the table holds rows vocabStart..vocabEnd-1).
+template <typename Elem>
+void lookupRows(const int32_t* ids, const Elem* table, float* out, int T, int C, int vocabStart, int vocabEnd,
+                int vocabSize) {
     for (int t = 0; t < T; ++t) {
         const int32_t id = ids[t];
         float* row = out + static_cast<int64_t>(t) * C;
         if (id >= vocabStart && id < vocabEnd && id < vocabSize && id >= 0) {
-            const uint16_t* src = table + static_cast<int64_t>(id - vocabStart) * C;
-            for (int c = 0; c < C; ++c) row[c] = hd::bf16ToFloatValue(src[c]);
+            const Elem* src = table + static_cast<int64_t>(id - vocabStart) * C;
+            for (int c = 0; c < C; ++c) row[c] = tableValue(src[c]);
         } else {
             std::memset(row, 0, sizeof(float) * C);
         }
     }
+}
+
+// out[i*b + j] += table[i] for the s positions of b sequences (seq-major rows).
+template <typename Elem>
+void addPositionRows(const Elem* table, float* out, int s, int b, int C) {
+    for (int i = 0; i < s; ++i) {
+        const Elem* src = table + static_cast<int64_t>(i) * C;
+        for (int j = 0; j < b; ++j) {
+            float* row = out + (static_cast<int64_t>(i) * b + j) * C;
+            for (int c = 0; c < C; ++c) row[c] += tableValue(src[c]);
+        }
+    }
+}
+}  // namespace
+
+int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,
+                     int vocabStart, int vocabEnd, int vocabSize) {
+    lookupRows(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
+    return countInvalidIds(ids, T, vocabSize);
+}
+
+void embeddingLookup(const int32_t* ids, const float* table, float* out, int T, int C, int vocabStart,
+                     int vocabEnd, int vocabSize) {
+    lookupRows(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
+}
+
+void embeddingLookupBf16(const int32_t* ids, const uint16_t* table, float* out, int T, int C,
+                         int vocabStart, int vocabEnd, int vocabSize) {
+    lookupRows(ids, table, out, T, C, vocabStart, vocabEnd, vocabSize);
 }
 
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
@@ -110,23 +131,11 @@ void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int
 }
 
 void positionEmbeddingForward(const float* table, float* out, int s, int b, int C) {
-    for (int i = 0; i < s; ++i) {
-        const float* src = table + static_cast<int64_t>(i) * C;
-        for (int j = 0; j < b; ++j) {
-            float* row = out + (static_cast<int64_t>(i) * b + j) * C;
-            for (int c = 0; c < C; ++c) row[c] += src[c];
-        }
-    }
+    addPositionRows(table, out, s, b, C);
 }
 
 void positionEmbeddingForwardBf16(const uint16_t* table, float* out, int s, int b, int C) {
-    for (int i = 0; i < s; ++i) {
-        const uint16_t* src = table + static_cast<int64_t>(i) * C;
-        for (int j = 0; j < b; ++j) {
-            float* row = out + (static_cast<int64_t>(i) * b + j) * C;
-            for (int c = 0; c < C; ++c) row[c] += hd::bf16ToFloatValue(src[c]);
-        }
-    }
+    addPositionRows(table, out, s, b, C);
 }
 
 void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C) {

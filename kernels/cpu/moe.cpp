@@ -1,6 +1,7 @@
 // MoE row movement and the experts' elementwise parts (ops.h): the CPU oracle. Sums run in
 // index order, in double where the comment in ops.h says so; the CUDA kernels (kernels/cuda/
 // moe.cu) keep the same order per output element.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -104,6 +105,29 @@ void sigmoidGateBackward(const float* dout, const float* y, const float* x, cons
         }
     }
     for (int i = 0; i < h; ++i) dw[i] += float(gw[size_t(i)]);
+}
+
+void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
+                            const float* b, const float* c, const float* full, float* dl, int T, int K, int E) {
+    std::vector<double> g(size_t(std::max(K, 0)));
+    for (int t = 0; t < T; ++t) {
+        const int64_t tk = int64_t(t) * K;
+        double dot = 0;
+        for (int j = 0; j < K; ++j) {
+            const int32_t r = rowOf[tk + j];
+            g[size_t(j)] = r < 0 ? 0.0 : double(dprob[r]);
+            dot += double(b[tk + j]) * g[size_t(j)];
+        }
+        float* d = dl + int64_t(t) * E;
+        const float* f = full ? full + int64_t(t) * E : nullptr;
+        for (int e = 0; e < E; ++e) {
+            double v = d[e];
+            if (f) v -= double(f[e]) * dot;
+            for (int j = 0; j < K; ++j)
+                if (sel[tk + j] == e) v += double(a[tk + j]) * g[size_t(j)] - double(c[tk + j]) * dot;
+            d[e] = float(v);
+        }
+    }
 }
 
 }  // namespace ts::kernels::cpu

@@ -243,6 +243,9 @@ void scale(float* y, float alpha, int64_t n);                          // y *= a
 void addBias(float* y, const float* b, int T, int C);                  // y[t,:] += b
 void biasGradAccumulate(const float* dy, float* db, int T, int C);     // db += sum_t dy
 double sumSquares(const float* x, int64_t n);                          // in double
+// *acc += sumSquares(x, n), and *accAsFloat = float(*acc) when accAsFloat is set: a norm summed
+// over several tensors where it stays (a device's memory), read back once.
+void sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat);
 bool allFinite(const float* x, int64_t n);
 // Number of ids outside [0, vocabSize) (token ids / CE targets); the caller turns it into an
 // error. The CE functions treat such a target as "not owned" (no target term).
@@ -349,5 +352,15 @@ void sigmoidGateForward(const float* x, const float* w, const float* y, float* g
 // dw[i] += sum_t dz_t x[t, i] (double over t in order).
 void sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
                          float* dy, float* dx, float* dw, int T, int h);
+// The router's backward through its probs, with per-token coefficients the host derived from the
+// forward's logits (engine/model/moe_routing.h, moeProbsBackwardCoefficients), so the probs' grads
+// never go back to the host. For token t < T and its K slots j (token-major [T, K] arrays): the
+// slot's expert sel, its permuted row rowOf (< 0: dropped, g = 0), g_j = dprob[rowOf], and
+// dot = sum_j b_j g_j (double, j in order). Then, per expert e of the token's row of dl [T, E]:
+//   v = dl[t, e] - full[t, e] dot (full: [T, E], null when the probs are not a softmax over all E),
+//   v += a_j g_j - c_j dot for the slot j choosing e (a token's experts are distinct),
+// in double, dl[t, e] = v. dl holds the aux and z losses' gradient (or zeros) on entry.
+void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
+                            const float* b, const float* c, const float* full, float* dl, int T, int K, int E);
 
 }  // namespace ts::kernels::cpu

@@ -97,6 +97,14 @@ __global__ void sumPartialsReduceKernel(const double* __restrict__ partial, int 
 
 __global__ void fillIntKernel(int* p, int value) { *p = value; }
 
+// *acc += *v; *accAsFloat = float(*acc) when set.
+__global__ void sumSquaresTotalReduceKernel(const double* __restrict__ v, double* __restrict__ acc,
+                                       float* __restrict__ accAsFloat) {
+    const double a = __dadd_rn(*acc, *v);
+    *acc = a;
+    if (accAsFloat) *accAsFloat = static_cast<float>(a);
+}
+
 // Every thread that sees a non-finite element stores 0 (same value: a benign race).
 __global__ void allFiniteReduceKernel(const float* __restrict__ x, int64_t n, int* __restrict__ finite) {
     bool bad = false;
@@ -183,6 +191,22 @@ Status sumSquares(const float* x, int64_t n, double* sum, void* stream) {
                                         "sumSquares scratch (cudaMallocAsync)"));
     const Status st = sumSquaresTwoPass(x, n, blocks, static_cast<double*>(partial), sum, s);
     const Status freed = detail::fromCuda(cudaFreeAsync(partial, s), "sumSquares scratch (cudaFreeAsync)");
+    return st.isOk() ? freed : st;
+}
+
+Status sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat, void* stream) {
+    if (n < 0) return Status::invalid("sumSquaresAccumulate: negative element count");
+    if (!acc) return Status::invalid("sumSquaresAccumulate: null accumulator");
+    cudaStream_t s = detail::asStream(stream);
+    void* sum = nullptr;
+    TS_RETURN_IF_ERROR(detail::fromCuda(cudaMallocAsync(&sum, sizeof(double), s),
+                                        "sumSquaresAccumulate scratch (cudaMallocAsync)"));
+    Status st = sumSquares(x, n, static_cast<double*>(sum), stream);
+    if (st.isOk()) {
+        sumSquaresTotalReduceKernel<<<1, 1, 0, s>>>(static_cast<const double*>(sum), acc, accAsFloat);
+        st = detail::launchStatus("sumSquaresAccumulate launch");
+    }
+    const Status freed = detail::fromCuda(cudaFreeAsync(sum, s), "sumSquaresAccumulate scratch (cudaFreeAsync)");
     return st.isOk() ? freed : st;
 }
 

@@ -5,7 +5,9 @@
 // sequentially in double, one thread per row or column. So all of them are bit-identical to the
 // CPU, except exp() in sigmoidGateForward (CUDA's double exp is correctly rounded to within 1
 // ulp, as glibc's: equal to ~1e-16 before the float conversion). Simple, not tuned: one thread
-// per row for the row dots is the next thing to speed up.
+// per row for the row dots is the next thing to speed up. moeRouterProbsBackward (one thread per
+// token) rounds every double step; its CPU twin may fuse multiply-adds, so the two agree to ~1e-16
+// before the float conversion.
 #include "kernels/common/bf16.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -139,6 +141,36 @@ __global__ void sigmoidGateWeightKernel(const float* __restrict__ x, const doubl
     }
 }
 
+// One thread per token: the dot over its slots in order, then each expert's value in double (the
+// oracle's moeRouterProbsBackward); a slot's grad is read again where it is used (any top-k).
+__device__ double routerSlotGrad(const float* dprob, int32_t row) {
+    return row < 0 ? 0.0 : static_cast<double>(dprob[row]);
+}
+__global__ void moeRouterProbsGradReduceKernel(const float* __restrict__ dprob, const int32_t* __restrict__ rowOf,
+                                             const int32_t* __restrict__ sel, const float* __restrict__ a,
+                                             const float* __restrict__ b, const float* __restrict__ c,
+                                             const float* __restrict__ full, float* __restrict__ dl, int T, int K,
+                                             int E) {
+    for (int64_t t = globalThread(); t < T; t += gridThreads()) {
+        const int64_t tk = t * K;
+        double dot = 0;
+        for (int j = 0; j < K; ++j)
+            dot = __dadd_rn(dot, __dmul_rn(static_cast<double>(b[tk + j]), routerSlotGrad(dprob, rowOf[tk + j])));
+        float* d = dl + t * E;
+        const float* f = full ? full + t * E : nullptr;
+        for (int e = 0; e < E; ++e) {
+            double v = static_cast<double>(d[e]);
+            if (f) v = __dsub_rn(v, __dmul_rn(static_cast<double>(f[e]), dot));
+            for (int j = 0; j < K; ++j)
+                if (sel[tk + j] == e)
+                    v = __dadd_rn(v, __dsub_rn(__dmul_rn(static_cast<double>(a[tk + j]),
+                                                         routerSlotGrad(dprob, rowOf[tk + j])),
+                                               __dmul_rn(static_cast<double>(c[tk + j]), dot)));
+            d[e] = static_cast<float>(v);
+        }
+    }
+}
+
 Status checkShape(const char* op, int64_t a, int64_t b) {
     if (a < 0 || b < 0) return Status::invalid(std::string(op) + ": negative size");
     return Status::ok();
@@ -217,6 +249,17 @@ Status sigmoidGateBackward(const float* dout, const float* y, const float* x, co
     const Status weight = rows.isOk() ? detail::launchStatus("sigmoidGateBackward weight launch") : rows;
     const Status freed = detail::fromCuda(cudaFreeAsync(dz, s), "sigmoidGateBackward scratch (cudaFreeAsync)");
     return weight.isOk() ? freed : weight;
+}
+
+Status moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
+                              const float* b, const float* c, const float* full, float* dl, int T, int K, int E,
+                              void* stream) {
+    TS_RETURN_IF_ERROR(checkShape("moeRouterProbsBackward", T, E));
+    if (K < 0) return Status::invalid("moeRouterProbsBackward: negative top-k");
+    if (T == 0 || K == 0) return Status::ok();
+    moeRouterProbsGradReduceKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+        dprob, rowOf, sel, a, b, c, full, dl, T, K, E);
+    return detail::launchStatus("moeRouterProbsBackward launch");
 }
 
 }  // namespace ts::kernels::cuda

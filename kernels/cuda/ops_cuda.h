@@ -208,6 +208,8 @@ Status biasGradAccumulate(const float* dy, float* db, int T, int C, void* stream
 // Device scalars: *sum = sum of squares (accumulated in double); *finite = 1 if every element
 // is finite else 0; *invalid = number of ids outside [0, vocabSize).
 Status sumSquares(const float* x, int64_t n, double* sum, void* stream);
+// acc, accAsFloat (may be null): device scalars; the sum through a stream-ordered scratch double.
+Status sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAsFloat, void* stream);
 Status allFinite(const float* x, int64_t n, int* finite, void* stream);
 Status countInvalidIds(const int32_t* ids, int T, int vocabSize, int* invalid, void* stream);
 
@@ -255,7 +257,8 @@ Status fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void
 
 // --- MoE row movement and the experts' elementwise parts (moe.cu) ---------------------------
 // idx, start: device int32 arrays. Bit-identical to the oracle (one thread per output element
-// in the oracle's order) except sigmoidGateForward's exp (see moe.cu).
+// in the oracle's order) except sigmoidGateForward's exp (see moe.cu) and moeRouterProbsBackward,
+// whose CPU loops may fuse multiply-adds (-ffp-contract=fast) where the kernel rounds each step.
 Status gatherRows(const float* src, const int32_t* idx, float* dst, int rows, int cols, void* stream);
 Status gatherSumRows(const float* src, const int32_t* start, const int32_t* idx, float* dst, int outRows, int cols,
                      void* stream);
@@ -268,5 +271,9 @@ Status sigmoidGateForward(const float* x, const float* w, const float* y, float*
 // Uses a T-double scratch from the stream-ordered allocator.
 Status sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
                            float* dy, float* dx, float* dw, int T, int h, void* stream);
+// rowOf, sel: device int32 [T, K]; one thread per token (the oracle's order, no FMA contraction).
+Status moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
+                              const float* b, const float* c, const float* full, float* dl, int T, int K, int E,
+                              void* stream);
 
 }  // namespace ts::kernels::cuda

@@ -210,17 +210,17 @@ __global__ void qkvRotaryKernel(float* __restrict__ qkv, float* __restrict__ q, 
     }
 }
 
-// The tables of (this GPU, s, d, theta, posOffset), made the first time on `st` and waited for, so
-// that every stream may read them afterwards; kept for the process. No lock is held while they are
-// made: a rank thread waiting for its own stream must not hold up another rank's (whose collective
-// that stream may be waiting for). Null tables (the kernels then compute the angles) past
+// The tables of (this GPU, s, d, theta, posOffset), made the first time on a stream of their own
+// and waited for there (not on the caller's stream, whose queued work the host would wait for
+// too), so that every stream may read them afterwards; kept for the process. No lock is held while
+// they are made, so ranks sharing the GPU never wait for each other here. Null tables (the kernels then compute the angles) past
 // kMaxRopeTables, or where the allocation fails.
 constexpr size_t kMaxRopeTables = 64;
 struct RopeTables {
     const float* cosT = nullptr;
     const float* sinT = nullptr;
 };
-Status ropeTables(int s, int d, float theta, int posOffset, cudaStream_t st, RopeTables* out) {
+Status ropeTables(int s, int d, float theta, int posOffset, RopeTables* out) {
     *out = {};
     const int half = d / 2;
     if (s <= 0 || half <= 0) return Status::ok();
@@ -250,9 +250,17 @@ Status ropeTables(int s, int d, float theta, int posOffset, cudaStream_t st, Rop
         (void)cudaGetLastError();  // compute the angles instead
         return Status::ok();
     }
-    rotaryPairTablesKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, st>>>(p, p + n, s, d, theta, posOffset);
-    const Status launched = detail::launchStatus("rope tables");
-    const Status made = launched.isOk() ? detail::fromCuda(cudaStreamSynchronize(st), "rope tables (wait)") : launched;
+    // Made on a stream of their own and waited for there: they are published to every stream and
+    // thread, and waiting on the caller's stream would also wait for all the work queued on it.
+    cudaStream_t own = nullptr;
+    Status made = detail::fromCuda(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), "rope tables (stream)");
+    if (made.isOk()) {
+        rotaryPairTablesKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, own>>>(p, p + n, s, d, theta,
+                                                                                     posOffset);
+        made = detail::launchStatus("rope tables");
+        if (made.isOk()) made = detail::fromCuda(cudaStreamSynchronize(own), "rope tables (wait)");
+        (void)cudaStreamDestroy(own);
+    }
     if (!made.isOk()) {
         (void)cudaFree(p);
         return made;
@@ -277,7 +285,7 @@ Status ropeInPlace(const char* what, float* x, int s, int b, int n, int d, float
     if (rows == 0 || d / 2 == 0) return Status::ok();
     const cudaStream_t st = detail::asStream(stream);
     RopeTables tab;
-    TS_RETURN_IF_ERROR(ropeTables(s, d, theta, posOffset, st, &tab));
+    TS_RETURN_IF_ERROR(ropeTables(s, d, theta, posOffset, &tab));
     rotaryInPlaceKernel<<<detail::blocksFor(rows * (d / 2), kThreads), kThreads, 0, st>>>(
         x, rows, b * n, d, theta, posOffset, sign, tab.cosT, tab.sinT);
     return detail::launchStatus(what);
@@ -295,7 +303,7 @@ Status qkvRope(const char* what, float* qkv, float* q, float* k, float* v, int s
     if (n == 0) return Status::ok();
     const cudaStream_t st = detail::asStream(stream);
     RopeTables tab;
-    if (rotate) TS_RETURN_IF_ERROR(ropeTables(s, d, theta, posOffset, st, &tab));
+    if (rotate) TS_RETURN_IF_ERROR(ropeTables(s, d, theta, posOffset, &tab));
     qkvRotaryKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, st>>>(qkv, q, k, v, tokens, b, nq, ng, d, theta,
                                                                         posOffset, merge, rotate, tab.cosT, tab.sinT);
     return detail::launchStatus(what);

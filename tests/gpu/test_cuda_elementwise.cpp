@@ -117,6 +117,25 @@ TEST_F(CudaElementwise, SumSquaresIsDeterministicAndMatchesCpu) {
     }
 }
 
+// Several tensors' sums of squares added where they are, in order, and the float of the total
+// for an all-reduce: as the CPU adds sumSquares in double.
+TEST_F(CudaElementwise, SumSquaresAccumulateAddsInOrderAndWritesTheFloat) {
+    const std::vector<int64_t> sizes = {1000003, 4097, 0, 1};
+    DeviceVec<double> dacc(std::vector<double>{0.5});
+    DeviceVec<float> dflt(std::vector<float>{-1.f});
+    double want = 0.5;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        const auto x = randomVec(static_cast<size_t>(sizes[i]), 31 + uint32_t(i), -3, 3);
+        DeviceVec<float> dx(x);
+        TS_ASSERT_OK(cuda::sumSquaresAccumulate(dx.ptr, sizes[i], dacc.ptr, i + 1 == sizes.size() ? dflt.ptr : nullptr,
+                                                m_stream));
+        sync();
+        want += cpu::sumSquares(x.data(), sizes[i]);
+        EXPECT_NEAR(dacc.scalar(), want, 1e-12 * want) << "after tensor " << i;
+    }
+    EXPECT_EQ(dflt.scalar(), static_cast<float>(dacc.scalar())) << "the float of the total";
+}
+
 TEST_F(CudaElementwise, AllFiniteWritesTheFlag) {
     const int64_t n = 100001;
     const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();

@@ -1,7 +1,7 @@
 // CUDA kernels of ops_cuda.h's MoE section (kernels/cuda/moe.cu) against the CPU oracle of the
 // same name (kernels/cpu/moe.cpp) on random data with odd sizes: bit for bit (each output element
 // is one thread in the oracle's order), except sigmoidGateForward's gate (double exp: 1e-6
-// relative). Skips without a CUDA build or without a device.
+// relative) and the router's probs backward (the CPU may fuse its multiply-adds: 1e-6 relative). Skips without a CUDA build or without a device.
 #include <gtest/gtest.h>
 
 #include "tests/gpu/gpu_test_util.h"
@@ -102,6 +102,34 @@ TEST_F(CudaMoe, SigmoidGateMatchesTheCpu) {
     expectSameBits(ddy.download(), dy, "sigmoidGateBackward dy", {T, h});
     expectSameBits(ddx.download(), dxh, "sigmoidGateBackward dx", {T, h});
     expectSameBits(ddw.download(), dwh, "sigmoidGateBackward dw");
+}
+
+// The router's probs backward: tokens with dropped slots (row -1), with and without the softmax
+// over all experts. The CPU's loops may fuse a multiply-add (-ffp-contract=fast): 1e-6 relative.
+TEST_F(CudaMoe, RouterProbsBackwardMatchesTheCpu) {
+    const int T = 203, K = 3, E = 37, rows = T * K - 40;
+    std::mt19937 rng(11);
+    const auto dprob = randomVec(size_t(rows), 21, -2, 2), a = randomVec(size_t(T) * K, 22),
+               b = randomVec(size_t(T) * K, 23), c = randomVec(size_t(T) * K, 24),
+               full = randomVec(size_t(T) * E, 25, 0, 1), dl0 = randomVec(size_t(T) * E, 26, -0.1f, 0.1f);
+    std::vector<int32_t> rowOf(size_t(T) * K), sel(size_t(T) * K);
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < K; ++j) {
+            sel[size_t(t) * K + j] = int32_t((t * 7 + j * 11) % E);  // distinct within a token
+            rowOf[size_t(t) * K + j] = int32_t(rng() % (rows + rows / 8)) - rows / 8;  // some dropped (< 0)
+        }
+    for (const bool withFull : {false, true}) {
+        DeviceVec<float> ddp(dprob), da(a), db(b), dc(c), dfull(full), ddl(dl0);
+        DeviceVec<int32_t> drow(rowOf), dsel(sel);
+        TS_ASSERT_OK(cuda::moeRouterProbsBackward(ddp.ptr, drow.ptr, dsel.ptr, da.ptr, db.ptr, dc.ptr,
+                                                  withFull ? dfull.ptr : nullptr, ddl.ptr, T, K, E, m_stream));
+        sync();
+        std::vector<float> dl = dl0;
+        cpu::moeRouterProbsBackward(dprob.data(), rowOf.data(), sel.data(), a.data(), b.data(), c.data(),
+                                    withFull ? full.data() : nullptr, dl.data(), T, K, E);
+        expectClose(ddl.download(), dl, 1e-6, 1e-7, withFull ? "router probs backward (full softmax)"
+                                                             : "router probs backward");
+    }
 }
 
 }  // namespace

@@ -100,9 +100,10 @@ TEST(CudaParallelTrainer, LayoutsMatchTheCpuBackend) {
         EXPECT_EQ(keep->runMetadata().value("cuda_shared_gpus", false), share) << k.name;
         keep.reset();
         ASSERT_EQ(gpu->losses.size(), cpu->losses.size());
-        // bf16: the GPU's bf16 GEMMs sum in another order, and bf16 rounds that (the single-GPU
-        // trainer test's tolerances).
-        const double lossTol = c.bf16 ? 2e-3 : 1e-5, weightTol = c.bf16 ? 5e-2 : 1e-4;
+        // bf16: the GPU's bf16 GEMMs sum in another order, and bf16 rounds that; MoE: a routing
+        // tie can fall the other way (the single-GPU trainer test's loss tolerances).
+        const double lossTol = c.bf16 ? 2e-3 : c.num_moe_experts > 0 ? 1e-4 : 1e-5;
+        const double weightTol = c.bf16 ? 5e-2 : 1e-4;
         for (size_t s = 0; s < cpu->losses.size(); ++s) {
             EXPECT_NEAR(gpu->losses[s], cpu->losses[s], lossTol * std::fabs(cpu->losses[s])) << k.name << ": step " << s + 1;
             EXPECT_NEAR(gpu->gradNorms[s], cpu->gradNorms[s], lossTol * std::fabs(cpu->gradNorms[s]) + 1e-7)

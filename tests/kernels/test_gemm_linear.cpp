@@ -231,6 +231,13 @@ TEST(KernelsElementwise, HelpersMatchScalarLoops) {
     double ss = 0;
     for (float v : a) ss += static_cast<double>(v) * v;
     EXPECT_NEAR(sumSquares(a.data(), n), ss, 1e-12 * ss + 1e-12);
+    // Accumulated over pieces: the running double and, when asked, its float.
+    double acc = 2.0;
+    float accFloat = -1.f;
+    sumSquaresAccumulate(a.data(), n / 2, &acc, nullptr);
+    sumSquaresAccumulate(a.data() + n / 2, n - n / 2, &acc, &accFloat);
+    EXPECT_EQ(acc, 2.0 + sumSquares(a.data(), n / 2) + sumSquares(a.data() + n / 2, n - n / 2));
+    EXPECT_EQ(accFloat, float(acc));
     EXPECT_TRUE(allFinite(a.data(), n));
     auto bad = a;
     bad[n - 1] = std::numeric_limits<float>::infinity();

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "engine/model/moe_routing.h"
+#include "kernels/cpu/ops.h"
 
 namespace ts::engine {
 namespace {
@@ -269,6 +270,7 @@ TEST(MoeRouting, ProbsBackwardMatchesFiniteDifferences) {
         modes.push_back({n, o});
     };
     add("softmax", [](MoeRouteOptions&) {});
+    add("softmax_scaled", [](MoeRouteOptions& o) { o.scale = 1.3; });
     add("pre_softmax_scaled", [](MoeRouteOptions& o) { o.preSoftmax = true; o.scale = 1.7; });
     add("sigmoid_bias_scaled", [&](MoeRouteOptions& o) { o.score = MoeScore::Sigmoid; o.expertBias = bias.data(); o.scale = 2.0; });
     add("sqrtsoftplus_groups", [](MoeRouteOptions& o) { o.score = MoeScore::SqrtSoftplus; o.numGroups = 3; o.groupTopk = 2; });
@@ -278,8 +280,23 @@ TEST(MoeRouting, ProbsBackwardMatchesFiniteDifferences) {
     for (const Mode& m : modes) {
         const int k = m.o.K;
         const MoeRouting base = moeRoute(logits.data(), m.o);
-        std::vector<double> dl(size_t(T) * E, 0.0);
-        moeProbsBackward(logits.data(), base.topi.data(), m.o, w.data(), dl.data());
+        // The engine's path: the host's coefficients, applied by the kernel to the probs' grads.
+        std::vector<float> a(size_t(T) * k), b(a.size()), c(a.size()), full(size_t(T) * E, 0.f);
+        const bool isFull = moeProbsBackwardCoefficients(logits.data(), base.topi.data(), m.o, a.data(), b.data(),
+                                                         c.data(), full.data());
+        // The slots' permuted rows in reverse order; slot 1 of token 1 (k > 1) dropped: its row's
+        // grad is not read, and it weighs nothing in the finite differences.
+        std::vector<float> dprob(a.size()), dl(size_t(T) * E, 0.f);
+        std::vector<int32_t> rowOf(a.size()), sel(base.topi.begin(), base.topi.end());
+        std::vector<double> wk(w.begin(), w.begin() + std::ptrdiff_t(a.size()));
+        const size_t n = a.size(), dropped = k > 1 ? size_t(k) + 1 : n;
+        for (size_t j = 0; j < n; ++j) {
+            rowOf[j] = j == dropped ? -1 : int32_t(n - 1 - j);
+            dprob[n - 1 - j] = j == dropped ? 123.f : float(w[j]);
+            if (j == dropped) wk[j] = 0;
+        }
+        kernels::cpu::moeRouterProbsBackward(dprob.data(), rowOf.data(), sel.data(), a.data(), b.data(), c.data(),
+                                             isFull ? full.data() : nullptr, dl.data(), T, k, E);
         for (size_t i = 0; i < logits.size(); ++i) {
             double f[2];
             for (int sg = 0; sg < 2; ++sg) {
@@ -288,7 +305,7 @@ TEST(MoeRouting, ProbsBackwardMatchesFiniteDifferences) {
                 const MoeRouting r = moeRoute(l.data(), m.o);
                 ASSERT_EQ(r.topi, base.topi) << m.name << ": the choice flipped";
                 f[sg] = 0;
-                for (int j = 0; j < T * k; ++j) f[sg] += w[size_t(j)] * r.topp[size_t(j)];
+                for (int j = 0; j < T * k; ++j) f[sg] += wk[size_t(j)] * r.topp[size_t(j)];
             }
             const double h = double(logits[i] + 1e-3f) - double(logits[i] - 1e-3f);  // the float step taken
             const double numeric = (f[0] - f[1]) / h;

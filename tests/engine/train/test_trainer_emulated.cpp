@@ -12,10 +12,12 @@
 #include <cstdlib>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/emulated_backend.h"
 #include "engine/backend/kernels.h"
 #include "engine/model/gpt.h"
 #include "engine/model/param_buffer.h"
@@ -152,6 +154,48 @@ TEST(EmulatedDeviceTrainer, Bf16WorkingWeightsLiveOnlyWhileTheirPartRuns) {
         EXPECT_GE(dev.memoryStats().peak[ws] - before, 4 * largestPart) << where;
         EXPECT_EQ(dev.memoryStats().current[ws], before) << where << ": a working copy outlived its part";
         EXPECT_DEATH((void)m.params().modelParam(0), "read outside the part of the model that unpacked it") << where;
+    }
+}
+
+// On a GPU the host queues a step's kernels ahead of the device; an op whose host code reads
+// device memory back (a download, a value-returning kernel) stops that until the stream drains.
+// Within a microbatch only the MoE router's top-k may (Megatron's dispatcher too waits for its
+// data-dependent sizes there); the rest wait once per step at most, where Megatron does as well:
+// the grad norm (and the finite check), FP8 delayed scaling's amax history, the expert bias.
+TEST(EmulatedDeviceTrainer, OnlyTheRouterWaitsForTheDeviceWithinAMicrobatch) {
+    for (const auto& [name, edit] : ts::testing::trainerVariants()) {
+        Config c = tinyConfig();
+        edit(c);
+        c.train_iters = 2;
+        c.num_microbatches = 3;
+        TrainerOptions o;
+        o.emulateDevice = true;
+        auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
+        ASSERT_TRUE(t.isOk()) << name << ": " << t.status().toString();
+        const Status st = (*t)->train(-1, {});
+        ASSERT_TRUE(st.isOk()) << name << ": " << st.toString();
+        const bool moe = c.num_moe_experts > 0;
+        const int64_t steps = c.train_iters, routings = steps * c.num_microbatches * c.num_layers *
+                                                        (c.recompute_granularity == "full" ? 2 : 1);
+        const std::map<std::string, int64_t> perStep = {{"optimizer.grad_norm", steps},
+                                                        {"fp8_scale_update", steps},
+                                                        {"fp8_expert_scale_update", steps},
+                                                        {"moe.expert_bias_update", steps},
+                                                        {"loss_reduce", steps}};
+        const auto waits = emulatedHostWaits((*t)->model().exec().device());
+        EXPECT_EQ(waits.count("optimizer.grad_norm"), 1u) << name << ": the grad norm is read on the host";
+        for (const auto& [op, n] : waits) {
+            if (op == "router.topk_permute" && moe) {
+                EXPECT_EQ(n, routings) << name << ": the router waits once per layer's forward";
+                continue;
+            }
+            auto it = perStep.find(op);
+            if (it == perStep.end()) {
+                ADD_FAILURE() << name << ": op " << op << " waited for the device " << n << " times";
+                continue;
+            }
+            EXPECT_EQ(n, it->second) << name << ": op " << op << " should wait once per step";
+        }
     }
 }
 

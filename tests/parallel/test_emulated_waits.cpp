@@ -1,0 +1,190 @@
+// Where the host waits for the device in a parallel step (emulatedHostWaits, emulated_backend.h).
+// On a GPU each rank's host thread queues its step's kernels ahead of the device; an op whose host
+// code reads device memory back stops that until the stream drains. Per step, one wait each for
+// the gradient norm before clipping, the losses' read-back (last stage), FP8 delayed scaling's
+// amax history, the MoE expert bias and quantile balancing's beta (at the step's end). Within a microbatch only the MoE
+// router (the logits for the host's routing, the dispatcher's counts, quantile balancing's
+// quantiles): Megatron's token dispatcher waits there too for its data-dependent sizes. Everything
+// else waits for nothing: FP8 in every recipe, context parallel in every cp_comm_type, recompute.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/backend/emulated_backend.h"
+#include "engine/parallel/parallel_trainer.h"
+#include "parallel_test_util.h"
+
+namespace ts::engine {
+namespace {
+
+using namespace ts::test;
+
+struct Case {
+    const char* name;
+    Config c;
+};
+
+Config moeModel() {
+    Config c = tinyConfig(2);
+    c.num_moe_experts = 4;
+    c.moe_router_topk = 2;
+    c.add_bias_linear = false;
+    c.moe_aux_loss_coeff = 1e-2;
+    return c;
+}
+
+std::vector<Case> cases() {
+    std::vector<Case> v;
+    v.push_back({"tp2 sp", spConfig(tinyConfig(2), SpLayout{2, 1, 1, 1, 3})});
+    v.push_back({"pp2", withLayout(tinyConfig(), Layout{1, 2, 1, 1, 3})});
+    {
+        Config c = withLayout(tinyConfig(), Layout{1, 2, 2, 1, 4});
+        c.overlap_p2p_comm = true;
+        v.push_back({"pp2 vpp2", c});
+    }
+    {
+        Config c = withLayout(tinyConfig(), Layout{1, 1, 1, 2, 3});
+        c.use_distributed_optimizer = true;
+        c.overlap_grad_reduce = true;
+        c.overlap_param_gather = true;
+        v.push_back({"dp2 distributed optimizer, overlapped", c});
+    }
+    for (const char* comm : {"p2p", "a2a"}) {
+        Config c = withLayout(tinyConfig(), Layout{1, 1, 1, 1, 3});
+        c.context_parallel_size = 2;
+        c.cp_comm_type = comm;
+        v.push_back({comm[0] == 'p' ? "cp2 p2p" : "cp2 a2a", c});
+    }
+    {
+        Config c = spConfig(tinyConfig(2), SpLayout{2, 1, 1, 1, 3});
+        c.bf16 = true;
+        c.fp8 = "hybrid";
+        v.push_back({"tp2 fp8 delayed scaling", c});
+    }
+    {
+        Config c = spConfig(tinyConfig(2), SpLayout{2, 1, 1, 1, 3});
+        c.bf16 = true;
+        c.tp_comm_overlap = true;
+        v.push_back({"tp2 bf16 tp_comm_overlap", c});
+    }
+    v.push_back({"ep2 alltoall", moeLayoutConfig(moeModel(), ExpertLayout{1, 1, 2, 2})});
+    {
+        ExpertLayout L{1, 1, 2, 2};
+        L.dispatcher = "allgather";
+        v.push_back({"ep2 allgather", moeLayoutConfig(moeModel(), L)});
+    }
+    v.push_back({"tp2 sp, expert tp2", moeLayoutConfig(moeModel(), ExpertLayout{2, 2, 1, 1})});
+    const auto fp8 = [&](const char* name, const char* format, const char* recipe, Config c) {
+        c.bf16 = true;
+        c.fp8 = format;
+        if (recipe) c.fp8_recipe = recipe;
+        v.push_back({name, c});
+    };
+    fp8("tp2 fp8 tensorwise", "e4m3", "tensorwise", spConfig(tinyConfig(2), SpLayout{2, 1, 1, 1, 3}));
+    Config wide = tinyConfig(2);
+    wide.hidden_size = 128;  // the block recipes' blocks of 32 and 128 along the reduction dims
+    fp8("tp2 mxfp8", "e4m3", "mxfp8", spConfig(wide, SpLayout{2, 1, 1, 1, 3}));
+    fp8("dp2 blockwise", "e4m3", "blockwise", withLayout(wide, Layout{1, 1, 1, 2, 3}));
+    {
+        Config c = withLayout(tinyConfig(), Layout{1, 1, 1, 1, 3});
+        c.context_parallel_size = 2;
+        fp8("cp2 fp8 delayed scaling", "hybrid", nullptr, c);
+    }
+    fp8("ep2 fp8 tensorwise", "e4m3", "tensorwise", moeLayoutConfig(moeModel(), ExpertLayout{1, 1, 2, 2}));
+    fp8("ep2 fp8 delayed scaling", "hybrid", nullptr, moeLayoutConfig(moeModel(), ExpertLayout{1, 1, 2, 2}));
+    {
+        Config c = moeModel();
+        c.moe_router_score_function = "sigmoid";
+        c.moe_router_enable_expert_bias = true;
+        c.moe_aux_loss_coeff = 0;
+        v.push_back({"ep2 expert bias", moeLayoutConfig(c, ExpertLayout{1, 1, 2, 2})});
+    }
+    {
+        Config c = moeModel();
+        c.moe_router_load_balancing_type = "quantile_balancing";
+        c.moe_aux_loss_coeff = 0;
+        v.push_back({"ep2 quantile balancing", moeLayoutConfig(c, ExpertLayout{1, 1, 2, 2})});
+    }
+    {
+        Config c = moeModel();
+        c.moe_router_load_balancing_type = "global_aux_loss";
+        v.push_back({"dp2 global_aux_loss", moeLayoutConfig(c, ExpertLayout{1, 1, 1, 2})});
+    }
+    {
+        Config c = moeModel();
+        c.moe_shared_expert_intermediate_size = 32;
+        c.moe_shared_expert_overlap = true;
+        v.push_back({"ep2 shared experts, overlapped", moeLayoutConfig(c, ExpertLayout{1, 1, 2, 2})});
+    }
+    {
+        Config c = withLayout(tinyConfig(), Layout{1, 2, 1, 2, 3});
+        c.recompute_granularity = "full";
+        c.recompute_method = "uniform";
+        c.recompute_num_layers = 1;
+        c.hidden_dropout = 0.1;
+        v.push_back({"pp2 dp2 full recompute, dropout", c});
+    }
+    {
+        Config c = withLayout(tinyConfig(), Layout{1, 1, 1, 1, 3});
+        c.context_parallel_size = 2;
+        c.cp_comm_type = "all_gather";
+        v.push_back({"cp2 all_gather", c});
+    }
+    {
+        Config c = withLayout(tinyConfig(), Layout{1, 1, 1, 1, 3});
+        c.context_parallel_size = 4;
+        c.cp_comm_type = "a2a+p2p";
+        c.hierarchical_context_parallel_sizes = {2, 2};
+        v.push_back({"cp4 a2a+p2p", c});
+    }
+    return v;
+}
+
+TEST(EmulatedDeviceWaits, OnlyTheRouterWaitsWithinAMicrobatch) {
+    const int steps = 2;
+    for (const Case& k : cases()) {
+        ParallelTrainerOptions o;
+        o.emulateDevice = true;
+        o.hostSyncCollectives = false;  // the GPU's asynchronous collectives, whatever the environment
+        auto t = ParallelTrainer::create(k.c, nullptr, o);
+        ASSERT_TRUE(t.isOk()) << k.name << ": " << t.status().toString();
+        for (int s = 0; s < steps; ++s) {
+            StepProgress p;
+            ASSERT_TRUE((*t)->step(&p).isOk()) << k.name;
+        }
+        const bool moe = k.c.num_moe_experts > 0;
+        // Each rank's microbatches, times its layers, times their forwards: an upper bound of the
+        // router's waits of each kind.
+        const int64_t routings = int64_t(steps) * k.c.num_microbatches * k.c.num_layers;
+        const std::set<std::string> perStep = {"optimizer.clip",         "loss_reduce",
+                                               "fp8_scale_update",       "fp8_expert_scale_update",
+                                               "moe.expert_bias_update", "moe.qb_beta_update"};
+        const std::set<std::string> router = {"router.topk_permute", "copy_to_host", "moe.router_stats",
+                                              "router.qb_dual_update"};
+        for (const auto& [rank, dev] : (*t)->localDevices()) {
+            const auto waits = emulatedHostWaits(const_cast<Device&>(*dev));
+            EXPECT_EQ(waits.count("optimizer.clip"), 1u) << k.name << ", rank " << rank << ": the norm is read once";
+            const bool lastStage = (*t)->layout().coordsOf(rank).pp == k.c.pipeline_model_parallel_size - 1;
+            EXPECT_EQ(waits.count("loss_reduce"), lastStage ? 1u : 0u)
+                << k.name << ", rank " << rank << ": the last stage reads its losses back";
+            for (const auto& [op, n] : waits) {
+                if (perStep.count(op)) {
+                    EXPECT_EQ(n, steps) << k.name << ", rank " << rank << ": " << op << " should wait once per step";
+                } else if (moe && router.count(op)) {
+                    EXPECT_GE(n, 1) << k.name;
+                    EXPECT_LE(n, routings) << k.name << ", rank " << rank << ": " << op;
+                } else {
+                    ADD_FAILURE() << k.name << ", rank " << rank << ": op " << op << " waited for the device " << n
+                                  << " times";
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace ts::engine

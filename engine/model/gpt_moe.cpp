@@ -1100,7 +1100,10 @@ Status GptModel::moeDispatchPlan(MoeSaved& s) {
     expertGroup()->allGather(m_exec.stream(), counts->data(), all->data(), size_t(E), DType::F32);
     keepUntilPassed(m_exec.stream(), {counts, all});
     // The splits of the all-to-all are data-dependent: wait for them (Megatron's D2H sync).
-    TS_ASSIGN_OR_RETURN(const std::vector<float> allHost, k::toHost(m_exec.stream(), fp(all), int64_t(E) * n));
+    std::vector<float> allHost(size_t(E) * size_t(n));
+    TS_RETURN_IF_ERROR(k::runOp(m_exec.stream(), "moe.dispatch_counts", [&] {
+        k::download(allHost.data(), fp(all), allHost.size() * sizeof(float));
+    }));
     const float* c = allHost.data();
     // copies that rank (etp t, ep i) routed to expert e
     auto cnt = [&](int t, int i, int e) { return int(c[size_t(t + etp * i) * E + size_t(e)]); };
@@ -1260,7 +1263,10 @@ Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
     group->allGather(m_exec.stream(), x->data(), xg->data(), size_t(T) * h, DType::F32);
     keepUntilPassed(m_exec.stream(), {x, xg});
     // The rows depend on the routing: wait for it (as Megatron's dispatcher syncs for its sizes).
-    TS_ASSIGN_OR_RETURN(const std::vector<float> allHost, k::toHost(m_exec.stream(), fp(routeAll), 2 * TE * n));
+    std::vector<float> allHost(size_t(2 * TE) * size_t(n));
+    TS_RETURN_IF_ERROR(k::runOp(m_exec.stream(), "moe.allgather_routing", [&] {
+        k::download(allHost.data(), fp(routeAll), allHost.size() * sizeof(float));
+    }));
     const float* all = allHost.data();  // [etp-ep rank][map, probs][T][E]
     s.eoff.assign(size_t(L) + 1, 0);
     s.agToken.clear();

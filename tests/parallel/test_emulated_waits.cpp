@@ -163,7 +163,8 @@ TEST(EmulatedDeviceWaits, OnlyTheRouterWaitsWithinAMicrobatch) {
         const std::set<std::string> perStep = {"optimizer.clip",         "loss_reduce",
                                                "fp8_scale_update",       "fp8_expert_scale_update",
                                                "moe.expert_bias_update", "moe.qb_beta_update"};
-        const std::set<std::string> router = {"router.topk_permute", "copy_to_host", "moe.router_stats",
+        const std::set<std::string> router = {"router.topk_permute", "moe.dispatch_counts",
+                                              "moe.allgather_routing", "moe.router_stats",
                                               "router.qb_dual_update"};
         for (const auto& [rank, dev] : (*t)->localDevices()) {
             const auto waits = emulatedHostWaits(const_cast<Device&>(*dev));

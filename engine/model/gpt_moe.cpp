@@ -787,8 +787,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     // The probs' backward as coefficients per token (moeProbsBackwardCoefficients), for the kernel
     // that applies them to the probs' grads where they are: [T*K] a, b, c, and the softmax over all
     // E when the probs are one; int32 [T*K] the slots' permuted rows and experts.
-    const bool fullProbs = (s->ro.sinkhorn && K > 1) ||
-                           (!s->ro.sinkhorn && s->ro.score == MoeScore::Softmax && s->ro.preSoftmax);
+    const bool fullProbs = moeProbsAreFullSoftmax(s->ro);
     const int64_t TK = int64_t(T) * K;
     TS_ASSIGN_OR_RETURN(TensorPtr coef, allocUninitialized(m_exec, 5 * TK + (fullProbs ? int64_t(T) * E : 0),
                                                            MemCategory::Workspace));
@@ -856,10 +855,11 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         const std::vector<float> dl(dld.begin(), dld.end());
         k::copyBytes(dlDev->data(), dl.data(), dl.size() * sizeof(float));
         k::copyBytes(coef->data(), host.data(), host.size() * sizeof(float));
-        const float* cA = fp(coef);
-        const int32_t* cRow = reinterpret_cast<const int32_t*>(cA + 3 * TK);
-        k::moeRouterProbsBackward(fp(dprob), cRow, cRow + TK, cA, cA + TK, cA + 2 * TK,
-                                  fullProbs ? reinterpret_cast<const float*>(cRow + 2 * TK) : nullptr, fp(dlDev), T, K,
+        // Each array where its upload lies: the same offset into coef as into host.
+        const auto dev = [&](auto* p) {
+            return p ? reinterpret_cast<decltype(p)>(fp(coef) + (reinterpret_cast<float*>(p) - host.data())) : p;
+        };
+        k::moeRouterProbsBackward(fp(dprob), dev(rowOf), dev(sel), dev(a), dev(b), dev(c), dev(full), fp(dlDev), T, K,
                                   E);
         // dx += dl W_r ; dW_r += dl^T x ; db_r += sum_t dl
         k::linearBackward(fp(dlDev), fp(x), Wr, fp(dx), Gr, GrB, T, h, E);

@@ -295,11 +295,15 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     return r;
 }
 
-bool moeProbsBackwardCoefficients(const float* L, const int* topi, const MoeRouteOptions& o, float* a, float* b,
+bool moeProbsAreFullSoftmax(const MoeRouteOptions& o) {
+    return (o.sinkhorn && o.K > 1) || (!o.sinkhorn && o.score == MoeScore::Softmax && o.preSoftmax);
+}
+
+void moeProbsBackwardCoefficients(const float* L, const int* topi, const MoeRouteOptions& o, float* a, float* b,
                                   float* c, float* full) {
     const int T = o.T, E = o.E, K = o.K;
     const double scale = !o.sinkhorn && o.scale != 0 ? o.scale : 1.0;
-    const bool fullSoftmax = (o.sinkhorn && K > 1) || (!o.sinkhorn && o.score == MoeScore::Softmax && o.preSoftmax);
+    const bool fullSoftmax = moeProbsAreFullSoftmax(o);
     std::vector<double> p(static_cast<size_t>(std::max(E, K)));
     std::vector<float> chosen(static_cast<size_t>(K));
     for (int t = 0; t < T; ++t) {
@@ -345,7 +349,6 @@ bool moeProbsBackwardCoefficients(const float* L, const int* topi, const MoeRout
             }
         }
     }
-    return fullSoftmax;
 }
 
 }  // namespace ts::engine

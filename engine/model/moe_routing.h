@@ -101,12 +101,15 @@ void moeQbBetaUpdate(float* beta, const float* mean, int n, double ema);
 // (d topp / d logits)^T dprob, as the per-token coefficients the kernel moeRouterProbsBackward
 // applies to the probs' grads where they are (on a device, without reading them back):
 // a, b, c [T*K] (token-major as MoeRouting's topi, the scaling factor included) and, when the
-// probs are a softmax over all E experts (pre-softmax; sinkhorn with k > 1), full [T*E] = that
-// softmax, and the result is true; else full is not written. In the kernel's terms, with g the
+// probs are a softmax over all E experts (moeProbsAreFullSoftmax), full [T*E] = that softmax;
+// else full is not written. In the kernel's terms, with g the
 // probs' grads of a token's slots and dot = sum_j b_j g_j:
 //   dl_e -= full_e dot (every e), dl_sel_j += a_j g_j - c_j dot.
-bool moeProbsBackwardCoefficients(const float* logits, const int* topi, const MoeRouteOptions& o, float* a,
+void moeProbsBackwardCoefficients(const float* logits, const int* topi, const MoeRouteOptions& o, float* a,
                                   float* b, float* c, float* full);
+// Whether the probs are a softmax over all E experts (pre-softmax; sinkhorn with k > 1): then
+// moeProbsBackwardCoefficients writes `full`.
+bool moeProbsAreFullSoftmax(const MoeRouteOptions& o);
 
 // The aux loss's scores of one token (p [E]) and the backward of w . p: dl[e] += sum_i w_i dp_i/dl_e.
 void moeAuxScores(const float* l, int E, MoeScore score, double* p);

@@ -73,14 +73,13 @@ void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refres
     // Shared with the ops: pieces and chunk pointers are immutable after create().
     const std::vector<Piece>* pieces = &m_pieces;
     const std::vector<OptimizerChunk>* chunks = &m_chunks;
-    void* normBytes = m_normBuf->data();
     double* localSq = m_normBuf->as<double>();
     float* normBuf = reinterpret_cast<float*>(localSq + 1);
     const bool reduce = m_normComm && m_normComm->size() > 1;
     // Summed piece by piece (in double, in order) where the grads are; read back once, by the clip.
     exec.op("optimizer.grad_norm_local", trace::Category::Optimizer, 2.0 * double(m_ownedNumel),
             uint64_t(m_ownedNumel) * 4, [=] {
-                k::setBytes(normBytes, 0, sizeof(double) + sizeof(float));
+                k::setBytes(localSq, 0, sizeof(double) + sizeof(float));
                 for (const Piece& p : *pieces)
                     if (p.inNorm)
                         k::sumSquaresAccumulate((*chunks)[size_t(p.chunk)].params->mainGrads() + p.begin,

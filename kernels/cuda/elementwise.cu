@@ -99,7 +99,7 @@ __global__ void fillIntKernel(int* p, int value) { *p = value; }
 
 // *acc += *v; *accAsFloat = float(*acc) when set.
 __global__ void sumSquaresTotalReduceKernel(const double* __restrict__ v, double* __restrict__ acc,
-                                       float* __restrict__ accAsFloat) {
+                                            float* __restrict__ accAsFloat) {
     const double a = __dadd_rn(*acc, *v);
     *acc = a;
     if (accAsFloat) *accAsFloat = static_cast<float>(a);

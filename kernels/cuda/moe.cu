@@ -147,10 +147,10 @@ __device__ double routerSlotGrad(const float* dprob, int32_t row) {
     return row < 0 ? 0.0 : static_cast<double>(dprob[row]);
 }
 __global__ void moeRouterProbsGradReduceKernel(const float* __restrict__ dprob, const int32_t* __restrict__ rowOf,
-                                             const int32_t* __restrict__ sel, const float* __restrict__ a,
-                                             const float* __restrict__ b, const float* __restrict__ c,
-                                             const float* __restrict__ full, float* __restrict__ dl, int T, int K,
-                                             int E) {
+                                               const int32_t* __restrict__ sel, const float* __restrict__ a,
+                                               const float* __restrict__ b, const float* __restrict__ c,
+                                               const float* __restrict__ full, float* __restrict__ dl, int T, int K,
+                                               int E) {
     for (int64_t t = globalThread(); t < T; t += gridThreads()) {
         const int64_t tk = t * K;
         double dot = 0;

@@ -213,8 +213,8 @@ __global__ void qkvRotaryKernel(float* __restrict__ qkv, float* __restrict__ q, 
 // The tables of (this GPU, s, d, theta, posOffset), made the first time on a stream of their own
 // and waited for there (not on the caller's stream, whose queued work the host would wait for
 // too), so that every stream may read them afterwards; kept for the process. No lock is held while
-// they are made, so ranks sharing the GPU never wait for each other here. Null tables (the kernels then compute the angles) past
-// kMaxRopeTables, or where the allocation fails.
+// they are made, so ranks sharing the GPU never wait for each other here. Null tables (the kernels
+// then compute the angles) past kMaxRopeTables, or where the allocation fails.
 constexpr size_t kMaxRopeTables = 64;
 struct RopeTables {
     const float* cosT = nullptr;

@@ -2,10 +2,11 @@
 // On a GPU each rank's host thread queues its step's kernels ahead of the device; an op whose host
 // code reads device memory back stops that until the stream drains. Per step, one wait each for
 // the gradient norm before clipping, the losses' read-back (last stage), FP8 delayed scaling's
-// amax history, the MoE expert bias and quantile balancing's beta (at the step's end). Within a microbatch only the MoE
-// router (the logits for the host's routing, the dispatcher's counts, quantile balancing's
-// quantiles): Megatron's token dispatcher waits there too for its data-dependent sizes. Everything
-// else waits for nothing: FP8 in every recipe, context parallel in every cp_comm_type, recompute.
+// amax history, the MoE expert bias and quantile balancing's beta (at the step's end). Within a
+// microbatch only the MoE router (the logits for the host's routing, the dispatcher's counts,
+// quantile balancing's quantiles): Megatron's token dispatcher waits there too for its
+// data-dependent sizes. Everything else waits for nothing: FP8 in every recipe, context parallel
+// in every cp_comm_type, recompute.
 #include <gtest/gtest.h>
 
 #include <map>

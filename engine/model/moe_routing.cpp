@@ -145,21 +145,6 @@ void moeAuxScores(const float* l, int E, MoeScore score, double* p) {
     for (int e = 0; e < E; ++e) p[e] /= sum + 1e-20;
 }
 
-void moeAuxScoresBackward(const float* l, int E, MoeScore score, const double* w, double* dl) {
-    std::vector<double> p(static_cast<size_t>(E));
-    moeAuxScores(l, E, score, p.data());
-    double dot = 0;
-    for (int e = 0; e < E; ++e) dot += w[e] * p[size_t(e)];
-    if (score == MoeScore::Softmax) {
-        for (int e = 0; e < E; ++e) dl[e] += p[size_t(e)] * (w[e] - dot);
-        return;
-    }
-    // p_i = s_i / (S + 1e-20): d(w.p)/ds_e = (w_e - w.p) / (S + 1e-20), then ds_e/dl_e.
-    double S = 0;
-    for (int e = 0; e < E; ++e) S += scoreOf(score, l[e]);
-    for (int e = 0; e < E; ++e) dl[e] += (w[e] - dot) / (S + 1e-20) * scoreGrad(score, l[e]);
-}
-
 MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     const int T = o.T, E = o.E, K = o.K, G = std::max(1, o.groups), mbB = std::max(1, o.microBatch);
     MoeRouting r;

@@ -11,10 +11,13 @@
 
 #include <vector>
 
+#include "kernels/cpu/ops.h"
+
 namespace ts::engine {
 
-// moe_router_score_function (moe_utils.py::topk_routing_with_score_function).
-enum class MoeScore { Softmax, Sigmoid, SqrtSoftplus };
+// moe_router_score_function (moe_utils.py::topk_routing_with_score_function); the kernels' enum,
+// as moeRouterAuxBackward takes it.
+using MoeScore = kernels::cpu::MoeScore;
 
 struct MoeRouteOptions {
     int T = 0, E = 0, K = 1;  // tokens, experts, top-k
@@ -111,8 +114,7 @@ void moeProbsBackwardCoefficients(const float* logits, const int* topi, const Mo
 // moeProbsBackwardCoefficients writes `full`.
 bool moeProbsAreFullSoftmax(const MoeRouteOptions& o);
 
-// The aux loss's scores of one token (p [E]) and the backward of w . p: dl[e] += sum_i w_i dp_i/dl_e.
+// The aux loss's scores of one token (p [E]); their backward is the kernel moeRouterAuxBackward.
 void moeAuxScores(const float* l, int E, MoeScore score, double* p);
-void moeAuxScoresBackward(const float* l, int E, MoeScore score, const double* w, double* dl);
 
 }  // namespace ts::engine

@@ -72,6 +72,9 @@
 // with bias_dropout_fusion) is refused by modelDimsFromConfig.
 #include "engine/model/gpt.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "engine/model/gpt_internal.h"
 #include "engine/model/moe_routing.h"
 
@@ -267,6 +270,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     ro.numGroups = m_cfg.moe_router_num_groups;
     ro.groupTopk = m_cfg.moe_router_group_topk;
     ro.sinkhorn = lb == "sinkhorn";
+    // On a device the stream idles while the host routes: half the host's cores (at most 8) share
+    // the tokens. The CPU backend's own threads are busy with the kernels.
+    if (k::streamOnDevice(m_exec.stream()))
+        ro.threads = std::clamp(int(std::thread::hardware_concurrency()) / 2, 1, 8);
     s->ro = ro;
     const bool qb = lb == "quantile_balancing";
     if (qb) TS_RETURN_IF_ERROR(moeQbForward(*s, li));

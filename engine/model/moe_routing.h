@@ -52,6 +52,9 @@ struct MoeRouteOptions {
     // Aux-loss groups: token t belongs to group (t % microBatch) % groups (seq_aux_loss: one per
     // sequence of the microbatch, groups == microBatch; aux_loss: groups == 1).
     int microBatch = 1, groups = 1;
+    // Host threads that route the tokens (chunks of 256 tokens each; the result is the same for
+    // any number): on a GPU the device idles while the host routes.
+    int threads = 1;
 };
 
 struct MoeRouting {

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
 #include <random>
 
 #include "engine/model/moe_routing.h"
@@ -312,6 +314,70 @@ TEST(MoeRouting, ProbsBackwardMatchesFiniteDifferences) {
             const double numeric = (f[0] - f[1]) / h;
             EXPECT_NEAR(dl[i], numeric, 2e-3 * std::fabs(numeric) + 2e-4) << m.name << " logit " << i;
         }
+    }
+}
+
+// moeRoute's threads share the tokens in chunks whose sums add up in chunk order: the same
+// routing, probs and statistics, bit for bit, for any number of threads, in every mode (more
+// tokens than one chunk, a last chunk cut short).
+TEST(MoeRouting, ThreadsGiveTheSameRouting) {
+    const int T = 1000, E = 16;
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> logits(size_t(T) * E), bias(static_cast<size_t>(E));
+    for (float& v : logits) v = nd(rng);
+    for (float& v : bias) v = 0.1f * nd(rng);
+    std::vector<int> pre(size_t(T) * 2);
+    for (int t = 0; t < T; ++t) {
+        pre[size_t(t) * 2] = t % E;
+        pre[size_t(t) * 2 + 1] = (t + 3) % E;
+    }
+    struct Mode {
+        const char* name;
+        std::function<void(MoeRouteOptions&)> set;
+    };
+    const std::vector<Mode> modes = {
+        {"softmax", [](MoeRouteOptions&) {}},
+        {"pre-softmax, groups", [](MoeRouteOptions& o) { o.preSoftmax = true; o.numGroups = 4; o.groupTopk = 2; }},
+        {"sigmoid, bias, groups, scale",
+         [&](MoeRouteOptions& o) {
+             o.score = MoeScore::Sigmoid;
+             o.expertBias = bias.data();
+             o.numGroups = 4;
+             o.groupTopk = 2;
+             o.scale = 2.5;
+         }},
+        {"sqrtsoftplus, seq groups", [](MoeRouteOptions& o) { o.score = MoeScore::SqrtSoftplus; o.microBatch = o.groups = 4; }},
+        {"sinkhorn", [](MoeRouteOptions& o) { o.sinkhorn = true; }},
+        {"precomputed", [&](MoeRouteOptions& o) { o.precomputed = pre.data(); }},
+        {"capacity by prob, padded", [](MoeRouteOptions& o) { o.cap = 100; o.pad = true; }},
+    };
+    for (const Mode& m : modes) {
+        MoeRouteOptions o;
+        o.T = T;
+        o.E = E;
+        o.K = 2;
+        o.bf16Probs = true;
+        m.set(o);
+        const MoeRouting one = moeRoute(logits.data(), o);
+        for (int threads : {2, 3, 7}) {
+            o.threads = threads;
+            const MoeRouting r = moeRoute(logits.data(), o);
+            const std::string what = std::string(m.name) + ", " + std::to_string(threads) + " threads";
+            EXPECT_EQ(r.topi, one.topi) << what;
+            EXPECT_EQ(r.topp, one.topp) << what;
+            EXPECT_EQ(r.routed, one.routed) << what;
+            EXPECT_EQ(r.groupCounts, one.groupCounts) << what;
+            EXPECT_EQ(r.probSum, one.probSum) << what;
+            EXPECT_EQ(r.zSum, one.zSum) << what;
+            EXPECT_EQ(r.offset, one.offset) << what;
+            EXPECT_EQ(r.tokenOf, one.tokenOf) << what;
+            EXPECT_EQ(r.prob, one.prob) << what;
+            EXPECT_EQ(r.dropped, one.dropped) << what;
+        }
+        double total = 0;
+        for (double v : one.probSum) total += v;
+        EXPECT_NEAR(total, T, 1e-6) << m.name << ": every token's aux scores sum to 1";
     }
 }
 

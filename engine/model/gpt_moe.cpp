@@ -142,8 +142,8 @@ struct GptModel::MoeSaved {
     int dropped = 0;
     std::vector<int> offset;     // [E+1] first permuted row of each expert
     std::vector<float> prob;     // [T*k] the row's routing prob
-    // The router's logits as the host routed them (read back by router.topk_permute; router.bwd
-    // differentiates the probs and the aux and z losses from them on the host).
+    // The router's logits as the host routed them (read back by router.topk_permute, or by
+    // router.qb_dual_update; router.bwd derives the probs' backward coefficients from them).
     std::vector<float> logitsHost;
     // The routing plan where kernels read it, int32, filled by router.topk_permute:
     // [rowsAlloc] the token of each permuted row, [T+1] + [rowsAlloc] the combine's inverse index
@@ -999,11 +999,12 @@ Status GptModel::flushRouterStats() {
     int64_t total = 0;
     for (const auto& st : *pending)
         total += (st->counts ? int64_t(st->G) * st->E : 0) + (st->global ? int64_t(st->E) : 0);
+    const TraceTarget tt = m_exec.device().traceTarget();
+    if (!tt.recorder) return Status::ok();  // the trace went away: nobody to tell, nothing to read
     TensorPtr all;
     if (total > 0) {
         TS_ASSIGN_OR_RETURN(all, m_exec.alloc(total, MemCategory::Workspace));
     }
-    const TraceTarget tt = m_exec.device().traceTarget();
     const AuxTerms terms(m_cfg);
     const double zCoeff = m_cfg.moe_z_loss_coeff;
     m_exec.op("moe.router_stats_read", Category::Other, 0, uint64_t(total) * 4, [=] {
@@ -1019,7 +1020,6 @@ Status GptModel::flushRouterStats() {
                     }
             k::download(host.data(), fp(all), host.size() * sizeof(float));
         }
-        if (!tt.recorder) return;
         int64_t off = 0;
         for (const auto& stp : *pending) {
             const RouterStats& st = *stp;
@@ -1028,6 +1028,8 @@ Status GptModel::flushRouterStats() {
             if (counts) off += int64_t(G) * E;
             const float* global = st.global ? host.data() + off : nullptr;
             if (global) off += E;
+            // A forward whose stats op never ran (its stream failed) has nothing to say.
+            if (st.probSum.size() != size_t(G) * E || st.routed.size() != size_t(E)) continue;
             // per expert over the groups: aux_loss's statistics (and global_aux_loss's probs)
             std::vector<double> probs1(static_cast<size_t>(E), 0.0), counts1(static_cast<size_t>(E), 0.0);
             std::vector<double> countsAll(static_cast<size_t>(G) * E, 0.0), countsGlobal(static_cast<size_t>(E), 0.0);

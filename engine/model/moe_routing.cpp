@@ -2,9 +2,11 @@
 #include "engine/model/moe_routing.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <system_error>
 #include <thread>
 
 #include "kernels/cpu/ops.h"
@@ -203,13 +205,14 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
         double zSum = 0;
     };
     std::vector<ChunkSums> sums(static_cast<size_t>(chunks));
-    const auto routeChunks = [&](int first, int stride) {
+    std::atomic<int> nextChunk{0};  // each thread takes the next chunk not taken
+    const auto routeChunks = [&] {
         std::vector<double> v(static_cast<size_t>(E)), soft(static_cast<size_t>(E)), sc(static_cast<size_t>(E)),
             aux(static_cast<size_t>(E));
         std::vector<float> chosen(static_cast<size_t>(K));
         std::vector<int> sel(static_cast<size_t>(K));
         TopKScratch scratch;
-        for (int ci = first; ci < chunks; ci += stride) {
+        for (int ci = nextChunk++; ci < chunks; ci = nextChunk++) {
             ChunkSums& cs = sums[size_t(ci)];
             cs.routed.assign(size_t(E), 0);
             cs.groupCounts.assign(size_t(G) * E, 0);
@@ -289,15 +292,17 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
             }
         }
     };
-    const int threads = std::max(1, std::min(o.threads, chunks));
-    if (threads == 1) {
-        routeChunks(0, 1);
-    } else {
-        std::vector<std::thread> pool;
-        for (int i = 1; i < threads; ++i) pool.emplace_back(routeChunks, i, threads);
-        routeChunks(0, threads);
-        for (std::thread& th : pool) th.join();
+    // Helpers as the system gives them (the calling thread routes what they do not).
+    std::vector<std::thread> pool;
+    for (int i = 1; i < std::min(o.threads, chunks); ++i) {
+        try {
+            pool.emplace_back(routeChunks);
+        } catch (const std::system_error&) {
+            break;
+        }
     }
+    routeChunks();
+    for (std::thread& th : pool) th.join();
     for (const ChunkSums& cs : sums) {
         for (int e = 0; e < E; ++e) r.routed[size_t(e)] += cs.routed[size_t(e)];
         for (size_t i = 0; i < cs.probSum.size(); ++i) {

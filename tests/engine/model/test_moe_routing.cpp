@@ -384,10 +384,12 @@ TEST(MoeRouting, ThreadsGiveTheSameRouting) {
 // The kernel that gives the router's logits the aux and z losses' gradient (moeRouterAuxBackward)
 // against finite differences of the loss it differentiates, sum_t w_g(t) . p(l_t) +
 // zScale/2 lse(l_t)^2, with the weights built here from the counts: two groups of tokens
-// (seq_aux_loss's sequences, token t in group t % microBatch), each aux term on its own and all
+// (seq_aux_loss's groups, token t in group (t % microBatch) % G), each aux term on its own and all
 // three with the z-loss, for every score function.
 TEST(MoeRouting, AuxBackwardKernelMatchesFiniteDifferences) {
-    const int T = 6, E = 5, G = 2, mbB = 2;
+    // Three sequences in two groups (the engine uses one group or one per sequence; these differ,
+    // so that a mix-up of the two shows).
+    const int T = 6, E = 5, G = 2, mbB = 3;
     std::mt19937 rng(5);
     std::uniform_real_distribution<float> u(-2.f, 2.f);
     std::vector<float> logits(size_t(T) * E), counts(size_t(G) * E), global(static_cast<size_t>(E));

@@ -12,12 +12,13 @@
 #include "kernels/cpu/ops.h"
 
 namespace ts::engine {
-void moeSoftmax(const float* v, int n, double* out) {
+double moeSoftmax(const float* v, int n, double* out) {
     double mx = v[0];
     for (int i = 1; i < n; ++i) mx = std::max(mx, double(v[i]));
     double s = 0;
     for (int i = 0; i < n; ++i) s += (out[i] = std::exp(double(v[i]) - mx));
     for (int i = 0; i < n; ++i) out[i] /= s;
+    return mx + std::log(s);
 }
 
 namespace {
@@ -221,13 +222,7 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
                 const float* l = L + size_t(t) * E;
                 const size_t g = size_t(t % mbB % G);
                 double* p = r.topp.data() + size_t(t) * K;
-                // moeSoftmax's arithmetic, in its order (the same bits).
-                double mx = l[0];
-                for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
-                double se = 0;
-                for (int e = 0; e < E; ++e) se += (soft[size_t(e)] = std::exp(double(l[e]) - mx));
-                for (int e = 0; e < E; ++e) soft[size_t(e)] /= se;
-                const double lse = mx + std::log(se);
+                const double lse = moeSoftmax(l, E, soft.data());
                 double scoreSum = 0;
                 if (scored)
                     for (int e = 0; e < E; ++e) scoreSum += (sc[size_t(e)] = scoreOf(o.score, l[e]));

@@ -78,8 +78,9 @@ struct MoeRouting {
     int rows() const { return offset.empty() ? 0 : offset.back(); }
 };
 
-// Softmax of v[0..n) into out, in double (the router's full and top-k softmaxes).
-void moeSoftmax(const float* v, int n, double* out);
+// Softmax of v[0..n) into out, in double (the router's full and top-k softmaxes); returns the
+// logsumexp of v.
+double moeSoftmax(const float* v, int n, double* out);
 
 // logits: [T, E] row-major.
 MoeRouting moeRoute(const float* logits, const MoeRouteOptions& o);

@@ -41,7 +41,7 @@ const std::vector<std::string>& cudaOpNames() {
         "amaxOf", "fp8QuantizeCurrent", "amaxAccumulate", "fp8QuantizeDequantize", "fp8BlockQuantizeDequantize",
         // MoE
         "gatherRows", "gatherSumRows", "scaleRows", "moeProbGrad", "weightedColumnSum", "sigmoidGateForward",
-        "sigmoidGateBackward", "moeRouterProbsBackward",
+        "sigmoidGateBackward", "moeRouterProbsBackward", "moeRouterAuxBackward",
     };
     return kOps;
 }

@@ -716,4 +716,11 @@ void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int3
     TS_KERN_DISPATCH(moeRouterProbsBackward, dprob, rowOf, sel, a, b, c, full, dl, T, K, E);
 }
 
+void moeRouterAuxBackward(const float* logits, const float* counts, const float* global, float* dl, int T, int E,
+                          int G, int microBatch, kernels::cpu::MoeScore score, double wAux, double wSeq, double wGlobal,
+                          double zScale) {
+    TS_KERN_DISPATCH(moeRouterAuxBackward, logits, counts, global, dl, T, E, G, microBatch, score, wAux, wSeq, wGlobal,
+                     zScale);
+}
+
 }  // namespace ts::engine::kern

@@ -239,5 +239,8 @@ void sigmoidGateBackward(const float* dout, const float* y, const float* x, cons
                          float* dy, float* dx, float* dw, int T, int h);
 void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
                             const float* b, const float* c, const float* full, float* dl, int T, int K, int E);
+void moeRouterAuxBackward(const float* logits, const float* counts, const float* global, float* dl, int T, int E,
+                          int G, int microBatch, kernels::cpu::MoeScore score, double wAux, double wSeq, double wGlobal,
+                          double zScale);
 
 }  // namespace ts::engine::kern

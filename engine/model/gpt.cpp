@@ -6,6 +6,7 @@
 // gpt_ops.cpp holds the norm/linear ops and the TP collectives they share.
 #include "engine/model/gpt.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "engine/model/gpt_internal.h"
@@ -107,7 +108,6 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
         const size_t E = size_t(cfg.num_moe_experts);
         rs.expertBias.assign(E, 0.f);
         rs.localTokens.assign(E, 0.0);
-        rs.globalTokens.assign(E, 0.0);
         if (cfg.moe_router_load_balancing_type == "quantile_balancing") {
             rs.qbBeta.assign(E, 0.f);
             rs.qbAccum.assign(E, 0.f);
@@ -379,6 +379,10 @@ void GptModel::beginStep(int step, int numMicrobatches) {
     m_step = step;
     m_numMicrobatches = std::max(1, numMicrobatches);
     m_backwardsThisStep = 0;
+    // A step that ended before its last backward leaves counters behind: they are its data.
+    const Status stats = flushRouterStats();
+    if (!stats.isOk())
+        std::fprintf(stderr, "trainscope: the MoE router's counters were lost: %s\n", stats.toString().c_str());
     m_exec.setStep(step);
     fp8StepUpdate();
     fp8ExpertStepUpdate();

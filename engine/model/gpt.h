@@ -423,8 +423,10 @@ private:
     struct RouterState {
         std::vector<float> expertBias;     // [E] moe_router_enable_expert_bias (fp32, as Megatron keeps it)
         std::vector<double> localTokens;   // [E] this rank's routed rows this step (the bias update's counts)
-        std::vector<double> globalTokens;  // [E] global_aux_loss: counts summed over tp-dp-cp, this step
-        int gaSteps = 0;                   // microbatches in globalTokens
+        // global_aux_loss: [E] the counts summed over tp-dp-cp and over this step's first gaSteps
+        // microbatches, on the device (the last microbatch's MoeSaved::auxGlobal); enqueue-time state.
+        TensorPtr globalSum;
+        int gaSteps = 0;
         // quantile_balancing: qb_beta [E] (fp32), and this step's sum of the per-microbatch column
         // quantiles with their count (Megatron's qb_beta_accum / qb_beta_count).
         std::vector<float> qbBeta, qbAccum;
@@ -440,6 +442,12 @@ private:
     // (finalize_model_grads' _update_router_expert_bias), the qb_beta update (moeQbStepEnd,
     // _update_router_qb_beta) and the reset of the step's counts (reset_model_temporary_tensors).
     Status moeStepEnd();
+    // The router's counters of the forwards since the last flush (trace only; moeForward records
+    // them): their device counts read back once, at the step's end (moeStepEnd) or at the next
+    // beginStep for a step that ended early.
+    struct RouterStats;
+    std::vector<std::shared_ptr<RouterStats>> m_pendingRouterStats;
+    Status flushRouterStats();
     Status moeQbStepEnd();
     // quantile_balancing in the forward: the router's logits gathered over tp-cp and this
     // microbatch's column quantile added to the step's sum (not again by a full recompute).

@@ -500,7 +500,7 @@ void GptModel::fp8ExpertStepUpdate() {
         // Tensorwise: the last amaxes come back for the counters only (one read-back per step,
         // none without a trace); the host state follows them.
         if (!tt.recorder) return;
-        m_exec.op("fp8_counters", Category::Other, 0, 0, [=] {
+        m_exec.op("fp8_expert_counters", Category::Other, 0, 0, [=] {
             followLastAmaxes(*metas, fp(pack), r);
             counters();
         });

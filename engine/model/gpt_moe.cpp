@@ -72,6 +72,9 @@
 // with bias_dropout_fusion) is refused by modelDimsFromConfig.
 #include "engine/model/gpt.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "engine/model/gpt_internal.h"
 #include "engine/model/moe_routing.h"
 
@@ -124,12 +127,14 @@ struct GptModel::MoeSaved {
     std::vector<int> routed;     // [E] token copies routed to each expert before any dropping
     // The aux loss's groups: the microbatch (aux_loss) or each of its sequences (seq_aux_loss).
     // Context parallel: it counts the routing of the whole group (Megatron sums the counts over
-    // the TP x CP group): countsAll = groupCounts summed over "cp" (= groupCounts without CP).
+    // the TP x CP group): auxCounts = groupCounts summed over "tp" (SP) and "cp".
     int groups = 1;
     std::vector<int> groupCounts;  // [groups][E] the aux loss's routing map's counts (moe_routing.h)
-    // [groups][E]; global_aux_loss: summed over tp-dp-cp and averaged over the step's microbatches so far
-    std::vector<double> countsAll;
-    std::vector<double> countsGlobal;  // [E] global_aux_loss: over tp-dp-cp, averaged over the step's microbatches so far
+    // Where the backward's kernel reads them (moeRouterAuxBackward), set by the pass that applies the
+    // aux losses: [groups][E] groupCounts summed over tp-cp (aux_loss, seq_aux_loss); [E]
+    // global_aux_loss's counts summed over tp-dp-cp and over the step's first gaSteps microbatches.
+    TensorPtr auxCounts, auxGlobal;
+    int gaSteps = 0;
     std::vector<int> qbIndices;        // [T*k] quantile_balancing: the chosen experts
     MoeRouteOptions ro;            // how the router chose (the probs' backward)
     std::vector<double> probSum;   // [groups][E] sum over the group's local tokens of the full softmax
@@ -137,8 +142,8 @@ struct GptModel::MoeSaved {
     int dropped = 0;
     std::vector<int> offset;     // [E+1] first permuted row of each expert
     std::vector<float> prob;     // [T*k] the row's routing prob
-    // The router's logits as the host routed them (read back by router.topk_permute; router.bwd
-    // differentiates the probs and the aux and z losses from them on the host).
+    // The router's logits as the host routed them (read back by router.topk_permute, or by
+    // router.qb_dual_update; router.bwd derives the probs' backward coefficients from them).
     std::vector<float> logitsHost;
     // The routing plan where kernels read it, int32, filled by router.topk_permute:
     // [rowsAlloc] the token of each permuted row, [T+1] + [rowsAlloc] the combine's inverse index
@@ -179,6 +184,20 @@ struct GptModel::MoeSaved {
     // (token, expert) of the group the row computing it (-1: none).
     KernelIds agTok, agStart, agRows, agDp;
     int gl = 0;  // global layer (counter names)
+};
+
+// One MoE forward's counters (trace only) until flushRouterStats reads its counts back: what the
+// host knew when it ran, and the device counts of MoeSaved (not MoeSaved itself: it holds the
+// layer's activations).
+struct GptModel::RouterStats {
+    int gl = 0, T = 0, E = 0, K = 0, G = 1, share = 1, dpSize = 1, gaSteps = 0;
+    bool cap = false;
+    TensorPtr counts, global;  // MoeSaved::auxCounts, auxGlobal (null: not counted)
+    int64_t ts = 0;
+    std::vector<double> probSum;
+    double zSum = 0;
+    std::vector<int> routed;
+    int dropped = 0;
 };
 
 // What of the routed experts' saved state holds bf16 values (GptModel::saveBf16): the permuted
@@ -232,7 +251,6 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     const int mbB = m_d.microBatch, G = terms.seq != 0 ? mbB : 1;
     const int li = int(&P - m_layers.data());
     s->groups = G;
-    const double zCoeff = m_cfg.moe_z_loss_coeff;
     const TraceTarget tt = m_exec.device().traceTarget();
     m_exec.op("router.fwd", Category::Gemm, 2.0 * T * h * E, uint64_t(4) * (uint64_t(T) * (h + E) + uint64_t(E) * h),
               [=] { k::linearForward(fp(x), Wr, Br, fp(s->logits), T, h, E); });
@@ -252,6 +270,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     ro.numGroups = m_cfg.moe_router_num_groups;
     ro.groupTopk = m_cfg.moe_router_group_topk;
     ro.sinkhorn = lb == "sinkhorn";
+    // On a device the stream idles while the host routes: half the host's cores (at most 8) share
+    // the tokens. The CPU backend's own threads are busy with the kernels.
+    if (k::streamOnDevice(m_exec.stream()))
+        ro.threads = std::clamp(int(std::thread::hardware_concurrency()) / 2, 1, 8);
     s->ro = ro;
     const bool qb = lb == "quantile_balancing";
     if (qb) TS_RETURN_IF_ERROR(moeQbForward(*s, li));
@@ -266,8 +288,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     m_exec.op("router.topk_permute", Category::Elementwise, double(T) * E * 4, uint64_t(T) * (E + K * h) * 4, [=] {
         // The routing runs on the host: the logits are read back (on a device a copy and a wait,
         // as Megatron's dispatcher waits for its splits), the plan and the probs go back.
-        s->logitsHost.resize(size_t(T) * E);
-        k::download(s->logitsHost.data(), fp(s->logits), s->logitsHost.size() * sizeof(float));
+        if (!qb) {  // quantile balancing's router.qb_dual_update read them back already
+            s->logitsHost.resize(size_t(T) * E);
+            k::download(s->logitsHost.data(), fp(s->logits), s->logitsHost.size() * sizeof(float));
+        }
         MoeRouteOptions o = ro;
         if (bias) o.expertBias = (*router)[size_t(li)].expertBias.data();
         if (qb) o.precomputed = s->qbIndices.data();
@@ -307,32 +331,34 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         s->prob = std::move(r.prob);
         if (ep == 1 && etp == 1) s->eoff = s->offset;
     });
-    // Counts over the TP (sequence parallel: each rank routes its s/t rows) and CP groups, then
-    // the router's counters: aux and z of this rank's share of the microbatch x tp x cp (so that
-    // their mean over those ranks is the microbatch's losses).
-    // global_aux_loss: the counts summed over "tp-dp-cp" instead (get_tokens_per_expert_and_token_count's
-    // reduce_group), then accumulated over the step's microbatches.
+    // The aux losses' counts, where the backward's kernel (moeRouterAuxBackward) reads them: over
+    // the TP (sequence parallel: each rank routes its s/t rows) and CP groups; global_aux_loss:
+    // summed over "tp-dp-cp" instead (get_tokens_per_expert_and_token_count's reduce_group) and over
+    // the step's microbatches so far. The host never reads them back within the step. Only the
+    // pass that applies the aux losses counts: not the first forward of a fully recomputed layer
+    // (Megatron's no-grad forward), its rerun.
     const int cp = m_ctx.cpSize, tpShare = m_sp ? m_ctx.tpSize : 1;
     const int dpSize = m_ctx.dpSize, share = cp * tpShare, globalShare = share * dpSize;
-    TensorPtr cpCounts, glCounts;
-    if (share > 1) {
-        TS_ASSIGN_OR_RETURN(cpCounts, allocUninitialized(m_exec, int64_t(G) * E, MemCategory::CommBuffers));
+    const bool auxPass = recomputeGroupStart(li) < 0 || m_recomputing;
+    if (auxPass && (terms.aux != 0 || terms.seq != 0)) {
+        TS_ASSIGN_OR_RETURN(s->auxCounts, allocUninitialized(m_exec, int64_t(G) * E, MemCategory::CommBuffers));
+        const TensorPtr counts = s->auxCounts;
         m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(G) * E * 4, [=] {
             const std::vector<float> c(s->groupCounts.begin(), s->groupCounts.end());
-            k::copyBytes(cpCounts->data(), c.data(), c.size() * sizeof(float));
+            k::copyBytes(counts->data(), c.data(), c.size() * sizeof(float));
         });
         if (tpShare > 1)
-            m_ctx.tp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
+            m_ctx.tp->allReduce(m_exec.stream(), counts->data(), counts->data(), size_t(G) * E, DType::F32,
                                 ReduceOp::Sum);
         if (cp > 1)
-            m_ctx.cp->allReduce(m_exec.stream(), cpCounts->data(), cpCounts->data(), size_t(G) * E, DType::F32,
+            m_ctx.cp->allReduce(m_exec.stream(), counts->data(), counts->data(), size_t(G) * E, DType::F32,
                                 ReduceOp::Sum);
-        keepUntilPassed(m_exec.stream(), {cpCounts});
     }
-    if (globalAux && globalShare > 1) {
-        if (!m_ctx.tpDpCp || m_ctx.tpDpCp->size() != globalShare)
+    if (auxPass && globalAux) {
+        if (globalShare > 1 && (!m_ctx.tpDpCp || m_ctx.tpDpCp->size() != globalShare))
             return Status::internal("global_aux_loss needs the tp-dp-cp group");
-        TS_ASSIGN_OR_RETURN(glCounts, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
+        TS_ASSIGN_OR_RETURN(s->auxGlobal, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
+        const TensorPtr global = s->auxGlobal;
         m_exec.op("moe.count_tokens_global", Category::Elementwise, 0, uint64_t(G) * E * 4, [=] {
             std::vector<float> counts(static_cast<size_t>(E));
             for (int e = 0; e < E; ++e) {
@@ -340,75 +366,46 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
                 for (int g = 0; g < G; ++g) c += float(s->groupCounts[size_t(g) * E + size_t(e)]);
                 counts[size_t(e)] = c;
             }
-            k::copyBytes(glCounts->data(), counts.data(), counts.size() * sizeof(float));
+            k::copyBytes(global->data(), counts.data(), counts.size() * sizeof(float));
         });
-        m_ctx.tpDpCp->allReduce(m_exec.stream(), glCounts->data(), glCounts->data(), size_t(E), DType::F32,
-                                ReduceOp::Sum);
-        keepUntilPassed(m_exec.stream(), {glCounts});
+        if (globalShare > 1)
+            m_ctx.tpDpCp->allReduce(m_exec.stream(), global->data(), global->data(), size_t(E), DType::F32,
+                                    ReduceOp::Sum);
+        // The step's sum so far: this microbatch's counts plus the previous sum (a buffer of the
+        // previous microbatch's MoeSaved, kept alive by RouterState until the step's end).
+        RouterState& rs = (*m_router)[size_t(li)];
+        if (rs.globalSum) {
+            const TensorPtr prev = rs.globalSum;
+            m_exec.op("moe.global_counts_sum", Category::Elementwise, E, uint64_t(E) * 12,
+                      [=] { k::addInPlace(fp(global), fp(prev), E); });
+        }
+        rs.globalSum = global;
+        s->gaSteps = ++rs.gaSteps;
     }
-    m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
-        s->countsAll.assign(s->groupCounts.begin(), s->groupCounts.end());
-        if (cpCounts) {
-            std::vector<float> c(size_t(G) * E);
-            k::download(c.data(), fp(cpCounts), c.size() * sizeof(float));
-            for (int i = 0; i < G * E; ++i) s->countsAll[size_t(i)] = c[size_t(i)];
-        }
-        // per expert over the groups: aux_loss's statistics (and global_aux_loss's probs)
-        std::vector<double> probs1(static_cast<size_t>(E), 0.0), counts1(static_cast<size_t>(E), 0.0);
-        for (int g = 0; g < G; ++g)
-            for (int e = 0; e < E; ++e) {
-                probs1[size_t(e)] += s->probSum[size_t(g) * E + size_t(e)];
-                counts1[size_t(e)] += s->countsAll[size_t(g) * E + size_t(e)];
-            }
-        if (globalAux) {
-            RouterState& rs = (*router)[size_t(li)];
-            std::vector<float> gl;
-            if (glCounts) {
-                gl.resize(size_t(E));
-                k::download(gl.data(), fp(glCounts), gl.size() * sizeof(float));
-            }
-            for (int e = 0; e < E; ++e) {
-                double c = 0;
-                if (glCounts) c = gl[size_t(e)];
-                else
-                    for (int g = 0; g < G; ++g) c += s->groupCounts[size_t(g) * E + size_t(e)];
-                rs.globalTokens[size_t(e)] += c;
-            }
-            rs.gaSteps++;
-            s->countsGlobal.resize(size_t(E));
-            for (int e = 0; e < E; ++e) s->countsGlobal[size_t(e)] = rs.globalTokens[size_t(e)] / rs.gaSteps;
-        }
-        if (!tt.recorder) return;
-        // tokens of the microbatch (global_aux_loss: of the tp-dp-cp group's microbatches)
-        const double Tg = double(T) * share;
-        const int64_t ts = monotonicNs();
-        const std::string base = "moe.layer" + std::to_string(gl) + ".";
-        // Each term of this rank's share, and alone without its coefficient under Megatron's
-        // metric name (attach_and_log_load_balancing_loss logs aux_loss / coeff); aux_loss: their sum.
-        double aux = 0;
-        auto term = [&](const char* name, double value, double coeff) {
-            aux += value;
-            tt.recorder->counter({tt.rank, tt.recorder->intern(base + name), ts, value / coeff});
-        };
-        if (terms.aux != 0)
-            term("load_balancing_loss", switchAuxLoss(probs1.data(), counts1.data(), 1, E, K, Tg, terms.aux) * share,
-                 terms.aux);
-        if (terms.seq != 0)
-            term("seq_load_balancing_loss",
-                 switchAuxLoss(s->probSum.data(), s->countsAll.data(), G, E, K, Tg / G, terms.seq) * share, terms.seq);
-        if (terms.global != 0)
-            term("global_load_balancing_loss",
-                 switchAuxLoss(probs1.data(), s->countsGlobal.data(), 1, E, K, Tg * dpSize, terms.global) *
-                     globalShare,
-                 terms.global);
-        tt.recorder->counter({tt.rank, tt.recorder->intern(base + "aux_loss"), ts, aux});
-        tt.recorder->counter({tt.rank, tt.recorder->intern(base + "z_loss"), ts, zCoeff * s->zSum / Tg * share});
-        for (int e = 0; e < E; ++e)
-            tt.recorder->counter({tt.rank, tt.recorder->intern(base + "tokens.expert" + std::to_string(e)), ts,
-                                  double(s->routed[size_t(e)])});
-        if (cap >= 0)
-            tt.recorder->counter({tt.rank, tt.recorder->intern(base + "dropped_tokens"), ts, double(s->dropped)});
-    });
+    // The router's counters (trace only): what the host knows now, and the counts read back once
+    // at the step's end (flushRouterStats).
+    if (tt.recorder && auxPass) {
+        auto st = std::make_shared<RouterStats>();
+        st->gl = gl;
+        st->T = T;
+        st->E = E;
+        st->K = K;
+        st->G = G;
+        st->share = share;
+        st->dpSize = dpSize;
+        st->gaSteps = s->gaSteps;
+        st->cap = cap >= 0;
+        st->counts = s->auxCounts;
+        st->global = s->auxGlobal;
+        m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
+            st->ts = monotonicNs();
+            st->probSum = s->probSum;
+            st->zSum = s->zSum;
+            st->routed = s->routed;
+            st->dropped = s->dropped;
+        });
+        m_pendingRouterStats.push_back(std::move(st));
+    }
     // Where the permuted rows are computed: here (ep 1, etp 1) or on the experts' EP ranks, by
     // every rank of the expert's "etp" group (each with its F/etp columns).
     s->allgather = (ep > 1 || etp > 1) && m_cfg.moe_token_dispatcher_type == "allgather";
@@ -792,9 +789,9 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     TS_ASSIGN_OR_RETURN(TensorPtr coef, allocUninitialized(m_exec, 5 * TK + (fullProbs ? int64_t(T) * E : 0),
                                                            MemCategory::Workspace));
     m_exec.op("router.bwd", Category::Gemm, 4.0 * T * h * E, uint64_t(T) * (2 * h + E) * 4, [=] {
-        // On the host, from the logits the forward routed with: the aux and z losses' gradient
-        // (into dl) and the probs' coefficients; the kernel then adds the probs' part from their
-        // grads on the stream, so nothing is read back.
+        // On the host, from the logits the forward routed with: the probs' coefficients. On the
+        // stream: the aux and z losses' gradient (into dl), then the probs' part from their grads
+        // (the coefficients uploaded), so nothing is read back.
         const float* L = s->logitsHost.data();
         // The aux loss counts the routing before any dropping (Megatron computes it from the
         // logits' own top-k).
@@ -813,47 +810,18 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         for (int r = 0; r < s->rows; ++r)
             if (s->slotOf[size_t(r)] >= 0) rowOf[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = r;
         for (int64_t i = 0; i < TK; ++i) sel[i] = s->topi[size_t(i)];
-        std::vector<double> dld(static_cast<size_t>(T) * E, 0.0);
-        std::vector<double> full1(static_cast<size_t>(E)), w(static_cast<size_t>(E)), da(static_cast<size_t>(E));
-        // aux_loss's counts: the microbatch's, summed over the seq_aux_loss groups when those are kept
-        std::vector<double> counts1(static_cast<size_t>(E), 0.0);
-        if (terms.aux != 0)
-            for (int g = 0; g < G; ++g)
-                for (int e = 0; e < E; ++e) counts1[size_t(e)] += s->countsAll[size_t(g) * E + size_t(e)];
-        // d aux / d scores = coeff*E/(k*Tg^2)/groups * c_e of each term (Switch loss), summed over the terms
+        // d aux / d scores = coeff*E/(k*Tg^2)/groups * c_e of each term (Switch loss), summed over
+        // the terms, and the z-loss's coeff/Tg * 2 lse softmax: the kernel, from the counts where
+        // the forward's collectives left them.
         const auto weight = [&](double coeff, double tokens, int groups) {
-            return double(E) * coeff / (double(K) * tokens * tokens) / groups;
+            return lossScale * double(E) * coeff / (double(K) * tokens * tokens) / groups;
         };
-        for (int t = 0; t < T && (terms.any() || zCoeff != 0); ++t) {
-            const float* l = L + size_t(t) * E;
-            double* d = dld.data() + size_t(t) * E;
-            if (terms.any()) {
-                std::fill(w.begin(), w.end(), 0.0);
-                if (terms.aux != 0)
-                    for (int e = 0; e < E; ++e) w[size_t(e)] += weight(terms.aux, Tg, 1) * counts1[size_t(e)];
-                if (terms.seq != 0) {
-                    const double* counts = s->countsAll.data() + size_t(t % mbB % G) * E;
-                    for (int e = 0; e < E; ++e) w[size_t(e)] += weight(terms.seq, Tg / G, G) * counts[size_t(e)];
-                }
-                if (terms.global != 0)
-                    for (int e = 0; e < E; ++e)
-                        w[size_t(e)] += weight(terms.global, TgGlobal, 1) * s->countsGlobal[size_t(e)];
-                std::fill(da.begin(), da.end(), 0.0);
-                moeAuxScoresBackward(l, E, s->ro.score, w.data(), da.data());
-                for (int e = 0; e < E; ++e) d[e] += lossScale * da[size_t(e)];
-            }
-            if (zCoeff != 0) {
-                moeSoftmax(l, E, full1.data());
-                double mx = l[0];
-                for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
-                double se = 0;
-                for (int e = 0; e < E; ++e) se += std::exp(double(l[e]) - mx);
-                const double lse = mx + std::log(se);
-                for (int e = 0; e < E; ++e) d[e] += lossScale * zCoeff / Tg * 2.0 * lse * full1[size_t(e)];
-            }
-        }
-        const std::vector<float> dl(dld.begin(), dld.end());
-        k::copyBytes(dlDev->data(), dl.data(), dl.size() * sizeof(float));
+        const double wGlobal = s->gaSteps > 0 ? weight(terms.global, TgGlobal, 1) / s->gaSteps : 0.0;
+        if (!terms.any() && zCoeff == 0) k::setBytes(dlDev->data(), 0, size_t(T) * E * sizeof(float));
+        else k::moeRouterAuxBackward(fp(s->logits), s->auxCounts ? fp(s->auxCounts) : nullptr,
+                                     s->auxGlobal ? fp(s->auxGlobal) : nullptr, fp(dlDev), T, E, G, mbB,
+                                     s->ro.score, weight(terms.aux, Tg, 1), weight(terms.seq, Tg / G, G), wGlobal,
+                                     lossScale * zCoeff / Tg * 2.0);
         k::copyBytes(coef->data(), host.data(), host.size() * sizeof(float));
         // Each array where its upload lies: the same offset into coef as into host.
         const auto dev = [&](auto* p) {
@@ -895,26 +863,33 @@ Status GptModel::moeQbForward(MoeSaved& s, int li) {
         }
         keepUntilPassed(m_exec.stream(), {tpAll, all});
     }
+    // This rank's block of the gathered logits: tp rank fastest, then cp (the gathers' order).
+    const int own = (cp > 1 ? m_ctx.cp->rank() * tpShare : 0) + (tpShare > 1 ? m_ctx.tp->rank() : 0);
     MoeSaved* sp = &s;
     auto router = m_router;
     const TensorPtr logits = s.logits;
     m_exec.op("router.qb_dual_update", Category::Elementwise, double(n + 1) * T * E * 4, uint64_t(n + 1) * T * E * 4,
               [=] {
                   RouterState& rs = (*router)[size_t(li)];
-                  // on the host, from the logits read back (as the routing: router.topk_permute)
-                  std::vector<float> own(size_t(T) * E);
-                  k::download(own.data(), fp(logits), own.size() * sizeof(float));
-                  // this rank's rows: the same choice as their rows of the gathered logits
-                  sp->qbIndices.resize(size_t(T) * K);
-                  moeQbDualUpdate(own.data(), T, E, K, rs.qbBeta.data(), sp->qbIndices.data(), nullptr);
-                  if (!update) return;
+                  // On the host, from the logits read back once: the gathered ones when this
+                  // microbatch's quantile is added (this rank's rows are block `own` of them), else
+                  // this rank's. The routing (router.topk_permute) then uses them as they are.
                   std::vector<float> gathered;
-                  if (all != logits) {
+                  std::vector<float>& mine = sp->logitsHost;
+                  mine.resize(size_t(T) * E);
+                  if (update && all != logits) {
                       gathered.resize(size_t(n) * T * E);
                       k::download(gathered.data(), fp(all), gathered.size() * sizeof(float));
+                      std::copy_n(gathered.begin() + int64_t(own) * T * E, mine.size(), mine.begin());
+                  } else {
+                      k::download(mine.data(), fp(logits), mine.size() * sizeof(float));
                   }
+                  // this rank's rows: the same choice as their rows of the gathered logits
+                  sp->qbIndices.resize(size_t(T) * K);
+                  moeQbDualUpdate(mine.data(), T, E, K, rs.qbBeta.data(), sp->qbIndices.data(), nullptr);
+                  if (!update) return;
                   std::vector<float> q(static_cast<size_t>(E));
-                  moeQbDualUpdate(all != logits ? gathered.data() : own.data(), n * T, E, K, rs.qbBeta.data(), nullptr,
+                  moeQbDualUpdate(all != logits ? gathered.data() : mine.data(), n * T, E, K, rs.qbBeta.data(), nullptr,
                                   q.data());
                   for (int e = 0; e < E; ++e) rs.qbAccum[size_t(e)] += q[size_t(e)];
                   rs.qbCount++;
@@ -1010,6 +985,98 @@ Status GptModel::setRouterVectors(const nlohmann::json& state, std::vector<float
     return Status::ok();
 }
 
+// ---- the router's counters ------------------------------------------------------------------
+
+// The counts of every microbatch since the last flush gathered into one buffer on the stream and
+// read back once (the op's only wait), then each microbatch's counters: aux_loss / z_loss of this
+// rank's share of the microbatch x tp x cp (so that their mean over those ranks is the
+// microbatch's losses), each aux term alone under Megatron's metric name, the tokens per expert
+// and the dropped copies.
+Status GptModel::flushRouterStats() {
+    if (m_pendingRouterStats.empty()) return Status::ok();
+    auto pending = std::make_shared<std::vector<std::shared_ptr<RouterStats>>>(std::move(m_pendingRouterStats));
+    m_pendingRouterStats.clear();
+    int64_t total = 0;
+    for (const auto& st : *pending)
+        total += (st->counts ? int64_t(st->G) * st->E : 0) + (st->global ? int64_t(st->E) : 0);
+    const TraceTarget tt = m_exec.device().traceTarget();
+    if (!tt.recorder) return Status::ok();  // the trace went away: nobody to tell, nothing to read
+    TensorPtr all;
+    if (total > 0) {
+        TS_ASSIGN_OR_RETURN(all, m_exec.alloc(total, MemCategory::Workspace));
+    }
+    const AuxTerms terms(m_cfg);
+    const double zCoeff = m_cfg.moe_z_loss_coeff;
+    m_exec.op("moe.router_stats_read", Category::Other, 0, uint64_t(total) * 4, [=] {
+        std::vector<float> host(static_cast<size_t>(total));
+        if (total > 0) {
+            int64_t off = 0;
+            for (const auto& st : *pending)
+                for (const TensorPtr& t : {st->counts, st->global})
+                    if (t) {
+                        const int64_t n = t == st->counts ? int64_t(st->G) * st->E : st->E;
+                        k::copyBytes(fp(all) + off, fp(t), size_t(n) * sizeof(float));
+                        off += n;
+                    }
+            k::download(host.data(), fp(all), host.size() * sizeof(float));
+        }
+        int64_t off = 0;
+        for (const auto& stp : *pending) {
+            const RouterStats& st = *stp;
+            const int E = st.E, G = st.G;
+            const float* counts = st.counts ? host.data() + off : nullptr;
+            if (counts) off += int64_t(G) * E;
+            const float* global = st.global ? host.data() + off : nullptr;
+            if (global) off += E;
+            // A forward whose stats op never ran (its stream failed) has nothing to say.
+            if (st.probSum.size() != size_t(G) * E || st.routed.size() != size_t(E)) continue;
+            // per expert over the groups: aux_loss's statistics (and global_aux_loss's probs)
+            std::vector<double> probs1(static_cast<size_t>(E), 0.0), counts1(static_cast<size_t>(E), 0.0);
+            std::vector<double> countsAll(static_cast<size_t>(G) * E, 0.0), countsGlobal(static_cast<size_t>(E), 0.0);
+            for (int g = 0; g < G; ++g)
+                for (int e = 0; e < E; ++e) {
+                    const size_t i = size_t(g) * E + size_t(e);
+                    probs1[size_t(e)] += st.probSum[i];
+                    if (counts) counts1[size_t(e)] += (countsAll[i] = counts[i]);
+                }
+            if (global)
+                for (int e = 0; e < E; ++e) countsGlobal[size_t(e)] = double(global[e]) / std::max(1, st.gaSteps);
+            // tokens of the microbatch (global_aux_loss: of the tp-dp-cp group's microbatches)
+            const double Tg = double(st.T) * st.share;
+            const std::string base = "moe.layer" + std::to_string(st.gl) + ".";
+            // Each term of this rank's share, and alone without its coefficient under Megatron's
+            // metric name (attach_and_log_load_balancing_loss logs aux_loss / coeff); aux_loss: their sum.
+            double aux = 0;
+            auto term = [&](const char* name, double value, double coeff) {
+                aux += value;
+                tt.recorder->counter({tt.rank, tt.recorder->intern(base + name), st.ts, value / coeff});
+            };
+            if (terms.aux != 0)
+                term("load_balancing_loss",
+                     switchAuxLoss(probs1.data(), counts1.data(), 1, E, st.K, Tg, terms.aux) * st.share, terms.aux);
+            if (terms.seq != 0)
+                term("seq_load_balancing_loss",
+                     switchAuxLoss(st.probSum.data(), countsAll.data(), G, E, st.K, Tg / G, terms.seq) * st.share,
+                     terms.seq);
+            if (terms.global != 0)
+                term("global_load_balancing_loss",
+                     switchAuxLoss(probs1.data(), countsGlobal.data(), 1, E, st.K, Tg * st.dpSize, terms.global) *
+                         st.share * st.dpSize,
+                     terms.global);
+            tt.recorder->counter({tt.rank, tt.recorder->intern(base + "aux_loss"), st.ts, aux});
+            tt.recorder->counter(
+                {tt.rank, tt.recorder->intern(base + "z_loss"), st.ts, zCoeff * st.zSum / Tg * st.share});
+            for (int e = 0; e < E; ++e)
+                tt.recorder->counter({tt.rank, tt.recorder->intern(base + "tokens.expert" + std::to_string(e)), st.ts,
+                                      double(st.routed[size_t(e)])});
+            if (st.cap)
+                tt.recorder->counter(
+                    {tt.rank, tt.recorder->intern(base + "dropped_tokens"), st.ts, double(st.dropped)});
+        }
+    });
+    return Status::ok();
+}
+
 // ---- router state: the expert bias and the global aux loss's counts -----------------------
 
 Status GptModel::moeStepEnd() {
@@ -1017,14 +1084,13 @@ Status GptModel::moeStepEnd() {
     const bool globalAux = m_cfg.num_moe_experts > 0 && moeAuxLossCoeff(m_cfg, "global_aux_loss") != 0;
     if (m_cfg.num_moe_experts > 0 && m_cfg.moe_router_load_balancing_type == "quantile_balancing")
         TS_RETURN_IF_ERROR(moeQbStepEnd());
+    TS_RETURN_IF_ERROR(flushRouterStats());
     auto router = m_router;
     if (globalAux)
-        m_exec.op("moe.reset_global_aux_loss", Category::Other, 0, 0, [=] {
-            for (RouterState& rs : *router) {
-                std::fill(rs.globalTokens.begin(), rs.globalTokens.end(), 0.0);
-                rs.gaSteps = 0;
-            }
-        });
+        for (RouterState& rs : *router) {  // the next step's sums start afresh (enqueue-time state)
+            rs.globalSum.reset();
+            rs.gaSteps = 0;
+        }
     if (!bias) return Status::ok();
     std::vector<int> moe;
     for (int li = 0; li < localLayers(); ++li)

@@ -2,19 +2,23 @@
 #include "engine/model/moe_routing.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <system_error>
+#include <thread>
 
 #include "kernels/cpu/ops.h"
 
 namespace ts::engine {
-void moeSoftmax(const float* v, int n, double* out) {
+double moeSoftmax(const float* v, int n, double* out) {
     double mx = v[0];
     for (int i = 1; i < n; ++i) mx = std::max(mx, double(v[i]));
     double s = 0;
     for (int i = 0; i < n; ++i) s += (out[i] = std::exp(double(v[i]) - mx));
     for (int i = 0; i < n; ++i) out[i] /= s;
+    return mx + std::log(s);
 }
 
 namespace {
@@ -41,34 +45,64 @@ double scoreGrad(MoeScore f, double x) {
     return sigmoidOf(x) / (2 * std::sqrt(softplus(x)));
 }
 
+// moeRoute's chunk of tokens (the unit of its threads and of its sums' order).
+constexpr int kRouteChunk = 256;
+
+// The k best of v[first + 0..n) (ties: lower index), best first, as offsets from first: each
+// value inserted into the sorted k best so far. The candidates come in increasing index, so an
+// equal value never moves ahead of one kept already. k <= n.
+// best: scratch of K values (the kept ones, in out's order).
+void topKRange(const double* v, int n, int K, int* out, double* best) {
+    if (K <= 0) return;
+    int m = 0;
+    for (int i = 0; i < n; ++i) {
+        const double x = v[i];
+        if (m == K && !(x > best[K - 1])) continue;
+        int j = m < K ? m++ : K - 1;
+        for (; j > 0 && x > best[j - 1]; --j) {
+            out[j] = out[j - 1];
+            best[j] = best[j - 1];
+        }
+        out[j] = i;
+        best[j] = x;
+    }
+}
+
+// topK's scratch, reused from token to token.
+struct TopKScratch {
+    std::vector<int> inGroup, groups, groupBest, cand;
+    std::vector<double> groupScore, candValue, best;
+};
+
 // The k best of v[0..E) (ties: lower index), best first; with groups (gk > 0) only inside the gk
 // groups whose top K/gk values sum highest (group_limited_topk; ties: lower group).
-void topK(const double* v, int E, int K, int G, int gk, int* out) {
-    std::vector<int> cand;
-    const auto better = [&](int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
-    if (gk > 0 && G > 0) {
-        const int per = E / G, kk = K / gk;
-        std::vector<double> gs(static_cast<size_t>(G), 0.0);
-        std::vector<int> in(static_cast<size_t>(per));
-        for (int g = 0; g < G; ++g) {
-            for (int i = 0; i < per; ++i) in[size_t(i)] = g * per + i;
-            std::partial_sort(in.begin(), in.begin() + std::min(kk, per), in.end(), better);
-            for (int i = 0; i < std::min(kk, per); ++i) gs[size_t(g)] += v[in[size_t(i)]];
-        }
-        std::vector<int> groups(static_cast<size_t>(G));
-        for (int g = 0; g < G; ++g) groups[size_t(g)] = g;
-        std::partial_sort(groups.begin(), groups.begin() + gk, groups.end(), [&](int a, int b) {
-            return gs[size_t(a)] > gs[size_t(b)] || (gs[size_t(a)] == gs[size_t(b)] && a < b);
-        });
-        std::sort(groups.begin(), groups.begin() + gk);
-        for (int j = 0; j < gk; ++j)
-            for (int i = 0; i < per; ++i) cand.push_back(groups[size_t(j)] * per + i);
-    } else {
-        cand.resize(size_t(E));
-        for (int e = 0; e < E; ++e) cand[size_t(e)] = e;
+void topK(const double* v, int E, int K, int G, int gk, int* out, TopKScratch& s) {
+    s.best.resize(size_t(std::max({K, gk, 1})));
+    if (!(gk > 0 && G > 0)) {
+        topKRange(v, E, K, out, s.best.data());
+        return;
     }
-    std::partial_sort(cand.begin(), cand.begin() + K, cand.end(), better);
-    for (int j = 0; j < K; ++j) out[j] = cand[size_t(j)];
+    const int per = E / G, kk = std::min(K / gk, per);
+    s.groupScore.assign(size_t(G), 0.0);
+    s.inGroup.resize(size_t(std::max(kk, 1)));
+    for (int g = 0; g < G; ++g) {
+        topKRange(v + size_t(g) * per, per, kk, s.inGroup.data(), s.best.data());
+        for (int i = 0; i < kk; ++i) s.groupScore[size_t(g)] += v[size_t(g) * per + size_t(s.inGroup[size_t(i)])];
+    }
+    s.groups.resize(size_t(gk));
+    topKRange(s.groupScore.data(), G, gk, s.groups.data(), s.best.data());
+    std::sort(s.groups.begin(), s.groups.end());
+    // The kept groups' experts in increasing index, then their k best.
+    s.cand.clear();
+    s.candValue.clear();
+    for (int g : s.groups)
+        for (int i = 0; i < per; ++i) {
+            s.cand.push_back(g * per + i);
+            s.candValue.push_back(v[size_t(g) * per + size_t(i)]);
+        }
+    s.groupBest.resize(size_t(K));
+    topKRange(s.candValue.data(), int(s.cand.size()), K, s.groupBest.data(), s.best.data());
+    for (int j = 0; j < K; ++j) out[j] = s.cand[size_t(s.groupBest[size_t(j)])];
 }
 
 }  // namespace
@@ -145,21 +179,6 @@ void moeAuxScores(const float* l, int E, MoeScore score, double* p) {
     for (int e = 0; e < E; ++e) p[e] /= sum + 1e-20;
 }
 
-void moeAuxScoresBackward(const float* l, int E, MoeScore score, const double* w, double* dl) {
-    std::vector<double> p(static_cast<size_t>(E));
-    moeAuxScores(l, E, score, p.data());
-    double dot = 0;
-    for (int e = 0; e < E; ++e) dot += w[e] * p[size_t(e)];
-    if (score == MoeScore::Softmax) {
-        for (int e = 0; e < E; ++e) dl[e] += p[size_t(e)] * (w[e] - dot);
-        return;
-    }
-    // p_i = s_i / (S + 1e-20): d(w.p)/ds_e = (w_e - w.p) / (S + 1e-20), then ds_e/dl_e.
-    double S = 0;
-    for (int e = 0; e < E; ++e) S += scoreOf(score, l[e]);
-    for (int e = 0; e < E; ++e) dl[e] += (w[e] - dot) / (S + 1e-20) * scoreGrad(score, l[e]);
-}
-
 MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     const int T = o.T, E = o.E, K = o.K, G = std::max(1, o.groups), mbB = std::max(1, o.microBatch);
     MoeRouting r;
@@ -174,77 +193,118 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
         norm.resize(size_t(T) * E);
         moeSinkhorn(L, T, E, norm.data());
     }
-    std::vector<double> v(static_cast<size_t>(E)), sc(static_cast<size_t>(E)), aux(static_cast<size_t>(E));
-    std::vector<int> sel(static_cast<size_t>(K));
-    for (int t = 0; t < T; ++t) {
-        const float* l = L + size_t(t) * E;
-        const size_t g = size_t(t % mbB % G);
-        double* p = r.topp.data() + size_t(t) * K;
-        if (o.precomputed) {
-            // Megatron's precomputed_indices: the probs of the score function at the given experts.
-            for (int j = 0; j < K; ++j) sel[size_t(j)] = o.precomputed[size_t(t) * K + size_t(j)];
-            if (o.score == MoeScore::Softmax && !o.preSoftmax) {
-                std::vector<float> chosen(static_cast<size_t>(K));
-                for (int j = 0; j < K; ++j) chosen[size_t(j)] = l[sel[size_t(j)]];
-                moeSoftmax(chosen.data(), K, p);
-            } else if (o.score == MoeScore::Softmax) {
-                moeSoftmax(l, E, sc.data());
-                for (int j = 0; j < K; ++j) p[j] = sc[size_t(sel[size_t(j)])];
-            } else {
-                double sum = 0;
-                for (int j = 0; j < K; ++j) sum += (p[j] = scoreOf(o.score, l[sel[size_t(j)]]));
-                if (K > 1)
-                    for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
+    // The tokens in chunks of kRouteChunk, each chunk's sums (the routed copies, the aux loss's
+    // statistics) apart and added in chunk order afterwards: the same bits whatever the number of
+    // threads (o.threads) that route the chunks. Per token: the full softmax of its logits (and
+    // their logsumexp) and, for sigmoid / sqrtsoftplus, its scores, each computed once and shared
+    // by the choice, the probs and the aux loss's statistics.
+    const bool scored = o.score != MoeScore::Softmax;
+    const int chunks = (T + kRouteChunk - 1) / kRouteChunk;
+    struct ChunkSums {
+        std::vector<int> routed, groupCounts;
+        std::vector<double> probSum;
+        double zSum = 0;
+    };
+    std::vector<ChunkSums> sums(static_cast<size_t>(chunks));
+    std::atomic<int> nextChunk{0};  // each thread takes the next chunk not taken
+    const auto routeChunks = [&] {
+        std::vector<double> v(static_cast<size_t>(E)), soft(static_cast<size_t>(E)), sc(static_cast<size_t>(E)),
+            aux(static_cast<size_t>(E));
+        std::vector<float> chosen(static_cast<size_t>(K));
+        std::vector<int> sel(static_cast<size_t>(K));
+        TopKScratch scratch;
+        for (int ci = nextChunk++; ci < chunks; ci = nextChunk++) {
+            ChunkSums& cs = sums[size_t(ci)];
+            cs.routed.assign(size_t(E), 0);
+            cs.groupCounts.assign(size_t(G) * E, 0);
+            cs.probSum.assign(size_t(G) * E, 0.0);
+            for (int t = ci * kRouteChunk; t < std::min(T, (ci + 1) * kRouteChunk); ++t) {
+                const float* l = L + size_t(t) * E;
+                const size_t g = size_t(t % mbB % G);
+                double* p = r.topp.data() + size_t(t) * K;
+                const double lse = moeSoftmax(l, E, soft.data());
+                double scoreSum = 0;
+                if (scored)
+                    for (int e = 0; e < E; ++e) scoreSum += (sc[size_t(e)] = scoreOf(o.score, l[e]));
+                const auto softmaxOfChosen = [&] {
+                    for (int j = 0; j < K; ++j) chosen[size_t(j)] = l[sel[size_t(j)]];
+                    moeSoftmax(chosen.data(), K, p);
+                };
+                if (o.precomputed) {
+                    // Megatron's precomputed_indices: the probs of the score function at the given
+                    // experts.
+                    for (int j = 0; j < K; ++j) sel[size_t(j)] = o.precomputed[size_t(t) * K + size_t(j)];
+                    if (o.score == MoeScore::Softmax && !o.preSoftmax) {
+                        softmaxOfChosen();
+                    } else if (o.score == MoeScore::Softmax) {
+                        for (int j = 0; j < K; ++j) p[j] = soft[size_t(sel[size_t(j)])];
+                    } else {
+                        double sum = 0;
+                        for (int j = 0; j < K; ++j) sum += (p[j] = sc[size_t(sel[size_t(j)])]);
+                        if (K > 1)
+                            for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
+                    }
+                } else if (o.sinkhorn) {
+                    for (int e = 0; e < E; ++e) v[size_t(e)] = norm[size_t(t) * E + size_t(e)];
+                    topK(v.data(), E, K, 0, 0, sel.data(), scratch);
+                    if (K == 1) {
+                        p[0] = sigmoidOf(l[sel[0]]);
+                    } else {
+                        for (int j = 0; j < K; ++j) p[j] = soft[size_t(sel[size_t(j)])];
+                    }
+                } else if (o.score == MoeScore::Softmax && !o.preSoftmax) {
+                    for (int e = 0; e < E; ++e) v[size_t(e)] = l[e];
+                    topK(v.data(), E, K, o.numGroups, o.groupTopk, sel.data(), scratch);
+                    softmaxOfChosen();
+                } else if (o.score == MoeScore::Softmax) {
+                    topK(soft.data(), E, K, o.numGroups, o.groupTopk, sel.data(), scratch);
+                    for (int j = 0; j < K; ++j) p[j] = soft[size_t(sel[size_t(j)])];
+                } else {
+                    for (int e = 0; e < E; ++e)
+                        v[size_t(e)] = sc[size_t(e)] + (o.expertBias ? double(o.expertBias[e]) : 0.0);
+                    topK(v.data(), E, K, o.numGroups, o.groupTopk, sel.data(), scratch);
+                    double sum = 0;
+                    for (int j = 0; j < K; ++j) sum += (p[j] = sc[size_t(sel[size_t(j)])]);
+                    if (K > 1)
+                        for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
+                }
+                if (!o.sinkhorn && o.scale != 0)
+                    for (int j = 0; j < K; ++j) p[j] *= o.scale;
+                for (int j = 0; j < K; ++j) {
+                    const int e = sel[size_t(j)];
+                    r.topi[size_t(t) * K + size_t(j)] = e;
+                    r.topv[size_t(t) * K + size_t(j)] = l[e];
+                    cs.routed[size_t(e)]++;
+                }
+                // The aux loss's own routing: the plain top-k of its scores (moeAuxScores).
+                if (scored)
+                    for (int e = 0; e < E; ++e) aux[size_t(e)] = sc[size_t(e)] / (scoreSum + 1e-20);
+                const std::vector<double>& a = scored ? aux : soft;
+                for (int e = 0; e < E; ++e) cs.probSum[g * E + size_t(e)] += a[size_t(e)];
+                topK(a.data(), E, K, 0, 0, sel.data(), scratch);
+                for (int j = 0; j < K; ++j) cs.groupCounts[g * E + size_t(sel[size_t(j)])]++;
+                cs.zSum += lse * lse;
             }
-        } else if (o.sinkhorn) {
-            for (int e = 0; e < E; ++e) v[size_t(e)] = norm[size_t(t) * E + size_t(e)];
-            topK(v.data(), E, K, 0, 0, sel.data());
-            if (K == 1) {
-                p[0] = sigmoidOf(l[sel[0]]);
-            } else {
-                moeSoftmax(l, E, sc.data());
-                for (int j = 0; j < K; ++j) p[j] = sc[size_t(sel[size_t(j)])];
-            }
-        } else if (o.score == MoeScore::Softmax && !o.preSoftmax) {
-            for (int e = 0; e < E; ++e) v[size_t(e)] = l[e];
-            topK(v.data(), E, K, o.numGroups, o.groupTopk, sel.data());
-            std::vector<float> chosen(static_cast<size_t>(K));
-            for (int j = 0; j < K; ++j) chosen[size_t(j)] = l[sel[size_t(j)]];
-            moeSoftmax(chosen.data(), K, p);
-        } else if (o.score == MoeScore::Softmax) {
-            moeSoftmax(l, E, sc.data());
-            topK(sc.data(), E, K, o.numGroups, o.groupTopk, sel.data());
-            for (int j = 0; j < K; ++j) p[j] = sc[size_t(sel[size_t(j)])];
-        } else {
-            for (int e = 0; e < E; ++e) {
-                sc[size_t(e)] = scoreOf(o.score, l[e]);
-                v[size_t(e)] = sc[size_t(e)] + (o.expertBias ? double(o.expertBias[e]) : 0.0);
-            }
-            topK(v.data(), E, K, o.numGroups, o.groupTopk, sel.data());
-            double sum = 0;
-            for (int j = 0; j < K; ++j) sum += (p[j] = sc[size_t(sel[size_t(j)])]);
-            if (K > 1)
-                for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
         }
-        if (!o.sinkhorn && o.scale != 0)
-            for (int j = 0; j < K; ++j) p[j] *= o.scale;
-        for (int j = 0; j < K; ++j) {
-            const int e = sel[size_t(j)];
-            r.topi[size_t(t) * K + size_t(j)] = e;
-            r.topv[size_t(t) * K + size_t(j)] = l[e];
-            r.routed[size_t(e)]++;
+    };
+    // Helpers as the system gives them (the calling thread routes what they do not).
+    std::vector<std::thread> pool;
+    for (int i = 1; i < std::min(o.threads, chunks); ++i) {
+        try {
+            pool.emplace_back(routeChunks);
+        } catch (const std::system_error&) {
+            break;
         }
-        // The aux loss's own routing: the plain top-k of its scores.
-        moeAuxScores(l, E, o.score, aux.data());
-        for (int e = 0; e < E; ++e) r.probSum[g * E + size_t(e)] += aux[size_t(e)];
-        topK(aux.data(), E, K, 0, 0, sel.data());
-        for (int j = 0; j < K; ++j) r.groupCounts[g * E + size_t(sel[size_t(j)])]++;
-        double mx = l[0];
-        for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
-        double se = 0;
-        for (int e = 0; e < E; ++e) se += std::exp(double(l[e]) - mx);
-        const double lse = mx + std::log(se);
-        r.zSum += lse * lse;
+    }
+    routeChunks();
+    for (std::thread& th : pool) th.join();
+    for (const ChunkSums& cs : sums) {
+        for (int e = 0; e < E; ++e) r.routed[size_t(e)] += cs.routed[size_t(e)];
+        for (size_t i = 0; i < cs.probSum.size(); ++i) {
+            r.groupCounts[i] += cs.groupCounts[i];
+            r.probSum[i] += cs.probSum[i];
+        }
+        r.zSum += cs.zSum;
     }
     // Each expert's token copies in token order, with the renormalised top-k probs.
     std::vector<std::vector<Copy>> byExpert(static_cast<size_t>(E));

@@ -11,10 +11,13 @@
 
 #include <vector>
 
+#include "kernels/cpu/ops.h"
+
 namespace ts::engine {
 
-// moe_router_score_function (moe_utils.py::topk_routing_with_score_function).
-enum class MoeScore { Softmax, Sigmoid, SqrtSoftplus };
+// moe_router_score_function (moe_utils.py::topk_routing_with_score_function); the kernels' enum,
+// as moeRouterAuxBackward takes it.
+using MoeScore = kernels::cpu::MoeScore;
 
 struct MoeRouteOptions {
     int T = 0, E = 0, K = 1;  // tokens, experts, top-k
@@ -49,6 +52,9 @@ struct MoeRouteOptions {
     // Aux-loss groups: token t belongs to group (t % microBatch) % groups (seq_aux_loss: one per
     // sequence of the microbatch, groups == microBatch; aux_loss: groups == 1).
     int microBatch = 1, groups = 1;
+    // Host threads that route the tokens (chunks of 256 tokens each; the result is the same for
+    // any number): on a GPU the device idles while the host routes.
+    int threads = 1;
 };
 
 struct MoeRouting {
@@ -72,8 +78,9 @@ struct MoeRouting {
     int rows() const { return offset.empty() ? 0 : offset.back(); }
 };
 
-// Softmax of v[0..n) into out, in double (the router's full and top-k softmaxes).
-void moeSoftmax(const float* v, int n, double* out);
+// Softmax of v[0..n) into out, in double (the router's full and top-k softmaxes); returns the
+// logsumexp of v.
+double moeSoftmax(const float* v, int n, double* out);
 
 // logits: [T, E] row-major.
 MoeRouting moeRoute(const float* logits, const MoeRouteOptions& o);
@@ -111,8 +118,7 @@ void moeProbsBackwardCoefficients(const float* logits, const int* topi, const Mo
 // moeProbsBackwardCoefficients writes `full`.
 bool moeProbsAreFullSoftmax(const MoeRouteOptions& o);
 
-// The aux loss's scores of one token (p [E]) and the backward of w . p: dl[e] += sum_i w_i dp_i/dl_e.
+// The aux loss's scores of one token (p [E]); their backward is the kernel moeRouterAuxBackward.
 void moeAuxScores(const float* l, int E, MoeScore score, double* p);
-void moeAuxScoresBackward(const float* l, int E, MoeScore score, const double* w, double* dl);
 
 }  // namespace ts::engine

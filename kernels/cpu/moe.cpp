@@ -130,4 +130,63 @@ void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int3
     }
 }
 
+namespace {
+double sigmoidOf(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double softplusOf(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
+}  // namespace
+
+void moeRouterAuxBackward(const float* logits, const float* counts, const float* global, float* dl, int T, int E,
+                          int G, int microBatch, MoeScore score, double wAux, double wSeq, double wGlobal,
+                          double zScale) {
+    G = std::max(G, 1);
+    microBatch = std::max(microBatch, 1);
+    // Each group's weights: the same for all of its tokens.
+    std::vector<double> w(size_t(G) * size_t(std::max(E, 0)), 0.0);
+    for (int e = 0; e < E; ++e) {
+        double total = 0;
+        if (counts)
+            for (int g = 0; g < G; ++g) total += double(counts[int64_t(g) * E + e]);
+        for (int g = 0; g < G; ++g) {
+            double v = wAux * total;
+            if (counts) v += wSeq * double(counts[int64_t(g) * E + e]);
+            if (global) v += wGlobal * double(global[e]);
+            w[size_t(g) * E + size_t(e)] = v;
+        }
+    }
+    std::vector<double> soft(size_t(std::max(E, 0))), p(size_t(std::max(E, 0)));
+    for (int t = 0; t < T; ++t) {
+        const float* l = logits + int64_t(t) * E;
+        const double* wt = w.data() + size_t((t % microBatch) % G) * E;
+        double mx = E > 0 ? double(l[0]) : 0.0;
+        for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
+        double se = 0;
+        for (int e = 0; e < E; ++e) se += (soft[size_t(e)] = std::exp(double(l[e]) - mx));
+        for (int e = 0; e < E; ++e) soft[size_t(e)] /= se;
+        const double lse = mx + std::log(se);
+        double S = 0;
+        if (score == MoeScore::Softmax) {
+            for (int e = 0; e < E; ++e) p[size_t(e)] = soft[size_t(e)];
+        } else {
+            for (int e = 0; e < E; ++e)
+                S += (p[size_t(e)] = score == MoeScore::Sigmoid ? sigmoidOf(l[e]) : std::sqrt(softplusOf(l[e])));
+            for (int e = 0; e < E; ++e) p[size_t(e)] /= S + 1e-20;
+        }
+        double dot = 0;
+        for (int e = 0; e < E; ++e) dot += wt[e] * p[size_t(e)];
+        float* d = dl + int64_t(t) * E;
+        for (int e = 0; e < E; ++e) {
+            double v;
+            if (score == MoeScore::Softmax) {
+                v = p[size_t(e)] * (wt[e] - dot);
+            } else {
+                const double x = l[e];
+                const double ds = score == MoeScore::Sigmoid ? sigmoidOf(x) * (1 - sigmoidOf(x))
+                                                              : sigmoidOf(x) / (2 * std::sqrt(softplusOf(x)));
+                v = (wt[e] - dot) / (S + 1e-20) * ds;
+            }
+            d[e] = float(v + zScale * lse * soft[size_t(e)]);
+        }
+    }
+}
+
 }  // namespace ts::kernels::cpu

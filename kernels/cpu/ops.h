@@ -362,5 +362,20 @@ void sigmoidGateBackward(const float* dout, const float* y, const float* x, cons
 // in double, dl[t, e] = v. dl holds the aux and z losses' gradient (or zeros) on entry.
 void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
                             const float* b, const float* c, const float* full, float* dl, int T, int K, int E);
+// The router's score function (moe_router_score_function; the engine's MoeScore).
+enum class MoeScore : uint8_t { Softmax = 0, Sigmoid, SqrtSoftplus };
+// The aux and z losses' gradient on the router's logits [T, E], from the aux loss's routing
+// counts where the device has them (summed over tp/cp by a collective, never read back). Token
+// t is in group g = (t % microBatch) % G; its weights are
+//   w_e = wAux sum_g' counts[g', e] + wSeq counts[g, e] + wGlobal global[e]
+// (counts [G, E] and global [E] may be null when their weights are 0), and with p the aux
+// scores of its logits l (softmax over E; sigmoid or sqrtsoftplus s_e over S = sum_e s_e,
+// p_e = s_e / (S + 1e-20)) and dot = sum_e w_e p_e (e in order):
+//   softmax: v_e = p_e (w_e - dot); else v_e = (w_e - dot) / (S + 1e-20) s'(l_e);
+//   dl[t, e] = v_e + zScale lse(l) softmax(l)_e,
+// in double (the derivative of sum_t w . p + zScale/2 lse^2). dl is overwritten.
+void moeRouterAuxBackward(const float* logits, const float* counts, const float* global, float* dl, int T, int E,
+                          int G, int microBatch, MoeScore score, double wAux, double wSeq, double wGlobal,
+                          double zScale);
 
 }  // namespace ts::kernels::cpu

@@ -171,6 +171,60 @@ __global__ void moeRouterProbsGradReduceKernel(const float* __restrict__ dprob, 
     }
 }
 
+// One thread per token (the oracle's moeRouterAuxBackward): its group's weights recomputed per
+// expert from the counts (G is the microbatch's sequences at most), the softmax, lse and aux
+// scores in double, then each expert's value.
+__device__ double routerAuxWeight(const float* counts, const float* global, int E, int G, int g, int e, double wAux,
+                                  double wSeq, double wGlobal) {
+    double total = 0;
+    if (counts)
+        for (int k = 0; k < G; ++k) total += static_cast<double>(counts[static_cast<int64_t>(k) * E + e]);
+    double v = wAux * total;
+    if (counts) v += wSeq * static_cast<double>(counts[static_cast<int64_t>(g) * E + e]);
+    if (global) v += wGlobal * static_cast<double>(global[e]);
+    return v;
+}
+__device__ double routerAuxScore(cpu::MoeScore score, double x) {
+    if (score == cpu::MoeScore::Sigmoid) return 1.0 / (1.0 + exp(-x));
+    return sqrt(x > 20 ? x : log1p(exp(x)));
+}
+__device__ double routerAuxScoreGrad(cpu::MoeScore score, double x) {
+    const double sg = 1.0 / (1.0 + exp(-x));
+    if (score == cpu::MoeScore::Sigmoid) return sg * (1 - sg);
+    return sg / (2 * sqrt(x > 20 ? x : log1p(exp(x))));
+}
+__global__ void moeRouterAuxGradReduceKernel(const float* __restrict__ logits, const float* __restrict__ counts,
+                                             const float* __restrict__ global, float* __restrict__ dl, int T, int E,
+                                             int G, int microBatch, cpu::MoeScore score, double wAux, double wSeq,
+                                             double wGlobal, double zScale) {
+    for (int64_t t = globalThread(); t < T; t += gridThreads()) {
+        const float* l = logits + t * E;
+        const int g = static_cast<int>((t % microBatch) % G);
+        double mx = static_cast<double>(l[0]);
+        for (int e = 1; e < E; ++e) mx = fmax(mx, static_cast<double>(l[e]));
+        double se = 0;
+        for (int e = 0; e < E; ++e) se += exp(static_cast<double>(l[e]) - mx);
+        const double lse = mx + log(se);
+        double S = 0;
+        if (score != cpu::MoeScore::Softmax)
+            for (int e = 0; e < E; ++e) S += routerAuxScore(score, l[e]);
+        const auto prob = [&](int e) {
+            return score == cpu::MoeScore::Softmax ? exp(static_cast<double>(l[e]) - mx) / se
+                                                   : routerAuxScore(score, l[e]) / (S + 1e-20);
+        };
+        double dot = 0;
+        for (int e = 0; e < E; ++e) dot += routerAuxWeight(counts, global, E, G, g, e, wAux, wSeq, wGlobal) * prob(e);
+        float* d = dl + t * E;
+        for (int e = 0; e < E; ++e) {
+            const double w = routerAuxWeight(counts, global, E, G, g, e, wAux, wSeq, wGlobal);
+            const double v = score == cpu::MoeScore::Softmax
+                                 ? prob(e) * (w - dot)
+                                 : (w - dot) / (S + 1e-20) * routerAuxScoreGrad(score, l[e]);
+            d[e] = static_cast<float>(v + zScale * lse * (exp(static_cast<double>(l[e]) - mx) / se));
+        }
+    }
+}
+
 Status checkShape(const char* op, int64_t a, int64_t b) {
     if (a < 0 || b < 0) return Status::invalid(std::string(op) + ": negative size");
     return Status::ok();
@@ -260,6 +314,17 @@ Status moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const in
     moeRouterProbsGradReduceKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, detail::asStream(stream)>>>(
         dprob, rowOf, sel, a, b, c, full, dl, T, K, E);
     return detail::launchStatus("moeRouterProbsBackward launch");
+}
+
+Status moeRouterAuxBackward(const float* logits, const float* counts, const float* global, float* dl, int T, int E,
+                            int G, int microBatch, cpu::MoeScore score, double wAux, double wSeq, double wGlobal,
+                            double zScale, void* stream) {
+    TS_RETURN_IF_ERROR(checkShape("moeRouterAuxBackward", T, E));
+    if (G < 1 || microBatch < 1) return Status::invalid("moeRouterAuxBackward: groups and microBatch must be >= 1");
+    if (T == 0 || E == 0) return Status::ok();
+    moeRouterAuxGradReduceKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+        logits, counts, global, dl, T, E, G, microBatch, score, wAux, wSeq, wGlobal, zScale);
+    return detail::launchStatus("moeRouterAuxBackward launch");
 }
 
 }  // namespace ts::kernels::cuda

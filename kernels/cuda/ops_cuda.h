@@ -275,5 +275,10 @@ Status sigmoidGateBackward(const float* dout, const float* y, const float* x, co
 Status moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int32_t* sel, const float* a,
                               const float* b, const float* c, const float* full, float* dl, int T, int K, int E,
                               void* stream);
+// counts, global: device [G, E], [E] or null; one thread per token (the oracle's order, every double
+// step rounded; exp/log1p/sqrt within CUDA's 1-2 ulp of glibc's).
+Status moeRouterAuxBackward(const float* logits, const float* counts, const float* global, float* dl, int T, int E,
+                            int G, int microBatch, cpu::MoeScore score, double wAux, double wSeq, double wGlobal,
+                            double zScale, void* stream);
 
 }  // namespace ts::kernels::cuda

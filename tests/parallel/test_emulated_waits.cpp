@@ -2,7 +2,9 @@
 // On a GPU each rank's host thread queues its step's kernels ahead of the device; an op whose host
 // code reads device memory back stops that until the stream drains. Per step, one wait each for
 // the gradient norm before clipping, the losses' read-back (last stage), FP8 delayed scaling's
-// amax history, the MoE expert bias and quantile balancing's beta (at the step's end). Within a
+// amax history, the MoE expert bias and quantile balancing's beta (at the step's end), and, as the
+// run is traced, the MoE router's counters (their aux-loss counts) and tensorwise FP8's last
+// amaxes. Within a
 // microbatch only the MoE router (the logits for the host's routing, the dispatcher's counts,
 // quantile balancing's quantiles): Megatron's token dispatcher waits there too for its
 // data-dependent sizes. Everything else waits for nothing: FP8 in every recipe, context parallel
@@ -17,6 +19,7 @@
 
 #include "engine/backend/emulated_backend.h"
 #include "engine/parallel/parallel_trainer.h"
+#include "fake_recorder.h"
 #include "parallel_test_util.h"
 
 namespace ts::engine {
@@ -151,21 +154,25 @@ TEST(EmulatedDeviceWaits, OnlyTheRouterWaitsWithinAMicrobatch) {
         ParallelTrainerOptions o;
         o.emulateDevice = true;
         o.hostSyncCollectives = false;  // the GPU's asynchronous collectives, whatever the environment
-        auto t = ParallelTrainer::create(k.c, nullptr, o);
+        FakeRecorder rec;  // traced: the MoE router's counters are read back once per step
+        auto t = ParallelTrainer::create(k.c, &rec, o);
         ASSERT_TRUE(t.isOk()) << k.name << ": " << t.status().toString();
         for (int s = 0; s < steps; ++s) {
             StepProgress p;
             ASSERT_TRUE((*t)->step(&p).isOk()) << k.name;
         }
         const bool moe = k.c.num_moe_experts > 0;
+        bool auxTerms = false;  // counts on the device for the aux losses' backward and counters
+        for (const char* type : {"aux_loss", "seq_aux_loss", "global_aux_loss"})
+            auxTerms = auxTerms || (moe && moeAuxLossCoeff(k.c, type) != 0);
         // Each rank's microbatches, times its layers, times their forwards: an upper bound of the
         // router's waits of each kind.
         const int64_t routings = int64_t(steps) * k.c.num_microbatches * k.c.num_layers;
         const std::set<std::string> perStep = {"optimizer.clip",         "loss_reduce",
                                                "fp8_scale_update",       "fp8_expert_scale_update",
-                                               "moe.expert_bias_update", "moe.qb_beta_update"};
-        const std::set<std::string> router = {"router.topk_permute", "moe.dispatch_counts",
-                                              "moe.allgather_routing", "moe.router_stats",
+                                               "moe.expert_bias_update", "moe.qb_beta_update",
+                                               "moe.router_stats_read", "fp8_counters",  "fp8_expert_counters"};
+        const std::set<std::string> router = {"router.topk_permute", "moe.dispatch_counts", "moe.allgather_routing",
                                               "router.qb_dual_update"};
         for (const auto& [rank, dev] : (*t)->localDevices()) {
             const auto waits = emulatedHostWaits(const_cast<Device&>(*dev));
@@ -173,6 +180,8 @@ TEST(EmulatedDeviceWaits, OnlyTheRouterWaitsWithinAMicrobatch) {
             const bool lastStage = (*t)->layout().coordsOf(rank).pp == k.c.pipeline_model_parallel_size - 1;
             EXPECT_EQ(waits.count("loss_reduce"), lastStage ? 1u : 0u)
                 << k.name << ", rank " << rank << ": the last stage reads its losses back";
+            EXPECT_EQ(waits.count("moe.router_stats_read"), auxTerms ? 1u : 0u)
+                << k.name << ", rank " << rank << ": the router's aux counts are read back for the trace";
             for (const auto& [op, n] : waits) {
                 if (perStep.count(op)) {
                     EXPECT_EQ(n, steps) << k.name << ", rank " << rank << ": " << op << " should wait once per step";

@@ -7,7 +7,10 @@
 // comments.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
 #include <random>
 
 #include "engine/model/moe_routing.h"
@@ -314,24 +317,128 @@ TEST(MoeRouting, ProbsBackwardMatchesFiniteDifferences) {
     }
 }
 
-TEST(MoeRouting, AuxScoresBackwardMatchesFiniteDifferences) {
-    const std::vector<float> l = {0.3f, -1.2f, 2.0f, 0.7f, -0.1f};
-    const std::vector<double> w = {0.5, -1.0, 2.0, 0.25, 1.5};
-    for (MoeScore f : {MoeScore::Softmax, MoeScore::Sigmoid, MoeScore::SqrtSoftplus}) {
-        std::vector<double> dl(5, 0.0), p(5);
-        moeAuxScoresBackward(l.data(), 5, f, w.data(), dl.data());
-        for (int e = 0; e < 5; ++e) {
-            double v[2];
-            for (int sg = 0; sg < 2; ++sg) {
-                std::vector<float> x = l;
-                x[size_t(e)] += sg ? -1e-3f : 1e-3f;
-                moeAuxScores(x.data(), 5, f, p.data());
-                v[sg] = 0;
-                for (int i = 0; i < 5; ++i) v[sg] += w[size_t(i)] * p[size_t(i)];
+// moeRoute's threads share the tokens in chunks whose sums add up in chunk order: the same
+// routing, probs and statistics, bit for bit, for any number of threads, in every mode (more
+// tokens than one chunk, a last chunk cut short).
+TEST(MoeRouting, ThreadsGiveTheSameRouting) {
+    const int T = 1000, E = 16;
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> logits(size_t(T) * E), bias(static_cast<size_t>(E));
+    for (float& v : logits) v = nd(rng);
+    for (float& v : bias) v = 0.1f * nd(rng);
+    std::vector<int> pre(size_t(T) * 2);
+    for (int t = 0; t < T; ++t) {
+        pre[size_t(t) * 2] = t % E;
+        pre[size_t(t) * 2 + 1] = (t + 3) % E;
+    }
+    struct Mode {
+        const char* name;
+        std::function<void(MoeRouteOptions&)> set;
+    };
+    const std::vector<Mode> modes = {
+        {"softmax", [](MoeRouteOptions&) {}},
+        {"pre-softmax, groups", [](MoeRouteOptions& o) { o.preSoftmax = true; o.numGroups = 4; o.groupTopk = 2; }},
+        {"sigmoid, bias, groups, scale",
+         [&](MoeRouteOptions& o) {
+             o.score = MoeScore::Sigmoid;
+             o.expertBias = bias.data();
+             o.numGroups = 4;
+             o.groupTopk = 2;
+             o.scale = 2.5;
+         }},
+        {"sqrtsoftplus, seq groups", [](MoeRouteOptions& o) { o.score = MoeScore::SqrtSoftplus; o.microBatch = o.groups = 4; }},
+        {"sinkhorn", [](MoeRouteOptions& o) { o.sinkhorn = true; }},
+        {"precomputed", [&](MoeRouteOptions& o) { o.precomputed = pre.data(); }},
+        {"capacity by prob, padded", [](MoeRouteOptions& o) { o.cap = 100; o.pad = true; }},
+    };
+    for (const Mode& m : modes) {
+        MoeRouteOptions o;
+        o.T = T;
+        o.E = E;
+        o.K = 2;
+        o.bf16Probs = true;
+        m.set(o);
+        const MoeRouting one = moeRoute(logits.data(), o);
+        for (int threads : {2, 3, 7}) {
+            o.threads = threads;
+            const MoeRouting r = moeRoute(logits.data(), o);
+            const std::string what = std::string(m.name) + ", " + std::to_string(threads) + " threads";
+            EXPECT_EQ(r.topi, one.topi) << what;
+            EXPECT_EQ(r.topp, one.topp) << what;
+            EXPECT_EQ(r.routed, one.routed) << what;
+            EXPECT_EQ(r.groupCounts, one.groupCounts) << what;
+            EXPECT_EQ(r.probSum, one.probSum) << what;
+            EXPECT_EQ(r.zSum, one.zSum) << what;
+            EXPECT_EQ(r.offset, one.offset) << what;
+            EXPECT_EQ(r.tokenOf, one.tokenOf) << what;
+            EXPECT_EQ(r.prob, one.prob) << what;
+            EXPECT_EQ(r.dropped, one.dropped) << what;
+        }
+        double total = 0;
+        for (double v : one.probSum) total += v;
+        EXPECT_NEAR(total, T, 1e-6) << m.name << ": every token's aux scores sum to 1";
+    }
+}
+
+// The kernel that gives the router's logits the aux and z losses' gradient (moeRouterAuxBackward)
+// against finite differences of the loss it differentiates, sum_t w_g(t) . p(l_t) +
+// zScale/2 lse(l_t)^2, with the weights built here from the counts: two groups of tokens
+// (seq_aux_loss's groups, token t in group (t % microBatch) % G), each aux term on its own and all
+// three with the z-loss, for every score function.
+TEST(MoeRouting, AuxBackwardKernelMatchesFiniteDifferences) {
+    // Three sequences in two groups (the engine uses one group or one per sequence; these differ,
+    // so that a mix-up of the two shows).
+    const int T = 6, E = 5, G = 2, mbB = 3;
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(-2.f, 2.f);
+    std::vector<float> logits(size_t(T) * E), counts(size_t(G) * E), global(static_cast<size_t>(E));
+    for (float& v : logits) v = u(rng);
+    for (float& v : counts) v = float(int(rng() % 7));
+    for (float& v : global) v = float(int(rng() % 13));
+    struct Weights {
+        const char* name;
+        double aux, seq, global, z;
+    };
+    for (const Weights& k : {Weights{"aux", 0.3, 0, 0, 0}, Weights{"seq", 0, 0.7, 0, 0},
+                             Weights{"global", 0, 0, 0.2, 0}, Weights{"all with z", 0.3, -0.5, 0.2, 0.4}}) {
+        // w[g][e] from its definition: the total over the groups, the group's own, the global count
+        std::vector<double> w(size_t(G) * E);
+        for (int g = 0; g < G; ++g)
+            for (int e = 0; e < E; ++e)
+                w[size_t(g) * E + e] = k.aux * (counts[size_t(e)] + counts[size_t(E + e)]) +
+                                       k.seq * counts[size_t(g) * E + e] + k.global * global[size_t(e)];
+        const auto loss = [&](const std::vector<float>& L, MoeScore f) {
+            double sum = 0;
+            std::vector<double> p(static_cast<size_t>(E));
+            for (int t = 0; t < T; ++t) {
+                const float* l = L.data() + size_t(t) * E;
+                moeAuxScores(l, E, f, p.data());
+                for (int e = 0; e < E; ++e) sum += w[size_t(t % mbB % G) * E + e] * p[size_t(e)];
+                double mx = l[0], se = 0;
+                for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
+                for (int e = 0; e < E; ++e) se += std::exp(double(l[e]) - mx);
+                const double lse = mx + std::log(se);
+                sum += k.z / 2 * lse * lse;
             }
-            // the float step actually taken
-            const double h = double(l[size_t(e)] + 1e-3f) - double(l[size_t(e)] - 1e-3f);
-            EXPECT_NEAR(dl[size_t(e)], (v[0] - v[1]) / h, 1e-4) << int(f) << " " << e;
+            return sum;
+        };
+        for (MoeScore f : {MoeScore::Softmax, MoeScore::Sigmoid, MoeScore::SqrtSoftplus}) {
+            std::vector<float> dl(size_t(T) * E, 99.f);  // overwritten
+            kernels::cpu::moeRouterAuxBackward(logits.data(), k.aux || k.seq ? counts.data() : nullptr,
+                                               k.global ? global.data() : nullptr, dl.data(), T, E, G, mbB, f, k.aux,
+                                               k.seq, k.global, k.z);
+            double largest = 0;
+            for (size_t i = 0; i < logits.size(); ++i) {
+                std::vector<float> lp = logits, lm = logits;
+                lp[i] += 1e-3f;
+                lm[i] -= 1e-3f;
+                const double numeric = (loss(lp, f) - loss(lm, f)) / (double(lp[i]) - double(lm[i]));
+                EXPECT_NEAR(dl[i], numeric, 2e-3 * std::fabs(numeric) + 1e-4)
+                    << k.name << ", score " << int(f) << ", logit " << i;
+                largest = std::max(largest, std::fabs(numeric));
+            }
+            EXPECT_GT(largest, 1e-2) << k.name << ", score " << int(f) << ": the terms must move the logits";
         }
     }
 }

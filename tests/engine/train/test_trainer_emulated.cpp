@@ -19,6 +19,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/emulated_backend.h"
 #include "engine/backend/kernels.h"
+#include "tests/parallel/fake_recorder.h"
 #include "engine/model/gpt.h"
 #include "engine/model/param_buffer.h"
 #include "kernels/cpu/ops.h"
@@ -161,7 +162,9 @@ TEST(EmulatedDeviceTrainer, Bf16WorkingWeightsLiveOnlyWhileTheirPartRuns) {
 // device memory back (a download, a value-returning kernel) stops that until the stream drains.
 // Within a microbatch only the MoE router's top-k may (Megatron's dispatcher too waits for its
 // data-dependent sizes there); the rest wait once per step at most, where Megatron does as well:
-// the grad norm (and the finite check), FP8 delayed scaling's amax history, the expert bias.
+// the grad norm (and the finite check), FP8 delayed scaling's amax history, the expert bias, and
+// traced, the MoE router's counters (their aux-loss counts stay on the device until then) and
+// tensorwise FP8's last amaxes.
 TEST(EmulatedDeviceTrainer, OnlyTheRouterWaitsForTheDeviceWithinAMicrobatch) {
     for (const auto& [name, edit] : ts::testing::trainerVariants()) {
         Config c = tinyConfig();
@@ -172,16 +175,32 @@ TEST(EmulatedDeviceTrainer, OnlyTheRouterWaitsForTheDeviceWithinAMicrobatch) {
         o.emulateDevice = true;
         auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
         ASSERT_TRUE(t.isOk()) << name << ": " << t.status().toString();
+        ts::test::FakeRecorder rec;
+        Device& dev = (*t)->model().exec().device();
+        dev.setTrace(&rec, 0);
         const Status st = (*t)->train(-1, {});
+        ASSERT_TRUE((*t)->model().exec().synchronize().isOk()) << name;
+        dev.setTrace(nullptr, 0);
         ASSERT_TRUE(st.isOk()) << name << ": " << st.toString();
         const bool moe = c.num_moe_experts > 0;
+        // The aux terms' counters: once per layer and microbatch, read at the steps' ends.
+        bool auxCounts = false;
+        for (const char* type : {"aux_loss", "seq_aux_loss", "global_aux_loss"})
+            auxCounts = auxCounts || (moe && moeAuxLossCoeff(c, type) != 0);
+        int64_t auxLoss = 0;
+        for (const auto& k : rec.counters)
+            if (rec.str(k.name).ends_with(".aux_loss")) ++auxLoss;
+        EXPECT_EQ(auxLoss, moe ? int64_t(c.train_iters) * c.num_microbatches * c.num_layers : 0) << name;
         const int64_t steps = c.train_iters, routings = steps * c.num_microbatches * c.num_layers *
                                                         (c.recompute_granularity == "full" ? 2 : 1);
         const std::map<std::string, int64_t> perStep = {{"optimizer.grad_norm", steps},
                                                         {"fp8_scale_update", steps},
                                                         {"fp8_expert_scale_update", steps},
                                                         {"moe.expert_bias_update", steps},
-                                                        {"loss_reduce", steps}};
+                                                        {"loss_reduce", steps},
+                                                        {"moe.router_stats_read", auxCounts ? steps : 0},
+                                                        {"fp8_counters", steps},  // tensorwise, traced
+                                                        {"fp8_expert_counters", steps}};
         const auto waits = emulatedHostWaits((*t)->model().exec().device());
         EXPECT_EQ(waits.count("optimizer.grad_norm"), 1u) << name << ": the grad norm is read on the host";
         for (const auto& [op, n] : waits) {

@@ -6,14 +6,16 @@
 # resources/examples/small.yaml on GPU 0 with the CUPTI capture on, and `trainscope analyze` of its
 # run file; once more as TP 2 x PP 2 with the four ranks sharing the GPUs), then the speed checks (bench_gpu_step: step time, MFU and peak memory of the small and
 # the ~1.3B GPT, bf16 and FP8, flash attention and, once, the probabilities kept; once with the
-# saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing).
+# saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing), and
+# bench_moe_routing on the machine's host cores (what the GPU idles for per MoE layer and microbatch
+# while the host routes).
 # Logs, the tests' JSON reports and the benchmarks' JSON lines go into one tarball,
 # gpu_check.tar.gz, in $OUT (the device tool's output folder, which brings back few files), else in
 # build/gpu_check; a summary goes to stdout.
 #
 # Device time is scarce. Build here first (cmake --preset dev; cmake --build build/dev --target
-# test_gpu bench_gpu_step trainscope), then either run on a machine that has this checkout's build
-# (--bin DIR, default build/dev), or pack the binaries and their non-CUDA libraries with
+# test_gpu bench_gpu_step bench_moe_routing trainscope), then either run on a machine that has this
+# checkout's build (--bin DIR, default build/dev), or pack the binaries and their non-CUDA libraries with
 # scripts/gpu_bundle.sh and pass --bundle .gpu/bundle.tar.xz where only the checkout travels (the
 # machine must have CUDA 13's runtime, cuBLAS, CUPTI and NCCL; they are looked for under
 # /usr/local and Python's nvidia packages). --build builds on the GPU machine instead (sm_90 only,
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
         --bin) bin="$2"; shift ;;
         --bundle) bundle="$2"; shift ;;
         --deadline) deadline="$2"; shift ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -96,7 +98,8 @@ if [ -n "$bundle" ]; then
 fi
 if [ "$build" = 1 ]; then
     cmake --preset dev -DCMAKE_CUDA_ARCHITECTURES=90 > "$work/configure.log" 2>&1 &&
-        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step trainscope > "$work/build.log" 2>&1 ||
+        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step bench_moe_routing trainscope \
+            > "$work/build.log" 2>&1 ||
         { echo "gpu_check: build failed, see build.log"; tail -30 "$work/build.log"; status=1; finish; }
 fi
 for b in "$bin/tests/test_gpu" "$bin/apps/bench_gpu_step"; do
@@ -181,5 +184,11 @@ if [ "$bench" = 1 ]; then
         tail -4 "$work/bench.log"
         cat "$work/bench.log" >> "$work/bench_gpu_step.log"
     done
+fi
+if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_moe_routing" ]; then
+    # The MoE router's host share on this machine's cores, one thread and the engine's choice.
+    echo "== bench_moe_routing"
+    within 60 "$bin/apps/bench_moe_routing" --reps 3 > "$work/bench_moe_routing.log" 2>&1 || status=1
+    cat "$work/bench_moe_routing.log"
 fi
 finish

@@ -793,9 +793,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         // stream: the aux and z losses' gradient (into dl), then the probs' part from their grads
         // (the coefficients uploaded), so nothing is read back.
         const float* L = s->logitsHost.data();
-        // The aux loss counts the routing before any dropping (Megatron computes it from the
-        // logits' own top-k).
-        const int G = s->groups;
+        const int G = s->groups;  // the aux loss's token groups (moeRouterAuxBackward's)
         std::vector<float> host(size_t(5 * TK) + (fullProbs ? size_t(T) * E : 0));
         float* a = host.data();
         float* b = a + TK;

@@ -48,10 +48,9 @@ double scoreGrad(MoeScore f, double x) {
 // moeRoute's chunk of tokens (the unit of its threads and of its sums' order).
 constexpr int kRouteChunk = 256;
 
-// The k best of v[first + 0..n) (ties: lower index), best first, as offsets from first: each
-// value inserted into the sorted k best so far. The candidates come in increasing index, so an
-// equal value never moves ahead of one kept already. k <= n.
-// best: scratch of K values (the kept ones, in out's order).
+// The indices of the k best of v[0..n) (ties: lower index), best first: each value inserted into
+// the sorted k best so far. The candidates come in increasing index, so an equal value never moves
+// ahead of one kept already. k <= n. best: scratch of K values (the kept ones, in out's order).
 void topKRange(const double* v, int n, int K, int* out, double* best) {
     if (K <= 0) return;
     int m = 0;

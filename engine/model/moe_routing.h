@@ -72,8 +72,8 @@ struct MoeRouteOptions {
     // Whether the kernels route it (moeRouteTopK, moeRoutePlan): dropless, not sinkhorn, no
     // precomputed choice (the engine also routes quantile balancing on the host, whose choice
     // comes later). moeRoute routes every mode.
-    // (The kernels take K <= 64 and numGroups <= 64, kernels/cpu/ops.h.)
-    bool kernelRouted() const { return cap < 0 && !sinkhorn && !precomputed && K <= 64 && numGroups <= 64; }
+    // (The kernels take K <= 64 and numGroups <= 64, as modelDimsFromConfig requires.)
+    bool kernelRouted() const { return cap < 0 && !sinkhorn && !precomputed; }
 };
 
 struct MoeRouting {

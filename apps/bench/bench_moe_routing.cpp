@@ -1,11 +1,15 @@
-// bench_moe_routing: the host's share of one MoE layer's routing for one microbatch at the
-// router shapes of real models. On a GPU the forward's op router.topk_permute reads the logits
-// back and routes on the host (moeRoute, moe_routing.h): the device idles from the read-back
-// until the host has queued the next kernels, so this time is a lower bound of that gap per MoE
-// layer and microbatch. The backward's host share (moeProbsBackwardCoefficients) delays only its
-// own kernels' launch. Times each on random logits (median of --reps calls), the routing on one
-// thread and on --threads (the engine's choice on a device: half the cores, at most 8), and
-// prints a table and one JSON line. Issue #17: what the router on the device would save.
+// bench_moe_routing: one MoE layer's routing for one microbatch at the router shapes of real
+// models, on the host. Two paths route (engine/model/gpt_moe.cpp, router.topk_permute):
+//   the kernels (moeRouteTopK + moeRoutePlan, and moeRouterAuxCounts for the aux losses): the
+//     dropless routers without sinkhorn or quantile balancing; timed here as their CPU oracle, what
+//     the CPU backend spends (on a GPU they run on the device and the host waits only for the
+//     experts' row offsets);
+//   the host's moeRoute (token dropping, sinkhorn, quantile balancing): on a GPU the device idles
+//     from the logits' read-back until the host has queued the next kernels, so this time is a
+//     lower bound of that gap per MoE layer and microbatch; on one thread and on --threads (the
+//     engine's choice on a device: half the cores, at most 8).
+// And the backward's coefficients (moeRouterProbsCoefficients' oracle). Median of --reps calls on
+// random logits; prints a table and one JSON line. Issue #17.
 //
 // usage: bench_moe_routing [--tokens T] [--reps N] [--threads N]
 #include <algorithm>
@@ -20,6 +24,7 @@
 
 #include "apps/bench/bench_args.h"
 #include "engine/model/moe_routing.h"
+#include "kernels/cpu/ops.h"
 
 using namespace ts::engine;
 
@@ -69,8 +74,8 @@ int main(int argc, char** argv) {
                             {"deepseek_v3_e256_k8", 256, 8, MoeScore::Sigmoid, 8, 4, 2.5, true}};
     nlohmann::json out = {{"bench", "moe_routing"}, {"tokens", T}, {"reps", reps}, {"threads", threads}};
     std::printf("%d tokens per microbatch (seq_length x micro_batch_size, this rank's)\n", T);
-    std::printf("%-22s %14s %18s %16s %16s\n", "router", "route ms", "route ms, threads", "bwd coeffs ms",
-                "us per token");
+    std::printf("%-22s %14s %14s %18s %16s\n", "router", "kernels ms", "host ms", "host ms, threads",
+                "bwd coeffs ms");
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.f, 1.f);
     for (const Shape& s : shapes) {
@@ -87,17 +92,30 @@ int main(int argc, char** argv) {
         o.scale = s.scale;
         o.expertBias = s.bias ? bias.data() : nullptr;
         o.bf16Probs = true;
+        namespace kc = ts::kernels::cpu;
+        const kc::MoeTopKSpec spec = o.topk();
+        const int64_t TK = int64_t(T) * s.K;
+        std::vector<int32_t> topi(static_cast<size_t>(TK)), offset(size_t(s.E) + 1), plan(size_t(4 * TK + T + 1));
+        std::vector<float> probs(static_cast<size_t>(TK)), probT(static_cast<size_t>(TK)), counts(size_t(s.E)), stats(size_t(s.E) + 1);
+        const double kernels = medianMs(reps, [&] {
+            kc::moeRouteTopK(logits.data(), o.expertBias, topi.data(), probs.data(), T, s.E, spec);
+            kc::moeRoutePlan(topi.data(), probs.data(), T, s.K, s.E, offset.data(), plan.data(), plan.data() + TK,
+                             plan.data() + TK + T + 1, plan.data() + 2 * TK + T + 1, plan.data() + 3 * TK + T + 1,
+                             probT.data());
+            kc::moeRouterAuxCounts(logits.data(), T, s.E, s.K, 1, 1, s.score, counts.data(), nullptr, stats.data());
+        });
         MoeRouting r;
         const double route = medianMs(reps, [&] { r = moeRoute(logits.data(), o); });
         o.threads = threads;
         const double routeThreads = medianMs(reps, [&] { r = moeRoute(logits.data(), o); });
-        std::vector<float> a(size_t(T) * s.K), b(a.size()), c(a.size()), full(size_t(T) * s.E);
+        std::vector<float> a(static_cast<size_t>(TK)), b(a.size()), c(a.size()), full(size_t(T) * s.E);
         const double coeff = medianMs(reps, [&] {
-            moeProbsBackwardCoefficients(logits.data(), r.topi.data(), o, a.data(), b.data(), c.data(), full.data());
+            kc::moeRouterProbsCoefficients(logits.data(), topi.data(), T, s.E, spec, false, a.data(), b.data(),
+                                           c.data(), full.data());
         });
-        std::printf("%-22s %14.3f %18.3f %16.3f %16.3f\n", s.name, route, routeThreads, coeff, 1e3 * route / T);
-        out[s.name] = {{"route_ms", route},   {"route_ms_threads", routeThreads}, {"bwd_coeff_ms", coeff},
-                       {"experts", s.E},      {"topk", s.K}};
+        std::printf("%-22s %14.3f %14.3f %18.3f %16.3f\n", s.name, kernels, route, routeThreads, coeff);
+        out[s.name] = {{"kernels_ms", kernels}, {"route_ms", route}, {"route_ms_threads", routeThreads},
+                       {"bwd_coeff_ms", coeff}, {"experts", s.E},   {"topk", s.K}};
     }
     std::printf("%s\n", out.dump().c_str());
     return 0;

@@ -41,7 +41,8 @@ const std::vector<std::string>& cudaOpNames() {
         "amaxOf", "fp8QuantizeCurrent", "amaxAccumulate", "fp8QuantizeDequantize", "fp8BlockQuantizeDequantize",
         // MoE
         "gatherRows", "gatherSumRows", "scaleRows", "moeProbGrad", "weightedColumnSum", "sigmoidGateForward",
-        "sigmoidGateBackward", "moeRouterProbsBackward", "moeRouterAuxBackward",
+        "sigmoidGateBackward", "moeRouterProbsBackward", "moeRouterAuxBackward", "moeRouteTopK", "moeRoutePlan",
+        "moeRouterAuxCounts", "moeRouterProbsCoefficients", "moeRoutingMap",
     };
     return kOps;
 }

@@ -723,4 +723,29 @@ void moeRouterAuxBackward(const float* logits, const float* counts, const float*
                      zScale);
 }
 
+void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
+                  const kernels::cpu::MoeTopKSpec& spec) {
+    TS_KERN_DISPATCH(moeRouteTopK, logits, bias, topi, probs, T, E, spec);
+}
+
+void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
+                  int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT) {
+    TS_KERN_DISPATCH(moeRoutePlan, topi, probs, T, K, E, offset, tok, start, inv, tokExp, rowOf, probT);
+}
+
+void moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int microBatch,
+                        kernels::cpu::MoeScore score, float* counts, float* total, float* stats) {
+    TS_KERN_DISPATCH(moeRouterAuxCounts, logits, T, E, K, G, microBatch, score, counts, total, stats);
+}
+
+void moeRouterProbsCoefficients(const float* logits, const int32_t* topi, int T, int E,
+                                const kernels::cpu::MoeTopKSpec& spec, bool sinkhorn, float* a, float* b, float* c,
+                                float* full) {
+    TS_KERN_DISPATCH(moeRouterProbsCoefficients, logits, topi, T, E, spec, sinkhorn, a, b, c, full);
+}
+
+void moeRoutingMap(const int32_t* tokExp, const float* probT, int rows, int64_t TE, float* map) {
+    TS_KERN_DISPATCH(moeRoutingMap, tokExp, probT, rows, TE, map);
+}
+
 }  // namespace ts::engine::kern

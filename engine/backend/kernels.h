@@ -242,5 +242,16 @@ void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int3
 void moeRouterAuxBackward(const float* logits, const float* counts, const float* global, float* dl, int T, int E,
                           int G, int microBatch, kernels::cpu::MoeScore score, double wAux, double wSeq, double wGlobal,
                           double zScale);
+// The router's choice and plan where the logits are (kernels/cpu/ops.h).
+void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
+                  const kernels::cpu::MoeTopKSpec& spec);
+void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
+                  int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT);
+void moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int microBatch,
+                        kernels::cpu::MoeScore score, float* counts, float* total, float* stats);
+void moeRouterProbsCoefficients(const float* logits, const int32_t* topi, int T, int E,
+                                const kernels::cpu::MoeTopKSpec& spec, bool sinkhorn, float* a, float* b, float* c,
+                                float* full);
+void moeRoutingMap(const int32_t* tokExp, const float* probT, int rows, int64_t TE, float* map);
 
 }  // namespace ts::engine::kern

@@ -1,6 +1,8 @@
 // GptModel's MoE block (Megatron's MoELayer with its TopKRouter and experts; REFERENCE.md §5),
 // in place of the MLP on the layers moe_layer_freq marks (every layer by default):
-//   router: logits = x W_r^T (fp32); the top-k choice and probs of moeRoute (moe_routing.h):
+//   router: logits = x W_r^T (fp32); each token's top-k choice and probs (kernels/cpu/moe_route.h;
+//     the kernels moeRouteTopK / moeRoutePlan on the stream, or moeRoute on the host for token
+//     dropping, sinkhorn and quantile balancing, moe_routing.h):
 //     Megatron's default top-k on the logits and a softmax over the k chosen, or softmax before
 //     the top-k (moe_router_pre_softmax), sigmoid / sqrtsoftplus scores renormalised over the k
 //     (moe_router_score_function), times moe_router_topk_scaling_factor, group-limited
@@ -20,8 +22,8 @@
 //     (moeQbForward / moeQbStepEnd): the choice is the top-k of logits - qb_beta, the microbatch's
 //     column quantile (logits gathered over tp-cp) is summed over the step, and after the last
 //     backward qb_beta takes the mean over the microbatches and dp-cp ranks (ema-blended, centred).
-//   dispatch (dropless): token copies sorted expert-major, token-ascending (Megatron's permute;
-//     the host-side plan, with token dropping, is moeRoute in engine/model/moe_routing.h);
+//   dispatch: token copies sorted expert-major, token-ascending (Megatron's permute; the plan of
+//     router.topk_permute, with token dropping the host's moeRoute's);
 //   experts: fc1 -> GeLU/SwiGLU -> multiply by the token's prob -> fc2, per expert
 //     (moe_grouped_gemm: one op over all experts; else one op per expert — same math);
 //     with add_bias_linear (Megatron's default) fc1 + b1 before the activation and
@@ -73,6 +75,7 @@
 #include "engine/model/gpt.h"
 
 #include <algorithm>
+#include <array>
 #include <thread>
 
 #include "engine/model/gpt_internal.h"
@@ -120,42 +123,42 @@ double switchAuxLoss(const double* probSum, const double* counts, int groups, in
 // What the backward needs from one MoE forward (host-side routing lives here; the ops fill it).
 struct GptModel::MoeSaved {
     int T = 0, E = 0, k = 0;
-    std::vector<int> tokenOf;    // [T*k] permuted row -> token
-    std::vector<int> expertOf;   // [T*k] permuted row -> expert
     int rows = 0;                // permuted rows (T*k when dropless; set when routing ran)
     int rowsAlloc = 0;           // their upper bound, known when the forward is enqueued
     std::vector<int> routed;     // [E] token copies routed to each expert before any dropping
     // The aux loss's groups: the microbatch (aux_loss) or each of its sequences (seq_aux_loss).
     // Context parallel: it counts the routing of the whole group (Megatron sums the counts over
-    // the TP x CP group): auxCounts = groupCounts summed over "tp" (SP) and "cp".
+    // the TP x CP group): auxCounts = the kernel moeRouterAuxCounts' summed over "tp" (SP) and "cp".
     int groups = 1;
-    std::vector<int> groupCounts;  // [groups][E] the aux loss's routing map's counts (moe_routing.h)
     // Where the backward's kernel reads them (moeRouterAuxBackward), set by the pass that applies the
-    // aux losses: [groups][E] groupCounts summed over tp-cp (aux_loss, seq_aux_loss); [E]
+    // aux losses: [groups][E] the counts summed over tp-cp (aux_loss, seq_aux_loss); [E]
     // global_aux_loss's counts summed over tp-dp-cp and over the step's first gaSteps microbatches.
     TensorPtr auxCounts, auxGlobal;
     int gaSteps = 0;
     std::vector<int> qbIndices;        // [T*k] quantile_balancing: the chosen experts
     MoeRouteOptions ro;            // how the router chose (the probs' backward)
-    std::vector<double> probSum;   // [groups][E] sum over the group's local tokens of the full softmax
-    double zSum = 0;              // sum over local tokens of logsumexp(logits)^2
     int dropped = 0;
-    std::vector<int> offset;     // [E+1] first permuted row of each expert
-    std::vector<float> prob;     // [T*k] the row's routing prob
-    // The router's logits as the host routed them (read back by router.topk_permute, or by
-    // router.qb_dual_update; router.bwd derives the probs' backward coefficients from them).
+    std::vector<int> offset;     // [E+1] first permuted row of each expert (read back by the host)
+    // The router's logits on the host, for the modes the host routes (MoeRouteOptions::kernelRouted
+    // false): read back by router.topk_permute, or by router.qb_dual_update; freed once routed.
     std::vector<float> logitsHost;
-    // The routing plan where kernels read it, int32, filled by router.topk_permute:
+    // The routing plan where kernels read it, int32, filled by router.topk_permute (the kernels
+    // moeRouteTopK and moeRoutePlan, or the host's moeRoute uploaded):
     // [rowsAlloc] the token of each permuted row, [T+1] + [rowsAlloc] the combine's inverse index
-    // (a token's rows in order), [rowsAlloc] token*E + expert of each row (allgather's dprob).
+    // (a token's rows in order), [rowsAlloc] token*E + expert of each row (allgather's map and
+    // dprob), [T*k] each slot's row (-1: dropped), [T*k] each slot's expert (token-major, best
+    // first), [E+1] each expert's first row.
     TensorPtr plan;
-    const int32_t* planTok() const { return static_cast<const int32_t*>(plan->data()); }
-    const int32_t* planStart() const { return planTok() + rowsAlloc; }
-    const int32_t* planInv() const { return planStart() + T + 1; }
-    const int32_t* planTokExp() const { return planInv() + rowsAlloc; }
-    std::vector<int> slotOf;     // [T*k] which of the token's k choices (-1: padding row, prob 0)
-    std::vector<float> topv;     // [T*k] the chosen logits (token-major)
-    std::vector<int> topi;       // [T*k] the chosen experts (token-major)
+    int32_t* planTok() const { return static_cast<int32_t*>(plan->data()); }
+    int32_t* planStart() const { return planTok() + rowsAlloc; }
+    int32_t* planInv() const { return planStart() + T + 1; }
+    int32_t* planTokExp() const { return planInv() + rowsAlloc; }
+    int32_t* planRowOf() const { return planTokExp() + rowsAlloc; }
+    int32_t* planTopi() const { return planRowOf() + int64_t(T) * k; }
+    int32_t* planOffset() const { return planTopi() + int64_t(T) * k; }
+    static int64_t planWords(int T, int k, int E, int rowsAlloc) {
+        return 3 * int64_t(rowsAlloc) + T + 1 + 2 * int64_t(T) * k + E + 1;
+    }
     TensorPtr logits;            // [T, E]
     TensorPtr xp;                // permuted input [T*k, h]
     TensorPtr probT;             // [T*k] the routing prob of each permuted row (= prob)
@@ -193,9 +196,9 @@ struct GptModel::RouterStats {
     int gl = 0, T = 0, E = 0, K = 0, G = 1, share = 1, dpSize = 1, gaSteps = 0;
     bool cap = false;
     TensorPtr counts, global;  // MoeSaved::auxCounts, auxGlobal (null: not counted)
+    // moeRouterAuxCounts' [G*E] sums of the aux scores per group, then the sum of lse^2.
+    TensorPtr stats;
     int64_t ts = 0;
-    std::vector<double> probSum;
-    double zSum = 0;
     std::vector<int> routed;
     int dropped = 0;
 };
@@ -281,54 +284,78 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // the routed rows are counted once per microbatch (not again by a full recompute).
     const bool bias = m_cfg.moe_router_enable_expert_bias, count = bias && !m_recomputing;
     auto router = m_router;
-    TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, 3 * int64_t(rowsAlloc) + T + 1, MemCategory::Workspace));
+    TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, MoeSaved::planWords(T, K, E, rowsAlloc),
+                                                    MemCategory::Workspace));
+    // The kernels route where the logits are unless the mode needs the host (moeRoute: token
+    // dropping, sinkhorn, quantile balancing's choice): then the host waits for the logits and routes.
+    const bool kernelRouted = ro.kernelRouted() && !qb;
+    const kernels::cpu::MoeTopKSpec spec = ro.topk();
+    TensorPtr probsWs, biasDev;
+    if (kernelRouted) {
+        TS_ASSIGN_OR_RETURN(probsWs, allocUninitialized(m_exec, int64_t(T) * K, MemCategory::Workspace));
+        if (bias) { TS_ASSIGN_OR_RETURN(biasDev, allocUninitialized(m_exec, E, MemCategory::Workspace)); }
+    }
     // The ops read the tensors the layer saves through their own pointers: the host replaces those
     // in MoeSaved when it packs them for the backward (GptModel::saveBf16), maybe before they run.
     TensorPtr xp = s->xp;
     m_exec.op("router.topk_permute", Category::Elementwise, double(T) * E * 4, uint64_t(T) * (E + K * h) * 4, [=] {
-        // The routing runs on the host: the logits are read back (on a device a copy and a wait,
-        // as Megatron's dispatcher waits for its splits), the plan and the probs go back.
-        if (!qb) {  // quantile balancing's router.qb_dual_update read them back already
-            s->logitsHost.resize(size_t(T) * E);
-            k::download(s->logitsHost.data(), fp(s->logits), s->logitsHost.size() * sizeof(float));
+        std::vector<int32_t> offset(size_t(E) + 1, 0);
+        if (kernelRouted) {
+            // On the stream: the choice, its probs and the plan; the host reads back only the
+            // experts' row offsets (as Megatron's dispatcher reads its tokens per expert).
+            if (biasDev)
+                k::copyBytes(biasDev->data(), (*router)[size_t(li)].expertBias.data(), size_t(E) * sizeof(float));
+            k::moeRouteTopK(fp(s->logits), biasDev ? fp(biasDev) : nullptr, s->planTopi(), fp(probsWs), T, E, spec);
+            k::moeRoutePlan(s->planTopi(), fp(probsWs), T, K, E, s->planOffset(), s->planTok(), s->planStart(),
+                            s->planInv(), s->planTokExp(), s->planRowOf(), fp(s->probT));
+            k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
+            s->routed.resize(size_t(E));
+            for (int e = 0; e < E; ++e) s->routed[size_t(e)] = offset[size_t(e) + 1] - offset[size_t(e)];
+            s->dropped = 0;
+        } else {
+            // On the host: the logits read back (a copy and a wait), the plan and the probs go back.
+            if (!qb) {  // quantile balancing's router.qb_dual_update read them back already
+                s->logitsHost.resize(size_t(T) * E);
+                k::download(s->logitsHost.data(), fp(s->logits), s->logitsHost.size() * sizeof(float));
+            }
+            MoeRouteOptions o = ro;
+            if (bias) o.expertBias = (*router)[size_t(li)].expertBias.data();
+            if (qb) o.precomputed = s->qbIndices.data();
+            MoeRouting r = moeRoute(s->logitsHost.data(), o);
+            s->logitsHost = {};
+            const int rows = r.rows();
+            const int64_t TK = int64_t(T) * K;
+            std::vector<int32_t> plan(size_t(MoeSaved::planWords(T, K, E, rowsAlloc)), 0);
+            int32_t* tok = plan.data();
+            int32_t* start = tok + rowsAlloc;
+            int32_t* inv = start + T + 1;
+            int32_t* tokExp = inv + rowsAlloc;
+            int32_t* rowOf = tokExp + rowsAlloc;
+            int32_t* topi = rowOf + TK;
+            std::fill(rowOf, rowOf + TK, -1);  // a dropped copy has no row
+            for (int i = 0; i < rows; ++i) {
+                tok[i] = r.tokenOf[size_t(i)];
+                tokExp[i] = r.tokenOf[size_t(i)] * E + r.expertOf[size_t(i)];
+                ++start[tok[i] + 1];
+                if (r.slotOf[size_t(i)] >= 0) rowOf[int64_t(tok[i]) * K + r.slotOf[size_t(i)]] = i;
+            }
+            for (int t = 0; t < T; ++t) start[t + 1] += start[t];
+            std::vector<int32_t> cursor(start, start + T);
+            for (int i = 0; i < rows; ++i) inv[cursor[size_t(tok[i])]++] = i;
+            std::copy(r.topi.begin(), r.topi.end(), topi);
+            std::copy(r.offset.begin(), r.offset.end(), offset.begin());
+            std::copy(offset.begin(), offset.end(), topi + TK);
+            k::copyBytes(s->plan->data(), plan.data(), plan.size() * sizeof(int32_t));
+            k::copyBytes(fp(s->probT), r.prob.data(), size_t(rows) * sizeof(float));
+            s->routed = std::move(r.routed);
+            s->dropped = r.dropped;
         }
-        MoeRouteOptions o = ro;
-        if (bias) o.expertBias = (*router)[size_t(li)].expertBias.data();
-        if (qb) o.precomputed = s->qbIndices.data();
-        MoeRouting r = moeRoute(s->logitsHost.data(), o);
+        s->offset.assign(offset.begin(), offset.end());
+        s->rows = offset[size_t(E)];
         if (count)
             for (int e = 0; e < E; ++e)
-                (*router)[size_t(li)].localTokens[size_t(e)] += r.offset[size_t(e) + 1] - r.offset[size_t(e)];
-        const int rows = r.rows();
-        std::vector<int32_t> plan(size_t(3 * rowsAlloc + T + 1), 0);
-        int32_t* tok = plan.data();
-        int32_t* start = tok + rowsAlloc;
-        int32_t* inv = start + T + 1;
-        int32_t* tokExp = inv + rowsAlloc;
-        for (int i = 0; i < rows; ++i) {
-            tok[i] = r.tokenOf[size_t(i)];
-            tokExp[i] = r.tokenOf[size_t(i)] * E + r.expertOf[size_t(i)];
-            ++start[tok[i] + 1];
-        }
-        for (int t = 0; t < T; ++t) start[t + 1] += start[t];
-        std::vector<int32_t> cursor(start, start + T);
-        for (int i = 0; i < rows; ++i) inv[cursor[size_t(tok[i])]++] = i;
-        k::copyBytes(s->plan->data(), plan.data(), plan.size() * sizeof(int32_t));
-        k::copyBytes(fp(s->probT), r.prob.data(), size_t(rows) * sizeof(float));
-        k::gatherRows(fp(x), s->planTok(), fp(xp), rows, h);
-        s->rows = rows;
-        s->topi = std::move(r.topi);
-        s->topv = std::move(r.topv);
-        s->routed = std::move(r.routed);
-        s->groupCounts = std::move(r.groupCounts);
-        s->probSum = std::move(r.probSum);
-        s->zSum = r.zSum;
-        s->dropped = r.dropped;
-        s->offset = std::move(r.offset);
-        s->tokenOf = std::move(r.tokenOf);
-        s->expertOf = std::move(r.expertOf);
-        s->slotOf = std::move(r.slotOf);
-        s->prob = std::move(r.prob);
+                (*router)[size_t(li)].localTokens[size_t(e)] += offset[size_t(e) + 1] - offset[size_t(e)];
+        k::gatherRows(fp(x), s->planTok(), fp(xp), s->rows, h);
         if (ep == 1 && etp == 1) s->eoff = s->offset;
     });
     // The aux losses' counts, where the backward's kernel (moeRouterAuxBackward) reads them: over
@@ -336,17 +363,30 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // summed over "tp-dp-cp" instead (get_tokens_per_expert_and_token_count's reduce_group) and over
     // the step's microbatches so far. The host never reads them back within the step. Only the
     // pass that applies the aux losses counts: not the first forward of a fully recomputed layer
-    // (Megatron's no-grad forward), its rerun.
+    // (Megatron's no-grad forward), its rerun. Traced, the same kernel sums the statistics of the
+    // router's counters (read back at the step's end with the counts, flushRouterStats).
     const int cp = m_ctx.cpSize, tpShare = m_sp ? m_ctx.tpSize : 1;
     const int dpSize = m_ctx.dpSize, share = cp * tpShare, globalShare = share * dpSize;
     const bool auxPass = recomputeGroupStart(li) < 0 || m_recomputing;
+    if (auxPass && globalAux && globalShare > 1 && (!m_ctx.tpDpCp || m_ctx.tpDpCp->size() != globalShare))
+        return Status::internal("global_aux_loss needs the tp-dp-cp group");
     if (auxPass && (terms.aux != 0 || terms.seq != 0)) {
         TS_ASSIGN_OR_RETURN(s->auxCounts, allocUninitialized(m_exec, int64_t(G) * E, MemCategory::CommBuffers));
-        const TensorPtr counts = s->auxCounts;
-        m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(G) * E * 4, [=] {
-            const std::vector<float> c(s->groupCounts.begin(), s->groupCounts.end());
-            k::copyBytes(counts->data(), c.data(), c.size() * sizeof(float));
+    }
+    if (auxPass && globalAux) {
+        TS_ASSIGN_OR_RETURN(s->auxGlobal, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
+    }
+    TensorPtr stats;
+    if (tt.recorder && auxPass) { TS_ASSIGN_OR_RETURN(stats, allocUninitialized(m_exec, int64_t(G) * E + 1, MemCategory::Workspace)); }
+    if (s->auxCounts || s->auxGlobal || stats) {
+        const TensorPtr counts = s->auxCounts, global = s->auxGlobal, logits = s->logits;
+        const MoeScore score = ro.score;
+        m_exec.op("router.aux_counts", Category::Elementwise, double(T) * E * 4, uint64_t(T) * E * 4, [=] {
+            k::moeRouterAuxCounts(fp(logits), T, E, K, G, mbB, score, counts ? fp(counts) : nullptr,
+                                  global ? fp(global) : nullptr, stats ? fp(stats) : nullptr);
         });
+    }
+    if (const TensorPtr counts = s->auxCounts) {
         if (tpShare > 1)
             m_ctx.tp->allReduce(m_exec.stream(), counts->data(), counts->data(), size_t(G) * E, DType::F32,
                                 ReduceOp::Sum);
@@ -354,20 +394,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             m_ctx.cp->allReduce(m_exec.stream(), counts->data(), counts->data(), size_t(G) * E, DType::F32,
                                 ReduceOp::Sum);
     }
-    if (auxPass && globalAux) {
-        if (globalShare > 1 && (!m_ctx.tpDpCp || m_ctx.tpDpCp->size() != globalShare))
-            return Status::internal("global_aux_loss needs the tp-dp-cp group");
-        TS_ASSIGN_OR_RETURN(s->auxGlobal, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
-        const TensorPtr global = s->auxGlobal;
-        m_exec.op("moe.count_tokens_global", Category::Elementwise, 0, uint64_t(G) * E * 4, [=] {
-            std::vector<float> counts(static_cast<size_t>(E));
-            for (int e = 0; e < E; ++e) {
-                float c = 0;
-                for (int g = 0; g < G; ++g) c += float(s->groupCounts[size_t(g) * E + size_t(e)]);
-                counts[size_t(e)] = c;
-            }
-            k::copyBytes(global->data(), counts.data(), counts.size() * sizeof(float));
-        });
+    if (const TensorPtr global = s->auxGlobal) {
         if (globalShare > 1)
             m_ctx.tpDpCp->allReduce(m_exec.stream(), global->data(), global->data(), size_t(E), DType::F32,
                                     ReduceOp::Sum);
@@ -382,8 +409,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         rs.globalSum = global;
         s->gaSteps = ++rs.gaSteps;
     }
-    // The router's counters (trace only): what the host knows now, and the counts read back once
-    // at the step's end (flushRouterStats).
+    // The router's counters (trace only): what the host knows now, and the counts and statistics
+    // read back once at the step's end (flushRouterStats).
     if (tt.recorder && auxPass) {
         auto st = std::make_shared<RouterStats>();
         st->gl = gl;
@@ -397,10 +424,9 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         st->cap = cap >= 0;
         st->counts = s->auxCounts;
         st->global = s->auxGlobal;
+        st->stats = stats;
         m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
             st->ts = monotonicNs();
-            st->probSum = s->probSum;
-            st->zSum = s->zSum;
             st->routed = s->routed;
             st->dropped = s->dropped;
         });
@@ -781,33 +807,17 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     const double Tg = double(T) * cp * (m_sp ? m_ctx.tpSize : 1), TgGlobal = Tg * m_ctx.dpSize;
     const int mbB = m_d.microBatch;  // tokens are sequence-first: token t is in sequence t % b
     TS_ASSIGN_OR_RETURN(TensorPtr dlDev, allocUninitialized(m_exec, int64_t(T) * E, MemCategory::Workspace));
-    // The probs' backward as coefficients per token (moeProbsBackwardCoefficients), for the kernel
-    // that applies them to the probs' grads where they are: [T*K] a, b, c, and the softmax over all
-    // E when the probs are one; int32 [T*K] the slots' permuted rows and experts.
+    // The probs' backward as coefficients per token (the kernel moeRouterProbsCoefficients, from
+    // the logits and the choice in the plan), applied to the probs' grads where they are: [T*K] a,
+    // b, c, and the softmax over all E when the probs are one.
     const bool fullProbs = moeProbsAreFullSoftmax(s->ro);
     const int64_t TK = int64_t(T) * K;
-    TS_ASSIGN_OR_RETURN(TensorPtr coef, allocUninitialized(m_exec, 5 * TK + (fullProbs ? int64_t(T) * E : 0),
+    TS_ASSIGN_OR_RETURN(TensorPtr coef, allocUninitialized(m_exec, 3 * TK + (fullProbs ? int64_t(T) * E : 0),
                                                            MemCategory::Workspace));
     m_exec.op("router.bwd", Category::Gemm, 4.0 * T * h * E, uint64_t(T) * (2 * h + E) * 4, [=] {
-        // On the host, from the logits the forward routed with: the probs' coefficients. On the
-        // stream: the aux and z losses' gradient (into dl), then the probs' part from their grads
-        // (the coefficients uploaded), so nothing is read back.
-        const float* L = s->logitsHost.data();
+        // On the stream, nothing read back: the aux and z losses' gradient (into dl), then the
+        // probs' part from their grads.
         const int G = s->groups;  // the aux loss's token groups (moeRouterAuxBackward's)
-        std::vector<float> host(size_t(5 * TK) + (fullProbs ? size_t(T) * E : 0));
-        float* a = host.data();
-        float* b = a + TK;
-        float* c = b + TK;
-        int32_t* rowOf = reinterpret_cast<int32_t*>(c + TK);
-        int32_t* sel = rowOf + TK;
-        float* full = fullProbs ? reinterpret_cast<float*>(sel + TK) : nullptr;
-        // Float and int32 words share the buffer (both 4 bytes), as the forward's plan does.
-        static_assert(sizeof(int32_t) == sizeof(float));
-        moeProbsBackwardCoefficients(L, s->topi.data(), s->ro, a, b, c, full);
-        std::fill(rowOf, rowOf + TK, -1);  // a dropped copy's grad is 0; padding rows have no slot
-        for (int r = 0; r < s->rows; ++r)
-            if (s->slotOf[size_t(r)] >= 0) rowOf[size_t(s->tokenOf[size_t(r)]) * K + size_t(s->slotOf[size_t(r)])] = r;
-        for (int64_t i = 0; i < TK; ++i) sel[i] = s->topi[size_t(i)];
         // d aux / d scores = coeff*E/(k*Tg^2)/groups * c_e of each term (Switch loss), summed over
         // the terms, and the z-loss's coeff/Tg * 2 lse softmax: the kernel, from the counts where
         // the forward's collectives left them.
@@ -820,13 +830,12 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
                                      s->auxGlobal ? fp(s->auxGlobal) : nullptr, fp(dlDev), T, E, G, mbB,
                                      s->ro.score, weight(terms.aux, Tg, 1), weight(terms.seq, Tg / G, G), wGlobal,
                                      lossScale * zCoeff / Tg * 2.0);
-        k::copyBytes(coef->data(), host.data(), host.size() * sizeof(float));
-        // Each array where its upload lies: the same offset into coef as into host.
-        const auto dev = [&](auto* p) {
-            return p ? reinterpret_cast<decltype(p)>(fp(coef) + (reinterpret_cast<float*>(p) - host.data())) : p;
-        };
-        k::moeRouterProbsBackward(fp(dprob), dev(rowOf), dev(sel), dev(a), dev(b), dev(c), dev(full), fp(dlDev), T, K,
-                                  E);
+        float* a = fp(coef);
+        float* b = a + TK;
+        float* c = b + TK;
+        float* full = fullProbs ? c + TK : nullptr;
+        k::moeRouterProbsCoefficients(fp(s->logits), s->planTopi(), T, E, s->ro.topk(), s->ro.sinkhorn, a, b, c, full);
+        k::moeRouterProbsBackward(fp(dprob), s->planRowOf(), s->planTopi(), a, b, c, full, fp(dlDev), T, K, E);
         // dx += dl W_r ; dW_r += dl^T x ; db_r += sum_t dl
         k::linearBackward(fp(dlDev), fp(x), Wr, fp(dx), Gr, GrB, T, h, E);
         // experts' input grads, combined per token in permuted order (allgather: already per token)
@@ -995,8 +1004,13 @@ Status GptModel::flushRouterStats() {
     auto pending = std::make_shared<std::vector<std::shared_ptr<RouterStats>>>(std::move(m_pendingRouterStats));
     m_pendingRouterStats.clear();
     int64_t total = 0;
+    // Each forward's counts, global counts and statistics, where it has them.
+    const auto sizes = [](const RouterStats& st) {
+        return std::array<int64_t, 3>{st.counts ? int64_t(st.G) * st.E : 0, st.global ? int64_t(st.E) : 0,
+                                      st.stats ? int64_t(st.G) * st.E + 1 : 0};
+    };
     for (const auto& st : *pending)
-        total += (st->counts ? int64_t(st->G) * st->E : 0) + (st->global ? int64_t(st->E) : 0);
+        for (int64_t n : sizes(*st)) total += n;
     const TraceTarget tt = m_exec.device().traceTarget();
     if (!tt.recorder) return Status::ok();  // the trace went away: nobody to tell, nothing to read
     TensorPtr all;
@@ -1009,13 +1023,15 @@ Status GptModel::flushRouterStats() {
         std::vector<float> host(static_cast<size_t>(total));
         if (total > 0) {
             int64_t off = 0;
-            for (const auto& st : *pending)
-                for (const TensorPtr& t : {st->counts, st->global})
-                    if (t) {
-                        const int64_t n = t == st->counts ? int64_t(st->G) * st->E : st->E;
-                        k::copyBytes(fp(all) + off, fp(t), size_t(n) * sizeof(float));
-                        off += n;
+            for (const auto& st : *pending) {
+                const auto n = sizes(*st);
+                const TensorPtr parts[3] = {st->counts, st->global, st->stats};
+                for (int i = 0; i < 3; ++i)
+                    if (parts[i]) {
+                        k::copyBytes(fp(all) + off, fp(parts[i]), size_t(n[size_t(i)]) * sizeof(float));
+                        off += n[size_t(i)];
                     }
+            }
             k::download(host.data(), fp(all), host.size() * sizeof(float));
         }
         int64_t off = 0;
@@ -1026,15 +1042,19 @@ Status GptModel::flushRouterStats() {
             if (counts) off += int64_t(G) * E;
             const float* global = st.global ? host.data() + off : nullptr;
             if (global) off += E;
+            const float* stats = st.stats ? host.data() + off : nullptr;
+            if (stats) off += int64_t(G) * E + 1;
             // A forward whose stats op never ran (its stream failed) has nothing to say.
-            if (st.probSum.size() != size_t(G) * E || st.routed.size() != size_t(E)) continue;
+            if (!stats || st.routed.size() != size_t(E)) continue;
+            const std::vector<double> probSum(stats, stats + size_t(G) * E);
+            const double zSum = stats[size_t(G) * E];
             // per expert over the groups: aux_loss's statistics (and global_aux_loss's probs)
             std::vector<double> probs1(static_cast<size_t>(E), 0.0), counts1(static_cast<size_t>(E), 0.0);
             std::vector<double> countsAll(static_cast<size_t>(G) * E, 0.0), countsGlobal(static_cast<size_t>(E), 0.0);
             for (int g = 0; g < G; ++g)
                 for (int e = 0; e < E; ++e) {
                     const size_t i = size_t(g) * E + size_t(e);
-                    probs1[size_t(e)] += st.probSum[i];
+                    probs1[size_t(e)] += probSum[i];
                     if (counts) counts1[size_t(e)] += (countsAll[i] = counts[i]);
                 }
             if (global)
@@ -1054,7 +1074,7 @@ Status GptModel::flushRouterStats() {
                      switchAuxLoss(probs1.data(), counts1.data(), 1, E, st.K, Tg, terms.aux) * st.share, terms.aux);
             if (terms.seq != 0)
                 term("seq_load_balancing_loss",
-                     switchAuxLoss(st.probSum.data(), countsAll.data(), G, E, st.K, Tg / G, terms.seq) * st.share,
+                     switchAuxLoss(probSum.data(), countsAll.data(), G, E, st.K, Tg / G, terms.seq) * st.share,
                      terms.seq);
             if (terms.global != 0)
                 term("global_load_balancing_loss",
@@ -1063,7 +1083,7 @@ Status GptModel::flushRouterStats() {
                      terms.global);
             tt.recorder->counter({tt.rank, tt.recorder->intern(base + "aux_loss"), st.ts, aux});
             tt.recorder->counter(
-                {tt.rank, tt.recorder->intern(base + "z_loss"), st.ts, zCoeff * st.zSum / Tg * st.share});
+                {tt.rank, tt.recorder->intern(base + "z_loss"), st.ts, zCoeff * zSum / Tg * st.share});
             for (int e = 0; e < E; ++e)
                 tt.recorder->counter({tt.rank, tt.recorder->intern(base + "tokens.expert" + std::to_string(e)), st.ts,
                                       double(st.routed[size_t(e)])});
@@ -1311,15 +1331,8 @@ Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
     const int64_t TE = int64_t(T) * E;
     TS_ASSIGN_OR_RETURN(TensorPtr route, m_exec.alloc(2 * TE, MemCategory::CommBuffers));
     MoeSaved* sp = &s;
-    m_exec.op("moe.routing_map", Category::Elementwise, 0, uint64_t(TE) * 8, [=] {
-        std::vector<float> map(size_t(2 * TE), 0.f);
-        for (int r = 0; r < sp->rows; ++r) {
-            const size_t at = size_t(sp->tokenOf[size_t(r)]) * E + size_t(sp->expertOf[size_t(r)]);
-            map[at] = 1.f;
-            map[size_t(TE) + at] = sp->prob[size_t(r)];
-        }
-        k::copyBytes(route->data(), map.data(), map.size() * sizeof(float));
-    });
+    m_exec.op("moe.routing_map", Category::Elementwise, 0, uint64_t(TE) * 8,
+              [=] { k::moeRoutingMap(sp->planTokExp(), fp(sp->probT), sp->rows, TE, fp(route)); });
     TS_ASSIGN_OR_RETURN(TensorPtr routeAll, allocUninitialized(m_exec, 2 * TE * n, MemCategory::CommBuffers));
     group->allGather(m_exec.stream(), route->data(), routeAll->data(), size_t(2 * TE), DType::F32);
     keepUntilPassed(m_exec.stream(), {route, routeAll});

@@ -196,6 +196,14 @@ Result<ModelDims> modelDimsFromConfig(const Config& c) {
         // (configWarnings in config_rules.cpp says when; docs/engine.md says where).
         if (c.moe_router_topk < 1 || c.moe_router_topk > c.num_moe_experts)
             return bad("moe_router_topk must be in [1, num_moe_experts]");
+        // The router's kernels keep a token's k best (and a token's group scores) in registers
+        // (kernels/cuda/moe_route.cu); real routers take 1 to 22 experts and 8 groups at most.
+        if (c.moe_router_topk > 64)
+            return bad("moe_router_topk=" + std::to_string(c.moe_router_topk) +
+                       " exceeds 64, the most experts per token the router's kernels support");
+        if (c.moe_router_num_groups > 64)
+            return bad("moe_router_num_groups=" + std::to_string(c.moe_router_num_groups) +
+                       " exceeds 64, the most groups the router's kernels support");
     }
     if (c.attention_dropout < 0.0 || c.attention_dropout >= 1.0)
         return bad("attention_dropout must be in [0, 1)");

@@ -12,15 +12,6 @@
 #include "kernels/cpu/ops.h"
 
 namespace ts::engine {
-double moeSoftmax(const float* v, int n, double* out) {
-    double mx = v[0];
-    for (int i = 1; i < n; ++i) mx = std::max(mx, double(v[i]));
-    double s = 0;
-    for (int i = 0; i < n; ++i) s += (out[i] = std::exp(double(v[i]) - mx));
-    for (int i = 0; i < n; ++i) out[i] /= s;
-    return mx + std::log(s);
-}
-
 namespace {
 
 struct Copy {
@@ -28,81 +19,11 @@ struct Copy {
     float prob;
 };
 
-}  // namespace
-
-namespace {
-
-double softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
-double sigmoidOf(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-// The sigmoid / sqrtsoftplus score and its derivative.
-double scoreOf(MoeScore f, double x) { return f == MoeScore::Sigmoid ? sigmoidOf(x) : std::sqrt(softplus(x)); }
-double scoreGrad(MoeScore f, double x) {
-    if (f == MoeScore::Sigmoid) {
-        const double s = sigmoidOf(x);
-        return s * (1 - s);
-    }
-    return sigmoidOf(x) / (2 * std::sqrt(softplus(x)));
-}
-
 // moeRoute's chunk of tokens (the unit of its threads and of its sums' order).
 constexpr int kRouteChunk = 256;
 
-// The indices of the k best of v[0..n) (ties: lower index), best first: each value inserted into
-// the sorted k best so far. The candidates come in increasing index, so an equal value never moves
-// ahead of one kept already. k <= n. best: scratch of K values (the kept ones, in out's order).
-void topKRange(const double* v, int n, int K, int* out, double* best) {
-    if (K <= 0) return;
-    int m = 0;
-    for (int i = 0; i < n; ++i) {
-        const double x = v[i];
-        if (m == K && !(x > best[K - 1])) continue;
-        int j = m < K ? m++ : K - 1;
-        for (; j > 0 && x > best[j - 1]; --j) {
-            out[j] = out[j - 1];
-            best[j] = best[j - 1];
-        }
-        out[j] = i;
-        best[j] = x;
-    }
-}
-
-// topK's scratch, reused from token to token.
-struct TopKScratch {
-    std::vector<int> inGroup, groups, groupBest, cand;
-    std::vector<double> groupScore, candValue, best;
-};
-
-// The k best of v[0..E) (ties: lower index), best first; with groups (gk > 0) only inside the gk
-// groups whose top K/gk values sum highest (group_limited_topk; ties: lower group).
-void topK(const double* v, int E, int K, int G, int gk, int* out, TopKScratch& s) {
-    s.best.resize(size_t(std::max({K, gk, 1})));
-    if (!(gk > 0 && G > 0)) {
-        topKRange(v, E, K, out, s.best.data());
-        return;
-    }
-    const int per = E / G, kk = std::min(K / gk, per);
-    s.groupScore.assign(size_t(G), 0.0);
-    s.inGroup.resize(size_t(std::max(kk, 1)));
-    for (int g = 0; g < G; ++g) {
-        topKRange(v + size_t(g) * per, per, kk, s.inGroup.data(), s.best.data());
-        for (int i = 0; i < kk; ++i) s.groupScore[size_t(g)] += v[size_t(g) * per + size_t(s.inGroup[size_t(i)])];
-    }
-    s.groups.resize(size_t(gk));
-    topKRange(s.groupScore.data(), G, gk, s.groups.data(), s.best.data());
-    std::sort(s.groups.begin(), s.groups.end());
-    // The kept groups' experts in increasing index, then their k best.
-    s.cand.clear();
-    s.candValue.clear();
-    for (int g : s.groups)
-        for (int i = 0; i < per; ++i) {
-            s.cand.push_back(g * per + i);
-            s.candValue.push_back(v[size_t(g) * per + size_t(i)]);
-        }
-    s.groupBest.resize(size_t(K));
-    topKRange(s.candValue.data(), int(s.cand.size()), K, s.groupBest.data(), s.best.data());
-    for (int j = 0; j < K; ++j) out[j] = s.cand[size_t(s.groupBest[size_t(j)])];
-}
+using kernels::cpu::MoeTokenScratch;
+using kernels::cpu::moeScoreOf;
 
 }  // namespace
 
@@ -174,7 +95,7 @@ void moeAuxScores(const float* l, int E, MoeScore score, double* p) {
         return;
     }
     double sum = 0;
-    for (int e = 0; e < E; ++e) sum += (p[e] = scoreOf(score, l[e]));
+    for (int e = 0; e < E; ++e) sum += (p[e] = moeScoreOf(score, l[e]));
     for (int e = 0; e < E; ++e) p[e] /= sum + 1e-20;
 }
 
@@ -206,84 +127,45 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     };
     std::vector<ChunkSums> sums(static_cast<size_t>(chunks));
     std::atomic<int> nextChunk{0};  // each thread takes the next chunk not taken
+    const kernels::cpu::MoeTopKSpec spec = o.topk();
+    // One token: its choice and probs (kernels/cpu/moe_route.h), then the aux loss's statistics
+    // from the same softmax and scores.
+    const auto routeToken = [&](int t, ChunkSums& cs, int* sel, double* aux, MoeTokenScratch& w) {
+        const float* l = L + size_t(t) * E;
+        const double lse = kernels::cpu::moeRouteToken(
+            l, E, spec, o.expertBias, o.sinkhorn ? norm.data() + size_t(t) * E : nullptr,
+            o.precomputed ? o.precomputed + size_t(t) * K : nullptr, sel, r.topp.data() + size_t(t) * K, w, true);
+        for (int j = 0; j < K; ++j) {
+            const int e = sel[j];
+            r.topi[size_t(t) * K + size_t(j)] = e;
+            r.topv[size_t(t) * K + size_t(j)] = l[e];
+            cs.routed[size_t(e)]++;
+        }
+        // The aux loss's own routing: the plain top-k of its scores (moeAuxScores).
+        const double* a = w.soft.data();
+        if (scored) {
+            double scoreSum = 0;
+            for (int e = 0; e < E; ++e) scoreSum += w.sc[size_t(e)];
+            for (int e = 0; e < E; ++e) aux[e] = w.sc[size_t(e)] / (scoreSum + 1e-20);
+            a = aux;
+        }
+        const size_t g = size_t(t % mbB % G);
+        for (int e = 0; e < E; ++e) cs.probSum[g * E + size_t(e)] += a[e];
+        kernels::cpu::moeTopK(a, E, K, 0, 0, sel, w.topk);
+        for (int j = 0; j < K; ++j) cs.groupCounts[g * E + size_t(sel[j])]++;
+        cs.zSum += lse * lse;
+    };
     const auto routeChunks = [&] {
-        std::vector<double> v(static_cast<size_t>(E)), soft(static_cast<size_t>(E)), sc(static_cast<size_t>(E)),
-            aux(static_cast<size_t>(E));
-        std::vector<float> chosen(static_cast<size_t>(K));
+        std::vector<double> aux(static_cast<size_t>(E));
         std::vector<int> sel(static_cast<size_t>(K));
-        TopKScratch scratch;
+        MoeTokenScratch w;
         for (int ci = nextChunk++; ci < chunks; ci = nextChunk++) {
             ChunkSums& cs = sums[size_t(ci)];
             cs.routed.assign(size_t(E), 0);
             cs.groupCounts.assign(size_t(G) * E, 0);
             cs.probSum.assign(size_t(G) * E, 0.0);
-            for (int t = ci * kRouteChunk; t < std::min(T, (ci + 1) * kRouteChunk); ++t) {
-                const float* l = L + size_t(t) * E;
-                const size_t g = size_t(t % mbB % G);
-                double* p = r.topp.data() + size_t(t) * K;
-                const double lse = moeSoftmax(l, E, soft.data());
-                double scoreSum = 0;
-                if (scored)
-                    for (int e = 0; e < E; ++e) scoreSum += (sc[size_t(e)] = scoreOf(o.score, l[e]));
-                const auto softmaxOfChosen = [&] {
-                    for (int j = 0; j < K; ++j) chosen[size_t(j)] = l[sel[size_t(j)]];
-                    moeSoftmax(chosen.data(), K, p);
-                };
-                if (o.precomputed) {
-                    // Megatron's precomputed_indices: the probs of the score function at the given
-                    // experts.
-                    for (int j = 0; j < K; ++j) sel[size_t(j)] = o.precomputed[size_t(t) * K + size_t(j)];
-                    if (o.score == MoeScore::Softmax && !o.preSoftmax) {
-                        softmaxOfChosen();
-                    } else if (o.score == MoeScore::Softmax) {
-                        for (int j = 0; j < K; ++j) p[j] = soft[size_t(sel[size_t(j)])];
-                    } else {
-                        double sum = 0;
-                        for (int j = 0; j < K; ++j) sum += (p[j] = sc[size_t(sel[size_t(j)])]);
-                        if (K > 1)
-                            for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
-                    }
-                } else if (o.sinkhorn) {
-                    for (int e = 0; e < E; ++e) v[size_t(e)] = norm[size_t(t) * E + size_t(e)];
-                    topK(v.data(), E, K, 0, 0, sel.data(), scratch);
-                    if (K == 1) {
-                        p[0] = sigmoidOf(l[sel[0]]);
-                    } else {
-                        for (int j = 0; j < K; ++j) p[j] = soft[size_t(sel[size_t(j)])];
-                    }
-                } else if (o.score == MoeScore::Softmax && !o.preSoftmax) {
-                    for (int e = 0; e < E; ++e) v[size_t(e)] = l[e];
-                    topK(v.data(), E, K, o.numGroups, o.groupTopk, sel.data(), scratch);
-                    softmaxOfChosen();
-                } else if (o.score == MoeScore::Softmax) {
-                    topK(soft.data(), E, K, o.numGroups, o.groupTopk, sel.data(), scratch);
-                    for (int j = 0; j < K; ++j) p[j] = soft[size_t(sel[size_t(j)])];
-                } else {
-                    for (int e = 0; e < E; ++e)
-                        v[size_t(e)] = sc[size_t(e)] + (o.expertBias ? double(o.expertBias[e]) : 0.0);
-                    topK(v.data(), E, K, o.numGroups, o.groupTopk, sel.data(), scratch);
-                    double sum = 0;
-                    for (int j = 0; j < K; ++j) sum += (p[j] = sc[size_t(sel[size_t(j)])]);
-                    if (K > 1)
-                        for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
-                }
-                if (!o.sinkhorn && o.scale != 0)
-                    for (int j = 0; j < K; ++j) p[j] *= o.scale;
-                for (int j = 0; j < K; ++j) {
-                    const int e = sel[size_t(j)];
-                    r.topi[size_t(t) * K + size_t(j)] = e;
-                    r.topv[size_t(t) * K + size_t(j)] = l[e];
-                    cs.routed[size_t(e)]++;
-                }
-                // The aux loss's own routing: the plain top-k of its scores (moeAuxScores).
-                if (scored)
-                    for (int e = 0; e < E; ++e) aux[size_t(e)] = sc[size_t(e)] / (scoreSum + 1e-20);
-                const std::vector<double>& a = scored ? aux : soft;
-                for (int e = 0; e < E; ++e) cs.probSum[g * E + size_t(e)] += a[size_t(e)];
-                topK(a.data(), E, K, 0, 0, sel.data(), scratch);
-                for (int j = 0; j < K; ++j) cs.groupCounts[g * E + size_t(sel[size_t(j)])]++;
-                cs.zSum += lse * lse;
-            }
+            for (int t = ci * kRouteChunk; t < std::min(T, (ci + 1) * kRouteChunk); ++t)
+                routeToken(t, cs, sel.data(), aux.data(), w);
         }
     };
     // Helpers as the system gives them (the calling thread routes what they do not).
@@ -356,58 +238,6 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
 
 bool moeProbsAreFullSoftmax(const MoeRouteOptions& o) {
     return (o.sinkhorn && o.K > 1) || (!o.sinkhorn && o.score == MoeScore::Softmax && o.preSoftmax);
-}
-
-void moeProbsBackwardCoefficients(const float* L, const int* topi, const MoeRouteOptions& o, float* a, float* b,
-                                  float* c, float* full) {
-    const int T = o.T, E = o.E, K = o.K;
-    const double scale = !o.sinkhorn && o.scale != 0 ? o.scale : 1.0;
-    const bool fullSoftmax = moeProbsAreFullSoftmax(o);
-    std::vector<double> p(static_cast<size_t>(std::max(E, K)));
-    std::vector<float> chosen(static_cast<size_t>(K));
-    for (int t = 0; t < T; ++t) {
-        const float* l = L + size_t(t) * E;
-        const int* sel = topi + size_t(t) * K;
-        float* at = a + size_t(t) * K;
-        float* bt = b + size_t(t) * K;
-        float* ct = c + size_t(t) * K;
-        if (fullSoftmax) {
-            // probs = scale softmax(l)[sel]: dl_e = s_e (g_e - sum_j s_sel_j g_j), g = scale dprob
-            moeSoftmax(l, E, p.data());
-            for (int e = 0; e < E; ++e) full[size_t(t) * E + size_t(e)] = float(p[size_t(e)]);
-            for (int j = 0; j < K; ++j) {
-                at[j] = bt[j] = float(p[size_t(sel[j])] * scale);
-                ct[j] = 0;
-            }
-        } else if (o.sinkhorn) {  // k = 1: sigmoid(l_sel)
-            at[0] = float(scoreGrad(MoeScore::Sigmoid, l[sel[0]]));
-            bt[0] = ct[0] = 0;
-        } else if (o.score == MoeScore::Softmax) {
-            // probs = scale softmax over the k chosen logits: dl_sel_j = p_j (g_j - sum_i p_i g_i)
-            for (int j = 0; j < K; ++j) chosen[size_t(j)] = l[sel[j]];
-            moeSoftmax(chosen.data(), K, p.data());
-            for (int j = 0; j < K; ++j) {
-                at[j] = bt[j] = float(p[size_t(j)] * scale);
-                ct[j] = float(p[size_t(j)]);
-            }
-        } else {
-            // probs = scale s_sel / (sum s_sel + 1e-20) for k > 1, else scale s_sel:
-            // dl_sel_j = s'_j (g_j - sum_i g_i s_i / (S + 1e-20)) / (S + 1e-20)
-            double S = 0;
-            for (int j = 0; j < K; ++j) S += scoreOf(o.score, l[sel[j]]);
-            for (int j = 0; j < K; ++j) {
-                const double ds = scoreGrad(o.score, l[sel[j]]);
-                if (K > 1) {
-                    at[j] = float(ds / (S + 1e-20) * scale);
-                    bt[j] = float(scoreOf(o.score, l[sel[j]]) / (S + 1e-20) * scale);
-                    ct[j] = float(ds / (S + 1e-20));
-                } else {
-                    at[j] = float(ds * scale);
-                    bt[j] = ct[j] = 0;
-                }
-            }
-        }
-    }
 }
 
 }  // namespace ts::engine

@@ -1,16 +1,18 @@
-// The host side of the MoE router (Megatron's TopKRouter + permute; REFERENCE.md §5.2): from the
-// router logits of T tokens over E experts, the top-k choice of each token and its probs
-// (Megatron's topk_routing_with_score_function: softmax after or before the top-k, sigmoid or
-// sqrtsoftplus scores renormalised over the k chosen, the scaling factor, group-limited top-k,
-// the aux-loss-free expert bias; or the sinkhorn router; quantile balancing's choice), token dropping at a capacity, and the
-// expert-major permutation the experts consume; the statistics of the aux and z losses; and the
-// backward of the probs and of the aux-loss scores. Pure functions of the logits, so every mode is
-// tested directly (tests/engine/model/test_moe_routing.cpp); GptModel::moeForward runs them inside
-// its router ops.
+// The host side of the MoE router (Megatron's TopKRouter + permute; REFERENCE.md §5.2), for every
+// mode: from the router logits of T tokens over E experts, the top-k choice of each token and its
+// probs (kernels/cpu/moe_route.h's moeRouteToken: Megatron's topk_routing_with_score_function,
+// softmax after or before the top-k, sigmoid or sqrtsoftplus scores renormalised over the k
+// chosen, the scaling factor, group-limited top-k, the aux-loss-free expert bias; or the sinkhorn
+// router; quantile balancing's choice), token dropping at a capacity, and the expert-major
+// permutation the experts consume; the statistics of the aux and z losses. The engine routes the
+// dropless modes with the kernels moeRouteTopK / moeRoutePlan (the same per-token step) and the
+// others here (GptModel::moeForward, router.topk_permute); tests compare the two
+// (tests/engine/model/test_moe_routing.cpp).
 #pragma once
 
 #include <vector>
 
+#include "kernels/cpu/moe_route.h"
 #include "kernels/cpu/ops.h"
 
 namespace ts::engine {
@@ -55,6 +57,23 @@ struct MoeRouteOptions {
     // Host threads that route the tokens (chunks of 256 tokens each; the result is the same for
     // any number): on a GPU the device idles while the host routes.
     int threads = 1;
+    // How a token chooses, as the routing kernels take it (kernels/cpu/ops.h).
+    kernels::cpu::MoeTopKSpec topk() const {
+        kernels::cpu::MoeTopKSpec s;
+        s.K = K;
+        s.score = score;
+        s.preSoftmax = preSoftmax;
+        s.scale = scale;
+        s.numGroups = numGroups;
+        s.groupTopk = groupTopk;
+        s.bf16Probs = bf16Probs;
+        return s;
+    }
+    // Whether the kernels route it (moeRouteTopK, moeRoutePlan): dropless, not sinkhorn, no
+    // precomputed choice (the engine also routes quantile balancing on the host, whose choice
+    // comes later). moeRoute routes every mode.
+    // (The kernels take K <= 64 and numGroups <= 64, as modelDimsFromConfig requires.)
+    bool kernelRouted() const { return cap < 0 && !sinkhorn && !precomputed; }
 };
 
 struct MoeRouting {
@@ -78,9 +97,7 @@ struct MoeRouting {
     int rows() const { return offset.empty() ? 0 : offset.back(); }
 };
 
-// Softmax of v[0..n) into out, in double (the router's full and top-k softmaxes); returns the
-// logsumexp of v.
-double moeSoftmax(const float* v, int n, double* out);
+using kernels::cpu::moeSoftmax;
 
 // logits: [T, E] row-major.
 MoeRouting moeRoute(const float* logits, const MoeRouteOptions& o);
@@ -104,18 +121,8 @@ void moeQbDualUpdate(const float* scores, int m, int n, int k, const float* beta
 // (1 - ema) * mean, then centred (its mean over the n experts subtracted), in fp32.
 void moeQbBetaUpdate(float* beta, const float* mean, int n, double ema);
 
-// The gradient of the loss with respect to the logits through the probs, dl [T, E] +=
-// (d topp / d logits)^T dprob, as the per-token coefficients the kernel moeRouterProbsBackward
-// applies to the probs' grads where they are (on a device, without reading them back):
-// a, b, c [T*K] (token-major as MoeRouting's topi, the scaling factor included) and, when the
-// probs are a softmax over all E experts (moeProbsAreFullSoftmax), full [T*E] = that softmax;
-// else full is not written. In the kernel's terms, with g the
-// probs' grads of a token's slots and dot = sum_j b_j g_j:
-//   dl_e -= full_e dot (every e), dl_sel_j += a_j g_j - c_j dot.
-void moeProbsBackwardCoefficients(const float* logits, const int* topi, const MoeRouteOptions& o, float* a,
-                                  float* b, float* c, float* full);
 // Whether the probs are a softmax over all E experts (pre-softmax; sinkhorn with k > 1): then
-// moeProbsBackwardCoefficients writes `full`.
+// the kernel moeRouterProbsCoefficients writes `full`.
 bool moeProbsAreFullSoftmax(const MoeRouteOptions& o);
 
 // The aux loss's scores of one token (p [E]); their backward is the kernel moeRouterAuxBackward.

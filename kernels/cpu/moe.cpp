@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/moe_route.h"
 #include "kernels/cpu/ops.h"
 
 namespace ts::kernels::cpu {
@@ -130,11 +131,6 @@ void moeRouterProbsBackward(const float* dprob, const int32_t* rowOf, const int3
     }
 }
 
-namespace {
-double sigmoidOf(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double softplusOf(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
-}  // namespace
-
 void moeRouterAuxBackward(const float* logits, const float* counts, const float* global, float* dl, int T, int E,
                           int G, int microBatch, MoeScore score, double wAux, double wSeq, double wGlobal,
                           double zScale) {
@@ -167,8 +163,7 @@ void moeRouterAuxBackward(const float* logits, const float* counts, const float*
         if (score == MoeScore::Softmax) {
             for (int e = 0; e < E; ++e) p[size_t(e)] = soft[size_t(e)];
         } else {
-            for (int e = 0; e < E; ++e)
-                S += (p[size_t(e)] = score == MoeScore::Sigmoid ? sigmoidOf(l[e]) : std::sqrt(softplusOf(l[e])));
+            for (int e = 0; e < E; ++e) S += (p[size_t(e)] = moeScoreOf(score, l[e]));
             for (int e = 0; e < E; ++e) p[size_t(e)] /= S + 1e-20;
         }
         double dot = 0;
@@ -179,10 +174,7 @@ void moeRouterAuxBackward(const float* logits, const float* counts, const float*
             if (score == MoeScore::Softmax) {
                 v = p[size_t(e)] * (wt[e] - dot);
             } else {
-                const double x = l[e];
-                const double ds = score == MoeScore::Sigmoid ? sigmoidOf(x) * (1 - sigmoidOf(x))
-                                                              : sigmoidOf(x) / (2 * std::sqrt(softplusOf(x)));
-                v = (wt[e] - dot) / (S + 1e-20) * ds;
+                v = (wt[e] - dot) / (S + 1e-20) * moeScoreGrad(score, l[e]);
             }
             d[e] = float(v + zScale * lse * soft[size_t(e)]);
         }

@@ -352,9 +352,8 @@ void sigmoidGateForward(const float* x, const float* w, const float* y, float* g
 // dw[i] += sum_t dz_t x[t, i] (double over t in order).
 void sigmoidGateBackward(const float* dout, const float* y, const float* x, const float* gate, const float* w,
                          float* dy, float* dx, float* dw, int T, int h);
-// The router's backward through its probs, with per-token coefficients the host derived from the
-// forward's logits (engine/model/moe_routing.h, moeProbsBackwardCoefficients), so the probs' grads
-// never go back to the host. For token t < T and its K slots j (token-major [T, K] arrays): the
+// The router's backward through its probs, with per-token coefficients derived from the
+// forward's logits (moeRouterProbsCoefficients), so the probs' grads never go back to the host. For token t < T and its K slots j (token-major [T, K] arrays): the
 // slot's expert sel, its permuted row rowOf (< 0: dropped, g = 0), g_j = dprob[rowOf], and
 // dot = sum_j b_j g_j (double, j in order). Then, per expert e of the token's row of dl [T, E]:
 //   v = dl[t, e] - full[t, e] dot (full: [T, E], null when the probs are not a softmax over all E),
@@ -377,5 +376,55 @@ enum class MoeScore : uint8_t { Softmax = 0, Sigmoid, SqrtSoftplus };
 void moeRouterAuxBackward(const float* logits, const float* counts, const float* global, float* dl, int T, int E,
                           int G, int microBatch, MoeScore score, double wAux, double wSeq, double wGlobal,
                           double zScale);
+
+// --- The router's choice and plan on the device (moe_route.cpp; Megatron's TopKRouter and its
+// permute, REFERENCE.md §5.2), for the modes a kernel routes: dropless, not sinkhorn, no
+// precomputed choice (the engine's moeRoute routes the rest on the host) ---
+// How a token chooses (moe_utils.py::topk_routing_with_score_function): K experts by the
+// score function; softmax: the top-k of the logits and a softmax over the k chosen, or with
+// preSoftmax the softmax over all E and its top-k (probs not renormalised); sigmoid /
+// sqrtsoftplus: the top-k of score + expert bias, probs the scores renormalised over the k
+// (k > 1); probs times scale (0: none); group-limited (numGroups / groupTopk, 0: off): the top
+// groupTopk groups by the sum of their top K/groupTopk values, the top-k inside them; bf16Probs:
+// the probs rounded to bf16 (the router's output dtype under bf16).
+struct MoeTopKSpec {
+    int K = 1;
+    MoeScore score = MoeScore::Softmax;
+    bool preSoftmax = false;
+    double scale = 0;
+    int numGroups = 0, groupTopk = 0;
+    bool bf16Probs = false;
+};
+// Each token's choice topi [T, K] (best first, ties: lower index) and probs [T, K] from the
+// logits [T, E] (bias [E]: the expert bias on the choice, null: none). Needs K <= E, K <= 64 and
+// numGroups <= 64 (the engine's config checks refuse more).
+void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
+                  const MoeTopKSpec& spec);
+// The dropless permutation of the choice: each expert's copies in token order, expert-major
+// (Megatron's permute). offset [E+1]: the first row of each expert (offset[E] = T*K); per row r
+// of T*K: tok[r] its token, tokExp[r] = token*E + expert, probT[r] its prob; per token t:
+// start[t] = t*K and inv[t*K ..] its rows ascending (the combine's inverse index, start [T+1]);
+// per slot (t, j): rowOf[t*K + j] its row.
+void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
+                  int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT);
+// The aux losses' routing counts and the router's statistics from the logits [T, E]
+// (compute_routing_scores_for_aux_loss): per token its aux scores p (softmax over E, or sigmoid /
+// sqrtsoftplus over their sum + 1e-20) and their plain top-K; token t is in group
+// (t % microBatch) % G. counts [G, E] (null: not wanted): how many of the group's tokens chose e;
+// total [E] (null: not wanted): the same over all groups; stats [G*E + 1] (null: not wanted):
+// the groups' sums of p (in double over t in order), then the sum over t of lse(l_t)^2.
+void moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int microBatch, MoeScore score,
+                        float* counts, float* total, float* stats);
+// The probs' backward as per-token coefficients for moeRouterProbsBackward, from the logits the
+// choice was made from and the choice topi [T, K] (spec: how the probs were made; sinkhorn: the
+// sinkhorn router's probs, sigmoid for K = 1 else the full softmax, unscaled). a, b, c [T, K]
+// (the scale included); full [T, E] = softmax(l) when the probs are a softmax over all E
+// (preSoftmax, or sinkhorn with K > 1), else not written. With g the slots' grads and
+// dot = sum_j b_j g_j: dl_e -= full_e dot, dl_sel_j += a_j g_j - c_j dot.
+void moeRouterProbsCoefficients(const float* logits, const int32_t* topi, int T, int E, const MoeTopKSpec& spec,
+                                bool sinkhorn, float* a, float* b, float* c, float* full);
+// Megatron's dense routing_map and probs of the allgather dispatcher: map [2, TE] zeroed, then for
+// each row r < rows map[tokExp[r]] = 1 and map[TE + tokExp[r]] = probT[r].
+void moeRoutingMap(const int32_t* tokExp, const float* probT, int rows, int64_t TE, float* map);
 
 }  // namespace ts::kernels::cpu

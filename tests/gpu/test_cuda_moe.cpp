@@ -1,4 +1,4 @@
-// CUDA kernels of ops_cuda.h's MoE section (kernels/cuda/moe.cu) against the CPU oracle of the
+// CUDA kernels of ops_cuda.h's MoE sections (kernels/cuda/moe.cu, moe_route.cu) against the CPU oracle of the
 // same name (kernels/cpu/moe.cpp) on random data with odd sizes: bit for bit (each output element
 // is one thread in the oracle's order), except sigmoidGateForward's gate (double exp: 1e-6
 // relative) and the router's probs backward (the CPU may fuse its multiply-adds: 1e-6 relative). Skips without a CUDA build or without a device.
@@ -155,6 +155,103 @@ TEST_F(CudaMoe, RouterAuxBackwardMatchesTheCpu) {
                         "router aux backward, score " + std::to_string(int(f)) + (withCounts ? ", counts" : "") +
                             (withGlobal ? ", global" : "") + (with == 0 ? ", z only" : ""));
         }
+}
+
+// The router's choice, plan, aux counts, coefficients and routing map (moe_route.cu) against their
+// oracle (kernels/cpu/moe_route.cpp). The choice on continuous logits is the CPU's (a tie within
+// CUDA's exp ulp is vanishingly rare); the plan from the same choice is exact; the probs, sums and
+// coefficients to 1e-6 (bf16 probs: one bf16 ulp).
+TEST_F(CudaMoe, RouteKernelsMatchTheCpu) {
+    const int T = 1031, E = 64, G = 3, mbB = 4;
+    const auto logits = randomVec(size_t(T) * E, 41, -4, 4), bias = randomVec(size_t(E), 42, -0.05f, 0.05f);
+    struct Mode {
+        const char* name;
+        cpu::MoeTopKSpec spec;
+        bool bias;
+    };
+    std::vector<Mode> modes;
+    const auto add = [&](const char* name, int K, cpu::MoeScore f, bool pre, double scale, int groups, int gk,
+                         bool bf16, bool withBias) {
+        cpu::MoeTopKSpec s;
+        s.K = K;
+        s.score = f;
+        s.preSoftmax = pre;
+        s.scale = scale;
+        s.numGroups = groups;
+        s.groupTopk = gk;
+        s.bf16Probs = bf16;
+        modes.push_back({name, s, withBias});
+    };
+    add("softmax k2", 2, cpu::MoeScore::Softmax, false, 0, 0, 0, false, false);
+    add("softmax k8 bf16", 8, cpu::MoeScore::Softmax, false, 0, 0, 0, true, false);
+    add("pre-softmax groups", 6, cpu::MoeScore::Softmax, true, 1.5, 8, 3, false, false);
+    add("sigmoid bias groups", 8, cpu::MoeScore::Sigmoid, false, 2.5, 8, 4, false, true);
+    add("sqrtsoftplus k1", 1, cpu::MoeScore::SqrtSoftplus, false, 0, 0, 0, false, false);
+    for (const Mode& m : modes) {
+        const int K = m.spec.K;
+        const int64_t TK = int64_t(T) * K;
+        DeviceVec<float> dlog(logits), dbias(bias), dprobs(static_cast<size_t>(TK));
+        DeviceVec<int32_t> dtopi(static_cast<size_t>(TK));
+        TS_ASSERT_OK(cuda::moeRouteTopK(dlog.ptr, m.bias ? dbias.ptr : nullptr, dtopi.ptr, dprobs.ptr, T, E, m.spec,
+                                        m_stream));
+        sync();
+        std::vector<int32_t> topi(static_cast<size_t>(TK));
+        std::vector<float> probs(static_cast<size_t>(TK));
+        cpu::moeRouteTopK(logits.data(), m.bias ? bias.data() : nullptr, topi.data(), probs.data(), T, E, m.spec);
+        const std::string what = m.name;
+        expectEqualInts(dtopi.download(), topi, what + ": choice", {T, K});
+        expectClose(dprobs.download(), probs, m.spec.bf16Probs ? 8e-3 : 1e-6, 1e-9, what + ": probs", {T, K});
+        // The plan from the CPU's choice, exactly.
+        DeviceVec<int32_t> ctopi(topi), off(size_t(E) + 1), tok(static_cast<size_t>(TK)), start(size_t(T) + 1), inv(static_cast<size_t>(TK)),
+            tokExp(static_cast<size_t>(TK)), rowOf(static_cast<size_t>(TK));
+        DeviceVec<float> cprobs(probs), probT(static_cast<size_t>(TK));
+        TS_ASSERT_OK(cuda::moeRoutePlan(ctopi.ptr, cprobs.ptr, T, K, E, off.ptr, tok.ptr, start.ptr, inv.ptr,
+                                        tokExp.ptr, rowOf.ptr, probT.ptr, m_stream));
+        sync();
+        std::vector<int32_t> hOff(size_t(E) + 1), hTok(static_cast<size_t>(TK)), hStart(size_t(T) + 1), hInv(static_cast<size_t>(TK)),
+            hTokExp(static_cast<size_t>(TK)), hRowOf(static_cast<size_t>(TK));
+        std::vector<float> hProbT(static_cast<size_t>(TK));
+        cpu::moeRoutePlan(topi.data(), probs.data(), T, K, E, hOff.data(), hTok.data(), hStart.data(), hInv.data(),
+                          hTokExp.data(), hRowOf.data(), hProbT.data());
+        expectEqualInts(off.download(), hOff, what + ": offsets");
+        expectEqualInts(tok.download(), hTok, what + ": tokens");
+        expectEqualInts(start.download(), hStart, what + ": starts");
+        expectEqualInts(inv.download(), hInv, what + ": inverse");
+        expectEqualInts(tokExp.download(), hTokExp, what + ": token-experts");
+        expectEqualInts(rowOf.download(), hRowOf, what + ": rows of slots");
+        expectSameBits(probT.download(), hProbT, what + ": row probs");
+        // The backward's coefficients from the same choice.
+        const bool full = m.spec.score == cpu::MoeScore::Softmax && m.spec.preSoftmax;
+        DeviceVec<float> da(static_cast<size_t>(TK)), db(static_cast<size_t>(TK)), dc(static_cast<size_t>(TK)), dfull(size_t(T) * E);
+        TS_ASSERT_OK(cuda::moeRouterProbsCoefficients(dlog.ptr, ctopi.ptr, T, E, m.spec, false, da.ptr, db.ptr, dc.ptr,
+                                                      full ? dfull.ptr : nullptr, m_stream));
+        sync();
+        std::vector<float> a(static_cast<size_t>(TK)), b(static_cast<size_t>(TK)), c(static_cast<size_t>(TK)), f(size_t(T) * E);
+        cpu::moeRouterProbsCoefficients(logits.data(), topi.data(), T, E, m.spec, false, a.data(), b.data(), c.data(),
+                                        full ? f.data() : nullptr);
+        expectClose(da.download(), a, 1e-6, 1e-12, what + ": a");
+        expectClose(db.download(), b, 1e-6, 1e-12, what + ": b");
+        expectClose(dc.download(), c, 1e-6, 1e-12, what + ": c");
+        if (full) expectClose(dfull.download(), f, 1e-6, 1e-12, what + ": full softmax");
+        // The dense routing map of the plan.
+        const int64_t TE = int64_t(T) * E;
+        DeviceVec<float> dmap(size_t(2 * TE));
+        TS_ASSERT_OK(cuda::moeRoutingMap(tokExp.ptr, probT.ptr, int(TK), TE, dmap.ptr, m_stream));
+        sync();
+        std::vector<float> map(size_t(2 * TE));
+        cpu::moeRoutingMap(hTokExp.data(), hProbT.data(), int(TK), TE, map.data());
+        expectSameBits(dmap.download(), map, what + ": routing map");
+        // The aux counts and statistics (the aux loss's plain top-k of the aux scores).
+        DeviceVec<float> dcounts(size_t(G) * E), dtotal(static_cast<size_t>(E)), dstats(size_t(G) * E + 1);
+        TS_ASSERT_OK(cuda::moeRouterAuxCounts(dlog.ptr, T, E, K, G, mbB, m.spec.score, dcounts.ptr, dtotal.ptr,
+                                              dstats.ptr, m_stream));
+        sync();
+        std::vector<float> counts(size_t(G) * E), total(static_cast<size_t>(E)), stats(size_t(G) * E + 1);
+        cpu::moeRouterAuxCounts(logits.data(), T, E, K, G, mbB, m.spec.score, counts.data(), total.data(), stats.data());
+        expectSameBits(dcounts.download(), counts, what + ": aux counts", {G, E});
+        expectSameBits(dtotal.download(), total, what + ": aux total");
+        expectClose(dstats.download(), stats, 1e-6, 1e-9, what + ": aux statistics");
+    }
 }
 
 }  // namespace

@@ -160,7 +160,14 @@ TEST(Moe, FlopsCountTheTopKExperts) {
 TEST(Moe, UnsupportedSettingsAreNamed) {
     for (auto [knob, set] : std::vector<std::pair<std::string, std::function<void(engine::Config&)>>>{
              {"moe_router_dtype", [](engine::Config& c) { c.moe_router_dtype = "fp64"; }},
-             {"sequence_parallel", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }}}) {
+             {"sequence_parallel", [](engine::Config& c) { c.tensor_model_parallel_size = 2; }},
+             {"moe_router_topk", [](engine::Config& c) { c.num_moe_experts = 128; c.moe_router_topk = 65; }},
+             {"moe_router_num_groups",
+              [](engine::Config& c) {
+                  c.num_moe_experts = 256;
+                  c.moe_router_num_groups = 128;
+                  c.moe_router_group_topk = 2;
+              }}}) {
         engine::Config c = moeConfig();
         set(c);
         auto d = engine::modelDimsFromConfig(c);

@@ -187,6 +187,7 @@ TEST(ImportNames, OurCudaKernelsAreClassifiedByTheirFilesWork) {
         {"fp8.cu", {Category::Elementwise}},
         {"gemm.cu", {Category::Elementwise}},
         {"moe.cu", {Category::Elementwise}},
+        {"moe_route.cu", {Category::Elementwise}},
         {"norm.cu", {Category::Norm}},
         {"rope.cu", {Category::Elementwise}},
     };

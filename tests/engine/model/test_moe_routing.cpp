@@ -283,9 +283,10 @@ TEST(MoeRouting, ProbsBackwardMatchesFiniteDifferences) {
     for (const Mode& m : modes) {
         const int k = m.o.K;
         const MoeRouting base = moeRoute(logits.data(), m.o);
-        // The engine's path: the host's coefficients, applied by the kernel to the probs' grads.
+        // The engine's path: the kernels' coefficients, applied to the probs' grads.
         std::vector<float> a(size_t(T) * k), b(a.size()), c(a.size()), full(size_t(T) * E, 0.f);
-        moeProbsBackwardCoefficients(logits.data(), base.topi.data(), m.o, a.data(), b.data(), c.data(), full.data());
+        kernels::cpu::moeRouterProbsCoefficients(logits.data(), base.topi.data(), T, E, m.o.topk(), m.o.sinkhorn,
+                                                 a.data(), b.data(), c.data(), full.data());
         const bool isFull = moeProbsAreFullSoftmax(m.o);
         // The slots' permuted rows in reverse order; slot 1 of token 1 (k > 1) dropped: its row's
         // grad is not read, and it weighs nothing in the finite differences.
@@ -378,6 +379,107 @@ TEST(MoeRouting, ThreadsGiveTheSameRouting) {
         double total = 0;
         for (double v : one.probSum) total += v;
         EXPECT_NEAR(total, T, 1e-6) << m.name << ": every token's aux scores sum to 1";
+    }
+}
+
+// The routing kernels' oracle (kernels/cpu/moe_route.cpp: moeRouteTopK, moeRoutePlan,
+// moeRouterAuxCounts, moeRoutingMap), which route the dropless modes in the engine, against the
+// host's moeRoute on the same logits: the same choice, probs, permutation and aux statistics.
+// The logits are multiples of 1/4, so many tokens have tied experts (the lower index wins).
+TEST(MoeRouting, KernelsRouteAsTheHost) {
+    const int T = 611, E = 16;
+    std::mt19937 rng(11);
+    std::uniform_int_distribution<int> q(-12, 12);
+    std::vector<float> logits(size_t(T) * E), bias(static_cast<size_t>(E));
+    for (float& v : logits) v = float(q(rng)) / 4.f;
+    for (float& v : bias) v = float(q(rng)) / 64.f;
+    struct Mode {
+        const char* name;
+        std::function<void(MoeRouteOptions&)> set;
+    };
+    const std::vector<Mode> modes = {
+        {"softmax", [](MoeRouteOptions&) {}},
+        {"softmax k1, fp32 probs", [](MoeRouteOptions& o) { o.K = 1; o.bf16Probs = false; }},
+        {"softmax, groups, scale", [](MoeRouteOptions& o) { o.numGroups = 4; o.groupTopk = 2; o.scale = 1.5; }},
+        {"pre-softmax, groups", [](MoeRouteOptions& o) { o.preSoftmax = true; o.numGroups = 8; o.groupTopk = 3; }},
+        {"sigmoid, bias, groups, scale",
+         [&](MoeRouteOptions& o) {
+             o.score = MoeScore::Sigmoid;
+             o.expertBias = bias.data();
+             o.numGroups = 4;
+             o.groupTopk = 2;
+             o.scale = 2.5;
+         }},
+        {"sigmoid k1", [](MoeRouteOptions& o) { o.score = MoeScore::Sigmoid; o.K = 1; }},
+        {"sqrtsoftplus k4, fp32 probs",
+         [](MoeRouteOptions& o) { o.score = MoeScore::SqrtSoftplus; o.K = 4; o.bf16Probs = false; }},
+    };
+    for (const Mode& m : modes) {
+        MoeRouteOptions o;
+        o.T = T;
+        o.E = E;
+        o.K = 3;
+        o.bf16Probs = true;
+        o.microBatch = 4;
+        o.groups = 3;
+        m.set(o);
+        ASSERT_TRUE(o.kernelRouted()) << m.name;
+        const int K = o.K;
+        const int64_t TK = int64_t(T) * K;
+        const MoeRouting r = moeRoute(logits.data(), o);
+        std::vector<int32_t> topi(size_t(TK), -1), offset(size_t(E) + 1, -1), tok(size_t(TK), -1),
+            start(size_t(T) + 1, -1), inv(size_t(TK), -1), tokExp(size_t(TK), -1), rowOf(size_t(TK), -1);
+        std::vector<float> probs(static_cast<size_t>(TK)), probT(static_cast<size_t>(TK));
+        kernels::cpu::moeRouteTopK(logits.data(), o.expertBias, topi.data(), probs.data(), T, E, o.topk());
+        kernels::cpu::moeRoutePlan(topi.data(), probs.data(), T, K, E, offset.data(), tok.data(), start.data(),
+                                   inv.data(), tokExp.data(), rowOf.data(), probT.data());
+        const std::string what = m.name;
+        EXPECT_EQ(std::vector<int>(topi.begin(), topi.end()), r.topi) << what;
+        for (int64_t i = 0; i < TK; ++i) {
+            float want = float(r.topp[size_t(i)]);
+            if (o.bf16Probs) kernels::cpu::roundToBf16(&want, 1);
+            ASSERT_EQ(probs[size_t(i)], want) << what << ", slot " << i;
+        }
+        EXPECT_EQ(std::vector<int>(offset.begin(), offset.end()), r.offset) << what;
+        EXPECT_EQ(std::vector<int>(tok.begin(), tok.end()), r.tokenOf) << what;
+        EXPECT_EQ(probT, r.prob) << what;
+        for (int64_t i = 0; i < TK; ++i) {
+            EXPECT_EQ(tokExp[size_t(i)], r.tokenOf[size_t(i)] * E + r.expertOf[size_t(i)]) << what;
+            EXPECT_EQ(rowOf[size_t(r.tokenOf[size_t(i)]) * K + size_t(r.slotOf[size_t(i)])], i) << what;
+        }
+        for (int t = 0; t <= T; ++t) EXPECT_EQ(start[size_t(t)], t * K) << what;
+        for (int t = 0; t < T; ++t) {
+            std::vector<int32_t> rows;
+            for (int64_t i = 0; i < TK; ++i)
+                if (r.tokenOf[size_t(i)] == t) rows.push_back(int32_t(i));
+            EXPECT_EQ(std::vector<int32_t>(inv.begin() + t * K, inv.begin() + (t + 1) * K), rows) << what << ", token " << t;
+        }
+        // The aux statistics: counts exact, sums to float precision (the host sums in chunks).
+        const int G = o.groups;
+        std::vector<float> counts(size_t(G) * E, -1.f), total(size_t(E), -1.f), stats(size_t(G) * E + 1, -1.f);
+        kernels::cpu::moeRouterAuxCounts(logits.data(), T, E, K, G, o.microBatch, o.score, counts.data(),
+                                         total.data(), stats.data());
+        for (int e = 0; e < E; ++e) {
+            int sum = 0;
+            for (int g = 0; g < G; ++g) {
+                const size_t i = size_t(g) * E + size_t(e);
+                EXPECT_EQ(counts[i], float(r.groupCounts[i])) << what << ", group " << g << ", expert " << e;
+                EXPECT_NEAR(stats[i], r.probSum[i], 1e-6 * std::max(1.0, r.probSum[i])) << what;
+                sum += r.groupCounts[i];
+            }
+            EXPECT_EQ(total[size_t(e)], float(sum)) << what;
+        }
+        EXPECT_NEAR(stats[size_t(G) * E], r.zSum, 1e-6 * r.zSum) << what;
+        // The allgather dispatcher's dense map of the same rows.
+        const int64_t TE = int64_t(T) * E;
+        std::vector<float> map(size_t(2 * TE), -1.f);
+        kernels::cpu::moeRoutingMap(tokExp.data(), probT.data(), int(TK), TE, map.data());
+        std::vector<float> want(size_t(2 * TE), 0.f);
+        for (int64_t i = 0; i < TK; ++i) {
+            want[size_t(tokExp[size_t(i)])] = 1.f;
+            want[size_t(TE + tokExp[size_t(i)])] = r.prob[size_t(i)];
+        }
+        EXPECT_EQ(map, want) << what;
     }
 }
 

@@ -1,0 +1,422 @@
+// The MoE router's choice and plan on device (ops_cuda.h; the oracle is kernels/cpu/moe_route.cpp),
+// so a step waits for no host routing: the host reads back only the experts' row offsets.
+//   moeRouteTopK: one thread per token, the oracle's moeRouteToken in double, its top-k an
+//     insertion into the k best in increasing expert index (ties keep the lower index);
+//   moeRoutePlan: each slot's rank among its expert's slots in token order (one block per expert,
+//     a warp-ballot prefix count), the offsets (one thread), then the rows and each token's rows
+//     sorted (one thread per slot / token): the oracle's permutation, exactly;
+//   moeRouterAuxCounts: one thread per token for its aux scores' normaliser and top-k, then one
+//     thread per (group, expert) summing over the tokens in order;
+//   moeRouterProbsCoefficients: one thread per token, as the oracle.
+// Names carry a word classifyKernel knows (index, scatter, reduce, scale).
+#include "kernels/common/bf16.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+#include <algorithm>
+#include <string>
+
+namespace ts::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxK = 64, kMaxGroups = 64;
+
+using detail::globalThread;
+using detail::gridThreads;
+
+__device__ double routeSigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+__device__ double routeScore(cpu::MoeScore f, double x) {
+    return f == cpu::MoeScore::Sigmoid ? routeSigmoid(x) : sqrt(x > 20 ? x : log1p(exp(x)));
+}
+__device__ double routeScoreGrad(cpu::MoeScore f, double x) {
+    const double s = routeSigmoid(x);
+    if (f == cpu::MoeScore::Sigmoid) return s * (1 - s);
+    return s / (2 * sqrt(x > 20 ? x : log1p(exp(x))));
+}
+
+// x (index i) into the sorted k best so far (m of them kept): the oracle's moeTopKRange step.
+__device__ void insertBest(double x, int i, int k, int& m, int* out, double* best) {
+    if (k <= 0 || (m == k && !(x > best[k - 1]))) return;
+    int j = m < k ? m++ : k - 1;
+    for (; j > 0 && x > best[j - 1]; --j) {
+        out[j] = out[j - 1];
+        best[j] = best[j - 1];
+    }
+    out[j] = i;
+    best[j] = x;
+}
+
+// The oracle's moeTopK over v(0..E-1): with groups, the gk groups whose top K/gk values sum highest
+// (summed best first), then the k best of their experts in increasing index.
+template <typename V>
+__device__ void chooseTopK(V v, int E, int K, int G, int gk, int* sel, double* best) {
+    int m = 0;
+    if (!(gk > 0 && G > 0)) {
+        for (int e = 0; e < E; ++e) insertBest(v(e), e, K, m, sel, best);
+        return;
+    }
+    const int per = E / G, kk = min(K / gk, per);
+    double groupScore[kMaxGroups];
+    int idx[kMaxK];
+    double top[kMaxK];
+    for (int g = 0; g < G; ++g) {
+        int n = 0;
+        for (int i = 0; i < per; ++i) insertBest(v(g * per + i), i, kk, n, idx, top);
+        double s = 0;
+        for (int i = 0; i < kk; ++i) s += top[i];
+        groupScore[g] = s;
+    }
+    int kept[kMaxGroups];
+    double keptScore[kMaxGroups];
+    int n = 0;
+    for (int g = 0; g < G; ++g) insertBest(groupScore[g], g, gk, n, kept, keptScore);
+    unsigned long long mask = 0;
+    for (int i = 0; i < gk; ++i) mask |= 1ull << kept[i];
+    for (int e = 0; e < G * per; ++e)
+        if ((mask >> (e / per)) & 1ull) insertBest(v(e), e, K, m, sel, best);
+}
+
+// The max and the sum of exp(l - max) of a token's logits, in double in order (the oracle's moeSoftmax).
+__device__ void softmaxStats(const float* l, int E, double& mx, double& se) {
+    mx = static_cast<double>(l[0]);
+    for (int e = 1; e < E; ++e) mx = fmax(mx, static_cast<double>(l[e]));
+    se = 0;
+    for (int e = 0; e < E; ++e) se += exp(static_cast<double>(l[e]) - mx);
+}
+
+__global__ void moeRouteTopKIndexKernel(const float* __restrict__ logits, const float* __restrict__ bias,
+                                        int32_t* __restrict__ topi, float* __restrict__ probs, int T, int E,
+                                        cpu::MoeTopKSpec s) {
+    const int K = s.K;
+    for (int64_t t = globalThread(); t < T; t += gridThreads()) {
+        const float* l = logits + t * E;
+        double mx, se;
+        softmaxStats(l, E, mx, se);
+        int sel[kMaxK];
+        double best[kMaxK], p[kMaxK];
+        if (s.score == cpu::MoeScore::Softmax && !s.preSoftmax) {
+            chooseTopK([&](int e) { return static_cast<double>(l[e]); }, E, K, s.numGroups, s.groupTopk, sel, best);
+            // a softmax over the k chosen logits
+            double cm = static_cast<double>(l[sel[0]]);
+            for (int j = 1; j < K; ++j) cm = fmax(cm, static_cast<double>(l[sel[j]]));
+            double cs = 0;
+            for (int j = 0; j < K; ++j) cs += (p[j] = exp(static_cast<double>(l[sel[j]]) - cm));
+            for (int j = 0; j < K; ++j) p[j] /= cs;
+        } else if (s.score == cpu::MoeScore::Softmax) {
+            const auto soft = [&](int e) { return exp(static_cast<double>(l[e]) - mx) / se; };
+            chooseTopK(soft, E, K, s.numGroups, s.groupTopk, sel, best);
+            for (int j = 0; j < K; ++j) p[j] = soft(sel[j]);
+        } else {
+            chooseTopK(
+                [&](int e) {
+                    return routeScore(s.score, l[e]) + (bias ? static_cast<double>(bias[e]) : 0.0);
+                },
+                E, K, s.numGroups, s.groupTopk, sel, best);
+            double sum = 0;
+            for (int j = 0; j < K; ++j) sum += (p[j] = routeScore(s.score, l[sel[j]]));
+            if (K > 1)
+                for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
+        }
+        if (s.scale != 0)
+            for (int j = 0; j < K; ++j) p[j] *= s.scale;
+        for (int j = 0; j < K; ++j) {
+            const float q = static_cast<float>(p[j]);
+            topi[t * K + j] = sel[j];
+            probs[t * K + j] = s.bf16Probs ? hd::bf16RoundFloat(q) : q;
+        }
+    }
+}
+
+// One block per expert: the rank of each of its slots among them in token-major order (into rank),
+// and their number (into offset[e + 1]).
+__global__ void moeRoutePlanRankReduceKernel(const int32_t* __restrict__ topi, int64_t TK, int E,
+                                             int32_t* __restrict__ rank, int32_t* __restrict__ offset) {
+    __shared__ int warpTotals[kThreads / 32];
+    __shared__ int running;
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    for (int e = static_cast<int>(blockIdx.x); e < E; e += static_cast<int>(gridDim.x)) {
+        if (tid == 0) running = 0;
+        __syncthreads();
+        for (int64_t base = 0; base < TK; base += kThreads) {
+            const int64_t i = base + tid;
+            const bool mine = i < TK && topi[i] == e;
+            const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+            if (lane == 0) warpTotals[warp] = __popc(ballot);
+            __syncthreads();
+            int before = running;
+            for (int w = 0; w < warp; ++w) before += warpTotals[w];
+            if (mine) rank[i] = before + __popc(ballot & ((1u << lane) - 1u));
+            __syncthreads();
+            if (tid == 0)
+                for (int w = 0; w < kThreads / 32; ++w) running += warpTotals[w];
+            __syncthreads();
+        }
+        if (tid == 0) offset[e + 1] = running;
+        __syncthreads();
+    }
+}
+
+__global__ void moeRoutePlanOffsetsReduceKernel(int32_t* offset, int E) {
+    if (globalThread() != 0) return;
+    offset[0] = 0;
+    for (int e = 0; e < E; ++e) offset[e + 1] += offset[e];
+}
+
+__global__ void moeRoutePlanRowsScatterKernel(const int32_t* __restrict__ topi, const float* __restrict__ probs,
+                                              const int32_t* __restrict__ rank, const int32_t* __restrict__ offset,
+                                              int64_t TK, int K, int E, int32_t* __restrict__ tok,
+                                              int32_t* __restrict__ tokExp, int32_t* __restrict__ rowOf,
+                                              float* __restrict__ probT) {
+    for (int64_t i = globalThread(); i < TK; i += gridThreads()) {
+        const int32_t e = topi[i], t = static_cast<int32_t>(i / K);
+        const int32_t r = offset[e] + rank[i];
+        tok[r] = t;
+        tokExp[r] = t * E + e;
+        probT[r] = probs[i];
+        rowOf[i] = r;
+    }
+}
+
+// Per token: its first row index (start) and its rows ascending (inv).
+__global__ void moeRoutePlanTokenIndexKernel(const int32_t* __restrict__ rowOf, int T, int K,
+                                             int32_t* __restrict__ start, int32_t* __restrict__ inv) {
+    for (int64_t t = globalThread(); t <= T; t += gridThreads()) {
+        start[t] = static_cast<int32_t>(t * K);
+        if (t == T) continue;
+        int32_t* rows = inv + t * K;
+        for (int j = 0; j < K; ++j) {
+            const int32_t r = rowOf[t * K + j];
+            int i = j;
+            for (; i > 0 && rows[i - 1] > r; --i) rows[i] = rows[i - 1];
+            rows[i] = r;
+        }
+    }
+}
+
+// Per token: the aux scores' normaliser (softmax: max and sum of exps; else the scores' sum), its
+// logsumexp, and the plain top-k of its aux scores.
+__global__ void moeRouterAuxTopKIndexKernel(const float* __restrict__ logits, int T, int E, int K,
+                                            cpu::MoeScore score, double* __restrict__ norm,
+                                            int32_t* __restrict__ auxTop) {
+    for (int64_t t = globalThread(); t < T; t += gridThreads()) {
+        const float* l = logits + t * E;
+        double mx, se;
+        softmaxStats(l, E, mx, se);
+        double S = 0;
+        if (score != cpu::MoeScore::Softmax)
+            for (int e = 0; e < E; ++e) S += routeScore(score, l[e]);
+        int sel[kMaxK];
+        double best[kMaxK];
+        if (score == cpu::MoeScore::Softmax)
+            chooseTopK([&](int e) { return exp(static_cast<double>(l[e]) - mx) / se; }, E, K, 0, 0, sel, best);
+        else
+            chooseTopK([&](int e) { return routeScore(score, l[e]) / (S + 1e-20); }, E, K, 0, 0, sel, best);
+        for (int j = 0; j < K; ++j) auxTop[t * K + j] = sel[j];
+        norm[t * 4 + 0] = mx;
+        norm[t * 4 + 1] = se;
+        norm[t * 4 + 2] = S;
+        norm[t * 4 + 3] = mx + log(se);
+    }
+}
+
+// One thread per (group, expert) over the group's tokens in order; thread G*E sums the lse^2.
+__global__ void moeRouterAuxCountsReduceKernel(const float* __restrict__ logits, const double* __restrict__ norm,
+                                               const int32_t* __restrict__ auxTop, int T, int E, int K, int G,
+                                               int microBatch, cpu::MoeScore score, float* __restrict__ counts,
+                                               float* __restrict__ stats) {
+    const int64_t GE = static_cast<int64_t>(G) * E;
+    for (int64_t i = globalThread(); i <= GE; i += gridThreads()) {
+        if (i == GE) {
+            if (!stats) continue;
+            double z = 0;
+            for (int t = 0; t < T; ++t) z += norm[t * 4 + 3] * norm[t * 4 + 3];
+            stats[GE] = static_cast<float>(z);
+            continue;
+        }
+        const int g = static_cast<int>(i / E), e = static_cast<int>(i % E);
+        int64_t c = 0;
+        double ps = 0;
+        for (int t = 0; t < T; ++t) {
+            if ((t % microBatch) % G != g) continue;
+            const double x = static_cast<double>(logits[static_cast<int64_t>(t) * E + e]);
+            ps += score == cpu::MoeScore::Softmax ? exp(x - norm[t * 4 + 0]) / norm[t * 4 + 1]
+                                                  : routeScore(score, x) / (norm[t * 4 + 2] + 1e-20);
+            for (int j = 0; j < K; ++j) c += auxTop[static_cast<int64_t>(t) * K + j] == e;
+        }
+        if (counts) counts[i] = static_cast<float>(c);
+        if (stats) stats[i] = static_cast<float>(ps);
+    }
+}
+
+__global__ void moeRouterAuxTotalReduceKernel(const float* __restrict__ counts, int E, int G, float* __restrict__ total) {
+    for (int64_t e = globalThread(); e < E; e += gridThreads()) {
+        float c = 0;
+        for (int g = 0; g < G; ++g) c += counts[static_cast<int64_t>(g) * E + e];
+        total[e] = c;
+    }
+}
+
+__global__ void moeRouterCoefficientsScaleKernel(const float* __restrict__ logits, const int32_t* __restrict__ topi,
+                                                 int T, int E, cpu::MoeTopKSpec s, bool sinkhorn, float* __restrict__ a,
+                                                 float* __restrict__ b, float* __restrict__ c, float* __restrict__ full) {
+    const int K = s.K;
+    const double scale = !sinkhorn && s.scale != 0 ? s.scale : 1.0;
+    const bool fullSoftmax = sinkhorn ? K > 1 : s.score == cpu::MoeScore::Softmax && s.preSoftmax;
+    for (int64_t t = globalThread(); t < T; t += gridThreads()) {
+        const float* l = logits + t * E;
+        const int32_t* sel = topi + t * K;
+        float* at = a + t * K;
+        float* bt = b + t * K;
+        float* ct = c + t * K;
+        if (fullSoftmax) {
+            double mx, se;
+            softmaxStats(l, E, mx, se);
+            for (int e = 0; e < E; ++e) full[t * E + e] = static_cast<float>(exp(static_cast<double>(l[e]) - mx) / se);
+            for (int j = 0; j < K; ++j) {
+                at[j] = bt[j] = static_cast<float>(exp(static_cast<double>(l[sel[j]]) - mx) / se * scale);
+                ct[j] = 0;
+            }
+        } else if (sinkhorn) {
+            at[0] = static_cast<float>(routeScoreGrad(cpu::MoeScore::Sigmoid, l[sel[0]]));
+            bt[0] = ct[0] = 0;
+        } else if (s.score == cpu::MoeScore::Softmax) {
+            double cm = static_cast<double>(l[sel[0]]);
+            for (int j = 1; j < K; ++j) cm = fmax(cm, static_cast<double>(l[sel[j]]));
+            double cs = 0;
+            for (int j = 0; j < K; ++j) cs += exp(static_cast<double>(l[sel[j]]) - cm);
+            for (int j = 0; j < K; ++j) {
+                const double p = exp(static_cast<double>(l[sel[j]]) - cm) / cs;
+                at[j] = bt[j] = static_cast<float>(p * scale);
+                ct[j] = static_cast<float>(p);
+            }
+        } else {
+            double S = 0;
+            for (int j = 0; j < K; ++j) S += routeScore(s.score, l[sel[j]]);
+            for (int j = 0; j < K; ++j) {
+                const double ds = routeScoreGrad(s.score, l[sel[j]]);
+                if (K > 1) {
+                    at[j] = static_cast<float>(ds / (S + 1e-20) * scale);
+                    bt[j] = static_cast<float>(routeScore(s.score, l[sel[j]]) / (S + 1e-20) * scale);
+                    ct[j] = static_cast<float>(ds / (S + 1e-20));
+                } else {
+                    at[j] = static_cast<float>(ds * scale);
+                    bt[j] = ct[j] = 0;
+                }
+            }
+        }
+    }
+}
+
+__global__ void moeRoutingMapScatterKernel(const int32_t* __restrict__ tokExp, const float* __restrict__ probT,
+                                           int rows, int64_t TE, float* __restrict__ map) {
+    for (int64_t r = globalThread(); r < rows; r += gridThreads()) {
+        map[tokExp[r]] = 1.f;
+        map[TE + tokExp[r]] = probT[r];
+    }
+}
+
+Status checkSpec(const char* op, int T, int E, const cpu::MoeTopKSpec& s) {
+    if (T < 0 || E < 1) return Status::invalid(std::string(op) + ": needs T >= 0 tokens and E >= 1 experts");
+    if (s.K < 1 || s.K > kMaxK || s.K > E)
+        return Status::invalid(std::string(op) + ": top-k " + std::to_string(s.K) + " outside 1.." +
+                               std::to_string(std::min(kMaxK, E)));
+    if (s.groupTopk > 0 && (s.numGroups < 1 || s.numGroups > kMaxGroups || s.groupTopk > s.numGroups))
+        return Status::invalid(std::string(op) + ": group-limited routing needs 1 <= groupTopk <= numGroups <= " +
+                               std::to_string(kMaxGroups));
+    return Status::ok();
+}
+
+// A device scratch of `bytes` from the stream-ordered allocator for the duration of `body`.
+template <typename Body>
+Status withScratch(const char* op, size_t bytes, cudaStream_t s, Body body) {
+    void* p = nullptr;
+    TS_RETURN_IF_ERROR(detail::fromCuda(cudaMallocAsync(&p, bytes, s), op));
+    const Status ran = body(p);
+    const Status freed = detail::fromCuda(cudaFreeAsync(p, s), op);
+    return ran.isOk() ? freed : ran;
+}
+
+}  // namespace
+
+Status moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
+                    const cpu::MoeTopKSpec& spec, void* stream) {
+    TS_RETURN_IF_ERROR(checkSpec("moeRouteTopK", T, E, spec));
+    if (T == 0) return Status::ok();
+    moeRouteTopKIndexKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+        logits, bias, topi, probs, T, E, spec);
+    return detail::launchStatus("moeRouteTopK launch");
+}
+
+Status moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
+                    int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT, void* stream) {
+    if (T < 0 || K < 1 || E < 1) return Status::invalid("moeRoutePlan: needs T >= 0, K >= 1, E >= 1");
+    cudaStream_t s = detail::asStream(stream);
+    const int64_t TK = static_cast<int64_t>(T) * K;
+    // inv holds each slot's rank until the last kernel writes the tokens' rows into it.
+    moeRoutePlanRankReduceKernel<<<std::min(E, 65535), kThreads, 0, s>>>(topi, TK, E, inv, offset);
+    TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan rank launch"));
+    moeRoutePlanOffsetsReduceKernel<<<1, 1, 0, s>>>(offset, E);
+    TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan offsets launch"));
+    if (TK > 0) {
+        moeRoutePlanRowsScatterKernel<<<detail::blocksFor(TK, kThreads), kThreads, 0, s>>>(topi, probs, inv, offset, TK,
+                                                                                          K, E, tok, tokExp, rowOf, probT);
+        TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan rows launch"));
+    }
+    moeRoutePlanTokenIndexKernel<<<detail::blocksFor(int64_t(T) + 1, kThreads), kThreads, 0, s>>>(rowOf, T, K, start,
+                                                                                                  inv);
+    return detail::launchStatus("moeRoutePlan tokens launch");
+}
+
+Status moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int microBatch, cpu::MoeScore score,
+                          float* counts, float* total, float* stats, void* stream) {
+    if (T < 0 || E < 1 || K < 1 || K > kMaxK || K > E || G < 1 || microBatch < 1)
+        return Status::invalid("moeRouterAuxCounts: needs T >= 0, 1 <= K <= min(E, 64), G >= 1, microBatch >= 1");
+    cudaStream_t s = detail::asStream(stream);
+    const int64_t GE = static_cast<int64_t>(G) * E;
+    const size_t normBytes = sizeof(double) * 4 * size_t(std::max(T, 1));
+    // total needs the counts: a scratch [G, E] when the caller wants only the total.
+    const size_t bytes = normBytes + sizeof(int32_t) * size_t(std::max<int64_t>(int64_t(T) * K, 1)) +
+                         (counts ? 0 : sizeof(float) * size_t(GE));
+    return withScratch("moeRouterAuxCounts scratch", bytes, s, [&](void* p) {
+        double* norm = static_cast<double*>(p);
+        int32_t* auxTop = reinterpret_cast<int32_t*>(static_cast<char*>(p) + normBytes);
+        float* c = counts ? counts
+                          : (total ? reinterpret_cast<float*>(auxTop + std::max<int64_t>(int64_t(T) * K, 1)) : nullptr);
+        if (T > 0) {
+            moeRouterAuxTopKIndexKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, s>>>(logits, T, E, K, score,
+                                                                                            norm, auxTop);
+            TS_RETURN_IF_ERROR(detail::launchStatus("moeRouterAuxCounts top-k launch"));
+        }
+        moeRouterAuxCountsReduceKernel<<<detail::blocksFor(GE + 1, kThreads), kThreads, 0, s>>>(
+            logits, norm, auxTop, T, E, K, G, microBatch, score, c, stats);
+        TS_RETURN_IF_ERROR(detail::launchStatus("moeRouterAuxCounts sums launch"));
+        if (total) {
+            moeRouterAuxTotalReduceKernel<<<detail::blocksFor(E, kThreads), kThreads, 0, s>>>(c, E, G, total);
+            TS_RETURN_IF_ERROR(detail::launchStatus("moeRouterAuxCounts total launch"));
+        }
+        return Status::ok();
+    });
+}
+
+Status moeRouterProbsCoefficients(const float* logits, const int32_t* topi, int T, int E, const cpu::MoeTopKSpec& spec,
+                                  bool sinkhorn, float* a, float* b, float* c, float* full, void* stream) {
+    TS_RETURN_IF_ERROR(checkSpec("moeRouterProbsCoefficients", T, E, spec));
+    if (T == 0) return Status::ok();
+    moeRouterCoefficientsScaleKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+        logits, topi, T, E, spec, sinkhorn, a, b, c, full);
+    return detail::launchStatus("moeRouterProbsCoefficients launch");
+}
+
+Status moeRoutingMap(const int32_t* tokExp, const float* probT, int rows, int64_t TE, float* map, void* stream) {
+    if (rows < 0 || TE < 0) return Status::invalid("moeRoutingMap: negative size");
+    cudaStream_t s = detail::asStream(stream);
+    TS_RETURN_IF_ERROR(detail::fromCuda(cudaMemsetAsync(map, 0, sizeof(float) * size_t(2 * TE), s),
+                                        "moeRoutingMap (cudaMemsetAsync)"));
+    if (rows == 0) return Status::ok();
+    moeRoutingMapScatterKernel<<<detail::blocksFor(rows, kThreads), kThreads, 0, s>>>(tokExp, probT, rows, TE, map);
+    return detail::launchStatus("moeRoutingMap launch");
+}
+
+}  // namespace ts::kernels::cuda

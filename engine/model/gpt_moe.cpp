@@ -149,16 +149,31 @@ struct GptModel::MoeSaved {
     // dprob), [T*k] each slot's row (-1: dropped), [T*k] each slot's expert (token-major, best
     // first), [E+1] each expert's first row.
     TensorPtr plan;
-    int32_t* planTok() const { return static_cast<int32_t*>(plan->data()); }
-    int32_t* planStart() const { return planTok() + rowsAlloc; }
-    int32_t* planInv() const { return planStart() + T + 1; }
-    int32_t* planTokExp() const { return planInv() + rowsAlloc; }
-    int32_t* planRowOf() const { return planTokExp() + rowsAlloc; }
-    int32_t* planTopi() const { return planRowOf() + int64_t(T) * k; }
-    int32_t* planOffset() const { return planTopi() + int64_t(T) * k; }
-    static int64_t planWords(int T, int k, int E, int rowsAlloc) {
-        return 3 * int64_t(rowsAlloc) + T + 1 + 2 * int64_t(T) * k + E + 1;
+    // The plan's arrays from its first word: in the device buffer, or in the host's copy that
+    // router.topk_permute fills when the host routes.
+    struct PlanParts {
+        int32_t *tok, *start, *inv, *tokExp, *rowOf, *topi, *offset;
+    };
+    PlanParts planParts(int32_t* base) const {
+        PlanParts p;
+        p.tok = base;
+        p.start = p.tok + rowsAlloc;
+        p.inv = p.start + T + 1;
+        p.tokExp = p.inv + rowsAlloc;
+        p.rowOf = p.tokExp + rowsAlloc;
+        p.topi = p.rowOf + int64_t(T) * k;
+        p.offset = p.topi + int64_t(T) * k;
+        return p;
     }
+    int64_t planWords() const { return 3 * int64_t(rowsAlloc) + T + 1 + 2 * int64_t(T) * k + E + 1; }
+    PlanParts planDev() const { return planParts(static_cast<int32_t*>(plan->data())); }
+    int32_t* planTok() const { return planDev().tok; }
+    int32_t* planStart() const { return planDev().start; }
+    int32_t* planInv() const { return planDev().inv; }
+    int32_t* planTokExp() const { return planDev().tokExp; }
+    int32_t* planRowOf() const { return planDev().rowOf; }
+    int32_t* planTopi() const { return planDev().topi; }
+    int32_t* planOffset() const { return planDev().offset; }
     TensorPtr logits;            // [T, E]
     TensorPtr xp;                // permuted input [T*k, h]
     TensorPtr probT;             // [T*k] the routing prob of each permuted row (= prob)
@@ -284,8 +299,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // the routed rows are counted once per microbatch (not again by a full recompute).
     const bool bias = m_cfg.moe_router_enable_expert_bias, count = bias && !m_recomputing;
     auto router = m_router;
-    TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, MoeSaved::planWords(T, K, E, rowsAlloc),
-                                                    MemCategory::Workspace));
+    TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, s->planWords(), MemCategory::Workspace));
     // The kernels route where the logits are unless the mode needs the host (moeRoute: token
     // dropping, sinkhorn, quantile balancing's choice): then the host waits for the logits and routes.
     const bool kernelRouted = ro.kernelRouted() && !qb;
@@ -325,13 +339,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             s->logitsHost = {};
             const int rows = r.rows();
             const int64_t TK = int64_t(T) * K;
-            std::vector<int32_t> plan(size_t(MoeSaved::planWords(T, K, E, rowsAlloc)), 0);
-            int32_t* tok = plan.data();
-            int32_t* start = tok + rowsAlloc;
-            int32_t* inv = start + T + 1;
-            int32_t* tokExp = inv + rowsAlloc;
-            int32_t* rowOf = tokExp + rowsAlloc;
-            int32_t* topi = rowOf + TK;
+            std::vector<int32_t> plan(size_t(s->planWords()), 0);
+            const auto [tok, start, inv, tokExp, rowOf, topi, planOffset] = s->planParts(plan.data());
             std::fill(rowOf, rowOf + TK, -1);  // a dropped copy has no row
             for (int i = 0; i < rows; ++i) {
                 tok[i] = r.tokenOf[size_t(i)];
@@ -344,7 +353,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             for (int i = 0; i < rows; ++i) inv[cursor[size_t(tok[i])]++] = i;
             std::copy(r.topi.begin(), r.topi.end(), topi);
             std::copy(r.offset.begin(), r.offset.end(), offset.begin());
-            std::copy(offset.begin(), offset.end(), topi + TK);
+            std::copy(offset.begin(), offset.end(), planOffset);
             k::copyBytes(s->plan->data(), plan.data(), plan.size() * sizeof(int32_t));
             k::copyBytes(fp(s->probT), r.prob.data(), size_t(rows) * sizeof(float));
             s->routed = std::move(r.routed);

@@ -102,7 +102,6 @@ void moeAuxScores(const float* l, int E, MoeScore score, double* p) {
 MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     const int T = o.T, E = o.E, K = o.K, G = std::max(1, o.groups), mbB = std::max(1, o.microBatch);
     MoeRouting r;
-    r.topv.assign(size_t(T) * K, 0.f);
     r.topi.assign(size_t(T) * K, 0);
     r.topp.assign(size_t(T) * K, 0.0);
     r.routed.assign(size_t(E), 0);
@@ -138,7 +137,6 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
         for (int j = 0; j < K; ++j) {
             const int e = sel[j];
             r.topi[size_t(t) * K + size_t(j)] = e;
-            r.topv[size_t(t) * K + size_t(j)] = l[e];
             cs.routed[size_t(e)]++;
         }
         // The aux loss's own routing: the plain top-k of its scores (moeAuxScores).

@@ -78,7 +78,6 @@ struct MoeRouteOptions {
 
 struct MoeRouting {
     std::vector<int> topi;          // [T*K] chosen experts, token-major, best first (ties: lower index)
-    std::vector<float> topv;        // [T*K] their logits
     std::vector<double> topp;       // [T*K] their probs (before any bf16 rounding)
     std::vector<int> routed;        // [E] copies routed to each expert, before dropping
     // The aux loss's routing map and scores (compute_routing_scores_for_aux_loss): the plain top-k

@@ -296,8 +296,6 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     ro.pad = pad;
     ro.byProb = byProb;
     ro.bf16Probs = bf;
-    ro.microBatch = mbB;
-    ro.groups = G;
     ro.score = moeScoreFunction(m_cfg);
     ro.preSoftmax = m_cfg.moe_router_pre_softmax;
     ro.scale = m_cfg.moe_router_topk_scaling_factor;

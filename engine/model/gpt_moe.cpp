@@ -1206,9 +1206,8 @@ Status GptModel::moeDispatchPlan(MoeSaved& s) {
     keepUntilPassed(m_exec.stream(), {s.plan, all});
     // The splits of the all-to-all are data-dependent: wait for them (Megatron's D2H sync).
     std::vector<int32_t> allHost(size_t(E + 1) * size_t(n));
-    TS_RETURN_IF_ERROR(k::runOp(m_exec.stream(), "moe.dispatch_counts", [&] {
-        k::download(allHost.data(), all->data(), allHost.size() * sizeof(int32_t));
-    }));
+    TS_RETURN_IF_ERROR(k::copyToHost(m_exec.stream(), allHost.data(), all->data(), allHost.size() * sizeof(int32_t),
+                                     "moe.dispatch_counts"));
     const int32_t* o = allHost.data();
     if (s.offset.empty()) s.takeOffsets(o + size_t(myT + etp * me) * size_t(E + 1));  // the kernels routed
     // copies that rank (etp t, ep i) routed to expert e
@@ -1365,10 +1364,8 @@ Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
     group->allGather(m_exec.stream(), x->data(), xg->data(), size_t(T) * h, DType::F32);
     keepUntilPassed(m_exec.stream(), {x, xg});
     // The rows depend on the routing: wait for it (as Megatron's dispatcher syncs for its sizes).
-    std::vector<float> allHost(size_t(2 * TE) * size_t(n));
-    TS_RETURN_IF_ERROR(k::runOp(m_exec.stream(), "moe.allgather_routing", [&] {
-        k::download(allHost.data(), fp(routeAll), allHost.size() * sizeof(float));
-    }));
+    TS_ASSIGN_OR_RETURN(const std::vector<float> allHost,
+                        k::toHost(m_exec.stream(), fp(routeAll), 2 * TE * n, "moe.allgather_routing"));
     const float* all = allHost.data();  // [etp-ep rank][map, probs][T][E]
     if (s.offset.empty()) {  // the kernels routed: this rank's offsets from its own map
         const float* map = all + size_t(group->rank()) * size_t(2 * TE);

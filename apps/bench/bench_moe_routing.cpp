@@ -1,14 +1,14 @@
 // bench_moe_routing: one MoE layer's routing for one microbatch at the router shapes of real
 // models, on the host. Two paths route (engine/model/gpt_moe.cpp, router.topk_permute):
-//   the kernels (moeRouteTopK + moeRoutePlan, and moeRouterAuxCounts for the aux losses): the
-//     dropless routers without sinkhorn or quantile balancing; timed here as their CPU oracle, what
-//     the CPU backend spends (on a GPU they run on the device and the host waits only for the
-//     experts' row offsets);
+//   the kernels (moeRouteTopK + moeRoutePlan): the dropless routers without sinkhorn or quantile
+//     balancing; timed here as their CPU oracle, what the CPU backend spends (on a GPU they run on
+//     the device and the host waits only for the experts' row offsets);
 //   the host's moeRoute (token dropping, sinkhorn, quantile balancing): on a GPU the device idles
 //     from the logits' read-back until the host has queued the next kernels, so this time is a
 //     lower bound of that gap per MoE layer and microbatch; on one thread and on --threads (the
 //     engine's choice on a device: half the cores, at most 8).
-// And the backward's coefficients (moeRouterProbsCoefficients' oracle). Median of --reps calls on
+// After either: the aux losses' counts and statistics (moeRouterAuxCounts' oracle, a kernel on a
+// GPU) and the backward's coefficients (moeRouterProbsCoefficients'). Median of --reps calls on
 // random logits; prints a table and one JSON line. Issue #17.
 //
 // usage: bench_moe_routing [--tokens T] [--reps N] [--threads N]
@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
                             {"deepseek_v3_e256_k8", 256, 8, MoeScore::Sigmoid, 8, 4, 2.5, true}};
     nlohmann::json out = {{"bench", "moe_routing"}, {"tokens", T}, {"reps", reps}, {"threads", threads}};
     std::printf("%d tokens per microbatch (seq_length x micro_batch_size, this rank's)\n", T);
-    std::printf("%-22s %14s %14s %18s %16s\n", "router", "kernels ms", "host ms", "host ms, threads",
-                "bwd coeffs ms");
+    std::printf("%-22s %14s %14s %18s %14s %16s\n", "router", "kernels ms", "host ms", "host ms, threads",
+                "aux counts ms", "bwd coeffs ms");
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.f, 1.f);
     for (const Shape& s : shapes) {
@@ -102,6 +102,8 @@ int main(int argc, char** argv) {
             kc::moeRoutePlan(topi.data(), probs.data(), T, s.K, s.E, offset.data(), plan.data(), plan.data() + TK,
                              plan.data() + TK + T + 1, plan.data() + 2 * TK + T + 1, plan.data() + 3 * TK + T + 1,
                              probT.data());
+        });
+        const double aux = medianMs(reps, [&] {
             kc::moeRouterAuxCounts(logits.data(), T, s.E, s.K, 1, 1, s.score, counts.data(), nullptr, stats.data());
         });
         MoeRouting r;
@@ -113,9 +115,9 @@ int main(int argc, char** argv) {
             kc::moeRouterProbsCoefficients(logits.data(), topi.data(), T, s.E, spec, false, a.data(), b.data(),
                                            c.data(), full.data());
         });
-        std::printf("%-22s %14.3f %14.3f %18.3f %16.3f\n", s.name, kernels, route, routeThreads, coeff);
-        out[s.name] = {{"kernels_ms", kernels}, {"route_ms", route}, {"route_ms_threads", routeThreads},
-                       {"bwd_coeff_ms", coeff}, {"experts", s.E},   {"topk", s.K}};
+        std::printf("%-22s %14.3f %14.3f %18.3f %14.3f %16.3f\n", s.name, kernels, route, routeThreads, aux, coeff);
+        out[s.name] = {{"kernels_ms", kernels}, {"route_ms", route},  {"route_ms_threads", routeThreads},
+                       {"aux_counts_ms", aux},  {"bwd_coeff_ms", coeff}, {"experts", s.E}, {"topk", s.K}};
     }
     std::printf("%s\n", out.dump().c_str());
     return 0;

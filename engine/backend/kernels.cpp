@@ -323,8 +323,8 @@ Status runOp(Stream& s, const char* name, std::function<void()> fn) {
     return s.synchronize();
 }
 
-Status copyToHost(Stream& s, void* dst, const void* src, size_t bytes) {
-    return runOp(s, "copy_to_host", [=] { download(dst, src, bytes); });
+Status copyToHost(Stream& s, void* dst, const void* src, size_t bytes, const char* op) {
+    return runOp(s, op, [=] { download(dst, src, bytes); });
 }
 
 Status copyFromHost(Stream& s, void* dst, const void* src, size_t bytes) {
@@ -332,9 +332,9 @@ Status copyFromHost(Stream& s, void* dst, const void* src, size_t bytes) {
     return runOp(s, "copy_from_host", [=] { copyBytes(dst, src, bytes); });
 }
 
-Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n) {
+Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n, const char* op) {
     std::vector<float> out(static_cast<size_t>(std::max<int64_t>(n, 0)));
-    TS_RETURN_IF_ERROR(copyToHost(s, out.data(), src, out.size() * sizeof(float)));
+    TS_RETURN_IF_ERROR(copyToHost(s, out.data(), src, out.size() * sizeof(float), op));
     return out;
 }
 

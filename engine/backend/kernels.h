@@ -66,10 +66,11 @@ void download(void* dst, const void* src, size_t bytes);
 // copy is submitted on `s`, after the work already queued there, and waited for. On every
 // backend; a host pointer on the buffer side is copied as plain memory.
 Status runOp(Stream& s, const char* name, std::function<void()> fn);  // fn as an op on s, waited for
-Status copyToHost(Stream& s, void* dst, const void* src, size_t bytes);
+// The read-backs are ops named `op` (the trace's and emulatedHostWaits' name for the wait).
+Status copyToHost(Stream& s, void* dst, const void* src, size_t bytes, const char* op = "copy_to_host");
 Status copyFromHost(Stream& s, void* dst, const void* src, size_t bytes);
 // A whole float buffer (or the first n floats of it) as a host vector.
-Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n);
+Result<std::vector<float>> toHost(Stream& s, const float* src, int64_t n, const char* op = "copy_to_host");
 
 // The 16-bit twin of a bf16-valued float array (the working copy of a part's weights and their
 // bf16 bits, GptModel::useWeights; saved activations and their packed bits): on CUDA, a bf16

@@ -138,7 +138,23 @@ struct GptModel::MoeSaved {
     std::vector<int> qbIndices;        // [T*k] quantile_balancing: the chosen experts
     MoeRouteOptions ro;            // how the router chose (the probs' backward)
     int dropped = 0;
-    std::vector<int> offset;     // [E+1] first permuted row of each expert (read back by the host)
+    std::vector<int> offset;     // [E+1] first permuted row of each expert (takeOffsets)
+    // The expert bias's counts of this step that this routing adds to (null: no expert bias, or a
+    // full recompute's rerun, which counts nothing).
+    std::vector<double>* biasTokens = nullptr;
+    // The host learns the experts' row offsets: read back by router.topk_permute, or with EP / ETP
+    // and the kernels' routing from the dispatcher's gathered ones (moeDispatchPlan,
+    // moeAllGatherDispatch; dropless, the rows are T*k without them). Without dropping, every
+    // copy routed is kept (routed: the host's moeRoute counted before dropping).
+    void takeOffsets(const int32_t* o) {
+        offset.assign(o, o + E + 1);
+        if (routed.empty()) {
+            routed.resize(size_t(E));
+            for (int e = 0; e < E; ++e) routed[size_t(e)] = o[e + 1] - o[e];
+        }
+        if (biasTokens)
+            for (int e = 0; e < E; ++e) (*biasTokens)[size_t(e)] += o[e + 1] - o[e];
+    }
     // The router's logits on the host, for the modes the host routes (MoeRouteOptions::kernelRouted
     // false): read back by router.topk_permute, or by router.qb_dual_update; freed once routed.
     std::vector<float> logitsHost;
@@ -280,8 +296,6 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     ro.pad = pad;
     ro.byProb = byProb;
     ro.bf16Probs = bf;
-    ro.microBatch = mbB;
-    ro.groups = G;
     ro.score = moeScoreFunction(m_cfg);
     ro.preSoftmax = m_cfg.moe_router_pre_softmax;
     ro.scale = m_cfg.moe_router_topk_scaling_factor;
@@ -297,12 +311,17 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     if (qb) TS_RETURN_IF_ERROR(moeQbForward(*s, li));
     // The expert bias is read when the op runs (the step-end update is an op of the same stream);
     // the routed rows are counted once per microbatch (not again by a full recompute).
-    const bool bias = m_cfg.moe_router_enable_expert_bias, count = bias && !m_recomputing;
+    const bool bias = m_cfg.moe_router_enable_expert_bias;
+    if (bias && !m_recomputing) s->biasTokens = &(*m_router)[size_t(li)].localTokens;
     auto router = m_router;
     TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, s->planWords(), MemCategory::Workspace));
     // The kernels route where the logits are unless the mode needs the host (moeRoute: token
     // dropping, sinkhorn, quantile balancing's choice): then the host waits for the logits and routes.
     const bool kernelRouted = ro.kernelRouted() && !qb;
+    // With EP or ETP the dispatcher gathers every rank's offsets and waits for them anyway: the
+    // host learns its own there, so the kernels' routing waits for nothing (one wait per layer
+    // and microbatch, the dispatcher's, as Megatron's).
+    const bool offsetsFromDispatch = kernelRouted && (ep > 1 || etp > 1);
     const kernels::cpu::MoeTopKSpec spec = ro.topk();
     TensorPtr probsWs, biasDev;
     if (kernelRouted) {
@@ -322,10 +341,11 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             k::moeRouteTopK(fp(s->logits), biasDev ? fp(biasDev) : nullptr, s->planTopi(), fp(probsWs), T, E, spec);
             k::moeRoutePlan(s->planTopi(), fp(probsWs), T, K, E, s->planOffset(), s->planTok(), s->planStart(),
                             s->planInv(), s->planTokExp(), s->planRowOf(), fp(s->probT));
-            k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
-            s->routed.resize(size_t(E));
-            for (int e = 0; e < E; ++e) s->routed[size_t(e)] = offset[size_t(e) + 1] - offset[size_t(e)];
-            s->dropped = 0;
+            s->dropped = 0;  // the rows: T*k (rowsAlloc)
+            if (!offsetsFromDispatch) {
+                k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
+                s->takeOffsets(offset.data());
+            }
         } else {
             // On the host: the logits read back (a copy and a wait), the plan and the probs go back.
             if (!qb) {  // quantile balancing's router.qb_dual_update read them back already
@@ -358,12 +378,9 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             k::copyBytes(fp(s->probT), r.prob.data(), size_t(rows) * sizeof(float));
             s->routed = std::move(r.routed);
             s->dropped = r.dropped;
+            s->rows = rows;
+            s->takeOffsets(offset.data());
         }
-        s->offset.assign(offset.begin(), offset.end());
-        s->rows = offset[size_t(E)];
-        if (count)
-            for (int e = 0; e < E; ++e)
-                (*router)[size_t(li)].localTokens[size_t(e)] += offset[size_t(e) + 1] - offset[size_t(e)];
         k::gatherRows(fp(x), s->planTok(), fp(xp), s->rows, h);
         if (ep == 1 && etp == 1) s->eoff = s->offset;
     });
@@ -418,8 +435,25 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         rs.globalSum = global;
         s->gaSteps = ++rs.gaSteps;
     }
-    // The router's counters (trace only): what the host knows now, and the counts and statistics
-    // read back once at the step's end (flushRouterStats).
+    // Where the permuted rows are computed: here (ep 1, etp 1) or on the experts' EP ranks, by
+    // every rank of the expert's "etp" group (each with its F/etp columns).
+    s->allgather = (ep > 1 || etp > 1) && m_cfg.moe_token_dispatcher_type == "allgather";
+    if (s->allgather) {
+        TS_RETURN_IF_ERROR(moeAllGatherDispatch(*s, x));
+        s->xp.reset();  // the experts' rows come from the gathered tokens; nothing reads the permuted ones
+    } else if (ep > 1 || etp > 1) {
+        TS_RETURN_IF_ERROR(moeDispatchPlan(*s));
+        TS_ASSIGN_OR_RETURN(s->xin, moeToExperts(*s, s->xp, h));
+        TS_ASSIGN_OR_RETURN(s->eprob, moeToExperts(*s, s->probT, 1));
+        s->xp.reset();  // sent: the experts and their backward read xin
+    } else {
+        s->R = rowsAlloc;  // allocation bound; the experts read their rows from eoff
+        s->xin = s->xp;
+        s->eprob = s->probT;
+    }
+    // The router's counters (trace only): what the host knows once the dispatch is planned (its
+    // tokens per expert), and the counts and statistics read back once at the step's end
+    // (flushRouterStats).
     if (tt.recorder && auxPass) {
         auto st = std::make_shared<RouterStats>();
         st->gl = gl;
@@ -440,22 +474,6 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             st->dropped = s->dropped;
         });
         m_pendingRouterStats.push_back(std::move(st));
-    }
-    // Where the permuted rows are computed: here (ep 1, etp 1) or on the experts' EP ranks, by
-    // every rank of the expert's "etp" group (each with its F/etp columns).
-    s->allgather = (ep > 1 || etp > 1) && m_cfg.moe_token_dispatcher_type == "allgather";
-    if (s->allgather) {
-        TS_RETURN_IF_ERROR(moeAllGatherDispatch(*s, x));
-        s->xp.reset();  // the experts' rows come from the gathered tokens; nothing reads the permuted ones
-    } else if (ep > 1 || etp > 1) {
-        TS_RETURN_IF_ERROR(moeDispatchPlan(*s));
-        TS_ASSIGN_OR_RETURN(s->xin, moeToExperts(*s, s->xp, h));
-        TS_ASSIGN_OR_RETURN(s->eprob, moeToExperts(*s, s->probT, 1));
-        s->xp.reset();  // sent: the experts and their backward read xin
-    } else {
-        s->R = rowsAlloc;  // allocation bound; the experts read their rows from eoff
-        s->xin = s->xp;
-        s->eprob = s->probT;
     }
     // moe_shared_expert_overlap: the shared experts run here (gpt_layer.cpp).
     if (A.beforeExperts) TS_RETURN_IF_ERROR(A.beforeExperts());
@@ -1182,24 +1200,21 @@ Communicator* GptModel::expertGroup() const { return m_ctx.etpSize > 1 ? m_ctx.e
 Status GptModel::moeDispatchPlan(MoeSaved& s) {
     const int E = s.E, ep = m_ctx.epSize, L = E / ep, me = m_ctx.epRank;
     const int etp = m_ctx.etpSize, myT = m_ctx.etpRank, n = etp * ep;
-    TS_ASSIGN_OR_RETURN(TensorPtr counts, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
-    MoeSaved* sp = &s;
-    m_exec.op("moe.count_tokens", Category::Elementwise, 0, uint64_t(E) * 4, [=] {
-        std::vector<float> c(static_cast<size_t>(E));
-        for (int e = 0; e < E; ++e) c[size_t(e)] = float(sp->offset[size_t(e) + 1] - sp->offset[size_t(e)]);
-        k::copyBytes(counts->data(), c.data(), c.size() * sizeof(float));
-    });
-    TS_ASSIGN_OR_RETURN(TensorPtr all, allocUninitialized(m_exec, int64_t(E) * n, MemCategory::CommBuffers));
-    expertGroup()->allGather(m_exec.stream(), counts->data(), all->data(), size_t(E), DType::F32);
-    keepUntilPassed(m_exec.stream(), {counts, all});
+    // Every rank's experts' row offsets (the plan's [E+1], where the routing left them), gathered.
+    TS_ASSIGN_OR_RETURN(TensorPtr all, allocUninitialized(m_exec, int64_t(E + 1) * n, MemCategory::CommBuffers));
+    expertGroup()->allGather(m_exec.stream(), s.planOffset(), all->data(), size_t(E) + 1, DType::I32);
+    keepUntilPassed(m_exec.stream(), {s.plan, all});
     // The splits of the all-to-all are data-dependent: wait for them (Megatron's D2H sync).
-    std::vector<float> allHost(size_t(E) * size_t(n));
-    TS_RETURN_IF_ERROR(k::runOp(m_exec.stream(), "moe.dispatch_counts", [&] {
-        k::download(allHost.data(), fp(all), allHost.size() * sizeof(float));
-    }));
-    const float* c = allHost.data();
+    std::vector<int32_t> allHost(size_t(E + 1) * size_t(n));
+    TS_RETURN_IF_ERROR(k::copyToHost(m_exec.stream(), allHost.data(), all->data(), allHost.size() * sizeof(int32_t),
+                                     "moe.dispatch_counts"));
+    const int32_t* o = allHost.data();
+    if (s.offset.empty()) s.takeOffsets(o + size_t(myT + etp * me) * size_t(E + 1));  // the kernels routed
     // copies that rank (etp t, ep i) routed to expert e
-    auto cnt = [&](int t, int i, int e) { return int(c[size_t(t + etp * i) * E + size_t(e)]); };
+    auto cnt = [&](int t, int i, int e) {
+        const int32_t* oi = o + size_t(t + etp * i) * size_t(E + 1);
+        return int(oi[e + 1] - oi[e]);
+    };
     s.sendRows.assign(size_t(ep), 0);
     s.recvRows.assign(size_t(ep), 0);
     s.etpRows.assign(size_t(etp), 0);
@@ -1349,11 +1364,19 @@ Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
     group->allGather(m_exec.stream(), x->data(), xg->data(), size_t(T) * h, DType::F32);
     keepUntilPassed(m_exec.stream(), {x, xg});
     // The rows depend on the routing: wait for it (as Megatron's dispatcher syncs for its sizes).
-    std::vector<float> allHost(size_t(2 * TE) * size_t(n));
-    TS_RETURN_IF_ERROR(k::runOp(m_exec.stream(), "moe.allgather_routing", [&] {
-        k::download(allHost.data(), fp(routeAll), allHost.size() * sizeof(float));
-    }));
+    TS_ASSIGN_OR_RETURN(const std::vector<float> allHost,
+                        k::toHost(m_exec.stream(), fp(routeAll), 2 * TE * n, "moe.allgather_routing"));
     const float* all = allHost.data();  // [etp-ep rank][map, probs][T][E]
+    if (s.offset.empty()) {  // the kernels routed: this rank's offsets from its own map
+        const float* map = all + size_t(group->rank()) * size_t(2 * TE);
+        std::vector<int32_t> o(size_t(E) + 1, 0);
+        for (int e = 0; e < E; ++e) {
+            int rows = 0;
+            for (int t = 0; t < T; ++t) rows += map[size_t(t) * E + size_t(e)] != 0.f;
+            o[size_t(e) + 1] = o[size_t(e)] + rows;
+        }
+        s.takeOffsets(o.data());
+    }
     s.eoff.assign(size_t(L) + 1, 0);
     s.agToken.clear();
     s.agExpert.clear();

@@ -23,7 +23,6 @@ struct Copy {
 constexpr int kRouteChunk = 256;
 
 using kernels::cpu::MoeTokenScratch;
-using kernels::cpu::moeScoreOf;
 
 }  // namespace
 
@@ -89,81 +88,40 @@ void moeQbBetaUpdate(float* beta, const float* mean, int n, double ema) {
     for (int j = 0; j < n; ++j) beta[j] -= centre;
 }
 
-void moeAuxScores(const float* l, int E, MoeScore score, double* p) {
-    if (score == MoeScore::Softmax) {
-        moeSoftmax(l, E, p);
-        return;
-    }
-    double sum = 0;
-    for (int e = 0; e < E; ++e) sum += (p[e] = moeScoreOf(score, l[e]));
-    for (int e = 0; e < E; ++e) p[e] /= sum + 1e-20;
-}
-
 MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
-    const int T = o.T, E = o.E, K = o.K, G = std::max(1, o.groups), mbB = std::max(1, o.microBatch);
+    const int T = o.T, E = o.E, K = o.K;
     MoeRouting r;
     r.topi.assign(size_t(T) * K, 0);
     r.topp.assign(size_t(T) * K, 0.0);
     r.routed.assign(size_t(E), 0);
-    r.groupCounts.assign(size_t(G) * E, 0);
-    r.probSum.assign(size_t(G) * E, 0.0);
     std::vector<float> norm;
     if (o.sinkhorn) {
         norm.resize(size_t(T) * E);
         moeSinkhorn(L, T, E, norm.data());
     }
-    // The tokens in chunks of kRouteChunk, each chunk's sums (the routed copies, the aux loss's
-    // statistics) apart and added in chunk order afterwards: the same bits whatever the number of
-    // threads (o.threads) that route the chunks. Per token: the full softmax of its logits (and
-    // their logsumexp) and, for sigmoid / sqrtsoftplus, its scores, each computed once and shared
-    // by the choice, the probs and the aux loss's statistics.
-    const bool scored = o.score != MoeScore::Softmax;
+    // The tokens in chunks of kRouteChunk, routed by o.threads threads, each chunk's counts of
+    // routed copies apart and added afterwards.
     const int chunks = (T + kRouteChunk - 1) / kRouteChunk;
-    struct ChunkSums {
-        std::vector<int> routed, groupCounts;
-        std::vector<double> probSum;
-        double zSum = 0;
-    };
-    std::vector<ChunkSums> sums(static_cast<size_t>(chunks));
+    std::vector<std::vector<int>> routedOf(static_cast<size_t>(chunks));
     std::atomic<int> nextChunk{0};  // each thread takes the next chunk not taken
     const kernels::cpu::MoeTopKSpec spec = o.topk();
-    // One token: its choice and probs (kernels/cpu/moe_route.h), then the aux loss's statistics
-    // from the same softmax and scores.
-    const auto routeToken = [&](int t, ChunkSums& cs, int* sel, double* aux, MoeTokenScratch& w) {
-        const float* l = L + size_t(t) * E;
-        const double lse = kernels::cpu::moeRouteToken(
-            l, E, spec, o.expertBias, o.sinkhorn ? norm.data() + size_t(t) * E : nullptr,
-            o.precomputed ? o.precomputed + size_t(t) * K : nullptr, sel, r.topp.data() + size_t(t) * K, w, true);
-        for (int j = 0; j < K; ++j) {
-            const int e = sel[j];
-            r.topi[size_t(t) * K + size_t(j)] = e;
-            cs.routed[size_t(e)]++;
-        }
-        // The aux loss's own routing: the plain top-k of its scores (moeAuxScores).
-        const double* a = w.soft.data();
-        if (scored) {
-            double scoreSum = 0;
-            for (int e = 0; e < E; ++e) scoreSum += w.sc[size_t(e)];
-            for (int e = 0; e < E; ++e) aux[e] = w.sc[size_t(e)] / (scoreSum + 1e-20);
-            a = aux;
-        }
-        const size_t g = size_t(t % mbB % G);
-        for (int e = 0; e < E; ++e) cs.probSum[g * E + size_t(e)] += a[e];
-        kernels::cpu::moeTopK(a, E, K, 0, 0, sel, w.topk);
-        for (int j = 0; j < K; ++j) cs.groupCounts[g * E + size_t(sel[j])]++;
-        cs.zSum += lse * lse;
-    };
     const auto routeChunks = [&] {
-        std::vector<double> aux(static_cast<size_t>(E));
         std::vector<int> sel(static_cast<size_t>(K));
         MoeTokenScratch w;
         for (int ci = nextChunk++; ci < chunks; ci = nextChunk++) {
-            ChunkSums& cs = sums[size_t(ci)];
-            cs.routed.assign(size_t(E), 0);
-            cs.groupCounts.assign(size_t(G) * E, 0);
-            cs.probSum.assign(size_t(G) * E, 0.0);
-            for (int t = ci * kRouteChunk; t < std::min(T, (ci + 1) * kRouteChunk); ++t)
-                routeToken(t, cs, sel.data(), aux.data(), w);
+            std::vector<int>& routed = routedOf[size_t(ci)];
+            routed.assign(size_t(E), 0);
+            for (int t = ci * kRouteChunk; t < std::min(T, (ci + 1) * kRouteChunk); ++t) {
+                // one token's choice and probs (kernels/cpu/moe_route.h)
+                kernels::cpu::moeRouteToken(L + size_t(t) * E, E, spec, o.expertBias,
+                                            o.sinkhorn ? norm.data() + size_t(t) * E : nullptr,
+                                            o.precomputed ? o.precomputed + size_t(t) * K : nullptr, sel.data(),
+                                            r.topp.data() + size_t(t) * K, w);
+                for (int j = 0; j < K; ++j) {
+                    r.topi[size_t(t) * K + size_t(j)] = sel[size_t(j)];
+                    ++routed[size_t(sel[size_t(j)])];
+                }
+            }
         }
     };
     // Helpers as the system gives them (the calling thread routes what they do not).
@@ -177,14 +135,8 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     }
     routeChunks();
     for (std::thread& th : pool) th.join();
-    for (const ChunkSums& cs : sums) {
-        for (int e = 0; e < E; ++e) r.routed[size_t(e)] += cs.routed[size_t(e)];
-        for (size_t i = 0; i < cs.probSum.size(); ++i) {
-            r.groupCounts[i] += cs.groupCounts[i];
-            r.probSum[i] += cs.probSum[i];
-        }
-        r.zSum += cs.zSum;
-    }
+    for (const std::vector<int>& routed : routedOf)
+        for (int e = 0; e < E; ++e) r.routed[size_t(e)] += routed[size_t(e)];
     // Each expert's token copies in token order, with the renormalised top-k probs.
     std::vector<std::vector<Copy>> byExpert(static_cast<size_t>(E));
     for (int t = 0; t < T; ++t) {

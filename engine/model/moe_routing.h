@@ -4,7 +4,8 @@
 // softmax after or before the top-k, sigmoid or sqrtsoftplus scores renormalised over the k
 // chosen, the scaling factor, group-limited top-k, the aux-loss-free expert bias; or the sinkhorn
 // router; quantile balancing's choice), token dropping at a capacity, and the expert-major
-// permutation the experts consume; the statistics of the aux and z losses. The engine routes the
+// permutation the experts consume. (The aux and z losses' counts and statistics are the kernel
+// moeRouterAuxCounts', whoever routed.) The engine routes the
 // dropless modes with the kernels moeRouteTopK / moeRoutePlan (the same per-token step) and the
 // others here (GptModel::moeForward, router.topk_permute); tests compare the two
 // (tests/engine/model/test_moe_routing.cpp).
@@ -51,9 +52,6 @@ struct MoeRouteOptions {
     bool pad = false;
     bool byProb = true;
     bool bf16Probs = false;  // probs rounded to bf16 (the router's output dtype under bf16)
-    // Aux-loss groups: token t belongs to group (t % microBatch) % groups (seq_aux_loss: one per
-    // sequence of the microbatch, groups == microBatch; aux_loss: groups == 1).
-    int microBatch = 1, groups = 1;
     // Host threads that route the tokens (chunks of 256 tokens each; the result is the same for
     // any number): on a GPU the device idles while the host routes.
     int threads = 1;
@@ -80,12 +78,6 @@ struct MoeRouting {
     std::vector<int> topi;          // [T*K] chosen experts, token-major, best first (ties: lower index)
     std::vector<double> topp;       // [T*K] their probs (before any bf16 rounding)
     std::vector<int> routed;        // [E] copies routed to each expert, before dropping
-    // The aux loss's routing map and scores (compute_routing_scores_for_aux_loss): the plain top-k
-    // of the scores (no groups, no bias, not sinkhorn's) per aux-loss group, and the sums of the
-    // scores: softmax over E, or sigmoid / sqrtsoftplus renormalised over E.
-    std::vector<int> groupCounts;   // [groups*E]
-    std::vector<double> probSum;    // [groups*E]
-    double zSum = 0;                // sum over tokens of logsumexp(logits)^2
     int dropped = 0;                // copies dropped at the capacity
     // The permuted rows: expert-major, token-ascending inside an expert (Megatron's permute).
     std::vector<int> offset;        // [E+1] first row of each expert
@@ -96,6 +88,7 @@ struct MoeRouting {
     int rows() const { return offset.empty() ? 0 : offset.back(); }
 };
 
+using kernels::cpu::moeAuxScores;
 using kernels::cpu::moeSoftmax;
 
 // logits: [T, E] row-major.
@@ -123,8 +116,5 @@ void moeQbBetaUpdate(float* beta, const float* mean, int n, double ema);
 // Whether the probs are a softmax over all E experts (pre-softmax; sinkhorn with k > 1): then
 // the kernel moeRouterProbsCoefficients writes `full`.
 bool moeProbsAreFullSoftmax(const MoeRouteOptions& o);
-
-// The aux loss's scores of one token (p [E]); their backward is the kernel moeRouterAuxBackward.
-void moeAuxScores(const float* l, int E, MoeScore score, double* p);
 
 }  // namespace ts::engine

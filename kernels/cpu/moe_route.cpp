@@ -80,17 +80,16 @@ void moeTopK(const double* v, int E, int k, int G, int gk, int* out, MoeTopKScra
     for (int j = 0; j < k; ++j) out[j] = s.cand[size_t(s.groupBest[size_t(j)])];
 }
 
-double moeRouteToken(const float* l, int E, const MoeTopKSpec& s, const float* bias, const float* sinkhornRow,
-                     const int* precomputed, int* sel, double* p, MoeTokenScratch& w, bool statistics) {
+void moeRouteToken(const float* l, int E, const MoeTopKSpec& s, const float* bias, const float* sinkhornRow,
+                   const int* precomputed, int* sel, double* p, MoeTokenScratch& w) {
     const int K = s.K;
     w.v.resize(size_t(E));
     w.soft.resize(size_t(E));
     w.sc.resize(size_t(E));
     w.chosen.resize(size_t(K));
     const bool softmax = s.score == MoeScore::Softmax;
-    // The full softmax: for the statistics, or where the probs are taken from it.
-    const bool full = statistics || (softmax && s.preSoftmax) || (sinkhornRow && K > 1);
-    const double lse = full ? moeSoftmax(l, E, w.soft.data()) : 0.0;
+    // The full softmax, where the probs are taken from it.
+    if ((softmax && s.preSoftmax) || (sinkhornRow && K > 1)) moeSoftmax(l, E, w.soft.data());
     if (s.score != MoeScore::Softmax)
         for (int e = 0; e < E; ++e) w.sc[size_t(e)] = moeScoreOf(s.score, l[e]);
     // The probs of the chosen experts: a softmax over their logits; the full softmax at them; or
@@ -132,6 +131,14 @@ double moeRouteToken(const float* l, int E, const MoeTopKSpec& s, const float* b
     }
     if (!sinkhornRow && s.scale != 0)
         for (int j = 0; j < K; ++j) p[j] *= s.scale;
+}
+
+double moeAuxScores(const float* l, int E, MoeScore score, double* p) {
+    const double lse = moeSoftmax(l, E, p);
+    if (score == MoeScore::Softmax) return lse;
+    double S = 0;
+    for (int e = 0; e < E; ++e) S += (p[e] = moeScoreOf(score, l[e]));
+    for (int e = 0; e < E; ++e) p[e] /= S + 1e-20;
     return lse;
 }
 
@@ -142,7 +149,7 @@ void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* 
     std::vector<int> sel(size_t(std::max(K, 1)));
     std::vector<double> p(size_t(std::max(K, 1)));
     for (int t = 0; t < T; ++t) {
-        moeRouteToken(logits + int64_t(t) * E, E, spec, bias, nullptr, nullptr, sel.data(), p.data(), w, false);
+        moeRouteToken(logits + int64_t(t) * E, E, spec, bias, nullptr, nullptr, sel.data(), p.data(), w);
         for (int j = 0; j < K; ++j) {
             float q = float(p[size_t(j)]);
             if (spec.bf16Probs) roundToBf16(&q, 1);
@@ -181,21 +188,13 @@ void moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int mic
     microBatch = std::max(microBatch, 1);
     const size_t GE = size_t(G) * size_t(E);
     std::vector<int64_t> cnt(GE, 0);
-    std::vector<double> probSum(GE, 0.0), soft(static_cast<size_t>(E)), aux(static_cast<size_t>(E)),
-        best(static_cast<size_t>(std::max(K, 1)));
+    std::vector<double> probSum(GE, 0.0), aux(static_cast<size_t>(E)), best(static_cast<size_t>(std::max(K, 1)));
     std::vector<int> sel(size_t(std::max(K, 1)));
     double z = 0;
     for (int t = 0; t < T; ++t) {
         const float* l = logits + int64_t(t) * E;
         const size_t g = size_t((t % microBatch) % G);
-        const double lse = moeSoftmax(l, E, soft.data());
-        if (score == MoeScore::Softmax) {
-            aux = soft;
-        } else {
-            double S = 0;
-            for (int e = 0; e < E; ++e) S += (aux[size_t(e)] = moeScoreOf(score, l[e]));
-            for (int e = 0; e < E; ++e) aux[size_t(e)] /= S + 1e-20;
-        }
+        const double lse = moeAuxScores(l, E, score, aux.data());
         for (int e = 0; e < E; ++e) probSum[g * E + size_t(e)] += aux[size_t(e)];
         moeTopKRange(aux.data(), E, K, sel.data(), best.data());
         for (int j = 0; j < K; ++j) ++cnt[g * E + size_t(sel[size_t(j)])];

@@ -43,10 +43,14 @@ struct MoeTokenScratch {
 // MoeTopKSpec describes (ops.h); bias [E] (null: none) is the aux-loss-free expert bias.
 // sinkhornRow [E] (non-null: the sinkhorn router): the choice is its top-k, the probs sigmoid(l)
 // for K = 1 or the full softmax at the chosen experts, never scaled. precomputed [K] (non-null):
-// the chosen experts, the probs the score function's at them. With statistics (the aux loss's),
-// returns logsumexp(l) and w.soft holds softmax(l); without, the full softmax is computed only
-// where the probs need it (0 returned). For sigmoid / sqrtsoftplus w.sc then holds the scores.
-double moeRouteToken(const float* l, int E, const MoeTopKSpec& s, const float* bias, const float* sinkhornRow,
-                     const int* precomputed, int* sel, double* p, MoeTokenScratch& w, bool statistics);
+// the chosen experts, the probs the score function's at them. The full softmax is computed only
+// where the probs need it.
+void moeRouteToken(const float* l, int E, const MoeTopKSpec& s, const float* bias, const float* sinkhornRow,
+                   const int* precomputed, int* sel, double* p, MoeTokenScratch& w);
+
+// The aux loss's scores of one token (Megatron's compute_routing_scores_for_aux_loss): the softmax
+// over its E logits, or its sigmoid / sqrtsoftplus scores renormalised over E, into p [E]. Returns
+// logsumexp(l), the z loss's. moeRouterAuxCounts sums them; moeRouterAuxBackward differentiates them.
+double moeAuxScores(const float* l, int E, MoeScore score, double* p);
 
 }  // namespace ts::kernels::cpu

@@ -5,8 +5,9 @@
 //   moeRoutePlan: each slot's rank among its expert's slots in token order (one block per expert,
 //     a warp-ballot prefix count), the offsets (one thread), then the rows and each token's rows
 //     sorted (one thread per slot / token): the oracle's permutation, exactly;
-//   moeRouterAuxCounts: one thread per token for its aux scores' normaliser and top-k, then one
-//     thread per (group, expert) summing over the tokens in order;
+//   moeRouterAuxCounts: one thread per token for its aux scores' normaliser and top-k, counted by
+//     integer atomics; traced, the statistics as per-chunk partial sums (a thread per chunk of 256
+//     tokens and (group, expert) column), added in chunk order;
 //   moeRouterProbsCoefficients: one thread per token, as the oracle.
 // Names carry a word classifyKernel knows (index, scatter, reduce, scale).
 #include "kernels/common/bf16.h"
@@ -195,11 +196,12 @@ __global__ void moeRoutePlanTokenIndexKernel(const int32_t* __restrict__ rowOf, 
     }
 }
 
-// Per token: the aux scores' normaliser (softmax: max and sum of exps; else the scores' sum), its
-// logsumexp, and the plain top-k of its aux scores.
-__global__ void moeRouterAuxTopKIndexKernel(const float* __restrict__ logits, int T, int E, int K,
-                                            cpu::MoeScore score, double* __restrict__ norm,
-                                            int32_t* __restrict__ auxTop) {
+// Per token: the aux scores' normaliser (softmax: max and sum of exps; else the scores' sum) and
+// logsumexp into norm, and the plain top-k of its aux scores counted into its group's icount
+// (integer atomics: the same counts in any order).
+__global__ void moeRouterAuxTopKIndexKernel(const float* __restrict__ logits, int T, int E, int K, int G,
+                                            int microBatch, cpu::MoeScore score, double* __restrict__ norm,
+                                            int* __restrict__ icount) {
     for (int64_t t = globalThread(); t < T; t += gridThreads()) {
         const float* l = logits + t * E;
         double mx, se;
@@ -213,7 +215,10 @@ __global__ void moeRouterAuxTopKIndexKernel(const float* __restrict__ logits, in
             chooseTopK([&](int e) { return exp(static_cast<double>(l[e]) - mx) / se; }, E, K, 0, 0, sel, best);
         else
             chooseTopK([&](int e) { return routeScore(score, l[e]) / (S + 1e-20); }, E, K, 0, 0, sel, best);
-        for (int j = 0; j < K; ++j) auxTop[t * K + j] = sel[j];
+        if (icount) {
+            const int64_t g = (t % microBatch) % G;
+            for (int j = 0; j < K; ++j) atomicAdd(icount + g * E + sel[j], 1);
+        }
         norm[t * 4 + 0] = mx;
         norm[t * 4 + 1] = se;
         norm[t * 4 + 2] = S;
@@ -221,32 +226,47 @@ __global__ void moeRouterAuxTopKIndexKernel(const float* __restrict__ logits, in
     }
 }
 
-// One thread per (group, expert) over the group's tokens in order; thread G*E sums the lse^2.
-__global__ void moeRouterAuxCountsReduceKernel(const float* __restrict__ logits, const double* __restrict__ norm,
-                                               const int32_t* __restrict__ auxTop, int T, int E, int K, int G,
-                                               int microBatch, cpu::MoeScore score, float* __restrict__ counts,
-                                               float* __restrict__ stats) {
+constexpr int kAuxChunk = 256;  // tokens per partial sum of the statistics
+
+// The statistics' partial sums, one per chunk of kAuxChunk tokens (blockIdx.y) and column: column
+// g*E + e sums group g's aux scores of expert e over the chunk's tokens in order (neighbouring
+// threads read neighbouring logits), column G*E the lse^2.
+__global__ void moeRouterAuxChunkReduceKernel(const float* __restrict__ logits, const double* __restrict__ norm,
+                                              int T, int E, int G, int microBatch, cpu::MoeScore score,
+                                              double* __restrict__ partial) {
     const int64_t GE = static_cast<int64_t>(G) * E;
+    const int chunks = (T + kAuxChunk - 1) / kAuxChunk;
+    for (int c = static_cast<int>(blockIdx.y); c < chunks; c += static_cast<int>(gridDim.y)) {
+        const int t0 = c * kAuxChunk, t1 = min(T, t0 + kAuxChunk);
+        for (int64_t i = globalThread(); i <= GE; i += gridThreads()) {
+            double sum = 0;
+            if (i == GE) {
+                for (int t = t0; t < t1; ++t) sum += norm[t * 4 + 3] * norm[t * 4 + 3];
+            } else {
+                const int g = static_cast<int>(i / E), e = static_cast<int>(i % E);
+                for (int t = t0; t < t1; ++t) {
+                    if ((t % microBatch) % G != g) continue;
+                    const double x = static_cast<double>(logits[static_cast<int64_t>(t) * E + e]);
+                    sum += score == cpu::MoeScore::Softmax ? exp(x - norm[t * 4 + 0]) / norm[t * 4 + 1]
+                                                           : routeScore(score, x) / (norm[t * 4 + 2] + 1e-20);
+                }
+            }
+            partial[static_cast<int64_t>(c) * (GE + 1) + i] = sum;
+        }
+    }
+}
+
+// Per column: the chunks' partial sums added in chunk order (the same bits on every run), and the
+// counts as floats.
+__global__ void moeRouterAuxSumsReduceKernel(const double* __restrict__ partial, const int* __restrict__ icount,
+                                             int chunks, int64_t GE, float* __restrict__ counts,
+                                             float* __restrict__ stats) {
     for (int64_t i = globalThread(); i <= GE; i += gridThreads()) {
-        if (i == GE) {
-            if (!stats) continue;
-            double z = 0;
-            for (int t = 0; t < T; ++t) z += norm[t * 4 + 3] * norm[t * 4 + 3];
-            stats[GE] = static_cast<float>(z);
-            continue;
-        }
-        const int g = static_cast<int>(i / E), e = static_cast<int>(i % E);
-        int64_t c = 0;
-        double ps = 0;
-        for (int t = 0; t < T; ++t) {
-            if ((t % microBatch) % G != g) continue;
-            const double x = static_cast<double>(logits[static_cast<int64_t>(t) * E + e]);
-            ps += score == cpu::MoeScore::Softmax ? exp(x - norm[t * 4 + 0]) / norm[t * 4 + 1]
-                                                  : routeScore(score, x) / (norm[t * 4 + 2] + 1e-20);
-            for (int j = 0; j < K; ++j) c += auxTop[static_cast<int64_t>(t) * K + j] == e;
-        }
-        if (counts) counts[i] = static_cast<float>(c);
-        if (stats) stats[i] = static_cast<float>(ps);
+        if (counts && i < GE) counts[i] = static_cast<float>(icount[i]);
+        if (!stats) continue;
+        double sum = 0;
+        for (int c = 0; c < chunks; ++c) sum += partial[static_cast<int64_t>(c) * (GE + 1) + i];
+        stats[i] = static_cast<float>(sum);
     }
 }
 
@@ -373,24 +393,38 @@ Status moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int m
                           float* counts, float* total, float* stats, void* stream) {
     if (T < 0 || E < 1 || K < 1 || K > kMaxK || K > E || G < 1 || microBatch < 1)
         return Status::invalid("moeRouterAuxCounts: needs T >= 0, 1 <= K <= min(E, 64), G >= 1, microBatch >= 1");
+    if (!counts && !total && !stats) return Status::ok();
     cudaStream_t s = detail::asStream(stream);
     const int64_t GE = static_cast<int64_t>(G) * E;
+    const int chunks = (T + kAuxChunk - 1) / kAuxChunk;
+    // Scratch: norm [T][4], the statistics' partial sums [chunks][GE+1] (traced only), the integer
+    // counts [GE], and their float copy when the caller wants only the total.
     const size_t normBytes = sizeof(double) * 4 * size_t(std::max(T, 1));
-    // total needs the counts: a scratch [G, E] when the caller wants only the total.
-    const size_t bytes = normBytes + sizeof(int32_t) * size_t(std::max<int64_t>(int64_t(T) * K, 1)) +
-                         (counts ? 0 : sizeof(float) * size_t(GE));
+    const size_t partialBytes = stats ? sizeof(double) * size_t(std::max(chunks, 1)) * size_t(GE + 1) : 0;
+    const size_t countBytes = sizeof(int) * size_t(GE);
+    const size_t bytes = normBytes + partialBytes + countBytes + (counts ? 0 : sizeof(float) * size_t(GE));
     return withScratch("moeRouterAuxCounts scratch", bytes, s, [&](void* p) {
-        double* norm = static_cast<double*>(p);
-        int32_t* auxTop = reinterpret_cast<int32_t*>(static_cast<char*>(p) + normBytes);
+        char* at = static_cast<char*>(p);
+        double* norm = reinterpret_cast<double*>(at);
+        double* partial = reinterpret_cast<double*>(at + normBytes);
+        int* icount = reinterpret_cast<int*>(at + normBytes + partialBytes);
         float* c = counts ? counts
-                          : (total ? reinterpret_cast<float*>(auxTop + std::max<int64_t>(int64_t(T) * K, 1)) : nullptr);
+                          : (total ? reinterpret_cast<float*>(at + normBytes + partialBytes + countBytes) : nullptr);
+        TS_RETURN_IF_ERROR(
+            detail::fromCuda(cudaMemsetAsync(icount, 0, countBytes, s), "moeRouterAuxCounts (cudaMemsetAsync)"));
         if (T > 0) {
-            moeRouterAuxTopKIndexKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, s>>>(logits, T, E, K, score,
-                                                                                            norm, auxTop);
+            moeRouterAuxTopKIndexKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, s>>>(
+                logits, T, E, K, G, microBatch, score, norm, icount);
             TS_RETURN_IF_ERROR(detail::launchStatus("moeRouterAuxCounts top-k launch"));
         }
-        moeRouterAuxCountsReduceKernel<<<detail::blocksFor(GE + 1, kThreads), kThreads, 0, s>>>(
-            logits, norm, auxTop, T, E, K, G, microBatch, score, c, stats);
+        if (stats && chunks > 0) {
+            const dim3 grid(static_cast<unsigned>(detail::blocksFor(GE + 1, kThreads)),
+                            static_cast<unsigned>(std::min(chunks, 65535)));
+            moeRouterAuxChunkReduceKernel<<<grid, kThreads, 0, s>>>(logits, norm, T, E, G, microBatch, score, partial);
+            TS_RETURN_IF_ERROR(detail::launchStatus("moeRouterAuxCounts chunk sums launch"));
+        }
+        moeRouterAuxSumsReduceKernel<<<detail::blocksFor(GE + 1, kThreads), kThreads, 0, s>>>(partial, icount, chunks,
+                                                                                             GE, c, stats);
         TS_RETURN_IF_ERROR(detail::launchStatus("moeRouterAuxCounts sums launch"));
         if (total) {
             moeRouterAuxTotalReduceKernel<<<detail::blocksFor(E, kThreads), kThreads, 0, s>>>(c, E, G, total);

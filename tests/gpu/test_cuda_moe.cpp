@@ -251,6 +251,19 @@ TEST_F(CudaMoe, RouteKernelsMatchTheCpu) {
         expectSameBits(dcounts.download(), counts, what + ": aux counts", {G, E});
         expectSameBits(dtotal.download(), total, what + ": aux total");
         expectClose(dstats.download(), stats, 1e-6, 1e-9, what + ": aux statistics");
+        // Untraced, as the engine calls it: the counts alone, or only the total (global_aux_loss);
+        // and the statistics' chunked sums give the same bits run after run.
+        DeviceVec<float> dcounts2(size_t(G) * E), dtotal2(static_cast<size_t>(E)), dstats2(size_t(G) * E + 1);
+        TS_ASSERT_OK(cuda::moeRouterAuxCounts(dlog.ptr, T, E, K, G, mbB, m.spec.score, dcounts2.ptr, nullptr, nullptr,
+                                              m_stream));
+        TS_ASSERT_OK(cuda::moeRouterAuxCounts(dlog.ptr, T, E, K, G, mbB, m.spec.score, nullptr, dtotal2.ptr, nullptr,
+                                              m_stream));
+        TS_ASSERT_OK(cuda::moeRouterAuxCounts(dlog.ptr, T, E, K, G, mbB, m.spec.score, nullptr, nullptr, dstats2.ptr,
+                                              m_stream));
+        sync();
+        expectSameBits(dcounts2.download(), counts, what + ": aux counts alone", {G, E});
+        expectSameBits(dtotal2.download(), total, what + ": aux total alone");
+        expectSameBits(dstats2.download(), dstats.download(), what + ": aux statistics again");
     }
 }
 

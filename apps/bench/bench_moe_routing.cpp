@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
         std::vector<float> probs(static_cast<size_t>(TK)), probT(static_cast<size_t>(TK)), counts(size_t(s.E)), stats(size_t(s.E) + 1);
         const double kernels = medianMs(reps, [&] {
             kc::moeRouteTopK(logits.data(), o.expertBias, topi.data(), probs.data(), T, s.E, spec);
-            kc::moeRoutePlan(topi.data(), probs.data(), T, s.K, s.E, offset.data(), plan.data(), plan.data() + TK,
+            kc::moeRoutePlan(topi.data(), probs.data(), T, s.K, s.E, kc::MoeCapacity{}, offset.data(), nullptr,
+                             plan.data(), plan.data() + TK,
                              plan.data() + TK + T + 1, plan.data() + 2 * TK + T + 1, plan.data() + 3 * TK + T + 1,
                              probT.data());
         });

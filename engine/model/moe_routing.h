@@ -67,11 +67,18 @@ struct MoeRouteOptions {
         s.bf16Probs = bf16Probs;
         return s;
     }
-    // Whether the kernels route it (moeRouteTopK, moeRoutePlan): dropless, not sinkhorn, no
-    // precomputed choice (the engine also routes quantile balancing on the host, whose choice
-    // comes later). moeRoute routes every mode.
+    // Whether the kernels route it (moeRouteTopK, moeRoutePlan): not sinkhorn, no precomputed
+    // choice (the engine also routes quantile balancing on the host, whose choice comes later);
+    // dropless or at a capacity. moeRoute routes every mode (its plan is moeRoutePlan's oracle).
     // (The kernels take K <= 64 and numGroups <= 64, as modelDimsFromConfig requires.)
-    bool kernelRouted() const { return cap < 0 && !sinkhorn && !precomputed; }
+    bool kernelRouted() const { return !sinkhorn && !precomputed; }
+    kernels::cpu::MoeCapacity capacity() const {
+        kernels::cpu::MoeCapacity c;
+        c.cap = cap;
+        c.pad = pad;
+        c.byProb = byProb;
+        return c;
+    }
 };
 
 struct MoeRouting {

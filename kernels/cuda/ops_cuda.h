@@ -289,8 +289,9 @@ Status moeRouterAuxBackward(const float* logits, const float* counts, const floa
 // numGroups <= 64 (Status::invalid beyond).
 Status moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
                     const cpu::MoeTopKSpec& spec, void* stream);
-Status moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
-                    int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT, void* stream);
+Status moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, const cpu::MoeCapacity& capacity,
+                    int32_t* offset, int32_t* routed, int32_t* tok, int32_t* start, int32_t* inv, int32_t* tokExp,
+                    int32_t* rowOf, float* probT, void* stream);
 Status moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int microBatch, cpu::MoeScore score,
                           float* counts, float* total, float* stats, void* stream);
 Status moeRouterProbsCoefficients(const float* logits, const int32_t* topi, int T, int E, const cpu::MoeTopKSpec& spec,

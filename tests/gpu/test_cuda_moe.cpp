@@ -205,14 +205,14 @@ TEST_F(CudaMoe, RouteKernelsMatchTheCpu) {
         DeviceVec<int32_t> ctopi(topi), off(size_t(E) + 1), tok(static_cast<size_t>(TK)), start(size_t(T) + 1), inv(static_cast<size_t>(TK)),
             tokExp(static_cast<size_t>(TK)), rowOf(static_cast<size_t>(TK));
         DeviceVec<float> cprobs(probs), probT(static_cast<size_t>(TK));
-        TS_ASSERT_OK(cuda::moeRoutePlan(ctopi.ptr, cprobs.ptr, T, K, E, off.ptr, tok.ptr, start.ptr, inv.ptr,
-                                        tokExp.ptr, rowOf.ptr, probT.ptr, m_stream));
+        TS_ASSERT_OK(cuda::moeRoutePlan(ctopi.ptr, cprobs.ptr, T, K, E, cpu::MoeCapacity{}, off.ptr, nullptr, tok.ptr,
+                                        start.ptr, inv.ptr, tokExp.ptr, rowOf.ptr, probT.ptr, m_stream));
         sync();
         std::vector<int32_t> hOff(size_t(E) + 1), hTok(static_cast<size_t>(TK)), hStart(size_t(T) + 1), hInv(static_cast<size_t>(TK)),
             hTokExp(static_cast<size_t>(TK)), hRowOf(static_cast<size_t>(TK));
         std::vector<float> hProbT(static_cast<size_t>(TK));
-        cpu::moeRoutePlan(topi.data(), probs.data(), T, K, E, hOff.data(), hTok.data(), hStart.data(), hInv.data(),
-                          hTokExp.data(), hRowOf.data(), hProbT.data());
+        cpu::moeRoutePlan(topi.data(), probs.data(), T, K, E, cpu::MoeCapacity{}, hOff.data(), nullptr, hTok.data(),
+                          hStart.data(), hInv.data(), hTokExp.data(), hRowOf.data(), hProbT.data());
         expectEqualInts(off.download(), hOff, what + ": offsets");
         expectEqualInts(tok.download(), hTok, what + ": tokens");
         expectEqualInts(start.download(), hStart, what + ": starts");

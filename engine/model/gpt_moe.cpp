@@ -35,7 +35,8 @@
 //   combine: scatter-add of the k expert outputs back to each token, in permuted order.
 // Expert parallelism (expert_model_parallel_size ep > 1, Megatron's alltoall token dispatcher,
 // REFERENCE.md §5.3): the rank holds experts [r*E/ep, (r+1)*E/ep) of its "ep" group.
-// After routing, every rank's experts' row offsets are all-gathered over "etp-ep" and the host
+// After routing, every rank's experts' row offsets are all-gathered over "etp-ep" (the allgather
+// dispatcher below: the routing map) and the host
 // waits for them (Megatron's D2H sync before the all-to-all: the splits are data-dependent); the
 // permuted token copies and their probs go to the experts' ranks by all-to-all over "ep", are
 // regrouped from (source rank, local expert) to (local expert, source rank), computed, and travel
@@ -139,9 +140,10 @@ struct GptModel::MoeSaved {
     MoeRouteOptions ro;            // how the router chose (the probs' backward)
     int dropped = 0;
     std::vector<int> offset;     // [E+1] first permuted row of each expert (takeOffsets)
-    // The expert bias's counts of this step that this routing adds to (null: no expert bias, or a
-    // full recompute's rerun, which counts nothing).
-    std::vector<double>* biasTokens = nullptr;
+    // The expert bias's counts of this step that this routing adds to: RouterState::localTokens of
+    // layer biasLayer (null: no expert bias, or a full recompute's rerun, which counts nothing).
+    std::shared_ptr<std::vector<RouterState>> biasRouter;
+    int biasLayer = -1;
     // The host learns the experts' row offsets: read back by router.topk_permute, or with EP / ETP
     // and the kernels' routing from the dispatcher's gathered ones (moeDispatchPlan,
     // moeAllGatherDispatch; dropless, the rows are T*k without them). Without dropping, every
@@ -152,8 +154,10 @@ struct GptModel::MoeSaved {
             routed.resize(size_t(E));
             for (int e = 0; e < E; ++e) routed[size_t(e)] = o[e + 1] - o[e];
         }
-        if (biasTokens)
-            for (int e = 0; e < E; ++e) (*biasTokens)[size_t(e)] += o[e + 1] - o[e];
+        if (biasRouter) {
+            std::vector<double>& tokens = (*biasRouter)[size_t(biasLayer)].localTokens;
+            for (int e = 0; e < E; ++e) tokens[size_t(e)] += o[e + 1] - o[e];
+        }
     }
     // The router's logits on the host, for the modes the host routes (MoeRouteOptions::kernelRouted
     // false): read back by router.topk_permute, or by router.qb_dual_update; freed once routed.
@@ -315,7 +319,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // The expert bias is read when the op runs (the step-end update is an op of the same stream);
     // the routed rows are counted once per microbatch (not again by a full recompute).
     const bool bias = m_cfg.moe_router_enable_expert_bias;
-    if (bias && !m_recomputing) s->biasTokens = &(*m_router)[size_t(li)].localTokens;
+    if (bias && !m_recomputing) {
+        s->biasRouter = m_router;
+        s->biasLayer = li;
+    }
     auto router = m_router;
     TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, s->planWords(), MemCategory::Workspace));
     // The kernels route where the logits are unless the mode needs the host (moeRoute: sinkhorn,
@@ -1226,6 +1233,9 @@ Status GptModel::moeDispatchPlan(MoeSaved& s) {
     TS_RETURN_IF_ERROR(k::copyToHost(m_exec.stream(), allHost.data(), all->data(), allHost.size() * sizeof(int32_t),
                                      "moe.dispatch_counts"));
     const int32_t* o = allHost.data();
+    // This rank's block: group rank etp + ETP*ep, as the counts below read the group's blocks.
+    if (expertGroup()->rank() != myT + etp * me)
+        return Status::internal("moeDispatchPlan: the etp-ep group's ranks are not ordered etp + ETP*ep");
     if (s.offset.empty()) s.takeOffsets(o + size_t(myT + etp * me) * size_t(E + 1));  // the kernels routed
     // copies that rank (etp t, ep i) routed to expert e
     auto cnt = [&](int t, int i, int e) {

@@ -177,8 +177,10 @@ void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, 
         if (routed) routed[e] = int32_t(mine.size());
         keep = mine;
         if (cap >= 0 && int64_t(keep.size()) > cap) {
-            if (capacity.byProb)  // the highest probs, ties: the earlier token
-                std::stable_sort(keep.begin(), keep.end(), [&](int64_t x, int64_t y) { return probs[x] > probs[y]; });
+            if (capacity.byProb)  // the highest probs, ties: the earlier token (a NaN prob ranks as -inf)
+                std::stable_sort(keep.begin(), keep.end(), [&](int64_t x, int64_t y) {
+                    return moeCapacityKey(probs[x]) > moeCapacityKey(probs[y]);
+                });
             keep.resize(size_t(cap));
             std::sort(keep.begin(), keep.end());
         }

@@ -228,6 +228,9 @@ __global__ void moeRouteCapacityListScatterKernel(const int32_t* __restrict__ to
     for (int64_t i = globalThread(); i < TK; i += gridThreads()) list[base[topi[i]] + rank[i]] = static_cast<int32_t>(i);
 }
 
+// The oracle's moeCapacityKey: a NaN prob ranks as -inf.
+__device__ float capacityKey(float p) { return p != p ? -INFINITY : p; }
+
 // Whether the expert keeps slot i: all of its slots under the capacity; over it, the first `cap`
 // in token order, or byProb the `cap` with the highest probs (ties: the earlier token), counted
 // among the expert's slots (list).
@@ -240,11 +243,11 @@ __global__ void moeRouteCapacityKeepIndexKernel(const int32_t* __restrict__ topi
         bool kept = n <= cap;
         if (!kept && !byProb) kept = rank[i] < cap;
         if (!kept && byProb) {
-            const float p = probs[i];
+            const float p = capacityKey(probs[i]);
             int ahead = 0;
             for (int32_t q = 0; q < n && ahead < cap; ++q) {
                 const int32_t other = list[b + q];
-                const float po = probs[other];
+                const float po = capacityKey(probs[other]);
                 ahead += po > p || (po == p && other < i);
             }
             kept = ahead < cap;
@@ -296,7 +299,7 @@ __global__ void moeRouteCapacityRowsScatterKernel(const int32_t* __restrict__ to
             const int other = blockPrefixCount(t < T && !member, warpTotals, others);
             const bool isRow = member || (t < T && other < need);
             const int pos = blockPrefixCount(isRow, warpTotals, rows);
-            if (isRow) {
+            if (isRow && pos < rowsE) {  // (always, with the keep flags' total order)
                 const int32_t r = r0 + pos;
                 tok[r] = t;
                 tokExp[r] = t * E + e;

@@ -183,6 +183,7 @@ TEST(EmulatedDeviceWaits, OnlyTheRouterWaitsWithinAMicrobatch) {
         // host routes (quantile balancing's logits) or needs its rows at a capacity before the
         // dispatcher gathers.
         const bool hostRouted = k.c.moe_router_load_balancing_type == "quantile_balancing" ||
+                                k.c.moe_router_load_balancing_type == "sinkhorn" ||
                                 k.c.moe_expert_capacity_factor > 0;
         const int etp = k.c.expert_tensor_parallel_size > 0 ? k.c.expert_tensor_parallel_size
                                                             : k.c.tensor_model_parallel_size;

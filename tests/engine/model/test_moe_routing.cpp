@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <random>
 
@@ -395,8 +396,8 @@ TEST(MoeRouting, ThreadsGiveTheSameRouting) {
     }
 }
 
-// The plan at a capacity (moeRoutePlan, the kernels' oracle, which moeRoute uses too) against a
-// brute force written here: each expert's copies in token order; over the capacity the `cap` with
+// The plan, dropless and at a capacity (moeRoutePlan, the kernels' oracle, which moeRoute uses too)
+// against a brute force written here: each expert's copies in token order; over the capacity the `cap` with
 // the highest probs (ties: the earlier token) or the first `cap`; padded with the earliest tokens it
 // does not keep, at prob 0; expert-major. Probs on a coarse grid, so many tie.
 TEST(MoeRouting, CapacityPlanMatchesABruteForce) {
@@ -418,9 +419,10 @@ TEST(MoeRouting, CapacityPlanMatchesABruteForce) {
     struct Row {
         int token, slot;  // slot -1: padding
     };
-    for (int cap : {0, 5, 40, 70, 200})
+    for (int cap : {-1, 0, 5, 40, 70, 200})
         for (bool byProb : {true, false})
             for (bool pad : {false, true}) {
+                if (cap < 0 && (pad || !byProb)) continue;  // dropless: once
                 const std::string what = "cap " + std::to_string(cap) + (byProb ? " by prob" : " by position") +
                                          (pad ? ", padded" : "");
                 std::vector<std::vector<Row>> want(static_cast<size_t>(E));
@@ -431,7 +433,7 @@ TEST(MoeRouting, CapacityPlanMatchesABruteForce) {
                         for (int j = 0; j < K; ++j)
                             if (topi[size_t(t) * K + j] == e) list.push_back({t, j});
                     routed[size_t(e)] = int(list.size());
-                    if (int(list.size()) > cap) {
+                    if (cap >= 0 && int(list.size()) > cap) {
                         if (byProb)
                             std::stable_sort(list.begin(), list.end(), [&](const Row& a, const Row& b) {
                                 return probs[size_t(a.token) * K + a.slot] > probs[size_t(b.token) * K + b.slot];
@@ -484,11 +486,36 @@ TEST(MoeRouting, CapacityPlanMatchesABruteForce) {
             }
 }
 
+// Dropping by prob ranks a NaN prob as -inf: the expert keeps exactly `cap` copies, the finite
+// ones with the highest probs (one expert, six tokens, k = 1, cap 3).
+TEST(MoeRouting, CapacityDropsNaNProbsFirst) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<int32_t> topi(6, 0);
+    const std::vector<float> probs = {0.5f, nan, 0.2f, nan, 0.9f, 0.1f};
+    kernels::cpu::MoeCapacity c;
+    c.cap = 3;
+    std::vector<int32_t> offset(2), routed(1), tok(6, -1), start(7), inv(6), tokExp(6), rowOf(6);
+    std::vector<float> probT(6);
+    kernels::cpu::moeRoutePlan(topi.data(), probs.data(), 6, 1, 1, c, offset.data(), routed.data(), tok.data(),
+                               start.data(), inv.data(), tokExp.data(), rowOf.data(), probT.data());
+    EXPECT_EQ(offset[1], 3);
+    EXPECT_EQ(routed[0], 6);
+    EXPECT_EQ(std::vector<int32_t>(tok.begin(), tok.begin() + 3), (std::vector<int32_t>{0, 2, 4}));
+    EXPECT_EQ(rowOf, (std::vector<int32_t>{0, -1, 1, -1, 2, -1}));
+    // Two NaNs and cap 5: both finite-first, then the NaNs in token order fill the last place.
+    c.cap = 5;
+    kernels::cpu::moeRoutePlan(topi.data(), probs.data(), 6, 1, 1, c, offset.data(), routed.data(), tok.data(),
+                               start.data(), inv.data(), tokExp.data(), rowOf.data(), probT.data());
+    EXPECT_EQ(offset[1], 5);
+    EXPECT_EQ(rowOf, (std::vector<int32_t>{0, 1, 2, -1, 3, 4}));
+}
+
 // The routing kernels' oracle (kernels/cpu/moe_route.cpp: moeRouteTopK, moeRoutePlan,
 // moeRouterAuxCounts, moeRoutingMap), which route all but sinkhorn and quantile balancing in the
 // engine, dropless here, against the
-// host's moeRoute on the same logits: the same choice, probs and permutation; the aux statistics
-// against their definition.
+// host's moeRoute on the same logits: the same choice and probs, and the plan's arrays as the host
+// reads them (moeRoute's plan is the same oracle, checked against a brute force above); the aux
+// statistics against their definition.
 // The logits are multiples of 1/4, so many tokens have tied experts (the lower index wins).
 TEST(MoeRouting, KernelsRouteAsTheHost) {
     const int T = 611, E = 16;

@@ -1,9 +1,9 @@
 // bench_moe_routing: one MoE layer's routing for one microbatch at the router shapes of real
 // models, on the host. Two paths route (engine/model/gpt_moe.cpp, router.topk_permute):
-//   the kernels (moeRouteTopK + moeRoutePlan): the dropless routers without sinkhorn or quantile
-//     balancing; timed here as their CPU oracle, what the CPU backend spends (on a GPU they run on
+//   the kernels (moeRouteTopK + moeRoutePlan): every router but sinkhorn and quantile balancing,
+//     dropless here; timed as their CPU oracle, what the CPU backend spends (on a GPU they run on
 //     the device and the host waits only for the experts' row offsets);
-//   the host's moeRoute (token dropping, sinkhorn, quantile balancing): on a GPU the device idles
+//   the host's moeRoute (sinkhorn, quantile balancing; timed here on the same routers): on a GPU the device idles
 //     from the logits' read-back until the host has queued the next kernels, so this time is a
 //     lower bound of that gap per MoE layer and microbatch; on one thread and on --threads (the
 //     engine's choice on a device: half the cores, at most 8).
@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
         std::vector<float> probs(static_cast<size_t>(TK)), probT(static_cast<size_t>(TK)), counts(size_t(s.E)), stats(size_t(s.E) + 1);
         const double kernels = medianMs(reps, [&] {
             kc::moeRouteTopK(logits.data(), o.expertBias, topi.data(), probs.data(), T, s.E, spec);
-            kc::moeRoutePlan(topi.data(), probs.data(), T, s.K, s.E, offset.data(), plan.data(), plan.data() + TK,
+            kc::moeRoutePlan(topi.data(), probs.data(), T, s.K, s.E, kc::MoeCapacity{}, offset.data(), nullptr,
+                             plan.data(), plan.data() + TK,
                              plan.data() + TK + T + 1, plan.data() + 2 * TK + T + 1, plan.data() + 3 * TK + T + 1,
                              probT.data());
         });

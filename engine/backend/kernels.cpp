@@ -728,9 +728,11 @@ void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* 
     TS_KERN_DISPATCH(moeRouteTopK, logits, bias, topi, probs, T, E, spec);
 }
 
-void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
+void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E,
+                  const kernels::cpu::MoeCapacity& capacity, int32_t* offset, int32_t* routed, int32_t* tok,
                   int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT) {
-    TS_KERN_DISPATCH(moeRoutePlan, topi, probs, T, K, E, offset, tok, start, inv, tokExp, rowOf, probT);
+    TS_KERN_DISPATCH(moeRoutePlan, topi, probs, T, K, E, capacity, offset, routed, tok, start, inv, tokExp, rowOf,
+                     probT);
 }
 
 void moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int microBatch,

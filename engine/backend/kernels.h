@@ -246,7 +246,8 @@ void moeRouterAuxBackward(const float* logits, const float* counts, const float*
 // The router's choice and plan where the logits are (kernels/cpu/ops.h).
 void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
                   const kernels::cpu::MoeTopKSpec& spec);
-void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
+void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E,
+                  const kernels::cpu::MoeCapacity& capacity, int32_t* offset, int32_t* routed, int32_t* tok,
                   int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT);
 void moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int microBatch,
                         kernels::cpu::MoeScore score, float* counts, float* total, float* stats);

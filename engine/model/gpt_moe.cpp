@@ -1,8 +1,8 @@
 // GptModel's MoE block (Megatron's MoELayer with its TopKRouter and experts; REFERENCE.md §5),
 // in place of the MLP on the layers moe_layer_freq marks (every layer by default):
 //   router: logits = x W_r^T (fp32); each token's top-k choice and probs (kernels/cpu/moe_route.h;
-//     the kernels moeRouteTopK / moeRoutePlan on the stream, or moeRoute on the host for token
-//     dropping, sinkhorn and quantile balancing, moe_routing.h):
+//     the kernels moeRouteTopK / moeRoutePlan on the stream, or moeRoute on the host for
+//     sinkhorn and quantile balancing, moe_routing.h):
 //     Megatron's default top-k on the logits and a softmax over the k chosen, or softmax before
 //     the top-k (moe_router_pre_softmax), sigmoid / sqrtsoftplus scores renormalised over the k
 //     (moe_router_score_function), times moe_router_topk_scaling_factor, group-limited
@@ -23,7 +23,7 @@
 //     column quantile (logits gathered over tp-cp) is summed over the step, and after the last
 //     backward qb_beta takes the mean over the microbatches and dp-cp ranks (ema-blended, centred).
 //   dispatch: token copies sorted expert-major, token-ascending (Megatron's permute; the plan of
-//     router.topk_permute, with token dropping the host's moeRoute's);
+//     router.topk_permute, kernels/cpu/moe_route.h's moeRoutePlan, at the capacity if any);
 //   experts: fc1 -> GeLU/SwiGLU -> multiply by the token's prob -> fc2, per expert
 //     (moe_grouped_gemm: one op over all experts; else one op per expert — same math);
 //     with add_bias_linear (Megatron's default) fc1 + b1 before the activation and
@@ -35,7 +35,8 @@
 //   combine: scatter-add of the k expert outputs back to each token, in permuted order.
 // Expert parallelism (expert_model_parallel_size ep > 1, Megatron's alltoall token dispatcher,
 // REFERENCE.md §5.3): the rank holds experts [r*E/ep, (r+1)*E/ep) of its "ep" group.
-// After routing, the counts of tokens per expert are all-gathered over "etp-ep" and the host
+// After routing, every rank's experts' row offsets are all-gathered over "etp-ep" (the allgather
+// dispatcher below: the routing map) and the host
 // waits for them (Megatron's D2H sync before the all-to-all: the splits are data-dependent); the
 // permuted token copies and their probs go to the experts' ranks by all-to-all over "ep", are
 // regrouped from (source rank, local expert) to (local expert, source rank), computed, and travel
@@ -139,9 +140,10 @@ struct GptModel::MoeSaved {
     MoeRouteOptions ro;            // how the router chose (the probs' backward)
     int dropped = 0;
     std::vector<int> offset;     // [E+1] first permuted row of each expert (takeOffsets)
-    // The expert bias's counts of this step that this routing adds to (null: no expert bias, or a
-    // full recompute's rerun, which counts nothing).
-    std::vector<double>* biasTokens = nullptr;
+    // The expert bias's counts of this step that this routing adds to: RouterState::localTokens of
+    // layer biasLayer (null: no expert bias, or a full recompute's rerun, which counts nothing).
+    std::shared_ptr<std::vector<RouterState>> biasRouter;
+    int biasLayer = -1;
     // The host learns the experts' row offsets: read back by router.topk_permute, or with EP / ETP
     // and the kernels' routing from the dispatcher's gathered ones (moeDispatchPlan,
     // moeAllGatherDispatch; dropless, the rows are T*k without them). Without dropping, every
@@ -152,8 +154,10 @@ struct GptModel::MoeSaved {
             routed.resize(size_t(E));
             for (int e = 0; e < E; ++e) routed[size_t(e)] = o[e + 1] - o[e];
         }
-        if (biasTokens)
-            for (int e = 0; e < E; ++e) (*biasTokens)[size_t(e)] += o[e + 1] - o[e];
+        if (biasRouter) {
+            std::vector<double>& tokens = (*biasRouter)[size_t(biasLayer)].localTokens;
+            for (int e = 0; e < E; ++e) tokens[size_t(e)] += o[e + 1] - o[e];
+        }
     }
     // The router's logits on the host, for the modes the host routes (MoeRouteOptions::kernelRouted
     // false): read back by router.topk_permute, or by router.qb_dual_update; freed once routed.
@@ -163,12 +167,13 @@ struct GptModel::MoeSaved {
     // [rowsAlloc] the token of each permuted row, [T+1] + [rowsAlloc] the combine's inverse index
     // (a token's rows in order), [rowsAlloc] token*E + expert of each row (allgather's map and
     // dprob), [T*k] each slot's row (-1: dropped), [T*k] each slot's expert (token-major, best
-    // first), [E+1] each expert's first row.
+    // first), [E+1] each expert's first row, [E] each expert's copies before dropping (written
+    // with a capacity).
     TensorPtr plan;
     // The plan's arrays from its first word: in the device buffer, or in the host's copy that
     // router.topk_permute fills when the host routes.
     struct PlanParts {
-        int32_t *tok, *start, *inv, *tokExp, *rowOf, *topi, *offset;
+        int32_t *tok, *start, *inv, *tokExp, *rowOf, *topi, *offset, *routed;
     };
     PlanParts planParts(int32_t* base) const {
         PlanParts p;
@@ -179,9 +184,10 @@ struct GptModel::MoeSaved {
         p.rowOf = p.tokExp + rowsAlloc;
         p.topi = p.rowOf + int64_t(T) * k;
         p.offset = p.topi + int64_t(T) * k;
+        p.routed = p.offset + E + 1;
         return p;
     }
-    int64_t planWords() const { return 3 * int64_t(rowsAlloc) + T + 1 + 2 * int64_t(T) * k + E + 1; }
+    int64_t planWords() const { return 3 * int64_t(rowsAlloc) + T + 1 + 2 * int64_t(T) * k + 2 * int64_t(E) + 1; }
     PlanParts planDev() const { return planParts(static_cast<int32_t*>(plan->data())); }
     int32_t* planTok() const { return planDev().tok; }
     int32_t* planStart() const { return planDev().start; }
@@ -190,6 +196,7 @@ struct GptModel::MoeSaved {
     int32_t* planRowOf() const { return planDev().rowOf; }
     int32_t* planTopi() const { return planDev().topi; }
     int32_t* planOffset() const { return planDev().offset; }
+    int32_t* planRouted() const { return planDev().routed; }
     TensorPtr logits;            // [T, E]
     TensorPtr xp;                // permuted input [T*k, h]
     TensorPtr probT;             // [T*k] the routing prob of each permuted row (= prob)
@@ -312,16 +319,22 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // The expert bias is read when the op runs (the step-end update is an op of the same stream);
     // the routed rows are counted once per microbatch (not again by a full recompute).
     const bool bias = m_cfg.moe_router_enable_expert_bias;
-    if (bias && !m_recomputing) s->biasTokens = &(*m_router)[size_t(li)].localTokens;
+    if (bias && !m_recomputing) {
+        s->biasRouter = m_router;
+        s->biasLayer = li;
+    }
     auto router = m_router;
     TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, s->planWords(), MemCategory::Workspace));
-    // The kernels route where the logits are unless the mode needs the host (moeRoute: token
-    // dropping, sinkhorn, quantile balancing's choice): then the host waits for the logits and routes.
+    // The kernels route where the logits are unless the mode needs the host (moeRoute: sinkhorn,
+    // quantile balancing's choice): then the host waits for the logits and routes.
     const bool kernelRouted = ro.kernelRouted() && !qb;
     // With EP or ETP the dispatcher gathers every rank's offsets and waits for them anyway: the
     // host learns its own there, so the kernels' routing waits for nothing (one wait per layer
     // and microbatch, the dispatcher's, as Megatron's).
-    const bool offsetsFromDispatch = kernelRouted && (ep > 1 || etp > 1);
+    // (Dropless: the rows are T*k without them. At a capacity the host needs its rows and its
+    // copies before dropping at once.)
+    const bool offsetsFromDispatch = kernelRouted && cap < 0 && (ep > 1 || etp > 1);
+    const kernels::cpu::MoeCapacity capacity = ro.capacity();
     const kernels::cpu::MoeTopKSpec spec = ro.topk();
     TensorPtr probsWs, biasDev;
     if (kernelRouted) {
@@ -334,15 +347,25 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     m_exec.op("router.topk_permute", Category::Elementwise, double(T) * E * 4, uint64_t(T) * (E + K * h) * 4, [=] {
         std::vector<int32_t> offset(size_t(E) + 1, 0);
         if (kernelRouted) {
-            // On the stream: the choice, its probs and the plan; the host reads back only the
-            // experts' row offsets (as Megatron's dispatcher reads its tokens per expert).
+            // On the stream: the choice, its probs and the plan (at the capacity if any); the host
+            // reads back only the experts' row offsets (as Megatron's dispatcher reads its tokens
+            // per expert), at a capacity with each expert's copies before dropping.
             if (biasDev)
                 k::copyBytes(biasDev->data(), (*router)[size_t(li)].expertBias.data(), size_t(E) * sizeof(float));
             k::moeRouteTopK(fp(s->logits), biasDev ? fp(biasDev) : nullptr, s->planTopi(), fp(probsWs), T, E, spec);
-            k::moeRoutePlan(s->planTopi(), fp(probsWs), T, K, E, s->planOffset(), s->planTok(), s->planStart(),
-                            s->planInv(), s->planTokExp(), s->planRowOf(), fp(s->probT));
-            s->dropped = 0;  // the rows: T*k (rowsAlloc)
-            if (!offsetsFromDispatch) {
+            k::moeRoutePlan(s->planTopi(), fp(probsWs), T, K, E, capacity, s->planOffset(),
+                            cap >= 0 ? s->planRouted() : nullptr, s->planTok(), s->planStart(), s->planInv(),
+                            s->planTokExp(), s->planRowOf(), fp(s->probT));
+            s->dropped = 0;  // dropless: the rows are T*k (rowsAlloc)
+            if (cap >= 0) {
+                std::vector<int32_t> both(2 * size_t(E) + 1);  // offsets [E+1], then routed [E]
+                k::download(both.data(), s->planOffset(), both.size() * sizeof(int32_t));
+                s->routed.assign(both.begin() + E + 1, both.end());
+                for (int e = 0; e < E; ++e) s->dropped += std::max(0, s->routed[size_t(e)] - cap);
+                std::copy(both.begin(), both.begin() + E + 1, offset.begin());
+                s->rows = offset[size_t(E)];
+                s->takeOffsets(offset.data());
+            } else if (!offsetsFromDispatch) {
                 k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
                 s->takeOffsets(offset.data());
             }
@@ -360,7 +383,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             const int rows = r.rows();
             const int64_t TK = int64_t(T) * K;
             std::vector<int32_t> plan(size_t(s->planWords()), 0);
-            const auto [tok, start, inv, tokExp, rowOf, topi, planOffset] = s->planParts(plan.data());
+            const auto [tok, start, inv, tokExp, rowOf, topi, planOffset, planRouted] = s->planParts(plan.data());
             std::fill(rowOf, rowOf + TK, -1);  // a dropped copy has no row
             for (int i = 0; i < rows; ++i) {
                 tok[i] = r.tokenOf[size_t(i)];
@@ -374,6 +397,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             std::copy(r.topi.begin(), r.topi.end(), topi);
             std::copy(r.offset.begin(), r.offset.end(), offset.begin());
             std::copy(offset.begin(), offset.end(), planOffset);
+            std::copy(r.routed.begin(), r.routed.end(), planRouted);
             k::copyBytes(s->plan->data(), plan.data(), plan.size() * sizeof(int32_t));
             k::copyBytes(fp(s->probT), r.prob.data(), size_t(rows) * sizeof(float));
             s->routed = std::move(r.routed);
@@ -1209,6 +1233,9 @@ Status GptModel::moeDispatchPlan(MoeSaved& s) {
     TS_RETURN_IF_ERROR(k::copyToHost(m_exec.stream(), allHost.data(), all->data(), allHost.size() * sizeof(int32_t),
                                      "moe.dispatch_counts"));
     const int32_t* o = allHost.data();
+    // This rank's block: group rank etp + ETP*ep, as the counts below read the group's blocks.
+    if (expertGroup()->rank() != myT + etp * me)
+        return Status::internal("moeDispatchPlan: the etp-ep group's ranks are not ordered etp + ETP*ep");
     if (s.offset.empty()) s.takeOffsets(o + size_t(myT + etp * me) * size_t(E + 1));  // the kernels routed
     // copies that rank (etp t, ep i) routed to expert e
     auto cnt = [&](int t, int i, int e) {

@@ -14,11 +14,6 @@
 namespace ts::engine {
 namespace {
 
-struct Copy {
-    int token, slot;
-    float prob;
-};
-
 // moeRoute's chunk of tokens (the unit of its threads and of its sums' order).
 constexpr int kRouteChunk = 256;
 
@@ -137,52 +132,30 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     for (std::thread& th : pool) th.join();
     for (const std::vector<int>& routed : routedOf)
         for (int e = 0; e < E; ++e) r.routed[size_t(e)] += routed[size_t(e)];
-    // Each expert's token copies in token order, with the renormalised top-k probs.
-    std::vector<std::vector<Copy>> byExpert(static_cast<size_t>(E));
-    for (int t = 0; t < T; ++t) {
-        for (int j = 0; j < K; ++j) {
-            float p = float(r.topp[size_t(t) * K + size_t(j)]);
-            if (o.bf16Probs) kernels::cpu::roundToBf16(&p, 1);
-            byExpert[size_t(r.topi[size_t(t) * K + size_t(j)])].push_back({t, j, p});
-        }
-    }
-    // The capacity.
-    if (o.cap >= 0) {
-        const auto byToken = [](const Copy& a, const Copy& b) { return a.token < b.token; };
-        for (auto& list : byExpert) {
-            if (int(list.size()) > o.cap) {
-                if (o.byProb)
-                    std::stable_sort(list.begin(), list.end(), [](const Copy& a, const Copy& b) { return a.prob > b.prob; });
-                r.dropped += int(list.size()) - o.cap;
-                list.resize(size_t(o.cap));
-                std::sort(list.begin(), list.end(), byToken);
-            }
-            if (!o.pad) continue;
-            std::vector<char> in(static_cast<size_t>(T), 0);
-            for (const Copy& c : list) in[size_t(c.token)] = 1;
-            for (int t = 0; t < T && int(list.size()) < o.cap; ++t)
-                if (!in[size_t(t)]) list.push_back({t, -1, 0.f});
-            std::sort(list.begin(), list.end(), byToken);
-        }
-    }
-    // Expert-major, token-ascending permutation.
-    r.offset.assign(size_t(E) + 1, 0);
-    for (int e = 0; e < E; ++e) r.offset[size_t(e) + 1] = r.offset[size_t(e)] + int(byExpert[size_t(e)].size());
+    // The plan (the kernels' oracle, kernels/cpu/moe_route.cpp): each expert's rows in token order,
+    // at the capacity if any, with the probs as the router outputs them.
+    const int64_t TK = int64_t(T) * K;
+    std::vector<float> probs(static_cast<size_t>(TK));
+    for (int64_t i = 0; i < TK; ++i) probs[size_t(i)] = float(r.topp[size_t(i)]);
+    if (o.bf16Probs) kernels::cpu::roundToBf16(probs.data(), TK);
+    const kernels::cpu::MoeCapacity capacity = o.capacity();
+    const int64_t rowsMax = o.cap >= 0 && o.pad ? int64_t(E) * o.cap : TK;
+    const size_t rowsCap = static_cast<size_t>(rowsMax), slots = static_cast<size_t>(TK);
+    std::vector<int32_t> offset(size_t(E) + 1), tok(rowsCap), start(size_t(T) + 1), inv(rowsCap), tokExp(rowsCap),
+        rowOf(slots);
+    std::vector<float> probT(rowsCap);
+    kernels::cpu::moeRoutePlan(r.topi.data(), probs.data(), T, K, E, capacity, offset.data(), nullptr, tok.data(),
+                               start.data(), inv.data(), tokExp.data(), rowOf.data(), probT.data());
+    r.offset.assign(offset.begin(), offset.end());
     const size_t rows = size_t(r.offset[size_t(E)]);
-    r.tokenOf.resize(rows);
+    r.tokenOf.assign(tok.begin(), tok.begin() + int64_t(rows));
+    r.prob.assign(probT.begin(), probT.begin() + int64_t(rows));
     r.expertOf.resize(rows);
-    r.slotOf.resize(rows);
-    r.prob.resize(rows);
-    for (int e = 0; e < E; ++e) {
-        size_t i = size_t(r.offset[size_t(e)]);
-        for (const Copy& c : byExpert[size_t(e)]) {
-            r.tokenOf[i] = c.token;
-            r.expertOf[i] = e;
-            r.slotOf[i] = c.slot;
-            r.prob[i] = c.prob;
-            ++i;
-        }
-    }
+    for (size_t i = 0; i < rows; ++i) r.expertOf[i] = tokExp[i] % E;
+    r.slotOf.assign(rows, -1);  // a padding row: -1
+    for (int64_t i = 0; i < TK; ++i)
+        if (rowOf[size_t(i)] >= 0) r.slotOf[size_t(rowOf[size_t(i)])] = int(i % K);
+    r.dropped = int(TK - std::count_if(rowOf.begin(), rowOf.end(), [](int32_t v) { return v >= 0; }));
     return r;
 }
 

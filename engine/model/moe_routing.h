@@ -3,12 +3,12 @@
 // probs (kernels/cpu/moe_route.h's moeRouteToken: Megatron's topk_routing_with_score_function,
 // softmax after or before the top-k, sigmoid or sqrtsoftplus scores renormalised over the k
 // chosen, the scaling factor, group-limited top-k, the aux-loss-free expert bias; or the sinkhorn
-// router; quantile balancing's choice), token dropping at a capacity, and the expert-major
-// permutation the experts consume. (The aux and z losses' counts and statistics are the kernel
-// moeRouterAuxCounts', whoever routed.) The engine routes the
-// dropless modes with the kernels moeRouteTopK / moeRoutePlan (the same per-token step) and the
-// others here (GptModel::moeForward, router.topk_permute); tests compare the two
-// (tests/engine/model/test_moe_routing.cpp).
+// router; quantile balancing's choice), and the expert-major permutation the experts consume, at
+// a capacity if any (the kernel moeRoutePlan's CPU oracle). (The aux and z losses' counts and
+// statistics are the kernel moeRouterAuxCounts', whoever routed.) The engine routes every mode
+// but sinkhorn and quantile balancing with the kernels moeRouteTopK / moeRoutePlan (the same
+// per-token step and plan) and those two here (GptModel::moeForward, router.topk_permute); tests
+// compare the two (tests/engine/model/test_moe_routing.cpp).
 #pragma once
 
 #include <vector>
@@ -67,11 +67,18 @@ struct MoeRouteOptions {
         s.bf16Probs = bf16Probs;
         return s;
     }
-    // Whether the kernels route it (moeRouteTopK, moeRoutePlan): dropless, not sinkhorn, no
-    // precomputed choice (the engine also routes quantile balancing on the host, whose choice
-    // comes later). moeRoute routes every mode.
+    // Whether the kernels route it (moeRouteTopK, moeRoutePlan): not sinkhorn, no precomputed
+    // choice (the engine also routes quantile balancing on the host, whose choice comes later);
+    // dropless or at a capacity. moeRoute routes every mode (its plan is moeRoutePlan's oracle).
     // (The kernels take K <= 64 and numGroups <= 64, as modelDimsFromConfig requires.)
-    bool kernelRouted() const { return cap < 0 && !sinkhorn && !precomputed; }
+    bool kernelRouted() const { return !sinkhorn && !precomputed; }
+    kernels::cpu::MoeCapacity capacity() const {
+        kernels::cpu::MoeCapacity c;
+        c.cap = cap;
+        c.pad = pad;
+        c.byProb = byProb;
+        return c;
+    }
 };
 
 struct MoeRouting {

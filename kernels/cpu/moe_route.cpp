@@ -159,27 +159,57 @@ void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* 
     }
 }
 
-void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
-                  int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT) {
+void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, const MoeCapacity& capacity,
+                  int32_t* offset, int32_t* routed, int32_t* tok, int32_t* start, int32_t* inv, int32_t* tokExp,
+                  int32_t* rowOf, float* probT) {
     const int64_t TK = int64_t(T) * K;
-    std::fill(offset, offset + E + 1, 0);
-    for (int64_t i = 0; i < TK; ++i) ++offset[topi[i] + 1];
-    for (int e = 0; e < E; ++e) offset[e + 1] += offset[e];
-    std::vector<int32_t> cursor(offset, offset + E);
-    for (int64_t i = 0; i < TK; ++i) {
-        const int32_t t = int32_t(i / K), e = topi[i];
-        const int32_t r = cursor[size_t(e)]++;
-        tok[r] = t;
-        tokExp[r] = t * E + e;
-        probT[r] = probs[i];
-        rowOf[i] = r;
+    const int cap = capacity.cap;
+    // Each expert's slots in token order (a token chooses an expert at most once).
+    std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));
+    for (int64_t i = 0; i < TK; ++i) slots[size_t(topi[i])].push_back(i);
+    std::fill(rowOf, rowOf + TK, -1);
+    std::vector<int32_t> rowsOfToken(static_cast<size_t>(T), 0);
+    std::vector<int64_t> keep;
+    int32_t r = 0;
+    offset[0] = 0;
+    for (int e = 0; e < E; ++e) {
+        const std::vector<int64_t>& mine = slots[size_t(e)];
+        if (routed) routed[e] = int32_t(mine.size());
+        keep = mine;
+        if (cap >= 0 && int64_t(keep.size()) > cap) {
+            if (capacity.byProb)  // the highest probs, ties: the earlier token (a NaN prob ranks as -inf)
+                std::stable_sort(keep.begin(), keep.end(), [&](int64_t x, int64_t y) {
+                    return moeCapacityKey(probs[x]) > moeCapacityKey(probs[y]);
+                });
+            keep.resize(size_t(cap));
+            std::sort(keep.begin(), keep.end());
+        }
+        // The expert's rows in token order: its kept copies and, padded, the earliest other tokens.
+        int need = cap >= 0 && capacity.pad ? cap - int(keep.size()) : 0;
+        size_t k = 0;
+        for (int t = 0; t < T && (k < keep.size() || need > 0); ++t) {
+            const bool kept = k < keep.size() && keep[k] / K == t;
+            if (!kept && need == 0) continue;
+            tok[r] = t;
+            tokExp[r] = t * E + e;
+            if (kept) {
+                probT[r] = probs[keep[k]];
+                rowOf[keep[k]] = r;
+                ++k;
+            } else {
+                probT[r] = 0.f;
+                --need;
+            }
+            ++rowsOfToken[size_t(t)];
+            ++r;
+        }
+        offset[e + 1] = r;
     }
-    for (int t = 0; t <= T; ++t) start[t] = t * K;
-    for (int64_t t = 0; t < T; ++t) {
-        int32_t* rows = inv + t * K;
-        std::copy(rowOf + t * K, rowOf + (t + 1) * K, rows);
-        std::sort(rows, rows + K);
-    }
+    // Each token's rows ascending.
+    start[0] = 0;
+    for (int t = 0; t < T; ++t) start[t + 1] = start[t] + rowsOfToken[size_t(t)];
+    std::vector<int32_t> cursor(start, start + T);
+    for (int32_t i = 0; i < r; ++i) inv[cursor[size_t(tok[i])]++] = i;
 }
 
 void moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int microBatch, MoeScore score,

@@ -1,10 +1,11 @@
 // The MoE router's per-token pieces on the host, shared by the routing kernels' CPU oracle
 // (kernels/cpu/moe_route.cpp: moeRouteTopK, moeRouterAuxCounts, moeRouterProbsCoefficients) and
 // the engine's host routing (engine/model/moe_routing.h, moeRoute: the modes no kernel routes —
-// sinkhorn, precomputed choices, token dropping), so both choose and weigh a token the same way.
+// sinkhorn, precomputed choices), so both choose and weigh a token the same way.
 // Everything in double; the top-k keeps the lower index on ties.
 #pragma once
 
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -47,6 +48,10 @@ struct MoeTokenScratch {
 // where the probs need it.
 void moeRouteToken(const float* l, int E, const MoeTopKSpec& s, const float* bias, const float* sinkhornRow,
                    const int* precomputed, int* sel, double* p, MoeTokenScratch& w);
+
+// A prob's rank key for dropping by prob: the prob, a NaN as -inf (a total order, so an expert
+// keeps exactly `cap` copies whatever its probs).
+inline float moeCapacityKey(float p) { return p != p ? -std::numeric_limits<float>::infinity() : p; }
 
 // The aux loss's scores of one token (Megatron's compute_routing_scores_for_aux_loss): the softmax
 // over its E logits, or its sigmoid / sqrtsoftplus scores renormalised over E, into p [E]. Returns

@@ -378,8 +378,8 @@ void moeRouterAuxBackward(const float* logits, const float* counts, const float*
                           double zScale);
 
 // --- The router's choice and plan on the device (moe_route.cpp; Megatron's TopKRouter and its
-// permute, REFERENCE.md §5.2), for the modes a kernel routes: dropless, not sinkhorn, no
-// precomputed choice (the engine's moeRoute routes the rest on the host) ---
+// permute, REFERENCE.md §5.2), for the modes a kernel routes: not sinkhorn, no precomputed choice
+// (the engine's moeRoute routes those on the host), dropless or at a capacity ---
 // How a token chooses (moe_utils.py::topk_routing_with_score_function): K experts by the
 // score function; softmax: the top-k of the logits and a softmax over the k chosen, or with
 // preSoftmax the softmax over all E and its top-k (probs not renormalised); sigmoid /
@@ -400,13 +400,26 @@ struct MoeTopKSpec {
 // numGroups <= 64 (the engine's config checks refuse more).
 void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
                   const MoeTopKSpec& spec);
-// The dropless permutation of the choice: each expert's copies in token order, expert-major
-// (Megatron's permute). offset [E+1]: the first row of each expert (offset[E] = T*K); per row r
-// of T*K: tok[r] its token, tokExp[r] = token*E + expert, probT[r] its prob; per token t:
-// start[t] = t*K and inv[t*K ..] its rows ascending (the combine's inverse index, start [T+1]);
-// per slot (t, j): rowOf[t*K + j] its row.
-void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
-                  int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT);
+// A capacity per expert in token copies (moe_expert_capacity_factor; Megatron's
+// apply_router_token_dropping; cap < 0: dropless). Over it an expert keeps its `cap` copies with
+// the highest probs (byProb; ties: the earlier token) or its first `cap` in token order; pad fills
+// every expert up to `cap` rows (at most T) with the earliest tokens it does not keep, at prob 0
+// (moe_pad_expert_input_to_capacity).
+struct MoeCapacity {
+    int cap = -1;
+    bool pad = false;
+    bool byProb = true;
+};
+// The permutation of the choice: each expert's rows in token order, expert-major (Megatron's
+// permute). offset [E+1]: the first row of each expert (offset[E]: the rows; T*K dropless, at
+// most E*cap with a capacity); routed [E] (null: not wanted): each expert's copies before any
+// dropping; per row r: tok[r] its token, tokExp[r] = token*E + expert, probT[r] its prob (0 for a
+// padding row); per token t: start[t] its first entry of inv and inv[start[t] ..] its rows
+// ascending (the combine's inverse index, start [T+1]); per slot (t, j): rowOf[t*K + j] its row
+// (-1: dropped). Dropless, start[t] = t*K.
+void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, const MoeCapacity& capacity,
+                  int32_t* offset, int32_t* routed, int32_t* tok, int32_t* start, int32_t* inv, int32_t* tokExp,
+                  int32_t* rowOf, float* probT);
 // The aux losses' routing counts and the router's statistics from the logits [T, E]
 // (compute_routing_scores_for_aux_loss): per token its aux scores p (softmax over E, or sigmoid /
 // sqrtsoftplus over their sum + 1e-20) and their plain top-K; token t is in group

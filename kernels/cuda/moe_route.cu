@@ -4,7 +4,10 @@
 //     insertion into the k best in increasing expert index (ties keep the lower index);
 //   moeRoutePlan: each slot's rank among its expert's slots in token order (one block per expert,
 //     a warp-ballot prefix count), the offsets (one thread), then the rows and each token's rows
-//     sorted (one thread per slot / token): the oracle's permutation, exactly;
+//     sorted (one thread per slot / token): the oracle's permutation, exactly. At a capacity, each
+//     slot's keep flag (its rank by prob among its expert's slots, or in token order), then one
+//     block per expert over the tokens in order for its kept and padding rows (two block prefix
+//     counts), each token's rows by a one-block scan, integer atomics and a per-token sort;
 //   moeRouterAuxCounts: one thread per token for its aux scores' normaliser and top-k, counted by
 //     integer atomics; traced, the statistics as per-chunk partial sums (a thread per chunk of 256
 //     tokens and (group, expert) column), added in chunk order;
@@ -131,9 +134,10 @@ __global__ void moeRouteTopKIndexKernel(const float* __restrict__ logits, const 
 }
 
 // One block per expert: the rank of each of its slots among them in token-major order (into rank),
-// and their number (into offset[e + 1]).
+// and their number (into count[e], and routed[e] unless null).
 __global__ void moeRoutePlanRankReduceKernel(const int32_t* __restrict__ topi, int64_t TK, int E,
-                                             int32_t* __restrict__ rank, int32_t* __restrict__ offset) {
+                                             int32_t* __restrict__ rank, int32_t* __restrict__ count,
+                                             int32_t* __restrict__ routed) {
     __shared__ int warpTotals[kThreads / 32];
     __shared__ int running;
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
@@ -154,7 +158,10 @@ __global__ void moeRoutePlanRankReduceKernel(const int32_t* __restrict__ topi, i
                 for (int w = 0; w < kThreads / 32; ++w) running += warpTotals[w];
             __syncthreads();
         }
-        if (tid == 0) offset[e + 1] = running;
+        if (tid == 0) {
+            count[e] = running;
+            if (routed) routed[e] = running;
+        }
         __syncthreads();
     }
 }
@@ -189,6 +196,164 @@ __global__ void moeRoutePlanTokenIndexKernel(const int32_t* __restrict__ rowOf, 
         int32_t* rows = inv + t * K;
         for (int j = 0; j < K; ++j) {
             const int32_t r = rowOf[t * K + j];
+            int i = j;
+            for (; i > 0 && rows[i - 1] > r; --i) rows[i] = rows[i - 1];
+            rows[i] = r;
+        }
+    }
+}
+
+// ---- the plan at a capacity ----
+
+// The exclusive count of `flag` over the block's threads before this one, plus `running` (block
+// shared), which then advances by the block's total. Every thread of the block calls it.
+__device__ int blockPrefixCount(bool flag, int* warpTotals, int& running) {
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+    if (lane == 0) warpTotals[warp] = __popc(ballot);
+    __syncthreads();
+    int before = running + __popc(ballot & ((1u << lane) - 1u));
+    for (int w = 0; w < warp; ++w) before += warpTotals[w];
+    __syncthreads();
+    if (tid == 0)
+        for (int w = 0; w < kThreads / 32; ++w) running += warpTotals[w];
+    __syncthreads();
+    return before;
+}
+
+// Each expert's slots in token order, expert-major: list[base[e] + rank[i]] = i.
+__global__ void moeRouteCapacityListScatterKernel(const int32_t* __restrict__ topi, const int32_t* __restrict__ rank,
+                                                  const int32_t* __restrict__ base, int64_t TK,
+                                                  int32_t* __restrict__ list) {
+    for (int64_t i = globalThread(); i < TK; i += gridThreads()) list[base[topi[i]] + rank[i]] = static_cast<int32_t>(i);
+}
+
+// The oracle's moeCapacityKey: a NaN prob ranks as -inf.
+__device__ float capacityKey(float p) { return p != p ? -INFINITY : p; }
+
+// Whether the expert keeps slot i: all of its slots under the capacity; over it, the first `cap`
+// in token order, or byProb the `cap` with the highest probs (ties: the earlier token), counted
+// among the expert's slots (list).
+__global__ void moeRouteCapacityKeepIndexKernel(const int32_t* __restrict__ topi, const float* __restrict__ probs,
+                                                const int32_t* __restrict__ rank, const int32_t* __restrict__ base,
+                                                const int32_t* __restrict__ list, int64_t TK, int cap, bool byProb,
+                                                int32_t* __restrict__ keep) {
+    for (int64_t i = globalThread(); i < TK; i += gridThreads()) {
+        const int32_t e = topi[i], b = base[e], n = base[e + 1] - b;
+        bool kept = n <= cap;
+        if (!kept && !byProb) kept = rank[i] < cap;
+        if (!kept && byProb) {
+            const float p = capacityKey(probs[i]);
+            int ahead = 0;
+            for (int32_t q = 0; q < n && ahead < cap; ++q) {
+                const int32_t other = list[b + q];
+                const float po = capacityKey(probs[other]);
+                ahead += po > p || (po == p && other < i);
+            }
+            kept = ahead < cap;
+        }
+        keep[i] = kept ? 1 : 0;
+    }
+}
+
+// The experts' first rows: each keeps min(copies, cap) rows, padded min(cap, T).
+__global__ void moeRouteCapacityOffsetsReduceKernel(const int32_t* __restrict__ base, int E, int T, int cap, bool pad,
+                                                    int32_t* __restrict__ offset) {
+    if (globalThread() != 0) return;
+    offset[0] = 0;
+    for (int e = 0; e < E; ++e) {
+        const int n = base[e + 1] - base[e];
+        offset[e + 1] = offset[e] + (pad ? min(cap, T) : min(n, cap));
+    }
+}
+
+// One block per expert, over the tokens in order: a row for each token whose copy it keeps and,
+// padded, for the earliest `cap - kept` tokens it does not keep (prob 0); each token's rows
+// counted into tokenRows (integer atomics).
+__global__ void moeRouteCapacityRowsScatterKernel(const int32_t* __restrict__ topi, const float* __restrict__ probs,
+                                                  const int32_t* __restrict__ keep, const int32_t* __restrict__ base,
+                                                  const int32_t* __restrict__ offset, int T, int K, int E, int cap,
+                                                  bool pad, int32_t* __restrict__ tok, int32_t* __restrict__ tokExp,
+                                                  int32_t* __restrict__ rowOf, float* __restrict__ probT,
+                                                  int32_t* __restrict__ tokenRows) {
+    __shared__ int warpTotals[kThreads / 32];
+    __shared__ int others, rows;
+    const int tid = static_cast<int>(threadIdx.x);
+    for (int e = static_cast<int>(blockIdx.x); e < E; e += static_cast<int>(gridDim.x)) {
+        const int kept = min(base[e + 1] - base[e], cap), need = pad ? cap - kept : 0;
+        const int r0 = offset[e], rowsE = offset[e + 1] - r0;
+        if (tid == 0) others = rows = 0;
+        __syncthreads();
+        for (int b = 0; b < T && rows < rowsE; b += kThreads) {  // rows: the same for the whole block
+            const int t = b + tid;
+            int64_t slot = -1;
+            if (t < T)
+                for (int j = 0; j < K; ++j) {
+                    const int64_t i = static_cast<int64_t>(t) * K + j;
+                    if (topi[i] == e) {
+                        if (keep[i]) slot = i;
+                        break;
+                    }
+                }
+            const bool member = slot >= 0;
+            const int other = blockPrefixCount(t < T && !member, warpTotals, others);
+            const bool isRow = member || (t < T && other < need);
+            const int pos = blockPrefixCount(isRow, warpTotals, rows);
+            if (isRow && pos < rowsE) {  // (always, with the keep flags' total order)
+                const int32_t r = r0 + pos;
+                tok[r] = t;
+                tokExp[r] = t * E + e;
+                probT[r] = member ? probs[slot] : 0.f;
+                if (member) rowOf[slot] = r;
+                atomicAdd(tokenRows + t, 1);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// One block: start = the exclusive prefix sum of each token's rows, start[T] their total.
+__global__ void moeRoutePlanStartIndexKernel(const int32_t* __restrict__ tokenRows, int T, int32_t* __restrict__ start) {
+    __shared__ int32_t part[1024];
+    const int tid = static_cast<int>(threadIdx.x), n = static_cast<int>(blockDim.x);
+    const int per = (T + n - 1) / n, a = min(T, tid * per), b = min(T, a + per);
+    int32_t sum = 0;
+    for (int i = a; i < b; ++i) sum += tokenRows[i];
+    part[tid] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        int32_t run = 0;
+        for (int w = 0; w < n; ++w) {
+            const int32_t v = part[w];
+            part[w] = run;
+            run += v;
+        }
+        start[T] = run;
+    }
+    __syncthreads();
+    int32_t run = part[tid];
+    for (int i = a; i < b; ++i) {
+        start[i] = run;
+        run += tokenRows[i];
+    }
+}
+
+// Each of the start[T] rows into its token's entries of inv (any order: cursor's integer atomics),
+// then each token's entries sorted ascending.
+__global__ void moeRoutePlanRowsIndexKernel(const int32_t* __restrict__ tok, const int32_t* __restrict__ start, int T,
+                                            int32_t* __restrict__ cursor, int32_t* __restrict__ inv) {
+    const int32_t rows = start[T];
+    for (int64_t r = globalThread(); r < rows; r += gridThreads()) {
+        const int32_t t = tok[r];
+        inv[start[t] + atomicAdd(cursor + t, 1)] = static_cast<int32_t>(r);
+    }
+}
+__global__ void moeRoutePlanSortIndexKernel(const int32_t* __restrict__ start, int T, int32_t* __restrict__ inv) {
+    for (int64_t t = globalThread(); t < T; t += gridThreads()) {
+        int32_t* rows = inv + start[t];
+        const int n = start[t + 1] - start[t];
+        for (int j = 1; j < n; ++j) {
+            const int32_t r = rows[j];
             int i = j;
             for (; i > 0 && rows[i - 1] > r; --i) rows[i] = rows[i - 1];
             rows[i] = r;
@@ -369,24 +534,75 @@ Status moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float
     return detail::launchStatus("moeRouteTopK launch");
 }
 
-Status moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
-                    int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT, void* stream) {
+Status moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, const cpu::MoeCapacity& capacity,
+                    int32_t* offset, int32_t* routed, int32_t* tok, int32_t* start, int32_t* inv, int32_t* tokExp,
+                    int32_t* rowOf, float* probT, void* stream) {
     if (T < 0 || K < 1 || E < 1) return Status::invalid("moeRoutePlan: needs T >= 0, K >= 1, E >= 1");
     cudaStream_t s = detail::asStream(stream);
     const int64_t TK = static_cast<int64_t>(T) * K;
-    // inv holds each slot's rank until the last kernel writes the tokens' rows into it.
-    moeRoutePlanRankReduceKernel<<<std::min(E, 65535), kThreads, 0, s>>>(topi, TK, E, inv, offset);
-    TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan rank launch"));
-    moeRoutePlanOffsetsReduceKernel<<<1, 1, 0, s>>>(offset, E);
-    TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan offsets launch"));
-    if (TK > 0) {
-        moeRoutePlanRowsScatterKernel<<<detail::blocksFor(TK, kThreads), kThreads, 0, s>>>(topi, probs, inv, offset, TK,
-                                                                                          K, E, tok, tokExp, rowOf, probT);
-        TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan rows launch"));
+    const int cap = capacity.cap;
+    if (cap < 0) {
+        // Dropless. inv holds each slot's rank until the last kernel writes the tokens' rows into it.
+        moeRoutePlanRankReduceKernel<<<std::min(E, 65535), kThreads, 0, s>>>(topi, TK, E, inv, offset + 1, routed);
+        TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan rank launch"));
+        moeRoutePlanOffsetsReduceKernel<<<1, 1, 0, s>>>(offset, E);
+        TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan offsets launch"));
+        if (TK > 0) {
+            moeRoutePlanRowsScatterKernel<<<detail::blocksFor(TK, kThreads), kThreads, 0, s>>>(
+                topi, probs, inv, offset, TK, K, E, tok, tokExp, rowOf, probT);
+            TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan rows launch"));
+        }
+        moeRoutePlanTokenIndexKernel<<<detail::blocksFor(int64_t(T) + 1, kThreads), kThreads, 0, s>>>(rowOf, T, K,
+                                                                                                      start, inv);
+        return detail::launchStatus("moeRoutePlan tokens launch");
     }
-    moeRoutePlanTokenIndexKernel<<<detail::blocksFor(int64_t(T) + 1, kThreads), kThreads, 0, s>>>(rowOf, T, K, start,
-                                                                                                  inv);
-    return detail::launchStatus("moeRoutePlan tokens launch");
+    // At a capacity. Scratch: each slot's rank in its expert [TK], keep flag [TK] and the slots
+    // expert-major [TK]; the experts' first slots [E+1]; each token's rows [T].
+    const size_t slots = size_t(std::max<int64_t>(TK, 1));
+    const size_t bytes = sizeof(int32_t) * (3 * slots + size_t(E) + 1 + size_t(std::max(T, 1)));
+    return withScratch("moeRoutePlan scratch", bytes, s, [&](void* p) {
+        int32_t* rank = static_cast<int32_t*>(p);
+        int32_t* keep = rank + slots;
+        int32_t* list = keep + slots;
+        int32_t* base = list + slots;
+        int32_t* tokenRows = base + E + 1;
+        const char* op = "moeRoutePlan (cudaMemsetAsync)";
+        TS_RETURN_IF_ERROR(detail::fromCuda(cudaMemsetAsync(tokenRows, 0, sizeof(int32_t) * size_t(T), s), op));
+        if (TK > 0)  // every slot's row -1 (dropped) until kept
+            TS_RETURN_IF_ERROR(detail::fromCuda(cudaMemsetAsync(rowOf, 0xff, sizeof(int32_t) * size_t(TK), s), op));
+        moeRoutePlanRankReduceKernel<<<std::min(E, 65535), kThreads, 0, s>>>(topi, TK, E, rank, base + 1, routed);
+        TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan rank launch"));
+        moeRoutePlanOffsetsReduceKernel<<<1, 1, 0, s>>>(base, E);
+        TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan bases launch"));
+        if (TK > 0) {
+            moeRouteCapacityListScatterKernel<<<detail::blocksFor(TK, kThreads), kThreads, 0, s>>>(topi, rank, base, TK,
+                                                                                                 list);
+            TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan list launch"));
+            moeRouteCapacityKeepIndexKernel<<<detail::blocksFor(TK, kThreads), kThreads, 0, s>>>(
+                topi, probs, rank, base, list, TK, cap, capacity.byProb, keep);
+            TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan keep launch"));
+        }
+        moeRouteCapacityOffsetsReduceKernel<<<1, 1, 0, s>>>(base, E, T, cap, capacity.pad, offset);
+        TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan offsets launch"));
+        if (T > 0) {
+            moeRouteCapacityRowsScatterKernel<<<std::min(E, 65535), kThreads, 0, s>>>(
+                topi, probs, keep, base, offset, T, K, E, cap, capacity.pad, tok, tokExp, rowOf, probT, tokenRows);
+            TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan rows launch"));
+        }
+        moeRoutePlanStartIndexKernel<<<1, 1024, 0, s>>>(tokenRows, T, start);
+        TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan starts launch"));
+        if (T == 0) return Status::ok();
+        // A grid over the rows' bound (their number, start[T], is on the device).
+        const int64_t rowsMax = std::min<int64_t>(capacity.pad ? int64_t(E) * cap : TK, int64_t(E) * T);
+        TS_RETURN_IF_ERROR(detail::fromCuda(cudaMemsetAsync(tokenRows, 0, sizeof(int32_t) * size_t(T), s), op));
+        if (rowsMax > 0) {
+            moeRoutePlanRowsIndexKernel<<<detail::blocksFor(rowsMax, kThreads), kThreads, 0, s>>>(tok, start, T,
+                                                                                                tokenRows, inv);
+            TS_RETURN_IF_ERROR(detail::launchStatus("moeRoutePlan inverse launch"));
+        }
+        moeRoutePlanSortIndexKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, s>>>(start, T, inv);
+        return detail::launchStatus("moeRoutePlan sort launch");
+    });
 }
 
 Status moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int microBatch, cpu::MoeScore score,

@@ -284,13 +284,15 @@ Status moeRouterAuxBackward(const float* logits, const float* counts, const floa
 // --- The router's choice and plan (moe_route.cu; the oracle is kernels/cpu/moe_route.cpp) -----
 // One thread per token for the choice, its probs and the coefficients (the oracle's steps in
 // double; exp/log within CUDA's 1-2 ulp of glibc's, so a near tie between two experts' values may
-// break the other way); the plan's ranks by one block per expert in token order (exact); the aux
-// counts by one thread per (group, expert) over the tokens in order. Limits: K <= 64 and
+// break the other way); the plan's ranks by one block per expert in token order (exact; at a
+// capacity with a stream-ordered scratch of 3 T*K + E + T + 1 ints); the aux counts by integer
+// atomics, traced their statistics by per-chunk partial sums added in order. Limits: K <= 64 and
 // numGroups <= 64 (Status::invalid beyond).
 Status moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
                     const cpu::MoeTopKSpec& spec, void* stream);
-Status moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, int32_t* offset, int32_t* tok,
-                    int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT, void* stream);
+Status moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, const cpu::MoeCapacity& capacity,
+                    int32_t* offset, int32_t* routed, int32_t* tok, int32_t* start, int32_t* inv, int32_t* tokExp,
+                    int32_t* rowOf, float* probT, void* stream);
 Status moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int microBatch, cpu::MoeScore score,
                           float* counts, float* total, float* stats, void* stream);
 Status moeRouterProbsCoefficients(const float* logits, const int32_t* topi, int T, int E, const cpu::MoeTopKSpec& spec,

@@ -4,6 +4,8 @@
 // relative) and the router's probs backward (the CPU may fuse its multiply-adds: 1e-6 relative). Skips without a CUDA build or without a device.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "tests/gpu/gpu_test_util.h"
 
 #ifdef TS_HAVE_CUDA
@@ -205,14 +207,14 @@ TEST_F(CudaMoe, RouteKernelsMatchTheCpu) {
         DeviceVec<int32_t> ctopi(topi), off(size_t(E) + 1), tok(static_cast<size_t>(TK)), start(size_t(T) + 1), inv(static_cast<size_t>(TK)),
             tokExp(static_cast<size_t>(TK)), rowOf(static_cast<size_t>(TK));
         DeviceVec<float> cprobs(probs), probT(static_cast<size_t>(TK));
-        TS_ASSERT_OK(cuda::moeRoutePlan(ctopi.ptr, cprobs.ptr, T, K, E, off.ptr, tok.ptr, start.ptr, inv.ptr,
-                                        tokExp.ptr, rowOf.ptr, probT.ptr, m_stream));
+        TS_ASSERT_OK(cuda::moeRoutePlan(ctopi.ptr, cprobs.ptr, T, K, E, cpu::MoeCapacity{}, off.ptr, nullptr, tok.ptr,
+                                        start.ptr, inv.ptr, tokExp.ptr, rowOf.ptr, probT.ptr, m_stream));
         sync();
         std::vector<int32_t> hOff(size_t(E) + 1), hTok(static_cast<size_t>(TK)), hStart(size_t(T) + 1), hInv(static_cast<size_t>(TK)),
             hTokExp(static_cast<size_t>(TK)), hRowOf(static_cast<size_t>(TK));
         std::vector<float> hProbT(static_cast<size_t>(TK));
-        cpu::moeRoutePlan(topi.data(), probs.data(), T, K, E, hOff.data(), hTok.data(), hStart.data(), hInv.data(),
-                          hTokExp.data(), hRowOf.data(), hProbT.data());
+        cpu::moeRoutePlan(topi.data(), probs.data(), T, K, E, cpu::MoeCapacity{}, hOff.data(), nullptr, hTok.data(),
+                          hStart.data(), hInv.data(), hTokExp.data(), hRowOf.data(), hProbT.data());
         expectEqualInts(off.download(), hOff, what + ": offsets");
         expectEqualInts(tok.download(), hTok, what + ": tokens");
         expectEqualInts(start.download(), hStart, what + ": starts");
@@ -264,6 +266,80 @@ TEST_F(CudaMoe, RouteKernelsMatchTheCpu) {
         expectSameBits(dcounts2.download(), counts, what + ": aux counts alone", {G, E});
         expectSameBits(dtotal2.download(), total, what + ": aux total alone");
         expectSameBits(dstats2.download(), dstats.download(), what + ": aux statistics again");
+    }
+}
+
+// The plan at a capacity (moe_route.cu's keep flags, per-expert rows and token index) against the
+// oracle, exactly: skewed choices (expert 0 is most tokens' first), probs on a coarse grid (ties by
+// token; NaNs in one shape), dropping by prob and by position, padded and not, caps from 0 to
+// above T; shapes with fewer and more tokens than the start scan's 1024 threads, E not a multiple
+// of 32, k = 1, and no tokens.
+TEST_F(CudaMoe, CapacityPlanMatchesTheCpu) {
+    struct Shape {
+        int T, K, E;
+        bool nans;
+    };
+    for (const Shape& sh : {Shape{777, 4, 16, false}, Shape{2500, 1, 20, false}, Shape{2500, 4, 20, true},
+                            Shape{0, 2, 8, false}}) {
+        const int T = sh.T, K = sh.K, E = sh.E;
+        const int64_t TK = int64_t(T) * K;
+        std::vector<int32_t> topi(size_t(std::max<int64_t>(TK, 1)));
+        std::vector<float> probs(size_t(std::max<int64_t>(TK, 1)));
+        uint32_t x = 12345;
+        const auto next = [&] { return x = x * 1664525u + 1013904223u; };
+        for (int t = 0; t < T; ++t) {
+            std::vector<int> experts(static_cast<size_t>(E));
+            for (int e = 0; e < E; ++e) experts[size_t(e)] = e;
+            for (int e = E - 1; e > 1; --e) std::swap(experts[size_t(e)], experts[size_t(1 + next() % uint32_t(e))]);
+            if (next() % 5 == 0) std::swap(experts[0], experts[size_t(1 + next() % uint32_t(E - 1))]);
+            for (int j = 0; j < K; ++j) {
+                topi[size_t(t) * K + j] = experts[size_t(j)];
+                const uint32_t v = (next() >> 8) % 7;
+                probs[size_t(t) * K + j] = sh.nans && v == 6 ? std::numeric_limits<float>::quiet_NaN() : float(v) / 16.f;
+            }
+        }
+        DeviceVec<int32_t> dtopi(topi);
+        DeviceVec<float> dprobs(probs);
+        for (int cap : {0, 30, 200, 700, 3000})
+            for (bool byProb : {true, false})
+                for (bool pad : {false, true}) {
+                    const std::string what = "T " + std::to_string(T) + " k " + std::to_string(K) + " E " +
+                                             std::to_string(E) + ", cap " + std::to_string(cap) +
+                                             (byProb ? " by prob" : " by position") + (pad ? ", padded" : "");
+                    cpu::MoeCapacity c;
+                    c.cap = cap;
+                    c.pad = pad;
+                    c.byProb = byProb;
+                    const size_t rowsMax = size_t(std::max<int64_t>({TK, int64_t(E) * cap, 1}));
+                    const size_t slots = size_t(std::max<int64_t>(TK, 1));
+                    DeviceVec<int32_t> off(size_t(E) + 1), routed(static_cast<size_t>(E)), tok(rowsMax),
+                        start(size_t(T) + 1), inv(rowsMax), tokExp(rowsMax), rowOf(slots);
+                    DeviceVec<float> probT(rowsMax);
+                    TS_ASSERT_OK(cuda::moeRoutePlan(dtopi.ptr, dprobs.ptr, T, K, E, c, off.ptr, routed.ptr, tok.ptr,
+                                                    start.ptr, inv.ptr, tokExp.ptr, rowOf.ptr, probT.ptr, m_stream));
+                    sync();
+                    std::vector<int32_t> hOff(size_t(E) + 1), hRouted(static_cast<size_t>(E)), hTok(rowsMax),
+                        hStart(size_t(T) + 1), hInv(rowsMax), hTokExp(rowsMax), hRowOf(slots);
+                    std::vector<float> hProbT(rowsMax);
+                    cpu::moeRoutePlan(topi.data(), probs.data(), T, K, E, c, hOff.data(), hRouted.data(), hTok.data(),
+                                      hStart.data(), hInv.data(), hTokExp.data(), hRowOf.data(), hProbT.data());
+                    expectEqualInts(off.download(), hOff, what + ": offsets");
+                    expectEqualInts(routed.download(), hRouted, what + ": routed");
+                    expectEqualInts(start.download(), hStart, what + ": starts");
+                    const size_t rows = size_t(hOff[size_t(E)]);
+                    const auto head = [](std::vector<int32_t> v, size_t n) {
+                        v.resize(n);
+                        return v;
+                    };
+                    expectEqualInts(head(rowOf.download(), size_t(TK)), head(hRowOf, size_t(TK)), what + ": rows of slots");
+                    expectEqualInts(head(tok.download(), rows), head(hTok, rows), what + ": tokens");
+                    expectEqualInts(head(inv.download(), rows), head(hInv, rows), what + ": inverse");
+                    expectEqualInts(head(tokExp.download(), rows), head(hTokExp, rows), what + ": token-experts");
+                    std::vector<float> gotP = probT.download(), wantP = hProbT;
+                    gotP.resize(rows);
+                    wantP.resize(rows);
+                    expectSameBits(gotP, wantP, what + ": row probs");
+                }
     }
 }
 

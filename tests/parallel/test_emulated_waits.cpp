@@ -6,8 +6,9 @@
 // run is traced, the MoE router's counters (their aux-loss counts) and tensorwise FP8's last
 // amaxes. Within a
 // microbatch only the MoE router, once per MoE layer (its experts' row offsets, or with EP / ETP
-// the dispatcher's gathered ones), twice where the host routes and the dispatcher gathers after it
-// (quantile balancing): Megatron's token dispatcher waits there too for its data-dependent sizes. Everything else waits for nothing: FP8 in every recipe, context parallel
+// the dispatcher's gathered ones), twice where the host routes or needs its rows at a capacity and
+// the dispatcher gathers after it (quantile balancing, token dropping): Megatron's token
+// dispatcher waits there too for its data-dependent sizes. Everything else waits for nothing: FP8 in every recipe, context parallel
 // in every cp_comm_type, recompute.
 #include <gtest/gtest.h>
 
@@ -115,6 +116,12 @@ std::vector<Case> cases() {
     }
     {
         Config c = moeModel();
+        c.moe_expert_capacity_factor = 1.0;
+        c.moe_pad_expert_input_to_capacity = true;
+        v.push_back({"ep2 capacity, padded", moeLayoutConfig(c, ExpertLayout{1, 1, 2, 2})});
+    }
+    {
+        Config c = moeModel();
         c.moe_router_load_balancing_type = "global_aux_loss";
         v.push_back({"dp2 global_aux_loss", moeLayoutConfig(c, ExpertLayout{1, 1, 1, 2})});
     }
@@ -173,8 +180,11 @@ TEST(EmulatedDeviceWaits, OnlyTheRouterWaitsWithinAMicrobatch) {
                                               "router.qb_dual_update"};
         // The router's waits per MoE layer and microbatch: one (the kernels route, and the host
         // reads back the offsets, or with EP / ETP the dispatcher's gathered ones); two where the
-        // host routes (quantile balancing's logits) and the dispatcher gathers after it.
-        const bool hostRouted = k.c.moe_router_load_balancing_type == "quantile_balancing";
+        // host routes (quantile balancing's logits) or needs its rows at a capacity before the
+        // dispatcher gathers.
+        const bool hostRouted = k.c.moe_router_load_balancing_type == "quantile_balancing" ||
+                                k.c.moe_router_load_balancing_type == "sinkhorn" ||
+                                k.c.moe_expert_capacity_factor > 0;
         const int etp = k.c.expert_tensor_parallel_size > 0 ? k.c.expert_tensor_parallel_size
                                                             : k.c.tensor_model_parallel_size;
         const bool dispatched = k.c.expert_model_parallel_size > 1 || etp > 1;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <random>
 
@@ -395,10 +396,126 @@ TEST(MoeRouting, ThreadsGiveTheSameRouting) {
     }
 }
 
+// The plan, dropless and at a capacity (moeRoutePlan, the kernels' oracle, which moeRoute uses too)
+// against a brute force written here: each expert's copies in token order; over the capacity the `cap` with
+// the highest probs (ties: the earlier token) or the first `cap`; padded with the earliest tokens it
+// does not keep, at prob 0; expert-major. Probs on a coarse grid, so many tie.
+TEST(MoeRouting, CapacityPlanMatchesABruteForce) {
+    const int T = 157, K = 3, E = 7;
+    std::mt19937 rng(5);
+    std::vector<int32_t> topi(size_t(T) * K);
+    std::vector<float> probs(size_t(T) * K);
+    for (int t = 0; t < T; ++t) {
+        std::vector<int> experts(static_cast<size_t>(E));
+        for (int e = 0; e < E; ++e) experts[size_t(e)] = e;
+        // skewed: expert 0 is chosen by most tokens
+        std::shuffle(experts.begin() + 1, experts.end(), rng);
+        if (rng() % 4 == 0) std::swap(experts[0], experts[size_t(1 + rng() % (E - 1))]);
+        for (int j = 0; j < K; ++j) {
+            topi[size_t(t) * K + j] = experts[size_t(j)];
+            probs[size_t(t) * K + j] = float(rng() % 5) / 8.f;
+        }
+    }
+    struct Row {
+        int token, slot;  // slot -1: padding
+    };
+    for (int cap : {-1, 0, 5, 40, 70, 200})
+        for (bool byProb : {true, false})
+            for (bool pad : {false, true}) {
+                if (cap < 0 && (pad || !byProb)) continue;  // dropless: once
+                const std::string what = "cap " + std::to_string(cap) + (byProb ? " by prob" : " by position") +
+                                         (pad ? ", padded" : "");
+                std::vector<std::vector<Row>> want(static_cast<size_t>(E));
+                std::vector<int> routed(static_cast<size_t>(E), 0);
+                for (int e = 0; e < E; ++e) {
+                    std::vector<Row> list;
+                    for (int t = 0; t < T; ++t)
+                        for (int j = 0; j < K; ++j)
+                            if (topi[size_t(t) * K + j] == e) list.push_back({t, j});
+                    routed[size_t(e)] = int(list.size());
+                    if (cap >= 0 && int(list.size()) > cap) {
+                        if (byProb)
+                            std::stable_sort(list.begin(), list.end(), [&](const Row& a, const Row& b) {
+                                return probs[size_t(a.token) * K + a.slot] > probs[size_t(b.token) * K + b.slot];
+                            });
+                        list.resize(size_t(cap));
+                    }
+                    std::vector<bool> in(static_cast<size_t>(T), false);
+                    for (const Row& r : list) in[size_t(r.token)] = true;
+                    for (int t = 0; pad && t < T && int(list.size()) < cap; ++t)
+                        if (!in[size_t(t)]) list.push_back({t, -1});
+                    std::sort(list.begin(), list.end(), [](const Row& a, const Row& b) { return a.token < b.token; });
+                    want[size_t(e)] = list;
+                }
+                const size_t rowsMax = size_t(std::max(T * K, E * cap));
+                std::vector<int32_t> offset(size_t(E) + 1, -9), got(size_t(E), -9), tok(rowsMax, -9),
+                    start(size_t(T) + 1, -9), inv(rowsMax, -9), tokExp(rowsMax, -9), rowOf(size_t(T) * K, -9);
+                std::vector<float> probT(rowsMax, -9.f);
+                kernels::cpu::MoeCapacity c;
+                c.cap = cap;
+                c.pad = pad;
+                c.byProb = byProb;
+                kernels::cpu::moeRoutePlan(topi.data(), probs.data(), T, K, E, c, offset.data(), got.data(), tok.data(),
+                                           start.data(), inv.data(), tokExp.data(), rowOf.data(), probT.data());
+                EXPECT_EQ(std::vector<int>(got.begin(), got.end()), routed) << what;
+                std::vector<int32_t> wantRowOf(size_t(T) * K, -1);
+                std::vector<std::vector<int32_t>> rowsOfToken(static_cast<size_t>(T));
+                int r = 0;
+                for (int e = 0; e < E; ++e) {
+                    ASSERT_EQ(offset[size_t(e)], r) << what << ", expert " << e;
+                    for (const Row& w : want[size_t(e)]) {
+                        EXPECT_EQ(tok[size_t(r)], w.token) << what << ", row " << r;
+                        EXPECT_EQ(tokExp[size_t(r)], w.token * E + e) << what << ", row " << r;
+                        EXPECT_EQ(probT[size_t(r)], w.slot < 0 ? 0.f : probs[size_t(w.token) * K + w.slot]) << what;
+                        if (w.slot >= 0) wantRowOf[size_t(w.token) * K + w.slot] = r;
+                        rowsOfToken[size_t(w.token)].push_back(r);
+                        ++r;
+                    }
+                }
+                EXPECT_EQ(offset[size_t(E)], r) << what;
+                EXPECT_EQ(rowOf, wantRowOf) << what;
+                int at = 0;
+                for (int t = 0; t < T; ++t) {
+                    EXPECT_EQ(start[size_t(t)], at) << what << ", token " << t;
+                    std::vector<int32_t> rows = rowsOfToken[size_t(t)];
+                    std::sort(rows.begin(), rows.end());
+                    EXPECT_EQ(std::vector<int32_t>(inv.begin() + at, inv.begin() + at + int(rows.size())), rows) << what;
+                    at += int(rows.size());
+                }
+                EXPECT_EQ(start[size_t(T)], r) << what;
+            }
+}
+
+// Dropping by prob ranks a NaN prob as -inf: the expert keeps exactly `cap` copies, the finite
+// ones with the highest probs (one expert, six tokens, k = 1, cap 3).
+TEST(MoeRouting, CapacityDropsNaNProbsFirst) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<int32_t> topi(6, 0);
+    const std::vector<float> probs = {0.5f, nan, 0.2f, nan, 0.9f, 0.1f};
+    kernels::cpu::MoeCapacity c;
+    c.cap = 3;
+    std::vector<int32_t> offset(2), routed(1), tok(6, -1), start(7), inv(6), tokExp(6), rowOf(6);
+    std::vector<float> probT(6);
+    kernels::cpu::moeRoutePlan(topi.data(), probs.data(), 6, 1, 1, c, offset.data(), routed.data(), tok.data(),
+                               start.data(), inv.data(), tokExp.data(), rowOf.data(), probT.data());
+    EXPECT_EQ(offset[1], 3);
+    EXPECT_EQ(routed[0], 6);
+    EXPECT_EQ(std::vector<int32_t>(tok.begin(), tok.begin() + 3), (std::vector<int32_t>{0, 2, 4}));
+    EXPECT_EQ(rowOf, (std::vector<int32_t>{0, -1, 1, -1, 2, -1}));
+    // Two NaNs and cap 5: both finite-first, then the NaNs in token order fill the last place.
+    c.cap = 5;
+    kernels::cpu::moeRoutePlan(topi.data(), probs.data(), 6, 1, 1, c, offset.data(), routed.data(), tok.data(),
+                               start.data(), inv.data(), tokExp.data(), rowOf.data(), probT.data());
+    EXPECT_EQ(offset[1], 5);
+    EXPECT_EQ(rowOf, (std::vector<int32_t>{0, 1, 2, -1, 3, 4}));
+}
+
 // The routing kernels' oracle (kernels/cpu/moe_route.cpp: moeRouteTopK, moeRoutePlan,
-// moeRouterAuxCounts, moeRoutingMap), which route the dropless modes in the engine, against the
-// host's moeRoute on the same logits: the same choice, probs and permutation; the aux statistics
-// against their definition.
+// moeRouterAuxCounts, moeRoutingMap), which route all but sinkhorn and quantile balancing in the
+// engine, dropless here, against the
+// host's moeRoute on the same logits: the same choice and probs, and the plan's arrays as the host
+// reads them (moeRoute's plan is the same oracle, checked against a brute force above); the aux
+// statistics against their definition.
 // The logits are multiples of 1/4, so many tokens have tied experts (the lower index wins).
 TEST(MoeRouting, KernelsRouteAsTheHost) {
     const int T = 611, E = 16;
@@ -443,8 +560,11 @@ TEST(MoeRouting, KernelsRouteAsTheHost) {
             start(size_t(T) + 1, -1), inv(size_t(TK), -1), tokExp(size_t(TK), -1), rowOf(size_t(TK), -1);
         std::vector<float> probs(static_cast<size_t>(TK)), probT(static_cast<size_t>(TK));
         kernels::cpu::moeRouteTopK(logits.data(), o.expertBias, topi.data(), probs.data(), T, E, o.topk());
-        kernels::cpu::moeRoutePlan(topi.data(), probs.data(), T, K, E, offset.data(), tok.data(), start.data(),
-                                   inv.data(), tokExp.data(), rowOf.data(), probT.data());
+        std::vector<int32_t> routed(static_cast<size_t>(E), -1);
+        kernels::cpu::moeRoutePlan(topi.data(), probs.data(), T, K, E, kernels::cpu::MoeCapacity{}, offset.data(),
+                                   routed.data(), tok.data(), start.data(), inv.data(), tokExp.data(), rowOf.data(),
+                                   probT.data());
+        EXPECT_EQ(std::vector<int>(routed.begin(), routed.end()), r.routed) << m.name;
         const std::string what = m.name;
         EXPECT_EQ(std::vector<int>(topi.begin(), topi.end()), r.topi) << what;
         for (int64_t i = 0; i < TK; ++i) {

@@ -146,13 +146,18 @@ struct GptModel::MoeSaved {
     int biasLayer = -1;
     // The host learns the experts' row offsets: read back by router.topk_permute, or with EP / ETP
     // and the kernels' routing from the dispatcher's gathered ones (moeDispatchPlan,
-    // moeAllGatherDispatch; dropless, the rows are T*k without them). Without dropping, every
-    // copy routed is kept (routed: the host's moeRoute counted before dropping).
+    // moeAllGatherDispatch; dropless, the rows are T*k without them). At a capacity `routed`
+    // (each expert's copies before dropping) is set already and gives the dropped copies; without
+    // dropping, every copy routed is kept.
     void takeOffsets(const int32_t* o) {
         offset.assign(o, o + E + 1);
+        rows = o[E];
+        dropped = 0;
         if (routed.empty()) {
             routed.resize(size_t(E));
             for (int e = 0; e < E; ++e) routed[size_t(e)] = o[e + 1] - o[e];
+        } else if (ro.cap >= 0) {
+            for (int e = 0; e < E; ++e) dropped += std::max(0, routed[size_t(e)] - ro.cap);
         }
         if (biasRouter) {
             std::vector<double>& tokens = (*biasRouter)[size_t(biasLayer)].localTokens;
@@ -356,21 +361,18 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             k::moeRoutePlan(s->planTopi(), fp(probsWs), T, K, E, capacity, s->planOffset(),
                             cap >= 0 ? s->planRouted() : nullptr, s->planTok(), s->planStart(), s->planInv(),
                             s->planTokExp(), s->planRowOf(), fp(s->probT));
-            s->dropped = 0;  // dropless: the rows are T*k (rowsAlloc)
             if (cap >= 0) {
                 std::vector<int32_t> both(2 * size_t(E) + 1);  // offsets [E+1], then routed [E]
                 k::download(both.data(), s->planOffset(), both.size() * sizeof(int32_t));
                 s->routed.assign(both.begin() + E + 1, both.end());
-                for (int e = 0; e < E; ++e) s->dropped += std::max(0, s->routed[size_t(e)] - cap);
-                std::copy(both.begin(), both.begin() + E + 1, offset.begin());
-                s->rows = offset[size_t(E)];
-                s->takeOffsets(offset.data());
+                s->takeOffsets(both.data());
             } else if (!offsetsFromDispatch) {
                 k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
                 s->takeOffsets(offset.data());
             }
         } else {
-            // On the host: the logits read back (a copy and a wait), the plan and the probs go back.
+            // On the host: the logits read back (a copy and a wait), the choice and its plan (the
+            // kernel moeRoutePlan's oracle, on the host's copy of the plan) go back.
             if (!qb) {  // quantile balancing's router.qb_dual_update read them back already
                 s->logitsHost.resize(size_t(T) * E);
                 k::download(s->logitsHost.data(), fp(s->logits), s->logitsHost.size() * sizeof(float));
@@ -378,32 +380,18 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             MoeRouteOptions o = ro;
             if (bias) o.expertBias = (*router)[size_t(li)].expertBias.data();
             if (qb) o.precomputed = s->qbIndices.data();
-            MoeRouting r = moeRoute(s->logitsHost.data(), o);
+            const MoeRouting r = moeChoose(s->logitsHost.data(), o);
             s->logitsHost = {};
-            const int rows = r.rows();
-            const int64_t TK = int64_t(T) * K;
             std::vector<int32_t> plan(size_t(s->planWords()), 0);
-            const auto [tok, start, inv, tokExp, rowOf, topi, planOffset, planRouted] = s->planParts(plan.data());
-            std::fill(rowOf, rowOf + TK, -1);  // a dropped copy has no row
-            for (int i = 0; i < rows; ++i) {
-                tok[i] = r.tokenOf[size_t(i)];
-                tokExp[i] = r.tokenOf[size_t(i)] * E + r.expertOf[size_t(i)];
-                ++start[tok[i] + 1];
-                if (r.slotOf[size_t(i)] >= 0) rowOf[int64_t(tok[i]) * K + r.slotOf[size_t(i)]] = i;
-            }
-            for (int t = 0; t < T; ++t) start[t + 1] += start[t];
-            std::vector<int32_t> cursor(start, start + T);
-            for (int i = 0; i < rows; ++i) inv[cursor[size_t(tok[i])]++] = i;
-            std::copy(r.topi.begin(), r.topi.end(), topi);
-            std::copy(r.offset.begin(), r.offset.end(), offset.begin());
-            std::copy(offset.begin(), offset.end(), planOffset);
-            std::copy(r.routed.begin(), r.routed.end(), planRouted);
+            std::vector<float> probT(static_cast<size_t>(s->rowsAlloc));
+            const auto p = s->planParts(plan.data());
+            std::copy(r.topi.begin(), r.topi.end(), p.topi);
+            kernels::cpu::moeRoutePlan(p.topi, r.probs.data(), T, K, E, capacity, p.offset, p.routed, p.tok, p.start,
+                                       p.inv, p.tokExp, p.rowOf, probT.data());
             k::copyBytes(s->plan->data(), plan.data(), plan.size() * sizeof(int32_t));
-            k::copyBytes(fp(s->probT), r.prob.data(), size_t(rows) * sizeof(float));
-            s->routed = std::move(r.routed);
-            s->dropped = r.dropped;
-            s->rows = rows;
-            s->takeOffsets(offset.data());
+            k::copyBytes(fp(s->probT), probT.data(), size_t(p.offset[E]) * sizeof(float));
+            s->routed = r.routed;
+            s->takeOffsets(p.offset);
         }
         k::gatherRows(fp(x), s->planTok(), fp(xp), s->rows, h);
         if (ep == 1 && etp == 1) s->eoff = s->offset;
@@ -1234,9 +1222,10 @@ Status GptModel::moeDispatchPlan(MoeSaved& s) {
                                      "moe.dispatch_counts"));
     const int32_t* o = allHost.data();
     // This rank's block: group rank etp + ETP*ep, as the counts below read the group's blocks.
-    if (expertGroup()->rank() != myT + etp * me)
+    const int own = myT + etp * me;
+    if (expertGroup()->rank() != own)
         return Status::internal("moeDispatchPlan: the etp-ep group's ranks are not ordered etp + ETP*ep");
-    if (s.offset.empty()) s.takeOffsets(o + size_t(myT + etp * me) * size_t(E + 1));  // the kernels routed
+    if (s.offset.empty()) s.takeOffsets(o + size_t(own) * size_t(E + 1));  // the kernels routed
     // copies that rank (etp t, ep i) routed to expert e
     auto cnt = [&](int t, int i, int e) {
         const int32_t* oi = o + size_t(t + etp * i) * size_t(E + 1);

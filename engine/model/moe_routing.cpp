@@ -83,7 +83,7 @@ void moeQbBetaUpdate(float* beta, const float* mean, int n, double ema) {
     for (int j = 0; j < n; ++j) beta[j] -= centre;
 }
 
-MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
+MoeRouting moeChoose(const float* L, const MoeRouteOptions& o) {
     const int T = o.T, E = o.E, K = o.K;
     MoeRouting r;
     r.topi.assign(size_t(T) * K, 0);
@@ -132,19 +132,25 @@ MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
     for (std::thread& th : pool) th.join();
     for (const std::vector<int>& routed : routedOf)
         for (int e = 0; e < E; ++e) r.routed[size_t(e)] += routed[size_t(e)];
-    // The plan (the kernels' oracle, kernels/cpu/moe_route.cpp): each expert's rows in token order,
-    // at the capacity if any, with the probs as the router outputs them.
     const int64_t TK = int64_t(T) * K;
-    std::vector<float> probs(static_cast<size_t>(TK));
-    for (int64_t i = 0; i < TK; ++i) probs[size_t(i)] = float(r.topp[size_t(i)]);
-    if (o.bf16Probs) kernels::cpu::roundToBf16(probs.data(), TK);
+    r.probs.assign(r.topp.begin(), r.topp.end());
+    if (o.bf16Probs) kernels::cpu::roundToBf16(r.probs.data(), TK);
+    return r;
+}
+
+MoeRouting moeRoute(const float* L, const MoeRouteOptions& o) {
+    MoeRouting r = moeChoose(L, o);
+    const int T = o.T, E = o.E, K = o.K;
+    // The plan (the kernels' oracle, kernels/cpu/moe_route.cpp): each expert's rows in token order,
+    // at the capacity if any.
+    const int64_t TK = int64_t(T) * K;
     const kernels::cpu::MoeCapacity capacity = o.capacity();
     const int64_t rowsMax = o.cap >= 0 && o.pad ? int64_t(E) * o.cap : TK;
     const size_t rowsCap = static_cast<size_t>(rowsMax), slots = static_cast<size_t>(TK);
     std::vector<int32_t> offset(size_t(E) + 1), tok(rowsCap), start(size_t(T) + 1), inv(rowsCap), tokExp(rowsCap),
         rowOf(slots);
     std::vector<float> probT(rowsCap);
-    kernels::cpu::moeRoutePlan(r.topi.data(), probs.data(), T, K, E, capacity, offset.data(), nullptr, tok.data(),
+    kernels::cpu::moeRoutePlan(r.topi.data(), r.probs.data(), T, K, E, capacity, offset.data(), nullptr, tok.data(),
                                start.data(), inv.data(), tokExp.data(), rowOf.data(), probT.data());
     r.offset.assign(offset.begin(), offset.end());
     const size_t rows = size_t(r.offset[size_t(E)]);

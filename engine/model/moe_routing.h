@@ -84,7 +84,9 @@ struct MoeRouteOptions {
 struct MoeRouting {
     std::vector<int> topi;          // [T*K] chosen experts, token-major, best first (ties: lower index)
     std::vector<double> topp;       // [T*K] their probs (before any bf16 rounding)
+    std::vector<float> probs;       // [T*K] the probs as the router outputs them (bf16Probs: rounded)
     std::vector<int> routed;        // [E] copies routed to each expert, before dropping
+    // moeRoute only (moeChoose stops before): the plan's, from moeRoutePlan's oracle.
     int dropped = 0;                // copies dropped at the capacity
     // The permuted rows: expert-major, token-ascending inside an expert (Megatron's permute).
     std::vector<int> offset;        // [E+1] first row of each expert
@@ -98,7 +100,9 @@ struct MoeRouting {
 using kernels::cpu::moeAuxScores;
 using kernels::cpu::moeSoftmax;
 
-// logits: [T, E] row-major.
+// logits: [T, E] row-major. moeChoose: each token's choice and probs (topi, topp, probs, routed),
+// what the engine uploads for moeRoutePlan when the host routes; moeRoute: that and the plan.
+MoeRouting moeChoose(const float* logits, const MoeRouteOptions& o);
 MoeRouting moeRoute(const float* logits, const MoeRouteOptions& o);
 
 // Megatron's sinkhorn (moe_utils.py): exp(cost) scaled by per-token and per-expert factors,

@@ -184,25 +184,28 @@ void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, 
             keep.resize(size_t(cap));
             std::sort(keep.begin(), keep.end());
         }
-        // The expert's rows in token order: its kept copies and, padded, the earliest other tokens.
+        // The expert's rows in token order: its kept copies (slot i) and, padded, the earliest
+        // other tokens (slot -1, prob 0), which lie between the kept ones.
         int need = cap >= 0 && capacity.pad ? cap - int(keep.size()) : 0;
-        size_t k = 0;
-        for (int t = 0; t < T && (k < keep.size() || need > 0); ++t) {
-            const bool kept = k < keep.size() && keep[k] / K == t;
-            if (!kept && need == 0) continue;
+        const auto row = [&](int t, int64_t i) {
             tok[r] = t;
             tokExp[r] = t * E + e;
-            if (kept) {
-                probT[r] = probs[keep[k]];
-                rowOf[keep[k]] = r;
-                ++k;
-            } else {
-                probT[r] = 0.f;
-                --need;
-            }
+            probT[r] = i >= 0 ? probs[i] : 0.f;
+            if (i >= 0) rowOf[i] = r;
             ++rowsOfToken[size_t(t)];
             ++r;
+        };
+        int next = 0;  // the first token not passed yet
+        const auto padBefore = [&](int end) {
+            for (; need > 0 && next < end; ++next, --need) row(next, -1);
+            next = end;
+        };
+        for (const int64_t i : keep) {
+            padBefore(int(i / K));
+            row(int(i / K), i);
+            next = int(i / K) + 1;
         }
+        padBefore(T);
         offset[e + 1] = r;
     }
     // Each token's rows ascending.

@@ -1,8 +1,8 @@
 // GptModel's MoE block (Megatron's MoELayer with its TopKRouter and experts; REFERENCE.md §5),
 // in place of the MLP on the layers moe_layer_freq marks (every layer by default):
 //   router: logits = x W_r^T (fp32); each token's top-k choice and probs (kernels/cpu/moe_route.h;
-//     the kernels moeRouteTopK / moeRoutePlan on the stream, or moeRoute on the host for
-//     sinkhorn and quantile balancing, moe_routing.h):
+//     the kernels moeRouteTopK / moeRoutePlan on the stream, or for sinkhorn and quantile
+//     balancing moeChoose and moeRoutePlan's oracle on the host, moe_routing.h):
 //     Megatron's default top-k on the logits and a softmax over the k chosen, or softmax before
 //     the top-k (moe_router_pre_softmax), sigmoid / sqrtsoftplus scores renormalised over the k
 //     (moe_router_score_function), times moe_router_topk_scaling_factor, group-limited
@@ -168,7 +168,7 @@ struct GptModel::MoeSaved {
     // false): read back by router.topk_permute, or by router.qb_dual_update; freed once routed.
     std::vector<float> logitsHost;
     // The routing plan where kernels read it, int32, filled by router.topk_permute (the kernels
-    // moeRouteTopK and moeRoutePlan, or the host's moeRoute uploaded):
+    // moeRouteTopK and moeRoutePlan, or the host's moeChoose and moeRoutePlan oracle uploaded):
     // [rowsAlloc] the token of each permuted row, [T+1] + [rowsAlloc] the combine's inverse index
     // (a token's rows in order), [rowsAlloc] token*E + expert of each row (allgather's map and
     // dprob), [T*k] each slot's row (-1: dropped), [T*k] each slot's expert (token-major, best
@@ -330,7 +330,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     }
     auto router = m_router;
     TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, s->planWords(), MemCategory::Workspace));
-    // The kernels route where the logits are unless the mode needs the host (moeRoute: sinkhorn,
+    // The kernels route where the logits are unless the mode needs the host (moeChoose: sinkhorn,
     // quantile balancing's choice): then the host waits for the logits and routes.
     const bool kernelRouted = ro.kernelRouted() && !qb;
     // With EP or ETP the dispatcher gathers every rank's offsets and waits for them anyway: the

@@ -6,7 +6,8 @@
 # resources/examples/small.yaml on GPU 0 with the CUPTI capture on, and `trainscope analyze` of its
 # run file; once more as TP 2 x PP 2 with the four ranks sharing the GPUs), then the speed checks (bench_gpu_step: step time, MFU and peak memory of the small and
 # the ~1.3B GPT, bf16 and FP8, flash attention and, once, the probabilities kept; once with the
-# saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing), and
+# saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing; once with the
+# tiled flash kernels, TS_CUDA_FLASH_TILES=1, against the GEMM path), and
 # bench_moe_routing on the machine's host cores (what the GPU idles for per MoE layer and microbatch
 # while the host routes).
 # Logs, the tests' JSON reports and the benchmarks' JSON lines go into one tarball,
@@ -168,11 +169,14 @@ if [ "$bench" = 1 ]; then
     # --trace engine: the engine's recorder alone, to split the trace overhead into its share and CUPTI's.
     # TS_BF16_SAVED_FP32=1: the saved activations in fp32 words, to measure what packing them to
     # bf16 saves in memory and costs in time (an entry's leading NAME=VALUE words are its environment).
+    # TS_CUDA_FLASH_TILES=1: flash attention by the tiled kernels (flash_attention.cu), against the GEMM path.
     benches=("--config small --steps 5 --warmup 2 --trace 1" "--config 1b --steps 5 --warmup 2 --trace 1"
              "--config 1b --steps 5 --warmup 2 --trace engine"
              "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
+             "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
              "--config 1b --steps 5 --warmup 2 --fp8 hybrid" "--config 1b --steps 5 --warmup 2 --attention unfused")
-    [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2" "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2")
+    [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2" "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
+                                 "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2")
     for args in "${benches[@]}"; do
         envs=()
         while [[ "$args" == TS_*=*" "* ]]; do envs+=("${args%% *}"); args="${args#* }"; done

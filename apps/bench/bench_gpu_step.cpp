@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -176,6 +177,10 @@ int main(int argc, char** argv) {
         tracedMed = median(tt);
         tracedWall = median(tw);
     }
+    // TS_CUDA_FLASH_TILES=1 (kernels/cuda/ops_cuda.h flashTiles): flash attention by the tiled kernels.
+    const char* tilesEnv = std::getenv("TS_CUDA_FLASH_TILES");
+    const bool flashTiles = tilesEnv && std::strcmp(tilesEnv, "1") == 0;
+    const std::string attentionShown = attention + (flashTiles ? ", tiled flash kernels" : "");
     const double tokens = double(c.micro_batch_size) * c.seq_length;
     const double tflops = (*t)->modelFlopsPerStep() / med / 1e12;
     const double peak = dev.peakTflopsBf16;
@@ -183,7 +188,7 @@ int main(int argc, char** argv) {
     std::printf("%s on %s (%s%s, attention %s): median step %.1f ms, %.0f tokens/s, %.1f model TFLOP/s, MFU %.1f%% "
                 "of %.0f bf16 TFLOP/s; peak memory %.2f GiB; loss %.4f (%lld parameters)\n",
                 config.c_str(), dev.name.c_str(), c.bf16 ? "bf16" : "fp32", fp8.empty() ? "" : (", fp8 " + fp8).c_str(),
-                attention.c_str(), med * 1e3, tokens / med, tflops, 100 * mfu, peak, peakGiB, loss,
+                attentionShown.c_str(), med * 1e3, tokens / med, tflops, 100 * mfu, peak, peakGiB, loss,
                 (long long)(*t)->model().params().numel());
     const double untracedWall = median(walls);
     if (trace)
@@ -196,6 +201,7 @@ int main(int argc, char** argv) {
                                        {"device", dev.name},
                                        {"fp8", fp8},
                                        {"attention_backend", attention},
+                                       {"flash_tiles", flashTiles},
                                        {"peak_memory_bytes", device.memoryStats().peakTotal},
                                        {"micro_batch_size", c.micro_batch_size},
                                        {"steps", steps},

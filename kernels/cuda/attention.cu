@@ -360,6 +360,8 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
         const int64_t outElems = static_cast<int64_t>(g.sq) * g.b * g.nq * g.d;
         return fromCuda(cudaMemsetAsync(out, 0, sizeof(float) * outElems, st), what);
     }
+    if (stats && bf16Gemms() && flashTiles() && flashTilesApply(g))
+        return flashTiledForward(g, q, k, v, out, stats, what, stream);
     const int rep = g.nq / g.nkv;
     const int64_t groups = static_cast<int64_t>(g.b) * g.nkv;
     const int64_t ss = static_cast<int64_t>(g.sq) * g.skv;
@@ -471,6 +473,8 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
         TS_RETURN_IF_ERROR(fromCuda(cudaMemsetAsync(dk, 0, sizeof(float) * kvElems, st), what));
         return fromCuda(cudaMemsetAsync(dv, 0, sizeof(float) * kvElems, st), what);
     }
+    if (stats && bf16Gemms() && flashTiles() && flashTilesApply(g))
+        return flashTiledBackward(g, q, k, v, stats, dout, dq, dk, dv, what, stream);
     const int rep = g.nq / g.nkv;
     const int64_t groups = static_cast<int64_t>(g.b) * g.nkv;
     const int64_t ss = static_cast<int64_t>(g.sq) * g.skv;

@@ -67,6 +67,15 @@ Status deviceSynchronize();
 // sets it around an op's code.
 void setBf16Gemms(bool on);
 bool bf16Gemms();
+// Flash attention under bf16 GEMMs by the tiled tensor-core kernels (flash_attention.cu: no
+// [sq, skv] square, the causal half of the work) instead of the scores GEMM, row kernels and PV
+// GEMM. Process-wide; off unless TS_CUDA_FLASH_TILES=1 (read once) or setFlashTiles(true): the
+// kernels have compiled, not yet run on a GPU (docs/cuda_port.md).
+void setFlashTiles(bool on);
+bool flashTiles();
+// Whether this thread's GPU can run the tiled flash kernels for heads of headDim (at most 128, sm_80
+// or later, the shared memory they need).
+bool flashTilesSupported(int headDim);
 // The 16-bit twin of a bf16-valued float array (the engine's bf16 model copy, or an operand an
 // op converts once for its GEMMs: workspace.cuh Bf16Twin): a bf16 GEMM operand lying wholly
 // inside [base, base + n) is read from twin + (operand - base), no copy made; the innermost twin

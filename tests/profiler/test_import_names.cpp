@@ -178,6 +178,7 @@ TEST(ImportNames, OurCudaKernelsAreClassifiedByTheirFilesWork) {
         // own kernels do in Nsight (scaled_masked_softmax_*, dropout): softmax and elementwise.
         {"attention.cu", {Category::Attention, Category::Softmax, Category::Elementwise}},
         {"attention_cp.cu", {Category::Attention}},
+        {"flash_attention.cu", {Category::Attention}},
         {"bf16.cu", {Category::Elementwise}},
         {"cross_entropy.cu", {Category::Loss}},
         {"dropout.cu", {Category::Elementwise}},

@@ -7,7 +7,8 @@
 # run file; once more as TP 2 x PP 2 with the four ranks sharing the GPUs), then the speed checks (bench_gpu_step: step time, MFU and peak memory of the small and
 # the ~1.3B GPT, bf16 and FP8, flash attention and, once, the probabilities kept; once with the
 # saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing; once with the
-# tiled flash kernels, TS_CUDA_FLASH_TILES=1, against the GEMM path), and
+# tiled flash kernels, TS_CUDA_FLASH_TILES=1, against the GEMM path; bench_gpu_attention: the
+# attention alone, tiled against GEMMs, forward and backward), and
 # bench_moe_routing on the machine's host cores (what the GPU idles for per MoE layer and microbatch
 # while the host routes).
 # Logs, the tests' JSON reports and the benchmarks' JSON lines go into one tarball,
@@ -15,7 +16,7 @@
 # build/gpu_check; a summary goes to stdout.
 #
 # Device time is scarce. Build here first (cmake --preset dev; cmake --build build/dev --target
-# test_gpu bench_gpu_step bench_moe_routing trainscope), then either run on a machine that has this
+# test_gpu bench_gpu_step bench_gpu_attention bench_moe_routing trainscope), then either run on a machine that has this
 # checkout's build (--bin DIR, default build/dev), or pack the binaries and their non-CUDA libraries with
 # scripts/gpu_bundle.sh and pass --bundle .gpu/bundle.tar.xz where only the checkout travels (the
 # machine must have CUDA 13's runtime, cuBLAS, CUPTI and NCCL; they are looked for under
@@ -99,7 +100,7 @@ if [ -n "$bundle" ]; then
 fi
 if [ "$build" = 1 ]; then
     cmake --preset dev -DCMAKE_CUDA_ARCHITECTURES=90 > "$work/configure.log" 2>&1 &&
-        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step bench_moe_routing trainscope \
+        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step bench_gpu_attention bench_moe_routing trainscope \
             > "$work/build.log" 2>&1 ||
         { echo "gpu_check: build failed, see build.log"; tail -30 "$work/build.log"; status=1; finish; }
 fi
@@ -187,6 +188,17 @@ if [ "$bench" = 1 ]; then
         timeout "$t" env "${envs[@]}" "$bin/apps/bench_gpu_step" $args > "$work/bench.log" 2>&1 || status=1
         tail -4 "$work/bench.log"
         cat "$work/bench.log" >> "$work/bench_gpu_step.log"
+    done
+fi
+if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_gpu_attention" ]; then
+    # Flash attention alone at the ~1.3B GPT's shape: the tiled kernels against the GEMM path.
+    for args in "" "--dropout 0.1" "--heads 32 --kv-heads 8 --d 64"; do
+        [ "$(limit 60)" = 0 ] && { echo "bench_gpu_attention $args: not run (deadline)"; continue; }
+        echo "== bench_gpu_attention $args"
+        # shellcheck disable=SC2086
+        within 60 "$bin/apps/bench_gpu_attention" $args > "$work/bench_attn.log" 2>&1 || status=1
+        cat "$work/bench_attn.log"
+        cat "$work/bench_attn.log" >> "$work/bench_gpu_attention.log"
     done
 fi
 if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_moe_routing" ]; then

@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace ts::kernels::cuda {
 
@@ -122,6 +123,16 @@ __device__ inline void loadTile(bf16* dst, const float* src, int r0, int rows, i
         const int r = i / D, c = i % D, row = r0 + r;
         const float x = row < rows && c < d ? src[static_cast<int64_t>(row) * ld + c] : 0.0f;
         dst[r * Ld<D>::H + c] = __float2bfloat16_rn(x);
+    }
+}
+
+// Rows [r0, r0 + 64) of dst (row r at dst + r*ld, d columns; not past `rows`) = scale * the
+// staged fp32 tile src[64][D] (ld Ld<D>::O).
+template <int D>
+__device__ inline void storeTile(float* dst, const float* src, int r0, int rows, int ld, int d, float scale) {
+    for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
+        const int r = i / D, c = i % D, row = r0 + r;
+        if (row < rows && c < d) dst[static_cast<int64_t>(row) * ld + c] = scale * src[r * Ld<D>::O + c];
     }
 }
 
@@ -421,11 +432,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardQueryKernel(Fl
     for (int ot = 0; ot < D / 16; ++ot)
         wmma::store_matrix_sync(stage + warp * 16 * LO + ot * 16, acc[ot], LO, wmma::mem_row_major);
     __syncthreads();
-    for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
-        const int r = i / D, c = i % D, row = r0 + r;
-        if (row >= p.sq || c >= p.d) continue;
-        p.dq[static_cast<int64_t>(row) * p.ldq + static_cast<int64_t>(head) * p.d + c] = p.scale * stage[r * LO + c];
-    }
+    storeTile<D>(p.dq + static_cast<int64_t>(head) * p.d, stage, r0, p.sq, p.ldq, p.d, p.scale);
 #else
     __trap();
 #endif
@@ -524,13 +531,8 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardKeysKernel(Fla
         wmma::store_matrix_sync(stageV + warp * 16 * LO + ot * 16, dV[ot], LO, wmma::mem_row_major);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
-        const int r = i / D, c = i % D, kk = k0 + r;
-        if (kk >= p.skv || c >= p.d) continue;
-        const int64_t at = static_cast<int64_t>(kk) * p.ldk + static_cast<int64_t>(group) * p.d + c;
-        p.dk[at] = p.scale * stageK[r * LO + c];
-        p.dv[at] = stageV[r * LO + c];
-    }
+    storeTile<D>(p.dk + static_cast<int64_t>(group) * p.d, stageK, k0, p.skv, p.ldk, p.d, p.scale);
+    storeTile<D>(p.dv + static_cast<int64_t>(group) * p.d, stageV, k0, p.skv, p.ldk, p.d, 1.0f);
 #else
     __trap();
 #endif
@@ -539,18 +541,22 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardKeysKernel(Fla
 // The padded head dim: 16, 32, 64 or 128; 0 past 128.
 int paddedHeadDim(int d) { return d <= 16 ? 16 : d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 0; }
 
-template <int D>
-size_t largestSmem() {
-    using S = Smem<D>;
-    return std::max(S::forward, std::max(S::query, S::keys));
-}
-size_t largestSmemFor(int D) {
-    switch (D) {
-        case 16: return largestSmem<16>();
-        case 32: return largestSmem<32>();
-        case 64: return largestSmem<64>();
-        default: return largestSmem<128>();
+// f(std::integral_constant<int, D>) for the padded head dim D of d (paddedHeadDim(d) > 0).
+template <typename F>
+auto withHeadDim(int d, F&& f) {
+    switch (paddedHeadDim(d)) {
+        case 16: return f(std::integral_constant<int, 16>{});
+        case 32: return f(std::integral_constant<int, 32>{});
+        case 64: return f(std::integral_constant<int, 64>{});
+        default: return f(std::integral_constant<int, 128>{});
     }
+}
+
+size_t largestSmemFor(int d) {
+    return withHeadDim(d, [](auto D) {
+        using S = Smem<decltype(D)::value>;
+        return std::max(S::forward, std::max(S::query, S::keys));
+    });
 }
 
 FlashParams flashParams(const AttnGeom& g) {
@@ -607,7 +613,7 @@ bool flashTilesApply(const AttnGeom& g) {
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return false;
-    return major >= 8 && largestSmemFor(D) <= static_cast<size_t>(optin);
+    return major >= 8 && largestSmemFor(g.d) <= static_cast<size_t>(optin);
 }
 
 }  // namespace detail
@@ -629,15 +635,11 @@ Status flashTiledForward(const AttnGeom& g, const float* q, const float* k, cons
     p.v = v;
     p.out = out;
     p.stats = stats;
+    if (paddedHeadDim(g.d) == 0)
+        return Status::internal(std::string(what) + ": no tiled flash kernel for head dim " + std::to_string(g.d));
     const int heads = g.b * g.nq;
     const cudaStream_t st = asStream(stream);
-    switch (paddedHeadDim(g.d)) {
-        case 16: return forwardTiles<16>(p, heads, st, what);
-        case 32: return forwardTiles<32>(p, heads, st, what);
-        case 64: return forwardTiles<64>(p, heads, st, what);
-        case 128: return forwardTiles<128>(p, heads, st, what);
-        default: return Status::internal(std::string(what) + ": no tiled flash kernel for head dim " + std::to_string(g.d));
-    }
+    return withHeadDim(g.d, [&](auto D) { return forwardTiles<decltype(D)::value>(p, heads, st, what); });
 }
 
 Status flashTiledBackward(const AttnGeom& g, const float* q, const float* k, const float* v, const float* stats,
@@ -651,19 +653,15 @@ Status flashTiledBackward(const AttnGeom& g, const float* q, const float* k, con
     p.dq = dq;
     p.dk = dk;
     p.dv = dv;
+    if (paddedHeadDim(g.d) == 0)
+        return Status::internal(std::string(what) + ": no tiled flash kernel for head dim " + std::to_string(g.d));
     const int heads = g.b * g.nq, groups = g.b * g.nkv;
     StreamWorkspace ws(stream);  // delta [b, nq, sq]
     TS_RETURN_IF_ERROR(ws.allocate(sizeof(float) * static_cast<size_t>(heads) * g.sq,
                                    (std::string(what) + ": workspace").c_str()));
     p.delta = static_cast<float*>(ws.get());
     const cudaStream_t st = asStream(stream);
-    switch (paddedHeadDim(g.d)) {
-        case 16: return backwardTiles<16>(p, heads, groups, st, what);
-        case 32: return backwardTiles<32>(p, heads, groups, st, what);
-        case 64: return backwardTiles<64>(p, heads, groups, st, what);
-        case 128: return backwardTiles<128>(p, heads, groups, st, what);
-        default: return Status::internal(std::string(what) + ": no tiled flash kernel for head dim " + std::to_string(g.d));
-    }
+    return withHeadDim(g.d, [&](auto D) { return backwardTiles<decltype(D)::value>(p, heads, groups, st, what); });
 }
 
 }  // namespace detail

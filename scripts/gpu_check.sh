@@ -7,7 +7,8 @@
 # run file; once more as TP 2 x PP 2 with the four ranks sharing the GPUs), then the speed checks (bench_gpu_step: step time, MFU and peak memory of the small and
 # the ~1.3B GPT, bf16 and FP8, flash attention and, once, the probabilities kept; once with the
 # saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing; once with the
-# tiled flash kernels, TS_CUDA_FLASH_TILES=1, against the GEMM path; bench_gpu_attention: the
+# tiled flash kernels, TS_CUDA_FLASH_TILES=1, against the GEMM path; once with cuBLAS converting the
+# bf16 GEMMs' operands, TS_CUDA_GEMM_FAST_16BF=1; bench_gpu_attention: the
 # attention alone, tiled against GEMMs, forward and backward), and
 # bench_moe_routing on the machine's host cores (what the GPU idles for per MoE layer and microbatch
 # while the host routes).
@@ -125,7 +126,7 @@ for suite in $suites; do
     [ "$rc" = 124 ] && echo "$suite: TIMED OUT after ${t}s"
     echo "$suite: rc=$rc $((SECONDS - start))s $(sed -nE 's/^\[  (PASSED|FAILED|SKIPPED) +\] ([0-9]+) tests?[,.].*/\1 \2/p' "$work/test_$suite.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \] [A-Za-z]' "$work/test_$suite.log" | grep -v ' listed below' | sort -u
-    grep -F -e '[cuda trainer]' -e '[cuda parallel]' -e '[gpu capture]' "$work/test_$suite.log"
+    grep -F -e '[cuda trainer]' -e '[cuda parallel]' -e '[gpu capture]' -e '[fast 16bf]' "$work/test_$suite.log"
 done
 # The first lines of each failure, to read without unpacking the tarball.
 for f in "$work"/test_*.log; do
@@ -171,13 +172,16 @@ if [ "$bench" = 1 ]; then
     # TS_BF16_SAVED_FP32=1: the saved activations in fp32 words, to measure what packing them to
     # bf16 saves in memory and costs in time (an entry's leading NAME=VALUE words are its environment).
     # TS_CUDA_FLASH_TILES=1: flash attention by the tiled kernels (flash_attention.cu), against the GEMM path.
+    # TS_CUDA_GEMM_FAST_16BF=1: bf16 GEMMs on fp32 operands that cuBLAS converts itself (gemm.cu).
     benches=("--config small --steps 5 --warmup 2 --trace 1" "--config 1b --steps 5 --warmup 2 --trace 1"
              "--config 1b --steps 5 --warmup 2 --trace engine"
              "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
              "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
+             "TS_CUDA_GEMM_FAST_16BF=1 --config 1b --steps 5 --warmup 2"
              "--config 1b --steps 5 --warmup 2 --fp8 hybrid" "--config 1b --steps 5 --warmup 2 --attention unfused")
     [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2" "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
-                                 "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2")
+                                 "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
+                                 "TS_CUDA_GEMM_FAST_16BF=1 --config 1b --steps 5 --warmup 2")
     for args in "${benches[@]}"; do
         envs=()
         while [[ "$args" == TS_*=*" "* ]]; do envs+=("${args%% *}"); args="${args#* }"; done

@@ -177,10 +177,15 @@ int main(int argc, char** argv) {
         tracedMed = median(tt);
         tracedWall = median(tw);
     }
-    // TS_CUDA_FLASH_TILES=1 (kernels/cuda/ops_cuda.h flashTiles): flash attention by the tiled kernels.
-    const char* tilesEnv = std::getenv("TS_CUDA_FLASH_TILES");
-    const bool flashTiles = tilesEnv && std::strcmp(tilesEnv, "1") == 0;
-    const std::string attentionShown = attention + (flashTiles ? ", tiled flash kernels" : "");
+    // The experiments of kernels/cuda/ops_cuda.h, as the environment sets them: flash attention by
+    // the tiled kernels (TS_CUDA_FLASH_TILES), bf16 GEMMs on fp32 operands (TS_CUDA_GEMM_FAST_16BF).
+    auto envIsOne = [](const char* name) {
+        const char* e = std::getenv(name);
+        return e && std::strcmp(e, "1") == 0;
+    };
+    const bool flashTiles = envIsOne("TS_CUDA_FLASH_TILES"), fast16bf = envIsOne("TS_CUDA_GEMM_FAST_16BF");
+    const std::string attentionShown = attention + (flashTiles ? ", tiled flash kernels" : "") +
+                                       (fast16bf ? "; GEMMs FAST_16BF" : "");
     const double tokens = double(c.micro_batch_size) * c.seq_length;
     const double tflops = (*t)->modelFlopsPerStep() / med / 1e12;
     const double peak = dev.peakTflopsBf16;
@@ -202,6 +207,7 @@ int main(int argc, char** argv) {
                                        {"fp8", fp8},
                                        {"attention_backend", attention},
                                        {"flash_tiles", flashTiles},
+                                       {"gemm_fast_16bf", fast16bf},
                                        {"peak_memory_bytes", device.memoryStats().peakTotal},
                                        {"micro_batch_size", c.micro_batch_size},
                                        {"steps", steps},

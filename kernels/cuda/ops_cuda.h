@@ -67,6 +67,12 @@ Status deviceSynchronize();
 // sets it around an op's code.
 void setBf16Gemms(bool on);
 bool bf16Gemms();
+// An experiment for a GPU session, process-wide, off unless TS_CUDA_GEMM_FAST_16BF=1 (read once)
+// or setFast16bfGemms(true): a bf16 GEMM one of whose operands has no bound twin multiplies both
+// fp32 operands with CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS converts them itself) instead of
+// converting that operand to a bf16 copy first (gemm.cu says when the products are the same).
+void setFast16bfGemms(bool on);
+bool fast16bfGemms();
 // Flash attention under bf16 GEMMs by the tiled tensor-core kernels (flash_attention.cu: no
 // [sq, skv] square, the causal half of the work) instead of the scores GEMM, row kernels and PV
 // GEMM. Process-wide; off unless TS_CUDA_FLASH_TILES=1 (read once) or setFlashTiles(true): the

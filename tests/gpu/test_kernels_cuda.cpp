@@ -10,6 +10,7 @@
 #include "kernels/cuda/ops_cuda.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <random>
 #include <string>
@@ -185,6 +186,40 @@ TEST_F(KernelsCuda, Fp8QuantizeCurrentMatchesCpu) {
 // broadcast operand (stride 0, as attention's GQA), and the linear layer's forward and backward
 // (the wgrad accumulated into an fp32 main grad). With raw fp32 operands the result is the bf16
 // one, not the fp32 one (the rounding really happens).
+// gemm in every transpose on raw fp32 operands against the oracle on their bf16 rounding (the
+// same products; only the order of the fp32 sums differs) and not the fp32 result (the rounding
+// really happens). Returns the largest difference from the rounded oracle.
+double checkBf16GemmTransposes(void* stream, const std::string& tag) {
+    auto bf = [](std::vector<float> v) {
+        cpu::roundToBf16(v.data(), int64_t(v.size()));
+        return v;
+    };
+    const int M = 67, N = 45, K = 131;
+    double worst = 0;
+    for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+            const auto A = randomVec(M * K, 40 + ta), B = randomVec(K * N, 42 + tb), C0 = randomVec(M * N, 44);
+            const int lda = ta ? M : K, ldb = tb ? K : N;
+            DeviceVec<float> dA(A), dB(B), dC(C0);
+            EXPECT_TRUE(cuda::gemm(ta, tb, M, N, K, 0.5f, dA.ptr, lda, dB.ptr, ldb, 2.0f, dC.ptr, N, stream).isOk());
+            EXPECT_TRUE(cuda::streamSynchronize(stream).isOk());
+            std::vector<float> C = C0, Cfp32 = C0;
+            const auto Ab = bf(A), Bb = bf(B);
+            cpu::gemm(ta, tb, M, N, K, 0.5f, Ab.data(), lda, Bb.data(), ldb, 2.0f, C.data(), N);
+            cpu::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, Cfp32.data(), N);
+            const auto got = dC.download();
+            const std::string what = tag + (ta ? (tb ? " TT" : " TN") : (tb ? " NT" : " NN"));
+            expectNear(got, C, 1e-4, 1e-4, what.c_str());
+            double off = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+                off = std::max(off, double(std::fabs(got[i] - Cfp32[i])));
+                worst = std::max(worst, double(std::fabs(got[i] - C[i])));
+            }
+            EXPECT_GT(off, 1e-4) << what << ": the fp32 result; the operands were not rounded to bf16";
+        }
+    return worst;
+}
+
 TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
     auto bf = [](std::vector<float> v) {
         cpu::roundToBf16(v.data(), int64_t(v.size()));
@@ -195,24 +230,7 @@ TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
     } restore;
     cuda::setBf16Gemms(true);
     const int M = 67, N = 45, K = 131;
-    for (bool ta : {false, true})
-        for (bool tb : {false, true}) {
-            const auto A = randomVec(M * K, 40 + ta), B = randomVec(K * N, 42 + tb), C0 = randomVec(M * N, 44);
-            const int lda = ta ? M : K, ldb = tb ? K : N;
-            DeviceVec<float> dA(A), dB(B), dC(C0);
-            TS_ASSERT_OK(cuda::gemm(ta, tb, M, N, K, 0.5f, dA.ptr, lda, dB.ptr, ldb, 2.0f, dC.ptr, N, m_stream));
-            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
-            std::vector<float> C = C0, Cfp32 = C0;
-            const auto Ab = bf(A), Bb = bf(B);
-            cpu::gemm(ta, tb, M, N, K, 0.5f, Ab.data(), lda, Bb.data(), ldb, 2.0f, C.data(), N);
-            cpu::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, Cfp32.data(), N);
-            const auto got = dC.download();
-            const std::string what = std::string("bf16 ") + (ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"));
-            expectNear(got, C, 1e-4, 1e-4, what.c_str());
-            double off = 0;
-            for (size_t i = 0; i < got.size(); ++i) off = std::max(off, double(std::fabs(got[i] - Cfp32[i])));
-            EXPECT_GT(off, 1e-4) << what << ": the fp32 result; the operands were not rounded to bf16";
-        }
+    checkBf16GemmTransposes(m_stream, "bf16");
     {
         // [batch 3] x [M, K] times one shared [K, N] (stride 0)
         const int batch = 3;
@@ -241,6 +259,22 @@ TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
         expectNear(ddx.download(), gx, 1e-4, 1e-4, "bf16 linearBackward dx");
         expectNear(dG.download(), G, 1e-4, 1e-4, "bf16 linearBackward dW (accumulated)");
     }
+}
+
+// setFast16bfGemms (TS_CUDA_GEMM_FAST_16BF): cuBLAS rounds the fp32 operands itself. Against the
+// same oracle as the copies made here (round to nearest even); the largest difference is printed,
+// to tell whether cuBLAS rounds the same way (a few 1e-6 of fp32 summation order if so).
+TEST_F(KernelsCuda, Fast16bfGemmsEqualTheOracleOnBf16RoundedOperands) {
+    struct Restore {
+        ~Restore() {
+            cuda::setBf16Gemms(false);
+            cuda::setFast16bfGemms(false);
+        }
+    } restore;
+    cuda::setBf16Gemms(true);
+    cuda::setFast16bfGemms(true);
+    const double worst = checkBf16GemmTransposes(m_stream, "FAST_16BF");
+    std::printf("[fast 16bf] largest difference from the round-to-nearest-even oracle: %.3g\n", worst);
 }
 
 // A bound 16-bit twin is what a bf16 GEMM reads for an operand inside its array: W's twin bound

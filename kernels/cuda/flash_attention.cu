@@ -19,8 +19,9 @@
 //      stats, dP = dO V^T, dP' = dP times the keep factor), then dS = P (dP' - delta) in bf16
 //      and dQ = scale dS K; delta is also written to a workspace [b, nq, sq];
 //    * per key tile and key/value head: over the group's query heads (GQA: in order, so dK, dV
-//      are sums in one order) and the query tiles that see the tile's keys, S^T = K Q^T and
-//      dP^T = V dO^T again, dV += dropout(P)^T dO and dK += scale dS^T Q.
+//      are sums in one order) and the query rows that see the tile's keys, 32 at a time (so that
+//      two blocks fit an SM's shared memory), S^T = K Q^T and dP^T = V dO^T again,
+//      dV += dropout(P)^T dO and dK += scale dS^T Q.
 // The softmax's exp is CUDA's expf (the CPU has its own polynomial) and the summation orders
 // differ from the GEMM path's: a few bf16 ulp against the oracle, as the GEMM path.
 #include "kernels/cuda/attention_common.cuh"
@@ -75,6 +76,11 @@ constexpr int kTile = 64;     // query rows of a block, and keys of a tile
 constexpr int kThreads = 128;  // 4 warps of 16 rows each
 constexpr int kLdT = kTile + 8;  // bf16 [64][64] tiles (P, dS); padded against bank conflicts
 constexpr int kLdS = kTile + 4;  // fp32 [64][64] tiles (S, dP)
+// The dK/dV kernel takes the query rows 32 at a time (its shared memory then fits twice per SM of
+// an H100/H200 or A100): its [64 keys][32 rows] tiles.
+constexpr int kKeysQ = 32;
+constexpr int kLdS32 = kKeysQ + 4;  // fp32 (S^T, dP^T)
+constexpr int kLdT32 = kKeysQ + 8;  // bf16 (P^T, dS^T)
 
 // Leading dims of the [64][D] tiles: bf16 operands and fp32 accumulators. WMMA wants a multiple
 // of 8 (16-bit) or 4 (32-bit) elements and 32-byte aligned fragment rows: both hold.
@@ -115,11 +121,11 @@ __device__ inline uint64_t maskRowOf(const FlashParams& p, int bi, int h, int ro
     return static_cast<uint64_t>(((bi * p.nqTotal + p.headOffset + h) * p.sTotal + pos) * p.sTotal);
 }
 
-// dst[64][D] (bf16, ld Ld<D>::H) = rows [r0, r0 + 64) of src (row r at src + r*ld, d columns),
+// dst[R][D] (bf16, ld Ld<D>::H) = rows [r0, r0 + R) of src (row r at src + r*ld, d columns),
 // zeros past `rows` and d.
-template <int D>
+template <int D, int R = kTile>
 __device__ inline void loadTile(bf16* dst, const float* src, int r0, int rows, int ld, int d) {
-    for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
+    for (int i = threadIdx.x; i < R * D; i += blockDim.x) {
         const int r = i / D, c = i % D, row = r0 + r;
         const float x = row < rows && c < d ? src[static_cast<int64_t>(row) * ld + c] : 0.0f;
         dst[r * Ld<D>::H + c] = __float2bfloat16_rn(x);
@@ -141,10 +147,10 @@ using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_majo
 using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// c[16][64] (fp32, ld kLdS) = a[16][D] b[64][D]^T: a warp's 16 rows against a tile's 64 rows.
-// HoldA: a's fragments loaded once for the 4 column tiles (not where the dK, dV accumulators
+// c[16][N] (fp32, ld LDC) = a[16][D] b[N][D]^T: a warp's 16 rows against a tile's N rows.
+// HoldA: a's fragments loaded once for the N/16 column tiles (not where the dK, dV accumulators
 // already fill the registers).
-template <int D, bool HoldA = true>
+template <int D, bool HoldA = true, int N = kTile, int LDC = kLdS>
 __device__ inline void rowsTimesRowsT(const bf16* a, const bf16* b, float* c) {
     constexpr int L = Ld<D>::H;
     FragA fa[HoldA ? D / 16 : 1];
@@ -153,7 +159,7 @@ __device__ inline void rowsTimesRowsT(const bf16* a, const bf16* b, float* c) {
         for (int kk = 0; kk < D / 16; ++kk) wmma::load_matrix_sync(fa[kk], a + kk * 16, L);
     }
 #pragma unroll
-    for (int ct = 0; ct < kTile / 16; ++ct) {
+    for (int ct = 0; ct < N / 16; ++ct) {
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
@@ -163,18 +169,18 @@ __device__ inline void rowsTimesRowsT(const bf16* a, const bf16* b, float* c) {
             wmma::load_matrix_sync(fb, b + ct * 16 * L + kk * 16, L);
             wmma::mma_sync(acc, fa[HoldA ? kk : 0], fb, acc);
         }
-        wmma::store_matrix_sync(c + ct * 16, acc, kLdS, wmma::mem_row_major);
+        wmma::store_matrix_sync(c + ct * 16, acc, LDC, wmma::mem_row_major);
     }
 }
 
-// acc[16][D] += a[16][64] (bf16, ld kLdT) b[64][D] (bf16, ld Ld<D>::H).
-template <int D>
+// acc[16][D] += a[16][K] (bf16, ld LDA) b[K][D] (bf16, ld Ld<D>::H).
+template <int D, int K = kTile, int LDA = kLdT>
 __device__ inline void accumulateTimesTile(FragC (&acc)[D / 16], const bf16* a, const bf16* b) {
     constexpr int L = Ld<D>::H;
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
+    for (int kk = 0; kk < K / 16; ++kk) {
         FragA fa;
-        wmma::load_matrix_sync(fa, a + kk * 16, kLdT);
+        wmma::load_matrix_sync(fa, a + kk * 16, LDA);
 #pragma unroll
         for (int ot = 0; ot < D / 16; ++ot) {
             FragBRow fb;
@@ -193,19 +199,26 @@ struct Smem {
     static constexpr size_t tileS = sizeof(float) * kTile * kLdS;
     static constexpr size_t tileT = sizeof(bf16) * kTile * kLdT;
     static constexpr size_t rows = (sizeof(float) * 3 + sizeof(int) + sizeof(uint64_t)) * kTile;
+    static constexpr size_t tileH32 = sizeof(bf16) * kKeysQ * Ld<D>::H;  // the keys kernel's Q, dO
+    static constexpr size_t tileS32 = sizeof(float) * kTile * kLdS32;
+    static constexpr size_t tileT32 = sizeof(bf16) * kTile * kLdT32;
+    static constexpr size_t rows32 = (sizeof(float) * 3 + sizeof(int) + sizeof(uint64_t)) * kKeysQ;
     // Q, K, V; P; S; O; m, l, n
     static constexpr size_t forward = 3 * tileH + tileT + tileS + tileO + rows;
     // Q, dO, K, V; S, dP; dS; mx, inv, delta, n, mask
     static constexpr size_t query = 4 * tileH + 2 * tileS + tileT + rows;
-    // K, V, Q, dO; S^T, dP^T; P^T, dS^T; the query rows' mx, inv, delta, n, mask
-    static constexpr size_t keys = 4 * tileH + 2 * tileS + 2 * tileT + rows;
-    static_assert(tileH % 32 == 0 && tileO % 32 == 0 && tileS % 32 == 0 && tileT % 32 == 0, "alignment");
-    // The output staging areas reuse the tiles: dQ [64][D] fp32 over S, dP; dK, dV over Q..dP.
+    // K, V; Q, dO (32 rows); S^T, dP^T; P^T, dS^T; the 32 query rows' mx, inv, delta, n, mask
+    static constexpr size_t keys = 2 * tileH + 2 * tileH32 + 2 * tileS32 + 2 * tileT32 + rows32;
+    static_assert(tileH % 32 == 0 && tileO % 32 == 0 && tileS % 32 == 0 && tileT % 32 == 0 && tileH32 % 32 == 0 &&
+                      tileS32 % 32 == 0 && tileT32 % 32 == 0,
+                  "alignment");
+    // The output staging areas reuse the tiles: dQ [64][D] fp32 over S, dP; dK, then dV, over Q..dS^T.
     static_assert(tileO <= 2 * tileS, "dQ staging");
-    static_assert(2 * tileO <= 2 * tileH + 2 * tileS, "dK, dV staging");
+    static_assert(tileO <= 2 * tileH32 + 2 * tileS32 + 2 * tileT32, "dK, dV staging");
 };
 
-// Per-row arrays after the tiles: three floats, an int and a 64-bit mask row per row.
+// Per-row arrays of R rows after the tiles: three floats, an int and a 64-bit mask row per row.
+template <int R = kTile>
 struct RowArrays {
     float* a;
     float* b;
@@ -214,10 +227,10 @@ struct RowArrays {
     uint64_t* mask;
     __device__ explicit RowArrays(unsigned char* at) {
         mask = reinterpret_cast<uint64_t*>(at);  // first: 8-byte aligned
-        a = reinterpret_cast<float*>(mask + kTile);
-        b = a + kTile;
-        c = b + kTile;
-        n = reinterpret_cast<int*>(c + kTile);
+        a = reinterpret_cast<float*>(mask + R);
+        b = a + R;
+        c = b + R;
+        n = reinterpret_cast<int*>(c + R);
     }
 };
 
@@ -235,7 +248,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionForwardKernel(FlashPar
     bf16* Ps = reinterpret_cast<bf16*>(smem + 3 * S::tileH);
     float* Ss = reinterpret_cast<float*>(smem + 3 * S::tileH + S::tileT);
     float* Os = reinterpret_cast<float*>(smem + 3 * S::tileH + S::tileT + S::tileS);
-    RowArrays ra(smem + 3 * S::tileH + S::tileT + S::tileS + S::tileO);
+    RowArrays<> ra(smem + 3 * S::tileH + S::tileT + S::tileS + S::tileO);
     float* rowM = ra.a;
     float* rowL = ra.b;
 
@@ -343,7 +356,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardQueryKernel(Fl
     float* Ss = reinterpret_cast<float*>(smem + 4 * S::tileH);
     float* dPs = reinterpret_cast<float*>(smem + 4 * S::tileH + S::tileS);
     bf16* dSs = reinterpret_cast<bf16*>(smem + 4 * S::tileH + 2 * S::tileS);
-    RowArrays ra(smem + 4 * S::tileH + 2 * S::tileS + S::tileT);
+    RowArrays<> ra(smem + 4 * S::tileH + 2 * S::tileS + S::tileT);
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int qt = gridDim.x - 1 - blockIdx.x;
@@ -439,22 +452,28 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardQueryKernel(Fl
 }
 
 // --- backward: dK, dV ---------------------------------------------------------------------------
-// grid (key tiles, b*nkv). Each warp owns 16 keys of the tile.
+// grid (key tiles, b*nkv). Each warp owns 16 keys of the tile; the query rows come 32 at a time.
 template <int D>
 __global__ void __launch_bounds__(kThreads) flashAttentionBackwardKeysKernel(FlashParams p) {
 #if TS_FLASH_TILES_ARCH
     extern __shared__ __align__(128) unsigned char smem[];
     using S = Smem<D>;
     constexpr int LH = Ld<D>::H, LO = Ld<D>::O;
-    bf16* Ks = reinterpret_cast<bf16*>(smem);
-    bf16* Vs = reinterpret_cast<bf16*>(smem + S::tileH);
-    bf16* Qs = reinterpret_cast<bf16*>(smem + 2 * S::tileH);
-    bf16* dOs = reinterpret_cast<bf16*>(smem + 3 * S::tileH);
-    float* Ss = reinterpret_cast<float*>(smem + 4 * S::tileH);
-    float* dPs = reinterpret_cast<float*>(smem + 4 * S::tileH + S::tileS);
-    bf16* Pb = reinterpret_cast<bf16*>(smem + 4 * S::tileH + 2 * S::tileS);
-    bf16* dSb = reinterpret_cast<bf16*>(smem + 4 * S::tileH + 2 * S::tileS + S::tileT);
-    RowArrays ra(smem + 4 * S::tileH + 2 * S::tileS + 2 * S::tileT);
+    unsigned char* at = smem;
+    auto carve = [&at](size_t bytes) {
+        unsigned char* here = at;
+        at += bytes;
+        return here;
+    };
+    bf16* Ks = reinterpret_cast<bf16*>(carve(S::tileH));
+    bf16* Vs = reinterpret_cast<bf16*>(carve(S::tileH));
+    bf16* Qs = reinterpret_cast<bf16*>(carve(S::tileH32));
+    bf16* dOs = reinterpret_cast<bf16*>(carve(S::tileH32));
+    float* Ss = reinterpret_cast<float*>(carve(S::tileS32));
+    float* dPs = reinterpret_cast<float*>(carve(S::tileS32));
+    bf16* Pb = reinterpret_cast<bf16*>(carve(S::tileT32));
+    bf16* dSb = reinterpret_cast<bf16*>(carve(S::tileT32));
+    RowArrays<kKeysQ> ra(carve(S::rows32));
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int k0 = blockIdx.x * kTile;
@@ -469,19 +488,19 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardKeysKernel(Fla
         wmma::fill_fragment(dK[ot], 0.0f);
         wmma::fill_fragment(dV[ot], 0.0f);
     }
-    // The elementwise step: two lanes per key row of the warp, 32 query rows each.
+    // The elementwise step: two lanes per key row of the warp, 16 query rows each.
     const int kr = warp * 16 + lane / 2, half = lane & 1;
     const int key = k0 + kr;
-    const float* srow = Ss + kr * kLdS;
-    const float* dprow = dPs + kr * kLdS;
-    bf16* pbrow = Pb + kr * kLdT;
-    bf16* dsrow = dSb + kr * kLdT;
+    const float* srow = Ss + kr * kLdS32;
+    const float* dprow = dPs + kr * kLdS32;
+    bf16* pbrow = Pb + kr * kLdT32;
+    bf16* dsrow = dSb + kr * kLdT32;
     for (int j = 0; j < p.rep; ++j) {
         const int h = grp * p.rep + j;
         const int64_t head = static_cast<int64_t>(bi) * p.nq + h;
-        for (int q0 = 0; q0 < p.sq; q0 += kTile) {
-            __syncthreads();  // the previous tile's readers are done
-            if (threadIdx.x < kTile) {
+        for (int q0 = 0; q0 < p.sq; q0 += kKeysQ) {
+            __syncthreads();  // the previous rows' readers are done
+            if (threadIdx.x < kKeysQ) {
                 const int row = q0 + threadIdx.x;
                 ra.n[threadIdx.x] = visibleKeys(p, row);
                 if (row < p.sq) {
@@ -492,15 +511,15 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardKeysKernel(Fla
                     ra.mask[threadIdx.x] = p.rng.on ? maskRowOf(p, bi, h, row) : 0;
                 }
             }
-            // Does any row of this query tile see a key of this tile?
-            if (!__syncthreads_or(threadIdx.x < kTile && ra.n[threadIdx.x] > k0)) continue;
-            loadTile<D>(Qs, p.q + head * p.d, q0, p.sq, p.ldq, p.d);
-            loadTile<D>(dOs, p.dout + head * p.d, q0, p.sq, p.ldq, p.d);
+            // Does any of these query rows see a key of this tile?
+            if (!__syncthreads_or(threadIdx.x < kKeysQ && ra.n[threadIdx.x] > k0)) continue;
+            loadTile<D, kKeysQ>(Qs, p.q + head * p.d, q0, p.sq, p.ldq, p.d);
+            loadTile<D, kKeysQ>(dOs, p.dout + head * p.d, q0, p.sq, p.ldq, p.d);
             __syncthreads();
-            rowsTimesRowsT<D, false>(Ks + warp * 16 * LH, Qs, Ss + warp * 16 * kLdS);   // S^T
-            rowsTimesRowsT<D, false>(Vs + warp * 16 * LH, dOs, dPs + warp * 16 * kLdS);  // dP^T
+            rowsTimesRowsT<D, false, kKeysQ, kLdS32>(Ks + warp * 16 * LH, Qs, Ss + warp * 16 * kLdS32);   // S^T
+            rowsTimesRowsT<D, false, kKeysQ, kLdS32>(Vs + warp * 16 * LH, dOs, dPs + warp * 16 * kLdS32);  // dP^T
             __syncwarp();
-            for (int c = half * 32; c < half * 32 + 32; ++c) {
+            for (int c = half * (kKeysQ / 2); c < (half + 1) * (kKeysQ / 2); ++c) {
                 float pd = 0.0f, ds = 0.0f;
                 if (key < ra.n[c]) {
                     const float pv = expf(srow[c] * p.scale - ra.a[c]) * ra.b[c];
@@ -517,22 +536,24 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardKeysKernel(Fla
                 dsrow[c] = __float2bfloat16_rn(ds);
             }
             __syncwarp();
-            accumulateTimesTile<D>(dV, Pb + warp * 16 * kLdT, dOs);
-            accumulateTimesTile<D>(dK, dSb + warp * 16 * kLdT, Qs);
+            accumulateTimesTile<D, kKeysQ, kLdT32>(dV, Pb + warp * 16 * kLdT32, dOs);
+            accumulateTimesTile<D, kKeysQ, kLdT32>(dK, dSb + warp * 16 * kLdT32, Qs);
         }
     }
+    // dk = scale dK, then dv = dV, each staged over Q, dO, S^T, dP^T, P^T and dS^T.
+    float* stage = reinterpret_cast<float*>(Qs);
     __syncthreads();
-    // dk = scale dK, dv = dV, staged over Q, dO, S and dP.
-    float* stageK = reinterpret_cast<float*>(Qs);
-    float* stageV = stageK + kTile * LO;
 #pragma unroll
-    for (int ot = 0; ot < D / 16; ++ot) {
-        wmma::store_matrix_sync(stageK + warp * 16 * LO + ot * 16, dK[ot], LO, wmma::mem_row_major);
-        wmma::store_matrix_sync(stageV + warp * 16 * LO + ot * 16, dV[ot], LO, wmma::mem_row_major);
-    }
+    for (int ot = 0; ot < D / 16; ++ot)
+        wmma::store_matrix_sync(stage + warp * 16 * LO + ot * 16, dK[ot], LO, wmma::mem_row_major);
     __syncthreads();
-    storeTile<D>(p.dk + static_cast<int64_t>(group) * p.d, stageK, k0, p.skv, p.ldk, p.d, p.scale);
-    storeTile<D>(p.dv + static_cast<int64_t>(group) * p.d, stageV, k0, p.skv, p.ldk, p.d, 1.0f);
+    storeTile<D>(p.dk + static_cast<int64_t>(group) * p.d, stage, k0, p.skv, p.ldk, p.d, p.scale);
+    __syncthreads();
+#pragma unroll
+    for (int ot = 0; ot < D / 16; ++ot)
+        wmma::store_matrix_sync(stage + warp * 16 * LO + ot * 16, dV[ot], LO, wmma::mem_row_major);
+    __syncthreads();
+    storeTile<D>(p.dv + static_cast<int64_t>(group) * p.d, stage, k0, p.skv, p.ldk, p.d, 1.0f);
 #else
     __trap();
 #endif

@@ -181,6 +181,19 @@ TEST_F(KernelsCuda, Fp8QuantizeCurrentMatchesCpu) {
         }
 }
 
+// bf16 GEMMs on, with or without FAST_16BF, for a test's scope; both restored after.
+struct Bf16GemmsOn {
+    bool fastBefore = cuda::fast16bfGemms();
+    explicit Bf16GemmsOn(bool fast) {
+        cuda::setBf16Gemms(true);
+        cuda::setFast16bfGemms(fast);
+    }
+    ~Bf16GemmsOn() {
+        cuda::setBf16Gemms(false);
+        cuda::setFast16bfGemms(fastBefore);
+    }
+};
+
 // gemm in every transpose on raw fp32 operands against the oracle on their bf16 rounding (the
 // same products; only the order of the fp32 sums differs) and not the fp32 result (the rounding
 // really happens). Returns the largest difference from the rounded oracle.
@@ -227,15 +240,7 @@ TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
         cpu::roundToBf16(v.data(), int64_t(v.size()));
         return v;
     };
-    struct Restore {
-        bool fast = cuda::fast16bfGemms();
-        ~Restore() {
-            cuda::setBf16Gemms(false);
-            cuda::setFast16bfGemms(fast);
-        }
-    } restore;
-    cuda::setBf16Gemms(true);
-    cuda::setFast16bfGemms(false);  // the copies made here, whatever TS_CUDA_GEMM_FAST_16BF says
+    const Bf16GemmsOn on(false);  // the copies made here, whatever TS_CUDA_GEMM_FAST_16BF says
     const int M = 67, N = 45, K = 131;
     checkBf16GemmTransposes(m_stream, "bf16");
     {
@@ -272,14 +277,7 @@ TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
 // same oracle as the copies made here (round to nearest even); the largest difference is printed,
 // to tell whether cuBLAS rounds the same way (a few 1e-6 of fp32 summation order if so).
 TEST_F(KernelsCuda, Fast16bfGemmsEqualTheOracleOnBf16RoundedOperands) {
-    struct Restore {
-        ~Restore() {
-            cuda::setBf16Gemms(false);
-            cuda::setFast16bfGemms(false);
-        }
-    } restore;
-    cuda::setBf16Gemms(true);
-    cuda::setFast16bfGemms(true);
+    const Bf16GemmsOn on(true);
     const double worst = checkBf16GemmTransposes(m_stream, "FAST_16BF");
     std::printf("[fast 16bf] largest difference from the round-to-nearest-even oracle: %.3g\n", worst);
     // cuBLAS's own rounding, bit for bit: A times the identity is A rounded to bf16 (one exact
@@ -322,15 +320,7 @@ TEST_F(KernelsCuda, Fast16bfGemmsEqualTheOracleOnBf16RoundedOperands) {
 // slice at an offset reads the twin at that offset, an operand sticking out of the array is
 // converted as before, and after unbinding W itself is read again.
 TEST_F(KernelsCuda, Bf16GemmsReadTheBoundTwinOfAnOperand) {
-    struct Restore {
-        bool fast = cuda::fast16bfGemms();
-        ~Restore() {
-            cuda::setBf16Gemms(false);
-            cuda::setFast16bfGemms(fast);
-        }
-    } restore;
-    cuda::setBf16Gemms(true);
-    cuda::setFast16bfGemms(false);  // FAST_16BF would read W instead of its twin
+    const Bf16GemmsOn on(false);  // FAST_16BF would read W instead of its twin
     auto bf = [](std::vector<float> v) {
         cpu::roundToBf16(v.data(), int64_t(v.size()));
         return v;

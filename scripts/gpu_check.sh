@@ -6,7 +6,10 @@
 # resources/examples/small.yaml on GPU 0 with the CUPTI capture on, and `trainscope analyze` of its
 # run file; once more as TP 2 x PP 2 with the four ranks sharing the GPUs), then the speed checks (bench_gpu_step: step time, MFU and peak memory of the small and
 # the ~1.3B GPT, bf16 and FP8, flash attention and, once, the probabilities kept; once with the
-# saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing), and
+# saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing; once with the
+# tiled flash kernels, TS_CUDA_FLASH_TILES=1, against the GEMM path; once with cuBLAS converting the
+# bf16 GEMMs' operands, TS_CUDA_GEMM_FAST_16BF=1; bench_gpu_attention: the
+# attention alone, tiled against GEMMs, forward and backward), and
 # bench_moe_routing on the machine's host cores (what the GPU idles for per MoE layer and microbatch
 # while the host routes).
 # Logs, the tests' JSON reports and the benchmarks' JSON lines go into one tarball,
@@ -14,7 +17,7 @@
 # build/gpu_check; a summary goes to stdout.
 #
 # Device time is scarce. Build here first (cmake --preset dev; cmake --build build/dev --target
-# test_gpu bench_gpu_step bench_moe_routing trainscope), then either run on a machine that has this
+# test_gpu bench_gpu_step bench_gpu_attention bench_moe_routing trainscope), then either run on a machine that has this
 # checkout's build (--bin DIR, default build/dev), or pack the binaries and their non-CUDA libraries with
 # scripts/gpu_bundle.sh and pass --bundle .gpu/bundle.tar.xz where only the checkout travels (the
 # machine must have CUDA 13's runtime, cuBLAS, CUPTI and NCCL; they are looked for under
@@ -98,7 +101,7 @@ if [ -n "$bundle" ]; then
 fi
 if [ "$build" = 1 ]; then
     cmake --preset dev -DCMAKE_CUDA_ARCHITECTURES=90 > "$work/configure.log" 2>&1 &&
-        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step bench_moe_routing trainscope \
+        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step bench_gpu_attention bench_moe_routing trainscope \
             > "$work/build.log" 2>&1 ||
         { echo "gpu_check: build failed, see build.log"; tail -30 "$work/build.log"; status=1; finish; }
 fi
@@ -123,7 +126,7 @@ for suite in $suites; do
     [ "$rc" = 124 ] && echo "$suite: TIMED OUT after ${t}s"
     echo "$suite: rc=$rc $((SECONDS - start))s $(sed -nE 's/^\[  (PASSED|FAILED|SKIPPED) +\] ([0-9]+) tests?[,.].*/\1 \2/p' "$work/test_$suite.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \] [A-Za-z]' "$work/test_$suite.log" | grep -v ' listed below' | sort -u
-    grep -F -e '[cuda trainer]' -e '[cuda parallel]' -e '[gpu capture]' "$work/test_$suite.log"
+    grep -F -e '[cuda trainer]' -e '[cuda parallel]' -e '[gpu capture]' -e '[fast 16bf]' "$work/test_$suite.log"
 done
 # The first lines of each failure, to read without unpacking the tarball.
 for f in "$work"/test_*.log; do
@@ -168,11 +171,17 @@ if [ "$bench" = 1 ]; then
     # --trace engine: the engine's recorder alone, to split the trace overhead into its share and CUPTI's.
     # TS_BF16_SAVED_FP32=1: the saved activations in fp32 words, to measure what packing them to
     # bf16 saves in memory and costs in time (an entry's leading NAME=VALUE words are its environment).
+    # TS_CUDA_FLASH_TILES=1: flash attention by the tiled kernels (flash_attention.cu), against the GEMM path.
+    # TS_CUDA_GEMM_FAST_16BF=1: bf16 GEMMs on fp32 operands that cuBLAS converts itself (gemm.cu).
     benches=("--config small --steps 5 --warmup 2 --trace 1" "--config 1b --steps 5 --warmup 2 --trace 1"
              "--config 1b --steps 5 --warmup 2 --trace engine"
              "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
+             "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
+             "TS_CUDA_GEMM_FAST_16BF=1 --config 1b --steps 5 --warmup 2"
              "--config 1b --steps 5 --warmup 2 --fp8 hybrid" "--config 1b --steps 5 --warmup 2 --attention unfused")
-    [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2" "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2")
+    [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2" "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
+                                 "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
+                                 "TS_CUDA_GEMM_FAST_16BF=1 --config 1b --steps 5 --warmup 2")
     for args in "${benches[@]}"; do
         envs=()
         while [[ "$args" == TS_*=*" "* ]]; do envs+=("${args%% *}"); args="${args#* }"; done
@@ -183,6 +192,17 @@ if [ "$bench" = 1 ]; then
         timeout "$t" env "${envs[@]}" "$bin/apps/bench_gpu_step" $args > "$work/bench.log" 2>&1 || status=1
         tail -4 "$work/bench.log"
         cat "$work/bench.log" >> "$work/bench_gpu_step.log"
+    done
+fi
+if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_gpu_attention" ]; then
+    # Flash attention alone at the ~1.3B GPT's shape: the tiled kernels against the GEMM path.
+    for args in "" "--dropout 0.1" "--heads 32 --kv-heads 8 --d 64"; do
+        [ "$(limit 60)" = 0 ] && { echo "bench_gpu_attention $args: not run (deadline)"; continue; }
+        echo "== bench_gpu_attention $args"
+        # shellcheck disable=SC2086
+        within 60 "$bin/apps/bench_gpu_attention" $args > "$work/bench_attn.log" 2>&1 || status=1
+        cat "$work/bench_attn.log"
+        cat "$work/bench_attn.log" >> "$work/bench_gpu_attention.log"
     done
 fi
 if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_moe_routing" ]; then

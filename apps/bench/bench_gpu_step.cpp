@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -176,6 +177,15 @@ int main(int argc, char** argv) {
         tracedMed = median(tt);
         tracedWall = median(tw);
     }
+    // The experiments of kernels/cuda/ops_cuda.h, as the environment sets them: flash attention by
+    // the tiled kernels (TS_CUDA_FLASH_TILES), bf16 GEMMs on fp32 operands (TS_CUDA_GEMM_FAST_16BF).
+    auto envIsOne = [](const char* name) {
+        const char* e = std::getenv(name);
+        return e && std::strcmp(e, "1") == 0;
+    };
+    const bool flashTiles = envIsOne("TS_CUDA_FLASH_TILES"), fast16bf = envIsOne("TS_CUDA_GEMM_FAST_16BF");
+    const std::string attentionShown = attention + (flashTiles ? ", tiled flash kernels" : "") +
+                                       (fast16bf ? "; GEMMs FAST_16BF" : "");
     const double tokens = double(c.micro_batch_size) * c.seq_length;
     const double tflops = (*t)->modelFlopsPerStep() / med / 1e12;
     const double peak = dev.peakTflopsBf16;
@@ -183,7 +193,7 @@ int main(int argc, char** argv) {
     std::printf("%s on %s (%s%s, attention %s): median step %.1f ms, %.0f tokens/s, %.1f model TFLOP/s, MFU %.1f%% "
                 "of %.0f bf16 TFLOP/s; peak memory %.2f GiB; loss %.4f (%lld parameters)\n",
                 config.c_str(), dev.name.c_str(), c.bf16 ? "bf16" : "fp32", fp8.empty() ? "" : (", fp8 " + fp8).c_str(),
-                attention.c_str(), med * 1e3, tokens / med, tflops, 100 * mfu, peak, peakGiB, loss,
+                attentionShown.c_str(), med * 1e3, tokens / med, tflops, 100 * mfu, peak, peakGiB, loss,
                 (long long)(*t)->model().params().numel());
     const double untracedWall = median(walls);
     if (trace)
@@ -196,6 +206,8 @@ int main(int argc, char** argv) {
                                        {"device", dev.name},
                                        {"fp8", fp8},
                                        {"attention_backend", attention},
+                                       {"flash_tiles", flashTiles},
+                                       {"gemm_fast_16bf", fast16bf},
                                        {"peak_memory_bytes", device.memoryStats().peakTotal},
                                        {"micro_batch_size", c.micro_batch_size},
                                        {"steps", steps},

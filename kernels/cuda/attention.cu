@@ -16,8 +16,9 @@
 // (+ dropout), and in backward one row kernel for the dropout mask, dropout(P) and the softmax
 // backward. On the causal square the fused path's GEMMs run in causal row blocks
 // (kernels/common/causal_gemms.h: about 1/2 + 1/(2 nb) of the square for nb blocks, the CPU's
-// fused path skips at tile granularity); a tiled flash kernel that never writes the scores out
-// and cuDNN's fused attention come later.
+// fused path skips at tile granularity). Under bf16 GEMMs with flashTiles() on, the flash path runs
+// the tiled kernels of flash_attention.cu instead, which never write the scores out; cuDNN's fused
+// attention comes later.
 // Flash attention (attentionFlashForward/Backward): the fused path with each head chunk's
 // probabilities in the workspace instead of the caller's probs, and each row's max and 1/sum
 // written to stats; the backward rebuilds the chunk's probabilities by the scores GEMM and
@@ -360,6 +361,8 @@ Status maskedAttentionForward(const AttnGeom& g, const float* q, const float* k,
         const int64_t outElems = static_cast<int64_t>(g.sq) * g.b * g.nq * g.d;
         return fromCuda(cudaMemsetAsync(out, 0, sizeof(float) * outElems, st), what);
     }
+    if (stats && bf16Gemms() && flashTiles() && flashTilesApply(g))
+        return flashTiledForward(g, q, k, v, out, stats, what, stream);
     const int rep = g.nq / g.nkv;
     const int64_t groups = static_cast<int64_t>(g.b) * g.nkv;
     const int64_t ss = static_cast<int64_t>(g.sq) * g.skv;
@@ -471,6 +474,8 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
         TS_RETURN_IF_ERROR(fromCuda(cudaMemsetAsync(dk, 0, sizeof(float) * kvElems, st), what));
         return fromCuda(cudaMemsetAsync(dv, 0, sizeof(float) * kvElems, st), what);
     }
+    if (stats && bf16Gemms() && flashTiles() && flashTilesApply(g))
+        return flashTiledBackward(g, q, k, v, stats, dout, dq, dk, dv, what, stream);
     const int rep = g.nq / g.nkv;
     const int64_t groups = static_cast<int64_t>(g.b) * g.nkv;
     const int64_t ss = static_cast<int64_t>(g.sq) * g.skv;

@@ -67,6 +67,15 @@ Status maskedAttentionBackward(const AttnGeom& g, const float* q, const float* k
                                float* dv, float* scratch, size_t scratchFloats, bool fused,
                                const char* what, void* stream, const float* stats = nullptr);
 
+// The tiled flash kernels (flash_attention.cu): bf16 tensor cores, no [sq, skv] square, the
+// same stats as maskedAttentionForward's flash path. Apply: a head dim of at most 128, a GPU of
+// sm_80 or later with the shared memory they need. The backward overwrites dq, dk, dv.
+bool flashTilesApply(const AttnGeom& g);
+Status flashTiledForward(const AttnGeom& g, const float* q, const float* k, const float* v, float* out,
+                         float* stats, const char* what, void* stream);
+Status flashTiledBackward(const AttnGeom& g, const float* q, const float* k, const float* v, const float* stats,
+                          const float* dout, float* dq, float* dk, float* dv, const char* what, void* stream);
+
 // Heads are processed as GEMM batches: for the replica j < nq/nkv of each query group, the
 // batch runs over i = bi*nkv + g (query head (bi, g*rep + j) = flat head i*rep + j, its k/v
 // head i), so every GEMM has uniform strides. A chunk is [i0, i0 + count) of one j.

@@ -67,6 +67,21 @@ Status deviceSynchronize();
 // sets it around an op's code.
 void setBf16Gemms(bool on);
 bool bf16Gemms();
+// An experiment for a GPU session, process-wide, off unless TS_CUDA_GEMM_FAST_16BF=1 (read once)
+// or setFast16bfGemms(true): a bf16 GEMM one of whose operands has no bound twin multiplies both
+// fp32 operands with CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS converts them itself) instead of
+// converting that operand to a bf16 copy first (gemm.cu says when the products are the same).
+void setFast16bfGemms(bool on);
+bool fast16bfGemms();
+// Flash attention under bf16 GEMMs by the tiled tensor-core kernels (flash_attention.cu: no
+// [sq, skv] square, the causal half of the work) instead of the scores GEMM, row kernels and PV
+// GEMM. Process-wide; off unless TS_CUDA_FLASH_TILES=1 (read once) or setFlashTiles(true): the
+// kernels have compiled, not yet run on a GPU (docs/cuda_port.md).
+void setFlashTiles(bool on);
+bool flashTiles();
+// Whether this thread's GPU can run the tiled flash kernels for heads of headDim (at most 128, sm_80
+// or later, the shared memory they need).
+bool flashTilesSupported(int headDim);
 // The 16-bit twin of a bf16-valued float array (the engine's bf16 model copy, or an operand an
 // op converts once for its GEMMs: workspace.cuh Bf16Twin): a bf16 GEMM operand lying wholly
 // inside [base, base + n) is read from twin + (operand - base), no copy made; the innermost twin

@@ -150,15 +150,15 @@ struct AttnCase {
     std::vector<float> q, k, v, dout;
 };
 
-AttnCase makeAttnCase(int nkv, float p, int s = 13) {
+AttnCase makeAttnCase(int nkv, float p, int s = 13, int d = 16) {
     AttnCase c;
     auto& dm = c.dims;
     dm.s = s;
     dm.b = 2;
     dm.nq = 4;
     dm.nkv = nkv;
-    dm.d = 16;
-    dm.scale = 0.25f;
+    dm.d = d;
+    dm.scale = 1.0f / std::sqrt(static_cast<float>(d));  // 0.25 at d = 16
     dm.dropout = p;
     dm.dropoutSeed = 1234;
     // a TP rank's heads: exercises the mask numbering over [b, nqTotal, s, s]
@@ -264,8 +264,8 @@ TEST_F(CudaAttention, FlashAttentionMatchesCpu) {
 // --- bf16 GEMMs (a bf16 model's attention) ------------------------------------------------------
 
 // makeAttnCase with bf16-valued inputs, what a bf16 model stores.
-AttnCase makeBf16AttnCase(int nkv, float p, int s) {
-    AttnCase c = makeAttnCase(nkv, p, s);
+AttnCase makeBf16AttnCase(int nkv, float p, int s, int d = 16) {
+    AttnCase c = makeAttnCase(nkv, p, s, d);
     for (std::vector<float>* x : {&c.q, &c.k, &c.v, &c.dout}) cpu::roundToBf16(x->data(), int64_t(x->size()));
     return c;
 }
@@ -318,6 +318,66 @@ TEST_F(CudaAttention, Bf16FlashAttentionMatchesCpu) {
                 // The scores' GEMM has exact bf16 products: the stats are fp32-close.
                 expectNear(gSt.download(), St, 1e-4, 1e-5, tag + "stats", {dm.b, dm.nq, dm.s, 2});
                 expectBf16Close({gO.download(), gdq.download(), gdk.download(), gdv.download()}, want, c, gq.ptr, tag);
+            }
+}
+
+// The tiled flash kernels (flash_attention.cu, setFlashTiles): no [s, s] square, bf16 tensor
+// cores. Against the CPU's flash attention on bf16-valued inputs at bf16's tolerance, as the GEMM
+// path: s below, at and past one 64-row tile and not a multiple of it; head dims that fill the
+// 16/32/64/128 kernels and ones padded to them (40, 100); GQA and dropout. The stats cross both
+// ways: the tiled backward from the CPU's stats, and the GEMM path's backward from the tiled
+// forward's stats (they share the format).
+TEST_F(CudaAttention, TiledFlashAttentionMatchesCpu) {
+    struct Restore {
+        ~Restore() {
+            cuda::setBf16Gemms(false);
+            cuda::setFlashTiles(false);
+        }
+    } restore;
+    for (int d : {16, 32, 40, 64, 100, 128})
+        ASSERT_TRUE(cuda::flashTilesSupported(d)) << "this GPU cannot run the tiled flash kernels at head dim " << d;
+    struct Shape {
+        int s, d;
+    };
+    for (const Shape sh : {Shape{13, 16}, Shape{64, 32}, Shape{130, 40}, Shape{300, 64}, Shape{200, 100},
+                           Shape{257, 128}})
+        for (int nkv : {2, 4})
+            for (float p : {0.0f, 0.1f}) {
+                const AttnCase c = makeBf16AttnCase(nkv, p, sh.s, sh.d);
+                const auto& dm = c.dims;
+                const std::string tag = caseName("attentionFlash tiles", true, dm.nq / nkv, p) + "s=" +
+                                        std::to_string(sh.s) + " d=" + std::to_string(sh.d) + " ";
+                AttnResult want{std::vector<float>(c.q.size()), std::vector<float>(c.q.size()),
+                                std::vector<float>(c.k.size()), std::vector<float>(c.k.size())};
+                std::vector<float> St(cpu::attentionStatsSize(dm)), scratch(cpu::attentionFlashScratchSize(dm));
+                cpu::attentionFlashForward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), want.out.data());
+                cpu::attentionFlashBackward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), c.dout.data(),
+                                            want.dq.data(), want.dk.data(), want.dv.data(), scratch.data());
+                DeviceVec<float> gq(c.q), gk(c.k), gv(c.v), gdo(c.dout), gStCpu(St);
+                DeviceVec<float> gSt(randomVec(St.size(), 1)), gO(randomVec(c.q.size(), 5));
+                TS_ASSERT_OK(gq.status);
+                cuda::setBf16Gemms(true);
+                cuda::setFlashTiles(true);
+                TS_ASSERT_OK(cuda::attentionFlashForward(dm, gq.ptr, gk.ptr, gv.ptr, gSt.ptr, gO.ptr, m_stream));
+                TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+                // The scores' products are exact in bf16: the stats are fp32-close.
+                expectNear(gSt.download(), St, 1e-4, 1e-5, tag + "stats", {dm.b, dm.nq, dm.s, 2});
+                const std::vector<float> out = gO.download();
+                // 0: the tiled backward from its own forward's stats; 1: from the CPU's; 2: the GEMM
+                // path's backward from the tiled forward's stats.
+                for (int run : {0, 1, 2}) {
+                    const std::string t = tag + (run == 0 ? "(tiles) " : run == 1 ? "(tiles, CPU stats) " : "(GEMMs after tiles) ");
+                    DeviceVec<float> gdq(randomVec(c.q.size(), 2)), gdk(randomVec(c.k.size(), 3)),
+                        gdv(randomVec(c.k.size(), 4)), gScratch(cpu::attentionFlashScratchSize(dm));
+                    cuda::setBf16Gemms(true);
+                    cuda::setFlashTiles(run != 2);
+                    TS_ASSERT_OK(cuda::attentionFlashBackward(dm, gq.ptr, gk.ptr, gv.ptr, run == 1 ? gStCpu.ptr : gSt.ptr,
+                                                              gdo.ptr, gdq.ptr, gdk.ptr, gdv.ptr, gScratch.ptr, m_stream));
+                    cuda::setBf16Gemms(false);
+                    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+                    expectBf16Close({out, gdq.download(), gdk.download(), gdv.download()}, want, c, gq.ptr, t);
+                }
+                cuda::setFlashTiles(false);
             }
 }
 

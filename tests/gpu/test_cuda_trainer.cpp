@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#ifdef TS_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
+#endif
 #include "tests/trainer_backend_run.h"
 #include "tests/trainer_variants.h"
 
@@ -47,48 +50,79 @@ Tolerance toleranceOf(const Config& c) {
     return {1e-5, 3e-6};
 }
 
+// One variant on both backends (c: the CPU run's config); a failure is reported and the caller
+// goes on with the others (one GPU session sees them all).
+void expectVariantMatches(const std::string& name, Config c) {
+    const Tolerance tol = toleranceOf(c);
+    const TrainRun cpu = train(c);
+    c.device_backend = "cuda";
+    const TrainRun gpu = train(c);
+    if (cpu.losses.size() != size_t(c.train_iters) || gpu.losses.size() != cpu.losses.size()) {
+        ADD_FAILURE() << name << ": " << cpu.losses.size() << " CPU steps, " << gpu.losses.size()
+                      << " GPU steps of " << c.train_iters;
+        return;
+    }
+    double worstLoss = 0, worstNorm = 0;  // relative, over the steps (printed below)
+    for (size_t s = 0; s < cpu.losses.size(); ++s) {
+        worstLoss = std::max(worstLoss, std::fabs(gpu.losses[s] - cpu.losses[s]) / std::fabs(cpu.losses[s]));
+        worstNorm = std::max(worstNorm, std::fabs(gpu.gradNorms[s] - cpu.gradNorms[s]) /
+                                            std::max(std::fabs(cpu.gradNorms[s]), 1e-30));
+        EXPECT_NEAR(gpu.losses[s], cpu.losses[s], tol.loss * std::fabs(cpu.losses[s]))
+            << name << ": loss, step " << s + 1 << " on " << gpu.device;
+        EXPECT_NEAR(gpu.gradNorms[s], cpu.gradNorms[s], tol.loss * std::fabs(cpu.gradNorms[s]) + 1e-7)
+            << name << ": grad norm, step " << s + 1;
+    }
+    EXPECT_LT(cpu.losses.back(), cpu.losses.front()) << name << ": the run did not train";
+    if (gpu.params.size() != cpu.params.size()) {
+        ADD_FAILURE() << name << ": " << gpu.params.size() << " weights on the GPU, " << cpu.params.size()
+                      << " on the CPU";
+        return;
+    }
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < cpu.params.size(); ++i) {
+        diff += (double(gpu.params[i]) - cpu.params[i]) * (double(gpu.params[i]) - cpu.params[i]);
+        norm += double(cpu.params[i]) * cpu.params[i];
+    }
+    EXPECT_LE(std::sqrt(diff), tol.params * std::sqrt(norm)) << name << ": final weights";
+    std::printf("[cuda trainer] %s on %s: loss %.9g (cpu %.9g), weights rel. L2 diff %.3g, worst step rel. diff: "
+                "loss %.3g, grad norm %.3g\n",
+                name.c_str(), gpu.device.c_str(), gpu.losses.back(), cpu.losses.back(),
+                std::sqrt(diff / std::max(norm, 1e-30)), worstLoss, worstNorm);
+}
+
 TEST(CudaTrainer, EveryStepMatchesTheCpuBackend) {
     if (auto be = makeCudaBackend(); !be) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
     for (const ts::testing::TrainerVariant& v : ts::testing::trainerVariants()) {
         Config c = ts::testing::tinyTrainerConfig();
         v.edit(c);
-        const Tolerance tol = toleranceOf(c);
-        const TrainRun cpu = train(c);
-        c.device_backend = "cuda";
-        const TrainRun gpu = train(c);
-        // A variant that fails is reported and the others still run (one GPU session sees them all).
-        if (cpu.losses.size() != size_t(c.train_iters) || gpu.losses.size() != cpu.losses.size()) {
-            ADD_FAILURE() << v.name << ": " << cpu.losses.size() << " CPU steps, " << gpu.losses.size()
-                          << " GPU steps of " << c.train_iters;
-            continue;
-        }
-        double worstLoss = 0, worstNorm = 0;  // relative, over the steps (printed below)
-        for (size_t s = 0; s < cpu.losses.size(); ++s) {
-            worstLoss = std::max(worstLoss, std::fabs(gpu.losses[s] - cpu.losses[s]) / std::fabs(cpu.losses[s]));
-            worstNorm = std::max(worstNorm, std::fabs(gpu.gradNorms[s] - cpu.gradNorms[s]) /
-                                                std::max(std::fabs(cpu.gradNorms[s]), 1e-30));
-            EXPECT_NEAR(gpu.losses[s], cpu.losses[s], tol.loss * std::fabs(cpu.losses[s]))
-                << v.name << ": loss, step " << s + 1 << " on " << gpu.device;
-            EXPECT_NEAR(gpu.gradNorms[s], cpu.gradNorms[s], tol.loss * std::fabs(cpu.gradNorms[s]) + 1e-7)
-                << v.name << ": grad norm, step " << s + 1;
-        }
-        EXPECT_LT(cpu.losses.back(), cpu.losses.front()) << v.name << ": the run did not train";
-        if (gpu.params.size() != cpu.params.size()) {
-            ADD_FAILURE() << v.name << ": " << gpu.params.size() << " weights on the GPU, " << cpu.params.size()
-                          << " on the CPU";
-            continue;
-        }
-        double diff = 0, norm = 0;
-        for (size_t i = 0; i < cpu.params.size(); ++i) {
-            diff += (double(gpu.params[i]) - cpu.params[i]) * (double(gpu.params[i]) - cpu.params[i]);
-            norm += double(cpu.params[i]) * cpu.params[i];
-        }
-        EXPECT_LE(std::sqrt(diff), tol.params * std::sqrt(norm)) << v.name << ": final weights";
-        std::printf("[cuda trainer] %s on %s: loss %.9g (cpu %.9g), weights rel. L2 diff %.3g, worst step rel. diff: "
-                    "loss %.3g, grad norm %.3g\n",
-                    v.name.c_str(), gpu.device.c_str(), gpu.losses.back(), cpu.losses.back(),
-                    std::sqrt(diff / std::max(norm, 1e-30)), worstLoss, worstNorm);
+        expectVariantMatches(v.name, c);
     }
+}
+
+// The bf16 variants with flash attention again, their attention by the tiled kernels
+// (kernels/cuda/flash_attention.cu, TS_CUDA_FLASH_TILES): the same tolerances as the GEMM path.
+TEST(CudaTrainer, TiledFlashAttentionMatchesTheCpuBackend) {
+#ifndef TS_HAVE_CUDA
+    GTEST_SKIP() << "built without CUDA";
+#else
+    if (auto be = makeCudaBackend(); !be) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
+    struct Restore {
+        bool was = kernels::cuda::flashTiles();
+        ~Restore() { kernels::cuda::setFlashTiles(was); }
+    } restore;
+    kernels::cuda::setFlashTiles(true);
+    int ran = 0;
+    for (const ts::testing::TrainerVariant& v : ts::testing::trainerVariants()) {
+        Config c = ts::testing::tinyTrainerConfig();
+        v.edit(c);
+        if (!c.bf16 || !c.fp8.empty() || !attentionIsFlash(c.attention_backend)) continue;
+        const int headDim = c.hidden_size / c.num_attention_heads;
+        ASSERT_TRUE(kernels::cuda::flashTilesSupported(headDim)) << "head dim " << headDim;
+        expectVariantMatches(v.name + ", tiled flash kernels", c);
+        ++ran;
+    }
+    EXPECT_GE(ran, 3) << "the variants list lost its bf16 flash-attention runs";
+#endif
 }
 
 }  // namespace

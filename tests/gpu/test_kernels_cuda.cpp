@@ -10,6 +10,8 @@
 #include "kernels/cuda/ops_cuda.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <cmath>
 #include <random>
 #include <string>
@@ -179,40 +181,68 @@ TEST_F(KernelsCuda, Fp8QuantizeCurrentMatchesCpu) {
         }
 }
 
-// setBf16Gemms: the operands go to bf16 (round to nearest even) and the products are summed in
-// fp32 on the tensor cores. Against the oracle on the bf16-rounded operands (the same products;
-// only the order of the fp32 sums differs): gemm in every transpose, a strided batch with a
-// broadcast operand (stride 0, as attention's GQA), and the linear layer's forward and backward
-// (the wgrad accumulated into an fp32 main grad). With raw fp32 operands the result is the bf16
-// one, not the fp32 one (the rounding really happens).
-TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
+// bf16 GEMMs on, with or without FAST_16BF, for a test's scope; both restored after.
+struct Bf16GemmsOn {
+    bool fastBefore = cuda::fast16bfGemms();
+    explicit Bf16GemmsOn(bool fast) {
+        cuda::setBf16Gemms(true);
+        cuda::setFast16bfGemms(fast);
+    }
+    ~Bf16GemmsOn() {
+        cuda::setBf16Gemms(false);
+        cuda::setFast16bfGemms(fastBefore);
+    }
+};
+
+// gemm in every transpose on raw fp32 operands against the oracle on their bf16 rounding (the
+// same products; only the order of the fp32 sums differs) and not the fp32 result (the rounding
+// really happens). Returns the largest difference from the rounded oracle.
+double checkBf16GemmTransposes(void* stream, const std::string& tag) {
     auto bf = [](std::vector<float> v) {
         cpu::roundToBf16(v.data(), int64_t(v.size()));
         return v;
     };
-    struct Restore {
-        ~Restore() { cuda::setBf16Gemms(false); }
-    } restore;
-    cuda::setBf16Gemms(true);
     const int M = 67, N = 45, K = 131;
+    double worst = 0;
     for (bool ta : {false, true})
         for (bool tb : {false, true}) {
             const auto A = randomVec(M * K, 40 + ta), B = randomVec(K * N, 42 + tb), C0 = randomVec(M * N, 44);
             const int lda = ta ? M : K, ldb = tb ? K : N;
             DeviceVec<float> dA(A), dB(B), dC(C0);
-            TS_ASSERT_OK(cuda::gemm(ta, tb, M, N, K, 0.5f, dA.ptr, lda, dB.ptr, ldb, 2.0f, dC.ptr, N, m_stream));
-            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            const std::string what = tag + (ta ? (tb ? " TT" : " TN") : (tb ? " NT" : " NN"));
+            const Status st = cuda::gemm(ta, tb, M, N, K, 0.5f, dA.ptr, lda, dB.ptr, ldb, 2.0f, dC.ptr, N, stream);
+            EXPECT_TRUE(st.isOk()) << what << ": " << st.toString();
+            const Status synced = cuda::streamSynchronize(stream);
+            EXPECT_TRUE(synced.isOk()) << what << ": " << synced.toString();
             std::vector<float> C = C0, Cfp32 = C0;
             const auto Ab = bf(A), Bb = bf(B);
             cpu::gemm(ta, tb, M, N, K, 0.5f, Ab.data(), lda, Bb.data(), ldb, 2.0f, C.data(), N);
             cpu::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, Cfp32.data(), N);
             const auto got = dC.download();
-            const std::string what = std::string("bf16 ") + (ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"));
             expectNear(got, C, 1e-4, 1e-4, what.c_str());
             double off = 0;
-            for (size_t i = 0; i < got.size(); ++i) off = std::max(off, double(std::fabs(got[i] - Cfp32[i])));
+            for (size_t i = 0; i < got.size(); ++i) {
+                off = std::max(off, double(std::fabs(got[i] - Cfp32[i])));
+                worst = std::max(worst, double(std::fabs(got[i] - C[i])));
+            }
             EXPECT_GT(off, 1e-4) << what << ": the fp32 result; the operands were not rounded to bf16";
         }
+    return worst;
+}
+
+// setBf16Gemms: the operands go to bf16 (round to nearest even) and the products are summed in
+// fp32 on the tensor cores. Against the oracle on the bf16-rounded operands: gemm in every
+// transpose (checkBf16GemmTransposes), a strided batch with a broadcast operand (stride 0, as
+// attention's GQA), and the linear layer's forward and backward (the wgrad accumulated into an
+// fp32 main grad).
+TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
+    auto bf = [](std::vector<float> v) {
+        cpu::roundToBf16(v.data(), int64_t(v.size()));
+        return v;
+    };
+    const Bf16GemmsOn on(false);  // the copies made here, whatever TS_CUDA_GEMM_FAST_16BF says
+    const int M = 67, N = 45, K = 131;
+    checkBf16GemmTransposes(m_stream, "bf16");
     {
         // [batch 3] x [M, K] times one shared [K, N] (stride 0)
         const int batch = 3;
@@ -243,15 +273,54 @@ TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
     }
 }
 
+// setFast16bfGemms (TS_CUDA_GEMM_FAST_16BF): cuBLAS rounds the fp32 operands itself. Against the
+// same oracle as the copies made here (round to nearest even); the largest difference is printed,
+// to tell whether cuBLAS rounds the same way (a few 1e-6 of fp32 summation order if so).
+TEST_F(KernelsCuda, Fast16bfGemmsEqualTheOracleOnBf16RoundedOperands) {
+    const Bf16GemmsOn on(true);
+    const double worst = checkBf16GemmTransposes(m_stream, "FAST_16BF");
+    std::printf("[fast 16bf] largest difference from the round-to-nearest-even oracle: %.3g\n", worst);
+    // cuBLAS's own rounding, bit for bit: A times the identity is A rounded to bf16 (one exact
+    // product per element), for values at a tie (even and odd last kept bit), a bit either side
+    // of one, and random ones; all normal, so flushing plays no part.
+    const int K = 64, M = 5 * K;
+    std::vector<float> A(size_t(M) * K), I(size_t(K) * K, 0.0f);
+    for (int k = 0; k < K; ++k) I[size_t(k) * K + k] = 1.0f;
+    const std::vector<float> r = randomVec(A.size(), 90);
+    const char* kinds[] = {"tie, even kept bit", "tie, odd kept bit", "just above a tie", "just below a tie", "random"};
+    for (size_t i = 0; i < A.size(); ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &r[i], 4);
+        const int kind = int(i / (size_t(K) * K));
+        const uint32_t hi = (bits & 0xFFFF0000u) | (kind == 1 ? 0x10000u : 0u);  // kind 1: odd last kept bit
+        if (kind == 0) bits = (hi & ~0x10000u) | 0x8000u;
+        else if (kind == 1) bits = hi | 0x8000u;
+        else if (kind == 2) bits = (hi & 0xFFFF0000u) | 0x8001u;
+        else if (kind == 3) bits = (hi & 0xFFFF0000u) | 0x7FFFu;
+        std::memcpy(&A[i], &bits, 4);
+    }
+    DeviceVec<float> dA(A), dI(I), dC(A.size());
+    const Status st = cuda::gemm(false, false, M, K, K, 1.0f, dA.ptr, K, dI.ptr, K, 0.0f, dC.ptr, K, m_stream);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+    std::vector<float> want = A;
+    cpu::roundToBf16(want.data(), int64_t(want.size()));
+    const std::vector<float> got = dC.download();
+    for (int kind = 0; kind < 5; ++kind) {
+        int mismatches = 0;
+        for (size_t i = size_t(kind) * K * K; i < size_t(kind + 1) * K * K; ++i)
+            mismatches += std::memcmp(&got[i], &want[i], 4) != 0;
+        std::printf("[fast 16bf] %s: %d of %d differ from round to nearest even\n", kinds[kind], mismatches, K * K);
+        EXPECT_EQ(mismatches, 0) << kinds[kind] << ": cuBLAS's FAST_16BF does not round as the bf16 copies do";
+    }
+}
+
 // A bound 16-bit twin is what a bf16 GEMM reads for an operand inside its array: W's twin bound
 // with the bits of 2*W gives exactly the GEMM of 2*W (the twin really is read, not W), a weight
 // slice at an offset reads the twin at that offset, an operand sticking out of the array is
 // converted as before, and after unbinding W itself is read again.
 TEST_F(KernelsCuda, Bf16GemmsReadTheBoundTwinOfAnOperand) {
-    struct Restore {
-        ~Restore() { cuda::setBf16Gemms(false); }
-    } restore;
-    cuda::setBf16Gemms(true);
+    const Bf16GemmsOn on(false);  // FAST_16BF would read W instead of its twin
     auto bf = [](std::vector<float> v) {
         cpu::roundToBf16(v.data(), int64_t(v.size()));
         return v;

@@ -118,7 +118,7 @@ TEST_P(Fp8Parallel, EqualsTheFp8SingleDeviceRun) {
     const RunResult ref = runSingle(singleDevice(c), 4);
     auto par = runParallel(c, 4);
     ASSERT_TRUE(par.isOk()) << par.status().toString();
-    expectSame(*par, ref, 1e-5, L.name);
+    expectSame(*par, ref, fp8LayoutTol(1e-5), L.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Fp8Parallel,
@@ -158,9 +158,9 @@ TEST(Fp8Parallel, TensorParallelTracksTheSingleDeviceRun) {
 // gradient before the column-parallel dgrad; tensorwise amaxes over TP, delayed ones over
 // tp-dp-cp), and the dgrad GEMMs read the weights' FP8 copies. tp2 and tp2·dp2, delayed and
 // tensorwise, e4m3 and hybrid, bulk dgrad/wgrad overlap or tp_comm_overlap_rs_dgrad: equal to
-// the same layout without the overlap (bit for bit here: the split GEMMs give the unsplit
-// bits at these shapes; a BLAS whose row pieces differ in the last bit could move an FP8
-// rounding), and tracking the FP8 single device as TensorParallelTracksTheSingleDeviceRun.
+// the same layout without the overlap (bit for bit where the split GEMMs give the unsplit bits;
+// a BLAS whose row pieces differ in the last bit moves an FP8 rounding now and then:
+// fp8LayoutTol), and tracking the FP8 single device as TensorParallelTracksTheSingleDeviceRun.
 struct Fp8OverlapCase {
     const char* name;
     const char* fmt;
@@ -190,7 +190,7 @@ TEST_P(Fp8TpCommOverlap, EqualsTheRunWithoutOverlap) {
     // Block recipes: exactly (their dgrad pieces quantize per block within a row, as the whole
     // tensor; a wrong weight copy moves only FP8 subnormals, far below kOverlapTol).
     const bool block = std::string(L.recipe) == "mxfp8" || std::string(L.recipe) == "blockwise";
-    expectSame(*with, *without, block ? 0.0 : kOverlapTol, L.name);
+    expectSame(*with, *without, block ? 0.0 : fp8LayoutTol(kOverlapTol), L.name);
     const RunResult ref = runSingle(singleDevice(off), 4);
     for (size_t s = 0; s < ref.losses.size(); ++s)
         EXPECT_NEAR(with->losses[s], ref.losses[s], 1e-3 * ref.losses[s]) << L.name << " step " << s + 1;
@@ -268,7 +268,7 @@ TEST(Fp8Parallel, HierarchicalContextParallelWithFp8) {
     const RunResult ref = runSingle(singleDevice(c), 4);
     auto par = runParallel(c, 4);
     ASSERT_TRUE(par.isOk()) << par.status().toString();
-    expectSame(*par, ref, 1e-5, "cp2 [2, 1] dp2 fp8");
+    expectSame(*par, ref, fp8LayoutTol(1e-5), "cp2 [2, 1] dp2 fp8");
 }
 
 // Delayed scaling keeps an amax history per FP8 tensor: a checkpoint carries it, so a resumed
@@ -470,7 +470,7 @@ TEST_P(Fp8MoeParallel, EqualsTheFp8SingleDeviceRun) {
     const RunResult ref = runSingle(singleDevice(c), 4);
     auto par = runParallel(c, 4);
     ASSERT_TRUE(par.isOk()) << par.status().toString();
-    expectSame(*par, ref, 1e-5, GetParam().name);
+    expectSame(*par, ref, fp8LayoutTol(1e-5), GetParam().name);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -776,7 +776,7 @@ TEST_P(Fp8BlockMoeParallel, EqualsTheFp8SingleDeviceRun) {
     const RunResult ref = runSingle(singleDevice(c), 4);
     auto par = runParallel(c, 4);
     ASSERT_TRUE(par.isOk()) << par.status().toString();
-    expectSame(*par, ref, 1e-5, GetParam().name);
+    expectSame(*par, ref, fp8LayoutTol(1e-5), GetParam().name);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -978,7 +978,7 @@ TEST(Fp8MoeTensorwiseLayouts, ExpertGroupOfOneMicrobatchEqualsTheSingleDevice) {
         const RunResult ref = runSingle(singleDevice(c), 4);
         auto par = runParallel(c, 4);
         ASSERT_TRUE(par.isOk()) << par.status().toString();
-        expectSame(*par, ref, 1e-5, std::string("cp2 ep2 dp2 tensorwise ") + dispatcher);
+        expectSame(*par, ref, fp8LayoutTol(1e-5), std::string("cp2 ep2 dp2 tensorwise ") + dispatcher);
     }
     const engine::Config c =
         fp8MoeLayoutConfig(Fp8MoeLayout{"tp2_ep2", 2, 1, 2, 1, 1, false, 0, false, "alltoall", true, "tensorwise"});
@@ -1139,7 +1139,7 @@ TEST(Fp8BlockRecipes, ContextParallelWithWholeBlockChunksEqualsTheSingleDevice) 
         const RunResult ref = runSingle(singleDevice(c), 4);
         auto par = runParallel(c, 4);
         ASSERT_TRUE(par.isOk()) << recipe << ": " << par.status().toString();
-        expectSame(*par, ref, 1e-5, std::string("cp2 a2a ") + recipe);
+        expectSame(*par, ref, fp8LayoutTol(1e-5), std::string("cp2 a2a ") + recipe);
     }
     engine::Config c = withLayout(fp8BlockCpConfig("mxfp8", 8, 2, "a2a+p2p"), Layout{1, 1, 1, 2, 2});
     c.hierarchical_context_parallel_sizes = {2, 1};
@@ -1147,7 +1147,7 @@ TEST(Fp8BlockRecipes, ContextParallelWithWholeBlockChunksEqualsTheSingleDevice) 
     const RunResult ref = runSingle(singleDevice(c), 4);
     auto par = runParallel(c, 4);
     ASSERT_TRUE(par.isOk()) << par.status().toString();
-    expectSame(*par, ref, 1e-5, "cp2 a2a+p2p [2, 1] dp2 mxfp8");
+    expectSame(*par, ref, fp8LayoutTol(1e-5), "cp2 a2a+p2p [2, 1] dp2 mxfp8");
 }
 
 // Chunks that are not whole blocks (the tiny model: seq 16, b 2, cp2: 8 rows a chunk): the wgrad's
@@ -1167,7 +1167,7 @@ TEST(Fp8BlockRecipes, ContextParallelWithPartialBlockChunksEqualsTheSingleDevice
         const RunResult ref = runSingle(singleDevice(k.c), 4);
         auto par = runParallel(k.c, 4);
         ASSERT_TRUE(par.isOk()) << k.name << ": " << par.status().toString();
-        expectSame(*par, ref, 1e-5, std::string("cp2 a2a partial blocks ") + k.name);
+        expectSame(*par, ref, fp8LayoutTol(1e-5), std::string("cp2 a2a partial blocks ") + k.name);
     }
 }
 
@@ -1186,7 +1186,7 @@ TEST(Fp8BlockMoe, ContextParallelExpertsEqualTheSingleDevice) {
         const RunResult ref = runSingle(singleDevice(k.c), 4);
         auto par = runParallel(k.c, 4);
         ASSERT_TRUE(par.isOk()) << k.name << ": " << par.status().toString();
-        expectSame(*par, ref, 1e-5, std::string("moe cp2 a2a ") + k.name);
+        expectSame(*par, ref, fp8LayoutTol(1e-5), std::string("moe cp2 a2a ") + k.name);
     }
 }
 
@@ -1237,9 +1237,12 @@ TEST(Fp8BlockRecipes, ContextParallelRingAndTensorParallelTrackTheSingleDevice) 
 // output itself (rowsum(dout * out)): from its own unquantized copy, so these layouts' gradients
 // track the FP8 single device's far closer than FP8 is to bf16. Measured distance / FP8's, with
 // the copy and (read from the FP8-rounded output) without it: tensorwise 0.022 and 0.056,
-// delayed 0.062 and 0.075 (delayed scales follow the amax history, which moves them less).
+// delayed 0.062 and 0.075 (delayed scales follow the amax history, which moves them less); on
+// OpenBLAS's Zen kernel, whose row pieces round differently (fp8LayoutTol), tensorwise 0.037 and
+// 0.058, delayed 0.062 and 0.075. The tensorwise bound lies between with and without on both.
 TEST(Fp8Parallel, ContextParallelRingBackwardReadsTheUnquantizedOutput) {
-    for (const auto& [recipe, bound] : {std::pair<const char*, double>{"delayed", 0.1}, {"tensorwise", 0.035}})
+    std::cout << "this BLAS splits a GEMM's rows alike: " << (gemmSplitsRowsAlike() ? "yes" : "no") << "\n";
+    for (const auto& [recipe, bound] : {std::pair<const char*, double>{"delayed", 0.1}, {"tensorwise", 0.047}})
         for (const char* comm : {"p2p", "all_gather"}) {
             engine::Config c = withLayout(fp8Config("hybrid", recipe), Layout{1, 1, 1, 1, 2});
             c.context_parallel_size = 2;

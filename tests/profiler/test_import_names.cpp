@@ -178,6 +178,7 @@ TEST(ImportNames, OurCudaKernelsAreClassifiedByTheirFilesWork) {
         // own kernels do in Nsight (scaled_masked_softmax_*, dropout): softmax and elementwise.
         {"attention.cu", {Category::Attention, Category::Softmax, Category::Elementwise}},
         {"attention_cp.cu", {Category::Attention}},
+        {"flash_attention.cu", {Category::Attention}},
         {"bf16.cu", {Category::Elementwise}},
         {"cross_entropy.cu", {Category::Loss}},
         {"dropout.cu", {Category::Elementwise}},
@@ -192,7 +193,8 @@ TEST(ImportNames, OurCudaKernelsAreClassifiedByTheirFilesWork) {
         {"rope.cu", {Category::Elementwise}},
     };
     const std::filesystem::path dir = std::filesystem::path(TS_SOURCE_DIR) / "kernels" / "cuda";
-    const std::regex global(R"(__global__\s+void\s+(\w+))");
+    // __global__ void [__launch_bounds__(...)] name(
+    const std::regex global(R"(__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+))");
     int kernels = 0;
     for (const auto& entry : std::filesystem::directory_iterator(dir)) {
         const std::string file = entry.path().filename().string();

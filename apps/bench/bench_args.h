@@ -1,10 +1,13 @@
-// What every benchmark's command line shares: options come as "--name value" pairs.
+// What every benchmark's command line shares (options come as "--name value" pairs), and the
+// median they report.
 // checkArgs() handles --help / -h (prints the usage, exit code 0) and a trailing option
 // without a value (prints the problem and the usage, exit code 2).
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 namespace ts::bench {
 
@@ -21,6 +24,13 @@ inline int checkArgs(int argc, char** argv, const char* usage) {
         return 2;
     }
     return -1;
+}
+
+// The median of v (the upper of the two middle values for an even count); 0 for none.
+inline double median(std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
 }
 
 }  // namespace ts::bench

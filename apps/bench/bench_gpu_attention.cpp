@@ -70,10 +70,7 @@ std::vector<float> bf16Values(size_t n, unsigned seed, float lo, float hi) {
     return v;
 }
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using ts::bench::median;
 
 // max |a - b| / max |b|
 double relDiff(const std::vector<float>& a, const std::vector<float>& b) {

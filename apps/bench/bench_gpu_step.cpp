@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -33,6 +32,10 @@
 #include "engine/train/trainer.h"
 #include "profiler/store.h"
 
+#ifdef TS_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
+#endif
+
 namespace {
 
 using namespace ts::engine;
@@ -41,10 +44,7 @@ constexpr const char* kUsage =
     "usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 \"\"|hybrid|e4m3] [--micro-batch N] "
     "[--trace 0|1|engine] [--attention auto|unfused]";
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
+using ts::bench::median;
 
 Config gpuConfig(const std::string& name) {
     Config c;
@@ -177,13 +177,13 @@ int main(int argc, char** argv) {
         tracedMed = median(tt);
         tracedWall = median(tw);
     }
-    // The experiments of kernels/cuda/ops_cuda.h, as the environment sets them: flash attention by
-    // the tiled kernels (TS_CUDA_FLASH_TILES), bf16 GEMMs on fp32 operands (TS_CUDA_GEMM_FAST_16BF).
-    auto envIsOne = [](const char* name) {
-        const char* e = std::getenv(name);
-        return e && std::strcmp(e, "1") == 0;
-    };
-    const bool flashTiles = envIsOne("TS_CUDA_FLASH_TILES"), fast16bf = envIsOne("TS_CUDA_GEMM_FAST_16BF");
+    // The experiments of kernels/cuda/ops_cuda.h the run had on: flash attention by the tiled
+    // kernels (TS_CUDA_FLASH_TILES), bf16 GEMMs on fp32 operands (TS_CUDA_GEMM_FAST_16BF).
+#ifdef TS_HAVE_CUDA
+    const bool flashTiles = ts::kernels::cuda::flashTiles(), fast16bf = ts::kernels::cuda::fast16bfGemms();
+#else
+    const bool flashTiles = false, fast16bf = false;
+#endif
     const std::string attentionShown = attention + (flashTiles ? ", tiled flash kernels" : "") +
                                        (fast16bf ? "; GEMMs FAST_16BF" : "");
     const double tokens = double(c.micro_batch_size) * c.seq_length;

@@ -5,7 +5,10 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace ts::kernels::cuda::detail {
@@ -28,6 +31,27 @@ inline Status fromCuda(cudaError_t err, const char* what) {
             return Status::internal(msg);
     }
 }
+
+// A process-wide switch: on where the environment variable `name` is "1" (read at the first
+// call), until set() says otherwise.
+class EnvSwitch {
+public:
+    explicit EnvSwitch(const char* name) : m_name(name) {}
+    void set(bool on) { m_state.store(on ? 1 : 0); }
+    bool on() {
+        int v = m_state.load();
+        if (v < 0) {
+            const char* e = std::getenv(m_name);
+            v = e && std::strcmp(e, "1") == 0 ? 1 : 0;
+            m_state.store(v);
+        }
+        return v == 1;
+    }
+
+private:
+    const char* m_name;
+    std::atomic<int> m_state{-1};  // -1: the environment not read yet
+};
 
 // After a <<<>>> launch: configuration errors show up here (execution errors come later).
 inline Status launchStatus(const char* what) { return fromCuda(cudaGetLastError(), what); }

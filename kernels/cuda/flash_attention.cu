@@ -33,29 +33,17 @@
 #include <mma.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <type_traits>
 
 namespace ts::kernels::cuda {
 
 namespace {
-std::atomic<int> g_flashTiles{-1};  // -1: TS_CUDA_FLASH_TILES not read yet
+detail::EnvSwitch g_flashTiles("TS_CUDA_FLASH_TILES");
 }  // namespace
 
-void setFlashTiles(bool on) { g_flashTiles.store(on ? 1 : 0); }
-
-bool flashTiles() {
-    int v = g_flashTiles.load();
-    if (v < 0) {
-        const char* e = std::getenv("TS_CUDA_FLASH_TILES");
-        v = e && std::strcmp(e, "1") == 0 ? 1 : 0;
-        g_flashTiles.store(v);
-    }
-    return v == 1;
-}
+void setFlashTiles(bool on) { g_flashTiles.set(on); }
+bool flashTiles() { return g_flashTiles.on(); }
 
 namespace detail {
 
@@ -234,6 +222,14 @@ struct RowArrays {
     }
 };
 
+// The key tiles the block's rows see: up to the most keys any of them sees (n: per row, in
+// shared memory, written before a barrier).
+__device__ inline int keyTilesOf(const int* n) {
+    int most = 0;
+    for (int r = 0; r < kTile; ++r) most = max(most, n[r]);
+    return (most + kTile - 1) / kTile;
+}
+
 // --- forward -------------------------------------------------------------------------------------
 // grid (query tiles, b*nq); the last query tiles (the most keys) first.
 template <int D>
@@ -268,9 +264,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionForwardKernel(FlashPar
         rowL[threadIdx.x] = 0.0f;
     }
     __syncthreads();
-    int nMax = 0;
-    for (int r = 0; r < kTile; ++r) nMax = max(nMax, ra.n[r]);
-    const int kTiles = (nMax + kTile - 1) / kTile;
+    const int kTiles = keyTilesOf(ra.n);
 
     // The softmax step: two lanes per row of the warp, 32 keys each.
     const int rr = warp * 16 + lane / 2, half = lane & 1;
@@ -376,9 +370,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardQueryKernel(Fl
         ra.b[threadIdx.x] = st[1];
     }
     __syncthreads();
-    int nMax = 0;
-    for (int r = 0; r < kTile; ++r) nMax = max(nMax, ra.n[r]);
-    const int kTiles = (nMax + kTile - 1) / kTile;
+    const int kTiles = keyTilesOf(ra.n);
 
     const int rr = warp * 16 + lane / 2, half = lane & 1;
     const int n = ra.n[rr];

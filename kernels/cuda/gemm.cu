@@ -6,9 +6,6 @@
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/workspace.cuh"
 
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -123,7 +120,7 @@ Status bf16Operand(const float* x, int64_t n, const void** use, void** owned, cu
 // hold bf16 values (what the engine's bf16 mode stores); for others (an fp32 master weight whose
 // twin is its bf16 model copy) only if cuBLAS rounds to nearest even, which it does not document.
 // An experiment for the next GPU session (docs/cuda_port.md): off by default.
-std::atomic<int> g_fast16bf{-1};  // -1: TS_CUDA_GEMM_FAST_16BF not read yet
+detail::EnvSwitch g_fast16bf("TS_CUDA_GEMM_FAST_16BF");
 
 // C = alpha op(A) op(B) + beta C over `batch` strided matrices with bf16 copies of A and B.
 Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
@@ -180,16 +177,8 @@ __global__ void columnSumReduceKernel(const float* __restrict__ dy, float* __res
 void setBf16Gemms(bool on) { t_bf16Gemms = on; }
 bool bf16Gemms() { return t_bf16Gemms; }
 
-void setFast16bfGemms(bool on) { g_fast16bf.store(on ? 1 : 0); }
-bool fast16bfGemms() {
-    int v = g_fast16bf.load();
-    if (v < 0) {
-        const char* e = std::getenv("TS_CUDA_GEMM_FAST_16BF");
-        v = e && std::strcmp(e, "1") == 0 ? 1 : 0;
-        g_fast16bf.store(v);
-    }
-    return v == 1;
-}
+void setFast16bfGemms(bool on) { g_fast16bf.set(on); }
+bool fast16bfGemms() { return g_fast16bf.on(); }
 
 void bindBf16Twin(const float* base, const uint16_t* twin, int64_t n) {
     std::lock_guard<std::mutex> lock(g_twinMutex);

@@ -286,6 +286,19 @@ void expectBf16Close(const AttnResult& gpu, const AttnResult& cpu, const AttnCas
     EXPECT_EQ(cuda::boundBf16Twin(gq, 1), nullptr) << tag;
 }
 
+// The CPU's flash attention of a case: out, dq, dk, dv, and the forward's stats in St.
+AttnResult cpuFlash(const AttnCase& c, std::vector<float>& St) {
+    const auto& dm = c.dims;
+    AttnResult r{std::vector<float>(c.q.size()), std::vector<float>(c.q.size()), std::vector<float>(c.k.size()),
+                 std::vector<float>(c.k.size())};
+    St.assign(cpu::attentionStatsSize(dm), 0.0f);
+    std::vector<float> scratch(cpu::attentionFlashScratchSize(dm));
+    cpu::attentionFlashForward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), r.out.data());
+    cpu::attentionFlashBackward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), c.dout.data(), r.dq.data(),
+                                r.dk.data(), r.dv.data(), scratch.data());
+    return r;
+}
+
 // Flash attention: q, k, v and dout converted once per call, the row kernels writing the bf16
 // bits of the probabilities, dropout(P) and dS for the GEMMs after them.
 TEST_F(CudaAttention, Bf16FlashAttentionMatchesCpu) {
@@ -298,12 +311,8 @@ TEST_F(CudaAttention, Bf16FlashAttentionMatchesCpu) {
                 const AttnCase c = makeBf16AttnCase(nkv, p, s);
                 const auto& dm = c.dims;
                 const std::string tag = caseName("attentionFlash bf16", true, dm.nq / nkv, p) + "s=" + std::to_string(s) + " ";
-                AttnResult want{std::vector<float>(c.q.size()), std::vector<float>(c.q.size()),
-                                std::vector<float>(c.k.size()), std::vector<float>(c.k.size())};
-                std::vector<float> St(cpu::attentionStatsSize(dm)), scratch(cpu::attentionFlashScratchSize(dm));
-                cpu::attentionFlashForward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), want.out.data());
-                cpu::attentionFlashBackward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), c.dout.data(),
-                                            want.dq.data(), want.dk.data(), want.dv.data(), scratch.data());
+                std::vector<float> St;
+                const AttnResult want = cpuFlash(c, St);
                 DeviceVec<float> gq(c.q), gk(c.k), gv(c.v), gdo(c.dout);
                 DeviceVec<float> gSt(randomVec(St.size(), 1)), gO(randomVec(c.q.size(), 5));
                 DeviceVec<float> gdq(randomVec(c.q.size(), 2)), gdk(randomVec(c.k.size(), 3)),
@@ -347,12 +356,8 @@ TEST_F(CudaAttention, TiledFlashAttentionMatchesCpu) {
                 const auto& dm = c.dims;
                 const std::string tag = caseName("attentionFlash tiles", true, dm.nq / nkv, p) + "s=" +
                                         std::to_string(sh.s) + " d=" + std::to_string(sh.d) + " ";
-                AttnResult want{std::vector<float>(c.q.size()), std::vector<float>(c.q.size()),
-                                std::vector<float>(c.k.size()), std::vector<float>(c.k.size())};
-                std::vector<float> St(cpu::attentionStatsSize(dm)), scratch(cpu::attentionFlashScratchSize(dm));
-                cpu::attentionFlashForward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), want.out.data());
-                cpu::attentionFlashBackward(dm, c.q.data(), c.k.data(), c.v.data(), St.data(), c.dout.data(),
-                                            want.dq.data(), want.dk.data(), want.dv.data(), scratch.data());
+                std::vector<float> St;
+                const AttnResult want = cpuFlash(c, St);
                 DeviceVec<float> gq(c.q), gk(c.k), gv(c.v), gdo(c.dout), gStCpu(St);
                 DeviceVec<float> gSt(randomVec(St.size(), 1)), gO(randomVec(c.q.size(), 5));
                 TS_ASSERT_OK(gq.status);

@@ -299,7 +299,13 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     s->groups = G;
     const TraceTarget tt = m_exec.device().traceTarget();
     m_exec.op("router.fwd", Category::Gemm, 2.0 * T * h * E, uint64_t(4) * (uint64_t(T) * (h + E) + uint64_t(E) * h),
-              [=] { k::linearForward(fp(x), Wr, Br, fp(s->logits), T, h, E); });
+              [=] {
+                  // The router computes in fp32 (moe_router_dtype; docs/knobs.md): fp32 GEMMs, as
+                  // Megatron's router_gating_linear casts its operands up (the backward's logit
+                  // gradients are fp32 values, which a bf16 GEMM would round).
+                  k::Bf16GemmScope fp32Router(false);
+                  k::linearForward(fp(x), Wr, Br, fp(s->logits), T, h, E);
+              });
     MoeRouteOptions ro;
     ro.T = T;
     ro.E = E;
@@ -875,8 +881,11 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         float* full = fullProbs ? c + TK : nullptr;
         k::moeRouterProbsCoefficients(fp(s->logits), s->planTopi(), T, E, s->ro.topk(), s->ro.sinkhorn, a, b, c, full);
         k::moeRouterProbsBackward(fp(dprob), s->planRowOf(), s->planTopi(), a, b, c, full, fp(dlDev), T, K, E);
-        // dx += dl W_r ; dW_r += dl^T x ; db_r += sum_t dl
-        k::linearBackward(fp(dlDev), fp(x), Wr, fp(dx), Gr, GrB, T, h, E);
+        // dx += dl W_r ; dW_r += dl^T x ; db_r += sum_t dl (fp32 GEMMs: router.fwd)
+        {
+            k::Bf16GemmScope fp32Router(false);
+            k::linearBackward(fp(dlDev), fp(x), Wr, fp(dx), Gr, GrB, T, h, E);
+        }
         // experts' input grads, combined per token in permuted order (allgather: already per token)
         if (dxTok) k::addInPlace(fp(dx), fp(dxTok), int64_t(T) * h);
         else k::gatherSumRows(fp(dxp), s->planStart(), s->planInv(), fp(dx), T, h);

@@ -352,8 +352,9 @@ bool checkBf16Gemms() {
     int v = g_checkBf16.load();
     if (v < 0) {
         const char* e = std::getenv("TS_CHECK_BF16_GEMMS");
-        v = e && std::strcmp(e, "1") == 0 ? 1 : 0;
-        g_checkBf16.store(v);
+        int fromEnv = e && std::strcmp(e, "1") == 0 ? 1 : 0;
+        // a setCheckBf16Gemms meanwhile wins over the environment
+        v = g_checkBf16.compare_exchange_strong(v, fromEnv) ? fromEnv : v;
     }
     return v == 1;
 }
@@ -431,7 +432,8 @@ void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
 }
 
 // The GEMMs: on the host, under a checked Bf16GemmScope, the operands are looked at first (in
-// the kernel, so a deferred one sees the values its stream order gives it).
+// the kernel, so a deferred one sees the values its stream order gives it); the first operand
+// that fails fails the op, and the GEMM still runs, so what reads its output reads values.
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
     TS_KERN_CUDA(gemm, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -439,8 +441,8 @@ void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const floa
     runOnHost("gemm", "transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc",
               [check](bool tA, bool tB, int m, int n, int k, float al, const float* a, int la, const float* b, int lb,
                       float be, float* c, int lc) {
-                  if (check && !checkBf16Operand("gemm", "A", a, tA ? k : m, tA ? m : k, la, 1, 0)) return;
-                  if (check && !checkBf16Operand("gemm", "B", b, tB ? n : k, tB ? k : n, lb, 1, 0)) return;
+                  if (check && checkBf16Operand("gemm", "A", a, tA ? k : m, tA ? m : k, la, 1, 0))
+                      checkBf16Operand("gemm", "B", b, tB ? n : k, tB ? k : n, lb, 1, 0);
                   kernels::cpu::gemm(tA, tB, m, n, k, al, a, la, b, lb, be, c, lc);
               },
               transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -456,12 +458,8 @@ void gemmStridedBatched(bool transA, bool transB, int M, int N, int K, float alp
               "transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch",
               [check](bool tA, bool tB, int m, int n, int k, float al, const float* a, int la, int64_t sa,
                       const float* b, int lb, int64_t sb, float be, float* c, int lc, int64_t sc, int bt) {
-                  if (check &&
-                      !checkBf16Operand("gemmStridedBatched", "A", a, tA ? k : m, tA ? m : k, la, bt, sa))
-                      return;
-                  if (check &&
-                      !checkBf16Operand("gemmStridedBatched", "B", b, tB ? n : k, tB ? k : n, lb, bt, sb))
-                      return;
+                  if (check && checkBf16Operand("gemmStridedBatched", "A", a, tA ? k : m, tA ? m : k, la, bt, sa))
+                      checkBf16Operand("gemmStridedBatched", "B", b, tB ? n : k, tB ? k : n, lb, bt, sb);
                   kernels::cpu::gemmStridedBatched(tA, tB, m, n, k, al, a, la, sa, b, lb, sb, be, c, lc, sc, bt);
               },
               transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch);
@@ -473,8 +471,8 @@ void linearForward(const float* x, const float* W, const float* b, float* y, int
     const bool check = t_bf16Scope && checkBf16Gemms();
     runOnHost("linearForward", "x, W, b, y, T, in, out",
               [check](const float* x_, const float* w, const float* b_, float* y_, int t, int i, int o) {
-                  if (check && !checkBf16Operand("linearForward", "x", x_, t, i, i, 1, 0)) return;
-                  if (check && !checkBf16Operand("linearForward", "W", w, o, i, i, 1, 0)) return;
+                  if (check && checkBf16Operand("linearForward", "x", x_, t, i, i, 1, 0))
+                      checkBf16Operand("linearForward", "W", w, o, i, i, 1, 0);
                   kernels::cpu::linearForward(x_, w, b_, y_, t, i, o);
               },
               x, W, b, y, T, in, out);
@@ -488,10 +486,9 @@ void linearBackward(const float* dy, const float* x, const float* W, float* dx, 
               [check](const float* dy_, const float* x_, const float* w, float* dx_, float* dw, float* db_, int t,
                       int i, int o) {
                   // the operands the GEMMs read: dy for both, W for the dgrad, x for the wgrad
-                  const bool gemms = dx_ || dw;
-                  if (check && gemms && !checkBf16Operand("linearBackward", "dy", dy_, t, o, o, 1, 0)) return;
-                  if (check && dx_ && !checkBf16Operand("linearBackward", "W", w, o, i, i, 1, 0)) return;
-                  if (check && dw && !checkBf16Operand("linearBackward", "x", x_, t, i, i, 1, 0)) return;
+                  if (check && (dx_ || dw) && checkBf16Operand("linearBackward", "dy", dy_, t, o, o, 1, 0) &&
+                      (!dx_ || checkBf16Operand("linearBackward", "W", w, o, i, i, 1, 0)) && dw)
+                      checkBf16Operand("linearBackward", "x", x_, t, i, i, 1, 0);
                   kernels::cpu::linearBackward(dy_, x_, w, dx_, dw, db_, t, i, o);
               },
               dy, x, W, dx, dW, db, T, in, out);

@@ -300,9 +300,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     const TraceTarget tt = m_exec.device().traceTarget();
     m_exec.op("router.fwd", Category::Gemm, 2.0 * T * h * E, uint64_t(4) * (uint64_t(T) * (h + E) + uint64_t(E) * h),
               [=] {
-                  // The router computes in fp32 (moe_router_dtype; docs/knobs.md): fp32 GEMMs, as
-                  // Megatron's router_gating_linear casts its operands up (the backward's logit
-                  // gradients are fp32 values, which a bf16 GEMM would round).
+                  // The engine computes the router in fp32 whatever moe_router_dtype says
+                  // (docs/knobs.md; Megatron's moe_router_dtype=fp32, where router_gating_linear
+                  // casts its operands up; its default "" runs it in bf16): fp32 GEMMs here too,
+                  // as the backward's logit gradients are fp32 values, which a bf16 GEMM would round.
                   k::Bf16GemmScope fp32Router(false);
                   k::linearForward(fp(x), Wr, Br, fp(s->logits), T, h, E);
               });

@@ -249,7 +249,7 @@ inline bool gemmSplitsRowsAlike() {
 }
 
 // An FP8 layout's tolerance against the run it should equal: `tol` where the CPU GEMM splits rows
-// alike (CTest asks OpenBLAS for such a kernel on x86-64: tests/CMakeLists.txt); else FP8's noise,
+// alike (on x86-64 the program asks OpenBLAS for such a kernel: blas_kernel_pin.cpp); else FP8's noise,
 // 5e-2 relative: last-bit differences move a bf16 rounding step of an activation gradient now and
 // then, and that an FP8 step and Adam a whole update (measured on OpenBLAS's Zen kernel: weights
 // up to 1.8e-2 apart after 3 steps, 2026-11-28). That still tells a wrong scale or a lost chunk.

@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "common/clock.h"
+#include "engine/backend/backend.h"
 #include "engine/backend/backend_trace.h"
 
 namespace ts::engine::host {
@@ -342,6 +343,10 @@ void WorkerStream::execute(WorkItem& item) {
     } catch (...) {
         s = Status::internal("unknown exception");
     }
+    // What the item's host kernels reported (reportKernelError: a deferred kernel of the
+    // emulated device, a checked CPU GEMM) fails it too.
+    Status kernel = takeKernelError();
+    if (s.isOk()) s = std::move(kernel);
     if (item.traced) {
         trace::Slice sl;
         sl.track = item.track;

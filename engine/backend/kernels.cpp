@@ -4,7 +4,10 @@
 // on its worker (NowHostView); else the CPU oracle now, pointers as given.
 #include "engine/backend/kernels.h"
 
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -186,6 +189,37 @@ R runOnHostValue(const char* op, const char* names, F f, A... args) {
     return *out;
 }
 
+// Bf16GemmScope's state on this thread (every backend), and whether the host backends check
+// it (setCheckBf16Gemms; -1: the environment not read yet).
+thread_local bool t_bf16Scope = false;
+std::atomic<int> g_checkBf16{-1};
+
+// Whether the [rows, cols] matrices (row stride ld, `batch` of them `stride` apart) hold only
+// bf16 values (NaN aside: it stays NaN either way); else the op fails with the first element
+// that is not. Host memory (the kernel's view).
+bool checkBf16Operand(const char* op, const char* what, const float* a, int64_t rows, int64_t cols, int64_t ld,
+                      int batch, int64_t stride) {
+    if (!a) return true;
+    for (int bi = 0; bi < batch; ++bi)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* row = a + bi * stride + r * ld;
+            for (int64_t c = 0; c < cols; ++c) {
+                uint32_t bits;
+                std::memcpy(&bits, &row[c], sizeof bits);
+                if ((bits & 0xFFFFu) == 0 || row[c] != row[c]) continue;
+                char msg[400];
+                std::snprintf(msg, sizeof msg,
+                              "%s under bf16 GEMMs: operand %s holds %.9g at [%d, %lld, %lld], which bf16 does not "
+                              "represent (a GPU's bf16 GEMM would round it, the CPU oracle does not): round it to "
+                              "bf16 where it is made, or run this GEMM without Bf16GemmScope",
+                              op, what, double(row[c]), bi, static_cast<long long>(r), static_cast<long long>(c));
+                reportKernelError(Status::internal(msg));
+                return false;
+            }
+        }
+    return true;
+}
+
 #define TS_KERN_DISPATCH(name, ...)                                                          \
     do {                                                                                     \
         TS_KERN_CUDA(name, __VA_ARGS__)                                                      \
@@ -297,19 +331,32 @@ void unbindBf16Twin(const float* base) {
 #endif
 }
 
-Bf16GemmScope::Bf16GemmScope(bool on) {
+Bf16GemmScope::Bf16GemmScope(bool on) : m_prev(t_bf16Scope) {
+    t_bf16Scope = on;
 #ifdef TS_HAVE_CUDA
-    m_prev = kernels::cuda::bf16Gemms();
+    m_prevCuda = kernels::cuda::bf16Gemms();
     kernels::cuda::setBf16Gemms(on);
-#else
-    (void)on;
 #endif
 }
 
 Bf16GemmScope::~Bf16GemmScope() {
+    t_bf16Scope = m_prev;
 #ifdef TS_HAVE_CUDA
-    kernels::cuda::setBf16Gemms(m_prev);
+    kernels::cuda::setBf16Gemms(m_prevCuda);
 #endif
+}
+
+void setCheckBf16Gemms(bool on) { g_checkBf16.store(on ? 1 : 0); }
+
+bool checkBf16Gemms() {
+    int v = g_checkBf16.load();
+    if (v < 0) {
+        const char* e = std::getenv("TS_CHECK_BF16_GEMMS");
+        int fromEnv = e && std::strcmp(e, "1") == 0 ? 1 : 0;
+        // a setCheckBf16Gemms meanwhile wins over the environment
+        v = g_checkBf16.compare_exchange_strong(v, fromEnv) ? fromEnv : v;
+    }
+    return v == 1;
 }
 
 Status runOp(Stream& s, const char* name, std::function<void()> fn) {
@@ -384,26 +431,67 @@ void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
     TS_KERN_DISPATCH(amaxAccumulate, x, n, divisor, slot);
 }
 
+// The GEMMs: on the host, under a checked Bf16GemmScope, the operands are looked at first (in
+// the kernel, so a deferred one sees the values its stream order gives it); the first operand
+// that fails fails the op, and the GEMM still runs, so what reads its output reads values.
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
-    TS_KERN_DISPATCH(gemm, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    TS_KERN_CUDA(gemm, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const bool check = t_bf16Scope && checkBf16Gemms();
+    runOnHost("gemm", "transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc",
+              [check](bool tA, bool tB, int m, int n, int k, float al, const float* a, int la, const float* b, int lb,
+                      float be, float* c, int lc) {
+                  if (check && checkBf16Operand("gemm", "A", a, tA ? k : m, tA ? m : k, la, 1, 0))
+                      checkBf16Operand("gemm", "B", b, tB ? n : k, tB ? k : n, lb, 1, 0);
+                  kernels::cpu::gemm(tA, tB, m, n, k, al, a, la, b, lb, be, c, lc);
+              },
+              transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemmStridedBatched(bool transA, bool transB, int M, int N, int K, float alpha, const float* A,
                         int lda, int64_t strideA, const float* B, int ldb, int64_t strideB,
                         float beta, float* C, int ldc, int64_t strideC, int batch) {
-    TS_KERN_DISPATCH(gemmStridedBatched, transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb,
-                     strideB, beta, C, ldc, strideC, batch);
+    TS_KERN_CUDA(gemmStridedBatched, transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C,
+                 ldc, strideC, batch);
+    const bool check = t_bf16Scope && checkBf16Gemms();
+    runOnHost("gemmStridedBatched",
+              "transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch",
+              [check](bool tA, bool tB, int m, int n, int k, float al, const float* a, int la, int64_t sa,
+                      const float* b, int lb, int64_t sb, float be, float* c, int lc, int64_t sc, int bt) {
+                  if (check && checkBf16Operand("gemmStridedBatched", "A", a, tA ? k : m, tA ? m : k, la, bt, sa))
+                      checkBf16Operand("gemmStridedBatched", "B", b, tB ? n : k, tB ? k : n, lb, bt, sb);
+                  kernels::cpu::gemmStridedBatched(tA, tB, m, n, k, al, a, la, sa, b, lb, sb, be, c, lc, sc, bt);
+              },
+              transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch);
 }
 
 void linearForward(const float* x, const float* W, const float* b, float* y, int T, int in,
                    int out) {
-    TS_KERN_DISPATCH(linearForward, x, W, b, y, T, in, out);
+    TS_KERN_CUDA(linearForward, x, W, b, y, T, in, out);
+    const bool check = t_bf16Scope && checkBf16Gemms();
+    runOnHost("linearForward", "x, W, b, y, T, in, out",
+              [check](const float* x_, const float* w, const float* b_, float* y_, int t, int i, int o) {
+                  if (check && checkBf16Operand("linearForward", "x", x_, t, i, i, 1, 0))
+                      checkBf16Operand("linearForward", "W", w, o, i, i, 1, 0);
+                  kernels::cpu::linearForward(x_, w, b_, y_, t, i, o);
+              },
+              x, W, b, y, T, in, out);
 }
 
 void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                     float* db, int T, int in, int out) {
-    TS_KERN_DISPATCH(linearBackward, dy, x, W, dx, dW, db, T, in, out);
+    TS_KERN_CUDA(linearBackward, dy, x, W, dx, dW, db, T, in, out);
+    const bool check = t_bf16Scope && checkBf16Gemms();
+    runOnHost("linearBackward", "dy, x, W, dx, dW, db, T, in, out",
+              [check](const float* dy_, const float* x_, const float* w, float* dx_, float* dw, float* db_, int t,
+                      int i, int o) {
+                  // the operands the GEMMs read: dy for both, W for the dgrad, x for the wgrad
+                  if (check && (dx_ || dw) && checkBf16Operand("linearBackward", "dy", dy_, t, o, o, 1, 0) &&
+                      (!dx_ || checkBf16Operand("linearBackward", "W", w, o, i, i, 1, 0)) && dw)
+                      checkBf16Operand("linearBackward", "x", x_, t, i, i, 1, 0);
+                  kernels::cpu::linearBackward(dy_, x_, w, dx_, dw, db_, t, i, o);
+              },
+              dy, x, W, dx, dW, db, T, in, out);
 }
 
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,

@@ -85,7 +85,8 @@ void unbindBf16Twin(const float* base);
 // previous setting after): on CUDA, gemm / gemmStridedBatched / linear* round A and B to bf16 and
 // use the tensor cores with fp32 accumulation (kernels/cuda/ops_cuda.h setBf16Gemms); the CPU
 // oracle and the emulated device keep fp32 GEMMs, which on operands holding bf16 values give the
-// same products. Exec sets it around the ops of a bf16 model (not with FP8).
+// same products. Exec sets it around the ops of a bf16 model (with FP8, only where every GEMM
+// operand is a bf16 value: GptModel's constructor).
 class Bf16GemmScope {
 public:
     explicit Bf16GemmScope(bool on);
@@ -94,8 +95,20 @@ public:
     Bf16GemmScope& operator=(const Bf16GemmScope&) = delete;
 
 private:
-    bool m_prev = false;
+    bool m_prev = false;      // this thread's scope before (every backend)
+    bool m_prevCuda = false;  // the CUDA kernels' setting before (CUDA builds)
 };
+
+// The check of that promise on the host backends (CPU, emulated device): with it on, gemm,
+// gemmStridedBatched, linearForward and linearBackward run under a Bf16GemmScope first look at
+// their operands (A and B; x, W, dy) and fail the op, naming the operand, the element and its
+// value, where one holds a value bf16 does not represent, which a GPU's bf16 GEMM would round
+// and the oracle would not. On CUDA nothing is checked; nor are the GEMMs inside the CUDA
+// attention kernels (they round P, dropout(P) and dS, which the oracle keeps fp32: a known
+// difference, docs/cuda_port.md). Off unless TS_CHECK_BF16_GEMMS=1 or setCheckBf16Gemms(true)
+// (the tests: tests/engine/train/test_bf16_gemm_check.cpp).
+void setCheckBf16Gemms(bool on);
+bool checkBf16Gemms();
 
 // --- ops that return a value (synchronize on CUDA) ------------------------------------------
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,

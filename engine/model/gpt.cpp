@@ -19,9 +19,11 @@ GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o,
       m_sp(ctx.sequenceParallel && ctx.tpSize > 1),
       m_logits(std::make_shared<std::map<int, std::vector<float>>>()) {
     // bf16 runs store bf16 values, so their GEMMs may take bf16 operands on a GPU's tensor cores
-    // (the same products; kernels.h Bf16GemmScope). FP8 GEMMs take dequantized FP8 values with
-    // any fp32 scale, which bf16 would round: they stay fp32.
-    m_exec.setBf16Gemms(o.bf16 && cfg.fp8.empty());
+    // (the same products; kernels.h Bf16GemmScope; kern::setCheckBf16Gemms checks it on the host
+    // backends). FP8 linears take dequantized FP8 values: with power-of-two scales (mxfp8's E8M0,
+    // blockwise's) a code times its scale is a bf16 value too, so those models keep bf16 GEMMs;
+    // the per-tensor recipes' scales are any fp32, which bf16 would round: their GEMMs stay fp32.
+    m_exec.setBf16Gemms(o.bf16 && (cfg.fp8.empty() || (o.fp8.isBlock() && o.fp8.blockPow2)));
 }
 
 GptModel::~GptModel() {

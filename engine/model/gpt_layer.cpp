@@ -122,6 +122,7 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
         TensorPtr mask = A.mask2;
         m_exec.op("bias_dropout_add.mlp.bwd", Category::Elementwise, 2.0 * ThL, uint64_t(ThL) * 8, [=] {
             k::biasDropoutAddBackward(fp(dout), mask ? mask->as<uint8_t>() : nullptr, fp(dfc2), GB, TL, h, p);
+            if (bf) k::roundToBf16(fp(dfc2), ThL);  // dropout's 1/(1-p) leaves bf16
         });
     }
     TensorPtr da2;
@@ -130,8 +131,10 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
     TS_ASSIGN_OR_RETURN(TensorPtr dx2, alloc(ThL));
     normBackward("pre_mlp_layernorm.bwd", P.ln2w, P.ln2b, da2, A.x2, A.mean2, A.rstd2, dx2, TL);
     da2.reset();
-    m_exec.op("residual_grad_add", Category::Elementwise, double(ThL), uint64_t(ThL) * 12,
-              [=] { k::addInPlace(fp(dx2), fp(dout), ThL); });
+    m_exec.op("residual_grad_add", Category::Elementwise, double(ThL), uint64_t(ThL) * 12, [=] {
+        k::addInPlace(fp(dx2), fp(dout), ThL);
+        if (bf) k::roundToBf16(fp(dx2), ThL);
+    });
 
     // attention block
     TS_ASSIGN_OR_RETURN(TensorPtr dproj, alloc(ThL));
@@ -140,6 +143,7 @@ Status GptModel::layerBackward(MbState& st, int li, TensorPtr dout, TensorPtr* d
         TensorPtr mask = A.mask1;
         m_exec.op("bias_dropout_add.attn.bwd", Category::Elementwise, 2.0 * ThL, uint64_t(ThL) * 8, [=] {
             k::biasDropoutAddBackward(fp(dx2), mask ? mask->as<uint8_t>() : nullptr, fp(dproj), GB, TL, h, p);
+            if (bf) k::roundToBf16(fp(dproj), ThL);
         });
     }
     TS_ASSIGN_OR_RETURN(TensorPtr da1, attentionBackward(A, P, gl, std::move(dproj)));

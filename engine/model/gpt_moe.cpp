@@ -299,7 +299,14 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     s->groups = G;
     const TraceTarget tt = m_exec.device().traceTarget();
     m_exec.op("router.fwd", Category::Gemm, 2.0 * T * h * E, uint64_t(4) * (uint64_t(T) * (h + E) + uint64_t(E) * h),
-              [=] { k::linearForward(fp(x), Wr, Br, fp(s->logits), T, h, E); });
+              [=] {
+                  // The engine computes the router in fp32 whatever moe_router_dtype says
+                  // (docs/knobs.md; Megatron's moe_router_dtype=fp32, where router_gating_linear
+                  // casts its operands up; its default "" runs it in bf16): fp32 GEMMs here too,
+                  // as the backward's logit gradients are fp32 values, which a bf16 GEMM would round.
+                  k::Bf16GemmScope fp32Router(false);
+                  k::linearForward(fp(x), Wr, Br, fp(s->logits), T, h, E);
+              });
     MoeRouteOptions ro;
     ro.T = T;
     ro.E = E;
@@ -875,8 +882,11 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         float* full = fullProbs ? c + TK : nullptr;
         k::moeRouterProbsCoefficients(fp(s->logits), s->planTopi(), T, E, s->ro.topk(), s->ro.sinkhorn, a, b, c, full);
         k::moeRouterProbsBackward(fp(dprob), s->planRowOf(), s->planTopi(), a, b, c, full, fp(dlDev), T, K, E);
-        // dx += dl W_r ; dW_r += dl^T x ; db_r += sum_t dl
-        k::linearBackward(fp(dlDev), fp(x), Wr, fp(dx), Gr, GrB, T, h, E);
+        // dx += dl W_r ; dW_r += dl^T x ; db_r += sum_t dl (fp32 GEMMs: router.fwd)
+        {
+            k::Bf16GemmScope fp32Router(false);
+            k::linearBackward(fp(dlDev), fp(x), Wr, fp(dx), Gr, GrB, T, h, E);
+        }
         // experts' input grads, combined per token in permuted order (allgather: already per token)
         if (dxTok) k::addInPlace(fp(dx), fp(dxTok), int64_t(T) * h);
         else k::gatherSumRows(fp(dxp), s->planStart(), s->planInv(), fp(dx), T, h);

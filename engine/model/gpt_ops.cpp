@@ -162,11 +162,14 @@ void GptModel::normBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, 
     float* dW = m_params.mainGrad(wIdx);
     float* dB = bIdx >= 0 ? m_params.mainGrad(bIdx) : nullptr;
     const int C = m_d.hidden;
-    const bool rms = m_d.rmsNorm, fused = m_o.fusedLayerNorm;
+    const bool rms = m_d.rmsNorm, fused = m_o.fusedLayerNorm, bf = m_o.bf16;
     m_exec.op(name, Category::Norm, 12.0 * T * C, uint64_t(T) * C * 12, [=] {
         if (rms) k::rmsNormBackward(fp(dy), fp(x), W, fp(rstd), fp(dx), dW, T, C);
         else if (fused) k::layerNormBackwardFused(fp(dy), fp(x), W, fp(mean), fp(rstd), fp(dx), dW, dB, T, C);
         else k::layerNormBackward(fp(dy), fp(x), W, fp(mean), fp(rstd), fp(dx), dW, dB, T, C);
+        // bf16: the input gradient is a bf16 tensor, as every activation gradient (TE's norms
+        // write their dgrad in the input's dtype).
+        if (bf) k::roundToBf16(fp(dx), int64_t(T) * C);
     });
 }
 

@@ -1236,13 +1236,12 @@ TEST(Fp8BlockRecipes, ContextParallelRingAndTensorParallelTrackTheSingleDevice) 
 // The backward of ring blocks (p2p, and all_gather under flash attention) reads the attention
 // output itself (rowsum(dout * out)): from its own unquantized copy, so these layouts' gradients
 // track the FP8 single device's far closer than FP8 is to bf16. Measured distance / FP8's, with
-// the copy and (read from the FP8-rounded output) without it: tensorwise 0.022 and 0.056,
-// delayed 0.062 and 0.075 (delayed scales follow the amax history, which moves them less); on
-// OpenBLAS's Zen kernel, whose row pieces round differently (fp8LayoutTol), tensorwise 0.037 and
-// 0.058, delayed 0.062 and 0.075. The tensorwise bound lies between with and without on both.
+// the copy and (read from the FP8-rounded output) without it, since activation gradients are bf16
+// (2026-11-28): tensorwise 0.0387 and 0.0486, delayed 0.0368 and 0.0566, on OpenBLAS's AVX and Zen
+// kernels alike. The bound lies between with and without for both recipes.
 TEST(Fp8Parallel, ContextParallelRingBackwardReadsTheUnquantizedOutput) {
     std::cout << "this BLAS splits a GEMM's rows alike: " << (gemmSplitsRowsAlike() ? "yes" : "no") << "\n";
-    for (const auto& [recipe, bound] : {std::pair<const char*, double>{"delayed", 0.1}, {"tensorwise", 0.047}})
+    for (const auto& [recipe, bound] : {std::pair<const char*, double>{"delayed", 0.044}, {"tensorwise", 0.044}})
         for (const char* comm : {"p2p", "all_gather"}) {
             engine::Config c = withLayout(fp8Config("hybrid", recipe), Layout{1, 1, 1, 1, 2});
             c.context_parallel_size = 2;

@@ -1,0 +1,219 @@
+// The promise behind a GPU's bf16 GEMMs (kern::Bf16GemmScope): every GEMM operand the engine
+// hands a bf16 GEMM holds bf16 values, so the tensor cores' products are the CPU oracle's and
+// only the fp32 summation order differs. kern::setCheckBf16Gemms makes the host backends look at
+// every such operand; here:
+//   - the check fails an op that breaks the promise, naming the operand, and passes one that
+//     keeps it, on the CPU backend and on the emulated device (whose kernels run deferred);
+//   - every trainer variant (tests/trainer_variants.h, what the CUDA trainer test runs) trains
+//     with the check on, on both host backends: no GEMM of a bf16 model (FP8 ones included,
+//     where their GEMMs take bf16 operands) sees a value bf16 would round.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/kernels.h"
+#include "engine/train/trainer.h"
+#include "kernels/cpu/ops.h"
+#include "tests/trainer_backend_run.h"
+#include "tests/trainer_variants.h"
+
+namespace ts::engine {
+namespace {
+
+// The check on for a scope (what it was after).
+class CheckBf16Gemms {
+public:
+    CheckBf16Gemms() : m_prev(kern::checkBf16Gemms()) { kern::setCheckBf16Gemms(true); }
+    ~CheckBf16Gemms() { kern::setCheckBf16Gemms(m_prev); }
+
+private:
+    bool m_prev;
+};
+
+std::unique_ptr<Backend> backendOf(bool emulate) {
+    return emulate ? makeEmulatedDeviceBackend(1) : makeCpuBackend(1);
+}
+
+// y = x W^T as an op under a bf16 GEMM scope on a fresh stream of `backend`; the stream's status.
+Status linearUnderBf16Scope(bool emulate, const std::vector<float>& x, const std::vector<float>& W, int T, int in,
+                            int out, bool scope) {
+    auto backend = backendOf(emulate);
+    if (!backend) return Status::internal("no backend");
+    Device& dev = backend->device(0);
+    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+    auto bx = dev.allocate(x.size() * sizeof(float), MemCategory::Activations);
+    auto bw = dev.allocate(W.size() * sizeof(float), MemCategory::Params);
+    auto by = dev.allocate(size_t(T) * out * sizeof(float), MemCategory::Activations);
+    if (!bx.isOk() || !bw.isOk() || !by.isOk()) return Status::internal("allocation failed");
+    float* px = static_cast<float*>((*bx)->data());
+    float* pw = static_cast<float*>((*bw)->data());
+    float* py = static_cast<float*>((*by)->data());
+    TS_RETURN_IF_ERROR(kern::copyFromHost(*stream, px, x.data(), x.size() * sizeof(float)));
+    TS_RETURN_IF_ERROR(kern::copyFromHost(*stream, pw, W.data(), W.size() * sizeof(float)));
+    OpDesc d;
+    d.name = "linear";
+    d.category = trace::Category::Gemm;
+    stream->submit(d, [=]() -> Status {
+        kern::Bf16GemmScope gemms(scope);
+        kern::linearForward(px, pw, nullptr, py, T, in, out);
+        return Status::ok();
+    });
+    return stream->synchronize();
+}
+
+std::vector<float> values(int n, float step) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) v[size_t(i)] = step * float(i % 7 - 3);
+    return v;
+}
+
+TEST(Bf16GemmCheck, FailsAGemmWhoseOperandBf16WouldRoundAndNamesIt) {
+    CheckBf16Gemms on;
+    const int T = 3, in = 4, out = 2;
+    std::vector<float> x = values(T * in, 0.25f), W = values(out * in, 0.5f);
+    for (bool emulate : {false, true}) {
+        const std::string where = emulate ? "emulated device" : "CPU backend";
+        EXPECT_TRUE(linearUnderBf16Scope(emulate, x, W, T, in, out, true).isOk()) << where << ": bf16 operands";
+        std::vector<float> xBad = x;
+        xBad[size_t(1 * in + 2)] = 1.0f + std::ldexp(1.0f, -12);  // 13 significant bits
+        const Status s = linearUnderBf16Scope(emulate, xBad, W, T, in, out, true);
+        ASSERT_FALSE(s.isOk()) << where;
+        EXPECT_NE(s.message().find("linearForward"), std::string::npos) << where << ": " << s.toString();
+        EXPECT_NE(s.message().find("operand x"), std::string::npos) << where << ": " << s.toString();
+        EXPECT_NE(s.message().find("[0, 1, 2]"), std::string::npos) << where << ": " << s.toString();
+        std::vector<float> wBad = W;
+        wBad[0] = 0.1f;
+        const Status sw = linearUnderBf16Scope(emulate, x, wBad, T, in, out, true);
+        ASSERT_FALSE(sw.isOk()) << where;
+        EXPECT_NE(sw.message().find("operand W"), std::string::npos) << where << ": " << sw.toString();
+        // Outside a bf16 scope the GEMM is fp32 and any value is fine.
+        EXPECT_TRUE(linearUnderBf16Scope(emulate, xBad, wBad, T, in, out, false).isOk()) << where;
+    }
+}
+
+// Buffers made from `host` on a fresh stream of the backend, then `fn(pointers)` as one op under
+// a bf16 GEMM scope; the stream's status.
+Status underBf16Scope(bool emulate, const std::vector<std::vector<float>>& host,
+                      const std::function<void(const std::vector<float*>&)>& fn) {
+    auto backend = backendOf(emulate);
+    Device& dev = backend->device(0);
+    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
+    std::vector<std::unique_ptr<Buffer>> bufs;
+    std::vector<float*> ptrs;
+    for (const auto& h : host) {
+        auto b = dev.allocate(h.size() * sizeof(float), MemCategory::Activations);
+        if (!b.isOk()) return b.status();
+        ptrs.push_back(static_cast<float*>((*b)->data()));
+        TS_RETURN_IF_ERROR(kern::copyFromHost(*stream, ptrs.back(), h.data(), h.size() * sizeof(float)));
+        bufs.push_back(std::move(b).value());
+    }
+    OpDesc d;
+    d.name = "gemms";
+    d.category = trace::Category::Gemm;
+    stream->submit(d, [&fn, ptrs]() -> Status {
+        kern::Bf16GemmScope gemms(true);
+        fn(ptrs);
+        return Status::ok();
+    });
+    return stream->synchronize();
+}
+
+constexpr float kNotBf16 = 1.0f + 1.0f / 4096.0f;
+
+// The checked extents follow each GEMM's layout: transposed operands, leading dimensions wider
+// than the matrix (their padding is not read), batches and the gaps between them, and the
+// operands linearBackward's GEMMs read (dy; W for dx only; x for dW only).
+TEST(Bf16GemmCheck, LooksAtWhatEachGemmReadsAndNothingElse) {
+    CheckBf16Gemms on;
+    const int M = 3, N = 2, K = 4, ld = 6;  // A^T stored [K, ld], B^T stored [N, ld]
+    for (bool emulate : {false, true}) {
+        const std::string where = emulate ? "emulated device" : "CPU backend";
+        auto gemmT = [&](std::vector<float> A, std::vector<float> B) {
+            return underBf16Scope(emulate, {A, B, std::vector<float>(size_t(M) * N)}, [&](const std::vector<float*>& p) {
+                kern::gemm(true, true, M, N, K, 1.0f, p[0], ld, p[1], ld, 0.0f, p[2], N);
+            });
+        };
+        std::vector<float> A = values(K * ld, 0.5f), B = values(N * ld, 0.25f);
+        EXPECT_TRUE(gemmT(A, B).isOk()) << where;
+        std::vector<float> a = A;
+        a[size_t(3 * ld + M)] = kNotBf16;  // padding past A^T's M columns: not read
+        EXPECT_TRUE(gemmT(a, B).isOk()) << where << ": A's padding";
+        a[size_t(3 * ld + M - 1)] = kNotBf16;  // A^T[3, 2]
+        Status s = gemmT(a, B);
+        ASSERT_FALSE(s.isOk()) << where;
+        EXPECT_NE(s.message().find("operand A"), std::string::npos) << s.toString();
+        EXPECT_NE(s.message().find("[0, 3, 2]"), std::string::npos) << s.toString();
+        std::vector<float> b = B;
+        b[size_t(1 * ld + K)] = kNotBf16;  // padding past B^T's K columns
+        EXPECT_TRUE(gemmT(A, b).isOk()) << where << ": B's padding";
+        b[size_t(1 * ld + K - 1)] = kNotBf16;
+        s = gemmT(A, b);
+        ASSERT_FALSE(s.isOk()) << where;
+        EXPECT_NE(s.message().find("operand B"), std::string::npos) << s.toString();
+
+        // Two batches of A [M, K] 20 floats apart: the gap is not read, the second batch is.
+        const int64_t stride = 20;
+        auto batched = [&](std::vector<float> As) {
+            return underBf16Scope(emulate, {As, values(K * N, 0.5f), std::vector<float>(size_t(2 * M * N))},
+                                  [&](const std::vector<float*>& p) {
+                                      kern::gemmStridedBatched(false, false, M, N, K, 1.0f, p[0], K, stride, p[1], N,
+                                                               0, 0.0f, p[2], N, M * N, 2);
+                                  });
+        };
+        std::vector<float> As = values(int(stride) + M * K, 0.25f);
+        EXPECT_TRUE(batched(As).isOk()) << where;
+        As[size_t(M * K + 1)] = kNotBf16;  // in the gap
+        EXPECT_TRUE(batched(As).isOk()) << where << ": the gap between batches";
+        As[size_t(stride + 1 * K + 2)] = kNotBf16;  // batch 1, [1, 2]
+        s = batched(As);
+        ASSERT_FALSE(s.isOk()) << where;
+        EXPECT_NE(s.message().find("[1, 1, 2]"), std::string::npos) << s.toString();
+
+        // linearBackward: dy [T, out], x [T, in], W [out, in].
+        const int T = 3, in = 4, out = 2;
+        auto backward = [&](std::vector<float> dy, std::vector<float> x, std::vector<float> W, bool dx, bool dW) {
+            return underBf16Scope(emulate,
+                                  {dy, x, W, std::vector<float>(size_t(T) * in), std::vector<float>(size_t(out) * in)},
+                                  [&](const std::vector<float*>& p) {
+                                      kern::linearBackward(p[0], p[1], p[2], dx ? p[3] : nullptr, dW ? p[4] : nullptr,
+                                                           nullptr, T, in, out);
+                                  });
+        };
+        const std::vector<float> dy = values(T * out, 0.25f), x = values(T * in, 0.5f), W = values(out * in, 0.5f);
+        std::vector<float> badDy = dy, badX = x, badW = W;
+        badDy[1] = badX[2] = badW[3] = kNotBf16;
+        EXPECT_TRUE(backward(dy, badX, W, true, false).isOk()) << where << ": dgrad only does not read x";
+        EXPECT_TRUE(backward(dy, x, badW, false, true).isOk()) << where << ": wgrad only does not read W";
+        for (const auto& [what, st] : {std::pair<const char*, Status>{"operand dy", backward(badDy, x, W, true, true)},
+                                       {"operand W", backward(dy, x, badW, true, false)},
+                                       {"operand x", backward(dy, badX, W, false, true)}}) {
+            ASSERT_FALSE(st.isOk()) << where << ": " << what;
+            EXPECT_NE(st.message().find(std::string("linearBackward under bf16 GEMMs: ") + what), std::string::npos)
+                << st.toString();
+        }
+    }
+}
+
+TEST(Bf16GemmCheck, EveryTrainerVariantKeepsItsBf16GemmOperandsBf16) {
+    CheckBf16Gemms on;
+    for (const auto& [name, edit] : ts::testing::trainerVariants()) {
+        Config c = ts::testing::tinyTrainerConfig();
+        edit(c);
+        c.train_iters = 2;
+        for (bool emulate : {false, true}) {
+            SCOPED_TRACE(name + (emulate ? " (emulated device)" : " (CPU backend)"));
+            TrainerOptions o;
+            o.emulateDevice = emulate;
+            const ts::testing::TrainRun r = ts::testing::trainRun(c, o);
+            EXPECT_EQ(r.losses.size(), size_t(c.train_iters));
+        }
+    }
+}
+
+}  // namespace
+}  // namespace ts::engine

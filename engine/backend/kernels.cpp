@@ -220,6 +220,33 @@ bool checkBf16Operand(const char* op, const char* what, const float* a, int64_t 
     return true;
 }
 
+// Each GEMM's operands as its CPU kernel reads them (row-major, kernels/cpu/ops.h): A is [M, K],
+// stored [K, M] when transposed, with row stride lda; B likewise; linearBackward's GEMMs read dy,
+// W for dx and x for dW. The first operand that is not bf16 fails the op.
+void checkGemm(const char* op, bool tA, bool tB, int m, int n, int k, float, const float* a, int la, const float* b,
+               int lb, float, float*, int) {
+    if (checkBf16Operand(op, "A", a, tA ? k : m, tA ? m : k, la, 1, 0))
+        checkBf16Operand(op, "B", b, tB ? n : k, tB ? k : n, lb, 1, 0);
+}
+
+void checkGemmStridedBatched(const char* op, bool tA, bool tB, int m, int n, int k, float, const float* a, int la,
+                             int64_t sa, const float* b, int lb, int64_t sb, float, float*, int, int64_t, int batch) {
+    if (checkBf16Operand(op, "A", a, tA ? k : m, tA ? m : k, la, batch, sa))
+        checkBf16Operand(op, "B", b, tB ? n : k, tB ? k : n, lb, batch, sb);
+}
+
+void checkLinearForward(const char* op, const float* x, const float* w, const float*, float*, int t, int in, int out) {
+    if (checkBf16Operand(op, "x", x, t, in, in, 1, 0)) checkBf16Operand(op, "W", w, out, in, in, 1, 0);
+}
+
+void checkLinearBackward(const char* op, const float* dy, const float* x, const float* w, float* dx, float* dw,
+                         float*, int t, int in, int out) {
+    if (!dx && !dw) return;
+    if (!checkBf16Operand(op, "dy", dy, t, out, out, 1, 0)) return;
+    if (dx && !checkBf16Operand(op, "W", w, out, in, in, 1, 0)) return;
+    if (dw) checkBf16Operand(op, "x", x, t, in, in, 1, 0);
+}
+
 #define TS_KERN_DISPATCH(name, ...)                                                          \
     do {                                                                                     \
         TS_KERN_CUDA(name, __VA_ARGS__)                                                      \
@@ -431,67 +458,42 @@ void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
     TS_KERN_DISPATCH(amaxAccumulate, x, n, divisor, slot);
 }
 
-// The GEMMs: on the host, under a checked Bf16GemmScope, the operands are looked at first (in
-// the kernel, so a deferred one sees the values its stream order gives it); the first operand
-// that fails fails the op, and the GEMM still runs, so what reads its output reads values.
+// The GEMMs: on the host, under a checked Bf16GemmScope, `check(op, args...)` looks at the
+// operands first (in the kernel, so a deferred one sees the values its stream order gives it);
+// the first operand that fails fails the op, and the GEMM still runs, so what reads its output
+// reads values.
+#define TS_KERN_GEMM(name, check, ...)                                                            \
+    do {                                                                                          \
+        TS_KERN_CUDA(name, __VA_ARGS__)                                                           \
+        const bool ts_check_ = t_bf16Scope && checkBf16Gemms();                                   \
+        runOnHost(#name, #__VA_ARGS__,                                                            \
+                  [ts_check_](auto... a) {                                                        \
+                      if (ts_check_) check(#name, a...);                                          \
+                      kernels::cpu::name(a...);                                                   \
+                  },                                                                              \
+                  __VA_ARGS__);                                                                   \
+    } while (0)
+
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
-    TS_KERN_CUDA(gemm, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    const bool check = t_bf16Scope && checkBf16Gemms();
-    runOnHost("gemm", "transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc",
-              [check](bool tA, bool tB, int m, int n, int k, float al, const float* a, int la, const float* b, int lb,
-                      float be, float* c, int lc) {
-                  if (check && checkBf16Operand("gemm", "A", a, tA ? k : m, tA ? m : k, la, 1, 0))
-                      checkBf16Operand("gemm", "B", b, tB ? n : k, tB ? k : n, lb, 1, 0);
-                  kernels::cpu::gemm(tA, tB, m, n, k, al, a, la, b, lb, be, c, lc);
-              },
-              transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    TS_KERN_GEMM(gemm, checkGemm, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemmStridedBatched(bool transA, bool transB, int M, int N, int K, float alpha, const float* A,
                         int lda, int64_t strideA, const float* B, int ldb, int64_t strideB,
                         float beta, float* C, int ldc, int64_t strideC, int batch) {
-    TS_KERN_CUDA(gemmStridedBatched, transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C,
-                 ldc, strideC, batch);
-    const bool check = t_bf16Scope && checkBf16Gemms();
-    runOnHost("gemmStridedBatched",
-              "transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch",
-              [check](bool tA, bool tB, int m, int n, int k, float al, const float* a, int la, int64_t sa,
-                      const float* b, int lb, int64_t sb, float be, float* c, int lc, int64_t sc, int bt) {
-                  if (check && checkBf16Operand("gemmStridedBatched", "A", a, tA ? k : m, tA ? m : k, la, bt, sa))
-                      checkBf16Operand("gemmStridedBatched", "B", b, tB ? n : k, tB ? k : n, lb, bt, sb);
-                  kernels::cpu::gemmStridedBatched(tA, tB, m, n, k, al, a, la, sa, b, lb, sb, be, c, lc, sc, bt);
-              },
-              transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch);
+    TS_KERN_GEMM(gemmStridedBatched, checkGemmStridedBatched, transA, transB, M, N, K, alpha, A, lda, strideA, B,
+                 ldb, strideB, beta, C, ldc, strideC, batch);
 }
 
 void linearForward(const float* x, const float* W, const float* b, float* y, int T, int in,
                    int out) {
-    TS_KERN_CUDA(linearForward, x, W, b, y, T, in, out);
-    const bool check = t_bf16Scope && checkBf16Gemms();
-    runOnHost("linearForward", "x, W, b, y, T, in, out",
-              [check](const float* x_, const float* w, const float* b_, float* y_, int t, int i, int o) {
-                  if (check && checkBf16Operand("linearForward", "x", x_, t, i, i, 1, 0))
-                      checkBf16Operand("linearForward", "W", w, o, i, i, 1, 0);
-                  kernels::cpu::linearForward(x_, w, b_, y_, t, i, o);
-              },
-              x, W, b, y, T, in, out);
+    TS_KERN_GEMM(linearForward, checkLinearForward, x, W, b, y, T, in, out);
 }
 
 void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                     float* db, int T, int in, int out) {
-    TS_KERN_CUDA(linearBackward, dy, x, W, dx, dW, db, T, in, out);
-    const bool check = t_bf16Scope && checkBf16Gemms();
-    runOnHost("linearBackward", "dy, x, W, dx, dW, db, T, in, out",
-              [check](const float* dy_, const float* x_, const float* w, float* dx_, float* dw, float* db_, int t,
-                      int i, int o) {
-                  // the operands the GEMMs read: dy for both, W for the dgrad, x for the wgrad
-                  if (check && (dx_ || dw) && checkBf16Operand("linearBackward", "dy", dy_, t, o, o, 1, 0) &&
-                      (!dx_ || checkBf16Operand("linearBackward", "W", w, o, i, i, 1, 0)) && dw)
-                      checkBf16Operand("linearBackward", "x", x_, t, i, i, 1, 0);
-                  kernels::cpu::linearBackward(dy_, x_, w, dx_, dw, db_, t, i, o);
-              },
-              dy, x, W, dx, dW, db, T, in, out);
+    TS_KERN_GEMM(linearBackward, checkLinearBackward, dy, x, W, dx, dW, db, T, in, out);
 }
 
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,

@@ -39,67 +39,16 @@ std::unique_ptr<Backend> backendOf(bool emulate) {
     return emulate ? makeEmulatedDeviceBackend(1) : makeCpuBackend(1);
 }
 
-// y = x W^T as an op under a bf16 GEMM scope on a fresh stream of `backend`; the stream's status.
-Status linearUnderBf16Scope(bool emulate, const std::vector<float>& x, const std::vector<float>& W, int T, int in,
-                            int out, bool scope) {
-    auto backend = backendOf(emulate);
-    if (!backend) return Status::internal("no backend");
-    Device& dev = backend->device(0);
-    auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
-    auto bx = dev.allocate(x.size() * sizeof(float), MemCategory::Activations);
-    auto bw = dev.allocate(W.size() * sizeof(float), MemCategory::Params);
-    auto by = dev.allocate(size_t(T) * out * sizeof(float), MemCategory::Activations);
-    if (!bx.isOk() || !bw.isOk() || !by.isOk()) return Status::internal("allocation failed");
-    float* px = static_cast<float*>((*bx)->data());
-    float* pw = static_cast<float*>((*bw)->data());
-    float* py = static_cast<float*>((*by)->data());
-    TS_RETURN_IF_ERROR(kern::copyFromHost(*stream, px, x.data(), x.size() * sizeof(float)));
-    TS_RETURN_IF_ERROR(kern::copyFromHost(*stream, pw, W.data(), W.size() * sizeof(float)));
-    OpDesc d;
-    d.name = "linear";
-    d.category = trace::Category::Gemm;
-    stream->submit(d, [=]() -> Status {
-        kern::Bf16GemmScope gemms(scope);
-        kern::linearForward(px, pw, nullptr, py, T, in, out);
-        return Status::ok();
-    });
-    return stream->synchronize();
-}
-
 std::vector<float> values(int n, float step) {
     std::vector<float> v(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) v[size_t(i)] = step * float(i % 7 - 3);
     return v;
 }
 
-TEST(Bf16GemmCheck, FailsAGemmWhoseOperandBf16WouldRoundAndNamesIt) {
-    CheckBf16Gemms on;
-    const int T = 3, in = 4, out = 2;
-    std::vector<float> x = values(T * in, 0.25f), W = values(out * in, 0.5f);
-    for (bool emulate : {false, true}) {
-        const std::string where = emulate ? "emulated device" : "CPU backend";
-        EXPECT_TRUE(linearUnderBf16Scope(emulate, x, W, T, in, out, true).isOk()) << where << ": bf16 operands";
-        std::vector<float> xBad = x;
-        xBad[size_t(1 * in + 2)] = 1.0f + std::ldexp(1.0f, -12);  // 13 significant bits
-        const Status s = linearUnderBf16Scope(emulate, xBad, W, T, in, out, true);
-        ASSERT_FALSE(s.isOk()) << where;
-        EXPECT_NE(s.message().find("linearForward"), std::string::npos) << where << ": " << s.toString();
-        EXPECT_NE(s.message().find("operand x"), std::string::npos) << where << ": " << s.toString();
-        EXPECT_NE(s.message().find("[0, 1, 2]"), std::string::npos) << where << ": " << s.toString();
-        std::vector<float> wBad = W;
-        wBad[0] = 0.1f;
-        const Status sw = linearUnderBf16Scope(emulate, x, wBad, T, in, out, true);
-        ASSERT_FALSE(sw.isOk()) << where;
-        EXPECT_NE(sw.message().find("operand W"), std::string::npos) << where << ": " << sw.toString();
-        // Outside a bf16 scope the GEMM is fp32 and any value is fine.
-        EXPECT_TRUE(linearUnderBf16Scope(emulate, xBad, wBad, T, in, out, false).isOk()) << where;
-    }
-}
-
 // Buffers made from `host` on a fresh stream of the backend, then `fn(pointers)` as one op under
-// a bf16 GEMM scope; the stream's status.
+// a bf16 GEMM scope (or, with scope false, outside one); the stream's status.
 Status underBf16Scope(bool emulate, const std::vector<std::vector<float>>& host,
-                      const std::function<void(const std::vector<float*>&)>& fn) {
+                      const std::function<void(const std::vector<float*>&)>& fn, bool scope = true) {
     auto backend = backendOf(emulate);
     Device& dev = backend->device(0);
     auto stream = dev.createStream(trace::TrackKind::Compute, "compute");
@@ -115,12 +64,44 @@ Status underBf16Scope(bool emulate, const std::vector<std::vector<float>>& host,
     OpDesc d;
     d.name = "gemms";
     d.category = trace::Category::Gemm;
-    stream->submit(d, [&fn, ptrs]() -> Status {
-        kern::Bf16GemmScope gemms(true);
+    stream->submit(d, [&fn, ptrs, scope]() -> Status {
+        kern::Bf16GemmScope gemms(scope);
         fn(ptrs);
         return Status::ok();
     });
     return stream->synchronize();
+}
+
+// y = x W^T under a bf16 GEMM scope (or outside one); the stream's status.
+Status linear(bool emulate, const std::vector<float>& x, const std::vector<float>& W, int T, int in, int out,
+              bool scope) {
+    return underBf16Scope(
+        emulate, {x, W, std::vector<float>(static_cast<size_t>(T) * out)},
+        [&](const std::vector<float*>& p) { kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out); }, scope);
+}
+
+TEST(Bf16GemmCheck, FailsAGemmWhoseOperandBf16WouldRoundAndNamesIt) {
+    CheckBf16Gemms on;
+    const int T = 3, in = 4, out = 2;
+    std::vector<float> x = values(T * in, 0.25f), W = values(out * in, 0.5f);
+    for (bool emulate : {false, true}) {
+        const std::string where = emulate ? "emulated device" : "CPU backend";
+        EXPECT_TRUE(linear(emulate, x, W, T, in, out, true).isOk()) << where << ": bf16 operands";
+        std::vector<float> xBad = x;
+        xBad[size_t(1 * in + 2)] = 1.0f + std::ldexp(1.0f, -12);  // 13 significant bits
+        const Status s = linear(emulate, xBad, W, T, in, out, true);
+        ASSERT_FALSE(s.isOk()) << where;
+        EXPECT_NE(s.message().find("linearForward"), std::string::npos) << where << ": " << s.toString();
+        EXPECT_NE(s.message().find("operand x"), std::string::npos) << where << ": " << s.toString();
+        EXPECT_NE(s.message().find("[0, 1, 2]"), std::string::npos) << where << ": " << s.toString();
+        std::vector<float> wBad = W;
+        wBad[0] = 0.1f;
+        const Status sw = linear(emulate, x, wBad, T, in, out, true);
+        ASSERT_FALSE(sw.isOk()) << where;
+        EXPECT_NE(sw.message().find("operand W"), std::string::npos) << where << ": " << sw.toString();
+        // Outside a bf16 scope the GEMM is fp32 and any value is fine.
+        EXPECT_TRUE(linear(emulate, xBad, wBad, T, in, out, false).isOk()) << where;
+    }
 }
 
 constexpr float kNotBf16 = 1.0f + 1.0f / 4096.0f;

@@ -552,7 +552,9 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     std::vector<const float*> B1g(static_cast<size_t>(L), nullptr);  // fc1's bias inside the GEMM (grouped)
     if (grouped) B1g = B1;
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // see router.topk_permute
+    const bool fp32 = fp8 && !fp8OperandsBf16();  // FP8 operands bf16 would round
     auto expert = [=](int l) {
+        k::Fp32GemmScope gemms(fp32);
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) {
             // No rows: amax 0 observed (the delayed scale stays, as TE's update keeps it).
@@ -740,7 +742,9 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         }
     }
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // as the forward's experts
+    const bool fp32 = fp8 && !fp8OperandsBf16();  // FP8 operands bf16 would round
     auto expert = [=](int l) {
+        k::Fp32GemmScope gemms(fp32);
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) {
             if (fp8 && !blk) {

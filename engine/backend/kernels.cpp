@@ -193,6 +193,8 @@ R runOnHostValue(const char* op, const char* names, F f, A... args) {
 // it (setCheckBf16Gemms; -1: the environment not read yet).
 thread_local bool t_bf16Scope = false;
 std::atomic<int> g_checkBf16{-1};
+// While checking: how many host GEMMs ran under the scope and outside it (bf16GemmCounts).
+std::atomic<int64_t> g_gemmsBf16{0}, g_gemmsFp32{0};
 
 // Whether the [rows, cols] matrices (row stride ld, `batch` of them `stride` apart) hold only
 // bf16 values (NaN aside: it stays NaN either way); else the op fails with the first element
@@ -366,6 +368,8 @@ Bf16GemmScope::Bf16GemmScope(bool on) : m_prev(t_bf16Scope) {
 #endif
 }
 
+bool Bf16GemmScope::active() { return t_bf16Scope; }
+
 Bf16GemmScope::~Bf16GemmScope() {
     t_bf16Scope = m_prev;
 #ifdef TS_HAVE_CUDA
@@ -374,6 +378,8 @@ Bf16GemmScope::~Bf16GemmScope() {
 }
 
 void setCheckBf16Gemms(bool on) { g_checkBf16.store(on ? 1 : 0); }
+
+Bf16GemmCounts bf16GemmCounts() { return {g_gemmsBf16.load(), g_gemmsFp32.load()}; }
 
 bool checkBf16Gemms() {
     int v = g_checkBf16.load();
@@ -466,6 +472,7 @@ void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
     do {                                                                                          \
         TS_KERN_CUDA(name, __VA_ARGS__)                                                           \
         const bool ts_check_ = t_bf16Scope && checkBf16Gemms();                                   \
+        if (checkBf16Gemms()) (t_bf16Scope ? g_gemmsBf16 : g_gemmsFp32).fetch_add(1);             \
         runOnHost(#name, #__VA_ARGS__,                                                            \
                   [ts_check_](auto... a) {                                                        \
                       if (ts_check_) check(#name, a...);                                          \

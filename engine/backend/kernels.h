@@ -85,18 +85,28 @@ void unbindBf16Twin(const float* base);
 // previous setting after): on CUDA, gemm / gemmStridedBatched / linear* round A and B to bf16 and
 // use the tensor cores with fp32 accumulation (kernels/cuda/ops_cuda.h setBf16Gemms); the CPU
 // oracle and the emulated device keep fp32 GEMMs, which on operands holding bf16 values give the
-// same products. Exec sets it around the ops of a bf16 model (with FP8, only where every GEMM
-// operand is a bf16 value: GptModel's constructor).
+// same products. Exec sets it around the ops of a bf16 model (GptModel's constructor); the
+// per-tensor FP8 linears take their GEMMs out with Fp32GemmScope.
 class Bf16GemmScope {
 public:
     explicit Bf16GemmScope(bool on);
     ~Bf16GemmScope();
     Bf16GemmScope(const Bf16GemmScope&) = delete;
     Bf16GemmScope& operator=(const Bf16GemmScope&) = delete;
+    static bool active();  // this thread is inside a scope that is on
 
 private:
     bool m_prev = false;      // this thread's scope before (every backend)
     bool m_prevCuda = false;  // the CUDA kernels' setting before (CUDA builds)
+};
+
+// fp32 GEMMs inside a bf16 scope where `fp32` holds, else the surrounding setting unchanged: the
+// GEMMs of the FP8 linears under the per-tensor recipes (delayed, tensorwise), whose dequantized
+// operands (a code times 1/scale, any fp32 scale) are not bf16 values. The rest of such a model
+// keeps its bf16 GEMMs.
+class Fp32GemmScope : public Bf16GemmScope {
+public:
+    explicit Fp32GemmScope(bool fp32) : Bf16GemmScope(!fp32 && Bf16GemmScope::active()) {}
 };
 
 // The check of that promise on the host backends (CPU, emulated device): with it on, gemm,
@@ -109,6 +119,12 @@ private:
 // (the tests: tests/engine/train/test_bf16_gemm_check.cpp).
 void setCheckBf16Gemms(bool on);
 bool checkBf16Gemms();
+// While the check is on: how many GEMMs the host backends ran under a Bf16GemmScope that is on
+// (checked) and outside one (fp32), since the process started; a test takes differences.
+struct Bf16GemmCounts {
+    int64_t bf16 = 0, fp32 = 0;
+};
+Bf16GemmCounts bf16GemmCounts();
 
 // --- ops that return a value (synchronize on CUDA) ------------------------------------------
 int embeddingForward(const int32_t* ids, const float* table, float* out, int T, int C,

@@ -281,6 +281,10 @@ private:
     enum Fp8Linear { kFp8Qkv = 0, kFp8Proj, kFp8Fc1, kFp8Fc2 };
     enum Fp8Slot { kFp8Input = 0, kFp8Weight, kFp8Grad };
     bool fp8Layer(int li) const;  // local layer li runs its linears in FP8
+    // The FP8 linears' dequantized operands are bf16 values: block recipes with power-of-two
+    // scales (a code times 2^k). Otherwise (delayed, tensorwise: any fp32 scale) a bf16 model
+    // runs their GEMMs in fp32 (kern::Fp32GemmScope) and every other GEMM in bf16.
+    bool fp8OperandsBf16() const { return m_o.fp8.isBlock() && m_o.fp8.blockPow2; }
     void fp8Init();
     // Quantizes (and dequantizes) `t` [n] in place with the slot's scale: delayed scaling uses
     // the scale of earlier steps and records this tensor's amax; tensorwise takes the scale from

@@ -342,10 +342,13 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     const bool kernelRouted = ro.kernelRouted() && !qb;
     // With EP or ETP the dispatcher gathers every rank's offsets and waits for them anyway: the
     // host learns its own there, so the kernels' routing waits for nothing (one wait per layer
-    // and microbatch, the dispatcher's, as Megatron's).
-    // (Dropless: the rows are T*k without them. At a capacity the host needs its rows and its
-    // copies before dropping at once.)
-    const bool offsetsFromDispatch = kernelRouted && cap < 0 && (ep > 1 || etp > 1);
+    // and microbatch, the dispatcher's, as Megatron's). Dropless, the rows are T*k until then; at
+    // a capacity the alltoall dispatcher gathers each expert's copies before dropping with the
+    // offsets, and the permutation gathers all rowsAlloc rows, those past the kept ones zero (their
+    // tokens -1). The allgather dispatcher's routing map needs the rows at once: there the
+    // router reads them back at a capacity, and the dispatcher waits a second time.
+    const bool offsetsFromDispatch =
+        kernelRouted && (ep > 1 || etp > 1) && (cap < 0 || m_cfg.moe_token_dispatcher_type != "allgather");
     const kernels::cpu::MoeCapacity capacity = ro.capacity();
     const kernels::cpu::MoeTopKSpec spec = ro.topk();
     TensorPtr probsWs, biasDev;
@@ -364,16 +367,20 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             // per expert), at a capacity with each expert's copies before dropping.
             if (biasDev)
                 k::copyBytes(biasDev->data(), (*router)[size_t(li)].expertBias.data(), size_t(E) * sizeof(float));
+            if (offsetsFromDispatch && cap >= 0)  // rows past the kept ones: token -1, a zero row
+                k::setBytes(s->planTok(), 0xFF, size_t(s->rowsAlloc) * sizeof(int32_t));
             k::moeRouteTopK(fp(s->logits), biasDev ? fp(biasDev) : nullptr, s->planTopi(), fp(probsWs), T, E, spec);
             k::moeRoutePlan(s->planTopi(), fp(probsWs), T, K, E, capacity, s->planOffset(),
                             cap >= 0 ? s->planRouted() : nullptr, s->planTok(), s->planStart(), s->planInv(),
                             s->planTokExp(), s->planRowOf(), fp(s->probT));
-            if (cap >= 0) {
+            if (offsetsFromDispatch) {
+                // the dispatcher's gather brings them (s->rows stays rowsAlloc for the gather below)
+            } else if (cap >= 0) {
                 std::vector<int32_t> both(2 * size_t(E) + 1);  // offsets [E+1], then routed [E]
                 k::download(both.data(), s->planOffset(), both.size() * sizeof(int32_t));
                 s->routed.assign(both.begin() + E + 1, both.end());
                 s->takeOffsets(both.data());
-            } else if (!offsetsFromDispatch) {
+            } else {
                 k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
                 s->takeOffsets(offset.data());
             }
@@ -552,7 +559,9 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     std::vector<const float*> B1g(static_cast<size_t>(L), nullptr);  // fc1's bias inside the GEMM (grouped)
     if (grouped) B1g = B1;
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // see router.topk_permute
+    const bool fp32 = fp8 && !fp8OperandsBf16();  // FP8 operands bf16 would round
     auto expert = [=](int l) {
+        k::Fp32GemmScope gemms(fp32);
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) {
             // No rows: amax 0 observed (the delayed scale stays, as TE's update keeps it).
@@ -740,7 +749,9 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         }
     }
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // as the forward's experts
+    const bool fp32 = fp8 && !fp8OperandsBf16();  // FP8 operands bf16 would round
     auto expert = [=](int l) {
+        k::Fp32GemmScope gemms(fp32);
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
         if (rows == 0) {
             if (fp8 && !blk) {
@@ -1222,12 +1233,15 @@ Communicator* GptModel::expertGroup() const { return m_ctx.etpSize > 1 ? m_ctx.e
 Status GptModel::moeDispatchPlan(MoeSaved& s) {
     const int E = s.E, ep = m_ctx.epSize, L = E / ep, me = m_ctx.epRank;
     const int etp = m_ctx.etpSize, myT = m_ctx.etpRank, n = etp * ep;
-    // Every rank's experts' row offsets (the plan's [E+1], where the routing left them), gathered.
-    TS_ASSIGN_OR_RETURN(TensorPtr all, allocUninitialized(m_exec, int64_t(E + 1) * n, MemCategory::CommBuffers));
-    expertGroup()->allGather(m_exec.stream(), s.planOffset(), all->data(), size_t(E) + 1, DType::I32);
+    // Every rank's experts' row offsets (the plan's [E+1], where the routing left them), at a
+    // capacity with each expert's copies before dropping after them (the plan's next [E]),
+    // gathered: the host learns its own with the others', in the one wait.
+    const int words = s.ro.cap >= 0 ? 2 * E + 1 : E + 1;
+    TS_ASSIGN_OR_RETURN(TensorPtr all, allocUninitialized(m_exec, int64_t(words) * n, MemCategory::CommBuffers));
+    expertGroup()->allGather(m_exec.stream(), s.planOffset(), all->data(), size_t(words), DType::I32);
     keepUntilPassed(m_exec.stream(), {s.plan, all});
     // The splits of the all-to-all are data-dependent: wait for them (Megatron's D2H sync).
-    std::vector<int32_t> allHost(size_t(E + 1) * size_t(n));
+    std::vector<int32_t> allHost(size_t(words) * size_t(n));
     TS_RETURN_IF_ERROR(k::copyToHost(m_exec.stream(), allHost.data(), all->data(), allHost.size() * sizeof(int32_t),
                                      "moe.dispatch_counts"));
     const int32_t* o = allHost.data();
@@ -1235,10 +1249,14 @@ Status GptModel::moeDispatchPlan(MoeSaved& s) {
     const int own = myT + etp * me;
     if (expertGroup()->rank() != own)
         return Status::internal("moeDispatchPlan: the etp-ep group's ranks are not ordered etp + ETP*ep");
-    if (s.offset.empty()) s.takeOffsets(o + size_t(own) * size_t(E + 1));  // the kernels routed
+    if (s.offset.empty()) {  // the kernels routed
+        const int32_t* mine = o + size_t(own) * size_t(words);
+        if (s.ro.cap >= 0) s.routed.assign(mine + E + 1, mine + 2 * E + 1);
+        s.takeOffsets(mine);
+    }
     // copies that rank (etp t, ep i) routed to expert e
     auto cnt = [&](int t, int i, int e) {
-        const int32_t* oi = o + size_t(t + etp * i) * size_t(E + 1);
+        const int32_t* oi = o + size_t(t + etp * i) * size_t(words);
         return int(oi[e + 1] - oi[e]);
     };
     s.sendRows.assign(size_t(ep), 0);

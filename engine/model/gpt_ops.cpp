@@ -57,12 +57,14 @@ Result<std::function<void(const float*, float*, int)>> GptModel::overlappedDgrad
     // piece) against the weight's copy along `out` (Wq is the forward's, along `in`), as
     // linearBackward's dgrad; the chunks run in order on the compute stream and share one scratch.
     const Fp8Recipe r8 = m_o.fp8;
+    const bool fp32 = Wq && !fp8OperandsBf16();  // FP8 operands bf16 would round
     TensorPtr q8;
     if (Wq && r8.isBlock()) {
         TS_ASSIGN_OR_RETURN(W, fp8BlockWeight(wIdx, false));
         TS_ASSIGN_OR_RETURN(q8, allocUninitialized(m_exec, int64_t(T) * out, MemCategory::Workspace));
     }
     return std::function<void(const float*, float*, int)>([=](const float* dy, float* dxr, int rows) {
+        k::Fp32GemmScope gemms(fp32);
         if (q8) dy = fp8BlockOperand(r8, dy, rows, out, true, false, true, fp(q8));
         k::linearBackward(dy, nullptr, W, dxr, nullptr, nullptr, rows, in, out);
         if (bf) k::roundToBf16(dxr, int64_t(rows) * in);
@@ -181,6 +183,7 @@ Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr 
     const double flops = (dx ? 4.0 : 2.0) * double(T) * in * out;
     const uint64_t bytes = uint64_t(4) * (uint64_t(T) * (in + out) + uint64_t(in) * out);
     const bool bf = m_o.bf16;
+    const bool fp32 = Wq && !fp8OperandsBf16();  // FP8 operands bf16 would round
     if (Wq && m_o.fp8.isBlock()) {
         // FP8 block recipes (mxfp8, blockwise): each GEMM's operands quantized per block along its
         // reduction dimension, all from high precision: dgrad dy (along out) x W (along out), wgrad
@@ -192,6 +195,7 @@ Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr 
         if (!m_o.gradAccumFusion) { TS_ASSIGN_OR_RETURN(tmp, m_exec.alloc(n, MemCategory::Workspace)); }
         TS_ASSIGN_OR_RETURN(TensorPtr work, m_exec.alloc(fp8BlockBackwardWorkElems(T, in, out), MemCategory::Workspace));
         m_exec.op(name, Category::Gemm, flops, bytes, [=] {
+            k::Fp32GemmScope gemms(fp32);
             if (tmp) k::setBytes(fp(tmp), 0, size_t(n) * sizeof(float));
             fp8BlockLinearBackward(r, fp(dy), fp(x), Wc, dx ? fp(dx) : nullptr, tmp ? fp(tmp) : G, T, in, out,
                                    fp(work));
@@ -209,6 +213,7 @@ Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr 
     if (m_o.gradAccumFusion) {
         // wgrad GEMM accumulates straight into the fp32 main grad.
         m_exec.op(name, Category::Gemm, flops, bytes, [=] {
+            k::Fp32GemmScope gemms(fp32);
             k::linearBackward(fp(dy), fp(x), W, fp(dx), G, GB, T, in, out);
             if (bf && dx) k::roundToBf16(fp(dx), int64_t(T) * in);
         });
@@ -218,6 +223,7 @@ Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr 
     const int64_t n = int64_t(out) * in;
     TS_ASSIGN_OR_RETURN(TensorPtr tmp, m_exec.alloc(n, MemCategory::Workspace));
     m_exec.op(name, Category::Gemm, flops, bytes, [=] {
+        k::Fp32GemmScope gemms(fp32);
         k::setBytes(fp(tmp), 0, size_t(n) * sizeof(float));
         k::linearBackward(fp(dy), fp(x), W, fp(dx), fp(tmp), GB, T, in, out);
         if (bf && dx) k::roundToBf16(fp(dx), int64_t(T) * in);

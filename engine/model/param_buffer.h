@@ -68,8 +68,8 @@ public:
     int add(ParamInfo info);
     // Lays out (reverse registration order) and allocates: main params (Params), main grads
     // (Grads) and, with bf16, the model copy as bf16 bits (Params). `bf16Gemms`: the GEMMs take
-    // bf16 operands (not with FP8's per-tensor scales: GptModel's constructor), so a device's
-    // GEMMs may read the bits directly. Memory is zeroed.
+    // bf16 operands (GptModel's constructor: a bf16 model), so a device's GEMMs may read the bits
+    // directly. Memory is zeroed.
     // With `placement`, the params go where it says (and with bf16 and shardMain only the kept
     // main params are allocated): no buffer is moved or allocated twice.
     Status finalize(Device& dev, bool bf16, bool bf16Gemms = true, const ParamPlacement* placement = nullptr);
@@ -118,8 +118,7 @@ public:
     // bf16: where modelParam(i) points until clearWorking.
     void setWorking(int i, float* p) { m_working[size_t(i)] = p; }
     void clearWorking() { m_working.assign(m_params.size(), nullptr); }
-    // Whether kernels with bf16 GEMMs see the model bits (finalize's bf16Gemms: not with FP8's
-    // per-tensor scales).
+    // Whether kernels with bf16 GEMMs see the model bits (finalize's bf16Gemms).
     bool bf16Gemms() const { return m_bf16Gemms; }
 
     void zeroGrads();

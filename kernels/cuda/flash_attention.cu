@@ -33,7 +33,11 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 namespace ts::kernels::cuda {
@@ -591,13 +595,52 @@ FlashParams flashParams(const AttnGeom& g) {
     return p;
 }
 
+// The opt-in to more than 48 KB of dynamic shared memory is an attribute of the kernel in the
+// current device's context: set once per kernel, device and size, not at every launch.
+Status optInSmem(const void* kernel, size_t smemBytes, const char* what) {
+    int dev = 0;
+    TS_RETURN_IF_ERROR(fromCuda(cudaGetDevice(&dev), what));
+    static std::mutex mu;
+    static std::set<std::tuple<const void*, int, size_t>> done;
+    const auto key = std::make_tuple(kernel, dev, smemBytes);
+    std::lock_guard<std::mutex> lock(mu);
+    if (done.count(key)) return Status::ok();
+    TS_RETURN_IF_ERROR(fromCuda(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smemBytes)), what));
+    done.insert(key);
+    return Status::ok();
+}
+
 template <typename Kernel>
 Status launchTiled(Kernel kernel, size_t smemBytes, dim3 grid, const FlashParams& p, cudaStream_t st,
                    const char* what) {
-    TS_RETURN_IF_ERROR(fromCuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smemBytes)), what));
+    TS_RETURN_IF_ERROR(optInSmem(reinterpret_cast<const void*>(kernel), smemBytes, what));
     kernel<<<grid, kThreads, smemBytes, st>>>(p);
     return launchStatus(what);
+}
+
+// A device's compute capability and its opt-in shared memory per block, asked once per device.
+struct TileDevice {
+    int major = 0;
+    int optin = 0;
+};
+
+bool tileDevice(TileDevice* out) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    static std::mutex mu;
+    static std::map<int, TileDevice> known;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = known.find(dev);
+    if (it == known.end()) {
+        TileDevice d;
+        if (cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+        if (cudaDeviceGetAttribute(&d.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+            return false;
+        it = known.emplace(dev, d).first;
+    }
+    *out = it->second;
+    return true;
 }
 
 template <int D>
@@ -622,11 +665,9 @@ bool flashTilesApply(const AttnGeom& g) {
     // never calls the flash path; the kernels' qPos rows are written for it but not yet tested.
     if (D == 0 || g.sq <= 0 || g.skv <= 0 || g.qPos) return false;
     if (static_cast<int64_t>(g.b) * g.nq > 65535) return false;  // grid.y
-    int dev = 0, major = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return false;
-    return major >= 8 && largestSmemFor(g.d) <= static_cast<size_t>(optin);
+    TileDevice d;
+    if (!tileDevice(&d)) return false;
+    return d.major >= 8 && largestSmemFor(g.d) <= static_cast<size_t>(d.optin);
 }
 
 }  // namespace detail

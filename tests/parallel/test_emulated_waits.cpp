@@ -6,8 +6,9 @@
 // run is traced, the MoE router's counters (their aux-loss counts) and tensorwise FP8's last
 // amaxes. Within a
 // microbatch only the MoE router, once per MoE layer (its experts' row offsets, or with EP / ETP
-// the dispatcher's gathered ones), twice where the host routes or needs its rows at a capacity and
-// the dispatcher gathers after it (quantile balancing, token dropping): Megatron's token
+// the dispatcher's gathered ones, at a capacity with each expert's copies before dropping), twice
+// where the host routes (quantile balancing, sinkhorn) or, at a capacity, the allgather
+// dispatcher's routing map needs the rows before its gather: Megatron's token
 // dispatcher waits there too for its data-dependent sizes. Everything else waits for nothing: FP8 in every recipe, context parallel
 // in every cp_comm_type, recompute.
 #include <gtest/gtest.h>
@@ -115,10 +116,20 @@ std::vector<Case> cases() {
         v.push_back({"ep2 quantile balancing", moeLayoutConfig(c, ExpertLayout{1, 1, 2, 2})});
     }
     {
-        Config c = moeModel();
-        c.moe_expert_capacity_factor = 1.0;
-        c.moe_pad_expert_input_to_capacity = true;
-        v.push_back({"ep2 capacity, padded", moeLayoutConfig(c, ExpertLayout{1, 1, 2, 2})});
+        // (moeLayoutConfig sets the capacity from the layout)
+        ExpertLayout L{1, 1, 2, 2};
+        L.capacity = 1.0;
+        L.pad = true;
+        v.push_back({"ep2 capacity, padded", moeLayoutConfig(moeModel(), L)});
+        L.capacity = 0.5;  // tokens dropped: rows past the kept ones
+        L.pad = false;
+        v.push_back({"ep2 capacity, dropping", moeLayoutConfig(moeModel(), L)});
+        ExpertLayout etp = L;
+        etp.etp = 2;
+        etp.dp = 4;
+        v.push_back({"ep2 etp2 dp4 capacity, dropping", moeLayoutConfig(moeModel(), etp)});
+        L.dispatcher = "allgather";
+        v.push_back({"ep2 capacity, dropping, allgather", moeLayoutConfig(moeModel(), L)});
     }
     {
         Config c = moeModel();
@@ -179,12 +190,12 @@ TEST(EmulatedDeviceWaits, OnlyTheRouterWaitsWithinAMicrobatch) {
         const std::set<std::string> router = {"router.topk_permute", "moe.dispatch_counts", "moe.allgather_routing",
                                               "router.qb_dual_update"};
         // The router's waits per MoE layer and microbatch: one (the kernels route, and the host
-        // reads back the offsets, or with EP / ETP the dispatcher's gathered ones); two where the
-        // host routes (quantile balancing's logits) or needs its rows at a capacity before the
-        // dispatcher gathers.
+        // reads back the offsets, or with EP / ETP the dispatcher's gathered ones, at a capacity
+        // with the copies before dropping); two where the host routes (quantile balancing's
+        // logits) or, at a capacity, the allgather dispatcher needs the rows before it gathers.
         const bool hostRouted = k.c.moe_router_load_balancing_type == "quantile_balancing" ||
                                 k.c.moe_router_load_balancing_type == "sinkhorn" ||
-                                k.c.moe_expert_capacity_factor > 0;
+                                (k.c.moe_expert_capacity_factor > 0 && k.c.moe_token_dispatcher_type == "allgather");
         const int etp = k.c.expert_tensor_parallel_size > 0 ? k.c.expert_tensor_parallel_size
                                                             : k.c.tensor_model_parallel_size;
         const bool dispatched = k.c.expert_model_parallel_size > 1 || etp > 1;

@@ -224,6 +224,41 @@ TEST(Moe, CapacityDropsTheCopiesBeyondItAndPaddingChangesNothing) {
     for (const auto& [name, g] : half.grads) EXPECT_LT(relError(padded.grads.at(name), g), 1e-6) << name;
 }
 
+// Where the experts are on other ranks, each rank learns its copies before dropping with the
+// dispatcher's gathered offsets (the alltoall dispatcher; the allgather one reads them back
+// first): the counters of the trace, summed over the ranks, are the single device's, which routes
+// the same microbatches at the same capacity.
+TEST(Moe, DispatchedCapacityCountsTheSingleDevicesDroppedAndRoutedCopies) {
+    engine::Config base = moeConfig(4, 2);
+    base.moe_expert_capacity_factor = 0.5;  // copies dropped in every microbatch
+    for (const char* dispatcher : {"alltoall", "allgather"}) {
+        SCOPED_TRACE(dispatcher);
+        ExpertLayout L{1, 1, 2, 2};
+        L.dispatcher = dispatcher;
+        L.capacity = base.moe_expert_capacity_factor;
+        const engine::Config c = moeLayoutConfig(base, L);
+        auto sums = [](const FakeRecorder& rec) {
+            std::map<std::string, double> out;
+            for (const auto& k : rec.counters) {
+                const std::string n = rec.str(k.name);
+                if (n.find(".dropped_tokens") != std::string::npos || n.find(".tokens.expert") != std::string::npos)
+                    out[n] += k.value;
+            }
+            return out;
+        };
+        FakeRecorder one;
+        const Status st = traceSingle(singleDevice(c), one);
+        ASSERT_TRUE(st.isOk()) << st.toString();
+        FakeRecorder par;
+        auto r = trainParallel(c, 1, "", "", &par);
+        ASSERT_TRUE(r.isOk()) << r.status().toString();
+        const auto want = sums(one), got = sums(par);
+        ASSERT_EQ(want.size(), 2u * (1 + 4));  // per layer: dropped, and routed per expert
+        EXPECT_GT(want.at("moe.layer0.dropped_tokens"), 0);
+        EXPECT_EQ(got, want);
+    }
+}
+
 TEST(Moe, GradientsWithDroppedTokensMatchFiniteDifferences) {
     engine::Config c = moeConfig(4, 2);
     c.init_method_std = 0.2;

@@ -6,7 +6,8 @@
 //     keeps it, on the CPU backend and on the emulated device (whose kernels run deferred);
 //   - every trainer variant (tests/trainer_variants.h, what the CUDA trainer test runs) trains
 //     with the check on, on both host backends: no GEMM of a bf16 model (FP8 ones included,
-//     where their GEMMs take bf16 operands) sees a value bf16 would round.
+//     but for the FP8 linears of the per-tensor recipes, which Fp32GemmScope takes out) sees a
+//     value bf16 would round, and the GEMMs taken out are only those.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -180,18 +181,68 @@ TEST(Bf16GemmCheck, LooksAtWhatEachGemmReadsAndNothingElse) {
     }
 }
 
+// Fp32GemmScope(true) takes the GEMMs inside it out of a bf16 scope; (false) leaves the
+// surrounding setting as it is, on or off.
+TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
+    CheckBf16Gemms on;
+    const int T = 3, in = 4, out = 2;
+    const std::vector<float> W = values(out * in, 0.25f);
+    std::vector<float> badX = values(T * in, 0.5f);
+    badX[5] = 1.0f + 1.0f / 1024;  // 11 significant bits
+    for (bool emulate : {false, true}) {
+        SCOPED_TRACE(emulate ? "emulated device" : "CPU backend");
+        auto run = [&](bool scope, std::function<void(const std::vector<float*>&)> fn) {
+            return underBf16Scope(emulate, {badX, W, std::vector<float>(size_t(T) * out)}, fn, scope);
+        };
+        auto fwd = [&](const std::vector<float*>& p) { kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out); };
+        const kern::Bf16GemmCounts c0 = kern::bf16GemmCounts();
+        EXPECT_TRUE(run(true, [&](const std::vector<float*>& p) {
+                        kern::Fp32GemmScope fp32(true);
+                        EXPECT_FALSE(kern::Bf16GemmScope::active());
+                        fwd(p);
+                    }).isOk());
+        EXPECT_FALSE(run(true, [&](const std::vector<float*>& p) {
+                         kern::Fp32GemmScope fp32(false);
+                         EXPECT_TRUE(kern::Bf16GemmScope::active());
+                         fwd(p);
+                     }).isOk());
+        EXPECT_TRUE(run(false, [&](const std::vector<float*>& p) {
+                        kern::Fp32GemmScope fp32(false);
+                        EXPECT_FALSE(kern::Bf16GemmScope::active());
+                        fwd(p);
+                    }).isOk());
+        // After each: the surrounding scope again.
+        EXPECT_TRUE(run(true, [&](const std::vector<float*>& p) {
+                        { kern::Fp32GemmScope fp32(true); }
+                        EXPECT_TRUE(kern::Bf16GemmScope::active());
+                    }).isOk());
+        const kern::Bf16GemmCounts c1 = kern::bf16GemmCounts();
+        EXPECT_EQ(c1.bf16 - c0.bf16, 1);
+        EXPECT_EQ(c1.fp32 - c0.fp32, 2);
+    }
+}
+
+// Every variant trains with the check on, and its GEMMs run where its precision says: a bf16
+// model's in bf16, except the fp32 router of MoE layers and the FP8 linears under a per-tensor
+// recipe (delayed, tensorwise: a code times 1/scale is no bf16 value); an fp32 model's in fp32.
 TEST(Bf16GemmCheck, EveryTrainerVariantKeepsItsBf16GemmOperandsBf16) {
     CheckBf16Gemms on;
     for (const auto& [name, edit] : ts::testing::trainerVariants()) {
         Config c = ts::testing::tinyTrainerConfig();
         edit(c);
         c.train_iters = 2;
+        const bool perTensorFp8 = !c.fp8.empty() && (c.fp8_recipe == "delayed" || c.fp8_recipe == "tensorwise");
+        const bool fp32Gemms = !c.bf16 || perTensorFp8 || c.num_moe_experts > 0;
         for (bool emulate : {false, true}) {
             SCOPED_TRACE(name + (emulate ? " (emulated device)" : " (CPU backend)"));
             TrainerOptions o;
             o.emulateDevice = emulate;
+            const kern::Bf16GemmCounts c0 = kern::bf16GemmCounts();
             const ts::testing::TrainRun r = ts::testing::trainRun(c, o);
+            const kern::Bf16GemmCounts c1 = kern::bf16GemmCounts();
             EXPECT_EQ(r.losses.size(), size_t(c.train_iters));
+            EXPECT_EQ(c1.bf16 > c0.bf16, c.bf16) << "bf16 GEMMs: " << c1.bf16 - c0.bf16;
+            EXPECT_EQ(c1.fp32 > c0.fp32, fp32Gemms) << "fp32 GEMMs: " << c1.fp32 - c0.fp32;
         }
     }
 }

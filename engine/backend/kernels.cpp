@@ -471,8 +471,9 @@ void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
 #define TS_KERN_GEMM(name, check, ...)                                                            \
     do {                                                                                          \
         TS_KERN_CUDA(name, __VA_ARGS__)                                                           \
-        const bool ts_check_ = t_bf16Scope && checkBf16Gemms();                                   \
-        if (checkBf16Gemms()) (t_bf16Scope ? g_gemmsBf16 : g_gemmsFp32).fetch_add(1);             \
+        const bool ts_checking_ = checkBf16Gemms();                                               \
+        const bool ts_check_ = t_bf16Scope && ts_checking_;                                       \
+        if (ts_checking_) (t_bf16Scope ? g_gemmsBf16 : g_gemmsFp32).fetch_add(1);                 \
         runOnHost(#name, #__VA_ARGS__,                                                            \
                   [ts_check_](auto... a) {                                                        \
                       if (ts_check_) check(#name, a...);                                          \

@@ -373,14 +373,14 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             k::moeRoutePlan(s->planTopi(), fp(probsWs), T, K, E, capacity, s->planOffset(),
                             cap >= 0 ? s->planRouted() : nullptr, s->planTok(), s->planStart(), s->planInv(),
                             s->planTokExp(), s->planRowOf(), fp(s->probT));
-            if (offsetsFromDispatch) {
-                // the dispatcher's gather brings them (s->rows stays rowsAlloc for the gather below)
-            } else if (cap >= 0) {
+            // With offsetsFromDispatch the dispatcher's gather brings them (s->rows stays
+            // rowsAlloc for the gather below).
+            if (!offsetsFromDispatch && cap >= 0) {
                 std::vector<int32_t> both(2 * size_t(E) + 1);  // offsets [E+1], then routed [E]
                 k::download(both.data(), s->planOffset(), both.size() * sizeof(int32_t));
                 s->routed.assign(both.begin() + E + 1, both.end());
                 s->takeOffsets(both.data());
-            } else {
+            } else if (!offsetsFromDispatch) {
                 k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
                 s->takeOffsets(offset.data());
             }

@@ -4,7 +4,8 @@
 // (resources/peak_flops.json), then one JSON line. Configs: 1b (the issue's ~1.3B GPT: hidden
 // 2048, 24 layers, 16 heads, seq 2048, micro-batch 1, bf16; target MFU >= 45% on an H100) and
 // small (hidden 1024, 8 layers, seq 1024: a quick look). --fp8 hybrid|e4m3 adds FP8 (delayed
-// scaling; the target: FP8 step >= 1.3x bf16). --trace 1 then runs as many steps again
+// scaling unless --fp8-recipe says tensorwise, mxfp8 or blockwise; the target: FP8 step
+// >= 1.3x bf16). --trace 1 then runs as many steps again
 // traced as `trainscope run` traces (the engine's recorder plus the CUPTI capture, flushed every
 // step) and reports the overhead against the untraced steps (the target: <= 3%); --trace
 // engine the same with the engine's recorder alone (no CUPTI), which splits that overhead into
@@ -13,7 +14,7 @@
 // default; unfused keeps the probabilities): the peak device memory is printed with the step.
 //
 // usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 ""|hybrid|e4m3]
-//                       [--micro-batch N] [--trace 0|1|engine] [--attention auto|unfused]
+//                       [--fp8-recipe delayed|tensorwise|mxfp8|blockwise] [--micro-batch N] [--trace 0|1|engine] [--attention auto|unfused]
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,7 +42,8 @@ namespace {
 using namespace ts::engine;
 
 constexpr const char* kUsage =
-    "usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 \"\"|hybrid|e4m3] [--micro-batch N] "
+    "usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 \"\"|hybrid|e4m3] "
+    "[--fp8-recipe delayed|tensorwise|mxfp8|blockwise] [--micro-batch N] "
     "[--trace 0|1|engine] [--attention auto|unfused]";
 
 using ts::bench::median;
@@ -77,7 +79,7 @@ Config gpuConfig(const std::string& name) {
 
 int main(int argc, char** argv) {
     if (int rc = ts::bench::checkArgs(argc, argv, kUsage); rc >= 0) return rc;
-    std::string config = "1b", fp8, attention = "auto";
+    std::string config = "1b", fp8, recipe = "delayed", attention = "auto";
     int steps = 10, warmup = 3, microBatch = 0;
     bool trace = false, cupti = true;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
         else if (a == "--steps") steps = std::max(1, std::stoi(v));
         else if (a == "--warmup") warmup = std::max(0, std::stoi(v));
         else if (a == "--fp8") fp8 = v;
+        else if (a == "--fp8-recipe") recipe = v;
         else if (a == "--micro-batch") microBatch = std::stoi(v);
         else if (a == "--trace") {
             if (v != "0" && v != "1" && v != "engine") {
@@ -107,6 +110,7 @@ int main(int argc, char** argv) {
     }
     Config c = gpuConfig(config);
     c.fp8 = fp8;
+    c.fp8_recipe = recipe;  // the trainer's validation names a wrong one
     c.attention_backend = attention;
     if (microBatch > 0) c.micro_batch_size = microBatch;
     TrainerOptions o;
@@ -192,7 +196,7 @@ int main(int argc, char** argv) {
     const double mfu = peak > 0 ? tflops / peak : 0;
     std::printf("%s on %s (%s%s, attention %s): median step %.1f ms, %.0f tokens/s, %.1f model TFLOP/s, MFU %.1f%% "
                 "of %.0f bf16 TFLOP/s; peak memory %.2f GiB; loss %.4f (%lld parameters)\n",
-                config.c_str(), dev.name.c_str(), c.bf16 ? "bf16" : "fp32", fp8.empty() ? "" : (", fp8 " + fp8).c_str(),
+                config.c_str(), dev.name.c_str(), c.bf16 ? "bf16" : "fp32", fp8.empty() ? "" : (", fp8 " + fp8 + " " + recipe).c_str(),
                 attentionShown.c_str(), med * 1e3, tokens / med, tflops, 100 * mfu, peak, peakGiB, loss,
                 (long long)(*t)->model().params().numel());
     const double untracedWall = median(walls);
@@ -205,6 +209,7 @@ int main(int argc, char** argv) {
                                        {"config", config},
                                        {"device", dev.name},
                                        {"fp8", fp8},
+                                       {"fp8_recipe", fp8.empty() ? "" : recipe},
                                        {"attention_backend", attention},
                                        {"flash_tiles", flashTiles},
                                        {"gemm_fast_16bf", fast16bf},

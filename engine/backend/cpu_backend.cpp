@@ -2,6 +2,7 @@
 // events, and the tracked allocator. Streams, events, trace state and the accounting are
 // host_runtime.h's, shared with the emulated device.
 #include "engine/backend/cpu_backend.h"
+#include "kernels/common/fp8_codes.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -204,6 +205,7 @@ private:
 };
 
 CpuBuffer::~CpuBuffer() {
+    kernels::fp8codes::map().forget(m_data, m_bytes);  // what was quantized into it
     int64_t current = 0;
     {
         std::lock_guard<std::mutex> lock(m_mem->mutex);

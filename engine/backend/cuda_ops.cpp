@@ -36,7 +36,7 @@ const std::vector<std::string>& cudaOpNames() {
         // optimizer
         "adamwStep",
         // bf16
-        "floatToBf16", "bf16ToFloat", "roundToBf16",
+        "floatToBf16", "fp8CodesToBf16", "bf16ToFloat", "roundToBf16",
         // FP8
         "amaxOf", "fp8QuantizeCurrent", "amaxAccumulate", "fp8QuantizeDequantize", "fp8BlockQuantizeDequantize",
         // MoE

@@ -2,6 +2,7 @@
 // read-write host view of one memfd, run-at-submit streams that queue their kernels on the
 // CPU backend's worker-thread streams, stream-ordered block reuse.
 #include "engine/backend/emulated_backend.h"
+#include "kernels/common/fp8_codes.h"
 
 #include <execinfo.h>
 #include <fcntl.h>
@@ -586,6 +587,7 @@ private:
 };
 
 EmuBuffer::~EmuBuffer() {
+    kernels::fp8codes::map().forget(data(), m_bytes);  // what was quantized into it
     // Fences first (takes the stream registry's lock, not the accounting lock).
     auto fences = m_mem->fencesNow();
     std::lock_guard<std::mutex> lock(m_mem->mutex);

@@ -86,7 +86,9 @@ void unbindBf16Twin(const float* base);
 // use the tensor cores with fp32 accumulation (kernels/cuda/ops_cuda.h setBf16Gemms); the CPU
 // oracle and the emulated device keep fp32 GEMMs, which on operands holding bf16 values give the
 // same products. Exec sets it around the ops of a bf16 model (GptModel's constructor); the
-// per-tensor FP8 linears take their GEMMs out with Fp32GemmScope.
+// FP8 linears under tensorwise scaling take their GEMMs out with Fp32GemmScope; delayed
+// scaling's operands are bound as FP8 codes at their scale (kernels/common/fp8_codes.h), which
+// the CUDA GEMMs multiply as codes and the check below verifies as such.
 class Bf16GemmScope {
 public:
     explicit Bf16GemmScope(bool on);
@@ -101,9 +103,9 @@ private:
 };
 
 // fp32 GEMMs inside a bf16 scope where `fp32` holds, else the surrounding setting unchanged: the
-// GEMMs of the FP8 linears under the per-tensor recipes (delayed, tensorwise), whose dequantized
-// operands (a code times 1/scale, any fp32 scale) are not bf16 values. The rest of such a model
-// keeps its bf16 GEMMs.
+// GEMMs of the FP8 linears under tensorwise scaling, whose dequantized operands (a code times
+// 1/scale, any fp32 scale made on the device) are not bf16 values. The rest of such a model keeps
+// its bf16 GEMMs.
 class Fp32GemmScope : public Bf16GemmScope {
 public:
     explicit Fp32GemmScope(bool fp32) : Bf16GemmScope(!fp32 && Bf16GemmScope::active()) {}
@@ -113,7 +115,8 @@ public:
 // gemmStridedBatched, linearForward and linearBackward run under a Bf16GemmScope first look at
 // their operands (A and B; x, W, dy) and fail the op, naming the operand, the element and its
 // value, where one holds a value bf16 does not represent, which a GPU's bf16 GEMM would round
-// and the oracle would not. On CUDA nothing is checked; nor are the GEMMs inside the CUDA
+// and the oracle would not (an operand bound as FP8 codes at a scale: a value that is no code at
+// it). On CUDA nothing is checked; nor are the GEMMs inside the CUDA
 // attention kernels (they round P, dropout(P) and dS, which the oracle keeps fp32: a known
 // difference, docs/cuda_port.md). Off unless TS_CHECK_BF16_GEMMS=1 or setCheckBf16Gemms(true)
 // (the tests: tests/engine/train/test_bf16_gemm_check.cpp).

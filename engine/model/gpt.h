@@ -281,10 +281,12 @@ private:
     enum Fp8Linear { kFp8Qkv = 0, kFp8Proj, kFp8Fc1, kFp8Fc2 };
     enum Fp8Slot { kFp8Input = 0, kFp8Weight, kFp8Grad };
     bool fp8Layer(int li) const;  // local layer li runs its linears in FP8
-    // The FP8 linears' dequantized operands are bf16 values: block recipes with power-of-two
-    // scales (a code times 2^k). Otherwise (delayed, tensorwise: any fp32 scale) a bf16 model
-    // runs their GEMMs in fp32 (kern::Fp32GemmScope) and every other GEMM in bf16.
-    bool fp8OperandsBf16() const { return m_o.fp8.isBlock() && m_o.fp8.blockPow2; }
+    // The FP8 linears' GEMMs run in bf16 with the rest of a bf16 model: block recipes with
+    // power-of-two scales (a dequantized operand, a code times 2^k, is a bf16 value) and delayed
+    // scaling (its operands are codes at a host scale, which kern::fp8QuantizeDequantize binds
+    // for the GEMMs to take as codes: kernels/common/fp8_codes.h). Tensorwise scaling (a scale
+    // made on the device) runs them in fp32 (kern::Fp32GemmScope), every other GEMM in bf16.
+    bool fp8GemmsBf16() const { return m_o.fp8.isBlock() ? m_o.fp8.blockPow2 : m_o.fp8.delayed; }
     void fp8Init();
     // Quantizes (and dequantizes) `t` [n] in place with the slot's scale: delayed scaling uses
     // the scale of earlier steps and records this tensor's amax; tensorwise takes the scale from

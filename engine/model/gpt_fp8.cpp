@@ -19,6 +19,7 @@
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
+#include "kernels/common/fp8_codes.h"
 
 
 #include "common/clock.h"
@@ -180,9 +181,13 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
         if (!m_fp8AmaxDev) return Status::internal("FP8 delayed scaling without its amax buffer");
         TensorPtr pack = m_fp8AmaxDev;
         const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot);
+        // The scale is fixed for the step: bound now, in program order, so that a gather of t
+        // submitted next binds its copy too (kernels/common/fp8_codes.h bindLike).
+        const float scale = meta->scale / g;
+        kernels::fp8codes::map().bind(fp(t), n, scale);
         m_exec.op("fp8_quantize", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 8, [=] {
             k::amaxAccumulate(fp(t), n, g, fp(pack) + at);
-            k::fp8QuantizeDequantize(fp(t), fp(t), nullptr, n, meta->scale / g, fmt);
+            k::fp8QuantizeDequantize(fp(t), fp(t), nullptr, n, scale, fmt);
         });
         return Status::ok();
     }
@@ -242,9 +247,11 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
             if (!m_fp8AmaxDev) return Status::internal("FP8 delayed scaling without its amax buffer");
             TensorPtr pack = m_fp8AmaxDev;
             const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(kFp8Weight);
+            const float scale = meta->scale;  // fixed for the step (as fp8Quantize)
+            kernels::fp8codes::map().bind(fp(dq), n, scale);
             m_exec.op("fp8_quantize_weight", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 9, [=] {
                 k::amaxAccumulate(W, n, 1.0f, fp(pack) + at);
-                k::fp8QuantizeDequantize(W, fp(dq), codes->as<uint8_t>(), n, meta->scale, fmt);
+                k::fp8QuantizeDequantize(W, fp(dq), codes->as<uint8_t>(), n, scale, fmt);
             });
         } else {
             TS_ASSIGN_OR_RETURN(TensorPtr amax, m_exec.alloc(1, MemCategory::Workspace));
@@ -322,6 +329,10 @@ void GptModel::fp8StepUpdate() {
         }
         counters(step);
     });
+    // On a device the read-back makes the host wait for the stream here; the CPU backend runs the
+    // op later on its stream's thread, so the host waits for it too: the next step's quantizations
+    // take the new scales when they are submitted (fp8Quantize and fp8Weight bind them then).
+    if (!k::streamOnDevice(m_exec.stream())) (void)m_exec.stream().synchronize();
 }
 
 

@@ -81,7 +81,7 @@ Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const 
         const bool blk = fp8 && r8.isBlock();  // block recipes: the input quantized per block here
         TensorPtr q8;  // the quantized input rows (the GEMM chunks run in order on the compute stream)
         if (blk) { TS_ASSIGN_OR_RETURN(q8, allocUninitialized(m_exec, int64_t(T) * h, MemCategory::Workspace)); }
-        const bool fp32 = fp8 && !fp8OperandsBf16();  // FP8 operands bf16 would round
+        const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
         auto gemm = [=](const float* x, float* y, int rows) {
             k::Fp32GemmScope gemms(fp32);
             if (blk) x = fp8BlockOperand(r8, x, rows, h, true, false, false, fp(q8));
@@ -122,7 +122,7 @@ Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const 
         const bool blk = fp8 && r8.isBlock();
         TensorPtr q8;
         if (blk) { TS_ASSIGN_OR_RETURN(q8, allocUninitialized(m_exec, int64_t(T) * F, MemCategory::Workspace)); }
-        const bool fp32 = fp8 && !fp8OperandsBf16();  // FP8 operands bf16 would round
+        const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
         auto gemm = [=](const float* x, float* y, int rows) {
             k::Fp32GemmScope gemms(fp32);
             if (blk) x = fp8BlockOperand(r8, x, rows, F, true, false, false, fp(q8));

@@ -373,14 +373,14 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             k::moeRoutePlan(s->planTopi(), fp(probsWs), T, K, E, capacity, s->planOffset(),
                             cap >= 0 ? s->planRouted() : nullptr, s->planTok(), s->planStart(), s->planInv(),
                             s->planTokExp(), s->planRowOf(), fp(s->probT));
-            if (offsetsFromDispatch) {
-                // the dispatcher's gather brings them (s->rows stays rowsAlloc for the gather below)
-            } else if (cap >= 0) {
+            // With offsetsFromDispatch the dispatcher's gather brings them (s->rows stays
+            // rowsAlloc for the gather below).
+            if (!offsetsFromDispatch && cap >= 0) {
                 std::vector<int32_t> both(2 * size_t(E) + 1);  // offsets [E+1], then routed [E]
                 k::download(both.data(), s->planOffset(), both.size() * sizeof(int32_t));
                 s->routed.assign(both.begin() + E + 1, both.end());
                 s->takeOffsets(both.data());
-            } else {
+            } else if (!offsetsFromDispatch) {
                 k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
                 s->takeOffsets(offset.data());
             }
@@ -559,7 +559,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     std::vector<const float*> B1g(static_cast<size_t>(L), nullptr);  // fc1's bias inside the GEMM (grouped)
     if (grouped) B1g = B1;
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // see router.topk_permute
-    const bool fp32 = fp8 && !fp8OperandsBf16();  // FP8 operands bf16 would round
+    const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
     auto expert = [=](int l) {
         k::Fp32GemmScope gemms(fp32);
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
@@ -749,7 +749,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         }
     }
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // as the forward's experts
-    const bool fp32 = fp8 && !fp8OperandsBf16();  // FP8 operands bf16 would round
+    const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
     auto expert = [=](int l) {
         k::Fp32GemmScope gemms(fp32);
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;

@@ -4,6 +4,7 @@
 #include "engine/model/gpt.h"
 
 #include "engine/model/gpt_internal.h"
+#include "kernels/common/fp8_codes.h"
 
 namespace ts::engine {
 
@@ -15,6 +16,7 @@ void GptModel::tpAllReduce(const TensorPtr& t, int64_t n) {
 Result<TensorPtr> GptModel::seqGather(const TensorPtr& local, int64_t n) {
     TS_ASSIGN_OR_RETURN(TensorPtr full, m_exec.alloc(n * m_ctx.tpSize));
     m_ctx.tp->allGather(m_exec.stream(), local->data(), full->data(), size_t(n), DType::F32);
+    kernels::fp8codes::map().bindLike(fp(full), n * m_ctx.tpSize, fp(local), n);  // FP8 codes stay codes
     keepUntilPassed(m_exec.stream(), {local, full});
     return full;
 }
@@ -57,7 +59,7 @@ Result<std::function<void(const float*, float*, int)>> GptModel::overlappedDgrad
     // piece) against the weight's copy along `out` (Wq is the forward's, along `in`), as
     // linearBackward's dgrad; the chunks run in order on the compute stream and share one scratch.
     const Fp8Recipe r8 = m_o.fp8;
-    const bool fp32 = Wq && !fp8OperandsBf16();  // FP8 operands bf16 would round
+    const bool fp32 = Wq && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
     TensorPtr q8;
     if (Wq && r8.isBlock()) {
         TS_ASSIGN_OR_RETURN(W, fp8BlockWeight(wIdx, false));
@@ -183,7 +185,7 @@ Status GptModel::linearBackward(const char* name, int wIdx, int bIdx, TensorPtr 
     const double flops = (dx ? 4.0 : 2.0) * double(T) * in * out;
     const uint64_t bytes = uint64_t(4) * (uint64_t(T) * (in + out) + uint64_t(in) * out);
     const bool bf = m_o.bf16;
-    const bool fp32 = Wq && !fp8OperandsBf16();  // FP8 operands bf16 would round
+    const bool fp32 = Wq && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
     if (Wq && m_o.fp8.isBlock()) {
         // FP8 block recipes (mxfp8, blockwise): each GEMM's operands quantized per block along its
         // reduction dimension, all from high precision: dgrad dy (along out) x W (along out), wgrad

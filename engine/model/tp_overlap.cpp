@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/backend/kernels.h"
+#include "kernels/common/fp8_codes.h"
 
 namespace ts::engine {
 
@@ -100,6 +101,7 @@ Result<TensorPtr> TpOverlap::agGemm(const char* name, const TensorPtr& xLocal, i
         arrived[size_t(recvShard)] = recordOn(m_comm);
     }
     keepUntilPassed(m_comm, {xLocal, full});
+    kernels::fp8codes::map().bindLike(fp(full), shard * t, fp(xLocal), shard);  // FP8 codes stay codes
 
     // Compute stream: own rows first (no wait), then each shard as soon as it arrived.
     gemmShard(r, xLocal, 0);
@@ -147,6 +149,7 @@ Result<TpOverlap::Pending> TpOverlap::gatherAsync(const TensorPtr& local, int64_
     TS_ASSIGN_OR_RETURN(TensorPtr full, m_exec.alloc(n * m_size));
     commAfterCompute();
     m_tp.allGather(m_comm, local->data(), full->data(), size_t(n), DType::F32);
+    kernels::fp8codes::map().bindLike(fp(full), n * m_size, fp(local), n);  // FP8 codes stay codes
     Pending p{full, recordOn(m_comm)};
     keepUntilPassed(m_comm, {local, full});
     return p;

@@ -18,6 +18,12 @@ __global__ void castFloatToBf16Kernel(const float* __restrict__ x, uint16_t* __r
     for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16FromFloat(x[i]);
 }
 
+// The codes of FP8 values stored at a scale (kernels/common/fp8_codes.h): bf16(y * scale), the
+// product rounded as written (__fmul_rn, as the host check computes it).
+__global__ void castFp8CodesToBf16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n, float scale) {
+    for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16FromFloat(__fmul_rn(x[i], scale));
+}
+
 __global__ void castBf16ToFloatKernel(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16ToFloatValue(x[i]);
 }
@@ -34,6 +40,13 @@ Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream) {
     if (n == 0) return Status::ok();
     castFloatToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n);
     return detail::launchStatus("floatToBf16 launch");
+}
+
+Status fp8CodesToBf16(const float* x, uint16_t* y, int64_t n, float scale, void* stream) {
+    if (n < 0) return Status::invalid("fp8CodesToBf16: negative element count");
+    if (n == 0) return Status::ok();
+    castFp8CodesToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n, scale);
+    return detail::launchStatus("fp8CodesToBf16 launch");
 }
 
 Status bf16ToFloat(const uint16_t* x, float* y, int64_t n, void* stream) {

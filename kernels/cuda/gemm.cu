@@ -1,6 +1,7 @@
 // GEMMs on cuBLAS with fp32 accumulation (full fp32: no TF32, matching the CPU oracle; or, with
 // setBf16Gemms, bf16 operands on the tensor cores), and the linear layer built on them. Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T,
 // so each call swaps the operands. Handles: one per (thread, device), see blas.cuh.
+#include "kernels/common/fp8_codes.h"
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -99,19 +100,23 @@ std::map<const float*, std::vector<Twin>>& twins() {
     return m;
 }
 
-// The operand's first n floats as bf16: the bound twin's bits where one covers them (`use`
-// set, `owned` null), else a bf16 copy from the stream-ordered allocator (`use` == `owned`,
-// freed with cudaFreeAsync by the caller).
-Status bf16Operand(const float* x, int64_t n, const void** use, void** owned, cudaStream_t s) {
+// The operand's first n floats as bf16: with a nonzero fp8Scale (the operand is bound as FP8
+// codes at that scale) its codes bf16(x * scale) in a copy; else the bound twin's bits where one
+// covers them (`use` set, `owned` null), else a bf16 copy. Copies come from the stream-ordered
+// allocator (`use` == `owned`, freed with cudaFreeAsync by the caller).
+Status bf16Operand(const float* x, int64_t n, float fp8Scale, const void** use, void** owned, cudaStream_t s) {
     *owned = nullptr;
-    if (const uint16_t* bits = boundBf16Twin(x, n)) {
-        *use = bits;
-        return Status::ok();
+    if (fp8Scale == 0.0f) {
+        if (const uint16_t* bits = boundBf16Twin(x, n)) {
+            *use = bits;
+            return Status::ok();
+        }
     }
     TS_RETURN_IF_ERROR(detail::fromCuda(cudaMallocAsync(owned, sizeof(uint16_t) * static_cast<size_t>(n > 0 ? n : 1), s),
                                         "bf16 GEMM operand (cudaMallocAsync)"));
     *use = *owned;
-    return floatToBf16(x, static_cast<uint16_t*>(*owned), n, s);
+    return fp8Scale != 0.0f ? fp8CodesToBf16(x, static_cast<uint16_t*>(*owned), n, fp8Scale, s)
+                            : floatToBf16(x, static_cast<uint16_t*>(*owned), n, s);
 }
 
 // fast16bfGemms (TS_CUDA_GEMM_FAST_16BF=1, ops_cuda.h): a bf16 GEMM with an operand that has no bound twin runs
@@ -133,7 +138,22 @@ Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, cons
     const int rowsA = transA ? K : M, colsA = transA ? M : K, rowsB = transB ? N : K, colsB = transB ? K : N;
     const int64_t spanA = static_cast<int64_t>(batch - 1) * strideA, spanB = static_cast<int64_t>(batch - 1) * strideB;
     const int64_t nA = spanA + int64_t(rowsA - 1) * lda + colsA, nB = spanB + int64_t(rowsB - 1) * ldb + colsB;
-    if (fast16bfGemms() && (!boundBf16Twin(A, nA) || !boundBf16Twin(B, nB)))
+    // Operands that hold FP8 values at a scale (kernels/common/fp8_codes.h): their codes times
+    // alpha * fl(1 / scale) each, as Transformer Engine's scale_inv; where that alpha is no
+    // normal float (extreme scales) the fp32 GEMM on the stored values, the oracle's products.
+    const float sA = fp8codes::map().scaleOf(A, nA), sB = fp8codes::map().scaleOf(B, nB);
+    const float alphaStored = alpha;
+    if (sA != 0.0f) alpha *= 1.0f / sA;
+    if (sB != 0.0f) alpha *= 1.0f / sB;
+    if ((sA != 0.0f || sB != 0.0f) && alphaStored != 0.0f && !std::isnormal(alpha)) {
+        cublasHandle_t hp = nullptr;
+        TS_RETURN_IF_ERROR(detail::cublasFor(stream, &hp));
+        return detail::fromCublas(
+            cublasSgemmStridedBatched(hp, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
+                                      K, &alphaStored, B, ldb, strideB, A, lda, strideA, &beta, C, ldc, strideC, batch),
+            "FP8 operands' gemm (fp32, extreme scales) cublasSgemmStridedBatched");
+    }
+    if (fast16bfGemms() && sA == 0.0f && sB == 0.0f && (!boundBf16Twin(A, nA) || !boundBf16Twin(B, nB)))
         return detail::fromCublas(
             cublasGemmStridedBatchedEx(h, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
                                        &alpha, B, CUDA_R_32F, ldb, strideB, A, CUDA_R_32F, lda, strideA, &beta, C,
@@ -142,8 +162,8 @@ Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, cons
     void *a = nullptr, *b = nullptr;  // the copies made here (null where a twin was read)
     const void *useA = nullptr, *useB = nullptr;
     auto run = [&]() -> Status {
-        TS_RETURN_IF_ERROR(bf16Operand(A, nA, &useA, &a, s));
-        TS_RETURN_IF_ERROR(bf16Operand(B, nB, &useB, &b, s));
+        TS_RETURN_IF_ERROR(bf16Operand(A, nA, sA, &useA, &a, s));
+        TS_RETURN_IF_ERROR(bf16Operand(B, nB, sB, &useB, &b, s));
         return detail::fromCublas(
             cublasGemmStridedBatchedEx(h, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
                                        &alpha, useB, CUDA_R_16BF, ldb, strideB, useA, CUDA_R_16BF, lda, strideA, &beta, C,
@@ -262,7 +282,9 @@ Status linearBackward(const float* dy, const float* x, const float* W, float* dx
     if (T == 0) return Status::ok();
     // bf16 GEMMs: dy in bf16 once for both GEMMs instead of once per GEMM.
     detail::Bf16Twin tdy(stream);
-    if (t_bf16Gemms && dx && dW) tdy.cover(dy, static_cast<int64_t>(T) * out, true);
+    // (Not where dy holds FP8 values at a scale: each GEMM takes their codes, gemmBf16.)
+    if (t_bf16Gemms && dx && dW && fp8codes::map().scaleOf(dy, static_cast<int64_t>(T) * out) == 0.0f)
+        tdy.cover(dy, static_cast<int64_t>(T) * out, true);
     if (dx) {
         if (!W) return Status::invalid("linearBackward: dx needs W");
         TS_RETURN_IF_ERROR(gemm(false, false, T, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in, stream));

@@ -252,6 +252,9 @@ Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
 
 // --- bf16 -----------------------------------------------------------------------------------
 Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream);
+// y = bf16(x * scale): the FP8 codes of x where x holds FP8 values stored at `scale`
+// (kernels/common/fp8_codes.h), exactly; the bf16 GEMMs' operand for such x.
+Status fp8CodesToBf16(const float* x, uint16_t* y, int64_t n, float scale, void* stream);
 Status bf16ToFloat(const uint16_t* x, float* y, int64_t n, void* stream);
 Status roundToBf16(float* x, int64_t n, void* stream);
 

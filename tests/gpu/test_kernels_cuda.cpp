@@ -6,6 +6,7 @@
 
 #ifdef TS_HAVE_CUDA
 
+#include "kernels/common/fp8_codes.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -313,6 +314,58 @@ TEST_F(KernelsCuda, Fast16bfGemmsEqualTheOracleOnBf16RoundedOperands) {
         std::printf("[fast 16bf] %s: %d of %d differ from round to nearest even\n", kinds[kind], mismatches, K * K);
         EXPECT_EQ(mismatches, 0) << kinds[kind] << ": cuBLAS's FAST_16BF does not round as the bf16 copies do";
     }
+}
+
+// Operands bound as FP8 codes at a scale (kernels/common/fp8_codes.h, what delayed scaling's
+// fp8QuantizeDequantize stores): the bf16 GEMMs take their codes bf16(y * scale) and put the
+// scales' inverses into alpha, which gives the oracle's fp32 GEMM on the stored values up to fp32
+// rounding (the stored values are no bf16 values: converting them would differ by bf16's
+// rounding). The linear layer's forward (x and W bound), backward (dy, x and W bound; dW
+// accumulated into an fp32 main grad), and an operand bound at a scale whose inverses underflow
+// alpha, which runs the fp32 GEMM.
+TEST_F(KernelsCuda, Bf16GemmsTakeFp8CodesAtTheirBoundScales) {
+    const Bf16GemmsOn on(false);
+    const int T = 53, in = 96, out = 80;
+    const float sx = 37.7f, sw = 211.3f, sdy = 1.9e4f;  // none a power of two
+    auto quantized = [](std::vector<float> v, float scale) {
+        cpu::fp8QuantizeDequantize(v.data(), v.data(), nullptr, int64_t(v.size()), scale, cpu::Fp8Format::E4M3);
+        return v;
+    };
+    const auto x = quantized(randomVec(T * in, 80), sx), W = quantized(randomVec(out * in, 81), sw);
+    const auto dy = quantized(randomVec(T * out, 82), sdy), g0 = randomVec(out * in, 83);
+    DeviceVec<float> dx(x), dW(W), ddy(dy), y(size_t(T) * out), gx(size_t(T) * in), G(g0);
+    auto& codes = fp8codes::map();
+    codes.bind(dx.ptr, int64_t(x.size()), sx);
+    codes.bind(dW.ptr, int64_t(W.size()), sw);
+    codes.bind(ddy.ptr, int64_t(dy.size()), sdy);
+    TS_ASSERT_OK(cuda::linearForward(dx.ptr, dW.ptr, nullptr, y.ptr, T, in, out, m_stream));
+    TS_ASSERT_OK(cuda::linearBackward(ddy.ptr, dx.ptr, dW.ptr, gx.ptr, G.ptr, nullptr, T, in, out, m_stream));
+    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+    std::vector<float> wantY(size_t(T) * out), wantGx(size_t(T) * in), wantG = g0;
+    cpu::linearForward(x.data(), W.data(), nullptr, wantY.data(), T, in, out);
+    cpu::linearBackward(dy.data(), x.data(), W.data(), wantGx.data(), wantG.data(), nullptr, T, in, out);
+    expectNear(y.download(), wantY, 1e-5, 1e-5, "FP8 codes: linearForward");
+    expectNear(gx.download(), wantGx, 1e-5, 1e-5, "FP8 codes: linearBackward dx");
+    expectNear(G.download(), wantG, 1e-5, 1e-5, "FP8 codes: linearBackward dW (accumulated)");
+    // 1/scale^2 underflows a float: the fp32 GEMM on the stored values.
+    const float huge = 3e19f;  // its inverse is normal, the square of that is not
+    auto small = [&](std::vector<float> v) {
+        for (float& e : v) e *= 100.0f / huge;  // codes up to 100, inside E4M3's range
+        return quantized(std::move(v), huge);
+    };
+    const auto xh = small(randomVec(T * in, 84));
+    DeviceVec<float> dxh(xh), yh(size_t(T) * out);
+    codes.bind(dxh.ptr, int64_t(xh.size()), huge);
+    const std::vector<float> Wh = small(randomVec(out * in, 85));
+    DeviceVec<float> dWh(Wh);
+    codes.bind(dWh.ptr, int64_t(Wh.size()), huge);
+    TS_ASSERT_OK(cuda::linearForward(dxh.ptr, dWh.ptr, nullptr, yh.ptr, T, in, out, m_stream));
+    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+    std::vector<float> wantYh(size_t(T) * out);
+    cpu::linearForward(xh.data(), Wh.data(), nullptr, wantYh.data(), T, in, out);
+    expectNear(yh.download(), wantYh, 1e-5, 1e-36, "FP8 codes at extreme scales (fp32 GEMM)");
+    for (const float* p : {dx.ptr, dW.ptr, ddy.ptr, dxh.ptr, dWh.ptr}) codes.forget(p, sizeof(float));
+    EXPECT_EQ(codes.size(), 0u);
 }
 
 // A bound 16-bit twin is what a bf16 GEMM reads for an operand inside its array: W's twin bound

@@ -1,6 +1,7 @@
 // CUDA backend implementation (see cuda_backend.h): devices, non-blocking streams that run
 // their launchers on the caller's thread, cudaEvent events, and the caching allocator.
 #include "engine/backend/cuda/cuda_backend.h"
+#include "kernels/common/fp8_codes.h"
 
 #include <cuda_runtime.h>
 
@@ -444,6 +445,7 @@ private:
 };
 
 CudaBuffer::~CudaBuffer() {
+    kernels::fp8codes::map().forget(m_data, m_bytes);  // what was quantized into it
     DeviceGuard g(m_mem->ordinal);
     std::lock_guard<std::mutex> lock(m_mem->mutex);
     m_mem->reportCounter(m_cat, m_mem->releaseLocked(m_bytes, m_cat));

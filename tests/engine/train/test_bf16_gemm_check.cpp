@@ -6,8 +6,10 @@
 //     keeps it, on the CPU backend and on the emulated device (whose kernels run deferred);
 //   - every trainer variant (tests/trainer_variants.h, what the CUDA trainer test runs) trains
 //     with the check on, on both host backends: no GEMM of a bf16 model (FP8 ones included,
-//     but for the FP8 linears of the per-tensor recipes, which Fp32GemmScope takes out) sees a
-//     value bf16 would round, and the GEMMs taken out are only those.
+//     but for the FP8 linears of tensorwise scaling, which Fp32GemmScope takes out) sees a
+//     value bf16 would round, or, where the operand is bound as FP8 codes at a scale (delayed
+//     scaling's, kernels/common/fp8_codes.h), a value that is no code at that scale; and the
+//     GEMMs taken out are only those.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +21,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/kernels.h"
 #include "engine/train/trainer.h"
+#include "kernels/common/fp8_codes.h"
 #include "kernels/cpu/ops.h"
 #include "tests/trainer_backend_run.h"
 #include "tests/trainer_variants.h"
@@ -181,6 +184,74 @@ TEST(Bf16GemmCheck, LooksAtWhatEachGemmReadsAndNothingElse) {
     }
 }
 
+// What kern::fp8QuantizeDequantize writes is bound as codes at its scale: a bf16 GEMM may take
+// it (its values are no bf16 values, their codes are), a sub-range too; a value written over it
+// afterwards, or rows past the bound range, fail the check; the buffer's free forgets the
+// binding. On the CPU backend and the emulated device.
+TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
+    CheckBf16Gemms on;
+    const int T = 4, in = 8, out = 2;
+    const float scale = 3.3f;  // 1/3.3 is no power of two: the stored values are no bf16 values
+    const std::vector<float> x = values(T * in, 0.37f), W = values(out * in, 0.25f);
+    for (bool emulate : {false, true}) {
+        SCOPED_TRACE(emulate ? "emulated device" : "CPU backend");
+        float* seen = nullptr;
+        // fn(x, W, y) after x's first `rows` rows were quantized in place at `scale`.
+        auto run = [&](int rows, const std::function<void(const std::vector<float*>&)>& fn) {
+            return underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out)},
+                                  [&](const std::vector<float*>& p) {
+                                      seen = p[0];
+                                      kern::fp8QuantizeDequantize(p[0], p[0], nullptr, int64_t(rows) * in, scale,
+                                                                  kern::Fp8Format::E4M3);
+                                      fn(p);
+                                  });
+        };
+        auto fwd = [&](int rows, int first = 0) {
+            return [=](const std::vector<float*>& p) {
+                kern::linearForward(p[0] + first * in, p[1], nullptr, p[2], rows, in, out);
+            };
+        };
+        EXPECT_TRUE(run(T, fwd(T)).isOk());
+        EXPECT_EQ(kernels::fp8codes::map().scaleOf(seen, 1), 0.0f) << "the free forgets the binding";
+        EXPECT_TRUE(run(T, fwd(2, 1)).isOk()) << "rows 1..2 of the bound range";
+        Status st = run(T - 1, fwd(T));
+        ASSERT_FALSE(st.isOk()) << "the last row is not bound";
+        EXPECT_NE(st.message().find("operand x holds"), std::string::npos) << st.toString();
+        const float bad = 0.1f;  // no E4M3 code at 3.3: 0.33 rounds to 0.328125
+        st = run(T, [&](const std::vector<float*>& p) {
+            kern::copyBytes(p[0] + 5, &bad, sizeof bad);
+            fwd(T)(p);
+        });
+        ASSERT_FALSE(st.isOk()) << "a value written over the codes";
+        EXPECT_NE(st.message().find("operand x is bound as FP8 codes at scale 3.29999995 but holds 0.100000001 "
+                                    "at [0, 0, 5]"),
+                  std::string::npos)
+            << st.toString();
+        // Without the binding the same stored values are no bf16 values.
+        st = underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out)}, [&](const std::vector<float*>& p) {
+            kern::fp8QuantizeDequantize(p[0], p[0], nullptr, int64_t(T) * in, scale, kern::Fp8Format::E4M3);
+            kernels::fp8codes::map().forget(p[0], sizeof(float) * size_t(T) * in);
+            fwd(T)(p);
+        });
+        EXPECT_FALSE(st.isOk());
+    }
+    // A binding replaces those it overlaps.
+    std::vector<float> a(32);
+    auto& m = kernels::fp8codes::map();
+    m.bind(a.data(), 10, 2.0f);
+    m.bind(a.data() + 20, 4, 8.0f);
+    EXPECT_EQ(m.scaleOf(a.data() + 2, 8), 2.0f);
+    EXPECT_EQ(m.scaleOf(a.data() + 2, 9), 0.0f);
+    m.bind(a.data() + 5, 10, 4.0f);
+    EXPECT_EQ(m.scaleOf(a.data(), 3), 0.0f);
+    EXPECT_EQ(m.scaleOf(a.data() + 6, 3), 4.0f);
+    EXPECT_EQ(m.scaleOf(a.data() + 20, 4), 8.0f);
+    m.bind(a.data() + 20, 4, 0.0f);  // no scale: nothing bound
+    EXPECT_EQ(m.scaleOf(a.data() + 20, 4), 0.0f);
+    m.forget(a.data(), sizeof(float) * a.size());
+    EXPECT_EQ(m.scaleOf(a.data() + 6, 3), 0.0f);
+}
+
 // Fp32GemmScope(true) takes the GEMMs inside it out of a bf16 scope; (false) leaves the
 // surrounding setting as it is, on or off.
 TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
@@ -223,16 +294,17 @@ TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
 }
 
 // Every variant trains with the check on, and its GEMMs run where its precision says: a bf16
-// model's in bf16, except the fp32 router of MoE layers and the FP8 linears under a per-tensor
-// recipe (delayed, tensorwise: a code times 1/scale is no bf16 value); an fp32 model's in fp32.
+// model's in bf16, except the fp32 router of MoE layers and the FP8 linears under tensorwise
+// scaling (a code times 1/scale is no bf16 value, and the scale is made on the device); delayed
+// scaling's FP8 linears run bf16 GEMMs on codes at their bound scales; an fp32 model's in fp32.
 TEST(Bf16GemmCheck, EveryTrainerVariantKeepsItsBf16GemmOperandsBf16) {
     CheckBf16Gemms on;
     for (const auto& [name, edit] : ts::testing::trainerVariants()) {
         Config c = ts::testing::tinyTrainerConfig();
         edit(c);
         c.train_iters = 2;
-        const bool perTensorFp8 = !c.fp8.empty() && (c.fp8_recipe == "delayed" || c.fp8_recipe == "tensorwise");
-        const bool fp32Gemms = !c.bf16 || perTensorFp8 || c.num_moe_experts > 0;
+        const bool tensorwiseFp8 = !c.fp8.empty() && c.fp8_recipe == "tensorwise";
+        const bool fp32Gemms = !c.bf16 || tensorwiseFp8 || c.num_moe_experts > 0;
         for (bool emulate : {false, true}) {
             SCOPED_TRACE(name + (emulate ? " (emulated device)" : " (CPU backend)"));
             TrainerOptions o;

@@ -1,0 +1,89 @@
+// FP8 codes at a scale: which float ranges hold per-tensor FP8 values as the engine stores them,
+// y = fl(v * fl(1 / scale)) for FP8 values v (kernels/cpu/fp8.cpp fp8QuantizeDequantize). Such a
+// y gives its code back exactly, bf16(y * scale) == v (y * scale is v within a few fp32 ulps and
+// v has at most 4 significant bits), so a bf16 GEMM can multiply the codes on the tensor cores
+// and fold fl(1 / scale) into alpha, as Transformer Engine does with its scale_inv: the products
+// are the oracle's y_a * y_b up to fp32 rounding, as the summation order already differs.
+//
+// One map for the process (the inline function's static is one object across the engine and
+// kernels/cuda), by the pointers the kernels receive: the engine's kern::fp8QuantizeDequantize
+// binds its output when it is called; a Buffer's free forgets what lay inside it; the GEMMs look
+// their operands up when they are called (kernels/cuda/gemm.cu; the host check, engine/backend/
+// kernels.cpp). On a device all three happen in the host program order of the one thread that
+// issues its work; the CPU backend calls kernels in its stream's order, where the GEMMs look up
+// too. The model also binds at submission (GptModel::fp8Quantize, whose scale is fixed for the
+// step), so that a gather submitted after it can bind its copy with the same scale (bindLike): a
+// buffer's address is reused only after its free forgot it. Host code only.
+#pragma once
+
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <mutex>
+
+namespace ts::kernels::fp8codes {
+
+class Map {
+public:
+    // [base, base + n) holds codes at `scale`: replaces what overlapped it. A scale whose
+    // inverse is not a normal float (or that is not one) binds nothing: its y would not give
+    // the codes back.
+    void bind(const float* base, int64_t n, float scale) {
+        std::lock_guard<std::mutex> lock(m_mutex);
+        eraseLocked(reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(base + (n > 0 ? n : 0)));
+        if (n <= 0 || !std::isnormal(scale) || !std::isnormal(1.0f / scale)) return;
+        m_ranges[base] = Range{n, scale};
+        m_count.store(m_ranges.size(), std::memory_order_relaxed);
+    }
+    // The scale of the binding that covers [x, x + n) wholly, else 0.
+    float scaleOf(const float* x, int64_t n) const {
+        if (!x || n <= 0 || m_count.load(std::memory_order_relaxed) == 0) return 0.0f;
+        std::lock_guard<std::mutex> lock(m_mutex);
+        auto it = m_ranges.upper_bound(x);
+        if (it == m_ranges.begin()) return 0.0f;
+        --it;
+        const int64_t off = x - it->first;
+        return off + n <= it->second.n ? it->second.scale : 0.0f;
+    }
+    // dst [0, dstN) holds copies of what src [0, srcN) holds (an all-gather of it, a staging
+    // copy): bound at src's scale where src is bound, else left as it is.
+    void bindLike(const float* dst, int64_t dstN, const float* src, int64_t srcN) {
+        if (const float s = scaleOf(src, srcN)) bind(dst, dstN, s);
+    }
+    // Every binding that overlaps [begin, begin + bytes): a freed buffer's.
+    void forget(const void* begin, size_t bytes) {
+        if (m_count.load(std::memory_order_relaxed) == 0) return;
+        std::lock_guard<std::mutex> lock(m_mutex);
+        const auto b = reinterpret_cast<uintptr_t>(begin);
+        eraseLocked(b, b + bytes);
+    }
+    size_t size() const { return m_count.load(std::memory_order_relaxed); }
+
+private:
+    struct Range {
+        int64_t n;
+        float scale;
+    };
+    void eraseLocked(uintptr_t lo, uintptr_t hi) {
+        auto it = m_ranges.upper_bound(reinterpret_cast<const float*>(lo));
+        if (it != m_ranges.begin()) {
+            auto prev = std::prev(it);
+            if (reinterpret_cast<uintptr_t>(prev->first + prev->second.n) > lo) it = prev;
+        }
+        while (it != m_ranges.end() && reinterpret_cast<uintptr_t>(it->first) < hi) it = m_ranges.erase(it);
+        m_count.store(m_ranges.size(), std::memory_order_relaxed);
+    }
+    mutable std::mutex m_mutex;
+    std::map<const float*, Range> m_ranges;
+    std::atomic<size_t> m_count{0};
+};
+
+inline Map& map() {
+    static Map m;
+    return m;
+}
+
+}  // namespace ts::kernels::fp8codes

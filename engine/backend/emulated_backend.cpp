@@ -337,7 +337,9 @@ class EmuDevice;
 class EmuBuffer final : public Buffer {
 public:
     EmuBuffer(EmuDevice& dev, std::shared_ptr<EmuMem> mem, size_t off, size_t bytes, MemCategory cat)
-        : m_device(dev), m_mem(std::move(mem)), m_off(off), m_bytes(bytes), m_cat(cat) {}
+        : m_device(dev), m_mem(std::move(mem)), m_off(off), m_bytes(bytes), m_cat(cat) {
+        kernels::fp8codes::map().forget(data(), m_bytes);  // nothing bound before it was a Buffer
+    }
     ~EmuBuffer() override;
     void* data() override { return m_mem->arena->dev() + m_off; }
     const void* data() const override { return m_mem->arena->dev() + m_off; }

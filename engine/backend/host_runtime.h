@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "kernels/common/fp8_codes.h"
 
 namespace ts::engine::host {
 
@@ -105,7 +106,9 @@ template <typename Mem>
 class BlockBuffer : public Buffer {
 public:
     BlockBuffer(Device& dev, std::shared_ptr<Mem> mem, void* p, size_t bytes, MemCategory cat)
-        : m_device(dev), m_mem(std::move(mem)), m_data(p), m_bytes(bytes), m_cat(cat) {}
+        : m_device(dev), m_mem(std::move(mem)), m_data(p), m_bytes(bytes), m_cat(cat) {
+        kernels::fp8codes::map().forget(p, bytes);  // nothing bound before it was a Buffer
+    }
     void* data() override { return m_data; }
     const void* data() const override { return m_data; }
     size_t bytes() const override { return m_bytes; }

@@ -23,22 +23,30 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 namespace ts::kernels::fp8codes {
 
 class Map {
 public:
-    // [base, base + n) holds codes at `scale`: replaces what overlapped it. A scale whose
-    // inverse is not a normal float (or that is not one) binds nothing: its y would not give
-    // the codes back.
+    // scaleOf's answer for a range whose scale gives no exact codes (see bind): the GEMM runs
+    // fp32 on the stored values.
+    static constexpr float kFp32Only = -1.0f;
+
+    // [base, base + n) holds codes at `scale`: replaces what overlapped it (the parts of an older
+    // binding outside the range stay bound). A scale for which y would not give the codes back
+    // (not a positive normal float, or one so large that the smallest FP8 value, 2^-16 in E5M2,
+    // times 1/scale leaves the normal floats) binds the range as kFp32Only.
     void bind(const float* base, int64_t n, float scale) {
+        if (n <= 0) return;
+        const bool exact = scale > 0.0f && std::isnormal(scale) && std::isnormal(0x1p-16f * (1.0f / scale));
         std::lock_guard<std::mutex> lock(m_mutex);
-        eraseLocked(reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(base + (n > 0 ? n : 0)));
-        if (n <= 0 || !std::isnormal(scale) || !std::isnormal(1.0f / scale)) return;
-        m_ranges[base] = Range{n, scale};
+        eraseLocked(reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(base + n));
+        m_ranges[base] = Range{n, exact ? scale : kFp32Only};
         m_count.store(m_ranges.size(), std::memory_order_relaxed);
     }
-    // The scale of the binding that covers [x, x + n) wholly, else 0.
+    // The binding that covers [x, x + n) wholly: its scale, or kFp32Only; else 0.
     float scaleOf(const float* x, int64_t n) const {
         if (!x || n <= 0 || m_count.load(std::memory_order_relaxed) == 0) return 0.0f;
         std::lock_guard<std::mutex> lock(m_mutex);
@@ -49,11 +57,12 @@ public:
         return off + n <= it->second.n ? it->second.scale : 0.0f;
     }
     // dst [0, dstN) holds copies of what src [0, srcN) holds (an all-gather of it, a staging
-    // copy): bound at src's scale where src is bound, else left as it is.
+    // copy): bound as src is where src is bound, else left as it is.
     void bindLike(const float* dst, int64_t dstN, const float* src, int64_t srcN) {
         if (const float s = scaleOf(src, srcN)) bind(dst, dstN, s);
     }
-    // Every binding that overlaps [begin, begin + bytes): a freed buffer's.
+    // What lies in [begin, begin + bytes): a freed buffer's, or a new one's (a binding of memory
+    // that was not a Buffer, a test's host vector, must not reach a Buffer made there later).
     void forget(const void* begin, size_t bytes) {
         if (m_count.load(std::memory_order_relaxed) == 0) return;
         std::lock_guard<std::mutex> lock(m_mutex);
@@ -67,13 +76,28 @@ private:
         int64_t n;
         float scale;
     };
+    // Unbinds the bytes [lo, hi): a binding overlapping them keeps its whole floats outside.
     void eraseLocked(uintptr_t lo, uintptr_t hi) {
+        if (lo >= hi) return;
         auto it = m_ranges.upper_bound(reinterpret_cast<const float*>(lo));
         if (it != m_ranges.begin()) {
             auto prev = std::prev(it);
             if (reinterpret_cast<uintptr_t>(prev->first + prev->second.n) > lo) it = prev;
         }
-        while (it != m_ranges.end() && reinterpret_cast<uintptr_t>(it->first) < hi) it = m_ranges.erase(it);
+        std::vector<std::pair<const float*, Range>> kept;
+        while (it != m_ranges.end() && reinterpret_cast<uintptr_t>(it->first) < hi) {
+            const float* b = it->first;
+            const Range r = it->second;
+            const auto bb = reinterpret_cast<uintptr_t>(b), end = reinterpret_cast<uintptr_t>(b + r.n);
+            if (bb < lo) kept.push_back({b, Range{int64_t((lo - bb) / sizeof(float)), r.scale}});
+            if (end > hi) {
+                const int64_t skip = int64_t((hi - bb + sizeof(float) - 1) / sizeof(float));
+                if (skip < r.n) kept.push_back({b + skip, Range{r.n - skip, r.scale}});
+            }
+            it = m_ranges.erase(it);
+        }
+        for (const auto& [b, r] : kept)
+            if (r.n > 0) m_ranges[b] = r;
         m_count.store(m_ranges.size(), std::memory_order_relaxed);
     }
     mutable std::mutex m_mutex;

@@ -100,13 +100,13 @@ std::map<const float*, std::vector<Twin>>& twins() {
     return m;
 }
 
-// The operand's first n floats as bf16: with a nonzero fp8Scale (the operand is bound as FP8
+// The operand's first n floats as bf16: with a positive fp8Scale (the operand is bound as FP8
 // codes at that scale) its codes bf16(x * scale) in a copy; else the bound twin's bits where one
 // covers them (`use` set, `owned` null), else a bf16 copy. Copies come from the stream-ordered
 // allocator (`use` == `owned`, freed with cudaFreeAsync by the caller).
 Status bf16Operand(const float* x, int64_t n, float fp8Scale, const void** use, void** owned, cudaStream_t s) {
     *owned = nullptr;
-    if (fp8Scale == 0.0f) {
+    if (fp8Scale <= 0.0f) {
         if (const uint16_t* bits = boundBf16Twin(x, n)) {
             *use = bits;
             return Status::ok();
@@ -115,7 +115,7 @@ Status bf16Operand(const float* x, int64_t n, float fp8Scale, const void** use, 
     TS_RETURN_IF_ERROR(detail::fromCuda(cudaMallocAsync(owned, sizeof(uint16_t) * static_cast<size_t>(n > 0 ? n : 1), s),
                                         "bf16 GEMM operand (cudaMallocAsync)"));
     *use = *owned;
-    return fp8Scale != 0.0f ? fp8CodesToBf16(x, static_cast<uint16_t*>(*owned), n, fp8Scale, s)
+    return fp8Scale > 0.0f ? fp8CodesToBf16(x, static_cast<uint16_t*>(*owned), n, fp8Scale, s)
                             : floatToBf16(x, static_cast<uint16_t*>(*owned), n, s);
 }
 
@@ -139,13 +139,14 @@ Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, cons
     const int64_t spanA = static_cast<int64_t>(batch - 1) * strideA, spanB = static_cast<int64_t>(batch - 1) * strideB;
     const int64_t nA = spanA + int64_t(rowsA - 1) * lda + colsA, nB = spanB + int64_t(rowsB - 1) * ldb + colsB;
     // Operands that hold FP8 values at a scale (kernels/common/fp8_codes.h): their codes times
-    // alpha * fl(1 / scale) each, as Transformer Engine's scale_inv; where that alpha is no
-    // normal float (extreme scales) the fp32 GEMM on the stored values, the oracle's products.
+    // alpha * fl(1 / scale) each, as Transformer Engine's scale_inv; where a scale gives no exact
+    // codes (kFp32Only) or that alpha is no normal float (extreme scales) the fp32 GEMM on the
+    // stored values, the oracle's products.
     const float sA = fp8codes::map().scaleOf(A, nA), sB = fp8codes::map().scaleOf(B, nB);
     const float alphaStored = alpha;
-    if (sA != 0.0f) alpha *= 1.0f / sA;
-    if (sB != 0.0f) alpha *= 1.0f / sB;
-    if ((sA != 0.0f || sB != 0.0f) && alphaStored != 0.0f && !std::isnormal(alpha)) {
+    if (sA > 0.0f) alpha *= 1.0f / sA;
+    if (sB > 0.0f) alpha *= 1.0f / sB;
+    if (sA < 0.0f || sB < 0.0f || ((sA > 0.0f || sB > 0.0f) && alphaStored != 0.0f && !std::isnormal(alpha))) {
         cublasHandle_t hp = nullptr;
         TS_RETURN_IF_ERROR(detail::cublasFor(stream, &hp));
         return detail::fromCublas(

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -235,7 +236,7 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
         });
         EXPECT_FALSE(st.isOk());
     }
-    // A binding replaces those it overlaps.
+    // A binding replaces what it overlaps; the older ones keep their floats outside it.
     std::vector<float> a(32);
     auto& m = kernels::fp8codes::map();
     m.bind(a.data(), 10, 2.0f);
@@ -243,13 +244,59 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
     EXPECT_EQ(m.scaleOf(a.data() + 2, 8), 2.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 2, 9), 0.0f);
     m.bind(a.data() + 5, 10, 4.0f);
-    EXPECT_EQ(m.scaleOf(a.data(), 3), 0.0f);
+    EXPECT_EQ(m.scaleOf(a.data(), 5), 2.0f) << "the older binding's floats before the new one";
+    EXPECT_EQ(m.scaleOf(a.data(), 6), 0.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 6, 3), 4.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 20, 4), 8.0f);
-    m.bind(a.data() + 20, 4, 0.0f);  // no scale: nothing bound
-    EXPECT_EQ(m.scaleOf(a.data() + 20, 4), 0.0f);
+    m.forget(a.data() + 21, sizeof(float) * 2);
+    EXPECT_EQ(m.scaleOf(a.data() + 20, 1), 8.0f);
+    EXPECT_EQ(m.scaleOf(a.data() + 23, 1), 8.0f);
+    EXPECT_EQ(m.scaleOf(a.data() + 21, 1), 0.0f);
+    m.forget(a.data() + 6, 0);  // nothing
+    EXPECT_EQ(m.scaleOf(a.data() + 6, 3), 4.0f);
+    // Scales whose stored values give no exact codes: bound as fp32-only (a GPU runs the GEMM in
+    // fp32 on the stored values, which the check therefore leaves alone).
+    for (float bad : {0.0f, -3.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max(), 1e36f}) {
+        m.bind(a.data() + 20, 4, bad);
+        EXPECT_EQ(m.scaleOf(a.data() + 20, 4), kernels::fp8codes::Map::kFp32Only) << bad;
+    }
+    m.bind(a.data() + 20, 4, 1e33f);  // 2^-16 / 1e33 is still a normal float
+    EXPECT_EQ(m.scaleOf(a.data() + 20, 4), 1e33f);
     m.forget(a.data(), sizeof(float) * a.size());
     EXPECT_EQ(m.scaleOf(a.data() + 6, 3), 0.0f);
+    for (bool emulate : {false, true}) {
+        SCOPED_TRACE(emulate ? "emulated device" : "CPU backend");
+        // codes up to about 100 at a scale of 3.3e37: 1/scale is a normal float with a full
+        // mantissa (the stored values are no bf16 values), 2^-16 / scale is not
+        const float huge = 3.3e37f;
+        std::vector<float> tiny = x;
+        for (float& v : tiny) v *= 100.0f / huge;
+        const Status st = underBf16Scope(emulate, {tiny, W, std::vector<float>(size_t(T) * out)},
+                                         [&](const std::vector<float*>& p) {
+                                             kern::fp8QuantizeDequantize(p[0], p[0], nullptr, int64_t(T) * in, huge,
+                                                                         kern::Fp8Format::E4M3);
+                                             EXPECT_EQ(kernels::fp8codes::map().scaleOf(p[0], int64_t(T) * in),
+                                                       kernels::fp8codes::Map::kFp32Only);
+                                             kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
+                                         });
+        EXPECT_TRUE(st.isOk()) << "an fp32-only operand is not checked: " << st.toString();
+    }
+    // A Buffer made where a binding of other memory lay starts unbound.
+    for (bool emulate : {false, true}) {
+        auto backend = backendOf(emulate);
+        Device& dev = backend->device(0);
+        const float* at = nullptr;
+        {
+            auto b = dev.allocate(1024, MemCategory::Activations);
+            ASSERT_TRUE(b.isOk());
+            at = static_cast<const float*>((*b)->data());
+        }
+        m.bind(at, 16, 2.0f);  // as a host vector's leftover binding would be
+        auto b = dev.allocate(1024, MemCategory::Activations);
+        ASSERT_TRUE(b.isOk());
+        EXPECT_EQ(static_cast<const float*>((*b)->data()), at) << "the allocator reuses the block";
+        EXPECT_EQ(m.scaleOf(at, 16), 0.0f) << (emulate ? "emulated device" : "CPU backend");
+    }
 }
 
 // Fp32GemmScope(true) takes the GEMMs inside it out of a bf16 scope; (false) leaves the

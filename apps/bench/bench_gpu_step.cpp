@@ -14,7 +14,8 @@
 // default; unfused keeps the probabilities): the peak device memory is printed with the step.
 //
 // usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 ""|hybrid|e4m3]
-//                       [--fp8-recipe delayed|tensorwise|mxfp8|blockwise] [--micro-batch N] [--trace 0|1|engine] [--attention auto|unfused]
+//                       [--fp8-recipe delayed|tensorwise|mxfp8|blockwise] [--micro-batch N]
+//                       [--trace 0|1|engine] [--attention auto|unfused]
 #include <unistd.h>
 
 #include <algorithm>

@@ -8,7 +8,8 @@
 # the ~1.3B GPT, bf16 and FP8, flash attention and, once, the probabilities kept; once with the
 # saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing; once with the
 # tiled flash kernels, TS_CUDA_FLASH_TILES=1, against the GEMM path; once with cuBLAS converting the
-# bf16 GEMMs' operands, TS_CUDA_GEMM_FAST_16BF=1; bench_gpu_attention: the
+# bf16 GEMMs' operands, TS_CUDA_GEMM_FAST_16BF=1; once FP8 hybrid with its GEMMs on the FP8 tensor
+# cores, TS_CUDA_FP8_GEMMS=1; bench_gpu_attention: the
 # attention alone, tiled against GEMMs, forward and backward), and
 # bench_moe_routing on the machine's host cores (what the GPU idles for per MoE layer and microbatch
 # while the host routes).
@@ -25,7 +26,7 @@
 # all its cores). --deadline S stops starting new steps once S seconds have passed, and shortens
 # each step's limit to what is left, so that the whole script ends inside a lease.
 #
-# --quick: the attention and trainer suites and the ~1.3B GPT's bf16 step only (a re-measure).
+# --quick: the kernel, attention and trainer suites and a few ~1.3B GPT steps only (a re-measure).
 #
 # usage: bash scripts/gpu_check.sh [--build | --bundle FILE | --bin DIR] [--no-bench] [--quick] [--deadline S]
 set -uo pipefail
@@ -115,7 +116,7 @@ echo "== test_gpu (one suite per process)"
 suites=$("$bin/tests/test_gpu" --gtest_list_tests | grep -E '^[A-Za-z][A-Za-z0-9_/]*\.$' | tr -d '.')
 [ -n "$suites" ] || { echo "gpu_check: test_gpu lists no test suites"; status=1; }
 for suite in $suites; do
-    [ "$quick" = 1 ] && case "$suite" in CudaAttention|CudaTrainer) ;; *) continue ;; esac
+    [ "$quick" = 1 ] && case "$suite" in KernelsCuda|CudaAttention|CudaTrainer) ;; *) continue ;; esac
     t=$(limit 150)
     [ "$t" = 0 ] && { echo "$suite: not run (deadline)"; status=1; continue; }
     start=$SECONDS
@@ -173,19 +174,22 @@ if [ "$bench" = 1 ]; then
     # bf16 saves in memory and costs in time (an entry's leading NAME=VALUE words are its environment).
     # TS_CUDA_FLASH_TILES=1: flash attention by the tiled kernels (flash_attention.cu), against the GEMM path.
     # TS_CUDA_GEMM_FAST_16BF=1: bf16 GEMMs on fp32 operands that cuBLAS converts itself (gemm.cu).
+    # TS_CUDA_FP8_GEMMS=1: delayed scaling's GEMMs on the FP8 tensor cores (gemm.cu), against bf16 ones.
     benches=("--config small --steps 5 --warmup 2 --trace 1" "--config 1b --steps 5 --warmup 2 --trace 1"
              "--config 1b --steps 5 --warmup 2 --trace engine"
              "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
              "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
              "TS_CUDA_GEMM_FAST_16BF=1 --config 1b --steps 5 --warmup 2"
              "--config 1b --steps 5 --warmup 2 --fp8 hybrid"
+             "TS_CUDA_FP8_GEMMS=1 --config 1b --steps 5 --warmup 2 --fp8 hybrid"
              "--config 1b --steps 5 --warmup 2 --fp8 hybrid --fp8-recipe tensorwise"
              "--config 1b --steps 5 --warmup 2 --fp8 e4m3 --fp8-recipe mxfp8"
              "--config 1b --steps 5 --warmup 2 --attention unfused")
     [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2" "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
                                  "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
                                  "TS_CUDA_GEMM_FAST_16BF=1 --config 1b --steps 5 --warmup 2"
-                                 "--config 1b --steps 5 --warmup 2 --fp8 hybrid")
+                                 "--config 1b --steps 5 --warmup 2 --fp8 hybrid"
+                                 "TS_CUDA_FP8_GEMMS=1 --config 1b --steps 5 --warmup 2 --fp8 hybrid")
     for args in "${benches[@]}"; do
         envs=()
         while [[ "$args" == TS_*=*" "* ]]; do envs+=("${args%% *}"); args="${args#* }"; done

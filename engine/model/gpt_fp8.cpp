@@ -184,7 +184,7 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
         // The scale is fixed for the step: bound now, in program order, so that a gather of t
         // submitted next binds its copy too (kernels/common/fp8_codes.h bindLike).
         const float scale = meta->scale / g;
-        kernels::fp8codes::map().bind(fp(t), n, scale);
+        kernels::fp8codes::map().bind(fp(t), n, scale, int(fmt));
         m_exec.op("fp8_quantize", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 8, [=] {
             k::amaxAccumulate(fp(t), n, g, fp(pack) + at);
             k::fp8QuantizeDequantize(fp(t), fp(t), nullptr, n, scale, fmt);
@@ -248,7 +248,7 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
             TensorPtr pack = m_fp8AmaxDev;
             const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(kFp8Weight);
             const float scale = meta->scale;  // fixed for the step (as fp8Quantize)
-            kernels::fp8codes::map().bind(fp(dq), n, scale);
+            kernels::fp8codes::map().bind(fp(dq), n, scale, int(fmt));
             m_exec.op("fp8_quantize_weight", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 9, [=] {
                 k::amaxAccumulate(W, n, 1.0f, fp(pack) + at);
                 k::fp8QuantizeDequantize(W, fp(dq), codes->as<uint8_t>(), n, scale, fmt);

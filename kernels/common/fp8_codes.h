@@ -1,9 +1,10 @@
 // FP8 codes at a scale: which float ranges hold per-tensor FP8 values as the engine stores them,
 // y = fl(v * fl(1 / scale)) for FP8 values v (kernels/cpu/fp8.cpp fp8QuantizeDequantize). Such a
-// y gives its code back exactly, bf16(y * scale) == v (y * scale is v within a few fp32 ulps and
-// v has at most 4 significant bits), so a bf16 GEMM can multiply the codes on the tensor cores
-// and fold fl(1 / scale) into alpha, as Transformer Engine does with its scale_inv: the products
-// are the oracle's y_a * y_b up to fp32 rounding, as the summation order already differs.
+// y gives its code back exactly, bf16(y * scale) == v and fp8(y * scale) == v in its format
+// (y * scale is v within a few fp32 ulps and v has at most 4 significant bits), so a bf16 GEMM,
+// or an FP8 GEMM where both operands are codes, can multiply the codes on the tensor cores and
+// fold fl(1 / scale) into alpha, as Transformer Engine does with its scale_inv: the products are
+// the oracle's y_a * y_b up to fp32 rounding, as the summation order already differs.
 //
 // One map for the process (the inline function's static is one object across the engine and
 // kernels/cuda), by the pointers the kernels receive: the engine's kern::fp8QuantizeDequantize
@@ -28,38 +29,44 @@
 
 namespace ts::kernels::fp8codes {
 
+// What a range holds: FP8 values of `format` (0 = E4M3, 1 = E5M2, kernels/common/fp8_scalar.h's
+// numbers, kernels::cpu::Fp8Format's values) at `scale`, or kFp32Only; scale 0: nothing bound.
+struct Binding {
+    float scale = 0.0f;
+    int format = 0;
+};
+
 class Map {
 public:
-    // scaleOf's answer for a range whose scale gives no exact codes (see bind): the GEMM runs
-    // fp32 on the stored values.
+    // lookup's scale for a range whose scale gives no exact codes (see bind): the GEMM runs fp32
+    // on the stored values.
     static constexpr float kFp32Only = -1.0f;
 
-    // [base, base + n) holds codes at `scale`: replaces what overlapped it (the parts of an older
-    // binding outside the range stay bound). A scale for which y would not give the codes back
-    // (not a positive normal float, or one so large that the smallest FP8 value, 2^-16 in E5M2,
-    // times 1/scale leaves the normal floats) binds the range as kFp32Only.
-    void bind(const float* base, int64_t n, float scale) {
-        if (n <= 0) return;
+    // [base, base + n) holds codes of `format` at `scale`: replaces what overlapped it (the parts
+    // of an older binding outside the range stay bound). A scale for which y would not give the
+    // codes back (not a positive normal float, or one so large that the smallest FP8 value, 2^-16
+    // in E5M2, times 1/scale leaves the normal floats) binds the range as kFp32Only.
+    void bind(const float* base, int64_t n, float scale, int format) {
         const bool exact = scale > 0.0f && std::isnormal(scale) && std::isnormal(0x1p-16f * (1.0f / scale));
-        std::lock_guard<std::mutex> lock(m_mutex);
-        eraseLocked(reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(base + n));
-        m_ranges[base] = Range{n, exact ? scale : kFp32Only};
-        m_count.store(m_ranges.size(), std::memory_order_relaxed);
+        bindExactly(base, n, Binding{exact ? scale : kFp32Only, format});
     }
-    // The binding that covers [x, x + n) wholly: its scale, or kFp32Only; else 0.
-    float scaleOf(const float* x, int64_t n) const {
-        if (!x || n <= 0 || m_count.load(std::memory_order_relaxed) == 0) return 0.0f;
+    // The binding that covers [x, x + n) wholly; else scale 0.
+    Binding lookup(const float* x, int64_t n) const {
+        if (!x || n <= 0 || m_count.load(std::memory_order_relaxed) == 0) return {};
         std::lock_guard<std::mutex> lock(m_mutex);
         auto it = m_ranges.upper_bound(x);
-        if (it == m_ranges.begin()) return 0.0f;
+        if (it == m_ranges.begin()) return {};
         --it;
         const int64_t off = x - it->first;
-        return off + n <= it->second.n ? it->second.scale : 0.0f;
+        return off + n <= it->second.n ? it->second.b : Binding{};
     }
+    // lookup's scale: the binding's, kFp32Only, or 0.
+    float scaleOf(const float* x, int64_t n) const { return lookup(x, n).scale; }
     // dst [0, dstN) holds copies of what src [0, srcN) holds (an all-gather of it, a staging
     // copy): bound as src is where src is bound, else left as it is.
     void bindLike(const float* dst, int64_t dstN, const float* src, int64_t srcN) {
-        if (const float s = scaleOf(src, srcN)) bind(dst, dstN, s);
+        const Binding b = lookup(src, srcN);
+        if (b.scale != 0.0f) bindExactly(dst, dstN, b);
     }
     // What lies in [begin, begin + bytes): a freed buffer's, or a new one's (a binding of memory
     // that was not a Buffer, a test's host vector, must not reach a Buffer made there later).
@@ -74,8 +81,15 @@ public:
 private:
     struct Range {
         int64_t n;
-        float scale;
+        Binding b;
     };
+    void bindExactly(const float* base, int64_t n, Binding b) {
+        if (n <= 0) return;
+        std::lock_guard<std::mutex> lock(m_mutex);
+        eraseLocked(reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(base + n));
+        m_ranges[base] = Range{n, b};
+        m_count.store(m_ranges.size(), std::memory_order_relaxed);
+    }
     // Unbinds the bytes [lo, hi): a binding overlapping them keeps its whole floats outside.
     void eraseLocked(uintptr_t lo, uintptr_t hi) {
         if (lo >= hi) return;
@@ -89,10 +103,10 @@ private:
             const float* b = it->first;
             const Range r = it->second;
             const auto bb = reinterpret_cast<uintptr_t>(b), end = reinterpret_cast<uintptr_t>(b + r.n);
-            if (bb < lo) kept.push_back({b, Range{int64_t((lo - bb) / sizeof(float)), r.scale}});
+            if (bb < lo) kept.push_back({b, Range{int64_t((lo - bb) / sizeof(float)), r.b}});
             if (end > hi) {
                 const int64_t skip = int64_t((hi - bb + sizeof(float) - 1) / sizeof(float));
-                if (skip < r.n) kept.push_back({b + skip, Range{r.n - skip, r.scale}});
+                if (skip < r.n) kept.push_back({b + skip, Range{r.n - skip, r.b}});
             }
             it = m_ranges.erase(it);
         }

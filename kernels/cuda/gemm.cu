@@ -7,9 +7,12 @@
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/workspace.cuh"
 
+#include <atomic>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -127,6 +130,149 @@ Status bf16Operand(const float* x, int64_t n, float fp8Scale, const void** use, 
 // An experiment for the next GPU session (docs/cuda_port.md): off by default.
 detail::EnvSwitch g_fast16bf("TS_CUDA_GEMM_FAST_16BF");
 
+// --- FP8 GEMMs on FP8 codes (setFp8Gemms) ---------------------------------------------------
+
+detail::EnvSwitch g_fp8Gemms("TS_CUDA_FP8_GEMMS");
+std::atomic<int64_t> g_fp8GemmCount{0};
+
+// Whether the current device has FP8 tensor cores (sm_89 Ada, sm_90 Hopper and later), by device.
+bool fp8TensorCores() {
+    thread_local std::map<int, bool> known;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    auto it = known.find(dev);
+    if (it == known.end()) {
+        int major = 0, minor = 0;
+        const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+        if (!ok) (void)cudaGetLastError();
+        it = known.emplace(dev, ok && (major > 8 || (major == 8 && minor >= 9))).first;
+    }
+    return it->second;
+}
+
+// cuBLASLt descriptors, destroyed with their scope.
+struct LtDesc {
+    cublasLtMatmulDesc_t d = nullptr;
+    ~LtDesc() {
+        if (d) cublasLtMatmulDescDestroy(d);
+    }
+};
+struct LtLayout {
+    cublasLtMatrixLayout_t l = nullptr;
+    ~LtLayout() {
+        if (l) cublasLtMatrixLayoutDestroy(l);
+    }
+};
+struct LtPref {
+    cublasLtMatmulPreference_t p = nullptr;
+    ~LtPref() {
+        if (p) cublasLtMatmulPreferenceDestroy(p);
+    }
+};
+
+constexpr size_t kLtWorkspace = size_t(32) << 20;  // what cuBLAS asks for on Hopper
+
+int alignmentOf(const void* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    int bytes = 256;
+    while (bytes > 1 && a % uintptr_t(bytes) != 0) bytes /= 2;
+    return bytes;
+}
+
+// The algorithm cuBLASLt's heuristic picks for a shape, by (device, shape, types, beta, C's
+// alignment) on this thread; `none` where it has none (the GEMM then runs on bf16).
+struct Fp8Algo {
+    bool none = false;
+    cublasLtMatmulAlgo_t algo{};
+};
+using Fp8AlgoKey = std::tuple<int, int, int, int, int, int, int, bool, int>;
+
+// C [M, N] = alpha op(A) op(B) + beta C with A and B bound as FP8 codes (bA, bB); alpha already
+// carries both scales' inverses. *ran false (and OK) where the GEMM is not for the FP8 tensor
+// cores: the caller runs it on bf16.
+Status gemmFp8(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
+               fp8codes::Binding bA, const float* B, int ldb, fp8codes::Binding bB, float beta, float* C, int ldc,
+               cudaStream_t s, bool* ran) {
+    *ran = false;
+    if (M % 16 != 0 || N % 16 != 0 || K % 16 != 0 || (bA.format == 1 && bB.format == 1) || !fp8TensorCores())
+        return Status::ok();
+    const auto typeOf = [](int format) { return format == 0 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
+    // Column-major, as cuBLAS sees row-major C: C^T [N, M] = op(B)^T op(A)^T, with cuBLASLt's A
+    // the codes of op(B)^T, [N, K] K-major (col-major [K, N], transposed), and its B those of
+    // op(A), [M, K] K-major (col-major [K, M]): the "TN" layout FP8 needs.
+    const cudaDataType_t ltA = typeOf(bB.format), ltB = typeOf(bA.format);
+    int dev = 0;
+    TS_RETURN_IF_ERROR(detail::fromCuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    cublasLtHandle_t lt = nullptr;
+    TS_RETURN_IF_ERROR(detail::cublasLtFor(&lt));
+    LtDesc desc;
+    LtLayout la, lb, lc;
+    TS_RETURN_IF_ERROR(detail::fromCublas(cublasLtMatmulDescCreate(&desc.d, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                                          "FP8 gemm cublasLtMatmulDescCreate"));
+    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+    TS_RETURN_IF_ERROR(detail::fromCublas(
+        cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT), "FP8 gemm TRANSA"));
+    TS_RETURN_IF_ERROR(detail::fromCublas(
+        cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN), "FP8 gemm TRANSB"));
+    TS_RETURN_IF_ERROR(detail::fromCublas(cublasLtMatrixLayoutCreate(&la.l, ltA, K, N, K), "FP8 gemm layout A"));
+    TS_RETURN_IF_ERROR(detail::fromCublas(cublasLtMatrixLayoutCreate(&lb.l, ltB, K, M, K), "FP8 gemm layout B"));
+    TS_RETURN_IF_ERROR(
+        detail::fromCublas(cublasLtMatrixLayoutCreate(&lc.l, CUDA_R_32F, N, M, ldc), "FP8 gemm layout C"));
+    const int alignC = alignmentOf(C);
+    thread_local std::map<Fp8AlgoKey, Fp8Algo> algos;
+    const Fp8AlgoKey key{dev, M, N, K, ldc, int(ltA), int(ltB), beta != 0.0f, alignC};
+    auto it = algos.find(key);
+    if (it == algos.end()) {
+        LtPref pref;
+        TS_RETURN_IF_ERROR(
+            detail::fromCublas(cublasLtMatmulPreferenceCreate(&pref.p), "FP8 gemm cublasLtMatmulPreferenceCreate"));
+        const uint64_t ws = kLtWorkspace;
+        const uint32_t alignBytes = uint32_t(alignC);
+        TS_RETURN_IF_ERROR(detail::fromCublas(
+            cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+            "FP8 gemm workspace preference"));
+        for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+            TS_RETURN_IF_ERROR(detail::fromCublas(
+                cublasLtMatmulPreferenceSetAttribute(pref.p, attr, &alignBytes, sizeof alignBytes),
+                "FP8 gemm alignment preference"));
+        cublasLtMatmulHeuristicResult_t result{};
+        int found = 0;
+        const cublasStatus_t st =
+            cublasLtMatmulAlgoGetHeuristic(lt, desc.d, la.l, lb.l, lc.l, lc.l, pref.p, 1, &result, &found);
+        Fp8Algo a;
+        a.none = st != CUBLAS_STATUS_SUCCESS || found == 0;
+        if (!a.none) a.algo = result.algo;
+        it = algos.emplace(key, a).first;
+    }
+    if (it->second.none) return Status::ok();
+    // The codes, K-major: op(A) [M, K] (A is stored [K, M] when transposed) and op(B)^T [N, K]
+    // (B is stored [K, N] unless transposed).
+    detail::StreamWorkspace codesA(s), codesB(s), ws(s);
+    TS_RETURN_IF_ERROR(codesA.allocate(size_t(M) * size_t(K), "FP8 gemm operand A (cudaMallocAsync)"));
+    TS_RETURN_IF_ERROR(codesB.allocate(size_t(N) * size_t(K), "FP8 gemm operand B (cudaMallocAsync)"));
+    TS_RETURN_IF_ERROR(ws.allocate(kLtWorkspace, "FP8 gemm workspace (cudaMallocAsync)"));
+    uint8_t* a8 = static_cast<uint8_t*>(codesA.get());
+    uint8_t* b8 = static_cast<uint8_t*>(codesB.get());
+    TS_RETURN_IF_ERROR(fp8CodesToFp8(A, transA ? K : M, transA ? M : K, lda, transA, bA.scale,
+                                     static_cast<Fp8Format>(bA.format), a8, s));
+    TS_RETURN_IF_ERROR(fp8CodesToFp8(B, transB ? N : K, transB ? K : N, ldb, !transB, bB.scale,
+                                     static_cast<Fp8Format>(bB.format), b8, s));
+    const cublasStatus_t st = cublasLtMatmul(lt, desc.d, &alpha, b8, la.l, a8, lb.l, &beta, C, lc.l, C, lc.l,
+                                             &it->second.algo, ws.get(), kLtWorkspace, s);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // the shape's algorithm after all: bf16 from now on
+        it->second.none = true;
+        return Status::ok();
+    }
+    TS_RETURN_IF_ERROR(detail::fromCublas(st, "FP8 gemm cublasLtMatmul"));
+    g_fp8GemmCount.fetch_add(1, std::memory_order_relaxed);
+    *ran = true;
+    return Status::ok();
+}
+
 // C = alpha op(A) op(B) + beta C over `batch` strided matrices with bf16 copies of A and B.
 Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
                 int64_t strideA, const float* B, int ldb, int64_t strideB, float beta, float* C, int ldc,
@@ -142,7 +288,8 @@ Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, cons
     // alpha * fl(1 / scale) each, as Transformer Engine's scale_inv; where a scale gives no exact
     // codes (kFp32Only) or that alpha is no normal float (extreme scales) the fp32 GEMM on the
     // stored values, the oracle's products.
-    const float sA = fp8codes::map().scaleOf(A, nA), sB = fp8codes::map().scaleOf(B, nB);
+    const fp8codes::Binding bA = fp8codes::map().lookup(A, nA), bB = fp8codes::map().lookup(B, nB);
+    const float sA = bA.scale, sB = bB.scale;
     const float alphaStored = alpha;
     if (sA > 0.0f) alpha *= 1.0f / sA;
     if (sB > 0.0f) alpha *= 1.0f / sB;
@@ -153,6 +300,11 @@ Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, cons
             cublasSgemmStridedBatched(hp, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
                                       K, &alphaStored, B, ldb, strideB, A, lda, strideA, &beta, C, ldc, strideC, batch),
             "FP8 operands' gemm (fp32, extreme scales) cublasSgemmStridedBatched");
+    }
+    if (sA > 0.0f && sB > 0.0f && batch == 1 && fp8Gemms()) {
+        bool ran = false;
+        TS_RETURN_IF_ERROR(gemmFp8(transA, transB, M, N, K, alpha, A, lda, bA, B, ldb, bB, beta, C, ldc, s, &ran));
+        if (ran) return Status::ok();
     }
     if (fast16bfGemms() && sA == 0.0f && sB == 0.0f && (!boundBf16Twin(A, nA) || !boundBf16Twin(B, nB)))
         return detail::fromCublas(
@@ -197,6 +349,10 @@ __global__ void columnSumReduceKernel(const float* __restrict__ dy, float* __res
 
 void setBf16Gemms(bool on) { t_bf16Gemms = on; }
 bool bf16Gemms() { return t_bf16Gemms; }
+
+void setFp8Gemms(bool on) { g_fp8Gemms.set(on); }
+bool fp8Gemms() { return g_fp8Gemms.on(); }
+int64_t fp8GemmCount() { return g_fp8GemmCount.load(std::memory_order_relaxed); }
 
 void setFast16bfGemms(bool on) { g_fast16bf.set(on); }
 bool fast16bfGemms() { return g_fast16bf.on(); }

@@ -82,6 +82,20 @@ bool flashTiles();
 // Whether this thread's GPU can run the tiled flash kernels for heads of headDim (at most 128, sm_80
 // or later, the shared memory they need).
 bool flashTilesSupported(int headDim);
+// FP8 GEMMs on FP8 codes. Process-wide; off unless TS_CUDA_FP8_GEMMS=1 (read once) or
+// setFp8Gemms(true): compiled, not yet run on a GPU (docs/cuda_port.md). On, a bf16 GEMM both of
+// whose operands are bound as FP8 codes (kernels/common/fp8_codes.h: delayed scaling's
+// activations, weights and output gradients), not both E5M2, unbatched, with M, N and K multiples
+// of 16, on a GPU with FP8 tensor cores (sm_89 or later), multiplies the codes in FP8 with
+// cuBLASLt (fp32 accumulation and C; the scales' inverses in alpha), each operand's codes copied
+// K-major first (transposed where the GEMM reads it the other way: the dgrad's W, the wgrad's dy
+// and x; Hopper's FP8 GEMMs take only that layout). Any other GEMM, or one cuBLASLt finds no
+// algorithm for, runs as before.
+void setFp8Gemms(bool on);
+bool fp8Gemms();
+// How many GEMMs this process has run on FP8 tensor cores (what tests and benchmarks read to
+// know the path was taken).
+int64_t fp8GemmCount();
 // The 16-bit twin of a bf16-valued float array (the engine's bf16 model copy, or an operand an
 // op converts once for its GEMMs: workspace.cuh Bf16Twin): a bf16 GEMM operand lying wholly
 // inside [base, base + n) is read from twin + (operand - base), no copy made; the innermost twin
@@ -272,6 +286,12 @@ Status fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n
 Status fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* scales,
                                   int64_t rows, int64_t cols, Fp8BlockKind kind, bool alongRows,
                                   Fp8Format f, bool pow2, void* stream);
+// The codes fp8(x * scale) in format f of the [rows, cols] matrix x (row stride ld) where x holds
+// FP8 values stored at `scale` (kernels/common/fp8_codes.h), exactly: y is [rows, cols]
+// contiguous, or with transpose [cols, rows] (y[c * rows + r] is x[r, c]'s code). The FP8 GEMMs'
+// K-major operands.
+Status fp8CodesToFp8(const float* x, int64_t rows, int64_t cols, int64_t ld, bool transpose, float scale,
+                     Fp8Format f, uint8_t* y, void* stream);
 
 // --- MoE row movement and the experts' elementwise parts (moe.cu) ---------------------------
 // idx, start: device int32 arrays. Bit-identical to the oracle (one thread per output element

@@ -224,10 +224,28 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
             fwd(T)(p);
         });
         ASSERT_FALSE(st.isOk()) << "a value written over the codes";
-        EXPECT_NE(st.message().find("operand x is bound as FP8 codes at scale 3.29999995 but holds 0.100000001 "
+        EXPECT_NE(st.message().find("operand x is bound as E4M3 codes at scale 3.29999995 but holds 0.100000001 "
                                     "at [0, 0, 5]"),
                   std::string::npos)
             << st.toString();
+        // Codes of the other format: E4M3's three mantissa bits are no E5M2 code, which an FP8 GEMM
+        // would round (a bf16 GEMM would not).
+        st = underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out)}, [&](const std::vector<float*>& p) {
+            kern::fp8QuantizeDequantize(p[0], p[0], nullptr, int64_t(T) * in, scale, kern::Fp8Format::E4M3);
+            kernels::fp8codes::map().bind(p[0], int64_t(T) * in, scale, int(kern::Fp8Format::E5M2));
+            fwd(T)(p);
+        });
+        ASSERT_FALSE(st.isOk()) << "E4M3 codes bound as E5M2";
+        EXPECT_NE(st.message().find("operand x is bound as E5M2 codes at scale 3.29999995"), std::string::npos)
+            << st.toString();
+        EXPECT_NE(st.message().find("which is no E5M2 code at that scale"), std::string::npos) << st.toString();
+        // ... and E5M2's the other way round, where they lie in E4M3's range.
+        st = underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out)}, [&](const std::vector<float*>& p) {
+            kern::fp8QuantizeDequantize(p[0], p[0], nullptr, int64_t(T) * in, scale, kern::Fp8Format::E5M2);
+            kernels::fp8codes::map().bind(p[0], int64_t(T) * in, scale, int(kern::Fp8Format::E4M3));
+            fwd(T)(p);
+        });
+        EXPECT_TRUE(st.isOk()) << st.toString();
         // Without the binding the same stored values are no bf16 values.
         st = underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out)}, [&](const std::vector<float*>& p) {
             kern::fp8QuantizeDequantize(p[0], p[0], nullptr, int64_t(T) * in, scale, kern::Fp8Format::E4M3);
@@ -239,15 +257,22 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
     // A binding replaces what it overlaps; the older ones keep their floats outside it.
     std::vector<float> a(32);
     auto& m = kernels::fp8codes::map();
-    m.bind(a.data(), 10, 2.0f);
-    m.bind(a.data() + 20, 4, 8.0f);
+    m.bind(a.data(), 10, 2.0f, 1);
+    m.bind(a.data() + 20, 4, 8.0f, 0);
     EXPECT_EQ(m.scaleOf(a.data() + 2, 8), 2.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 2, 9), 0.0f);
-    m.bind(a.data() + 5, 10, 4.0f);
+    m.bind(a.data() + 5, 10, 4.0f, 0);
     EXPECT_EQ(m.scaleOf(a.data(), 5), 2.0f) << "the older binding's floats before the new one";
+    EXPECT_EQ(m.lookup(a.data(), 5).format, 1) << "and its format";
     EXPECT_EQ(m.scaleOf(a.data(), 6), 0.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 6, 3), 4.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 20, 4), 8.0f);
+    m.bindLike(a.data() + 26, 4, a.data() + 1, 2);
+    EXPECT_EQ(m.lookup(a.data() + 26, 4).scale, 2.0f) << "a copy is bound as its source";
+    EXPECT_EQ(m.lookup(a.data() + 26, 4).format, 1);
+    m.bindLike(a.data() + 26, 4, a.data() + 16, 2);
+    EXPECT_EQ(m.lookup(a.data() + 26, 4).scale, 2.0f) << "an unbound source leaves the copy as it is";
+    m.forget(a.data() + 26, sizeof(float) * 4);
     m.forget(a.data() + 21, sizeof(float) * 2);
     EXPECT_EQ(m.scaleOf(a.data() + 20, 1), 8.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 23, 1), 8.0f);
@@ -257,10 +282,10 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
     // Scales whose stored values give no exact codes: bound as fp32-only (a GPU runs the GEMM in
     // fp32 on the stored values, which the check therefore leaves alone).
     for (float bad : {0.0f, -3.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max(), 1e36f}) {
-        m.bind(a.data() + 20, 4, bad);
+        m.bind(a.data() + 20, 4, bad, 0);
         EXPECT_EQ(m.scaleOf(a.data() + 20, 4), kernels::fp8codes::Map::kFp32Only) << bad;
     }
-    m.bind(a.data() + 20, 4, 1e33f);  // 2^-16 / 1e33 is still a normal float
+    m.bind(a.data() + 20, 4, 1e33f, 0);  // 2^-16 / 1e33 is still a normal float
     EXPECT_EQ(m.scaleOf(a.data() + 20, 4), 1e33f);
     m.forget(a.data(), sizeof(float) * a.size());
     EXPECT_EQ(m.scaleOf(a.data() + 6, 3), 0.0f);
@@ -291,7 +316,7 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
             ASSERT_TRUE(b.isOk());
             at = static_cast<const float*>((*b)->data());
         }
-        m.bind(at, 16, 2.0f);  // as a host vector's leftover binding would be
+        m.bind(at, 16, 2.0f, 0);  // as a host vector's leftover binding would be
         auto b = dev.allocate(1024, MemCategory::Activations);
         ASSERT_TRUE(b.isOk());
         EXPECT_EQ(static_cast<const float*>((*b)->data()), at) << "the allocator reuses the block";

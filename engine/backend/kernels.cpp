@@ -255,8 +255,13 @@ Operands operandsLinearBackward(const float* dy, const float* x, const float* w,
 // scale)) == y; NaN aside (it stays NaN either way). Else the op fails with the first element
 // that is not. Host memory (the kernel's view).
 bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Binding bound) {
+    const auto f = static_cast<kernels::cpu::Fp8Format>(bound.format);
+    float scale = bound.scale;
+    // kOnDevice: the scale tensorwise scaling made from the tensor's amax, which the stream order
+    // has written by now (the kernel's view of it).
+    if (scale == kernels::fp8codes::kOnDevice)
+        scale = kernels::cpu::fp8CurrentScale(*static_cast<const float*>(hostAlias(bound.amax)), bound.divisor, f);
     // kFp32Only: a GPU runs this GEMM in fp32 on the stored values, as the oracle.
-    const float scale = bound.scale;
     if (!o.p || scale < 0.0f) return true;
     const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
     const char* format = bound.format == 0 ? "E4M3" : "E5M2";
@@ -268,7 +273,6 @@ bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Bindi
                 if (y != y) continue;
                 if (scale != 0.0f) {
                     const float v = kernels::hd::bf16RoundFloat(y * scale);
-                    const auto f = static_cast<kernels::cpu::Fp8Format>(bound.format);
                     if (v * inv == y && kernels::cpu::fp8Decode(kernels::cpu::fp8Encode(y * scale, f), f) == v)
                         continue;
                 } else {
@@ -282,7 +286,7 @@ bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Bindi
                                   "%s under bf16 GEMMs: operand %s is bound as %s codes at scale %.9g but holds "
                                   "%.9g at [%d, %lld, %lld], which is no %s code at that scale (a GPU's GEMM would "
                                   "take bf16(y * scale) or %s(y * scale) for its code): something wrote into the "
-                                  "quantized range after fp8QuantizeDequantize bound it",
+                                  "quantized range after its quantization bound it",
                                   op, o.what, format, double(scale), double(y), bi, static_cast<long long>(r),
                                   static_cast<long long>(c), format, format);
                 else

@@ -206,6 +206,9 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
     const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot);
     m_exec.op("fp8_quantize", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 8,
               [=] { k::fp8QuantizeCurrent(fp(t), fp(t), nullptr, n, fp(amax), g, fmt, fp(pack) + at); });
+    // t holds codes at the scale its amax gives, bound with the amax kept alive for the GEMMs
+    // that take them (kernels/common/fp8_codes.h), and for a gather of t submitted next.
+    kernels::fp8codes::map().bindCurrent(fp(t), n, fp(amax), g, int(fmt), amax);
     return Status::ok();
 }
 
@@ -265,6 +268,7 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
             m_exec.op("fp8_quantize_weight", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 9, [=] {
                 k::fp8QuantizeCurrent(W, fp(dq), codes->as<uint8_t>(), n, fp(amax), 1.0f, fmt, fp(pack) + at);
             });
+            kernels::fp8codes::map().bindCurrent(fp(dq), n, fp(amax), 1.0f, int(fmt), amax);  // as fp8Quantize
         }
     }
     return static_cast<const float*>(fp(w.dequantized));

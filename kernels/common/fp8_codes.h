@@ -14,7 +14,11 @@
 // issues its work; the CPU backend calls kernels in its stream's order, where the GEMMs look up
 // too. The model also binds at submission (GptModel::fp8Quantize, whose scale is fixed for the
 // step), so that a gather submitted after it can bind its copy with the same scale (bindLike): a
-// buffer's address is reused only after its free forgot it. Host code only.
+// buffer's address is reused only after its free forgot it. Tensorwise scaling's scale is made on
+// the device from the tensor's amax (kern::fp8QuantizeCurrent): the model binds such codes with
+// the amax's address and keeps its Buffer with the binding (bindCurrent), and whoever needs the
+// scale reads it there (the host check in the kernel's view, the CUDA casts on the device). The
+// map is host code; Binding is plain data that kernels take.
 #pragma once
 
 #include <atomic>
@@ -23,24 +27,34 @@
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
 
 namespace ts::kernels::fp8codes {
 
+// Binding::scale of a range whose scale gives no exact codes (see Map::bind): the GEMM runs fp32
+// on the stored values.
+constexpr float kFp32Only = -1.0f;
+// Binding::scale of a range whose scale lives on the device (Map::bindCurrent): tensorwise
+// scaling's, currentScaleDivided(*amax, divisor, fp8Max) (kernels/common/fp8_scalar.h), read where
+// the amax is, by the kernel that needs it.
+constexpr float kOnDevice = -2.0f;
+
 // What a range holds: FP8 values of `format` (0 = E4M3, 1 = E5M2, kernels/common/fp8_scalar.h's
-// numbers, kernels::cpu::Fp8Format's values) at `scale`, or kFp32Only; scale 0: nothing bound.
+// numbers, kernels::cpu::Fp8Format's values) at `scale`, kFp32Only, or kOnDevice with the amax
+// and divisor the scale comes from; scale 0: nothing bound. Plain data (kernels take it).
 struct Binding {
     float scale = 0.0f;
     int format = 0;
+    const float* amax = nullptr;  // kOnDevice: the tensor's amax, a float where kernels see it
+    float divisor = 1.0f;
 };
 
 class Map {
 public:
-    // lookup's scale for a range whose scale gives no exact codes (see bind): the GEMM runs fp32
-    // on the stored values.
-    static constexpr float kFp32Only = -1.0f;
+    static constexpr float kFp32Only = fp8codes::kFp32Only;
 
     // [base, base + n) holds codes of `format` at `scale`: replaces what overlapped it (the parts
     // of an older binding outside the range stay bound). A scale for which y would not give the
@@ -48,7 +62,14 @@ public:
     // in E5M2, times 1/scale leaves the normal floats) binds the range as kFp32Only.
     void bind(const float* base, int64_t n, float scale, int format) {
         const bool exact = scale > 0.0f && std::isnormal(scale) && std::isnormal(0x1p-16f * (1.0f / scale));
-        bindExactly(base, n, Binding{exact ? scale : kFp32Only, format});
+        bindRange(base, n, Binding{exact ? scale : kFp32Only, format}, nullptr);
+    }
+    // [base, base + n) holds codes of `format` at the scale made where the tensor's amax is
+    // (fp8QuantizeCurrent's): kOnDevice. `owner` keeps the amax's memory while the binding lives
+    // (the map releases it when the range is forgotten or bound anew, outside its lock).
+    void bindCurrent(const float* base, int64_t n, const float* amax, float divisor, int format,
+                     std::shared_ptr<const void> owner) {
+        bindRange(base, n, Binding{kOnDevice, format, amax, divisor}, std::move(owner));
     }
     // The binding that covers [x, x + n) wholly; else scale 0.
     Binding lookup(const float* x, int64_t n) const {
@@ -60,21 +81,32 @@ public:
         const int64_t off = x - it->first;
         return off + n <= it->second.n ? it->second.b : Binding{};
     }
-    // lookup's scale: the binding's, kFp32Only, or 0.
+    // lookup's scale: the binding's, kFp32Only, kOnDevice, or 0.
     float scaleOf(const float* x, int64_t n) const { return lookup(x, n).scale; }
     // dst [0, dstN) holds copies of what src [0, srcN) holds (an all-gather of it, a staging
-    // copy): bound as src is where src is bound, else left as it is.
+    // copy): bound as src is where src is bound (its owner shared), else left as it is.
     void bindLike(const float* dst, int64_t dstN, const float* src, int64_t srcN) {
-        const Binding b = lookup(src, srcN);
-        if (b.scale != 0.0f) bindExactly(dst, dstN, b);
+        Binding b;
+        std::shared_ptr<const void> owner;
+        {
+            std::lock_guard<std::mutex> lock(m_mutex);
+            auto it = m_ranges.upper_bound(src);
+            if (!src || srcN <= 0 || it == m_ranges.begin()) return;
+            --it;
+            if (src - it->first + srcN > it->second.n) return;
+            b = it->second.b;
+            owner = it->second.owner;
+        }
+        bindRange(dst, dstN, b, std::move(owner));
     }
     // What lies in [begin, begin + bytes): a freed buffer's, or a new one's (a binding of memory
     // that was not a Buffer, a test's host vector, must not reach a Buffer made there later).
     void forget(const void* begin, size_t bytes) {
         if (m_count.load(std::memory_order_relaxed) == 0) return;
+        std::vector<std::shared_ptr<const void>> released;  // destroyed after the lock
         std::lock_guard<std::mutex> lock(m_mutex);
         const auto b = reinterpret_cast<uintptr_t>(begin);
-        eraseLocked(b, b + bytes);
+        eraseLocked(b, b + bytes, &released);
     }
     size_t size() const { return m_count.load(std::memory_order_relaxed); }
 
@@ -82,16 +114,20 @@ private:
     struct Range {
         int64_t n;
         Binding b;
+        std::shared_ptr<const void> owner;  // what keeps b.amax's memory (kOnDevice)
     };
-    void bindExactly(const float* base, int64_t n, Binding b) {
+    void bindRange(const float* base, int64_t n, Binding b, std::shared_ptr<const void> owner) {
         if (n <= 0) return;
+        std::vector<std::shared_ptr<const void>> released;  // declared first: destroyed after the lock
         std::lock_guard<std::mutex> lock(m_mutex);
-        eraseLocked(reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(base + n));
-        m_ranges[base] = Range{n, b};
+        eraseLocked(reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(base + n), &released);
+        m_ranges[base] = Range{n, b, std::move(owner)};
         m_count.store(m_ranges.size(), std::memory_order_relaxed);
     }
-    // Unbinds the bytes [lo, hi): a binding overlapping them keeps its whole floats outside.
-    void eraseLocked(uintptr_t lo, uintptr_t hi) {
+    // Unbinds the bytes [lo, hi): a binding overlapping them keeps its whole floats outside. The
+    // owners of what is gone go to *released, for the caller to drop once the lock is released
+    // (dropping one may free a Buffer, whose free calls forget).
+    void eraseLocked(uintptr_t lo, uintptr_t hi, std::vector<std::shared_ptr<const void>>* released) {
         if (lo >= hi) return;
         auto it = m_ranges.upper_bound(reinterpret_cast<const float*>(lo));
         if (it != m_ranges.begin()) {
@@ -101,17 +137,18 @@ private:
         std::vector<std::pair<const float*, Range>> kept;
         while (it != m_ranges.end() && reinterpret_cast<uintptr_t>(it->first) < hi) {
             const float* b = it->first;
-            const Range r = it->second;
+            const Range& r = it->second;
             const auto bb = reinterpret_cast<uintptr_t>(b), end = reinterpret_cast<uintptr_t>(b + r.n);
-            if (bb < lo) kept.push_back({b, Range{int64_t((lo - bb) / sizeof(float)), r.b}});
+            if (bb < lo) kept.push_back({b, Range{int64_t((lo - bb) / sizeof(float)), r.b, r.owner}});
             if (end > hi) {
                 const int64_t skip = int64_t((hi - bb + sizeof(float) - 1) / sizeof(float));
-                if (skip < r.n) kept.push_back({b + skip, Range{r.n - skip, r.b}});
+                if (skip < r.n) kept.push_back({b + skip, Range{r.n - skip, r.b, r.owner}});
             }
+            if (r.owner) released->push_back(r.owner);
             it = m_ranges.erase(it);
         }
-        for (const auto& [b, r] : kept)
-            if (r.n > 0) m_ranges[b] = r;
+        for (auto& [b, r] : kept)
+            if (r.n > 0) m_ranges[b] = std::move(r);
         m_count.store(m_ranges.size(), std::memory_order_relaxed);
     }
     mutable std::mutex m_mutex;

@@ -125,9 +125,10 @@ TEST(CudaTrainer, TiledFlashAttentionMatchesTheCpuBackend) {
 #endif
 }
 
-// The FP8 variants whose linears hold FP8 codes (delayed scaling) again, their GEMMs on the FP8
-// tensor cores (kernels/cuda/gemm.cu, TS_CUDA_FP8_GEMMS): the same tolerances as the bf16
-// GEMMs that take the codes, and GEMMs really ran in FP8.
+// The FP8 variants whose linears hold FP8 codes at a tensor's scale (delayed scaling's host
+// scales, tensorwise scaling's device ones) again, their GEMMs on the FP8 tensor cores
+// (kernels/cuda/gemm.cu, TS_CUDA_FP8_GEMMS; tensorwise scaling's take the tensor cores only
+// then): the same tolerances as the bf16 GEMMs that take the codes, and GEMMs really ran in FP8.
 TEST(CudaTrainer, Fp8GemmsOnTheTensorCoresMatchTheCpuBackend) {
 #ifndef TS_HAVE_CUDA
     GTEST_SKIP() << "built without CUDA";
@@ -146,13 +147,13 @@ TEST(CudaTrainer, Fp8GemmsOnTheTensorCoresMatchTheCpuBackend) {
     for (const ts::testing::TrainerVariant& v : ts::testing::trainerVariants()) {
         Config c = ts::testing::tinyTrainerConfig();
         v.edit(c);
-        if (c.fp8.empty() || c.fp8_recipe != "delayed") continue;
+        if (c.fp8.empty() || (c.fp8_recipe != "delayed" && c.fp8_recipe != "tensorwise")) continue;
         const int64_t before = kernels::cuda::fp8GemmCount();
         expectVariantMatches(v.name + ", FP8 GEMMs", c);
         EXPECT_GT(kernels::cuda::fp8GemmCount(), before) << v.name << ": no GEMM ran on the FP8 tensor cores";
         ++ran;
     }
-    EXPECT_GE(ran, 2) << "the variants list lost its delayed-scaling FP8 runs";
+    EXPECT_GE(ran, 3) << "the variants list lost its per-tensor FP8 runs";
 #endif
 }
 

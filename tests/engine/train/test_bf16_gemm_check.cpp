@@ -324,6 +324,65 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
     }
 }
 
+// Tensorwise scaling's codes, whose scale is made where the amax is (kern::fp8QuantizeCurrent):
+// bound with the amax (Map::bindCurrent), they are checked at the scale the amax holds when the
+// GEMM's kernel runs, so an amax changed after the quantization fails them; a copy bound like
+// them shares the amax's owner, which the map drops when the last binding goes. On the CPU
+// backend and the emulated device.
+TEST(Bf16GemmCheck, Fp8ValuesAtADeviceScaleAreCheckedAsCodes) {
+    CheckBf16Gemms on;
+    const int T = 4, in = 8, out = 2;
+    const float divisor = 2.0f;  // as a data-parallel rank's output gradients
+    const std::vector<float> x = values(T * in, 0.37f), W = values(out * in, 0.25f);
+    for (bool emulate : {false, true}) {
+        SCOPED_TRACE(emulate ? "emulated device" : "CPU backend");
+        auto owner = std::make_shared<int>(0);
+        const std::weak_ptr<int> watch = owner;
+        // x quantized in place at its amax's scale and bound with the amax (p[3]); then fn.
+        auto run = [&](const std::function<void(const std::vector<float*>&)>& fn) {
+            return underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out), {0.0f}, x},
+                                  [&](const std::vector<float*>& p) {
+                                      kern::amaxInto(p[0], int64_t(T) * in, p[3]);
+                                      kern::fp8QuantizeCurrent(p[0], p[0], nullptr, int64_t(T) * in, p[3], divisor,
+                                                               kern::Fp8Format::E4M3, nullptr);
+                                      kernels::fp8codes::map().bindCurrent(p[0], int64_t(T) * in, p[3], divisor,
+                                                                           int(kern::Fp8Format::E4M3), owner);
+                                      fn(p);
+                                  });
+        };
+        EXPECT_TRUE(run([&](const std::vector<float*>& p) {
+                        EXPECT_EQ(kernels::fp8codes::map().scaleOf(p[0], int64_t(T) * in),
+                                  kernels::fp8codes::kOnDevice);
+                        kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
+                    }).isOk());
+        owner.reset();
+        EXPECT_TRUE(watch.expired()) << "the buffer's free forgot the binding and dropped the amax's owner";
+        owner = std::make_shared<int>(0);
+        // Another amax: the stored values are no codes at the scale it gives.
+        const float other = 5.0f;
+        Status st = run([&](const std::vector<float*>& p) {
+            kern::copyBytes(p[3], &other, sizeof other);
+            kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
+        });
+        ASSERT_FALSE(st.isOk()) << "codes at the scale of an amax written afterwards";
+        EXPECT_NE(st.message().find("operand x is bound as E4M3 codes at scale"), std::string::npos) << st.toString();
+        // A copy (p[4], as a sequence-parallel gather's) bound like x is checked the same way and
+        // holds the owner too.
+        const std::weak_ptr<int> watch2 = owner;
+        st = run([&](const std::vector<float*>& p) {
+            kern::copyBytes(p[4], p[0], sizeof(float) * size_t(T) * in);
+            kernels::fp8codes::map().bindLike(p[4], int64_t(T) * in, p[0], int64_t(T) * in);
+            kernels::fp8codes::map().forget(p[0], sizeof(float) * size_t(T) * in);
+            owner.reset();
+            EXPECT_FALSE(watch2.expired()) << "the copy's binding holds the owner";
+            kern::linearForward(p[4], p[1], nullptr, p[2], T, in, out);
+        });
+        EXPECT_TRUE(st.isOk()) << st.toString();
+        EXPECT_TRUE(watch2.expired());
+        owner = std::make_shared<int>(0);
+    }
+}
+
 // Fp32GemmScope(true) takes the GEMMs inside it out of a bf16 scope; (false) leaves the
 // surrounding setting as it is, on or off.
 TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
@@ -366,17 +425,16 @@ TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
 }
 
 // Every variant trains with the check on, and its GEMMs run where its precision says: a bf16
-// model's in bf16, except the fp32 router of MoE layers and the FP8 linears under tensorwise
-// scaling (a code times 1/scale is no bf16 value, and the scale is made on the device); delayed
-// scaling's FP8 linears run bf16 GEMMs on codes at their bound scales; an fp32 model's in fp32.
+// model's in bf16, except the fp32 router of MoE layers (and their experts under tensorwise
+// scaling); the FP8 linears run bf16 GEMMs on codes at their bound scales, delayed scaling's
+// host scales and tensorwise scaling's made on the device; an fp32 model's in fp32.
 TEST(Bf16GemmCheck, EveryTrainerVariantKeepsItsBf16GemmOperandsBf16) {
     CheckBf16Gemms on;
     for (const auto& [name, edit] : ts::testing::trainerVariants()) {
         Config c = ts::testing::tinyTrainerConfig();
         edit(c);
         c.train_iters = 2;
-        const bool tensorwiseFp8 = !c.fp8.empty() && c.fp8_recipe == "tensorwise";
-        const bool fp32Gemms = !c.bf16 || tensorwiseFp8 || c.num_moe_experts > 0;
+        const bool fp32Gemms = !c.bf16 || c.num_moe_experts > 0;
         for (bool emulate : {false, true}) {
             SCOPED_TRACE(name + (emulate ? " (emulated device)" : " (CPU backend)"));
             TrainerOptions o;

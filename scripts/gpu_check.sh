@@ -10,7 +10,8 @@
 # tiled flash kernels, TS_CUDA_FLASH_TILES=1, against the GEMM path; once with cuBLAS converting the
 # bf16 GEMMs' operands, TS_CUDA_GEMM_FAST_16BF=1; once FP8 hybrid with its GEMMs on the FP8 tensor
 # cores, TS_CUDA_FP8_GEMMS=1; bench_gpu_attention: the
-# attention alone, tiled against GEMMs, forward and backward), and
+# attention alone, tiled against GEMMs, forward and backward; bench_gpu_gemm: the linear layers' GEMMs
+# in each precision path against cuBLAS on converted operands), and
 # bench_moe_routing on the machine's host cores (what the GPU idles for per MoE layer and microbatch
 # while the host routes).
 # Logs, the tests' JSON reports and the benchmarks' JSON lines go into one tarball,
@@ -18,7 +19,7 @@
 # build/gpu_check; a summary goes to stdout.
 #
 # Device time is scarce. Build here first (cmake --preset dev; cmake --build build/dev --target
-# test_gpu bench_gpu_step bench_gpu_attention bench_moe_routing trainscope), then either run on a machine that has this
+# test_gpu bench_gpu_step bench_gpu_attention bench_gpu_gemm bench_moe_routing trainscope), then either run on a machine that has this
 # checkout's build (--bin DIR, default build/dev), or pack the binaries and their non-CUDA libraries with
 # scripts/gpu_bundle.sh and pass --bundle .gpu/bundle.tar.xz where only the checkout travels (the
 # machine must have CUDA 13's runtime, cuBLAS, CUPTI and NCCL; they are looked for under
@@ -102,7 +103,7 @@ if [ -n "$bundle" ]; then
 fi
 if [ "$build" = 1 ]; then
     cmake --preset dev -DCMAKE_CUDA_ARCHITECTURES=90 > "$work/configure.log" 2>&1 &&
-        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step bench_gpu_attention bench_moe_routing trainscope \
+        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step bench_gpu_attention bench_gpu_gemm bench_moe_routing trainscope \
             > "$work/build.log" 2>&1 ||
         { echo "gpu_check: build failed, see build.log"; tail -30 "$work/build.log"; status=1; finish; }
 fi
@@ -212,6 +213,15 @@ if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_gpu_attention" ]; then
         cat "$work/bench_attn.log"
         cat "$work/bench_attn.log" >> "$work/bench_gpu_attention.log"
     done
+fi
+if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_gpu_gemm" ]; then
+    # The linear layers' GEMMs alone in each precision path (fp32, bf16, FP8 codes on bf16 and on
+    # FP8 tensor cores), against cuBLAS on operands converted beforehand.
+    if [ "$(limit 90)" = 0 ]; then echo "bench_gpu_gemm: not run (deadline)"; else
+        echo "== bench_gpu_gemm"
+        within 90 "$bin/apps/bench_gpu_gemm" > "$work/bench_gpu_gemm.log" 2>&1 || status=1
+        grep -v "^{" "$work/bench_gpu_gemm.log"  # the JSON line stays in the log
+    fi
 fi
 if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_moe_routing" ]; then
     # The MoE router's host share on this machine's cores, one thread and the engine's choice.

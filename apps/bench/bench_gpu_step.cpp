@@ -5,8 +5,8 @@
 // 2048, 24 layers, 16 heads, seq 2048, micro-batch 1, bf16; target MFU >= 45% on an H100) and
 // small (hidden 1024, 8 layers, seq 1024: a quick look). --fp8 hybrid|e4m3 adds FP8 (delayed
 // scaling unless --fp8-recipe says tensorwise, mxfp8 or blockwise; the target: FP8 step
-// >= 1.3x bf16; TS_CUDA_FP8_GEMMS=1 multiplies delayed scaling's codes on the FP8 tensor cores,
-// and the line says how many GEMMs per step did). --trace 1 then runs as many steps again
+// >= 1.3x bf16; TS_CUDA_FP8_GEMMS=1 multiplies delayed and tensorwise scaling's codes on the FP8
+// tensor cores, and the line says how many GEMMs per step did). --trace 1 then runs as many steps again
 // traced as `trainscope run` traces (the engine's recorder plus the CUPTI capture, flushed every
 // step) and reports the overhead against the untraced steps (the target: <= 3%); --trace
 // engine the same with the engine's recorder alone (no CUPTI), which splits that overhead into

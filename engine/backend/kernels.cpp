@@ -259,8 +259,11 @@ bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Bindi
     float scale = bound.scale;
     // kOnDevice: the scale tensorwise scaling made from the tensor's amax, which the stream order
     // has written by now (the kernel's view of it).
-    if (scale == kernels::fp8codes::kOnDevice)
-        scale = kernels::cpu::fp8CurrentScale(*static_cast<const float*>(hostAlias(bound.amax)), bound.divisor, f);
+    float amax = 0.0f;
+    if (scale == kernels::fp8codes::kOnDevice) {
+        amax = *static_cast<const float*>(hostAlias(bound.amax));
+        scale = kernels::cpu::fp8CurrentScale(amax, bound.divisor, f);
+    }
     // kFp32Only: a GPU runs this GEMM in fp32 on the stored values, as the oracle.
     if (!o.p || scale < 0.0f) return true;
     const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
@@ -280,14 +283,20 @@ bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Bindi
                     std::memcpy(&bits, &y, sizeof bits);
                     if ((bits & 0xFFFFu) == 0) continue;
                 }
-                char msg[512];
+                char msg[640];
+                char from[160] = "";
+                if (bound.scale == kernels::fp8codes::kOnDevice)
+                    std::snprintf(from, sizeof from,
+                                  " (made from its amax %.9g / %g, which may also have been written after the "
+                                  "quantization)",
+                                  double(amax), double(bound.divisor));
                 if (scale != 0.0f)
                     std::snprintf(msg, sizeof msg,
-                                  "%s under bf16 GEMMs: operand %s is bound as %s codes at scale %.9g but holds "
+                                  "%s under bf16 GEMMs: operand %s is bound as %s codes at scale %.9g%s but holds "
                                   "%.9g at [%d, %lld, %lld], which is no %s code at that scale (a GPU's GEMM would "
                                   "take bf16(y * scale) or %s(y * scale) for its code): something wrote into the "
                                   "quantized range after its quantization bound it",
-                                  op, o.what, format, double(scale), double(y), bi, static_cast<long long>(r),
+                                  op, o.what, format, double(scale), from, double(y), bi, static_cast<long long>(r),
                                   static_cast<long long>(c), format, format);
                 else
                     std::snprintf(msg, sizeof msg,

@@ -268,7 +268,8 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
             m_exec.op("fp8_quantize_weight", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 9, [=] {
                 k::fp8QuantizeCurrent(W, fp(dq), codes->as<uint8_t>(), n, fp(amax), 1.0f, fmt, fp(pack) + at);
             });
-            kernels::fp8codes::map().bindCurrent(fp(dq), n, fp(amax), 1.0f, int(fmt), amax);  // as fp8Quantize
+            // as fp8Quantize; a rebinding of a live range, once per step (see fp8StepUpdate)
+            kernels::fp8codes::map().bindCurrent(fp(dq), n, fp(amax), 1.0f, int(fmt), amax);
         }
     }
     return static_cast<const float*>(fp(w.dequantized));
@@ -305,6 +306,10 @@ void GptModel::fp8StepUpdate() {
     };
     const int step = m_step;
     if (!r.delayed) {
+        // The next step's fp8Weight binds its weight copies anew, each to a new amax
+        // (bindCurrent); the CPU backend's kernels look their operands up when they run, so its
+        // host waits for this step's GEMMs first (as delayed scaling's update does below).
+        if (!k::streamOnDevice(m_exec.stream())) (void)m_exec.stream().synchronize();
         // Tensorwise: the last amaxes come back for the counters only (one read-back per step,
         // and none without a trace); the host state follows them.
         if (!tt.recorder || !m_fp8AmaxDev) return;

@@ -157,8 +157,8 @@ private:
 };
 
 inline Map& map() {
-    static Map m;
-    return m;
+    static Map* m = new Map;  // never destroyed: a Buffer freed during static destruction forgets here
+    return *m;
 }
 
 }  // namespace ts::kernels::fp8codes

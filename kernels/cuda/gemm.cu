@@ -209,6 +209,7 @@ int alignmentOf(const void* p) {
 struct Fp8Algo {
     bool none = false;
     cublasLtMatmulAlgo_t algo{};
+    size_t workspace = 0;  // what the algorithm needs, at most kLtWorkspace
 };
 using Fp8AlgoKey = std::tuple<int, int, int, int, int, int, int, bool, int, bool>;
 
@@ -220,7 +221,9 @@ Status gemmFp8(bool transA, bool transB, int M, int N, int K, float alpha, const
                fp8codes::Binding bA, const float* B, int ldb, fp8codes::Binding bB, float beta, float* C, int ldc,
                const float* scaleInv, cudaStream_t s, bool* ran) {
     *ran = false;
-    if (M % 16 != 0 || N % 16 != 0 || K % 16 != 0 || (bA.format == 1 && bB.format == 1) || !fp8TensorCores())
+    constexpr int kMaxCastRows = 65535 * 32;  // fp8CodesToFp8's grid: 65535 tiles of 32 rows
+    if (M % 16 != 0 || N % 16 != 0 || K % 16 != 0 || (bA.format == 1 && bB.format == 1) || !fp8TensorCores() ||
+        M > kMaxCastRows || N > kMaxCastRows || K > kMaxCastRows)
         return Status::ok();
     const auto typeOf = [](int format) { return format == 0 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
     // Column-major, as cuBLAS sees row-major C: C^T [N, M] = op(B)^T op(A)^T, with cuBLASLt's A
@@ -277,7 +280,10 @@ Status gemmFp8(bool transA, bool transB, int M, int N, int K, float alpha, const
             cublasLtMatmulAlgoGetHeuristic(lt, desc.d, la.l, lb.l, lc.l, lc.l, pref.p, 1, &result, &found);
         Fp8Algo a;
         a.none = st != CUBLAS_STATUS_SUCCESS || found == 0;
-        if (!a.none) a.algo = result.algo;
+        if (!a.none) {
+            a.algo = result.algo;
+            a.workspace = result.workspaceSize;
+        }
         it = algos.emplace(key, a).first;
     }
     if (it->second.none) return Status::ok();
@@ -286,13 +292,14 @@ Status gemmFp8(bool transA, bool transB, int M, int N, int K, float alpha, const
     detail::StreamWorkspace codesA(s), codesB(s), ws(s);
     TS_RETURN_IF_ERROR(codesA.allocate(size_t(M) * size_t(K), "FP8 gemm operand A (cudaMallocAsync)"));
     TS_RETURN_IF_ERROR(codesB.allocate(size_t(N) * size_t(K), "FP8 gemm operand B (cudaMallocAsync)"));
-    TS_RETURN_IF_ERROR(ws.allocate(kLtWorkspace, "FP8 gemm workspace (cudaMallocAsync)"));
+    const size_t wsBytes = it->second.workspace;
+    if (wsBytes > 0) TS_RETURN_IF_ERROR(ws.allocate(wsBytes, "FP8 gemm workspace (cudaMallocAsync)"));
     uint8_t* a8 = static_cast<uint8_t*>(codesA.get());
     uint8_t* b8 = static_cast<uint8_t*>(codesB.get());
     TS_RETURN_IF_ERROR(fp8CodesToFp8(A, transA ? K : M, transA ? M : K, lda, transA, bA, a8, s));
     TS_RETURN_IF_ERROR(fp8CodesToFp8(B, transB ? N : K, transB ? K : N, ldb, !transB, bB, b8, s));
     const cublasStatus_t st = cublasLtMatmul(lt, desc.d, &alpha, b8, la.l, a8, lb.l, &beta, C, lc.l, C, lc.l,
-                                             &it->second.algo, ws.get(), kLtWorkspace, s);
+                                             &it->second.algo, ws.get(), wsBytes, s);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // the shape's algorithm after all: bf16 from now on
         it->second.none = true;
         return Status::ok();
@@ -336,7 +343,9 @@ Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, cons
                                       K, &alphaStored, B, ldb, strideB, A, lda, strideA, &beta, C, ldc, strideC, batch),
             "FP8 operands' gemm (fp32, extreme scales) cublasSgemmStridedBatched");
     }
-    // onDevice: [alpha * invA * invB, beta, invA, invB] where the scales are.
+    // onDevice: [alpha * invA * invB, beta, invA, invB] where the scales are. (No fp32 fallback
+    // where that alpha leaves the normal floats, as the host scales have: the host cannot see it.
+    // It takes amax_a * amax_b below about 2e-33, docs/cuda_port.md.)
     detail::StreamWorkspace scalars(stream);
     const float* dev = nullptr;
     if (onDevice) {

@@ -428,12 +428,26 @@ TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
 // model's in bf16, except the fp32 router of MoE layers (and their experts under tensorwise
 // scaling); the FP8 linears run bf16 GEMMs on codes at their bound scales, delayed scaling's
 // host scales and tensorwise scaling's made on the device; an fp32 model's in fp32.
+// Each bf16 variant without FP8 runs a second time with hybrid tensorwise FP8, whose codes are
+// bound with their amax wherever the variant's paths quantize (recompute, microbatches, shared
+// experts, untied embeddings...).
 TEST(Bf16GemmCheck, EveryTrainerVariantKeepsItsBf16GemmOperandsBf16) {
     CheckBf16Gemms on;
-    for (const auto& [name, edit] : ts::testing::trainerVariants()) {
+    std::vector<ts::testing::TrainerVariant> variants = ts::testing::trainerVariants();
+    for (const ts::testing::TrainerVariant& v : ts::testing::trainerVariants()) {
+        Config c = ts::testing::tinyTrainerConfig();
+        v.edit(c);
+        if (c.bf16 && c.fp8.empty())
+            variants.push_back({v.name + ", hybrid tensorwise FP8", [edit = v.edit](Config& c) {
+                                    edit(c);
+                                    c.fp8 = "hybrid";
+                                    c.fp8_recipe = "tensorwise";
+                                }});
+    }
+    for (const auto& [name, edit] : variants) {
         Config c = ts::testing::tinyTrainerConfig();
         edit(c);
-        c.train_iters = 2;
+        c.train_iters = 3;
         const bool fp32Gemms = !c.bf16 || c.num_moe_experts > 0;
         for (bool emulate : {false, true}) {
             SCOPED_TRACE(name + (emulate ? " (emulated device)" : " (CPU backend)"));

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu_check.sh runs on a lent GPU machine into .gpu/ (ignored by git), so that
 # the device tool can carry it: the stripped test_gpu, bench_gpu_step, bench_gpu_attention,
-# bench_moe_routing and trainscope of build/dev,
+# bench_gpu_gemm, bench_moe_routing and trainscope of build/dev,
 # and the shared libraries they need that are neither CUDA's (the GPU machine has CUDA 13's
 # runtime, cuBLAS, CUPTI and NCCL; gpu_check finds them there) nor the C and C++ runtime's (the
 # machine's own are newer than this Debian's, and CUDA's libraries may need them). Everything goes
 # into one xz tarball, since OpenBLAS alone is larger than half of what a call may carry.
 #
 # usage: bash scripts/gpu_bundle.sh            (after cmake --build build/dev --target test_gpu
-#                                                bench_gpu_step bench_gpu_attention bench_moe_routing trainscope)
+#                            bench_gpu_step bench_gpu_attention bench_gpu_gemm bench_moe_routing trainscope)
 # then, on the GPU machine:  bash scripts/gpu_check.sh --bundle .gpu/bundle.tar.xz
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ src=build/dev
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/tests" "$stage/apps" "$stage/lib" .gpu
-for b in tests/test_gpu apps/bench_gpu_step apps/bench_gpu_attention apps/bench_moe_routing apps/trainscope; do
+for b in tests/test_gpu apps/bench_gpu_step apps/bench_gpu_attention apps/bench_gpu_gemm apps/bench_moe_routing apps/trainscope; do
     [ -x "$src/$b" ] || { echo "gpu_bundle: $src/$b is missing: cmake --build $src --target $(basename "$b")" >&2; exit 1; }
     strip -o "$stage/$b" "$src/$b"
 done

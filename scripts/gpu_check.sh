@@ -8,8 +8,10 @@
 # the ~1.3B GPT, bf16 and FP8, flash attention and, once, the probabilities kept; once with the
 # saved activations in fp32 words, TS_BF16_SAVED_FP32=1, against their bf16 packing; once with the
 # tiled flash kernels, TS_CUDA_FLASH_TILES=1, against the GEMM path; once with cuBLAS converting the
-# bf16 GEMMs' operands, TS_CUDA_GEMM_FAST_16BF=1; bench_gpu_attention: the
-# attention alone, tiled against GEMMs, forward and backward), and
+# bf16 GEMMs' operands, TS_CUDA_GEMM_FAST_16BF=1; once FP8 hybrid with its GEMMs on the FP8 tensor
+# cores, TS_CUDA_FP8_GEMMS=1; bench_gpu_attention: the
+# attention alone, tiled against GEMMs, forward and backward; bench_gpu_gemm: the linear layers' GEMMs
+# in each precision path against cuBLAS on converted operands), and
 # bench_moe_routing on the machine's host cores (what the GPU idles for per MoE layer and microbatch
 # while the host routes).
 # Logs, the tests' JSON reports and the benchmarks' JSON lines go into one tarball,
@@ -17,7 +19,7 @@
 # build/gpu_check; a summary goes to stdout.
 #
 # Device time is scarce. Build here first (cmake --preset dev; cmake --build build/dev --target
-# test_gpu bench_gpu_step bench_gpu_attention bench_moe_routing trainscope), then either run on a machine that has this
+# test_gpu bench_gpu_step bench_gpu_attention bench_gpu_gemm bench_moe_routing trainscope), then either run on a machine that has this
 # checkout's build (--bin DIR, default build/dev), or pack the binaries and their non-CUDA libraries with
 # scripts/gpu_bundle.sh and pass --bundle .gpu/bundle.tar.xz where only the checkout travels (the
 # machine must have CUDA 13's runtime, cuBLAS, CUPTI and NCCL; they are looked for under
@@ -25,7 +27,7 @@
 # all its cores). --deadline S stops starting new steps once S seconds have passed, and shortens
 # each step's limit to what is left, so that the whole script ends inside a lease.
 #
-# --quick: the attention and trainer suites and the ~1.3B GPT's bf16 step only (a re-measure).
+# --quick: the kernel, attention and trainer suites and a few ~1.3B GPT steps only (a re-measure).
 #
 # usage: bash scripts/gpu_check.sh [--build | --bundle FILE | --bin DIR] [--no-bench] [--quick] [--deadline S]
 set -uo pipefail
@@ -101,7 +103,7 @@ if [ -n "$bundle" ]; then
 fi
 if [ "$build" = 1 ]; then
     cmake --preset dev -DCMAKE_CUDA_ARCHITECTURES=90 > "$work/configure.log" 2>&1 &&
-        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step bench_gpu_attention bench_moe_routing trainscope \
+        cmake --build "$bin" -j"$(nproc)" --target test_gpu bench_gpu_step bench_gpu_attention bench_gpu_gemm bench_moe_routing trainscope \
             > "$work/build.log" 2>&1 ||
         { echo "gpu_check: build failed, see build.log"; tail -30 "$work/build.log"; status=1; finish; }
 fi
@@ -115,7 +117,7 @@ echo "== test_gpu (one suite per process)"
 suites=$("$bin/tests/test_gpu" --gtest_list_tests | grep -E '^[A-Za-z][A-Za-z0-9_/]*\.$' | tr -d '.')
 [ -n "$suites" ] || { echo "gpu_check: test_gpu lists no test suites"; status=1; }
 for suite in $suites; do
-    [ "$quick" = 1 ] && case "$suite" in CudaAttention|CudaTrainer) ;; *) continue ;; esac
+    [ "$quick" = 1 ] && case "$suite" in KernelsCuda|CudaAttention|CudaTrainer) ;; *) continue ;; esac
     t=$(limit 150)
     [ "$t" = 0 ] && { echo "$suite: not run (deadline)"; status=1; continue; }
     start=$SECONDS
@@ -173,19 +175,22 @@ if [ "$bench" = 1 ]; then
     # bf16 saves in memory and costs in time (an entry's leading NAME=VALUE words are its environment).
     # TS_CUDA_FLASH_TILES=1: flash attention by the tiled kernels (flash_attention.cu), against the GEMM path.
     # TS_CUDA_GEMM_FAST_16BF=1: bf16 GEMMs on fp32 operands that cuBLAS converts itself (gemm.cu).
+    # TS_CUDA_FP8_GEMMS=1: delayed scaling's GEMMs on the FP8 tensor cores (gemm.cu), against bf16 ones.
     benches=("--config small --steps 5 --warmup 2 --trace 1" "--config 1b --steps 5 --warmup 2 --trace 1"
              "--config 1b --steps 5 --warmup 2 --trace engine"
              "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
              "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
              "TS_CUDA_GEMM_FAST_16BF=1 --config 1b --steps 5 --warmup 2"
              "--config 1b --steps 5 --warmup 2 --fp8 hybrid"
+             "TS_CUDA_FP8_GEMMS=1 --config 1b --steps 5 --warmup 2 --fp8 hybrid"
              "--config 1b --steps 5 --warmup 2 --fp8 hybrid --fp8-recipe tensorwise"
              "--config 1b --steps 5 --warmup 2 --fp8 e4m3 --fp8-recipe mxfp8"
              "--config 1b --steps 5 --warmup 2 --attention unfused")
     [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2" "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
                                  "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
                                  "TS_CUDA_GEMM_FAST_16BF=1 --config 1b --steps 5 --warmup 2"
-                                 "--config 1b --steps 5 --warmup 2 --fp8 hybrid")
+                                 "--config 1b --steps 5 --warmup 2 --fp8 hybrid"
+                                 "TS_CUDA_FP8_GEMMS=1 --config 1b --steps 5 --warmup 2 --fp8 hybrid")
     for args in "${benches[@]}"; do
         envs=()
         while [[ "$args" == TS_*=*" "* ]]; do envs+=("${args%% *}"); args="${args#* }"; done
@@ -208,6 +213,15 @@ if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_gpu_attention" ]; then
         cat "$work/bench_attn.log"
         cat "$work/bench_attn.log" >> "$work/bench_gpu_attention.log"
     done
+fi
+if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_gpu_gemm" ]; then
+    # The linear layers' GEMMs alone in each precision path (fp32, bf16, FP8 codes on bf16 and on
+    # FP8 tensor cores), against cuBLAS on operands converted beforehand.
+    if [ "$(limit 90)" = 0 ]; then echo "bench_gpu_gemm: not run (deadline)"; else
+        echo "== bench_gpu_gemm"
+        within 90 "$bin/apps/bench_gpu_gemm" > "$work/bench_gpu_gemm.log" 2>&1 || status=1
+        grep -v "^{" "$work/bench_gpu_gemm.log"  # the JSON line stays in the log
+    fi
 fi
 if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_moe_routing" ]; then
     # The MoE router's host share on this machine's cores, one thread and the engine's choice.

@@ -5,7 +5,8 @@
 // 2048, 24 layers, 16 heads, seq 2048, micro-batch 1, bf16; target MFU >= 45% on an H100) and
 // small (hidden 1024, 8 layers, seq 1024: a quick look). --fp8 hybrid|e4m3 adds FP8 (delayed
 // scaling unless --fp8-recipe says tensorwise, mxfp8 or blockwise; the target: FP8 step
-// >= 1.3x bf16). --trace 1 then runs as many steps again
+// >= 1.3x bf16; TS_CUDA_FP8_GEMMS=1 multiplies delayed and tensorwise scaling's codes on the FP8
+// tensor cores, and the line says how many GEMMs per step did). --trace 1 then runs as many steps again
 // traced as `trainscope run` traces (the engine's recorder plus the CUPTI capture, flushed every
 // step) and reports the overhead against the untraced steps (the target: <= 3%); --trace
 // engine the same with the engine's recorder alone (no CUPTI), which splits that overhead into
@@ -149,7 +150,17 @@ int main(int argc, char** argv) {
         return true;
     };
     std::vector<double> times, walls;
-    if (!run(warmup, nullptr, nullptr, {}) || !run(steps, &times, &walls, {})) return 1;
+    if (!run(warmup, nullptr, nullptr, {})) return 1;
+#ifdef TS_HAVE_CUDA
+    const int64_t fp8GemmsBefore = ts::kernels::cuda::fp8GemmCount();
+#endif
+    if (!run(steps, &times, &walls, {})) return 1;
+    // GEMMs per step on the FP8 tensor cores (TS_CUDA_FP8_GEMMS): 0 says none qualified.
+#ifdef TS_HAVE_CUDA
+    const double fp8GemmsPerStep = double(ts::kernels::cuda::fp8GemmCount() - fp8GemmsBefore) / std::max(steps, 1);
+#else
+    const double fp8GemmsPerStep = 0;
+#endif
     const double med = median(times);
     const double peakGiB = double(device.memoryStats().peakTotal) / double(1 << 30);
     // Traced: the engine's trace into a run store plus the CUPTI capture, as `trainscope run` does.
@@ -183,14 +194,18 @@ int main(int argc, char** argv) {
         tracedWall = median(tw);
     }
     // The experiments of kernels/cuda/ops_cuda.h the run had on: flash attention by the tiled
-    // kernels (TS_CUDA_FLASH_TILES), bf16 GEMMs on fp32 operands (TS_CUDA_GEMM_FAST_16BF).
+    // kernels (TS_CUDA_FLASH_TILES), bf16 GEMMs on fp32 operands (TS_CUDA_GEMM_FAST_16BF), FP8
+    // GEMMs on FP8 codes (TS_CUDA_FP8_GEMMS).
 #ifdef TS_HAVE_CUDA
     const bool flashTiles = ts::kernels::cuda::flashTiles(), fast16bf = ts::kernels::cuda::fast16bfGemms();
+    const bool fp8Gemms = ts::kernels::cuda::fp8Gemms();
 #else
-    const bool flashTiles = false, fast16bf = false;
+    const bool flashTiles = false, fast16bf = false, fp8Gemms = false;
 #endif
+    char fp8Shown[64] = "";
+    if (fp8Gemms) std::snprintf(fp8Shown, sizeof fp8Shown, "; FP8 GEMMs, %.0f per step", fp8GemmsPerStep);
     const std::string attentionShown = attention + (flashTiles ? ", tiled flash kernels" : "") +
-                                       (fast16bf ? "; GEMMs FAST_16BF" : "");
+                                       (fast16bf ? "; GEMMs FAST_16BF" : "") + fp8Shown;
     const double tokens = double(c.micro_batch_size) * c.seq_length;
     const double tflops = (*t)->modelFlopsPerStep() / med / 1e12;
     const double peak = dev.peakTflopsBf16;
@@ -214,6 +229,8 @@ int main(int argc, char** argv) {
                                        {"attention_backend", attention},
                                        {"flash_tiles", flashTiles},
                                        {"gemm_fast_16bf", fast16bf},
+                                       {"fp8_gemms", fp8Gemms},
+                                       {"fp8_gemms_per_step", fp8GemmsPerStep},
                                        {"peak_memory_bytes", device.memoryStats().peakTotal},
                                        {"micro_batch_size", c.micro_batch_size},
                                        {"steps", steps},

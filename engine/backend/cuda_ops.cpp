@@ -39,6 +39,7 @@ const std::vector<std::string>& cudaOpNames() {
         "floatToBf16", "fp8CodesToBf16", "bf16ToFloat", "roundToBf16",
         // FP8
         "amaxOf", "fp8QuantizeCurrent", "amaxAccumulate", "fp8QuantizeDequantize", "fp8BlockQuantizeDequantize",
+        "fp8CodesToFp8",
         // MoE
         "gatherRows", "gatherSumRows", "scaleRows", "moeProbGrad", "weightedColumnSum", "sigmoidGateForward",
         "sigmoidGateBackward", "moeRouterProbsBackward", "moeRouterAuxBackward", "moeRouteTopK", "moeRoutePlan",

@@ -198,106 +198,121 @@ std::atomic<int> g_checkBf16{-1};
 // While checking: how many host GEMMs ran under the scope and outside it (bf16GemmCounts).
 std::atomic<int64_t> g_gemmsBf16{0}, g_gemmsFp32{0};
 
-// Whether the [rows, cols] matrices (row stride ld, `batch` of them `stride` apart) hold only
-// bf16 values, or with a nonzero `scale` (the operand is bound as FP8 codes at that scale,
-// kernels/common/fp8_codes.h) only values y that give their code back, fl(bf16(y * scale) *
-// fl(1 / scale)) == y, which the device's GEMM multiplies as codes; NaN aside (it stays NaN either
-// way). Else the op fails with the first element that is not. Host memory (the kernel's view).
-bool checkBf16Operand(const char* op, const char* what, float scale, const float* a, int64_t rows, int64_t cols,
-                      int64_t ld, int batch, int64_t stride) {
+// One operand of a GEMM as its CPU kernel reads it (row-major, kernels/cpu/ops.h): `batch`
+// [rows, cols] matrices with row stride ld, `stride` apart.
+struct Operand {
+    const char* what = nullptr;
+    const float* p = nullptr;
+    int64_t rows = 0, cols = 0, ld = 0;
+    int batch = 1;
+    int64_t stride = 0;
+    int64_t span() const {
+        return p && rows > 0 && cols > 0 ? int64_t(batch - 1) * stride + (rows - 1) * ld + cols : 0;
+    }
+};
+// The operands a GEMM call reads, in the order they are checked (the first that fails fails the
+// op), and what each is bound as (kernels/common/fp8_codes.h), looked up when the GEMM is called,
+// with the pointers it was given (a deferred kernel sees host aliases).
+struct Operands {
+    Operand op[3];
+    int n = 0;
+};
+struct OperandBindings {
+    kernels::fp8codes::Binding b[3];
+};
+OperandBindings bindingsOf(const Operands& ops) {
+    OperandBindings out;
+    for (int i = 0; i < ops.n; ++i) out.b[i] = kernels::fp8codes::map().lookup(ops.op[i].p, ops.op[i].span());
+    return out;
+}
+
+// Each GEMM kind's operands: A is [M, K], stored [K, M] when transposed, with row stride lda; B
+// likewise; linearBackward's GEMMs read dy, W for dx and x for dW.
+Operands operandsGemm(bool tA, bool tB, int m, int n, int k, float, const float* a, int la, const float* b, int lb,
+                      float, float*, int) {
+    return {{{"A", a, tA ? k : m, tA ? m : k, la}, {"B", b, tB ? n : k, tB ? k : n, lb}}, 2};
+}
+Operands operandsGemmStridedBatched(bool tA, bool tB, int m, int n, int k, float, const float* a, int la, int64_t sa,
+                                    const float* b, int lb, int64_t sb, float, float*, int, int64_t, int batch) {
+    return {{{"A", a, tA ? k : m, tA ? m : k, la, batch, sa}, {"B", b, tB ? n : k, tB ? k : n, lb, batch, sb}}, 2};
+}
+Operands operandsLinearForward(const float* x, const float* w, const float*, float*, int t, int in, int out) {
+    return {{{"x", x, t, in, in}, {"W", w, out, in, in}}, 2};
+}
+Operands operandsLinearBackward(const float* dy, const float* x, const float* w, float* dx, float* dw, float*, int t,
+                                int in, int out) {
+    Operands ops;
+    if (!dx && !dw) return ops;
+    ops.op[ops.n++] = {"dy", dy, t, out, out};
+    if (dx) ops.op[ops.n++] = {"W", w, out, in, in};
+    if (dw) ops.op[ops.n++] = {"x", x, t, in, in};
+    return ops;
+}
+
+// Whether operand o holds only bf16 values, or where it is bound as FP8 codes of a format at a
+// scale only values y that give their code back in both of the device's GEMMs: the bf16 GEMM's
+// v = bf16(y * scale) and the FP8 GEMM's v = fp8(y * scale), the same v, with fl(v * fl(1 /
+// scale)) == y; NaN aside (it stays NaN either way). Else the op fails with the first element
+// that is not. Host memory (the kernel's view).
+bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Binding bound) {
+    const auto f = static_cast<kernels::cpu::Fp8Format>(bound.format);
+    float scale = bound.scale;
+    // kOnDevice: the scale tensorwise scaling made from the tensor's amax, which the stream order
+    // has written by now (the kernel's view of it).
+    float amax = 0.0f;
+    if (scale == kernels::fp8codes::kOnDevice) {
+        amax = *static_cast<const float*>(hostAlias(bound.amax));
+        scale = kernels::cpu::fp8CurrentScale(amax, bound.divisor, f);
+    }
     // kFp32Only: a GPU runs this GEMM in fp32 on the stored values, as the oracle.
-    if (!a || scale < 0.0f) return true;
+    if (!o.p || scale < 0.0f) return true;
     const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-    for (int bi = 0; bi < batch; ++bi)
-        for (int64_t r = 0; r < rows; ++r) {
-            const float* row = a + bi * stride + r * ld;
-            for (int64_t c = 0; c < cols; ++c) {
+    const char* format = bound.format == 0 ? "E4M3" : "E5M2";
+    for (int bi = 0; bi < o.batch; ++bi)
+        for (int64_t r = 0; r < o.rows; ++r) {
+            const float* row = o.p + bi * o.stride + r * o.ld;
+            for (int64_t c = 0; c < o.cols; ++c) {
                 const float y = row[c];
                 if (y != y) continue;
                 if (scale != 0.0f) {
-                    if (kernels::hd::bf16RoundFloat(y * scale) * inv == y) continue;
+                    const float v = kernels::hd::bf16RoundFloat(y * scale);
+                    if (v * inv == y && kernels::cpu::fp8Decode(kernels::cpu::fp8Encode(y * scale, f), f) == v)
+                        continue;
                 } else {
                     uint32_t bits;
                     std::memcpy(&bits, &y, sizeof bits);
                     if ((bits & 0xFFFFu) == 0) continue;
                 }
-                char msg[480];
+                char msg[640];
+                char from[160] = "";
+                if (bound.scale == kernels::fp8codes::kOnDevice)
+                    std::snprintf(from, sizeof from,
+                                  " (made from its amax %.9g / %g, which may also have been written after the "
+                                  "quantization)",
+                                  double(amax), double(bound.divisor));
                 if (scale != 0.0f)
                     std::snprintf(msg, sizeof msg,
-                                  "%s under bf16 GEMMs: operand %s is bound as FP8 codes at scale %.9g but holds "
-                                  "%.9g at [%d, %lld, %lld], which is no code at that scale (a GPU's GEMM would "
-                                  "take bf16(y * scale) for its code): something wrote into the quantized range "
-                                  "after fp8QuantizeDequantize bound it",
-                                  op, what, double(scale), double(y), bi, static_cast<long long>(r),
-                                  static_cast<long long>(c));
+                                  "%s under bf16 GEMMs: operand %s is bound as %s codes at scale %.9g%s but holds "
+                                  "%.9g at [%d, %lld, %lld], which is no %s code at that scale (a GPU's GEMM would "
+                                  "take bf16(y * scale) or %s(y * scale) for its code): something wrote into the "
+                                  "quantized range after its quantization bound it",
+                                  op, o.what, format, double(scale), from, double(y), bi, static_cast<long long>(r),
+                                  static_cast<long long>(c), format, format);
                 else
                     std::snprintf(msg, sizeof msg,
                                   "%s under bf16 GEMMs: operand %s holds %.9g at [%d, %lld, %lld], which bf16 does "
                                   "not represent (a GPU's bf16 GEMM would round it, the CPU oracle does not): round "
                                   "it to bf16 where it is made, or run this GEMM without Bf16GemmScope",
-                                  op, what, double(y), bi, static_cast<long long>(r), static_cast<long long>(c));
+                                  op, o.what, double(y), bi, static_cast<long long>(r), static_cast<long long>(c));
                 reportKernelError(Status::internal(msg));
                 return false;
             }
         }
     return true;
 }
-
-// The FP8 scales of a GEMM's operands where they are bound as codes (0: not bound), looked up
-// when the GEMM is called, with the pointers it was given (a deferred kernel sees host aliases).
-struct OperandScales {
-    float s[3] = {0, 0, 0};
-};
-float scaleOfMatrix(const float* a, int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride) {
-    if (!a || rows <= 0 || cols <= 0) return 0.0f;
-    return kernels::fp8codes::map().scaleOf(a, int64_t(batch - 1) * stride + (rows - 1) * ld + cols);
-}
-
-// Each GEMM's operands as its CPU kernel reads them (row-major, kernels/cpu/ops.h): A is [M, K],
-// stored [K, M] when transposed, with row stride lda; B likewise; linearBackward's GEMMs read dy,
-// W for dx and x for dW. The first operand that fails fails the op.
-OperandScales scalesGemm(bool tA, bool tB, int m, int n, int k, float, const float* a, int la, const float* b, int lb,
-                         float, float*, int) {
-    return {{scaleOfMatrix(a, tA ? k : m, tA ? m : k, la, 1, 0), scaleOfMatrix(b, tB ? n : k, tB ? k : n, lb, 1, 0)}};
-}
-void checkGemm(const char* op, const OperandScales& sc, bool tA, bool tB, int m, int n, int k, float, const float* a,
-               int la, const float* b, int lb, float, float*, int) {
-    if (checkBf16Operand(op, "A", sc.s[0], a, tA ? k : m, tA ? m : k, la, 1, 0))
-        checkBf16Operand(op, "B", sc.s[1], b, tB ? n : k, tB ? k : n, lb, 1, 0);
-}
-
-OperandScales scalesGemmStridedBatched(bool tA, bool tB, int m, int n, int k, float, const float* a, int la,
-                                       int64_t sa, const float* b, int lb, int64_t sb, float, float*, int, int64_t,
-                                       int batch) {
-    return {{scaleOfMatrix(a, tA ? k : m, tA ? m : k, la, batch, sa),
-             scaleOfMatrix(b, tB ? n : k, tB ? k : n, lb, batch, sb)}};
-}
-void checkGemmStridedBatched(const char* op, const OperandScales& sc, bool tA, bool tB, int m, int n, int k, float,
-                             const float* a, int la, int64_t sa, const float* b, int lb, int64_t sb, float, float*,
-                             int, int64_t, int batch) {
-    if (checkBf16Operand(op, "A", sc.s[0], a, tA ? k : m, tA ? m : k, la, batch, sa))
-        checkBf16Operand(op, "B", sc.s[1], b, tB ? n : k, tB ? k : n, lb, batch, sb);
-}
-
-OperandScales scalesLinearForward(const float* x, const float* w, const float*, float*, int t, int in, int out) {
-    return {{scaleOfMatrix(x, t, in, in, 1, 0), scaleOfMatrix(w, out, in, in, 1, 0)}};
-}
-void checkLinearForward(const char* op, const OperandScales& sc, const float* x, const float* w, const float*, float*,
-                        int t, int in, int out) {
-    if (checkBf16Operand(op, "x", sc.s[0], x, t, in, in, 1, 0)) checkBf16Operand(op, "W", sc.s[1], w, out, in, in, 1, 0);
-}
-
-OperandScales scalesLinearBackward(const float* dy, const float* x, const float* w, float*, float*, float*, int t,
-                                   int in, int out) {
-    return {{scaleOfMatrix(dy, t, out, out, 1, 0), scaleOfMatrix(x, t, in, in, 1, 0),
-             scaleOfMatrix(w, out, in, in, 1, 0)}};
-}
-void checkLinearBackward(const char* op, const OperandScales& sc, const float* dy, const float* x, const float* w,
-                         float* dx, float* dw, float*, int t, int in, int out) {
-    if (!dx && !dw) return;
-    if (!checkBf16Operand(op, "dy", sc.s[0], dy, t, out, out, 1, 0)) return;
-    if (dx && !checkBf16Operand(op, "W", sc.s[2], w, out, in, in, 1, 0)) return;
-    if (dw) checkBf16Operand(op, "x", sc.s[1], x, t, in, in, 1, 0);
+void checkOperands(const char* op, const Operands& ops, const OperandBindings& bound) {
+    for (int i = 0; i < ops.n; ++i)
+        if (!checkBf16Operand(op, ops.op[i], bound.b[i])) return;
 }
 
 #define TS_KERN_DISPATCH(name, ...)                                                          \
@@ -519,41 +534,41 @@ void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
 // operands first (in the kernel, so a deferred one sees the values its stream order gives it);
 // the first operand that fails fails the op, and the GEMM still runs, so what reads its output
 // reads values.
-#define TS_KERN_GEMM(name, check, scales, ...)                                                    \
-    do {                                                                                          \
-        TS_KERN_CUDA(name, __VA_ARGS__)                                                           \
-        const bool ts_checking_ = checkBf16Gemms();                                               \
-        const bool ts_check_ = t_bf16Scope && ts_checking_;                                       \
-        if (ts_checking_) (t_bf16Scope ? g_gemmsBf16 : g_gemmsFp32).fetch_add(1);                 \
-        const OperandScales ts_scales_ = ts_check_ ? scales(__VA_ARGS__) : OperandScales{};       \
-        runOnHost(#name, #__VA_ARGS__,                                                            \
-                  [ts_check_, ts_scales_](auto... a) {                                            \
-                      if (ts_check_) check(#name, ts_scales_, a...);                              \
-                      kernels::cpu::name(a...);                                                   \
-                  },                                                                              \
-                  __VA_ARGS__);                                                                   \
+#define TS_KERN_GEMM(name, operands, ...)                                                           \
+    do {                                                                                            \
+        TS_KERN_CUDA(name, __VA_ARGS__)                                                             \
+        const bool ts_checking_ = checkBf16Gemms();                                                 \
+        const bool ts_check_ = t_bf16Scope && ts_checking_;                                         \
+        if (ts_checking_) (t_bf16Scope ? g_gemmsBf16 : g_gemmsFp32).fetch_add(1);                   \
+        const OperandBindings ts_bound_ = ts_check_ ? bindingsOf(operands(__VA_ARGS__)) : OperandBindings{}; \
+        runOnHost(#name, #__VA_ARGS__,                                                              \
+                  [ts_check_, ts_bound_](auto... a) {                                               \
+                      if (ts_check_) checkOperands(#name, operands(a...), ts_bound_);               \
+                      kernels::cpu::name(a...);                                                     \
+                  },                                                                                \
+                  __VA_ARGS__);                                                                     \
     } while (0)
 
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
-    TS_KERN_GEMM(gemm, checkGemm, scalesGemm, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    TS_KERN_GEMM(gemm, operandsGemm, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemmStridedBatched(bool transA, bool transB, int M, int N, int K, float alpha, const float* A,
                         int lda, int64_t strideA, const float* B, int ldb, int64_t strideB,
                         float beta, float* C, int ldc, int64_t strideC, int batch) {
-    TS_KERN_GEMM(gemmStridedBatched, checkGemmStridedBatched, scalesGemmStridedBatched, transA, transB, M, N, K, alpha, A, lda, strideA, B,
-                 ldb, strideB, beta, C, ldc, strideC, batch);
+    TS_KERN_GEMM(gemmStridedBatched, operandsGemmStridedBatched, transA, transB, M, N, K, alpha, A, lda, strideA,
+                 B, ldb, strideB, beta, C, ldc, strideC, batch);
 }
 
 void linearForward(const float* x, const float* W, const float* b, float* y, int T, int in,
                    int out) {
-    TS_KERN_GEMM(linearForward, checkLinearForward, scalesLinearForward, x, W, b, y, T, in, out);
+    TS_KERN_GEMM(linearForward, operandsLinearForward, x, W, b, y, T, in, out);
 }
 
 void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                     float* db, int T, int in, int out) {
-    TS_KERN_GEMM(linearBackward, checkLinearBackward, scalesLinearBackward, dy, x, W, dx, dW, db, T, in, out);
+    TS_KERN_GEMM(linearBackward, operandsLinearBackward, dy, x, W, dx, dW, db, T, in, out);
 }
 
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
@@ -822,7 +837,7 @@ void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, 
                            Fp8Format f) {
     // y holds codes at `scale` from here on (until a free or the next binding over it): the bf16
     // GEMMs take them as codes (kernels/common/fp8_codes.h).
-    if (y) kernels::fp8codes::map().bind(y, n, scale);
+    if (y) kernels::fp8codes::map().bind(y, n, scale, int(f));
     TS_KERN_DISPATCH(fp8QuantizeDequantize, x, y, codes, n, scale, f);
 }
 

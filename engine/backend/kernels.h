@@ -143,6 +143,8 @@ float amaxOf(const float* x, int64_t n);
 // amaxOf into a buffer element, asynchronous (the value stays where kernels see it).
 void amaxInto(const float* x, int64_t n, float* amax);
 // Current scaling with the scale taken from a buffer element on the device (kernels/cpu/ops.h).
+// Unlike fp8QuantizeDequantize it does not bind y as codes: its scale lives in the amax's buffer,
+// which the caller must keep alive with the binding (fp8codes::Map::bindCurrent, GptModel).
 void fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax, float divisor,
                         Fp8Format f, float* observed);
 // Delayed scaling's observation into a buffer element, asynchronous (kernels/cpu/ops.h).

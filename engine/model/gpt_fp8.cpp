@@ -184,7 +184,7 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
         // The scale is fixed for the step: bound now, in program order, so that a gather of t
         // submitted next binds its copy too (kernels/common/fp8_codes.h bindLike).
         const float scale = meta->scale / g;
-        kernels::fp8codes::map().bind(fp(t), n, scale);
+        kernels::fp8codes::map().bind(fp(t), n, scale, int(fmt));
         m_exec.op("fp8_quantize", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 8, [=] {
             k::amaxAccumulate(fp(t), n, g, fp(pack) + at);
             k::fp8QuantizeDequantize(fp(t), fp(t), nullptr, n, scale, fmt);
@@ -206,6 +206,9 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
     const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot);
     m_exec.op("fp8_quantize", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 8,
               [=] { k::fp8QuantizeCurrent(fp(t), fp(t), nullptr, n, fp(amax), g, fmt, fp(pack) + at); });
+    // t holds codes at the scale its amax gives, bound with the amax kept alive for the GEMMs
+    // that take them (kernels/common/fp8_codes.h), and for a gather of t submitted next.
+    kernels::fp8codes::map().bindCurrent(fp(t), n, fp(amax), g, int(fmt), amax);
     return Status::ok();
 }
 
@@ -248,7 +251,7 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
             TensorPtr pack = m_fp8AmaxDev;
             const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(kFp8Weight);
             const float scale = meta->scale;  // fixed for the step (as fp8Quantize)
-            kernels::fp8codes::map().bind(fp(dq), n, scale);
+            kernels::fp8codes::map().bind(fp(dq), n, scale, int(fmt));
             m_exec.op("fp8_quantize_weight", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 9, [=] {
                 k::amaxAccumulate(W, n, 1.0f, fp(pack) + at);
                 k::fp8QuantizeDequantize(W, fp(dq), codes->as<uint8_t>(), n, scale, fmt);
@@ -265,6 +268,8 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
             m_exec.op("fp8_quantize_weight", Category::Elementwise, 2.0 * double(n), uint64_t(n) * 9, [=] {
                 k::fp8QuantizeCurrent(W, fp(dq), codes->as<uint8_t>(), n, fp(amax), 1.0f, fmt, fp(pack) + at);
             });
+            // as fp8Quantize; a rebinding of a live range, once per step (see fp8StepUpdate)
+            kernels::fp8codes::map().bindCurrent(fp(dq), n, fp(amax), 1.0f, int(fmt), amax);
         }
     }
     return static_cast<const float*>(fp(w.dequantized));
@@ -301,6 +306,10 @@ void GptModel::fp8StepUpdate() {
     };
     const int step = m_step;
     if (!r.delayed) {
+        // The next step's fp8Weight binds its weight copies anew, each to a new amax
+        // (bindCurrent); the CPU backend's kernels look their operands up when they run, so its
+        // host waits for this step's GEMMs first (as delayed scaling's update does below).
+        if (!k::streamOnDevice(m_exec.stream())) (void)m_exec.stream().synchronize();
         // Tensorwise: the last amaxes come back for the counters only (one read-back per step,
         // and none without a trace); the host state follows them.
         if (!tt.recorder || !m_fp8AmaxDev) return;

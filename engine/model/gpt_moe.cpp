@@ -559,7 +559,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     std::vector<const float*> B1g(static_cast<size_t>(L), nullptr);  // fc1's bias inside the GEMM (grouped)
     if (grouped) B1g = B1;
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // see router.topk_permute
-    const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
+    const bool fp32 = fp8 && !fp8ExpertGemmsBf16();  // FP8 operands the bf16 GEMMs would round
     auto expert = [=](int l) {
         k::Fp32GemmScope gemms(fp32);
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
@@ -749,7 +749,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         }
     }
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // as the forward's experts
-    const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
+    const bool fp32 = fp8 && !fp8ExpertGemmsBf16();  // FP8 operands the bf16 GEMMs would round
     auto expert = [=](int l) {
         k::Fp32GemmScope gemms(fp32);
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;

@@ -49,6 +49,12 @@ TS_HD inline float currentScaleOf(float amax, float fp8Max) {
     return isInf(s) ? hd::floatFromBits(0x7F7FFFFFu) : s;
 }
 
+// The scale fp8QuantizeCurrent quantizes with, from a tensor's amax over the ranks that hold it
+// and the divisor of its magnitudes: currentScaleOf(amax / divisor) / divisor.
+TS_HD inline float currentScaleDivided(float amax, float divisor, float fp8Max) {
+    return currentScaleOf(amax / divisor, fp8Max) / divisor;
+}
+
 TS_HD inline float absF(float x) {
 #ifdef __CUDA_ARCH__
     return fabsf(x);

@@ -29,10 +29,12 @@ float amaxOf(const float* x, int64_t n) {
 
 void fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax, float divisor,
                         Fp8Format f, float* observed) {
-    const float a = *amax / divisor;
-    if (observed) *observed = a;
-    const float scale = fp8s::currentScaleOf(a, fp8Max(f));
-    fp8QuantizeDequantize(x, y, codes, n, scale / divisor, f);
+    if (observed) *observed = *amax / divisor;
+    fp8QuantizeDequantize(x, y, codes, n, fp8CurrentScale(*amax, divisor, f), f);
+}
+
+float fp8CurrentScale(float amax, float divisor, Fp8Format f) {
+    return fp8s::currentScaleDivided(amax, divisor, fp8Max(f));
 }
 
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {

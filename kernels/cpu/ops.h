@@ -318,6 +318,8 @@ float amaxOf(const float* x, int64_t n);
 // never comes back to the host. *observed = a when observed is not null.
 void fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax, float divisor,
                         Fp8Format f, float* observed);
+// The scale fp8QuantizeCurrent quantizes with for that amax and divisor (scale / divisor above).
+float fp8CurrentScale(float amax, float divisor, Fp8Format f);
 // Delayed scaling's observation into an amax slot: *slot = max(*slot, amaxOf(x, n) / divisor),
 // NaN sticking (either side NaN gives NaN), as Fp8Meta::observe does on the host.
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot);

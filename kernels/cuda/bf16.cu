@@ -3,6 +3,7 @@
 // (quieted), overflow to inf. Integer bit operations only, so bit-identical to the CPU.
 #include "kernels/common/bf16.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fp8_codes.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
 namespace ts::kernels::cuda {
@@ -20,7 +21,9 @@ __global__ void castFloatToBf16Kernel(const float* __restrict__ x, uint16_t* __r
 
 // The codes of FP8 values stored at a scale (kernels/common/fp8_codes.h): bf16(y * scale), the
 // product rounded as written (__fmul_rn, as the host check computes it).
-__global__ void castFp8CodesToBf16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n, float scale) {
+__global__ void castFp8CodesToBf16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n,
+                                         fp8codes::Binding codes) {
+    const float scale = detail::codesScale(codes);
     for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = hd::bf16FromFloat(__fmul_rn(x[i], scale));
 }
 
@@ -42,10 +45,13 @@ Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream) {
     return detail::launchStatus("floatToBf16 launch");
 }
 
-Status fp8CodesToBf16(const float* x, uint16_t* y, int64_t n, float scale, void* stream) {
+Status fp8CodesToBf16(const float* x, uint16_t* y, int64_t n, fp8codes::Binding codes, void* stream) {
     if (n < 0) return Status::invalid("fp8CodesToBf16: negative element count");
+    if (codes.scale <= 0.0f && codes.scale != fp8codes::kOnDevice)
+        return Status::invalid("fp8CodesToBf16: the operand is not bound as FP8 codes at a scale");
     if (n == 0) return Status::ok();
-    castFp8CodesToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n, scale);
+    castFp8CodesToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n,
+                                                                                                       codes);
     return detail::launchStatus("fp8CodesToBf16 launch");
 }
 

@@ -20,6 +20,7 @@
 // columns idx = rb * cols + c, tiles idx = rb * ceil(cols / 128) + cb.
 #include "kernels/common/fp8_scalar.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fp8_codes.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
 #include <string>
@@ -75,6 +76,32 @@ __global__ void quantizeKernel(const float* x, float* y, uint8_t* codes, int64_t
         const float v = r.round(mulAsCpu(x[i], scale));
         if (codes) codes[i] = r.code(v);
         y[i] = __fmul_rn(v, inv);
+    }
+}
+
+// The codes of a [rows, cols] matrix of FP8 values stored at `scale` (row stride ld) into y,
+// [rows, cols] or transposed [cols, rows]: 32 x 32 tiles through shared memory, so that reads
+// and writes both walk rows (a block of 32 x 8 threads, each taking 4 rows of its tile).
+constexpr int kCastTile = 32, kCastRows = 8;
+__global__ void castFp8CodesToFp8Kernel(const float* __restrict__ x, int64_t rows, int64_t cols, int64_t ld,
+                                        bool transpose, fp8codes::Binding codes, fp8s::Fp8Rounder r,
+                                        uint8_t* __restrict__ y) {
+    __shared__ uint8_t tile[kCastTile][kCastTile + 4];
+    const float scale = detail::codesScale(codes);
+    const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kCastTile, c0 = static_cast<int64_t>(blockIdx.x) * kCastTile;
+    for (int i = threadIdx.y; i < kCastTile; i += kCastRows) {
+        const int64_t rr = r0 + i, cc = c0 + threadIdx.x;
+        if (rr < rows && cc < cols) tile[i][threadIdx.x] = r.code(r.round(mulAsCpu(x[rr * ld + cc], scale)));
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < kCastTile; i += kCastRows) {
+        if (transpose) {  // y[c, r]: this thread writes row c0 + i, column r0 + threadIdx.x
+            const int64_t cc = c0 + i, rr = r0 + threadIdx.x;
+            if (rr < rows && cc < cols) y[cc * rows + rr] = tile[threadIdx.x][i];
+        } else {
+            const int64_t rr = r0 + i, cc = c0 + threadIdx.x;
+            if (rr < rows && cc < cols) y[rr * cols + cc] = tile[i][threadIdx.x];
+        }
     }
 }
 
@@ -199,7 +226,7 @@ namespace {
 __global__ void quantizeCurrentKernel(const float* x, float* y, uint8_t* codes, int64_t n, const float* amax,
                                       float divisor, float fp8Max, float* observed, fp8s::Fp8Rounder r) {
     const float a = __fdiv_rn(*amax, divisor);
-    const float scale = __fdiv_rn(fp8s::currentScaleOf(a, fp8Max), divisor), inv = __fdiv_rn(1.0f, scale);
+    const float scale = fp8s::currentScaleDivided(*amax, divisor, fp8Max), inv = __fdiv_rn(1.0f, scale);
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (observed && first == 0) *observed = a;
@@ -248,6 +275,23 @@ Status fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n
     quantizeKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(
         x, y, codes, n, scale, inv, r);
     return detail::launchStatus("fp8QuantizeDequantize");
+}
+
+Status fp8CodesToFp8(const float* x, int64_t rows, int64_t cols, int64_t ld, bool transpose,
+                     fp8codes::Binding codes, uint8_t* y, void* stream) {
+    if (rows < 0 || cols < 0 || ld < cols)
+        return Status::invalid("fp8CodesToFp8: need rows, cols >= 0 and ld >= cols (got " + std::to_string(rows) +
+                               " x " + std::to_string(cols) + ", ld " + std::to_string(ld) + ")");
+    if (codes.scale <= 0.0f && codes.scale != fp8codes::kOnDevice)
+        return Status::invalid("fp8CodesToFp8: the operand is not bound as FP8 codes at a scale");
+    if (rows == 0 || cols == 0) return Status::ok();
+    if ((rows + kCastTile - 1) / kCastTile > 65535)
+        return Status::invalid("fp8CodesToFp8: " + std::to_string(rows) + " rows, more than the grid takes");
+    const dim3 grid(static_cast<unsigned>((cols + kCastTile - 1) / kCastTile),
+                    static_cast<unsigned>((rows + kCastTile - 1) / kCastTile));
+    castFp8CodesToFp8Kernel<<<grid, dim3(kCastTile, kCastRows), 0, detail::asStream(stream)>>>(
+        x, rows, cols, ld, transpose, codes, fp8s::Fp8Rounder::make(codes.format), y);
+    return detail::launchStatus("fp8CodesToFp8");
 }
 
 Status fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* scales,

@@ -22,6 +22,7 @@
 #pragma once
 
 #include "common/status.h"
+#include "kernels/common/fp8_codes.h"
 #include "kernels/cpu/fp8_block.h"
 #include "kernels/cpu/ops.h"
 
@@ -82,6 +83,22 @@ bool flashTiles();
 // Whether this thread's GPU can run the tiled flash kernels for heads of headDim (at most 128, sm_80
 // or later, the shared memory they need).
 bool flashTilesSupported(int headDim);
+// FP8 GEMMs on FP8 codes. Process-wide; off unless TS_CUDA_FP8_GEMMS=1 (read once) or
+// setFp8Gemms(true): compiled, not yet run on a GPU (docs/cuda_port.md). On, a bf16 GEMM both of
+// whose operands are bound as FP8 codes (kernels/common/fp8_codes.h: the FP8 linears'
+// activations, weights and output gradients), not both E5M2, unbatched, with M, N and K multiples
+// of 16, on a GPU with FP8 tensor cores (sm_89 or later), multiplies the codes in FP8 with
+// cuBLASLt (fp32 accumulation and C; the scales' inverses in alpha, or through cuBLASLt's scale
+// pointers where they are on the device), each operand's codes copied K-major first (transposed
+// where the GEMM reads it the other way: the dgrad's W, the wgrad's dy and x; Hopper's FP8 GEMMs
+// take only that layout). Any other GEMM, or one cuBLASLt finds no algorithm for, runs as before.
+// Codes whose scale is on the device (tensorwise scaling's) take the tensor cores (bf16 or FP8)
+// only while this is on; off, their GEMMs run in fp32 on the stored values.
+void setFp8Gemms(bool on);
+bool fp8Gemms();
+// How many GEMMs this process has run on FP8 tensor cores (what tests and benchmarks read to
+// know the path was taken).
+int64_t fp8GemmCount();
 // The 16-bit twin of a bf16-valued float array (the engine's bf16 model copy, or an operand an
 // op converts once for its GEMMs: workspace.cuh Bf16Twin): a bf16 GEMM operand lying wholly
 // inside [base, base + n) is read from twin + (operand - base), no copy made; the innermost twin
@@ -252,9 +269,10 @@ Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
 
 // --- bf16 -----------------------------------------------------------------------------------
 Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream);
-// y = bf16(x * scale): the FP8 codes of x where x holds FP8 values stored at `scale`
-// (kernels/common/fp8_codes.h), exactly; the bf16 GEMMs' operand for such x.
-Status fp8CodesToBf16(const float* x, uint16_t* y, int64_t n, float scale, void* stream);
+// y = bf16(x * scale): the FP8 codes of x where x holds FP8 values stored at a scale, as `codes`
+// binds them (kernels/common/fp8_codes.h: a host scale, or kOnDevice, read where the amax is),
+// exactly; the bf16 GEMMs' operand for such x.
+Status fp8CodesToBf16(const float* x, uint16_t* y, int64_t n, fp8codes::Binding codes, void* stream);
 Status bf16ToFloat(const uint16_t* x, float* y, int64_t n, void* stream);
 Status roundToBf16(float* x, int64_t n, void* stream);
 
@@ -272,6 +290,12 @@ Status fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n
 Status fp8BlockQuantizeDequantize(const float* x, float* y, uint8_t* codes, void* scales,
                                   int64_t rows, int64_t cols, Fp8BlockKind kind, bool alongRows,
                                   Fp8Format f, bool pow2, void* stream);
+// The codes fp8(x * scale) of the [rows, cols] matrix x (row stride ld) where x holds FP8 values
+// as `codes` binds them (their format and scale, kernels/common/fp8_codes.h), exactly: y is
+// [rows, cols] contiguous, or with transpose [cols, rows] (y[c * rows + r] is x[r, c]'s code).
+// The FP8 GEMMs' K-major operands.
+Status fp8CodesToFp8(const float* x, int64_t rows, int64_t cols, int64_t ld, bool transpose,
+                     fp8codes::Binding codes, uint8_t* y, void* stream);
 
 // --- MoE row movement and the experts' elementwise parts (moe.cu) ---------------------------
 // idx, start: device int32 arrays. Bit-identical to the oracle (one thread per output element

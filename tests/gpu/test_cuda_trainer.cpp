@@ -125,5 +125,37 @@ TEST(CudaTrainer, TiledFlashAttentionMatchesTheCpuBackend) {
 #endif
 }
 
+// The FP8 variants whose linears hold FP8 codes at a tensor's scale (delayed scaling's host
+// scales, tensorwise scaling's device ones) again, their GEMMs on the FP8 tensor cores
+// (kernels/cuda/gemm.cu, TS_CUDA_FP8_GEMMS; tensorwise scaling's take the tensor cores only
+// then): the same tolerances as the bf16 GEMMs that take the codes, and GEMMs really ran in FP8.
+TEST(CudaTrainer, Fp8GemmsOnTheTensorCoresMatchTheCpuBackend) {
+#ifndef TS_HAVE_CUDA
+    GTEST_SKIP() << "built without CUDA";
+#else
+    auto be = makeCudaBackend();
+    if (!be) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
+    const DeviceInfo& info = (*be)->device(0).info();
+    if (info.computeCapabilityMajor * 10 + info.computeCapabilityMinor < 89)
+        GTEST_SKIP() << info.name << " has no FP8 tensor cores (sm_89 or later)";
+    struct Restore {
+        bool was = kernels::cuda::fp8Gemms();
+        ~Restore() { kernels::cuda::setFp8Gemms(was); }
+    } restore;
+    kernels::cuda::setFp8Gemms(true);
+    int ran = 0;
+    for (const ts::testing::TrainerVariant& v : ts::testing::trainerVariants()) {
+        Config c = ts::testing::tinyTrainerConfig();
+        v.edit(c);
+        if (c.fp8.empty() || (c.fp8_recipe != "delayed" && c.fp8_recipe != "tensorwise")) continue;
+        const int64_t before = kernels::cuda::fp8GemmCount();
+        expectVariantMatches(v.name + ", FP8 GEMMs", c);
+        EXPECT_GT(kernels::cuda::fp8GemmCount(), before) << v.name << ": no GEMM ran on the FP8 tensor cores";
+        ++ran;
+    }
+    EXPECT_GE(ran, 3) << "the variants list lost its per-tensor FP8 runs";
+#endif
+}
+
 }  // namespace
 }  // namespace ts::engine

@@ -6,6 +6,8 @@
 
 #ifdef TS_HAVE_CUDA
 
+#include <cuda_runtime.h>
+
 #include "kernels/common/fp8_codes.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -317,6 +320,246 @@ TEST_F(KernelsCuda, Fast16bfGemmsEqualTheOracleOnBf16RoundedOperands) {
     }
 }
 
+// setFp8Gemms for a test's scope.
+struct Fp8GemmsOn {
+    bool before = cuda::fp8Gemms();
+    explicit Fp8GemmsOn(bool on) { cuda::setFp8Gemms(on); }
+    ~Fp8GemmsOn() { cuda::setFp8Gemms(before); }
+};
+
+// Floats bound as FP8 codes for one test (also when an assertion ends it early).
+struct BoundCodes {
+    std::vector<std::pair<const float*, int64_t>> ranges;
+    void bind(const float* p, int64_t n, float s, cpu::Fp8Format f) {
+        fp8codes::map().bind(p, n, s, int(f));
+        ranges.push_back({p, n});
+    }
+    ~BoundCodes() {
+        for (const auto& [p, n] : ranges) fp8codes::map().forget(p, sizeof(float) * size_t(n));
+    }
+};
+
+std::vector<float> quantizedAt(std::vector<float> v, float scale, cpu::Fp8Format f) {
+    cpu::fp8QuantizeDequantize(v.data(), v.data(), nullptr, int64_t(v.size()), scale, f);
+    return v;
+}
+
+bool gpuHasFp8TensorCores() {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev))
+        return false;
+    return major > 8 || (major == 8 && minor >= 9);
+}
+
+// The sums of the products' magnitudes of each element of the linear layer's forward (y), dgrad
+// (gx) and wgrad (G): its GEMMs on the operands' absolute values.
+struct LinearSums {
+    std::vector<float> y, gx, G;
+};
+LinearSums linearProductSums(const std::vector<float>& x, const std::vector<float>& W, const std::vector<float>& dy,
+                             int T, int in, int out) {
+    auto abs = [](std::vector<float> v) {
+        for (float& e : v) e = std::fabs(e);
+        return v;
+    };
+    LinearSums s{std::vector<float>(size_t(T) * out), std::vector<float>(size_t(T) * in),
+                 std::vector<float>(size_t(out) * in, 0.0f)};
+    cpu::linearForward(abs(x).data(), abs(W).data(), nullptr, s.y.data(), T, in, out);
+    cpu::linearBackward(abs(dy).data(), abs(x).data(), abs(W).data(), s.gx.data(), s.G.data(), nullptr, T, in, out);
+    return s;
+}
+
+// What an FP8 GEMM may differ from the oracle by: 2^-9 of the sum of each element's products'
+// magnitudes (cuBLASLt's FP8 kernels accumulate in fp32 with periodic promotion; the products of
+// FP8 values are exact), plus fp32 rounding of the result (a wgrad accumulated into its grad).
+// Prints the largest difference seen, as a fraction of that sum.
+void expectWithinProductSums(const std::vector<float>& got, const std::vector<float>& want,
+                             const std::vector<float>& sums, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double worst = 0;
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double d = std::fabs(double(got[i]) - want[i]);
+        worst = std::max(worst, d / std::max(double(sums[i]), 1e-30));
+        if (!(d <= 0x1p-9 * sums[i] + 1e-6 * std::fabs(want[i])) && bad++ < 5)
+            ADD_FAILURE() << what << " [" << i << "]: " << got[i] << ", want " << want[i] << " (products' sum "
+                          << sums[i] << ")";
+    }
+    std::printf("[fp8 gemm] %s: largest difference %.3g of the products' magnitudes\n", what, worst);
+}
+
+// fp8CodesToFp8 gives the oracle's codes (cpu::fp8Encode of x * scale) bit for bit, in place and
+// transposed, for a matrix with a row stride wider than its rows and sizes off the 32 x 32 tiles.
+TEST_F(KernelsCuda, Fp8CodesToFp8GivesTheOraclesCodes) {
+    const int rows = 45, cols = 37, ld = 50;
+    for (cpu::Fp8Format f : {cpu::Fp8Format::E4M3, cpu::Fp8Format::E5M2}) {
+        const float scale = f == cpu::Fp8Format::E4M3 ? 211.3f : 1.9e4f;
+        const auto x = quantizedAt(randomVec(size_t(rows) * ld, 90, -2, 2), scale, f);
+        DeviceVec<float> dx(x);
+        for (bool transpose : {false, true}) {
+            DeviceVec<uint8_t> y(size_t(rows) * cols);
+            const fp8codes::Binding codes{scale, int(f)};
+            TS_ASSERT_OK(cuda::fp8CodesToFp8(dx.ptr, rows, cols, ld, transpose, codes, y.ptr, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            const std::vector<uint8_t> got = y.download();
+            int bad = 0;
+            for (int r = 0; r < rows; ++r)
+                for (int c = 0; c < cols; ++c) {
+                    const uint8_t want = cpu::fp8Encode(x[size_t(r) * ld + c] * scale, f);
+                    const uint8_t g = transpose ? got[size_t(c) * rows + r] : got[size_t(r) * cols + c];
+                    if (g != want && bad++ < 5)
+                        ADD_FAILURE() << (f == cpu::Fp8Format::E4M3 ? "E4M3" : "E5M2")
+                                      << (transpose ? " transposed" : "") << ": code of [" << r << ", " << c
+                                      << "] is " << int(g) << ", want " << int(want);
+                }
+            EXPECT_EQ(bad, 0);
+        }
+    }
+}
+
+// With FP8 GEMMs on, the linear layer whose operands are all FP8 codes (x and W E4M3, dy E5M2, as
+// the hybrid recipe stores them) multiplies the codes on FP8 tensor cores: the forward, the dgrad
+// (W read transposed) and the wgrad (dy and x read transposed, accumulated into an fp32 main
+// grad), each the oracle's fp32 GEMM of the stored values up to the summation (the products of
+// FP8 values are exact in fp32; cuBLASLt's FP8 kernels accumulate in fp32 with periodic
+// promotion, hence a tolerance above the bf16 path's). The GEMMs that do not qualify run on bf16
+// as before: a K off the multiples of 16, and E5M2 times E5M2.
+TEST_F(KernelsCuda, Fp8GemmsMultiplyFp8CodesOnTheTensorCores) {
+    if (!gpuHasFp8TensorCores()) GTEST_SKIP() << "this GPU has no FP8 tensor cores (sm_89 or later)";
+    const Bf16GemmsOn on(false);
+    const Fp8GemmsOn fp8(true);
+    const int T = 64, in = 96, out = 80;
+    const float sx = 37.7f, sw = 211.3f, sdy = 1.9e4f;
+    const auto x = quantizedAt(randomVec(T * in, 91), sx, cpu::Fp8Format::E4M3);
+    const auto W = quantizedAt(randomVec(out * in, 92), sw, cpu::Fp8Format::E4M3);
+    const auto dy = quantizedAt(randomVec(T * out, 93, -1e-3f, 1e-3f), sdy, cpu::Fp8Format::E5M2);
+    const auto g0 = randomVec(out * in, 94);
+    DeviceVec<float> dx(x), dW(W), ddy(dy), y(size_t(T) * out), gx(size_t(T) * in), G(g0);
+    BoundCodes bound;
+    bound.bind(dx.ptr, int64_t(x.size()), sx, cpu::Fp8Format::E4M3);
+    bound.bind(dW.ptr, int64_t(W.size()), sw, cpu::Fp8Format::E4M3);
+    bound.bind(ddy.ptr, int64_t(dy.size()), sdy, cpu::Fp8Format::E5M2);
+    const int64_t before = cuda::fp8GemmCount();
+    TS_ASSERT_OK(cuda::linearForward(dx.ptr, dW.ptr, nullptr, y.ptr, T, in, out, m_stream));
+    TS_ASSERT_OK(cuda::linearBackward(ddy.ptr, dx.ptr, dW.ptr, gx.ptr, G.ptr, nullptr, T, in, out, m_stream));
+    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+    EXPECT_EQ(cuda::fp8GemmCount() - before, 3) << "forward, dgrad and wgrad on the FP8 tensor cores";
+    std::vector<float> wantY(size_t(T) * out), wantGx(size_t(T) * in), wantG = g0;
+    cpu::linearForward(x.data(), W.data(), nullptr, wantY.data(), T, in, out);
+    cpu::linearBackward(dy.data(), x.data(), W.data(), wantGx.data(), wantG.data(), nullptr, T, in, out);
+    const LinearSums sums = linearProductSums(x, W, dy, T, in, out);
+    expectWithinProductSums(y.download(), wantY, sums.y, "linearForward");
+    expectWithinProductSums(gx.download(), wantGx, sums.gx, "linearBackward dx");
+    expectWithinProductSums(G.download(), wantG, sums.G, "linearBackward dW (accumulated)");
+    // What does not qualify: the bf16 path, the same results.
+    const int K2 = 72;  // x [T, 72] W [out, 72]
+    const auto x2 = quantizedAt(randomVec(T * K2, 95), sx, cpu::Fp8Format::E4M3);
+    const auto W2 = quantizedAt(randomVec(out * K2, 96), sw, cpu::Fp8Format::E4M3);
+    DeviceVec<float> dx2(x2), dW2(W2), y2(size_t(T) * out);
+    bound.bind(dx2.ptr, int64_t(x2.size()), sx, cpu::Fp8Format::E4M3);
+    bound.bind(dW2.ptr, int64_t(W2.size()), sw, cpu::Fp8Format::E4M3);
+    const auto dy2 = quantizedAt(randomVec(T * out, 97), sdy, cpu::Fp8Format::E5M2);
+    DeviceVec<float> ddy2(dy2), G2(size_t(out) * out);
+    bound.bind(ddy2.ptr, int64_t(dy2.size()), sdy, cpu::Fp8Format::E5M2);
+    const int64_t mid = cuda::fp8GemmCount();
+    TS_ASSERT_OK(cuda::linearForward(dx2.ptr, dW2.ptr, nullptr, y2.ptr, T, K2, out, m_stream));
+    // dy2^T dy2: E5M2 times E5M2, which cuBLASLt has no kernel for
+    TS_ASSERT_OK(cuda::gemm(true, false, out, out, T, 1.0f, ddy2.ptr, out, ddy2.ptr, out, 0.0f, G2.ptr, out, m_stream));
+    TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+    EXPECT_EQ(cuda::fp8GemmCount(), mid) << "K = 72 and E5M2 x E5M2 stay on bf16";
+    std::vector<float> wantY2(size_t(T) * out), wantG2(size_t(out) * out);
+    cpu::linearForward(x2.data(), W2.data(), nullptr, wantY2.data(), T, K2, out);
+    cpu::gemm(true, false, out, out, T, 1.0f, dy2.data(), out, dy2.data(), out, 0.0f, wantG2.data(), out);
+    expectNear(y2.download(), wantY2, 1e-5, 1e-5, "K off 16: bf16 GEMM");
+    expectNear(G2.download(), wantG2, 1e-5, 1e-5, "E5M2 x E5M2: bf16 GEMM");
+}
+
+// Tensorwise scaling's codes, whose scale is made on the device from the tensor's amax
+// (cuda::fp8QuantizeCurrent) and bound with it (Map::bindCurrent): with FP8 GEMMs on, the linear
+// layer takes them on the tensor cores, alpha from the device: on bf16 for a K off the multiples
+// of 16 (the scales' inverses through device pointers), on FP8 (cuBLASLt's scale pointers)
+// otherwise, and a GEMM of a device-scaled operand with an unbound bf16 one; off, their GEMMs run
+// in fp32 on the stored values. Each against the oracle on the same quantized values (the CPU's
+// quantization gives the same bits).
+TEST_F(KernelsCuda, GemmsTakeFp8CodesAtTheirDeviceScales) {
+    const Bf16GemmsOn on(false);
+    const float gradDivisor = 2.0f;
+    for (const int in : {72, 96}) {
+        SCOPED_TRACE("in = " + std::to_string(in));
+        const bool fp8Shape = in % 16 == 0;
+        if (fp8Shape && !gpuHasFp8TensorCores()) continue;
+        const int T = 64, out = 80;
+        const auto x0 = randomVec(T * in, 101), W0 = randomVec(out * in, 102);
+        const auto dy0 = randomVec(T * out, 103, -1e-3f, 1e-3f), g0 = randomVec(out * in, 104);
+        // quantized on the device at the scale of their amax, bound with it
+        DeviceVec<float> dx(x0), dW(W0), ddy(dy0), amax(3);
+        auto quantize = [&](DeviceVec<float>& v, int64_t n, int slot, float divisor, cpu::Fp8Format f) {
+            EXPECT_TRUE(cuda::amaxOf(v.ptr, n, amax.ptr + slot, m_stream).isOk());
+            EXPECT_TRUE(
+                cuda::fp8QuantizeCurrent(v.ptr, v.ptr, nullptr, n, amax.ptr + slot, divisor, f, nullptr, m_stream).isOk());
+        };
+        quantize(dx, T * in, 0, 1.0f, cpu::Fp8Format::E4M3);
+        quantize(dW, out * in, 1, 1.0f, cpu::Fp8Format::E4M3);
+        quantize(ddy, T * out, 2, gradDivisor, cpu::Fp8Format::E5M2);
+        TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+        // the oracle's quantization of the same values
+        auto oracle = [](std::vector<float> v, float divisor, cpu::Fp8Format f) {
+            const float a = cpu::amaxOf(v.data(), int64_t(v.size()));
+            cpu::fp8QuantizeCurrent(v.data(), v.data(), nullptr, int64_t(v.size()), &a, divisor, f, nullptr);
+            return v;
+        };
+        const auto x = oracle(x0, 1.0f, cpu::Fp8Format::E4M3), W = oracle(W0, 1.0f, cpu::Fp8Format::E4M3);
+        const auto dy = oracle(dy0, gradDivisor, cpu::Fp8Format::E5M2);
+        expectNear(dx.download(), x, 0, 0, "the device's tensorwise quantization");
+        auto owner = std::make_shared<int>(0);  // stands for the amax's buffer
+        struct Unbind {
+            std::vector<std::pair<const float*, int64_t>> ranges;
+            ~Unbind() {
+                for (const auto& [p, n] : ranges) fp8codes::map().forget(p, sizeof(float) * size_t(n));
+            }
+        } unbind;
+        auto bind = [&](const float* p, int64_t n, int slot, float divisor, cpu::Fp8Format f) {
+            fp8codes::map().bindCurrent(p, n, amax.ptr + slot, divisor, int(f), owner);
+            unbind.ranges.push_back({p, n});
+        };
+        bind(dx.ptr, T * in, 0, 1.0f, cpu::Fp8Format::E4M3);
+        bind(dW.ptr, out * in, 1, 1.0f, cpu::Fp8Format::E4M3);
+        bind(ddy.ptr, T * out, 2, gradDivisor, cpu::Fp8Format::E5M2);
+        std::vector<float> wantY(size_t(T) * out), wantGx(size_t(T) * in), wantG = g0;
+        cpu::linearForward(x.data(), W.data(), nullptr, wantY.data(), T, in, out);
+        cpu::linearBackward(dy.data(), x.data(), W.data(), wantGx.data(), wantG.data(), nullptr, T, in, out);
+        // a bf16-valued operand without codes times x's codes: y2 = b x^T, b [out, T]
+        auto b = randomVec(size_t(out) * T, 105);
+        cpu::roundToBf16(b.data(), int64_t(b.size()));
+        std::vector<float> wantY2(size_t(out) * in);
+        cpu::gemm(false, false, out, in, T, 1.0f, b.data(), T, x.data(), in, 0.0f, wantY2.data(), in);
+        DeviceVec<float> db(b);
+        for (bool fp8 : {false, true}) {
+            SCOPED_TRACE(fp8 ? "FP8 GEMMs on" : "FP8 GEMMs off: fp32");
+            const Fp8GemmsOn gemms(fp8);
+            DeviceVec<float> y(size_t(T) * out), gx(size_t(T) * in), G(g0), y2(size_t(out) * in);
+            const int64_t before = cuda::fp8GemmCount();
+            TS_ASSERT_OK(cuda::linearForward(dx.ptr, dW.ptr, nullptr, y.ptr, T, in, out, m_stream));
+            TS_ASSERT_OK(cuda::linearBackward(ddy.ptr, dx.ptr, dW.ptr, gx.ptr, G.ptr, nullptr, T, in, out, m_stream));
+            TS_ASSERT_OK(cuda::gemm(false, false, out, in, T, 1.0f, db.ptr, T, dx.ptr, in, 0.0f, y2.ptr, in, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            EXPECT_EQ(cuda::fp8GemmCount() - before, fp8 && fp8Shape ? 3 : 0);
+            if (fp8 && fp8Shape) {  // FP8 tensor cores: their accumulation
+                const LinearSums sums = linearProductSums(x, W, dy, T, in, out);
+                expectWithinProductSums(y.download(), wantY, sums.y, "device scales: linearForward");
+                expectWithinProductSums(gx.download(), wantGx, sums.gx, "device scales: linearBackward dx");
+                expectWithinProductSums(G.download(), wantG, sums.G, "device scales: linearBackward dW");
+            } else {
+                expectNear(y.download(), wantY, 1e-5, 1e-5, "device scales: linearForward");
+                expectNear(gx.download(), wantGx, 1e-5, 1e-8, "device scales: linearBackward dx");
+                expectNear(G.download(), wantG, 1e-5, 1e-5, "device scales: linearBackward dW (accumulated)");
+            }
+            expectNear(y2.download(), wantY2, 1e-5, 1e-4, "device scales times an unbound bf16 operand");
+        }
+    }
+}
+
 // Operands bound as FP8 codes at a scale (kernels/common/fp8_codes.h, what delayed scaling's
 // fp8QuantizeDequantize stores): the bf16 GEMMs take their codes bf16(y * scale) and put the
 // scales' inverses into alpha, which gives the oracle's fp32 GEMM on the stored values up to fp32
@@ -326,30 +569,21 @@ TEST_F(KernelsCuda, Fast16bfGemmsEqualTheOracleOnBf16RoundedOperands) {
 // alpha, which runs the fp32 GEMM.
 TEST_F(KernelsCuda, Bf16GemmsTakeFp8CodesAtTheirBoundScales) {
     const Bf16GemmsOn on(false);
+    const Fp8GemmsOn fp8(false);  // the bf16 path, whatever TS_CUDA_FP8_GEMMS says
     const int T = 53, in = 96, out = 80;
     const float sx = 37.7f, sw = 211.3f, sdy = 1.9e4f;  // none a power of two
     auto quantized = [](std::vector<float> v, float scale) {
-        cpu::fp8QuantizeDequantize(v.data(), v.data(), nullptr, int64_t(v.size()), scale, cpu::Fp8Format::E4M3);
-        return v;
+        return quantizedAt(std::move(v), scale, cpu::Fp8Format::E4M3);
     };
     const auto x = quantized(randomVec(T * in, 80), sx), W = quantized(randomVec(out * in, 81), sw);
     const auto dy = quantized(randomVec(T * out, 82), sdy), g0 = randomVec(out * in, 83);
     DeviceVec<float> dx(x), dW(W), ddy(dy), y(size_t(T) * out), gx(size_t(T) * in), G(g0);
     auto& codes = fp8codes::map();
-    // Bound for this test only (also when an assertion ends it early: the memory is freed then).
-    struct Bound {
-        std::vector<std::pair<const float*, int64_t>> ranges;
-        void bind(const float* p, int64_t n, float s) {
-            fp8codes::map().bind(p, n, s);
-            ranges.push_back({p, n});
-        }
-        ~Bound() {
-            for (const auto& [p, n] : ranges) fp8codes::map().forget(p, sizeof(float) * size_t(n));
-        }
-    } bound;
-    bound.bind(dx.ptr, int64_t(x.size()), sx);
-    bound.bind(dW.ptr, int64_t(W.size()), sw);
-    bound.bind(ddy.ptr, int64_t(dy.size()), sdy);
+    BoundCodes bound;  // for this test only
+    const auto e4m3 = cpu::Fp8Format::E4M3;
+    bound.bind(dx.ptr, int64_t(x.size()), sx, e4m3);
+    bound.bind(dW.ptr, int64_t(W.size()), sw, e4m3);
+    bound.bind(ddy.ptr, int64_t(dy.size()), sdy, e4m3);
     EXPECT_EQ(codes.scaleOf(dx.ptr, int64_t(x.size())), sx);
     TS_ASSERT_OK(cuda::linearForward(dx.ptr, dW.ptr, nullptr, y.ptr, T, in, out, m_stream));
     TS_ASSERT_OK(cuda::linearBackward(ddy.ptr, dx.ptr, dW.ptr, gx.ptr, G.ptr, nullptr, T, in, out, m_stream));
@@ -368,10 +602,10 @@ TEST_F(KernelsCuda, Bf16GemmsTakeFp8CodesAtTheirBoundScales) {
     };
     const auto xh = small(randomVec(T * in, 84));
     DeviceVec<float> dxh(xh), yh(size_t(T) * out);
-    bound.bind(dxh.ptr, int64_t(xh.size()), huge);
+    bound.bind(dxh.ptr, int64_t(xh.size()), huge, e4m3);
     const std::vector<float> Wh = small(randomVec(out * in, 85));
     DeviceVec<float> dWh(Wh);
-    bound.bind(dWh.ptr, int64_t(Wh.size()), huge);
+    bound.bind(dWh.ptr, int64_t(Wh.size()), huge, e4m3);
     TS_ASSERT_OK(cuda::linearForward(dxh.ptr, dWh.ptr, nullptr, yh.ptr, T, in, out, m_stream));
     TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
     std::vector<float> wantYh(size_t(T) * out);

@@ -366,12 +366,16 @@ public:
         if (!p) {
             auto malloc = [&] { return m_managed ? cudaMallocManaged(&p, cls) : cudaMalloc(&p, cls); };
             cudaError_t err = malloc();
-            if (err == cudaErrorMemoryAllocation) {  // the cache holds the memory: give it back, retry
+            if (err == cudaErrorMemoryAllocation) {  // the caches hold the memory: give it back, retry
                 (void)cudaGetLastError();
                 {
                     std::lock_guard<std::mutex> lock(m_mem->mutex);
                     m_mem->releaseCache();
                 }
+                // ... and the stream-ordered pool what its ops have freed (makeCudaDevices)
+                if (cudaMemPool_t pool = nullptr; cudaDeviceGetDefaultMemPool(&pool, m_info.index) == cudaSuccess)
+                    (void)cudaMemPoolTrimTo(pool, 0);
+                (void)cudaGetLastError();
                 err = malloc();
             }
             if (err != cudaSuccess) {
@@ -751,6 +755,15 @@ Result<std::unique_ptr<Backend>> makeCudaDevices(int shared) {
         size_t freeB = 0, totalB = 0;
         // Creates the device's primary context (the first CUDA call that needs one).
         TS_RETURN_IF_ERROR(fromCuda(cudaMemGetInfo(&freeB, &totalB), "cudaMemGetInfo on " + info.name));
+        // The ops' stream-ordered memory (GEMM operand copies, attention and FP8 workspaces:
+        // cudaMallocAsync) comes from the device's default pool, whose default release threshold
+        // (0) hands its memory back to the driver at every synchronization, to be mapped again by
+        // the next op. Keep it instead; a cudaMalloc that runs short trims the pool (allocate).
+        if (cudaMemPool_t pool = nullptr; cudaDeviceGetDefaultMemPool(&pool, i) == cudaSuccess) {
+            uint64_t keep = UINT64_MAX;
+            (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+        }
+        (void)cudaGetLastError();
         info.memoryTotal = int64_t(totalB) / sharers;
         info.memoryFree = int64_t(freeB) / sharers;
         if (peaks) {

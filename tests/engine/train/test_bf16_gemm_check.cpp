@@ -224,10 +224,28 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
             fwd(T)(p);
         });
         ASSERT_FALSE(st.isOk()) << "a value written over the codes";
-        EXPECT_NE(st.message().find("operand x is bound as FP8 codes at scale 3.29999995 but holds 0.100000001 "
+        EXPECT_NE(st.message().find("operand x is bound as E4M3 codes at scale 3.29999995 but holds 0.100000001 "
                                     "at [0, 0, 5]"),
                   std::string::npos)
             << st.toString();
+        // Codes of the other format: E4M3's three mantissa bits are no E5M2 code, which an FP8 GEMM
+        // would round (a bf16 GEMM would not).
+        st = underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out)}, [&](const std::vector<float*>& p) {
+            kern::fp8QuantizeDequantize(p[0], p[0], nullptr, int64_t(T) * in, scale, kern::Fp8Format::E4M3);
+            kernels::fp8codes::map().bind(p[0], int64_t(T) * in, scale, int(kern::Fp8Format::E5M2));
+            fwd(T)(p);
+        });
+        ASSERT_FALSE(st.isOk()) << "E4M3 codes bound as E5M2";
+        EXPECT_NE(st.message().find("operand x is bound as E5M2 codes at scale 3.29999995"), std::string::npos)
+            << st.toString();
+        EXPECT_NE(st.message().find("which is no E5M2 code at that scale"), std::string::npos) << st.toString();
+        // ... and E5M2's the other way round, where they lie in E4M3's range.
+        st = underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out)}, [&](const std::vector<float*>& p) {
+            kern::fp8QuantizeDequantize(p[0], p[0], nullptr, int64_t(T) * in, scale, kern::Fp8Format::E5M2);
+            kernels::fp8codes::map().bind(p[0], int64_t(T) * in, scale, int(kern::Fp8Format::E4M3));
+            fwd(T)(p);
+        });
+        EXPECT_TRUE(st.isOk()) << st.toString();
         // Without the binding the same stored values are no bf16 values.
         st = underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out)}, [&](const std::vector<float*>& p) {
             kern::fp8QuantizeDequantize(p[0], p[0], nullptr, int64_t(T) * in, scale, kern::Fp8Format::E4M3);
@@ -239,15 +257,22 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
     // A binding replaces what it overlaps; the older ones keep their floats outside it.
     std::vector<float> a(32);
     auto& m = kernels::fp8codes::map();
-    m.bind(a.data(), 10, 2.0f);
-    m.bind(a.data() + 20, 4, 8.0f);
+    m.bind(a.data(), 10, 2.0f, 1);
+    m.bind(a.data() + 20, 4, 8.0f, 0);
     EXPECT_EQ(m.scaleOf(a.data() + 2, 8), 2.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 2, 9), 0.0f);
-    m.bind(a.data() + 5, 10, 4.0f);
+    m.bind(a.data() + 5, 10, 4.0f, 0);
     EXPECT_EQ(m.scaleOf(a.data(), 5), 2.0f) << "the older binding's floats before the new one";
+    EXPECT_EQ(m.lookup(a.data(), 5).format, 1) << "and its format";
     EXPECT_EQ(m.scaleOf(a.data(), 6), 0.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 6, 3), 4.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 20, 4), 8.0f);
+    m.bindLike(a.data() + 26, 4, a.data() + 1, 2);
+    EXPECT_EQ(m.lookup(a.data() + 26, 4).scale, 2.0f) << "a copy is bound as its source";
+    EXPECT_EQ(m.lookup(a.data() + 26, 4).format, 1);
+    m.bindLike(a.data() + 26, 4, a.data() + 16, 2);
+    EXPECT_EQ(m.lookup(a.data() + 26, 4).scale, 2.0f) << "an unbound source leaves the copy as it is";
+    m.forget(a.data() + 26, sizeof(float) * 4);
     m.forget(a.data() + 21, sizeof(float) * 2);
     EXPECT_EQ(m.scaleOf(a.data() + 20, 1), 8.0f);
     EXPECT_EQ(m.scaleOf(a.data() + 23, 1), 8.0f);
@@ -257,10 +282,10 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
     // Scales whose stored values give no exact codes: bound as fp32-only (a GPU runs the GEMM in
     // fp32 on the stored values, which the check therefore leaves alone).
     for (float bad : {0.0f, -3.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max(), 1e36f}) {
-        m.bind(a.data() + 20, 4, bad);
+        m.bind(a.data() + 20, 4, bad, 0);
         EXPECT_EQ(m.scaleOf(a.data() + 20, 4), kernels::fp8codes::Map::kFp32Only) << bad;
     }
-    m.bind(a.data() + 20, 4, 1e33f);  // 2^-16 / 1e33 is still a normal float
+    m.bind(a.data() + 20, 4, 1e33f, 0);  // 2^-16 / 1e33 is still a normal float
     EXPECT_EQ(m.scaleOf(a.data() + 20, 4), 1e33f);
     m.forget(a.data(), sizeof(float) * a.size());
     EXPECT_EQ(m.scaleOf(a.data() + 6, 3), 0.0f);
@@ -291,11 +316,70 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
             ASSERT_TRUE(b.isOk());
             at = static_cast<const float*>((*b)->data());
         }
-        m.bind(at, 16, 2.0f);  // as a host vector's leftover binding would be
+        m.bind(at, 16, 2.0f, 0);  // as a host vector's leftover binding would be
         auto b = dev.allocate(1024, MemCategory::Activations);
         ASSERT_TRUE(b.isOk());
         EXPECT_EQ(static_cast<const float*>((*b)->data()), at) << "the allocator reuses the block";
         EXPECT_EQ(m.scaleOf(at, 16), 0.0f) << (emulate ? "emulated device" : "CPU backend");
+    }
+}
+
+// Tensorwise scaling's codes, whose scale is made where the amax is (kern::fp8QuantizeCurrent):
+// bound with the amax (Map::bindCurrent), they are checked at the scale the amax holds when the
+// GEMM's kernel runs, so an amax changed after the quantization fails them; a copy bound like
+// them shares the amax's owner, which the map drops when the last binding goes. On the CPU
+// backend and the emulated device.
+TEST(Bf16GemmCheck, Fp8ValuesAtADeviceScaleAreCheckedAsCodes) {
+    CheckBf16Gemms on;
+    const int T = 4, in = 8, out = 2;
+    const float divisor = 2.0f;  // as a data-parallel rank's output gradients
+    const std::vector<float> x = values(T * in, 0.37f), W = values(out * in, 0.25f);
+    for (bool emulate : {false, true}) {
+        SCOPED_TRACE(emulate ? "emulated device" : "CPU backend");
+        auto owner = std::make_shared<int>(0);
+        const std::weak_ptr<int> watch = owner;
+        // x quantized in place at its amax's scale and bound with the amax (p[3]); then fn.
+        auto run = [&](const std::function<void(const std::vector<float*>&)>& fn) {
+            return underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out), {0.0f}, x},
+                                  [&](const std::vector<float*>& p) {
+                                      kern::amaxInto(p[0], int64_t(T) * in, p[3]);
+                                      kern::fp8QuantizeCurrent(p[0], p[0], nullptr, int64_t(T) * in, p[3], divisor,
+                                                               kern::Fp8Format::E4M3, nullptr);
+                                      kernels::fp8codes::map().bindCurrent(p[0], int64_t(T) * in, p[3], divisor,
+                                                                           int(kern::Fp8Format::E4M3), owner);
+                                      fn(p);
+                                  });
+        };
+        EXPECT_TRUE(run([&](const std::vector<float*>& p) {
+                        EXPECT_EQ(kernels::fp8codes::map().scaleOf(p[0], int64_t(T) * in),
+                                  kernels::fp8codes::kOnDevice);
+                        kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
+                    }).isOk());
+        owner.reset();
+        EXPECT_TRUE(watch.expired()) << "the buffer's free forgot the binding and dropped the amax's owner";
+        owner = std::make_shared<int>(0);
+        // Another amax: the stored values are no codes at the scale it gives.
+        const float other = 5.0f;
+        Status st = run([&](const std::vector<float*>& p) {
+            kern::copyBytes(p[3], &other, sizeof other);
+            kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
+        });
+        ASSERT_FALSE(st.isOk()) << "codes at the scale of an amax written afterwards";
+        EXPECT_NE(st.message().find("operand x is bound as E4M3 codes at scale"), std::string::npos) << st.toString();
+        // A copy (p[4], as a sequence-parallel gather's) bound like x is checked the same way and
+        // holds the owner too.
+        const std::weak_ptr<int> watch2 = owner;
+        st = run([&](const std::vector<float*>& p) {
+            kern::copyBytes(p[4], p[0], sizeof(float) * size_t(T) * in);
+            kernels::fp8codes::map().bindLike(p[4], int64_t(T) * in, p[0], int64_t(T) * in);
+            kernels::fp8codes::map().forget(p[0], sizeof(float) * size_t(T) * in);
+            owner.reset();
+            EXPECT_FALSE(watch2.expired()) << "the copy's binding holds the owner";
+            kern::linearForward(p[4], p[1], nullptr, p[2], T, in, out);
+        });
+        EXPECT_TRUE(st.isOk()) << st.toString();
+        EXPECT_TRUE(watch2.expired());
+        owner = std::make_shared<int>(0);
     }
 }
 
@@ -341,17 +425,30 @@ TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
 }
 
 // Every variant trains with the check on, and its GEMMs run where its precision says: a bf16
-// model's in bf16, except the fp32 router of MoE layers and the FP8 linears under tensorwise
-// scaling (a code times 1/scale is no bf16 value, and the scale is made on the device); delayed
-// scaling's FP8 linears run bf16 GEMMs on codes at their bound scales; an fp32 model's in fp32.
+// model's in bf16, except the fp32 router of MoE layers (and their experts under tensorwise
+// scaling); the FP8 linears run bf16 GEMMs on codes at their bound scales, delayed scaling's
+// host scales and tensorwise scaling's made on the device; an fp32 model's in fp32.
+// Each bf16 variant without FP8 runs a second time with hybrid tensorwise FP8, whose codes are
+// bound with their amax wherever the variant's paths quantize (recompute, microbatches, shared
+// experts, untied embeddings...).
 TEST(Bf16GemmCheck, EveryTrainerVariantKeepsItsBf16GemmOperandsBf16) {
     CheckBf16Gemms on;
-    for (const auto& [name, edit] : ts::testing::trainerVariants()) {
+    std::vector<ts::testing::TrainerVariant> variants = ts::testing::trainerVariants();
+    for (const ts::testing::TrainerVariant& v : ts::testing::trainerVariants()) {
+        Config c = ts::testing::tinyTrainerConfig();
+        v.edit(c);
+        if (c.bf16 && c.fp8.empty())
+            variants.push_back({v.name + ", hybrid tensorwise FP8", [edit = v.edit](Config& c) {
+                                    edit(c);
+                                    c.fp8 = "hybrid";
+                                    c.fp8_recipe = "tensorwise";
+                                }});
+    }
+    for (const auto& [name, edit] : variants) {
         Config c = ts::testing::tinyTrainerConfig();
         edit(c);
-        c.train_iters = 2;
-        const bool tensorwiseFp8 = !c.fp8.empty() && c.fp8_recipe == "tensorwise";
-        const bool fp32Gemms = !c.bf16 || tensorwiseFp8 || c.num_moe_experts > 0;
+        c.train_iters = 3;
+        const bool fp32Gemms = !c.bf16 || c.num_moe_experts > 0;
         for (bool emulate : {false, true}) {
             SCOPED_TRACE(name + (emulate ? " (emulated device)" : " (CPU backend)"));
             TrainerOptions o;

@@ -2,6 +2,7 @@
 #include "engine/model/fp8.h"
 
 #include "engine/backend/kernels.h"
+#include "kernels/common/fp8_codes.h"
 
 #include <cfloat>
 #include <cmath>
@@ -81,6 +82,15 @@ void fp8QuantizeTensor(const Fp8Recipe& r, const Fp8TensorSlots& q, bool grad, f
     }
     kern::amaxInto(x, n, q.amax);
     kern::fp8QuantizeCurrent(x, y, codes, n, q.amax, g, fmt, q.observed);
+    // y holds codes at the scale of that amax, bound with it for the GEMMs that take them.
+    const float* from = q.amax;
+    std::shared_ptr<const void> owner = q.amaxOwner;
+    if (q.keep) {
+        kern::copyBytes(q.keep, q.amax, sizeof(float));
+        from = q.keep;
+        owner = q.keepOwner;
+    }
+    kernels::fp8codes::map().bindCurrent(y, n, from, g, int(fmt), std::move(owner));
 }
 
 const float* fp8BlockOperand(const Fp8Recipe& r, const float* x, int64_t rows, int64_t cols, bool alongRows,

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,13 @@ struct Fp8TensorSlots {
     const Fp8Meta* meta = nullptr;
     float* observed = nullptr;
     float* amax = nullptr;
+    // Tensorwise: what keeps `amax` (the codes are bound with it, kernels/common/fp8_codes.h), or,
+    // where the slot is reused before the codes are done with (the next microbatch's experts),
+    // `keep`, a float of the caller's that the amax is copied to and the codes bound with, and
+    // what keeps that.
+    std::shared_ptr<const void> amaxOwner;
+    float* keep = nullptr;
+    std::shared_ptr<const void> keepOwner;
 };
 
 // Quantizes x [n] to FP8 and back into y (in place when y == x; codes: the FP8 bytes, or null)

@@ -24,9 +24,9 @@ GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o,
     // blockwise's) a code times its scale is a bf16 value too, so their GEMMs are bf16 GEMMs;
     // delayed scaling's are codes at a host scale, which a GPU's GEMM takes as codes with the
     // scales' inverses in alpha (kernels/common/fp8_codes.h), tensorwise scaling's codes at a
-    // scale made on the device, which the GEMM reads there; the MoE experts under tensorwise
-    // scaling run fp32 GEMMs (kern::Fp32GemmScope where fp8ExpertGemmsBf16() does not hold), the
-    // rest of the model keeps its bf16 GEMMs.
+    // scale made on the device, which the GEMM reads there; block recipes without power-of-two
+    // scales run their FP8 linears' GEMMs in fp32 (kern::Fp32GemmScope where fp8GemmsBf16() does
+    // not hold), the rest of the model keeps its bf16 GEMMs.
     m_exec.setBf16Gemms(o.bf16);
 }
 

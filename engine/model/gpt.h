@@ -285,14 +285,10 @@ private:
     // power-of-two scales (a dequantized operand, a code times 2^k, is a bf16 value), delayed
     // scaling (its operands are codes at a host scale, which kern::fp8QuantizeDequantize binds
     // for the GEMMs to take as codes: kernels/common/fp8_codes.h) and tensorwise scaling (codes
-    // at a scale made on the device from the tensor's amax, which fp8Quantize and fp8Weight bind
-    // with the amax). The others run them in fp32 (kern::Fp32GemmScope), every other GEMM in
-    // bf16.
+    // at a scale made on the device from the tensor's amax, which fp8Quantize, fp8Weight and the
+    // experts' fp8QuantizeTensor bind with the amax). The others (block recipes without
+    // power-of-two scales) run them in fp32 (kern::Fp32GemmScope), every other GEMM in bf16.
     bool fp8GemmsBf16() const { return m_o.fp8.isBlock() ? m_o.fp8.blockPow2 : true; }
-    // The same for the MoE experts' GEMMs: their tensorwise operands (fp8QuantizeTensor, the scale
-    // from the experts' amax pack, whose slots the next microbatch reuses) are not bound, so
-    // those run in fp32.
-    bool fp8ExpertGemmsBf16() const { return m_o.fp8.isBlock() ? m_o.fp8.blockPow2 : m_o.fp8.delayed; }
     void fp8Init();
     // Quantizes (and dequantizes) `t` [n] in place with the slot's scale: delayed scaling uses
     // the scale of earlier steps and records this tensor's amax; tensorwise takes the scale from

@@ -402,7 +402,10 @@ Fp8TensorSlots GptModel::fp8ExpertSlots(int li, int l, Fp8ExpertLinear lin, Fp8S
     Fp8TensorSlots q;
     q.meta = &(*m_fp8ExpMeta)[at];
     if (m_fp8ExpAmaxDev) q.observed = fp(m_fp8ExpAmaxDev) + at;
-    if (m_fp8ExpAmaxRaw) q.amax = fp(m_fp8ExpAmaxRaw) + at;
+    if (m_fp8ExpAmaxRaw) {
+        q.amax = fp(m_fp8ExpAmaxRaw) + at;
+        q.amaxOwner = m_fp8ExpAmaxRaw;
+    }
     return q;
 }
 

@@ -528,9 +528,18 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     if (fp8 && !blk && !m_fp8ExpAmaxDev) return Status::internal("FP8 experts without their amax buffer");
     if (fp8) {
         TS_ASSIGN_OR_RETURN(s->fc2in, allocUninitialized(m_exec, int64_t(R) * F));
+        // Tensorwise: each expert's input and fc2 input amax, kept with their codes until the
+        // backward's wgrads have read them (the slots are the next microbatch's by then).
+        TensorPtr keep;
+        if (!blk && !fr.delayed) { TS_ASSIGN_OR_RETURN(keep, m_exec.alloc(2 * int64_t(L), MemCategory::Workspace)); }
         for (int l = 0; l < L && !blk; ++l) {
             q1[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc1, kFp8Input);
             q2[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc2, kFp8Input);
+            if (keep) {
+                q1[size_t(l)].keep = fp(keep) + 2 * l;
+                q2[size_t(l)].keep = fp(keep) + 2 * l + 1;
+                q1[size_t(l)].keepOwner = q2[size_t(l)].keepOwner = keep;
+            }
         }
     }
     // experts: fc1 (+ b1) -> activation -> * prob -> fc2 (+ b2 * prob), rows [eoff[l], eoff[l+1])
@@ -559,7 +568,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     std::vector<const float*> B1g(static_cast<size_t>(L), nullptr);  // fc1's bias inside the GEMM (grouped)
     if (grouped) B1g = B1;
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // see router.topk_permute
-    const bool fp32 = fp8 && !fp8ExpertGemmsBf16();  // FP8 operands the bf16 GEMMs would round
+    const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
     auto expert = [=](int l) {
         k::Fp32GemmScope gemms(fp32);
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
@@ -743,13 +752,20 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     } else if (fp8) {
         TS_ASSIGN_OR_RETURN(W1, fp8ExpertWeights(li, kFp8ExpFc1, P.expFc1W));
         TS_ASSIGN_OR_RETURN(W2, fp8ExpertWeights(li, kFp8ExpFc2, P.expFc2W));
+        TensorPtr keep;  // tensorwise: the output gradients' amaxes, as the forward's
+        if (!fr.delayed) { TS_ASSIGN_OR_RETURN(keep, m_exec.alloc(2 * int64_t(L), MemCategory::Workspace)); }
         for (int l = 0; l < L; ++l) {
             g1[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc1, kFp8Grad);
             g2[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc2, kFp8Grad);
+            if (keep) {
+                g1[size_t(l)].keep = fp(keep) + 2 * l;
+                g2[size_t(l)].keep = fp(keep) + 2 * l + 1;
+                g1[size_t(l)].keepOwner = g2[size_t(l)].keepOwner = keep;
+            }
         }
     }
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // as the forward's experts
-    const bool fp32 = fp8 && !fp8ExpertGemmsBf16();  // FP8 operands the bf16 GEMMs would round
+    const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
     auto expert = [=](int l) {
         k::Fp32GemmScope gemms(fp32);
         const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;

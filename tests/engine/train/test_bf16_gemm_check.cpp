@@ -425,9 +425,9 @@ TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
 }
 
 // Every variant trains with the check on, and its GEMMs run where its precision says: a bf16
-// model's in bf16, except the fp32 router of MoE layers (and their experts under tensorwise
-// scaling); the FP8 linears run bf16 GEMMs on codes at their bound scales, delayed scaling's
-// host scales and tensorwise scaling's made on the device; an fp32 model's in fp32.
+// model's in bf16, except the fp32 router of MoE layers; the FP8 linears (the experts' too) run
+// bf16 GEMMs on codes at their bound scales, delayed scaling's host scales and tensorwise
+// scaling's made on the device; an fp32 model's in fp32.
 // Each bf16 variant without FP8 runs a second time with hybrid tensorwise FP8, whose codes are
 // bound with their amax wherever the variant's paths quantize (recompute, microbatches, shared
 // experts, untied embeddings...).

@@ -119,6 +119,14 @@ double switchAuxLoss(const double* probSum, const double* counts, int groups, in
     for (int i = 0; i < groups * E; ++i) sum += probSum[i] * counts[i];
     return sum * double(E) * coeff / (double(K) * tokensPerGroup * tokensPerGroup) / groups;
 }
+// Tensorwise FP8: expert l's two tensors a and b keep their amax in keep[2l] and keep[2l + 1],
+// bound with their codes (fp8QuantizeTensor) while the slots go to the next microbatch.
+void keepAmaxesIn(const TensorPtr& keep, int l, Fp8TensorSlots& a, Fp8TensorSlots& b) {
+    a.keep = fp(keep) + 2 * l;
+    b.keep = a.keep + 1;
+    a.keepOwner = b.keepOwner = keep;
+}
+
 }  // namespace
 
 // What the backward needs from one MoE forward (host-side routing lives here; the ops fill it).
@@ -535,11 +543,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         for (int l = 0; l < L && !blk; ++l) {
             q1[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc1, kFp8Input);
             q2[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc2, kFp8Input);
-            if (keep) {
-                q1[size_t(l)].keep = fp(keep) + 2 * l;
-                q2[size_t(l)].keep = fp(keep) + 2 * l + 1;
-                q1[size_t(l)].keepOwner = q2[size_t(l)].keepOwner = keep;
-            }
+            if (keep) keepAmaxesIn(keep, l, q1[size_t(l)], q2[size_t(l)]);
         }
     }
     // experts: fc1 (+ b1) -> activation -> * prob -> fc2 (+ b2 * prob), rows [eoff[l], eoff[l+1])
@@ -757,11 +761,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         for (int l = 0; l < L; ++l) {
             g1[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc1, kFp8Grad);
             g2[size_t(l)] = fp8ExpertSlots(li, l, kFp8ExpFc2, kFp8Grad);
-            if (keep) {
-                g1[size_t(l)].keep = fp(keep) + 2 * l;
-                g2[size_t(l)].keep = fp(keep) + 2 * l + 1;
-                g1[size_t(l)].keepOwner = g2[size_t(l)].keepOwner = keep;
-            }
+            if (keep) keepAmaxesIn(keep, l, g1[size_t(l)], g2[size_t(l)]);
         }
     }
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // as the forward's experts

@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/common/hd.h"
+
 namespace ts::kernels::fp8codes {
 
 // Binding::scale of a range whose scale gives no exact codes (see Map::bind): the GEMM runs fp32
@@ -52,10 +54,11 @@ struct Binding {
     float divisor = 1.0f;
 };
 
+// Whether b holds codes at a scale (on the host or the device), which the GEMMs take as codes.
+TS_HD inline bool hasCodes(const Binding& b) { return b.scale > 0.0f || b.scale == kOnDevice; }
+
 class Map {
 public:
-    static constexpr float kFp32Only = fp8codes::kFp32Only;
-
     // [base, base + n) holds codes of `format` at `scale`: replaces what overlapped it (the parts
     // of an older binding outside the range stay bound). A scale for which y would not give the
     // codes back (not a positive normal float, or one so large that the smallest FP8 value, 2^-16
@@ -75,27 +78,23 @@ public:
     Binding lookup(const float* x, int64_t n) const {
         if (!x || n <= 0 || m_count.load(std::memory_order_relaxed) == 0) return {};
         std::lock_guard<std::mutex> lock(m_mutex);
-        auto it = m_ranges.upper_bound(x);
-        if (it == m_ranges.begin()) return {};
-        --it;
-        const int64_t off = x - it->first;
-        return off + n <= it->second.n ? it->second.b : Binding{};
+        const Range* r = coveringLocked(x, n);
+        return r ? r->b : Binding{};
     }
     // lookup's scale: the binding's, kFp32Only, kOnDevice, or 0.
     float scaleOf(const float* x, int64_t n) const { return lookup(x, n).scale; }
     // dst [0, dstN) holds copies of what src [0, srcN) holds (an all-gather of it, a staging
     // copy): bound as src is where src is bound (its owner shared), else left as it is.
     void bindLike(const float* dst, int64_t dstN, const float* src, int64_t srcN) {
+        if (!src || srcN <= 0) return;
         Binding b;
         std::shared_ptr<const void> owner;
         {
             std::lock_guard<std::mutex> lock(m_mutex);
-            auto it = m_ranges.upper_bound(src);
-            if (!src || srcN <= 0 || it == m_ranges.begin()) return;
-            --it;
-            if (src - it->first + srcN > it->second.n) return;
-            b = it->second.b;
-            owner = it->second.owner;
+            const Range* r = coveringLocked(src, srcN);
+            if (!r) return;
+            b = r->b;
+            owner = r->owner;
         }
         bindRange(dst, dstN, b, std::move(owner));
     }
@@ -116,6 +115,13 @@ private:
         Binding b;
         std::shared_ptr<const void> owner;  // what keeps b.amax's memory (kOnDevice)
     };
+    // The range that covers [x, x + n) wholly, or null (x not null, n > 0).
+    const Range* coveringLocked(const float* x, int64_t n) const {
+        auto it = m_ranges.upper_bound(x);
+        if (it == m_ranges.begin()) return nullptr;
+        --it;
+        return x - it->first + n <= it->second.n ? &it->second : nullptr;
+    }
     void bindRange(const float* base, int64_t n, Binding b, std::shared_ptr<const void> owner) {
         if (n <= 0) return;
         std::vector<std::shared_ptr<const void>> released;  // declared first: destroyed after the lock

@@ -47,7 +47,7 @@ Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream) {
 
 Status fp8CodesToBf16(const float* x, uint16_t* y, int64_t n, fp8codes::Binding codes, void* stream) {
     if (n < 0) return Status::invalid("fp8CodesToBf16: negative element count");
-    if (codes.scale <= 0.0f && codes.scale != fp8codes::kOnDevice)
+    if (!fp8codes::hasCodes(codes))
         return Status::invalid("fp8CodesToBf16: the operand is not bound as FP8 codes at a scale");
     if (n == 0) return Status::ok();
     castFp8CodesToBf16Kernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n,

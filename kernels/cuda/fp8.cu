@@ -282,7 +282,7 @@ Status fp8CodesToFp8(const float* x, int64_t rows, int64_t cols, int64_t ld, boo
     if (rows < 0 || cols < 0 || ld < cols)
         return Status::invalid("fp8CodesToFp8: need rows, cols >= 0 and ld >= cols (got " + std::to_string(rows) +
                                " x " + std::to_string(cols) + ", ld " + std::to_string(ld) + ")");
-    if (codes.scale <= 0.0f && codes.scale != fp8codes::kOnDevice)
+    if (!fp8codes::hasCodes(codes))
         return Status::invalid("fp8CodesToFp8: the operand is not bound as FP8 codes at a scale");
     if (rows == 0 || cols == 0) return Status::ok();
     if ((rows + kCastTile - 1) / kCastTile > 65535)

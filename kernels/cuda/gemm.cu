@@ -104,10 +104,7 @@ std::map<const float*, std::vector<Twin>>& twins() {
     return m;
 }
 
-// Whether a binding holds codes at a scale (host or device), which the GEMMs take as codes.
-__host__ __device__ inline bool hasCodes(const fp8codes::Binding& b) {
-    return b.scale > 0.0f || b.scale == fp8codes::kOnDevice;
-}
+using fp8codes::hasCodes;
 
 // The operand's first n floats as bf16: where it is bound as FP8 codes (kernels/common/
 // fp8_codes.h) its codes bf16(x * scale) in a copy; else the bound twin's bits where one covers

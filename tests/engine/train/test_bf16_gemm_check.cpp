@@ -283,7 +283,7 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
     // fp32 on the stored values, which the check therefore leaves alone).
     for (float bad : {0.0f, -3.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max(), 1e36f}) {
         m.bind(a.data() + 20, 4, bad, 0);
-        EXPECT_EQ(m.scaleOf(a.data() + 20, 4), kernels::fp8codes::Map::kFp32Only) << bad;
+        EXPECT_EQ(m.scaleOf(a.data() + 20, 4), kernels::fp8codes::kFp32Only) << bad;
     }
     m.bind(a.data() + 20, 4, 1e33f, 0);  // 2^-16 / 1e33 is still a normal float
     EXPECT_EQ(m.scaleOf(a.data() + 20, 4), 1e33f);
@@ -301,7 +301,7 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
                                              kern::fp8QuantizeDequantize(p[0], p[0], nullptr, int64_t(T) * in, huge,
                                                                          kern::Fp8Format::E4M3);
                                              EXPECT_EQ(kernels::fp8codes::map().scaleOf(p[0], int64_t(T) * in),
-                                                       kernels::fp8codes::Map::kFp32Only);
+                                                       kernels::fp8codes::kFp32Only);
                                              kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
                                          });
         EXPECT_TRUE(st.isOk()) << "an fp32-only operand is not checked: " << st.toString();

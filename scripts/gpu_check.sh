@@ -12,8 +12,8 @@
 # cores, TS_CUDA_FP8_GEMMS=1; bench_gpu_attention: the
 # attention alone, tiled against GEMMs, forward and backward; bench_gpu_gemm: the linear layers' GEMMs
 # in each precision path against cuBLAS on converted operands), and
-# bench_moe_routing on the machine's host cores (what the GPU idles for per MoE layer and microbatch
-# while the host routes).
+# bench_moe_routing --device cuda (the MoE router's kernels on the GPU, every mode: sinkhorn and
+# quantile balancing included).
 # Logs, the tests' JSON reports and the benchmarks' JSON lines go into one tarball,
 # gpu_check.tar.gz, in $OUT (the device tool's output folder, which brings back few files), else in
 # build/gpu_check; a summary goes to stdout.
@@ -224,9 +224,9 @@ if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_gpu_gemm" ]; then
     fi
 fi
 if [ "$bench" = 1 ] && [ -x "$bin/apps/bench_moe_routing" ]; then
-    # The MoE router's host share on this machine's cores, one thread and the engine's choice.
-    echo "== bench_moe_routing"
-    within 60 "$bin/apps/bench_moe_routing" --reps 3 > "$work/bench_moe_routing.log" 2>&1 || status=1
+    # The MoE router's kernels on the GPU, every mode (the device column of the routing's cost).
+    echo "== bench_moe_routing --device cuda"
+    within 60 "$bin/apps/bench_moe_routing" --reps 3 --device cuda > "$work/bench_moe_routing.log" 2>&1 || status=1
     cat "$work/bench_moe_routing.log"
 fi
 finish

@@ -72,8 +72,8 @@ inline std::vector<TrainerVariant> trainerVariants() {
              c.fp8 = "e4m3";
              c.fp8_recipe = "blockwise";
          }},
-        // MoE (gpt_moe.cpp): the router read back and routed on the host, the plan uploaded,
-        // the permutes and the combine as gather kernels, the experts' scratch in workspaces.
+        // MoE (gpt_moe.cpp): the router's choice and plan by kernels in every mode, the permutes
+        // and the combine as gather kernels, the experts' scratch in workspaces.
         {"MoE top-2, grouped GEMM, aux and z loss, bf16", [](Config& c) {
              c.bf16 = true;
              c.num_moe_experts = 4;
@@ -145,6 +145,22 @@ inline std::vector<TrainerVariant> trainerVariants() {
              c.add_bias_linear = false;
              c.moe_aux_loss_coeff = 1e-2;
              c.moe_z_loss_coeff = 1e-3;
+         }},
+        {"MoE sinkhorn router, top-1", [](Config& c) {
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 1;
+             c.moe_router_load_balancing_type = "sinkhorn";
+             c.moe_aux_loss_coeff = 0;
+         }},
+        {"MoE quantile balancing, 2 microbatches, full recompute", [](Config& c) {
+             c.num_moe_experts = 4;
+             c.moe_router_topk = 2;
+             c.moe_router_load_balancing_type = "quantile_balancing";
+             c.moe_aux_loss_coeff = 0;
+             c.num_microbatches = 2;
+             c.recompute_granularity = "full";
+             c.recompute_method = "uniform";
+             c.recompute_num_layers = 1;
          }},
         {"precision-aware optimizer, bf16 main grads", [](Config& c) {
              c.bf16 = true;

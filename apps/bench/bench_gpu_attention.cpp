@@ -22,6 +22,7 @@
 #ifdef TS_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "apps/bench/bench_cuda.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops_cuda.h"
 #endif
@@ -35,30 +36,9 @@ constexpr const char* kUsage =
 namespace cuda = ts::kernels::cuda;
 namespace cpu = ts::kernels::cpu;
 
-bool ok(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return true;
-    std::fprintf(stderr, "bench_gpu_attention: %s: %s\n", what, cudaGetErrorString(e));
-    return false;
-}
-bool ok(const ts::Status& s) {
-    if (s.isOk()) return true;
-    std::fprintf(stderr, "bench_gpu_attention: %s\n", s.toString().c_str());
-    return false;
-}
-
-struct Dev {
-    float* p = nullptr;
-    size_t n = 0;
-    explicit Dev(size_t count) : n(count) { (void)cudaMalloc(&p, sizeof(float) * (n ? n : 1)); }
-    ~Dev() { cudaFree(p); }
-    Dev(const Dev&) = delete;
-    Dev& operator=(const Dev&) = delete;
-    std::vector<float> get() const {
-        std::vector<float> h(n);
-        (void)cudaMemcpy(h.data(), p, sizeof(float) * n, cudaMemcpyDeviceToHost);
-        return h;
-    }
-};
+using Dev = ts::bench::gpu::Dev<float>;
+using ts::bench::gpu::ok;
+using ts::bench::gpu::timeMs;
 
 // bf16-valued uniform floats in [lo, hi), what a bf16 model stores.
 std::vector<float> bf16Values(size_t n, unsigned seed, float lo, float hi) {
@@ -69,8 +49,6 @@ std::vector<float> bf16Values(size_t n, unsigned seed, float lo, float hi) {
     cpu::roundToBf16(v.data(), static_cast<int64_t>(n));
     return v;
 }
-
-using ts::bench::median;
 
 // max |a - b| / max |b|
 double relDiff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -114,13 +92,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gpu_attention: built without CUDA (configure with the CUDA toolkit present)\n");
     return 1;
 #else
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        std::fprintf(stderr, "bench_gpu_attention: no GPU (cudaGetDeviceCount found none)\n");
-        return 1;
-    }
+    ts::bench::gpu::program() = "bench_gpu_attention";
     cudaDeviceProp prop{};
-    (void)cudaGetDeviceProperties(&prop, 0);
+    if (!ts::bench::gpu::firstGpu(prop)) return 1;
     if (!cuda::flashTilesSupported(d))
         std::fprintf(stderr, "bench_gpu_attention: the tiled kernels do not run on this GPU at head dim %d: both "
                              "rows below are the GEMM path\n", d);
@@ -148,9 +122,6 @@ int main(int argc, char** argv) {
         return 1;
     void* stream = nullptr;
     if (!ok(cuda::streamCreate(&stream))) return 1;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
 
     struct Result {
         std::string path;
@@ -168,24 +139,10 @@ int main(int argc, char** argv) {
         auto bwd = [&] {
             return cuda::attentionFlashBackward(dm, q.p, k.p, v.p, stats.p, dout.p, dq.p, dk.p, dv.p, scratch.p, stream);
         };
-        std::vector<double> tf, tb;
-        for (int i = 0; i < reps + 2; ++i) {
-            cudaEventRecord(e0, static_cast<cudaStream_t>(stream));
-            if (!ok(fwd())) return 1;
-            cudaEventRecord(e1, static_cast<cudaStream_t>(stream));
-            if (!ok(cudaEventSynchronize(e1), "forward")) return 1;
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            if (i >= 2) tf.push_back(ms);
-            cudaEventRecord(e0, static_cast<cudaStream_t>(stream));
-            if (!ok(bwd())) return 1;
-            cudaEventRecord(e1, static_cast<cudaStream_t>(stream));
-            if (!ok(cudaEventSynchronize(e1), "backward")) return 1;
-            cudaEventElapsedTime(&ms, e0, e1);
-            if (i >= 2) tb.push_back(ms);
-        }
-        r.fwdMs = median(tf);
-        r.bwdMs = median(tb);
+        // The backward reads the forward's stats, the same every call.
+        r.fwdMs = timeMs(stream, reps, [&] { return ok(fwd()); });
+        r.bwdMs = r.fwdMs < 0 ? -1.0 : timeMs(stream, reps, [&] { return ok(bwd()); });
+        if (r.fwdMs < 0 || r.bwdMs < 0) return 1;
         r.out = out.get();
         r.dq = dq.get();
         r.dk = dk.get();

@@ -29,6 +29,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "apps/bench/bench_cuda.h"
 #include "kernels/common/fp8_codes.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -43,33 +44,9 @@ namespace cuda = ts::kernels::cuda;
 namespace cpu = ts::kernels::cpu;
 namespace fp8codes = ts::kernels::fp8codes;
 
-bool ok(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return true;
-    std::fprintf(stderr, "bench_gpu_gemm: %s: %s\n", what, cudaGetErrorString(e));
-    return false;
-}
-bool ok(const ts::Status& s) {
-    if (s.isOk()) return true;
-    std::fprintf(stderr, "bench_gpu_gemm: %s\n", s.toString().c_str());
-    return false;
-}
-bool ok(cublasStatus_t s, const char* what) {
-    if (s == CUBLAS_STATUS_SUCCESS) return true;
-    std::fprintf(stderr, "bench_gpu_gemm: %s: %s\n", what, cublasGetStatusString(s));
-    return false;
-}
-
-// Device memory of n elements of T, freed with the object.
-template <typename T>
-struct Dev {
-    T* p = nullptr;
-    explicit Dev(size_t n) {
-        if (cudaMalloc(&p, sizeof(T) * (n ? n : 1)) != cudaSuccess) p = nullptr;
-    }
-    ~Dev() { cudaFree(p); }
-    Dev(const Dev&) = delete;
-    Dev& operator=(const Dev&) = delete;
-};
+using ts::bench::gpu::Dev;
+using ts::bench::gpu::ok;
+using ts::bench::gpu::timeMs;
 
 std::vector<float> uniform(size_t n, unsigned seed, float lo, float hi) {
     std::mt19937 rng(seed);
@@ -77,29 +54,6 @@ std::vector<float> uniform(size_t n, unsigned seed, float lo, float hi) {
     std::vector<float> v(n);
     for (auto& x : v) x = u(rng);
     return v;
-}
-
-using ts::bench::median;
-
-// Median time in ms of fn over reps calls (after 2 warm-up calls); negative when a call failed.
-double timeMs(void* stream, int reps, const std::function<bool()>& fn) {
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    std::vector<double> t;
-    bool good = true;
-    for (int i = 0; i < reps + 2 && good; ++i) {
-        cudaEventRecord(e0, static_cast<cudaStream_t>(stream));
-        good = fn();
-        cudaEventRecord(e1, static_cast<cudaStream_t>(stream));
-        good = good && ok(cudaEventSynchronize(e1), "timed call");
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (i >= 2) t.push_back(ms);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return good ? median(t) : -1.0;
 }
 
 struct Linear {
@@ -132,13 +86,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gpu_gemm: built without CUDA (configure with the CUDA toolkit present)\n");
     return 1;
 #else
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        std::fprintf(stderr, "bench_gpu_gemm: no GPU (cudaGetDeviceCount found none)\n");
-        return 1;
-    }
+    ts::bench::gpu::program() = "bench_gpu_gemm";
     cudaDeviceProp prop{};
-    (void)cudaGetDeviceProperties(&prop, 0);
+    if (!ts::bench::gpu::firstGpu(prop)) return 1;
     const bool fp8Cores = prop.major > 8 || (prop.major == 8 && prop.minor >= 9);
     void* stream = nullptr;
     if (!ok(cuda::streamCreate(&stream))) return 1;

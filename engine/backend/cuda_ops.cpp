@@ -43,7 +43,7 @@ const std::vector<std::string>& cudaOpNames() {
         // MoE
         "gatherRows", "gatherSumRows", "scaleRows", "moeProbGrad", "weightedColumnSum", "sigmoidGateForward",
         "sigmoidGateBackward", "moeRouterProbsBackward", "moeRouterAuxBackward", "moeRouteTopK", "moeRoutePlan",
-        "moeRouterAuxCounts", "moeRouterProbsCoefficients", "moeRoutingMap",
+        "moeRouterAuxCounts", "moeRouterProbsCoefficients", "moeRoutingMap", "moeSinkhorn", "moeQbDualUpdate",
     };
     return kOps;
 }

@@ -891,9 +891,17 @@ void moeRouterAuxBackward(const float* logits, const float* counts, const float*
                      zScale);
 }
 
-void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
-                  const kernels::cpu::MoeTopKSpec& spec) {
-    TS_KERN_DISPATCH(moeRouteTopK, logits, bias, topi, probs, T, E, spec);
+void moeRouteTopK(const float* logits, const float* bias, const float* sinkhorn, const int32_t* chosen,
+                  int32_t* topi, float* probs, int T, int E, const kernels::cpu::MoeTopKSpec& spec) {
+    TS_KERN_DISPATCH(moeRouteTopK, logits, bias, sinkhorn, chosen, topi, probs, T, E, spec);
+}
+
+void moeSinkhorn(const float* cost, int T, int E, float* out, float tol) {
+    TS_KERN_DISPATCH(moeSinkhorn, cost, T, E, out, tol);
+}
+
+void moeQbDualUpdate(const float* scores, int m, int n, int k, const float* beta, int32_t* indices, float* quantile) {
+    TS_KERN_DISPATCH(moeQbDualUpdate, scores, m, n, k, beta, indices, quantile);
 }
 
 void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E,

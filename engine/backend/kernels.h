@@ -278,8 +278,10 @@ void moeRouterAuxBackward(const float* logits, const float* counts, const float*
                           int G, int microBatch, kernels::cpu::MoeScore score, double wAux, double wSeq, double wGlobal,
                           double zScale);
 // The router's choice and plan where the logits are (kernels/cpu/ops.h).
-void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
-                  const kernels::cpu::MoeTopKSpec& spec);
+void moeRouteTopK(const float* logits, const float* bias, const float* sinkhorn, const int32_t* chosen,
+                  int32_t* topi, float* probs, int T, int E, const kernels::cpu::MoeTopKSpec& spec);
+void moeSinkhorn(const float* cost, int T, int E, float* out, float tol);
+void moeQbDualUpdate(const float* scores, int m, int n, int k, const float* beta, int32_t* indices, float* quantile);
 void moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E,
                   const kernels::cpu::MoeCapacity& capacity, int32_t* offset, int32_t* routed, int32_t* tok,
                   int32_t* start, int32_t* inv, int32_t* tokExp, int32_t* rowOf, float* probT);

@@ -108,6 +108,7 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     m->fp8Init();
     m->fp8ExpertInit();
     m->m_router = std::make_shared<std::vector<RouterState>>(m->m_layers.size());
+    int qbSlots = 0;
     for (size_t li = 0; li < m->m_layers.size(); ++li) {
         if (m->m_layers[li].routerW < 0) continue;
         RouterState& rs = (*m->m_router)[li];
@@ -116,8 +117,12 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
         rs.localTokens.assign(E, 0.0);
         if (cfg.moe_router_load_balancing_type == "quantile_balancing") {
             rs.qbBeta.assign(E, 0.f);
-            rs.qbAccum.assign(E, 0.f);
+            rs.qbSlot = qbSlots++;
         }
+    }
+    if (qbSlots > 0) {  // zeroed
+        TS_ASSIGN_OR_RETURN(m->m_qbSumDev, m->m_exec.alloc(int64_t(qbSlots) * cfg.num_moe_experts, MemCategory::Workspace));
+        m->m_qbSlots = qbSlots;
     }
     return m;
 }

@@ -435,9 +435,11 @@ private:
         // microbatches, on the device (the last microbatch's MoeSaved::auxGlobal); enqueue-time state.
         TensorPtr globalSum;
         int gaSteps = 0;
-        // quantile_balancing: qb_beta [E] (fp32), and this step's sum of the per-microbatch column
-        // quantiles with their count (Megatron's qb_beta_accum / qb_beta_count).
-        std::vector<float> qbBeta, qbAccum;
+        // quantile_balancing: qb_beta [E] (fp32); the layer's row of m_qbSumDev (this step's sum
+        // of the per-microbatch column quantiles, Megatron's qb_beta_accum; -1: not a quantile-
+        // balanced layer) and the microbatches enqueued into it this step (qb_beta_count).
+        std::vector<float> qbBeta;
+        int qbSlot = -1;
         int qbCount = 0;
     };
     std::shared_ptr<std::vector<RouterState>> m_router;
@@ -487,6 +489,10 @@ private:
     // fp8ExpertStepUpdate, then zeroed); tensorwise, each tensor's last. m_fp8ExpAmaxRaw: the
     // tensorwise raw amax of each, scratch.
     TensorPtr m_fp8ExpAmaxDev, m_fp8ExpAmaxRaw;
+    // quantile_balancing: [MoE layers, E] each layer's sum of this step's column quantiles, on the
+    // device (RouterState::qbSlot; moeQbForward adds, moeQbStepEnd reads it once and zeroes it).
+    TensorPtr m_qbSumDev;
+    int m_qbSlots = 0;
     struct Fp8BlockWeightCopy {
         TensorPtr row, col, rowCodes, colCodes;  // dequantized values (workspace) and FP8 bytes with scales (params)
         int step = -1;

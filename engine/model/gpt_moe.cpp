@@ -1,8 +1,8 @@
 // GptModel's MoE block (Megatron's MoELayer with its TopKRouter and experts; REFERENCE.md §5),
 // in place of the MLP on the layers moe_layer_freq marks (every layer by default):
 //   router: logits = x W_r^T (fp32); each token's top-k choice and probs (kernels/cpu/moe_route.h;
-//     the kernels moeRouteTopK / moeRoutePlan on the stream, or for sinkhorn and quantile
-//     balancing moeChoose and moeRoutePlan's oracle on the host, moe_routing.h):
+//     the kernels moeRouteTopK / moeRoutePlan on the stream, after moeSinkhorn or
+//     moeQbDualUpdate for those modes; moe_routing.h's moeRoute is their host reference):
 //     Megatron's default top-k on the logits and a softmax over the k chosen, or softmax before
 //     the top-k (moe_router_pre_softmax), sigmoid / sqrtsoftplus scores renormalised over the k
 //     (moe_router_score_function), times moe_router_topk_scaling_factor, group-limited
@@ -77,7 +77,6 @@
 
 #include <algorithm>
 #include <array>
-#include <thread>
 
 #include "engine/model/gpt_internal.h"
 #include "engine/model/moe_routing.h"
@@ -144,7 +143,7 @@ struct GptModel::MoeSaved {
     // global_aux_loss's counts summed over tp-dp-cp and over the step's first gaSteps microbatches.
     TensorPtr auxCounts, auxGlobal;
     int gaSteps = 0;
-    std::vector<int> qbIndices;        // [T*k] quantile_balancing: the chosen experts
+    TensorPtr qbChosen;          // [T*k] int32 quantile_balancing: the chosen experts (router.qb_dual_update)
     MoeRouteOptions ro;            // how the router chose (the probs' backward)
     int dropped = 0;
     std::vector<int> offset;     // [E+1] first permuted row of each expert (takeOffsets)
@@ -172,25 +171,21 @@ struct GptModel::MoeSaved {
             for (int e = 0; e < E; ++e) tokens[size_t(e)] += o[e + 1] - o[e];
         }
     }
-    // The router's logits on the host, for the modes the host routes (MoeRouteOptions::kernelRouted
-    // false): read back by router.topk_permute, or by router.qb_dual_update; freed once routed.
-    std::vector<float> logitsHost;
     // The routing plan where kernels read it, int32, filled by router.topk_permute (the kernels
-    // moeRouteTopK and moeRoutePlan, or the host's moeChoose and moeRoutePlan oracle uploaded):
+    // moeRouteTopK and moeRoutePlan):
     // [rowsAlloc] the token of each permuted row, [T+1] + [rowsAlloc] the combine's inverse index
     // (a token's rows in order), [rowsAlloc] token*E + expert of each row (allgather's map and
     // dprob), [T*k] each slot's row (-1: dropped), [T*k] each slot's expert (token-major, best
     // first), [E+1] each expert's first row, [E] each expert's copies before dropping (written
     // with a capacity).
     TensorPtr plan;
-    // The plan's arrays from its first word: in the device buffer, or in the host's copy that
-    // router.topk_permute fills when the host routes.
+    // The plan's arrays from its first word.
     struct PlanParts {
         int32_t *tok, *start, *inv, *tokExp, *rowOf, *topi, *offset, *routed;
     };
-    PlanParts planParts(int32_t* base) const {
+    PlanParts planDev() const {
         PlanParts p;
-        p.tok = base;
+        p.tok = static_cast<int32_t*>(plan->data());
         p.start = p.tok + rowsAlloc;
         p.inv = p.start + T + 1;
         p.tokExp = p.inv + rowsAlloc;
@@ -201,7 +196,6 @@ struct GptModel::MoeSaved {
         return p;
     }
     int64_t planWords() const { return 3 * int64_t(rowsAlloc) + T + 1 + 2 * int64_t(T) * k + 2 * int64_t(E) + 1; }
-    PlanParts planDev() const { return planParts(static_cast<int32_t*>(plan->data())); }
     int32_t* planTok() const { return planDev().tok; }
     int32_t* planStart() const { return planDev().start; }
     int32_t* planInv() const { return planDev().inv; }
@@ -329,13 +323,9 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     ro.numGroups = m_cfg.moe_router_num_groups;
     ro.groupTopk = m_cfg.moe_router_group_topk;
     ro.sinkhorn = lb == "sinkhorn";
-    // On a device the stream idles while the host routes: half the host's cores (at most 8) share
-    // the tokens. The CPU backend's own threads are busy with the kernels.
-    if (k::streamOnDevice(m_exec.stream()))
-        ro.threads = std::clamp(int(std::thread::hardware_concurrency()) / 2, 1, 8);
     s->ro = ro;
-    const bool qb = lb == "quantile_balancing";
-    if (qb) TS_RETURN_IF_ERROR(moeQbForward(*s, li));
+    // Quantile balancing's choice (router.qb_dual_update, before the routing): s->qbChosen.
+    if (lb == "quantile_balancing") TS_RETURN_IF_ERROR(moeQbForward(*s, li));
     // The expert bias is read when the op runs (the step-end update is an op of the same stream);
     // the routed rows are counted once per microbatch (not again by a full recompute).
     const bool bias = m_cfg.moe_router_enable_expert_bias;
@@ -345,79 +335,56 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     }
     auto router = m_router;
     TS_ASSIGN_OR_RETURN(s->plan, allocUninitialized(m_exec, s->planWords(), MemCategory::Workspace));
-    // The kernels route where the logits are unless the mode needs the host (moeChoose: sinkhorn,
-    // quantile balancing's choice): then the host waits for the logits and routes.
-    const bool kernelRouted = ro.kernelRouted() && !qb;
     // With EP or ETP the dispatcher gathers every rank's offsets and waits for them anyway: the
-    // host learns its own there, so the kernels' routing waits for nothing (one wait per layer
-    // and microbatch, the dispatcher's, as Megatron's). Dropless, the rows are T*k until then; at
-    // a capacity the alltoall dispatcher gathers each expert's copies before dropping with the
+    // host learns its own there, so the routing waits for nothing (one wait per layer and
+    // microbatch, the dispatcher's, as Megatron's). Dropless, the rows are T*k until then; at a
+    // capacity the alltoall dispatcher gathers each expert's copies before dropping with the
     // offsets, and the permutation gathers all rowsAlloc rows, those past the kept ones zero (their
-    // tokens -1). The allgather dispatcher's routing map needs the rows at once: there the
-    // router reads them back at a capacity, and the dispatcher waits a second time.
-    const bool offsetsFromDispatch =
-        kernelRouted && (ep > 1 || etp > 1) && (cap < 0 || m_cfg.moe_token_dispatcher_type != "allgather");
+    // tokens -1). The allgather dispatcher's routing map needs the rows at once: there the router
+    // reads them back at a capacity, and the dispatcher waits a second time.
+    const bool offsetsFromDispatch = (ep > 1 || etp > 1) && (cap < 0 || m_cfg.moe_token_dispatcher_type != "allgather");
     const kernels::cpu::MoeCapacity capacity = ro.capacity();
     const kernels::cpu::MoeTopKSpec spec = ro.topk();
-    TensorPtr probsWs, biasDev;
-    if (kernelRouted) {
-        TS_ASSIGN_OR_RETURN(probsWs, allocUninitialized(m_exec, int64_t(T) * K, MemCategory::Workspace));
-        if (bias) { TS_ASSIGN_OR_RETURN(biasDev, allocUninitialized(m_exec, E, MemCategory::Workspace)); }
-    }
+    TensorPtr biasDev, norm;
+    TS_ASSIGN_OR_RETURN(TensorPtr probsWs, allocUninitialized(m_exec, int64_t(T) * K, MemCategory::Workspace));
+    if (bias) { TS_ASSIGN_OR_RETURN(biasDev, allocUninitialized(m_exec, E, MemCategory::Workspace)); }
+    // sinkhorn: the doubly normalised logits the choice is the top-k of
+    if (ro.sinkhorn) { TS_ASSIGN_OR_RETURN(norm, allocUninitialized(m_exec, int64_t(T) * E, MemCategory::Workspace)); }
     // The ops read the tensors the layer saves through their own pointers: the host replaces those
     // in MoeSaved when it packs them for the backward (GptModel::saveBf16), maybe before they run.
     TensorPtr xp = s->xp;
+    const TensorPtr chosen = s->qbChosen;
     m_exec.op("router.topk_permute", Category::Elementwise, double(T) * E * 4, uint64_t(T) * (E + K * h) * 4, [=] {
-        std::vector<int32_t> offset(size_t(E) + 1, 0);
-        if (kernelRouted) {
-            // On the stream: the choice, its probs and the plan (at the capacity if any); the host
-            // reads back only the experts' row offsets (as Megatron's dispatcher reads its tokens
-            // per expert), at a capacity with each expert's copies before dropping.
-            if (biasDev)
-                k::copyBytes(biasDev->data(), (*router)[size_t(li)].expertBias.data(), size_t(E) * sizeof(float));
-            if (offsetsFromDispatch && cap >= 0)  // rows past the kept ones: token -1, a zero row
-                k::setBytes(s->planTok(), 0xFF, size_t(s->rowsAlloc) * sizeof(int32_t));
-            k::moeRouteTopK(fp(s->logits), biasDev ? fp(biasDev) : nullptr, s->planTopi(), fp(probsWs), T, E, spec);
-            k::moeRoutePlan(s->planTopi(), fp(probsWs), T, K, E, capacity, s->planOffset(),
-                            cap >= 0 ? s->planRouted() : nullptr, s->planTok(), s->planStart(), s->planInv(),
-                            s->planTokExp(), s->planRowOf(), fp(s->probT));
-            // With offsetsFromDispatch the dispatcher's gather brings them (s->rows stays
-            // rowsAlloc for the gather below).
-            if (!offsetsFromDispatch && cap >= 0) {
-                std::vector<int32_t> both(2 * size_t(E) + 1);  // offsets [E+1], then routed [E]
-                k::download(both.data(), s->planOffset(), both.size() * sizeof(int32_t));
-                s->routed.assign(both.begin() + E + 1, both.end());
-                s->takeOffsets(both.data());
-            } else if (!offsetsFromDispatch) {
-                k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
-                s->takeOffsets(offset.data());
-            }
-        } else {
-            // On the host: the logits read back (a copy and a wait), the choice and its plan (the
-            // kernel moeRoutePlan's oracle, on the host's copy of the plan) go back.
-            if (!qb) {  // quantile balancing's router.qb_dual_update read them back already
-                s->logitsHost.resize(size_t(T) * E);
-                k::download(s->logitsHost.data(), fp(s->logits), s->logitsHost.size() * sizeof(float));
-            }
-            MoeRouteOptions o = ro;
-            if (bias) o.expertBias = (*router)[size_t(li)].expertBias.data();
-            if (qb) o.precomputed = s->qbIndices.data();
-            const MoeRouting r = moeChoose(s->logitsHost.data(), o);
-            s->logitsHost = {};
-            std::vector<int32_t> plan(size_t(s->planWords()), 0);
-            std::vector<float> probT(static_cast<size_t>(s->rowsAlloc));
-            const auto p = s->planParts(plan.data());
-            std::copy(r.topi.begin(), r.topi.end(), p.topi);
-            kernels::cpu::moeRoutePlan(p.topi, r.probs.data(), T, K, E, capacity, p.offset, p.routed, p.tok, p.start,
-                                       p.inv, p.tokExp, p.rowOf, probT.data());
-            k::copyBytes(s->plan->data(), plan.data(), plan.size() * sizeof(int32_t));
-            k::copyBytes(fp(s->probT), probT.data(), size_t(p.offset[E]) * sizeof(float));
-            s->routed = r.routed;
-            s->takeOffsets(p.offset);
+        // On the stream, every mode: the choice, its probs and the plan (at the capacity if any);
+        // the host reads back only the experts' row offsets (as Megatron's dispatcher reads its
+        // tokens per expert), at a capacity with each expert's copies before dropping.
+        if (biasDev)
+            k::copyBytes(biasDev->data(), (*router)[size_t(li)].expertBias.data(), size_t(E) * sizeof(float));
+        if (offsetsFromDispatch && cap >= 0)  // rows past the kept ones: token -1, a zero row
+            k::setBytes(s->planTok(), 0xFF, size_t(s->rowsAlloc) * sizeof(int32_t));
+        if (norm) k::moeSinkhorn(fp(s->logits), T, E, fp(norm), kMoeSinkhornTol);
+        k::moeRouteTopK(fp(s->logits), biasDev ? fp(biasDev) : nullptr, norm ? fp(norm) : nullptr,
+                        chosen ? chosen->as<int32_t>() : nullptr, s->planTopi(), fp(probsWs), T,
+                        E, spec);
+        k::moeRoutePlan(s->planTopi(), fp(probsWs), T, K, E, capacity, s->planOffset(),
+                        cap >= 0 ? s->planRouted() : nullptr, s->planTok(), s->planStart(), s->planInv(),
+                        s->planTokExp(), s->planRowOf(), fp(s->probT));
+        // With offsetsFromDispatch the dispatcher's gather brings them (s->rows stays rowsAlloc for
+        // the gather below).
+        if (!offsetsFromDispatch && cap >= 0) {
+            std::vector<int32_t> both(2 * size_t(E) + 1);  // offsets [E+1], then routed [E]
+            k::download(both.data(), s->planOffset(), both.size() * sizeof(int32_t));
+            s->routed.assign(both.begin() + E + 1, both.end());
+            s->takeOffsets(both.data());
+        } else if (!offsetsFromDispatch) {
+            std::vector<int32_t> offset(size_t(E) + 1);
+            k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
+            s->takeOffsets(offset.data());
         }
         k::gatherRows(fp(x), s->planTok(), fp(xp), s->rows, h);
         if (ep == 1 && etp == 1) s->eoff = s->offset;
     });
+    s->qbChosen.reset();  // the op holds it until it has run
     // The aux losses' counts, where the backward's kernel (moeRouterAuxBackward) reads them: over
     // the TP (sequence parallel: each rank routes its s/t rows) and CP groups; global_aux_loss:
     // summed over "tp-dp-cp" instead (get_tokens_per_expert_and_token_count's reduce_group) and over
@@ -928,10 +895,15 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
 // at the step end). The quantile: over the microbatch's tokens, so the logits are gathered over
 // tp-cp (all_gather_into_tensor over tp_cp_group: rank-major, tp fastest = our tp then cp
 // gathers); no full-recompute rerun adds it again (Megatron's no-grad first forward adds nothing).
+// Both are kernels on the stream (moeQbDualUpdate): the choice into s.qbChosen for the routing, the
+// quantile added to the layer's row of m_qbSumDev (Megatron's qb_beta_accum); the host counts the
+// microbatches (qb_beta_count) as it enqueues them. Nothing is read back.
 Status GptModel::moeQbForward(MoeSaved& s, int li) {
     const int T = s.T, E = s.E, K = s.k;
     const int tpShare = m_sp ? m_ctx.tpSize : 1, cp = m_ctx.cpSize, n = tpShare * cp;
     const bool update = !m_recomputing;
+    RouterState& rs = (*m_router)[size_t(li)];
+    if (!m_qbSumDev || rs.qbSlot < 0) return Status::internal("quantile balancing without its quantile sums");
     TensorPtr all = s.logits;
     if (update && n > 1) {
         TensorPtr tpAll = s.logits;
@@ -946,36 +918,26 @@ Status GptModel::moeQbForward(MoeSaved& s, int li) {
         }
         keepUntilPassed(m_exec.stream(), {tpAll, all});
     }
-    // This rank's block of the gathered logits: tp rank fastest, then cp (the gathers' order).
-    const int own = (cp > 1 ? m_ctx.cp->rank() * tpShare : 0) + (tpShare > 1 ? m_ctx.tp->rank() : 0);
-    MoeSaved* sp = &s;
+    TS_ASSIGN_OR_RETURN(s.qbChosen, allocUninitialized(m_exec, int64_t(T) * K, MemCategory::Workspace));
+    TS_ASSIGN_OR_RETURN(TensorPtr beta, allocUninitialized(m_exec, E, MemCategory::Workspace));
+    TensorPtr quantile;
+    if (update) {
+        TS_ASSIGN_OR_RETURN(quantile, allocUninitialized(m_exec, E, MemCategory::Workspace));
+        ++rs.qbCount;
+    }
     auto router = m_router;
-    const TensorPtr logits = s.logits;
+    const TensorPtr logits = s.logits, chosen = s.qbChosen, sums = m_qbSumDev;
+    const int64_t at = int64_t(rs.qbSlot) * E;
     m_exec.op("router.qb_dual_update", Category::Elementwise, double(n + 1) * T * E * 4, uint64_t(n + 1) * T * E * 4,
               [=] {
-                  RouterState& rs = (*router)[size_t(li)];
-                  // On the host, from the logits read back once: the gathered ones when this
-                  // microbatch's quantile is added (this rank's rows are block `own` of them), else
-                  // this rank's. The routing (router.topk_permute) then uses them as they are.
-                  std::vector<float> gathered;
-                  std::vector<float>& mine = sp->logitsHost;
-                  mine.resize(size_t(T) * E);
-                  if (update && all != logits) {
-                      gathered.resize(size_t(n) * T * E);
-                      k::download(gathered.data(), fp(all), gathered.size() * sizeof(float));
-                      std::copy_n(gathered.begin() + int64_t(own) * T * E, mine.size(), mine.begin());
-                  } else {
-                      k::download(mine.data(), fp(logits), mine.size() * sizeof(float));
-                  }
+                  // qb_beta as the host holds it when the op runs (the step-end update is an op of
+                  // the same stream)
+                  k::copyBytes(beta->data(), (*router)[size_t(li)].qbBeta.data(), size_t(E) * sizeof(float));
                   // this rank's rows: the same choice as their rows of the gathered logits
-                  sp->qbIndices.resize(size_t(T) * K);
-                  moeQbDualUpdate(mine.data(), T, E, K, rs.qbBeta.data(), sp->qbIndices.data(), nullptr);
-                  if (!update) return;
-                  std::vector<float> q(static_cast<size_t>(E));
-                  moeQbDualUpdate(all != logits ? gathered.data() : mine.data(), n * T, E, K, rs.qbBeta.data(), nullptr,
-                                  q.data());
-                  for (int e = 0; e < E; ++e) rs.qbAccum[size_t(e)] += q[size_t(e)];
-                  rs.qbCount++;
+                  k::moeQbDualUpdate(fp(logits), T, E, K, fp(beta), chosen->as<int32_t>(), nullptr);
+                  if (!quantile) return;
+                  k::moeQbDualUpdate(fp(all), n * T, E, K, fp(beta), nullptr, fp(quantile));
+                  k::addInPlace(fp(sums) + at, fp(quantile), E);
               });
     return Status::ok();
 }
@@ -983,44 +945,44 @@ Status GptModel::moeQbForward(MoeSaved& s, int li) {
 // _update_router_qb_beta: each layer's mean quantile over the step's microbatches, averaged over
 // the dp-cp ranks, blended into qb_beta and centred; then the sums reset. Megatron averages over
 // dp_cp; we sum over tp-dp-cp and divide by its size: the TP ranks of a group hold the same
-// quantiles (computed from the same gathered logits), so the mean is the same.
+// quantiles (computed from the same gathered logits), so the mean is the same. Every rank of the
+// group runs as many microbatches through the layer, so each rank's sum over its microbatches is
+// summed first (one all-reduce of every layer's sums) and divided by the count and the ranks
+// after the one read-back of the step.
 Status GptModel::moeQbStepEnd() {
-    std::vector<int> moe;
-    for (int li = 0; li < localLayers(); ++li)
-        if (m_layers[size_t(li)].routerW >= 0) moe.push_back(li);
+    std::vector<int> moe, counts;
+    for (int li = 0; li < localLayers(); ++li) {
+        RouterState& rs = (*m_router)[size_t(li)];
+        if (m_layers[size_t(li)].routerW < 0 || rs.qbSlot < 0) continue;
+        moe.push_back(li);
+        counts.push_back(rs.qbCount);
+        rs.qbCount = 0;
+    }
     if (moe.empty()) return Status::ok();
-    const int E = m_cfg.num_moe_experts, n = int(moe.size());
-    auto router = m_router;
-    TS_ASSIGN_OR_RETURN(TensorPtr mean, allocUninitialized(m_exec, int64_t(n) * E, MemCategory::CommBuffers));
-    m_exec.op("moe.qb_beta_mean", Category::Elementwise, double(n) * E, uint64_t(n) * E * 8, [=] {
-        std::vector<float> h(size_t(n) * E);
-        for (int i = 0; i < n; ++i) {
-            const RouterState& rs = (*router)[size_t(moe[size_t(i)])];
-            const float count = float(std::max(rs.qbCount, 1));
-            for (int e = 0; e < E; ++e) h[size_t(i) * E + e] = rs.qbAccum[size_t(e)] / count;
-        }
-        k::copyBytes(mean->data(), h.data(), h.size() * sizeof(float));
-    });
+    if (!m_qbSumDev) return Status::internal("quantile balancing without its quantile sums");
+    const int E = m_cfg.num_moe_experts, slots = m_qbSlots;
+    const TensorPtr sums = m_qbSumDev;
     int ranks = 1;
     if (m_ctx.tpDpCp && m_ctx.tpDpCp->size() > 1) {
         ranks = m_ctx.tpDpCp->size();
-        m_ctx.tpDpCp->allReduce(m_exec.stream(), mean->data(), mean->data(), size_t(n) * E, DType::F32, ReduceOp::Sum);
+        m_ctx.tpDpCp->allReduce(m_exec.stream(), sums->data(), sums->data(), size_t(slots) * E, DType::F32,
+                                ReduceOp::Sum);
     }
-    keepUntilPassed(m_exec.stream(), {mean});
+    auto router = m_router;
     const double ema = m_cfg.moe_router_quantile_balancing_ema;
     const TraceTarget tt = m_exec.device().traceTarget();
     const int layerBegin = m_ctx.layerBegin;
-    m_exec.op("moe.qb_beta_update", Category::Elementwise, double(n) * E * 4, uint64_t(n) * E * 8, [=] {
+    m_exec.op("moe.qb_beta_update", Category::Elementwise, double(slots) * E * 4, uint64_t(slots) * E * 8, [=] {
         const int64_t ts = monotonicNs();
-        std::vector<float> m(static_cast<size_t>(E)), h(size_t(n) * E);
-        k::download(h.data(), fp(mean), h.size() * sizeof(float));
-        for (int i = 0; i < n; ++i) {
-            RouterState& rs = (*router)[size_t(moe[size_t(i)])];
-            for (int e = 0; e < E; ++e) m[size_t(e)] = h[size_t(i) * E + e] / float(ranks);
+        std::vector<float> h(size_t(slots) * E), m(static_cast<size_t>(E));
+        k::download(h.data(), fp(sums), h.size() * sizeof(float));
+        k::setBytes(sums->data(), 0, h.size() * sizeof(float));
+        for (size_t i = 0; i < moe.size(); ++i) {
+            RouterState& rs = (*router)[size_t(moe[i])];
+            const float count = float(std::max(counts[i], 1));
+            for (int e = 0; e < E; ++e) m[size_t(e)] = h[size_t(rs.qbSlot) * E + size_t(e)] / count / float(ranks);
             moeQbBetaUpdate(rs.qbBeta.data(), m.data(), E, ema);
-            std::fill(rs.qbAccum.begin(), rs.qbAccum.end(), 0.f);
-            rs.qbCount = 0;
-            expertCounters(tt, ts, layerBegin + moe[size_t(i)], "qb_beta", rs.qbBeta);
+            expertCounters(tt, ts, layerBegin + moe[i], "qb_beta", rs.qbBeta);
         }
     });
     return Status::ok();
@@ -1265,7 +1227,7 @@ Status GptModel::moeDispatchPlan(MoeSaved& s) {
     const int own = myT + etp * me;
     if (expertGroup()->rank() != own)
         return Status::internal("moeDispatchPlan: the etp-ep group's ranks are not ordered etp + ETP*ep");
-    if (s.offset.empty()) {  // the kernels routed
+    if (s.offset.empty()) {  // the router left the offsets to this gather (offsetsFromDispatch)
         const int32_t* mine = o + size_t(own) * size_t(words);
         if (s.ro.cap >= 0) s.routed.assign(mine + E + 1, mine + 2 * E + 1);
         s.takeOffsets(mine);
@@ -1427,7 +1389,7 @@ Status GptModel::moeAllGatherDispatch(MoeSaved& s, const TensorPtr& x) {
     TS_ASSIGN_OR_RETURN(const std::vector<float> allHost,
                         k::toHost(m_exec.stream(), fp(routeAll), 2 * TE * n, "moe.allgather_routing"));
     const float* all = allHost.data();  // [etp-ep rank][map, probs][T][E]
-    if (s.offset.empty()) {  // the kernels routed: this rank's offsets from its own map
+    if (s.offset.empty()) {  // the router left the offsets to this gather: this rank's from its own map
         const float* map = all + size_t(group->rank()) * size_t(2 * TE);
         std::vector<int32_t> o(size_t(E) + 1, 0);
         for (int e = 0; e < E; ++e) {

@@ -4,11 +4,12 @@
 // softmax after or before the top-k, sigmoid or sqrtsoftplus scores renormalised over the k
 // chosen, the scaling factor, group-limited top-k, the aux-loss-free expert bias; or the sinkhorn
 // router; quantile balancing's choice), and the expert-major permutation the experts consume, at
-// a capacity if any (the kernel moeRoutePlan's CPU oracle). (The aux and z losses' counts and
-// statistics are the kernel moeRouterAuxCounts', whoever routed.) The engine routes every mode
-// but sinkhorn and quantile balancing with the kernels moeRouteTopK / moeRoutePlan (the same
-// per-token step and plan) and those two here (GptModel::moeForward, router.topk_permute); tests
-// compare the two (tests/engine/model/test_moe_routing.cpp).
+// a capacity if any (the kernel moeRoutePlan's CPU oracle). The engine routes every mode with
+// kernels on its stream (GptModel::moeForward, router.topk_permute: moeSinkhorn or
+// moeQbDualUpdate where the mode asks, then moeRouteTopK and moeRoutePlan); moeRoute is the
+// reference the tests check those kernels against, token by token
+// (tests/engine/model/test_moe_routing.cpp). (The aux and z losses' counts and statistics are the
+// kernel moeRouterAuxCounts'.)
 #pragma once
 
 #include <vector>
@@ -52,9 +53,6 @@ struct MoeRouteOptions {
     bool pad = false;
     bool byProb = true;
     bool bf16Probs = false;  // probs rounded to bf16 (the router's output dtype under bf16)
-    // Host threads that route the tokens (chunks of 256 tokens each; the result is the same for
-    // any number): on a GPU the device idles while the host routes.
-    int threads = 1;
     // How a token chooses, as the routing kernels take it (kernels/cpu/ops.h).
     kernels::cpu::MoeTopKSpec topk() const {
         kernels::cpu::MoeTopKSpec s;
@@ -67,11 +65,6 @@ struct MoeRouteOptions {
         s.bf16Probs = bf16Probs;
         return s;
     }
-    // Whether the kernels route it (moeRouteTopK, moeRoutePlan): not sinkhorn, no precomputed
-    // choice (the engine also routes quantile balancing on the host, whose choice comes later);
-    // dropless or at a capacity. moeRoute routes every mode (its plan is moeRoutePlan's oracle).
-    // (The kernels take K <= 64 and numGroups <= 64, as modelDimsFromConfig requires.)
-    bool kernelRouted() const { return !sinkhorn && !precomputed; }
     kernels::cpu::MoeCapacity capacity() const {
         kernels::cpu::MoeCapacity c;
         c.cap = cap;
@@ -100,25 +93,17 @@ struct MoeRouting {
 using kernels::cpu::moeAuxScores;
 using kernels::cpu::moeSoftmax;
 
-// logits: [T, E] row-major. moeChoose: each token's choice and probs (topi, topp, probs, routed),
-// what the engine uploads for moeRoutePlan when the host routes; moeRoute: that and the plan.
+// logits: [T, E] row-major. moeChoose: each token's choice and probs (topi, topp, probs, routed);
+// moeRoute: that and the plan. (Sinkhorn: the choice from moeSinkhorn of the logits.)
 MoeRouting moeChoose(const float* logits, const MoeRouteOptions& o);
 MoeRouting moeRoute(const float* logits, const MoeRouteOptions& o);
 
-// Megatron's sinkhorn (moe_utils.py): exp(cost) scaled by per-token and per-expert factors,
-// iterated in fp32 until the expert factors move by <= tol on average. cost: [T, E]; out: [T, E].
-void moeSinkhorn(const float* cost, int T, int E, float* out, float tol = 1e-4f);
-
-// Quantile balancing (moe_router_load_balancing_type=quantile_balancing; Megatron's qb_dual_update
-// in moe_utils.py), on scores [m, n] (tokens, experts; the fp32 logits), in fp32 as torch does:
-//   indices [m*k] (if non-null): each token's top-k of scores - beta, best first (ties: lower
-//     expert, as everywhere in moeRoute);
-//   quantile [n] (if non-null): with alpha_t the token's (k+1)-th largest of scores_t - beta, each
-//     expert's (m*k/n + 1)-th largest of scores[:, j] - alpha over the m tokens: the bias under
-//     which expert j would get m*k/n tokens (the per-microbatch estimate the step-end update
-//     averages into qb_beta).
-// Needs k < n and m*k divisible by n (modelDimsFromConfig refuses the rest).
-void moeQbDualUpdate(const float* scores, int m, int n, int k, const float* beta, int* indices, float* quantile);
+// The balancing modes' kernels (kernels/cpu/ops.h): Megatron's sinkhorn, quantile balancing's
+// qb_dual_update.
+using kernels::cpu::moeQbDualUpdate;
+using kernels::cpu::moeSinkhorn;
+// Megatron's sinkhorn tolerance (moe_utils.sinkhorn's tol, which TopKRouter leaves at its default).
+constexpr float kMoeSinkhornTol = 1e-4f;
 
 // The step-end update of qb_beta (finalize_model_grads' _update_router_qb_beta): beta = ema * beta +
 // (1 - ema) * mean, then centred (its mean over the n experts subtracted), in fp32.

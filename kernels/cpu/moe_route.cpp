@@ -142,14 +142,15 @@ double moeAuxScores(const float* l, int E, MoeScore score, double* p) {
     return lse;
 }
 
-void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
-                  const MoeTopKSpec& spec) {
+void moeRouteTopK(const float* logits, const float* bias, const float* sinkhorn, const int32_t* chosen,
+                  int32_t* topi, float* probs, int T, int E, const MoeTopKSpec& spec) {
     const int K = spec.K;
     MoeTokenScratch w;
     std::vector<int> sel(size_t(std::max(K, 1)));
     std::vector<double> p(size_t(std::max(K, 1)));
     for (int t = 0; t < T; ++t) {
-        moeRouteToken(logits + int64_t(t) * E, E, spec, bias, nullptr, nullptr, sel.data(), p.data(), w);
+        moeRouteToken(logits + int64_t(t) * E, E, spec, bias, sinkhorn ? sinkhorn + int64_t(t) * E : nullptr,
+                      chosen ? chosen + int64_t(t) * K : nullptr, sel.data(), p.data(), w);
         for (int j = 0; j < K; ++j) {
             float q = float(p[size_t(j)]);
             if (spec.bf16Probs) roundToBf16(&q, 1);

@@ -1,7 +1,7 @@
 // The MoE router's per-token pieces on the host, shared by the routing kernels' CPU oracle
 // (kernels/cpu/moe_route.cpp: moeRouteTopK, moeRouterAuxCounts, moeRouterProbsCoefficients) and
-// the engine's host routing (engine/model/moe_routing.h, moeRoute: the modes no kernel routes —
-// sinkhorn, precomputed choices), so both choose and weigh a token the same way.
+// the host's reference routing (engine/model/moe_routing.h, moeRoute, which the tests check the
+// kernels against), so both choose and weigh a token the same way.
 // Everything in double; the top-k keeps the lower index on ties.
 #pragma once
 

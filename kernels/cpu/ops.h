@@ -379,9 +379,9 @@ void moeRouterAuxBackward(const float* logits, const float* counts, const float*
                           int G, int microBatch, MoeScore score, double wAux, double wSeq, double wGlobal,
                           double zScale);
 
-// --- The router's choice and plan on the device (moe_route.cpp; Megatron's TopKRouter and its
-// permute, REFERENCE.md §5.2), for the modes a kernel routes: not sinkhorn, no precomputed choice
-// (the engine's moeRoute routes those on the host), dropless or at a capacity ---
+// --- The router's choice and plan on the device (moe_route.cpp, moe_balance.cpp; Megatron's
+// TopKRouter and its permute, REFERENCE.md §5.2), for every mode: the score functions, the
+// sinkhorn router, quantile balancing's choice; dropless or at a capacity ---
 // How a token chooses (moe_utils.py::topk_routing_with_score_function): K experts by the
 // score function; softmax: the top-k of the logits and a softmax over the k chosen, or with
 // preSoftmax the softmax over all E and its top-k (probs not renormalised); sigmoid /
@@ -398,10 +398,30 @@ struct MoeTopKSpec {
     bool bf16Probs = false;
 };
 // Each token's choice topi [T, K] (best first, ties: lower index) and probs [T, K] from the
-// logits [T, E] (bias [E]: the expert bias on the choice, null: none). Needs K <= E, K <= 64 and
-// numGroups <= 64 (the engine's config checks refuse more).
-void moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
-                  const MoeTopKSpec& spec);
+// logits [T, E] (bias [E]: the expert bias on the choice, null: none). sinkhorn [T, E] (non-null:
+// the sinkhorn router, moeSinkhorn of the logits): the choice is each row's top-k, the probs
+// sigmoid(logit) for K = 1 or the full softmax at the chosen experts, never scaled. chosen [T, K]
+// (non-null: a choice made elsewhere, quantile balancing's): the probs the score function's at
+// those experts (groups and bias unused). Needs K <= E, K <= 64 and numGroups <= 64 (the engine's
+// config checks refuse more).
+void moeRouteTopK(const float* logits, const float* bias, const float* sinkhorn, const int32_t* chosen,
+                  int32_t* topi, float* probs, int T, int E, const MoeTopKSpec& spec);
+// Megatron's sinkhorn (moe_utils.py) of cost [T, E] into out [T, E]: exp(cost) scaled by per-token
+// factors d0 = (1/T) / (row . d1 + eps) and per-expert factors d1 = (1/E) / (column . d0 + eps),
+// iterated from d1 = 1 until the expert factors move by <= tol on average; fp32, in the orders of
+// kernels/common/moe_balance.h.
+void moeSinkhorn(const float* cost, int T, int E, float* out, float tol = 1e-4f);
+// Quantile balancing (moe_router_load_balancing_type=quantile_balancing; Megatron's qb_dual_update
+// in moe_utils.py), on scores [m, n] (tokens, experts; the fp32 logits), in fp32 as torch does:
+//   indices [m*k] (if non-null): each token's top-k of scores - beta, best first (ties: lower
+//     expert, as every router);
+//   quantile [n] (if non-null): with alpha_t the token's (k+1)-th largest of scores_t - beta, each
+//     expert's (m*k/n + 1)-th largest of scores[:, j] - alpha over the m tokens: the bias under
+//     which expert j would get m*k/n tokens (the per-microbatch estimate the step-end update
+//     averages into qb_beta).
+// Selections by kernels/common/moe_balance.h's key (-0 taken as +0, every NaN above +inf). Needs
+// 1 <= k < n, and k <= 64 on CUDA (the engine's config checks refuse the rest).
+void moeQbDualUpdate(const float* scores, int m, int n, int k, const float* beta, int32_t* indices, float* quantile);
 // A capacity per expert in token copies (moe_expert_capacity_factor; Megatron's
 // apply_router_token_dropping; cap < 0: dropless). Over it an expert keeps its `cap` copies with
 // the highest probs (byProb; ties: the earlier token) or its first `cap` in token order; pad fills

@@ -204,7 +204,7 @@ Status sumSquaresAccumulate(const float* x, int64_t n, double* acc, float* accAs
     Status st = sumSquares(x, n, static_cast<double*>(sum), stream);
     if (st.isOk()) {
         sumSquaresTotalReduceKernel<<<1, 1, 0, s>>>(static_cast<const double*>(sum), acc, accAsFloat);
-        st = detail::launchStatus("sumSquaresAccumulate launch");
+        (void)(st = detail::launchStatus("sumSquaresAccumulate launch"));  // (nvcc warns on a bare assignment of a nodiscard type)
     }
     const Status freed = detail::fromCuda(cudaFreeAsync(sum, s), "sumSquaresAccumulate scratch (cudaFreeAsync)");
     return st.isOk() ? freed : st;

@@ -11,9 +11,13 @@
 //   moeRouterAuxCounts: one thread per token for its aux scores' normaliser and top-k, counted by
 //     integer atomics; traced, the statistics as per-chunk partial sums (a thread per chunk of 256
 //     tokens and (group, expert) column), added in chunk order;
-//   moeRouterProbsCoefficients: one thread per token, as the oracle.
+//   moeRouterProbsCoefficients: one thread per token, as the oracle;
+//   moeSinkhorn (oracle kernels/cpu/moe_balance.cpp): the iteration in one block, the same bits;
+//   moeQbDualUpdate (the same oracle): each token's choice by a thread, each expert's quantile by
+//     a block's radix select, exact.
 // Names carry a word classifyKernel knows (index, scatter, reduce, scale).
 #include "kernels/common/bf16.h"
+#include "kernels/common/moe_balance.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -91,6 +95,7 @@ __device__ void softmaxStats(const float* l, int E, double& mx, double& se) {
 }
 
 __global__ void moeRouteTopKIndexKernel(const float* __restrict__ logits, const float* __restrict__ bias,
+                                        const float* __restrict__ sinkhorn, const int32_t* __restrict__ chosen,
                                         int32_t* __restrict__ topi, float* __restrict__ probs, int T, int E,
                                         cpu::MoeTopKSpec s) {
     const int K = s.K;
@@ -98,32 +103,53 @@ __global__ void moeRouteTopKIndexKernel(const float* __restrict__ logits, const 
         const float* l = logits + t * E;
         double mx, se;
         softmaxStats(l, E, mx, se);
-        int sel[kMaxK];
+        int sel[kMaxK] = {};  // (initialised: nvcc cannot tell the lambdas below run after the choice)
         double best[kMaxK], p[kMaxK];
-        if (s.score == cpu::MoeScore::Softmax && !s.preSoftmax) {
-            chooseTopK([&](int e) { return static_cast<double>(l[e]); }, E, K, s.numGroups, s.groupTopk, sel, best);
-            // a softmax over the k chosen logits
+        // The probs of the chosen experts (the oracle's moeRouteToken): a softmax over their
+        // logits; the full softmax at them; or their scores, renormalised for K > 1.
+        const auto softmaxOfChosen = [&] {
             double cm = static_cast<double>(l[sel[0]]);
             for (int j = 1; j < K; ++j) cm = fmax(cm, static_cast<double>(l[sel[j]]));
             double cs = 0;
             for (int j = 0; j < K; ++j) cs += (p[j] = exp(static_cast<double>(l[sel[j]]) - cm));
             for (int j = 0; j < K; ++j) p[j] /= cs;
-        } else if (s.score == cpu::MoeScore::Softmax) {
-            const auto soft = [&](int e) { return exp(static_cast<double>(l[e]) - mx) / se; };
-            chooseTopK(soft, E, K, s.numGroups, s.groupTopk, sel, best);
+        };
+        const auto soft = [&](int e) { return exp(static_cast<double>(l[e]) - mx) / se; };
+        const auto fullSoftmaxAtChosen = [&] {
             for (int j = 0; j < K; ++j) p[j] = soft(sel[j]);
+        };
+        const auto scoresOfChosen = [&] {
+            double sum = 0;
+            for (int j = 0; j < K; ++j) sum += (p[j] = routeScore(s.score, l[sel[j]]));
+            if (K > 1)
+                for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
+        };
+        const bool softmax = s.score == cpu::MoeScore::Softmax;
+        if (chosen) {
+            for (int j = 0; j < K; ++j) sel[j] = chosen[t * K + j];
+            if (softmax && !s.preSoftmax) softmaxOfChosen();
+            else if (softmax) fullSoftmaxAtChosen();
+            else scoresOfChosen();
+        } else if (sinkhorn) {
+            const float* row = sinkhorn + t * E;
+            chooseTopK([&](int e) { return static_cast<double>(row[e]); }, E, K, 0, 0, sel, best);
+            if (K == 1) p[0] = routeSigmoid(l[sel[0]]);
+            else fullSoftmaxAtChosen();
+        } else if (softmax && !s.preSoftmax) {
+            chooseTopK([&](int e) { return static_cast<double>(l[e]); }, E, K, s.numGroups, s.groupTopk, sel, best);
+            softmaxOfChosen();
+        } else if (softmax) {
+            chooseTopK(soft, E, K, s.numGroups, s.groupTopk, sel, best);
+            fullSoftmaxAtChosen();
         } else {
             chooseTopK(
                 [&](int e) {
                     return routeScore(s.score, l[e]) + (bias ? static_cast<double>(bias[e]) : 0.0);
                 },
                 E, K, s.numGroups, s.groupTopk, sel, best);
-            double sum = 0;
-            for (int j = 0; j < K; ++j) sum += (p[j] = routeScore(s.score, l[sel[j]]));
-            if (K > 1)
-                for (int j = 0; j < K; ++j) p[j] /= sum + 1e-20;
+            scoresOfChosen();
         }
-        if (s.scale != 0)
+        if (!sinkhorn && s.scale != 0)
             for (int j = 0; j < K; ++j) p[j] *= s.scale;
         for (int j = 0; j < K; ++j) {
             const float q = static_cast<float>(p[j]);
@@ -131,6 +157,123 @@ __global__ void moeRouteTopKIndexKernel(const float* __restrict__ logits, const 
             probs[t * K + j] = s.bf16Probs ? hd::bf16RoundFloat(q) : q;
         }
     }
+}
+
+// Sinkhorn in one block (the oracle's iteration, kernels/cpu/moe_balance.cpp, the same bits): out
+// holds exp(cost) until the last pass scales it; d0 [T], d1 and d1old [E], part [chunks, E] are
+// global scratch, each pass's writes seen by the next after __syncthreads. Per pass: a thread per
+// token for its row (expert order), a thread per (chunk, expert) for the column's partial sums,
+// a thread per expert for the sum of its partials in chunk order; thread 0 the error and whether
+// to go on. One block keeps the loop on the device (no host check per iteration, which Megatron's
+// torch loop does): about T*E/1024 dependent adds per thread and pass.
+__global__ void __launch_bounds__(1024) moeSinkhornReduceKernel(const float* __restrict__ cost, float* __restrict__ out,
+                                        float* __restrict__ d0, float* __restrict__ d1, float* __restrict__ d1old,
+                                        float* __restrict__ part, int T, int E, float tol) {
+    __shared__ float error;
+    __shared__ int more;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int64_t n = int64_t(T) * E;
+    const int chunks = (T + hd::kSinkhornChunk - 1) / hd::kSinkhornChunk;
+    for (int64_t i = tid; i < n; i += nt) out[i] = static_cast<float>(exp(static_cast<double>(cost[i])));
+    for (int e = tid; e < E; e += nt) d1[e] = d1old[e] = 1.f;
+    for (int t = tid; t < T; t += nt) d0[t] = 0.f;  // as the oracle's, should no pass run
+    if (tid == 0) error = 1e9f;
+    const float invT = __fdiv_rn(1.f, static_cast<float>(T)), invE = __fdiv_rn(1.f, static_cast<float>(E));
+    const float eps = hd::kSinkhornEps;
+    for (int it = 0;; ++it) {
+        __syncthreads();
+        if (tid == 0) more = error > tol && it < hd::kSinkhornMaxIters;
+        __syncthreads();
+        if (!more) break;
+        for (int t = tid; t < T; t += nt) {
+            const float* c = out + int64_t(t) * E;
+            float acc = 0;
+            for (int e = 0; e < E; ++e) acc = __fadd_rn(acc, __fmul_rn(d1[e], c[e]));
+            d0[t] = __fdiv_rn(invT, __fadd_rn(acc, eps));
+        }
+        __syncthreads();
+        for (int w = tid; w < chunks * E; w += nt) {
+            const int q = w / E, e = w % E;
+            const int end = min(T, (q + 1) * hd::kSinkhornChunk);
+            float acc = 0;
+            for (int t = q * hd::kSinkhornChunk; t < end; ++t)
+                acc = __fadd_rn(acc, __fmul_rn(d0[t], out[int64_t(t) * E + e]));
+            part[w] = acc;
+        }
+        __syncthreads();
+        for (int e = tid; e < E; e += nt) {
+            float acc = 0;
+            for (int q = 0; q < chunks; ++q) acc = __fadd_rn(acc, part[int64_t(q) * E + e]);
+            d1[e] = __fdiv_rn(invE, __fadd_rn(acc, eps));
+        }
+        __syncthreads();
+        if (tid == 0) {
+            float diff = 0;
+            for (int e = 0; e < E; ++e) diff = __fadd_rn(diff, fabsf(__fsub_rn(d1old[e], d1[e])));
+            error = __fdiv_rn(diff, static_cast<float>(E));
+            for (int e = 0; e < E; ++e) d1old[e] = d1[e];
+        }
+    }
+    for (int64_t i = tid; i < n; i += nt)
+        out[i] = __fmul_rn(__fmul_rn(d1[i % E], out[i]), d0[i / E]);
+}
+
+// Quantile balancing's choice, a thread per token: the k+1 best of scores - beta by their order
+// keys, inserted in increasing expert index (ties keep the lower one); the first k into indices,
+// the (k+1)-th value into alpha (either may be null).
+__global__ void moeQbChoiceIndexKernel(const float* __restrict__ S, const float* __restrict__ beta, int m, int n,
+                                       int k, int32_t* __restrict__ indices, float* __restrict__ alpha) {
+    for (int64_t t = globalThread(); t < m; t += gridThreads()) {
+        const float* s = S + t * n;
+        int sel[kMaxK + 1];
+        double best[kMaxK + 1];
+        int kept = 0;
+        for (int j = 0; j < n; ++j)
+            insertBest(static_cast<double>(hd::floatOrderKey(__fsub_rn(s[j], beta[j]))), j, k + 1, kept, sel, best);
+        if (indices)
+            for (int j = 0; j < k; ++j) indices[t * k + j] = sel[j];
+        if (alpha) alpha[t] = hd::floatOfOrderKey(static_cast<uint32_t>(best[k]));
+    }
+}
+
+// Quantile balancing's quantile, a block per expert j: the c-th largest (from 0) of
+// S[:, j] - alpha over the m tokens by a radix select on the order keys, 8 bits a pass from the
+// top (a shared histogram of the keys that match the bits chosen so far), exact.
+__global__ void moeQbQuantileReduceKernel(const float* __restrict__ S, const float* __restrict__ alpha, int m, int n,
+                                          int c, float* __restrict__ quantile) {
+    __shared__ int hist[256];
+    __shared__ uint32_t prefixS;
+    __shared__ int wantS;
+    const int j = blockIdx.x;
+    if (threadIdx.x == 0) {
+        prefixS = 0;
+        wantS = c;
+    }
+    uint32_t mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        const uint32_t prefix = prefixS;
+        for (int t = threadIdx.x; t < m; t += blockDim.x) {
+            const uint32_t key = hd::floatOrderKey(__fsub_rn(S[int64_t(t) * n + j], alpha[t]));
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int above = 0, want = wantS;
+            for (int b = 255; b >= 0; --b) {
+                if (above + hist[b] > want) {
+                    prefixS = prefix | (static_cast<uint32_t>(b) << shift);
+                    wantS = want - above;
+                    break;
+                }
+                above += hist[b];
+            }
+        }
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) quantile[j] = hd::floatOfOrderKey(prefixS);
 }
 
 // One block per expert: the rank of each of its slots among them in token-major order (into rank),
@@ -525,13 +668,52 @@ Status withScratch(const char* op, size_t bytes, cudaStream_t s, Body body) {
 
 }  // namespace
 
-Status moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
-                    const cpu::MoeTopKSpec& spec, void* stream) {
+Status moeRouteTopK(const float* logits, const float* bias, const float* sinkhorn, const int32_t* chosen,
+                    int32_t* topi, float* probs, int T, int E, const cpu::MoeTopKSpec& spec, void* stream) {
     TS_RETURN_IF_ERROR(checkSpec("moeRouteTopK", T, E, spec));
     if (T == 0) return Status::ok();
     moeRouteTopKIndexKernel<<<detail::blocksFor(T, kThreads), kThreads, 0, detail::asStream(stream)>>>(
-        logits, bias, topi, probs, T, E, spec);
+        logits, bias, sinkhorn, chosen, topi, probs, T, E, spec);
     return detail::launchStatus("moeRouteTopK launch");
+}
+
+Status moeSinkhorn(const float* cost, int T, int E, float* out, float tol, void* stream) {
+    if (T < 0 || E < 0) return Status::invalid("moeSinkhorn: needs T >= 0 tokens and E >= 0 experts");
+    if (T == 0 || E == 0) return Status::ok();
+    cudaStream_t s = detail::asStream(stream);
+    const int64_t chunks = (T + hd::kSinkhornChunk - 1) / hd::kSinkhornChunk;
+    const size_t floats = size_t(T) + 2 * size_t(E) + size_t(chunks) * size_t(E);
+    return withScratch("moeSinkhorn", floats * sizeof(float), s, [&](void* p) {
+        float* d0 = static_cast<float*>(p);
+        float* d1 = d0 + T;
+        float* d1old = d1 + E;
+        float* part = d1old + E;
+        moeSinkhornReduceKernel<<<1, 1024, 0, s>>>(cost, out, d0, d1, d1old, part, T, E, tol);
+        return detail::launchStatus("moeSinkhorn launch");
+    });
+}
+
+Status moeQbDualUpdate(const float* scores, int m, int n, int k, const float* beta, int32_t* indices,
+                       float* quantile, void* stream) {
+    if (m < 0 || n < 1 || k < 1 || k >= n || k > kMaxK)
+        return Status::invalid("moeQbDualUpdate: needs m >= 0 tokens and 1 <= k < n experts, k <= " +
+                               std::to_string(kMaxK));
+    if (m == 0) return Status::ok();
+    cudaStream_t s = detail::asStream(stream);
+    if (!quantile) {
+        moeQbChoiceIndexKernel<<<detail::blocksFor(m, kThreads), kThreads, 0, s>>>(scores, beta, m, n, k, indices,
+                                                                                 nullptr);
+        return detail::launchStatus("moeQbDualUpdate choice launch");
+    }
+    const int c = static_cast<int>(int64_t(m) * k / n);
+    return withScratch("moeQbDualUpdate", size_t(m) * sizeof(float), s, [&](void* p) {
+        float* alpha = static_cast<float*>(p);
+        moeQbChoiceIndexKernel<<<detail::blocksFor(m, kThreads), kThreads, 0, s>>>(scores, beta, m, n, k, indices,
+                                                                                 alpha);
+        TS_RETURN_IF_ERROR(detail::launchStatus("moeQbDualUpdate choice launch"));
+        moeQbQuantileReduceKernel<<<n, kThreads, 0, s>>>(scores, alpha, m, n, c, quantile);
+        return detail::launchStatus("moeQbDualUpdate quantile launch");
+    });
 }
 
 Status moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, const cpu::MoeCapacity& capacity,

@@ -330,8 +330,8 @@ Status moeRouterAuxBackward(const float* logits, const float* counts, const floa
 // capacity with a stream-ordered scratch of 3 T*K + E + T + 1 ints); the aux counts by integer
 // atomics, traced their statistics by per-chunk partial sums added in order. Limits: K <= 64 and
 // numGroups <= 64 (Status::invalid beyond).
-Status moeRouteTopK(const float* logits, const float* bias, int32_t* topi, float* probs, int T, int E,
-                    const cpu::MoeTopKSpec& spec, void* stream);
+Status moeRouteTopK(const float* logits, const float* bias, const float* sinkhorn, const int32_t* chosen,
+                    int32_t* topi, float* probs, int T, int E, const cpu::MoeTopKSpec& spec, void* stream);
 Status moeRoutePlan(const int32_t* topi, const float* probs, int T, int K, int E, const cpu::MoeCapacity& capacity,
                     int32_t* offset, int32_t* routed, int32_t* tok, int32_t* start, int32_t* inv, int32_t* tokExp,
                     int32_t* rowOf, float* probT, void* stream);
@@ -340,5 +340,12 @@ Status moeRouterAuxCounts(const float* logits, int T, int E, int K, int G, int m
 Status moeRouterProbsCoefficients(const float* logits, const int32_t* topi, int T, int E, const cpu::MoeTopKSpec& spec,
                                   bool sinkhorn, float* a, float* b, float* c, float* full, void* stream);
 Status moeRoutingMap(const int32_t* tokExp, const float* probT, int rows, int64_t TE, float* map, void* stream);
+// The balancing modes (the oracle is kernels/cpu/moe_balance.cpp), the same bits: sinkhorn's whole
+// iteration in one block of 1024 threads (no host check per iteration), with a stream-ordered
+// scratch of T + 2E + ceil(T/256)*E floats; quantile balancing's choice a thread per token (k < n,
+// k <= 64), its quantile a block per expert (a radix select; scratch: m floats).
+Status moeSinkhorn(const float* cost, int T, int E, float* out, float tol, void* stream);
+Status moeQbDualUpdate(const float* scores, int m, int n, int k, const float* beta, int32_t* indices,
+                       float* quantile, void* stream);
 
 }  // namespace ts::kernels::cuda

@@ -257,8 +257,8 @@ Status ropeTables(int s, int d, float theta, int posOffset, RopeTables* out) {
     if (made.isOk()) {
         rotaryPairTablesKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, own>>>(p, p + n, s, d, theta,
                                                                                      posOffset);
-        made = detail::launchStatus("rope tables");
-        if (made.isOk()) made = detail::fromCuda(cudaStreamSynchronize(own), "rope tables (wait)");
+        (void)(made = detail::launchStatus("rope tables"));  // (nvcc warns on a bare assignment of a nodiscard type)
+        if (made.isOk()) (void)(made = detail::fromCuda(cudaStreamSynchronize(own), "rope tables (wait)"));
         (void)cudaStreamDestroy(own);
     }
     if (!made.isOk()) {

@@ -194,12 +194,13 @@ TEST_F(CudaMoe, RouteKernelsMatchTheCpu) {
         const int64_t TK = int64_t(T) * K;
         DeviceVec<float> dlog(logits), dbias(bias), dprobs(static_cast<size_t>(TK));
         DeviceVec<int32_t> dtopi(static_cast<size_t>(TK));
-        TS_ASSERT_OK(cuda::moeRouteTopK(dlog.ptr, m.bias ? dbias.ptr : nullptr, dtopi.ptr, dprobs.ptr, T, E, m.spec,
-                                        m_stream));
+        TS_ASSERT_OK(cuda::moeRouteTopK(dlog.ptr, m.bias ? dbias.ptr : nullptr, nullptr, nullptr, dtopi.ptr,
+                                        dprobs.ptr, T, E, m.spec, m_stream));
         sync();
         std::vector<int32_t> topi(static_cast<size_t>(TK));
         std::vector<float> probs(static_cast<size_t>(TK));
-        cpu::moeRouteTopK(logits.data(), m.bias ? bias.data() : nullptr, topi.data(), probs.data(), T, E, m.spec);
+        cpu::moeRouteTopK(logits.data(), m.bias ? bias.data() : nullptr, nullptr, nullptr, topi.data(), probs.data(),
+                          T, E, m.spec);
         const std::string what = m.name;
         expectEqualInts(dtopi.download(), topi, what + ": choice", {T, K});
         expectClose(dprobs.download(), probs, m.spec.bf16Probs ? 8e-3 : 1e-6, 1e-9, what + ": probs", {T, K});
@@ -266,6 +267,78 @@ TEST_F(CudaMoe, RouteKernelsMatchTheCpu) {
         expectSameBits(dcounts2.download(), counts, what + ": aux counts alone", {G, E});
         expectSameBits(dtotal2.download(), total, what + ": aux total alone");
         expectSameBits(dstats2.download(), dstats.download(), what + ": aux statistics again");
+    }
+}
+
+// The balancing modes (moe_route.cu: moeSinkhorn, moeQbDualUpdate) against their oracle
+// (kernels/cpu/moe_balance.cpp), bit for bit: sinkhorn's normalised logits (exp in double, every
+// product and sum rounded in the oracle's order); quantile balancing's choice and quantiles, on
+// continuous logits and on small integers (ties inside tokens and columns, zeros of both signs);
+// then the router's choice and probs from them (moeRouteTopK's sinkhorn and given-choice paths).
+// Shapes: more tokens than a block's threads and than one chunk of the column sums, E not a
+// multiple of 32, the smallest.
+TEST_F(CudaMoe, BalancingKernelsMatchTheCpu) {
+    struct Shape {
+        int T, E, K;
+    };
+    for (const Shape& sh : {Shape{611, 12, 2}, Shape{2500, 64, 8}, Shape{3, 2, 1}}) {
+        const int T = sh.T, E = sh.E, K = sh.K;
+        const int64_t TK = int64_t(T) * K;
+        const std::string shape = "T " + std::to_string(T) + " E " + std::to_string(E) + " k " + std::to_string(K);
+        for (bool ties : {false, true}) {
+            std::vector<float> logits = randomVec(size_t(T) * E, uint32_t(43 + T), -4, 4);
+            std::vector<float> beta = randomVec(size_t(E), uint32_t(44 + T), -0.5f, 0.5f);
+            if (ties) {
+                for (float& v : logits) v = std::round(v);
+                for (float& b : beta) b = std::round(4 * b) / 4;
+            }
+            // Quantile balancing's scores: with ties, infinities and a NaN in the first token too
+            // (inf - inf is a NaN whose sign differs between the CPU and the GPU; the keys make
+            // every NaN one).
+            std::vector<float> scores = logits;
+            if (ties && E > 2) {
+                const float inf = std::numeric_limits<float>::infinity();
+                scores[0] = inf;
+                scores[1] = -inf;
+                scores[2] = std::numeric_limits<float>::quiet_NaN();
+            }
+            const std::string what = shape + (ties ? ", ties" : "");
+            DeviceVec<float> dlog(logits), dscores(scores), dbeta(beta), dnorm(size_t(T) * E), dq(static_cast<size_t>(E));
+            DeviceVec<int32_t> didx(static_cast<size_t>(TK)), dchoice(static_cast<size_t>(TK));
+            TS_ASSERT_OK(cuda::moeSinkhorn(dlog.ptr, T, E, dnorm.ptr, 1e-4f, m_stream));
+            TS_ASSERT_OK(cuda::moeQbDualUpdate(dscores.ptr, T, E, K, dbeta.ptr, didx.ptr, dq.ptr, m_stream));
+            TS_ASSERT_OK(cuda::moeQbDualUpdate(dscores.ptr, T, E, K, dbeta.ptr, dchoice.ptr, nullptr, m_stream));
+            sync();
+            std::vector<float> norm(size_t(T) * E), q(static_cast<size_t>(E));
+            std::vector<int32_t> idx(static_cast<size_t>(TK));
+            cpu::moeSinkhorn(logits.data(), T, E, norm.data(), 1e-4f);
+            cpu::moeQbDualUpdate(scores.data(), T, E, K, beta.data(), idx.data(), q.data());
+            expectSameBits(dnorm.download(), norm, what + ": sinkhorn", {T, E}, &logits);
+            expectEqualInts(didx.download(), idx, what + ": quantile balancing's choice", {T, K});
+            expectEqualInts(dchoice.download(), idx, what + ": the choice alone", {T, K});
+            expectSameBits(dq.download(), q, what + ": quantiles");
+            // The router from them: the CPU's sinkhorn and choice on both sides.
+            DeviceVec<float> cnorm(norm), dprobs(static_cast<size_t>(TK));
+            DeviceVec<int32_t> cidx(idx), dtopi(static_cast<size_t>(TK));
+            std::vector<float> probs(static_cast<size_t>(TK));
+            std::vector<int32_t> topi(static_cast<size_t>(TK));
+            cpu::MoeTopKSpec spec;
+            spec.K = K;
+            spec.bf16Probs = ties;
+            TS_ASSERT_OK(
+                cuda::moeRouteTopK(dlog.ptr, nullptr, cnorm.ptr, nullptr, dtopi.ptr, dprobs.ptr, T, E, spec, m_stream));
+            sync();
+            cpu::moeRouteTopK(logits.data(), nullptr, norm.data(), nullptr, topi.data(), probs.data(), T, E, spec);
+            expectEqualInts(dtopi.download(), topi, what + ": sinkhorn's choice", {T, K});
+            expectClose(dprobs.download(), probs, ties ? 8e-3 : 1e-6, 1e-9, what + ": sinkhorn's probs", {T, K});
+            spec.score = cpu::MoeScore::Sigmoid;
+            TS_ASSERT_OK(
+                cuda::moeRouteTopK(dlog.ptr, nullptr, nullptr, cidx.ptr, dtopi.ptr, dprobs.ptr, T, E, spec, m_stream));
+            sync();
+            cpu::moeRouteTopK(logits.data(), nullptr, nullptr, idx.data(), topi.data(), probs.data(), T, E, spec);
+            expectEqualInts(dtopi.download(), topi, what + ": a given choice", {T, K});
+            expectClose(dprobs.download(), probs, ties ? 8e-3 : 1e-6, 1e-9, what + ": a given choice's probs", {T, K});
+        }
     }
 }
 

@@ -6,10 +6,10 @@
 // run is traced, the MoE router's counters (their aux-loss counts) and tensorwise FP8's last
 // amaxes. Within a
 // microbatch only the MoE router, once per MoE layer (its experts' row offsets, or with EP / ETP
-// the dispatcher's gathered ones, at a capacity with each expert's copies before dropping), twice
-// where the host routes (quantile balancing, sinkhorn) or, at a capacity, the allgather
-// dispatcher's routing map needs the rows before its gather: Megatron's token
-// dispatcher waits there too for its data-dependent sizes. Everything else waits for nothing: FP8 in every recipe, context parallel
+// the dispatcher's gathered ones, at a capacity with each expert's copies before dropping; every
+// router mode, sinkhorn and quantile balancing included, routes with kernels), twice where, at a
+// capacity, the allgather dispatcher's routing map needs the rows before its gather: Megatron's
+// token dispatcher waits there too for its data-dependent sizes. Everything else waits for nothing: FP8 in every recipe, context parallel
 // in every cp_comm_type, recompute.
 #include <gtest/gtest.h>
 
@@ -114,6 +114,10 @@ std::vector<Case> cases() {
         c.moe_router_load_balancing_type = "quantile_balancing";
         c.moe_aux_loss_coeff = 0;
         v.push_back({"ep2 quantile balancing", moeLayoutConfig(c, ExpertLayout{1, 1, 2, 2})});
+        // the logits gathered over tp for the quantiles, no dispatcher's wait
+        v.push_back({"tp2 quantile balancing", moeLayoutConfig(c, ExpertLayout{2, 1, 1, 1})});
+        c.moe_router_load_balancing_type = "sinkhorn";
+        v.push_back({"ep2 sinkhorn", moeLayoutConfig(c, ExpertLayout{1, 1, 2, 2})});
     }
     {
         // (moeLayoutConfig sets the capacity from the layout)
@@ -187,19 +191,16 @@ TEST(EmulatedDeviceWaits, OnlyTheRouterWaitsWithinAMicrobatch) {
                                                "fp8_scale_update",       "fp8_expert_scale_update",
                                                "moe.expert_bias_update", "moe.qb_beta_update",
                                                "moe.router_stats_read", "fp8_counters",  "fp8_expert_counters"};
-        const std::set<std::string> router = {"router.topk_permute", "moe.dispatch_counts", "moe.allgather_routing",
-                                              "router.qb_dual_update"};
-        // The router's waits per MoE layer and microbatch: one (the kernels route, and the host
-        // reads back the offsets, or with EP / ETP the dispatcher's gathered ones, at a capacity
-        // with the copies before dropping); two where the host routes (quantile balancing's
-        // logits) or, at a capacity, the allgather dispatcher needs the rows before it gathers.
-        const bool hostRouted = k.c.moe_router_load_balancing_type == "quantile_balancing" ||
-                                k.c.moe_router_load_balancing_type == "sinkhorn" ||
-                                (k.c.moe_expert_capacity_factor > 0 && k.c.moe_token_dispatcher_type == "allgather");
+        const std::set<std::string> router = {"router.topk_permute", "moe.dispatch_counts", "moe.allgather_routing"};
+        // The router's waits per MoE layer and microbatch: one (the kernels route in every mode, and
+        // the host reads back the offsets, or with EP / ETP the dispatcher's gathered ones, at a
+        // capacity with the copies before dropping); two where, at a capacity, the allgather
+        // dispatcher needs the rows before it gathers.
+        const bool readsRowsFirst = k.c.moe_expert_capacity_factor > 0 && k.c.moe_token_dispatcher_type == "allgather";
         const int etp = k.c.expert_tensor_parallel_size > 0 ? k.c.expert_tensor_parallel_size
                                                             : k.c.tensor_model_parallel_size;
         const bool dispatched = k.c.expert_model_parallel_size > 1 || etp > 1;
-        const int64_t routerWaits = moe ? routings * (hostRouted && dispatched ? 2 : 1) : 0;
+        const int64_t routerWaits = moe ? routings * (readsRowsFirst && dispatched ? 2 : 1) : 0;
         for (const auto& [rank, dev] : (*t)->localDevices()) {
             const auto waits = emulatedHostWaits(const_cast<Device&>(*dev));
             EXPECT_EQ(waits.count("optimizer.clip"), 1u) << k.name << ", rank " << rank << ": the norm is read once";

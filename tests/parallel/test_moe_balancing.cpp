@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <random>
 
@@ -97,6 +98,28 @@ TEST(MoeQuantileBalancing, DualUpdateMatchesABruteForceReference) {
         for (float& b : beta) b = 0.3f * g(rng);
         expectQbMatchesReference(S, m, n, k, beta, what + " random");
     }
+}
+
+// The selections' total order (kernels/common/moe_balance.h): a NaN ranks above +inf (as in
+// torch.topk), whatever its sign (the CPU's inf - inf is a negative NaN, the GPU's positive); -0
+// and +0 are equal, so the lower expert wins; a quantile that is a NaN comes back as one.
+TEST(MoeQuantileBalancing, NaNsRankFirstAndSignedZerosTie) {
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    const int m = 4, n = 4, k = 1;
+    const std::vector<float> S = {1.f, -nan, inf, 0.f,    // the NaN (negative sign bit), then +inf
+                                  -0.f, 0.f, -1.f, -2.f,  // -0 and +0 tie: expert 0
+                                  inf, -inf, inf, 3.f,    // two +inf: the lower
+                                  -inf, -inf, -inf, -inf};
+    const std::vector<float> beta(static_cast<size_t>(n), 0.f);
+    std::vector<int> idx(size_t(m) * k, -1);
+    std::vector<float> q(static_cast<size_t>(n), 0.f);
+    engine::moeQbDualUpdate(S.data(), m, n, k, beta.data(), idx.data(), q.data());
+    EXPECT_EQ(idx, (std::vector<int>{1, 0, 0, 0}));
+    // alphas (each token's 2nd best): +inf, +0, +inf, -inf. Each column's 2nd largest of S - alpha
+    // (c = m*k/n = 1): columns 0-2 hold at least two NaNs (inf - inf, NaN - inf, -inf - -inf),
+    // which rank first; column 3 is {-inf, -2, -inf, NaN}: -2.
+    for (int j = 0; j < 3; ++j) EXPECT_TRUE(std::isnan(q[size_t(j)])) << "expert " << j << ": " << q[size_t(j)];
+    EXPECT_EQ(q[3], -2.f);
 }
 
 // Uniform logits: every token picks experts 0..k-1 (ties to the lower index), every column

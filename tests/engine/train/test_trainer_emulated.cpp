@@ -194,6 +194,7 @@ TEST(EmulatedDeviceTrainer, OnlyTheRouterWaitsForTheDeviceWithinAMicrobatch) {
                                                         {"fp8_scale_update", steps},
                                                         {"fp8_expert_scale_update", steps},
                                                         {"moe.expert_bias_update", steps},
+                                                        {"moe.qb_beta_update", steps},
                                                         {"loss_reduce", steps},
                                                         {"moe.router_stats_read", moe ? steps : 0},
                                                         {"fp8_counters", steps},  // tensorwise, traced

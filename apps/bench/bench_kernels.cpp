@@ -124,6 +124,7 @@ void benchShape(const Shape& sh, const std::vector<int>& threadCounts, std::vect
     const int64_t nParams = 12LL * h * h * 4 + static_cast<int64_t>(V) * h;  // ~ tiny/small model
     auto param = randomVec(nParams, 9), grad = randomVec(nParams, 10);
     std::vector<float> m(nParams, 0.f), vv(nParams, 0.f);
+    std::vector<uint16_t> bits(static_cast<size_t>(nParams));
 
     // attention flops: causal QK^T and PV each 2*s*s*d/2 per head (forward)
     const double attFwdFlops = 2.0 * 2.0 * sh.b * sh.heads * (sh.s * 0.5 * sh.s) * d;
@@ -204,6 +205,20 @@ void benchShape(const Shape& sh, const std::vector<int>& threadCounts, std::vect
              cpu::AdamParams hp;
              hp.weightDecay = 0.1f;
              cpu::adamwStep(param.data(), grad.data(), m.data(), vv.data(), nParams, hp);
+         }},
+        // a bf16 model's step: its bf16 copy written in the update's pass, or in a second one
+        {"adamw + bf16 model bits", "fused", 0,
+         [&] {
+             cpu::AdamParams hp;
+             hp.weightDecay = 0.1f;
+             cpu::adamwStep(param.data(), grad.data(), m.data(), vv.data(), nParams, hp, bits.data());
+         }},
+        {"adamw + bf16 model bits", "unfused", 0,
+         [&] {
+             cpu::AdamParams hp;
+             hp.weightDecay = 0.1f;
+             cpu::adamwStep(param.data(), grad.data(), m.data(), vv.data(), nParams, hp);
+             cpu::floatToBf16(param.data(), bits.data(), nParams);
          }},
     };
     for (int th : threadCounts) {

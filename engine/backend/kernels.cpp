@@ -817,8 +817,8 @@ void crossEntropyFused(float* logitsInGradOut, const int32_t* targets, const flo
 }
 
 void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
-               const AdamParams& hp) {
-    TS_KERN_DISPATCH(adamwStep, param, grad, m, v, n, hp);
+               const AdamParams& hp, uint16_t* bits) {
+    TS_KERN_DISPATCH(adamwStep, param, grad, m, v, n, hp, bits);
 }
 
 void floatToBf16(const float* x, uint16_t* y, int64_t n) {

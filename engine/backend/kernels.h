@@ -249,8 +249,9 @@ void crossEntropyBackwardUnfused(const float* probs, const int32_t* targets, con
                                  float* dlogits, int T, int V);
 void crossEntropyFused(float* logitsInGradOut, const int32_t* targets, const float* dloss,
                        float* loss, int T, int V);
+// bits (null: none): the new params' bf16 bits (the bf16 model copy), in the same pass.
 void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
-               const AdamParams& hp);
+               const AdamParams& hp, uint16_t* bits);
 void floatToBf16(const float* x, uint16_t* y, int64_t n);
 void bf16ToFloat(const uint16_t* x, float* y, int64_t n);
 void roundToBf16(float* x, int64_t n);

@@ -59,8 +59,12 @@ Result<std::unique_ptr<ShardedAdamW>> ShardedAdamW::create(const Config& c, std:
         if (!main)
             return Status::internal("optimizer piece of '" + pb->info(p.param).name +
                                     "' outside the main params this rank keeps");
+        // bf16: the step writes the piece's model bits in its pass (the bits are indexed as the
+        // whole buffer, as syncModelParams(begin, end) writes them)
+        uint16_t* bits = pb->modelBits();
         o->m_segments.push_back({main, pb->mainGrads() + p.begin, o->m_m->as<float>() + p.state,
-                                 o->m_v->as<float>() + p.state, p.end - p.begin, p.noWeightDecay});
+                                 o->m_v->as<float>() + p.state, p.end - p.begin, p.noWeightDecay,
+                                 bits ? bits + p.begin : nullptr});
     }
     o->m_chunks = std::move(chunks);
     return o;
@@ -104,12 +108,10 @@ void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refres
     const int64_t step = m_steps;
     exec.op("optimizer.adamw", trace::Category::Optimizer, 12.0 * double(m_ownedNumel), uint64_t(m_ownedNumel) * 20,
             [=] {
+                // the owned pieces' model bits come with the update (AdamSegment::bits)
                 adamwSegments(*segs, hp, lr, step, info->clipCoef);
-                if (refreshWholeModelCopy) {
+                if (refreshWholeModelCopy)
                     for (const OptimizerChunk& ch : *chunks) ch.params->syncModelParams();
-                } else {
-                    for (const Piece& p : *pieces) (*chunks)[size_t(p.chunk)].params->syncModelParams(p.begin, p.end);
-                }
             });
 }
 

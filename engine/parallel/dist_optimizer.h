@@ -44,8 +44,8 @@ public:
                                                         Device& dev, Communicator* normComm);
 
     // Enqueues on `exec`'s stream: local sum of squares, all-reduce, clipping, AdamW on the
-    // owned ranges, bf16 copy refresh of the owned ranges (or whole buffers when
-    // refreshWholeModelCopy). A non-finite norm fails the stream with NumericalError.
+    // owned ranges writing their bf16 model copy in the same pass (and the whole buffers' copy
+    // again when refreshWholeModelCopy). A non-finite norm fails the stream with NumericalError.
     void enqueueStep(Exec& exec, double lr, int iteration, bool refreshWholeModelCopy);
     const OptimizerStepInfo& lastStep() const { return *m_info; }
     int64_t stepCount() const { return m_steps; }

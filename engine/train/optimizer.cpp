@@ -81,7 +81,7 @@ void adamwSegments(const std::vector<AdamSegment>& segs, const AdamHyper& hp, do
     for (const AdamSegment& s : segs) {
         k::AdamParams p = base;
         p.weightDecay = s.noWeightDecay ? 0.f : float(hp.weightDecay);
-        k::adamwStep(s.param, s.grad, s.expAvg, s.expAvgSq, s.n, p);
+        k::adamwStep(s.param, s.grad, s.expAvg, s.expAvgSq, s.n, p, s.bits);
     }
 }
 
@@ -107,25 +107,25 @@ void AdamWOptimizer::enqueueStep(Exec& exec, double lr, int iteration) {
     const int64_t n = m_params.numel();
     float* grads = m_params.mainGrads();
     // One segment per param (weight decay is per param); built now, as the buffers are final.
+    // With bf16 the step writes the model copy's bits in the same pass (an unsharded main: the
+    // bits lie at the main's offsets).
     auto segs = std::make_shared<std::vector<AdamSegment>>();
+    uint16_t* bits = m_params.modelBits();
     for (int i = 0; i < m_params.count(); ++i) {
         const ParamInfo& p = m_params.info(i);
         segs->push_back({m_params.mainParam(i), m_params.mainGrad(i), expAvg() + p.offset, expAvgSq() + p.offset,
-                         p.numel, p.noWeightDecay});
+                         p.numel, p.noWeightDecay, bits ? bits + p.offset : nullptr});
     }
     auto info = m_info;
     const AdamHyper hp = m_hp;
     const int64_t step = m_steps;
-    ParamBuffer* params = &m_params;
     exec.setLayer(-1);
     // The norm is summed over the whole buffer in one pass (its summation order is part of
     // the bit-exact contract of single-device runs).
     exec.opStatus("optimizer.grad_norm", trace::Category::Optimizer, 2.0 * double(n), uint64_t(n) * 4,
                   [=]() -> Status { return clipSegmentGrads(k::sumSquares(grads, n), hp, lr, iteration, info.get()); });
-    exec.op("optimizer.adamw", trace::Category::Optimizer, 12.0 * double(n), uint64_t(n) * 20, [=] {
-        adamwSegments(*segs, hp, lr, step, info->clipCoef);
-        params->syncModelParams();
-    });
+    exec.op("optimizer.adamw", trace::Category::Optimizer, 12.0 * double(n), uint64_t(n) * 20,
+            [=] { adamwSegments(*segs, hp, lr, step, info->clipCoef); });
 }
 
 }  // namespace ts::engine

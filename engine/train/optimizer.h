@@ -46,6 +46,7 @@ struct AdamSegment {  // one contiguous run of a param: n elements of each array
     float* expAvgSq = nullptr;
     int64_t n = 0;
     bool noWeightDecay = false;
+    uint16_t* bits = nullptr;  // the bf16 model copy of these elements, written by the step (null: fp32)
 };
 struct AdamHyper {
     double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.01, clipGrad = 1.0;

@@ -292,9 +292,10 @@ struct AdamParams {
     // same float product as scaling the grads first, without a pass over them). 1 = none.
     float gradScale = 1.0f;
 };
-// PyTorch AdamW semantics (torch.optim.AdamW, amsgrad=False).
+// PyTorch AdamW semantics (torch.optim.AdamW, amsgrad=False). bits (null: none) receives the
+// new params' bf16 bits (floatToBf16 of param after the step), in the same pass.
 void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
-               const AdamParams& hp);
+               const AdamParams& hp, uint16_t* bits = nullptr);
 
 // --- bf16 -------------------------------------------------------------------------------
 // Round-to-nearest-even fp32 -> bf16 (NaN preserved), and back.

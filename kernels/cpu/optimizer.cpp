@@ -2,15 +2,23 @@
 //   g = grad * gradScale (clipping);  p *= 1 - lr*wd;  m = lerp(m, g, 1-beta1);  v = beta2 v + (1-beta2) g^2;
 //   p += -(lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc_i = 1 - beta_i^step.
 // Scalars are formed in double (Python floats in torch) and applied in float like torch's
-// CPU kernels do.
+// CPU kernels do. With `bits`, the new params' bf16 bits too (the bf16 model copy, Megatron's
+// bf16 params), in the same pass instead of a second one over the params.
 #include "kernels/cpu/ops.h"
 
 #include <cmath>
 
+#include "kernels/common/bf16.h"
+
 namespace ts::kernels::cpu {
 
-void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
-               const AdamParams& hp) {
+namespace {
+
+// The element loop, with the bf16 bits of the new params written beside them or not (two
+// instantiations, so the plain one loses nothing to a branch per element).
+template <bool kBits>
+void adamwLoop(float* param, const float* grad, float* m, float* v, int64_t n, const AdamParams& hp,
+               uint16_t* bits) {
     const double lr = hp.lr, b1 = hp.beta1, b2 = hp.beta2;
     const double step = static_cast<double>(hp.step < 1 ? 1 : hp.step);
     const float decay = static_cast<float>(1.0 - lr * static_cast<double>(hp.weightDecay));
@@ -37,7 +45,16 @@ void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
         m[i] = mi;
         v[i] = vi;
         param[i] = p;
+        if constexpr (kBits) bits[i] = hd::bf16FromFloat(p);
     }
+}
+
+}  // namespace
+
+void adamwStep(float* param, const float* grad, float* m, float* v, int64_t n, const AdamParams& hp,
+               uint16_t* bits) {
+    if (bits) adamwLoop<true>(param, grad, m, v, n, hp, bits);
+    else adamwLoop<false>(param, grad, m, v, n, hp, nullptr);
 }
 
 }  // namespace ts::kernels::cpu

@@ -1,5 +1,6 @@
 // AdamW step with torch.optim.AdamW semantics (see kernels/cpu/optimizer.cpp): scalars are
 // formed on the host in double and applied in float per element.
+#include "kernels/common/bf16.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -16,7 +17,7 @@ struct AdamScalars {
 
 __global__ void adamwKernel(float* __restrict__ p, const float* __restrict__ g,
                             float* __restrict__ m, float* __restrict__ v, int64_t n,
-                            AdamScalars s) {
+                            AdamScalars s, uint16_t* __restrict__ bits) {
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += stride) {
@@ -27,7 +28,9 @@ __global__ void adamwKernel(float* __restrict__ p, const float* __restrict__ g,
         mi = s.w < 0.5f ? mi + s.w * (gi - mi) : gi - (gi - mi) * (1.0f - s.w);  // torch lerp
         const float vi = v[i] * s.beta2 + gi * gi * s.oneMinusB2;
         const float denom = sqrtf(vi) / s.bc2Sqrt + s.eps;
-        p[i] = pi + s.negStep * mi / denom;
+        const float np = pi + s.negStep * mi / denom;
+        p[i] = np;
+        if (bits) bits[i] = hd::bf16FromFloat(np);  // the bf16 model copy, in the same pass
         m[i] = mi;
         v[i] = vi;
     }
@@ -36,7 +39,7 @@ __global__ void adamwKernel(float* __restrict__ p, const float* __restrict__ g,
 }  // namespace
 
 Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
-                 const AdamParams& hp, void* stream) {
+                 const AdamParams& hp, uint16_t* bits, void* stream) {
     if (n < 0) return Status::invalid("adamwStep: negative element count");
     if (n == 0) return Status::ok();
     const double lr = hp.lr, b1 = hp.beta1, b2 = hp.beta2;
@@ -53,7 +56,7 @@ Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
     s.decayOn = hp.weightDecay != 0.0f;
     constexpr int kThreads = 256;
     adamwKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(
-        param, grad, m, v, n, s);
+        param, grad, m, v, n, s, bits);
     return detail::launchStatus("adamwStep launch");
 }
 

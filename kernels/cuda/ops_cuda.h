@@ -264,8 +264,9 @@ Status crossEntropyFused(float* logitsInGradOut, const int32_t* targets, const f
                          float* loss, int T, int V, void* stream);
 
 // --- Optimizer ------------------------------------------------------------------------------
+// bits (null: none): the new params' bf16 bits, written in the same pass (the bf16 model copy).
 Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
-                 const AdamParams& hp, void* stream);
+                 const AdamParams& hp, uint16_t* bits, void* stream);
 
 // --- bf16 -----------------------------------------------------------------------------------
 Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream);

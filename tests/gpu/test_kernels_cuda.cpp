@@ -91,15 +91,21 @@ TEST_F(KernelsCuda, AdamWThreeStepsMatchCpu) {
     hc.beta2 = hg.beta2 = 0.95f;
     hc.weightDecay = hg.weightDecay = 0.1f;
     hc.gradScale = hg.gradScale = 0.6f;  // clipping folded into the update
+    DeviceVec<uint16_t> dbits(static_cast<size_t>(n));
     for (int step = 1; step <= 3; ++step) {
         const auto g = randomVec(n, 10 + step, -2, 2);
         DeviceVec<float> dg(g);
         hc.step = hg.step = step;
-        TS_ASSERT_OK(cuda::adamwStep(dp.ptr, dg.ptr, dm.ptr, dv.ptr, n, hg, m_stream));
+        // the last step writes the bf16 model copy in the same pass
+        TS_ASSERT_OK(cuda::adamwStep(dp.ptr, dg.ptr, dm.ptr, dv.ptr, n, hg, step == 3 ? dbits.ptr : nullptr, m_stream));
         TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
         cpu::adamwStep(p.data(), g.data(), m.data(), v.data(), n, hc);
     }
-    expectNear(dp.download(), p, 1e-6, 1e-7, "param");
+    const std::vector<float> gotP = dp.download();
+    std::vector<uint16_t> wantBits(static_cast<size_t>(n));
+    cpu::floatToBf16(gotP.data(), wantBits.data(), n);
+    expectEqualInts(dbits.download(), wantBits, "the model copy's bits: the device's new params in bf16");
+    expectNear(gotP, p, 1e-6, 1e-7, "param");
     expectNear(dm.download(), m, 1e-6, 1e-8, "exp_avg");
     expectNear(dv.download(), v, 1e-6, 1e-10, "exp_avg_sq");
 }

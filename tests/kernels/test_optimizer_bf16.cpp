@@ -5,6 +5,7 @@
 #include "kernels/cpu/vec_math.h"
 
 #include <cstring>
+#include <limits>
 
 namespace ts::kernels::cpu {
 namespace {
@@ -104,6 +105,38 @@ uint16_t refBf16(float x) {
     if (elo < ehi) return lo;
     if (ehi < elo) return hi;
     return (lo & 1) ? hi : lo;
+}
+
+// The bf16 model copy written in the step's pass: the same params, moments bit for bit as without
+// it, and bits that are floatToBf16 of the new params (ties, NaN and values near bf16's largest
+// among them: params placed there before a step with lr 0 and no decay leave them as they are).
+TEST(KernelsAdamW, ModelBitsAreTheNewParamsInBf16) {
+    const int64_t n = 1031;
+    auto p1 = randomVector(n, 91), g = randomVector(n, 92, -2.f, 2.f);
+    p1[0] = 1.00390625f;        // a tie between two bf16 (even: down)
+    p1[1] = 1.01171875f;        // a tie (even: up)
+    p1[2] = std::numeric_limits<float>::quiet_NaN();
+    p1[3] = 3.4e38f;            // rounds past bf16's largest: inf
+    auto p2 = p1, m1 = std::vector<float>(n, 0.f), v1 = m1, m2 = m1, v2 = m1;
+    std::vector<uint16_t> bits(static_cast<size_t>(n), 0), want(static_cast<size_t>(n));
+    AdamParams hp;
+    for (float lr : {0.f, 3e-3f}) {  // lr 0: the params stay (the edge values reach the bits)
+        hp.lr = lr;
+        hp.weightDecay = lr == 0 ? 0.f : 0.1f;
+        hp.step = lr == 0 ? 1 : 2;
+        adamwStep(p1.data(), g.data(), m1.data(), v1.data(), n, hp, bits.data());
+        adamwStep(p2.data(), g.data(), m2.data(), v2.data(), n, hp);
+        EXPECT_EQ(std::memcmp(p1.data(), p2.data(), size_t(n) * sizeof(float)), 0) << "params, lr " << lr;
+        EXPECT_EQ(std::memcmp(m1.data(), m2.data(), size_t(n) * sizeof(float)), 0) << "exp_avg, lr " << lr;
+        EXPECT_EQ(std::memcmp(v1.data(), v2.data(), size_t(n) * sizeof(float)), 0) << "exp_avg_sq, lr " << lr;
+        floatToBf16(p2.data(), want.data(), n);
+        EXPECT_EQ(bits, want) << "lr " << lr;
+        if (lr == 0) {
+            EXPECT_EQ(bits[0], 0x3F80) << "tie to even, down";
+            EXPECT_EQ(bits[1], 0x3F82) << "tie to even, up";
+            EXPECT_EQ(bits[3], 0x7F80) << "past the largest bf16: inf";
+        }
+    }
 }
 
 TEST(KernelsBf16, RoundToNearestEvenEdgeCases) {

@@ -122,7 +122,6 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     }
     if (qbSlots > 0) {  // zeroed
         TS_ASSIGN_OR_RETURN(m->m_qbSumDev, m->m_exec.alloc(int64_t(qbSlots) * cfg.num_moe_experts, MemCategory::Workspace));
-        m->m_qbSlots = qbSlots;
     }
     return m;
 }

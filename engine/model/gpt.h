@@ -492,7 +492,6 @@ private:
     // quantile_balancing: [MoE layers, E] each layer's sum of this step's column quantiles, on the
     // device (RouterState::qbSlot; moeQbForward adds, moeQbStepEnd reads it once and zeroes it).
     TensorPtr m_qbSumDev;
-    int m_qbSlots = 0;
     struct Fp8BlockWeightCopy {
         TensorPtr row, col, rowCodes, colCodes;  // dequantized values (workspace) and FP8 bytes with scales (params)
         int step = -1;

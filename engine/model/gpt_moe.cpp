@@ -933,10 +933,13 @@ Status GptModel::moeQbForward(MoeSaved& s, int li) {
                   // qb_beta as the host holds it when the op runs (the step-end update is an op of
                   // the same stream)
                   k::copyBytes(beta->data(), (*router)[size_t(li)].qbBeta.data(), size_t(E) * sizeof(float));
-                  // this rank's rows: the same choice as their rows of the gathered logits
-                  k::moeQbDualUpdate(fp(logits), T, E, K, fp(beta), chosen->as<int32_t>(), nullptr);
+                  // this rank's rows (the same choice as their rows of the gathered logits), with the
+                  // quantiles when no gather came before; else those from the gathered logits
+                  const bool own = all == logits;
+                  k::moeQbDualUpdate(fp(logits), T, E, K, fp(beta), chosen->as<int32_t>(),
+                                     quantile && own ? fp(quantile) : nullptr);
                   if (!quantile) return;
-                  k::moeQbDualUpdate(fp(all), n * T, E, K, fp(beta), nullptr, fp(quantile));
+                  if (!own) k::moeQbDualUpdate(fp(all), n * T, E, K, fp(beta), nullptr, fp(quantile));
                   k::addInPlace(fp(sums) + at, fp(quantile), E);
               });
     return Status::ok();
@@ -950,17 +953,18 @@ Status GptModel::moeQbForward(MoeSaved& s, int li) {
 // summed first (one all-reduce of every layer's sums) and divided by the count and the ranks
 // after the one read-back of the step.
 Status GptModel::moeQbStepEnd() {
+    // The quantile-balanced layers in layer order, which is their slots' order (GptModel::create).
     std::vector<int> moe, counts;
     for (int li = 0; li < localLayers(); ++li) {
         RouterState& rs = (*m_router)[size_t(li)];
-        if (m_layers[size_t(li)].routerW < 0 || rs.qbSlot < 0) continue;
+        if (rs.qbSlot < 0) continue;
         moe.push_back(li);
         counts.push_back(rs.qbCount);
         rs.qbCount = 0;
     }
     if (moe.empty()) return Status::ok();
     if (!m_qbSumDev) return Status::internal("quantile balancing without its quantile sums");
-    const int E = m_cfg.num_moe_experts, slots = m_qbSlots;
+    const int E = m_cfg.num_moe_experts, slots = int(moe.size());
     const TensorPtr sums = m_qbSumDev;
     int ranks = 1;
     if (m_ctx.tpDpCp && m_ctx.tpDpCp->size() > 1) {
@@ -980,7 +984,7 @@ Status GptModel::moeQbStepEnd() {
         for (size_t i = 0; i < moe.size(); ++i) {
             RouterState& rs = (*router)[size_t(moe[i])];
             const float count = float(std::max(counts[i], 1));
-            for (int e = 0; e < E; ++e) m[size_t(e)] = h[size_t(rs.qbSlot) * E + size_t(e)] / count / float(ranks);
+            for (int e = 0; e < E; ++e) m[size_t(e)] = h[i * size_t(E) + size_t(e)] / count / float(ranks);
             moeQbBetaUpdate(rs.qbBeta.data(), m.data(), E, ema);
             expertCounters(tt, ts, layerBegin + moe[i], "qb_beta", rs.qbBeta);
         }

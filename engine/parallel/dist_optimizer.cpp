@@ -70,7 +70,7 @@ Result<std::unique_ptr<ShardedAdamW>> ShardedAdamW::create(const Config& c, std:
     return o;
 }
 
-void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refreshWholeModelCopy) {
+void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration) {
     ++m_steps;
     exec.setLayer(-1);
     exec.setMicrobatch(-1);
@@ -107,12 +107,9 @@ void ShardedAdamW::enqueueStep(Exec& exec, double lr, int iteration, bool refres
                   });
     const int64_t step = m_steps;
     exec.op("optimizer.adamw", trace::Category::Optimizer, 12.0 * double(m_ownedNumel), uint64_t(m_ownedNumel) * 20,
-            [=] {
-                // the owned pieces' model bits come with the update (AdamSegment::bits)
-                adamwSegments(*segs, hp, lr, step, info->clipCoef);
-                if (refreshWholeModelCopy)
-                    for (const OptimizerChunk& ch : *chunks) ch.params->syncModelParams();
-            });
+            // the owned pieces' model bits come with the update (AdamSegment::bits); without the
+            // distributed optimizer a rank owns every param whole
+            [=] { adamwSegments(*segs, hp, lr, step, info->clipCoef); });
 }
 
 }  // namespace ts::engine

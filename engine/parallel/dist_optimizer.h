@@ -44,9 +44,8 @@ public:
                                                         Device& dev, Communicator* normComm);
 
     // Enqueues on `exec`'s stream: local sum of squares, all-reduce, clipping, AdamW on the
-    // owned ranges writing their bf16 model copy in the same pass (and the whole buffers' copy
-    // again when refreshWholeModelCopy). A non-finite norm fails the stream with NumericalError.
-    void enqueueStep(Exec& exec, double lr, int iteration, bool refreshWholeModelCopy);
+    // owned ranges writing their bf16 model copy in the same pass. A non-finite norm fails the stream with NumericalError.
+    void enqueueStep(Exec& exec, double lr, int iteration);
     const OptimizerStepInfo& lastStep() const { return *m_info; }
     int64_t stepCount() const { return m_steps; }
     // Elements with optimizer state on this rank (sum of owned ranges).

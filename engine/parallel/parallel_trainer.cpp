@@ -712,7 +712,7 @@ Status ParallelTrainer::rankStep(int local, int it, const std::atomic<bool>* can
             R.compute->wait(*gradsDone);
             {
                 RangeScope optRange(*R.dev, range::kOptimizer, {it, -1, -1, -1});
-                R.opt->enqueueStep(ex0, m_lr.lrAt(it), it + 1, !m_cfg.use_distributed_optimizer);
+                R.opt->enqueueStep(ex0, m_lr.lrAt(it), it + 1);
                 for (auto& s : R.syncs) s->startParamGather();
             }
         }

@@ -571,6 +571,28 @@ void linearBackward(const float* dy, const float* x, const float* W, float* dx, 
     TS_KERN_GEMM(linearBackward, operandsLinearBackward, dy, x, W, dx, dW, db, T, in, out);
 }
 
+void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
+                          int G, int in, int out) {
+    TS_KERN_CUDA(linearForwardGrouped, x, W, b, y, off, G, in, out)
+    for (int g = 0; g < G; ++g) {
+        const int r0 = off[g], rows = off[g + 1] - r0;
+        if (rows > 0)
+            linearForward(x + int64_t(r0) * in, W[g], b ? b[g] : nullptr, y + int64_t(r0) * out, rows, in, out);
+    }
+}
+
+void linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
+                           float* const* db, const int* off, int G, int in, int out) {
+    TS_KERN_CUDA(linearBackwardGrouped, dy, x, W, dx, dW, db, off, G, in, out)
+    for (int g = 0; g < G; ++g) {
+        const int r0 = off[g], rows = off[g + 1] - r0;
+        if (rows > 0)
+            linearBackward(dy + int64_t(r0) * out, x ? x + int64_t(r0) * in : nullptr, W ? W[g] : nullptr,
+                           dx ? dx + int64_t(r0) * in : nullptr, dW ? dW[g] : nullptr, db ? db[g] : nullptr, rows,
+                           in, out);
+    }
+}
+
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
                        int vocabStart, int vocabEnd) {
     TS_KERN_DISPATCH(embeddingBackward, ids, dout, dtable, T, C, vocabStart, vocabEnd);

@@ -160,6 +160,14 @@ void linearForward(const float* x, const float* W, const float* b, float* y, int
                    int out);
 void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                     float* db, int T, int in, int out);
+// The MoE experts' GEMMs, one call for all local experts (kernels/cpu/ops.h): off, W, b, dW and
+// db are host arrays. On CUDA one kernel call (the groups' shared operands converted to bf16 once
+// for all of them); on the host backends linearForward / linearBackward per group, each checked
+// and viewed as those are.
+void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
+                          int G, int in, int out);
+void linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
+                           float* const* db, const int* off, int G, int in, int out);
 // The lookup without embeddingForward's invalid-id count, so nothing synchronizes: from an fp32
 // table, or from a bf16 model copy's bits (no fp32 copy of the table needed).
 void embeddingLookup(const int32_t* ids, const float* table, float* out, int T, int C, int vocabStart,

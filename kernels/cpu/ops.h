@@ -47,6 +47,20 @@ void linearForward(const float* x, const float* W, const float* b, float* y, int
 void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                     float* db, int T, int in, int out);
 
+// --- Grouped linear (the MoE experts' GEMMs: TE's GroupedLinear, Megatron's TEGroupedMLP) --
+// G linear layers over consecutive row groups of one buffer: group g is rows [off[g], off[g+1])
+// of x [off[G], in] (row offsets from x, not from off[0]), multiplied by its own W[g] [out, in]
+// (+ b[g] where b and b[g] are given) into the same rows of y [off[G], out]. off, W, b, dW and db
+// are host arrays of G (+1) entries; the pointers in them point where x does (device memory on
+// CUDA). A group without rows is skipped (its dW[g] and db[g] untouched). Each group's results
+// are linearForward's / linearBackward's on its rows.
+void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
+                          int G, int in, int out);
+// dx: the groups' rows overwritten (null: no dgrad); dW[g] +=, db[g] += (null arrays or entries:
+// skipped).
+void linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
+                           float* const* db, const int* off, int G, int in, int out);
+
 // --- Embedding (vocab-parallel aware) ---------------------------------------------------
 // table: [vocabEnd - vocabStart, C] holds rows [vocabStart, vocabEnd) of the full table.
 // Tokens outside the range produce zero rows (summed across TP ranks by the caller).

@@ -123,6 +123,15 @@ Status linearForward(const float* x, const float* W, const float* b, float* y, i
                      int out, void* stream);
 Status linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                       float* db, int T, int in, int out, void* stream);
+// The MoE experts' GEMMs (kernels/cpu/ops.h): off, W, b, dW and db are HOST arrays of device
+// pointers. Under bf16 GEMMs the operand all groups share a buffer of (x; dy, and x for the wgrads)
+// is converted to bf16 once for every group, unless it holds FP8 codes or a bound twin covers it;
+// then a cuBLAS GEMM per group (as Transformer Engine's grouped GEMM calls cuBLAS per expert:
+// cublasGemmGroupedBatchedEx writes no fp32 C from bf16 operands).
+Status linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
+                            int G, int in, int out, void* stream);
+Status linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
+                             float* const* db, const int* off, int G, int in, int out, void* stream);
 
 // --- Embedding ------------------------------------------------------------------------------
 // invalidCount (device int, may be null) receives the number of ids outside [0, vocabSize).

@@ -621,33 +621,34 @@ void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, i
 }
 
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
-                      float* rstd, int T, int C, float eps) {
-    TS_KERN_DISPATCH(layerNormForward, x, w, b, y, mean, rstd, T, C, eps);
+                      float* rstd, int T, int C, float eps, bool roundBf16) {
+    TS_KERN_DISPATCH(layerNormForward, x, w, b, y, mean, rstd, T, C, eps, roundBf16);
 }
 
 void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
-                       const float* rstd, float* dx, float* dw, float* db, int T, int C) {
-    TS_KERN_DISPATCH(layerNormBackward, dy, x, w, mean, rstd, dx, dw, db, T, C);
+                       const float* rstd, float* dx, float* dw, float* db, int T, int C, bool roundBf16) {
+    TS_KERN_DISPATCH(layerNormBackward, dy, x, w, mean, rstd, dx, dw, db, T, C, roundBf16);
 }
 
 void layerNormForwardFused(const float* x, const float* w, const float* b, float* y, float* mean,
-                           float* rstd, int T, int C, float eps) {
-    TS_KERN_DISPATCH(layerNormForwardFused, x, w, b, y, mean, rstd, T, C, eps);
+                           float* rstd, int T, int C, float eps, bool roundBf16) {
+    TS_KERN_DISPATCH(layerNormForwardFused, x, w, b, y, mean, rstd, T, C, eps, roundBf16);
 }
 
 void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,
-                            const float* rstd, float* dx, float* dw, float* db, int T, int C) {
-    TS_KERN_DISPATCH(layerNormBackwardFused, dy, x, w, mean, rstd, dx, dw, db, T, C);
+                            const float* rstd, float* dx, float* dw, float* db, int T, int C,
+                            bool roundBf16) {
+    TS_KERN_DISPATCH(layerNormBackwardFused, dy, x, w, mean, rstd, dx, dw, db, T, C, roundBf16);
 }
 
 void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
-                    float eps) {
-    TS_KERN_DISPATCH(rmsNormForward, x, w, y, rstd, T, C, eps);
+                    float eps, bool roundBf16) {
+    TS_KERN_DISPATCH(rmsNormForward, x, w, y, rstd, T, C, eps, roundBf16);
 }
 
 void rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                     float* dw, int T, int C) {
-    TS_KERN_DISPATCH(rmsNormBackward, dy, x, w, rstd, dx, dw, T, C);
+                     float* dw, int T, int C, bool roundBf16) {
+    TS_KERN_DISPATCH(rmsNormBackward, dy, x, w, rstd, dx, dw, T, C, roundBf16);
 }
 
 void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset) {
@@ -733,8 +734,8 @@ void cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const int*
                      dv);
 }
 
-void biasGeluForward(const float* x, const float* b, float* y, int T, int C) {
-    TS_KERN_DISPATCH(biasGeluForward, x, b, y, T, C);
+void biasGeluForward(const float* x, const float* b, float* y, int T, int C, bool roundBf16) {
+    TS_KERN_DISPATCH(biasGeluForward, x, b, y, T, C, roundBf16);
 }
 
 void biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C) {
@@ -746,8 +747,8 @@ void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx
     TS_KERN_DISPATCH(biasGeluBackward, dy, x, b, dx, db, T, C);
 }
 
-void swigluForward(const float* x, float* y, int T, int F) {
-    TS_KERN_DISPATCH(swigluForward, x, y, T, F);
+void swigluForward(const float* x, float* y, int T, int F, bool roundBf16) {
+    TS_KERN_DISPATCH(swigluForward, x, y, T, F, roundBf16);
 }
 
 void swigluBackward(const float* dy, const float* x, float* dx, int T, int F) {
@@ -768,8 +769,8 @@ void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offs
 }
 
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset) {
-    TS_KERN_DISPATCH(biasDropoutAddFused, x, b, residual, out, mask, T, C, p, seed, offset);
+                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset, bool roundBf16) {
+    TS_KERN_DISPATCH(biasDropoutAddFused, x, b, residual, out, mask, T, C, p, seed, offset, roundBf16);
 }
 
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,

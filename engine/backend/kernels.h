@@ -179,17 +179,21 @@ void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int
 void positionEmbeddingForward(const float* table, float* out, int s, int b, int C);
 void positionEmbeddingForwardBf16(const uint16_t* table, float* out, int s, int b, int C);
 void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C);
+// roundBf16 (the norms, biasGeluForward, swigluForward, biasDropoutAddFused): the output written
+// as bf16 values in the same pass (kernels/cpu/ops.h), what a roundToBf16 after the call gives.
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
-                      float* rstd, int T, int C, float eps);
+                      float* rstd, int T, int C, float eps, bool roundBf16 = false);
 void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
-                       const float* rstd, float* dx, float* dw, float* db, int T, int C);
+                       const float* rstd, float* dx, float* dw, float* db, int T, int C, bool roundBf16 = false);
 void layerNormForwardFused(const float* x, const float* w, const float* b, float* y, float* mean,
-                           float* rstd, int T, int C, float eps);
+                           float* rstd, int T, int C, float eps, bool roundBf16 = false);
 void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,
-                            const float* rstd, float* dx, float* dw, float* db, int T, int C);
-void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C, float eps);
+                            const float* rstd, float* dx, float* dw, float* db, int T, int C,
+                            bool roundBf16 = false);
+void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C, float eps,
+                    bool roundBf16 = false);
 void rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                     float* dw, int T, int C);
+                     float* dw, int T, int C, bool roundBf16 = false);
 void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset);
 void ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int posOffset);
 void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset);
@@ -223,18 +227,19 @@ void cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const int*
                              const float* q, const float* k, const float* v, const float* lse,
                              const float* delta, const float* dout, float* dq, float* dk,
                              float* dv);
-void biasGeluForward(const float* x, const float* b, float* y, int T, int C);
+void biasGeluForward(const float* x, const float* b, float* y, int T, int C, bool roundBf16 = false);
 void biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C);
 void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx, float* db, int T,
                       int C);
-void swigluForward(const float* x, float* y, int T, int F);
+void swigluForward(const float* x, float* y, int T, int F, bool roundBf16 = false);
 void swigluBackward(const float* dy, const float* x, float* dx, int T, int F);
 void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
                     uint64_t offset);
 void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p);
 void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset);
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
+                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
+                         bool roundBf16 = false);
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
                            uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
 void biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db, int T,

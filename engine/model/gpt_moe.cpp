@@ -582,9 +582,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
             each([&](int l, int e0, int n) { k::addBias(fp(fc1T) + size_t(e0) * F1, B1[size_t(l)], n, F1); });
             if (bf) k::roundToBf16(f1, int64_t(rows) * F1);
         }
-        if (swiglu) k::swigluForward(f1, ac, rows, F);
-        else k::biasGeluForward(f1, nullptr, ac, rows, F);
-        if (bf) k::roundToBf16(ac, int64_t(rows) * F);
+        if (swiglu) k::swigluForward(f1, ac, rows, F, bf);
+        else k::biasGeluForward(f1, nullptr, ac, rows, F, bf);
         float* scaledBase = fp8 ? fp(s->fc2in) : fp(scaledWs);
         float* scaled = scaledBase + size_t(r0) * F;
         k::scaleRows(ac, F, prob, scaled, rows, F);

@@ -153,20 +153,22 @@ Status positionEmbeddingBackward(const float* dout, float* dtable, int s, int b,
                                  void* stream);
 
 // --- Norms ----------------------------------------------------------------------------------
+// roundBf16 (here, biasGeluForward, swigluForward, biasDropoutAddFused): the output stored as
+// bf16 values (round to nearest even) in the same pass, the oracle's flag.
 Status layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
-                        float* rstd, int T, int C, float eps, void* stream);
+                        float* rstd, int T, int C, float eps, bool roundBf16, void* stream);
 Status layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
                          const float* rstd, float* dx, float* dw, float* db, int T, int C,
-                         void* stream);
+                         bool roundBf16, void* stream);
 Status layerNormForwardFused(const float* x, const float* w, const float* b, float* y,
-                             float* mean, float* rstd, int T, int C, float eps, void* stream);
+                             float* mean, float* rstd, int T, int C, float eps, bool roundBf16, void* stream);
 Status layerNormBackwardFused(const float* dy, const float* x, const float* w,
                               const float* mean, const float* rstd, float* dx, float* dw,
-                              float* db, int T, int C, void* stream);
+                              float* db, int T, int C, bool roundBf16, void* stream);
 Status rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
-                      float eps, void* stream);
+                      float eps, bool roundBf16, void* stream);
 Status rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd,
-                       float* dx, float* dw, int T, int C, void* stream);
+                       float* dx, float* dw, int T, int C, bool roundBf16, void* stream);
 
 // --- Rotary position embedding ----------------------------------------------------------------
 Status ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset,
@@ -216,12 +218,12 @@ Status cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const in
                                float* dv, void* stream);
 
 // --- Activations ----------------------------------------------------------------------------
-Status biasGeluForward(const float* x, const float* b, float* y, int T, int C, void* stream);
+Status biasGeluForward(const float* x, const float* b, float* y, int T, int C, bool roundBf16, void* stream);
 Status biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C,
                               void* stream);
 Status biasGeluBackward(const float* dy, const float* x, const float* b, float* dx, float* db,
                         int T, int C, void* stream);
-Status swigluForward(const float* x, float* y, int T, int F, void* stream);
+Status swigluForward(const float* x, float* y, int T, int F, bool roundBf16, void* stream);
 Status swigluBackward(const float* dy, const float* x, float* dx, int T, int F, void* stream);
 
 // --- Dropout / residual (the CPU's counter-based RNG, so masks are bit-identical) ----------
@@ -233,7 +235,7 @@ Status dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t of
                    void* stream);
 Status biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
                            uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
-                           void* stream);
+                           bool roundBf16, void* stream);
 Status biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
                              uint8_t* mask, int T, int C, float p, uint64_t seed,
                              uint64_t offset, void* stream);

@@ -59,7 +59,7 @@ TEST_F(KernelsCuda, LayerNormForwardMatchesCpu) {
         DeviceVec<float> dx(x), dw(w), db(b), dy(T * C), dm(T), dr(T);
         TS_ASSERT_OK(dx.status);
         TS_ASSERT_OK(cuda::layerNormForward(dx.ptr, dw.ptr, bias ? db.ptr : nullptr, dy.ptr, dm.ptr,
-                                            dr.ptr, T, C, 1e-5f, m_stream));
+                                            dr.ptr, T, C, 1e-5f, false, m_stream));
         TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
         std::vector<float> y(T * C), mean(T), rstd(T);
         cpu::layerNormForward(x.data(), w.data(), bias ? b.data() : nullptr, y.data(), mean.data(),
@@ -74,7 +74,7 @@ TEST_F(KernelsCuda, BiasGeluForwardMatchesCpu) {
     const int T = 33, C = 1000;
     const auto x = randomVec(T * C, 4, -6, 6), b = randomVec(C, 5);
     DeviceVec<float> dx(x), db(b), dy(T * C);
-    TS_ASSERT_OK(cuda::biasGeluForward(dx.ptr, db.ptr, dy.ptr, T, C, m_stream));
+    TS_ASSERT_OK(cuda::biasGeluForward(dx.ptr, db.ptr, dy.ptr, T, C, false, m_stream));
     TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
     std::vector<float> y(T * C);
     cpu::biasGeluForward(x.data(), b.data(), y.data(), T, C);

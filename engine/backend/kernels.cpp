@@ -664,8 +664,8 @@ void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOff
 }
 
 void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                         int ng, int d, float theta, int posOffset) {
-    TS_KERN_DISPATCH(splitQkvRopeForward, qkv, q, k, v, s, b, nq, ng, d, theta, posOffset);
+                         int ng, int d, float theta, int posOffset, bool roundBf16) {
+    TS_KERN_DISPATCH(splitQkvRopeForward, qkv, q, k, v, s, b, nq, ng, d, theta, posOffset, roundBf16);
 }
 
 void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d) {

@@ -198,7 +198,7 @@ void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffse
 void ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int posOffset);
 void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset);
 void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                         int ng, int d, float theta, int posOffset);
+                         int ng, int d, float theta, int posOffset, bool roundBf16 = false);
 void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d);
 void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d);
 void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int s,

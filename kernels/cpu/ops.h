@@ -121,8 +121,9 @@ void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOff
 // the linear_qkv GEMM writes it; q: [s, b, nq, d], k, v: [s, b, ng, d]. Forward:
 // q, k = rope(split(qkv)), v = split(qkv); backward: dqkv = merge(rope^-1(dq), rope^-1(dk), dv).
 // Bitwise equal to the split/merge copies with ropeForwardFused / ropeBackward in place.
+// roundBf16: q and k (the rotated heads) stored as bf16 values, as the norms' flag (v is copied).
 void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                         int ng, int d, float theta, int posOffset);
+                         int ng, int d, float theta, int posOffset, bool roundBf16 = false);
 // The same layout copies without a rotation (rope off, or apply_rope_fusion off): T tokens.
 void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d);
 void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d);

@@ -178,7 +178,7 @@ Status ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int p
 Status ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset,
                     void* stream);
 Status splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                           int ng, int d, float theta, int posOffset, void* stream);
+                           int ng, int d, float theta, int posOffset, bool roundBf16, void* stream);
 Status splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d, void* stream);
 Status mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d,
                 void* stream);

@@ -118,6 +118,26 @@ double switchAuxLoss(const double* probSum, const double* counts, int groups, in
     for (int i = 0; i < groups * E; ++i) sum += probSum[i] * counts[i];
     return sum * double(E) * coeff / (double(K) * tokensPerGroup * tokensPerGroup) / groups;
 }
+// Local experts [l0, l1) of a MoE op, whose rows lie together (expert l's at [off[l], off[l+1])):
+// f(l, first row, rows) for each expert with rows.
+template <class F>
+void forExpertsWithRows(const int* off, int l0, int l1, F&& f) {
+    for (int l = l0; l < l1; ++l)
+        if (off[l + 1] > off[l]) f(l, off[l], off[l + 1] - off[l]);
+}
+
+// FP8 per tensor inside the experts: each expert's rows of base (width w) quantized in place at
+// its own scale (q[l]); an expert without rows observes amax 0 (the delayed scale stays, as TE's
+// update keeps it).
+void quantizeExperts(const Fp8Recipe& fr, const std::vector<Fp8TensorSlots>& q, bool grad, float gradDiv,
+                     float* base, int w, const int* off, int l0, int l1) {
+    for (int l = l0; l < l1; ++l) {
+        const int n = off[l + 1] - off[l];
+        float* p = n > 0 ? base + size_t(off[l]) * w : nullptr;
+        fp8QuantizeTensor(fr, q[size_t(l)], grad, gradDiv, p, p, nullptr, int64_t(n) * w);
+    }
+}
+
 // Tensorwise FP8: expert l's two tensors a and b keep their amax in keep[2l] and keep[2l + 1],
 // bound with their codes (fp8QuantizeTensor) while the slots go to the next microbatch.
 void keepAmaxesIn(const TensorPtr& keep, int l, Fp8TensorSlots& a, Fp8TensorSlots& b) {
@@ -550,18 +570,9 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         k::Fp32GemmScope gemms(fp32);
         const int* off = s->eoff.data();
         const int r0 = off[l0], rows = off[l1] - r0, G = l1 - l0;
-        auto each = [&](auto&& f) {  // f(l, first row, rows) for each expert with rows
-            for (int l = l0; l < l1; ++l)
-                if (off[l + 1] > off[l]) f(l, off[l], off[l + 1] - off[l]);
-        };
-        // FP8 per tensor: each expert's rows at its own scale. An expert without rows observes
-        // amax 0 (the delayed scale stays, as TE's update keeps it).
+        auto each = [&](auto&& f) { forExpertsWithRows(off, l0, l1, f); };
         auto quantize = [&](const std::vector<Fp8TensorSlots>& q, float* base, int w) {
-            for (int l = l0; l < l1; ++l) {
-                const int n = off[l + 1] - off[l];
-                float* p = n > 0 ? base + size_t(off[l]) * w : nullptr;
-                fp8QuantizeTensor(fr, q[size_t(l)], false, 1.f, p, p, nullptr, int64_t(n) * w);
-            }
+            quantizeExperts(fr, q, false, 1.f, base, w, off, l0, l1);
         };
         if (fp8 && !blk) quantize(q1, fp(xinT), h);
         if (rows == 0) {
@@ -755,18 +766,9 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         k::Fp32GemmScope gemms(fp32);
         const int* off = s->eoff.data();
         const int r0 = off[l0], rows = off[l1] - r0, G = l1 - l0;
-        auto each = [&](auto&& f) {  // f(l, first row, rows) for each expert with rows
-            for (int l = l0; l < l1; ++l)
-                if (off[l + 1] > off[l]) f(l, off[l], off[l + 1] - off[l]);
-        };
-        // FP8 per tensor: each expert's output gradients at its own scale, in place (an expert
-        // without rows observes amax 0).
+        auto each = [&](auto&& f) { forExpertsWithRows(off, l0, l1, f); };
         auto quantize = [&](const std::vector<Fp8TensorSlots>& q, float* base, int w) {
-            for (int l = l0; l < l1; ++l) {
-                const int n = off[l + 1] - off[l];
-                float* p = n > 0 ? base + size_t(off[l]) * w : nullptr;
-                fp8QuantizeTensor(fr, q[size_t(l)], true, gradDiv, p, p, nullptr, int64_t(n) * w);
-            }
+            quantizeExperts(fr, q, true, gradDiv, base, w, off, l0, l1);  // the output gradients
         };
         if (rows == 0) {
             if (fp8 && !blk) {
@@ -807,11 +809,14 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
             if (bf) k::roundToBf16(sc, int64_t(rows) * F);
             scaledBase = fp(scaledWs);
         }
-        if (!blk) k::linearBackwardGrouped(dyBase, scaledBase, W2.data() + l0, daBase, G2.data() + l0, nullptr, off + l0, G, F, h);
+        if (!blk)
+            k::linearBackwardGrouped(dyBase, scaledBase, W2.data() + l0, daBase, G2.data() + l0, nullptr, off + l0, G,
+                                     F, h);
         if (B2[0]) {
             each([&](int l, int e0, int n) {
                 k::moeProbGrad(daBase + size_t(e0) * F, fp(actT) + size_t(e0) * F, fp(s->eprob) + e0,
-                               dyB + size_t(e0) * h, B2[size_t(l)], dactBase + size_t(e0) * F, fp(deprob) + e0, n, F, h);
+                               dyB + size_t(e0) * h, B2[size_t(l)], dactBase + size_t(e0) * F, fp(deprob) + e0, n,
+                               F, h);
             });
         } else {
             k::moeProbGrad(daBase + size_t(r0) * F, ac, prob, nullptr, nullptr, dactBase + size_t(r0) * F,
@@ -824,14 +829,16 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         else k::biasGeluBackward(dact, f1, nullptr, dfc1, nullptr, rows, F);
         if (bf) k::roundToBf16(dfc1, int64_t(rows) * F1);
         // fc1's bias grad: the sum of fc1's output grads (before FP8 quantizes them)
-        if (GB1[0]) each([&](int l, int e0, int n) { k::biasGradAccumulate(dfc1Base + size_t(e0) * F1, GB1[size_t(l)], n, F1); });
+        if (GB1[0])
+            each([&](int l, int e0, int n) { k::biasGradAccumulate(dfc1Base + size_t(e0) * F1, GB1[size_t(l)], n, F1); });
         if (blk) {
             fp8BlockExpertsBackward(fr, dfc1Base, fp(xinT), W1.data(), fp(dxin), G1.data(), off, l0, l1, h, F1,
                                     fp(bwork));
             return;
         }
         if (fp8) quantize(g1, dfc1Base, F1);
-        k::linearBackwardGrouped(dfc1Base, fp(xinT), W1.data() + l0, fp(dxin), G1.data() + l0, nullptr, off + l0, G, h, F1);
+        k::linearBackwardGrouped(dfc1Base, fp(xinT), W1.data() + l0, fp(dxin), G1.data() + l0, nullptr, off + l0, G, h,
+                                 F1);
     };
     const double expertFlops = 4.0 * R * (double(h) * F1 + double(F) * h);
     if (grouped) {

@@ -147,6 +147,22 @@ void benchShape(const Shape& sh, const std::vector<int>& threadCounts, std::vect
          [&] { cpu::layerNormBackwardFused(dy.data(), x.data(), lnw.data(), mean.data(), rstd.data(), dx.data(), dW.data(), db.data(), T, h); }},
         {"layernorm_bwd", "unfused", 0,
          [&] { cpu::layerNormBackward(dy.data(), x.data(), lnw.data(), mean.data(), rstd.data(), dx.data(), dW.data(), db.data(), T, h); }},
+        // A bf16 model's activations: the kernel stores bf16 values (roundBf16), or a rounding
+        // pass after it (what the engine ran before).
+        {"layernorm_fwd bf16 out", "fused", 0,
+         [&] { cpu::layerNormForwardFused(x.data(), lnw.data(), lnb.data(), y.data(), mean.data(), rstd.data(), T, h, 1e-5f, true); }},
+        {"layernorm_fwd bf16 out", "unfused", 0,
+         [&] {
+             cpu::layerNormForwardFused(x.data(), lnw.data(), lnb.data(), y.data(), mean.data(), rstd.data(), T, h, 1e-5f);
+             cpu::roundToBf16(y.data(), int64_t(T) * h);
+         }},
+        {"bias_gelu_fwd [T,4h] bf16 out", "fused", 0,
+         [&] { cpu::biasGeluForward(x.data(), bias.data(), y.data(), T, ffn, true); }},
+        {"bias_gelu_fwd [T,4h] bf16 out", "unfused", 0,
+         [&] {
+             cpu::biasGeluForward(x.data(), bias.data(), y.data(), T, ffn);
+             cpu::roundToBf16(y.data(), int64_t(T) * ffn);
+         }},
         {"bias_gelu_fwd [T,4h]", "fused", 0,
          [&] { cpu::biasGeluForward(x.data(), bias.data(), y.data(), T, ffn); }},
         {"bias_gelu_fwd [T,4h]", "unfused", 0,

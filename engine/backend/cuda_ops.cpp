@@ -8,7 +8,8 @@ namespace ts::engine {
 const std::vector<std::string>& cudaOpNames() {
     static const std::vector<std::string> kOps = {
         // GEMM, linear
-        "gemm", "gemmStridedBatched", "linearForward", "linearBackward",
+        "gemm", "gemmStridedBatched", "linearForward", "linearBackward", "linearForwardGrouped",
+        "linearBackwardGrouped",
         // embeddings
         "embeddingForward", "embeddingLookup", "embeddingLookupBf16", "embeddingBackward", "positionEmbeddingForward",
         "positionEmbeddingForwardBf16", "positionEmbeddingBackward",

@@ -571,6 +571,28 @@ void linearBackward(const float* dy, const float* x, const float* W, float* dx, 
     TS_KERN_GEMM(linearBackward, operandsLinearBackward, dy, x, W, dx, dW, db, T, in, out);
 }
 
+void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
+                          int G, int in, int out) {
+    TS_KERN_CUDA(linearForwardGrouped, x, W, b, y, off, G, in, out)
+    for (int g = 0; g < G; ++g) {
+        const int r0 = off[g], rows = off[g + 1] - r0;
+        if (rows > 0)
+            linearForward(x + int64_t(r0) * in, W[g], b ? b[g] : nullptr, y + int64_t(r0) * out, rows, in, out);
+    }
+}
+
+void linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
+                           float* const* db, const int* off, int G, int in, int out) {
+    TS_KERN_CUDA(linearBackwardGrouped, dy, x, W, dx, dW, db, off, G, in, out)
+    for (int g = 0; g < G; ++g) {
+        const int r0 = off[g], rows = off[g + 1] - r0;
+        if (rows > 0)
+            linearBackward(dy + int64_t(r0) * out, x ? x + int64_t(r0) * in : nullptr, W ? W[g] : nullptr,
+                           dx ? dx + int64_t(r0) * in : nullptr, dW ? dW[g] : nullptr, db ? db[g] : nullptr, rows,
+                           in, out);
+    }
+}
+
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,
                        int vocabStart, int vocabEnd) {
     TS_KERN_DISPATCH(embeddingBackward, ids, dout, dtable, T, C, vocabStart, vocabEnd);
@@ -599,33 +621,34 @@ void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, i
 }
 
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
-                      float* rstd, int T, int C, float eps) {
-    TS_KERN_DISPATCH(layerNormForward, x, w, b, y, mean, rstd, T, C, eps);
+                      float* rstd, int T, int C, float eps, bool roundBf16) {
+    TS_KERN_DISPATCH(layerNormForward, x, w, b, y, mean, rstd, T, C, eps, roundBf16);
 }
 
 void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
-                       const float* rstd, float* dx, float* dw, float* db, int T, int C) {
-    TS_KERN_DISPATCH(layerNormBackward, dy, x, w, mean, rstd, dx, dw, db, T, C);
+                       const float* rstd, float* dx, float* dw, float* db, int T, int C, bool roundBf16) {
+    TS_KERN_DISPATCH(layerNormBackward, dy, x, w, mean, rstd, dx, dw, db, T, C, roundBf16);
 }
 
 void layerNormForwardFused(const float* x, const float* w, const float* b, float* y, float* mean,
-                           float* rstd, int T, int C, float eps) {
-    TS_KERN_DISPATCH(layerNormForwardFused, x, w, b, y, mean, rstd, T, C, eps);
+                           float* rstd, int T, int C, float eps, bool roundBf16) {
+    TS_KERN_DISPATCH(layerNormForwardFused, x, w, b, y, mean, rstd, T, C, eps, roundBf16);
 }
 
 void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,
-                            const float* rstd, float* dx, float* dw, float* db, int T, int C) {
-    TS_KERN_DISPATCH(layerNormBackwardFused, dy, x, w, mean, rstd, dx, dw, db, T, C);
+                            const float* rstd, float* dx, float* dw, float* db, int T, int C,
+                            bool roundBf16) {
+    TS_KERN_DISPATCH(layerNormBackwardFused, dy, x, w, mean, rstd, dx, dw, db, T, C, roundBf16);
 }
 
 void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
-                    float eps) {
-    TS_KERN_DISPATCH(rmsNormForward, x, w, y, rstd, T, C, eps);
+                    float eps, bool roundBf16) {
+    TS_KERN_DISPATCH(rmsNormForward, x, w, y, rstd, T, C, eps, roundBf16);
 }
 
 void rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                     float* dw, int T, int C) {
-    TS_KERN_DISPATCH(rmsNormBackward, dy, x, w, rstd, dx, dw, T, C);
+                     float* dw, int T, int C, bool roundBf16) {
+    TS_KERN_DISPATCH(rmsNormBackward, dy, x, w, rstd, dx, dw, T, C, roundBf16);
 }
 
 void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset) {
@@ -641,8 +664,8 @@ void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOff
 }
 
 void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                         int ng, int d, float theta, int posOffset) {
-    TS_KERN_DISPATCH(splitQkvRopeForward, qkv, q, k, v, s, b, nq, ng, d, theta, posOffset);
+                         int ng, int d, float theta, int posOffset, bool roundBf16) {
+    TS_KERN_DISPATCH(splitQkvRopeForward, qkv, q, k, v, s, b, nq, ng, d, theta, posOffset, roundBf16);
 }
 
 void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d) {
@@ -711,8 +734,8 @@ void cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const int*
                      dv);
 }
 
-void biasGeluForward(const float* x, const float* b, float* y, int T, int C) {
-    TS_KERN_DISPATCH(biasGeluForward, x, b, y, T, C);
+void biasGeluForward(const float* x, const float* b, float* y, int T, int C, bool roundBf16) {
+    TS_KERN_DISPATCH(biasGeluForward, x, b, y, T, C, roundBf16);
 }
 
 void biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C) {
@@ -724,8 +747,8 @@ void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx
     TS_KERN_DISPATCH(biasGeluBackward, dy, x, b, dx, db, T, C);
 }
 
-void swigluForward(const float* x, float* y, int T, int F) {
-    TS_KERN_DISPATCH(swigluForward, x, y, T, F);
+void swigluForward(const float* x, float* y, int T, int F, bool roundBf16) {
+    TS_KERN_DISPATCH(swigluForward, x, y, T, F, roundBf16);
 }
 
 void swigluBackward(const float* dy, const float* x, float* dx, int T, int F) {
@@ -746,8 +769,8 @@ void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offs
 }
 
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset) {
-    TS_KERN_DISPATCH(biasDropoutAddFused, x, b, residual, out, mask, T, C, p, seed, offset);
+                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset, bool roundBf16) {
+    TS_KERN_DISPATCH(biasDropoutAddFused, x, b, residual, out, mask, T, C, p, seed, offset, roundBf16);
 }
 
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,

@@ -160,6 +160,14 @@ void linearForward(const float* x, const float* W, const float* b, float* y, int
                    int out);
 void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                     float* db, int T, int in, int out);
+// The MoE experts' GEMMs, one call for all local experts (kernels/cpu/ops.h): off, W, b, dW and
+// db are host arrays. On CUDA one kernel call (the groups' shared operands converted to bf16 once
+// for all of them); on the host backends linearForward / linearBackward per group, each checked
+// and viewed as those are.
+void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
+                          int G, int in, int out);
+void linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
+                           float* const* db, const int* off, int G, int in, int out);
 // The lookup without embeddingForward's invalid-id count, so nothing synchronizes: from an fp32
 // table, or from a bf16 model copy's bits (no fp32 copy of the table needed).
 void embeddingLookup(const int32_t* ids, const float* table, float* out, int T, int C, int vocabStart,
@@ -171,22 +179,26 @@ void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int
 void positionEmbeddingForward(const float* table, float* out, int s, int b, int C);
 void positionEmbeddingForwardBf16(const uint16_t* table, float* out, int s, int b, int C);
 void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, int C);
+// roundBf16 (the norms, biasGeluForward, swigluForward, biasDropoutAddFused): the output written
+// as bf16 values in the same pass (kernels/cpu/ops.h), what a roundToBf16 after the call gives.
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
-                      float* rstd, int T, int C, float eps);
+                      float* rstd, int T, int C, float eps, bool roundBf16 = false);
 void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
-                       const float* rstd, float* dx, float* dw, float* db, int T, int C);
+                       const float* rstd, float* dx, float* dw, float* db, int T, int C, bool roundBf16 = false);
 void layerNormForwardFused(const float* x, const float* w, const float* b, float* y, float* mean,
-                           float* rstd, int T, int C, float eps);
+                           float* rstd, int T, int C, float eps, bool roundBf16 = false);
 void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,
-                            const float* rstd, float* dx, float* dw, float* db, int T, int C);
-void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C, float eps);
+                            const float* rstd, float* dx, float* dw, float* db, int T, int C,
+                            bool roundBf16 = false);
+void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C, float eps,
+                    bool roundBf16 = false);
 void rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                     float* dw, int T, int C);
+                     float* dw, int T, int C, bool roundBf16 = false);
 void ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset);
 void ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int posOffset);
 void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset);
 void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                         int ng, int d, float theta, int posOffset);
+                         int ng, int d, float theta, int posOffset, bool roundBf16 = false);
 void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d);
 void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d);
 void ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int s,
@@ -215,18 +227,19 @@ void cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const int*
                              const float* q, const float* k, const float* v, const float* lse,
                              const float* delta, const float* dout, float* dq, float* dk,
                              float* dv);
-void biasGeluForward(const float* x, const float* b, float* y, int T, int C);
+void biasGeluForward(const float* x, const float* b, float* y, int T, int C, bool roundBf16 = false);
 void biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C);
 void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx, float* db, int T,
                       int C);
-void swigluForward(const float* x, float* y, int T, int F);
+void swigluForward(const float* x, float* y, int T, int F, bool roundBf16 = false);
 void swigluBackward(const float* dy, const float* x, float* dx, int T, int F);
 void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
                     uint64_t offset);
 void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p);
 void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset);
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
+                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
+                         bool roundBf16 = false);
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
                            uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
 void biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db, int T,

@@ -87,11 +87,7 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
                           for (const auto& sg : segs) {
                               const size_t r0 = size_t(sg.start) * size_t(b);
                               k::splitQkvRopeForward(fp(qkv) + r0 * qkvOut, fp(q) + r0 * nq * d, fp(kk) + r0 * ng * d,
-                                                     fp(v) + r0 * ng * d, sg.len, b, nq, ng, d, theta, sg.pos);
-                          }
-                          if (bf) {
-                              k::roundToBf16(fp(q), int64_t(T) * nq * d);
-                              k::roundToBf16(fp(kk), int64_t(T) * ng * d);
+                                                     fp(v) + r0 * ng * d, sg.len, b, nq, ng, d, theta, sg.pos, bf);
                           }
                       });
         } else {

@@ -53,10 +53,10 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
                 uint8_t* m = mk ? mk + pc.local : nullptr;
                 const float *xs = fp(proj) + pc.local, *rs = fp(x) + pc.local;
                 float* os = fp(x2) + pc.local;
-                if (fused) k::biasDropoutAddFused(xs, B, rs, os, m, rows, h, p, seed, uint64_t(pc.global));
+                if (fused) k::biasDropoutAddFused(xs, B, rs, os, m, rows, h, p, seed, uint64_t(pc.global), bf);
                 else k::biasDropoutAddUnfused(xs, B, rs, os, m, rows, h, p, seed, uint64_t(pc.global));
             }
-            if (bf) k::roundToBf16(fp(x2), ThL);
+            if (bf && !fused) k::roundToBf16(fp(x2), ThL);  // (fused: rounded as written)
         });
     }
     proj.reset();
@@ -83,10 +83,10 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
                 uint8_t* m = mk ? mk + pc.local : nullptr;
                 const float *xs = fp(fc2) + pc.local, *rs = fp(x2) + pc.local;
                 float* os = fp(out) + pc.local;
-                if (fused) k::biasDropoutAddFused(xs, B, rs, os, m, rows, h, p, seed, uint64_t(pc.global));
+                if (fused) k::biasDropoutAddFused(xs, B, rs, os, m, rows, h, p, seed, uint64_t(pc.global), bf);
                 else k::biasDropoutAddUnfused(xs, B, rs, os, m, rows, h, p, seed, uint64_t(pc.global));
             }
-            if (bf) k::roundToBf16(fp(out), ThL);
+            if (bf && !fused) k::roundToBf16(fp(out), ThL);  // (fused: rounded as written)
         });
     }
     st.hidden = out;

@@ -98,13 +98,14 @@ Result<TensorPtr> GptModel::mlpBlockForward(int li, const MlpWeights& MW, const 
                   uint64_t(T) * (F1 + F) * 4, [=] {
                       if (swiglu) {
                           if (B) k::addBias(fp(fc1), B, T, F1);  // saved fc1 includes the bias
-                          k::swigluForward(fp(fc1), fp(act), T, F);
+                          k::swigluForward(fp(fc1), fp(act), T, F, bf);
                       } else if (fusedAct) {
-                          k::biasGeluForward(fp(fc1), B, fp(act), T, F);
+                          k::biasGeluForward(fp(fc1), B, fp(act), T, F, bf);
                       } else {
+                          // (unfused: the rounding a pass of its own, as the bias add's)
                           k::biasGeluForwardUnfused(fp(fc1), B, fp(act), T, F);
+                          if (bf) k::roundToBf16(fp(act), int64_t(T) * F);
                       }
-                      if (bf) k::roundToBf16(fp(act), int64_t(T) * F);
                   });
     }
     a2Full.reset();

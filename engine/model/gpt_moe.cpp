@@ -118,6 +118,26 @@ double switchAuxLoss(const double* probSum, const double* counts, int groups, in
     for (int i = 0; i < groups * E; ++i) sum += probSum[i] * counts[i];
     return sum * double(E) * coeff / (double(K) * tokensPerGroup * tokensPerGroup) / groups;
 }
+// Local experts [l0, l1) of a MoE op, whose rows lie together (expert l's at [off[l], off[l+1])):
+// f(l, first row, rows) for each expert with rows.
+template <class F>
+void forExpertsWithRows(const int* off, int l0, int l1, F&& f) {
+    for (int l = l0; l < l1; ++l)
+        if (off[l + 1] > off[l]) f(l, off[l], off[l + 1] - off[l]);
+}
+
+// FP8 per tensor inside the experts: each expert's rows of base (width w) quantized in place at
+// its own scale (q[l]); an expert without rows observes amax 0 (the delayed scale stays, as TE's
+// update keeps it).
+void quantizeExperts(const Fp8Recipe& fr, const std::vector<Fp8TensorSlots>& q, bool grad, float gradDiv,
+                     float* base, int w, const int* off, int l0, int l1) {
+    for (int l = l0; l < l1; ++l) {
+        const int n = off[l + 1] - off[l];
+        float* p = n > 0 ? base + size_t(off[l]) * w : nullptr;
+        fp8QuantizeTensor(fr, q[size_t(l)], grad, gradDiv, p, p, nullptr, int64_t(n) * w);
+    }
+}
+
 // Tensorwise FP8: expert l's two tensors a and b keep their amax in keep[2l] and keep[2l + 1],
 // bound with their codes (fp8QuantizeTensor) while the slots go to the next microbatch.
 void keepAmaxesIn(const TensorPtr& keep, int l, Fp8TensorSlots& a, Fp8TensorSlots& b) {
@@ -540,51 +560,58 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     if (grouped) B1g = B1;
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // see router.topk_permute
     const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
-    auto expert = [=](int l) {
+    const bool b1Sep = !grouped && B1[0];      // SequentialMLP: fc1's bias added after the GEMM
+    // Local experts [l0, l1): their rows [eoff[l0], eoff[l1]) lie together, so everything that is
+    // the same for every row (the rounding, the activation, the prob) runs once over all of them,
+    // the GEMMs as one grouped call, and only what is an expert's own per expert: its FP8
+    // quantization (its scaling state) and its biases. TEGroupedMLP runs all local experts at once
+    // (moe_grouped_gemm); SequentialMLP one expert at a time.
+    auto experts = [=](int l0, int l1) {
         k::Fp32GemmScope gemms(fp32);
-        const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
+        const int* off = s->eoff.data();
+        const int r0 = off[l0], rows = off[l1] - r0, G = l1 - l0;
+        auto each = [&](auto&& f) { forExpertsWithRows(off, l0, l1, f); };
+        auto quantize = [&](const std::vector<Fp8TensorSlots>& q, float* base, int w) {
+            quantizeExperts(fr, q, false, 1.f, base, w, off, l0, l1);
+        };
+        if (fp8 && !blk) quantize(q1, fp(xinT), h);
         if (rows == 0) {
-            // No rows: amax 0 observed (the delayed scale stays, as TE's update keeps it).
-            if (fp8 && !blk) {
-                fp8QuantizeTensor(fr, q1[size_t(l)], false, 1.f, nullptr, nullptr, nullptr, 0);
-                fp8QuantizeTensor(fr, q2[size_t(l)], false, 1.f, nullptr, nullptr, nullptr, 0);
-            }
+            if (fp8 && !blk) quantize(q2, nullptr, F);
             return;
         }
         float* f1 = fp(fc1T) + size_t(r0) * F1;
         float* ac = fp(actT) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
-        float* xin = fp(xinT) + size_t(r0) * h;
-        if (fp8 && !blk) fp8QuantizeTensor(fr, q1[size_t(l)], false, 1.f, xin, xin, nullptr, int64_t(rows) * h);
         // fc1's bias (never quantized): TEGroupedMLP's GroupedLinear adds it in the GEMM
         // (skip_bias_add=False: one bf16 rounding of x W^T + b); SequentialMLP's experts get it
         // back from fc1 (skip_bias_add=True) and add it to fc1's bf16 output in the activation
         // (x + b, or weighted_bias_swiglu's), rounded again. The saved fc1 includes the bias.
-        const float* b1 = B1[size_t(l)];
-        if (blk) fp8BlockExpertsForward(fr, fp(xinT), W1.data(), B1g.data(), fp(fc1T), s->eoff.data(), l, l + 1, h, F1, fp(xq));
-        else k::linearForward(xin, W1[size_t(l)], grouped ? b1 : nullptr, f1, rows, h, F1);
+        if (blk) fp8BlockExpertsForward(fr, fp(xinT), W1.data(), B1g.data(), fp(fc1T), off, l0, l1, h, F1, fp(xq));
+        else k::linearForwardGrouped(fp(xinT), W1.data() + l0, B1g.data() + l0, fp(fc1T), off + l0, G, h, F1);
         if (bf) k::roundToBf16(f1, int64_t(rows) * F1);
-        if (b1 && !grouped) {
-            k::addBias(f1, b1, rows, F1);
+        if (b1Sep) {
+            each([&](int l, int e0, int n) { k::addBias(fp(fc1T) + size_t(e0) * F1, B1[size_t(l)], n, F1); });
             if (bf) k::roundToBf16(f1, int64_t(rows) * F1);
         }
-        if (swiglu) k::swigluForward(f1, ac, rows, F);
-        else k::biasGeluForward(f1, nullptr, ac, rows, F);
-        if (bf) k::roundToBf16(ac, int64_t(rows) * F);
-        float* scaled = (fp8 ? fp(s->fc2in) : fp(scaledWs)) + size_t(r0) * F;
+        if (swiglu) k::swigluForward(f1, ac, rows, F, bf);
+        else k::biasGeluForward(f1, nullptr, ac, rows, F, bf);
+        float* scaledBase = fp8 ? fp(s->fc2in) : fp(scaledWs);
+        float* scaled = scaledBase + size_t(r0) * F;
         k::scaleRows(ac, F, prob, scaled, rows, F);
         if (bf) k::roundToBf16(scaled, int64_t(rows) * F);
-        if (fp8 && !blk) fp8QuantizeTensor(fr, q2[size_t(l)], false, 1.f, scaled, scaled, nullptr, int64_t(rows) * F);
+        if (fp8 && !blk) quantize(q2, scaledBase, F);
         float* o = fp(eout) + size_t(r0) * h;
-        if (blk) fp8BlockExpertsForward(fr, fp(s->fc2in), W2.data(), nullptr, fp(eout), s->eoff.data(), l, l + 1, F, h, fp(xq));
-        else k::linearForward(scaled, W2[size_t(l)], nullptr, o, rows, F, h);
-        if (const float* b2 = B2[size_t(l)]) {
+        if (blk) fp8BlockExpertsForward(fr, fp(s->fc2in), W2.data(), nullptr, fp(eout), off, l0, l1, F, h, fp(xq));
+        else k::linearForwardGrouped(scaledBase, W2.data() + l0, nullptr, fp(eout), off + l0, G, F, h);
+        if (B2[0]) {
             // fc2's bias (skip_bias_add=True) weighted by the row's prob, added by the experts
             // (TEGroupedMLP._apply_bias / MLP with per_token_scale: output + bias * prob, in bf16:
             // fc2's output, the product and the sum each rounded). Padding rows (prob 0) get none.
             if (bf) k::roundToBf16(o, int64_t(rows) * h);
             float* bp = fp(biasWs) + size_t(r0) * h;
-            k::scaleRows(b2, 0, prob, bp, rows, h);
+            each([&](int l, int e0, int n) {
+                k::scaleRows(B2[size_t(l)], 0, fp(s->eprob) + e0, fp(biasWs) + size_t(e0) * h, n, h);
+            });
             if (bf) k::roundToBf16(bp, int64_t(rows) * h);
             k::addInPlace(o, bp, int64_t(rows) * h);
             if (bf) k::roundToBf16(o, int64_t(rows) * h);
@@ -607,14 +634,14 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     if (grouped) {
         m_exec.op("experts.grouped_mlp.fwd", Category::Gemm, expertFlops, uint64_t(R) * (h + F1 + F) * 4, [=] {
             countRows();
-            for (int l = 0; l < L; ++l) expert(l);
+            experts(0, L);
         });
     } else {
         for (int l = 0; l < L; ++l)
             m_exec.op("experts.local_expert.fwd", Category::Gemm, expertFlops / L, uint64_t(R) * (h + F1 + F) * 4 / L,
                       [=] {
                           if (l == 0) countRows();
-                          expert(l);
+                          experts(l, l + 1);
                       });
     }
     if (s->allgather) {
@@ -733,73 +760,94 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
     }
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // as the forward's experts
     const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
-    auto expert = [=](int l) {
+    // Local experts [l0, l1), as the forward's: what every row does once over all their rows, the
+    // GEMMs grouped, an expert's own (FP8 scaling state, biases) per expert.
+    auto experts = [=](int l0, int l1) {
         k::Fp32GemmScope gemms(fp32);
-        const int r0 = s->eoff[size_t(l)], rows = s->eoff[size_t(l) + 1] - r0;
+        const int* off = s->eoff.data();
+        const int r0 = off[l0], rows = off[l1] - r0, G = l1 - l0;
+        auto each = [&](auto&& f) { forExpertsWithRows(off, l0, l1, f); };
+        auto quantize = [&](const std::vector<Fp8TensorSlots>& q, float* base, int w) {
+            quantizeExperts(fr, q, true, gradDiv, base, w, off, l0, l1);  // the output gradients
+        };
         if (rows == 0) {
             if (fp8 && !blk) {
-                fp8QuantizeTensor(fr, g1[size_t(l)], true, gradDiv, nullptr, nullptr, nullptr, 0);
-                fp8QuantizeTensor(fr, g2[size_t(l)], true, gradDiv, nullptr, nullptr, nullptr, 0);
+                quantize(g2, nullptr, h);
+                quantize(g1, nullptr, F1);
             }
             return;
         }
         const float* ac = fp(actT) + size_t(r0) * F;
         const float* prob = fp(s->eprob) + r0;
-        float* dy = fp(dyin) + size_t(r0) * h;  // this backward's own buffer: quantized in place
-        float* da = fp(bgrad) + size_t(r0) * F;
-        float* dact = fp(bgrad) + size_t(R) * F + size_t(r0) * F;
-        float* dfc1 = fp(bgrad) + size_t(2 * R) * F + size_t(r0) * F1;
+        float* dyBase = fp(dyin);  // this backward's own buffer: quantized in place
+        float* daBase = fp(bgrad);
+        float* dactBase = fp(bgrad) + size_t(R) * F;
+        float* dfc1Base = fp(bgrad) + size_t(2 * R) * F;
+        float* dy = dyBase + size_t(r0) * h;
         // fc2's bias term b2 * prob: d b2 += sum_r dY_r prob_r, d prob_r += dY_r . b2 (from the
         // unquantized dY, before FP8 quantizes it for the GEMMs).
-        const float* b2 = B2[size_t(l)];
-        const float* dyB = dy;
-        if (b2) {
-            k::weightedColumnSum(dy, prob, GB2[size_t(l)], rows, h);
+        const float* dyB = dyBase;
+        if (B2[0]) {
+            each([&](int l, int e0, int n) {
+                k::weightedColumnSum(dyBase + size_t(e0) * h, fp(s->eprob) + e0, GB2[size_t(l)], n, h);
+            });
             if (dyBias) {
-                float* keep = fp(dyBias) + size_t(r0) * h;
-                k::copyBytes(keep, dy, size_t(rows) * h * sizeof(float));
-                dyB = keep;
+                k::copyBytes(fp(dyBias) + size_t(r0) * h, dy, size_t(rows) * h * sizeof(float));
+                dyB = fp(dyBias);
             }
         }
-        const float* scaled = nullptr;
+        const float* scaledBase = nullptr;
         if (blk) {
-            fp8BlockExpertsBackward(fr, fp(dyin), fp(s->fc2in), W2.data(), fp(bgrad), G2.data(), s->eoff.data(), l,
-                                    l + 1, F, h, fp(bwork));
+            fp8BlockExpertsBackward(fr, dyBase, fp(s->fc2in), W2.data(), daBase, G2.data(), off, l0, l1, F, h,
+                                    fp(bwork));
         } else if (fp8) {
-            scaled = fp(s->fc2in) + size_t(r0) * F;
-            fp8QuantizeTensor(fr, g2[size_t(l)], true, gradDiv, dy, dy, nullptr, int64_t(rows) * h);
+            scaledBase = fp(s->fc2in);
+            quantize(g2, dyBase, h);
         } else {
             float* sc = fp(scaledWs) + size_t(r0) * F;
             k::scaleRows(ac, F, prob, sc, rows, F);
             if (bf) k::roundToBf16(sc, int64_t(rows) * F);
-            scaled = sc;
+            scaledBase = fp(scaledWs);
         }
-        if (!blk) k::linearBackward(dy, scaled, W2[size_t(l)], da, G2[size_t(l)], nullptr, rows, F, h);
-        k::moeProbGrad(da, ac, prob, b2 ? dyB : nullptr, b2, dact, fp(deprob) + r0, rows, F, h);
+        if (!blk)
+            k::linearBackwardGrouped(dyBase, scaledBase, W2.data() + l0, daBase, G2.data() + l0, nullptr, off + l0, G,
+                                     F, h);
+        if (B2[0]) {
+            each([&](int l, int e0, int n) {
+                k::moeProbGrad(daBase + size_t(e0) * F, fp(actT) + size_t(e0) * F, fp(s->eprob) + e0,
+                               dyB + size_t(e0) * h, B2[size_t(l)], dactBase + size_t(e0) * F, fp(deprob) + e0, n,
+                               F, h);
+            });
+        } else {
+            k::moeProbGrad(daBase + size_t(r0) * F, ac, prob, nullptr, nullptr, dactBase + size_t(r0) * F,
+                           fp(deprob) + r0, rows, F, h);
+        }
         const float* f1 = fp(fc1T) + size_t(r0) * F1;
+        float* dact = dactBase + size_t(r0) * F;
+        float* dfc1 = dfc1Base + size_t(r0) * F1;
         if (swiglu) k::swigluBackward(dact, f1, dfc1, rows, F);
         else k::biasGeluBackward(dact, f1, nullptr, dfc1, nullptr, rows, F);
         if (bf) k::roundToBf16(dfc1, int64_t(rows) * F1);
         // fc1's bias grad: the sum of fc1's output grads (before FP8 quantizes them)
-        if (GB1[size_t(l)]) k::biasGradAccumulate(dfc1, GB1[size_t(l)], rows, F1);
+        if (GB1[0])
+            each([&](int l, int e0, int n) { k::biasGradAccumulate(dfc1Base + size_t(e0) * F1, GB1[size_t(l)], n, F1); });
         if (blk) {
-            fp8BlockExpertsBackward(fr, fp(bgrad) + size_t(2 * R) * F, fp(xinT), W1.data(), fp(dxin), G1.data(),
-                                    s->eoff.data(), l, l + 1, h, F1, fp(bwork));
+            fp8BlockExpertsBackward(fr, dfc1Base, fp(xinT), W1.data(), fp(dxin), G1.data(), off, l0, l1, h, F1,
+                                    fp(bwork));
             return;
         }
-        if (fp8) fp8QuantizeTensor(fr, g1[size_t(l)], true, gradDiv, dfc1, dfc1, nullptr, int64_t(rows) * F1);
-        k::linearBackward(dfc1, fp(xinT) + size_t(r0) * h, W1[size_t(l)], fp(dxin) + size_t(r0) * h,
-                          G1[size_t(l)], nullptr, rows, h, F1);
+        if (fp8) quantize(g1, dfc1Base, F1);
+        k::linearBackwardGrouped(dfc1Base, fp(xinT), W1.data() + l0, fp(dxin), G1.data() + l0, nullptr, off + l0, G, h,
+                                 F1);
     };
     const double expertFlops = 4.0 * R * (double(h) * F1 + double(F) * h);
     if (grouped) {
-        m_exec.op("experts.grouped_mlp.bwd", Category::Gemm, expertFlops, uint64_t(R) * (h + F1 + F) * 8, [=] {
-            for (int l = 0; l < L; ++l) expert(l);
-        });
+        m_exec.op("experts.grouped_mlp.bwd", Category::Gemm, expertFlops, uint64_t(R) * (h + F1 + F) * 8,
+                  [=] { experts(0, L); });
     } else {
         for (int l = L; l-- > 0;)
             m_exec.op("experts.local_expert.bwd", Category::Gemm, expertFlops / L, uint64_t(R) * (h + F1 + F) * 8 / L,
-                      [=] { expert(l); });
+                      [=] { experts(l, l + 1); });
     }
     TensorPtr dxp = dxin, dprob = deprob;  // per permuted row
     TensorPtr dxTok;                       // allgather: the experts' input grads per local token

@@ -152,11 +152,11 @@ void GptModel::normForward(const char* name, int wIdx, int bIdx, TensorPtr x, Te
     const int C = m_d.hidden;
     const float eps = m_d.normEps;
     const bool rms = m_d.rmsNorm, fused = m_o.fusedLayerNorm, bf = m_o.bf16;
+    // bf16: the output is a bf16 tensor, written so by the norm's kernel (roundBf16).
     m_exec.op(name, Category::Norm, 8.0 * T * C, uint64_t(T) * C * 8, [=] {
-        if (rms) k::rmsNormForward(fp(x), W, fp(y), fp(rstd), T, C, eps);
-        else if (fused) k::layerNormForwardFused(fp(x), W, B, fp(y), fp(mean), fp(rstd), T, C, eps);
-        else k::layerNormForward(fp(x), W, B, fp(y), fp(mean), fp(rstd), T, C, eps);
-        if (bf) k::roundToBf16(fp(y), int64_t(T) * C);
+        if (rms) k::rmsNormForward(fp(x), W, fp(y), fp(rstd), T, C, eps, bf);
+        else if (fused) k::layerNormForwardFused(fp(x), W, B, fp(y), fp(mean), fp(rstd), T, C, eps, bf);
+        else k::layerNormForward(fp(x), W, B, fp(y), fp(mean), fp(rstd), T, C, eps, bf);
     });
 }
 
@@ -168,12 +168,11 @@ void GptModel::normBackward(const char* name, int wIdx, int bIdx, TensorPtr dy, 
     const int C = m_d.hidden;
     const bool rms = m_d.rmsNorm, fused = m_o.fusedLayerNorm, bf = m_o.bf16;
     m_exec.op(name, Category::Norm, 12.0 * T * C, uint64_t(T) * C * 12, [=] {
-        if (rms) k::rmsNormBackward(fp(dy), fp(x), W, fp(rstd), fp(dx), dW, T, C);
-        else if (fused) k::layerNormBackwardFused(fp(dy), fp(x), W, fp(mean), fp(rstd), fp(dx), dW, dB, T, C);
-        else k::layerNormBackward(fp(dy), fp(x), W, fp(mean), fp(rstd), fp(dx), dW, dB, T, C);
         // bf16: the input gradient is a bf16 tensor, as every activation gradient (TE's norms
-        // write their dgrad in the input's dtype).
-        if (bf) k::roundToBf16(fp(dx), int64_t(T) * C);
+        // write their dgrad in the input's dtype), rounded by the kernel that writes it.
+        if (rms) k::rmsNormBackward(fp(dy), fp(x), W, fp(rstd), fp(dx), dW, T, C, bf);
+        else if (fused) k::layerNormBackwardFused(fp(dy), fp(x), W, fp(mean), fp(rstd), fp(dx), dW, dB, T, C, bf);
+        else k::layerNormBackward(fp(dy), fp(x), W, fp(mean), fp(rstd), fp(dx), dW, dB, T, C, bf);
     });
 }
 

@@ -42,13 +42,14 @@ inline float geluGrad(float u) {
 
 }  // namespace
 
-void biasGeluForward(const float* x, const float* b, float* y, int T, int C) {
+void biasGeluForward(const float* x, const float* b, float* y, int T, int C, bool roundBf16) {
     for (int t = 0; t < T; ++t) {
         const int64_t off = static_cast<int64_t>(t) * C;
         if (b)
             for (int c = 0; c < C; ++c) y[off + c] = gelu(x[off + c] + b[c]);
         else
             for (int c = 0; c < C; ++c) y[off + c] = gelu(x[off + c]);
+        if (roundBf16) roundToBf16(y + off, C);
     }
 }
 
@@ -78,12 +79,13 @@ void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx
 }
 
 // y = silu(gate) * up, silu(g) = g * sigmoid(g)
-void swigluForward(const float* x, float* y, int T, int F) {
+void swigluForward(const float* x, float* y, int T, int F, bool roundBf16) {
     for (int t = 0; t < T; ++t) {
         const float* gate = x + static_cast<int64_t>(t) * 2 * F;
         const float* up = gate + F;
         float* yr = y + static_cast<int64_t>(t) * F;
         for (int f = 0; f < F; ++f) yr[f] = gate[f] * detail::sigmoidApprox(gate[f]) * up[f];
+        if (roundBf16) roundToBf16(yr, F);
     }
 }
 

@@ -73,7 +73,7 @@ void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n,
 }
 
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset) {
+                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset, bool roundBf16) {
     if (!(p > 0.0f)) {
         for (int t = 0; t < T; ++t) {
             const int64_t off = static_cast<int64_t>(t) * C;
@@ -81,6 +81,7 @@ void biasDropoutAddFused(const float* x, const float* b, const float* residual, 
                 for (int c = 0; c < C; ++c) out[off + c] = residual[off + c] + (x[off + c] + b[c]);
             else
                 for (int c = 0; c < C; ++c) out[off + c] = residual[off + c] + x[off + c];
+            if (roundBf16) roundToBf16(out + off, C);
         }
         if (mask) std::memset(mask, 1, static_cast<size_t>(T) * C);
         return;
@@ -104,6 +105,7 @@ void biasDropoutAddFused(const float* x, const float* b, const float* residual, 
             } else {
                 for (int c = 0; c < len; ++c) ob[c] = rb[c] + (m[c] ? xb[c] * sc : 0.0f);
             }
+            if (roundBf16) roundToBf16(ob, len);
         }
     }
 }

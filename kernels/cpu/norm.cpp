@@ -68,7 +68,7 @@ inline void shiftedMomentsRow(const float* x, int C, float& meanOut, float& varO
 }  // namespace
 
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
-                      float* rstd, int T, int C, float eps) {
+                      float* rstd, int T, int C, float eps, bool roundBf16) {
     // Textbook: mean pass, variance pass (biased, like torch), normalize pass.
     for (int t = 0; t < T; ++t) {
         const float* xr = x + static_cast<int64_t>(t) * C;
@@ -88,11 +88,12 @@ void layerNormForward(const float* x, const float* w, const float* b, float* y, 
         mean[t] = mu;
         rstd[t] = rs;
         normalizeRow(xr, w, b, y + static_cast<int64_t>(t) * C, mu, rs, C);
+        if (roundBf16) roundToBf16(y + static_cast<int64_t>(t) * C, C);
     }
 }
 
 void layerNormForwardFused(const float* x, const float* w, const float* b, float* y,
-                           float* mean, float* rstd, int T, int C, float eps) {
+                           float* mean, float* rstd, int T, int C, float eps, bool roundBf16) {
     for (int t = 0; t < T; ++t) {
         const float* xr = x + static_cast<int64_t>(t) * C;
         float mu, var;
@@ -101,13 +102,14 @@ void layerNormForwardFused(const float* x, const float* w, const float* b, float
         mean[t] = mu;
         rstd[t] = rs;
         normalizeRow(xr, w, b, y + static_cast<int64_t>(t) * C, mu, rs, C);
+        if (roundBf16) roundToBf16(y + static_cast<int64_t>(t) * C, C);
     }
 }
 
 // Backward with xhat = (x - mean) * rstd, g = dy * w:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw += dy * xhat,  db += dy.
 void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
-                       const float* rstd, float* dx, float* dw, float* db, int T, int C) {
+                       const float* rstd, float* dx, float* dw, float* db, int T, int C, bool roundBf16) {
     // Unfused: one pass per reduction, then dx, then the parameter grads (as separate kernels
     // of a naive framework would).
     const float invC = 1.0f / static_cast<float>(C);
@@ -131,6 +133,7 @@ void layerNormBackward(const float* dy, const float* x, const float* w, const fl
             const float xhat = (xr[c] - mu) * rs;
             dxr[c] = rs * (dyr[c] * w[c] - meanG - xhat * meanGX);
         }
+        if (roundBf16) roundToBf16(dxr, C);
     }
     for (int t = 0; t < T; ++t) {
         const int64_t off = static_cast<int64_t>(t) * C;
@@ -141,7 +144,7 @@ void layerNormBackward(const float* dy, const float* x, const float* w, const fl
 }
 
 void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,
-                            const float* rstd, float* dx, float* dw, float* db, int T, int C) {
+                            const float* rstd, float* dx, float* dw, float* db, int T, int C, bool roundBf16) {
     // Fused: both reductions and the dw/db accumulation in one pass over the row, then dx.
     const float invC = 1.0f / static_cast<float>(C);
     for (int t = 0; t < T; ++t) {
@@ -181,11 +184,12 @@ void layerNormBackwardFused(const float* dy, const float* x, const float* w, con
             const float xhat = (xr[c] - mu) * rs;
             dxr[c] = rs * (dyr[c] * w[c] - meanG - xhat * meanGX);
         }
+        if (roundBf16) roundToBf16(dxr, C);
     }
 }
 
 void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
-                    float eps) {
+                    float eps, bool roundBf16) {
     for (int t = 0; t < T; ++t) {
         const int64_t off = static_cast<int64_t>(t) * C;
         const float* xr = x + off;
@@ -194,12 +198,13 @@ void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T
         rstd[t] = rs;
         float* yr = y + off;
         for (int c = 0; c < C; ++c) yr[c] = xr[c] * rs * w[c];
+        if (roundBf16) roundToBf16(yr, C);
     }
 }
 
 // dx = rstd * (g - x * rstd^2 * mean(g * x)), g = dy * w;  dw += dy * x * rstd.
 void rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd,
-                     float* dx, float* dw, int T, int C) {
+                     float* dx, float* dw, int T, int C, bool roundBf16) {
     const float invC = 1.0f / static_cast<float>(C);
     for (int t = 0; t < T; ++t) {
         const int64_t off = static_cast<int64_t>(t) * C;
@@ -223,6 +228,7 @@ void rmsNormBackward(const float* dy, const float* x, const float* w, const floa
         for (int l = 0; l < kLanes; ++l) sgx += acc[l];
         const float k = rs * rs * sgx * invC;
         for (int c = 0; c < C; ++c) dxr[c] = rs * (dyr[c] * w[c] - xr[c] * k);
+        if (roundBf16) roundToBf16(dxr, C);
     }
 }
 

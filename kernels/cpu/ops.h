@@ -47,6 +47,20 @@ void linearForward(const float* x, const float* W, const float* b, float* y, int
 void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                     float* db, int T, int in, int out);
 
+// --- Grouped linear (the MoE experts' GEMMs: TE's GroupedLinear, Megatron's TEGroupedMLP) --
+// G linear layers over consecutive row groups of one buffer: group g is rows [off[g], off[g+1])
+// of x [off[G], in] (row offsets from x, not from off[0]), multiplied by its own W[g] [out, in]
+// (+ b[g] where b and b[g] are given) into the same rows of y [off[G], out]. off, W, b, dW and db
+// are host arrays of G (+1) entries; the pointers in them point where x does (device memory on
+// CUDA). A group without rows is skipped (its dW[g] and db[g] untouched). Each group's results
+// are linearForward's / linearBackward's on its rows.
+void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
+                          int G, int in, int out);
+// dx: the groups' rows overwritten (null: no dgrad); dW[g] +=, db[g] += (null arrays or entries:
+// skipped).
+void linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
+                           float* const* db, const int* off, int G, int in, int out);
+
 // --- Embedding (vocab-parallel aware) ---------------------------------------------------
 // table: [vocabEnd - vocabStart, C] holds rows [vocabStart, vocabEnd) of the full table.
 // Tokens outside the range produce zero rows (summed across TP ranks by the caller).
@@ -71,22 +85,27 @@ void positionEmbeddingBackward(const float* dout, float* dtable, int s, int b, i
 
 // --- Norms ------------------------------------------------------------------------------
 // x, y: [T, C]; w, b: [C]; mean, rstd: [T] saved for backward. b may be null (no bias).
+// roundBf16 (here and in the activations and bias-dropout-add below): the output tensor (y;
+// the backward's dx) is written as bf16 values in the same pass, what roundToBf16 over it after
+// the call gives (a bf16 model's activations: its kernels write bf16); the statistics, the
+// parameter gradients and the masks stay as they are.
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
-                      float* rstd, int T, int C, float eps);
+                      float* rstd, int T, int C, float eps, bool roundBf16 = false);
 // dx (overwritten), dw (+=), db (+=, may be null)
 void layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
-                       const float* rstd, float* dx, float* dw, float* db, int T, int C);
+                       const float* rstd, float* dx, float* dw, float* db, int T, int C, bool roundBf16 = false);
 // "persist_layer_norm"/fused LN: one statistics pass over the row (shifted sums),
 // same results as the unfused path to ~1e-6.
 void layerNormForwardFused(const float* x, const float* w, const float* b, float* y,
-                           float* mean, float* rstd, int T, int C, float eps);
+                           float* mean, float* rstd, int T, int C, float eps, bool roundBf16 = false);
 void layerNormBackwardFused(const float* dy, const float* x, const float* w, const float* mean,
-                            const float* rstd, float* dx, float* dw, float* db, int T, int C);
+                            const float* rstd, float* dx, float* dw, float* db, int T, int C,
+                            bool roundBf16 = false);
 // RMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). rstd: [T]
 void rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
-                    float eps);
+                    float eps, bool roundBf16 = false);
 void rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd,
-                     float* dx, float* dw, int T, int C);
+                     float* dx, float* dw, int T, int C, bool roundBf16 = false);
 
 // --- Rotary position embedding (rotate-half / GPT-NeoX style, as Megatron's default) -----
 // x: [s, b, n, d] in place; rotary dim = d (full head dim), inv_freq_i = theta^(-2i/d).
@@ -102,8 +121,9 @@ void ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOff
 // the linear_qkv GEMM writes it; q: [s, b, nq, d], k, v: [s, b, ng, d]. Forward:
 // q, k = rope(split(qkv)), v = split(qkv); backward: dqkv = merge(rope^-1(dq), rope^-1(dk), dv).
 // Bitwise equal to the split/merge copies with ropeForwardFused / ropeBackward in place.
+// roundBf16: q and k (the rotated heads) stored as bf16 values, as the norms' flag (v is copied).
 void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                         int ng, int d, float theta, int posOffset);
+                         int ng, int d, float theta, int posOffset, bool roundBf16 = false);
 // The same layout copies without a rotation (rope off, or apply_rope_fusion off): T tokens.
 void splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d);
 void mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d);
@@ -206,14 +226,15 @@ size_t attentionScratchSize(const AttnDims& dims);  // s*s, 2*s*s with dropout
 
 // --- Activations ------------------------------------------------------------------------
 // Tanh-approximate GeLU (Megatron's bias_gelu): y = gelu(x + b). x, y: [T, C], b: [C]|null
-void biasGeluForward(const float* x, const float* b, float* y, int T, int C);
-// Unfused: bias-add pass then gelu pass (needs y as scratch for x+b).
+void biasGeluForward(const float* x, const float* b, float* y, int T, int C, bool roundBf16 = false);
+// Unfused: bias-add pass then gelu pass (needs y as scratch for x+b); a bf16 model rounds in a
+// pass of its own (roundToBf16), as the unfused path's separate kernels do.
 void biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C);
 // dx = dy * gelu'(x + b) (overwritten), db (+=, may be null)
 void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx, float* db,
                       int T, int C);
 // SwiGLU: x: [T, 2F] laid out per row as [gate(F) | up(F)], y: [T, F] = silu(gate) * up.
-void swigluForward(const float* x, float* y, int T, int F);
+void swigluForward(const float* x, float* y, int T, int F, bool roundBf16 = false);
 void swigluBackward(const float* dy, const float* x, float* dx, int T, int F);
 
 // --- Dropout / residual -----------------------------------------------------------------
@@ -229,7 +250,8 @@ void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offs
 // out = residual + dropout(x + b); b: [C]|null, x/residual/out: [T, C]; mask: [T*C]|null.
 // Fused: one pass ("bias_dropout_fusion"); Unfused: bias add, dropout, add as three passes.
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
+                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
+                         bool roundBf16 = false);
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
                            uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
 // dx = dropout'(dout) (overwritten), db += sum_t dx (may be null). dresidual = dout (caller).

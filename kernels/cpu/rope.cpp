@@ -113,12 +113,16 @@ inline void rotateOrCopy(const float* src, float* dst, int rows, int d, const Ro
 }  // namespace
 
 void splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                         int ng, int d, float theta, int posOffset) {
+                         int ng, int d, float theta, int posOffset, bool roundBf16) {
     const int r = nq / ng;
     forEachQkvGroup(qkv, q, k, v, s, b, nq, ng, d, theta, posOffset,
                     [&](const float* grp, float* qg, float* kg, float* vg, const RopeTables& tab) {
                         rotateOrCopy(grp, qg, r, d, tab, 1.0f);
                         rotateOrCopy(grp + static_cast<int64_t>(r) * d, kg, 1, d, tab, 1.0f);
+                        if (roundBf16) {
+                            roundToBf16(qg, static_cast<int64_t>(r) * d);
+                            roundToBf16(kg, d);
+                        }
                         std::memcpy(vg, grp + static_cast<int64_t>(r + 1) * d, sizeof(float) * d);
                     });
 }

@@ -10,6 +10,7 @@
 // Cephes polynomial (~2 ulp), and nvcc may contract a*b+c into FMAs, so values agree to a few
 // ulp, not bitwise. The bias gradient is biasGradAccumulate's (deterministic, summation order
 // differs from the CPU's: see elementwise.cu).
+#include "kernels/common/bf16.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -50,9 +51,14 @@ __device__ inline float geluGrad(float u) {
 // Overflow of exp(-z) to inf gives sigmoid 0, as the CPU's expApprox; NaN propagates.
 __device__ inline float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
 
+// An output element as stored: its bf16 value under roundBf16.
+__device__ inline float stored(float v, bool roundBf16) { return roundBf16 ? hd::bf16RoundFloat(v) : v; }
+
 // y = gelu(x + b); n = T * C, b may be null; y may alias x.
-__global__ void biasGeluKernel(const float* x, const float* __restrict__ b, float* y, int64_t n, int C) {
-    for (int64_t i = globalThread(); i < n; i += gridThreads()) y[i] = gelu(b ? x[i] + b[i % C] : x[i]);
+__global__ void biasGeluKernel(const float* x, const float* __restrict__ b, float* y, int64_t n, int C,
+                               bool roundBf16) {
+    for (int64_t i = globalThread(); i < n; i += gridThreads())
+        y[i] = stored(gelu(b ? x[i] + b[i % C] : x[i]), roundBf16);
 }
 
 // Unfused passes: y = x + b, then y = gelu(y) in place.
@@ -72,11 +78,12 @@ __global__ void biasGeluBackwardKernel(const float* dy, const float* __restrict_
 }
 
 // x: [T, 2F] rows of [gate(F) | up(F)], y: [T, F]; n = T * F.
-__global__ void swigluForwardKernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, int F) {
+__global__ void swigluForwardKernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, int F,
+                                    bool roundBf16) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) {
         const int64_t t = i / F, f = i % F;
         const float g = x[t * 2 * F + f], u = x[t * 2 * F + F + f];
-        y[i] = g * sigmoid(g) * u;
+        y[i] = stored(g * sigmoid(g) * u, roundBf16);
     }
 }
 
@@ -100,11 +107,12 @@ Status checkShape(int T, int C, const char* what) {
 
 }  // namespace
 
-Status biasGeluForward(const float* x, const float* b, float* y, int T, int C, void* stream) {
+Status biasGeluForward(const float* x, const float* b, float* y, int T, int C, bool roundBf16, void* stream) {
     TS_RETURN_IF_ERROR(checkShape(T, C, "biasGeluForward"));
     const int64_t n = static_cast<int64_t>(T) * C;
     if (n == 0) return Status::ok();
-    biasGeluKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, b, y, n, C);
+    biasGeluKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, b, y, n, C,
+                                                                                            roundBf16);
     return detail::launchStatus("biasGeluForward launch");
 }
 
@@ -114,7 +122,7 @@ Status biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, i
     if (n == 0) return Status::ok();
     cudaStream_t s = detail::asStream(stream);
     if (!b) {
-        biasGeluKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, s>>>(x, nullptr, y, n, C);
+        biasGeluKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, s>>>(x, nullptr, y, n, C, false);
         return detail::launchStatus("biasGeluForwardUnfused launch");
     }
     biasAddKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, s>>>(x, b, y, n, C);
@@ -135,11 +143,12 @@ Status biasGeluBackward(const float* dy, const float* x, const float* b, float* 
     return Status::ok();
 }
 
-Status swigluForward(const float* x, float* y, int T, int F, void* stream) {
+Status swigluForward(const float* x, float* y, int T, int F, bool roundBf16, void* stream) {
     TS_RETURN_IF_ERROR(checkShape(T, F, "swigluForward"));
     const int64_t n = static_cast<int64_t>(T) * F;
     if (n == 0) return Status::ok();
-    swigluForwardKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n, F);
+    swigluForwardKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(x, y, n, F,
+                                                                                                 roundBf16);
     return detail::launchStatus("swigluForward launch");
 }
 

@@ -21,14 +21,19 @@ __global__ void adamwKernel(float* __restrict__ p, const float* __restrict__ g,
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += stride) {
+        // Every product and sum rounded as written (the oracle is compiled with
+        // -ffp-contract=off; nvcc would fuse these into FMAs and round once), so the params, the
+        // moments and the model copy's bits are the oracle's.
         float pi = p[i];
-        if (s.decayOn) pi *= s.decay;
-        const float gi = g[i] * s.gradScale;  // clipping folded in, as on the CPU
+        if (s.decayOn) pi = __fmul_rn(pi, s.decay);
+        const float gi = __fmul_rn(g[i], s.gradScale);  // clipping folded in, as on the CPU
         float mi = m[i];
-        mi = s.w < 0.5f ? mi + s.w * (gi - mi) : gi - (gi - mi) * (1.0f - s.w);  // torch lerp
-        const float vi = v[i] * s.beta2 + gi * gi * s.oneMinusB2;
-        const float denom = sqrtf(vi) / s.bc2Sqrt + s.eps;
-        const float np = pi + s.negStep * mi / denom;
+        const float diff = __fsub_rn(gi, mi);
+        mi = s.w < 0.5f ? __fadd_rn(mi, __fmul_rn(s.w, diff))
+                        : __fsub_rn(gi, __fmul_rn(diff, __fsub_rn(1.0f, s.w)));  // torch lerp
+        const float vi = __fadd_rn(__fmul_rn(v[i], s.beta2), __fmul_rn(__fmul_rn(gi, gi), s.oneMinusB2));
+        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bc2Sqrt), s.eps);
+        const float np = __fadd_rn(pi, __fdiv_rn(__fmul_rn(s.negStep, mi), denom));
         p[i] = np;
         if (bits) bits[i] = hd::bf16FromFloat(np);  // the bf16 model copy, in the same pass
         m[i] = mi;

@@ -9,6 +9,7 @@
 // (__fmul_rn / __fadd_rn keep nvcc from contracting them into an FMA), so outputs are
 // bit-identical too. The bias gradient of biasDropoutAddBackward is biasGradAccumulate's
 // (deterministic, summation order differs from the CPU: see elementwise.cu).
+#include "kernels/common/bf16.h"
 #include "kernels/common/dropout_rng.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -57,6 +58,9 @@ struct DropoutApply {
     }
 };
 
+// An output element as stored: its bf16 value under roundBf16.
+__device__ inline float stored(float v, bool roundBf16) { return roundBf16 ? hd::bf16RoundFloat(v) : v; }
+
 // out = residual + (keep ? (x + b[c]) * scale : 0); b optional, out may alias x or residual.
 struct BiasDropoutAddApply {
     const float* x;
@@ -66,9 +70,10 @@ struct BiasDropoutAddApply {
     uint8_t* mask;
     float scale;
     int C;
+    bool roundBf16;
     __device__ void operator()(int64_t i, bool keep) const {
         const float v = b ? __fadd_rn(x[i], b[i % C]) : x[i];
-        out[i] = __fadd_rn(residual[i], keep ? __fmul_rn(v, scale) : 0.0f);
+        out[i] = stored(__fadd_rn(residual[i], keep ? __fmul_rn(v, scale) : 0.0f), roundBf16);
         if (mask) mask[i] = keep ? 1 : 0;
     }
 };
@@ -90,10 +95,10 @@ __global__ void dropoutBackwardKernel(const float* dy, const uint8_t* __restrict
 
 // p = 0 path of the fused op: out = residual + (x + b) (or residual + x).
 __global__ void biasAddResidualKernel(const float* x, const float* b, const float* residual, float* out,
-                                      int64_t n, int C) {
+                                      int64_t n, int C, bool roundBf16) {
     for (int64_t i = globalThread(); i < n; i += gridThreads()) {
         const float v = b ? __fadd_rn(x[i], b[i % C]) : x[i];
-        out[i] = __fadd_rn(residual[i], v);
+        out[i] = stored(__fadd_rn(residual[i], v), roundBf16);
     }
 }
 
@@ -147,17 +152,17 @@ Status dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t 
 }
 
 Status biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out, uint8_t* mask,
-                           int T, int C, float p, uint64_t seed, uint64_t offset, void* stream) {
+                           int T, int C, float p, uint64_t seed, uint64_t offset, bool roundBf16, void* stream) {
     if (T < 0 || C < 0) return Status::invalid("biasDropoutAddFused: need T >= 0 and C >= 0");
     const int64_t n = static_cast<int64_t>(T) * C;
     if (n == 0) return Status::ok();
     if (!(p > 0.0f)) {
         biasAddResidualKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(
-            x, b, residual, out, n, C);
+            x, b, residual, out, n, C, roundBf16);
         TS_RETURN_IF_ERROR(detail::launchStatus("biasDropoutAddFused launch"));
         return fillMaskOnes(mask, n, stream, "biasDropoutAddFused mask");
     }
-    return launchPairs(BiasDropoutAddApply{x, b, residual, out, mask, hd::dropoutKeepScale(p), C}, n, p, seed,
+    return launchPairs(BiasDropoutAddApply{x, b, residual, out, mask, hd::dropoutKeepScale(p), C, roundBf16}, n, p, seed,
                        offset, stream, "biasDropoutAddFused launch");
 }
 

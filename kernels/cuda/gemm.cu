@@ -516,4 +516,75 @@ Status linearBackward(const float* dy, const float* x, const float* W, float* dx
     return Status::ok();
 }
 
+namespace {
+
+// A grouped call's row offsets: G >= 0, ascending; *rows = off[G] - off[0].
+Status groupedRows(const char* op, const int* off, int G, int in, int out, int64_t* rows) {
+    *rows = 0;
+    if (G < 0 || in <= 0 || out <= 0 || (G > 0 && !off))
+        return Status::invalid(std::string(op) + ": need G >= 0, in > 0, out > 0 and the row offsets");
+    for (int g = 0; g < G; ++g)
+        if (off[g + 1] < off[g] || off[g] < 0)
+            return Status::invalid(std::string(op) + ": row offsets must be ascending from 0 or more (group " +
+                                   std::to_string(g) + ")");
+    if (G > 0) *rows = int64_t(off[G]) - off[0];
+    return Status::ok();
+}
+
+// Whether the groups' rows of p (width w) hold FP8 codes: each group's are bound at its own scale
+// (the engine binds every expert's or none, so the first group with rows tells), and each GEMM
+// reads its group's codes; a bf16 copy of all of them would go unread.
+bool groupsHoldCodes(const float* p, const int* off, int G, int w) {
+    for (int g = 0; g < G; ++g)
+        if (off[g + 1] > off[g])
+            return fp8codes::hasCodes(
+                fp8codes::map().lookup(p + int64_t(off[g]) * w, int64_t(off[g + 1] - off[g]) * w));
+    return false;
+}
+
+// Under bf16 GEMMs: the groups' rows of p in bf16 once for every group's GEMM (twin.cover).
+void coverGroups(detail::Bf16Twin& twin, const float* p, const int* off, int G, int w) {
+    if (!t_bf16Gemms || !p || G == 0 || off[G] == off[0] || groupsHoldCodes(p, off, G, w)) return;
+    twin.cover(p + int64_t(off[0]) * w, (int64_t(off[G]) - off[0]) * w, true);
+}
+
+}  // namespace
+
+Status linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
+                            int G, int in, int out, void* stream) {
+    int64_t rows = 0;
+    TS_RETURN_IF_ERROR(groupedRows("linearForwardGrouped", off, G, in, out, &rows));
+    if (rows == 0) return Status::ok();
+    if (!W) return Status::invalid("linearForwardGrouped: no weights");
+    detail::Bf16Twin tx(stream);
+    coverGroups(tx, x, off, G, in);
+    for (int g = 0; g < G; ++g) {
+        const int r0 = off[g], n = off[g + 1] - r0;
+        if (n == 0) continue;
+        TS_RETURN_IF_ERROR(linearForward(x + int64_t(r0) * in, W[g], b ? b[g] : nullptr, y + int64_t(r0) * out, n,
+                                         in, out, stream));
+    }
+    return Status::ok();
+}
+
+Status linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
+                             float* const* db, const int* off, int G, int in, int out, void* stream) {
+    int64_t rows = 0;
+    TS_RETURN_IF_ERROR(groupedRows("linearBackwardGrouped", off, G, in, out, &rows));
+    if (rows == 0) return Status::ok();
+    if (dx && !W) return Status::invalid("linearBackwardGrouped: dx needs W");
+    if (dW && !x) return Status::invalid("linearBackwardGrouped: dW needs x");
+    detail::Bf16Twin tdy(stream), tx(stream);
+    if (dx || dW) coverGroups(tdy, dy, off, G, out);
+    if (dW) coverGroups(tx, x, off, G, in);
+    for (int g = 0; g < G; ++g) {
+        const int r0 = off[g], n = off[g + 1] - r0;
+        if (n == 0) continue;
+        TS_RETURN_IF_ERROR(linearBackward(dy + int64_t(r0) * out, x ? x + int64_t(r0) * in : nullptr,
+                                          W ? W[g] : nullptr, dx ? dx + int64_t(r0) * in : nullptr,
+                                          dW ? dW[g] : nullptr, db ? db[g] : nullptr, n, in, out, stream));
+    }
+    return Status::ok();
+}
+
 }  // namespace ts::kernels::cuda

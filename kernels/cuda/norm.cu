@@ -16,6 +16,7 @@
 // Differences from the CPU, all within float rounding (summation order, fused multiply-adds):
 // the CPU's "fused" backward differs from its unfused one only in memory passes, and here both
 // entry points run the same two kernels (the parameter-gradient pass, then dx).
+#include "kernels/common/bf16.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -29,6 +30,9 @@ constexpr int kShiftHead = 16;                // the CPU's kLanes: head of the r
 
 int rowBlocks(int T) { return (T + kRowsPerBlock - 1) / kRowsPerBlock; }
 
+// An output element as stored: its bf16 value under roundBf16.
+__device__ inline float stored(float v, bool roundBf16) { return roundBf16 ? hd::bf16RoundFloat(v) : v; }
+
 // Mode of the forward statistics and of the normalization.
 enum class NormKind { LayerTwoPass, LayerShifted, Rms };
 
@@ -36,7 +40,7 @@ template <NormKind kKind>
 __global__ void layerOrRmsNormForwardKernel(const float* __restrict__ x, const float* __restrict__ w,
                                             const float* __restrict__ b, float* __restrict__ y,
                                             float* __restrict__ mean, float* __restrict__ rstd, int T,
-                                            int C, float eps) {
+                                            int C, float eps, bool roundBf16) {
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= T) return;  // whole warps leave together: row is uniform across the warp
@@ -79,11 +83,11 @@ __global__ void layerOrRmsNormForwardKernel(const float* __restrict__ x, const f
     }
     float* yr = y + off;
     if constexpr (kKind == NormKind::Rms) {
-        for (int c = lane; c < C; c += 32) yr[c] = xr[c] * rs * w[c];
+        for (int c = lane; c < C; c += 32) yr[c] = stored(xr[c] * rs * w[c], roundBf16);
     } else if (b) {
-        for (int c = lane; c < C; c += 32) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
+        for (int c = lane; c < C; c += 32) yr[c] = stored((xr[c] - mu) * rs * w[c] + b[c], roundBf16);
     } else {
-        for (int c = lane; c < C; c += 32) yr[c] = (xr[c] - mu) * rs * w[c];
+        for (int c = lane; c < C; c += 32) yr[c] = stored((xr[c] - mu) * rs * w[c], roundBf16);
     }
     if (lane == 0) {
         if (mean) mean[row] = mu;
@@ -96,7 +100,8 @@ __global__ void layerOrRmsNormForwardKernel(const float* __restrict__ x, const f
 template <bool kRms>
 __global__ void layerOrRmsNormBackwardDxKernel(const float* __restrict__ dy, const float* __restrict__ x,
                                                const float* __restrict__ w, const float* __restrict__ mean,
-                                               const float* __restrict__ rstd, float* dx, int T, int C) {
+                                               const float* __restrict__ rstd, float* dx, int T, int C,
+                                               bool roundBf16) {
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= T) return;
@@ -110,7 +115,7 @@ __global__ void layerOrRmsNormBackwardDxKernel(const float* __restrict__ dy, con
         float sgx = 0.0f;
         for (int c = lane; c < C; c += 32) sgx += dyr[c] * w[c] * xr[c];
         const float k = rs * rs * detail::warpSum(sgx) * invC;
-        for (int c = lane; c < C; c += 32) dxr[c] = rs * (dyr[c] * w[c] - xr[c] * k);
+        for (int c = lane; c < C; c += 32) dxr[c] = stored(rs * (dyr[c] * w[c] - xr[c] * k), roundBf16);
     } else {
         const float mu = mean[row];
         float sg = 0.0f, sgx = 0.0f;
@@ -123,7 +128,7 @@ __global__ void layerOrRmsNormBackwardDxKernel(const float* __restrict__ dy, con
         const float meanGX = detail::warpSum(sgx) * invC;
         for (int c = lane; c < C; c += 32) {
             const float xhat = (xr[c] - mu) * rs;
-            dxr[c] = rs * (dyr[c] * w[c] - meanG - xhat * meanGX);
+            dxr[c] = stored(rs * (dyr[c] * w[c] - meanG - xhat * meanGX), roundBf16);
         }
     }
 }
@@ -205,11 +210,11 @@ Status checkShape(const char* op, int T, int C) {
 
 template <NormKind kKind>
 Status launchForward(const char* op, const float* x, const float* w, const float* b, float* y,
-                     float* mean, float* rstd, int T, int C, float eps, void* stream) {
+                     float* mean, float* rstd, int T, int C, float eps, bool roundBf16, void* stream) {
     TS_RETURN_IF_ERROR(checkShape(op, T, C));
     if (T == 0) return Status::ok();
     layerOrRmsNormForwardKernel<kKind><<<rowBlocks(T), kThreads, 0, detail::asStream(stream)>>>(
-        x, w, b, y, mean, rstd, T, C, eps);
+        x, w, b, y, mean, rstd, T, C, eps, roundBf16);
     return detail::launchStatus(op);
 }
 
@@ -264,53 +269,53 @@ Status launchParamGrads(const char* op, const float* dy, const float* x, const f
 template <bool kRms>
 Status launchBackward(const char* op, const float* dy, const float* x, const float* w,
                       const float* mean, const float* rstd, float* dx, float* dw, float* db,
-                      int T, int C, void* stream) {
+                      int T, int C, bool roundBf16, void* stream) {
     TS_RETURN_IF_ERROR(checkShape(op, T, C));
     if (T == 0) return Status::ok();
     TS_RETURN_IF_ERROR(launchParamGrads<kRms>(op, dy, x, mean, rstd, dw, db, T, C, stream));
     layerOrRmsNormBackwardDxKernel<kRms><<<rowBlocks(T), kThreads, 0, detail::asStream(stream)>>>(
-        dy, x, w, mean, rstd, dx, T, C);
+        dy, x, w, mean, rstd, dx, T, C, roundBf16);
     return detail::launchStatus(op);
 }
 
 }  // namespace
 
 Status layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
-                        float* rstd, int T, int C, float eps, void* stream) {
+                        float* rstd, int T, int C, float eps, bool roundBf16, void* stream) {
     return launchForward<NormKind::LayerTwoPass>("layerNormForward", x, w, b, y, mean, rstd, T, C,
-                                                 eps, stream);
+                                                 eps, roundBf16, stream);
 }
 
 Status layerNormForwardFused(const float* x, const float* w, const float* b, float* y,
-                             float* mean, float* rstd, int T, int C, float eps, void* stream) {
+                             float* mean, float* rstd, int T, int C, float eps, bool roundBf16, void* stream) {
     return launchForward<NormKind::LayerShifted>("layerNormForwardFused", x, w, b, y, mean, rstd,
-                                                 T, C, eps, stream);
+                                                 T, C, eps, roundBf16, stream);
 }
 
 Status rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
-                      float eps, void* stream) {
+                      float eps, bool roundBf16, void* stream) {
     return launchForward<NormKind::Rms>("rmsNormForward", x, w, nullptr, y, nullptr, rstd, T, C,
-                                        eps, stream);
+                                        eps, roundBf16, stream);
 }
 
 Status layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
                          const float* rstd, float* dx, float* dw, float* db, int T, int C,
-                         void* stream) {
+                         bool roundBf16, void* stream) {
     return launchBackward<false>("layerNormBackward", dy, x, w, mean, rstd, dx, dw, db, T, C,
-                                 stream);
+                                 roundBf16, stream);
 }
 
 Status layerNormBackwardFused(const float* dy, const float* x, const float* w,
                               const float* mean, const float* rstd, float* dx, float* dw,
-                              float* db, int T, int C, void* stream) {
+                              float* db, int T, int C, bool roundBf16, void* stream) {
     return launchBackward<false>("layerNormBackwardFused", dy, x, w, mean, rstd, dx, dw, db, T,
-                                 C, stream);
+                                 C, roundBf16, stream);
 }
 
 Status rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd,
-                       float* dx, float* dw, int T, int C, void* stream) {
+                       float* dx, float* dw, int T, int C, bool roundBf16, void* stream) {
     return launchBackward<true>("rmsNormBackward", dy, x, w, nullptr, rstd, dx, dw, nullptr, T, C,
-                                stream);
+                                roundBf16, stream);
 }
 
 }  // namespace ts::kernels::cuda

@@ -123,6 +123,15 @@ Status linearForward(const float* x, const float* W, const float* b, float* y, i
                      int out, void* stream);
 Status linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                       float* db, int T, int in, int out, void* stream);
+// The MoE experts' GEMMs (kernels/cpu/ops.h): off, W, b, dW and db are HOST arrays of device
+// pointers. Under bf16 GEMMs the operand all groups share a buffer of (x; dy, and x for the wgrads)
+// is converted to bf16 once for every group, unless it holds FP8 codes or a bound twin covers it;
+// then a cuBLAS GEMM per group (as Transformer Engine's grouped GEMM calls cuBLAS per expert:
+// cublasGemmGroupedBatchedEx writes no fp32 C from bf16 operands).
+Status linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
+                            int G, int in, int out, void* stream);
+Status linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
+                             float* const* db, const int* off, int G, int in, int out, void* stream);
 
 // --- Embedding ------------------------------------------------------------------------------
 // invalidCount (device int, may be null) receives the number of ids outside [0, vocabSize).
@@ -144,20 +153,22 @@ Status positionEmbeddingBackward(const float* dout, float* dtable, int s, int b,
                                  void* stream);
 
 // --- Norms ----------------------------------------------------------------------------------
+// roundBf16 (here, biasGeluForward, swigluForward, biasDropoutAddFused): the output stored as
+// bf16 values (round to nearest even) in the same pass, the oracle's flag.
 Status layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean,
-                        float* rstd, int T, int C, float eps, void* stream);
+                        float* rstd, int T, int C, float eps, bool roundBf16, void* stream);
 Status layerNormBackward(const float* dy, const float* x, const float* w, const float* mean,
                          const float* rstd, float* dx, float* dw, float* db, int T, int C,
-                         void* stream);
+                         bool roundBf16, void* stream);
 Status layerNormForwardFused(const float* x, const float* w, const float* b, float* y,
-                             float* mean, float* rstd, int T, int C, float eps, void* stream);
+                             float* mean, float* rstd, int T, int C, float eps, bool roundBf16, void* stream);
 Status layerNormBackwardFused(const float* dy, const float* x, const float* w,
                               const float* mean, const float* rstd, float* dx, float* dw,
-                              float* db, int T, int C, void* stream);
+                              float* db, int T, int C, bool roundBf16, void* stream);
 Status rmsNormForward(const float* x, const float* w, float* y, float* rstd, int T, int C,
-                      float eps, void* stream);
+                      float eps, bool roundBf16, void* stream);
 Status rmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd,
-                       float* dx, float* dw, int T, int C, void* stream);
+                       float* dx, float* dw, int T, int C, bool roundBf16, void* stream);
 
 // --- Rotary position embedding ----------------------------------------------------------------
 Status ropeForward(float* x, int s, int b, int n, int d, float theta, int posOffset,
@@ -167,7 +178,7 @@ Status ropeForwardFused(float* x, int s, int b, int n, int d, float theta, int p
 Status ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posOffset,
                     void* stream);
 Status splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                           int ng, int d, float theta, int posOffset, void* stream);
+                           int ng, int d, float theta, int posOffset, bool roundBf16, void* stream);
 Status splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d, void* stream);
 Status mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d,
                 void* stream);
@@ -207,12 +218,12 @@ Status cpRingAttentionBackward(const CpAttnDims& dims, const int* qPos, const in
                                float* dv, void* stream);
 
 // --- Activations ----------------------------------------------------------------------------
-Status biasGeluForward(const float* x, const float* b, float* y, int T, int C, void* stream);
+Status biasGeluForward(const float* x, const float* b, float* y, int T, int C, bool roundBf16, void* stream);
 Status biasGeluForwardUnfused(const float* x, const float* b, float* y, int T, int C,
                               void* stream);
 Status biasGeluBackward(const float* dy, const float* x, const float* b, float* dx, float* db,
                         int T, int C, void* stream);
-Status swigluForward(const float* x, float* y, int T, int F, void* stream);
+Status swigluForward(const float* x, float* y, int T, int F, bool roundBf16, void* stream);
 Status swigluBackward(const float* dy, const float* x, float* dx, int T, int F, void* stream);
 
 // --- Dropout / residual (the CPU's counter-based RNG, so masks are bit-identical) ----------
@@ -224,7 +235,7 @@ Status dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t of
                    void* stream);
 Status biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
                            uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
-                           void* stream);
+                           bool roundBf16, void* stream);
 Status biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
                              uint8_t* mask, int T, int C, float p, uint64_t seed,
                              uint64_t offset, void* stream);

@@ -19,6 +19,7 @@
 //   device allocation (cudaMallocAsync) and applies them in a second kernel, as the CPU builds
 //   them in a vector. For odd d it keeps the CPU's behaviour exactly: the tables' last column
 //   is 0, so the last element becomes x*0 + 0 (the fused kernels leave it as is).
+#include "kernels/common/bf16.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -153,6 +154,16 @@ __device__ inline void rotateItem(const float* src, float* dst, int i, int half,
     }
 }
 
+// The element(s) of item i of dst (as rotateItem wrote them) as bf16 values.
+__device__ inline void roundItem(float* dst, int i, int half, int d) {
+    if (i < half) {
+        dst[i] = hd::bf16RoundFloat(dst[i]);
+        dst[half + i] = hd::bf16RoundFloat(dst[half + i]);
+    } else {
+        dst[d - 1] = hd::bf16RoundFloat(dst[d - 1]);
+    }
+}
+
 __device__ inline void copyItem(const float* src, float* dst, int i, int half, int d) {
     if (i < half) {
         dst[i] = src[i];
@@ -169,7 +180,7 @@ __device__ inline void copyItem(const float* src, float* dst, int i, int half, i
 __global__ void qkvRotaryKernel(float* __restrict__ qkv, float* __restrict__ q, float* __restrict__ k,
                                 float* __restrict__ v, int64_t tokens, int b, int nq, int ng, int d,
                                 float theta, int posOffset, bool merge, bool rotate, const float* __restrict__ cosT,
-                                const float* __restrict__ sinT) {
+                                const float* __restrict__ sinT, bool roundBf16) {
     const int r = nq / ng;
     const int half = d / 2;
     const int items = half + (d & 1);
@@ -207,6 +218,7 @@ __global__ void qkvRotaryKernel(float* __restrict__ qkv, float* __restrict__ q, 
             sn *= sign;
         }
         rotateItem(src, dst, i, half, d, c, sn);
+        if (roundBf16) roundItem(dst, i, half, d);  // (forward only: q and k)
     }
 }
 
@@ -292,7 +304,7 @@ Status ropeInPlace(const char* what, float* x, int s, int b, int n, int d, float
 }
 
 Status qkvRope(const char* what, float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-               int ng, int d, float theta, int posOffset, bool merge, bool rotate, void* stream) {
+               int ng, int d, float theta, int posOffset, bool merge, bool rotate, bool roundBf16, void* stream) {
     TS_RETURN_IF_ERROR(checkShape(what, s, b, nq, d));
     if (ng <= 0 || nq % ng != 0)
         return Status::invalid(std::string(what) + ": the query heads (" + std::to_string(nq) +
@@ -305,7 +317,8 @@ Status qkvRope(const char* what, float* qkv, float* q, float* k, float* v, int s
     RopeTables tab;
     if (rotate) TS_RETURN_IF_ERROR(ropeTables(s, d, theta, posOffset, &tab));
     qkvRotaryKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, st>>>(qkv, q, k, v, tokens, b, nq, ng, d, theta,
-                                                                        posOffset, merge, rotate, tab.cosT, tab.sinT);
+                                                                        posOffset, merge, rotate, tab.cosT, tab.sinT,
+                                                                        roundBf16);
     return detail::launchStatus(what);
 }
 
@@ -342,20 +355,21 @@ Status ropeBackward(float* dx, int s, int b, int n, int d, float theta, int posO
 }
 
 Status splitQkvRopeForward(const float* qkv, float* q, float* k, float* v, int s, int b, int nq,
-                           int ng, int d, float theta, int posOffset, void* stream) {
+                           int ng, int d, float theta, int posOffset, bool roundBf16, void* stream) {
     // merge=false only reads qkv
     return qkvRope("splitQkvRopeForward", const_cast<float*>(qkv), q, k, v, s, b, nq, ng, d, theta,
-                   posOffset, false, true, stream);
+                   posOffset, false, true, roundBf16, stream);
 }
 
 Status splitQkv(const float* qkv, float* q, float* k, float* v, int T, int nq, int ng, int d, void* stream) {
-    return qkvRope("splitQkv", const_cast<float*>(qkv), q, k, v, T, 1, nq, ng, d, 0.0f, 0, false, false, stream);
+    return qkvRope("splitQkv", const_cast<float*>(qkv), q, k, v, T, 1, nq, ng, d, 0.0f, 0, false, false, false,
+                   stream);
 }
 
 Status mergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv, int T, int nq, int ng, int d,
                 void* stream) {
     return qkvRope("mergeQkv", dqkv, const_cast<float*>(dq), const_cast<float*>(dk), const_cast<float*>(dv), T, 1,
-                   nq, ng, d, 0.0f, 0, true, false, stream);
+                   nq, ng, d, 0.0f, 0, true, false, false, stream);
 }
 
 Status ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, float* dqkv,
@@ -363,7 +377,7 @@ Status ropeBackwardMergeQkv(const float* dq, const float* dk, const float* dv, f
                             void* stream) {
     // merge=true only reads dq, dk, dv
     return qkvRope("ropeBackwardMergeQkv", dqkv, const_cast<float*>(dq), const_cast<float*>(dk),
-                   const_cast<float*>(dv), s, b, nq, ng, d, theta, posOffset, true, true, stream);
+                   const_cast<float*>(dv), s, b, nq, ng, d, theta, posOffset, true, true, false, stream);
 }
 
 }  // namespace ts::kernels::cuda

@@ -92,7 +92,7 @@ TEST_F(CudaAttention, QkvSplitAndMergeRopeMatchCpu) {
             DeviceVec<float> gQkv(qkv), gq(nQ), gk(nK), gv(nK);
             TS_ASSERT_OK(gQkv.status);
             TS_ASSERT_OK(cuda::splitQkvRopeForward(gQkv.ptr, gq.ptr, gk.ptr, gv.ptr, s, b, nq, ng, d, 10000.f,
-                                                   posOffset, m_stream));
+                                                   posOffset, false, m_stream));
             TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
             std::vector<float> q(nQ), k(nK), v(nK);
             cpu::splitQkvRopeForward(qkv.data(), q.data(), k.data(), v.data(), s, b, nq, ng, d, 10000.f,
@@ -100,6 +100,20 @@ TEST_F(CudaAttention, QkvSplitAndMergeRopeMatchCpu) {
             expectNear(gq.download(), q, 1e-5, 1e-6, "splitQkvRopeForward" + tag + "q", qShape);
             expectNear(gk.download(), k, 1e-5, 1e-6, "splitQkvRopeForward" + tag + "k", kShape);
             expectNear(gv.download(), v, 0, 0, "splitQkvRopeForward" + tag + "v", kShape);
+            {
+                // roundBf16: q and k the bf16 rounding of the kernel's own fp32 results, v as copied
+                auto bf = [](std::vector<float> x) {
+                    cpu::roundToBf16(x.data(), int64_t(x.size()));
+                    return x;
+                };
+                DeviceVec<float> rq(nQ), rk(nK), rv(nK);
+                TS_ASSERT_OK(cuda::splitQkvRopeForward(gQkv.ptr, rq.ptr, rk.ptr, rv.ptr, s, b, nq, ng, d, 10000.f,
+                                                       posOffset, true, m_stream));
+                TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+                expectNear(rq.download(), bf(gq.download()), 0, 0, "splitQkvRopeForward bf16" + tag + "q", qShape);
+                expectNear(rk.download(), bf(gk.download()), 0, 0, "splitQkvRopeForward bf16" + tag + "k", kShape);
+                expectNear(rv.download(), v, 0, 0, "splitQkvRopeForward bf16" + tag + "v", kShape);
+            }
 
             const auto dq = randomVec(nQ, 300 + ng, -2, 2), dk = randomVec(nK, 301 + ng, -2, 2),
                        dv = randomVec(nK, 302 + ng, -2, 2);

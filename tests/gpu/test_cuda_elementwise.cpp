@@ -282,6 +282,7 @@ TEST_F(CudaElementwise, DropoutForwardMaskAndBackwardAreBitExact) {
     expectEqualInts(part.download(), std::vector<uint8_t>(w.begin() + 101, w.end()), "dropoutMask slice");
 }
 
+// (The fused op's bf16 outputs, roundBf16, with the second offset: bit-exact too.)
 TEST_F(CudaElementwise, BiasDropoutAddFusedAndUnfusedAreBitExact) {
     const int T = 7, C = 2501;  // C > the CPU's 2048-element mask chunk, odd
     const int64_t n = static_cast<int64_t>(T) * C;
@@ -293,14 +294,16 @@ TEST_F(CudaElementwise, BiasDropoutAddFusedAndUnfusedAreBitExact) {
                 for (bool bias : {true, false})
                     for (bool withMask : {true, false}) {
                         const char* op = fused ? "biasDropoutAddFused" : "biasDropoutAddUnfused";
+                        const bool round = fused && offset != 0;
                         const std::string what = dropoutCase(op, p, offset, bias ? " bias" : " no bias") +
-                                                 (withMask ? " mask" : " no mask");
+                                                 (withMask ? " mask" : " no mask") + (round ? " bf16" : "");
                         std::vector<float> out(n);
                         std::vector<uint8_t> m(n);
                         const float* bp = bias ? b.data() : nullptr;
                         uint8_t* mp = withMask ? m.data() : nullptr;
                         if (fused)
-                            cpu::biasDropoutAddFused(x.data(), bp, r.data(), out.data(), mp, T, C, p, seed, offset);
+                            cpu::biasDropoutAddFused(x.data(), bp, r.data(), out.data(), mp, T, C, p, seed, offset,
+                                                     round);
                         else
                             cpu::biasDropoutAddUnfused(x.data(), bp, r.data(), out.data(), mp, T, C, p, seed,
                                                        offset);
@@ -310,7 +313,7 @@ TEST_F(CudaElementwise, BiasDropoutAddFusedAndUnfusedAreBitExact) {
                         uint8_t* gm = withMask ? dm.ptr : nullptr;
                         if (fused)
                             TS_ASSERT_OK(cuda::biasDropoutAddFused(dx.ptr, gb, dr.ptr, dout.ptr, gm, T, C, p, seed,
-                                                                   offset, m_stream));
+                                                                   offset, round, m_stream));
                         else
                             TS_ASSERT_OK(cuda::biasDropoutAddUnfused(dx.ptr, gb, dr.ptr, dout.ptr, gm, T, C, p,
                                                                      seed, offset, m_stream));
@@ -363,11 +366,11 @@ TEST_F(CudaElementwise, BiasGeluForwardFusedAndUnfusedMatchCpu) {
             const std::string what = std::string(fused ? "biasGeluForward" : "biasGeluForwardUnfused") +
                                      (bias ? " bias" : " no bias");
             std::vector<float> y(n);
-            (fused ? cpu::biasGeluForward : cpu::biasGeluForwardUnfused)(x.data(), bias ? b.data() : nullptr,
-                                                                         y.data(), T, C);
+            if (fused) cpu::biasGeluForward(x.data(), bias ? b.data() : nullptr, y.data(), T, C);
+            else cpu::biasGeluForwardUnfused(x.data(), bias ? b.data() : nullptr, y.data(), T, C);
             DeviceVec<float> dx(x), db(b), dy(n);
-            TS_ASSERT_OK((fused ? cuda::biasGeluForward : cuda::biasGeluForwardUnfused)(
-                dx.ptr, bias ? db.ptr : nullptr, dy.ptr, T, C, m_stream));
+            if (fused) TS_ASSERT_OK(cuda::biasGeluForward(dx.ptr, bias ? db.ptr : nullptr, dy.ptr, T, C, false, m_stream));
+            else TS_ASSERT_OK(cuda::biasGeluForwardUnfused(dx.ptr, bias ? db.ptr : nullptr, dy.ptr, T, C, m_stream));
             sync();
             expectClose(dy.download(), y, 1e-5, 1e-6, what, {T, C});
         }
@@ -411,7 +414,7 @@ TEST_F(CudaElementwise, SwigluForwardAndBackwardMatchCpu) {
     cpu::swigluForward(x.data(), y.data(), T, F);
     cpu::swigluBackward(dy.data(), x.data(), dx.data(), T, F);
     DeviceVec<float> gx(x), gy(n), gdy(dy), gdx(2 * n);
-    TS_ASSERT_OK(cuda::swigluForward(gx.ptr, gy.ptr, T, F, m_stream));
+    TS_ASSERT_OK(cuda::swigluForward(gx.ptr, gy.ptr, T, F, false, m_stream));
     TS_ASSERT_OK(cuda::swigluBackward(gdy.ptr, gx.ptr, gdx.ptr, T, F, m_stream));
     sync();
     expectClose(gy.download(), y, 1e-5, 1e-6, "swigluForward y", {T, F});

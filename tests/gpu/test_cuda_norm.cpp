@@ -46,13 +46,13 @@ TEST_F(CudaNormCeFp8, LayerNormForwardUnfusedAndFusedMatchCpu) {
                 TS_ASSERT_OK(dx.status);
                 const float* bp = bias ? db.ptr : nullptr;
                 if (fused)
-                    TS_ASSERT_OK(cuda::layerNormForwardFused(dx.ptr, dw.ptr, bp, dy.ptr, dm.ptr, dr.ptr, T, C, 1e-5f, m_stream));
+                    TS_ASSERT_OK(cuda::layerNormForwardFused(dx.ptr, dw.ptr, bp, dy.ptr, dm.ptr, dr.ptr, T, C, 1e-5f, false, m_stream));
                 else
-                    TS_ASSERT_OK(cuda::layerNormForward(dx.ptr, dw.ptr, bp, dy.ptr, dm.ptr, dr.ptr, T, C, 1e-5f, m_stream));
+                    TS_ASSERT_OK(cuda::layerNormForward(dx.ptr, dw.ptr, bp, dy.ptr, dm.ptr, dr.ptr, T, C, 1e-5f, false, m_stream));
                 sync();
                 std::vector<float> y(size_t(T) * C), mean(T), rstd(T);
                 (fused ? cpu::layerNormForwardFused : cpu::layerNormForward)(
-                    x.data(), w.data(), bias ? b.data() : nullptr, y.data(), mean.data(), rstd.data(), T, C, 1e-5f);
+                    x.data(), w.data(), bias ? b.data() : nullptr, y.data(), mean.data(), rstd.data(), T, C, 1e-5f, false);
                 const std::string name =
                     shape(fused ? "layerNormForwardFused" : "layerNormForward", T, C, bias ? ", bias" : ", no bias");
                 // y = xhat * w + b with |xhat| up to a few: absolute error ~ 1e-6 * |xhat|
@@ -74,16 +74,16 @@ TEST_F(CudaNormCeFp8, LayerNormBackwardUnfusedAndFusedMatchCpu) {
                 std::vector<float> dx(n), dw = dw0, db = db0;
                 (fused ? cpu::layerNormBackwardFused : cpu::layerNormBackward)(
                     dyv.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(), dw.data(),
-                    bias ? db.data() : nullptr, T, C);
+                    bias ? db.data() : nullptr, T, C, false);
                 DeviceVec<float> gdy(dyv), gx(x), gw(w), gm(mean), gr(rstd), gdx(n), gdw(dw0), gdb(db0);
                 TS_ASSERT_OK(gdb.status);
                 float* dbp = bias ? gdb.ptr : nullptr;
                 if (fused)
                     TS_ASSERT_OK(cuda::layerNormBackwardFused(gdy.ptr, gx.ptr, gw.ptr, gm.ptr, gr.ptr, gdx.ptr, gdw.ptr,
-                                                              dbp, T, C, m_stream));
+                                                              dbp, T, C, false, m_stream));
                 else
                     TS_ASSERT_OK(cuda::layerNormBackward(gdy.ptr, gx.ptr, gw.ptr, gm.ptr, gr.ptr, gdx.ptr, gdw.ptr, dbp,
-                                                         T, C, m_stream));
+                                                         T, C, false, m_stream));
                 sync();
                 // Magnitudes: dx from |rstd| * (|g| + mean|g| + |xhat| mean|g xhat|) ~ rstd * few;
                 // dw, db: the sums over T of |dy xhat|, |dy| plus the initial value.
@@ -120,14 +120,14 @@ TEST_F(CudaNormCeFp8, RmsNormForwardAndBackwardMatchCpu) {
         cpu::rmsNormBackward(dyv.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(), T, C);
         DeviceVec<float> gx(x), gw(w), gy(n), gr(T), gdy(dyv), gdx(n), gdw(dw0);
         TS_ASSERT_OK(gdw.status);
-        TS_ASSERT_OK(cuda::rmsNormForward(gx.ptr, gw.ptr, gy.ptr, gr.ptr, T, C, 1e-5f, m_stream));
+        TS_ASSERT_OK(cuda::rmsNormForward(gx.ptr, gw.ptr, gy.ptr, gr.ptr, T, C, 1e-5f, false, m_stream));
         sync();
         const auto gpuRstd = gr.download();
         expectClose(gy.download(), y, 1e-4, 1e-5, shape("rmsNormForward", T, C) + " y");
         expectClose(gpuRstd, rstd, 1e-4, 0, shape("rmsNormForward", T, C) + " rstd");
         // Backward from the CPU's rstd, so only the backward's own rounding is compared.
         DeviceVec<float> gr2(rstd);
-        TS_ASSERT_OK(cuda::rmsNormBackward(gdy.ptr, gx.ptr, gw.ptr, gr2.ptr, gdx.ptr, gdw.ptr, T, C, m_stream));
+        TS_ASSERT_OK(cuda::rmsNormBackward(gdy.ptr, gx.ptr, gw.ptr, gr2.ptr, gdx.ptr, gdw.ptr, T, C, false, m_stream));
         sync();
         std::vector<double> magDx(n), magW(C, 0.0);
         for (int t = 0; t < T; ++t)
@@ -140,6 +140,56 @@ TEST_F(CudaNormCeFp8, RmsNormForwardAndBackwardMatchCpu) {
         for (int c = 0; c < C; ++c) magW[c] += std::fabs(dw0[c]);
         expectClose(gdx.download(), dx, 2e-5, 1e-6, shape("rmsNormBackward", T, C) + " dx", {}, magDx);
         expectClose(gdw.download(), dw, 5e-5, 1e-6, shape("rmsNormBackward", T, C) + " dw (+=)", {}, magW);
+    }
+}
+
+// roundBf16: the kernels that write a bf16 model's activations store bf16 values in the same
+// pass. Each output must be exactly the bf16 rounding (the host's round to nearest even) of what
+// the same kernel writes without it; the statistics and parameter gradients are unchanged.
+TEST_F(CudaNormCeFp8, NormsAndActivationsStoreBf16ValuesUnderRoundBf16) {
+    auto bf = [](std::vector<float> v) {
+        cpu::roundToBf16(v.data(), int64_t(v.size()));
+        return v;
+    };
+    const int T = 67, C = 300;
+    const size_t n = size_t(T) * C;
+    const auto x = randomVec(n, 40, -3, 3), w = randomVec(C, 41), b = randomVec(C, 42), dyv = randomVec(n, 43);
+    const auto x2 = randomVec(2 * n, 44, -4, 4);  // SwiGLU's [gate | up] rows of 2C
+    // Each op twice, without and with the flag.
+    std::vector<float> plain[6], rounded[6], statsPlain[6], statsRounded[6];
+    for (int pass = 0; pass < 2; ++pass) {
+        const bool round = pass == 1;
+        DeviceVec<float> gx(x), gw(w), gb(b), gdy(dyv), gx2(x2), y(n), m(T), r(T), dx(n), dw(std::vector<float>(C, 0.f)),
+            db(std::vector<float>(C, 0.f));
+        TS_ASSERT_OK(cuda::layerNormForwardFused(gx.ptr, gw.ptr, gb.ptr, y.ptr, m.ptr, r.ptr, T, C, 1e-5f, round, m_stream));
+        sync();
+        (round ? rounded : plain)[0] = y.download();
+        (round ? statsRounded : statsPlain)[0] = r.download();
+        TS_ASSERT_OK(cuda::layerNormBackwardFused(gdy.ptr, gx.ptr, gw.ptr, m.ptr, r.ptr, dx.ptr, dw.ptr, db.ptr, T, C,
+                                                  round, m_stream));
+        sync();
+        (round ? rounded : plain)[1] = dx.download();
+        (round ? statsRounded : statsPlain)[1] = dw.download();
+        TS_ASSERT_OK(cuda::rmsNormForward(gx.ptr, gw.ptr, y.ptr, r.ptr, T, C, 1e-5f, round, m_stream));
+        sync();
+        (round ? rounded : plain)[2] = y.download();
+        (round ? statsRounded : statsPlain)[2] = r.download();
+        TS_ASSERT_OK(cuda::rmsNormBackward(gdy.ptr, gx.ptr, gw.ptr, r.ptr, dx.ptr, dw.ptr, T, C, round, m_stream));
+        sync();
+        (round ? rounded : plain)[3] = dx.download();
+        (round ? statsRounded : statsPlain)[3] = dw.download();
+        TS_ASSERT_OK(cuda::biasGeluForward(gx.ptr, gb.ptr, y.ptr, T, C, round, m_stream));
+        sync();
+        (round ? rounded : plain)[4] = y.download();
+        TS_ASSERT_OK(cuda::swigluForward(gx2.ptr, y.ptr, T, C, round, m_stream));
+        sync();
+        (round ? rounded : plain)[5] = y.download();
+    }
+    const char* names[6] = {"layerNormForwardFused y", "layerNormBackwardFused dx", "rmsNormForward y",
+                            "rmsNormBackward dx", "biasGeluForward y", "swigluForward y"};
+    for (int i = 0; i < 6; ++i) {
+        expectSameBits(rounded[i], bf(plain[i]), std::string(names[i]) + " under roundBf16");
+        if (i < 4) expectSameBits(statsRounded[i], statsPlain[i], std::string(names[i]) + ": statistics, grads unchanged");
     }
 }
 

@@ -80,7 +80,7 @@ TEST(Cupti, CapturesKernelsCopiesRangesAndCorrelation) {
             TS_ASSERT_OK(kc::layerNormForward(static_cast<float*>(dx), static_cast<float*>(dw),
                                               static_cast<float*>(db), static_cast<float*>(dn),
                                               static_cast<float*>(dmean), static_cast<float*>(drstd), T, C, 1e-5f,
-                                              nullptr));
+                                              false, nullptr));
             TS_ASSERT_OK(kc::linearForward(static_cast<float*>(dn), static_cast<float*>(dW), nullptr,
                                            static_cast<float*>(dy), T, C, OUT, nullptr));
         }

@@ -59,7 +59,7 @@ TEST_F(KernelsCuda, LayerNormForwardMatchesCpu) {
         DeviceVec<float> dx(x), dw(w), db(b), dy(T * C), dm(T), dr(T);
         TS_ASSERT_OK(dx.status);
         TS_ASSERT_OK(cuda::layerNormForward(dx.ptr, dw.ptr, bias ? db.ptr : nullptr, dy.ptr, dm.ptr,
-                                            dr.ptr, T, C, 1e-5f, m_stream));
+                                            dr.ptr, T, C, 1e-5f, false, m_stream));
         TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
         std::vector<float> y(T * C), mean(T), rstd(T);
         cpu::layerNormForward(x.data(), w.data(), bias ? b.data() : nullptr, y.data(), mean.data(),
@@ -74,40 +74,46 @@ TEST_F(KernelsCuda, BiasGeluForwardMatchesCpu) {
     const int T = 33, C = 1000;
     const auto x = randomVec(T * C, 4, -6, 6), b = randomVec(C, 5);
     DeviceVec<float> dx(x), db(b), dy(T * C);
-    TS_ASSERT_OK(cuda::biasGeluForward(dx.ptr, db.ptr, dy.ptr, T, C, m_stream));
+    TS_ASSERT_OK(cuda::biasGeluForward(dx.ptr, db.ptr, dy.ptr, T, C, false, m_stream));
     TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
     std::vector<float> y(T * C);
     cpu::biasGeluForward(x.data(), b.data(), y.data(), T, C);
     expectNear(dy.download(), y, 1e-5, 1e-6, "y");
 }
 
+// Bit for bit: the kernel rounds every product and sum as the oracle (compiled without FP
+// contraction) does, so params, moments and the bf16 model copy are the CPU's exactly, with
+// either branch of torch's lerp (beta1 0.9: weight 0.1; beta1 0.3: weight 0.7).
 TEST_F(KernelsCuda, AdamWThreeStepsMatchCpu) {
     const int64_t n = 10007;
-    auto p = randomVec(n, 6);
-    std::vector<float> m(n, 0.f), v(n, 0.f);
-    DeviceVec<float> dp(p), dm(m), dv(v);
-    cpu::AdamParams hc, hg;  // cuda::AdamParams is the same struct
-    hc.lr = hg.lr = 1e-3f;
-    hc.beta2 = hg.beta2 = 0.95f;
-    hc.weightDecay = hg.weightDecay = 0.1f;
-    hc.gradScale = hg.gradScale = 0.6f;  // clipping folded into the update
-    DeviceVec<uint16_t> dbits(static_cast<size_t>(n));
-    for (int step = 1; step <= 3; ++step) {
-        const auto g = randomVec(n, 10 + step, -2, 2);
-        DeviceVec<float> dg(g);
-        hc.step = hg.step = step;
-        // the last step writes the bf16 model copy in the same pass
-        TS_ASSERT_OK(cuda::adamwStep(dp.ptr, dg.ptr, dm.ptr, dv.ptr, n, hg, step == 3 ? dbits.ptr : nullptr, m_stream));
-        TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
-        cpu::adamwStep(p.data(), g.data(), m.data(), v.data(), n, hc);
+    for (const float beta1 : {0.9f, 0.3f}) {
+        SCOPED_TRACE("beta1 " + std::to_string(beta1));
+        auto p = randomVec(n, 6);
+        std::vector<float> m(n, 0.f), v(n, 0.f);
+        DeviceVec<float> dp(p), dm(m), dv(v);
+        cpu::AdamParams hc, hg;  // cuda::AdamParams is the same struct
+        hc.lr = hg.lr = 1e-3f;
+        hc.beta1 = hg.beta1 = beta1;
+        hc.beta2 = hg.beta2 = 0.95f;
+        hc.weightDecay = hg.weightDecay = 0.1f;
+        hc.gradScale = hg.gradScale = 0.6f;  // clipping folded into the update
+        DeviceVec<uint16_t> dbits(static_cast<size_t>(n));
+        std::vector<uint16_t> wantBits(static_cast<size_t>(n));
+        for (int step = 1; step <= 3; ++step) {
+            const auto g = randomVec(n, 10 + step, -2, 2);
+            DeviceVec<float> dg(g);
+            hc.step = hg.step = step;
+            // the last step writes the bf16 model copy in the same pass
+            TS_ASSERT_OK(
+                cuda::adamwStep(dp.ptr, dg.ptr, dm.ptr, dv.ptr, n, hg, step == 3 ? dbits.ptr : nullptr, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            cpu::adamwStep(p.data(), g.data(), m.data(), v.data(), n, hc, step == 3 ? wantBits.data() : nullptr);
+        }
+        expectEqualInts(dbits.download(), wantBits, "the model copy's bits");
+        expectNear(dp.download(), p, 0, 0, "param");
+        expectNear(dm.download(), m, 0, 0, "exp_avg");
+        expectNear(dv.download(), v, 0, 0, "exp_avg_sq");
     }
-    const std::vector<float> gotP = dp.download();
-    std::vector<uint16_t> wantBits(static_cast<size_t>(n));
-    cpu::floatToBf16(gotP.data(), wantBits.data(), n);
-    expectEqualInts(dbits.download(), wantBits, "the model copy's bits: the device's new params in bf16");
-    expectNear(gotP, p, 1e-6, 1e-7, "param");
-    expectNear(dm.download(), m, 1e-6, 1e-8, "exp_avg");
-    expectNear(dv.download(), v, 1e-6, 1e-10, "exp_avg_sq");
 }
 
 TEST_F(KernelsCuda, LinearForwardAndBackwardMatchCpu) {
@@ -282,6 +288,71 @@ TEST_F(KernelsCuda, Bf16GemmsEqualTheOracleOnBf16RoundedOperands) {
         expectNear(ddx.download(), gx, 1e-4, 1e-4, "bf16 linearBackward dx");
         expectNear(dG.download(), G, 1e-4, 1e-4, "bf16 linearBackward dW (accumulated)");
     }
+}
+
+// The MoE experts' grouped GEMMs (linearForwardGrouped / linearBackwardGrouped) against the
+// oracle's, in fp32 and under bf16 GEMMs (where the shared operands are converted once for every
+// group): an empty group, rows outside the groups, a group without a bias, dW and db accumulated.
+TEST_F(KernelsCuda, GroupedLinearMatchesCpu) {
+    auto bf = [](std::vector<float> v) {
+        cpu::roundToBf16(v.data(), int64_t(v.size()));
+        return v;
+    };
+    const int in = 64, out = 48, G = 4, total = 70;
+    const int off[G + 1] = {3, 30, 30, 31, 66};
+    for (bool bf16 : {false, true}) {
+        SCOPED_TRACE(bf16 ? "bf16 GEMMs" : "fp32 GEMMs");
+        const auto x = bf(randomVec(size_t(total) * in, 80)), dy = bf(randomVec(size_t(total) * out, 81));
+        DeviceVec<float> dx(x), ddy(dy), y(std::vector<float>(size_t(total) * out, 7.0f)),
+            gx(std::vector<float>(size_t(total) * in, 9.0f));
+        std::vector<std::vector<float>> W, b, dW0, db0;
+        std::vector<std::unique_ptr<DeviceVec<float>>> dW, db, gW, gb;
+        std::vector<const float*> Wd, bd, Wh, bh;
+        std::vector<float*> gWd, gbd;
+        for (int g = 0; g < G; ++g) {
+            W.push_back(bf(randomVec(size_t(out) * in, 90 + g)));
+            b.push_back(randomVec(size_t(out), 100 + g));
+            dW0.push_back(randomVec(size_t(out) * in, 110 + g));
+            db0.push_back(randomVec(size_t(out), 120 + g));
+            dW.push_back(std::make_unique<DeviceVec<float>>(W.back()));
+            db.push_back(std::make_unique<DeviceVec<float>>(b.back()));
+            gW.push_back(std::make_unique<DeviceVec<float>>(dW0.back()));
+            gb.push_back(std::make_unique<DeviceVec<float>>(db0.back()));
+            Wd.push_back(dW.back()->ptr);
+            bd.push_back(g == 2 ? nullptr : db.back()->ptr);
+            Wh.push_back(W.back().data());
+            bh.push_back(g == 2 ? nullptr : b.back().data());
+            gWd.push_back(gW.back()->ptr);
+            gbd.push_back(gb.back()->ptr);
+        }
+        {
+            const Bf16GemmsOn on(false);
+            if (!bf16) cuda::setBf16Gemms(false);
+            TS_ASSERT_OK(cuda::linearForwardGrouped(dx.ptr, Wd.data(), bd.data(), y.ptr, off, G, in, out, m_stream));
+            TS_ASSERT_OK(cuda::linearBackwardGrouped(ddy.ptr, dx.ptr, Wd.data(), gx.ptr, gWd.data(), gbd.data(), off, G,
+                                                     in, out, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+        }
+        std::vector<float> wantY(size_t(total) * out, 7.0f), wantGx(size_t(total) * in, 9.0f);
+        auto wantGW = dW0, wantGb = db0;
+        std::vector<float*> hGW, hGb;
+        for (int g = 0; g < G; ++g) {
+            hGW.push_back(wantGW[size_t(g)].data());
+            hGb.push_back(wantGb[size_t(g)].data());
+        }
+        cpu::linearForwardGrouped(x.data(), Wh.data(), bh.data(), wantY.data(), off, G, in, out);
+        cpu::linearBackwardGrouped(dy.data(), x.data(), Wh.data(), wantGx.data(), hGW.data(), hGb.data(), off, G, in,
+                                   out);
+        expectNear(y.download(), wantY, 1e-4, 1e-4, "grouped forward");
+        expectNear(gx.download(), wantGx, 1e-4, 1e-4, "grouped dgrad");
+        for (int g = 0; g < G; ++g) {
+            expectNear(gW[size_t(g)]->download(), wantGW[size_t(g)], 1e-4, 1e-4, "grouped wgrad (accumulated)");
+            expectNear(gb[size_t(g)]->download(), wantGb[size_t(g)], 1e-4, 1e-4, "grouped bias grad");
+        }
+    }
+    const int bad[3] = {0, 5, 4};  // descending offsets
+    const float* none[2] = {nullptr, nullptr};
+    EXPECT_FALSE(cuda::linearForwardGrouped(nullptr, none, nullptr, nullptr, bad, 2, in, out, m_stream).isOk());
 }
 
 // setFast16bfGemms (TS_CUDA_GEMM_FAST_16BF): cuBLAS rounds the fp32 operands itself. Against the

@@ -146,6 +146,70 @@ TEST(KernelsLinear, BackwardMatchesFiniteDifferencesAndAccumulates) {
     linearBackward(r.data(), x.data(), W.data(), nullptr, nullptr, nullptr, T, in, out);
 }
 
+// The MoE experts' grouped GEMMs: each group's rows times its own weight (and bias), against a
+// double reference written out here; an empty group, rows before the first group and after the
+// last untouched, dW and db accumulated per group, and the null arrays skipped.
+TEST(KernelsLinear, GroupedMatchesADoubleReferencePerGroup) {
+    const int in = 6, out = 5, G = 4, total = 14;
+    const int off[G + 1] = {2, 6, 6, 7, 12};  // group 1 empty; rows 0-1 and 12-13 in no group
+    const auto x = randomVector(size_t(total) * in, 30), dy = randomVector(size_t(total) * out, 31);
+    std::vector<std::vector<float>> W, b, dW, db;
+    for (int g = 0; g < G; ++g) {
+        W.push_back(randomVector(size_t(out) * in, 40 + g));
+        b.push_back(randomVector(size_t(out), 50 + g));
+        dW.push_back(randomVector(size_t(out) * in, 60 + g));  // accumulated into
+        db.push_back(randomVector(size_t(out), 70 + g));
+    }
+    std::vector<const float*> Wp, bp;
+    std::vector<float*> dWp, dbp;
+    for (int g = 0; g < G; ++g) {
+        Wp.push_back(W[size_t(g)].data());
+        bp.push_back(g == 2 ? nullptr : b[size_t(g)].data());  // a group without a bias
+        dWp.push_back(dW[size_t(g)].data());
+        dbp.push_back(db[size_t(g)].data());
+    }
+    std::vector<float> y(size_t(total) * out, 77.0f), dx(size_t(total) * in, 88.0f);
+    const auto dW0 = dW, db0 = db;
+    linearForwardGrouped(x.data(), Wp.data(), bp.data(), y.data(), off, G, in, out);
+    linearBackwardGrouped(dy.data(), x.data(), Wp.data(), dx.data(), dWp.data(), dbp.data(), off, G, in, out);
+    std::vector<double> wantY(y.size(), 77.0), wantDx(dx.size(), 88.0);
+    auto wantDW = std::vector<std::vector<double>>(G), wantDb = std::vector<std::vector<double>>(G);
+    for (int g = 0; g < G; ++g) {
+        wantDW[size_t(g)].assign(dW0[size_t(g)].begin(), dW0[size_t(g)].end());
+        wantDb[size_t(g)].assign(db0[size_t(g)].begin(), db0[size_t(g)].end());
+        for (int r = off[g]; r < off[g + 1]; ++r) {
+            for (int o = 0; o < out; ++o) {
+                double acc = bp[size_t(g)] ? double(b[size_t(g)][size_t(o)]) : 0.0;
+                for (int i = 0; i < in; ++i) acc += double(x[size_t(r) * in + i]) * W[size_t(g)][size_t(o) * in + i];
+                wantY[size_t(r) * out + o] = acc;
+                const double d = dy[size_t(r) * out + o];
+                wantDb[size_t(g)][size_t(o)] += d;
+                for (int i = 0; i < in; ++i) wantDW[size_t(g)][size_t(o) * in + i] += d * x[size_t(r) * in + i];
+            }
+            for (int i = 0; i < in; ++i) {
+                double acc = 0;
+                for (int o = 0; o < out; ++o) acc += double(dy[size_t(r) * out + o]) * W[size_t(g)][size_t(o) * in + i];
+                wantDx[size_t(r) * in + i] = acc;
+            }
+        }
+    }
+    testing::expectClose(y, wantY, 1e-5, 1e-6, "y");
+    testing::expectClose(dx, wantDx, 1e-5, 1e-6, "dx");
+    for (int g = 0; g < G; ++g) {
+        testing::expectClose(dW[size_t(g)], wantDW[size_t(g)], 1e-5, 1e-6, "dW");
+        testing::expectClose(db[size_t(g)], wantDb[size_t(g)], 1e-5, 1e-6, "db");
+    }
+    // null dx, dW and db arrays: nothing written
+    const auto dWBefore = dW;
+    std::vector<float> dx2(dx.size(), 5.0f);
+    linearBackwardGrouped(dy.data(), x.data(), Wp.data(), nullptr, nullptr, nullptr, off, G, in, out);
+    linearBackwardGrouped(dy.data(), nullptr, Wp.data(), dx2.data(), nullptr, nullptr, off, G, in, out);
+    EXPECT_EQ(dW, dWBefore);
+    for (size_t i = 0; i < size_t(off[0]) * in; ++i) ASSERT_EQ(dx2[i], 5.0f);
+    for (size_t i = size_t(off[G]) * in; i < dx2.size(); ++i) ASSERT_EQ(dx2[i], 5.0f);
+    for (size_t i = size_t(off[0]) * in; i < size_t(off[G]) * in; ++i) ASSERT_EQ(dx2[i], dx[i]);
+}
+
 TEST(KernelsEmbedding, VocabPartitionsSumToFullLookupAndCountInvalid) {
     const int V = 10, C = 3, T = 6;
     const auto table = randomVector(V * C, 17);

@@ -3,6 +3,10 @@
 #include "kernel_test_util.h"
 #include "kernels/cpu/ops.h"
 
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
 namespace ts::kernels::cpu {
 namespace {
 
@@ -33,7 +37,7 @@ TEST(KernelsNorm, LayerNormForwardMatchesReferenceBothPaths) {
             std::vector<float> y(T * C), mean(T), rstd(T);
             (fused ? layerNormForwardFused : layerNormForward)(
                 x.data(), w.data(), bias ? b.data() : nullptr, y.data(), mean.data(),
-                rstd.data(), T, C, 1e-5f);
+                rstd.data(), T, C, 1e-5f, false);
             testing::expectClose(y, refLayerNorm(x, w, bias ? b.data() : nullptr, T, C, 1e-5),
                                  1e-4, 1e-4, fused ? "fused y" : "y");
         }
@@ -77,7 +81,7 @@ TEST(KernelsNorm, LayerNormBackwardMatchesFiniteDifferences) {
             std::vector<float> dx(T * C), dw(C, 0.f), db(C, 0.f);
             (fused ? layerNormBackwardFused : layerNormBackward)(
                 r.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(), dw.data(),
-                bias ? db.data() : nullptr, T, C);
+                bias ? db.data() : nullptr, T, C, false);
             testing::checkGradient(x, dx, loss, testing::allIndices(x.size()), 1e-2, 2e-3, "dx");
             testing::checkGradient(w, dw, loss, testing::allIndices(w.size()), 1e-2, 2e-3, "dw");
             if (bias)
@@ -162,6 +166,100 @@ TEST(KernelsRope, BackwardMatchesFiniteDifferencesWithOffset) {
     double diff = 0;
     for (size_t i = 0; i < dx.size(); ++i) diff += std::fabs(dx[i] - wrong[i]);
     EXPECT_GT(diff, 1e-2);
+}
+
+// roundBf16: each kernel that writes a bf16 model's activation stores bf16 values in the same
+// pass: exactly roundToBf16 of what it writes without the flag (every element), and nothing else
+// it writes (statistics, parameter gradients, masks) changes.
+TEST(KernelsBf16Out, EveryRoundedOutputIsTheRoundingOfTheFp32One) {
+    const int T = 6, C = 2101;  // C past the dropout's 2048-element mask chunk, odd
+    const size_t n = size_t(T) * C;
+    const auto x = randomVector(n, 90, -3.0f, 3.0f), w = randomVector(C, 91), b = randomVector(C, 92);
+    const auto dy = randomVector(n, 93), res = randomVector(n, 94), x2 = randomVector(2 * n, 95, -4.0f, 4.0f);
+    auto rounded = [](std::vector<float> v) {
+        roundToBf16(v.data(), int64_t(v.size()));
+        return v;
+    };
+    auto bits = [](const std::vector<float>& v) {
+        std::vector<uint32_t> o(v.size());
+        std::memcpy(o.data(), v.data(), v.size() * sizeof(float));
+        return o;
+    };
+    struct Out {
+        std::vector<float> y, side;
+        std::vector<uint8_t> mask;
+    };
+    // op(roundBf16) -> its output and what else it writes
+    const std::vector<std::pair<const char*, std::function<Out(bool)>>> ops = {
+        {"layerNormForward", [&](bool r) {
+             Out o{std::vector<float>(n), std::vector<float>(2 * T), {}};
+             layerNormForward(x.data(), w.data(), b.data(), o.y.data(), o.side.data(), o.side.data() + T, T, C, 1e-5f, r);
+             return o;
+         }},
+        {"layerNormForwardFused", [&](bool r) {
+             Out o{std::vector<float>(n), std::vector<float>(2 * T), {}};
+             layerNormForwardFused(x.data(), w.data(), b.data(), o.y.data(), o.side.data(), o.side.data() + T, T, C, 1e-5f, r);
+             return o;
+         }},
+        {"rmsNormForward", [&](bool r) {
+             Out o{std::vector<float>(n), std::vector<float>(T), {}};
+             rmsNormForward(x.data(), w.data(), o.y.data(), o.side.data(), T, C, 1e-5f, r);
+             return o;
+         }},
+        {"layerNormBackward", [&](bool r) {
+             std::vector<float> y(n), st(2 * T);
+             layerNormForward(x.data(), w.data(), b.data(), y.data(), st.data(), st.data() + T, T, C, 1e-5f);
+             Out o{std::vector<float>(n), std::vector<float>(2 * size_t(C), 0.0f), {}};
+             layerNormBackward(dy.data(), x.data(), w.data(), st.data(), st.data() + T, o.y.data(), o.side.data(),
+                               o.side.data() + C, T, C, r);
+             return o;
+         }},
+        {"layerNormBackwardFused", [&](bool r) {
+             std::vector<float> y(n), st(2 * T);
+             layerNormForward(x.data(), w.data(), b.data(), y.data(), st.data(), st.data() + T, T, C, 1e-5f);
+             Out o{std::vector<float>(n), std::vector<float>(2 * size_t(C), 0.0f), {}};
+             layerNormBackwardFused(dy.data(), x.data(), w.data(), st.data(), st.data() + T, o.y.data(), o.side.data(),
+                                    o.side.data() + C, T, C, r);
+             return o;
+         }},
+        {"rmsNormBackward", [&](bool r) {
+             std::vector<float> y(n), rs(T);
+             rmsNormForward(x.data(), w.data(), y.data(), rs.data(), T, C, 1e-5f);
+             Out o{std::vector<float>(n), std::vector<float>(C, 0.0f), {}};
+             rmsNormBackward(dy.data(), x.data(), w.data(), rs.data(), o.y.data(), o.side.data(), T, C, r);
+             return o;
+         }},
+        {"biasGeluForward", [&](bool r) {
+             Out o{std::vector<float>(n), {}, {}};
+             biasGeluForward(x.data(), b.data(), o.y.data(), T, C, r);
+             return o;
+         }},
+        {"swigluForward", [&](bool r) {
+             Out o{std::vector<float>(n), {}, {}};
+             swigluForward(x2.data(), o.y.data(), T, C, r);
+             return o;
+         }},
+        {"biasDropoutAddFused p=0.3", [&](bool r) {
+             Out o{std::vector<float>(n), {}, std::vector<uint8_t>(n)};
+             biasDropoutAddFused(x.data(), b.data(), res.data(), o.y.data(), o.mask.data(), T, C, 0.3f, 7, 1001, r);
+             return o;
+         }},
+        {"biasDropoutAddFused p=0", [&](bool r) {
+             Out o{std::vector<float>(n), {}, std::vector<uint8_t>(n)};
+             biasDropoutAddFused(x.data(), nullptr, res.data(), o.y.data(), o.mask.data(), T, C, 0.0f, 7, 0, r);
+             return o;
+         }},
+    };
+    for (const auto& [name, run] : ops) {
+        SCOPED_TRACE(name);
+        const Out plain = run(false), round = run(true);
+        size_t changed = 0;
+        for (size_t i = 0; i < n; ++i) changed += plain.y[i] != round.y[i];
+        EXPECT_GT(changed, n / 2) << "the flag should round most of the outputs";
+        EXPECT_EQ(bits(round.y), bits(rounded(plain.y)));
+        EXPECT_EQ(bits(round.side), bits(plain.side));
+        EXPECT_EQ(round.mask, plain.mask);
+    }
 }
 
 }  // namespace

@@ -88,6 +88,17 @@ TEST_P(QkvRope, SplitRopeEqualsSplitThenRopeAndMergeEqualsRopeBackThenMerge) {
     expectBitEqual(q2, q, "q");
     expectBitEqual(k2, k, "k");
     expectBitEqual(v2, v, "v");
+    // roundBf16: q and k as roundToBf16 leaves them after the call, v as copied
+    std::vector<float> q3(q.size(), -1.0f), k3(k.size(), -1.0f), v3(v.size(), -1.0f);
+    splitQkvRopeForward(qkv.data(), q3.data(), k3.data(), v3.data(), sh.s, sh.b, sh.nq, sh.ng, sh.d, theta,
+                        posOffset, true);
+    std::vector<float> qr = q, kr = k;
+    roundToBf16(qr.data(), int64_t(qr.size()));
+    roundToBf16(kr.data(), int64_t(kr.size()));
+    ASSERT_NE(qr, q);  // the rounding changes something to look at
+    expectBitEqual(q3, qr, "q bf16");
+    expectBitEqual(k3, kr, "k bf16");
+    expectBitEqual(v3, v, "v (bf16 run)");
 
     // reference backward: in-place inverse rope on dq, dk, then naive merge
     auto dq = randomVector(q.size(), 302), dk = randomVector(k.size(), 303);

@@ -161,9 +161,9 @@ void linearForward(const float* x, const float* W, const float* b, float* y, int
 void linearBackward(const float* dy, const float* x, const float* W, float* dx, float* dW,
                     float* db, int T, int in, int out);
 // The MoE experts' GEMMs, one call for all local experts (kernels/cpu/ops.h): off, W, b, dW and
-// db are host arrays. On CUDA one kernel call (the groups' shared operands converted to bf16 once
-// for all of them); on the host backends linearForward / linearBackward per group, each checked
-// and viewed as those are.
+// db are host arrays. On CUDA one host call: the groups' shared operands converted to bf16 once
+// for all of them, then a cuBLAS GEMM per group; on the host backends linearForward /
+// linearBackward per group, each checked and viewed as those are.
 void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
                           int G, int in, int out);
 void linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,

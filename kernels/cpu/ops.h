@@ -52,8 +52,9 @@ void linearBackward(const float* dy, const float* x, const float* W, float* dx, 
 // of x [off[G], in] (row offsets from x, not from off[0]), multiplied by its own W[g] [out, in]
 // (+ b[g] where b and b[g] are given) into the same rows of y [off[G], out]. off, W, b, dW and db
 // are host arrays of G (+1) entries; the pointers in them point where x does (device memory on
-// CUDA). A group without rows is skipped (its dW[g] and db[g] untouched). Each group's results
-// are linearForward's / linearBackward's on its rows.
+// CUDA). The offsets ascend (CUDA refuses others; here a group whose offsets do not ascend is
+// skipped, as one without rows, whose dW[g] and db[g] stay untouched). Each group's results are
+// linearForward's / linearBackward's on its rows.
 void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
                           int G, int in, int out);
 // dx: the groups' rows overwritten (null: no dgrad); dW[g] +=, db[g] += (null arrays or entries:

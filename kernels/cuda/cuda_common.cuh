@@ -68,6 +68,10 @@ __device__ inline float warpMax(float v) {
     return v;
 }
 
+// std::max(a, b)'s rule, (a < b) ? b : a, for a sequential max that mirrors an oracle's: a NaN
+// first stays, a NaN later is passed over (fmax passes over both).
+__device__ inline double maxAsStd(double a, double b) { return a < b ? b : a; }
+
 // Grid-stride loops: this thread's first index and the stride.
 __device__ inline int64_t globalThread() {
     return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

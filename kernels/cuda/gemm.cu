@@ -531,20 +531,21 @@ Status groupedRows(const char* op, const int* off, int G, int in, int out, int64
     return Status::ok();
 }
 
-// Whether the groups' rows of p (width w) hold FP8 codes: each group's are bound at its own scale
-// (the engine binds every expert's or none, so the first group with rows tells), and each GEMM
-// reads its group's codes; a bf16 copy of all of them would go unread.
-bool groupsHoldCodes(const float* p, const int* off, int G, int w) {
+// Whether the groups' rows of p (width w) are bound as FP8 values (codes at a scale, or kFp32Only):
+// each group's at its own scale (the engine binds every expert's or none, so the first group with
+// rows tells), and each GEMM reads its group's codes or runs fp32; a bf16 copy would go unread.
+bool groupsBoundAsFp8(const float* p, const int* off, int G, int w) {
     for (int g = 0; g < G; ++g)
         if (off[g + 1] > off[g])
-            return fp8codes::hasCodes(
-                fp8codes::map().lookup(p + int64_t(off[g]) * w, int64_t(off[g + 1] - off[g]) * w));
+            return fp8codes::map().scaleOf(p + int64_t(off[g]) * w, int64_t(off[g + 1] - off[g]) * w) != 0.0f;
     return false;
 }
 
-// Under bf16 GEMMs: the groups' rows of p in bf16 once for every group's GEMM (twin.cover).
+// Under bf16 GEMMs: the groups' rows of p in bf16 once for every group's GEMM (twin.cover); not
+// with fast16bfGemms, whose experiment is GEMMs that convert nothing themselves.
 void coverGroups(detail::Bf16Twin& twin, const float* p, const int* off, int G, int w) {
-    if (!t_bf16Gemms || !p || G == 0 || off[G] == off[0] || groupsHoldCodes(p, off, G, w)) return;
+    if (!t_bf16Gemms || fast16bfGemms() || !p || G == 0 || off[G] == off[0] || groupsBoundAsFp8(p, off, G, w))
+        return;
     twin.cover(p + int64_t(off[0]) * w, (int64_t(off[G]) - off[0]) * w, true);
 }
 

@@ -201,7 +201,7 @@ __global__ void moeRouterAuxGradReduceKernel(const float* __restrict__ logits, c
         const float* l = logits + t * E;
         const int g = static_cast<int>((t % microBatch) % G);
         double mx = static_cast<double>(l[0]);
-        for (int e = 1; e < E; ++e) mx = fmax(mx, static_cast<double>(l[e]));
+        for (int e = 1; e < E; ++e) mx = detail::maxAsStd(mx, static_cast<double>(l[e]));  // the oracle's std::max
         double se = 0;
         for (int e = 0; e < E; ++e) se += exp(static_cast<double>(l[e]) - mx);
         const double lse = mx + log(se);

@@ -86,13 +86,10 @@ __device__ void chooseTopK(V v, int E, int K, int G, int gk, int* sel, double* b
         if ((mask >> (e / per)) & 1ull) insertBest(v(e), e, K, m, sel, best);
 }
 
-// std::max's max (the oracle's): a NaN first stays, a NaN later is passed over (fmax passes over both).
-__device__ inline double maxAsStd(double a, double b) { return a < b ? b : a; }
-
 // The max and the sum of exp(l - max) of a token's logits, in double in order (the oracle's moeSoftmax).
 __device__ void softmaxStats(const float* l, int E, double& mx, double& se) {
     mx = static_cast<double>(l[0]);
-    for (int e = 1; e < E; ++e) mx = maxAsStd(mx, static_cast<double>(l[e]));
+    for (int e = 1; e < E; ++e) mx = detail::maxAsStd(mx, static_cast<double>(l[e]));
     se = 0;
     for (int e = 0; e < E; ++e) se += exp(static_cast<double>(l[e]) - mx);
 }
@@ -112,7 +109,7 @@ __global__ void moeRouteTopKIndexKernel(const float* __restrict__ logits, const 
         // logits; the full softmax at them; or their scores, renormalised for K > 1.
         const auto softmaxOfChosen = [&] {
             double cm = static_cast<double>(l[sel[0]]);
-            for (int j = 1; j < K; ++j) cm = maxAsStd(cm, static_cast<double>(l[sel[j]]));
+            for (int j = 1; j < K; ++j) cm = detail::maxAsStd(cm, static_cast<double>(l[sel[j]]));
             double cs = 0;
             for (int j = 0; j < K; ++j) cs += (p[j] = exp(static_cast<double>(l[sel[j]]) - cm));
             for (int j = 0; j < K; ++j) p[j] /= cs;
@@ -614,7 +611,7 @@ __global__ void moeRouterCoefficientsScaleKernel(const float* __restrict__ logit
             bt[0] = ct[0] = 0;
         } else if (s.score == cpu::MoeScore::Softmax) {
             double cm = static_cast<double>(l[sel[0]]);
-            for (int j = 1; j < K; ++j) cm = maxAsStd(cm, static_cast<double>(l[sel[j]]));
+            for (int j = 1; j < K; ++j) cm = detail::maxAsStd(cm, static_cast<double>(l[sel[j]]));
             double cs = 0;
             for (int j = 0; j < K; ++j) cs += exp(static_cast<double>(l[sel[j]]) - cm);
             for (int j = 0; j < K; ++j) {

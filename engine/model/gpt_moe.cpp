@@ -556,8 +556,6 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         TS_ASSIGN_OR_RETURN(W1, fp8ExpertWeights(li, kFp8ExpFc1, P.expFc1W));
         TS_ASSIGN_OR_RETURN(W2, fp8ExpertWeights(li, kFp8ExpFc2, P.expFc2W));
     }
-    std::vector<const float*> B1g(static_cast<size_t>(L), nullptr);  // fc1's bias inside the GEMM (grouped)
-    if (grouped) B1g = B1;
     const TensorPtr xinT = s->xin, fc1T = s->fc1, actT = s->act;  // see router.topk_permute
     const bool fp32 = fp8 && !fp8GemmsBf16();  // FP8 operands the bf16 GEMMs would round
     const bool b1Sep = !grouped && B1[0];      // SequentialMLP: fc1's bias added after the GEMM
@@ -586,8 +584,10 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         // (skip_bias_add=False: one bf16 rounding of x W^T + b); SequentialMLP's experts get it
         // back from fc1 (skip_bias_add=True) and add it to fc1's bf16 output in the activation
         // (x + b, or weighted_bias_swiglu's), rounded again. The saved fc1 includes the bias.
-        if (blk) fp8BlockExpertsForward(fr, fp(xinT), W1.data(), B1g.data(), fp(fc1T), off, l0, l1, h, F1, fp(xq));
-        else k::linearForwardGrouped(fp(xinT), W1.data() + l0, B1g.data() + l0, fp(fc1T), off + l0, G, h, F1);
+        const float* const* b1Gemm = grouped ? B1.data() : nullptr;  // fc1's bias inside the GEMM (grouped)
+        if (blk) fp8BlockExpertsForward(fr, fp(xinT), W1.data(), b1Gemm, fp(fc1T), off, l0, l1, h, F1, fp(xq));
+        else k::linearForwardGrouped(fp(xinT), W1.data() + l0, b1Gemm ? b1Gemm + l0 : nullptr, fp(fc1T), off + l0, G, h,
+                                     F1);
         if (bf) k::roundToBf16(f1, int64_t(rows) * F1);
         if (b1Sep) {
             each([&](int l, int e0, int n) { k::addBias(fp(fc1T) + size_t(e0) * F1, B1[size_t(l)], n, F1); });

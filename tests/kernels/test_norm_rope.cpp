@@ -189,39 +189,35 @@ TEST(KernelsBf16Out, EveryRoundedOutputIsTheRoundingOfTheFp32One) {
         std::vector<float> y, side;
         std::vector<uint8_t> mask;
     };
+    // LayerNorm's unfused and fused kernels take the same arguments: one case each way.
+    auto layerNormForwardOf = [&](auto forward) {
+        return [&, forward](bool r) {
+            Out o{std::vector<float>(n), std::vector<float>(2 * T), {}};
+            forward(x.data(), w.data(), b.data(), o.y.data(), o.side.data(), o.side.data() + T, T, C, 1e-5f, r);
+            return o;
+        };
+    };
+    auto layerNormBackwardOf = [&](auto backward) {
+        return [&, backward](bool r) {
+            std::vector<float> y(n), st(2 * T);
+            layerNormForward(x.data(), w.data(), b.data(), y.data(), st.data(), st.data() + T, T, C, 1e-5f);
+            Out o{std::vector<float>(n), std::vector<float>(2 * size_t(C), 0.0f), {}};
+            backward(dy.data(), x.data(), w.data(), st.data(), st.data() + T, o.y.data(), o.side.data(),
+                     o.side.data() + C, T, C, r);
+            return o;
+        };
+    };
     // op(roundBf16) -> its output and what else it writes
     const std::vector<std::pair<const char*, std::function<Out(bool)>>> ops = {
-        {"layerNormForward", [&](bool r) {
-             Out o{std::vector<float>(n), std::vector<float>(2 * T), {}};
-             layerNormForward(x.data(), w.data(), b.data(), o.y.data(), o.side.data(), o.side.data() + T, T, C, 1e-5f, r);
-             return o;
-         }},
-        {"layerNormForwardFused", [&](bool r) {
-             Out o{std::vector<float>(n), std::vector<float>(2 * T), {}};
-             layerNormForwardFused(x.data(), w.data(), b.data(), o.y.data(), o.side.data(), o.side.data() + T, T, C, 1e-5f, r);
-             return o;
-         }},
+        {"layerNormForward", layerNormForwardOf(layerNormForward)},
+        {"layerNormForwardFused", layerNormForwardOf(layerNormForwardFused)},
         {"rmsNormForward", [&](bool r) {
              Out o{std::vector<float>(n), std::vector<float>(T), {}};
              rmsNormForward(x.data(), w.data(), o.y.data(), o.side.data(), T, C, 1e-5f, r);
              return o;
          }},
-        {"layerNormBackward", [&](bool r) {
-             std::vector<float> y(n), st(2 * T);
-             layerNormForward(x.data(), w.data(), b.data(), y.data(), st.data(), st.data() + T, T, C, 1e-5f);
-             Out o{std::vector<float>(n), std::vector<float>(2 * size_t(C), 0.0f), {}};
-             layerNormBackward(dy.data(), x.data(), w.data(), st.data(), st.data() + T, o.y.data(), o.side.data(),
-                               o.side.data() + C, T, C, r);
-             return o;
-         }},
-        {"layerNormBackwardFused", [&](bool r) {
-             std::vector<float> y(n), st(2 * T);
-             layerNormForward(x.data(), w.data(), b.data(), y.data(), st.data(), st.data() + T, T, C, 1e-5f);
-             Out o{std::vector<float>(n), std::vector<float>(2 * size_t(C), 0.0f), {}};
-             layerNormBackwardFused(dy.data(), x.data(), w.data(), st.data(), st.data() + T, o.y.data(), o.side.data(),
-                                    o.side.data() + C, T, C, r);
-             return o;
-         }},
+        {"layerNormBackward", layerNormBackwardOf(layerNormBackward)},
+        {"layerNormBackwardFused", layerNormBackwardOf(layerNormBackwardFused)},
         {"rmsNormBackward", [&](bool r) {
              std::vector<float> y(n), rs(T);
              rmsNormForward(x.data(), w.data(), y.data(), rs.data(), T, C, 1e-5f);

@@ -3,6 +3,7 @@
 // the CPU oracle over host-view pointers, queued on that stream at submit (Defer) or run at once
 // on its worker (NowHostView); else the CPU oracle now, pointers as given.
 #include "engine/backend/kernels.h"
+#include "engine/backend/graph.h"
 
 #include <atomic>
 #include <cstdint>
@@ -379,6 +380,14 @@ void copyBytes(void* dst, const void* src, size_t bytes) {
         const void* from = hostAlias(src);
         s->deferKernel([d, from, bytes] { std::memcpy(d, from, bytes); });
     } else {
+        if (isCapturing(*s)) {  // as CUDA, which does not capture a copy from pageable memory
+            reportKernelError(Status::unsupported(
+                "copyBytes from host memory while stream '" + s->name() +
+                "' is captured into a graph: a graph would copy the captured bytes again at every launch (and CUDA "
+                "does not capture copies from pageable memory); upload before the capture into a buffer the graph "
+                "reads"));
+            return;
+        }
         auto snap = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                         static_cast<const char*>(src) + bytes);
         s->deferKernel([d, snap] { std::memcpy(d, snap->data(), snap->size()); });

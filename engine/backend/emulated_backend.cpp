@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -315,6 +316,7 @@ struct EmuMem : MemAccounting {
     uint64_t nextSerial = 0;
     host::GraphPools graphs;
     EmuStream* captureStream = nullptr;
+    std::thread::id captureThread;  // the thread that began the capture
 
     std::vector<std::pair<uint64_t, uint64_t>> fencesNow();
     bool fencesPassed(const std::vector<std::pair<uint64_t, uint64_t>>& fences);
@@ -625,7 +627,12 @@ Status EmuStream::beginCapture() {
         if (m_mem->captureStream)
             return Status::invalid("stream '" + name() + "': its device is already capturing stream '" +
                                    m_mem->captureStream->name() + "' into a graph (one capture per device at a time)");
+        if (m_mem->graphs.anyLive())
+            return Status::invalid("stream '" + name() +
+                                   "': another graph of this device is alive; destroy it before capturing a new one "
+                                   "(one graph per device: their pools do not share blocks yet)");
         m_mem->captureStream = this;
+        m_mem->captureThread = std::this_thread::get_id();
         auto cap = std::make_unique<Capture>();
         cap->pool = m_mem->graphs.begin();
         std::lock_guard<std::mutex> c(m_captureMutex);
@@ -642,6 +649,7 @@ Result<std::unique_ptr<StreamGraph>> EmuStream::endCapture() {
         std::lock_guard<std::mutex> lock(m_mem->mutex);
         m_mem->graphs.end(m_mem->nextSerial);
         m_mem->captureStream = nullptr;
+        m_mem->captureThread = std::thread::id();
         std::lock_guard<std::mutex> c(m_captureMutex);
         cap = std::move(m_capture);
         m_capturing.store(false, std::memory_order_release);
@@ -742,7 +750,9 @@ public:
         EmuStream* capture = nullptr;
         {
             std::lock_guard<std::mutex> lock(m_mem->mutex);
-            capture = m_mem->captureStream;
+            // Only the capturing thread's allocations are the graph's (other threads' work is not
+            // being captured).
+            if (m_mem->captureThread == std::this_thread::get_id()) capture = m_mem->captureStream;
             host::PoolBlock pooled;
             const bool fromPool = capture && m_mem->graphs.take(cls, &pooled);
             if (fromPool)  // the ghost of the buffer that freed it goes; this one is counted instead

@@ -11,17 +11,19 @@
 //   runs those kernels again, in order; host code never runs again, so whatever the host decided
 //   while capturing (sizes, scales, seeds, which kernels) is what every launch does.
 // - A capture may not wait for the stream from the host (synchronize, a download, a
-//   value-returning kernel) nor record or wait on events of s: the capture fails (endCapture
-//   returns the error naming the op) and the graph is not made.
+//   value-returning kernel), record or wait on events of s, or copy from or into host memory:
+//   the capture fails (endCapture returns the error naming the op) and the graph is not made.
 // - Memory: a block a captured kernel may use stays with the graph while the graph lives. Every
-//   buffer allocated on the device while a capture runs comes from the graph's pool, and every
+//   buffer the capturing thread allocates on the device while the capture runs comes from the
+//   graph's pool (other threads' allocations are not the graph's), and every
 //   buffer alive during a capture that is freed while the graph lives goes back to that pool, not
 //   to the device's cache, so no other buffer ever gets its address. The pool's blocks stay
 //   counted (in the category of the buffer that freed them: what the graph holds, as
 //   torch.cuda.memory_allocated counts a graph's private pool) until the graph is destroyed.
 //   A buffer allocated while capturing that asked for zeroed memory is zeroed by a recorded
 //   memset: its contents are zero once the graph has run, as on CUDA.
-// - One capture per device at a time.
+// - One graph per device at a time: beginCapture refuses while another graph (or capture) of the
+//   device lives, since a block freed while two live would be kept for the newer only.
 #pragma once
 
 #include <cstdint>
@@ -54,7 +56,7 @@ public:
 };
 
 // Unsupported on streams that cannot be captured (the CPU backend's), with what to use instead;
-// InvalidArgument when the stream's device already captures.
+// InvalidArgument when the stream's device already captures or has a live graph.
 Status beginCapture(Stream& s);
 // Ends the capture begun on s; the capture's first error when it failed (s is then no longer
 // capturing either).

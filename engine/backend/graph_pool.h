@@ -50,6 +50,12 @@ public:
         m_capturing.reset();
     }
     GraphPool* capturing() const { return m_capturing.get(); }
+    // A graph (or a capture) of the device is alive. The backends allow one at a time: a block
+    // freed while two live would be kept by the newer only, and the older could see it handed out.
+    bool anyLive() {
+        prune();
+        return !m_pools.empty();
+    }
     // A free block of class `cls` from the capturing pool (its ghost is the caller's to release),
     // or false.
     bool take(size_t cls, PoolBlock* out) {

@@ -375,6 +375,14 @@ void copyBytes(void* dst, const void* src, size_t bytes) {
         return;
     }
     // Deferred: a host source is snapshotted now (CUDA stages pageable memory at the call).
+    const bool hostDst = !isEmulatedDevicePointer(dst) && !isEmulatedHostView(dst);
+    if (hostDst && isCapturing(*s)) {  // as CUDA, which does not capture a copy into pageable memory
+        reportKernelError(Status::unsupported(
+            "copyBytes into host memory while stream '" + s->name() +
+            "' is captured into a graph: every launch would write that host memory again (and CUDA does not "
+            "capture copies into pageable memory); read results back after the graph has run"));
+        return;
+    }
     void* d = hostAlias(dst);
     if (isEmulatedDevicePointer(src) || isEmulatedHostView(src)) {
         const void* from = hostAlias(src);

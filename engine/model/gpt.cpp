@@ -389,6 +389,9 @@ void GptModel::beginStep(int step, int numMicrobatches) {
     m_step = step;
     m_numMicrobatches = std::max(1, numMicrobatches);
     m_backwardsThisStep = 0;
+    // A step that ended early (cancelled, failed, a failed graph capture) leaves microbatches in
+    // flight: their saved activations are dropped, so the next step can run them again.
+    m_mbs.clear();
     // A step that ended before its last backward leaves counters behind: they are its data.
     const Status stats = flushRouterStats();
     if (!stats.isOk())

@@ -184,7 +184,7 @@ Status Trainer::step(StepProgress* out) {
     }
     ex.setMicrobatch(-1);
     ex.setLayer(-1);
-    if (graphs && it >= kCudaGraphWarmupSteps) {
+    if (graphs && m_eagerSteps >= kCudaGraphWarmupSteps) {
         if (!m_graph) TS_RETURN_IF_ERROR(captureStep(mbs));
         if (m_cancel && m_cancel->load()) {
             (void)ex.synchronize();
@@ -202,6 +202,7 @@ Status Trainer::step(StepProgress* out) {
             TS_RETURN_IF_ERROR(model.forward(mb, mbs[size_t(mb)]));
             TS_RETURN_IF_ERROR(model.backward(mb));
         }
+        ++m_eagerSteps;
     }
     Status st = ex.synchronize();
     if (st.code() == ErrorCode::Cancelled) return Status::cancelled("cancelled at iteration " + std::to_string(it + 1));
@@ -257,8 +258,9 @@ Status Trainer::captureStep(const std::vector<std::shared_ptr<const Microbatch>>
     auto graph = endCapture(ex.stream());
     const std::string where = "capturing iteration " + std::to_string(it + 1) + " into a graph (cuda_graph_impl: " +
                               m_cfg.cuda_graph_impl + ")";
-    if (!st) return st.withContext(where);
+    // The capture's own error first: once a capture is broken, later ops fail for that reason.
     if (!graph) return graph.status().withContext(where);
+    if (!st) return st.withContext(where);
     m_graph = std::move(graph).value();
     return Status::ok();
 }
@@ -302,7 +304,8 @@ Status Trainer::save(const std::string& dir) {
 Status Trainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(m_model->exec().synchronize());
     CheckpointState s;
-    m_graph.reset();  // captured over the old state: captured again at the next step
+    m_graph.reset();  // captured over the old state: captured again after the warm-up
+    m_eagerSteps = 0;
     m_model->weightsReplaced();  // even if the load fails part way
     TS_RETURN_IF_ERROR(loadCheckpoint(dir, m_model->exec().stream(), m_model->params(), *m_opt, &s));
     if (s.seed != m_cfg.seed)

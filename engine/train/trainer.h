@@ -67,8 +67,9 @@ std::vector<std::string> nodeRunIssues(const Config& c);
 // GEMMs) or the parallel engine does not capture yet (world size > 1). Each names the knob and
 // what to set instead. Trainer::create refuses a config with any; nodeRunIssues lists them.
 std::vector<std::string> cudaGraphIssues(const Config& c);
-// Eager steps before the first capture (Megatron's cuda_graph_warmup_steps): the first step
-// creates what the backend makes lazily (library handles, caches) outside the graph.
+// Eager steps before the first capture (Megatron's cuda_graph_warmup_steps), counted from the
+// trainer's creation or a checkpoint load: the first step creates what the backend makes lazily
+// (library handles, RoPE tables, FP8 weight copies) outside the graph.
 inline constexpr int kCudaGraphWarmupSteps = 1;
 
 Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
@@ -114,7 +115,7 @@ public:
     nlohmann::json runMetadata() const;
     void setPeakTflops(double t) { m_peakTflops = t; }
     // cuda_graph_impl: full_iteration: the graph of the forward and backward of all microbatches,
-    // captured at iteration kCudaGraphWarmupSteps and launched every step from then on; null
+    // captured after kCudaGraphWarmupSteps eager steps and launched every step from then on; null
     // before (and with cuda_graph_impl: none).
     const StreamGraph* graph() const { return m_graph.get(); }
 
@@ -139,6 +140,7 @@ private:
     double m_peakTflops = 0;
     const std::atomic<bool>* m_cancel = nullptr;
     std::unique_ptr<StreamGraph> m_graph;
+    int m_eagerSteps = 0;  // steps run eagerly since create / load (the graph's warm-up)
 };
 
 }  // namespace ts::engine

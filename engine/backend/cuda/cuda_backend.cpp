@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -125,6 +126,7 @@ struct MemState : host::MemAccounting {
     uint64_t nextSerial = 0;
     host::GraphPools graphs;
     cudaStream_t captureStream = nullptr;
+    std::thread::id captureThread;  // the thread that began the capture
 
     ~MemState() {
         DeviceGuard g(ordinal);
@@ -392,7 +394,9 @@ public:
         cudaStream_t capture = nullptr;  // the stream being captured into a graph, if any
         {
             std::lock_guard<std::mutex> lock(m_mem->mutex);
-            capture = m_mem->captureStream;
+            // Only the capturing thread's allocations are the graph's (other threads' work is not
+            // being captured).
+            if (m_mem->captureThread == std::this_thread::get_id()) capture = m_mem->captureStream;
             host::PoolBlock pooled;
             const bool fromPool = capture && m_mem->graphs.take(cls, &pooled);
             if (fromPool)  // the ghost of the buffer that freed it goes; this one is counted instead
@@ -418,7 +422,10 @@ public:
         if (!p) {
             auto malloc = [&] { return m_managed ? cudaMallocManaged(&p, cls) : cudaMalloc(&p, cls); };
             cudaError_t err = malloc();
-            if (err == cudaErrorMemoryAllocation) {  // the caches hold the memory: give it back, retry
+            // The caches hold the memory: give it back, retry. Not while capturing: cudaFree
+            // synchronizes the device, which would invalidate the capture (the error then named
+            // would be a later op's, not this out-of-memory).
+            if (err == cudaErrorMemoryAllocation && !capture) {
                 (void)cudaGetLastError();
                 {
                     std::lock_guard<std::mutex> lock(m_mem->mutex);
@@ -770,12 +777,17 @@ Status CudaStream::beginCapture() {
         return Status::invalid("stream '" + m_name +
                                "': its device is already capturing another stream into a graph (one capture per "
                                "device at a time)");
+    if (m_mem->graphs.anyLive())
+        return Status::invalid("stream '" + m_name +
+                               "': another graph of this device is alive; destroy it before capturing a new one (one "
+                               "graph per device: their pools do not share blocks yet)");
     const cudaError_t err = cudaStreamBeginCapture(m_stream, cudaStreamCaptureModeRelaxed);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         return fromCuda(err, "stream '" + m_name + "': cudaStreamBeginCapture");
     }
     m_mem->captureStream = m_stream;
+    m_mem->captureThread = std::this_thread::get_id();
     m_capturePool = m_mem->graphs.begin();
     {
         std::lock_guard<std::mutex> l(m_mutex);
@@ -796,6 +808,7 @@ Result<std::unique_ptr<StreamGraph>> CudaStream::endCapture() {
         std::lock_guard<std::mutex> lock(m_mem->mutex);
         m_mem->graphs.end(m_mem->nextSerial);
         m_mem->captureStream = nullptr;
+        m_mem->captureThread = std::thread::id();
         pool = std::move(m_capturePool);
     }
     m_capturing.store(false, std::memory_order_release);

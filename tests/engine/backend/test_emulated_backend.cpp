@@ -481,6 +481,20 @@ TEST(EmulatedDeviceGraph, AHostWaitOrAnEventFailsTheCaptureNamingTheOp) {
     ASSERT_FALSE(g3.isOk());
     EXPECT_NE(g3.status().message().find("copyBytes from host memory"), std::string::npos) << g3.status().toString();
     EXPECT_NE(g3.status().message().find("'upload'"), std::string::npos) << g3.status().toString();
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    ex.op("readback", trace::Category::Memcpy, 0, 8, [x, hostData] { k::copyBytes(hostData->data(), x->data(), 8); });
+    auto g4 = endCapture(*s);
+    ASSERT_FALSE(g4.isOk());
+    EXPECT_NE(g4.status().message().find("copyBytes into host memory"), std::string::npos) << g4.status().toString();
+
+    // One graph per device at a time.
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    auto first = endCapture(*s);
+    ASSERT_TRUE(first.isOk()) << first.status().toString();
+    const Status second = beginCapture(*s);
+    EXPECT_EQ(second.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(second.message().find("another graph"), std::string::npos) << second.toString();
+    first->reset();
 
     ASSERT_TRUE(beginCapture(*s).isOk());
     auto other = d.createStream(trace::TrackKind::Compute, "second");
@@ -548,6 +562,31 @@ TEST(EmulatedDeviceGraph, TheGraphKeepsItsBlocksCountedAndZeroesWhatItAllocated)
         keep.emplace_back(std::move(b).value());
     }
     EXPECT_NE(std::find(got.begin(), got.end(), tempAddr), got.end()) << "the graph's block was not given back";
+}
+
+TEST(EmulatedDeviceGraph, AnotherThreadsAllocationDuringACaptureIsNotTheGraphs) {
+    auto be = makeEmulatedDeviceBackend(1);
+    Device& d = be->device(0);
+    auto s = d.createStream(trace::TrackKind::Compute, "compute");
+    constexpr size_t bytes = 8192;
+    {
+        auto dirty = d.allocateUninitialized(bytes, MemCategory::Workspace);
+        ASSERT_TRUE(dirty.isOk());
+        std::memset(hostAlias((*dirty)->data()), 0xAB, bytes);
+    }  // back in the cache, dirty
+    ASSERT_TRUE(s->synchronize().isOk());
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    TensorPtr other;
+    std::thread([&] {
+        auto r = d.allocate(bytes, MemCategory::Workspace);
+        ASSERT_TRUE(r.isOk());
+        other = TensorPtr(std::move(r).value());
+    }).join();
+    auto g = endCapture(*s);
+    ASSERT_TRUE(g.isOk()) << g.status().toString();
+    EXPECT_EQ((*g)->nodes(), 0) << "the other thread's zero fill was recorded into the graph";
+    const auto* b = static_cast<const uint8_t*>(hostAlias(other->data()));
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(b[i], 0) << "not zeroed at allocation, byte " << i;
 }
 
 TEST(EmulatedDeviceGraph, CpuStreamsCannotBeCaptured) {

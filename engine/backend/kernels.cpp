@@ -4,6 +4,7 @@
 // on its worker (NowHostView); else the CPU oracle now, pointers as given.
 #include "engine/backend/kernels.h"
 #include "engine/backend/graph.h"
+#include "kernels/common/row_groups.h"
 
 #include <atomic>
 #include <cstdint>
@@ -591,23 +592,19 @@ void linearBackward(const float* dy, const float* x, const float* W, float* dx, 
 void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
                           int G, int in, int out) {
     TS_KERN_CUDA(linearForwardGrouped, x, W, b, y, off, G, in, out)
-    for (int g = 0; g < G; ++g) {
-        const int r0 = off[g], rows = off[g + 1] - r0;
-        if (rows > 0)
-            linearForward(x + int64_t(r0) * in, W[g], b ? b[g] : nullptr, y + int64_t(r0) * out, rows, in, out);
-    }
+    kernels::forEachGroupWithRows(off, 0, G, [&](int g, int r0, int rows) {
+        linearForward(x + int64_t(r0) * in, W[g], b ? b[g] : nullptr, y + int64_t(r0) * out, rows, in, out);
+    });
 }
 
 void linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
                            float* const* db, const int* off, int G, int in, int out) {
     TS_KERN_CUDA(linearBackwardGrouped, dy, x, W, dx, dW, db, off, G, in, out)
-    for (int g = 0; g < G; ++g) {
-        const int r0 = off[g], rows = off[g + 1] - r0;
-        if (rows > 0)
-            linearBackward(dy + int64_t(r0) * out, x ? x + int64_t(r0) * in : nullptr, W ? W[g] : nullptr,
-                           dx ? dx + int64_t(r0) * in : nullptr, dW ? dW[g] : nullptr, db ? db[g] : nullptr, rows,
-                           in, out);
-    }
+    kernels::forEachGroupWithRows(off, 0, G, [&](int g, int r0, int rows) {
+        linearBackward(dy + int64_t(r0) * out, x ? x + int64_t(r0) * in : nullptr, W ? W[g] : nullptr,
+                       dx ? dx + int64_t(r0) * in : nullptr, dW ? dW[g] : nullptr, db ? db[g] : nullptr, rows, in,
+                       out);
+    });
 }
 
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,

@@ -17,6 +17,7 @@
 #include "engine/backend/kernels.h"
 #include "engine/model/param_buffer.h"
 #include "engine/train/trainer.h"
+#include "tests/parallel/fake_recorder.h"
 #include "tests/trainer_backend_run.h"
 #include "tests/trainer_variants.h"
 
@@ -142,6 +143,40 @@ TEST(EmulatedDeviceGraphTrainer, AResumedRunWarmsUpBeforeItCapturesAndMatchesThe
     EXPECT_NE((*t)->graph(), nullptr);
     for (size_t s = 0; s < 6; ++s) EXPECT_EQ(losses[s], eager.losses[s]) << "step " << s + 1;
     std::filesystem::remove_all(dir);
+}
+
+// What the trace shows of a launched step: the same kernels (slices on the compute stream's
+// track) with the same FLOPs as an eager step, labelled with the launching step, so `analyze`
+// measures MFU and the kernel mix of graph steps as of eager ones.
+TEST(EmulatedDeviceGraphTrainer, ALaunchedStepTracesTheEagerStepsKernelsUnderItsOwnStep) {
+    Config c = ts::testing::tinyTrainerConfig();
+    c.train_iters = 4;
+    c.num_microbatches = 2;
+    c.cuda_graph_impl = "full_iteration";
+    TrainerOptions o;
+    o.emulateDevice = true;
+    auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
+    ASSERT_TRUE(t.isOk()) << t.status().toString();
+    ts::test::FakeRecorder rec;
+    Device& dev = (*t)->model().exec().device();
+    dev.setTrace(&rec, 0);
+    ASSERT_TRUE((*t)->train(-1, {}).isOk());
+    ASSERT_TRUE((*t)->model().exec().synchronize().isOk());
+    dev.setTrace(nullptr, 0);
+    std::vector<int> gemms(4, 0);
+    std::vector<double> flops(4, 0);
+    for (const auto& sl : rec.slices) {
+        if (sl.track == 0 || sl.track > rec.tracks.size()) continue;
+        if (rec.tracks[sl.track - 1].kind != trace::TrackKind::Compute) continue;
+        if (sl.category != trace::Category::Gemm || sl.step < 0 || sl.step >= 4) continue;
+        ++gemms[size_t(sl.step)];
+        flops[size_t(sl.step)] += sl.flops;
+    }
+    ASSERT_GT(gemms[0], 0) << "no GEMM on the compute track";
+    for (int s = 1; s < 4; ++s) {
+        EXPECT_EQ(gemms[size_t(s)], gemms[0]) << "step " << s + 1;
+        EXPECT_EQ(flops[size_t(s)], flops[0]) << "step " << s + 1;
+    }
 }
 
 TEST(EmulatedDeviceGraphTrainer, ValuesAndLayoutsTheEngineDoesNotCaptureAreRefusedWithTheReason) {

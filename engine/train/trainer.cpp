@@ -68,15 +68,21 @@ std::vector<std::string> cudaGraphIssues(const Config& c) {
 
 std::vector<std::string> nodeRunIssues(const Config& c) {
     if (c.device_backend != "cuda") return {};
-    if (auto g = cudaGraphIssues(c); !g.empty()) return g;
+    // What the machine lacks first, then what the engine does not run of the config.
+    std::vector<std::string> out;
     int gpus = 0;
-    if (Status s = checkDeviceBackend(c, unverifiedCudaRequested(), &gpus); !s) return {s.message()};
     const int world = deriveSizes(c).world;
-    if (world <= gpus || c.cuda_share_gpus) return {};
-    return {"device_backend: cuda: the layout has " + std::to_string(world) + " ranks (tp x cp x pp x dp), one GPU each, "
-            "and this node has " + std::to_string(gpus) + " GPU(s); set cuda_share_gpus: true to check its results "
-            "with the ranks sharing the GPUs (timings are not the layout's), or make the parallel sizes multiply to at "
-            "most " + std::to_string(gpus)};
+    if (Status s = checkDeviceBackend(c, unverifiedCudaRequested(), &gpus); !s) {
+        out.push_back(s.message());
+    } else if (world > gpus && !c.cuda_share_gpus) {
+        out.push_back("device_backend: cuda: the layout has " + std::to_string(world) +
+                      " ranks (tp x cp x pp x dp), one GPU each, and this node has " + std::to_string(gpus) +
+                      " GPU(s); set cuda_share_gpus: true to check its results with the ranks sharing the GPUs "
+                      "(timings are not the layout's), or make the parallel sizes multiply to at most " +
+                      std::to_string(gpus));
+    }
+    for (std::string& g : cudaGraphIssues(c)) out.push_back(std::move(g));
+    return out;
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, Stream* compute,

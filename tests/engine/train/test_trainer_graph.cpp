@@ -198,6 +198,17 @@ TEST(EmulatedDeviceGraphTrainer, ValuesAndLayoutsTheEngineDoesNotCaptureAreRefus
     EXPECT_NE(issues[1].find("hidden_dropout: 0"), std::string::npos) << issues[1];
     EXPECT_NE(issues[2].find("fp8_recipe: tensorwise"), std::string::npos) << issues[2];
 
+    // A node's validate lists what the machine lacks, then what the engine does not run.
+    Config node = ts::testing::tinyTrainerConfig();
+    node.device_backend = "cuda";
+    node.cuda_graph_impl = "local";
+    const auto nodeIssues = nodeRunIssues(node);
+    ASSERT_FALSE(nodeIssues.empty());
+    EXPECT_NE(nodeIssues.back().find("cuda_graph_impl: local"), std::string::npos) << nodeIssues.back();
+    if (!makeCudaBackend()) {
+        EXPECT_EQ(nodeIssues.size(), 2u) << "the missing GPU and the graph value";
+    }
+
     // The CPU backend has no graphs: the trainer says what to use.
     Config cpu = ts::testing::tinyTrainerConfig();
     cpu.cuda_graph_impl = "full_iteration";

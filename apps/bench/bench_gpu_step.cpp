@@ -19,7 +19,8 @@
 //                       [--trace 0|1|engine] [--attention auto|unfused]
 //                       [--cuda-graph none|full_iteration]
 // --cuda-graph full_iteration: the step's forward and backward as one CUDA graph (captured at the
-// second step, launched from then on: docs/engine.md "CUDA graphs"); the warm-up covers the capture.
+// second step, cuda_graph_warmup_steps 1, launched from then on: docs/engine.md "CUDA graphs"); the
+// untimed warm-up covers the capture.
 #include <unistd.h>
 
 #include <algorithm>
@@ -119,7 +120,10 @@ int main(int argc, char** argv) {
     c.fp8_recipe = recipe;  // the trainer's validation names a wrong one
     c.attention_backend = attention;
     c.cuda_graph_impl = graph;  // the trainer names what a graph cannot run
-    if (graph != "none") warmup = std::max(warmup, kCudaGraphWarmupSteps + 1);  // the capture is not timed
+    if (graph != "none") {  // one eager step, then the capture: neither is timed
+        c.cuda_graph_warmup_steps = 1;
+        warmup = std::max(warmup, 2);
+    }
     if (microBatch > 0) c.micro_batch_size = microBatch;
     TrainerOptions o;
     o.emulateDevice = false;

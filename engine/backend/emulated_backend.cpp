@@ -293,7 +293,7 @@ struct PendingBlock {
     std::vector<std::pair<uint64_t, uint64_t>> fences;
 };
 
-struct EmuMem : MemAccounting {
+struct EmuMem : host::GraphMemAccounting {
     static constexpr size_t kCacheCap = size_t(4) << 30;
 
     std::unique_ptr<Arena> arena;  // null when it could not be made (arenaError says why)
@@ -312,11 +312,7 @@ struct EmuMem : MemAccounting {
     std::mutex waitsMutex;
     std::map<std::string, int64_t> hostWaits;
 
-    // Stream graphs (graph.h): allocation serials, the graphs' pools, the stream capturing now.
-    uint64_t nextSerial = 0;
-    host::GraphPools graphs;
-    EmuStream* captureStream = nullptr;
-    std::thread::id captureThread;  // the thread that began the capture
+    EmuStream* captureStream = nullptr;  // the stream being captured into a graph (graph.h)
 
     std::vector<std::pair<uint64_t, uint64_t>> fencesNow();
     bool fencesPassed(const std::vector<std::pair<uint64_t, uint64_t>>& fences);
@@ -752,22 +748,12 @@ public:
             std::lock_guard<std::mutex> lock(m_mem->mutex);
             // Only the capturing thread's allocations are the graph's (other threads' work is not
             // being captured).
-            if (m_mem->captureThread == std::this_thread::get_id()) capture = m_mem->captureStream;
-            host::PoolBlock pooled;
-            const bool fromPool = capture && m_mem->graphs.take(cls, &pooled);
-            if (fromPool)  // the ghost of the buffer that freed it goes; this one is counted instead
-                m_mem->reportCounter(pooled.cat, m_mem->releaseLocked(pooled.bytes, pooled.cat));
-            if (Status r = m_mem->reserveLocked(bytes, cat, &current); !r) {
-                if (fromPool) {  // back into the pool, counted as before
-                    int64_t ghost = 0;
-                    (void)m_mem->reserveLocked(pooled.bytes, pooled.cat, &ghost);
-                    m_mem->graphs.keep(pooled, true);
-                }
-                return r;
-            }
-            serial = m_mem->nextSerial++;
-            if (fromPool) {
-                block = FreeBlock{size_t(pooled.addr), false, true};
+            if (m_mem->capturingThreadLocked()) capture = m_mem->captureStream;
+            bool pooled = false;
+            uintptr_t pooledOff = 0;
+            TS_RETURN_IF_ERROR(m_mem->reserveNewLocked(bytes, cls, cat, &current, &serial, &pooled, &pooledOff));
+            if (pooled) {
+                block = FreeBlock{size_t(pooledOff), false, true};
             } else {
                 m_mem->collectLocked();
                 auto it = m_mem->ready.find(cls);
@@ -783,7 +769,7 @@ public:
                     }
                     block = FreeBlock{*off, true, true};
                 }
-                m_mem->graphs.adoptNew(cls);  // part of the capturing graph's pool, if any
+                if (capture) m_mem->graphs.adoptNew(cls);  // now part of the capture's pool
             }
         }
         if (capture) {

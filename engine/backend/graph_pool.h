@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "common/recorder.h"
+#include "engine/backend/host_runtime.h"
 
 namespace ts::engine::host {
 
@@ -113,6 +115,42 @@ private:
     }
     std::shared_ptr<GraphPool> m_capturing;
     std::vector<std::weak_ptr<GraphPool>> m_pools;
+};
+
+// The memory state of a device that has graphs (the emulated device's, the CUDA backend's): the
+// accounting, the allocation serials, the pools and the thread capturing now (its allocations
+// are the capture's). Every member is guarded by `mutex`.
+struct GraphMemAccounting : MemAccounting {
+    uint64_t nextSerial = 0;
+    GraphPools graphs;
+    std::thread::id captureThread;  // default (none) when no capture runs
+
+    // Whether this thread's allocations go to a capture now.
+    bool capturingThreadLocked() const {
+        return graphs.capturing() && captureThread == std::this_thread::get_id();
+    }
+    // Accounts a new buffer of `bytes` (size class cls) in `cat` and numbers it (*serial). For the
+    // capturing thread a free block of the capture's pool is taken when there is one: *pooled
+    // true, *addr its handle, the ghost it carried released. OutOfMemory past the limit leaves
+    // everything as it was.
+    Status reserveNewLocked(size_t bytes, size_t cls, trace::MemCategory cat, int64_t* current, uint64_t* serial,
+                            bool* pooled, uintptr_t* addr) {
+        PoolBlock b;
+        *pooled = capturingThreadLocked() && graphs.take(cls, &b);
+        if (*pooled) reportCounter(b.cat, releaseLocked(b.bytes, b.cat));
+        if (Status r = reserveLocked(bytes, cat, current); !r) {
+            if (*pooled) {  // back into the pool, counted as before
+                int64_t ghost = 0;
+                (void)reserveLocked(b.bytes, b.cat, &ghost);
+                graphs.keep(b, true);
+                *pooled = false;
+            }
+            return r;
+        }
+        *serial = nextSerial++;
+        *addr = b.addr;
+        return Status::ok();
+    }
 };
 
 }  // namespace ts::engine::host

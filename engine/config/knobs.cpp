@@ -682,6 +682,10 @@ std::vector<KnobDef> buildRegistry() {
                          "(docs/engine.md, \"CUDA graphs\")."),
                      "not none only with device_backend=cuda"),
                {"none", "full_iteration"});
+    r.i("cuda_graph_warmup_steps", &C::cuda_graph_warmup_steps, "--cuda-graph-warmup-steps",
+        "model.cuda_graph_warmup_steps",
+        "Eager steps before the CUDA graph is captured (library handles, tables and caches are made outside the "
+        "graph); counted again after a checkpoint load.");
     notInEngine(r.b("defer_embedding_wgrad_compute", &C::defer_embedding_wgrad_compute,
                     "--defer-embedding-wgrad-compute", "", "comm_overlap.defer_embedding_wgrad_compute",
                     "Defer the output-embedding weight-gradient GEMMs into the pipeline flush."));

@@ -47,6 +47,10 @@ std::vector<std::string> cudaGraphIssues(const Config& c) {
                              "captures the whole forward and backward of a step, or use none");
         return out;
     }
+    if (c.cuda_graph_warmup_steps < 1)
+        out.push_back(knob + " with cuda_graph_warmup_steps: " + std::to_string(c.cuda_graph_warmup_steps) +
+                      ": the engine captures after at least one eager step, which makes the backend's library handles, "
+                      "tables and caches outside the graph; set cuda_graph_warmup_steps: 1 or more");
     if (deriveSizes(c).world > 1)
         out.push_back(knob + " runs on the single-device trainer (every parallel size 1) so far: the parallel engine's "
                              "collectives and streams are not captured yet; set the parallel sizes to 1 or "
@@ -190,7 +194,7 @@ Status Trainer::step(StepProgress* out) {
     }
     ex.setMicrobatch(-1);
     ex.setLayer(-1);
-    if (graphs && m_eagerSteps >= kCudaGraphWarmupSteps) {
+    if (graphs && m_eagerSteps >= m_cfg.cuda_graph_warmup_steps) {
         if (!m_graph) TS_RETURN_IF_ERROR(captureStep(mbs));
         if (m_cancel && m_cancel->load()) {
             (void)ex.synchronize();

@@ -67,10 +67,6 @@ std::vector<std::string> nodeRunIssues(const Config& c);
 // GEMMs) or the parallel engine does not capture yet (world size > 1). Each names the knob and
 // what to set instead. Trainer::create refuses a config with any; nodeRunIssues lists them.
 std::vector<std::string> cudaGraphIssues(const Config& c);
-// Eager steps before the first capture (Megatron's cuda_graph_warmup_steps), counted from the
-// trainer's creation or a checkpoint load: the first step creates what the backend makes lazily
-// (library handles, RoPE tables, FP8 weight copies) outside the graph.
-inline constexpr int kCudaGraphWarmupSteps = 1;
 
 Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
                            const std::function<Status(const std::string&)>& save, const TrainerCallbacks& cb);
@@ -115,8 +111,10 @@ public:
     nlohmann::json runMetadata() const;
     void setPeakTflops(double t) { m_peakTflops = t; }
     // cuda_graph_impl: full_iteration: the graph of the forward and backward of all microbatches,
-    // captured after kCudaGraphWarmupSteps eager steps and launched every step from then on; null
-    // before (and with cuda_graph_impl: none).
+    // captured after cuda_graph_warmup_steps eager steps (Megatron's, default 3; counted from the
+    // trainer's creation or a checkpoint load: the first step makes the backend's library handles,
+    // RoPE tables and FP8 weight copies outside the graph) and launched every step from then on;
+    // null before (and with cuda_graph_impl: none).
     const StreamGraph* graph() const { return m_graph.get(); }
 
 private:

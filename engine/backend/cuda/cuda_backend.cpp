@@ -116,17 +116,13 @@ struct CachedBlock {
 // peaks, limit, counters; host_runtime.h, as the CPU backend's) and the block cache. Every member
 // is guarded by `mutex`; CUDA calls on the device's blocks and events are made with the device
 // current (DeviceGuard).
-struct MemState : host::MemAccounting {
+struct MemState : host::GraphMemAccounting {
     int ordinal = 0;
     bool deviceAlive = true;
     std::unordered_map<size_t, std::vector<CachedBlock>> freeBlocks;  // size class -> blocks
     std::vector<cudaStream_t> liveStreams;  // streams a freed block may still be in use on
     std::vector<cudaEvent_t> eventPool;     // recycled timing-free events
-    // Stream graphs (graph.h): allocation serials, the graphs' pools, the stream capturing now.
-    uint64_t nextSerial = 0;
-    host::GraphPools graphs;
-    cudaStream_t captureStream = nullptr;
-    std::thread::id captureThread;  // the thread that began the capture
+    cudaStream_t captureStream = nullptr;  // the stream being captured into a graph (graph.h)
 
     ~MemState() {
         DeviceGuard g(ordinal);
@@ -396,23 +392,12 @@ public:
             std::lock_guard<std::mutex> lock(m_mem->mutex);
             // Only the capturing thread's allocations are the graph's (other threads' work is not
             // being captured).
-            if (m_mem->captureThread == std::this_thread::get_id()) capture = m_mem->captureStream;
-            host::PoolBlock pooled;
-            const bool fromPool = capture && m_mem->graphs.take(cls, &pooled);
-            if (fromPool)  // the ghost of the buffer that freed it goes; this one is counted instead
-                m_mem->reportCounter(pooled.cat, m_mem->releaseLocked(pooled.bytes, pooled.cat));
-            if (Status r = m_mem->reserveLocked(bytes, cat, &current); !r) {
-                if (fromPool) {  // back into the pool, counted as before
-                    int64_t ghost = 0;
-                    (void)m_mem->reserveLocked(pooled.bytes, pooled.cat, &ghost);
-                    m_mem->graphs.keep(pooled, true);
-                }
-                return r;
-            }
-            serial = m_mem->nextSerial++;
-            p = fromPool ? reinterpret_cast<void*>(pooled.addr)
-                         : m_mem->takeCached(cls);  // same lock as the accounting
-            if (p && !fromPool) m_mem->graphs.adoptNew(cls);  // part of the capturing graph's pool, if any
+            if (m_mem->capturingThreadLocked()) capture = m_mem->captureStream;
+            bool pooled = false;
+            uintptr_t pooledPtr = 0;
+            TS_RETURN_IF_ERROR(m_mem->reserveNewLocked(bytes, cls, cat, &current, &serial, &pooled, &pooledPtr));
+            p = pooled ? reinterpret_cast<void*>(pooledPtr) : m_mem->takeCached(cls);  // same lock as the accounting
+            if (p && !pooled && capture) m_mem->graphs.adoptNew(cls);  // now part of the capture's pool
         }
         auto undo = [&](Status why) -> Status {
             std::lock_guard<std::mutex> lock(m_mem->mutex);
@@ -454,8 +439,10 @@ public:
                 return undo(fromCuda(err, std::string(m_managed ? "cudaMallocManaged" : "cudaMalloc") + " of " +
                                               formatBytes(int64_t(cls)) + " on " + m_info.name));
             }
-            std::lock_guard<std::mutex> lock(m_mem->mutex);
-            m_mem->graphs.adoptNew(cls);
+            if (capture) {
+                std::lock_guard<std::mutex> lock(m_mem->mutex);
+                m_mem->graphs.adoptNew(cls);
+            }
         }
         if (zero && capture) {
             // Captured: a memset node of the graph zeroes it whenever the graph runs, in stream order.

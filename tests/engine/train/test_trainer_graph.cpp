@@ -1,5 +1,5 @@
 // cuda_graph_impl: full_iteration on the single-device trainer (engine/backend/graph.h): the
-// forward and backward of all microbatches captured once (after kCudaGraphWarmupSteps eager
+// forward and backward of all microbatches captured once (after cuda_graph_warmup_steps eager
 // steps) and launched every step after. On the emulated device, whose graphs record its deferred
 // kernels as CUDA's do, a graph run must equal the eager run bit for bit (every step's loss and
 // grad norm, the final weights) for every knob path the engine can capture; that also shows
@@ -44,7 +44,7 @@ GraphRun run(const Config& c) {
         const Status st = (*t)->step(&p);
         EXPECT_TRUE(st.isOk()) << "step " << s + 1 << ": " << st.toString();
         if (!st.isOk()) return r;
-        if (s < kCudaGraphWarmupSteps && (*t)->graph()) r.graphBeforeWarmupEnd = true;
+        if (s < c.cuda_graph_warmup_steps && (*t)->graph()) r.graphBeforeWarmupEnd = true;
         r.losses.push_back(p.loss);
         r.gradNorms.push_back(p.gradNorm);
         r.peaks.push_back(p.peakMemoryBytes);
@@ -68,6 +68,7 @@ TEST(EmulatedDeviceGraphTrainer, EveryCapturablePathEqualsTheEagerRunBitForBit) 
         c.train_iters = 4;  // one eager step, the capture, two more launches
         Config g = c;
         g.cuda_graph_impl = "full_iteration";
+        g.cuda_graph_warmup_steps = 1;
         if (!cudaGraphIssues(g).empty()) {
             ++refused;
             TrainerOptions o;
@@ -113,6 +114,7 @@ TEST(EmulatedDeviceGraphTrainer, AResumedRunWarmsUpBeforeItCapturesAndMatchesThe
     ASSERT_EQ(eager.losses.size(), 6u);
     Config g = c;
     g.cuda_graph_impl = "full_iteration";
+    g.cuda_graph_warmup_steps = 1;
     TrainerOptions o;
     o.emulateDevice = true;
     const std::string dir =
@@ -150,9 +152,10 @@ TEST(EmulatedDeviceGraphTrainer, AResumedRunWarmsUpBeforeItCapturesAndMatchesThe
 // measures MFU and the kernel mix of graph steps as of eager ones.
 TEST(EmulatedDeviceGraphTrainer, ALaunchedStepTracesTheEagerStepsKernelsUnderItsOwnStep) {
     Config c = ts::testing::tinyTrainerConfig();
-    c.train_iters = 4;
+    c.train_iters = 5;
     c.num_microbatches = 2;
     c.cuda_graph_impl = "full_iteration";
+    ASSERT_EQ(c.cuda_graph_warmup_steps, 3);  // Megatron's default: steps 1-3 eager, 4 captured
     TrainerOptions o;
     o.emulateDevice = true;
     auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
@@ -160,20 +163,24 @@ TEST(EmulatedDeviceGraphTrainer, ALaunchedStepTracesTheEagerStepsKernelsUnderIts
     ts::test::FakeRecorder rec;
     Device& dev = (*t)->model().exec().device();
     dev.setTrace(&rec, 0);
-    ASSERT_TRUE((*t)->train(-1, {}).isOk());
+    for (int s = 0; s < c.train_iters; ++s) {
+        ASSERT_TRUE((*t)->step(nullptr).isOk()) << "step " << s + 1;
+        EXPECT_EQ((*t)->graph() != nullptr, s >= 3) << "step " << s + 1;
+    }
     ASSERT_TRUE((*t)->model().exec().synchronize().isOk());
     dev.setTrace(nullptr, 0);
-    std::vector<int> gemms(4, 0);
-    std::vector<double> flops(4, 0);
+    const int n = c.train_iters;
+    std::vector<int> gemms(size_t(n), 0);
+    std::vector<double> flops(size_t(n), 0);
     for (const auto& sl : rec.slices) {
         if (sl.track == 0 || sl.track > rec.tracks.size()) continue;
         if (rec.tracks[sl.track - 1].kind != trace::TrackKind::Compute) continue;
-        if (sl.category != trace::Category::Gemm || sl.step < 0 || sl.step >= 4) continue;
+        if (sl.category != trace::Category::Gemm || sl.step < 0 || sl.step >= n) continue;
         ++gemms[size_t(sl.step)];
         flops[size_t(sl.step)] += sl.flops;
     }
     ASSERT_GT(gemms[0], 0) << "no GEMM on the compute track";
-    for (int s = 1; s < 4; ++s) {
+    for (int s = 1; s < n; ++s) {
         EXPECT_EQ(gemms[size_t(s)], gemms[0]) << "step " << s + 1;
         EXPECT_EQ(flops[size_t(s)], flops[0]) << "step " << s + 1;
     }
@@ -188,6 +195,11 @@ TEST(EmulatedDeviceGraphTrainer, ValuesAndLayoutsTheEngineDoesNotCaptureAreRefus
 
     c.cuda_graph_impl = "full_iteration";
     EXPECT_TRUE(cudaGraphIssues(c).empty());
+    c.cuda_graph_warmup_steps = 0;
+    issues = cudaGraphIssues(c);
+    ASSERT_EQ(issues.size(), 1u);
+    EXPECT_NE(issues[0].find("cuda_graph_warmup_steps: 1 or more"), std::string::npos) << issues[0];
+    c.cuda_graph_warmup_steps = 3;
     c.hidden_dropout = 0.1;
     c.fp8 = "hybrid";
     c.fp8_recipe = "delayed";

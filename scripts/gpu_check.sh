@@ -185,7 +185,10 @@ if [ "$bench" = 1 ]; then
              "TS_CUDA_FP8_GEMMS=1 --config 1b --steps 5 --warmup 2 --fp8 hybrid"
              "--config 1b --steps 5 --warmup 2 --fp8 hybrid --fp8-recipe tensorwise"
              "--config 1b --steps 5 --warmup 2 --fp8 e4m3 --fp8-recipe mxfp8"
-             "--config 1b --steps 5 --warmup 2 --attention unfused")
+             "--config 1b --steps 5 --warmup 2 --attention unfused"
+             "--config small --steps 5 --warmup 2"
+             "--config small --steps 5 --warmup 2 --cuda-graph full_iteration"
+             "--config 1b --steps 5 --warmup 2 --cuda-graph full_iteration")
     [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2" "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
                                  "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
                                  "TS_CUDA_GEMM_FAST_16BF=1 --config 1b --steps 5 --warmup 2"

@@ -19,7 +19,8 @@ nlohmann::json knobDefJson(const engine::KnobDef& k) {
             {"bridge_negate", k.bridgeNegate},
             {"help", k.help},
             {"rules", k.rules},
-            {"engine_supported", k.engineSupported}};
+            {"engine_supported", k.engineSupported},
+            {"engine_values", k.engineValues}};
 }
 
 nlohmann::json knobRegistryJson() {

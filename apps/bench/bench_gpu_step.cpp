@@ -17,6 +17,10 @@
 // usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 ""|hybrid|e4m3]
 //                       [--fp8-recipe delayed|tensorwise|mxfp8|blockwise] [--micro-batch N]
 //                       [--trace 0|1|engine] [--attention auto|unfused]
+//                       [--cuda-graph none|full_iteration]
+// --cuda-graph full_iteration: the step's forward and backward as one CUDA graph (captured at the
+// second step, cuda_graph_warmup_steps 1, launched from then on: docs/engine.md "CUDA graphs"); the
+// untimed warm-up covers the capture.
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,7 +50,7 @@ using namespace ts::engine;
 constexpr const char* kUsage =
     "usage: bench_gpu_step [--config 1b|small] [--steps N] [--warmup N] [--fp8 \"\"|hybrid|e4m3] "
     "[--fp8-recipe delayed|tensorwise|mxfp8|blockwise] [--micro-batch N] "
-    "[--trace 0|1|engine] [--attention auto|unfused]";
+    "[--trace 0|1|engine] [--attention auto|unfused] [--cuda-graph none|full_iteration]";
 
 using ts::bench::median;
 
@@ -81,7 +85,7 @@ Config gpuConfig(const std::string& name) {
 
 int main(int argc, char** argv) {
     if (int rc = ts::bench::checkArgs(argc, argv, kUsage); rc >= 0) return rc;
-    std::string config = "1b", fp8, recipe = "delayed", attention = "auto";
+    std::string config = "1b", fp8, recipe = "delayed", attention = "auto", graph = "none";
     int steps = 10, warmup = 3, microBatch = 0;
     bool trace = false, cupti = true;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -101,6 +105,7 @@ int main(int argc, char** argv) {
             cupti = v != "engine";
         }
         else if (a == "--attention") attention = v;
+        else if (a == "--cuda-graph") graph = v;
         else {
             std::fprintf(stderr, "unknown option %s\n%s\n", a.c_str(), kUsage);
             return 2;
@@ -114,6 +119,11 @@ int main(int argc, char** argv) {
     c.fp8 = fp8;
     c.fp8_recipe = recipe;  // the trainer's validation names a wrong one
     c.attention_backend = attention;
+    c.cuda_graph_impl = graph;  // the trainer names what a graph cannot run
+    if (graph != "none") {  // one eager step, then the capture: neither is timed
+        c.cuda_graph_warmup_steps = 1;
+        warmup = std::max(warmup, 2);
+    }
     if (microBatch > 0) c.micro_batch_size = microBatch;
     TrainerOptions o;
     o.emulateDevice = false;
@@ -227,6 +237,7 @@ int main(int argc, char** argv) {
                                        {"fp8", fp8},
                                        {"fp8_recipe", fp8.empty() ? "" : recipe},
                                        {"attention_backend", attention},
+                                       {"cuda_graph_impl", graph},
                                        {"flash_tiles", flashTiles},
                                        {"gemm_fast_16bf", fast16bf},
                                        {"fp8_gemms", fp8Gemms},

@@ -66,8 +66,9 @@ int cmdKnobs(const Args& a) {
         std::printf("  %-40s %-22s %-14s %-46s %s%s\n", k.name.c_str(), typeText(k).c_str(), def.c_str(),
                     megatronFlagText(k).c_str(), k.bridgeNegate ? "!" : "",
                     k.bridgePath.empty() ? "-" : k.bridgePath.c_str());
+        const std::string notRun = engine::knobNotExecutedText(k);
         std::printf("      %s%s%s\n", k.help.c_str(), k.rules.empty() ? "" : (" Rule: " + k.rules + ".").c_str(),
-                    k.engineSupported ? "" : " [accepted and exported; not executed by the engine yet]");
+                    notRun.empty() ? "" : (" [accepted and exported; " + notRun + "]").c_str());
         ++shown;
     }
     if (group && shown == 0) return fail(2, "no knob group '" + *group + "'");

@@ -21,12 +21,15 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "common/clock.h"
 #include "engine/backend/cpu_backend.h"
+#include "engine/backend/graph.h"
+#include "engine/backend/graph_pool.h"
 #include "engine/backend/host_runtime.h"
 
 namespace ts::engine {
@@ -290,7 +293,7 @@ struct PendingBlock {
     std::vector<std::pair<uint64_t, uint64_t>> fences;
 };
 
-struct EmuMem : MemAccounting {
+struct EmuMem : host::GraphMemAccounting {
     static constexpr size_t kCacheCap = size_t(4) << 30;
 
     std::unique_ptr<Arena> arena;  // null when it could not be made (arenaError says why)
@@ -308,6 +311,8 @@ struct EmuMem : MemAccounting {
     // value-returning kernel), with how often: emulatedHostWaits().
     std::mutex waitsMutex;
     std::map<std::string, int64_t> hostWaits;
+
+    EmuStream* captureStream = nullptr;  // the stream being captured into a graph (graph.h)
 
     std::vector<std::pair<uint64_t, uint64_t>> fencesNow();
     bool fencesPassed(const std::vector<std::pair<uint64_t, uint64_t>>& fences);
@@ -336,8 +341,10 @@ class EmuDevice;
 
 class EmuBuffer final : public Buffer {
 public:
-    EmuBuffer(EmuDevice& dev, std::shared_ptr<EmuMem> mem, size_t off, size_t bytes, MemCategory cat)
-        : m_device(dev), m_mem(std::move(mem)), m_off(off), m_bytes(bytes), m_cat(cat) {
+    EmuBuffer(EmuDevice& dev, std::shared_ptr<EmuMem> mem, size_t off, size_t bytes, MemCategory cat,
+              uint64_t serial, bool fromPool)
+        : m_device(dev), m_mem(std::move(mem)), m_off(off), m_bytes(bytes), m_cat(cat), m_serial(serial),
+          m_fromPool(fromPool) {
         kernels::fp8codes::map().forget(data(), m_bytes);  // nothing bound before it was a Buffer
     }
     ~EmuBuffer() override;
@@ -353,13 +360,23 @@ private:
     size_t m_off;
     size_t m_bytes;
     MemCategory m_cat;
+    uint64_t m_serial;
+    bool m_fromPool;  // handed out during a graph capture
 };
 
 // ----- streams ------------------------------------------------------------------------------
 
 bool isCommunication(trace::Category c) { return c == trace::Category::Collective || c == trace::Category::P2P; }
 
-class EmuStream final : public host::WorkerStream {
+// An op recorded by a capture (graph.h): its kernels (or a communication op's whole fn) and
+// what the trace needs; launched again by EmuGraph.
+struct RecordedOp {
+    std::string name, group;
+    OpDesc desc;  // name/group point into the strings above
+    std::shared_ptr<const std::function<Status()>> fn;
+};
+
+class EmuStream final : public host::WorkerStream, public CapturableStream {
 public:
     EmuStream(std::shared_ptr<EmuMem> mem, const TracePublisher& trace, trace::TrackKind kind, std::string name,
               int index)
@@ -393,7 +410,55 @@ public:
     // submitted right now (whose item is queued when its fn returns).
     uint64_t fenceTarget() { return queuedCount() + (m_activeSubmits.load(std::memory_order_acquire) > 0 ? 1 : 0); }
 
+    void record(Event& e) override {
+        if (captureRefuses("record()")) return;
+        WorkerStream::record(e);
+    }
+    void wait(Event& e) override {
+        if (captureRefuses("wait()")) return;
+        WorkerStream::wait(e);
+    }
+
+    // Stream graphs (graph.h).
+    Status beginCapture() override;
+    Result<std::unique_ptr<StreamGraph>> endCapture() override;
+    bool capturing() const override { return m_capturing.load(std::memory_order_acquire); }
+    // Zeroes `cls` bytes at host view `hv` in stream order of the capture: with the kernels of the
+    // op being submitted on this thread when there is one, else as an item of its own.
+    void recordZeroFill(void* hv, size_t cls);
+    // Queues a recorded op (EmuGraph::launch), its trace labelled with `step`.
+    void enqueueRecorded(const RecordedOp& op, int step);
+    const std::shared_ptr<EmuMem>& mem() const { return m_mem; }
+
 private:
+    struct Capture {
+        std::vector<RecordedOp> ops;
+        Status error;  // the first: the capture fails with it
+        std::shared_ptr<host::GraphPool> pool;
+    };
+    // While capturing: notes `what` as the capture's error (an event on a captured stream) and
+    // returns true.
+    bool captureRefuses(const char* what) {
+        if (!capturing()) return false;
+        captureFail(Status::unsupported(std::string("stream '") + name() + "': " + what +
+                                        " of an event while the stream is captured into a graph: the graph would "
+                                        "order work across streams, which stream graphs do not do yet"));
+        return true;
+    }
+    void captureFail(Status s) {
+        std::lock_guard<std::mutex> lock(m_captureMutex);
+        if (m_capture && m_capture->error.isOk()) m_capture->error = std::move(s);
+    }
+    void captureRecord(const OpDesc& desc, std::function<Status()> fn) {
+        RecordedOp op;
+        op.name = desc.name ? desc.name : "";
+        op.group = desc.group ? desc.group : "";
+        op.desc = desc;
+        op.fn = std::make_shared<const std::function<Status()>>(std::move(fn));
+        std::lock_guard<std::mutex> lock(m_captureMutex);
+        if (m_capture) m_capture->ops.push_back(std::move(op));
+    }
+
     using WorkItem = host::WorkItem;
 
     // The op being submitted on this thread (innermost, for submits nested in a fn).
@@ -408,6 +473,18 @@ private:
 
     // Queues ctx's kernels so far as one traced item that then returns `status`.
     void flush(SubmitCtx& ctx, Status status) {
+        if (capturing()) {
+            if (!status.isOk())
+                captureFail(status.withContext(std::string("op '") + (ctx.desc->name ? ctx.desc->name : "") +
+                                               "' while capturing stream '" + name() + "'"));
+            auto kernels = std::move(ctx.kernels);
+            ctx.kernels.clear();
+            captureRecord(*ctx.desc, [kernels = std::move(kernels)]() -> Status {
+                for (const auto& k : kernels) k();
+                return Status::ok();
+            });
+            return;
+        }
         WorkItem item;
         host::Launch launch;
         auto kernels = std::move(ctx.kernels);
@@ -428,12 +505,20 @@ private:
     const TracePublisher& m_tracePub;
     uint64_t m_id = 0;
     std::atomic<int> m_activeSubmits{0};
+    std::atomic<bool> m_capturing{false};
+    std::mutex m_captureMutex;
+    std::unique_ptr<Capture> m_capture;  // guarded by m_captureMutex
 };
 
 thread_local EmuStream::SubmitCtx* EmuStream::t_submit = nullptr;
 
 void EmuStream::submit(const OpDesc& desc, std::function<Status()> fn) {
     if (isCommunication(desc.category)) {  // queued whole, like an NCCL collective
+        if (capturing()) {  // recorded whole, as NCCL's kernels are captured
+            if (t_submit && t_submit->stream == this && !t_submit->kernels.empty()) flush(*t_submit, Status::ok());
+            captureRecord(desc, std::move(fn));
+            return;
+        }
         WorkerStream::submit(desc, std::move(fn));
         return;
     }
@@ -467,6 +552,16 @@ void EmuStream::submit(const OpDesc& desc, std::function<Status()> fn) {
 }
 
 Status EmuStream::synchronize() {
+    if (capturing()) {
+        const std::string op = t_submit && t_submit->desc->name ? t_submit->desc->name : "";
+        Status s = Status::unsupported(
+            "stream '" + name() + "': the host waited for the stream while it was captured into a graph" +
+            (op.empty() ? std::string(" (outside any op)") : " (in op '" + op + "')") +
+            ": a graph cannot contain a host wait; everything a captured op reads back must be read after "
+            "the graph has run");
+        captureFail(s);
+        return s;
+    }
     if (t_submit) {  // inside an op: its host code waits for the device (a sync on CUDA)
         std::lock_guard<std::mutex> lock(m_mem->waitsMutex);
         ++m_mem->hostWaits[t_submit->desc->name];
@@ -474,6 +569,121 @@ Status EmuStream::synchronize() {
     // Called from inside this stream's fn (a value-returning kernel): its kernels so far go first.
     if (t_submit && t_submit->stream == this && !t_submit->kernels.empty()) flush(*t_submit, Status::ok());
     return WorkerStream::synchronize();
+}
+
+// ----- stream graphs -------------------------------------------------------------------------
+
+class EmuGraph final : public StreamGraph {
+public:
+    EmuGraph(std::shared_ptr<EmuMem> mem, std::vector<RecordedOp> ops, std::shared_ptr<host::GraphPool> pool)
+        : m_mem(std::move(mem)), m_ops(std::move(ops)), m_pool(std::move(pool)) {}
+    ~EmuGraph() override { releaseGraphPool(m_mem, m_pool); }
+
+    Status launch(Stream& s, int step) override {
+        auto* es = dynamic_cast<EmuStream*>(&s);
+        if (!es || es->mem() != m_mem)
+            return Status::invalid("a graph launches on a stream of the emulated device it was captured on; stream '" +
+                                   s.name() + "' is not one");
+        if (es->capturing())
+            return Status::unsupported("stream '" + s.name() + "' is being captured: a graph launch inside a capture "
+                                       "is not supported");
+        for (const RecordedOp& op : m_ops) es->enqueueRecorded(op, step);
+        return Status::ok();
+    }
+    int64_t nodes() const override { return int64_t(m_ops.size()); }
+    int64_t poolBytes() const override {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        return m_pool->blockBytes;
+    }
+
+    // The pool's free blocks that no older graph keeps go back to the device's cache, once every
+    // stream has run what was queued so far (this graph's launches).
+    static void releaseGraphPool(const std::shared_ptr<EmuMem>& mem, const std::shared_ptr<host::GraphPool>& pool) {
+        if (!pool) return;
+        auto fences = mem->fencesNow();
+        std::lock_guard<std::mutex> lock(mem->mutex);
+        for (const host::PoolBlock& b : mem->graphs.release(pool)) {
+            mem->reportCounter(b.cat, mem->releaseLocked(b.bytes, b.cat));
+            mem->pending.push_back(PendingBlock{size_t(b.addr), b.cls, fences});
+            mem->cachedBytes += b.cls;
+        }
+        mem->collectLocked();
+    }
+
+private:
+    std::shared_ptr<EmuMem> m_mem;
+    std::vector<RecordedOp> m_ops;
+    std::shared_ptr<host::GraphPool> m_pool;
+};
+
+Status EmuStream::beginCapture() {
+    if (failed()) return Status::invalid("stream '" + name() + "' has failed: it cannot be captured");
+    {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        if (m_mem->captureStream)
+            return Status::invalid("stream '" + name() + "': its device is already capturing stream '" +
+                                   m_mem->captureStream->name() + "' into a graph (one capture per device at a time)");
+        if (m_mem->graphs.anyLive())
+            return Status::invalid("stream '" + name() +
+                                   "': another graph of this device is alive; destroy it before capturing a new one "
+                                   "(one graph per device: their pools do not share blocks yet)");
+        m_mem->captureStream = this;
+        m_mem->captureThread = std::this_thread::get_id();
+        auto cap = std::make_unique<Capture>();
+        cap->pool = m_mem->graphs.begin();
+        std::lock_guard<std::mutex> c(m_captureMutex);
+        m_capture = std::move(cap);
+    }
+    m_capturing.store(true, std::memory_order_release);
+    return Status::ok();
+}
+
+Result<std::unique_ptr<StreamGraph>> EmuStream::endCapture() {
+    if (!capturing()) return Status::invalid("stream '" + name() + "' is not being captured");
+    std::unique_ptr<Capture> cap;
+    {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        m_mem->graphs.end(m_mem->nextSerial);
+        m_mem->captureStream = nullptr;
+        m_mem->captureThread = std::thread::id();
+        std::lock_guard<std::mutex> c(m_captureMutex);
+        cap = std::move(m_capture);
+        m_capturing.store(false, std::memory_order_release);
+    }
+    if (!cap->error.isOk()) {
+        EmuGraph::releaseGraphPool(m_mem, cap->pool);
+        return cap->error;
+    }
+    return std::unique_ptr<StreamGraph>(std::make_unique<EmuGraph>(m_mem, std::move(cap->ops), std::move(cap->pool)));
+}
+
+void EmuStream::recordZeroFill(void* hv, size_t cls) {
+    auto zero = [hv, cls] { std::memset(hv, 0, cls); };
+    if (t_submit && t_submit->stream == this) {
+        t_submit->kernels.push_back(zero);
+        return;
+    }
+    OpDesc d;
+    d.name = "graph.alloc_zero";
+    d.category = trace::Category::Memset;
+    d.bytes = cls;
+    captureRecord(d, [zero] {
+        zero();
+        return Status::ok();
+    });
+}
+
+void EmuStream::enqueueRecorded(const RecordedOp& op, int step) {
+    OpDesc d = op.desc;
+    d.name = op.name.c_str();
+    d.group = op.group.empty() ? nullptr : op.group.c_str();
+    d.step = step;
+    WorkItem item;
+    host::Launch launch;
+    auto fn = op.fn;
+    prepare(item, d, [fn] { return (*fn)(); }, launch, m_tracePub.state() ? monotonicNs() : 0);
+    enqueue(std::move(item));
+    finishLaunch(launch);
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> EmuMem::fencesNow() {
@@ -532,27 +742,45 @@ public:
         const size_t cls = emuClass(bytes);
         int64_t current = 0;
         FreeBlock block;
+        uint64_t serial = 0;
+        EmuStream* capture = nullptr;
         {
             std::lock_guard<std::mutex> lock(m_mem->mutex);
-            TS_RETURN_IF_ERROR(m_mem->reserveLocked(bytes, cat, &current));
-            m_mem->collectLocked();
-            auto it = m_mem->ready.find(cls);
-            if (it != m_mem->ready.end() && !it->second.empty()) {
-                block = it->second.back();
-                it->second.pop_back();
-                if (block.held) m_mem->cachedBytes -= cls;
+            // Only the capturing thread's allocations are the graph's (other threads' work is not
+            // being captured).
+            if (m_mem->capturingThreadLocked()) capture = m_mem->captureStream;
+            bool pooled = false;
+            uintptr_t pooledOff = 0;
+            TS_RETURN_IF_ERROR(m_mem->reserveNewLocked(bytes, cls, cat, &current, &serial, &pooled, &pooledOff));
+            if (pooled) {
+                block = FreeBlock{size_t(pooledOff), false, true};
             } else {
-                auto off = m_mem->arena->carve(cls);
-                if (!off) {
-                    m_mem->releaseLocked(bytes, cat);
-                    return off.status();
+                m_mem->collectLocked();
+                auto it = m_mem->ready.find(cls);
+                if (it != m_mem->ready.end() && !it->second.empty()) {
+                    block = it->second.back();
+                    it->second.pop_back();
+                    if (block.held) m_mem->cachedBytes -= cls;
+                } else {
+                    auto off = m_mem->arena->carve(cls);
+                    if (!off) {
+                        m_mem->releaseLocked(bytes, cat);
+                        return off.status();
+                    }
+                    block = FreeBlock{*off, true, true};
                 }
-                block = FreeBlock{*off, true, true};
+                if (capture) m_mem->graphs.adoptNew(cls);  // now part of the capture's pool
             }
         }
-        if (zero && !block.zero) std::memset(m_mem->arena->host() + block.off, 0, cls);
+        if (capture) {
+            // Captured: the graph zeroes it when it runs, in stream order (as a captured memset).
+            if (zero) capture->recordZeroFill(m_mem->arena->host() + block.off, cls);
+        } else if (zero && !block.zero) {
+            std::memset(m_mem->arena->host() + block.off, 0, cls);
+        }
         m_mem->reportCounter(cat, current);
-        return std::unique_ptr<Buffer>(std::make_unique<EmuBuffer>(*this, m_mem, block.off, bytes, cat));
+        return std::unique_ptr<Buffer>(
+            std::make_unique<EmuBuffer>(*this, m_mem, block.off, bytes, cat, serial, capture != nullptr));
     }
 
     std::unique_ptr<Stream> createStream(trace::TrackKind kind, const std::string& name) override {
@@ -593,9 +821,11 @@ EmuBuffer::~EmuBuffer() {
     // Fences first (takes the stream registry's lock, not the accounting lock).
     auto fences = m_mem->fencesNow();
     std::lock_guard<std::mutex> lock(m_mem->mutex);
+    const size_t cls = emuClass(m_bytes);
+    // A graph that may use the block keeps it, still counted (graph.h).
+    if (m_mem->graphs.keep(host::PoolBlock{m_off, m_serial, cls, m_bytes, m_cat}, m_fromPool)) return;
     const int64_t current = m_mem->releaseLocked(m_bytes, m_cat);
     m_mem->reportCounter(m_cat, current);
-    const size_t cls = emuClass(m_bytes);
     m_mem->pending.push_back(PendingBlock{m_off, cls, std::move(fences)});
     m_mem->cachedBytes += cls;
     m_mem->collectLocked();

@@ -3,6 +3,8 @@
 // the CPU oracle over host-view pointers, queued on that stream at submit (Defer) or run at once
 // on its worker (NowHostView); else the CPU oracle now, pointers as given.
 #include "engine/backend/kernels.h"
+#include "engine/backend/graph.h"
+#include "kernels/common/row_groups.h"
 
 #include <atomic>
 #include <cstdint>
@@ -374,11 +376,27 @@ void copyBytes(void* dst, const void* src, size_t bytes) {
         return;
     }
     // Deferred: a host source is snapshotted now (CUDA stages pageable memory at the call).
+    const bool hostDst = !isEmulatedDevicePointer(dst) && !isEmulatedHostView(dst);
+    if (hostDst && isCapturing(*s)) {  // as CUDA, which does not capture a copy into pageable memory
+        reportKernelError(Status::unsupported(
+            "copyBytes into host memory while stream '" + s->name() +
+            "' is captured into a graph: every launch would write that host memory again (and CUDA does not "
+            "capture copies into pageable memory); read results back after the graph has run"));
+        return;
+    }
     void* d = hostAlias(dst);
     if (isEmulatedDevicePointer(src) || isEmulatedHostView(src)) {
         const void* from = hostAlias(src);
         s->deferKernel([d, from, bytes] { std::memcpy(d, from, bytes); });
     } else {
+        if (isCapturing(*s)) {  // as CUDA, which does not capture a copy from pageable memory
+            reportKernelError(Status::unsupported(
+                "copyBytes from host memory while stream '" + s->name() +
+                "' is captured into a graph: a graph would copy the captured bytes again at every launch (and CUDA "
+                "does not capture copies from pageable memory); upload before the capture into a buffer the graph "
+                "reads"));
+            return;
+        }
         auto snap = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                         static_cast<const char*>(src) + bytes);
         s->deferKernel([d, snap] { std::memcpy(d, snap->data(), snap->size()); });
@@ -574,23 +592,19 @@ void linearBackward(const float* dy, const float* x, const float* W, float* dx, 
 void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
                           int G, int in, int out) {
     TS_KERN_CUDA(linearForwardGrouped, x, W, b, y, off, G, in, out)
-    for (int g = 0; g < G; ++g) {
-        const int r0 = off[g], rows = off[g + 1] - r0;
-        if (rows > 0)
-            linearForward(x + int64_t(r0) * in, W[g], b ? b[g] : nullptr, y + int64_t(r0) * out, rows, in, out);
-    }
+    kernels::forEachGroupWithRows(off, 0, G, [&](int g, int r0, int rows) {
+        linearForward(x + int64_t(r0) * in, W[g], b ? b[g] : nullptr, y + int64_t(r0) * out, rows, in, out);
+    });
 }
 
 void linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
                            float* const* db, const int* off, int G, int in, int out) {
     TS_KERN_CUDA(linearBackwardGrouped, dy, x, W, dx, dW, db, off, G, in, out)
-    for (int g = 0; g < G; ++g) {
-        const int r0 = off[g], rows = off[g + 1] - r0;
-        if (rows > 0)
-            linearBackward(dy + int64_t(r0) * out, x ? x + int64_t(r0) * in : nullptr, W ? W[g] : nullptr,
-                           dx ? dx + int64_t(r0) * in : nullptr, dW ? dW[g] : nullptr, db ? db[g] : nullptr, rows,
-                           in, out);
-    }
+    kernels::forEachGroupWithRows(off, 0, G, [&](int g, int r0, int rows) {
+        linearBackward(dy + int64_t(r0) * out, x ? x + int64_t(r0) * in : nullptr, W ? W[g] : nullptr,
+                       dx ? dx + int64_t(r0) * in : nullptr, dW ? dW[g] : nullptr, db ? db[g] : nullptr, rows, in,
+                       out);
+    });
 }
 
 void embeddingBackward(const int32_t* ids, const float* dout, float* dtable, int T, int C,

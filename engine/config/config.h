@@ -176,6 +176,7 @@ struct Config {
 
     // --- misc -----------------------------------------------------------------------------
     std::string cuda_graph_impl = "none";  // none | local | transformer_engine | full_iteration
+    int cuda_graph_warmup_steps = 3;       // eager steps before the capture (Megatron's default)
     // flash | fused | unfused | local | auto (attentionIsFlash: which keep no probabilities)
     std::string attention_backend = "auto";
     bool cpu_offloading = false;

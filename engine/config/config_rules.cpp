@@ -406,6 +406,8 @@ std::vector<ConfigIssue> validateConfig(const Config& c) {
     // Backend.
     if (c.cuda_graph_impl != "none" && c.device_backend != "cuda")
         ck.add("cuda_graph_impl", "cuda_graph_impl=" + c.cuda_graph_impl + " requires device_backend: cuda");
+    if (c.cuda_graph_warmup_steps < 0)
+        ck.add("cuda_graph_warmup_steps", kv("cuda_graph_warmup_steps", c.cuda_graph_warmup_steps) + " must be >= 0");
     if (c.cuda_share_gpus && c.device_backend != "cuda")
         ck.add("cuda_share_gpus", "cuda_share_gpus: true requires device_backend: cuda (CPU ranks each have their own "
                                   "virtual device already); set device_backend: cuda or drop cuda_share_gpus");

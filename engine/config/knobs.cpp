@@ -242,6 +242,7 @@ struct Builder {
 
 KnobDef& rules(KnobDef& k, const char* r) { k.rules = r; return k; }
 KnobDef& notInEngine(KnobDef& k) { k.engineSupported = false; return k; }
+KnobDef& engineRuns(KnobDef& k, std::vector<std::string> values) { k.engineValues = std::move(values); return k; }
 KnobDef& unsetWhenZero(KnobDef& k) { k.zeroIsUnset = true; return k; }
 
 // moe_layer_freq holds Megatron's int-or-list: stored as text, read back as a number when it is one
@@ -673,11 +674,18 @@ std::vector<KnobDef> buildRegistry() {
         "model.moe_router_bias_update_rate", "Step of the expert bias update per iteration (DeepSeek-V3: 1e-3).");
 
     r.group = "misc";
-    notInEngine(rules(r.e("cuda_graph_impl", &C::cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"},
-                          "--cuda-graph-impl", "model.cuda_graph_impl",
-                          "CUDA graph capture: none, Megatron-Core's per-layer graphs (local), Transformer Engine's, or "
-                          "the whole iteration (replaces the deprecated enable_cuda_graph)."),
-                      "not none only with device_backend=cuda"));
+    engineRuns(rules(r.e("cuda_graph_impl", &C::cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"},
+                         "--cuda-graph-impl", "model.cuda_graph_impl",
+                         "CUDA graph capture: none, Megatron-Core's per-layer graphs (local), Transformer Engine's, or "
+                         "the whole iteration (replaces the deprecated enable_cuda_graph). The engine's full_iteration "
+                         "captures the forward and backward of all microbatches after one eager step, on one device "
+                         "(docs/engine.md, \"CUDA graphs\")."),
+                     "not none only with device_backend=cuda"),
+               {"none", "full_iteration"});
+    r.i("cuda_graph_warmup_steps", &C::cuda_graph_warmup_steps, "--cuda-graph-warmup-steps",
+        "model.cuda_graph_warmup_steps",
+        "Eager steps before the CUDA graph is captured (library handles, tables and caches are made outside the "
+        "graph); counted again after a checkpoint load.");
     notInEngine(r.b("defer_embedding_wgrad_compute", &C::defer_embedding_wgrad_compute,
                     "--defer-embedding-wgrad-compute", "", "comm_overlap.defer_embedding_wgrad_compute",
                     "Defer the output-embedding weight-gradient GEMMs into the pipeline flush."));
@@ -803,10 +811,24 @@ std::vector<std::string> unsupportedKnobs(const Config& c) {
     std::vector<std::string> out;
     const Config defaults;
     for (const auto& k : knobRegistry()) {
-        if (k.engineSupported || k.get(c) == k.get(defaults)) continue;
-        out.push_back(k.name + "=" + knobValueText(k, c));
+        if (k.get(c) == k.get(defaults)) continue;
+        const std::string v = knobValueText(k, c);
+        const bool valueRuns =
+            k.engineValues.empty() || std::find(k.engineValues.begin(), k.engineValues.end(), v) != k.engineValues.end();
+        if (k.engineSupported && valueRuns) continue;
+        out.push_back(k.name + "=" + v);
     }
     return out;
+}
+
+std::string knobNotExecutedText(const KnobDef& k) {
+    if (!k.engineSupported) return "not executed yet";
+    std::string rest;
+    if (!k.engineValues.empty())
+        for (const auto& a : k.allowed)
+            if (std::find(k.engineValues.begin(), k.engineValues.end(), a) == k.engineValues.end())
+                rest += (rest.empty() ? "" : ", ") + a;
+    return rest.empty() ? "" : "not executed yet: " + rest;
 }
 
 json configToJson(const Config& c) {

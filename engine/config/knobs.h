@@ -37,6 +37,9 @@ struct KnobDef {
     std::string help;          // one line
     std::string rules;         // human text of requires/excludes, e.g. "requires use_distributed_optimizer"
     bool engineSupported = true;  // false: accepted and exported, not yet executed by our engine
+    // Enum knobs the engine executes some values of: those (empty: all of them). The others are
+    // accepted and exported like a knob with engineSupported false.
+    std::vector<std::string> engineValues;
     // Float knobs whose 0 stands for Megatron's None ("not set"): export leaves them out, since
     // Megatron reads an explicit 0 as a value (capacity factor 0 = no tokens; z-loss 0 = a term).
     bool zeroIsUnset = false;
@@ -45,6 +48,10 @@ struct KnobDef {
     // Sets from JSON; returns a message on a type/range error ("" when ok).
     std::function<std::string(Config&, const nlohmann::json&)> set;
 };
+
+// What the engine does not execute of k, for help texts: "" (all of it), "not executed yet", or
+// "not executed yet: local, transformer_engine" (the values outside engineValues).
+std::string knobNotExecutedText(const KnobDef& k);
 
 const std::vector<KnobDef>& knobRegistry();
 const KnobDef* findKnob(std::string_view name);

@@ -44,7 +44,7 @@ std::string knobsMarkdown() {
         if (!k.megatronFalseFlag.empty()) flag += (flag.empty() ? "" : " / ") + k.megatronFalseFlag;
         std::string help = k.help;
         if (!k.rules.empty()) help += " Rule: " + k.rules + ".";
-        if (!k.engineSupported) help += " *(not executed yet)*";
+        if (const std::string n = knobNotExecutedText(k); !n.empty()) help += " *(" + n + ")*";
         out += "| `" + k.name + "` | " + cell(type) + " | `" + cell(def) + "` | " + (flag.empty() ? "" : "`" + flag + "`") +
                " | " + (k.bridgePath.empty() ? "" : std::string(k.bridgeNegate ? "!" : "") + "`" + k.bridgePath + "`") +
                " | " + cell(help) + " |\n";

@@ -3,6 +3,7 @@
 
 #include "engine/backend/kernels.h"
 #include "kernels/common/fp8_codes.h"
+#include "kernels/common/row_groups.h"
 
 #include <cfloat>
 #include <cmath>
@@ -124,23 +125,19 @@ void fp8BlockLinearBackward(const Fp8Recipe& r, const float* dy, const float* x,
 
 void fp8BlockExpertsForward(const Fp8Recipe& r, const float* x, const float* const* Wrow, const float* const* b,
                             float* y, const int* off, int l0, int l1, int in, int out, float* xq) {
-    for (int l = l0; l < l1; ++l) {
-        const int r0 = off[l], rows = off[l + 1] - r0;
-        if (rows == 0) continue;
+    kernels::forEachGroupWithRows(off, l0, l1, [&](int l, int r0, int rows) {
         const float* xl = fp8BlockOperand(r, x + int64_t(r0) * in, rows, in, true, false, false, xq + int64_t(r0) * in);
         kern::linearForward(xl, Wrow[l], b ? b[l] : nullptr, y + int64_t(r0) * out, rows, in, out);
-    }
+    });
 }
 
 void fp8BlockExpertsBackward(const Fp8Recipe& r, const float* dy, const float* x, const float* const* Wcol, float* dx,
                              float* const* dW, const int* off, int l0, int l1, int in, int out, float* work) {
-    for (int l = l0; l < l1; ++l) {
-        const int r0 = off[l], rows = off[l + 1] - r0;
-        if (rows == 0) continue;
+    kernels::forEachGroupWithRows(off, l0, l1, [&](int l, int r0, int rows) {
         fp8BlockLinearBackward(r, dy + int64_t(r0) * out, x + int64_t(r0) * in, Wcol[l],
                                dx ? dx + int64_t(r0) * in : nullptr, dW ? dW[l] : nullptr, rows, in, out,
                                work + int64_t(r0) * (in + out));
-    }
+    });
 }
 
 }  // namespace ts::engine

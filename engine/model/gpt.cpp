@@ -389,6 +389,9 @@ void GptModel::beginStep(int step, int numMicrobatches) {
     m_step = step;
     m_numMicrobatches = std::max(1, numMicrobatches);
     m_backwardsThisStep = 0;
+    // A step that ended early (cancelled, failed, a failed graph capture) leaves microbatches in
+    // flight: their saved activations are dropped, so the next step can run them again.
+    m_mbs.clear();
     // A step that ended before its last backward leaves counters behind: they are its data.
     const Status stats = flushRouterStats();
     if (!stats.isOk())
@@ -436,31 +439,86 @@ Result<KernelIds> GptModel::kernelIds(std::shared_ptr<const Microbatch> data, co
     return kernelInts(m_exec, host.data(), host.size(), std::move(data));
 }
 
-Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorPtr input, TensorPtr output) {
+Status GptModel::checkMicrobatch(const Microbatch* data) const {
     const int T = m_d.seq * m_d.microBatch;
+    if (!m_ctx.firstStage && !m_ctx.lastStage) return Status::ok();
+    if (!data) return Status::invalid("microbatch data missing");
+    if (m_ctx.firstStage && data->tokens.size() != size_t(T))
+        return Status::invalid("microbatch has " + std::to_string(data->tokens.size()) +
+                               " tokens, the model expects seq_length*micro_batch_size=" + std::to_string(T));
+    if (m_ctx.lastStage && data->labels.size() != size_t(T))
+        return Status::invalid("microbatch has " + std::to_string(data->labels.size()) + " labels, expected " +
+                               std::to_string(T));
+    if (!data->lossMask.empty() && data->lossMask.size() != size_t(T))
+        return Status::invalid("loss mask size does not match the microbatch");
+    if (m_ctx.firstStage) {
+        if (int bad = k::countInvalidIds(data->tokens.data(), T, m_d.vocab))
+            return Status::invalid(std::to_string(bad) + " token ids are outside [0, vocab_size=" +
+                                   std::to_string(m_d.vocab) + "); check the tokenizer/vocab_size");
+    }
+    if (m_ctx.lastStage) {
+        if (int bad = k::countInvalidIds(data->labels.data(), T, m_d.vocab))
+            return Status::invalid(std::to_string(bad) + " labels are outside [0, vocab_size=" +
+                                   std::to_string(m_d.vocab) + ")");
+    }
+    return Status::ok();
+}
+
+std::shared_ptr<std::vector<float>> GptModel::lossSeed(const Microbatch& data) const {
+    const int T = m_d.seq * m_d.microBatch;
+    // Context parallel: each rank holds part of the microbatch's tokens; the loss is divided by
+    // the whole microbatch's token count and, as Megatron's loss_func, multiplied by cp (the
+    // gradients are then averaged over the dp-cp group, so the cp ranks' shares add up).
+    const double cpScale = double(m_ctx.cpSize);
+    auto seed = std::make_shared<std::vector<float>>(size_t(T));
+    double tokens = data.tokensTotal;
+    if (tokens <= 0)
+        for (int t = 0; t < T; ++t) tokens += data.lossMask.empty() ? 1.0 : data.lossMask[size_t(t)];
+    const double denom = std::max(tokens, 1.0) * m_numMicrobatches / cpScale;
+    for (int t = 0; t < T; ++t)
+        (*seed)[size_t(t)] = float((data.lossMask.empty() ? 1.0 : data.lossMask[size_t(t)]) / denom);
+    return seed;
+}
+
+Status GptModel::stageInputs(int mb, std::shared_ptr<const Microbatch> data) {
+    const int T = m_d.seq * m_d.microBatch;
+    TS_RETURN_IF_ERROR(checkMicrobatch(data.get()));
+    StagedInputs& s = m_staged[mb];
+    if (m_ctx.firstStage && !s.ids) { TS_ASSIGN_OR_RETURN(s.ids, m_exec.alloc(T, MemCategory::Workspace, sizeof(int32_t))); }
+    if (m_ctx.lastStage && !s.labels) {
+        TS_ASSIGN_OR_RETURN(s.labels, m_exec.alloc(T, MemCategory::Workspace, sizeof(int32_t)));
+        TS_ASSIGN_OR_RETURN(s.seed, m_exec.alloc(T, MemCategory::Workspace));
+        TS_ASSIGN_OR_RETURN(s.loss, m_exec.alloc(T, MemCategory::Workspace));
+    }
+    s.data = data;
+    std::shared_ptr<std::vector<float>> seed;
+    if (m_ctx.lastStage) seed = lossSeed(*data);
+    m_exec.setMicrobatch(mb);
+    m_exec.setLayer(-1);
+    const TensorPtr ids = s.ids, labels = s.labels, seedBuf = s.seed;
+    // copyBytes reads a host source at the call (staged, as cudaMemcpyAsync does pageable memory)
+    m_exec.op("inputs.upload", Category::Memcpy, 0, uint64_t(T) * 12, [=] {
+        const size_t n = size_t(T);
+        if (ids) k::copyBytes(ids->data(), data->tokens.data(), n * sizeof(int32_t));
+        if (labels) {
+            k::copyBytes(labels->data(), data->labels.data(), n * sizeof(int32_t));
+            k::copyBytes(seedBuf->data(), seed->data(), n * sizeof(float));
+        }
+    });
+    if (m_ctx.lastStage) m_pendingLosses[mb] = {s.loss, T, data};
+    return Status::ok();
+}
+
+const GptModel::StagedInputs* GptModel::staged(int mb, const std::shared_ptr<const Microbatch>& data) const {
+    auto it = m_staged.find(mb);
+    return it != m_staged.end() && data && it->second.data == data ? &it->second : nullptr;
+}
+
+Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorPtr input, TensorPtr output) {
     const int64_t ThL = stageTensorElems();
     if (m_mbs.count(mb)) return Status::internal("microbatch " + std::to_string(mb) + " is already in flight");
-    if (m_ctx.firstStage || m_ctx.lastStage) {
-        if (!data) return Status::invalid("microbatch data missing");
-        if (m_ctx.firstStage && data->tokens.size() != size_t(T))
-            return Status::invalid("microbatch has " + std::to_string(data->tokens.size()) +
-                                   " tokens, the model expects seq_length*micro_batch_size=" + std::to_string(T));
-        if (m_ctx.lastStage && data->labels.size() != size_t(T))
-            return Status::invalid("microbatch has " + std::to_string(data->labels.size()) + " labels, expected " +
-                                   std::to_string(T));
-        if (!data->lossMask.empty() && data->lossMask.size() != size_t(T))
-            return Status::invalid("loss mask size does not match the microbatch");
-        if (m_ctx.firstStage) {
-            if (int bad = k::countInvalidIds(data->tokens.data(), T, m_d.vocab))
-                return Status::invalid(std::to_string(bad) + " token ids are outside [0, vocab_size=" +
-                                       std::to_string(m_d.vocab) + "); check the tokenizer/vocab_size");
-        }
-        if (m_ctx.lastStage) {
-            if (int bad = k::countInvalidIds(data->labels.data(), T, m_d.vocab))
-                return Status::invalid(std::to_string(bad) + " labels are outside [0, vocab_size=" +
-                                       std::to_string(m_d.vocab) + ")");
-        }
-    }
+    const StagedInputs* in = staged(mb, data);
+    if (!in) TS_RETURN_IF_ERROR(checkMicrobatch(data.get()));  // stageInputs checked it
     if (!m_ctx.firstStage && (!input || input->bytes() < size_t(ThL) * 4))
         return Status::invalid("non-first pipeline stage needs an input tensor of [s*b, h] ([s/t*b, h] with "
                                "sequence_parallel)");
@@ -473,8 +531,13 @@ Status GptModel::forward(int mb, std::shared_ptr<const Microbatch> data, TensorP
     auto st = std::make_unique<MbState>();
     st->data = data;
     st->layers.resize(m_layers.size());
-    if (m_ctx.firstStage) { TS_ASSIGN_OR_RETURN(st->ids, kernelIds(data, data->tokens)); }
-    if (m_ctx.lastStage) { TS_ASSIGN_OR_RETURN(st->labels, kernelIds(data, data->labels)); }
+    if (in) {
+        if (in->ids) st->ids = KernelIds{static_cast<const int32_t*>(in->ids->data()), in->ids};
+        if (in->labels) st->labels = KernelIds{static_cast<const int32_t*>(in->labels->data()), in->labels};
+    } else {
+        if (m_ctx.firstStage) { TS_ASSIGN_OR_RETURN(st->ids, kernelIds(data, data->tokens)); }
+        if (m_ctx.lastStage) { TS_ASSIGN_OR_RETURN(st->labels, kernelIds(data, data->labels)); }
+    }
     if (m_ctx.firstStage) {
         m_exec.setLayer(-1);
         if (m_forwardPreHook) m_forwardPreHook(embeddingParamList());

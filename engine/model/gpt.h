@@ -101,6 +101,15 @@ public:
     // loss scale, trace annotations).
     void beginStep(int step, int numMicrobatches);
 
+    // Static inputs (CUDA graphs, cuda_graph_impl: full_iteration): checks microbatch mb's data and
+    // enqueues the upload of its token ids, labels and loss seed into buffers that keep their
+    // addresses from step to step; forward(mb, data) with the same data then reads those instead
+    // of uploading inside the forward, and the loss goes to a buffer of the same kind. A graph
+    // captured over the forward and backward so reads each step's data when launched after the
+    // step's stageInputs. Marks mb's loss as pending (microbatchLoss), since a launched graph runs
+    // no host code.
+    Status stageInputs(int mb, std::shared_ptr<const Microbatch> data);
+
     // Enqueues the forward of microbatch `mb`. First stage reads data->tokens, other stages
     // `input` [T, h]; the last stage computes the loss (and, with the fused cross entropy, its
     // logits gradient already), other stages copy their output into `output` [T, h].
@@ -508,6 +517,17 @@ private:
         std::shared_ptr<const Microbatch> data;  // its loss mask and token count
     };
     std::map<int, PendingLoss> m_pendingLosses;
+    // stageInputs: per microbatch, buffers whose addresses stay (ids and labels [T] int32, the
+    // loss seed and the per-token loss [T] float) and the data they hold.
+    struct StagedInputs {
+        TensorPtr ids, labels, seed, loss;
+        std::shared_ptr<const Microbatch> data;
+    };
+    std::map<int, StagedInputs> m_staged;
+    const StagedInputs* staged(int mb, const std::shared_ptr<const Microbatch>& data) const;
+    Status checkMicrobatch(const Microbatch* data) const;
+    // The per-token gradient seed of data: mask / (tokens * num_microbatches / cp).
+    std::shared_ptr<std::vector<float>> lossSeed(const Microbatch& data) const;
     std::map<int, std::pair<double, double>> m_losses;  // mb -> (sum, tokens)
     Status readBackLosses();
     ParamHook m_gradReadyHook, m_forwardPreHook;

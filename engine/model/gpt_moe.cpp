@@ -80,6 +80,7 @@
 
 #include "engine/model/gpt_internal.h"
 #include "engine/model/moe_routing.h"
+#include "kernels/common/row_groups.h"
 
 #include "common/clock.h"
 
@@ -117,13 +118,6 @@ double switchAuxLoss(const double* probSum, const double* counts, int groups, in
     double sum = 0;
     for (int i = 0; i < groups * E; ++i) sum += probSum[i] * counts[i];
     return sum * double(E) * coeff / (double(K) * tokensPerGroup * tokensPerGroup) / groups;
-}
-// Local experts [l0, l1) of a MoE op, whose rows lie together (expert l's at [off[l], off[l+1])):
-// f(l, first row, rows) for each expert with rows.
-template <class F>
-void forExpertsWithRows(const int* off, int l0, int l1, F&& f) {
-    for (int l = l0; l < l1; ++l)
-        if (off[l + 1] > off[l]) f(l, off[l], off[l + 1] - off[l]);
 }
 
 // FP8 per tensor inside the experts: each expert's rows of base (width w) quantized in place at
@@ -568,7 +562,7 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         k::Fp32GemmScope gemms(fp32);
         const int* off = s->eoff.data();
         const int r0 = off[l0], rows = off[l1] - r0, G = l1 - l0;
-        auto each = [&](auto&& f) { forExpertsWithRows(off, l0, l1, f); };
+        auto each = [&](auto&& f) { kernels::forEachGroupWithRows(off, l0, l1, f); };
         auto quantize = [&](const std::vector<Fp8TensorSlots>& q, float* base, int w) {
             quantizeExperts(fr, q, false, 1.f, base, w, off, l0, l1);
         };
@@ -766,7 +760,7 @@ Result<TensorPtr> GptModel::moeBackward(LayerActs& A, const LayerParams& P, Tens
         k::Fp32GemmScope gemms(fp32);
         const int* off = s->eoff.data();
         const int r0 = off[l0], rows = off[l1] - r0, G = l1 - l0;
-        auto each = [&](auto&& f) { forExpertsWithRows(off, l0, l1, f); };
+        auto each = [&](auto&& f) { kernels::forEachGroupWithRows(off, l0, l1, f); };
         auto quantize = [&](const std::vector<Fp8TensorSlots>& q, float* base, int w) {
             quantizeExperts(fr, q, true, gradDiv, base, w, off, l0, l1);  // the output gradients
         };

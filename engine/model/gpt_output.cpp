@@ -42,29 +42,24 @@ Status GptModel::finalForward(MbState& st) {
     }
     // Gradient seed per token: mask / (num_tokens * num_microbatches) (Megatron §1.1).
     TS_ASSIGN_OR_RETURN(st.dloss, m_exec.alloc(T));
+    const StagedInputs* in = staged(m_exec.microbatch(), st.data);
     // The per-token losses stay until the step's end (microbatchLoss reads them back then): not an
-    // activation the backward frees, a step's workspace.
-    TS_ASSIGN_OR_RETURN(TensorPtr loss, m_exec.alloc(T, MemCategory::Workspace));
+    // activation the backward frees, a step's workspace (stageInputs': one that keeps its address).
+    TensorPtr loss;
+    if (in) loss = in->loss;
+    else { TS_ASSIGN_OR_RETURN(loss, m_exec.alloc(T, MemCategory::Workspace)); }
     auto data = st.data;
     const KernelIds labels = st.labels;
     TensorPtr dloss = st.dloss;
-    const int m = m_numMicrobatches;
-    // Context parallel: each rank holds part of the microbatch's tokens; the loss is divided by
-    // the whole microbatch's token count and, as Megatron's loss_func, multiplied by cp (the
-    // gradients are then averaged over the dp-cp group, so the cp ranks' shares add up).
-    const double cpScale = double(m_ctx.cpSize);
-    // The seed depends only on the host's loss mask: computed here, uploaded by the op.
-    auto seed = std::make_shared<std::vector<float>>(size_t(T));
-    {
-        double tokens = data->tokensTotal;
-        if (tokens <= 0)
-            for (int t = 0; t < T; ++t) tokens += data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)];
-        const double denom = std::max(tokens, 1.0) * m / cpScale;
-        for (int t = 0; t < T; ++t)
-            (*seed)[size_t(t)] = float((data->lossMask.empty() ? 1.0 : data->lossMask[size_t(t)]) / denom);
+    if (in) {  // uploaded by stageInputs
+        const TensorPtr seed = in->seed;
+        m_exec.op("loss_scale", Category::Loss, double(T), uint64_t(T) * 8,
+                  [=] { k::copyBytes(fp(dloss), fp(seed), size_t(T) * sizeof(float)); });
+    } else {  // the seed depends only on the host's loss mask: computed here, uploaded by the op
+        auto seed = lossSeed(*data);
+        m_exec.op("loss_scale", Category::Loss, double(T), uint64_t(T) * 8,
+                  [=] { k::copyBytes(fp(dloss), seed->data(), size_t(T) * sizeof(float)); });
     }
-    m_exec.op("loss_scale", Category::Loss, double(T), uint64_t(T) * 8,
-              [=] { k::copyBytes(fp(dloss), seed->data(), size_t(T) * sizeof(float)); });
     TensorPtr logits = st.logits;
     if (m_ctx.tpSize > 1) {
         // Vocab-parallel cross entropy: 3 all-reduces of [T] (REFERENCE.md §2.6).

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/backend/graph.h"
 #include "engine/backend/kernels.h"
 
 namespace ts::engine {
@@ -61,6 +62,8 @@ Status Exec::synchronize() {
 }
 
 void Exec::throttle(size_t depth) {
+    // A capture records the ops, runs none: nothing to wait for, and a graph holds no host wait.
+    if (isCapturing(*m_stream)) return;
     auto e = m_dev.createEvent();
     m_stream->record(*e);
     m_events.push_back(std::move(e));

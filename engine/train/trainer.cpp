@@ -38,16 +38,55 @@ Status checkDeviceBackend(const Config& c, bool unverifiedOk, int* cudaDevices) 
         "train on the GPUs anyway (its results are not yet checked against the CPU backend there)");
 }
 
+std::vector<std::string> cudaGraphIssues(const Config& c) {
+    std::vector<std::string> out;
+    if (c.cuda_graph_impl == "none") return out;
+    const std::string knob = "cuda_graph_impl: " + c.cuda_graph_impl;
+    if (c.cuda_graph_impl != "full_iteration") {
+        out.push_back(knob + " (per-layer graphs) is not executed by the engine yet; cuda_graph_impl: full_iteration "
+                             "captures the whole forward and backward of a step, or use none");
+        return out;
+    }
+    if (c.cuda_graph_warmup_steps < 1)
+        out.push_back(knob + " with cuda_graph_warmup_steps: " + std::to_string(c.cuda_graph_warmup_steps) +
+                      ": the engine captures after at least one eager step, which makes the backend's library handles, "
+                      "tables and caches outside the graph; set cuda_graph_warmup_steps: 1 or more");
+    if (deriveSizes(c).world > 1)
+        out.push_back(knob + " runs on the single-device trainer (every parallel size 1) so far: the parallel engine's "
+                             "collectives and streams are not captured yet; set the parallel sizes to 1 or "
+                             "cuda_graph_impl: none");
+    if (c.hidden_dropout > 0 || c.attention_dropout > 0)
+        out.push_back(knob + " with dropout: the masks' seeds change every step and a graph replays the captured "
+                             "step's (Megatron uses Transformer Engine's graph-safe RNG, not implemented here); set "
+                             "hidden_dropout: 0 and attention_dropout: 0, or cuda_graph_impl: none");
+    if (!c.fp8.empty() && c.fp8_recipe == "delayed")
+        out.push_back(knob + " with fp8_recipe: delayed: its scales are host state updated every step, which a graph "
+                             "would replay unchanged; use fp8_recipe: tensorwise, mxfp8 or blockwise (scales computed "
+                             "on the device), or cuda_graph_impl: none");
+    if (c.num_moe_experts > 0)
+        out.push_back(knob + " with MoE layers: the dispatcher reads the tokens per expert back to the host to size "
+                             "the expert GEMMs, a host wait no graph can hold; use a dense model or "
+                             "cuda_graph_impl: none");
+    return out;
+}
+
 std::vector<std::string> nodeRunIssues(const Config& c) {
     if (c.device_backend != "cuda") return {};
+    // What the machine lacks first, then what the engine does not run of the config.
+    std::vector<std::string> out;
     int gpus = 0;
-    if (Status s = checkDeviceBackend(c, unverifiedCudaRequested(), &gpus); !s) return {s.message()};
     const int world = deriveSizes(c).world;
-    if (world <= gpus || c.cuda_share_gpus) return {};
-    return {"device_backend: cuda: the layout has " + std::to_string(world) + " ranks (tp x cp x pp x dp), one GPU each, "
-            "and this node has " + std::to_string(gpus) + " GPU(s); set cuda_share_gpus: true to check its results "
-            "with the ranks sharing the GPUs (timings are not the layout's), or make the parallel sizes multiply to at "
-            "most " + std::to_string(gpus)};
+    if (Status s = checkDeviceBackend(c, unverifiedCudaRequested(), &gpus); !s) {
+        out.push_back(s.message());
+    } else if (world > gpus && !c.cuda_share_gpus) {
+        out.push_back("device_backend: cuda: the layout has " + std::to_string(world) +
+                      " ranks (tp x cp x pp x dp), one GPU each, and this node has " + std::to_string(gpus) +
+                      " GPU(s); set cuda_share_gpus: true to check its results with the ranks sharing the GPUs "
+                      "(timings are not the layout's), or make the parallel sizes multiply to at most " +
+                      std::to_string(gpus));
+    }
+    for (std::string& g : cudaGraphIssues(c)) out.push_back(std::move(g));
+    return out;
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, Stream* compute,
@@ -59,6 +98,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, S
                                    "trainer needs every parallel size = 1");
     TS_RETURN_IF_ERROR(checkDeviceBackend(c, opts.allowUnverifiedCuda));
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
+    if (auto g = cudaGraphIssues(c); !g.empty()) return Status::unsupported(g.front());
     std::unique_ptr<Trainer> t(new Trainer());
     t->m_cfg = c;
     t->m_rec = rec;
@@ -79,6 +119,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& c, Device* dev, S
     }
     t->m_dev = dev;
     t->m_stream = compute;
+    if (c.cuda_graph_impl != "none" && !dynamic_cast<CapturableStream*>(compute))
+        return Status::unsupported("cuda_graph_impl: " + c.cuda_graph_impl + " records a device stream's kernels, and " +
+                                   dev->info().name + " is a CPU backend device; use device_backend: cuda (or the "
+                                   "emulated device, TS_EMULATE_DEVICE=1, to check the run without a GPU), or "
+                                   "cuda_graph_impl: none");
     if (c.cpu_threads > 0) kernels::cpu::setNumThreads(c.cpu_threads);
     TS_ASSIGN_OR_RETURN(t->m_data, DataSource::open(c));
     TS_ASSIGN_OR_RETURN(t->m_model, GptModel::create(c, *dev, *compute));
@@ -138,19 +183,36 @@ Status Trainer::step(StepProgress* out) {
     model.clearCaptured();
     model.beginStep(it, m_numMicrobatches);
     ParamBuffer* params = &model.params();
+    const int b = m_cfg.micro_batch_size;
+    const bool graphs = m_cfg.cuda_graph_impl == "full_iteration";
+    std::vector<std::shared_ptr<const Microbatch>> mbs(static_cast<size_t>(m_numMicrobatches));
+    for (int mb = 0; mb < m_numMicrobatches; ++mb) {
+        mbs[size_t(mb)] = m_data->microbatch(m_samples + int64_t(mb) * b, b);
+        // A graph reads each step's data from buffers that keep their addresses (every step, so
+        // the eager warm-up steps run the same ops as the captured one).
+        if (graphs) TS_RETURN_IF_ERROR(model.stageInputs(mb, mbs[size_t(mb)]));
+    }
     ex.setMicrobatch(-1);
     ex.setLayer(-1);
-    ex.op("zero_grad", trace::Category::Memset, 0, uint64_t(params->numel()) * 4, [params] { params->zeroGrads(); });
-    const int b = m_cfg.micro_batch_size;
-    for (int mb = 0; mb < m_numMicrobatches; ++mb) {
+    if (graphs && m_eagerSteps >= m_cfg.cuda_graph_warmup_steps) {
+        if (!m_graph) TS_RETURN_IF_ERROR(captureStep(mbs));
         if (m_cancel && m_cancel->load()) {
             (void)ex.synchronize();
             return Status::cancelled("cancelled at iteration " + std::to_string(it + 1));
         }
-        RangeScope mbRange(*m_dev, range::kMicrobatch, {it, mb, -1, -1});
-        auto data = m_data->microbatch(m_samples + int64_t(mb) * b, b);
-        TS_RETURN_IF_ERROR(model.forward(mb, data));
-        TS_RETURN_IF_ERROR(model.backward(mb));
+        TS_RETURN_IF_ERROR(m_graph->launch(ex.stream(), it));
+    } else {
+        ex.op("zero_grad", trace::Category::Memset, 0, uint64_t(params->numel()) * 4, [params] { params->zeroGrads(); });
+        for (int mb = 0; mb < m_numMicrobatches; ++mb) {
+            if (m_cancel && m_cancel->load()) {
+                (void)ex.synchronize();
+                return Status::cancelled("cancelled at iteration " + std::to_string(it + 1));
+            }
+            RangeScope mbRange(*m_dev, range::kMicrobatch, {it, mb, -1, -1});
+            TS_RETURN_IF_ERROR(model.forward(mb, mbs[size_t(mb)]));
+            TS_RETURN_IF_ERROR(model.backward(mb));
+        }
+        ++m_eagerSteps;
     }
     Status st = ex.synchronize();
     if (st.code() == ErrorCode::Cancelled) return Status::cancelled("cancelled at iteration " + std::to_string(it + 1));
@@ -183,6 +245,33 @@ Status Trainer::step(StepProgress* out) {
         out->peakMemoryBytes = ms.peakTotal;
         for (size_t c = 0; c < size_t(MemCategory::Count); ++c) out->peakMemoryByCategory[c] = ms.peak[c];
     }
+    return Status::ok();
+}
+
+Status Trainer::captureStep(const std::vector<std::shared_ptr<const Microbatch>>& mbs) {
+    GptModel& model = *m_model;
+    Exec& ex = model.exec();
+    ParamBuffer* params = &model.params();
+    const int it = m_iteration;
+    TS_RETURN_IF_ERROR(beginCapture(ex.stream()));
+    // The host code of the step runs once, now; its kernels (and the zero fills of what it
+    // allocates) are recorded, not run.
+    Status st = [&]() -> Status {
+        ex.op("zero_grad", trace::Category::Memset, 0, uint64_t(params->numel()) * 4, [params] { params->zeroGrads(); });
+        for (int mb = 0; mb < m_numMicrobatches; ++mb) {
+            RangeScope mbRange(*m_dev, range::kMicrobatch, {it, mb, -1, -1});
+            TS_RETURN_IF_ERROR(model.forward(mb, mbs[size_t(mb)]));
+            TS_RETURN_IF_ERROR(model.backward(mb));
+        }
+        return Status::ok();
+    }();
+    auto graph = endCapture(ex.stream());
+    const std::string where = "capturing iteration " + std::to_string(it + 1) + " into a graph (cuda_graph_impl: " +
+                              m_cfg.cuda_graph_impl + ")";
+    // The capture's own error first: once a capture is broken, later ops fail for that reason.
+    if (!graph) return graph.status().withContext(where);
+    if (!st) return st.withContext(where);
+    m_graph = std::move(graph).value();
     return Status::ok();
 }
 
@@ -225,6 +314,8 @@ Status Trainer::save(const std::string& dir) {
 Status Trainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(m_model->exec().synchronize());
     CheckpointState s;
+    m_graph.reset();  // captured over the old state: captured again after the warm-up
+    m_eagerSteps = 0;
     m_model->weightsReplaced();  // even if the load fails part way
     TS_RETURN_IF_ERROR(loadCheckpoint(dir, m_model->exec().stream(), m_model->params(), *m_opt, &s));
     if (s.seed != m_cfg.seed)

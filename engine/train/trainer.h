@@ -14,6 +14,7 @@
 #include "common/recorder.h"
 #include "common/status.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/graph.h"
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
 #include "engine/train/data.h"
@@ -60,6 +61,13 @@ Status checkDeviceBackend(const Config& c, bool unverifiedOk = false, int* cudaD
 // share them (cuda_share_gpus). Empty: nothing known against it (the CPU backend runs any layout).
 std::vector<std::string> nodeRunIssues(const Config& c);
 
+// What keeps the engine from running c's cuda_graph_impl (empty for none): the values it does not
+// execute yet (local, transformer_engine), and for full_iteration what a graph cannot replay
+// (per-step dropout seeds, delayed FP8 scaling's host scales, the MoE dispatcher's host-sized
+// GEMMs) or the parallel engine does not capture yet (world size > 1). Each names the knob and
+// what to set instead. Trainer::create refuses a config with any; nodeRunIssues lists them.
+std::vector<std::string> cudaGraphIssues(const Config& c);
+
 Status saveCheckpointIfDue(const Config& c, int iteration, bool endOfTrain,
                            const std::function<Status(const std::string&)>& save, const TrainerCallbacks& cb);
 
@@ -102,8 +110,15 @@ public:
     // model_flops_per_step, flops_formula, pp, vpp, num_microbatches, config, peak_tflops.
     nlohmann::json runMetadata() const;
     void setPeakTflops(double t) { m_peakTflops = t; }
+    // cuda_graph_impl: full_iteration: the graph of the forward and backward of all microbatches,
+    // captured after cuda_graph_warmup_steps eager steps (Megatron's, default 3; counted from the
+    // trainer's creation or a checkpoint load: the first step makes the backend's library handles,
+    // RoPE tables and FP8 weight copies outside the graph) and launched every step from then on;
+    // null before (and with cuda_graph_impl: none).
+    const StreamGraph* graph() const { return m_graph.get(); }
 
 private:
+    Status captureStep(const std::vector<std::shared_ptr<const Microbatch>>& mbs);
     Trainer() = default;
     Config m_cfg;
     std::unique_ptr<Backend> m_ownBackend;
@@ -122,6 +137,8 @@ private:
     double m_flops = 0;
     double m_peakTflops = 0;
     const std::atomic<bool>* m_cancel = nullptr;
+    std::unique_ptr<StreamGraph> m_graph;
+    int m_eagerSteps = 0;  // steps run eagerly since create / load (the graph's warm-up)
 };
 
 }  // namespace ts::engine

@@ -55,6 +55,9 @@ void KnobModel::setRegistry(const json& registry) {
         knob.help = str("help");
         knob.rules = str("rules");
         knob.executed = k.value("engine_supported", true);
+        if (k.contains("engine_values") && k["engine_values"].is_array())
+            for (const auto& v : k["engine_values"])
+                if (v.is_string()) knob.executedValues << QString::fromStdString(v.get<std::string>());
         if (k.contains("allowed") && k["allowed"].is_array())
             for (const auto& a : k["allowed"])
                 if (a.is_string()) knob.allowed << QString::fromStdString(a.get<std::string>());
@@ -254,9 +257,19 @@ QString KnobModel::tooltip(const Knob& k) const {
     else tip += QStringLiteral("<br>Megatron-LM: no flag");
     if (!k.bridgePath.isEmpty()) tip += QStringLiteral("<br>Megatron-Bridge: <code>%1</code>").arg(k.bridgePath.toHtmlEscaped());
     if (!k.rules.isEmpty()) tip += QStringLiteral("<br>%1").arg(k.rules.toHtmlEscaped());
-    if (!k.executed) tip += QStringLiteral("<br><i>Accepted and exported, not executed by the engine yet.</i>");
+    if (!k.executedValues.isEmpty())
+        tip += QStringLiteral("<br>The engine executes: %1").arg(k.executedValues.join(QStringLiteral(", ")).toHtmlEscaped());
+    if (!runs(k))
+        tip += k.executed ? QStringLiteral("<br><i>This value is accepted and exported, not executed by the engine yet.</i>")
+                          : QStringLiteral("<br><i>Accepted and exported, not executed by the engine yet.</i>");
     if (!k.issue.isEmpty()) tip += QStringLiteral("<br><span style='color:#b00020'>%1</span>").arg(k.issue.toHtmlEscaped());
     return tip;
+}
+
+bool KnobModel::runs(const Knob& k) {
+    if (!k.executed) return false;
+    if (k.executedValues.isEmpty() || !k.value.is_string()) return true;
+    return k.executedValues.contains(QString::fromStdString(k.value.get<std::string>()));
 }
 
 QVariant KnobModel::data(const QModelIndex& index, int role) const {
@@ -272,7 +285,7 @@ QVariant KnobModel::data(const QModelIndex& index, int role) const {
     switch (role) {
     case Qt::DisplayRole:
         switch (index.column()) {
-        case NameColumn: return k.executed ? k.name : k.name + QStringLiteral(" (not executed)");
+        case NameColumn: return runs(k) ? k.name : k.name + QStringLiteral(" (not executed)");
         case ValueColumn: return k.type == QLatin1String("bool") ? QVariant() : QVariant(valueText(k.value));
         case DefaultColumn: return valueText(k.defaultValue);
         case FlagColumn: return k.flag.isEmpty() ? k.falseFlag : k.flag;
@@ -289,7 +302,7 @@ QVariant KnobModel::data(const QModelIndex& index, int role) const {
         if (!isDefault && (index.column() == NameColumn || index.column() == ValueColumn)) { QFont f; f.setBold(true); return f; }
         return {};
     case Qt::ForegroundRole:
-        if (!k.executed) return QBrush(QColor(120, 120, 120));
+        if (!runs(k)) return QBrush(QColor(120, 120, 120));
         return {};
     case Qt::BackgroundRole:
         if (!k.issue.isEmpty()) return QBrush(QColor(255, 225, 225));
@@ -298,7 +311,7 @@ QVariant KnobModel::data(const QModelIndex& index, int role) const {
     case KnobTypeRole: return k.type;
     case AllowedValuesRole: return k.allowed;
     case IsDefaultRole: return isDefault;
-    case ExecutedRole: return k.executed;
+    case ExecutedRole: return runs(k);
     case IssueRole: return k.issue;
     }
     return {};

@@ -23,7 +23,7 @@ public:
         KnobTypeRole,                     // "int", "float", "bool", "string", "enum", "list", "int_list", "enum_or_list", "float_or_list"
         AllowedValuesRole,                // QStringList (enum knobs)
         IsDefaultRole,                    // bool
-        ExecutedRole,                     // bool: false = accepted and exported, not executed yet
+        ExecutedRole,                     // bool: false = accepted and exported, not executed yet (the knob or its value)
         IssueRole,                        // QString: the node's message for this knob, "" when fine
     };
 
@@ -73,8 +73,11 @@ private:
         QStringList allowed;
         nlohmann::json defaultValue, value;
         bool executed = true;
+        QStringList executedValues;  // an enum knob the engine executes some values of: those
         QString issue;
     };
+    // Whether the engine executes the knob at its current value.
+    static bool runs(const Knob& k);
     struct Group {
         QString name;
         std::vector<int> knobs;

@@ -1,5 +1,6 @@
 // GEMM, linear layers and the OpenBLAS runtime knobs (thread count, measured sgemm peak).
 #include "kernels/cpu/ops.h"
+#include "kernels/common/row_groups.h"
 
 #include <cblas.h>
 
@@ -79,22 +80,18 @@ void linearBackward(const float* dy, const float* x, const float* W, float* dx, 
 
 void linearForwardGrouped(const float* x, const float* const* W, const float* const* b, float* y, const int* off,
                           int G, int in, int out) {
-    for (int g = 0; g < G; ++g) {
-        const int r0 = off[g], rows = off[g + 1] - r0;
-        if (rows <= 0) continue;
+    forEachGroupWithRows(off, 0, G, [&](int g, int r0, int rows) {
         linearForward(x + int64_t(r0) * in, W[g], b ? b[g] : nullptr, y + int64_t(r0) * out, rows, in, out);
-    }
+    });
 }
 
 void linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
                            float* const* db, const int* off, int G, int in, int out) {
-    for (int g = 0; g < G; ++g) {
-        const int r0 = off[g], rows = off[g + 1] - r0;
-        if (rows <= 0) continue;
+    forEachGroupWithRows(off, 0, G, [&](int g, int r0, int rows) {
         linearBackward(dy + int64_t(r0) * out, x ? x + int64_t(r0) * in : nullptr, W ? W[g] : nullptr,
                        dx ? dx + int64_t(r0) * in : nullptr, dW ? dW[g] : nullptr, db ? db[g] : nullptr, rows, in,
                        out);
-    }
+    });
 }
 
 double measureSgemmPeakGflops(int threads, int n, double seconds) {

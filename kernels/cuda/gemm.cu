@@ -2,6 +2,7 @@
 // setBf16Gemms, bf16 operands on the tensor cores), and the linear layer built on them. Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T,
 // so each call swaps the operands. Handles: one per (thread, device), see blas.cuh.
 #include "kernels/common/fp8_codes.h"
+#include "kernels/common/row_groups.h"
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/fp8_codes.cuh"
@@ -559,13 +560,10 @@ Status linearForwardGrouped(const float* x, const float* const* W, const float* 
     if (!W) return Status::invalid("linearForwardGrouped: no weights");
     detail::Bf16Twin tx(stream);
     coverGroups(tx, x, off, G, in);
-    for (int g = 0; g < G; ++g) {
-        const int r0 = off[g], n = off[g + 1] - r0;
-        if (n == 0) continue;
-        TS_RETURN_IF_ERROR(linearForward(x + int64_t(r0) * in, W[g], b ? b[g] : nullptr, y + int64_t(r0) * out, n,
-                                         in, out, stream));
-    }
-    return Status::ok();
+    return forEachGroupWithRows(off, 0, G, [&](int g, int r0, int n) {
+        return linearForward(x + int64_t(r0) * in, W[g], b ? b[g] : nullptr, y + int64_t(r0) * out, n, in, out,
+                             stream);
+    });
 }
 
 Status linearBackwardGrouped(const float* dy, const float* x, const float* const* W, float* dx, float* const* dW,
@@ -578,14 +576,11 @@ Status linearBackwardGrouped(const float* dy, const float* x, const float* const
     detail::Bf16Twin tdy(stream), tx(stream);
     if (dx || dW) coverGroups(tdy, dy, off, G, out);
     if (dW) coverGroups(tx, x, off, G, in);
-    for (int g = 0; g < G; ++g) {
-        const int r0 = off[g], n = off[g + 1] - r0;
-        if (n == 0) continue;
-        TS_RETURN_IF_ERROR(linearBackward(dy + int64_t(r0) * out, x ? x + int64_t(r0) * in : nullptr,
-                                          W ? W[g] : nullptr, dx ? dx + int64_t(r0) * in : nullptr,
-                                          dW ? dW[g] : nullptr, db ? db[g] : nullptr, n, in, out, stream));
-    }
-    return Status::ok();
+    return forEachGroupWithRows(off, 0, G, [&](int g, int r0, int n) {
+        return linearBackward(dy + int64_t(r0) * out, x ? x + int64_t(r0) * in : nullptr, W ? W[g] : nullptr,
+                              dx ? dx + int64_t(r0) * in : nullptr, dW ? dW[g] : nullptr, db ? db[g] : nullptr, n,
+                              in, out, stream);
+    });
 }
 
 }  // namespace ts::kernels::cuda

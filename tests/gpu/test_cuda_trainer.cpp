@@ -99,6 +99,46 @@ TEST(CudaTrainer, EveryStepMatchesTheCpuBackend) {
     }
 }
 
+// cuda_graph_impl: full_iteration on the GPU (docs/engine.md "CUDA graphs"): every variant a graph
+// can run, its graph run against its eager run on the same GPU. The same kernels on the same
+// data: the same bits are expected; the bound is the CPU comparison's, should cuBLAS pick other
+// algorithms inside a capture, and the printed differences say which it was.
+TEST(CudaTrainer, FullIterationGraphsMatchTheEagerGpuRun) {
+    if (auto be = makeCudaBackend(); !be) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
+    int ran = 0;
+    for (const ts::testing::TrainerVariant& v : ts::testing::trainerVariants()) {
+        Config c = ts::testing::tinyTrainerConfig();
+        v.edit(c);
+        c.device_backend = "cuda";
+        c.train_iters = 4;  // one eager step, the capture, two more launches
+        Config g = c;
+        g.cuda_graph_impl = "full_iteration";
+        g.cuda_graph_warmup_steps = 1;
+        if (!cudaGraphIssues(g).empty()) continue;
+        ++ran;
+        const Tolerance tol = toleranceOf(c);
+        const TrainRun eager = train(c), graph = train(g);
+        if (eager.losses.size() != size_t(c.train_iters) || graph.losses.size() != eager.losses.size() ||
+            graph.params.size() != eager.params.size()) {
+            ADD_FAILURE() << v.name << ": " << eager.losses.size() << " eager steps, " << graph.losses.size()
+                          << " graph steps of " << c.train_iters;
+            continue;
+        }
+        double worst = 0;
+        for (size_t s = 0; s < eager.losses.size(); ++s) {
+            worst = std::max(worst, std::fabs(graph.losses[s] - eager.losses[s]) / std::fabs(eager.losses[s]));
+            EXPECT_NEAR(graph.losses[s], eager.losses[s], tol.loss * std::fabs(eager.losses[s]))
+                << v.name << ": loss, step " << s + 1;
+        }
+        size_t differing = 0;
+        for (size_t i = 0; i < eager.params.size(); ++i) differing += graph.params[i] != eager.params[i];
+        std::printf("[cuda trainer] %s, full_iteration graph vs eager on %s: worst step loss rel. diff %.3g, "
+                    "%zu of %zu final weights differ\n",
+                    v.name.c_str(), graph.device.c_str(), worst, differing, eager.params.size());
+    }
+    EXPECT_GE(ran, 9);
+}
+
 // The bf16 variants with flash attention again, their attention by the tiled kernels
 // (kernels/cuda/flash_attention.cu, TS_CUDA_FLASH_TILES): the same tolerances as the GEMM path.
 TEST(CudaTrainer, TiledFlashAttentionMatchesTheCpuBackend) {

@@ -71,6 +71,17 @@ TEST(GuiKnobModel, GeneratedFromTheRegistryGroupedWithDefaultsAndFlags) {
             sawNotExecuted = true;
         }
     EXPECT_TRUE(sawNotExecuted);
+    // A knob the engine executes some values of: marked at the others.
+    const QModelIndex graphs = m.indexOfKnob(QStringLiteral("cuda_graph_impl"), KnobModel::NameColumn);
+    ASSERT_TRUE(graphs.isValid());
+    EXPECT_EQ(graphs.data().toString(), "cuda_graph_impl");
+    m.setValues(json{{"cuda_graph_impl", "local"}});
+    EXPECT_EQ(graphs.data().toString(), "cuda_graph_impl (not executed)");
+    EXPECT_FALSE(graphs.data(KnobModel::ExecutedRole).toBool());
+    EXPECT_TRUE(graphs.data(Qt::ToolTipRole).toString().contains("The engine executes: none, full_iteration"));
+    m.setValues(json{{"cuda_graph_impl", "full_iteration"}});
+    EXPECT_EQ(graphs.data().toString(), "cuda_graph_impl");
+    EXPECT_TRUE(graphs.data(KnobModel::ExecutedRole).toBool());
 }
 
 TEST(GuiKnobModel, ParseValueChecksTypes) {

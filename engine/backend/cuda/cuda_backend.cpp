@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -22,6 +23,8 @@
 #include "common/peak_flops.h"
 #include "engine/backend/backend_trace.h"
 #include "engine/backend/cuda_ops.h"
+#include "engine/backend/graph.h"
+#include "engine/backend/graph_pool.h"
 #include "engine/backend/host_runtime.h"
 
 namespace ts::engine {
@@ -113,12 +116,13 @@ struct CachedBlock {
 // peaks, limit, counters; host_runtime.h, as the CPU backend's) and the block cache. Every member
 // is guarded by `mutex`; CUDA calls on the device's blocks and events are made with the device
 // current (DeviceGuard).
-struct MemState : host::MemAccounting {
+struct MemState : host::GraphMemAccounting {
     int ordinal = 0;
     bool deviceAlive = true;
     std::unordered_map<size_t, std::vector<CachedBlock>> freeBlocks;  // size class -> blocks
     std::vector<cudaStream_t> liveStreams;  // streams a freed block may still be in use on
     std::vector<cudaEvent_t> eventPool;     // recycled timing-free events
+    cudaStream_t captureStream = nullptr;  // the stream being captured into a graph (graph.h)
 
     ~MemState() {
         DeviceGuard g(ordinal);
@@ -175,6 +179,9 @@ struct MemState : host::MemAccounting {
         CachedBlock b;
         b.ptr = p;
         for (cudaStream_t s : liveStreams) {
+            // A record on a capturing stream would become a node of its graph, not an event to
+            // wait for; blocks a capture may use are the graph's (graph_pool.h), not freed here.
+            if (s == captureStream) continue;
             cudaEvent_t e = takeEvent();
             if (!e || cudaEventRecord(e, s) != cudaSuccess) {
                 // Cannot order the free after this stream: wait for it instead.
@@ -210,8 +217,14 @@ struct MemState : host::MemAccounting {
 
 class CudaBuffer final : public host::BlockBuffer<MemState> {
 public:
-    using BlockBuffer::BlockBuffer;
+    CudaBuffer(Device& dev, std::shared_ptr<MemState> mem, void* p, size_t bytes, MemCategory cat, uint64_t serial,
+               bool fromPool)
+        : BlockBuffer(dev, std::move(mem), p, bytes, cat), m_serial(serial), m_fromPool(fromPool) {}
     ~CudaBuffer() override;
+
+private:
+    uint64_t m_serial;
+    bool m_fromPool;  // handed out during a graph capture
 };
 
 // ----- events -------------------------------------------------------------------------------
@@ -266,10 +279,18 @@ private:
 
 class CudaDevice;
 
-class CudaStream final : public Stream {
+class CudaStream final : public Stream, public CapturableStream {
 public:
     CudaStream(CudaDevice& dev, std::shared_ptr<MemState> mem, trace::TrackKind kind, std::string name);
     ~CudaStream() override;
+
+    // Stream graphs (graph.h): cudaStreamBeginCapture in relaxed mode (the caching allocator may
+    // cudaMalloc and zero-fill on its own stream meanwhile), cudaStreamEndCapture,
+    // cudaGraphInstantiate.
+    Status beginCapture() override;
+    Result<std::unique_ptr<StreamGraph>> endCapture() override;
+    bool capturing() const override { return m_capturing.load(std::memory_order_acquire); }
+    const std::shared_ptr<MemState>& mem() const { return m_mem; }
 
     void submit(const OpDesc& desc, std::function<Status()> fn) override;
     void record(Event& e) override;
@@ -283,6 +304,15 @@ public:
 
 private:
     void fail(Status s);
+    // While capturing, an error fails the capture (endCapture returns it), not the stream.
+    void failOrCaptureFail(Status s) {
+        if (!capturing()) {
+            fail(std::move(s));
+            return;
+        }
+        std::lock_guard<std::mutex> lock(m_mutex);
+        if (m_captureError.isOk()) m_captureError = std::move(s);
+    }
     Status error() {
         std::lock_guard<std::mutex> lock(m_mutex);
         return m_error;
@@ -298,6 +328,9 @@ private:
     std::mutex m_mutex;
     Status m_error;  // sticky
     std::atomic<bool> m_failed{false};
+    std::atomic<bool> m_capturing{false};
+    Status m_captureError;  // guarded by m_mutex
+    std::shared_ptr<host::GraphPool> m_capturePool;
 };
 
 // ----- device -------------------------------------------------------------------------------
@@ -353,10 +386,18 @@ public:
         if (!guard.ok()) return Status::internal("cannot make " + m_info.name + " the current CUDA device");
         int64_t current = 0;
         void* p = nullptr;
+        uint64_t serial = 0;
+        cudaStream_t capture = nullptr;  // the stream being captured into a graph, if any
         {
             std::lock_guard<std::mutex> lock(m_mem->mutex);
-            TS_RETURN_IF_ERROR(m_mem->reserveLocked(bytes, cat, &current));
-            p = m_mem->takeCached(cls);  // same lock as the accounting
+            // Only the capturing thread's allocations are the graph's (other threads' work is not
+            // being captured).
+            if (m_mem->capturingThreadLocked()) capture = m_mem->captureStream;
+            bool pooled = false;
+            uintptr_t pooledPtr = 0;
+            TS_RETURN_IF_ERROR(m_mem->reserveNewLocked(bytes, cls, cat, &current, &serial, &pooled, &pooledPtr));
+            p = pooled ? reinterpret_cast<void*>(pooledPtr) : m_mem->takeCached(cls);  // same lock as the accounting
+            if (p && !pooled && capture) m_mem->graphs.adoptNew(cls);  // now part of the capture's pool
         }
         auto undo = [&](Status why) -> Status {
             std::lock_guard<std::mutex> lock(m_mem->mutex);
@@ -366,7 +407,10 @@ public:
         if (!p) {
             auto malloc = [&] { return m_managed ? cudaMallocManaged(&p, cls) : cudaMalloc(&p, cls); };
             cudaError_t err = malloc();
-            if (err == cudaErrorMemoryAllocation) {  // the caches hold the memory: give it back, retry
+            // The caches hold the memory: give it back, retry. Not while capturing: cudaFree
+            // synchronizes the device, which would invalidate the capture (the error then named
+            // would be a later op's, not this out-of-memory).
+            if (err == cudaErrorMemoryAllocation && !capture) {
                 (void)cudaGetLastError();
                 {
                     std::lock_guard<std::mutex> lock(m_mem->mutex);
@@ -395,8 +439,23 @@ public:
                 return undo(fromCuda(err, std::string(m_managed ? "cudaMallocManaged" : "cudaMalloc") + " of " +
                                               formatBytes(int64_t(cls)) + " on " + m_info.name));
             }
+            if (capture) {
+                std::lock_guard<std::mutex> lock(m_mem->mutex);
+                m_mem->graphs.adoptNew(cls);
+            }
         }
-        if (zero) {
+        if (zero && capture) {
+            // Captured: a memset node of the graph zeroes it whenever the graph runs, in stream order.
+            const cudaError_t err = cudaMemsetAsync(p, 0, cls, capture);
+            if (err != cudaSuccess) {
+                (void)cudaGetLastError();
+                {
+                    std::lock_guard<std::mutex> lock(m_mem->mutex);
+                    m_mem->graphs.keep(host::PoolBlock{reinterpret_cast<uintptr_t>(p), serial, cls, 0, cat}, true);
+                }
+                return undo(fromCuda(err, "zero-filling a buffer allocated during a graph capture on " + m_info.name));
+            }
+        } else if (zero) {
             cudaError_t err = cudaMemsetAsync(p, 0, cls, m_allocStream);
             if (err == cudaSuccess) err = cudaStreamSynchronize(m_allocStream);
             if (err != cudaSuccess) {
@@ -409,7 +468,7 @@ public:
             }
         }
         m_mem->reportCounter(cat, current);
-        return std::unique_ptr<Buffer>(std::make_unique<CudaBuffer>(*this, m_mem, p, bytes, cat));
+        return std::unique_ptr<Buffer>(std::make_unique<CudaBuffer>(*this, m_mem, p, bytes, cat, serial, capture != nullptr));
     }
 
     std::unique_ptr<Stream> createStream(trace::TrackKind kind, const std::string& name) override {
@@ -452,6 +511,11 @@ CudaBuffer::~CudaBuffer() {
     kernels::fp8codes::map().forget(m_data, m_bytes);  // what was quantized into it
     DeviceGuard g(m_mem->ordinal);
     std::lock_guard<std::mutex> lock(m_mem->mutex);
+    // A graph that may use the block keeps it, still counted (graph.h).
+    if (m_mem->deviceAlive &&
+        m_mem->graphs.keep(host::PoolBlock{reinterpret_cast<uintptr_t>(m_data), m_serial, sizeClass(m_bytes), m_bytes, m_cat},
+                           m_fromPool))
+        return;
     m_mem->reportCounter(m_cat, m_mem->releaseLocked(m_bytes, m_cat));
     if (m_mem->deviceAlive) {
         m_mem->giveBack(m_data, sizeClass(m_bytes));
@@ -550,10 +614,16 @@ void CudaStream::submit(const OpDesc& desc, std::function<Status()> fn) {
         launch.durNs = monotonicNs() - start;
         rec->slice(launch);
     }
-    if (!s.isOk()) fail(s.withContext("op '" + std::string(opName) + "' on stream '" + m_name + "'"));
+    if (!s.isOk()) failOrCaptureFail(s.withContext("op '" + std::string(opName) + "' on stream '" + m_name + "'"));
 }
 
 void CudaStream::record(Event& e) {
+    if (capturing()) {
+        failOrCaptureFail(Status::unsupported("stream '" + m_name +
+                                              "': record() of an event while the stream is captured into a graph: the "
+                                              "graph would order work across streams, which stream graphs do not do yet"));
+        return;
+    }
     auto* ce = dynamic_cast<CudaEvent*>(&e);
     if (!ce) {
         fail(Status::invalid("stream '" + m_name + "': record() of an event from another backend"));
@@ -572,6 +642,12 @@ void CudaStream::record(Event& e) {
 }
 
 void CudaStream::wait(Event& e) {
+    if (capturing()) {
+        failOrCaptureFail(Status::unsupported("stream '" + m_name +
+                                              "': wait() on an event while the stream is captured into a graph: the "
+                                              "graph would order work across streams, which stream graphs do not do yet"));
+        return;
+    }
     auto* ce = dynamic_cast<CudaEvent*>(&e);
     if (!ce) {
         fail(Status::invalid("stream '" + m_name + "': wait() on an event from another backend"));
@@ -590,6 +666,14 @@ void CudaStream::wait(Event& e) {
 }
 
 Status CudaStream::synchronize() {
+    if (capturing()) {  // cudaStreamSynchronize would invalidate the capture
+        Status s = Status::unsupported("stream '" + m_name +
+                                       "': the host waited for the stream while it was captured into a graph: a graph "
+                                       "cannot contain a host wait; everything a captured op reads back must be read "
+                                       "after the graph has run");
+        failOrCaptureFail(s);
+        return s;
+    }
     if (m_stream) {
         DeviceGuard g(m_ordinal);
         const cudaError_t err = cudaStreamSynchronize(m_stream);
@@ -604,6 +688,142 @@ Status CudaStream::synchronize() {
         }
     }
     return error();
+}
+
+// ----- stream graphs ------------------------------------------------------------------------
+
+class CudaGraph final : public StreamGraph {
+public:
+    CudaGraph(std::shared_ptr<MemState> mem, cudaGraph_t graph, cudaGraphExec_t exec,
+              std::shared_ptr<host::GraphPool> pool, int64_t nodes)
+        : m_mem(std::move(mem)), m_graph(graph), m_exec(exec), m_pool(std::move(pool)), m_nodes(nodes) {}
+    ~CudaGraph() override {
+        DeviceGuard g(m_mem->ordinal);
+        if (m_exec) (void)cudaGraphExecDestroy(m_exec);
+        if (m_graph) (void)cudaGraphDestroy(m_graph);
+        (void)cudaGetLastError();
+        releasePool(m_mem, m_pool);
+    }
+
+    Status launch(Stream& s, int step) override {
+        auto* cs = dynamic_cast<CudaStream*>(&s);
+        if (!cs || cs->mem() != m_mem)
+            return Status::invalid("a graph launches on a stream of the CUDA device it was captured on; stream '" +
+                                   s.name() + "' is not one");
+        if (cs->capturing())
+            return Status::unsupported("stream '" + s.name() + "' is being captured: a graph launch inside a capture "
+                                       "is not supported");
+        OpDesc d;
+        d.name = "cuda_graph.launch";
+        d.category = trace::Category::Other;
+        d.step = step;
+        const cudaGraphExec_t exec = m_exec;
+        s.submit(d, [exec, &s] {
+            return fromCuda(cudaGraphLaunch(exec, static_cast<cudaStream_t>(s.native())), "cudaGraphLaunch");
+        });
+        return Status::ok();
+    }
+    int64_t nodes() const override { return m_nodes; }
+    int64_t poolBytes() const override {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        return m_pool->blockBytes;
+    }
+
+    // The pool's free blocks that no older graph keeps go back to the cache, after the work every
+    // stream has queued (this graph's launches).
+    static void releasePool(const std::shared_ptr<MemState>& mem, const std::shared_ptr<host::GraphPool>& pool) {
+        if (!pool) return;
+        DeviceGuard g(mem->ordinal);
+        std::lock_guard<std::mutex> lock(mem->mutex);
+        for (const host::PoolBlock& b : mem->graphs.release(pool)) {
+            mem->reportCounter(b.cat, mem->releaseLocked(b.bytes, b.cat));
+            if (mem->deviceAlive) {
+                mem->giveBack(reinterpret_cast<void*>(b.addr), b.cls);
+            } else {
+                (void)cudaDeviceSynchronize();
+                (void)cudaFree(reinterpret_cast<void*>(b.addr));
+                (void)cudaGetLastError();
+            }
+        }
+    }
+
+private:
+    std::shared_ptr<MemState> m_mem;
+    cudaGraph_t m_graph = nullptr;
+    cudaGraphExec_t m_exec = nullptr;
+    std::shared_ptr<host::GraphPool> m_pool;
+    int64_t m_nodes = 0;
+};
+
+Status CudaStream::beginCapture() {
+    if (!m_stream || m_failed.load(std::memory_order_acquire))
+        return Status::invalid("stream '" + m_name + "' has failed: it cannot be captured");
+    DeviceGuard g(m_ordinal);
+    std::lock_guard<std::mutex> lock(m_mem->mutex);
+    if (m_mem->captureStream)
+        return Status::invalid("stream '" + m_name +
+                               "': its device is already capturing another stream into a graph (one capture per "
+                               "device at a time)");
+    if (m_mem->graphs.anyLive())
+        return Status::invalid("stream '" + m_name +
+                               "': another graph of this device is alive; destroy it before capturing a new one (one "
+                               "graph per device: their pools do not share blocks yet)");
+    const cudaError_t err = cudaStreamBeginCapture(m_stream, cudaStreamCaptureModeRelaxed);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fromCuda(err, "stream '" + m_name + "': cudaStreamBeginCapture");
+    }
+    m_mem->captureStream = m_stream;
+    m_mem->captureThread = std::this_thread::get_id();
+    m_capturePool = m_mem->graphs.begin();
+    {
+        std::lock_guard<std::mutex> l(m_mutex);
+        m_captureError = Status::ok();
+    }
+    m_capturing.store(true, std::memory_order_release);
+    return Status::ok();
+}
+
+Result<std::unique_ptr<StreamGraph>> CudaStream::endCapture() {
+    if (!capturing()) return Status::invalid("stream '" + m_name + "' is not being captured");
+    DeviceGuard g(m_ordinal);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(m_stream, &graph);
+    if (ended != cudaSuccess) (void)cudaGetLastError();
+    std::shared_ptr<host::GraphPool> pool;
+    {
+        std::lock_guard<std::mutex> lock(m_mem->mutex);
+        m_mem->graphs.end(m_mem->nextSerial);
+        m_mem->captureStream = nullptr;
+        m_mem->captureThread = std::thread::id();
+        pool = std::move(m_capturePool);
+    }
+    m_capturing.store(false, std::memory_order_release);
+    Status error;
+    {
+        std::lock_guard<std::mutex> l(m_mutex);
+        error = std::move(m_captureError);
+        m_captureError = Status::ok();
+    }
+    if (error.isOk() && ended != cudaSuccess) error = fromCuda(ended, "stream '" + m_name + "': cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    size_t nodes = 0;
+    if (error.isOk()) {
+        cudaError_t err = cudaGraphGetNodes(graph, nullptr, &nodes);
+        if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            error = fromCuda(err, "stream '" + m_name + "': cudaGraphInstantiate");
+        }
+    }
+    if (!error.isOk()) {
+        if (exec) (void)cudaGraphExecDestroy(exec);
+        if (graph) (void)cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        CudaGraph::releasePool(m_mem, pool);
+        return error;
+    }
+    return std::unique_ptr<StreamGraph>(std::make_unique<CudaGraph>(m_mem, graph, exec, std::move(pool), int64_t(nodes)));
 }
 
 // ----- backend ------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 // its memory, and the allocator accounts like the CPU backend's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -15,6 +16,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu_backend.h"
+#include "engine/backend/graph.h"
 #include "engine/backend/kernels.h"
 #include "engine/comm/inproc_communicator.h"
 #include "engine/model/layers.h"
@@ -409,6 +411,191 @@ TEST(EmulatedDevice, OpsAppearOnTheStreamTrackWhenTheyExecute) {
     EXPECT_EQ(rec.trackDesc(exec->track).kind, trace::TrackKind::Compute);
     EXPECT_EQ(rec.trackDesc(exec->track).rank, 3);
     EXPECT_GE(exec->startNs, launch->startNs);
+}
+
+// ----- stream graphs (graph.h) ------------------------------------------------------------
+
+TEST(EmulatedDeviceGraph, CaptureRunsHostCodeOnceAndEachLaunchRunsTheKernelsAgain) {
+    auto be = makeEmulatedDeviceBackend(1);
+    Device& d = be->device(0);
+    auto s = d.createStream(trace::TrackKind::Compute, "compute");
+    TensorPtr x = upload(d, {1.0f, 2.0f, 3.0f, 4.0f});
+    Exec ex(d, *s);
+    int hostRuns = 0;
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    EXPECT_TRUE(isCapturing(*s));
+    ex.op("scale", trace::Category::Elementwise, 0, 0, [x, &hostRuns] {
+        ++hostRuns;
+        k::scale(fp(x), 2.0f, 4);
+    });
+    ex.op("add", trace::Category::Elementwise, 0, 0, [x] { k::addInPlace(fp(x), fp(x), 2); });
+    auto g = endCapture(*s);
+    ASSERT_TRUE(g.isOk()) << g.status().toString();
+    EXPECT_FALSE(isCapturing(*s));
+    EXPECT_EQ((*g)->nodes(), 2);
+    ASSERT_TRUE(ex.synchronize().isOk());
+    EXPECT_EQ(download(x, 4), (std::vector<float>{1, 2, 3, 4}));  // captured, not run
+    ASSERT_TRUE((*g)->launch(*s, 7).isOk());
+    ASSERT_TRUE(ex.synchronize().isOk());
+    EXPECT_EQ(download(x, 4), (std::vector<float>{4, 8, 6, 8}));
+    ASSERT_TRUE((*g)->launch(*s, 8).isOk());
+    ASSERT_TRUE(ex.synchronize().isOk());
+    EXPECT_EQ(download(x, 4), (std::vector<float>{16, 32, 12, 16}));
+    EXPECT_EQ(hostRuns, 1);  // the host code ran at capture only
+    // Work after the capture runs at once again.
+    ex.op("scale", trace::Category::Elementwise, 0, 0, [x] { k::scale(fp(x), 0.5f, 4); });
+    ASSERT_TRUE(ex.synchronize().isOk());
+    EXPECT_EQ(download(x, 4), (std::vector<float>{8, 16, 6, 8}));
+}
+
+TEST(EmulatedDeviceGraph, AHostWaitOrAnEventFailsTheCaptureNamingTheOp) {
+    auto be = makeEmulatedDeviceBackend(1);
+    Device& d = be->device(0);
+    auto s = d.createStream(trace::TrackKind::Compute, "compute");
+    TensorPtr x = upload(d, {3.0f, 4.0f});
+    Exec ex(d, *s);
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    ex.op("norm_read", trace::Category::Optimizer, 0, 0, [x] { (void)k::sumSquares(fp(x), 2); });
+    auto g = endCapture(*s);
+    ASSERT_FALSE(g.isOk());
+    EXPECT_NE(g.status().message().find("host waited"), std::string::npos) << g.status().toString();
+    EXPECT_NE(g.status().message().find("norm_read"), std::string::npos) << g.status().toString();
+    // The stream is usable afterwards: not capturing, not failed.
+    double sumSq = 0;
+    ex.op("norm_read", trace::Category::Optimizer, 0, 0, [x, &sumSq] { sumSq = k::sumSquares(fp(x), 2); });
+    ASSERT_TRUE(ex.synchronize().isOk());
+    EXPECT_EQ(sumSq, 25.0);
+
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    auto e = d.createEvent();
+    s->record(*e);
+    auto g2 = endCapture(*s);
+    ASSERT_FALSE(g2.isOk());
+    EXPECT_NE(g2.status().message().find("record()"), std::string::npos) << g2.status().toString();
+
+    // An upload from host memory: a graph would copy the captured bytes at every launch.
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    auto hostData = std::make_shared<std::vector<float>>(2, 7.0f);
+    ex.op("upload", trace::Category::Memcpy, 0, 8, [x, hostData] { k::copyBytes(x->data(), hostData->data(), 8); });
+    auto g3 = endCapture(*s);
+    ASSERT_FALSE(g3.isOk());
+    EXPECT_NE(g3.status().message().find("copyBytes from host memory"), std::string::npos) << g3.status().toString();
+    EXPECT_NE(g3.status().message().find("'upload'"), std::string::npos) << g3.status().toString();
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    ex.op("readback", trace::Category::Memcpy, 0, 8, [x, hostData] { k::copyBytes(hostData->data(), x->data(), 8); });
+    auto g4 = endCapture(*s);
+    ASSERT_FALSE(g4.isOk());
+    EXPECT_NE(g4.status().message().find("copyBytes into host memory"), std::string::npos) << g4.status().toString();
+
+    // One graph per device at a time.
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    auto first = endCapture(*s);
+    ASSERT_TRUE(first.isOk()) << first.status().toString();
+    const Status second = beginCapture(*s);
+    EXPECT_EQ(second.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(second.message().find("another graph"), std::string::npos) << second.toString();
+    first->reset();
+
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    auto other = d.createStream(trace::TrackKind::Compute, "second");
+    const Status twice = beginCapture(*other);
+    EXPECT_EQ(twice.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(twice.message().find("already capturing"), std::string::npos) << twice.toString();
+    EXPECT_TRUE(endCapture(*s).isOk());
+}
+
+TEST(EmulatedDeviceGraph, TheGraphKeepsItsBlocksCountedAndZeroesWhatItAllocated) {
+    auto be = makeEmulatedDeviceBackend(1);
+    Device& d = be->device(0);
+    auto s = d.createStream(trace::TrackKind::Compute, "compute");
+    Exec ex(d, *s);
+    constexpr int n = 4096;
+    TensorPtr ones = upload(d, std::vector<float>(n, 1.0f));
+    auto before = d.allocate(n * sizeof(float), MemCategory::Workspace);  // alive into the capture
+    ASSERT_TRUE(before.isOk());
+    TensorPtr early(std::move(before).value());
+    void* earlyAddr = early->data();
+    const auto live = [&] { return d.memoryStats().currentTotal; };
+    const int64_t base = live();
+
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    auto r = ex.alloc(n);  // zeroed: by a recorded memset when the graph runs
+    ASSERT_TRUE(r.isOk());
+    TensorPtr acc = *r;
+    void* tempAddr = nullptr;
+    {
+        auto t = ex.alloc(n, MemCategory::Workspace);
+        ASSERT_TRUE(t.isOk());
+        TensorPtr tmp = *t;
+        tempAddr = tmp->data();
+        ex.op("tmp", trace::Category::Elementwise, 0, 0, [tmp, ones] { k::addInPlace(fp(tmp), fp(ones), n); });
+        ex.op("acc", trace::Category::Elementwise, 0, 0, [acc, tmp, early] {
+            k::addInPlace(fp(acc), fp(tmp), n);
+            k::addInPlace(fp(early), fp(tmp), n);
+        });
+    }  // tmp freed inside the capture: the graph keeps its block
+    auto g = endCapture(*s);
+    ASSERT_TRUE(g.isOk()) << g.status().toString();
+    EXPECT_EQ(live(), base + 2 * int64_t(n) * 4);  // acc, and tmp's block held by the graph
+    EXPECT_EQ((*g)->poolBytes(), 2 * int64_t(n) * 4);
+    early.reset();  // alive during the capture: the graph keeps its block too
+    EXPECT_EQ(live(), base + 2 * int64_t(n) * 4);
+    EXPECT_EQ((*g)->poolBytes(), 3 * int64_t(n) * 4);
+    for (int i = 0; i < 3; ++i) {
+        auto other = d.allocate(n * sizeof(float), MemCategory::Activations);
+        ASSERT_TRUE(other.isOk());
+        EXPECT_NE((*other)->data(), tempAddr) << "a block the graph uses was handed out again";
+        EXPECT_NE((*other)->data(), earlyAddr) << "a block the graph uses was handed out again";
+        ASSERT_TRUE((*g)->launch(*s, i).isOk());
+        ASSERT_TRUE(ex.synchronize().isOk());
+        // Zeroed by each launch, then tmp (zeroed too) added: 1 every time, not 1, 2, 3.
+        EXPECT_EQ(download(acc, n), std::vector<float>(n, 1.0f)) << "launch " << i;
+    }
+    g->reset();  // the graph goes: its blocks are the device's again
+    EXPECT_EQ(live(), base);  // ones and acc: early's and tmp's blocks are no longer counted
+    std::vector<void*> got;
+    std::vector<TensorPtr> keep;
+    for (int i = 0; i < 4; ++i) {
+        auto b = d.allocate(n * sizeof(float), MemCategory::Activations);
+        ASSERT_TRUE(b.isOk());
+        got.push_back((*b)->data());
+        keep.emplace_back(std::move(b).value());
+    }
+    EXPECT_NE(std::find(got.begin(), got.end(), tempAddr), got.end()) << "the graph's block was not given back";
+}
+
+TEST(EmulatedDeviceGraph, AnotherThreadsAllocationDuringACaptureIsNotTheGraphs) {
+    auto be = makeEmulatedDeviceBackend(1);
+    Device& d = be->device(0);
+    auto s = d.createStream(trace::TrackKind::Compute, "compute");
+    constexpr size_t bytes = 8192;
+    {
+        auto dirty = d.allocateUninitialized(bytes, MemCategory::Workspace);
+        ASSERT_TRUE(dirty.isOk());
+        std::memset(hostAlias((*dirty)->data()), 0xAB, bytes);
+    }  // back in the cache, dirty
+    ASSERT_TRUE(s->synchronize().isOk());
+    ASSERT_TRUE(beginCapture(*s).isOk());
+    TensorPtr other;
+    std::thread([&] {
+        auto r = d.allocate(bytes, MemCategory::Workspace);
+        ASSERT_TRUE(r.isOk());
+        other = TensorPtr(std::move(r).value());
+    }).join();
+    auto g = endCapture(*s);
+    ASSERT_TRUE(g.isOk()) << g.status().toString();
+    EXPECT_EQ((*g)->nodes(), 0) << "the other thread's zero fill was recorded into the graph";
+    const auto* b = static_cast<const uint8_t*>(hostAlias(other->data()));
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(b[i], 0) << "not zeroed at allocation, byte " << i;
+}
+
+TEST(EmulatedDeviceGraph, CpuStreamsCannotBeCaptured) {
+    auto be = makeCpuBackend(1);
+    auto s = be->device(0).createStream(trace::TrackKind::Compute, "compute");
+    const Status st = beginCapture(*s);
+    EXPECT_EQ(st.code(), ErrorCode::Unsupported);
+    EXPECT_NE(st.message().find("cuda_graph_impl"), std::string::npos) << st.toString();
+    EXPECT_FALSE(isCapturing(*s));
 }
 
 }  // namespace

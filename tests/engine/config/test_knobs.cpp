@@ -380,10 +380,22 @@ TEST(Knobs, UnsupportedKnobsAreReported) {
     c.moe_shared_expert_gate = true;
     c.moe_shared_expert_overlap = true;
     EXPECT_TRUE(unsupportedKnobs(c).empty());
+    c.cuda_graph_impl = "full_iteration";  // executed (single device); local and TE's per-layer graphs not yet
+    EXPECT_TRUE(unsupportedKnobs(c).empty());
     c.moe_permute_fusion = true;
     auto u = unsupportedKnobs(c);
     ASSERT_EQ(u.size(), 1u);
     EXPECT_EQ(u[0], "moe_permute_fusion=true");
+    c.cuda_graph_impl = "local";
+    u = unsupportedKnobs(c);
+    ASSERT_EQ(u.size(), 2u);
+    EXPECT_EQ(u[0], "moe_permute_fusion=true");
+    EXPECT_EQ(u[1], "cuda_graph_impl=local");
+    const KnobDef* cg = findKnob("cuda_graph_impl");
+    ASSERT_NE(cg, nullptr);
+    EXPECT_EQ(knobNotExecutedText(*cg), "not executed yet: local, transformer_engine");
+    EXPECT_EQ(knobNotExecutedText(*findKnob("moe_permute_fusion")), "not executed yet");
+    EXPECT_EQ(knobNotExecutedText(*findKnob("tensor_model_parallel_size")), "");
 }
 
 }  // namespace

@@ -138,14 +138,19 @@ TEST(GptPaths, FullRecomputeSavesMoreThanSelective) {
 TEST(GptPaths, Bf16TrainsAndTracksFp32) {
     Config c = smallConfig();
     c.hidden_dropout = 0;
-    c.lr = 3e-3;
+    // At smallConfig's lr 1e-3 the runs are smooth. At 3e-3 (this test's rate before 2026-11-29)
+    // an Adam loss spike comes and goes within a step near step 12, and whether it hits the fp32 or
+    // the bf16 run depends on the CPU's GEMM kernels (it hit bf16 on an AVX-512 Xeon): a test of
+    // tracking must not sit on that edge.
     Config b = c;
     b.bf16 = true;
     const StepsResult f = runSteps(c, 12), r = runSteps(b, 12);
     ASSERT_EQ(r.losses.size(), 12u);
     ASSERT_EQ(f.losses.size(), 12u);
-    // bf16 activations change the first loss only by rounding, and it trains.
+    // bf16 activations change the first loss only by rounding, the later ones stay close, and it
+    // trains.
     EXPECT_NEAR(r.losses[0], f.losses[0], 0.02 * f.losses[0]);
+    for (size_t s = 1; s < r.losses.size(); ++s) EXPECT_NEAR(r.losses[s], f.losses[s], 0.01 * f.losses[s]) << s;
     EXPECT_LT(r.losses.back(), r.losses.front() - 0.5);
     EXPECT_NE(r.losses[0], f.losses[0]);  // the bf16 path really rounds
 }

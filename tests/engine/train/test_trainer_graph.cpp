@@ -1,0 +1,236 @@
+// cuda_graph_impl: full_iteration on the single-device trainer (engine/backend/graph.h): the
+// forward and backward of all microbatches captured once (after cuda_graph_warmup_steps eager
+// steps) and launched every step after. On the emulated device, whose graphs record its deferred
+// kernels as CUDA's do, a graph run must equal the eager run bit for bit (every step's loss and
+// grad norm, the final weights) for every knob path the engine can capture; that also shows
+// each step reads its own data through the staged inputs (a graph that replayed the captured
+// step's tokens would give the losses of that step). The paths a graph cannot replay are refused
+// at create with the reason (cudaGraphIssues).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/backend/kernels.h"
+#include "engine/model/param_buffer.h"
+#include "engine/train/trainer.h"
+#include "tests/parallel/fake_recorder.h"
+#include "tests/trainer_backend_run.h"
+#include "tests/trainer_variants.h"
+
+namespace ts::engine {
+namespace {
+
+struct GraphRun {
+    std::vector<double> losses, gradNorms;
+    std::vector<int64_t> peaks;
+    std::vector<float> params;
+    int64_t nodes = 0, poolBytes = 0;
+    bool graphBeforeWarmupEnd = false;
+};
+
+GraphRun run(const Config& c) {
+    GraphRun r;
+    TrainerOptions o;
+    o.emulateDevice = true;
+    auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
+    EXPECT_TRUE(t.isOk()) << t.status().toString();
+    if (!t.isOk()) return r;
+    for (int s = 0; s < c.train_iters; ++s) {
+        StepProgress p;
+        const Status st = (*t)->step(&p);
+        EXPECT_TRUE(st.isOk()) << "step " << s + 1 << ": " << st.toString();
+        if (!st.isOk()) return r;
+        if (s < c.cuda_graph_warmup_steps && (*t)->graph()) r.graphBeforeWarmupEnd = true;
+        r.losses.push_back(p.loss);
+        r.gradNorms.push_back(p.gradNorm);
+        r.peaks.push_back(p.peakMemoryBytes);
+    }
+    if (const StreamGraph* g = (*t)->graph()) {
+        r.nodes = g->nodes();
+        r.poolBytes = g->poolBytes();
+    }
+    ParamBuffer& pb = (*t)->model().params();
+    auto host = kern::toHost((*t)->model().exec().stream(), pb.mainParams(), pb.numel());
+    EXPECT_TRUE(host.isOk()) << host.status().toString();
+    if (host.isOk()) r.params = std::move(host).value();
+    return r;
+}
+
+TEST(EmulatedDeviceGraphTrainer, EveryCapturablePathEqualsTheEagerRunBitForBit) {
+    int ran = 0, refused = 0;
+    for (const auto& [name, edit] : ts::testing::trainerVariants()) {
+        Config c = ts::testing::tinyTrainerConfig();
+        edit(c);
+        c.train_iters = 4;  // one eager step, the capture, two more launches
+        Config g = c;
+        g.cuda_graph_impl = "full_iteration";
+        g.cuda_graph_warmup_steps = 1;
+        if (!cudaGraphIssues(g).empty()) {
+            ++refused;
+            TrainerOptions o;
+            o.emulateDevice = true;
+            auto t = Trainer::create(g, nullptr, nullptr, nullptr, o);
+            ASSERT_FALSE(t.isOk()) << name << ": a path with graph issues was accepted";
+            EXPECT_EQ(t.status().code(), ErrorCode::Unsupported) << name;
+            EXPECT_NE(t.status().message().find("cuda_graph_impl: full_iteration"), std::string::npos)
+                << name << ": " << t.status().toString();
+            continue;
+        }
+        ++ran;
+        const GraphRun eager = run(c), graph = run(g);
+        ASSERT_EQ(eager.losses.size(), size_t(c.train_iters)) << name;
+        ASSERT_EQ(graph.losses.size(), eager.losses.size()) << name;
+        EXPECT_FALSE(graph.graphBeforeWarmupEnd) << name << ": captured during the warm-up";
+        EXPECT_GT(graph.nodes, 0) << name << ": no graph was captured";
+        EXPECT_GT(graph.poolBytes, 0) << name;
+        for (size_t s = 0; s < eager.losses.size(); ++s) {
+            EXPECT_EQ(graph.losses[s], eager.losses[s]) << name << ": loss, step " << s + 1;
+            EXPECT_EQ(graph.gradNorms[s], eager.gradNorms[s]) << name << ": grad norm, step " << s + 1;
+        }
+        // The steps read different data: a graph replaying the captured step's would repeat its loss.
+        EXPECT_NE(eager.losses[2], eager.losses[3]) << name;
+        ASSERT_EQ(graph.params.size(), eager.params.size()) << name;
+        size_t diff = 0;
+        for (size_t i = 0; i < eager.params.size(); ++i) diff += graph.params[i] != eager.params[i];
+        EXPECT_EQ(diff, 0u) << name << ": final weights differ in " << diff << " of " << eager.params.size();
+        // The graph holds the step's activations for good: a launched step's memory is at least
+        // the eager step's peak.
+        EXPECT_GE(graph.peaks.back(), eager.peaks.back()) << name;
+    }
+    EXPECT_GE(ran, 9) << "fewer knob paths run under graphs than expected";
+    EXPECT_GE(refused, 4) << "dropout, delayed FP8 and MoE paths should be refused";
+}
+
+// A resumed run warms up again before it captures (handles, tables and FP8 copies are made
+// outside the graph), and trains as the uninterrupted eager run does.
+TEST(EmulatedDeviceGraphTrainer, AResumedRunWarmsUpBeforeItCapturesAndMatchesTheEagerRun) {
+    Config c = ts::testing::tinyTrainerConfig();
+    c.train_iters = 6;
+    const GraphRun eager = run(c);
+    ASSERT_EQ(eager.losses.size(), 6u);
+    Config g = c;
+    g.cuda_graph_impl = "full_iteration";
+    g.cuda_graph_warmup_steps = 1;
+    TrainerOptions o;
+    o.emulateDevice = true;
+    const std::string dir =
+        (std::filesystem::temp_directory_path() / ("ts_graph_resume_" + std::to_string(::getpid()))).string();
+    std::vector<double> losses;
+    {
+        auto t = Trainer::create(g, nullptr, nullptr, nullptr, o);
+        ASSERT_TRUE(t.isOk()) << t.status().toString();
+        for (int s = 0; s < 3; ++s) {
+            StepProgress p;
+            ASSERT_TRUE((*t)->step(&p).isOk());
+            losses.push_back(p.loss);
+        }
+        ASSERT_NE((*t)->graph(), nullptr);
+        ASSERT_TRUE((*t)->save(dir).isOk());
+    }
+    auto t = Trainer::create(g, nullptr, nullptr, nullptr, o);
+    ASSERT_TRUE(t.isOk()) << t.status().toString();
+    ASSERT_TRUE((*t)->load(dir).isOk());
+    for (int s = 3; s < 6; ++s) {
+        StepProgress p;
+        ASSERT_TRUE((*t)->step(&p).isOk()) << "step " << s + 1;
+        losses.push_back(p.loss);
+        if (s == 3) {
+            EXPECT_EQ((*t)->graph(), nullptr) << "captured without a warm-up step after the load";
+        }
+    }
+    EXPECT_NE((*t)->graph(), nullptr);
+    for (size_t s = 0; s < 6; ++s) EXPECT_EQ(losses[s], eager.losses[s]) << "step " << s + 1;
+    std::filesystem::remove_all(dir);
+}
+
+// What the trace shows of a launched step: the same kernels (slices on the compute stream's
+// track) with the same FLOPs as an eager step, labelled with the launching step, so `analyze`
+// measures MFU and the kernel mix of graph steps as of eager ones.
+TEST(EmulatedDeviceGraphTrainer, ALaunchedStepTracesTheEagerStepsKernelsUnderItsOwnStep) {
+    Config c = ts::testing::tinyTrainerConfig();
+    c.train_iters = 5;
+    c.num_microbatches = 2;
+    c.cuda_graph_impl = "full_iteration";
+    ASSERT_EQ(c.cuda_graph_warmup_steps, 3);  // Megatron's default: steps 1-3 eager, 4 captured
+    TrainerOptions o;
+    o.emulateDevice = true;
+    auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
+    ASSERT_TRUE(t.isOk()) << t.status().toString();
+    ts::test::FakeRecorder rec;
+    Device& dev = (*t)->model().exec().device();
+    dev.setTrace(&rec, 0);
+    for (int s = 0; s < c.train_iters; ++s) {
+        ASSERT_TRUE((*t)->step(nullptr).isOk()) << "step " << s + 1;
+        EXPECT_EQ((*t)->graph() != nullptr, s >= 3) << "step " << s + 1;
+    }
+    ASSERT_TRUE((*t)->model().exec().synchronize().isOk());
+    dev.setTrace(nullptr, 0);
+    const int n = c.train_iters;
+    std::vector<int> gemms(size_t(n), 0);
+    std::vector<double> flops(size_t(n), 0);
+    for (const auto& sl : rec.slices) {
+        if (sl.track == 0 || sl.track > rec.tracks.size()) continue;
+        if (rec.tracks[sl.track - 1].kind != trace::TrackKind::Compute) continue;
+        if (sl.category != trace::Category::Gemm || sl.step < 0 || sl.step >= n) continue;
+        ++gemms[size_t(sl.step)];
+        flops[size_t(sl.step)] += sl.flops;
+    }
+    ASSERT_GT(gemms[0], 0) << "no GEMM on the compute track";
+    for (int s = 1; s < n; ++s) {
+        EXPECT_EQ(gemms[size_t(s)], gemms[0]) << "step " << s + 1;
+        EXPECT_EQ(flops[size_t(s)], flops[0]) << "step " << s + 1;
+    }
+}
+
+TEST(EmulatedDeviceGraphTrainer, ValuesAndLayoutsTheEngineDoesNotCaptureAreRefusedWithTheReason) {
+    Config c = ts::testing::tinyTrainerConfig();
+    c.cuda_graph_impl = "local";
+    auto issues = cudaGraphIssues(c);
+    ASSERT_EQ(issues.size(), 1u);
+    EXPECT_NE(issues[0].find("full_iteration"), std::string::npos) << issues[0];
+
+    c.cuda_graph_impl = "full_iteration";
+    EXPECT_TRUE(cudaGraphIssues(c).empty());
+    c.cuda_graph_warmup_steps = 0;
+    issues = cudaGraphIssues(c);
+    ASSERT_EQ(issues.size(), 1u);
+    EXPECT_NE(issues[0].find("cuda_graph_warmup_steps: 1 or more"), std::string::npos) << issues[0];
+    c.cuda_graph_warmup_steps = 3;
+    c.hidden_dropout = 0.1;
+    c.fp8 = "hybrid";
+    c.fp8_recipe = "delayed";
+    c.tensor_model_parallel_size = 2;
+    issues = cudaGraphIssues(c);
+    ASSERT_EQ(issues.size(), 3u);
+    EXPECT_NE(issues[0].find("single-device"), std::string::npos) << issues[0];
+    EXPECT_NE(issues[1].find("hidden_dropout: 0"), std::string::npos) << issues[1];
+    EXPECT_NE(issues[2].find("fp8_recipe: tensorwise"), std::string::npos) << issues[2];
+
+    // A node's validate lists what the machine lacks, then what the engine does not run.
+    Config node = ts::testing::tinyTrainerConfig();
+    node.device_backend = "cuda";
+    node.cuda_graph_impl = "local";
+    const auto nodeIssues = nodeRunIssues(node);
+    ASSERT_FALSE(nodeIssues.empty());
+    EXPECT_NE(nodeIssues.back().find("cuda_graph_impl: local"), std::string::npos) << nodeIssues.back();
+    if (!makeCudaBackend()) {
+        EXPECT_EQ(nodeIssues.size(), 2u) << "the missing GPU and the graph value";
+    }
+
+    // The CPU backend has no graphs: the trainer says what to use.
+    Config cpu = ts::testing::tinyTrainerConfig();
+    cpu.cuda_graph_impl = "full_iteration";
+    TrainerOptions o;
+    o.emulateDevice = false;
+    auto t = Trainer::create(cpu, nullptr, nullptr, nullptr, o);
+    ASSERT_FALSE(t.isOk());
+    EXPECT_NE(t.status().message().find("TS_EMULATE_DEVICE=1"), std::string::npos) << t.status().toString();
+
+}
+
+}  // namespace
+}  // namespace ts::engine

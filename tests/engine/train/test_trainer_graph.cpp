@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "engine/backend/emulated_backend.h"
 #include "engine/backend/kernels.h"
 #include "engine/model/param_buffer.h"
 #include "engine/train/trainer.h"
@@ -184,6 +186,35 @@ TEST(EmulatedDeviceGraphTrainer, ALaunchedStepTracesTheEagerStepsKernelsUnderIts
         EXPECT_EQ(gemms[size_t(s)], gemms[0]) << "step " << s + 1;
         EXPECT_EQ(flops[size_t(s)], flops[0]) << "step " << s + 1;
     }
+}
+
+// A launched step keeps the host ahead of the device as an eager one does: the host waits only
+// where every step waits once (the grad norm, the loss read-back), not in the staging of the
+// inputs nor in the launch.
+TEST(EmulatedDeviceGraphTrainer, ALaunchedStepWaitsForTheDeviceOnlyWhereEveryStepDoes) {
+    Config c = ts::testing::tinyTrainerConfig();
+    c.train_iters = 5;
+    c.num_microbatches = 2;
+    c.cuda_graph_impl = "full_iteration";
+    c.cuda_graph_warmup_steps = 1;
+    TrainerOptions o;
+    o.emulateDevice = true;
+    auto t = Trainer::create(c, nullptr, nullptr, nullptr, o);
+    ASSERT_TRUE(t.isOk()) << t.status().toString();
+    ASSERT_TRUE((*t)->train(-1, {}).isOk());
+    ASSERT_NE((*t)->graph(), nullptr);
+    const auto waits = emulatedHostWaits((*t)->model().exec().device());
+    const std::map<std::string, int64_t> expected = {{"optimizer.grad_norm", c.train_iters},
+                                                     {"loss_reduce", c.train_iters}};
+    for (const auto& [op, n] : waits) {
+        auto it = expected.find(op);
+        if (it == expected.end()) {
+            ADD_FAILURE() << "op " << op << " waited for the device " << n << " times";
+            continue;
+        }
+        EXPECT_EQ(n, it->second) << op;
+    }
+    EXPECT_EQ(waits.count("optimizer.grad_norm"), 1u);
 }
 
 TEST(EmulatedDeviceGraphTrainer, ValuesAndLayoutsTheEngineDoesNotCaptureAreRefusedWithTheReason) {

@@ -596,7 +596,7 @@ public:
         return m_pool->blockBytes;
     }
 
-    // The pool's free blocks that no older graph keeps go back to the device's cache, once every
+    // The pool's free blocks go back to the device's cache, once every
     // stream has run what was queued so far (this graph's launches).
     static void releaseGraphPool(const std::shared_ptr<EmuMem>& mem, const std::shared_ptr<host::GraphPool>& pool) {
         if (!pool) return;

@@ -36,14 +36,16 @@ struct GraphPool {
     int64_t blockBytes = 0;  // every block the pool took (live or free), by class size
 };
 
-// The pools of a device's live graphs (and the one being captured).
+// The pool of a device's live graph (or of the capture running). One at a time: the backends
+// refuse a capture while a graph lives (anyLive), since a block freed while two lived could be
+// kept for one and handed out while the other still uses it.
 class GraphPools {
 public:
     // A new pool for a capture starting now.
     std::shared_ptr<GraphPool> begin() {
         auto p = std::make_shared<GraphPool>();
         m_capturing = p;
-        m_pools.push_back(p);
+        m_live = p;
         return p;
     }
     // The capture ended (made a graph or not): later allocations do not come from its pool.
@@ -52,12 +54,8 @@ public:
         m_capturing.reset();
     }
     GraphPool* capturing() const { return m_capturing.get(); }
-    // A graph (or a capture) of the device is alive. The backends allow one at a time: a block
-    // freed while two live would be kept by the newer only, and the older could see it handed out.
-    bool anyLive() {
-        prune();
-        return !m_pools.empty();
-    }
+    // A graph (or a capture) of the device is alive.
+    bool anyLive() const { return !m_live.expired(); }
     // A free block of class `cls` from the capturing pool (its ghost is the caller's to release),
     // or false.
     bool take(size_t cls, PoolBlock* out) {
@@ -72,49 +70,31 @@ public:
     void adoptNew(size_t cls) {
         if (m_capturing) m_capturing->blockBytes += int64_t(cls);
     }
-    // A buffer is freed (b.serial its number): true when a live graph keeps its block (then
-    // counted as a ghost), false when it goes back to the device's cache. `fromPool`: the block
-    // was handed out during a capture (already in that pool's blockBytes).
+    // A buffer is freed (b.serial its number): true when the live graph may use its block (the
+    // buffer was alive during the capture), which it then keeps, counted as a ghost; false when
+    // the block goes back to the device's cache. `fromPool`: handed out during the capture
+    // (already in the pool's blockBytes).
     bool keep(const PoolBlock& b, bool fromPool) {
-        prune();
-        // The newest pool the buffer was alive for. Older pools it was alive for get the block
-        // when this one goes (release).
-        for (auto it = m_pools.rbegin(); it != m_pools.rend(); ++it) {
-            auto p = it->lock();
-            if (!p || b.serial >= p->endSerial) continue;
-            p->free[b.cls].push_back(b);
-            if (!fromPool) p->blockBytes += int64_t(b.cls);
-            return true;
-        }
-        return false;
+        auto p = m_live.lock();
+        if (!p || b.serial >= p->endSerial) return false;
+        p->free[b.cls].push_back(b);
+        if (!fromPool) p->blockBytes += int64_t(b.cls);
+        return true;
     }
-    // The graph owning `pool` is destroyed: its free blocks go to an older live pool that may
-    // use them, else they are returned (the caller releases their ghosts and caches them).
+    // The graph owning `pool` is destroyed: its free blocks, returned (the caller releases their
+    // ghosts and caches them).
     std::vector<PoolBlock> release(const std::shared_ptr<GraphPool>& pool) {
         if (m_capturing == pool) m_capturing.reset();
-        std::vector<std::weak_ptr<GraphPool>> rest;
-        for (auto& w : m_pools) {
-            auto p = w.lock();
-            if (p && p != pool) rest.push_back(w);
-        }
-        m_pools.swap(rest);
+        if (m_live.lock() == pool) m_live.reset();
         std::vector<PoolBlock> out;
-        for (auto& [cls, blocks] : pool->free)
-            for (const PoolBlock& b : blocks)
-                if (!keep(b, false)) out.push_back(b);
+        for (auto& [cls, blocks] : pool->free) out.insert(out.end(), blocks.begin(), blocks.end());
         pool->free.clear();
         return out;
     }
 
 private:
-    void prune() {
-        std::vector<std::weak_ptr<GraphPool>> live;
-        for (auto& w : m_pools)
-            if (!w.expired()) live.push_back(w);
-        m_pools.swap(live);
-    }
     std::shared_ptr<GraphPool> m_capturing;
-    std::vector<std::weak_ptr<GraphPool>> m_pools;
+    std::weak_ptr<GraphPool> m_live;
 };
 
 // The memory state of a device that has graphs (the emulated device's, the CUDA backend's): the

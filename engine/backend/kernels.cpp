@@ -376,27 +376,21 @@ void copyBytes(void* dst, const void* src, size_t bytes) {
         return;
     }
     // Deferred: a host source is snapshotted now (CUDA stages pageable memory at the call).
-    const bool hostDst = !isEmulatedDevicePointer(dst) && !isEmulatedHostView(dst);
-    if (hostDst && isCapturing(*s)) {  // as CUDA, which does not capture a copy into pageable memory
+    const bool deviceSrc = isEmulatedDevicePointer(src) || isEmulatedHostView(src);
+    const bool deviceDst = isEmulatedDevicePointer(dst) || isEmulatedHostView(dst);
+    if (!(deviceSrc && deviceDst) && isCapturing(*s)) {  // as CUDA, which does not capture pageable copies
         reportKernelError(Status::unsupported(
-            "copyBytes into host memory while stream '" + s->name() +
-            "' is captured into a graph: every launch would write that host memory again (and CUDA does not "
-            "capture copies into pageable memory); read results back after the graph has run"));
+            std::string("copyBytes ") + (deviceDst ? "from" : "into") + " host memory while stream '" + s->name() +
+            "' is captured into a graph: every launch would copy the captured bytes again (and CUDA does not "
+            "capture copies from or into pageable memory); upload before the capture into a buffer the graph reads, "
+            "and read results back after the graph has run"));
         return;
     }
     void* d = hostAlias(dst);
-    if (isEmulatedDevicePointer(src) || isEmulatedHostView(src)) {
+    if (deviceSrc) {
         const void* from = hostAlias(src);
         s->deferKernel([d, from, bytes] { std::memcpy(d, from, bytes); });
     } else {
-        if (isCapturing(*s)) {  // as CUDA, which does not capture a copy from pageable memory
-            reportKernelError(Status::unsupported(
-                "copyBytes from host memory while stream '" + s->name() +
-                "' is captured into a graph: a graph would copy the captured bytes again at every launch (and CUDA "
-                "does not capture copies from pageable memory); upload before the capture into a buffer the graph "
-                "reads"));
-            return;
-        }
         auto snap = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                         static_cast<const char*>(src) + bytes);
         s->deferKernel([d, snap] { std::memcpy(d, snap->data(), snap->size()); });

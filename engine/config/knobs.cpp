@@ -678,8 +678,8 @@ std::vector<KnobDef> buildRegistry() {
                          "--cuda-graph-impl", "model.cuda_graph_impl",
                          "CUDA graph capture: none, Megatron-Core's per-layer graphs (local), Transformer Engine's, or "
                          "the whole iteration (replaces the deprecated enable_cuda_graph). The engine's full_iteration "
-                         "captures the forward and backward of all microbatches after one eager step, on one device "
-                         "(docs/engine.md, \"CUDA graphs\")."),
+                         "captures the forward and backward of all microbatches after cuda_graph_warmup_steps eager "
+                         "steps, on one device (docs/engine.md, \"CUDA graphs\")."),
                      "not none only with device_backend=cuda"),
                {"none", "full_iteration"});
     r.i("cuda_graph_warmup_steps", &C::cuda_graph_warmup_steps, "--cuda-graph-warmup-steps",
@@ -807,16 +807,21 @@ std::vector<std::string> suggestKnobs(std::string_view unknown, size_t maxSugges
 std::string knobDefaultText(const KnobDef& k) { return jsonToText(k.get(Config{})); }
 std::string knobValueText(const KnobDef& k, const Config& c) { return jsonToText(k.get(c)); }
 
+namespace {
+// Whether the engine executes knob k at value v (its text).
+bool engineRunsValue(const KnobDef& k, const std::string& v) {
+    return k.engineSupported &&
+           (k.engineValues.empty() || std::find(k.engineValues.begin(), k.engineValues.end(), v) != k.engineValues.end());
+}
+}  // namespace
+
 std::vector<std::string> unsupportedKnobs(const Config& c) {
     std::vector<std::string> out;
     const Config defaults;
     for (const auto& k : knobRegistry()) {
         if (k.get(c) == k.get(defaults)) continue;
         const std::string v = knobValueText(k, c);
-        const bool valueRuns =
-            k.engineValues.empty() || std::find(k.engineValues.begin(), k.engineValues.end(), v) != k.engineValues.end();
-        if (k.engineSupported && valueRuns) continue;
-        out.push_back(k.name + "=" + v);
+        if (!engineRunsValue(k, v)) out.push_back(k.name + "=" + v);
     }
     return out;
 }
@@ -824,10 +829,8 @@ std::vector<std::string> unsupportedKnobs(const Config& c) {
 std::string knobNotExecutedText(const KnobDef& k) {
     if (!k.engineSupported) return "not executed yet";
     std::string rest;
-    if (!k.engineValues.empty())
-        for (const auto& a : k.allowed)
-            if (std::find(k.engineValues.begin(), k.engineValues.end(), a) == k.engineValues.end())
-                rest += (rest.empty() ? "" : ", ") + a;
+    for (const auto& a : k.allowed)
+        if (!engineRunsValue(k, a)) rest += (rest.empty() ? "" : ", ") + a;
     return rest.empty() ? "" : "not executed yet: " + rest;
 }
 

@@ -136,7 +136,6 @@ Result<std::unique_ptr<ParallelTrainer>> ParallelTrainer::create(const Config& c
     TS_RETURN_IF_ERROR(issuesToStatus(validateConfig(c)));
     TS_RETURN_IF_ERROR(checkDeviceBackend(c, opts.allowUnverifiedCuda));
     if (c.train_iters < 0) return Status::invalid("train_iters must be >= 0");
-    if (auto g = cudaGraphIssues(c); !g.empty()) return Status::unsupported(g.front());
     if (c.cuda_graph_impl != "none")
         return Status::unsupported("cuda_graph_impl: " + c.cuda_graph_impl +
                                    " runs on the single-device trainer (engine::Trainer) so far, not on the parallel "

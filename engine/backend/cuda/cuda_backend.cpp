@@ -729,7 +729,7 @@ public:
         return m_pool->blockBytes;
     }
 
-    // The pool's free blocks that no older graph keeps go back to the cache, after the work every
+    // The pool's free blocks go back to the cache, after the work every
     // stream has queued (this graph's launches).
     static void releasePool(const std::shared_ptr<MemState>& mem, const std::shared_ptr<host::GraphPool>& pool) {
         if (!pool) return;

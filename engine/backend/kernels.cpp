@@ -112,11 +112,21 @@ T runCudaValue(void* stream, Launch launch) {
 // ----- host execution (CPU backend, emulated device) ------------------------------------------
 
 // An argument as a kernel on the host reads it: pointers through hostAlias (the host view of
-// emulated device memory; identity elsewhere), everything else unchanged.
+// emulated device memory; identity elsewhere), the step key a dropout seed points to (itself, or
+// as an attention dims' dropoutSeed) likewise, everything else unchanged.
 template <typename T>
 T toHost(T v) {
-    if constexpr (std::is_pointer_v<T>) return v ? static_cast<T>(hostAlias(v)) : v;
-    else return v;
+    if constexpr (std::is_pointer_v<T>) {
+        return v ? static_cast<T>(hostAlias(v)) : v;
+    } else if constexpr (std::is_same_v<T, kernels::hd::DropoutSeed>) {
+        v.stepKey = toHost(v.stepKey);
+        return v;
+    } else if constexpr (requires { v.dropoutSeed; }) {
+        v.dropoutSeed = toHost(v.dropoutSeed);
+        return v;
+    } else {
+        return v;
+    }
 }
 
 // The i-th (0-based) name of a comma-separated argument list ("ids, table, out" -> "table").
@@ -134,7 +144,11 @@ std::string argName(const char* list, int i) {
 
 template <typename T>
 void checkDeviceArg(const char* op, const char* names, int i, T v, std::string* err) {
-    if constexpr (std::is_pointer_v<T>) {
+    if constexpr (std::is_same_v<T, kernels::hd::DropoutSeed>) {
+        checkDeviceArg(op, names, i, v.stepKey, err);
+    } else if constexpr (requires { v.dropoutSeed; }) {
+        checkDeviceArg(op, names, i, v.dropoutSeed, err);
+    } else if constexpr (std::is_pointer_v<T>) {
         if (!v || !err->empty() || isEmulatedDevicePointer(v) || isEmulatedHostView(v)) return;
         char addr[32];
         std::snprintf(addr, sizeof addr, "%p", static_cast<const void*>(v));
@@ -763,7 +777,7 @@ void swigluBackward(const float* dy, const float* x, float* dx, int T, int F) {
     TS_KERN_DISPATCH(swigluBackward, dy, x, dx, T, F);
 }
 
-void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, kernels::hd::DropoutSeed seed,
                     uint64_t offset) {
     TS_KERN_DISPATCH(dropoutForward, x, y, mask, n, p, seed, offset);
 }
@@ -772,17 +786,17 @@ void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n,
     TS_KERN_DISPATCH(dropoutBackward, dy, mask, dx, n, p);
 }
 
-void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset) {
+void dropoutMask(uint8_t* mask, int64_t n, float p, kernels::hd::DropoutSeed seed, uint64_t offset) {
     TS_KERN_DISPATCH(dropoutMask, mask, n, p, seed, offset);
 }
 
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset, bool roundBf16) {
+                         uint8_t* mask, int T, int C, float p, kernels::hd::DropoutSeed seed, uint64_t offset, bool roundBf16) {
     TS_KERN_DISPATCH(biasDropoutAddFused, x, b, residual, out, mask, T, C, p, seed, offset, roundBf16);
 }
 
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
-                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset) {
+                           uint8_t* mask, int T, int C, float p, kernels::hd::DropoutSeed seed, uint64_t offset) {
     TS_KERN_DISPATCH(biasDropoutAddUnfused, x, b, residual, out, mask, T, C, p, seed, offset);
 }
 

@@ -233,15 +233,15 @@ void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx
                       int C);
 void swigluForward(const float* x, float* y, int T, int F, bool roundBf16 = false);
 void swigluBackward(const float* dy, const float* x, float* dx, int T, int F);
-void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, kernels::hd::DropoutSeed seed,
                     uint64_t offset);
 void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p);
-void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset);
+void dropoutMask(uint8_t* mask, int64_t n, float p, kernels::hd::DropoutSeed seed, uint64_t offset);
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
+                         uint8_t* mask, int T, int C, float p, kernels::hd::DropoutSeed seed, uint64_t offset,
                          bool roundBf16 = false);
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
-                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
+                           uint8_t* mask, int T, int C, float p, kernels::hd::DropoutSeed seed, uint64_t offset);
 void biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db, int T,
                             int C, float p);
 void add(const float* a, const float* b, float* y, int64_t n);

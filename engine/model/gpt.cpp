@@ -123,6 +123,9 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     if (qbSlots > 0) {  // zeroed
         TS_ASSIGN_OR_RETURN(m->m_qbSumDev, m->m_exec.alloc(int64_t(qbSlots) * cfg.num_moe_experts, MemCategory::Workspace));
     }
+    if (o.hiddenDropout > 0 || o.attentionDropout > 0) {
+        TS_ASSIGN_OR_RETURN(m->m_dropKey, m->m_exec.alloc(1, MemCategory::Workspace, sizeof(uint64_t)));
+    }
     return m;
 }
 
@@ -397,8 +400,20 @@ void GptModel::beginStep(int step, int numMicrobatches) {
     if (!stats.isOk())
         std::fprintf(stderr, "trainscope: the MoE router's counters were lost: %s\n", stats.toString().c_str());
     m_exec.setStep(step);
+    if (m_dropKey) {
+        // The step's dropout key, where every dropout kernel of the step reads it (dropSeed): a
+        // captured graph's kernels then draw this step's masks too.
+        const uint64_t key = dropoutStepKey(m_o.seed, step);
+        const TensorPtr buf = m_dropKey;
+        m_exec.op("dropout_seed.upload", Category::Memcpy, 0, sizeof key,
+                  [buf, key] { k::copyBytes(buf->data(), &key, sizeof key); });
+    }
     fp8StepUpdate();
     fp8ExpertStepUpdate();
+}
+
+kernels::hd::DropoutSeed GptModel::dropSeed(int mb, int layer, int site) const {
+    return {m_dropKey ? m_dropKey->as<uint64_t>() : nullptr, dropoutSiteKey(mb, layer, site)};
 }
 
 int GptModel::localTokens() const {

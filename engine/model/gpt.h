@@ -501,6 +501,11 @@ private:
     // quantile_balancing: [MoE layers, E] each layer's sum of this step's column quantiles, on the
     // device (RouterState::qbSlot; moeQbForward adds, moeQbStepEnd reads it once and zeroes it).
     TensorPtr m_qbSumDev;
+    // The step's dropout key (layers.h dropoutStepKey; one uint64, written by beginStep) when
+    // hidden or attention dropout is on: every dropout kernel reads it (dropSeed).
+    TensorPtr m_dropKey;
+    // The seed a dropout kernel of site (mb, layer, site) gets (layers.h dropoutSeed).
+    kernels::hd::DropoutSeed dropSeed(int mb, int layer, int site) const;
     struct Fp8BlockWeightCopy {
         TensorPtr row, col, rowCodes, colCodes;  // dequantized values (workspace) and FP8 bytes with scales (params)
         int step = -1;

@@ -55,10 +55,6 @@ std::vector<std::string> cudaGraphIssues(const Config& c) {
         out.push_back(knob + " runs on the single-device trainer (every parallel size 1) so far: the parallel engine's "
                              "collectives and streams are not captured yet; set the parallel sizes to 1 or "
                              "cuda_graph_impl: none");
-    if (c.hidden_dropout > 0 || c.attention_dropout > 0)
-        out.push_back(knob + " with dropout: the masks' seeds change every step and a graph replays the captured "
-                             "step's (Megatron uses Transformer Engine's graph-safe RNG, not implemented here); set "
-                             "hidden_dropout: 0 and attention_dropout: 0, or cuda_graph_impl: none");
     if (!c.fp8.empty() && c.fp8_recipe == "delayed")
         out.push_back(knob + " with fp8_recipe: delayed: its scales are host state updated every step, which a graph "
                              "would replay unchanged; use fp8_recipe: tensorwise, mxfp8 or blockwise (scales computed "

@@ -228,16 +228,16 @@ Status swigluBackward(const float* dy, const float* x, float* dx, int T, int F, 
 
 // --- Dropout / residual (the CPU's counter-based RNG, so masks are bit-identical) ----------
 Status dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p,
-                      uint64_t seed, uint64_t offset, void* stream);
+                      hd::DropoutSeed seed, uint64_t offset, void* stream);
 Status dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p,
                        void* stream);
-Status dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset,
+Status dropoutMask(uint8_t* mask, int64_t n, float p, hd::DropoutSeed seed, uint64_t offset,
                    void* stream);
 Status biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
+                           uint8_t* mask, int T, int C, float p, hd::DropoutSeed seed, uint64_t offset,
                            bool roundBf16, void* stream);
 Status biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
-                             uint8_t* mask, int T, int C, float p, uint64_t seed,
+                             uint8_t* mask, int T, int C, float p, hd::DropoutSeed seed,
                              uint64_t offset, void* stream);
 Status biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db,
                               int T, int C, float p, void* stream);

@@ -273,12 +273,15 @@ Operands operandsLinearBackward(const float* dy, const float* x, const float* w,
 bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Binding bound) {
     const auto f = static_cast<kernels::cpu::Fp8Format>(bound.format);
     float scale = bound.scale;
-    // kOnDevice: the scale tensorwise scaling made from the tensor's amax, which the stream order
-    // has written by now (the kernel's view of it).
-    float amax = 0.0f;
+    // kOnDevice: the scale tensorwise scaling made from the tensor's amax, or delayed scaling's
+    // step scale over its divisor, which the stream order has written by now (the kernel's view).
+    float held = 0.0f;
     if (scale == kernels::fp8codes::kOnDevice) {
-        amax = *static_cast<const float*>(hostAlias(bound.amax));
-        scale = kernels::cpu::fp8CurrentScale(amax, bound.divisor, f);
+        held = *static_cast<const float*>(hostAlias(kernels::fp8codes::deviceScaleSource(bound)));
+        scale = bound.scaleAt ? held / bound.divisor : kernels::cpu::fp8CurrentScale(held, bound.divisor, f);
+        // a scale whose values give no codes back: the fp32 GEMM on the stored values, as Map::bind
+        // binds such a host scale
+        if (!kernels::fp8codes::exactCodesScale(scale)) return true;
     }
     // kFp32Only: a GPU runs this GEMM in fp32 on the stored values, as the oracle.
     if (!o.p || scale < 0.0f) return true;
@@ -303,9 +306,9 @@ bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Bindi
                 char from[160] = "";
                 if (bound.scale == kernels::fp8codes::kOnDevice)
                     std::snprintf(from, sizeof from,
-                                  " (made from its amax %.9g / %g, which may also have been written after the "
+                                  " (made from its %s %.9g / %g, which may also have been written after the "
                                   "quantization)",
-                                  double(amax), double(bound.divisor));
+                                  bound.scaleAt ? "delayed scale" : "amax", double(held), double(bound.divisor));
                 if (scale != 0.0f)
                     std::snprintf(msg, sizeof msg,
                                   "%s under bf16 GEMMs: operand %s is bound as %s codes at scale %.9g%s but holds "
@@ -554,6 +557,11 @@ void fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, con
 
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
     TS_KERN_DISPATCH(amaxAccumulate, x, n, divisor, slot);
+}
+
+void fp8QuantizeDelayed(const float* x, float* y, uint8_t* codes, int64_t n, const float* scale, float divisor,
+                        Fp8Format f) {
+    TS_KERN_DISPATCH(fp8QuantizeDelayed, x, y, codes, n, scale, divisor, f);
 }
 
 // The GEMMs: on the host, under a checked Bf16GemmScope, `check(op, args...)` looks at the

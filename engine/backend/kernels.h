@@ -149,6 +149,11 @@ void fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, con
                         Fp8Format f, float* observed);
 // Delayed scaling's observation into a buffer element, asynchronous (kernels/cpu/ops.h).
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot);
+// Delayed scaling with the step's scale read from a buffer element when the kernel runs
+// (kernels/cpu/ops.h). Does not bind y: the caller binds it with the scale's address
+// (fp8codes::Map::bindScaleAt) and keeps the scale's buffer alive with the binding.
+void fp8QuantizeDelayed(const float* x, float* y, uint8_t* codes, int64_t n, const float* scale, float divisor,
+                        Fp8Format f);
 
 // --- the rest: asynchronous on CUDA ---------------------------------------------------------
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,

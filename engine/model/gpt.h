@@ -485,6 +485,10 @@ private:
     // scaling's last amax (fp8QuantizeCurrent: the scale never comes back to the host). No
     // read-back per tensor either way.
     TensorPtr m_fp8AmaxDev;
+    // Delayed scaling: each m_fp8Meta entry's scale where kernels read it (fp8QuantizeDelayed, the
+    // GEMMs' bindings), written after each update (fp8StepUpdate) and on a load, so a captured
+    // graph's kernels read each step's scales.
+    TensorPtr m_fp8ScaleDev;
     struct Fp8WeightCopy {
         TensorPtr dequantized, codes;  // float values the GEMM uses; the FP8 codes (1 byte each)
         int step = -1;
@@ -498,6 +502,7 @@ private:
     // fp8ExpertStepUpdate, then zeroed); tensorwise, each tensor's last. m_fp8ExpAmaxRaw: the
     // tensorwise raw amax of each, scratch.
     TensorPtr m_fp8ExpAmaxDev, m_fp8ExpAmaxRaw;
+    TensorPtr m_fp8ExpScaleDev;  // delayed: the experts' scales, as m_fp8ScaleDev
     // quantile_balancing: [MoE layers, E] each layer's sum of this step's column quantiles, on the
     // device (RouterState::qbSlot; moeQbForward adds, moeQbStepEnd reads it once and zeroes it).
     TensorPtr m_qbSumDev;

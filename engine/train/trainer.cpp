@@ -55,10 +55,6 @@ std::vector<std::string> cudaGraphIssues(const Config& c) {
         out.push_back(knob + " runs on the single-device trainer (every parallel size 1) so far: the parallel engine's "
                              "collectives and streams are not captured yet; set the parallel sizes to 1 or "
                              "cuda_graph_impl: none");
-    if (!c.fp8.empty() && c.fp8_recipe == "delayed")
-        out.push_back(knob + " with fp8_recipe: delayed: its scales are host state updated every step, which a graph "
-                             "would replay unchanged; use fp8_recipe: tensorwise, mxfp8 or blockwise (scales computed "
-                             "on the device), or cuda_graph_impl: none");
     if (c.num_moe_experts > 0)
         out.push_back(knob + " with MoE layers: the dispatcher reads the tokens per expert back to the host to size "
                              "the expert GEMMs, a host wait no graph can hold; use a dense model or "

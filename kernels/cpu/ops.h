@@ -350,6 +350,10 @@ float fp8CurrentScale(float amax, float divisor, Fp8Format f);
 // Delayed scaling's observation into an amax slot: *slot = max(*slot, amaxOf(x, n) / divisor),
 // NaN sticking (either side NaN gives NaN), as Fp8Meta::observe does on the host.
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot);
+// Delayed scaling from a scale where kernels see it (the step's, written there by the host before
+// the step): fp8QuantizeDequantize with *scale / divisor, read when the kernel runs.
+void fp8QuantizeDelayed(const float* x, float* y, uint8_t* codes, int64_t n, const float* scale, float divisor,
+                        Fp8Format f);
 // y = decode(encode(x * scale)) * (1 / scale), the value an FP8 GEMM sees after its scale_inv;
 // codes (may be null) receives the FP8 codes. y may alias x.
 void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale, Fp8Format f);

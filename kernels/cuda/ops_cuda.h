@@ -296,6 +296,9 @@ Status fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, c
                           Fp8Format f, float* observed, void* stream);
 // *slot (device float) = max(*slot, amax / divisor), NaN sticking; a float of stream-ordered scratch.
 Status amaxAccumulate(const float* x, int64_t n, float divisor, float* slot, void* stream);
+// scale: a device float, the step's (delayed scaling), divided by divisor when the kernel runs.
+Status fp8QuantizeDelayed(const float* x, float* y, uint8_t* codes, int64_t n, const float* scale, float divisor,
+                          Fp8Format f, void* stream);
 // scale is a host value here, as on the CPU.
 Status fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale,
                              Fp8Format f, void* stream);

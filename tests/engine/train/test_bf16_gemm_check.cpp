@@ -7,8 +7,8 @@
 //   - every trainer variant (tests/trainer_variants.h, what the CUDA trainer test runs) trains
 //     with the check on, on both host backends: no GEMM of a bf16 model (FP8 ones included,
 //     but for the FP8 linears of tensorwise scaling, which Fp32GemmScope takes out) sees a
-//     value bf16 would round, or, where the operand is bound as FP8 codes at a scale (delayed
-//     scaling's, kernels/common/fp8_codes.h), a value that is no code at that scale; and the
+//     value bf16 would round, or, where the operand is bound as FP8 codes at a scale (delayed and
+//     tensorwise scaling's, kernels/common/fp8_codes.h), a value that is no code at that scale; and the
 //     GEMMs taken out are only those.
 #include <gtest/gtest.h>
 
@@ -383,6 +383,43 @@ TEST(Bf16GemmCheck, Fp8ValuesAtADeviceScaleAreCheckedAsCodes) {
     }
 }
 
+// Delayed scaling's codes: quantized at the step's scale read where kernels see it
+// (fp8QuantizeDelayed) and bound with its address (bindScaleAt); the check reads the scale there
+// when the GEMM runs, so a scale written after the quantization fails the codes.
+TEST(Bf16GemmCheck, Fp8ValuesAtADelayedScaleOnTheDeviceAreCheckedAsCodes) {
+    CheckBf16Gemms on;
+    const int T = 4, in = 8, out = 2;
+    const float divisor = 2.0f;
+    const std::vector<float> x = values(T * in, 0.37f), W = values(out * in, 0.25f);
+    for (bool emulate : {false, true}) {
+        SCOPED_TRACE(emulate ? "emulated device" : "CPU backend");
+        auto owner = std::make_shared<int>(0);
+        // p[3]: the scale (3, no power of two: another one gives other codes)
+        auto run = [&](const std::function<void(const std::vector<float*>&)>& fn) {
+            return underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out), {3.0f}},
+                                  [&](const std::vector<float*>& p) {
+                                      kern::fp8QuantizeDelayed(p[0], p[0], nullptr, int64_t(T) * in, p[3], divisor,
+                                                               kern::Fp8Format::E4M3);
+                                      kernels::fp8codes::map().bindScaleAt(p[0], int64_t(T) * in, p[3], divisor,
+                                                                           int(kern::Fp8Format::E4M3), owner);
+                                      fn(p);
+                                  });
+        };
+        EXPECT_TRUE(run([&](const std::vector<float*>& p) {
+                        EXPECT_EQ(kernels::fp8codes::map().scaleOf(p[0], int64_t(T) * in),
+                                  kernels::fp8codes::kOnDevice);
+                        kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
+                    }).isOk());
+        const float other = 5.0f;
+        const Status st = run([&](const std::vector<float*>& p) {
+            kern::copyBytes(p[3], &other, sizeof other);
+            kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
+        });
+        ASSERT_FALSE(st.isOk()) << "codes at a delayed scale written afterwards";
+        EXPECT_NE(st.message().find("made from its delayed scale 5 / 2"), std::string::npos) << st.toString();
+    }
+}
+
 // Fp32GemmScope(true) takes the GEMMs inside it out of a bf16 scope; (false) leaves the
 // surrounding setting as it is, on or off.
 TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
@@ -426,8 +463,8 @@ TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
 
 // Every variant trains with the check on, and its GEMMs run where its precision says: a bf16
 // model's in bf16, except the fp32 router of MoE layers; the FP8 linears (the experts' too) run
-// bf16 GEMMs on codes at their bound scales, delayed scaling's host scales and tensorwise
-// scaling's made on the device; an fp32 model's in fp32.
+// bf16 GEMMs on codes at their bound scales, delayed scaling's step scales and tensorwise
+// scaling's amax-made ones, both on the device; an fp32 model's in fp32.
 // Each bf16 variant without FP8 runs a second time with hybrid tensorwise FP8, whose codes are
 // bound with their amax wherever the variant's paths quantize (recompute, microbatches, shared
 // experts, untied embeddings...).

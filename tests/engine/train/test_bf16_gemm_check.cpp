@@ -324,29 +324,38 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
     }
 }
 
-// Tensorwise scaling's codes, whose scale is made where the amax is (kern::fp8QuantizeCurrent):
-// bound with the amax (Map::bindCurrent), they are checked at the scale the amax holds when the
-// GEMM's kernel runs, so an amax changed after the quantization fails them; a copy bound like
-// them shares the amax's owner, which the map drops when the last binding goes. On the CPU
-// backend and the emulated device.
+// Codes whose scale lives on the device: tensorwise scaling's, made where the amax is
+// (kern::fp8QuantizeCurrent, bound with the amax by Map::bindCurrent), and delayed scaling's, the
+// step's scale read where it is (kern::fp8QuantizeDelayed, Map::bindScaleAt). They are checked at
+// the scale that float gives when the GEMM's kernel runs, so one changed after the quantization
+// fails them; a copy bound like them shares the float's owner, which the map drops when the last
+// binding goes. On the CPU backend and the emulated device.
 TEST(Bf16GemmCheck, Fp8ValuesAtADeviceScaleAreCheckedAsCodes) {
     CheckBf16Gemms on;
     const int T = 4, in = 8, out = 2;
     const float divisor = 2.0f;  // as a data-parallel rank's output gradients
     const std::vector<float> x = values(T * in, 0.37f), W = values(out * in, 0.25f);
+    for (bool delayed : {false, true})
     for (bool emulate : {false, true}) {
-        SCOPED_TRACE(emulate ? "emulated device" : "CPU backend");
+        SCOPED_TRACE(std::string(delayed ? "delayed" : "tensorwise") + (emulate ? ", emulated device" : ", CPU backend"));
         auto owner = std::make_shared<int>(0);
         const std::weak_ptr<int> watch = owner;
-        // x quantized in place at its amax's scale and bound with the amax (p[3]); then fn.
+        // x quantized in place at the scale p[3] gives (tensorwise: its amax, written there;
+        // delayed: 3, no power of two, so that another scale gives other codes) and bound with
+        // p[3]; then fn.
         auto run = [&](const std::function<void(const std::vector<float*>&)>& fn) {
-            return underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out), {0.0f}, x},
+            return underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out), {delayed ? 3.0f : 0.0f}, x},
                                   [&](const std::vector<float*>& p) {
-                                      kern::amaxInto(p[0], int64_t(T) * in, p[3]);
-                                      kern::fp8QuantizeCurrent(p[0], p[0], nullptr, int64_t(T) * in, p[3], divisor,
-                                                               kern::Fp8Format::E4M3, nullptr);
-                                      kernels::fp8codes::map().bindCurrent(p[0], int64_t(T) * in, p[3], divisor,
-                                                                           int(kern::Fp8Format::E4M3), owner);
+                                      const int64_t n = int64_t(T) * in;
+                                      const auto f = kern::Fp8Format::E4M3;
+                                      if (delayed) {
+                                          kern::fp8QuantizeDelayed(p[0], p[0], nullptr, n, p[3], divisor, f);
+                                          kernels::fp8codes::map().bindScaleAt(p[0], n, p[3], divisor, int(f), owner);
+                                      } else {
+                                          kern::amaxInto(p[0], n, p[3]);
+                                          kern::fp8QuantizeCurrent(p[0], p[0], nullptr, n, p[3], divisor, f, nullptr);
+                                          kernels::fp8codes::map().bindCurrent(p[0], n, p[3], divisor, int(f), owner);
+                                      }
                                       fn(p);
                                   });
         };
@@ -356,16 +365,19 @@ TEST(Bf16GemmCheck, Fp8ValuesAtADeviceScaleAreCheckedAsCodes) {
                         kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
                     }).isOk());
         owner.reset();
-        EXPECT_TRUE(watch.expired()) << "the buffer's free forgot the binding and dropped the amax's owner";
+        EXPECT_TRUE(watch.expired()) << "the buffer's free forgot the binding and dropped the scale's owner";
         owner = std::make_shared<int>(0);
-        // Another amax: the stored values are no codes at the scale it gives.
+        // Another amax or scale: the stored values are no codes at the scale it gives.
         const float other = 5.0f;
         Status st = run([&](const std::vector<float*>& p) {
             kern::copyBytes(p[3], &other, sizeof other);
             kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
         });
-        ASSERT_FALSE(st.isOk()) << "codes at the scale of an amax written afterwards";
+        ASSERT_FALSE(st.isOk()) << "codes at the scale of a float written afterwards";
         EXPECT_NE(st.message().find("operand x is bound as E4M3 codes at scale"), std::string::npos) << st.toString();
+        EXPECT_NE(st.message().find(delayed ? "made from its delayed scale 5 / 2" : "made from its amax 5 / 2"),
+                  std::string::npos)
+            << st.toString();
         // A copy (p[4], as a sequence-parallel gather's) bound like x is checked the same way and
         // holds the owner too.
         const std::weak_ptr<int> watch2 = owner;
@@ -380,43 +392,6 @@ TEST(Bf16GemmCheck, Fp8ValuesAtADeviceScaleAreCheckedAsCodes) {
         EXPECT_TRUE(st.isOk()) << st.toString();
         EXPECT_TRUE(watch2.expired());
         owner = std::make_shared<int>(0);
-    }
-}
-
-// Delayed scaling's codes: quantized at the step's scale read where kernels see it
-// (fp8QuantizeDelayed) and bound with its address (bindScaleAt); the check reads the scale there
-// when the GEMM runs, so a scale written after the quantization fails the codes.
-TEST(Bf16GemmCheck, Fp8ValuesAtADelayedScaleOnTheDeviceAreCheckedAsCodes) {
-    CheckBf16Gemms on;
-    const int T = 4, in = 8, out = 2;
-    const float divisor = 2.0f;
-    const std::vector<float> x = values(T * in, 0.37f), W = values(out * in, 0.25f);
-    for (bool emulate : {false, true}) {
-        SCOPED_TRACE(emulate ? "emulated device" : "CPU backend");
-        auto owner = std::make_shared<int>(0);
-        // p[3]: the scale (3, no power of two: another one gives other codes)
-        auto run = [&](const std::function<void(const std::vector<float*>&)>& fn) {
-            return underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out), {3.0f}},
-                                  [&](const std::vector<float*>& p) {
-                                      kern::fp8QuantizeDelayed(p[0], p[0], nullptr, int64_t(T) * in, p[3], divisor,
-                                                               kern::Fp8Format::E4M3);
-                                      kernels::fp8codes::map().bindScaleAt(p[0], int64_t(T) * in, p[3], divisor,
-                                                                           int(kern::Fp8Format::E4M3), owner);
-                                      fn(p);
-                                  });
-        };
-        EXPECT_TRUE(run([&](const std::vector<float*>& p) {
-                        EXPECT_EQ(kernels::fp8codes::map().scaleOf(p[0], int64_t(T) * in),
-                                  kernels::fp8codes::kOnDevice);
-                        kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
-                    }).isOk());
-        const float other = 5.0f;
-        const Status st = run([&](const std::vector<float*>& p) {
-            kern::copyBytes(p[3], &other, sizeof other);
-            kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
-        });
-        ASSERT_FALSE(st.isOk()) << "codes at a delayed scale written afterwards";
-        EXPECT_NE(st.message().find("made from its delayed scale 5 / 2"), std::string::npos) << st.toString();
     }
 }
 

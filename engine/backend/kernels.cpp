@@ -279,9 +279,8 @@ bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Bindi
     if (scale == kernels::fp8codes::kOnDevice) {
         held = *static_cast<const float*>(hostAlias(kernels::fp8codes::deviceScaleSource(bound)));
         scale = bound.scaleAt ? held / bound.divisor : kernels::cpu::fp8CurrentScale(held, bound.divisor, f);
-        // a scale whose values give no codes back: the fp32 GEMM on the stored values, as Map::bind
-        // binds such a host scale
-        if (!kernels::fp8codes::exactCodesScale(scale)) return true;
+        // (no fp32 fallback for a scale whose values give no codes back, unlike a host scale's
+        // kFp32Only: the GPU's device-scale path has none either, kernels/cuda/gemm.cu)
     }
     // kFp32Only: a GPU runs this GEMM in fp32 on the stored values, as the oracle.
     if (!o.p || scale < 0.0f) return true;

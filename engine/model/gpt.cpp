@@ -22,9 +22,9 @@ GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o,
     // (the same products; kernels.h Bf16GemmScope; kern::setCheckBf16Gemms checks it on the host
     // backends). FP8 linears take dequantized FP8 values: with power-of-two scales (mxfp8's E8M0,
     // blockwise's) a code times its scale is a bf16 value too, so their GEMMs are bf16 GEMMs;
-    // delayed scaling's are codes at a host scale, which a GPU's GEMM takes as codes with the
-    // scales' inverses in alpha (kernels/common/fp8_codes.h), tensorwise scaling's codes at a
-    // scale made on the device, which the GEMM reads there; block recipes without power-of-two
+    // delayed scaling's are codes at the step's scale and tensorwise scaling's codes at a scale
+    // made from the amax, both on the device, where the GEMM reads them (a GPU's GEMM takes the
+    // codes with the scales' inverses in alpha, kernels/common/fp8_codes.h); block recipes without power-of-two
     // scales run their FP8 linears' GEMMs in fp32 (kern::Fp32GemmScope where fp8GemmsBf16() does
     // not hold), the rest of the model keeps its bf16 GEMMs.
     m_exec.setBf16Gemms(o.bf16);

@@ -274,7 +274,7 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
         TensorPtr dq = w.dequantized, codes = w.codes;
         const k::Fp8Format fmt = r.forward;
         if (r.delayed) {
-                TS_RETURN_IF_ERROR(checkDelayedBuffers(m_fp8AmaxDev, m_fp8ScaleDev));
+            TS_RETURN_IF_ERROR(checkDelayedBuffers(m_fp8AmaxDev, m_fp8ScaleDev));
             TensorPtr pack = m_fp8AmaxDev, scales = m_fp8ScaleDev;
             const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(kFp8Weight);
             // the step's scale, where kernels read it (as fp8Quantize)
@@ -368,8 +368,9 @@ void GptModel::fp8StepUpdate() {
         counters(step);
     });
     // On a device the read-back makes the host wait for the stream here; the CPU backend runs the
-    // op later on its stream's thread, so the host waits for it too: the next step's quantizations
-    // take the new scales when they are submitted (fp8Quantize and fp8Weight bind them then).
+    // op later on its stream's thread, so the host waits for it too: the host metas (counters,
+    // checkpoints) are the step's when its ops are submitted. The quantizations read the scales
+    // the op wrote to m_fp8ScaleDev when they run, in stream order.
     if (!k::streamOnDevice(m_exec.stream())) (void)m_exec.stream().synchronize();
 }
 

@@ -1,8 +1,6 @@
 // Op executor, deterministic RNG and QKV layout helpers for the GPT model.
 #include "engine/model/layers.h"
 
-#include "kernels/common/dropout_rng.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -124,11 +122,6 @@ uint64_t dropoutStepKey(uint64_t seed, int step) { return hashCombine(splitmix64
 
 uint64_t dropoutSiteKey(int microbatch, int layer, int site) {
     return hashCombine(hashCombine(uint64_t(int64_t(microbatch)), uint64_t(int64_t(layer))), uint64_t(site));
-}
-
-uint64_t dropoutSeed(uint64_t seed, int step, int microbatch, int layer, int site) {
-    const uint64_t key = dropoutStepKey(seed, step);
-    return kernels::hd::DropoutSeed(&key, dropoutSiteKey(microbatch, layer, site)).value();
 }
 
 }  // namespace ts::engine

@@ -134,7 +134,7 @@ private:
     struct Range {
         int64_t n;
         Binding b;
-        std::shared_ptr<const void> owner;  // what keeps b.amax's memory (kOnDevice)
+        std::shared_ptr<const void> owner;  // what keeps b.amax's or b.scaleAt's memory (kOnDevice)
     };
     // The range that covers [x, x + n) wholly, or null (x not null, n > 0).
     const Range* coveringLocked(const float* x, int64_t n) const {

@@ -326,8 +326,9 @@ Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, cons
     // reach the GEMM there: alpha and beta through device pointers, or cuBLASLt's scale pointers.
     const fp8codes::Binding bA = fp8codes::map().lookup(A, nA), bB = fp8codes::map().lookup(B, nB);
     const float sA = bA.scale, sB = bB.scale;
-    // (Scales on the device take the tensor cores only with FP8 GEMMs on, setFp8Gemms: until a
-    // GPU has run that path, the fp32 GEMM on the stored values, which the trainer test verified.)
+    // (Scales on the device, tensorwise and delayed scaling's, take the tensor cores only with FP8
+    // GEMMs on, setFp8Gemms: until a GPU has run that path, the fp32 GEMM on the stored values,
+    // which the trainer test verified for tensorwise scaling.)
     const bool onDevice = sA == fp8codes::kOnDevice || sB == fp8codes::kOnDevice;
     const bool fp32Only = sA == fp8codes::kFp32Only || sB == fp8codes::kFp32Only || (onDevice && !fp8Gemms());
     const float alphaStored = alpha;

@@ -282,7 +282,8 @@ Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
 // --- bf16 -----------------------------------------------------------------------------------
 Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream);
 // y = bf16(x * scale): the FP8 codes of x where x holds FP8 values stored at a scale, as `codes`
-// binds them (kernels/common/fp8_codes.h: a host scale, or kOnDevice, read where the amax is),
+// binds them (kernels/common/fp8_codes.h: a host scale, or kOnDevice, read where the amax or the
+// delayed scale is),
 // exactly; the bf16 GEMMs' operand for such x.
 Status fp8CodesToBf16(const float* x, uint16_t* y, int64_t n, fp8codes::Binding codes, void* stream);
 Status bf16ToFloat(const uint16_t* x, float* y, int64_t n, void* stream);

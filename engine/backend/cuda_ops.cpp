@@ -39,7 +39,8 @@ const std::vector<std::string>& cudaOpNames() {
         // bf16
         "floatToBf16", "fp8CodesToBf16", "bf16ToFloat", "roundToBf16",
         // FP8
-        "amaxOf", "fp8QuantizeCurrent", "amaxAccumulate", "fp8QuantizeDequantize", "fp8BlockQuantizeDequantize",
+        "amaxOf", "fp8QuantizeCurrent", "amaxAccumulate", "fp8QuantizeDelayed", "fp8QuantizeDequantize",
+        "fp8BlockQuantizeDequantize",
         "fp8CodesToFp8",
         // MoE
         "gatherRows", "gatherSumRows", "scaleRows", "moeProbGrad", "weightedColumnSum", "sigmoidGateForward",

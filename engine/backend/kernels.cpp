@@ -112,11 +112,21 @@ T runCudaValue(void* stream, Launch launch) {
 // ----- host execution (CPU backend, emulated device) ------------------------------------------
 
 // An argument as a kernel on the host reads it: pointers through hostAlias (the host view of
-// emulated device memory; identity elsewhere), everything else unchanged.
+// emulated device memory; identity elsewhere), the step key a dropout seed points to (itself, or
+// as an attention dims' dropoutSeed) likewise, everything else unchanged.
 template <typename T>
 T toHost(T v) {
-    if constexpr (std::is_pointer_v<T>) return v ? static_cast<T>(hostAlias(v)) : v;
-    else return v;
+    if constexpr (std::is_pointer_v<T>) {
+        return v ? static_cast<T>(hostAlias(v)) : v;
+    } else if constexpr (std::is_same_v<T, kernels::hd::DropoutSeed>) {
+        v.stepKey = toHost(v.stepKey);
+        return v;
+    } else if constexpr (requires { v.dropoutSeed; }) {
+        v.dropoutSeed = toHost(v.dropoutSeed);
+        return v;
+    } else {
+        return v;
+    }
 }
 
 // The i-th (0-based) name of a comma-separated argument list ("ids, table, out" -> "table").
@@ -134,7 +144,11 @@ std::string argName(const char* list, int i) {
 
 template <typename T>
 void checkDeviceArg(const char* op, const char* names, int i, T v, std::string* err) {
-    if constexpr (std::is_pointer_v<T>) {
+    if constexpr (std::is_same_v<T, kernels::hd::DropoutSeed>) {
+        checkDeviceArg(op, names, i, v.stepKey, err);
+    } else if constexpr (requires { v.dropoutSeed; }) {
+        checkDeviceArg(op, names, i, v.dropoutSeed, err);
+    } else if constexpr (std::is_pointer_v<T>) {
         if (!v || !err->empty() || isEmulatedDevicePointer(v) || isEmulatedHostView(v)) return;
         char addr[32];
         std::snprintf(addr, sizeof addr, "%p", static_cast<const void*>(v));
@@ -259,12 +273,14 @@ Operands operandsLinearBackward(const float* dy, const float* x, const float* w,
 bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Binding bound) {
     const auto f = static_cast<kernels::cpu::Fp8Format>(bound.format);
     float scale = bound.scale;
-    // kOnDevice: the scale tensorwise scaling made from the tensor's amax, which the stream order
-    // has written by now (the kernel's view of it).
-    float amax = 0.0f;
+    // kOnDevice: the scale tensorwise scaling made from the tensor's amax, or delayed scaling's
+    // step scale over its divisor, which the stream order has written by now (the kernel's view).
+    float held = 0.0f;
     if (scale == kernels::fp8codes::kOnDevice) {
-        amax = *static_cast<const float*>(hostAlias(bound.amax));
-        scale = kernels::cpu::fp8CurrentScale(amax, bound.divisor, f);
+        held = *static_cast<const float*>(hostAlias(kernels::fp8codes::deviceScaleSource(bound)));
+        scale = bound.scaleAt ? held / bound.divisor : kernels::cpu::fp8CurrentScale(held, bound.divisor, f);
+        // (no fp32 fallback for a scale whose values give no codes back, unlike a host scale's
+        // kFp32Only: the GPU's device-scale path has none either, kernels/cuda/gemm.cu)
     }
     // kFp32Only: a GPU runs this GEMM in fp32 on the stored values, as the oracle.
     if (!o.p || scale < 0.0f) return true;
@@ -289,9 +305,9 @@ bool checkBf16Operand(const char* op, const Operand& o, kernels::fp8codes::Bindi
                 char from[160] = "";
                 if (bound.scale == kernels::fp8codes::kOnDevice)
                     std::snprintf(from, sizeof from,
-                                  " (made from its amax %.9g / %g, which may also have been written after the "
+                                  " (made from its %s %.9g / %g, which may also have been written after the "
                                   "quantization)",
-                                  double(amax), double(bound.divisor));
+                                  bound.scaleAt ? "delayed scale" : "amax", double(held), double(bound.divisor));
                 if (scale != 0.0f)
                     std::snprintf(msg, sizeof msg,
                                   "%s under bf16 GEMMs: operand %s is bound as %s codes at scale %.9g%s but holds "
@@ -542,6 +558,11 @@ void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
     TS_KERN_DISPATCH(amaxAccumulate, x, n, divisor, slot);
 }
 
+void fp8QuantizeDelayed(const float* x, float* y, uint8_t* codes, int64_t n, const float* scale, float divisor,
+                        Fp8Format f) {
+    TS_KERN_DISPATCH(fp8QuantizeDelayed, x, y, codes, n, scale, divisor, f);
+}
+
 // The GEMMs: on the host, under a checked Bf16GemmScope, `check(op, args...)` looks at the
 // operands first (in the kernel, so a deferred one sees the values its stream order gives it);
 // the first operand that fails fails the op, and the GEMM still runs, so what reads its output
@@ -763,7 +784,7 @@ void swigluBackward(const float* dy, const float* x, float* dx, int T, int F) {
     TS_KERN_DISPATCH(swigluBackward, dy, x, dx, T, F);
 }
 
-void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, kernels::hd::DropoutSeed seed,
                     uint64_t offset) {
     TS_KERN_DISPATCH(dropoutForward, x, y, mask, n, p, seed, offset);
 }
@@ -772,17 +793,17 @@ void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n,
     TS_KERN_DISPATCH(dropoutBackward, dy, mask, dx, n, p);
 }
 
-void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset) {
+void dropoutMask(uint8_t* mask, int64_t n, float p, kernels::hd::DropoutSeed seed, uint64_t offset) {
     TS_KERN_DISPATCH(dropoutMask, mask, n, p, seed, offset);
 }
 
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset, bool roundBf16) {
+                         uint8_t* mask, int T, int C, float p, kernels::hd::DropoutSeed seed, uint64_t offset, bool roundBf16) {
     TS_KERN_DISPATCH(biasDropoutAddFused, x, b, residual, out, mask, T, C, p, seed, offset, roundBf16);
 }
 
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
-                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset) {
+                           uint8_t* mask, int T, int C, float p, kernels::hd::DropoutSeed seed, uint64_t offset) {
     TS_KERN_DISPATCH(biasDropoutAddUnfused, x, b, residual, out, mask, T, C, p, seed, offset);
 }
 

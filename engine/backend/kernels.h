@@ -149,6 +149,11 @@ void fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, con
                         Fp8Format f, float* observed);
 // Delayed scaling's observation into a buffer element, asynchronous (kernels/cpu/ops.h).
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot);
+// Delayed scaling with the step's scale read from a buffer element when the kernel runs
+// (kernels/cpu/ops.h). Does not bind y: the caller binds it with the scale's address
+// (fp8codes::Map::bindScaleAt) and keeps the scale's buffer alive with the binding.
+void fp8QuantizeDelayed(const float* x, float* y, uint8_t* codes, int64_t n, const float* scale, float divisor,
+                        Fp8Format f);
 
 // --- the rest: asynchronous on CUDA ---------------------------------------------------------
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
@@ -233,15 +238,15 @@ void biasGeluBackward(const float* dy, const float* x, const float* b, float* dx
                       int C);
 void swigluForward(const float* x, float* y, int T, int F, bool roundBf16 = false);
 void swigluBackward(const float* dy, const float* x, float* dx, int T, int F);
-void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, kernels::hd::DropoutSeed seed,
                     uint64_t offset);
 void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p);
-void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset);
+void dropoutMask(uint8_t* mask, int64_t n, float p, kernels::hd::DropoutSeed seed, uint64_t offset);
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
+                         uint8_t* mask, int T, int C, float p, kernels::hd::DropoutSeed seed, uint64_t offset,
                          bool roundBf16 = false);
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
-                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
+                           uint8_t* mask, int T, int C, float p, kernels::hd::DropoutSeed seed, uint64_t offset);
 void biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db, int T,
                             int C, float p);
 void add(const float* a, const float* b, float* y, int64_t n);

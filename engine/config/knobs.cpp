@@ -590,7 +590,9 @@ std::vector<KnobDef> buildRegistry() {
                       "of a microbatch, the rest are dropped; 0 = unset (dropless, Megatron's None)."));
     rules(r.b("moe_pad_expert_input_to_capacity", &C::moe_pad_expert_input_to_capacity,
               "--moe-pad-expert-input-to-capacity", "", "model.moe_pad_expert_input_to_capacity",
-              "Pad every expert's input to exactly its capacity (with zero-prob tokens)."),
+              "Pad every expert's input to exactly its capacity (with zero-prob tokens). On one rank the expert "
+              "shapes are then static: the router waits for nothing, and cuda_graph_impl: full_iteration "
+              "captures MoE layers."),
           "needs moe_expert_capacity_factor");
     r.e("moe_token_drop_policy", &C::moe_token_drop_policy, {"probs", "position"}, "--moe-token-drop-policy",
         "model.moe_token_drop_policy",
@@ -679,7 +681,8 @@ std::vector<KnobDef> buildRegistry() {
                          "CUDA graph capture: none, Megatron-Core's per-layer graphs (local), Transformer Engine's, or "
                          "the whole iteration (replaces the deprecated enable_cuda_graph). The engine's full_iteration "
                          "captures the forward and backward of all microbatches after cuda_graph_warmup_steps eager "
-                         "steps, on one device (docs/engine.md, \"CUDA graphs\")."),
+                         "steps, on one device, dropout and FP8 included; MoE layers need "
+                         "moe_pad_expert_input_to_capacity (docs/engine.md, \"CUDA graphs\")."),
                      "not none only with device_backend=cuda"),
                {"none", "full_iteration"});
     r.i("cuda_graph_warmup_steps", &C::cuda_graph_warmup_steps, "--cuda-graph-warmup-steps",

@@ -29,6 +29,7 @@
 
 #include "engine/comm/communicator.h"
 #include "engine/model/layers.h"
+#include "kernels/common/dropout_rng.h"
 
 namespace ts::engine {
 
@@ -40,7 +41,7 @@ public:
         // Attention dropout, keyed by global positions (kernels/cpu/ops.h CpAttnDims): forward and
         // backward draw the same mask of each block from its rows' global positions.
         float dropout = 0;
-        uint64_t dropoutSeed = 0;
+        kernels::hd::DropoutSeed dropoutSeed;
         int headOffset = 0, nqTotal = 0, sTotal = 0;
     };
     // positions[r]: the global positions of CP rank r's rows (cpLocalPositions).

@@ -78,7 +78,9 @@ void fp8QuantizeTensor(const Fp8Recipe& r, const Fp8TensorSlots& q, bool grad, f
     }
     if (r.delayed) {
         kern::amaxAccumulate(x, n, g, q.observed);
-        kern::fp8QuantizeDequantize(x, y, codes, n, q.meta->scale / g, fmt);
+        // the step's scale, read where kernels see it (a captured graph reads each step's)
+        kern::fp8QuantizeDelayed(x, y, codes, n, q.scale, g, fmt);
+        kernels::fp8codes::map().bindScaleAt(y, n, q.scale, g, int(fmt), q.scaleOwner);
         return;
     }
     kern::amaxInto(x, n, q.amax);

@@ -73,12 +73,13 @@ struct Fp8Meta {
 // finite; FLT_MAX when the quotient overflows.
 float currentScale(float amax, float fp8Max);
 
-// Where one FP8 tensor's scaling state is while the ops that quantize it run: its host meta
-// (delayed: the scale from the steps before) and two floats of buffers kernels see: `observed`,
-// the amax it reports (delayed: the step's observations, accumulated; tensorwise: its last), and
-// `amax`, tensorwise's scratch for the raw amax. No value goes back to the host per tensor.
+// Where one FP8 tensor's scaling state is while the ops that quantize it run, all of it in floats
+// kernels see (no value goes back to the host per tensor): `scale`, delayed scaling's step scale
+// (its meta's, written by the host after each update, so a captured graph reads each step's);
+// `observed`, the amax it reports (delayed: the step's observations, accumulated; tensorwise: its
+// last); `amax`, tensorwise's scratch for the raw amax.
 struct Fp8TensorSlots {
-    const Fp8Meta* meta = nullptr;
+    const float* scale = nullptr;
     float* observed = nullptr;
     float* amax = nullptr;
     // Tensorwise: what keeps `amax` (the codes are bound with it, kernels/common/fp8_codes.h), or,
@@ -88,13 +89,15 @@ struct Fp8TensorSlots {
     std::shared_ptr<const void> amaxOwner;
     float* keep = nullptr;
     std::shared_ptr<const void> keepOwner;
+    // Delayed: what keeps `scale` (the codes are bound with it).
+    std::shared_ptr<const void> scaleOwner;
 };
 
 // Quantizes x [n] to FP8 and back into y (in place when y == x; codes: the FP8 bytes, or null)
 // under recipe r, through the kernel dispatch, inside an op (the MoE experts, whose rows are known
 // only when their ops run). `grad`: an output gradient (the backward format), whose amax and scale
-// are taken for gradDivisor-times smaller values (see GptModel::fp8Quantize). Delayed: the meta's
-// scale; the amax accumulated into *observed. Tensorwise: the scale from this tensor's amax,
+// are taken for gradDivisor-times smaller values (see GptModel::fp8Quantize). Delayed: *scale,
+// read when the kernel runs; the amax accumulated into *observed. Tensorwise: the scale from this tensor's amax,
 // computed on the device; *observed = that amax. n = 0: delayed observes nothing, tensorwise
 // records amax 0.
 void fp8QuantizeTensor(const Fp8Recipe& r, const Fp8TensorSlots& q, bool grad, float gradDivisor, const float* x,

@@ -22,9 +22,9 @@ GptModel::GptModel(const Config& cfg, const ModelDims& d, const ModelOptions& o,
     // (the same products; kernels.h Bf16GemmScope; kern::setCheckBf16Gemms checks it on the host
     // backends). FP8 linears take dequantized FP8 values: with power-of-two scales (mxfp8's E8M0,
     // blockwise's) a code times its scale is a bf16 value too, so their GEMMs are bf16 GEMMs;
-    // delayed scaling's are codes at a host scale, which a GPU's GEMM takes as codes with the
-    // scales' inverses in alpha (kernels/common/fp8_codes.h), tensorwise scaling's codes at a
-    // scale made on the device, which the GEMM reads there; block recipes without power-of-two
+    // delayed scaling's are codes at the step's scale and tensorwise scaling's codes at a scale
+    // made from the amax, both on the device, where the GEMM reads them (a GPU's GEMM takes the
+    // codes with the scales' inverses in alpha, kernels/common/fp8_codes.h); block recipes without power-of-two
     // scales run their FP8 linears' GEMMs in fp32 (kern::Fp32GemmScope where fp8GemmsBf16() does
     // not hold), the rest of the model keeps its bf16 GEMMs.
     m_exec.setBf16Gemms(o.bf16);
@@ -122,6 +122,9 @@ Result<std::unique_ptr<GptModel>> GptModel::create(const Config& cfg, Device& de
     }
     if (qbSlots > 0) {  // zeroed
         TS_ASSIGN_OR_RETURN(m->m_qbSumDev, m->m_exec.alloc(int64_t(qbSlots) * cfg.num_moe_experts, MemCategory::Workspace));
+    }
+    if (o.hiddenDropout > 0 || o.attentionDropout > 0) {
+        TS_ASSIGN_OR_RETURN(m->m_dropKey, m->m_exec.alloc(1, MemCategory::Workspace, sizeof(uint64_t)));
     }
     return m;
 }
@@ -397,8 +400,20 @@ void GptModel::beginStep(int step, int numMicrobatches) {
     if (!stats.isOk())
         std::fprintf(stderr, "trainscope: the MoE router's counters were lost: %s\n", stats.toString().c_str());
     m_exec.setStep(step);
+    if (m_dropKey) {
+        // The step's dropout key, where every dropout kernel of the step reads it (dropSeed): a
+        // captured graph's kernels then draw this step's masks too.
+        const uint64_t key = dropoutStepKey(m_o.seed, step);
+        const TensorPtr buf = m_dropKey;
+        m_exec.op("dropout_seed.upload", Category::Memcpy, 0, sizeof key,
+                  [buf, key] { k::copyBytes(buf->data(), &key, sizeof key); });
+    }
     fp8StepUpdate();
     fp8ExpertStepUpdate();
+}
+
+kernels::hd::DropoutSeed GptModel::dropSeed(int mb, int layer, int site) const {
+    return {m_dropKey ? m_dropKey->as<uint64_t>() : nullptr, dropoutSiteKey(mb, layer, site)};
 }
 
 int GptModel::localTokens() const {

@@ -109,6 +109,14 @@ public:
     // step's stageInputs. Marks mb's loss as pending (microbatchLoss), since a launched graph runs
     // no host code.
     Status stageInputs(int mb, std::shared_ptr<const Microbatch> data);
+    // CUDA graphs: what of the captured step's host-side work each launch must redo, since a
+    // launch runs no host code: the MoE router's counter entries (their buffers are the graph's;
+    // a captured step's end does not read them), which graphCaptured keeps after the capture and
+    // graphLaunched, called after each launch, queues again and reads on the stream behind it, as
+    // an eager step's end does; graphReleased forgets them.
+    void graphCaptured();
+    Status graphLaunched();
+    void graphReleased();
 
     // Enqueues the forward of microbatch `mb`. First stage reads data->tokens, other stages
     // `input` [T, h]; the last stage computes the loss (and, with the fused cross entropy, its
@@ -292,10 +300,10 @@ private:
     bool fp8Layer(int li) const;  // local layer li runs its linears in FP8
     // The FP8 linears' GEMMs run in bf16 with the rest of a bf16 model: block recipes with
     // power-of-two scales (a dequantized operand, a code times 2^k, is a bf16 value), delayed
-    // scaling (its operands are codes at a host scale, which kern::fp8QuantizeDequantize binds
-    // for the GEMMs to take as codes: kernels/common/fp8_codes.h) and tensorwise scaling (codes
-    // at a scale made on the device from the tensor's amax, which fp8Quantize, fp8Weight and the
-    // experts' fp8QuantizeTensor bind with the amax). The others (block recipes without
+    // scaling (codes at the step's scale, which the host writes to the device; fp8Quantize,
+    // fp8Weight and the experts' fp8QuantizeTensor bind them with its address for the GEMMs to
+    // take as codes: kernels/common/fp8_codes.h) and tensorwise scaling (codes at a scale made on
+    // the device from the tensor's amax, bound with the amax). The others (block recipes without
     // power-of-two scales) run them in fp32 (kern::Fp32GemmScope), every other GEMM in bf16.
     bool fp8GemmsBf16() const { return m_o.fp8.isBlock() ? m_o.fp8.blockPow2 : true; }
     void fp8Init();
@@ -466,6 +474,7 @@ private:
     // beginStep for a step that ended early.
     struct RouterStats;
     std::vector<std::shared_ptr<RouterStats>> m_pendingRouterStats;
+    std::vector<std::shared_ptr<RouterStats>> m_graphRouterStats;  // graphCaptured
     Status flushRouterStats();
     Status moeQbStepEnd();
     // quantile_balancing in the forward: the router's logits gathered over tp-cp and this
@@ -485,6 +494,10 @@ private:
     // scaling's last amax (fp8QuantizeCurrent: the scale never comes back to the host). No
     // read-back per tensor either way.
     TensorPtr m_fp8AmaxDev;
+    // Delayed scaling: each m_fp8Meta entry's scale where kernels read it (fp8QuantizeDelayed, the
+    // GEMMs' bindings), written after each update (fp8StepUpdate) and on a load, so a captured
+    // graph's kernels read each step's scales.
+    TensorPtr m_fp8ScaleDev;
     struct Fp8WeightCopy {
         TensorPtr dequantized, codes;  // float values the GEMM uses; the FP8 codes (1 byte each)
         int step = -1;
@@ -498,9 +511,15 @@ private:
     // fp8ExpertStepUpdate, then zeroed); tensorwise, each tensor's last. m_fp8ExpAmaxRaw: the
     // tensorwise raw amax of each, scratch.
     TensorPtr m_fp8ExpAmaxDev, m_fp8ExpAmaxRaw;
+    TensorPtr m_fp8ExpScaleDev;  // delayed: the experts' scales, as m_fp8ScaleDev
     // quantile_balancing: [MoE layers, E] each layer's sum of this step's column quantiles, on the
     // device (RouterState::qbSlot; moeQbForward adds, moeQbStepEnd reads it once and zeroes it).
     TensorPtr m_qbSumDev;
+    // The step's dropout key (layers.h dropoutStepKey; one uint64, written by beginStep) when
+    // hidden or attention dropout is on: every dropout kernel reads it (dropSeed).
+    TensorPtr m_dropKey;
+    // The seed a dropout kernel of site (mb, layer, site) gets (layers.h dropoutStepKey, dropoutSiteKey).
+    kernels::hd::DropoutSeed dropSeed(int mb, int layer, int site) const;
     struct Fp8BlockWeightCopy {
         TensorPtr row, col, rowCodes, colCodes;  // dequantized values (workspace) and FP8 bytes with scales (params)
         int step = -1;

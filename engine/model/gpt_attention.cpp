@@ -10,14 +10,15 @@
 namespace ts::engine {
 
 namespace {
-// Core-attention dims of global layer gl (nq, ng: this rank's heads). Attention-dropout masks
-// are keyed by (seed, step, microbatch, layer) and numbered over all heads, so TP ranks draw
-// the single-device mask of their heads and recompute/backward regenerate the forward's mask.
+// Core-attention dims (nq, ng: this rank's heads). Attention-dropout masks are keyed by (seed,
+// step, microbatch, layer): `seed`, GptModel::dropSeed; they are numbered over all heads, so TP
+// ranks draw the single-device mask of their heads and recompute/backward regenerate the
+// forward's mask.
 k::AttnDims attnDims(const ModelDims& md, const ModelOptions& o, const ParallelContext& ctx, int nq,
-                     int ng, int step, int mb, int gl) {
+                     int ng, kernels::hd::DropoutSeed seed) {
     k::AttnDims ad{md.seq, md.microBatch, nq, ng, md.headDim, 1.0f / std::sqrt(float(md.headDim))};
     ad.dropout = o.attentionDropout;
-    ad.dropoutSeed = dropoutSeed(o.seed, step, mb, gl, 3);
+    ad.dropoutSeed = seed;
     ad.headOffset = ctx.tpRank * nq;
     ad.nqTotal = md.heads;
     return ad;
@@ -110,7 +111,7 @@ Result<TensorPtr> GptModel::attentionForward(LayerActs& A, const LayerParams& P,
         }
     }
     // core attention
-    const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
+    const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, dropSeed(m_exec.microbatch(), gl, 3));
     if (m_ctx.cpSize > 1) {
         TS_RETURN_IF_ERROR(cpCoreAttentionForward(A, nq, ng, ad));
         if (fp8 && !m_o.fp8.isBlock() && A.lse && !A.ctxHeads) {
@@ -258,7 +259,7 @@ Result<TensorPtr> GptModel::attentionBackward(LayerActs& A, const LayerParams& P
     dproj.reset();
 
     // same dims (and so the same dropout mask) as the forward
-    const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, m_step, m_exec.microbatch(), gl);
+    const k::AttnDims ad = attnDims(m_d, m_o, m_ctx, nq, ng, dropSeed(m_exec.microbatch(), gl, 3));
     TS_ASSIGN_OR_RETURN(TensorPtr dq, alloc(int64_t(T) * nq * d));
     TS_ASSIGN_OR_RETURN(TensorPtr dk, alloc(int64_t(T) * ng * d));
     TS_ASSIGN_OR_RETURN(TensorPtr dv, alloc(int64_t(T) * ng * d));

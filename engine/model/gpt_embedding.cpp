@@ -72,7 +72,7 @@ Status GptModel::embeddingForward(MbState& st, int mb) {
         TS_ASSIGN_OR_RETURN(TensorPtr dropped, m_exec.alloc(ThL));
         TS_ASSIGN_OR_RETURN(st.embMask, m_exec.alloc(ThL, MemCategory::Activations, 1));
         TensorPtr mask = st.embMask;
-        const uint64_t seed = dropoutSeed(m_o.seed, m_step, mb, -1, 0);
+        const kernels::hd::DropoutSeed seed = dropSeed(mb, -1, 0);
         m_exec.op("embedding_dropout", Category::Elementwise, double(ThL), uint64_t(ThL) * 9, [=] {
             for (const DropPiece& pc : *pieces)
                 k::dropoutForward(fp(emb) + pc.local, fp(dropped) + pc.local, mask->as<uint8_t>() + pc.local, pc.n, p,

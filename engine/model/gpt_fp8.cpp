@@ -86,6 +86,30 @@ Status writePack(Stream& s, const TensorPtr& pack, const std::vector<Fp8Meta>& m
     for (size_t i = 0; i < observed.size(); ++i) observed[i] = metas[i].history[0];
     return k::copyFromHost(s, pack->data(), observed.data(), observed.size() * sizeof(float));
 }
+// Delayed scaling: each meta's scale, where kernels read it (one float per meta, as the amax pack):
+// uploaded after every update and on a load, in stream order.
+std::vector<float> scalesOf(const std::vector<Fp8Meta>& metas) {
+    std::vector<float> out(metas.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = metas[i].scale;
+    return out;
+}
+Status writeScales(Stream& s, const TensorPtr& scales, const std::vector<Fp8Meta>& metas) {
+    if (!scales) return Status::ok();
+    const std::vector<float> h = scalesOf(metas);
+    return k::copyFromHost(s, scales->data(), h.data(), h.size() * sizeof(float));
+}
+// Inside an op (the scale update): the same upload, its host source read at the call.
+void uploadScales(const TensorPtr& scales, const std::vector<Fp8Meta>& metas) {
+    if (!scales) return;
+    const std::vector<float> h = scalesOf(metas);
+    k::copyBytes(scales->data(), h.data(), h.size() * sizeof(float));
+}
+// The pair of a delayed-scaling state's buffers a quantization needs, or an internal error.
+Status checkDelayedBuffers(const TensorPtr& amaxes, const TensorPtr& scales) {
+    if (!amaxes || !scales) return Status::internal("FP8 delayed scaling without its amax or scale buffer");
+    return Status::ok();
+}
+
 // The index of expert tensor (local layer li, local expert l, fc1/fc2 lin, slot) among L local
 // experts: in the experts' metas and their pack.
 size_t expertAt(size_t L, int li, int l, int lin, int slot) {
@@ -117,6 +141,10 @@ void GptModel::fp8Init() {
     if (!m_o.fp8.isBlock()) {
         auto pack = m_exec.alloc(int64_t(m_fp8Meta->size()), MemCategory::Workspace);  // zeroed
         if (pack) m_fp8AmaxDev = *pack;
+    }
+    if (m_o.fp8.delayed && !m_o.fp8.isBlock()) {
+        auto scales = m_exec.alloc(int64_t(m_fp8Meta->size()), MemCategory::Workspace);
+        if (scales && writeScales(m_exec.stream(), *scales, *m_fp8Meta).isOk()) m_fp8ScaleDev = *scales;
     }
 }
 
@@ -159,6 +187,7 @@ Status GptModel::setFp8State(const nlohmann::json& state) {
             }
     }
     TS_RETURN_IF_ERROR(setFp8ExpertState(state));
+    TS_RETURN_IF_ERROR(writeScales(m_exec.stream(), m_fp8ScaleDev, *m_fp8Meta));
     return writePack(m_exec.stream(), m_fp8AmaxDev, *m_fp8Meta);
 }
 
@@ -167,7 +196,6 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
     // Block recipes: the tensor stays in high precision; each GEMM quantizes its operands along
     // its own reduction dimension (fp8BlockOperand, linearBackward).
     if (r.isBlock()) return Status::ok();
-    Fp8Meta* meta = &(*m_fp8Meta)[(size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot)];
     const k::Fp8Format fmt = slot == kFp8Grad ? r.backward : r.forward;
     // Output gradients of a data-parallel rank are dp x the single device's (its loss is averaged
     // over its own microbatches; the 1/dp comes with the grad reduction), and cp x with context
@@ -177,17 +205,17 @@ Status GptModel::fp8Quantize(int li, Fp8Linear lin, Fp8Slot slot, TensorPtr t, i
     const float g = slot == kFp8Grad ? float(m_ctx.dpSize) * float(m_ctx.cpSize) : 1.0f;
     if (r.delayed) {
         // The amax is observed where kernels see it (the step's pack, m_fp8AmaxDev); the scale is
-        // the host's, from the history of the steps before.
-        if (!m_fp8AmaxDev) return Status::internal("FP8 delayed scaling without its amax buffer");
-        TensorPtr pack = m_fp8AmaxDev;
+        // the one the host made from the history of the steps before and wrote to m_fp8ScaleDev
+        // (read there when the kernel runs: a captured graph reads each step's).
+        TS_RETURN_IF_ERROR(checkDelayedBuffers(m_fp8AmaxDev, m_fp8ScaleDev));
+        TensorPtr pack = m_fp8AmaxDev, scales = m_fp8ScaleDev;
         const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(slot);
-        // The scale is fixed for the step: bound now, in program order, so that a gather of t
-        // submitted next binds its copy too (kernels/common/fp8_codes.h bindLike).
-        const float scale = meta->scale / g;
-        kernels::fp8codes::map().bind(fp(t), n, scale, int(fmt));
+        // The codes are bound now, in program order, so that a gather of t submitted next binds
+        // its copy too (kernels/common/fp8_codes.h bindLike).
+        kernels::fp8codes::map().bindScaleAt(fp(t), n, fp(scales) + at, g, int(fmt), scales);
         m_exec.op("fp8_quantize", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 8, [=] {
             k::amaxAccumulate(fp(t), n, g, fp(pack) + at);
-            k::fp8QuantizeDequantize(fp(t), fp(t), nullptr, n, scale, fmt);
+            k::fp8QuantizeDelayed(fp(t), fp(t), nullptr, n, fp(scales) + at, g, fmt);
         });
         return Status::ok();
     }
@@ -242,19 +270,18 @@ Result<const float*> GptModel::fp8Weight(int li, Fp8Linear lin, int wIdx) {
         w.step = m_step;
         fp8CopyMade(wIdx);
         const Fp8Recipe& r = m_o.fp8;
-        Fp8Meta* meta = &(*m_fp8Meta)[(size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(kFp8Weight)];
         const float* W = m_params.modelParam(wIdx);
         TensorPtr dq = w.dequantized, codes = w.codes;
         const k::Fp8Format fmt = r.forward;
         if (r.delayed) {
-            if (!m_fp8AmaxDev) return Status::internal("FP8 delayed scaling without its amax buffer");
-            TensorPtr pack = m_fp8AmaxDev;
+            TS_RETURN_IF_ERROR(checkDelayedBuffers(m_fp8AmaxDev, m_fp8ScaleDev));
+            TensorPtr pack = m_fp8AmaxDev, scales = m_fp8ScaleDev;
             const size_t at = (size_t(li) * kLinears + size_t(lin)) * kSlots + size_t(kFp8Weight);
-            const float scale = meta->scale;  // fixed for the step (as fp8Quantize)
-            kernels::fp8codes::map().bind(fp(dq), n, scale, int(fmt));
+            // the step's scale, where kernels read it (as fp8Quantize)
+            kernels::fp8codes::map().bindScaleAt(fp(dq), n, fp(scales) + at, 1.0f, int(fmt), scales);
             m_exec.op("fp8_quantize_weight", Category::Elementwise, 3.0 * double(n), uint64_t(n) * 9, [=] {
                 k::amaxAccumulate(W, n, 1.0f, fp(pack) + at);
-                k::fp8QuantizeDequantize(W, fp(dq), codes->as<uint8_t>(), n, scale, fmt);
+                k::fp8QuantizeDelayed(W, fp(dq), codes->as<uint8_t>(), n, fp(scales) + at, 1.0f, fmt);
             });
         } else {
             TS_ASSIGN_OR_RETURN(TensorPtr amax, m_exec.alloc(1, MemCategory::Workspace));
@@ -327,6 +354,7 @@ void GptModel::fp8StepUpdate() {
     if (m_ctx.amax && m_ctx.amax->size() > 1)
         m_ctx.amax->allReduce(m_exec.stream(), b->data(), b->data(), size_t(n), DType::F32, ReduceOp::Max);
     const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
+    TensorPtr scales = m_fp8ScaleDev;
     m_exec.op("fp8_scale_update", Category::Elementwise, double(n), uint64_t(n) * 8, [=] {
         std::vector<float> h(static_cast<size_t>(n));
         k::download(h.data(), fp(b), h.size() * sizeof(float));
@@ -336,11 +364,13 @@ void GptModel::fp8StepUpdate() {
             m.history[0] = h[size_t(i)];
             m.update(i % kSlots == kFp8Grad ? bwdMax : fwdMax, r.margin, r.algoMax);
         }
+        uploadScales(scales, *metas);  // where this step's quantizations read them
         counters(step);
     });
     // On a device the read-back makes the host wait for the stream here; the CPU backend runs the
-    // op later on its stream's thread, so the host waits for it too: the next step's quantizations
-    // take the new scales when they are submitted (fp8Quantize and fp8Weight bind them then).
+    // op later on its stream's thread, so the host waits for it too: the host metas (counters,
+    // checkpoints) are the step's when its ops are submitted. The quantizations read the scales
+    // the op wrote to m_fp8ScaleDev when they run, in stream order.
     if (!k::streamOnDevice(m_exec.stream())) (void)m_exec.stream().synchronize();
 }
 
@@ -395,16 +425,23 @@ void GptModel::fp8ExpertInit() {
             m_fp8ExpAmaxRaw = *raw;
         }
     }
+    if (m_o.fp8.delayed && !m_o.fp8.isBlock()) {
+        auto scales = m_exec.alloc(int64_t(m_fp8ExpMeta->size()), MemCategory::Workspace);
+        if (scales && writeScales(m_exec.stream(), *scales, *m_fp8ExpMeta).isOk()) m_fp8ExpScaleDev = *scales;
+    }
 }
 
 Fp8TensorSlots GptModel::fp8ExpertSlots(int li, int l, Fp8ExpertLinear lin, Fp8Slot slot) const {
     const size_t at = expertAt(size_t(m_fp8LocalExperts), li, l, lin, slot);
     Fp8TensorSlots q;
-    q.meta = &(*m_fp8ExpMeta)[at];
     if (m_fp8ExpAmaxDev) q.observed = fp(m_fp8ExpAmaxDev) + at;
     if (m_fp8ExpAmaxRaw) {
         q.amax = fp(m_fp8ExpAmaxRaw) + at;
         q.amaxOwner = m_fp8ExpAmaxRaw;
+    }
+    if (m_fp8ExpScaleDev) {
+        q.scale = fp(m_fp8ExpScaleDev) + at;
+        q.scaleOwner = m_fp8ExpScaleDev;
     }
     return q;
 }
@@ -417,6 +454,7 @@ Result<std::vector<const float*>> GptModel::fp8ExpertWeights(int li, Fp8ExpertLi
     const int L = m_fp8LocalExperts;
     std::vector<const float*> out(static_cast<size_t>(L));
     if (!m_o.fp8.isBlock() && !m_fp8ExpAmaxDev) return Status::internal("FP8 experts without their amax buffer");
+    if (m_o.fp8.delayed && !m_o.fp8.isBlock()) TS_RETURN_IF_ERROR(checkDelayedBuffers(m_fp8ExpAmaxDev, m_fp8ExpScaleDev));
     struct Job {
         const float* W;
         TensorPtr dq, codes;
@@ -485,6 +523,7 @@ Status GptModel::setFp8ExpertState(const nlohmann::json& state) {
                     TS_RETURN_IF_ERROR(readFp8Entry(*it, key, *fp8ExpertMeta(int(li), l, Fp8ExpertLinear(lin), Fp8Slot(slot))));
                 }
     }
+    TS_RETURN_IF_ERROR(writeScales(m_exec.stream(), m_fp8ExpScaleDev, *m_fp8ExpMeta));
     return writePack(m_exec.stream(), m_fp8ExpAmaxDev, *m_fp8ExpMeta);
 }
 
@@ -546,6 +585,7 @@ void GptModel::fp8ExpertStepUpdate() {
     if (m_ctx.amax && m_ctx.amax->size() > 1)
         m_ctx.amax->allReduce(m_exec.stream(), b->data(), b->data(), size_t(n), DType::F32, ReduceOp::Max);
     const float fwdMax = k::fp8Max(r.forward), bwdMax = k::fp8Max(r.backward);
+    TensorPtr scales = m_fp8ExpScaleDev;
     m_exec.op("fp8_expert_scale_update", Category::Elementwise, double(n), uint64_t(n) * 8, [=] {
         std::vector<float> h(static_cast<size_t>(n));
         k::download(h.data(), fp(b), h.size() * sizeof(float));
@@ -558,6 +598,7 @@ void GptModel::fp8ExpertStepUpdate() {
                         m.history[0] = h[packed(mi, l, lin, slot)];
                         m.update(slot == kFp8Grad ? bwdMax : fwdMax, r.margin, r.algoMax);
                     }
+        uploadScales(scales, *metas);  // where this step's quantizations read them
         counters();
     });
 }

@@ -44,7 +44,7 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     {
         const float* B = P.projB >= 0 ? m_params.modelParam(P.projB) : nullptr;
         TensorPtr x = A.x, x2 = A.x2, mask = A.mask1;
-        const uint64_t seed = dropoutSeed(m_o.seed, m_step, m_exec.microbatch(), gl, 1);
+        const kernels::hd::DropoutSeed seed = dropSeed(m_exec.microbatch(), gl, 1);
         const bool fused = m_o.fusedBiasDropout;
         m_exec.op("bias_dropout_add.attn", Category::Elementwise, 3.0 * ThL, uint64_t(ThL) * 16, [=] {
             uint8_t* mk = mask ? mask->as<uint8_t>() : nullptr;
@@ -74,7 +74,7 @@ Status GptModel::layerForward(MbState& st, int li, bool keep) {
     {
         const float* B = P.fc2B >= 0 ? m_params.modelParam(P.fc2B) : nullptr;
         TensorPtr x2 = A.x2, mask = A.mask2;
-        const uint64_t seed = dropoutSeed(m_o.seed, m_step, m_exec.microbatch(), gl, 2);
+        const kernels::hd::DropoutSeed seed = dropSeed(m_exec.microbatch(), gl, 2);
         const bool fused = m_o.fusedBiasDropout;
         m_exec.op("bias_dropout_add.mlp", Category::Elementwise, 3.0 * ThL, uint64_t(ThL) * 16, [=] {
             uint8_t* mk = mask ? mask->as<uint8_t>() : nullptr;

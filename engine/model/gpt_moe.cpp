@@ -77,7 +77,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 
+#include "engine/backend/graph.h"
 #include "engine/model/gpt_internal.h"
 #include "engine/model/moe_routing.h"
 #include "kernels/common/row_groups.h"
@@ -161,6 +163,10 @@ struct GptModel::MoeSaved {
     MoeRouteOptions ro;            // how the router chose (the probs' backward)
     int dropped = 0;
     std::vector<int> offset;     // [E+1] first permuted row of each expert (takeOffsets)
+    // Padded to the capacity on one device: the offsets are the host's own (every expert has
+    // min(cap, T) rows), the routing is never read back, and `routed` / `dropped` stay on the
+    // device (the plan's routed words, which the counters read at the step's end).
+    bool routedOnDevice = false;
     // The expert bias's counts of this step that this routing adds to: RouterState::localTokens of
     // layer biasLayer (null: no expert bias, or a full recompute's rerun, which counts nothing).
     std::shared_ptr<std::vector<RouterState>> biasRouter;
@@ -174,7 +180,9 @@ struct GptModel::MoeSaved {
         offset.assign(o, o + E + 1);
         rows = o[E];
         dropped = 0;
-        if (routed.empty()) {
+        if (routedOnDevice) {
+            // known on the device only
+        } else if (routed.empty()) {
             routed.resize(size_t(E));
             for (int e = 0; e < E; ++e) routed[size_t(e)] = o[e + 1] - o[e];
         } else if (ro.cap >= 0) {
@@ -260,6 +268,11 @@ struct GptModel::RouterStats {
     int64_t ts = 0;
     std::vector<int> routed;
     int dropped = 0;
+    // Padded to the capacity on one device (MoeSaved::routedOnDevice): `routed` is not known on the
+    // host; the router copies it into stats' last E floats (int32 bits), and the flush reads it
+    // there and counts the dropped copies over `capacity`.
+    bool routedInStats = false;
+    int capacity = -1;
 };
 
 // What of the routed experts' saved state holds bf16 values (GptModel::saveBf16): the permuted
@@ -357,6 +370,15 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
     // tokens -1). The allgather dispatcher's routing map needs the rows at once: there the router
     // reads them back at a capacity, and the dispatcher waits a second time.
     const bool offsetsFromDispatch = (ep > 1 || etp > 1) && (cap < 0 || m_cfg.moe_token_dispatcher_type != "allgather");
+    // Padded to the capacity on one device, every expert has min(cap, T) rows (its kept copies and
+    // the earliest other tokens): the host knows the offsets without waiting for the routing, so
+    // the layer's ops hold no host wait (and a CUDA graph can capture them).
+    if (pad && ep == 1 && etp == 1) {
+        std::vector<int32_t> o(size_t(E) + 1);
+        for (int e = 0; e <= E; ++e) o[size_t(e)] = e * std::min(cap, T);
+        s->routedOnDevice = true;
+        s->takeOffsets(o.data());
+    }
     const kernels::cpu::MoeCapacity capacity = ro.capacity();
     const kernels::cpu::MoeTopKSpec spec = ro.topk();
     TensorPtr biasDev, norm;
@@ -385,7 +407,9 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
                         s->planTokExp(), s->planRowOf(), fp(s->probT));
         // With offsetsFromDispatch the dispatcher's gather brings them (s->rows stays rowsAlloc for
         // the gather below).
-        if (!offsetsFromDispatch && cap >= 0) {
+        if (s->routedOnDevice) {
+            // offsets taken already
+        } else if (!offsetsFromDispatch && cap >= 0) {
             std::vector<int32_t> both(2 * size_t(E) + 1);  // offsets [E+1], then routed [E]
             k::download(both.data(), s->planOffset(), both.size() * sizeof(int32_t));
             s->routed.assign(both.begin() + E + 1, both.end());
@@ -418,7 +442,17 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         TS_ASSIGN_OR_RETURN(s->auxGlobal, allocUninitialized(m_exec, E, MemCategory::CommBuffers));
     }
     TensorPtr stats;
-    if (tt.recorder && auxPass) { TS_ASSIGN_OR_RETURN(stats, allocUninitialized(m_exec, int64_t(G) * E + 1, MemCategory::Workspace)); }
+    if (tt.recorder && auxPass) {
+        // (+ E: the routed copies' int32 bits where only the device has them)
+        TS_ASSIGN_OR_RETURN(stats, allocUninitialized(m_exec, int64_t(G) * E + 1 + (s->routedOnDevice ? E : 0),
+                                                      MemCategory::Workspace));
+        if (s->routedOnDevice) {
+            const TensorPtr into = stats;
+            m_exec.op("router.routed_counts", Category::Memcpy, 0, uint64_t(E) * 8, [=] {
+                k::copyBytes(fp(into) + int64_t(G) * E + 1, s->planRouted(), size_t(E) * sizeof(int32_t));
+            });
+        }
+    }
     if (s->auxCounts || s->auxGlobal || stats) {
         const TensorPtr counts = s->auxCounts, global = s->auxGlobal, logits = s->logits;
         const MoeScore score = ro.score;
@@ -483,6 +517,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         st->counts = s->auxCounts;
         st->global = s->auxGlobal;
         st->stats = stats;
+        st->routedInStats = s->routedOnDevice;
+        st->capacity = cap;
         m_exec.op("moe.router_stats", Category::Other, 0, 0, [=] {
             st->ts = monotonicNs();
             st->routed = s->routed;
@@ -515,6 +551,8 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
         TS_ASSIGN_OR_RETURN(biasWs, allocUninitialized(m_exec, int64_t(R) * h, MemCategory::Workspace));
     }
     if (fp8 && !blk && !m_fp8ExpAmaxDev) return Status::internal("FP8 experts without their amax buffer");
+    if (fp8 && !blk && m_o.fp8.delayed && !m_fp8ExpScaleDev)
+        return Status::internal("FP8 experts' delayed scaling without its scale buffer");
     if (fp8) {
         TS_ASSIGN_OR_RETURN(s->fc2in, allocUninitialized(m_exec, int64_t(R) * F));
         // Tensorwise: each expert's input and fc2 input amax, kept with their codes until the
@@ -1078,6 +1116,23 @@ Status GptModel::setRouterVectors(const nlohmann::json& state, std::vector<float
 
 // ---- the router's counters ------------------------------------------------------------------
 
+void GptModel::graphCaptured() {
+    m_graphRouterStats = std::move(m_pendingRouterStats);
+    m_pendingRouterStats.clear();
+}
+
+Status GptModel::graphLaunched() {
+    const int64_t ts = monotonicNs();
+    for (const auto& st : m_graphRouterStats) {
+        auto again = std::make_shared<RouterStats>(*st);  // the same buffers, which the launch rewrote
+        again->ts = ts;
+        m_pendingRouterStats.push_back(std::move(again));
+    }
+    return flushRouterStats();  // read on the stream after the launch, as an eager step's end does
+}
+
+void GptModel::graphReleased() { m_graphRouterStats.clear(); }
+
 // The counts of every microbatch since the last flush gathered into one buffer on the stream and
 // read back once (the op's only wait), then each microbatch's counters: aux_loss / z_loss of this
 // rank's share of the microbatch x tp x cp (so that their mean over those ranks is the
@@ -1091,7 +1146,7 @@ Status GptModel::flushRouterStats() {
     // Each forward's counts, global counts and statistics, where it has them.
     const auto sizes = [](const RouterStats& st) {
         return std::array<int64_t, 3>{st.counts ? int64_t(st.G) * st.E : 0, st.global ? int64_t(st.E) : 0,
-                                      st.stats ? int64_t(st.G) * st.E + 1 : 0};
+                                      st.stats ? int64_t(st.G) * st.E + 1 + (st.routedInStats ? st.E : 0) : 0};
     };
     for (const auto& st : *pending)
         for (int64_t n : sizes(*st)) total += n;
@@ -1128,8 +1183,17 @@ Status GptModel::flushRouterStats() {
             if (global) off += E;
             const float* stats = st.stats ? host.data() + off : nullptr;
             if (stats) off += int64_t(G) * E + 1;
+            std::vector<int> routed = st.routed;
+            int dropped = st.dropped;
+            if (stats && st.routedInStats) {  // the plan's routed words, after the statistics
+                routed.resize(size_t(E));
+                std::memcpy(routed.data(), stats + size_t(G) * E + 1, size_t(E) * sizeof(int32_t));
+                off += E;
+                dropped = 0;
+                for (int e = 0; e < E; ++e) dropped += std::max(0, routed[size_t(e)] - st.capacity);
+            }
             // A forward whose stats op never ran (its stream failed) has nothing to say.
-            if (!stats || st.routed.size() != size_t(E)) continue;
+            if (!stats || routed.size() != size_t(E)) continue;
             const std::vector<double> probSum(stats, stats + size_t(G) * E);
             const double zSum = stats[size_t(G) * E];
             // per expert over the groups: aux_loss's statistics (and global_aux_loss's probs)
@@ -1170,10 +1234,9 @@ Status GptModel::flushRouterStats() {
                 {tt.rank, tt.recorder->intern(base + "z_loss"), st.ts, zCoeff * zSum / Tg * st.share});
             for (int e = 0; e < E; ++e)
                 tt.recorder->counter({tt.rank, tt.recorder->intern(base + "tokens.expert" + std::to_string(e)), st.ts,
-                                      double(st.routed[size_t(e)])});
+                                      double(routed[size_t(e)])});
             if (st.cap)
-                tt.recorder->counter(
-                    {tt.rank, tt.recorder->intern(base + "dropped_tokens"), st.ts, double(st.dropped)});
+                tt.recorder->counter({tt.rank, tt.recorder->intern(base + "dropped_tokens"), st.ts, double(dropped)});
         }
     });
     return Status::ok();
@@ -1186,7 +1249,8 @@ Status GptModel::moeStepEnd() {
     const bool globalAux = m_cfg.num_moe_experts > 0 && moeAuxLossCoeff(m_cfg, "global_aux_loss") != 0;
     if (m_cfg.num_moe_experts > 0 && m_cfg.moe_router_load_balancing_type == "quantile_balancing")
         TS_RETURN_IF_ERROR(moeQbStepEnd());
-    TS_RETURN_IF_ERROR(flushRouterStats());
+    // (not while the step is captured into a graph: read after each launch, graphLaunched)
+    if (!isCapturing(m_exec.stream())) TS_RETURN_IF_ERROR(flushRouterStats());
     auto router = m_router;
     if (globalAux)
         for (RouterState& rs : *router) {  // the next step's sums start afresh (enqueue-time state)

@@ -118,12 +118,10 @@ void fillNormal(float* out, int64_t n, float std, uint64_t key) {
     }
 }
 
-uint64_t dropoutSeed(uint64_t seed, int step, int microbatch, int layer, int site) {
-    uint64_t h = splitmix64(seed);
-    h = hashCombine(h, uint64_t(int64_t(step)));
-    h = hashCombine(h, uint64_t(int64_t(microbatch)));
-    h = hashCombine(h, uint64_t(int64_t(layer)));
-    return hashCombine(h, uint64_t(site));
+uint64_t dropoutStepKey(uint64_t seed, int step) { return hashCombine(splitmix64(seed), uint64_t(int64_t(step))); }
+
+uint64_t dropoutSiteKey(int microbatch, int layer, int site) {
+    return hashCombine(hashCombine(uint64_t(int64_t(microbatch)), uint64_t(int64_t(layer))), uint64_t(site));
 }
 
 }  // namespace ts::engine

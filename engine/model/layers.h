@@ -97,8 +97,12 @@ uint64_t hashString(const std::string& s);
 // n samples of N(0, std) from a counter-based generator keyed by `key` (platform-independent).
 void fillNormal(float* out, int64_t n, float std, uint64_t key);
 
-// Dropout seed of one dropout site, a pure function of its coordinates, so recompute
-// reproduces the mask. site: 0 embedding, 1 attention-out, 2 mlp-out.
-uint64_t dropoutSeed(uint64_t seed, int step, int microbatch, int layer, int site);
+// The seed of one dropout site is a pure function of its coordinates, so recompute reproduces
+// the mask: kernels/common/dropout_rng.h dropoutCombine(step key, site key). The model keeps the
+// step key in device memory and hands kernels a DropoutSeed{&key, site key}, so the kernels of a
+// captured CUDA graph read each step's key when launched. site: 0 embedding, 1 attention-out,
+// 2 mlp-out, 3 core attention.
+uint64_t dropoutStepKey(uint64_t seed, int step);
+uint64_t dropoutSiteKey(int microbatch, int layer, int site);
 
 }  // namespace ts::engine

@@ -55,18 +55,21 @@ std::vector<std::string> cudaGraphIssues(const Config& c) {
         out.push_back(knob + " runs on the single-device trainer (every parallel size 1) so far: the parallel engine's "
                              "collectives and streams are not captured yet; set the parallel sizes to 1 or "
                              "cuda_graph_impl: none");
-    if (c.hidden_dropout > 0 || c.attention_dropout > 0)
-        out.push_back(knob + " with dropout: the masks' seeds change every step and a graph replays the captured "
-                             "step's (Megatron uses Transformer Engine's graph-safe RNG, not implemented here); set "
-                             "hidden_dropout: 0 and attention_dropout: 0, or cuda_graph_impl: none");
-    if (!c.fp8.empty() && c.fp8_recipe == "delayed")
-        out.push_back(knob + " with fp8_recipe: delayed: its scales are host state updated every step, which a graph "
-                             "would replay unchanged; use fp8_recipe: tensorwise, mxfp8 or blockwise (scales computed "
-                             "on the device), or cuda_graph_impl: none");
-    if (c.num_moe_experts > 0)
-        out.push_back(knob + " with MoE layers: the dispatcher reads the tokens per expert back to the host to size "
-                             "the expert GEMMs, a host wait no graph can hold; use a dense model or "
-                             "cuda_graph_impl: none");
+    if (c.num_moe_experts > 0) {
+        if (!(c.moe_expert_capacity_factor > 0 && c.moe_pad_expert_input_to_capacity))
+            out.push_back(knob + " with dropless MoE layers: the dispatcher reads the tokens per expert back to the "
+                                 "host to size the expert GEMMs, a host wait no graph can hold; set "
+                                 "moe_expert_capacity_factor (e.g. 1.0) and moe_pad_expert_input_to_capacity: true "
+                                 "(every expert then has capacity rows, known without the wait), or "
+                                 "cuda_graph_impl: none");
+        if (c.moe_router_enable_expert_bias)
+            out.push_back(knob + " with moe_router_enable_expert_bias: the router reads the expert bias from host "
+                                 "memory that the step's end updates; set it to false or cuda_graph_impl: none");
+        if (c.moe_router_load_balancing_type == "quantile_balancing")
+            out.push_back(knob + " with moe_router_load_balancing_type: quantile_balancing: its dual variables are "
+                                 "host state uploaded each microbatch; use aux_loss, seq_aux_loss, sinkhorn or none, "
+                                 "or cuda_graph_impl: none");
+    }
     return out;
 }
 
@@ -201,6 +204,7 @@ Status Trainer::step(StepProgress* out) {
             return Status::cancelled("cancelled at iteration " + std::to_string(it + 1));
         }
         TS_RETURN_IF_ERROR(m_graph->launch(ex.stream(), it));
+        TS_RETURN_IF_ERROR(model.graphLaunched());  // the captured step's host-side work, for this launch
     } else {
         ex.op("zero_grad", trace::Category::Memset, 0, uint64_t(params->numel()) * 4, [params] { params->zeroGrads(); });
         for (int mb = 0; mb < m_numMicrobatches; ++mb) {
@@ -272,6 +276,7 @@ Status Trainer::captureStep(const std::vector<std::shared_ptr<const Microbatch>>
     if (!graph) return graph.status().withContext(where);
     if (!st) return st.withContext(where);
     m_graph = std::move(graph).value();
+    model.graphCaptured();
     return Status::ok();
 }
 
@@ -315,6 +320,7 @@ Status Trainer::load(const std::string& dir) {
     TS_RETURN_IF_ERROR(m_model->exec().synchronize());
     CheckpointState s;
     m_graph.reset();  // captured over the old state: captured again after the warm-up
+    m_model->graphReleased();
     m_eagerSteps = 0;
     m_model->weightsReplaced();  // even if the load fails part way
     TS_RETURN_IF_ERROR(loadCheckpoint(dir, m_model->exec().stream(), m_model->params(), *m_opt, &s));

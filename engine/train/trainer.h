@@ -63,8 +63,8 @@ std::vector<std::string> nodeRunIssues(const Config& c);
 
 // What keeps the engine from running c's cuda_graph_impl (empty for none): the values it does not
 // execute yet (local, transformer_engine), and for full_iteration what a graph cannot replay
-// (per-step dropout seeds, delayed FP8 scaling's host scales, the MoE dispatcher's host-sized
-// GEMMs) or the parallel engine does not capture yet (world size > 1). Each names the knob and
+// (the MoE dispatcher's host-sized GEMMs; dropout and delayed FP8 scaling are replayed: their
+// kernels read the step's key and scales from device memory, written before each step) or the parallel engine does not capture yet (world size > 1). Each names the knob and
 // what to set instead. Trainer::create refuses a config with any; nodeRunIssues lists them.
 std::vector<std::string> cudaGraphIssues(const Config& c);
 

@@ -28,6 +28,26 @@ TS_HD inline uint64_t dropoutMix64(uint64_t z) {
 
 TS_HD inline uint64_t dropoutStreamKey(uint64_t seed) { return dropoutMix64(seed + kDropoutGolden); }
 
+// hashCombine of the engine's RNG (engine/model/layers.h): splitmix64(a ^ splitmix64(b)), where
+// splitmix64(x) is dropoutStreamKey(x).
+TS_HD inline uint64_t dropoutCombine(uint64_t a, uint64_t b) {
+    return dropoutStreamKey(a ^ dropoutStreamKey(b));
+}
+
+// The seed of a dropout call as kernels receive it: `site` itself when stepKey is null, else
+// dropoutCombine(*stepKey, site) with *stepKey read when the kernel runs. The engine keeps the
+// step's key in one word of device memory that it rewrites before every step, so a CUDA graph,
+// which replays its kernels with the arguments they were captured with, still draws each step's
+// own masks. Converts from a plain seed (tests and callers without a step key).
+struct DropoutSeed {
+    const uint64_t* stepKey = nullptr;
+    uint64_t site = 0;
+    TS_HD DropoutSeed() {}
+    TS_HD DropoutSeed(uint64_t plain) : site(plain) {}
+    TS_HD DropoutSeed(const uint64_t* key, uint64_t siteKey) : stepKey(key), site(siteKey) {}
+    TS_HD uint64_t value() const { return stepKey ? dropoutCombine(*stepKey, site) : site; }
+};
+
 // The 64 random bits of pair `pair` (stream elements 2 pair and 2 pair + 1).
 TS_HD inline uint64_t dropoutPairBits(uint64_t key, uint64_t pair) {
     return dropoutMix64(key + pair * kDropoutGolden);

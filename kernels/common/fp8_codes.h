@@ -39,23 +39,36 @@ namespace ts::kernels::fp8codes {
 // Binding::scale of a range whose scale gives no exact codes (see Map::bind): the GEMM runs fp32
 // on the stored values.
 constexpr float kFp32Only = -1.0f;
-// Binding::scale of a range whose scale lives on the device (Map::bindCurrent): tensorwise
-// scaling's, currentScaleDivided(*amax, divisor, fp8Max) (kernels/common/fp8_scalar.h), read where
-// the amax is, by the kernel that needs it.
+// Binding::scale of a range whose scale lives on the device, read there by the kernel that needs
+// it: tensorwise scaling's, currentScaleDivided(*amax, divisor, fp8Max) (kernels/common/
+// fp8_scalar.h; Map::bindCurrent), or delayed scaling's, *scaleAt / divisor (Map::bindScaleAt:
+// the step's scale, which the host writes there before the step, so a captured graph's kernels
+// read each step's).
 constexpr float kOnDevice = -2.0f;
 
 // What a range holds: FP8 values of `format` (0 = E4M3, 1 = E5M2, kernels/common/fp8_scalar.h's
 // numbers, kernels::cpu::Fp8Format's values) at `scale`, kFp32Only, or kOnDevice with the amax
-// and divisor the scale comes from; scale 0: nothing bound. Plain data (kernels take it).
+// (or the delayed scale) and divisor the scale comes from; scale 0: nothing bound. Plain data
+// (kernels take it).
 struct Binding {
     float scale = 0.0f;
     int format = 0;
-    const float* amax = nullptr;  // kOnDevice: the tensor's amax, a float where kernels see it
+    const float* amax = nullptr;  // kOnDevice, tensorwise: the tensor's amax, a float where kernels see it
     float divisor = 1.0f;
+    const float* scaleAt = nullptr;  // kOnDevice, delayed: the undivided scale, where kernels see it
 };
+
+// kOnDevice: the float the scale is made from (the delayed scale, else the amax).
+TS_HD inline const float* deviceScaleSource(const Binding& b) { return b.scaleAt ? b.scaleAt : b.amax; }
 
 // Whether b holds codes at a scale (on the host or the device), which the GEMMs take as codes.
 TS_HD inline bool hasCodes(const Binding& b) { return b.scale > 0.0f || b.scale == kOnDevice; }
+
+// Whether values stored at `scale` give their codes back (Map::bind): a positive normal scale
+// whose inverse keeps the smallest FP8 value (2^-16, E5M2) times 1/scale a normal float.
+inline bool exactCodesScale(float scale) {
+    return scale > 0.0f && std::isnormal(scale) && std::isnormal(0x1p-16f * (1.0f / scale));
+}
 
 class Map {
 public:
@@ -64,8 +77,7 @@ public:
     // codes back (not a positive normal float, or one so large that the smallest FP8 value, 2^-16
     // in E5M2, times 1/scale leaves the normal floats) binds the range as kFp32Only.
     void bind(const float* base, int64_t n, float scale, int format) {
-        const bool exact = scale > 0.0f && std::isnormal(scale) && std::isnormal(0x1p-16f * (1.0f / scale));
-        bindRange(base, n, Binding{exact ? scale : kFp32Only, format}, nullptr);
+        bindRange(base, n, Binding{exactCodesScale(scale) ? scale : kFp32Only, format}, nullptr);
     }
     // [base, base + n) holds codes of `format` at the scale made where the tensor's amax is
     // (fp8QuantizeCurrent's): kOnDevice. `owner` keeps the amax's memory while the binding lives
@@ -73,6 +85,15 @@ public:
     void bindCurrent(const float* base, int64_t n, const float* amax, float divisor, int format,
                      std::shared_ptr<const void> owner) {
         bindRange(base, n, Binding{kOnDevice, format, amax, divisor}, std::move(owner));
+    }
+    // [base, base + n) holds codes of `format` at the scale *scaleAt / divisor, read where the
+    // scale is when a kernel needs it (delayed scaling's, fp8QuantizeDelayed's): kOnDevice.
+    // `owner` keeps scaleAt's memory while the binding lives.
+    void bindScaleAt(const float* base, int64_t n, const float* scaleAt, float divisor, int format,
+                     std::shared_ptr<const void> owner) {
+        Binding b{kOnDevice, format, nullptr, divisor};
+        b.scaleAt = scaleAt;
+        bindRange(base, n, b, std::move(owner));
     }
     // The binding that covers [x, x + n) wholly; else scale 0.
     Binding lookup(const float* x, int64_t n) const {
@@ -113,7 +134,7 @@ private:
     struct Range {
         int64_t n;
         Binding b;
-        std::shared_ptr<const void> owner;  // what keeps b.amax's memory (kOnDevice)
+        std::shared_ptr<const void> owner;  // what keeps b.amax's or b.scaleAt's memory (kOnDevice)
     };
     // The range that covers [x, x + n) wholly, or null (x not null, n > 0).
     const Range* coveringLocked(const float* x, int64_t n) const {

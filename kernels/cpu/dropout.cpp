@@ -40,18 +40,18 @@ constexpr int64_t kChunk = 2048;  // mask scratch when the caller does not keep 
 
 }  // namespace
 
-void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset) {
-    keepBits(mask, n, dropoutStreamKey(seed), offset, dropoutThreshold(p));
+void dropoutMask(uint8_t* mask, int64_t n, float p, hd::DropoutSeed seed, uint64_t offset) {
+    keepBits(mask, n, dropoutStreamKey(seed.value()), offset, dropoutThreshold(p));
 }
 
-void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, hd::DropoutSeed seed,
                     uint64_t offset) {
     if (!(p > 0.0f)) {
         if (y != x) std::memcpy(y, x, sizeof(float) * n);
         if (mask) std::memset(mask, 1, n);
         return;
     }
-    const uint64_t key = dropoutStreamKey(seed), thr = dropoutThreshold(p);
+    const uint64_t key = dropoutStreamKey(seed.value()), thr = dropoutThreshold(p);
     const float sc = dropoutKeepScale(p);
     uint8_t local[kChunk];
     for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
@@ -73,7 +73,7 @@ void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n,
 }
 
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset, bool roundBf16) {
+                         uint8_t* mask, int T, int C, float p, hd::DropoutSeed seed, uint64_t offset, bool roundBf16) {
     if (!(p > 0.0f)) {
         for (int t = 0; t < T; ++t) {
             const int64_t off = static_cast<int64_t>(t) * C;
@@ -86,7 +86,7 @@ void biasDropoutAddFused(const float* x, const float* b, const float* residual, 
         if (mask) std::memset(mask, 1, static_cast<size_t>(T) * C);
         return;
     }
-    const uint64_t key = dropoutStreamKey(seed), thr = dropoutThreshold(p);
+    const uint64_t key = dropoutStreamKey(seed.value()), thr = dropoutThreshold(p);
     const float sc = dropoutKeepScale(p);
     uint8_t local[kChunk];
     for (int t = 0; t < T; ++t) {
@@ -111,7 +111,7 @@ void biasDropoutAddFused(const float* x, const float* b, const float* residual, 
 }
 
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
-                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset) {
+                           uint8_t* mask, int T, int C, float p, hd::DropoutSeed seed, uint64_t offset) {
     const int64_t n = static_cast<int64_t>(T) * C;
     if (b) {
         for (int t = 0; t < T; ++t)

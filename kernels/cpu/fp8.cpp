@@ -44,6 +44,11 @@ void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot) {
     else s = std::max(s, a);
 }
 
+void fp8QuantizeDelayed(const float* x, float* y, uint8_t* codes, int64_t n, const float* scale, float divisor,
+                        Fp8Format f) {
+    fp8QuantizeDequantize(x, y, codes, n, *scale / divisor, f);
+}
+
 void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale, Fp8Format f) {
     const float inv = 1.0f / scale;
     const fp8s::Fp8Rounder r = fp8s::Fp8Rounder::make(int(f));

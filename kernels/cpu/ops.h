@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/dropout_rng.h"
+
 namespace ts::kernels::cpu {
 
 // --- runtime ---------------------------------------------------------------------------
@@ -143,9 +145,10 @@ struct AttnDims {
     // attention_dropout. Keep element (bi, head, r, c) iff dropout-mask element
     // ((bi*nqTotal + headOffset + head)*s + r)*s + c of stream `dropoutSeed` keeps (see
     // dropoutMask), so a TP rank holding heads [headOffset, headOffset+nq) of nqTotal draws
-    // exactly the single-device mask of its heads. nqTotal = 0 means nq.
+    // exactly the single-device mask of its heads. nqTotal = 0 means nq. The seed is resolved
+    // (DropoutSeed::value) when the kernel runs.
     float dropout = 0;
-    uint64_t dropoutSeed = 0;
+    hd::DropoutSeed dropoutSeed;
     int headOffset = 0;
     int nqTotal = 0;
 };
@@ -193,7 +196,7 @@ struct CpAttnDims {
     int sq = 0, skv = 0, b = 0, nq = 0, nkv = 0, d = 0;
     float scale = 0;
     float dropout = 0;
-    uint64_t dropoutSeed = 0;
+    hd::DropoutSeed dropoutSeed;
     int headOffset = 0;
     int nqTotal = 0;
     int sTotal = 0;
@@ -239,22 +242,22 @@ void swigluForward(const float* x, float* y, int T, int F, bool roundBf16 = fals
 void swigluBackward(const float* dy, const float* x, float* dx, int T, int F);
 
 // --- Dropout / residual -----------------------------------------------------------------
-// Counter-based RNG: the mask element i of a call is a pure function of (seed, offset + i),
-// so recompute reproduces it. keep prob = 1-p, kept values scaled by 1/(1-p).
+// Counter-based RNG: the mask element i of a call is a pure function of (seed.value(), offset + i),
+// so recompute reproduces it (seed: kernels/common/dropout_rng.h DropoutSeed, read at the call). keep prob = 1-p, kept values scaled by 1/(1-p).
 // mask: [n] bytes (1 keep, 0 drop) written when non-null.
-void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+void dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, hd::DropoutSeed seed,
                     uint64_t offset);
 void dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p);
 // Regenerates the mask dropoutForward(.., p, seed, offset) writes, without touching data
 // (recompute of a slice, or a caller that skipped storing the mask).
-void dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset);
+void dropoutMask(uint8_t* mask, int64_t n, float p, hd::DropoutSeed seed, uint64_t offset);
 // out = residual + dropout(x + b); b: [C]|null, x/residual/out: [T, C]; mask: [T*C]|null.
 // Fused: one pass ("bias_dropout_fusion"); Unfused: bias add, dropout, add as three passes.
 void biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                         uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
+                         uint8_t* mask, int T, int C, float p, hd::DropoutSeed seed, uint64_t offset,
                          bool roundBf16 = false);
 void biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
-                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset);
+                           uint8_t* mask, int T, int C, float p, hd::DropoutSeed seed, uint64_t offset);
 // dx = dropout'(dout) (overwritten), db += sum_t dx (may be null). dresidual = dout (caller).
 void biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db, int T,
                             int C, float p);
@@ -347,6 +350,10 @@ float fp8CurrentScale(float amax, float divisor, Fp8Format f);
 // Delayed scaling's observation into an amax slot: *slot = max(*slot, amaxOf(x, n) / divisor),
 // NaN sticking (either side NaN gives NaN), as Fp8Meta::observe does on the host.
 void amaxAccumulate(const float* x, int64_t n, float divisor, float* slot);
+// Delayed scaling from a scale where kernels see it (the step's, written there by the host before
+// the step): fp8QuantizeDequantize with *scale / divisor, read when the kernel runs.
+void fp8QuantizeDelayed(const float* x, float* y, uint8_t* codes, int64_t n, const float* scale, float divisor,
+                        Fp8Format f);
 // y = decode(encode(x * scale)) * (1 / scale), the value an FP8 GEMM sees after its scale_inv;
 // codes (may be null) receives the FP8 codes. y may alias x.
 void fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale, Fp8Format f);

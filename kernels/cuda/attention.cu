@@ -88,6 +88,7 @@ struct RowInfo {
     int r;             // query row
     int n;             // visible keys [0, n) (n <= 0: none)
     uint64_t maskRow;  // dropout element of key 0
+    uint64_t rngKey;   // the dropout stream's key (0 without dropout)
     int64_t ro;        // row of the chunk
 };
 
@@ -100,6 +101,7 @@ __device__ inline RowInfo rowInfo(const RowParams& p, int64_t ro) {
     ri.n = p.qPos ? min(pos, p.skv - 1) + 1 : ri.r + 1;
     const int64_t bi = ri.head / p.nq, h = ri.head % p.nq;
     ri.maskRow = static_cast<uint64_t>(((bi * p.nqTotal + p.headOffset + h) * p.sTotal + pos) * p.sTotal);
+    ri.rngKey = p.rng.key();
     ri.ro = ro;
     return ri;
 }
@@ -123,12 +125,12 @@ __device__ inline float* statsRow(const RowParams& p, const RowInfo& ri) {
     for (int64_t ro = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;  \
          ro < (rows); ro += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32))
 
-__device__ inline float keepFactor(const RowParams& p, uint64_t e) {
-    return dropoutKeep(p.rng.key, e, p.rng.threshold) ? p.rng.keepScale : 0.0f;
+__device__ inline float keepFactor(const RowParams& p, const RowInfo& ri, uint64_t e) {
+    return dropoutKeep(ri.rngKey, e, p.rng.threshold) ? p.rng.keepScale : 0.0f;
 }
 // x of dropout element e after dropout, as the CPU's dropoutForward/Backward (m ? x*sc : 0).
-__device__ inline float dropValue(const RowParams& p, uint64_t e, float x) {
-    return dropoutKeep(p.rng.key, e, p.rng.threshold) ? x * p.rng.keepScale : 0.0f;
+__device__ inline float dropValue(const RowParams& p, const RowInfo& ri, uint64_t e, float x) {
+    return dropoutKeep(ri.rngKey, e, p.rng.threshold) ? x * p.rng.keepScale : 0.0f;
 }
 
 // Fused forward row: probs holds the scaled scores; writes the masked softmax (zeros past the
@@ -159,7 +161,7 @@ __global__ void fusedSoftmaxRowsKernel(RowParams p, float* __restrict__ probs, f
             P[j] = pj;
             if (Pb) Pb[j] = hd::bf16FromFloat(pj);
             if (Dr) {
-                const float dj = j < ri.n ? dropValue(p, ri.maskRow + j, pj) : 0.0f;
+                const float dj = j < ri.n ? dropValue(p, ri, ri.maskRow + j, pj) : 0.0f;
                 Dr[j] = dj;
                 if (Db) Db[j] = hd::bf16FromFloat(dj);
             }
@@ -231,7 +233,7 @@ __global__ void dropoutRowsKernel(RowParams p, const float* __restrict__ probs, 
         const RowInfo ri = rowInfo(p, ro);
         const float* P = probsRow(p, probs, ri);
         float* Dr = D + ro * p.skv;
-        for (int j = lane; j < p.skv; j += 32) Dr[j] = dropValue(p, ri.maskRow + j, P[j]);
+        for (int j = lane; j < p.skv; j += 32) Dr[j] = dropValue(p, ri, ri.maskRow + j, P[j]);
     }
 }
 
@@ -241,7 +243,7 @@ __global__ void dropoutBackwardRowsKernel(RowParams p, float* __restrict__ dS, i
     TS_FOR_EACH_WARP_ROW(ro, rows) {
         const RowInfo ri = rowInfo(p, ro);
         float* dr = dS + ro * p.skv;
-        for (int j = lane; j < p.skv; j += 32) dr[j] = dropValue(p, ri.maskRow + j, dr[j]);
+        for (int j = lane; j < p.skv; j += 32) dr[j] = dropValue(p, ri, ri.maskRow + j, dr[j]);
     }
 }
 
@@ -280,7 +282,7 @@ __global__ void fusedSoftmaxBackwardRowsKernel(RowParams p, const float* __restr
             }
             float dp = dr[j];
             if (p.rng.on) {
-                const float m = keepFactor(p, ri.maskRow + j);
+                const float m = keepFactor(p, ri, ri.maskRow + j);
                 dp *= m;
                 dr[j] = dp;
                 if (pdr) pdr[j] = P[j] * m;

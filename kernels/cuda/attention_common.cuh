@@ -18,21 +18,24 @@ namespace ts::kernels::cuda::detail {
 // The CPU's counter-based RNG (kernels/common/dropout_rng.h, the same functions the oracle runs).
 using hd::dropoutKeep;
 
-// The host side of one dropout stream: key, threshold and the kept values' scale 1/(1-p).
+// One dropout stream: its seed, threshold and the kept values' scale 1/(1-p). The stream key is
+// resolved on the device (key(): the seed's step key is read when the kernel runs, so a captured
+// graph draws each step's masks): once per thread or row, not per element.
 struct DropoutRng {
     bool on = false;
-    uint64_t key = 0;
+    hd::DropoutSeed seed;
     uint64_t threshold = 0;
     float keepScale = 1.0f;
-    static DropoutRng make(float p, uint64_t seed) {
+    static DropoutRng make(float p, hd::DropoutSeed seed) {
         DropoutRng r;
         r.on = p > 0.0f;
         if (!r.on) return r;
-        r.key = hd::dropoutStreamKey(seed);
+        r.seed = seed;
         r.threshold = hd::dropoutThreshold(p);
         r.keepScale = hd::dropoutKeepScale(p);
         return r;
     }
+    __device__ uint64_t key() const { return on ? hd::dropoutStreamKey(seed.value()) : 0; }
 };
 
 // --- the masked-attention engine --------------------------------------------------------------
@@ -45,7 +48,7 @@ struct AttnGeom {
     int sq = 0, skv = 0, b = 0, nq = 0, nkv = 0, d = 0;
     float scale = 0.0f;
     float dropout = 0.0f;
-    uint64_t seed = 0;
+    hd::DropoutSeed seed;
     int headOffset = 0;
     int nqTotal = 0;  // already resolved (> 0)
     int sTotal = 0;   // already resolved (> 0)

@@ -91,13 +91,13 @@ __global__ void ringAttentionForwardRowsKernel(RingParams p, float* __restrict__
         double sum = 0.0;
         for (int j = lane; j < nv; j += 32) sum += expf(Sr[j] - mx);
         sum = warpSumD(sum);
-        const uint64_t mrow = p.rng.on ? ringMaskRow(p, head, qp) : 0;
+        const uint64_t mrow = p.rng.on ? ringMaskRow(p, head, qp) : 0, rngKey = p.rng.key();
         for (int j = lane; j < p.skv; j += 32) {
             float e = 0.0f;
             if (j < nv) {
                 e = expf(Sr[j] - mx);
                 if (p.rng.on)
-                    e = detail::dropoutKeep(p.rng.key, mrow + static_cast<uint64_t>(p.kPos[j]),
+                    e = detail::dropoutKeep(rngKey, mrow + static_cast<uint64_t>(p.kPos[j]),
                                          p.rng.threshold)
                             ? e * p.rng.keepScale
                             : 0.0f;
@@ -183,14 +183,14 @@ __global__ void ringAttentionBackwardRowsKernel(RingParams p, const float* __res
         const float L = lse[head * p.sq + r], D = delta[head * p.sq + r];
         const int qp = p.qPos[r];
         const int nv = L == -INFINITY ? 0 : visibleKeys(p.kPos, p.skv, qp);
-        const uint64_t mrow = p.rng.on ? ringMaskRow(p, head, qp) : 0;
+        const uint64_t mrow = p.rng.on ? ringMaskRow(p, head, qp) : 0, rngKey = p.rng.key();
         float* Sr = S + ro * p.skv;
         float* dr = dP + ro * p.skv;
         for (int j = lane; j < p.skv; j += 32) {
             float pd = 0.0f, ds = 0.0f;
             if (j < nv) {
                 const float pr = expf(Sr[j] - L);
-                const float m = p.rng.on ? (detail::dropoutKeep(p.rng.key, mrow + static_cast<uint64_t>(p.kPos[j]),
+                const float m = p.rng.on ? (detail::dropoutKeep(rngKey, mrow + static_cast<uint64_t>(p.kPos[j]),
                                                              p.rng.threshold)
                                                 ? p.rng.keepScale
                                                 : 0.0f)

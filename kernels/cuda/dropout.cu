@@ -27,9 +27,12 @@ using detail::gridThreads;
 inline int64_t pairCount(int64_t n, uint64_t offset) { return (n + static_cast<int64_t>(offset & 1) + 1) / 2; }
 
 // Calls apply(i, keep) for every element i < n of the call.
+// The stream key comes from `seed` on the device (its step key is read when the kernel runs, so a
+// captured graph draws each step's masks).
 template <class Apply>
-__global__ void dropoutPairsKernel(Apply apply, int64_t n, uint64_t key, uint64_t threshold,
+__global__ void dropoutPairsKernel(Apply apply, int64_t n, hd::DropoutSeed seed, uint64_t threshold,
                                    uint64_t offset) {
+    const uint64_t key = hd::dropoutStreamKey(seed.value());
     const int64_t odd = static_cast<int64_t>(offset & 1);
     const int64_t pairs = (n + odd + 1) / 2;
     const uint64_t firstPair = offset >> 1;
@@ -79,11 +82,11 @@ struct BiasDropoutAddApply {
 };
 
 template <class Apply>
-Status launchPairs(const Apply& apply, int64_t n, float p, uint64_t seed, uint64_t offset, void* stream,
+Status launchPairs(const Apply& apply, int64_t n, float p, hd::DropoutSeed seed, uint64_t offset, void* stream,
                    const char* what) {
     const int64_t pairs = pairCount(n, offset);
     dropoutPairsKernel<<<detail::blocksFor(pairs, kThreads), kThreads, 0, detail::asStream(stream)>>>(
-        apply, n, hd::dropoutStreamKey(seed), hd::dropoutThreshold(p), offset);
+        apply, n, seed, hd::dropoutThreshold(p), offset);
     return detail::launchStatus(what);
 }
 
@@ -122,13 +125,13 @@ Status fillMaskOnes(uint8_t* mask, int64_t n, void* stream, const char* what) {
 
 }  // namespace
 
-Status dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset, void* stream) {
+Status dropoutMask(uint8_t* mask, int64_t n, float p, hd::DropoutSeed seed, uint64_t offset, void* stream) {
     if (n < 0) return Status::invalid("dropoutMask: negative element count");
     if (n == 0) return Status::ok();
     return launchPairs(MaskOnly{mask}, n, p, seed, offset, stream, "dropoutMask launch");
 }
 
-Status dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+Status dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, hd::DropoutSeed seed,
                       uint64_t offset, void* stream) {
     if (n < 0) return Status::invalid("dropoutForward: negative element count");
     if (n == 0) return Status::ok();
@@ -152,7 +155,7 @@ Status dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t 
 }
 
 Status biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out, uint8_t* mask,
-                           int T, int C, float p, uint64_t seed, uint64_t offset, bool roundBf16, void* stream) {
+                           int T, int C, float p, hd::DropoutSeed seed, uint64_t offset, bool roundBf16, void* stream) {
     if (T < 0 || C < 0) return Status::invalid("biasDropoutAddFused: need T >= 0 and C >= 0");
     const int64_t n = static_cast<int64_t>(T) * C;
     if (n == 0) return Status::ok();
@@ -167,7 +170,7 @@ Status biasDropoutAddFused(const float* x, const float* b, const float* residual
 }
 
 Status biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out, uint8_t* mask,
-                             int T, int C, float p, uint64_t seed, uint64_t offset, void* stream) {
+                             int T, int C, float p, hd::DropoutSeed seed, uint64_t offset, void* stream) {
     if (T < 0 || C < 0) return Status::invalid("biasDropoutAddUnfused: need T >= 0 and C >= 0");
     const int64_t n = static_cast<int64_t>(T) * C;
     if (n == 0) return Status::ok();

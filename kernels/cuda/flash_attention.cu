@@ -274,6 +274,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionForwardKernel(FlashPar
     const int rr = warp * 16 + lane / 2, half = lane & 1;
     const int n = ra.n[rr];
     const uint64_t maskRow = p.rng.on && r0 + rr < p.sq ? maskRowOf(p, bi, h, r0 + rr) : 0;
+    const uint64_t rngKey = p.rng.key();
     float* srow = Ss + rr * kLdS;
     bf16* prow = Ps + rr * kLdT;
     float* orow = Os + rr * LO;
@@ -301,7 +302,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionForwardKernel(FlashPar
             lsum += e;
             float pd = e;
             if (p.rng.on && e != 0.0f)
-                pd = dropoutKeep(p.rng.key, maskRow + j0 + c, p.rng.threshold) ? e * p.rng.keepScale : 0.0f;
+                pd = dropoutKeep(rngKey, maskRow + j0 + c, p.rng.threshold) ? e * p.rng.keepScale : 0.0f;
             prow[c] = __float2bfloat16_rn(pd);
         }
         lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
@@ -380,6 +381,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardQueryKernel(Fl
     const int n = ra.n[rr];
     const float mx = ra.a[rr], inv = ra.b[rr];
     const uint64_t maskRow = p.rng.on && r0 + rr < p.sq ? maskRowOf(p, bi, h, r0 + rr) : 0;
+    const uint64_t rngKey = p.rng.key();
     const float* srow = Ss + rr * kLdS;
     const float* dprow = dPs + rr * kLdS;
     // P and dP' of key j0 + c of this lane's row (0 where it does not see the key).
@@ -389,7 +391,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardQueryKernel(Fl
         if (j0 + c >= n) return;
         pv = expf(srow[c] * p.scale - mx) * inv;
         dp = dprow[c];
-        if (p.rng.on) dp = dropoutKeep(p.rng.key, maskRow + j0 + c, p.rng.threshold) ? dp * p.rng.keepScale : 0.0f;
+        if (p.rng.on) dp = dropoutKeep(rngKey, maskRow + j0 + c, p.rng.threshold) ? dp * p.rng.keepScale : 0.0f;
     };
 
     // Pass 1: delta = rowsum(P * dP').
@@ -487,6 +489,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardKeysKernel(Fla
     // The elementwise step: two lanes per key row of the warp, 16 query rows each.
     const int kr = warp * 16 + lane / 2, half = lane & 1;
     const int key = k0 + kr;
+    const uint64_t rngKey = p.rng.key();
     const float* srow = Ss + kr * kLdS32;
     const float* dprow = dPs + kr * kLdS32;
     bf16* pbrow = Pb + kr * kLdT32;
@@ -522,7 +525,7 @@ __global__ void __launch_bounds__(kThreads) flashAttentionBackwardKeysKernel(Fla
                     float dp = dprow[c];
                     pd = pv;
                     if (p.rng.on) {
-                        const bool keep = dropoutKeep(p.rng.key, ra.mask[c] + key, p.rng.threshold);
+                        const bool keep = dropoutKeep(rngKey, ra.mask[c] + key, p.rng.threshold);
                         pd = keep ? pv * p.rng.keepScale : 0.0f;
                         dp = keep ? dp * p.rng.keepScale : 0.0f;
                     }

@@ -237,6 +237,18 @@ __global__ void quantizeCurrentKernel(const float* x, float* y, uint8_t* codes, 
     }
 }
 
+// Delayed scaling: the step's scale from the device, divided by every thread as the CPU divides it once.
+__global__ void quantizeDelayedKernel(const float* x, float* y, uint8_t* codes, int64_t n, const float* scaleAt,
+                                      float divisor, fp8s::Fp8Rounder r) {
+    const float scale = __fdiv_rn(*scaleAt, divisor), inv = __fdiv_rn(1.0f, scale);
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float v = r.round(mulAsCpu(x[i], scale));
+        if (codes) codes[i] = r.code(v);
+        y[i] = __fmul_rn(v, inv);
+    }
+}
+
 __global__ void amaxCombineKernel(const float* amax, float divisor, float* slot) {
     const float a = __fdiv_rn(*amax, divisor), s = *slot;
     *slot = (isnan(a) || isnan(s)) ? __int_as_float(0x7fc00000) : fmaxf(s, a);
@@ -252,6 +264,16 @@ Status fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, c
     quantizeCurrentKernel<<<detail::blocksFor(n > 0 ? n : 1, kThreads), kThreads, 0, detail::asStream(stream)>>>(
         x, y, codes, n, amax, divisor, mx, observed, r);
     return detail::launchStatus("fp8QuantizeCurrent");
+}
+
+Status fp8QuantizeDelayed(const float* x, float* y, uint8_t* codes, int64_t n, const float* scale, float divisor,
+                          Fp8Format f, void* stream) {
+    if (n < 0) return Status::invalid("fp8QuantizeDelayed: n < 0 (got " + std::to_string(n) + ")");
+    if (n == 0) return Status::ok();
+    const fp8s::Fp8Rounder r = fp8s::Fp8Rounder::make(static_cast<int>(f));
+    quantizeDelayedKernel<<<detail::blocksFor(n, kThreads), kThreads, 0, detail::asStream(stream)>>>(
+        x, y, codes, n, scale, divisor, r);
+    return detail::launchStatus("fp8QuantizeDelayed");
 }
 
 Status amaxAccumulate(const float* x, int64_t n, float divisor, float* slot, void* stream) {

@@ -127,7 +127,7 @@ Status bf16Operand(const float* x, int64_t n, const fp8codes::Binding& codes, co
                            : floatToBf16(x, static_cast<uint16_t*>(*owned), n, s);
 }
 
-// The scalars of a GEMM whose operands' scales live on the device (tensorwise scaling's,
+// The scalars of a GEMM whose operands' scales live on the device (tensorwise and delayed scaling's,
 // fp8codes::kOnDevice), written where they are read: [alpha * invA * invB, beta, invA, invB],
 // inv = fl(1 / scale) as the quantization computed it (1 for an operand without codes), alpha's
 // products in the host path's order.
@@ -322,12 +322,13 @@ Status gemmBf16(bool transA, bool transB, int M, int N, int K, float alpha, cons
     // Operands that hold FP8 values at a scale (kernels/common/fp8_codes.h): their codes times
     // alpha * fl(1 / scale) each, as Transformer Engine's scale_inv; where a scale gives no exact
     // codes (kFp32Only) or a host scales' alpha is no normal float (extreme scales) the fp32 GEMM
-    // on the stored values, the oracle's products. Scales on the device (tensorwise scaling's)
+    // on the stored values, the oracle's products. Scales on the device (tensorwise and delayed scaling's)
     // reach the GEMM there: alpha and beta through device pointers, or cuBLASLt's scale pointers.
     const fp8codes::Binding bA = fp8codes::map().lookup(A, nA), bB = fp8codes::map().lookup(B, nB);
     const float sA = bA.scale, sB = bB.scale;
-    // (Scales on the device take the tensor cores only with FP8 GEMMs on, setFp8Gemms: until a
-    // GPU has run that path, the fp32 GEMM on the stored values, which the trainer test verified.)
+    // (Scales on the device, tensorwise and delayed scaling's, take the tensor cores only with FP8
+    // GEMMs on, setFp8Gemms: until a GPU has run that path, the fp32 GEMM on the stored values,
+    // which the trainer test verified for tensorwise scaling.)
     const bool onDevice = sA == fp8codes::kOnDevice || sB == fp8codes::kOnDevice;
     const bool fp32Only = sA == fp8codes::kFp32Only || sB == fp8codes::kFp32Only || (onDevice && !fp8Gemms());
     const float alphaStored = alpha;

@@ -228,16 +228,16 @@ Status swigluBackward(const float* dy, const float* x, float* dx, int T, int F, 
 
 // --- Dropout / residual (the CPU's counter-based RNG, so masks are bit-identical) ----------
 Status dropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p,
-                      uint64_t seed, uint64_t offset, void* stream);
+                      hd::DropoutSeed seed, uint64_t offset, void* stream);
 Status dropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p,
                        void* stream);
-Status dropoutMask(uint8_t* mask, int64_t n, float p, uint64_t seed, uint64_t offset,
+Status dropoutMask(uint8_t* mask, int64_t n, float p, hd::DropoutSeed seed, uint64_t offset,
                    void* stream);
 Status biasDropoutAddFused(const float* x, const float* b, const float* residual, float* out,
-                           uint8_t* mask, int T, int C, float p, uint64_t seed, uint64_t offset,
+                           uint8_t* mask, int T, int C, float p, hd::DropoutSeed seed, uint64_t offset,
                            bool roundBf16, void* stream);
 Status biasDropoutAddUnfused(const float* x, const float* b, const float* residual, float* out,
-                             uint8_t* mask, int T, int C, float p, uint64_t seed,
+                             uint8_t* mask, int T, int C, float p, hd::DropoutSeed seed,
                              uint64_t offset, void* stream);
 Status biasDropoutAddBackward(const float* dout, const uint8_t* mask, float* dx, float* db,
                               int T, int C, float p, void* stream);
@@ -282,7 +282,8 @@ Status adamwStep(float* param, const float* grad, float* m, float* v, int64_t n,
 // --- bf16 -----------------------------------------------------------------------------------
 Status floatToBf16(const float* x, uint16_t* y, int64_t n, void* stream);
 // y = bf16(x * scale): the FP8 codes of x where x holds FP8 values stored at a scale, as `codes`
-// binds them (kernels/common/fp8_codes.h: a host scale, or kOnDevice, read where the amax is),
+// binds them (kernels/common/fp8_codes.h: a host scale, or kOnDevice, read where the amax or the
+// delayed scale is),
 // exactly; the bf16 GEMMs' operand for such x.
 Status fp8CodesToBf16(const float* x, uint16_t* y, int64_t n, fp8codes::Binding codes, void* stream);
 Status bf16ToFloat(const uint16_t* x, float* y, int64_t n, void* stream);
@@ -296,6 +297,9 @@ Status fp8QuantizeCurrent(const float* x, float* y, uint8_t* codes, int64_t n, c
                           Fp8Format f, float* observed, void* stream);
 // *slot (device float) = max(*slot, amax / divisor), NaN sticking; a float of stream-ordered scratch.
 Status amaxAccumulate(const float* x, int64_t n, float divisor, float* slot, void* stream);
+// scale: a device float, the step's (delayed scaling), divided by divisor when the kernel runs.
+Status fp8QuantizeDelayed(const float* x, float* y, uint8_t* codes, int64_t n, const float* scale, float divisor,
+                          Fp8Format f, void* stream);
 // scale is a host value here, as on the CPU.
 Status fp8QuantizeDequantize(const float* x, float* y, uint8_t* codes, int64_t n, float scale,
                              Fp8Format f, void* stream);

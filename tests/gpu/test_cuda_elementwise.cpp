@@ -282,6 +282,24 @@ TEST_F(CudaElementwise, DropoutForwardMaskAndBackwardAreBitExact) {
     expectEqualInts(part.download(), std::vector<uint8_t>(w.begin() + 101, w.end()), "dropoutMask slice");
 }
 
+// A seed with a step key in device memory (what the model hands the kernels, so a CUDA graph
+// draws each step's masks): the mask of DropoutSeed{&key, site} is the CPU's for the plain seed
+// dropoutCombine(key, site), for the key the device holds when the kernel runs.
+TEST_F(CudaElementwise, DropoutReadsTheStepKeyFromDeviceMemory) {
+    const int64_t n = 4099;
+    const uint64_t site = 77;
+    DeviceVec<uint64_t> key(std::vector<uint64_t>{123});
+    for (const uint64_t k : {uint64_t{123}, uint64_t{124}}) {
+        TS_ASSERT_OK(cuda::copyToDevice(key.ptr, &k, sizeof k));
+        DeviceVec<uint8_t> dm(n);
+        TS_ASSERT_OK(cuda::dropoutMask(dm.ptr, n, 0.3f, hd::DropoutSeed(key.ptr, site), 5, m_stream));
+        sync();
+        std::vector<uint8_t> want(n);
+        cpu::dropoutMask(want.data(), n, 0.3f, hd::dropoutCombine(k, site), 5);
+        expectEqualInts(dm.download(), want, "dropoutMask with step key " + std::to_string(k));
+    }
+}
+
 // (The fused op's bf16 outputs, roundBf16, with the second offset: bit-exact too.)
 TEST_F(CudaElementwise, BiasDropoutAddFusedAndUnfusedAreBitExact) {
     const int T = 7, C = 2501;  // C > the CPU's 2048-element mask chunk, odd

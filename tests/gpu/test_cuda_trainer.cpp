@@ -136,7 +136,7 @@ TEST(CudaTrainer, FullIterationGraphsMatchTheEagerGpuRun) {
                     "%zu of %zu final weights differ\n",
                     v.name.c_str(), graph.device.c_str(), worst, differing, eager.params.size());
     }
-    EXPECT_GE(ran, 9);
+    EXPECT_GE(ran, 13);  // dropout and delayed FP8 among them: their kernels read each launch's key and scales
 }
 
 // The bf16 variants with flash attention again, their attention by the tiled kernels

@@ -198,6 +198,27 @@ TEST_F(KernelsCuda, Fp8QuantizeCurrentMatchesCpu) {
         }
 }
 
+// Delayed scaling with the step's scale on the device (a graph's kernels read each step's): codes
+// and values bit for bit, and another scale written there quantizes at it.
+TEST_F(KernelsCuda, Fp8QuantizeDelayedMatchesCpu) {
+    const auto x = randomVec(50021, 81, -30, 30);
+    for (const float scale : {1.f, 7.3f, 448.f / 61.5f})
+        for (const float divisor : {1.f, 2.f}) {
+            DeviceVec<float> dx(x), dy(x.size()), ds(std::vector<float>{scale});
+            DeviceVec<uint8_t> dc(x.size());
+            TS_ASSERT_OK(cuda::fp8QuantizeDelayed(dx.ptr, dy.ptr, dc.ptr, int64_t(x.size()), ds.ptr, divisor,
+                                                  cpu::Fp8Format::E4M3, m_stream));
+            TS_ASSERT_OK(cuda::streamSynchronize(m_stream));
+            std::vector<float> y(x.size());
+            std::vector<uint8_t> codes(x.size());
+            cpu::fp8QuantizeDelayed(x.data(), y.data(), codes.data(), int64_t(x.size()), &scale, divisor,
+                                    cpu::Fp8Format::E4M3);
+            const std::string what = "fp8QuantizeDelayed scale " + std::to_string(scale) + " / " + std::to_string(divisor);
+            expectSameBits(dy.download(), y, what);
+            EXPECT_EQ(dc.download(), codes) << what;
+        }
+}
+
 // bf16 GEMMs on, with or without FAST_16BF, for a test's scope; both restored after.
 struct Bf16GemmsOn {
     bool fastBefore = cuda::fast16bfGemms();

@@ -81,6 +81,25 @@ TEST(KernelsSharedHd, DropoutMaskMatchesRecordedOracleMasks) {
     }
 }
 
+// A seed with a step key reads the key when the kernel runs (a graph's kernels keep the pointer
+// and see each step's key): the mask of DropoutSeed{&key, site} is the plain seed
+// dropoutCombine(key, site)'s, whatever the key holds at the call.
+TEST(KernelsSharedHd, ASeedWithAStepKeyReadsTheKeyAtTheCall) {
+    constexpr int64_t n = 999;
+    uint64_t key = 17;
+    const hd::DropoutSeed seed(&key, 5);
+    std::vector<uint8_t> first(n), second(n), plain(n);
+    cpu::dropoutMask(first.data(), n, 0.4f, seed, 3);
+    cpu::dropoutMask(plain.data(), n, 0.4f, hd::dropoutCombine(17, 5), 3);
+    EXPECT_EQ(first, plain);
+    key = 18;
+    cpu::dropoutMask(second.data(), n, 0.4f, seed, 3);
+    cpu::dropoutMask(plain.data(), n, 0.4f, hd::dropoutCombine(18, 5), 3);
+    EXPECT_EQ(second, plain);
+    EXPECT_NE(first, second);
+    EXPECT_EQ(hd::DropoutSeed(1234).value(), 1234u) << "a plain seed is itself";
+}
+
 void expectSameMask(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
                     const char* what, uint64_t seed, uint64_t offset, float p) {
     ASSERT_EQ(got.size(), want.size());

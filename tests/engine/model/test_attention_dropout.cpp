@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 
 #include "engine/model/model.h"
 #include "engine/train/data.h"
@@ -63,6 +64,27 @@ TEST(AttentionDropout, FusedSoftmaxEqualsUnfused) {
     ASSERT_EQ(b.losses.size(), 2u);
     for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * a.losses[i]);
     EXPECT_LT(testutil::relMaxError(b.grads.data(), a.grads.data(), int64_t(a.grads.size())), 1e-4);
+}
+
+// The masks are keyed by the step (its key in device memory, rewritten by beginStep): the same
+// data and weights give another loss at another step, and the same loss at the same step again.
+TEST(AttentionDropout, EachStepDrawsItsOwnMasksAndRepeatsThemExactly) {
+    for (const char* which : {"attention", "hidden"}) {
+        Config c = dropConfig();
+        if (std::string(which) == "hidden") {
+            c.attention_dropout = 0;
+            c.hidden_dropout = 0.1;
+        } else {
+            c.hidden_dropout = 0;
+        }
+        testutil::Harness h;
+        ASSERT_TRUE(h.build(c).isOk());
+        const auto mbs = testutil::batches(c, 0);
+        auto a = h.forwardBackward(0, mbs), b = h.forwardBackward(1, mbs), again = h.forwardBackward(0, mbs);
+        ASSERT_TRUE(a.isOk() && b.isOk() && again.isOk()) << which;
+        EXPECT_NE(*a, *b) << which << " dropout: step 1 drew step 0's masks";
+        EXPECT_EQ(*a, *again) << which << " dropout: step 0 again drew other masks";
+    }
 }
 
 TEST(AttentionDropout, RecomputeIsBitIdentical) {

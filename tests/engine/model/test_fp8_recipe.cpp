@@ -122,38 +122,38 @@ TEST(Fp8Recipe, QuantizeTensorForExpertRows) {
     Fp8Recipe r;
     r.enabled = true;
     r.backward = kernels::cpu::Fp8Format::E5M2;
-    Fp8Meta m;
-    m.reset(2);
-    m.scale = 2.0f;
+    float scale = 2.0f;  // delayed: the step's scale, where kernels read it
     float observed = 1.0f, raw = -1.0f;
-    Fp8TensorSlots q{&m, &observed, &raw};
+    Fp8TensorSlots q{&scale, &observed, &raw};
     std::vector<float> x = {1.0f, -3.0f, 0.3f};
     fp8QuantizeTensor(r, q, false, 1.0f, x.data(), x.data(), nullptr, 3);
     EXPECT_EQ(observed, 3.0f);            // max(1, 3)
-    EXPECT_EQ(m.scale, 2.0f);
+    EXPECT_EQ(scale, 2.0f);
     EXPECT_EQ(x[1], -3.0f);               // 6 is an E4M3 value
     EXPECT_EQ(x[2], 0.3125f);             // 0.6 -> 0.625 (E4M3 step 1/16 at [0.5, 1)), / 2
     std::vector<float> g = {-8.0f, 1.0f};
-    Fp8Meta mg;
-    mg.reset(1);
+    float sg = 1.0f;
     float og = 0.0f;
-    fp8QuantizeTensor(r, {&mg, &og, &raw}, true, 4.0f, g.data(), g.data(), nullptr, 2);
+    fp8QuantizeTensor(r, {&sg, &og, &raw}, true, 4.0f, g.data(), g.data(), nullptr, 2);
     EXPECT_EQ(og, 2.0f);                  // 8 / 4
-    fp8QuantizeTensor(r, {&mg, &og, &raw}, true, 4.0f, nullptr, nullptr, nullptr, 0);
+    fp8QuantizeTensor(r, {&sg, &og, &raw}, true, 4.0f, nullptr, nullptr, nullptr, 0);
     EXPECT_EQ(og, 2.0f);                  // delayed: no rows change nothing
+    // the scale is read when the kernel runs: another one there quantizes at it
+    scale = 3.0f;
+    std::vector<float> x3 = {0.7f};
+    fp8QuantizeTensor(r, q, false, 1.0f, x3.data(), x3.data(), nullptr, 1);
+    EXPECT_EQ(x3[0], 2.0f * (1.0f / 3.0f));  // 2.1 -> 2 (E4M3 step 1/4 at [2, 4)), / 3 (at 2: 1.375 / 2)
     r.delayed = false;
     std::vector<float> t = {0.5f, -7.0f}, y(2, 0.0f);
     std::vector<uint8_t> codes(2, 0);
-    Fp8Meta mt;
-    mt.reset(1);
     float ot = 5.0f;
-    fp8QuantizeTensor(r, {&mt, &ot, &raw}, false, 1.0f, t.data(), y.data(), codes.data(), 2);
+    fp8QuantizeTensor(r, {nullptr, &ot, &raw}, false, 1.0f, t.data(), y.data(), codes.data(), 2);
     EXPECT_EQ(ot, 7.0f);                  // the last amax, not accumulated
     EXPECT_EQ(raw, 7.0f);
     EXPECT_FLOAT_EQ(y[1], -7.0f);         // scale 448 / 7: -7 -> -448, exact
     EXPECT_EQ(t[1], -7.0f);               // x untouched when y is another buffer
     EXPECT_EQ(codes[1], kernels::cpu::fp8Encode(-448.0f, kernels::cpu::Fp8Format::E4M3));
-    fp8QuantizeTensor(r, {&mt, &ot, &raw}, false, 1.0f, nullptr, nullptr, nullptr, 0);
+    fp8QuantizeTensor(r, {nullptr, &ot, &raw}, false, 1.0f, nullptr, nullptr, nullptr, 0);
     EXPECT_EQ(ot, 0.0f);
 }
 

@@ -7,8 +7,8 @@
 //   - every trainer variant (tests/trainer_variants.h, what the CUDA trainer test runs) trains
 //     with the check on, on both host backends: no GEMM of a bf16 model (FP8 ones included,
 //     but for the FP8 linears of tensorwise scaling, which Fp32GemmScope takes out) sees a
-//     value bf16 would round, or, where the operand is bound as FP8 codes at a scale (delayed
-//     scaling's, kernels/common/fp8_codes.h), a value that is no code at that scale; and the
+//     value bf16 would round, or, where the operand is bound as FP8 codes at a scale (delayed and
+//     tensorwise scaling's, kernels/common/fp8_codes.h), a value that is no code at that scale; and the
 //     GEMMs taken out are only those.
 #include <gtest/gtest.h>
 
@@ -324,29 +324,38 @@ TEST(Bf16GemmCheck, Fp8ValuesAtABoundScaleAreCheckedAsCodes) {
     }
 }
 
-// Tensorwise scaling's codes, whose scale is made where the amax is (kern::fp8QuantizeCurrent):
-// bound with the amax (Map::bindCurrent), they are checked at the scale the amax holds when the
-// GEMM's kernel runs, so an amax changed after the quantization fails them; a copy bound like
-// them shares the amax's owner, which the map drops when the last binding goes. On the CPU
-// backend and the emulated device.
+// Codes whose scale lives on the device: tensorwise scaling's, made where the amax is
+// (kern::fp8QuantizeCurrent, bound with the amax by Map::bindCurrent), and delayed scaling's, the
+// step's scale read where it is (kern::fp8QuantizeDelayed, Map::bindScaleAt). They are checked at
+// the scale that float gives when the GEMM's kernel runs, so one changed after the quantization
+// fails them; a copy bound like them shares the float's owner, which the map drops when the last
+// binding goes. On the CPU backend and the emulated device.
 TEST(Bf16GemmCheck, Fp8ValuesAtADeviceScaleAreCheckedAsCodes) {
     CheckBf16Gemms on;
     const int T = 4, in = 8, out = 2;
     const float divisor = 2.0f;  // as a data-parallel rank's output gradients
     const std::vector<float> x = values(T * in, 0.37f), W = values(out * in, 0.25f);
+    for (bool delayed : {false, true})
     for (bool emulate : {false, true}) {
-        SCOPED_TRACE(emulate ? "emulated device" : "CPU backend");
+        SCOPED_TRACE(std::string(delayed ? "delayed" : "tensorwise") + (emulate ? ", emulated device" : ", CPU backend"));
         auto owner = std::make_shared<int>(0);
         const std::weak_ptr<int> watch = owner;
-        // x quantized in place at its amax's scale and bound with the amax (p[3]); then fn.
+        // x quantized in place at the scale p[3] gives (tensorwise: its amax, written there;
+        // delayed: 3, no power of two, so that another scale gives other codes) and bound with
+        // p[3]; then fn.
         auto run = [&](const std::function<void(const std::vector<float*>&)>& fn) {
-            return underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out), {0.0f}, x},
+            return underBf16Scope(emulate, {x, W, std::vector<float>(size_t(T) * out), {delayed ? 3.0f : 0.0f}, x},
                                   [&](const std::vector<float*>& p) {
-                                      kern::amaxInto(p[0], int64_t(T) * in, p[3]);
-                                      kern::fp8QuantizeCurrent(p[0], p[0], nullptr, int64_t(T) * in, p[3], divisor,
-                                                               kern::Fp8Format::E4M3, nullptr);
-                                      kernels::fp8codes::map().bindCurrent(p[0], int64_t(T) * in, p[3], divisor,
-                                                                           int(kern::Fp8Format::E4M3), owner);
+                                      const int64_t n = int64_t(T) * in;
+                                      const auto f = kern::Fp8Format::E4M3;
+                                      if (delayed) {
+                                          kern::fp8QuantizeDelayed(p[0], p[0], nullptr, n, p[3], divisor, f);
+                                          kernels::fp8codes::map().bindScaleAt(p[0], n, p[3], divisor, int(f), owner);
+                                      } else {
+                                          kern::amaxInto(p[0], n, p[3]);
+                                          kern::fp8QuantizeCurrent(p[0], p[0], nullptr, n, p[3], divisor, f, nullptr);
+                                          kernels::fp8codes::map().bindCurrent(p[0], n, p[3], divisor, int(f), owner);
+                                      }
                                       fn(p);
                                   });
         };
@@ -356,16 +365,19 @@ TEST(Bf16GemmCheck, Fp8ValuesAtADeviceScaleAreCheckedAsCodes) {
                         kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
                     }).isOk());
         owner.reset();
-        EXPECT_TRUE(watch.expired()) << "the buffer's free forgot the binding and dropped the amax's owner";
+        EXPECT_TRUE(watch.expired()) << "the buffer's free forgot the binding and dropped the scale's owner";
         owner = std::make_shared<int>(0);
-        // Another amax: the stored values are no codes at the scale it gives.
+        // Another amax or scale: the stored values are no codes at the scale it gives.
         const float other = 5.0f;
         Status st = run([&](const std::vector<float*>& p) {
             kern::copyBytes(p[3], &other, sizeof other);
             kern::linearForward(p[0], p[1], nullptr, p[2], T, in, out);
         });
-        ASSERT_FALSE(st.isOk()) << "codes at the scale of an amax written afterwards";
+        ASSERT_FALSE(st.isOk()) << "codes at the scale of a float written afterwards";
         EXPECT_NE(st.message().find("operand x is bound as E4M3 codes at scale"), std::string::npos) << st.toString();
+        EXPECT_NE(st.message().find(delayed ? "made from its delayed scale 5 / 2" : "made from its amax 5 / 2"),
+                  std::string::npos)
+            << st.toString();
         // A copy (p[4], as a sequence-parallel gather's) bound like x is checked the same way and
         // holds the owner too.
         const std::weak_ptr<int> watch2 = owner;
@@ -426,8 +438,8 @@ TEST(Bf16GemmCheck, Fp32GemmScopeTakesItsGemmsOutAndNothingElse) {
 
 // Every variant trains with the check on, and its GEMMs run where its precision says: a bf16
 // model's in bf16, except the fp32 router of MoE layers; the FP8 linears (the experts' too) run
-// bf16 GEMMs on codes at their bound scales, delayed scaling's host scales and tensorwise
-// scaling's made on the device; an fp32 model's in fp32.
+// bf16 GEMMs on codes at their bound scales, delayed scaling's step scales and tensorwise
+// scaling's amax-made ones, both on the device; an fp32 model's in fp32.
 // Each bf16 variant without FP8 runs a second time with hybrid tensorwise FP8, whose codes are
 // bound with their amax wherever the variant's paths quantize (recompute, microbatches, shared
 // experts, untied embeddings...).

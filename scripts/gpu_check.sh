@@ -188,7 +188,8 @@ if [ "$bench" = 1 ]; then
              "--config 1b --steps 5 --warmup 2 --attention unfused"
              "--config small --steps 5 --warmup 2"
              "--config small --steps 5 --warmup 2 --cuda-graph full_iteration"
-             "--config 1b --steps 5 --warmup 2 --cuda-graph full_iteration")
+             "--config 1b --steps 5 --warmup 2 --cuda-graph full_iteration"
+             "TS_CUDA_FP8_GEMMS=1 --config 1b --steps 5 --warmup 2 --fp8 hybrid --cuda-graph full_iteration")
     [ "$quick" = 1 ] && benches=("--config 1b --steps 5 --warmup 2" "TS_BF16_SAVED_FP32=1 --config 1b --steps 5 --warmup 2"
                                  "TS_CUDA_FLASH_TILES=1 --config 1b --steps 5 --warmup 2"
                                  "TS_CUDA_GEMM_FAST_16BF=1 --config 1b --steps 5 --warmup 2"

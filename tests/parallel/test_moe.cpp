@@ -222,6 +222,22 @@ TEST(Moe, CapacityDropsTheCopiesBeyondItAndPaddingChangesNothing) {
     const OneStep padded = run(1.0, true, "probs");
     EXPECT_EQ(padded.loss, half.loss);
     for (const auto& [name, g] : half.grads) EXPECT_LT(relError(padded.grads.at(name), g), 1e-6) << name;
+    // Padded, the host takes every expert's rows as min(cap, T) without reading the routing back,
+    // and the dropped copies come from the device: the same counters. A capacity past T (factor 4:
+    // cap = 2T) pads every expert to all T tokens and drops nothing.
+    FakeRecorder padRec;
+    uniformRoutingStep(config(1.0, true, "probs"), padRec);
+    int padSamples = 0;
+    for (const auto& k : padRec.counters)
+        if (padRec.str(k.name) == "moe.layer0.dropped_tokens") {
+            EXPECT_EQ(k.value, double(T)) << "padded: 2 experts x (T - T/2) copies";
+            ++padSamples;
+        }
+    EXPECT_EQ(padSamples, samples);
+    const OneStep paddedRoomy = run(4.0, true, "probs");
+    EXPECT_EQ(paddedRoomy.loss, dropless.loss);
+    for (const auto& [name, g] : dropless.grads)
+        EXPECT_LT(relError(paddedRoomy.grads.at(name), g), 1e-6) << name << " (padded past T)";
 }
 
 // Where the experts are on other ranks, each rank learns its copies before dropping with the

@@ -180,12 +180,10 @@ struct GptModel::MoeSaved {
         offset.assign(o, o + E + 1);
         rows = o[E];
         dropped = 0;
-        if (routedOnDevice) {
-            // known on the device only
-        } else if (routed.empty()) {
+        if (!routedOnDevice && routed.empty()) {
             routed.resize(size_t(E));
             for (int e = 0; e < E; ++e) routed[size_t(e)] = o[e + 1] - o[e];
-        } else if (ro.cap >= 0) {
+        } else if (!routedOnDevice && ro.cap >= 0) {
             for (int e = 0; e < E; ++e) dropped += std::max(0, routed[size_t(e)] - ro.cap);
         }
         if (biasRouter) {
@@ -406,15 +404,14 @@ Result<TensorPtr> GptModel::moeForward(LayerActs& A, const LayerParams& P, int g
                         cap >= 0 ? s->planRouted() : nullptr, s->planTok(), s->planStart(), s->planInv(),
                         s->planTokExp(), s->planRowOf(), fp(s->probT));
         // With offsetsFromDispatch the dispatcher's gather brings them (s->rows stays rowsAlloc for
-        // the gather below).
-        if (s->routedOnDevice) {
-            // offsets taken already
-        } else if (!offsetsFromDispatch && cap >= 0) {
+        // the gather below); padded on one rank the host has them already.
+        const bool readOffsets = !offsetsFromDispatch && !s->routedOnDevice;
+        if (readOffsets && cap >= 0) {
             std::vector<int32_t> both(2 * size_t(E) + 1);  // offsets [E+1], then routed [E]
             k::download(both.data(), s->planOffset(), both.size() * sizeof(int32_t));
             s->routed.assign(both.begin() + E + 1, both.end());
             s->takeOffsets(both.data());
-        } else if (!offsetsFromDispatch) {
+        } else if (readOffsets) {
             std::vector<int32_t> offset(size_t(E) + 1);
             k::download(offset.data(), s->planOffset(), offset.size() * sizeof(int32_t));
             s->takeOffsets(offset.data());

@@ -1,6 +1,8 @@
 // Op executor, deterministic RNG and QKV layout helpers for the GPT model.
 #include "engine/model/layers.h"
 
+#include "kernels/common/dropout_rng.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -86,14 +88,11 @@ Result<KernelIds> kernelInts(Exec& ex, const int32_t* host, size_t n, std::share
     return KernelIds{static_cast<const int32_t*>(dev->data()), dev};
 }
 
-uint64_t splitmix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
+// One definition with the kernels' (kernels/common/dropout_rng.h), whose dropout seeds combine
+// the step key with the site key on the device as dropoutStepKey / dropoutSiteKey do here.
+uint64_t splitmix64(uint64_t x) { return kernels::hd::dropoutStreamKey(x); }
 
-uint64_t hashCombine(uint64_t a, uint64_t b) { return splitmix64(a ^ splitmix64(b)); }
+uint64_t hashCombine(uint64_t a, uint64_t b) { return kernels::hd::dropoutCombine(a, b); }
 
 uint64_t hashString(const std::string& s) {
     uint64_t h = 1469598103934665603ULL;  // FNV-1a

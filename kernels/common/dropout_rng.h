@@ -28,8 +28,8 @@ TS_HD inline uint64_t dropoutMix64(uint64_t z) {
 
 TS_HD inline uint64_t dropoutStreamKey(uint64_t seed) { return dropoutMix64(seed + kDropoutGolden); }
 
-// hashCombine of the engine's RNG (engine/model/layers.h): splitmix64(a ^ splitmix64(b)), where
-// splitmix64(x) is dropoutStreamKey(x).
+// splitmix64(a ^ splitmix64(b)), where splitmix64(x) is dropoutStreamKey(x). The engine's
+// splitmix64 and hashCombine (engine/model/layers.h) are these two.
 TS_HD inline uint64_t dropoutCombine(uint64_t a, uint64_t b) {
     return dropoutStreamKey(a ^ dropoutStreamKey(b));
 }

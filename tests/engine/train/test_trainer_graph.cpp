@@ -66,8 +66,9 @@ GraphRun run(const Config& c) {
 // Every trainer variant, and each MoE one again padded to the capacity (the static expert shapes
 // a graph needs): under a graph where cudaGraphIssues allows it, refused with the reason where not.
 std::vector<ts::testing::TrainerVariant> graphVariants() {
-    std::vector<ts::testing::TrainerVariant> out = ts::testing::trainerVariants();
-    for (const ts::testing::TrainerVariant& v : ts::testing::trainerVariants()) {
+    const std::vector<ts::testing::TrainerVariant> base = ts::testing::trainerVariants();
+    std::vector<ts::testing::TrainerVariant> out = base;
+    for (const ts::testing::TrainerVariant& v : base) {
         Config c = ts::testing::tinyTrainerConfig();
         v.edit(c);
         if (c.num_moe_experts == 0 || c.moe_pad_expert_input_to_capacity) continue;
